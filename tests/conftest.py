@@ -1,0 +1,43 @@
+"""Shared fixtures: run real MPI programs under `nbmpi run` (real mpiexec)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def nbmpi_run(tmp_path: Path, code: str, n: int = 2, timeout: float = 120, env=None, args=()):
+    """Write ``code`` (dedented) to a script and run it with ``nbmpi run -n n``.
+
+    Returns the CompletedProcess (text stdout/stderr). The launcher kills the
+    whole process group on failure, so nothing is left behind.
+    """
+    script = tmp_path / f"prog_{abs(hash(code)) % 10**8}_{n}.py"
+    script.write_text(textwrap.dedent(code))
+    full_env = dict(os.environ)
+    full_env.setdefault("NBMPI_TIMEOUT", "60")
+    if env:
+        full_env.update(env)
+    cmd = [sys.executable, "-m", "nbmpi.workers.cli", "run", "-n", str(n), "--timeout", str(timeout),
+           str(script), *args]
+    return subprocess.run(cmd, capture_output=True, text=True, env=full_env, cwd=tmp_path,
+                          timeout=timeout + 30)
+
+
+@pytest.fixture
+def run_mpi(tmp_path):
+    """``run_mpi(code, n=2, timeout=120, env=None, args=())`` -> CompletedProcess."""
+    def _run(code: str, n: int = 2, timeout: float = 120, env=None, args=()):
+        return nbmpi_run(tmp_path, code, n=n, timeout=timeout, env=env, args=args)
+    return _run
+
+
+def assert_ok(proc) -> None:
+    """Fail with the program's output if it did not exit 0."""
+    assert proc.returncode == 0, f"exit {proc.returncode}\nSTDOUT:\n{proc.stdout}\nSTDERR:\n{proc.stderr}"

@@ -1,0 +1,23 @@
+"""nbmpi worker runtime: what runs on every MPI rank.
+
+* :class:`ArrayChannel` (``channels``): in-place channels with one persistent
+  buffer per rank (put/take, reduce, allreduce, bcast, scatter, gather).
+* ``tracing`` / ``trace_analysis``: per-rank recording of every communication
+  call, gathered in one call (:func:`gather_trace`) into a :class:`Trace` with
+  Chrome/Perfetto export and a per-rank compute/comm/wait summary.
+* :func:`init`: collective start (tracer, clock alignment); MPI thread level
+  ``funneled`` unless ``MPI4PY_RC_THREAD_LEVEL`` says otherwise.
+
+Importing this package does not initialise MPI; the first channel (or
+:func:`init`) does.
+"""
+from .channels import ArrayChannel
+from .errors import ChannelError, ChannelTimeout, CommTimeout, NbmpiError
+from .runtime import init, world
+from .trace_analysis import Trace
+from .tracing import gather_trace, get_tracer
+
+__all__ = [
+    "ArrayChannel", "ChannelError", "ChannelTimeout", "CommTimeout", "NbmpiError",
+    "Trace", "gather_trace", "get_tracer", "init", "world",
+]

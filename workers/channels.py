@@ -1,0 +1,637 @@
+"""In-place array channels (the ArrayChannels.jl model, seed 000).
+
+Every participating rank owns ONE persistent buffer (``ch.buffer``) of the
+channel's shape and dtype; every operation (put/take, reduce, allreduce,
+bcast, scatter, gather) moves data into and out of that same buffer, so the
+data a rank works on stays in cache between messages. Nothing is pickled:
+transfers are MPI buffer operations on persistent requests that are created
+once per (operation, peer) and restarted for each message.
+
+Semantics (all ranks given as ranks of the channel's ``comm``):
+
+* ``put(dest)`` / ``take(src)``: rendezvous point-to-point. ``put`` is a
+  synchronous send (``MPI_Ssend``): it returns once ``dest`` has started the
+  matching ``take`` and the buffer may be reused. ``take`` returns when the
+  data is in this rank's buffer.
+* ``reduce(op, root)``: binomial tree on point-to-point messages. The result
+  lands in place in ``root``'s buffer; the other ranks' buffers are NOT
+  modified (interior ranks accumulate in the first of two scratch buffers and
+  receive into the second, as the seed describes).
+* ``allreduce(op)``: reduce to the first participant, then ``bcast``; the
+  result is in every rank's buffer.
+* ``bcast(root)``: binomial tree; ``root``'s buffer is copied into all others.
+* ``scatter(root, ...)`` / ``gather(root, ...)``: disjoint regions of the
+  buffer, given by an axis split or a map rank -> index range (the seed's
+  ``dim_map``). After ``scatter`` each rank's region of its buffer equals that
+  region of root's; after ``gather`` root's buffer holds every rank's region.
+  Non-contiguous regions travel as MPI subarray datatypes (no copies).
+
+Every operation is blocking and collective operations must be called by all
+participants in the same order. Blocking waits honour ``timeout=`` (default:
+the channel's ``timeout``, else ``NBMPI_TIMEOUT``, else forever) and raise
+:class:`~nbmpi.workers.errors.ChannelTimeout` naming the waiting rank, the
+peer and the operation. They are interruptible (Ctrl-C, Jupyter interrupt):
+the pending request is cancelled and the channel stays usable.
+"""
+from __future__ import annotations
+
+import atexit
+import time
+import weakref
+import zlib
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from . import tracing as _tracing
+from . import waiting
+from .errors import ChannelError, ChannelTimeout
+from .kernels import combiner, describe_op
+from .runtime import MPI, default_timeout, world
+
+__all__ = ["ArrayChannel"]
+
+TAG_PUT, TAG_REDUCE, TAG_BCAST, TAG_SCATTER, TAG_GATHER = 11, 12, 13, 14, 15
+K_PUT = _tracing.register_kind("put")
+K_TAKE = _tracing.register_kind("take")
+K_REDUCE = _tracing.register_kind("reduce")
+K_BCAST = _tracing.register_kind("bcast")
+K_SCATTER = _tracing.register_kind("scatter")
+K_GATHER = _tracing.register_kind("gather")
+_SEND, _RECV = _tracing.DIR_SEND, _tracing.DIR_RECV
+_now = time.perf_counter_ns
+_UNSET: Any = object()
+_MAX_DIMS = 8
+
+Box = Tuple[Tuple[int, int], ...]
+RegionSpec = Union[slice, range, Tuple[int, int], Tuple[slice, ...]]
+
+_open_channels: "weakref.WeakSet[ArrayChannel]" = weakref.WeakSet()
+
+
+def _close_all() -> None:
+    for ch in list(_open_channels):
+        ch.close()
+
+
+atexit.register(_close_all)
+
+
+class ArrayChannel:
+    """A channel whose participants each own one persistent buffer of ``shape`` and ``dtype``.
+
+    Collective constructor: every participant (and only participants) must
+    create the channel, with the same ``shape`` and ``dtype``; a mismatch
+    raises :class:`ChannelError` on every participant naming the rank that
+    differs. ``participants`` are ranks of ``comm`` (default: all ranks of
+    ``comm``, default ``COMM_WORLD``). ``timeout`` (seconds) is the default of
+    every blocking operation. ``name`` labels errors.
+    """
+
+    def __init__(self, shape: Union[int, Sequence[int]], dtype: Any = np.float64,
+                 participants: Optional[Iterable[int]] = None, comm: Any = None,
+                 timeout: Optional[float] = None, name: Optional[str] = None):
+        m = MPI()
+        parent = world() if comm is None else comm
+        self._parent = parent
+        prank, psize = parent.Get_rank(), parent.Get_size()
+        shape_t = (int(shape),) if np.isscalar(shape) else tuple(int(s) for s in shape)
+        if len(shape_t) > _MAX_DIMS or any(s < 0 for s in shape_t):
+            raise ChannelError(f"rank {prank}: ArrayChannel shape {shape_t} is invalid; "
+                               f"expected up to {_MAX_DIMS} non-negative extents")
+        self.dtype = np.dtype(dtype)
+        self.shape = shape_t
+        self.name = name or "ArrayChannel"
+        if participants is None:
+            parts = list(range(psize))
+        else:
+            parts = sorted({int(p) for p in participants})
+            bad = [p for p in parts if not 0 <= p < psize]
+            if bad:
+                raise ChannelError(f"rank {prank}: {self.name} participants {bad} are not ranks of a "
+                                   f"communicator of size {psize}; use ranks 0..{psize - 1}")
+        if prank not in parts:
+            raise ChannelError(
+                f"rank {prank} is not a participant of {self.name} (participants: {parts}); only "
+                "participants may create or use the channel. Guard the call with `if rank in participants:`"
+            )
+        self.participants: List[int] = parts
+        if len(parts) == psize:
+            self.comm = parent.Dup()
+        else:
+            self.comm = parent.Create_group(parent.Get_group().Incl(parts), tag=7301)
+        self._lrank = self.comm.Get_rank()
+        self._n = self.comm.Get_size()
+        self._local_of: Dict[int, int] = {p: i for i, p in enumerate(parts)}
+        self.rank = prank
+        tracer = _tracing.get_tracer()
+        self._tracer_rank_of = self._translate_to(tracer.comm)
+        self.timeout = default_timeout() if timeout is None else float(timeout)
+        self._check_same_everywhere()
+        self.chan_id = tracer.new_channel_id(self.comm)
+
+        self._buffer = np.zeros(self.shape, dtype=self.dtype)
+        self._flat = self._buffer.reshape(-1)
+        self._bytes = self._flat.view(np.uint8)
+        self.nbytes = int(self._buffer.nbytes)
+        self._scratch: Optional[Tuple[np.ndarray, np.ndarray]] = None
+        self._reqs: Dict[tuple, Any] = {}
+        self._types: Dict[tuple, Any] = {}
+        self._send_seq = [0] * self._n
+        self._recv_seq = [0] * self._n
+        self._put_send: List[Any] = [None] * self._n
+        self._take_recv: List[Any] = [None] * self._n
+        self._broken: Optional[str] = None
+        self._closed = False
+        self._byte_type = m.BYTE
+        _open_channels.add(self)
+
+    # -- setup helpers ---------------------------------------------------------------
+    def _translate_to(self, other_comm) -> List[int]:
+        m = MPI()
+        ranks = m.Group.Translate_ranks(self._parent.Get_group(), self.participants, other_comm.Get_group())
+        return [(-1 if r == m.UNDEFINED else int(r)) for r in ranks]
+
+    def _check_same_everywhere(self) -> None:
+        sig = np.zeros(4 + _MAX_DIMS, dtype=np.int64)
+        sig[0] = len(self.shape)
+        sig[1] = self.dtype.itemsize
+        sig[2] = zlib.crc32(self.dtype.str.encode() + repr(self.dtype.descr).encode())
+        sig[3] = zlib.crc32(self.name.encode())
+        sig[4: 4 + len(self.shape)] = self.shape
+        allsig = np.empty((self._n, sig.size), dtype=np.int64)
+        self.comm.Allgather(sig, allsig)
+        ref = allsig[0]
+        for i in range(1, self._n):
+            if not np.array_equal(allsig[i, :3], ref[:3]) or not np.array_equal(allsig[i, 4:], ref[4:]):
+                other = self.participants[i]
+                mine = f"shape {self.shape} dtype {self.dtype}"
+                raise ChannelError(
+                    f"rank {self.rank}: {self.name} mismatch: rank {other} created it with "
+                    f"{self._describe_sig(allsig[i])} but rank {self.participants[0]} with "
+                    f"{self._describe_sig(ref)} (this rank: {mine}); every participant must create "
+                    "the channel with the same shape and dtype"
+                )
+
+    @staticmethod
+    def _describe_sig(sig: np.ndarray) -> str:
+        nd = int(sig[0])
+        return f"shape {tuple(int(s) for s in sig[4:4 + nd])} itemsize {int(sig[1])} dtype-hash {int(sig[2]):#x}"
+
+    # -- user-facing buffer ------------------------------------------------------------
+    @property
+    def buffer(self) -> np.ndarray:
+        """This rank's persistent buffer (read and write it in place; never rebind it)."""
+        return self._buffer
+
+    def __getitem__(self, idx):
+        return self._buffer[idx]
+
+    def __setitem__(self, idx, value) -> None:
+        self._buffer[idx] = value
+
+    def __array__(self, dtype=None, copy=None):
+        return self._buffer if dtype is None else self._buffer.astype(dtype)
+
+    def fill(self, value) -> None:
+        """Fill this rank's buffer with ``value`` (local, no communication)."""
+        self._buffer.fill(value)
+
+    def __repr__(self) -> str:
+        return (f"ArrayChannel(name={self.name!r}, shape={self.shape}, dtype={self.dtype}, "
+                f"participants={self.participants}, rank={self.rank})")
+
+    # -- checks ----------------------------------------------------------------------------
+    def _usable(self, op: str) -> None:
+        if self._closed:
+            raise ChannelError(f"rank {self.rank}: {op} on {self.name} after close(); create a new channel")
+        if self._broken:
+            raise ChannelError(f"rank {self.rank}: {op} on {self.name}: the channel is unusable because "
+                               f"{self._broken}; create a new channel")
+
+    def _peer(self, peer: int, op: str) -> int:
+        local = self._local_of.get(peer)
+        if local is None:
+            raise ChannelError(f"rank {self.rank}: {op} on {self.name}: rank {peer} is not a participant "
+                               f"(participants: {self.participants})")
+        if local == self._lrank:
+            raise ChannelError(f"rank {self.rank}: {op} on {self.name}: a rank cannot {op.split('(')[0]} "
+                               "with itself; name another participant")
+        return local
+
+    def _root(self, root: int, op: str) -> int:
+        local = self._local_of.get(root)
+        if local is None:
+            raise ChannelError(f"rank {self.rank}: {op} on {self.name}: root {root} is not a participant "
+                               f"(participants: {self.participants})")
+        return local
+
+    def _timeout(self, timeout) -> Optional[float]:
+        return self.timeout if timeout is _UNSET else (None if timeout is None else float(timeout))
+
+    def _abandoned(self, op: str) -> Callable[[], None]:
+        def mark() -> None:
+            self._broken = f"{op} was abandoned (timeout or interrupt) and its request could not be cancelled"
+        return mark
+
+    def _wait(self, req, timeout, local_peer: int, op: str) -> None:
+        if not req.Test():
+            waiting.wait(req, timeout, self.rank, self.participants[local_peer], op,
+                         ChannelTimeout, self._abandoned(op))
+
+    def _req(self, key: tuple, make: Callable[[], Any]):
+        req = self._reqs.get(key)
+        if req is None:
+            req = self._reqs[key] = make()
+        return req
+
+    # -- point to point -----------------------------------------------------------------------
+    def put(self, dest: int, timeout: Optional[float] = _UNSET) -> None:
+        """Send this rank's whole buffer to ``dest``'s buffer. Blocking, rendezvous.
+
+        Returns once ``dest`` has matched it with ``take(src=this rank)``; the
+        buffer may then be modified. Raises ChannelTimeout after ``timeout`` s.
+        """
+        if self._broken or self._closed:
+            self._usable(f"put(dest={dest})")
+        peer = self._local_of.get(dest, -1)
+        if peer < 0 or peer == self._lrank:
+            self._peer(dest, f"put(dest={dest})")
+        req = self._put_send[peer]
+        if req is None:
+            req = self._put_send[peer] = self.comm.Ssend_init([self._bytes, self._byte_type], peer, TAG_PUT)
+        tr = _tracing._TRACER
+        t0 = _now()
+        req.Start()
+        if not req.Test():
+            waiting.wait(req, self._timeout(timeout), self.rank, dest, f"put(dest={dest})",
+                         ChannelTimeout, self._abandoned(f"put(dest={dest})"))
+        if tr.enabled:
+            seq = self._send_seq[peer]
+            self._send_seq[peer] = seq + 1
+            tr.record(K_PUT, _SEND, self._tracer_rank_of[peer], TAG_PUT, self.nbytes, t0, _now(),
+                      -1, seq, self.chan_id)
+
+    def take(self, src: int, timeout: Optional[float] = _UNSET) -> np.ndarray:
+        """Receive ``src``'s buffer into this rank's buffer, in place. Blocking.
+
+        Returns the buffer. Raises ChannelTimeout after ``timeout`` s.
+        """
+        if self._broken or self._closed:
+            self._usable(f"take(src={src})")
+        peer = self._local_of.get(src, -1)
+        if peer < 0 or peer == self._lrank:
+            self._peer(src, f"take(src={src})")
+        req = self._take_recv[peer]
+        if req is None:
+            req = self._take_recv[peer] = self.comm.Recv_init([self._bytes, self._byte_type], peer, TAG_PUT)
+        tr = _tracing._TRACER
+        t0 = _now()
+        req.Start()
+        if not req.Test():
+            waiting.wait(req, self._timeout(timeout), self.rank, src, f"take(src={src})",
+                         ChannelTimeout, self._abandoned(f"take(src={src})"))
+        if tr.enabled:
+            seq = self._recv_seq[peer]
+            self._recv_seq[peer] = seq + 1
+            tr.record(K_TAKE, _RECV, self._tracer_rank_of[peer], TAG_PUT, self.nbytes, t0, _now(),
+                      -1, seq, self.chan_id)
+        return self._buffer
+
+    # -- traced step helpers for the collective algorithms ---------------------------------
+    def _send_step(self, kind: int, tag: int, buf: np.ndarray, role: str, peer: int, timeout, op: str,
+                   synchronous: bool = False) -> None:
+        key = (role, peer)
+        req = self._reqs.get(key)
+        if req is None:
+            init = self.comm.Ssend_init if synchronous else self.comm.Send_init
+            req = self._reqs[key] = init([buf.reshape(-1).view(np.uint8), self._byte_type], peer, tag)
+        t0 = _now()
+        req.Start()
+        self._wait(req, timeout, peer, op)
+        self._trace_p2p(kind, _SEND, peer, tag, buf.nbytes, t0)
+
+    def _recv_step(self, kind: int, tag: int, buf: np.ndarray, role: str, peer: int, timeout, op: str) -> None:
+        key = (role, peer)
+        req = self._reqs.get(key)
+        if req is None:
+            req = self._reqs[key] = self.comm.Recv_init([buf.reshape(-1).view(np.uint8), self._byte_type],
+                                                        peer, tag)
+        t0 = _now()
+        req.Start()
+        self._wait(req, timeout, peer, op)
+        self._trace_p2p(kind, _RECV, peer, tag, buf.nbytes, t0)
+
+    def _trace_p2p(self, kind: int, direction: int, peer: int, tag: int, nbytes: int, t0: int,
+                   t1: Optional[int] = None) -> None:
+        tr = _tracing._TRACER
+        if not tr.enabled:
+            return
+        seqs = self._send_seq if direction == _SEND else self._recv_seq
+        seq = seqs[peer]
+        seqs[peer] = seq + 1
+        tr.record(kind, direction, self._tracer_rank_of[peer], tag, nbytes, t0,
+                  _now() if t1 is None else t1, -1, seq, self.chan_id)
+
+    # -- reductions ------------------------------------------------------------------------------
+    def _kernel(self, op, opname: str):
+        if self.dtype.kind not in "biufc" or self.dtype.fields is not None:
+            raise ChannelError(f"rank {self.rank}: {opname} on {self.name}: dtype {self.dtype} cannot be "
+                               "reduced; reductions need a numeric dtype")
+        try:
+            return combiner(op)
+        except ValueError as exc:
+            raise ChannelError(f"rank {self.rank}: {opname} on {self.name}: {exc}") from None
+
+    def _scratch_bufs(self) -> Tuple[np.ndarray, np.ndarray]:
+        if self._scratch is None:
+            self._scratch = (np.empty_like(self._flat), np.empty_like(self._flat))
+        return self._scratch
+
+    def reduce(self, op: Union[str, Callable] = "sum", root: int = 0,
+               timeout: Optional[float] = _UNSET) -> Optional[np.ndarray]:
+        """Combine all participants' buffers with ``op`` into ``root``'s buffer, in place.
+
+        Collective over the participants; blocking until this rank's part of
+        the binomial tree is done. ``op``: ``'sum'``, ``'prod'``, ``'min'``,
+        ``'max'`` or a ``numba.njit`` binary function ``f(a, b) -> value``
+        (assumed associative and commutative). Only ``root``'s buffer changes.
+        Returns the buffer on ``root``, ``None`` elsewhere.
+        """
+        opname = f"reduce(op={describe_op(op)}, root={root})"
+        self._usable(opname)
+        lroot = self._root(root, opname)
+        kernel = self._kernel(op, opname)
+        self._reduce_tree(kernel, lroot, self._timeout(timeout), opname)
+        return self._buffer if self._lrank == lroot else None
+
+    def _reduce_tree(self, kernel, lroot: int, timeout, opname: str) -> None:
+        n, me = self._n, self._lrank
+        vrank = (me - lroot) % n
+        acc_is_buffer = vrank == 0
+        have_acc = acc_is_buffer
+        acc = self._flat
+        mask = 1
+        while mask < n:
+            if vrank & mask == 0:
+                vsrc = vrank | mask
+                if vsrc < n:
+                    src = (vsrc + lroot) % n
+                    acc_s, recv_s = self._scratch_bufs()
+                    self._recv_step(K_REDUCE, TAG_REDUCE, recv_s, "reduce-recv", src, timeout, opname)
+                    if have_acc:
+                        kernel(acc, acc, recv_s)
+                    else:
+                        kernel(acc_s, self._flat, recv_s)
+                        acc, have_acc = acc_s, True
+            else:
+                dst = ((vrank & ~mask) + lroot) % n
+                role = "reduce-send-buf" if acc is self._flat else "reduce-send-acc"
+                self._send_step(K_REDUCE, TAG_REDUCE, acc, role, dst, timeout, opname)
+                break
+            mask <<= 1
+
+    def bcast(self, root: int = 0, timeout: Optional[float] = _UNSET) -> np.ndarray:
+        """Copy ``root``'s buffer into every participant's buffer (binomial tree). Collective, blocking.
+
+        Returns this rank's buffer.
+        """
+        opname = f"bcast(root={root})"
+        self._usable(opname)
+        self._bcast_tree(self._root(root, opname), self._timeout(timeout), opname)
+        return self._buffer
+
+    def _bcast_tree(self, lroot: int, timeout, opname: str) -> None:
+        n, me = self._n, self._lrank
+        vrank = (me - lroot) % n
+        mask = 1
+        while mask < n:
+            if vrank & mask:
+                src = ((vrank - mask) + lroot) % n
+                self._recv_step(K_BCAST, TAG_BCAST, self._flat, "bcast-recv", src, timeout, opname)
+                break
+            mask <<= 1
+        mask >>= 1
+        while mask > 0:
+            if vrank + mask < n:
+                dst = ((vrank + mask) + lroot) % n
+                self._send_step(K_BCAST, TAG_BCAST, self._flat, "bcast-send", dst, timeout, opname)
+            mask >>= 1
+
+    def allreduce(self, op: Union[str, Callable] = "sum", timeout: Optional[float] = _UNSET) -> np.ndarray:
+        """Combine all buffers with ``op``; the result is in place in every participant's buffer.
+
+        Collective, blocking. Reduce to the first participant, then bcast.
+        """
+        opname = f"allreduce(op={describe_op(op)})"
+        self._usable(opname)
+        kernel = self._kernel(op, opname)
+        t = self._timeout(timeout)
+        self._reduce_tree(kernel, 0, t, opname)
+        self._bcast_tree(0, t, opname)
+        return self._buffer
+
+    # -- scatter / gather -------------------------------------------------------------------------
+    def regions(self, axis: int = 0, regions: Optional[Union[Mapping[int, RegionSpec],
+                                                            Callable[[int], RegionSpec]]] = None
+                ) -> Dict[int, Tuple[slice, ...]]:
+        """The region (tuple of slices) of each participant for scatter/gather (local, no communication).
+
+        Without ``regions``: ``axis`` is split into nearly equal contiguous
+        blocks in participant order (``numpy.array_split`` sizes). With
+        ``regions``: a mapping or callable ``rank -> spec``, where spec is a
+        slice or ``(start, stop)`` along ``axis``, or a tuple of slices (one per
+        dimension). Regions must be in bounds, have step 1 and be disjoint.
+        """
+        boxes = self._boxes(axis, regions, "regions")
+        return {self.participants[i]: tuple(slice(a, b) for a, b in box) for i, box in boxes.items()}
+
+    def _boxes(self, axis: int, regions, opname: str) -> Dict[int, Box]:
+        nd = len(self.shape)
+        if nd == 0:
+            raise ChannelError(f"rank {self.rank}: {opname} on {self.name}: a 0-d buffer has no regions")
+        if not -nd <= axis < nd:
+            raise ChannelError(f"rank {self.rank}: {opname} on {self.name}: axis {axis} out of range "
+                               f"for shape {self.shape}")
+        axis %= nd
+        full = [(0, s) for s in self.shape]
+        boxes: Dict[int, Box] = {}
+        if regions is None:
+            edges = np.cumsum([0] + [len(c) for c in np.array_split(np.arange(self.shape[axis]), self._n)])
+            for i in range(self._n):
+                b = list(full)
+                b[axis] = (int(edges[i]), int(edges[i + 1]))
+                boxes[i] = tuple(b)
+            return boxes
+        getter = regions if callable(regions) else (lambda p: regions.get(p))
+        if not callable(regions):
+            extra = [p for p in regions if p not in self._local_of]
+            if extra:
+                raise ChannelError(f"rank {self.rank}: {opname} on {self.name}: regions given for "
+                                   f"non-participants {extra} (participants: {self.participants})")
+        for i, p in enumerate(self.participants):
+            spec = getter(p)
+            if spec is None:
+                continue
+            boxes[i] = self._box(spec, axis, full, p, opname)
+        items = list(boxes.items())
+        for x in range(len(items)):
+            for y in range(x + 1, len(items)):
+                (i, bi), (j, bj) = items[x], items[y]
+                if all(max(a0, b0) < min(a1, b1) for (a0, a1), (b0, b1) in zip(bi, bj)) and \
+                        all(a1 > a0 for a0, a1 in bi) and all(b1 > b0 for b0, b1 in bj):
+                    raise ChannelError(
+                        f"rank {self.rank}: {opname} on {self.name}: regions of ranks {self.participants[i]} "
+                        f"{bi} and {self.participants[j]} {bj} overlap; regions must be disjoint")
+        return boxes
+
+    def _box(self, spec, axis: int, full: List[Tuple[int, int]], p: int, opname: str) -> Box:
+        def one(s, extent: int, dim: int) -> Tuple[int, int]:
+            if isinstance(s, range):
+                s = slice(s.start, s.stop, s.step)
+            if isinstance(s, tuple) and len(s) == 2 and all(isinstance(v, (int, np.integer)) for v in s):
+                s = slice(int(s[0]), int(s[1]))
+            if not isinstance(s, slice):
+                raise ChannelError(f"rank {self.rank}: {opname} on {self.name}: region of rank {p} is "
+                                   f"{spec!r}; expected a slice, range or (start, stop) along the axis, "
+                                   "or a tuple of slices")
+            if s.step not in (None, 1):
+                raise ChannelError(f"rank {self.rank}: {opname} on {self.name}: region of rank {p} has step "
+                                   f"{s.step}; only contiguous ranges (step 1) are supported")
+            a = 0 if s.start is None else int(s.start)
+            b = extent if s.stop is None else int(s.stop)
+            if not 0 <= a <= b <= extent:
+                raise ChannelError(f"rank {self.rank}: {opname} on {self.name}: region of rank {p} "
+                                   f"[{a}:{b}] is out of bounds for dimension {dim} of extent {extent}")
+            return a, b
+
+        if isinstance(spec, tuple) and spec and all(isinstance(s, slice) for s in spec):
+            if len(spec) > len(full):
+                raise ChannelError(f"rank {self.rank}: {opname} on {self.name}: region of rank {p} has "
+                                   f"{len(spec)} slices for a {len(full)}-d buffer")
+            box = [one(s, full[d][1], d) for d, s in enumerate(spec)] + full[len(spec):]
+            return tuple(box)
+        box = list(full)
+        box[axis] = one(spec, full[axis][1], axis)
+        return tuple(box)
+
+    def _region_type(self, box: Box):
+        t = self._types.get(box)
+        if t is None:
+            m = MPI()
+            elem = m.BYTE.Create_contiguous(self.dtype.itemsize)
+            t = elem.Create_subarray(list(self.shape), [b - a for a, b in box], [a for a, _ in box],
+                                     order=m.ORDER_C).Commit()
+            elem.Free()
+            self._types[box] = t
+        return t
+
+    def scatter(self, root: int = 0, axis: int = 0, regions=None,
+                timeout: Optional[float] = _UNSET) -> np.ndarray:
+        """Send each participant its region of ``root``'s buffer, into the same region of its own buffer.
+
+        Collective over the participants (same ``axis``/``regions`` everywhere),
+        blocking: root returns when every region was received. Returns this
+        rank's region of its buffer (a view).
+        """
+        return self._scatter_gather(root, axis, regions, timeout, scatter=True)
+
+    def gather(self, root: int = 0, axis: int = 0, regions=None,
+               timeout: Optional[float] = _UNSET) -> np.ndarray:
+        """Collect each participant's region of its buffer into the same region of ``root``'s buffer.
+
+        Collective over the participants, blocking. Returns root's whole
+        buffer on root and this rank's region elsewhere.
+        """
+        return self._scatter_gather(root, axis, regions, timeout, scatter=False)
+
+    def _scatter_gather(self, root: int, axis: int, regions, timeout, scatter: bool) -> np.ndarray:
+        what = "scatter" if scatter else "gather"
+        opname = f"{what}(root={root})"
+        self._usable(opname)
+        lroot = self._root(root, opname)
+        boxes = self._boxes(axis, regions, opname)
+        t = self._timeout(timeout)
+        kind, tag = (K_SCATTER, TAG_SCATTER) if scatter else (K_GATHER, TAG_GATHER)
+        me = self._lrank
+        mine = boxes.get(me)
+        if me == lroot:
+            peers, reqs = [], []
+            for i, box in boxes.items():
+                if i == me or any(b <= a for a, b in box):
+                    continue
+                key = (what, i, box)
+                dtype = self._region_type(box)
+                if scatter:
+                    req = self._req(key, lambda: self.comm.Ssend_init([self._bytes, 1, dtype], i, tag))
+                else:
+                    req = self._req(key, lambda: self.comm.Recv_init([self._bytes, 1, dtype], i, tag))
+                peers.append(i)
+                reqs.append(req)
+            t0 = _now()
+            for req in reqs:
+                req.Start()
+            prev = t0
+            direction = _SEND if scatter else _RECV
+            for k in waiting.wait_each(reqs, t, self.rank, [self.participants[i] for i in peers], opname,
+                                       ChannelTimeout, self._abandoned(opname)):
+                i = peers[k]
+                nb = int(np.prod([b - a for a, b in boxes[i]])) * self.dtype.itemsize
+                t1 = _now()
+                self._trace_p2p(kind, direction, i, tag, nb, prev, t1)
+                prev = t1
+            return self._buffer if not scatter else self._region_view(mine)
+        if mine is not None and all(b > a for a, b in mine):
+            dtype = self._region_type(mine)
+            key = (what, lroot, mine)
+            if scatter:
+                req = self._req(key, lambda: self.comm.Recv_init([self._bytes, 1, dtype], lroot, tag))
+            else:
+                req = self._req(key, lambda: self.comm.Ssend_init([self._bytes, 1, dtype], lroot, tag))
+            t0 = _now()
+            req.Start()
+            self._wait(req, t, lroot, opname)
+            nb = int(np.prod([b - a for a, b in mine])) * self.dtype.itemsize
+            self._trace_p2p(kind, _RECV if scatter else _SEND, lroot, tag, nb, t0)
+        return self._region_view(mine)
+
+    def _region_view(self, box: Optional[Box]) -> np.ndarray:
+        if box is None:
+            return self._buffer[tuple(slice(0, 0) for _ in self.shape)]
+        return self._buffer[tuple(slice(a, b) for a, b in box)]
+
+    # -- lifetime ----------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Free the persistent requests, datatypes and communicator (local). Idempotent.
+
+        Must not be called while an operation is in progress. The buffer stays
+        readable; further communication raises ChannelError.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        _open_channels.discard(self)
+        try:
+            from mpi4py import MPI as m
+
+            if m.Is_finalized():
+                return
+            reqs = list(self._reqs.values()) + [r for r in self._put_send + self._take_recv if r is not None]
+            for r in reqs:
+                try:
+                    if r.Test():
+                        r.Free()
+                except Exception:  # noqa: BLE001 - freeing is best effort at teardown
+                    pass
+            for t in self._types.values():
+                t.Free()
+            self.comm.Free()
+        finally:
+            self._reqs.clear()
+            self._types.clear()
+
+    def __enter__(self) -> "ArrayChannel":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

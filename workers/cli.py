@@ -1,0 +1,50 @@
+"""The ``nbmpi`` command. Subcommands:
+
+* ``nbmpi run -n N script.py [args]``: run a program SPMD on N MPI ranks
+  (see :mod:`nbmpi.workers.launcher`).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import List, Optional
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from .launcher import run
+
+    if not args.program:
+        print("nbmpi run: give a script to run, e.g. `nbmpi run -n 2 script.py`", file=sys.stderr)
+        return 2
+    return run(args.n, args.program, timeout=args.timeout)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the ``nbmpi`` command."""
+    p = argparse.ArgumentParser(prog="nbmpi", description="nbmpi: interactive distributed computing on MPI.")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    r = sub.add_parser("run", help="run a Python program SPMD on N MPI ranks",
+                       description="Run a Python program on N MPI ranks with the bundled mpiexec. "
+                                   "Returns the worst rank's exit code; if one rank fails or on Ctrl-C "
+                                   "the whole process group is terminated (no orphan ranks).")
+    r.add_argument("-n", type=int, default=2, metavar="N", help="number of ranks (default 2)")
+    r.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
+                   help="terminate all ranks after this many seconds (exit code 124)")
+    r.add_argument("program", nargs=argparse.REMAINDER,
+                   help="script.py [args], or -m module [args], or -c code")
+    r.set_defaults(func=_cmd_run)
+    return p
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """Entry point of the ``nbmpi`` console script."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

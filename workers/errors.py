@@ -1,0 +1,36 @@
+"""Exceptions raised by the nbmpi runtime. Every message names the rank, the
+peer(s) and the operation involved, and says what to do."""
+from __future__ import annotations
+
+from typing import Optional
+
+
+class NbmpiError(RuntimeError):
+    """Base class of all nbmpi runtime errors."""
+
+
+class CommTimeout(NbmpiError, TimeoutError):
+    """A blocking communication exceeded its timeout.
+
+    Attributes: ``rank`` (who waited), ``peer`` (for whom, ``None`` for a
+    collective), ``op`` (operation, e.g. ``"take(src=0)"``), ``waited`` (s).
+    """
+
+    def __init__(self, rank: int, peer: Optional[int], op: str, waited: float, detail: str = ""):
+        self.rank, self.peer, self.op, self.waited = rank, peer, op, waited
+        who = f"rank {peer}" if peer is not None else "the other ranks"
+        msg = (
+            f"rank {rank}: {op} timed out after {waited:.3f} s waiting for {who}. "
+            f"Check that {who} reaches the matching operation (same channel, same order)"
+        )
+        if detail:
+            msg += f"; {detail}"
+        super().__init__(msg)
+
+
+class ChannelError(NbmpiError, ValueError):
+    """Wrong use of an :class:`~nbmpi.workers.channels.ArrayChannel`."""
+
+
+class ChannelTimeout(CommTimeout, ChannelError):
+    """A blocking :class:`~nbmpi.workers.channels.ArrayChannel` operation timed out."""

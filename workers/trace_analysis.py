@@ -1,0 +1,254 @@
+"""The gathered trace of all ranks: wait attribution, per-rank summary, Chrome trace export.
+
+A :class:`Trace` is what :func:`nbmpi.workers.tracing.gather_trace` returns on
+the root. It is plain data (numpy arrays), so the notebook timeline and the
+controller's dashboard build their figures from :meth:`Trace.summary` and
+:meth:`Trace.states` rather than re-deriving anything.
+
+Wait attribution (for events recorded with ``wait=-1``):
+
+* a receive waited for a *late sender*: ``clamp(send.start - recv.start, 0, recv.duration)``;
+* a synchronous send waited for a *late receiver*: ``clamp(recv.start - send.start, 0, send.duration)``;
+* a collective step (``dir == DIR_NONE``, same ``chan`` and ``seq`` on every
+  rank taking part) waited for the *last arrival*: ``clamp(max(start) - start, 0, duration)``;
+* an unmatched event keeps wait 0 and is counted in ``summary()["unmatched"]``.
+
+Sends are matched with receives on ``(chan, src, dst, tag, seq)``.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any, Dict, List, Optional
+
+import numpy as np
+
+from .tracing import DIR_NONE, DIR_RECV, DIR_SEND, FIELDS, NF
+
+_COL = {name: i for i, name in enumerate(FIELDS)}
+
+
+def _keys(cols: List[np.ndarray]) -> np.ndarray:
+    """Rows of int64 columns as one void scalar each (for exact matching)."""
+    stacked = np.ascontiguousarray(np.stack(cols, axis=1).astype(np.int64))
+    return stacked.view(np.dtype((np.void, 8 * len(cols)))).ravel()
+
+
+class Trace:
+    """Events of all ranks on rank 0's clock (ns). Built by ``Tracer.gather``.
+
+    ``events`` is an ``(n, NF)`` int64 array with columns :data:`FIELDS`;
+    ``ranks[i]`` is the rank that recorded event ``i``.
+    """
+
+    def __init__(self, events: np.ndarray, ranks: np.ndarray, nranks: int, kinds: List[str],
+                 dropped: Optional[np.ndarray] = None, clock_error_ns: Optional[np.ndarray] = None):
+        self.events = np.array(events, dtype=np.int64).reshape(-1, NF)
+        self.ranks = np.asarray(ranks, dtype=np.int64)
+        self.nranks = int(nranks)
+        self.kinds = list(kinds)
+        self.dropped = np.zeros(self.nranks, np.int64) if dropped is None else np.asarray(dropped)
+        self.clock_error_ns = (np.zeros(self.nranks, np.int64) if clock_error_ns is None
+                               else np.asarray(clock_error_ns))
+        self.flow_pairs = np.empty((0, 2), dtype=np.int64)  # (send index, recv index)
+        self.unmatched = 0
+        self._attribute_waits()
+
+    # -- columns --------------------------------------------------------------
+    def col(self, name: str) -> np.ndarray:
+        """Column ``name`` of :data:`FIELDS` (a view)."""
+        return self.events[:, _COL[name]]
+
+    def __len__(self) -> int:
+        return self.events.shape[0]
+
+    def kind_name(self, code: int) -> str:
+        """Name of kind ``code``."""
+        return self.kinds[code] if 0 <= code < len(self.kinds) else f"kind{code}"
+
+    def op_label(self, i: int) -> str:
+        """Human label of event ``i``, e.g. ``take(src=0)``."""
+        e = self.events[i]
+        kind = self.kind_name(int(e[_COL["kind"]]))
+        peer, d = int(e[_COL["peer"]]), int(e[_COL["dir"]])
+        if d == DIR_SEND:
+            return f"{kind}(dest={peer})"
+        if d == DIR_RECV:
+            return f"{kind}(src={peer})"
+        count = int(e[_COL["count"]])
+        return f"{kind}[{count}]" if count else kind
+
+    # -- wait attribution ------------------------------------------------------------
+    def _attribute_waits(self) -> None:
+        ev = self.events
+        if len(ev) == 0:
+            return
+        c = self.col
+        start, end, wait = c("t_start"), c("t_end"), c("wait")
+        dur = end - start
+        d = c("dir")
+        send = np.nonzero(d == DIR_SEND)[0]
+        recv = np.nonzero(d == DIR_RECV)[0]
+        if len(send) and len(recv):
+            sk = _keys([c("chan")[send], self.ranks[send], c("peer")[send], c("tag")[send], c("seq")[send]])
+            rk = _keys([c("chan")[recv], c("peer")[recv], self.ranks[recv], c("tag")[recv], c("seq")[recv]])
+            _, si, ri = np.intersect1d(sk, rk, assume_unique=False, return_indices=True)
+            s_idx, r_idx = send[si], recv[ri]
+            self.flow_pairs = np.stack([s_idx, r_idx], axis=1)
+            late_sender = np.clip(start[s_idx] - start[r_idx], 0, dur[r_idx])
+            late_receiver = np.clip(start[r_idx] - start[s_idx], 0, dur[s_idx])
+            unknown_r = wait[r_idx] < 0
+            wait[r_idx[unknown_r]] = late_sender[unknown_r]
+            unknown_s = wait[s_idx] < 0
+            wait[s_idx[unknown_s]] = late_receiver[unknown_s]
+        coll = np.nonzero((d == DIR_NONE) & (wait < 0))[0]
+        if len(coll):
+            ck = _keys([c("chan")[coll], c("seq")[coll], c("kind")[coll]])
+            uniq, inv = np.unique(ck, return_inverse=True)
+            last = np.full(len(uniq), np.iinfo(np.int64).min)
+            np.maximum.at(last, inv, start[coll])
+            wait[coll] = np.clip(last[inv] - start[coll], 0, dur[coll])
+        still = wait < 0
+        self.unmatched = int(still.sum())
+        wait[still] = 0
+
+    # -- derived views ---------------------------------------------------------------
+    @property
+    def t0(self) -> int:
+        """Earliest start over all ranks (ns, rank 0's clock)."""
+        return int(self.col("t_start").min()) if len(self) else 0
+
+    @property
+    def t1(self) -> int:
+        """Latest end over all ranks (ns)."""
+        return int(self.col("t_end").max()) if len(self) else 0
+
+    def rank_order(self, rank: int) -> np.ndarray:
+        """Indices of ``rank``'s events sorted by start time."""
+        idx = np.nonzero(self.ranks == rank)[0]
+        return idx[np.argsort(self.col("t_start")[idx], kind="stable")]
+
+    def states(self) -> List[Dict[str, Any]]:
+        """Non-overlapping state intervals of every rank, for timelines.
+
+        Each item: ``rank``, ``state`` (``compute`` / ``wait`` / ``comm``),
+        ``start``/``end`` (ns from :attr:`t0`), ``event`` (index or -1), ``label``.
+        Compute fills the gaps between communication over the whole window.
+        """
+        out: List[Dict[str, Any]] = []
+        t0, t1 = self.t0, self.t1
+        start, end, wait = self.col("t_start"), self.col("t_end"), self.col("wait")
+        for r in range(self.nranks):
+            cursor = t0
+            for i in self.rank_order(r):
+                s, e = max(int(start[i]), cursor), int(end[i])
+                if e < s:
+                    e = s
+                if s > cursor:
+                    out.append(dict(rank=r, state="compute", start=cursor - t0, end=s - t0, event=-1, label="compute"))
+                w = min(int(wait[i]), e - s)
+                label = self.op_label(int(i))
+                if w > 0:
+                    out.append(dict(rank=r, state="wait", start=s - t0, end=s + w - t0, event=int(i), label=label))
+                out.append(dict(rank=r, state="comm", start=s + w - t0, end=e - t0, event=int(i), label=label))
+                cursor = e
+            if cursor < t1:
+                out.append(dict(rank=r, state="compute", start=cursor - t0, end=t1 - t0, event=-1, label="compute"))
+        return out
+
+    def summary(self) -> Dict[str, Any]:
+        """Per-rank compute / communication / wait time and fractions, and traffic matrices.
+
+        Over the common window [t0, t1]: ``wait`` is time spent waiting for a
+        partner, ``comm`` the rest of the time inside communication calls,
+        ``compute`` everything else. ``bytes[i][j]`` / ``messages[i][j]``: sent
+        from rank i to rank j (point-to-point events).
+        """
+        n = self.nranks
+        window = max(self.t1 - self.t0, 0)
+        start, end, wait = self.col("t_start"), self.col("t_end"), self.col("wait")
+        dur = end - start
+        ranks: List[Dict[str, Any]] = []
+        kinds = self.col("kind")
+        for r in range(n):
+            m = self.ranks == r
+            w = float(np.minimum(wait[m], dur[m]).sum()) / 1e9
+            comm = float(dur[m].sum()) / 1e9 - w
+            total = window / 1e9
+            compute = max(total - comm - w, 0.0)
+            by_kind: Dict[str, int] = {}
+            for k, cnt in zip(*np.unique(kinds[m], return_counts=True)):
+                by_kind[self.kind_name(int(k))] = int(cnt)
+            ranks.append(dict(
+                rank=r, total_s=total, compute_s=compute, comm_s=comm, wait_s=w,
+                compute_frac=compute / total if total else 0.0,
+                comm_frac=comm / total if total else 0.0,
+                wait_frac=w / total if total else 0.0,
+                events=int(m.sum()), events_by_kind=by_kind, dropped=int(self.dropped[r]),
+            ))
+        sends = np.nonzero(self.col("dir") == DIR_SEND)[0]
+        nbytes = np.zeros((n, n), dtype=np.int64)
+        msgs = np.zeros((n, n), dtype=np.int64)
+        peer = self.col("peer")[sends]
+        ok = (peer >= 0) & (peer < n)
+        np.add.at(nbytes, (self.ranks[sends][ok], peer[ok]), self.col("nbytes")[sends][ok])
+        np.add.at(msgs, (self.ranks[sends][ok], peer[ok]), 1)
+        return dict(nranks=n, window_s=window / 1e9, ranks=ranks, bytes=nbytes.tolist(),
+                    messages=msgs.tolist(), unmatched=self.unmatched,
+                    clock_error_us=(self.clock_error_ns / 1e3).tolist())
+
+    # -- export ------------------------------------------------------------------------
+    def to_chrome(self) -> Dict[str, Any]:
+        """Chrome Trace Event JSON (object form) that Perfetto and chrome://tracing open.
+
+        One process per rank (``pid`` = rank, sorted by rank), one state thread
+        per rank whose ``ph:"X"`` slices never overlap (compute / wait / comm),
+        timestamps in microseconds from :attr:`t0`, and a flow arrow
+        (``bind_id`` with ``flow_out`` on the send, ``flow_in`` on the receive)
+        for every matched message.
+        """
+        out: List[Dict[str, Any]] = []
+        for r in range(self.nranks):
+            out.append(dict(ph="M", name="process_name", pid=r, tid=0, args=dict(name=f"rank {r}")))
+            out.append(dict(ph="M", name="process_sort_index", pid=r, tid=0, args=dict(sort_index=r)))
+            out.append(dict(ph="M", name="thread_name", pid=r, tid=0, args=dict(name="state")))
+            out.append(dict(ph="M", name="thread_sort_index", pid=r, tid=0, args=dict(sort_index=0)))
+        flow_of: Dict[int, tuple] = {}
+        for fid, (s, rr) in enumerate(self.flow_pairs.tolist(), start=1):
+            flow_of[s] = (fid, "flow_out")
+            flow_of[rr] = (fid, "flow_in")
+        c = self.events
+        for st in self.states():
+            ev: Dict[str, Any] = dict(ph="X", name=st["label"] if st["state"] != "wait" else f"wait: {st['label']}",
+                                      cat=st["state"], pid=st["rank"], tid=0,
+                                      ts=st["start"] / 1e3, dur=max(st["end"] - st["start"], 0) / 1e3)
+            i = st["event"]
+            if i >= 0:
+                e = c[i]
+                ev["args"] = dict(op=st["label"], bytes=int(e[_COL["nbytes"]]), peer=int(e[_COL["peer"]]),
+                                  tag=int(e[_COL["tag"]]), seq=int(e[_COL["seq"]]), count=int(e[_COL["count"]]),
+                                  wait_us=int(e[_COL["wait"]]) / 1e3)
+                if st["state"] == "comm" and i in flow_of:
+                    fid, direction = flow_of[i]
+                    ev["bind_id"] = fid
+                    ev[direction] = True
+            out.append(ev)
+        return dict(traceEvents=out, displayTimeUnit="ns",
+                    otherData=dict(generator="nbmpi", nranks=self.nranks, unmatched=self.unmatched))
+
+    def save_chrome(self, path: str) -> None:
+        """Write :meth:`to_chrome` as JSON to ``path``."""
+        with open(path, "w") as f:
+            json.dump(self.to_chrome(), f)
+
+    def save(self, path: str) -> None:
+        """Save the raw trace (``.npz``) for later analysis with :meth:`load`."""
+        np.savez_compressed(path, events=self.events, ranks=self.ranks, nranks=self.nranks,
+                            kinds=np.array(self.kinds), dropped=self.dropped,
+                            clock_error_ns=self.clock_error_ns)
+
+    @classmethod
+    def load(cls, path: str) -> "Trace":
+        """Load a trace written by :meth:`save` (waits are already attributed)."""
+        z = np.load(path)
+        return cls(z["events"], z["ranks"], int(z["nranks"]), [str(k) for k in z["kinds"]],
+                   dropped=z["dropped"], clock_error_ns=z["clock_error_ns"])

@@ -1,0 +1,223 @@
+"""Per-rank recording of every communication call (the runtime's tracer).
+
+Recording is cheap: each rank owns one preallocated ``int64`` record buffer
+(:data:`FIELDS` columns per event) and an event is written by a single
+``struct.pack_into`` call; no Python object is kept per event. The buffer
+doubles when full, up to ``max_events`` (then events are counted as dropped,
+never silently lost). Tracing can be switched off (``NBMPI_TRACE=0`` or
+``Tracer.enabled = False``); components check ``tracer.enabled`` before they
+even read the clock.
+
+Times are ``time.perf_counter_ns()`` of the recording rank. :meth:`Tracer.align_clocks`
+(collective) estimates each rank's offset to rank 0 (Cristian's method, best
+of several round trips), and :meth:`Tracer.gather` ships the records of all
+ranks to one root in one call, shifted onto rank 0's clock, as a
+:class:`~nbmpi.workers.trace_analysis.Trace`.
+
+Waiting time: a component records ``wait=-1`` when it cannot know locally how
+long it waited for its partner; the gathered :class:`Trace` then derives it by
+matching (late sender / late receiver / last arrival at a collective).
+"""
+from __future__ import annotations
+
+import struct
+import threading
+import time
+from typing import Dict, List, Optional
+
+import numpy as np
+
+#: Columns of one record, in order. All int64.
+FIELDS = ("kind", "dir", "peer", "tag", "nbytes", "t_start", "t_end", "wait", "seq", "chan", "count")
+NF = len(FIELDS)
+#: ``dir`` values: a collective step (or no direction), a send, a receive.
+DIR_NONE, DIR_SEND, DIR_RECV = 0, 1, 2
+
+_KINDS: List[str] = []
+_KIND_CODES: Dict[str, int] = {}
+_kinds_lock = threading.Lock()
+
+
+def register_kind(name: str) -> int:
+    """Return the integer code of event kind ``name``, registering it if new.
+
+    Components register their kinds at import time so codes agree on all ranks;
+    the gathered trace carries rank 0's name table regardless.
+    """
+    with _kinds_lock:
+        code = _KIND_CODES.get(name)
+        if code is None:
+            code = len(_KINDS)
+            _KINDS.append(name)
+            _KIND_CODES[name] = code
+        return code
+
+
+def kind_names() -> List[str]:
+    """Names of all registered kinds, indexed by code."""
+    return list(_KINDS)
+
+
+for _k in ("put", "take", "reduce", "allreduce", "bcast", "scatter", "gather", "barrier"):
+    register_kind(_k)
+
+_PACK = struct.Struct("<" + "q" * NF).pack_into
+_ROW_BYTES = 8 * NF
+
+
+class Tracer:
+    """The record buffer of one rank. Create with :func:`nbmpi.workers.runtime.init`.
+
+    ``record`` is called by runtime components (not by users) after each
+    communication call completes; it never blocks and never communicates.
+    """
+
+    def __init__(self, comm, enabled: bool = True, capacity: int = 1 << 14, max_events: int = 1 << 22):
+        self.comm = comm
+        self.rank = comm.Get_rank()
+        self.size = comm.Get_size()
+        self.enabled = bool(enabled)
+        self.max_events = int(max_events)
+        self._buf = np.zeros(capacity * NF, dtype=np.int64)
+        self._cap = capacity
+        self.n = 0
+        self.dropped = 0
+        self.offset_ns = 0
+        self.offset_err_ns = 0
+        self._next_chan = 1
+        self._lock = threading.Lock()
+
+    # -- recording -------------------------------------------------------------
+    def record(self, kind: int, direction: int, peer: int, tag: int, nbytes: int,
+               t_start: int, t_end: int, wait: int = -1, seq: int = 0, chan: int = 0,
+               count: int = 0) -> None:
+        """Append one event (times from ``time.perf_counter_ns()``). Never blocks."""
+        n = self.n
+        if n >= self._cap and not self._grow():
+            self.dropped += 1
+            return
+        _PACK(self._buf, n * _ROW_BYTES, kind, direction, peer, tag, nbytes,
+              t_start, t_end, wait, seq, chan, count)
+        self.n = n + 1
+
+    def _grow(self) -> bool:
+        if self._cap >= self.max_events:
+            return False
+        new_cap = min(self._cap * 2, self.max_events)
+        buf = np.zeros(new_cap * NF, dtype=np.int64)
+        buf[: self._cap * NF] = self._buf
+        self._buf, self._cap = buf, new_cap
+        return True
+
+    def events(self, since: int = 0) -> np.ndarray:
+        """This rank's events from index ``since`` as an ``(n, NF)`` int64 view (local clock)."""
+        return self._buf[: self.n * NF].reshape(-1, NF)[since:]
+
+    def mark(self) -> int:
+        """An index to pass as ``since`` later, to gather only what follows."""
+        return self.n
+
+    def clear(self) -> None:
+        """Forget all recorded events (local, not collective)."""
+        self.n = 0
+        self.dropped = 0
+
+    def new_channel_id(self, comm) -> int:
+        """Agree on a fresh channel id among the ranks of ``comm`` (collective on ``comm``).
+
+        Used to match sends with receives of the same component in the trace.
+        """
+        from .runtime import MPI
+
+        mine = np.array([self._next_chan], dtype=np.int64)
+        agreed = np.empty(1, dtype=np.int64)
+        comm.Allreduce(mine, agreed, op=MPI().MAX)
+        self._next_chan = int(agreed[0]) + 1
+        return int(agreed[0])
+
+    # -- clocks ------------------------------------------------------------------
+    def align_clocks(self, rounds: int = 16) -> None:
+        """Estimate this rank's clock offset to rank 0. Collective on ``self.comm``.
+
+        Rank 0 answers ``rounds`` timestamp requests from each rank in turn; each
+        rank keeps the sample with the shortest round trip (error <= RTT/2).
+        """
+        comm = self.comm
+        if self.size == 1:
+            return
+        cbuf = np.zeros(1, dtype=np.int64)
+        tag = 31000
+        if self.rank == 0:
+            for r in range(1, self.size):
+                for _ in range(rounds):
+                    comm.Recv(cbuf, source=r, tag=tag)
+                    cbuf[0] = time.perf_counter_ns()
+                    comm.Send(cbuf, dest=r, tag=tag)
+        else:
+            best_rtt, best_off = None, 0
+            for _ in range(rounds):
+                t1 = time.perf_counter_ns()
+                comm.Send(cbuf, dest=0, tag=tag)
+                comm.Recv(cbuf, source=0, tag=tag)
+                t2 = time.perf_counter_ns()
+                rtt = t2 - t1
+                if best_rtt is None or rtt < best_rtt:
+                    best_rtt, best_off = rtt, int(cbuf[0]) - (t1 + t2) // 2
+            self.offset_ns, self.offset_err_ns = best_off, best_rtt // 2
+        comm.Barrier()
+
+    # -- gathering -----------------------------------------------------------------
+    def gather(self, root: int = 0, since: int = 0):
+        """Collect the events of all ranks (from index ``since``) on ``root``. Collective.
+
+        Returns a :class:`~nbmpi.workers.trace_analysis.Trace` on ``root`` and
+        ``None`` elsewhere. Times are shifted onto rank 0's clock. Buffers only,
+        no pickling.
+        """
+        from .trace_analysis import Trace
+
+        comm = self.comm
+        ev = np.ascontiguousarray(self.events(since)).copy()
+        ev[:, FIELDS.index("t_start")] += self.offset_ns
+        ev[:, FIELDS.index("t_end")] += self.offset_ns
+        meta = np.array([ev.shape[0], self.dropped, self.offset_err_ns], dtype=np.int64)
+        metas = np.empty((self.size, 3), dtype=np.int64) if self.rank == root else None
+        comm.Gather(meta, metas, root=root)
+        if self.rank == root:
+            counts = metas[:, 0] * NF
+            allev = np.empty(int(counts.sum()), dtype=np.int64)
+            comm.Gatherv(ev.reshape(-1), [allev, counts], root=root)
+            ranks = np.repeat(np.arange(self.size, dtype=np.int64), metas[:, 0])
+            return Trace(allev.reshape(-1, NF), ranks, self.size, kind_names(),
+                         dropped=metas[:, 1].copy(), clock_error_ns=metas[:, 2].copy())
+        comm.Gatherv(ev.reshape(-1), None, root=root)
+        return None
+
+
+_TRACER: Optional[Tracer] = None
+
+
+def get_tracer() -> Tracer:
+    """The tracer of this rank; created on first use (on COMM_WORLD, clocks not aligned)
+    if :func:`nbmpi.workers.runtime.init` was not called."""
+    global _TRACER
+    if _TRACER is None:
+        from .runtime import tracing_enabled_by_env, world
+
+        _TRACER = Tracer(world(), enabled=tracing_enabled_by_env())
+    return _TRACER
+
+
+def set_tracer(tracer: Tracer) -> None:
+    """Make ``tracer`` the one all components record into."""
+    global _TRACER
+    _TRACER = tracer
+
+
+def gather_trace(root: int = 0, since: int = 0):
+    """Gather every rank's trace to ``root`` (collective on the tracer's communicator).
+
+    One call; returns a :class:`~nbmpi.workers.trace_analysis.Trace` on ``root``,
+    ``None`` elsewhere.
+    """
+    return get_tracer().gather(root=root, since=since)
