@@ -59,6 +59,7 @@ K_BCAST = _tracing.register_kind("bcast")
 K_SCATTER = _tracing.register_kind("scatter")
 K_GATHER = _tracing.register_kind("gather")
 _SEND, _RECV = _tracing.DIR_SEND, _tracing.DIR_RECV
+_PACK, _ROW = _tracing.PACK, _tracing.ROW_BYTES
 _now = time.perf_counter_ns
 _UNSET: Any = object()
 _MAX_DIMS = 8
@@ -139,10 +140,11 @@ class ArrayChannel:
         self._types: Dict[tuple, Any] = {}
         self._send_seq = [0] * self._n
         self._recv_seq = [0] * self._n
-        self._put_send: List[Any] = [None] * self._n
-        self._take_recv: List[Any] = [None] * self._n
+        self._put_reqs: Dict[int, tuple] = {}
+        self._take_reqs: Dict[int, tuple] = {}
         self._broken: Optional[str] = None
         self._closed = False
+        self._retired: List[Any] = []
         self._byte_type = m.BYTE
         _open_channels.add(self)
 
@@ -232,7 +234,15 @@ class ArrayChannel:
     def _abandoned(self, op: str) -> Callable[[], None]:
         def mark() -> None:
             self._broken = f"{op} was abandoned (timeout or interrupt) and its request could not be cancelled"
+            self._retire_fast_paths()
         return mark
+
+    def _retire_fast_paths(self) -> None:
+        """Route put/take through the checking slow path (after close or breakage)."""
+        self._retired.extend(e[0] for e in self._put_reqs.values())
+        self._retired.extend(e[0] for e in self._take_reqs.values())
+        self._put_reqs.clear()
+        self._take_reqs.clear()
 
     def _wait(self, req, timeout, local_peer: int, op: str) -> None:
         if not req.Test():
@@ -246,57 +256,80 @@ class ArrayChannel:
         return req
 
     # -- point to point -----------------------------------------------------------------------
+    # put/take are the latency-critical path: the request for a peer is found with
+    # one dict lookup (validation and creation happen on the first miss), and the
+    # trace record is written inline (tracing.PACK) rather than via Tracer.record.
     def put(self, dest: int, timeout: Optional[float] = _UNSET) -> None:
         """Send this rank's whole buffer to ``dest``'s buffer. Blocking, rendezvous.
 
         Returns once ``dest`` has matched it with ``take(src=this rank)``; the
         buffer may then be modified. Raises ChannelTimeout after ``timeout`` s.
         """
-        if self._broken or self._closed:
-            self._usable(f"put(dest={dest})")
-        peer = self._local_of.get(dest, -1)
-        if peer < 0 or peer == self._lrank:
-            self._peer(dest, f"put(dest={dest})")
-        req = self._put_send[peer]
-        if req is None:
-            req = self._put_send[peer] = self.comm.Ssend_init([self._bytes, self._byte_type], peer, TAG_PUT)
+        try:
+            req, peer, wpeer = self._put_reqs[dest]
+        except KeyError:
+            req, peer, wpeer = self._p2p_req(dest, True)
         tr = _tracing._TRACER
-        t0 = _now()
-        req.Start()
-        if not req.Test():
-            waiting.wait(req, self._timeout(timeout), self.rank, dest, f"put(dest={dest})",
-                         ChannelTimeout, self._abandoned(f"put(dest={dest})"))
         if tr.enabled:
-            seq = self._send_seq[peer]
-            self._send_seq[peer] = seq + 1
-            tr.record(K_PUT, _SEND, self._tracer_rank_of[peer], TAG_PUT, self.nbytes, t0, _now(),
-                      -1, seq, self.chan_id)
+            t0 = _now()
+            req.Start()
+            if not req.Test():
+                self._block(req, timeout, dest, "put(dest=%d)" % dest)
+            n = tr.n
+            if n < tr.cap:
+                _PACK(tr.buf, n * _ROW, K_PUT, _SEND, wpeer, TAG_PUT, self.nbytes, t0, _now(), -1, -1,
+                      self.chan_id, 0)
+                tr.n = n + 1
+            else:
+                tr.record(K_PUT, _SEND, wpeer, TAG_PUT, self.nbytes, t0, _now(), -1, -1, self.chan_id)
+        else:
+            req.Start()
+            if not req.Test():
+                self._block(req, timeout, dest, "put(dest=%d)" % dest)
 
     def take(self, src: int, timeout: Optional[float] = _UNSET) -> np.ndarray:
         """Receive ``src``'s buffer into this rank's buffer, in place. Blocking.
 
         Returns the buffer. Raises ChannelTimeout after ``timeout`` s.
         """
-        if self._broken or self._closed:
-            self._usable(f"take(src={src})")
-        peer = self._local_of.get(src, -1)
-        if peer < 0 or peer == self._lrank:
-            self._peer(src, f"take(src={src})")
-        req = self._take_recv[peer]
-        if req is None:
-            req = self._take_recv[peer] = self.comm.Recv_init([self._bytes, self._byte_type], peer, TAG_PUT)
+        try:
+            req, peer, wpeer = self._take_reqs[src]
+        except KeyError:
+            req, peer, wpeer = self._p2p_req(src, False)
         tr = _tracing._TRACER
-        t0 = _now()
-        req.Start()
-        if not req.Test():
-            waiting.wait(req, self._timeout(timeout), self.rank, src, f"take(src={src})",
-                         ChannelTimeout, self._abandoned(f"take(src={src})"))
         if tr.enabled:
-            seq = self._recv_seq[peer]
-            self._recv_seq[peer] = seq + 1
-            tr.record(K_TAKE, _RECV, self._tracer_rank_of[peer], TAG_PUT, self.nbytes, t0, _now(),
-                      -1, seq, self.chan_id)
+            t0 = _now()
+            req.Start()
+            if not req.Test():
+                self._block(req, timeout, src, "take(src=%d)" % src)
+            n = tr.n
+            if n < tr.cap:
+                _PACK(tr.buf, n * _ROW, K_TAKE, _RECV, wpeer, TAG_PUT, self.nbytes, t0, _now(), -1, -1,
+                      self.chan_id, 0)
+                tr.n = n + 1
+            else:
+                tr.record(K_TAKE, _RECV, wpeer, TAG_PUT, self.nbytes, t0, _now(), -1, -1, self.chan_id)
+        else:
+            req.Start()
+            if not req.Test():
+                self._block(req, timeout, src, "take(src=%d)" % src)
         return self._buffer
+
+    def _p2p_req(self, other: int, sending: bool):
+        """Slow path of put/take: validate, then create the persistent request once."""
+        op = f"put(dest={other})" if sending else f"take(src={other})"
+        self._usable(op)
+        peer = self._peer(other, op)
+        if sending:
+            req = self.comm.Ssend_init([self._bytes, self._byte_type], peer, TAG_PUT)
+            entry = self._put_reqs[other] = (req, peer, self._tracer_rank_of[peer])
+        else:
+            req = self.comm.Recv_init([self._bytes, self._byte_type], peer, TAG_PUT)
+            entry = self._take_reqs[other] = (req, peer, self._tracer_rank_of[peer])
+        return entry
+
+    def _block(self, req, timeout, other: int, op: str) -> None:
+        waiting.wait(req, self._timeout(timeout), self.rank, other, op, ChannelTimeout, self._abandoned(op))
 
     # -- traced step helpers for the collective algorithms ---------------------------------
     def _send_step(self, kind: int, tag: int, buf: np.ndarray, role: str, peer: int, timeout, op: str,
@@ -616,7 +649,8 @@ class ArrayChannel:
 
             if m.Is_finalized():
                 return
-            reqs = list(self._reqs.values()) + [r for r in self._put_send + self._take_recv if r is not None]
+            self._retire_fast_paths()
+            reqs = list(self._reqs.values()) + self._retired
             for r in reqs:
                 try:
                     if r.Test():

@@ -13,7 +13,10 @@ Wait attribution (for events recorded with ``wait=-1``):
   rank taking part) waited for the *last arrival*: ``clamp(max(start) - start, 0, duration)``;
 * an unmatched event keeps wait 0 and is counted in ``summary()["unmatched"]``.
 
-Sends are matched with receives on ``(chan, src, dst, tag, seq)``.
+Sends are matched with receives on ``(chan, src, dst, tag, seq)``. Events
+recorded with ``seq == -1`` (blocking point-to-point) get their seq from their
+order: the k-th such send from s to d on (chan, tag) is number k, likewise for
+receives, which is exactly MPI's non-overtaking matching rule.
 """
 from __future__ import annotations
 
@@ -78,10 +81,28 @@ class Trace:
         return f"{kind}[{count}]" if count else kind
 
     # -- wait attribution ------------------------------------------------------------
+    def _number_by_order(self) -> None:
+        """Give blocking point-to-point events (seq == -1) their order number per
+        (chan, rank, peer, tag, dir)."""
+        seq = self.col("seq")
+        idx = np.nonzero(seq == -1)[0]
+        if len(idx) == 0:
+            return
+        c = self.col
+        order = np.lexsort((c("t_start")[idx], c("dir")[idx], c("tag")[idx], c("peer")[idx],
+                            self.ranks[idx], c("chan")[idx]))
+        sidx = idx[order]
+        keys = _keys([c("chan")[sidx], self.ranks[sidx], c("peer")[sidx], c("tag")[sidx], c("dir")[sidx]])
+        new_group = np.ones(len(sidx), dtype=bool)
+        new_group[1:] = keys[1:] != keys[:-1]
+        group_start = np.maximum.accumulate(np.where(new_group, np.arange(len(sidx)), 0))
+        seq[sidx] = np.arange(len(sidx)) - group_start
+
     def _attribute_waits(self) -> None:
         ev = self.events
         if len(ev) == 0:
             return
+        self._number_by_order()
         c = self.col
         start, end, wait = c("t_start"), c("t_end"), c("wait")
         dur = end - start

@@ -1,0 +1,77 @@
+"""Shared output of every nbmpi benchmark: one JSON file and one markdown table
+under ``benchmarks/results/``, plus machine facts so numbers are never quoted
+without their context.
+
+Use: ``write_results("pingpong", data, md_text)``; build tables with
+:func:`md_table`; check targets with :func:`target` (PASS/FAIL computed from
+the measured numbers, never typed in).
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def machine() -> Dict[str, Any]:
+    """Facts about the machine and software the numbers were measured on."""
+    info: Dict[str, Any] = dict(
+        date=time.strftime("%Y-%m-%d %H:%M:%S"), python=sys.version.split()[0],
+        platform=platform.platform(), cpus=os.cpu_count(),
+    )
+    try:
+        info["loadavg"] = os.getloadavg()
+    except OSError:
+        pass
+    for mod in ("numpy", "numba", "mpi4py"):
+        try:
+            info[mod] = __import__(mod).__version__
+        except Exception:  # noqa: BLE001
+            pass
+    return info
+
+
+def md_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A GitHub markdown table."""
+    def cell(v: Any) -> str:
+        if isinstance(v, float):
+            if v != 0 and (abs(v) >= 1e5 or abs(v) < 1e-3):
+                return f"{v:.3g}"
+            return f"{v:.3f}" if abs(v) < 10 else f"{v:.1f}"
+        return str(v)
+
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def target(name: str, measured: float, limit: float, higher_is_better: bool = True) -> Dict[str, Any]:
+    """A 'must reach' check: PASS if ``measured`` is on the right side of ``limit``."""
+    ok = measured >= limit if higher_is_better else measured <= limit
+    return dict(target=name, measured=measured, limit=limit,
+                direction=">=" if higher_is_better else "<=", status="PASS" if ok else "FAIL")
+
+
+def targets_table(targets: List[Dict[str, Any]]) -> str:
+    """Markdown table of target checks."""
+    return md_table(["target", "measured", "limit", "status"],
+                    [[t["target"], t["measured"], f"{t['direction']} {t['limit']}", t["status"]] for t in targets])
+
+
+def write_results(name: str, data: Dict[str, Any], markdown: str, out_dir: Optional[Path] = None) -> Path:
+    """Write ``NAME.json`` (data + machine facts) and ``NAME.md``; return the JSON path."""
+    out = Path(out_dir) if out_dir else RESULTS
+    out.mkdir(parents=True, exist_ok=True)
+    data = dict(data)
+    data.setdefault("machine", machine())
+    (out / f"{name}.json").write_text(json.dumps(data, indent=2, default=float))
+    header = f"# {name}\n\nMeasured {data['machine']['date']} on {data['machine']['cpus']} CPUs " \
+             f"(load {data['machine'].get('loadavg', 'n/a')}).\n\n"
+    (out / f"{name}.md").write_text(header + markdown + "\n")
+    return out / f"{name}.json"
