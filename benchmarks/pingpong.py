@@ -16,7 +16,7 @@ Columns, all measured in this one run, message sizes 8 B to 64 MiB:
   (a task on the other worker that depends on it, there and back);
 * ``memcpy``: ``numpy.copyto`` of the same size in one process, the physical bound.
 
-Method: for each size the MPI methods run interleaved, ``rounds`` times, each
+Method: for each size the MPI methods run interleaved (a new random order each round), ``rounds`` times, each
 round a batch of round trips lasting tens of milliseconds; a method's figure is
 its best batch (least disturbed by other load). One-way latency = round trip / 2;
 throughput = bytes / one-way latency. Results: ``benchmarks/results/pingpong.json``
@@ -103,8 +103,10 @@ def mpi_part(sizes, rounds: int, out: str) -> None:
         for m in MPI_METHODS:  # warm-up (persistent requests, numba, caches)
             tracer.enabled = m != "channel_notrace"
             runs[m]()
+        order_rng = np.random.default_rng(nbytes)  # same permutations on both ranks
         for _ in range(rounds):
-            for m in MPI_METHODS:
+            # a fresh order each round, so no method always follows another (warm buffers, turbo)
+            for m in order_rng.permutation(MPI_METHODS):
                 tracer.enabled = m != "channel_notrace"
                 comm.Barrier()
                 t0 = time.perf_counter()
