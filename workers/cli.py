@@ -33,6 +33,12 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("program", nargs=argparse.REMAINDER,
                    help="script.py [args], or -m module [args], or -c code")
     r.set_defaults(func=_cmd_run)
+    try:  # the controller's subcommands (serve, submit, jobs, ...); `run` works without its deps
+        from nbmpi.server.cli import register
+    except ImportError:
+        pass
+    else:
+        register(sub)
     return p
 
 

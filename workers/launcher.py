@@ -188,3 +188,21 @@ def run(nranks: int, argv: Sequence[str], env: Optional[Dict[str, str]] = None,
         return 0
     rc = proc.returncode
     return rc if rc and rc > 0 else (128 - rc if rc and rc < 0 else 1)
+
+
+def start(nranks: int, argv: Sequence[str], status_dir: str, env: Optional[Dict[str, str]] = None,
+          stdout=None, stderr=None, cwd: Optional[str] = None) -> subprocess.Popen:
+    """Start ``argv`` on ``nranks`` ranks and return at once (for the controller's batch jobs).
+
+    Non-blocking counterpart of :func:`run`: mpiexec is started in a new session
+    (its pid is the process group id to pass to :func:`terminate_group`), ranks
+    report their exit codes to ``status_dir`` (read them with :func:`read_status`).
+    The caller watches the process and must end the group itself.
+    """
+    if nranks < 1:
+        raise ValueError(f"nranks must be at least 1, got {nranks}")
+    os.makedirs(status_dir, exist_ok=True)
+    renv = rank_environment(env)
+    renv[STATUS_DIR_ENV] = status_dir
+    return subprocess.Popen(mpiexec_command(nranks, argv), env=renv, stdout=stdout, stderr=stderr,
+                            cwd=cwd, start_new_session=True)

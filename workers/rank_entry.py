@@ -3,6 +3,18 @@ program like ``python`` would (script path, ``-m module`` or ``-c code``),
 report this rank's exit code to the launcher's status directory.
 
 Not called by users directly: ``nbmpi run -n N script.py`` does it.
+
+Two optional services for the controller's batch jobs (environment variables):
+
+* ``NBMPI_LOG_DIR``: this rank's stdout/stderr go to ``rank-R.stdout`` /
+  ``rank-R.stderr`` in that directory (file descriptors 1 and 2 are redirected
+  before anything runs, so output of C extensions and child processes lands
+  there too).
+* ``NBMPI_TRACE_OUT``: after the program, the ranks agree (non-blocking
+  allreduce with a timeout, ``NBMPI_TRACE_AGREE_TIMEOUT`` s, default 30) whether
+  every rank succeeded; only then they gather the trace and rank 0 writes
+  ``trace.json`` (Chrome/Perfetto) and ``summary.json`` there. A failed or
+  missing rank never makes the others hang at exit.
 """
 from __future__ import annotations
 
@@ -25,6 +37,61 @@ def _report(code: int) -> None:
     os.replace(tmp, os.path.join(status_dir, f"rank-{rank}.exit"))
 
 
+def _redirect_output() -> None:
+    """Send fds 1/2 to per-rank files in ``$NBMPI_LOG_DIR`` (rank from the launcher's PMI env)."""
+    log_dir = os.environ.get("NBMPI_LOG_DIR")
+    if not log_dir:
+        return
+    rank = os.environ.get("PMI_RANK") or os.environ.get("OMPI_COMM_WORLD_RANK")
+    if rank is None:
+        from .runtime import world
+
+        rank = str(world().Get_rank())
+    os.makedirs(log_dir, exist_ok=True)
+    for fd, stream in ((1, "stdout"), (2, "stderr")):
+        target = os.open(os.path.join(log_dir, f"rank-{rank}.{stream}"),
+                         os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        os.dup2(target, fd)
+        os.close(target)
+
+
+def _save_trace(code: int) -> None:
+    """If ``$NBMPI_TRACE_OUT`` is set: agree on success, gather the trace, rank 0 writes it."""
+    out = os.environ.get("NBMPI_TRACE_OUT")
+    if not out:
+        return
+    import json
+
+    import numpy as np
+
+    from .errors import CommTimeout
+    from .runtime import MPI, world
+    from .tracing import get_tracer
+    from .waiting import wait
+
+    comm = world()
+    rank = comm.Get_rank()
+    tracer = get_tracer()
+    mine = np.array([1 if (code or not tracer.enabled) else 0], dtype=np.int64)
+    worst = np.zeros(1, dtype=np.int64)
+    try:
+        timeout = float(os.environ.get("NBMPI_TRACE_AGREE_TIMEOUT", "30"))
+        wait(comm.Iallreduce(mine, worst, op=MPI().MAX), timeout, rank, None, "trace agreement at exit")
+    except CommTimeout as exc:
+        print(f"[rank {rank}] trace not saved: {exc}", file=sys.stderr)
+        return
+    if worst[0]:
+        return
+    trace = tracer.gather(root=0)
+    if rank == 0:
+        os.makedirs(out, exist_ok=True)
+        for name, data in (("trace.json", trace.to_chrome()), ("summary.json", trace.summary())):
+            tmp = os.path.join(out, f".{name}.tmp")
+            with open(tmp, "w") as f:
+                json.dump(data, f)
+            os.replace(tmp, os.path.join(out, name))
+
+
 def main(argv=None) -> int:
     """Run one rank. Returns (and exits with) the program's exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -32,6 +99,7 @@ def main(argv=None) -> int:
         print("usage: python -m nbmpi.workers.rank_entry (script.py | -m module | -c code) [args]",
               file=sys.stderr)
         return 2
+    _redirect_output()
     from .runtime import init
 
     init()
@@ -61,6 +129,12 @@ def main(argv=None) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     _report(code)
+    try:
+        _save_trace(code)
+    except Exception:  # noqa: BLE001 - a trace failure must not change the program's result
+        sys.stderr.write("[nbmpi] saving the trace failed:\n")
+        traceback.print_exc()
+    sys.stderr.flush()
     return code
 
 

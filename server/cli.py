@@ -1,0 +1,299 @@
+"""The controller's subcommands of the ``nbmpi`` command.
+
+* ``nbmpi serve [--host 127.0.0.1] [--port 8765] [--max-ranks N] [--db PATH] [--data-dir DIR]``:
+  run the service (uvicorn). Creates the data directory and, on first start,
+  a token (printed, stored mode 0600 in the users file); writes the client
+  configuration file (URL + token, mode 0600).
+* ``nbmpi submit script.py -n 4 [--wait] [--timeout S] [--pool ID] [--args 'A B']``: queue a
+  job and print its id; ``--wait`` follows it, prints every rank's output and
+  exits with the job's exit code.
+* ``nbmpi jobs [--state S]``, ``nbmpi logs ID [--rank R] [--stderr]``,
+  ``nbmpi cancel ID``, ``nbmpi pools``.
+
+Client commands take ``--server URL`` and ``--token T``, else ``$NBMPI_SERVER`` /
+``$NBMPI_TOKEN``, else the client configuration file (see :mod:`nbmpi.server.config`).
+"""
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import json
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+from . import config
+
+
+def _add_client_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--server", default=None, metavar="URL", help=f"service URL (else ${config.SERVER_ENV} "
+                   "or the client config file)")
+    p.add_argument("--token", default=None, metavar="T", help=f"bearer token (else ${config.TOKEN_ENV} "
+                   "or the client config file)")
+
+
+def _client(args: argparse.Namespace):
+    from .client import Client
+
+    s = config.client_settings(args.server, args.token)
+    if not s.token:
+        raise SystemExit("nbmpi: no token: pass --token, set NBMPI_TOKEN, or run `nbmpi serve` once "
+                         f"(it writes {config.client_config_path()})")
+    return Client(s.url, s.token)
+
+
+def _fail(exc) -> int:
+    print(f"nbmpi: {exc}", file=sys.stderr)
+    return 1
+
+
+# -- serve --------------------------------------------------------------------------------------
+def _cmd_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from .app import create_app
+    from .auth import ensure_users_file
+
+    data_dir = config.ensure_data_dir(Path(args.data_dir) if args.data_dir else config.default_data_dir())
+    users_path = Path(args.users) if args.users else data_dir / "users.json"
+    token, created = ensure_users_file(users_path)
+    max_ranks = args.max_ranks or os.cpu_count() or 1
+    if max_ranks < 1:
+        print(f"nbmpi serve: --max-ranks must be at least 1, got {max_ranks}", file=sys.stderr)
+        return 2
+    try:
+        loopback = ipaddress.ip_address(args.host).is_loopback
+    except ValueError:
+        loopback = args.host == "localhost"
+    family = socket.AF_INET6 if ":" in args.host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((args.host, args.port))
+    except OSError as exc:
+        print(f"nbmpi serve: cannot listen on {args.host}:{args.port}: {exc}; choose another --port",
+              file=sys.stderr)
+        return 1
+    sock.listen(128)
+    port = sock.getsockname()[1]
+    host = f"[{args.host}]" if family == socket.AF_INET6 else args.host
+    url = f"http://{host}:{port}"
+    cfg = config.read_client_config()
+    client_token = token
+    from .auth import load_users
+
+    if cfg.get("token") and cfg.get("token") in load_users(users_path):
+        client_token = cfg["token"]
+    cfg_path = config.write_client_config(url, client_token) if client_token else None
+    app = create_app(data_dir, max_ranks, users_path=users_path, db_path=Path(args.db) if args.db else None,
+                     enable_pools=not args.no_pools)
+    print(f"nbmpi serve: listening on {url} (max ranks {max_ranks}, data {data_dir})", flush=True)
+    if created:
+        print(f"nbmpi serve: first start: generated token {token}\n"
+              f"nbmpi serve: stored (owner-only) in {users_path}", flush=True)
+    if cfg_path:
+        print(f"nbmpi serve: client configuration written to {cfg_path}", flush=True)
+    if not loopback:
+        print(f"nbmpi serve: WARNING: listening on {args.host}, not only on this machine; this service runs "
+              "code: use TLS in front of it and keep tokens secret", flush=True)
+    server = uvicorn.Server(uvicorn.Config(app, log_level=args.log_level, access_log=False))
+    server.run(sockets=[sock])
+    return 0
+
+
+# -- client commands ----------------------------------------------------------------------------
+def _fmt_time(t: Optional[float]) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(t)) if t else "-"
+
+
+def _follow(client, job_id: int, ranks: int, offsets: dict, out=sys.stdout) -> None:
+    for r in range(ranks):
+        for stream in ("stdout", "stderr"):
+            text, offsets[(r, stream)] = client.logs(job_id, r, stream, offsets.get((r, stream), 0))
+            if text:
+                dest = out if stream == "stdout" else sys.stderr
+                prefix = f"[rank {r}] " if ranks > 1 else ""
+                for line in text.splitlines(keepends=True):
+                    dest.write(prefix + line)
+                dest.flush()
+
+
+def wait_for(client, job_id: int, print_logs: bool = True, poll: float = 0.2) -> dict:
+    """Poll job ``job_id`` until it is final, printing new output of every rank; return the record."""
+    offsets: dict = {}
+    while True:
+        job = client.job(job_id)
+        if print_logs and job["state"] != "queued":
+            _follow(client, job_id, job["ranks"], offsets)
+        if job["state"] not in ("queued", "running"):
+            if print_logs:
+                _follow(client, job_id, job["ranks"], offsets)
+            return job
+        time.sleep(poll)
+
+
+def _cmd_submit(args: argparse.Namespace) -> int:
+    from .client import ApiError
+
+    path = Path(args.script)
+    try:
+        code = path.read_text()
+    except OSError as exc:
+        return _fail(f"cannot read {path}: {exc}")
+    env = {}
+    for item in args.env or []:
+        if "=" not in item:
+            return _fail(f"--env expects NAME=VALUE, got {item!r}")
+        k, v = item.split("=", 1)
+        env[k] = v
+    import shlex
+
+    try:
+        prog_args = shlex.split(args.args)
+    except ValueError as exc:
+        return _fail(f"--args: {exc}")
+    try:
+        with _client(args) as c:
+            job = c.submit(code, ranks=args.n, script_name=path.name if path.suffix == ".py" else "job.py",
+                           pool=args.pool, timeout=args.timeout, args=prog_args, env=env, name=args.name)
+            print(job["id"], flush=True)
+            if not args.wait:
+                return 0
+            job = wait_for(c, job["id"])
+    except ApiError as exc:
+        return _fail(exc)
+    print(f"nbmpi: job {job['id']} {job['state']}" + (f": {job['message']}" if job.get("message") else ""),
+          file=sys.stderr)
+    if job["state"] == "succeeded":
+        return 0
+    return job["exit_code"] if job.get("exit_code") else 1
+
+
+def _cmd_jobs(args: argparse.Namespace) -> int:
+    from .client import ApiError
+
+    try:
+        with _client(args) as c:
+            jobs = c.jobs(args.state)
+    except ApiError as exc:
+        return _fail(exc)
+    if args.json:
+        print(json.dumps(jobs, indent=2))
+        return 0
+    print(f"{'ID':>5}  {'STATE':<10} {'RANKS':>5} {'POOL':>4} {'EXIT':>4}  {'CREATED':<8} {'FINISHED':<8} SCRIPT")
+    for j in jobs:
+        print(f"{j['id']:>5}  {j['state']:<10} {j['ranks']:>5} {j['pool'] or '-':>4} "
+              f"{'-' if j['exit_code'] is None else j['exit_code']:>4}  {_fmt_time(j['created_at']):<8} "
+              f"{_fmt_time(j['finished_at']):<8} {j['script_name']}")
+    return 0
+
+
+def _cmd_logs(args: argparse.Namespace) -> int:
+    from .client import ApiError
+
+    try:
+        with _client(args) as c:
+            text, _ = c.logs(args.id, args.rank, "stderr" if args.stderr else "stdout")
+    except ApiError as exc:
+        return _fail(exc)
+    sys.stdout.write(text)
+    return 0
+
+
+def _cmd_cancel(args: argparse.Namespace) -> int:
+    from .client import ApiError
+
+    try:
+        with _client(args) as c:
+            r = c.cancel(args.id)
+    except ApiError as exc:
+        return _fail(exc)
+    print(f"job {r['id']}: {r['state']}")
+    return 0
+
+
+def _cmd_pools(args: argparse.Namespace) -> int:
+    from .client import ApiError
+
+    try:
+        with _client(args) as c:
+            pools = c.pools()
+    except ApiError as exc:
+        return _fail(exc)
+    if args.json:
+        print(json.dumps(pools, indent=2))
+        return 0
+    print(f"{'ID':>4}  {'NAME':<16} {'STATE':<9} {'TARGET':<8} {'RANKS':>5}  CREATED")
+    for p in pools:
+        print(f"{p['id']:>4}  {(p['name'] or '-'):<16} {p['state']:<9} {p['target']:<8} {p['ranks']:>5}  "
+              f"{_fmt_time(p['created_at'])}")
+    return 0
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from .demo import main as demo_main
+
+    return demo_main(data_dir=args.data_dir, ranks=args.n)
+
+
+def register(sub) -> None:
+    """Add the controller's subcommands to the ``nbmpi`` argparse subparsers ``sub``."""
+    s = sub.add_parser("serve", help="run the nbmpi controller (pools and jobs over HTTP)",
+                       description="Run the controller service. Binds to 127.0.0.1 unless --host says otherwise.")
+    s.add_argument("--host", default=config.DEFAULT_HOST)
+    s.add_argument("--port", type=int, default=config.DEFAULT_PORT, help="0 picks a free port")
+    s.add_argument("--max-ranks", type=int, default=None, metavar="N",
+                   help="ranks in use at most (running jobs + pools); default: number of CPUs")
+    s.add_argument("--data-dir", default=None, metavar="DIR",
+                   help=f"state directory (default ${config.DATA_DIR_ENV} or ~/.local/share/nbmpi)")
+    s.add_argument("--db", default=None, metavar="PATH", help="SQLite file (default DATA_DIR/nbmpi.db)")
+    s.add_argument("--users", default=None, metavar="FILE",
+                   help="users file mapping tokens to user names (default DATA_DIR/users.json)")
+    s.add_argument("--no-pools", action="store_true", help="disable the pool endpoints")
+    s.add_argument("--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"])
+    s.set_defaults(func=_cmd_serve)
+
+    p = sub.add_parser("submit", help="submit a script as a job to the controller")
+    p.add_argument("script", help="the program (.py)")
+    p.add_argument("-n", type=int, default=None, metavar="N", help="number of ranks (required without --pool)")
+    p.add_argument("--wait", action="store_true", help="follow the job, print its output, exit with its code")
+    p.add_argument("--pool", type=int, default=None, metavar="ID", help="run on this pool's ranks")
+    p.add_argument("--timeout", type=float, default=None, metavar="SECONDS")
+    p.add_argument("--env", action="append", metavar="NAME=VALUE", help="environment variable (repeatable)")
+    p.add_argument("--name", default=None)
+    p.add_argument("--args", default="", metavar="'A B ...'",
+                   help="arguments of the program, one shell-quoted string (split like a shell would)")
+    _add_client_options(p)
+    p.set_defaults(func=_cmd_submit)
+
+    j = sub.add_parser("jobs", help="list your jobs")
+    j.add_argument("--state", default=None,
+                   choices=["queued", "running", "succeeded", "failed", "cancelled", "timed_out", "lost"])
+    j.add_argument("--json", action="store_true")
+    _add_client_options(j)
+    j.set_defaults(func=_cmd_jobs)
+
+    lg = sub.add_parser("logs", help="print a job's output of one rank")
+    lg.add_argument("id", type=int)
+    lg.add_argument("--rank", type=int, default=0)
+    lg.add_argument("--stderr", action="store_true", help="stderr instead of stdout")
+    _add_client_options(lg)
+    lg.set_defaults(func=_cmd_logs)
+
+    c = sub.add_parser("cancel", help="cancel a job (all its ranks end)")
+    c.add_argument("id", type=int)
+    _add_client_options(c)
+    c.set_defaults(func=_cmd_cancel)
+
+    pl = sub.add_parser("pools", help="list your pools")
+    pl.add_argument("--json", action="store_true")
+    _add_client_options(pl)
+    pl.set_defaults(func=_cmd_pools)
+
+    d = sub.add_parser("demo", help="start the service, run one example job through it, print the results")
+    d.add_argument("-n", type=int, default=2, metavar="N", help="ranks of the example job (default 2)")
+    d.add_argument("--data-dir", default=None, metavar="DIR", help="state directory (default: a temporary one)")
+    d.set_defaults(func=_cmd_demo)

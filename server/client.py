@@ -1,0 +1,119 @@
+"""A small synchronous HTTP client of the controller API (httpx), used by the CLI.
+
+Every method is one request (blocking) and returns the decoded answer; an
+error answer raises :class:`ApiError` carrying the status and the server's
+message, an unreachable server raises :class:`ApiError` with status 0.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional
+
+import httpx
+
+
+class ApiError(Exception):
+    """The server refused a request (``status`` >= 400) or could not be reached (``status`` 0)."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(f"{status}: {message}" if status else message)
+        self.status = status
+        self.message = message
+
+
+class Client:
+    """Talks to the controller at ``url`` with bearer ``token``."""
+
+    def __init__(self, url: str, token: Optional[str], timeout: float = 60.0):
+        self.url = url.rstrip("/")
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout)
+
+    def close(self) -> None:
+        """Close the connection pool."""
+        self._http.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _request(self, method: str, path: str, **kw) -> httpx.Response:
+        try:
+            r = self._http.request(method, path, **kw)
+        except httpx.HTTPError as exc:
+            raise ApiError(0, f"cannot reach the nbmpi server at {self.url} ({exc}); start it with "
+                              "`nbmpi serve` or pass --server URL") from None
+        if r.status_code >= 400:
+            try:
+                detail = r.json().get("detail", r.text)
+            except ValueError:
+                detail = r.text
+            raise ApiError(r.status_code, detail if isinstance(detail, str) else str(detail))
+        return r
+
+    # -- service --------------------------------------------------------------------------
+    def health(self) -> Dict[str, Any]:
+        """``GET /api/health``."""
+        return self._request("GET", "/api/health").json()
+
+    # -- jobs -------------------------------------------------------------------------------
+    def submit(self, code: str, ranks: Optional[int] = None, script_name: str = "job.py",
+               pool: Optional[int] = None, timeout: Optional[float] = None, args: Optional[List[str]] = None,
+               env: Optional[Dict[str, str]] = None, name: Optional[str] = None) -> Dict[str, Any]:
+        """Queue a job; returns its record (``id``, ``state`` ...)."""
+        body: Dict[str, Any] = dict(code=code, script_name=script_name, args=list(args or []), env=dict(env or {}))
+        for k, v in (("ranks", ranks), ("pool", pool), ("timeout", timeout), ("name", name)):
+            if v is not None:
+                body[k] = v
+        return self._request("POST", "/api/v1/jobs", json=body).json()
+
+    def job(self, job_id: int) -> Dict[str, Any]:
+        """One job record."""
+        return self._request("GET", f"/api/v1/jobs/{job_id}").json()
+
+    def jobs(self, state: Optional[str] = None) -> List[Dict[str, Any]]:
+        """The caller's jobs (optionally only those in ``state``)."""
+        params = {"state": state} if state else {}
+        return self._request("GET", "/api/v1/jobs", params=params).json()["jobs"]
+
+    def logs(self, job_id: int, rank: int = 0, stream: str = "stdout", offset: int = 0) -> tuple:
+        """``(text, new_offset)`` of one rank's stream from byte ``offset``."""
+        r = self._request("GET", f"/api/v1/jobs/{job_id}/logs",
+                          params=dict(rank=rank, stream=stream, offset=offset))
+        return r.text, int(r.headers.get("X-Log-Size", offset))
+
+    def trace(self, job_id: int) -> Dict[str, Any]:
+        """The job's Chrome trace JSON."""
+        return self._request("GET", f"/api/v1/jobs/{job_id}/trace").json()
+
+    def summary(self, job_id: int) -> Dict[str, Any]:
+        """The job's per-rank compute/comm/wait summary."""
+        return self._request("GET", f"/api/v1/jobs/{job_id}/summary").json()
+
+    def cancel(self, job_id: int) -> Dict[str, Any]:
+        """Cancel a job; returns ``{"id", "state"}`` after its ranks ended."""
+        return self._request("DELETE", f"/api/v1/jobs/{job_id}").json()
+
+    # -- pools ------------------------------------------------------------------------------
+    def pools(self) -> List[Dict[str, Any]]:
+        """The caller's pools."""
+        return self._request("GET", "/api/v1/pools").json()["pools"]
+
+    def create_pool(self, ranks: int, name: Optional[str] = None,
+                    idle_timeout: Optional[float] = None) -> Dict[str, Any]:
+        """Start a pool (blocks until it runs); returns its record with ``connection``."""
+        body: Dict[str, Any] = {"ranks": ranks}
+        if name:
+            body["name"] = name
+        if idle_timeout:
+            body["idle_timeout"] = idle_timeout
+        return self._request("POST", "/api/v1/pools", json=body, timeout=300).json()
+
+    def pool(self, pool_id: int) -> Dict[str, Any]:
+        """One pool record."""
+        return self._request("GET", f"/api/v1/pools/{pool_id}").json()
+
+    def delete_pool(self, pool_id: int) -> Dict[str, Any]:
+        """Stop a pool."""
+        return self._request("DELETE", f"/api/v1/pools/{pool_id}", timeout=120).json()

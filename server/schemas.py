@@ -1,0 +1,147 @@
+"""Request and response bodies of the controller's HTTP API (pydantic v2).
+
+Requests reject unknown fields (``extra="forbid"``) and bound every size, so a
+malformed request is answered 422 with the offending field named, never 500.
+Limits that depend on the service's configuration (``--max-ranks``) are
+checked by the routes and also answered 422.
+"""
+from __future__ import annotations
+
+import re
+from typing import Any, Dict, List, Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from .config import MAX_CODE_BYTES
+
+JobState = Literal["queued", "running", "succeeded", "failed", "cancelled", "timed_out", "lost"]
+PoolState = Literal["starting", "running", "stopping", "stopped", "failed"]
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_SCRIPT_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,128}\.py$")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class JobCreate(_Strict):
+    """``POST /api/v1/jobs``: run ``code`` on ``ranks`` ranks (a batch mpiexec run), or on a pool."""
+    code: str = Field(min_length=1, max_length=MAX_CODE_BYTES,
+                      description="Python source of the program (what a script file would hold).")
+    script_name: str = Field("job.py", description="File name the code is saved as (ends in .py).")
+    ranks: Optional[int] = Field(None, ge=1, description="Number of ranks. Required without a pool; "
+                                 "with a pool it defaults to (and must equal) the pool's ranks.")
+    pool: Optional[int] = Field(None, ge=1, description="Run on the ranks of this pool (id).")
+    timeout: Optional[float] = Field(None, gt=0, le=7 * 86400, description="Seconds; then all ranks end, "
+                                     "state timed_out.")
+    args: List[str] = Field(default_factory=list, max_length=256, description="sys.argv[1:] of the program.")
+    env: Dict[str, str] = Field(default_factory=dict, description="Extra environment variables of every rank.")
+    name: Optional[str] = Field(None, max_length=256, description="Free label.")
+
+    @field_validator("code")
+    @classmethod
+    def _code_size(cls, v: str) -> str:
+        if len(v.encode("utf-8", "surrogatepass")) > MAX_CODE_BYTES:
+            raise ValueError(f"code is larger than {MAX_CODE_BYTES} bytes; upload a smaller script")
+        return v
+
+    @field_validator("script_name")
+    @classmethod
+    def _script_name(cls, v: str) -> str:
+        if not _SCRIPT_NAME.match(v):
+            raise ValueError("script_name must be a plain file name ending in .py "
+                             "(letters, digits, '_', '-', '.'), e.g. 'train.py'")
+        return v
+
+    @field_validator("args")
+    @classmethod
+    def _args(cls, v: List[str]) -> List[str]:
+        if any(len(a) > 4096 or "\x00" in a for a in v):
+            raise ValueError("each argument must be at most 4096 characters without NUL bytes")
+        return v
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, v: Dict[str, str]) -> Dict[str, str]:
+        if len(v) > 256:
+            raise ValueError("at most 256 environment variables")
+        for k, val in v.items():
+            if not _ENV_NAME.match(k):
+                raise ValueError(f"environment variable name {k!r} is invalid; use letters, digits and '_'")
+            if len(val) > 4096 or "\x00" in val:
+                raise ValueError(f"value of {k} must be at most 4096 characters without NUL bytes")
+        return v
+
+
+class JobInfo(BaseModel):
+    """A job record."""
+    id: int
+    owner: str
+    name: Optional[str]
+    state: JobState
+    ranks: int
+    pool: Optional[int]
+    script_name: str
+    args: List[str]
+    timeout: Optional[float]
+    created_at: float = Field(description="Unix seconds.")
+    started_at: Optional[float]
+    finished_at: Optional[float]
+    exit_code: Optional[int] = Field(description="Worst exit code of the ranks that ended on their own "
+                                     "(124 timed out, 130 cancelled); null while live.")
+    rank_exit_codes: Optional[List[Optional[int]]] = Field(
+        description="Exit code of each rank; null for a rank that was terminated or never reported.")
+    message: Optional[str]
+    log_dir: str
+    trace_available: bool
+
+
+class JobList(BaseModel):
+    jobs: List[JobInfo]
+
+
+class PoolCreate(_Strict):
+    """``POST /api/v1/pools``: start an MPI pool of ``ranks`` engines."""
+    ranks: int = Field(ge=1)
+    name: Optional[str] = Field(None, max_length=128, pattern=r"^[A-Za-z0-9_.-]+$")
+    idle_timeout: Optional[float] = Field(None, gt=0, le=30 * 86400,
+                                          description="Seconds without a job before the pool is stopped.")
+
+
+class PoolInfo(BaseModel):
+    """A pool record; ``connection`` is what ``%distributed connect`` needs."""
+    id: int
+    owner: str
+    name: Optional[str]
+    ranks: int
+    target: Literal["running", "stopped"]
+    state: PoolState
+    idle_timeout: Optional[float]
+    created_at: float
+    started_at: Optional[float]
+    stopped_at: Optional[float]
+    last_used_at: Optional[float]
+    message: Optional[str]
+    connection: Optional[Dict[str, Any]]
+
+
+class PoolList(BaseModel):
+    pools: List[PoolInfo]
+
+
+class Health(BaseModel):
+    status: Literal["ok"]
+
+
+class Version(BaseModel):
+    version: str
+    api: str
+
+
+class Cancelled(BaseModel):
+    id: int
+    state: JobState
+
+
+class ErrorBody(BaseModel):
+    detail: Any
