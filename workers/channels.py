@@ -159,26 +159,34 @@ class ArrayChannel:
         sig[0] = len(self.shape)
         sig[1] = self.dtype.itemsize
         sig[2] = zlib.crc32(self.dtype.str.encode() + repr(self.dtype.descr).encode())
-        sig[3] = zlib.crc32(self.name.encode())
+        code = self.dtype.str.encode()  # e.g. b'<f8', shown in the message when it fits
+        sig[3] = int.from_bytes(code.ljust(8, b"\0"), "little", signed=True) if len(code) <= 8 else 0
         sig[4: 4 + len(self.shape)] = self.shape
         allsig = np.empty((self._n, sig.size), dtype=np.int64)
         self.comm.Allgather(sig, allsig)
-        ref = allsig[0]
-        for i in range(1, self._n):
-            if not np.array_equal(allsig[i, :3], ref[:3]) or not np.array_equal(allsig[i, 4:], ref[4:]):
-                other = self.participants[i]
-                mine = f"shape {self.shape} dtype {self.dtype}"
-                raise ChannelError(
-                    f"rank {self.rank}: {self.name} mismatch: rank {other} created it with "
-                    f"{self._describe_sig(allsig[i])} but rank {self.participants[0]} with "
-                    f"{self._describe_sig(ref)} (this rank: {mine}); every participant must create "
-                    "the channel with the same shape and dtype"
-                )
+        if all(np.array_equal(allsig[i], allsig[0]) for i in range(1, self._n)):
+            return
+        # The reference is the signature most participants used (ties: the lowest rank's),
+        # so the message names the rank(s) that differ, identically on every participant.
+        keys = [allsig[i].tobytes() for i in range(self._n)]
+        ref_key = max(keys, key=lambda k: (keys.count(k), -keys.index(k)))
+        ref = allsig[keys.index(ref_key)]
+        same = [self.participants[i] for i in range(self._n) if keys[i] == ref_key]
+        differ = [i for i in range(self._n) if keys[i] != ref_key]
+        detail = "; ".join(f"rank {self.participants[i]} created it with {self._describe_sig(allsig[i])}"
+                           for i in differ)
+        raise ChannelError(
+            f"rank {self.rank}: {self.name} mismatch: {detail}, but rank(s) {same} with "
+            f"{self._describe_sig(ref)}; every participant must create the channel with the same "
+            "shape and dtype"
+        )
 
     @staticmethod
     def _describe_sig(sig: np.ndarray) -> str:
         nd = int(sig[0])
-        return f"shape {tuple(int(s) for s in sig[4:4 + nd])} itemsize {int(sig[1])} dtype-hash {int(sig[2]):#x}"
+        code = int(sig[3]).to_bytes(8, "little", signed=True).rstrip(b"\0").decode(errors="replace")
+        dtype = f"dtype {np.dtype(code)}" if code else f"a dtype of itemsize {int(sig[1])}"
+        return f"shape {tuple(int(s) for s in sig[4:4 + nd])} {dtype}"
 
     # -- user-facing buffer ------------------------------------------------------------
     @property
@@ -244,10 +252,10 @@ class ArrayChannel:
         self._put_reqs.clear()
         self._take_reqs.clear()
 
-    def _wait(self, req, timeout, local_peer: int, op: str) -> None:
+    def _wait(self, req, timeout, local_peer: int, op: str, sending: bool = False) -> None:
         if not req.Test():
             waiting.wait(req, timeout, self.rank, self.participants[local_peer], op,
-                         ChannelTimeout, self._abandoned(op))
+                         ChannelTimeout, self._abandoned(op), cancellable=not sending)
 
     def _req(self, key: tuple, make: Callable[[], Any]):
         req = self._reqs.get(key)
@@ -274,7 +282,7 @@ class ArrayChannel:
             t0 = _now()
             req.Start()
             if not req.Test():
-                self._block(req, timeout, dest, "put(dest=%d)" % dest)
+                self._block(req, timeout, dest, "put(dest=%d)" % dest, False)
             n = tr.n
             if n < tr.cap:
                 _PACK(tr.buf, n * _ROW, K_PUT, _SEND, wpeer, TAG_PUT, self.nbytes, t0, _now(), -1, -1,
@@ -285,7 +293,7 @@ class ArrayChannel:
         else:
             req.Start()
             if not req.Test():
-                self._block(req, timeout, dest, "put(dest=%d)" % dest)
+                self._block(req, timeout, dest, "put(dest=%d)" % dest, False)
 
     def take(self, src: int, timeout: Optional[float] = _UNSET) -> np.ndarray:
         """Receive ``src``'s buffer into this rank's buffer, in place. Blocking.
@@ -328,8 +336,9 @@ class ArrayChannel:
             entry = self._take_reqs[other] = (req, peer, self._tracer_rank_of[peer])
         return entry
 
-    def _block(self, req, timeout, other: int, op: str) -> None:
-        waiting.wait(req, self._timeout(timeout), self.rank, other, op, ChannelTimeout, self._abandoned(op))
+    def _block(self, req, timeout, other: int, op: str, cancellable: bool = True) -> None:
+        waiting.wait(req, self._timeout(timeout), self.rank, other, op, ChannelTimeout, self._abandoned(op),
+                     cancellable=cancellable)
 
     # -- traced step helpers for the collective algorithms ---------------------------------
     def _send_step(self, kind: int, tag: int, buf: np.ndarray, role: str, peer: int, timeout, op: str,
@@ -341,7 +350,7 @@ class ArrayChannel:
             req = self._reqs[key] = init([buf.reshape(-1).view(np.uint8), self._byte_type], peer, tag)
         t0 = _now()
         req.Start()
-        self._wait(req, timeout, peer, op)
+        self._wait(req, timeout, peer, op, sending=True)
         self._trace_p2p(kind, _SEND, peer, tag, buf.nbytes, t0)
 
     def _recv_step(self, kind: int, tag: int, buf: np.ndarray, role: str, peer: int, timeout, op: str) -> None:
@@ -371,6 +380,10 @@ class ArrayChannel:
         if self.dtype.kind not in "biufc" or self.dtype.fields is not None:
             raise ChannelError(f"rank {self.rank}: {opname} on {self.name}: dtype {self.dtype} cannot be "
                                "reduced; reductions need a numeric dtype")
+        if isinstance(op, str) and op in ("min", "max") and self.dtype.kind == "c":
+            raise ChannelError(f"rank {self.rank}: {opname} on {self.name}: op {op!r} is not defined for "
+                               f"complex dtype {self.dtype} (complex numbers are unordered); use 'sum', "
+                               "'prod' or a numba.njit function that compares e.g. abs()")
         try:
             return combiner(op)
         except ValueError as exc:
@@ -607,7 +620,7 @@ class ArrayChannel:
             prev = t0
             direction = _SEND if scatter else _RECV
             for k in waiting.wait_each(reqs, t, self.rank, [self.participants[i] for i in peers], opname,
-                                       ChannelTimeout, self._abandoned(opname)):
+                                       ChannelTimeout, self._abandoned(opname), cancellable=not scatter):
                 i = peers[k]
                 nb = int(np.prod([b - a for a, b in boxes[i]])) * self.dtype.itemsize
                 t1 = _now()
@@ -623,7 +636,7 @@ class ArrayChannel:
                 req = self._req(key, lambda: self.comm.Ssend_init([self._bytes, 1, dtype], lroot, tag))
             t0 = _now()
             req.Start()
-            self._wait(req, t, lroot, opname)
+            self._wait(req, t, lroot, opname, sending=not scatter)
             nb = int(np.prod([b - a for a, b in mine])) * self.dtype.itemsize
             self._trace_p2p(kind, _RECV if scatter else _SEND, lroot, tag, nb, t0)
         return self._region_view(mine)

@@ -6,6 +6,12 @@ polling a persistent request is no slower than ``Wait`` for 8-byte messages),
 checks the clock every few hundred polls, and on timeout or interrupt cancels
 the request so the buffer and the communicator stay usable.
 
+Only receives are cancelled. Cancelling a send is deprecated in MPI 4 and
+broken in MPICH (``MPI_Cancel`` on a persistent ``Ssend_init`` request
+segfaults, on an ``Issend`` it never completes), so callers pass
+``cancellable=False`` for sends: the request is then abandoned and
+``on_abandon`` tells the owner to stop reusing its buffer.
+
 While a rank is blocked, :data:`current` describes what it is waiting for
 (operation, peer, since when) so a hang can be explained from outside.
 """
@@ -46,11 +52,13 @@ def wait(
     op: str,
     error: Callable[..., CommTimeout] = CommTimeout,
     on_abandon: Optional[Callable[[], None]] = None,
+    cancellable: bool = True,
 ) -> None:
     """Block until ``req`` completes, at most ``timeout`` seconds (None: forever).
 
     Raises ``error(rank, peer, op, waited)`` on timeout. On timeout or on
-    KeyboardInterrupt the request is cancelled; if it could not be cancelled
+    KeyboardInterrupt the request is cancelled (receives; ``cancellable=False``
+    for sends, which are never cancelled); if it was not cancelled
     ``on_abandon`` is called (the owner must then stop reusing its buffer).
     """
     global current
@@ -66,12 +74,10 @@ def wait(
                 if test():
                     return
             if deadline is not None and time.monotonic() > deadline:
-                if not cancel(req) and on_abandon is not None:
-                    on_abandon()
+                _abandon([req], on_abandon, cancellable)
                 raise error(rank, peer, op, time.monotonic() - t0)
     except KeyboardInterrupt:
-        if not cancel(req) and on_abandon is not None:
-            on_abandon()
+        _abandon([req], on_abandon, cancellable)
         raise
     finally:
         current = None
@@ -90,12 +96,13 @@ def waitall(reqs, timeout: Optional[float], rank: int, peers, op: str,
 
 def wait_each(reqs, timeout: Optional[float], rank: int, peers, op: str,
               error: Callable[..., CommTimeout] = CommTimeout,
-              on_abandon: Optional[Callable[[], None]] = None):
+              on_abandon: Optional[Callable[[], None]] = None, cancellable: bool = True):
     """Yield the index of each request of ``reqs`` as it completes (completion order).
 
     Shares one ``timeout`` over all of them. On timeout or KeyboardInterrupt
-    the still-pending requests are cancelled (``on_abandon`` is called if one
-    could not be) and ``error`` names the first pending peer.
+    the still-pending requests are cancelled (unless ``cancellable=False``:
+    sends; ``on_abandon`` is called if one was not) and ``error`` names the
+    first pending peer.
     """
     global current
     pending = list(range(len(reqs)))
@@ -118,16 +125,16 @@ def wait_each(reqs, timeout: Optional[float], rank: int, peers, op: str,
                 if polls >= _POLLS_BETWEEN_CLOCK_CHECKS:
                     polls = 0
                     if deadline is not None and time.monotonic() > deadline:
-                        _abandon([reqs[i] for i in pending], on_abandon)
+                        _abandon([reqs[i] for i in pending], on_abandon, cancellable)
                         raise error(rank, peers[pending[0]], op, time.monotonic() - t0)
     except KeyboardInterrupt:
-        _abandon([reqs[i] for i in pending], on_abandon)
+        _abandon([reqs[i] for i in pending], on_abandon, cancellable)
         raise
     finally:
         current = None
 
 
-def _abandon(reqs, on_abandon) -> None:
-    ok = all([cancel(r) for r in reqs])
+def _abandon(reqs, on_abandon, cancellable: bool = True) -> None:
+    ok = cancellable and all([cancel(r) for r in reqs])
     if not ok and on_abandon is not None:
         on_abandon()
