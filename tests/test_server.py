@@ -1,0 +1,407 @@
+"""The controller against a real `nbmpi serve` subprocess (random 127.0.0.1 port, temporary
+data directory, real SQLite, real mpiexec): jobs, logs, trace, cancel, timeout, queue,
+restart with a lost job, tokens and users, malformed requests, the CLI client."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+BOB_TOKEN = "bob-token-0123456789abcdefghijklmnop"
+
+CHANNEL_JOB = """
+import sys
+import numpy as np
+from nbmpi.workers import ArrayChannel, world
+r = world().Get_rank()
+ch = ArrayChannel((1000,), np.float64)
+ch.fill(r)
+if r == 0:
+    ch.put(1); ch.take(1)
+else:
+    ch.take(0); ch[...] += 1; ch.put(0)
+ch.allreduce("sum")
+print(f"rank {r} value {ch[0]} args {sys.argv[1:]}")
+print(f"stderr of rank {r}", file=sys.stderr)
+"""
+
+SLEEP_JOB = """
+import os, time
+from nbmpi.workers import world
+print("pid", os.getpid(), flush=True)
+time.sleep({seconds})
+print("slept", flush=True)
+"""
+
+
+class Server:
+    """A real `nbmpi serve` subprocess on a free port with its own data directory."""
+
+    def __init__(self, data_dir: Path, max_ranks: int = 2):
+        self.data_dir = data_dir
+        self.max_ranks = max_ranks
+        self.proc = None
+        self.url = None
+
+    def start(self) -> "Server":
+        env = dict(os.environ, NBMPI_CONFIG=str(self.data_dir.parent / "client.json"), NBMPI_TIMEOUT="60")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "nbmpi.workers.cli", "serve", "--port", "0", "--data-dir", str(self.data_dir),
+             "--max-ranks", str(self.max_ranks)],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
+        deadline = time.monotonic() + 60
+        while self.url is None:
+            line = self.proc.stdout.readline()
+            if not line:
+                raise RuntimeError(f"nbmpi serve exited {self.proc.wait()} before listening")
+            if "listening on " in line:
+                self.url = line.split("listening on ")[1].split()[0]
+            assert time.monotonic() < deadline, "nbmpi serve did not start"
+        while True:
+            try:
+                if httpx.get(self.url + "/api/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, "nbmpi serve did not answer /api/health"
+            time.sleep(0.1)
+        users = json.loads((self.data_dir / "users.json").read_text())
+        self.token = next(t for t, u in users.items() if u != "bob")
+        return self
+
+    def add_bob(self) -> None:
+        users = json.loads((self.data_dir / "users.json").read_text())
+        users[BOB_TOKEN] = "bob"
+        (self.data_dir / "users.json").write_text(json.dumps(users))
+
+    def client(self, token=None) -> httpx.Client:
+        return httpx.Client(base_url=self.url, timeout=60,
+                            headers={"Authorization": f"Bearer {token or self.token}"})
+
+    def stop(self, sig=signal.SIGTERM) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self.proc and self.proc.stdout:
+            self.proc.stdout.close()
+
+
+def job_processes(data_dir: Path):
+    """Processes (mpiexec, ranks) whose launcher status directory lies in ``data_dir``."""
+    found = []
+    for p in psutil.process_iter(["pid"]):
+        try:
+            if p.environ().get("NBMPI_STATUS_DIR", "").startswith(str(data_dir)):
+                found.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            pass
+    return found
+
+
+def wait_state(c: httpx.Client, job_id: int, states, timeout: float = 90) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        job = c.get(f"/api/v1/jobs/{job_id}").json()
+        if job["state"] in states:
+            return job
+        assert time.monotonic() < deadline, f"job {job_id} still {job['state']} after {timeout} s"
+        time.sleep(0.1)
+
+
+def submit(c: httpx.Client, code: str, ranks: int = 2, **kw) -> dict:
+    r = c.post("/api/v1/jobs", json=dict(code=textwrap.dedent(code), ranks=ranks, **kw))
+    assert r.status_code == 201, r.text
+    return r.json()
+
+
+def pids_from_logs(c: httpx.Client, job_id: int, ranks: int, timeout: float = 60):
+    deadline = time.monotonic() + timeout
+    pids = {}
+    while len(pids) < ranks:
+        for r in range(ranks):
+            text = c.get(f"/api/v1/jobs/{job_id}/logs", params={"rank": r}).text
+            if text.startswith("pid "):
+                pids[r] = int(text.split()[1])
+        assert time.monotonic() < deadline, "ranks did not start"
+        time.sleep(0.1)
+    return pids
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    srv = Server(tmp_path_factory.mktemp("srv") / "data").start()
+    srv.add_bob()
+    yield srv
+    srv.stop()
+    assert srv.proc.returncode is not None
+    assert job_processes(srv.data_dir) == [], "a job process survived the service"
+
+
+def test_open_endpoints_and_tokens(server):
+    assert httpx.get(server.url + "/api/health").json() == {"status": "ok"}
+    assert httpx.get(server.url + "/api/version").json()["api"] == "v1"
+    for path in ("/api/v1/jobs", "/api/v1/jobs/1", "/api/v1/pools"):
+        r = httpx.get(server.url + path)
+        assert r.status_code == 401 and "token" in r.json()["detail"]
+        r = httpx.get(server.url + path, headers={"Authorization": "Bearer wrong-token-wrong-token"})
+        assert r.status_code == 401
+        r = httpx.get(server.url + path, headers={"Authorization": "Basic abc"})
+        assert r.status_code == 401
+    assert (server.data_dir / "users.json").stat().st_mode & 0o777 == 0o600
+
+
+def test_users_file_created_owner_only(tmp_path):
+    srv = Server(tmp_path / "data").start()
+    try:
+        assert (tmp_path / "data" / "users.json").stat().st_mode & 0o777 == 0o600
+        cfg = tmp_path / "client.json"
+        assert cfg.stat().st_mode & 0o777 == 0o600
+        assert json.loads(cfg.read_text()) == {"url": srv.url, "token": srv.token}
+    finally:
+        srv.stop()
+
+
+def test_channel_job_logs_trace_summary(server):
+    with server.client() as c:
+        job = submit(c, CHANNEL_JOB, args=["a", "b c"])
+        assert job["state"] in ("queued", "running")
+        job = wait_state(c, job["id"], ("succeeded", "failed"))
+        assert job["state"] == "succeeded", job
+        assert job["rank_exit_codes"] == [0, 0] and job["exit_code"] == 0
+        assert job["started_at"] >= job["created_at"] and job["finished_at"] >= job["started_at"]
+        for r in (0, 1):
+            out = c.get(f"/api/v1/jobs/{job['id']}/logs", params={"rank": r}).text
+            assert out == f"rank {r} value 2.0 args ['a', 'b c']\n"
+            err = c.get(f"/api/v1/jobs/{job['id']}/logs", params={"rank": r, "stream": "stderr"}).text
+            assert err == f"stderr of rank {r}\n"
+        assert c.get(f"/api/v1/jobs/{job['id']}/logs", params={"rank": 2}).status_code == 422
+        trace = c.get(f"/api/v1/jobs/{job['id']}/trace").json()
+        pids = {e["pid"] for e in trace["traceEvents"] if e.get("ph") == "X"}
+        assert pids == {0, 1}
+        names = {e["name"] for e in trace["traceEvents"] if e.get("ph") == "X"}
+        assert "put(dest=1)" in names and "take(src=0)" in names
+        summary = c.get(f"/api/v1/jobs/{job['id']}/summary").json()
+        assert summary["nranks"] == 2
+        assert summary["bytes"][0][1] >= 8000 and summary["bytes"][1][0] >= 8000
+        for r in summary["ranks"]:
+            assert {"compute_s", "comm_s", "wait_s"} <= set(r)
+        listed = c.get("/api/v1/jobs", params={"state": "succeeded"}).json()["jobs"]
+        assert job["id"] in [j["id"] for j in listed]
+
+
+def test_failing_rank(server):
+    with server.client() as c:
+        job = submit(c, """
+            import sys, time
+            from nbmpi.workers import world
+            if world().Get_rank() == 1:
+                raise SystemExit(3)
+            time.sleep(60)
+            """)
+        job = wait_state(c, job["id"], ("succeeded", "failed"))
+        assert job["state"] == "failed" and job["exit_code"] == 3
+        assert job["rank_exit_codes"][1] == 3 and job["rank_exit_codes"][0] is None
+        assert "rank 1 exited 3" in job["message"]
+        assert c.get(f"/api/v1/jobs/{job['id']}/trace").status_code == 404
+
+
+def test_cancel_leaves_no_process(server):
+    with server.client() as c:
+        job = submit(c, SLEEP_JOB.format(seconds=120))
+        pids = pids_from_logs(c, job["id"], 2)
+        assert all(psutil.pid_exists(p) for p in pids.values())
+        r = c.delete(f"/api/v1/jobs/{job['id']}")
+        assert r.status_code == 200 and r.json()["state"] == "cancelled"
+        for p in pids.values():
+            assert not psutil.pid_exists(p) or psutil.Process(p).status() == psutil.STATUS_ZOMBIE
+        assert job_processes(server.data_dir) == []
+        job = c.get(f"/api/v1/jobs/{job['id']}").json()
+        assert job["state"] == "cancelled" and job["exit_code"] == 130
+        # cancelling again changes nothing
+        assert c.delete(f"/api/v1/jobs/{job['id']}").json()["state"] == "cancelled"
+
+
+def test_timeout(server):
+    with server.client() as c:
+        job = submit(c, SLEEP_JOB.format(seconds=120), timeout=3)
+        pids = pids_from_logs(c, job["id"], 2)
+        job = wait_state(c, job["id"], ("timed_out", "succeeded", "failed"))
+        assert job["state"] == "timed_out" and job["exit_code"] == 124
+        assert not any(psutil.pid_exists(p) for p in pids.values())
+        assert job_processes(server.data_dir) == []
+
+
+def test_queue_respects_max_ranks(server):
+    with server.client() as c:
+        ids = [submit(c, SLEEP_JOB.format(seconds=1))["id"] for _ in range(3)]
+        jobs = [wait_state(c, i, ("succeeded", "failed", "lost")) for i in ids]
+        assert [j["state"] for j in jobs] == ["succeeded"] * 3
+        spans = sorted((j["started_at"], j["finished_at"], j["id"]) for j in jobs)
+        assert [s[2] for s in spans] == ids  # admitted in submission order
+        for (s0, e0, _), (s1, e1, _) in zip(spans, spans[1:]):
+            assert s1 >= e0  # --max-ranks 2: one 2-rank job at a time
+
+
+def test_other_users_jobs_are_invisible(server):
+    with server.client() as c:
+        job = submit(c, "print('mine')", ranks=1)
+        wait_state(c, job["id"], ("succeeded", "failed"))
+    with server.client(BOB_TOKEN) as bob:
+        for method, path in (("GET", ""), ("DELETE", ""), ("GET", "/logs"), ("GET", "/trace"),
+                             ("GET", "/summary")):
+            r = bob.request(method, f"/api/v1/jobs/{job['id']}{path}")
+            assert r.status_code == 404, (method, path, r.text)
+        assert job["id"] not in [j["id"] for j in bob.get("/api/v1/jobs").json()["jobs"]]
+        mine = submit(bob, "print('bob')", ranks=1)
+        assert mine["owner"] == "bob"
+    with server.client() as c:
+        assert c.get(f"/api/v1/jobs/{mine['id']}").status_code == 404
+        assert c.get(f"/api/v1/jobs/{job['id']}").json()["state"] == "succeeded"
+
+
+def test_malformed_requests_are_4xx(server):
+    with server.client() as c:
+        before = len(c.get("/api/v1/jobs").json()["jobs"])
+        bad = [
+            ("POST", "/api/v1/jobs", {"content": b"{not json"}),
+            ("POST", "/api/v1/jobs", {"content": b"[1, 2]"}),
+            ("POST", "/api/v1/jobs", {"content": b"", "headers": {"content-type": "application/json"}}),
+            ("POST", "/api/v1/jobs", {"data": {"code": "x"}}),
+            ("POST", "/api/v1/jobs", {"json": {"code": "print(1)"}}),  # no ranks, no pool
+            ("POST", "/api/v1/jobs", {"json": {"code": "print(1)", "ranks": 0}}),
+            ("POST", "/api/v1/jobs", {"json": {"code": "print(1)", "ranks": 3}}),  # > --max-ranks
+            ("POST", "/api/v1/jobs", {"json": {"code": "print(1)", "ranks": "two"}}),
+            ("POST", "/api/v1/jobs", {"json": {"code": "print(1)", "ranks": 2, "colour": "red"}}),
+            ("POST", "/api/v1/jobs", {"json": {"code": "", "ranks": 1}}),
+            ("POST", "/api/v1/jobs", {"json": {"code": "x" * (1 << 20 + 1), "ranks": 1}}),
+            ("POST", "/api/v1/jobs", {"json": {"code": "x" * ((1 << 20) + 1), "ranks": 1}}),
+            ("POST", "/api/v1/jobs", {"json": {"code": "print(1)", "ranks": 1, "timeout": -1}}),
+            ("POST", "/api/v1/jobs", {"json": {"code": "print(1)", "ranks": 1, "env": {"A B": "x"}}}),
+            ("POST", "/api/v1/jobs", {"json": {"code": "print(1)", "ranks": 1, "args": "notalist"}}),
+            ("POST", "/api/v1/jobs", {"json": {"code": "print(1)", "ranks": 1, "script_name": "../x.py"}}),
+            ("POST", "/api/v1/jobs", {"json": {"code": "print(1)", "ranks": 1, "pool": 999}}),
+            ("GET", "/api/v1/jobs/abc", {}),
+            ("GET", "/api/v1/jobs/0", {}),
+            ("GET", "/api/v1/jobs/99999999999999999999999", {}),
+            ("GET", "/api/v1/jobs/424242", {}),
+            ("GET", "/api/v1/jobs", {"params": {"state": "exploded"}}),
+            ("GET", "/api/v1/jobs/1/logs", {"params": {"stream": "stdin"}}),
+            ("GET", "/api/v1/jobs/1/logs", {"params": {"rank": -1}}),
+            ("PUT", "/api/v1/jobs/1", {"json": {}}),
+            ("POST", "/api/v1/pools", {"json": {"ranks": 0}}),
+            ("POST", "/api/v1/pools", {"json": {"ranks": 1, "bogus": True}}),
+            ("POST", "/api/v1/jobs/upload", {"files": {"script": ("x.py", b"\xff\xfe")}, "data": {"ranks": "1"}}),
+            ("POST", "/api/v1/jobs/upload", {"files": {"script": ("x.py", b"print(1)")},
+                                             "data": {"ranks": "1", "env": "{nope"}}),
+        ]
+        for method, path, kw in bad:
+            r = c.request(method, path, **kw)
+            assert 400 <= r.status_code < 500, (method, path, r.status_code, r.text)
+            assert r.json()["detail"], (method, path)
+        assert len(c.get("/api/v1/jobs").json()["jobs"]) == before
+        r = c.post("/api/v1/jobs/upload", files={"script": ("up.py", b"print('uploaded')")}, data={"ranks": "1"})
+        assert r.status_code == 201 and r.json()["script_name"] == "up.py"
+        job = wait_state(c, r.json()["id"], ("succeeded", "failed"))
+        assert job["state"] == "succeeded"
+        assert c.get(f"/api/v1/jobs/{job['id']}/logs").text == "uploaded\n"
+
+
+def test_openapi_schema(server):
+    spec = httpx.get(server.url + "/openapi.json").json()
+    paths = spec["paths"]
+    for p in ("/api/health", "/api/version", "/api/v1/jobs", "/api/v1/jobs/upload", "/api/v1/jobs/{job_id}",
+              "/api/v1/jobs/{job_id}/logs", "/api/v1/jobs/{job_id}/trace", "/api/v1/jobs/{job_id}/summary",
+              "/api/v1/pools", "/api/v1/pools/{pool_id}"):
+        assert p in paths, p
+    assert set(paths["/api/v1/jobs/{job_id}"]) == {"get", "delete"}
+    assert spec["components"]["securitySchemes"]["HTTPBearer"]["scheme"] == "bearer"
+    assert "security" in paths["/api/v1/jobs"]["post"] and "security" not in paths["/api/health"]["get"]
+    job_create = spec["components"]["schemas"]["JobCreate"]
+    assert job_create["additionalProperties"] is False and "code" in job_create["required"]
+
+
+def test_cli_client(server, tmp_path):
+    script = tmp_path / "prog.py"
+    script.write_text("import sys\nfrom nbmpi.workers import world\nr = world().Get_rank()\n"
+                      "print('hello from', r, sys.argv[1:])\nsys.exit(5 if r == 1 else 0)\n")
+    env = dict(os.environ, NBMPI_SERVER=server.url, NBMPI_TOKEN=server.token,
+               NBMPI_CONFIG=str(tmp_path / "none.json"))
+    cli = [sys.executable, "-m", "nbmpi.workers.cli"]
+    p = subprocess.run(cli + ["submit", str(script), "-n", "2", "--wait", "--args", "x 'y z'"],
+                       capture_output=True, text=True, env=env, timeout=120)
+    assert p.returncode == 5, p.stderr
+    job_id = int(p.stdout.splitlines()[0])
+    assert "[rank 0] hello from 0 ['x', 'y z']" in p.stdout and "[rank 1] hello from 1" in p.stdout
+    assert f"job {job_id} failed" in p.stderr
+    p = subprocess.run(cli + ["logs", str(job_id), "--rank", "1"], capture_output=True, text=True, env=env)
+    assert p.returncode == 0 and p.stdout == "hello from 1 ['x', 'y z']\n"
+    p = subprocess.run(cli + ["jobs", "--state", "failed"], capture_output=True, text=True, env=env)
+    assert p.returncode == 0 and any(line.split()[0] == str(job_id) for line in p.stdout.splitlines()[1:])
+    p = subprocess.run(cli + ["submit", str(script), "-n", "1"], capture_output=True, text=True, env=env)
+    assert p.returncode == 0
+    queued = int(p.stdout.strip())
+    p = subprocess.run(cli + ["cancel", str(queued)], capture_output=True, text=True, env=env)
+    assert p.returncode == 0 and str(queued) in p.stdout
+    p = subprocess.run(cli + ["pools"], capture_output=True, text=True, env=env)
+    assert p.returncode == 0 or "unavailable" in p.stderr
+    p = subprocess.run(cli + ["jobs", "--token", "wrong-token-wrong-token"], capture_output=True, text=True,
+                       env=env)
+    assert p.returncode == 1 and "401" in p.stderr
+
+
+def test_restart_marks_running_job_lost(tmp_path):
+    srv = Server(tmp_path / "data").start()
+    try:
+        with srv.client() as c:
+            done = submit(c, "print('done')", ranks=1)
+            wait_state(c, done["id"], ("succeeded",))
+            running = submit(c, SLEEP_JOB.format(seconds=120))
+            pids = pids_from_logs(c, running["id"], 2)
+            queued = submit(c, "print('after restart')", ranks=2)
+            assert c.get(f"/api/v1/jobs/{queued['id']}").json()["state"] == "queued"
+        srv.proc.send_signal(signal.SIGKILL)
+        srv.proc.wait()
+        assert all(psutil.pid_exists(p) for p in pids.values())  # the ranks outlive a killed service
+        srv.stop()
+        srv = Server(tmp_path / "data").start()
+        with srv.client() as c:
+            job = c.get(f"/api/v1/jobs/{running['id']}").json()
+            assert job["state"] == "lost" and job["finished_at"] is not None
+            for p in pids.values():
+                assert not psutil.pid_exists(p) or psutil.Process(p).status() == psutil.STATUS_ZOMBIE
+            assert c.get(f"/api/v1/jobs/{done['id']}").json()["state"] == "succeeded"
+            assert c.get(f"/api/v1/jobs/{done['id']}/logs").text == "done\n"
+            job = wait_state(c, queued["id"], ("succeeded", "failed", "lost"))
+            assert job["state"] == "succeeded"
+            assert c.get(f"/api/v1/jobs/{queued['id']}/logs", params={"rank": 1}).text == "after restart\n"
+            assert len(c.get("/api/v1/jobs").json()["jobs"]) == 3
+    finally:
+        srv.stop()
+        for p in job_processes(tmp_path / "data"):
+            p.kill()
+    assert job_processes(tmp_path / "data") == []
+
+
+def test_benchmark_quick(tmp_path):
+    out = tmp_path / "results"
+    p = subprocess.run([sys.executable, str(REPO / "benchmarks" / "server_jobs.py"), "--quick", "--out", str(out)],
+                       capture_output=True, text=True, timeout=240)
+    assert p.returncode == 0, p.stdout + p.stderr
+    data = json.loads((out / "server_jobs.json").read_text())
+    assert data["burst"]["submitted"] == data["burst"]["succeeded"] + data["burst"]["not_succeeded"]
+    assert data["burst"]["lost"] == 0 and data["latency"]["samples"]
+    assert (out / "server_jobs.md").read_text().startswith("# server_jobs")
