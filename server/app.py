@@ -31,7 +31,12 @@ from .schemas import (Cancelled, ErrorBody, Health, JobCreate, JobInfo, JobList,
 API_VERSION = "v1"
 #: Largest request body accepted (bytes); the code limit plus room for the other fields.
 MAX_BODY_BYTES = MAX_CODE_BYTES * 2 + 65536
-_ID = PathParam(ge=1, le=2**62, description="Record id")
+def _id():
+    """A record id path parameter (a fresh instance per route: FastAPI binds it to the name)."""
+    return PathParam(ge=1, le=2**62, description="Record id")
+
+
+
 _ERRORS = {401: {"model": ErrorBody, "description": "Missing or unknown bearer token"},
            404: {"model": ErrorBody, "description": "No such record of this user"}}
 
@@ -188,12 +193,12 @@ def create_app(data_dir: Path, max_ranks: int, users_path: Optional[Path] = None
         return JobList(jobs=[job_info(j) for j in scheduler.list(user, state)])
 
     @app.get("/api/v1/jobs/{job_id}", response_model=JobInfo, tags=["jobs"], responses=_ERRORS)
-    def get_job(job_id: int = _ID, user: str = Depends(current_user)) -> JobInfo:
+    def get_job(job_id: int = _id(), user: str = Depends(current_user)) -> JobInfo:
         """One job: state, per-rank exit codes, timestamps."""
         return job_info(_job(user, job_id))
 
     @app.delete("/api/v1/jobs/{job_id}", response_model=Cancelled, tags=["jobs"], responses=_ERRORS)
-    def cancel_job(job_id: int = _ID, user: str = Depends(current_user)) -> Cancelled:
+    def cancel_job(job_id: int = _id(), user: str = Depends(current_user)) -> Cancelled:
         """Cancel a job. A running job's whole process group is ended before the answer;
         a finished job is left as it is (its state is returned)."""
         job = scheduler.cancel(user, job_id)
@@ -201,7 +206,7 @@ def create_app(data_dir: Path, max_ranks: int, users_path: Optional[Path] = None
 
     @app.get("/api/v1/jobs/{job_id}/logs", response_class=PlainTextResponse, tags=["jobs"],
              responses={**_ERRORS, 200: {"content": {"text/plain": {}}, "description": "The log text"}})
-    def job_logs(job_id: int = _ID, rank: int = Query(0, ge=0, le=1 << 20),
+    def job_logs(job_id: int = _id(), rank: int = Query(0, ge=0, le=1 << 20),
                  stream: Literal["stdout", "stderr"] = Query("stdout"),
                  offset: int = Query(0, ge=0, description="Skip this many bytes (to follow a log)"),
                  user: str = Depends(current_user)) -> PlainTextResponse:
@@ -231,14 +236,14 @@ def create_app(data_dir: Path, max_ranks: int, users_path: Optional[Path] = None
     @app.get("/api/v1/jobs/{job_id}/trace", tags=["jobs"],
              responses={**_ERRORS, 200: {"content": {"application/json": {}},
                                          "description": "Chrome/Perfetto trace JSON"}})
-    def job_trace(job_id: int = _ID, user: str = Depends(current_user)) -> Response:
+    def job_trace(job_id: int = _id(), user: str = Depends(current_user)) -> Response:
         """The job's gathered trace as Chrome Trace Event JSON (open in https://ui.perfetto.dev)."""
         return _trace_file(user, job_id, "trace")
 
     @app.get("/api/v1/jobs/{job_id}/summary", tags=["jobs"],
              responses={**_ERRORS, 200: {"content": {"application/json": {}},
                                          "description": "Per-rank compute/comm/wait and bytes matrix"}})
-    def job_summary(job_id: int = _ID, user: str = Depends(current_user)) -> Response:
+    def job_summary(job_id: int = _id(), user: str = Depends(current_user)) -> Response:
         """Per-rank compute / communication / wait seconds and the bytes and messages matrices."""
         return _trace_file(user, job_id, "summary")
 
@@ -256,7 +261,7 @@ def create_app(data_dir: Path, max_ranks: int, users_path: Optional[Path] = None
         return PoolList(pools=_pools().list(user))
 
     @app.get("/api/v1/pools/{pool_id}", response_model=PoolInfo, tags=["pools"], responses=_ERRORS)
-    def get_pool(pool_id: int = _ID, user: str = Depends(current_user)) -> PoolInfo:
+    def get_pool(pool_id: int = _id(), user: str = Depends(current_user)) -> PoolInfo:
         """One pool with its connection info."""
         info = _pools().info(user, pool_id)
         if info is None:
@@ -264,7 +269,7 @@ def create_app(data_dir: Path, max_ranks: int, users_path: Optional[Path] = None
         return info
 
     @app.delete("/api/v1/pools/{pool_id}", response_model=PoolInfo, tags=["pools"], responses=_ERRORS)
-    def delete_pool(pool_id: int = _ID, user: str = Depends(current_user)) -> PoolInfo:
+    def delete_pool(pool_id: int = _id(), user: str = Depends(current_user)) -> PoolInfo:
         """Stop a pool (its engines end); the record stays, state ``stopped``."""
         info = _pools().delete(user, pool_id)
         if info is None:

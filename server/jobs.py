@@ -366,7 +366,7 @@ class Scheduler:
                                         rj.cancel, rj.deadline)
             if result.outcome == "cancelled":
                 self._set_final(job.id, "lost" if self._stop.is_set() else "cancelled", CANCEL_EXIT,
-                                result.codes, result.message or "cancelled by its owner")
+                                result.codes, "cancelled by its owner; the engines were interrupted")
             elif result.outcome == "timed_out":
                 self._set_final(job.id, "timed_out", TIMEOUT_EXIT, result.codes,
                                 f"timed out after {job.timeout} s; the engines were interrupted")

@@ -401,7 +401,7 @@ def test_benchmark_quick(tmp_path):
     p = subprocess.run([sys.executable, str(REPO / "benchmarks" / "server_jobs.py"), "--quick", "--out", str(out)],
                        capture_output=True, text=True, timeout=240)
     assert p.returncode == 0, p.stdout + p.stderr
-    data = json.loads((out / "server_jobs.json").read_text())
+    data = json.loads((out / "server_jobs_quick.json").read_text())
     assert data["burst"]["submitted"] == data["burst"]["succeeded"] + data["burst"]["not_succeeded"]
     assert data["burst"]["lost"] == 0 and data["latency"]["samples"]
-    assert (out / "server_jobs.md").read_text().startswith("# server_jobs")
+    assert (out / "server_jobs_quick.md").read_text().startswith("# server_jobs_quick")

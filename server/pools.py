@@ -1,0 +1,347 @@
+"""Pools of the controller: records, reconciliation, idle stop, and jobs on a pool.
+
+A pool is a :class:`nbmpi.kernel_ext.pool.Pool` (ipyparallel engines on the ranks
+of one MPI job, the same launcher the ``%distributed`` magics use). Each record
+keeps the owner's *target* (``running`` or ``stopped``) and the *real* state
+(``starting``, ``running``, ``stopping``, ``stopped``, ``failed``). A reconcile
+thread (every :data:`RECONCILE_S` s) compares them:
+
+* a pool that should run but whose engines or controller died is recorded
+  ``failed`` (never reported ``running``) and whatever is left of it is ended;
+* a pool with ``idle_timeout`` that ran no job for that long is stopped
+  (``stopped``, message says why).
+
+Restart: pools a previous service left ``running`` are re-attached
+(:meth:`Pool.attach`) if all their engines still answer, else recorded
+``failed`` and their leftover processes (pids recorded at start) are ended.
+
+Jobs on a pool execute the job's code on all engines (``view.execute``); each
+engine's stdout/stderr is appended to ``logs/rank-R.*`` as it arrives; a rank
+whose execution raised gets exit code 1. Cancel or timeout interrupts the
+engines (SIGINT); if they do not stop within :data:`INTERRUPT_GRACE_S` the pool
+is ended and recorded ``failed``.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import psutil
+from sqlalchemy import select
+from sqlalchemy.orm import sessionmaker
+
+from ..kernel_ext.pool import Pool, PoolError
+from .db import Pool as PoolRow
+from .schemas import PoolCreate, PoolInfo
+
+RECONCILE_S = 2.0
+INTERRUPT_GRACE_S = 10.0
+START_TIMEOUT_S = 120.0
+_LIVE = ("starting", "running", "stopping")
+
+
+@dataclass
+class PoolJobResult:
+    """Outcome of a job on a pool: ``completed`` / ``cancelled`` / ``timed_out``, per-rank codes."""
+    outcome: str
+    codes: List[Optional[int]]
+    message: Optional[str] = None
+
+
+def pool_info(row: PoolRow) -> PoolInfo:
+    """The API view of a pool record."""
+    return PoolInfo(id=row.id, owner=row.owner, name=row.name, ranks=row.ranks, target=row.target, state=row.state,
+                    idle_timeout=row.idle_timeout, created_at=row.created_at, started_at=row.started_at,
+                    stopped_at=row.stopped_at, last_used_at=row.last_used_at, message=row.message,
+                    connection=row.connection if row.state == "running" else None)
+
+
+def _kill_recorded(pids: Dict) -> None:
+    """End processes recorded for a pool we cannot drive (no Pool object): controller and
+    mpiexec process groups and the rank pids, checking each is still a pool process."""
+    def ours(pid: int) -> bool:
+        try:
+            cmd = " ".join(psutil.Process(pid).cmdline())
+        except (psutil.Error, OSError):
+            return False
+        return "ipyparallel" in cmd or "mpiexec" in cmd or "hydra" in cmd
+
+    groups = [p for p in (pids.get("controller"), pids.get("mpiexec")) if p]
+    ranks = [p for p in pids.get("ranks") or [] if p]
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for g in groups:
+            if ours(g):
+                try:
+                    os.killpg(g, sig)
+                except (ProcessLookupError, PermissionError):
+                    pass
+        for p in ranks:
+            if ours(p):
+                try:
+                    os.kill(p, sig)
+                except (ProcessLookupError, PermissionError):
+                    pass
+        deadline = time.monotonic() + 3.0
+        while time.monotonic() < deadline and any(ours(p) for p in groups + ranks):
+            time.sleep(0.05)
+
+
+class PoolManager:
+    """All pools of one service. Thread-safe; each pool is driven under its own lock."""
+
+    def __init__(self, sessions: sessionmaker, data_dir: Path, max_ranks: int):
+        self.sessions = sessions
+        self.data_dir = Path(data_dir)
+        self.max_ranks = int(max_ranks)
+        self.scheduler = None  # set by the app: ranks used by batch jobs
+        self._lock = threading.RLock()
+        self._live: Dict[int, Pool] = {}
+        self._locks: Dict[int, threading.RLock] = {}
+        self._reserved: Dict[int, int] = {}  # pool id -> ranks, while starting or running
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+
+    # -- life cycle ------------------------------------------------------------------------
+    def start(self) -> None:
+        """Re-attach or fail the pools a previous service left live; start reconciling."""
+        with self.sessions.begin() as s:
+            for row in s.scalars(select(PoolRow).where(PoolRow.state.in_(_LIVE))):
+                pool = None
+                if row.state == "running" and row.target == "running" and row.connection:
+                    try:
+                        pool = Pool.attach(row.connection)
+                        if not pool.alive():
+                            pool.stop()
+                            pool = None
+                    except Exception:  # noqa: BLE001 - unreachable: recorded as failed below
+                        pool = None
+                if pool is not None:
+                    self._live[row.id] = pool
+                    self._locks[row.id] = threading.RLock()
+                    self._reserved[row.id] = row.ranks
+                    row.message = "re-attached after a restart of the service"
+                    row.last_used_at = time.time()
+                else:
+                    _kill_recorded((row.connection or {}).get("service_pids") or {})
+                    row.state = "failed"
+                    row.stopped_at = time.time()
+                    row.message = "the service restarted and the pool's engines no longer answered; it was ended"
+        self._thread = threading.Thread(target=self._loop, name="nbmpi-pools", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop reconciling and end every pool (records say ``stopped``)."""
+        self._stop.set()
+        if self._thread:
+            self._thread.join(timeout=10)
+        for pid in list(self._live):
+            self._end(pid, "stopped", "the service stopped")
+
+    # -- queries ---------------------------------------------------------------------------------
+    def ranks_in_use(self) -> int:
+        """Ranks held by pools that are starting or running."""
+        with self._lock:
+            return sum(self._reserved.values())
+
+    def get(self, owner: str, pool_id: int) -> Optional[PoolRow]:
+        """The record of ``owner``'s pool ``pool_id``, or None."""
+        with self.sessions() as s:
+            row = s.get(PoolRow, pool_id)
+            return row if row is not None and row.owner == owner else None
+
+    def info(self, owner: str, pool_id: int) -> Optional[PoolInfo]:
+        """The API view of ``owner``'s pool, reconciled first."""
+        row = self.get(owner, pool_id)
+        if row is None:
+            return None
+        self._reconcile_one(row.id)
+        return pool_info(self.get(owner, pool_id))
+
+    def list(self, owner: str) -> List[PoolInfo]:
+        """``owner``'s pools, oldest first, reconciled."""
+        with self.sessions() as s:
+            ids = list(s.scalars(select(PoolRow.id).where(PoolRow.owner == owner).order_by(PoolRow.id)))
+        for i in ids:
+            self._reconcile_one(i)
+        with self.sessions() as s:
+            return [pool_info(r) for r in s.scalars(select(PoolRow).where(PoolRow.owner == owner)
+                                                    .order_by(PoolRow.id))]
+
+    # -- requests ----------------------------------------------------------------------------------
+    def create(self, owner: str, req: PoolCreate) -> PoolInfo:
+        """Start a pool for ``owner`` (blocks until it runs or failed). 409 if the ranks are not free."""
+        from .jobs import JobError
+
+        if req.ranks > self.max_ranks:
+            raise JobError(422, f"ranks={req.ranks} exceeds this service's --max-ranks {self.max_ranks}")
+        # lock order as in the scheduler's admission: scheduler lock, then pool lock
+        with (self.scheduler._lock if self.scheduler else contextlib.nullcontext()), self._lock:
+            used = self.scheduler.ranks_in_use() if self.scheduler else self.ranks_in_use()
+            if used + req.ranks > self.max_ranks:
+                raise JobError(409, f"{req.ranks} ranks are not free: {used} of {self.max_ranks} are in use "
+                                    "by running jobs and pools; stop a pool or wait for jobs to finish")
+            with self.sessions.begin() as s:
+                row = PoolRow(owner=owner, name=req.name, ranks=req.ranks, target="running", state="starting",
+                              idle_timeout=req.idle_timeout, created_at=time.time())
+                s.add(row)
+                s.flush()
+                row.work_dir = str(self.data_dir / "pools" / str(row.id))
+                pool_id, work_dir = row.id, row.work_dir
+            self._reserved[pool_id] = req.ranks
+            self._locks[pool_id] = threading.RLock()
+        os.makedirs(work_dir, exist_ok=True)
+        pool = Pool(req.ranks, name=req.name or f"pool-{pool_id}", work_dir=work_dir)
+        try:
+            pool.start(timeout=START_TIMEOUT_S)
+            conn = pool.connection_info()
+            conn["service_pids"] = pool.status()["pids"]
+        except Exception as exc:  # noqa: BLE001 - PoolError or anything else: the record says why
+            try:
+                pool.stop()
+            except Exception:  # noqa: BLE001
+                pass
+            with self._lock:
+                self._reserved.pop(pool_id, None)
+            self._update(pool_id, state="failed", stopped_at=time.time(), message=f"start failed: {exc}")
+            return pool_info(self.get(owner, pool_id))
+        with self._lock:
+            self._live[pool_id] = pool
+        now = time.time()
+        self._update(pool_id, state="running", started_at=now, last_used_at=now, connection=conn)
+        if self._stop.is_set():  # the service is stopping: do not leave the new pool behind
+            self._end(pool_id, "stopped", "the service stopped")
+        return pool_info(self.get(owner, pool_id))
+
+    def delete(self, owner: str, pool_id: int) -> Optional[PoolInfo]:
+        """Stop ``owner``'s pool (target ``stopped``); its engines end before this returns."""
+        row = self.get(owner, pool_id)
+        if row is None:
+            return None
+        self._update(pool_id, target="stopped")
+        if row.state in _LIVE:
+            self._end(pool_id, "stopped", "stopped by its owner")
+        return pool_info(self.get(owner, pool_id))
+
+    # -- jobs ----------------------------------------------------------------------------------------
+    def run_job(self, pool_id: int, code: str, args: List[str], env: Dict[str, str], log_dir: Path,
+                cancel: threading.Event, deadline: Optional[float]) -> PoolJobResult:
+        """Execute ``code`` on every engine of the pool; block until done, cancelled or past
+        ``deadline`` (monotonic). Called by the scheduler's job thread."""
+        pool = self._live.get(pool_id)
+        if pool is None:
+            raise PoolError(f"pool {pool_id} is not running")
+        lock = self._locks[pool_id]
+        self._update(pool_id, last_used_at=time.time())
+        log_dir.mkdir(parents=True, exist_ok=True)
+        prelude = (f"import os as _os, sys as _sys\n_sys.argv = {['job.py', *args]!r}\n"
+                   f"_os.environ.update({dict(env)!r})\n")
+        with lock:
+            client = pool.client()
+            ranks = list(pool.ranks)
+            view = client[ranks]
+            ar = view.execute(prelude + code, silent=False, block=False)
+            written = {(r, s): 0 for r in range(len(ranks)) for s in ("stdout", "stderr")}
+            outcome = "completed"
+            interrupted_at: Optional[float] = None
+            last_check = time.monotonic()
+            try:
+                while not ar.ready():
+                    self._append_output(ar, log_dir, written)
+                    now = time.monotonic()
+                    if interrupted_at is None and (cancel.is_set() or (deadline is not None and now > deadline)):
+                        outcome = "cancelled" if cancel.is_set() else "timed_out"
+                        client.send_signal(signal.SIGINT, targets=ranks, block=False)
+                        interrupted_at = now
+                    if interrupted_at is not None and now - interrupted_at > INTERRUPT_GRACE_S:
+                        raise PoolError("the engines did not stop after an interrupt")
+                    if now - last_check > 1.0:
+                        last_check = now
+                        if not pool.alive():
+                            raise PoolError("the pool's engines died during the job")
+                    ar.wait(0.1)
+            except PoolError as exc:
+                self._end(pool_id, "failed", f"{exc}; the pool was ended")
+                return PoolJobResult("cancelled" if outcome == "cancelled" else "completed",
+                                     [None] * len(ranks), f"{exc}; pool {pool_id} was ended")
+            self._append_output(ar, log_dir, written)
+            codes: List[Optional[int]] = []
+            errors: List[str] = []
+            for r, md in enumerate(ar.metadata):
+                ok = md.get("status") == "ok"
+                codes.append(0 if ok else 1)
+                if not ok:
+                    err = md.get("error")
+                    errors.append(f"rank {r}: {getattr(err, 'ename', 'error')}: {getattr(err, 'evalue', '')}")
+        self._update(pool_id, last_used_at=time.time())
+        return PoolJobResult(outcome, codes, "; ".join(errors) or None)
+
+    @staticmethod
+    def _append_output(ar, log_dir: Path, written: Dict) -> None:
+        for stream, per_rank in (("stdout", ar.stdout), ("stderr", ar.stderr)):
+            for r, text in enumerate(per_rank):
+                done = written[(r, stream)]
+                if text and len(text) > done:
+                    with open(log_dir / f"rank-{r}.{stream}", "a") as f:
+                        f.write(text[done:])
+                    written[(r, stream)] = len(text)
+
+    # -- reconciliation ----------------------------------------------------------------------------------
+    def _loop(self) -> None:
+        while not self._stop.wait(RECONCILE_S):
+            for pid in list(self._live):
+                try:
+                    self._reconcile_one(pid)
+                except Exception as exc:  # noqa: BLE001 - keep reconciling the others
+                    print(f"nbmpi serve: reconciling pool {pid} failed: {exc!r}", flush=True)
+
+    def _reconcile_one(self, pool_id: int) -> None:
+        pool = self._live.get(pool_id)
+        lock = self._locks.get(pool_id)
+        if pool is None or lock is None or not lock.acquire(blocking=False):
+            return  # not live here, or a job is using it (the job checks liveness itself)
+        try:
+            row = self.get_any(pool_id)
+            if row is None or row.state != "running":
+                return
+            if row.target == "stopped":
+                self._end(pool_id, "stopped", "stopped by its owner")
+            elif not pool.alive():
+                self._end(pool_id, "failed", "the pool's engines or controller died; it was ended")
+            elif row.idle_timeout and time.time() - (row.last_used_at or row.started_at or 0) > row.idle_timeout:
+                self._end(pool_id, "stopped", f"stopped after {row.idle_timeout:g} s without a job")
+        finally:
+            lock.release()
+
+    def get_any(self, pool_id: int) -> Optional[PoolRow]:
+        """The record of pool ``pool_id`` whoever owns it."""
+        with self.sessions() as s:
+            return s.get(PoolRow, pool_id)
+
+    def _end(self, pool_id: int, state: str, message: str) -> None:
+        with self._lock:
+            pool = self._live.pop(pool_id, None)
+        row = self.get_any(pool_id)
+        if pool is not None:
+            self._update(pool_id, state="stopping")
+            try:
+                pool.stop()
+            except Exception:  # noqa: BLE001 - ended below by pid in any case
+                pass
+            if pool.attached and row is not None:
+                _kill_recorded((row.connection or {}).get("service_pids") or {})
+        with self._lock:
+            self._reserved.pop(pool_id, None)
+        if row is not None and row.state in _LIVE:
+            self._update(pool_id, state=state, stopped_at=time.time(), message=message)
+
+    def _update(self, pool_id: int, **fields) -> None:
+        with self.sessions.begin() as s:
+            row = s.get(PoolRow, pool_id)
+            for k, v in fields.items():
+                setattr(row, k, v)
