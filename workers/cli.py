@@ -13,10 +13,15 @@ from typing import List, Optional
 def _cmd_run(args: argparse.Namespace) -> int:
     from .launcher import run
 
-    if not args.program:
+    program = list(args.program)
+    if args.code is not None:
+        program = ["-c", args.code, *program]
+    elif args.module is not None:
+        program = ["-m", args.module, *program]
+    if not program:
         print("nbmpi run: give a script to run, e.g. `nbmpi run -n 2 script.py`", file=sys.stderr)
         return 2
-    return run(args.n, args.program, timeout=args.timeout)
+    return run(args.n, program, timeout=args.timeout)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -30,8 +35,12 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("-n", type=int, default=2, metavar="N", help="number of ranks (default 2)")
     r.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
                    help="terminate all ranks after this many seconds (exit code 124)")
+    # -c/-m are options here: argparse's REMAINDER does not accept a leading "-c"/"-m"
+    form = r.add_mutually_exclusive_group()
+    form.add_argument("-c", dest="code", metavar="CODE", help="run CODE (like python -c) on every rank")
+    form.add_argument("-m", dest="module", metavar="MODULE", help="run MODULE (like python -m) on every rank")
     r.add_argument("program", nargs=argparse.REMAINDER,
-                   help="script.py [args], or -m module [args], or -c code")
+                   help="script.py [args], or -m module [args], or -c code [args]")
     r.set_defaults(func=_cmd_run)
     try:  # the controller's subcommands (serve, submit, jobs, ...); `run` works without its deps
         from nbmpi.server.cli import register

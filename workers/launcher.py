@@ -127,22 +127,25 @@ def run(nranks: int, argv: Sequence[str], env: Optional[Dict[str, str]] = None,
     renv = rank_environment(env)
     renv[STATUS_DIR_ENV] = status_dir
     cmd = mpiexec_command(nranks, argv)
-    proc = subprocess.Popen(cmd, env=renv, stdout=stdout, stderr=stderr, start_new_session=True)
     failed_at: Optional[float] = None
     interrupted = timed_out = False
-    t_start = time.monotonic()
     old = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
 
     def on_signal(signum, frame):  # noqa: ARG001
         nonlocal interrupted
         interrupted = True
 
+    # Handlers first, then mpiexec: a Ctrl-C arriving right after the start must
+    # still end the (new-session) process group instead of orphaning it.
     try:
         for s in old:
             signal.signal(s, on_signal)
     except ValueError:  # not the main thread: signals stay with the caller
         old = {}
+    proc = None
     try:
+        proc = subprocess.Popen(cmd, env=renv, stdout=stdout, stderr=stderr, start_new_session=True)
+        t_start = time.monotonic()
         while proc.poll() is None:
             time.sleep(0.05)
             if interrupted:
@@ -162,6 +165,8 @@ def run(nranks: int, argv: Sequence[str], env: Optional[Dict[str, str]] = None,
         proc.wait()
         terminate_group(proc, grace=0.5)  # stragglers in the group (none expected)
     finally:
+        if proc is not None and proc.poll() is None:  # an exception in the watch loop
+            terminate_group(proc)
         for s, h in old.items():
             signal.signal(s, h)
     codes = read_status(status_dir, nranks)

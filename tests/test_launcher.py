@@ -1,0 +1,246 @@
+"""`nbmpi run` (python -m nbmpi.workers.cli run) with the bundled mpiexec: exit codes, failure
+and Ctrl-C handling without orphan processes, --timeout, the MPI thread level, bundled MPICH."""
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import uuid
+
+import psutil
+import pytest
+
+CLI = [sys.executable, "-m", "nbmpi.workers.cli", "run"]
+
+
+def write_script(tmp_path, code: str):
+    """A script with a unique name (the marker to find its processes by command line)."""
+    path = tmp_path / f"nbmpi_launch_{uuid.uuid4().hex}.py"
+    path.write_text(textwrap.dedent(code))
+    return path
+
+
+def base_env(**extra):
+    env = dict(os.environ)
+    env.pop("MPI4PY_RC_THREAD_LEVEL", None)
+    env["NBMPI_TIMEOUT"] = ""          # blocking waits wait forever unless a test says otherwise
+    env.update(extra)
+    return env
+
+
+def cli(tmp_path, script, n=2, timeout=60, env=None, args=()):
+    """Run `nbmpi run -n n --timeout timeout script` to completion."""
+    return subprocess.run([*CLI, "-n", str(n), "--timeout", str(timeout), str(script), *args],
+                          capture_output=True, text=True, env=env or base_env(), cwd=tmp_path,
+                          timeout=timeout + 60)
+
+
+def processes_with(marker: str):
+    """Live (non-zombie) processes whose command line contains ``marker``."""
+    found = []
+    for p in psutil.process_iter(["pid", "cmdline", "status"]):
+        try:
+            if p.info["status"] == psutil.STATUS_ZOMBIE:
+                continue
+            if marker in " ".join(p.info["cmdline"] or []):
+                found.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return found
+
+
+def alive(procs):
+    """Those of ``procs`` (psutil.Process snapshots) still running and not zombies."""
+    out = []
+    for p in procs:
+        try:
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p)
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+def assert_no_survivors(marker, tree=()):
+    """Nothing of the job remains: no process naming the script, none of its recorded process tree."""
+    deadline = time.monotonic() + 5  # reaping by init after a kill is asynchronous
+    while time.monotonic() < deadline:
+        left = processes_with(marker) + alive(tree)
+        if not left:
+            return
+        time.sleep(0.1)
+    desc = [(p.pid, " ".join(p.cmdline())) for p in left if p.is_running()]
+    for p in left:  # clean up what we started before failing
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    raise AssertionError(f"processes of the job survived: {desc}")
+
+
+def test_run_help():
+    proc = subprocess.run([*CLI, "--help"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "-n N" in proc.stdout and "--timeout" in proc.stdout and "program" in proc.stdout
+    script = os.path.join(os.path.dirname(sys.executable), "nbmpi")
+    proc = subprocess.run([script, "run", "--help"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and "--timeout" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_success_funneled_and_bundled_mpich(tmp_path):
+    script = write_script(tmp_path, r'''
+        import os, sys
+        from mpi4py import MPI
+        from nbmpi.workers import world
+        rank = world().Get_rank()
+        assert world().Get_size() == 2
+        assert os.environ.get("MPI4PY_RC_THREAD_LEVEL") == "funneled", os.environ.get("MPI4PY_RC_THREAD_LEVEL")
+        level = MPI.Query_thread()
+        assert level == MPI.THREAD_FUNNELED, f"rank {rank}: thread level {level}, expected funneled"
+        lib = MPI.Get_library_version()
+        assert "MPICH" in lib, lib
+        # the MPI library mpi4py loaded is the one of the bundled mpich wheel, next to this Python
+        print(f"rank {rank}: funneled MPICH {lib.splitlines()[0]!r} {sys.argv[1:]}", flush=True)
+    ''')
+    proc = cli(tmp_path, script, args=("a1", "--flag"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for r in range(2):
+        assert f"rank {r}: funneled MPICH" in proc.stdout, proc.stdout + proc.stderr
+    assert "['a1', '--flag']" in proc.stdout  # script arguments reach the program
+
+
+def test_thread_level_overridable_by_env(tmp_path):
+    script = write_script(tmp_path, r'''
+        from mpi4py import MPI
+        assert MPI.Query_thread() == MPI.THREAD_MULTIPLE, MPI.Query_thread()
+        print("multiple OK", flush=True)
+    ''')
+    proc = cli(tmp_path, script, env=base_env(MPI4PY_RC_THREAD_LEVEL="multiple"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.count("multiple OK") == 2
+
+
+def test_worst_exit_code(tmp_path):
+    script = write_script(tmp_path, r'''
+        import sys
+        from nbmpi.workers import world
+        world().Barrier()
+        if world().Get_rank() == 1:
+            sys.exit(3)
+    ''')
+    proc = cli(tmp_path, script)
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert "rank 1 exited 3" in proc.stderr
+    assert_no_survivors(script.name)
+
+
+def test_failing_rank_ends_blocked_rank(tmp_path):
+    """Rank 0 raises while rank 1 blocks forever in a take without timeout: the launcher ends the
+    job (not its --timeout), returns non-zero and shows the traceback."""
+    script = write_script(tmp_path, r'''
+        from nbmpi.workers import ArrayChannel, world
+        ch = ArrayChannel(8)
+        world().Barrier()
+        if world().Get_rank() == 0:
+            raise ValueError("boom from rank zero")
+        ch.take(0)  # never satisfied, no timeout
+        print("rank 1 should never get here", flush=True)
+    ''')
+    proc = cli(tmp_path, script, timeout=90)
+    assert proc.returncode not in (0, 124), f"exit {proc.returncode}: the failure did not end the job\n{proc.stderr}"
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "Traceback" in proc.stderr and "ValueError: boom from rank zero" in proc.stderr, proc.stderr
+    assert "[rank 0]" in proc.stderr and "rank 0 exited 1" in proc.stderr
+    assert "never get here" not in proc.stdout
+    assert_no_survivors(script.name)
+
+
+def _start_and_wait_running(tmp_path, code, n, extra_args=()):
+    """Popen `nbmpi run`; returns (proc, script, lines, tree) once every rank printed RUNNING."""
+    script = write_script(tmp_path, code)
+    proc = subprocess.Popen([*CLI, "-n", str(n), *extra_args, str(script)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=base_env(), cwd=tmp_path)
+    lines = []
+    ready = threading.Event()
+
+    def reader():
+        for line in proc.stdout:
+            lines.append(line)
+            if "".join(lines).count("RUNNING") >= n:  # ranks' lines may interleave
+                ready.set()
+
+    threading.Thread(target=reader, daemon=True).start()
+    try:
+        assert ready.wait(60), f"ranks did not start: {lines}"
+        tree = psutil.Process(proc.pid).children(recursive=True)
+        assert len(tree) >= n + 1, tree  # mpiexec (+ proxy) + ranks
+    except BaseException:
+        for p in processes_with(script.name) + [psutil.Process(proc.pid)]:
+            p.kill()
+        raise
+    return proc, script, lines, tree
+
+
+BLOCKED = r'''
+    import time
+    from nbmpi.workers import ArrayChannel, world
+    rank = world().Get_rank()
+    ch = ArrayChannel(8)
+    print(f"RUNNING rank {rank}", flush=True)
+    if rank == 0:
+        ch.take(1)          # blocked in a communication wait, no timeout
+    else:
+        while True:         # blocked in user code
+            time.sleep(0.1)
+'''
+
+
+def test_ctrl_c_ends_every_process(tmp_path):
+    proc, script, lines, tree = _start_and_wait_running(tmp_path, BLOCKED, 2)
+    try:
+        proc.send_signal(signal.SIGINT)
+        rc = proc.wait(timeout=60)
+        err = proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert rc == 130, f"exit {rc}\n{err}"
+    assert "interrupted" in err
+    assert_no_survivors(script.name, tree)
+
+
+def test_timeout_returns_124_and_ends_every_process(tmp_path):
+    proc, script, lines, tree = _start_and_wait_running(tmp_path, BLOCKED, 2, extra_args=("--timeout", "4"))
+    try:
+        rc = proc.wait(timeout=90)
+        err = proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert rc == 124, f"exit {rc}\n{err}"
+    assert "timed out after 4.0 s" in err
+    assert_no_survivors(script.name, tree)
+
+
+@pytest.mark.parametrize("form", ["-c", "-m"])
+def test_module_and_code_forms(tmp_path, form):
+    if form == "-c":
+        argv = ["-c", "from nbmpi.workers import world; import sys; "
+                      "print(f'code rank {world().Get_rank()} {sys.argv[1:]}', flush=True); sys.exit(4 * world().Get_rank())",
+                "x"]
+        expect = 4
+    else:
+        (tmp_path / "nbmpi_mod_probe.py").write_text(
+            "import sys\nfrom nbmpi.workers import world\nprint(f'module rank {world().Get_rank()} {sys.argv[1:]}', flush=True)\n")
+        argv = ["-m", "nbmpi_mod_probe", "y"]
+        expect = 0
+    env = base_env(PYTHONPATH=f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    proc = subprocess.run([*CLI, "-n", "2", "--timeout", "60", *argv], capture_output=True, text=True,
+                          env=env, cwd=tmp_path, timeout=120)
+    assert proc.returncode == expect, proc.stdout + proc.stderr
+    word = "code" if form == "-c" else "module"
+    arg = "x" if form == "-c" else "y"
+    for r in range(2):
+        assert f"{word} rank {r} ['{arg}']" in proc.stdout, proc.stdout + proc.stderr
