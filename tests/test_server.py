@@ -405,3 +405,111 @@ def test_benchmark_quick(tmp_path):
     assert data["burst"]["submitted"] == data["burst"]["succeeded"] + data["burst"]["not_succeeded"]
     assert data["burst"]["lost"] == 0 and data["latency"]["samples"]
     assert (out / "server_jobs_quick.md").read_text().startswith("# server_jobs_quick")
+
+
+def pool_processes(data_dir: Path):
+    """Processes of the pools of ``data_dir`` (controller, mpiexec, engines)."""
+    found = []
+    for p in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            if any(str(data_dir / "pools") in a for a in (p.info["cmdline"] or [])):
+                found.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+    return found
+
+
+def wait_pool(c: httpx.Client, pool_id: int, states, timeout: float = 60) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        pool = c.get(f"/api/v1/pools/{pool_id}").json()
+        if pool["state"] in states:
+            return pool
+        assert time.monotonic() < deadline, f"pool {pool_id} still {pool['state']}"
+        time.sleep(0.2)
+
+
+def test_pools(tmp_path):
+    srv = Server(tmp_path / "data").start()
+    srv.add_bob()
+    try:
+        with srv.client() as c:
+            r = c.post("/api/v1/pools", json={"ranks": 2, "name": "p1"})
+            assert r.status_code == 201, r.text
+            pool = r.json()
+            assert pool["state"] == "running" and pool["target"] == "running", pool
+            got = c.get(f"/api/v1/pools/{pool['id']}").json()
+            assert got["connection"]["ranks"] == [0, 1] and "client" in got["connection"]
+            assert [p["id"] for p in c.get("/api/v1/pools").json()["pools"]] == [pool["id"]]
+            # all ranks are held by the pool: a new pool is refused, a batch job waits
+            assert c.post("/api/v1/pools", json={"ranks": 1}).status_code == 409
+            batch = submit(c, "print('batch')", ranks=1)
+            job = submit(c, """
+                import sys
+                import numpy as np
+                x = np.full(3, rank + 1.0)
+                comm.Allreduce(np.full(3, rank + 1.0), x)
+                print("rank", rank, "of", size, x.tolist(), sys.argv[1:])
+                """, ranks=None, pool=pool["id"], args=["q"])
+            job = wait_state(c, job["id"], ("succeeded", "failed"))
+            assert job["state"] == "succeeded" and job["rank_exit_codes"] == [0, 0], job
+            for r in (0, 1):
+                assert c.get(f"/api/v1/jobs/{job['id']}/logs", params={"rank": r}).text == \
+                    f"rank {r} of 2 [3.0, 3.0, 3.0] ['q']\n"
+            bad = wait_state(c, submit(c, "raise ValueError('boom')", ranks=None, pool=pool["id"])["id"],
+                             ("succeeded", "failed"))
+            assert bad["state"] == "failed" and bad["rank_exit_codes"] == [1, 1] and "boom" in bad["message"]
+            long = submit(c, "import time\nprint('sleeping', flush=True)\ntime.sleep(120)", ranks=None,
+                          pool=pool["id"])
+            wait_state(c, long["id"], ("running",))
+            time.sleep(1)
+            assert c.delete(f"/api/v1/jobs/{long['id']}").json()["state"] == "cancelled"
+            assert c.get(f"/api/v1/jobs/{batch['id']}").json()["state"] == "queued"
+            with srv.client(BOB_TOKEN) as bob:
+                assert bob.get(f"/api/v1/pools/{pool['id']}").status_code == 404
+                assert bob.delete(f"/api/v1/pools/{pool['id']}").status_code == 404
+                assert bob.post("/api/v1/jobs", json={"code": "print(1)", "pool": pool["id"]}).status_code == 404
+            # an engine dies: the pool is reported failed, not running, and its ranks are freed
+            engine = c.get(f"/api/v1/pools/{pool['id']}").json()["connection"]["pids"][1]
+            os.kill(engine, signal.SIGKILL)
+            failed = wait_pool(c, pool["id"], ("failed",))
+            assert failed["connection"] is None and "died" in failed["message"]
+            assert wait_state(c, batch["id"], ("succeeded", "failed"))["state"] == "succeeded"
+            assert pool_processes(tmp_path / "data") == []
+            # idle timeout
+            idle = c.post("/api/v1/pools", json={"ranks": 1, "idle_timeout": 1}).json()
+            assert idle["state"] == "running"
+            stopped = wait_pool(c, idle["id"], ("stopped", "failed"))
+            assert stopped["state"] == "stopped" and "without a job" in stopped["message"]
+            # a pool survives a killed service and is re-attached after the restart
+            kept = c.post("/api/v1/pools", json={"ranks": 2}).json()
+            assert kept["state"] == "running"
+        srv.proc.send_signal(signal.SIGKILL)
+        srv.proc.wait()
+        srv.stop()
+        srv = Server(tmp_path / "data").start()
+        with srv.client() as c:
+            again = c.get(f"/api/v1/pools/{kept['id']}").json()
+            assert again["state"] == "running" and "re-attached" in again["message"]
+            job = wait_state(c, submit(c, "print('after', rank)", ranks=None, pool=kept["id"])["id"],
+                             ("succeeded", "failed"))
+            assert job["state"] == "succeeded"
+            assert c.delete(f"/api/v1/pools/{kept['id']}").json()["state"] == "stopped"
+            assert pool_processes(tmp_path / "data") == []
+            assert c.get(f"/api/v1/pools/{kept['id']}").json()["state"] == "stopped"
+    finally:
+        srv.stop()
+        leftovers = pool_processes(tmp_path / "data")
+        for p in leftovers:
+            p.kill()
+    assert leftovers == []
+
+
+def test_demo_main_job(tmp_path):
+    p = subprocess.run([sys.executable, "-m", "nbmpi.workers.cli", "demo", "-n", "2", "--data-dir",
+                        str(tmp_path / "demo")], capture_output=True, text=True, timeout=180)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "[rank 0] done: 2 ranks" in p.stdout and "succeeded (exit code 0, per rank [0, 0])" in p.stdout
+    assert "dashboard will be at http://127.0.0.1:" in p.stdout and "controller stopped" in p.stdout
+    assert (tmp_path / "demo" / "jobs" / "1" / "trace" / "trace.json").exists()
+    assert job_processes(tmp_path / "demo") == []

@@ -1,0 +1,108 @@
+"""``nbmpi demo``: start the controller, run one example job through it, show the results.
+
+Steps (one command, used as the project's main job):
+
+1. start ``nbmpi serve`` on a free 127.0.0.1 port with a data directory
+   (a fresh temporary one unless ``--data-dir``), its own token and client
+   configuration inside that directory (the user's configuration is untouched);
+2. submit :mod:`nbmpi.server.example_job` (1-D heat equation with ArrayChannel
+   halos) on N ranks, follow its state and print every rank's output;
+3. print the per-rank compute / communication / wait summary and the bytes
+   matrix from the job's trace, where the Chrome trace lies, and where the
+   dashboard will be served;
+4. stop the service (SIGTERM: nothing is left running) and exit with the job's
+   exit code.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Optional
+
+import httpx
+
+EXAMPLE = Path(__file__).resolve().parent / "example_job.py"
+
+
+def _start_service(data_dir: Path, max_ranks: int):
+    env = dict(os.environ, NBMPI_CONFIG=str(data_dir / "client.json"))
+    proc = subprocess.Popen([sys.executable, "-m", "nbmpi.workers.cli", "serve", "--port", "0", "--data-dir",
+                             str(data_dir), "--max-ranks", str(max_ranks), "--no-pools"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                            start_new_session=True)
+    url = None
+    for line in proc.stdout:
+        print(line, end="", flush=True)
+        if "listening on " in line:
+            url = line.split("listening on ")[1].split()[0]
+        if "client configuration" in line:
+            break
+    if url is None:
+        raise RuntimeError(f"nbmpi serve exited {proc.wait()} before listening")
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            if httpx.get(url + "/api/health", timeout=2).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            proc.terminate()
+            raise RuntimeError("nbmpi serve did not answer /api/health within 60 s")
+        time.sleep(0.1)
+
+
+def main(data_dir: Optional[str] = None, ranks: int = 2) -> int:
+    """Run the demo; returns the example job's exit code."""
+    from .cli import wait_for
+    from .client import ApiError, Client
+
+    d = Path(data_dir).expanduser().resolve() if data_dir else Path(tempfile.mkdtemp(prefix="nbmpi-demo-"))
+    d.mkdir(parents=True, exist_ok=True)
+    print(f"== nbmpi demo: starting the controller (data directory {d})", flush=True)
+    proc, url = _start_service(d, max_ranks=max(ranks, os.cpu_count() or 1))
+    try:
+        token = json.loads((d / "client.json").read_text())["token"]
+        with Client(url, token) as c:
+            print(f"== submitting {EXAMPLE.name} on {ranks} ranks", flush=True)
+            job = c.submit(EXAMPLE.read_text(), ranks=ranks, script_name=EXAMPLE.name,
+                           args=["--steps", "200"], name="demo", timeout=600)
+            print(f"== job {job['id']} {job['state']}; output of every rank:", flush=True)
+            job = wait_for(c, job["id"])
+            print(f"== job {job['id']} {job['state']} (exit code {job['exit_code']}, per rank "
+                  f"{job['rank_exit_codes']}), {job['finished_at'] - job['created_at']:.2f} s from submit "
+                  "to finish", flush=True)
+            if job["state"] == "succeeded":
+                s = c.summary(job["id"])
+                print(f"== trace summary over {s['window_s']:.3f} s:")
+                print(f"{'rank':>4} {'compute s':>10} {'comm s':>10} {'wait s':>10} {'events':>7}")
+                for r in s["ranks"]:
+                    print(f"{r['rank']:>4} {r['compute_s']:>10.4f} {r['comm_s']:>10.4f} {r['wait_s']:>10.4f} "
+                          f"{r['events']:>7}")
+                print("bytes sent (row: from rank, column: to rank):")
+                for i, row in enumerate(s["bytes"]):
+                    print(f"{i:>4} " + " ".join(f"{b:>10}" for b in row))
+                trace = d / "jobs" / str(job["id"]) / "trace" / "trace.json"
+                print(f"== Chrome trace: {trace} (open in https://ui.perfetto.dev), also at "
+                      f"{url}/api/v1/jobs/{job['id']}/trace")
+            print(f"== the dashboard will be at {url}/dashboard (served by this controller; "
+                  f"start it for good with `nbmpi serve --data-dir {d}`)", flush=True)
+            rc = 0 if job["state"] == "succeeded" else (job["exit_code"] or 1)
+    except ApiError as exc:
+        print(f"nbmpi demo: {exc}", file=sys.stderr)
+        rc = 1
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        print("== controller stopped", flush=True)
+    return rc
