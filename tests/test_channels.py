@@ -264,6 +264,16 @@ else:
                  lambda: ch.scatter(root=0, regions={0: (0, 1), 1: (1, 2)}), "scatter(root=0)", "[1]")
     keep.check("subset channel in place")
     ch.close()
+from nbmpi.workers import gather_trace
+trace = gather_trace(root=0)   # peers are recorded as COMM_WORLD ranks (2, not local index 1)
+if rank == 0:
+    s = trace.summary()
+    check(s["unmatched"] == 0, "subset trace matched", str(s["unmatched"]))
+    msgs = np.array(s["messages"])
+    check(msgs[:, 1].sum() == 0 and msgs[1, :].sum() == 0, "no traffic to/from rank 1", str(msgs))
+    # 0->2: put, reduce(root=2), allreduce's bcast, scatter(root=0), gather(root=2)
+    # 2->0: put, allreduce's reduce, bcast(root=2)
+    check(msgs[0, 2] == 5 and msgs[2, 0] == 3, "subset traffic 0<->2", str(msgs))
 comm.Barrier()
 print(f"rank {rank}: subset OK", flush=True)
 '''
@@ -296,6 +306,7 @@ if size == 3:
                  f"rank {rank}:", "rank 0 created it with shape (2, 2)", "rank(s) [1, 2] with shape (4,)")
 
 ch = ArrayChannel(7, np.float64)
+check(ch.timeout == 60.0, "default timeout from NBMPI_TIMEOUT=60", repr(ch.timeout))
 ch.buffer[...] = rank
 keep = InPlace(ch)
 peer = (rank + 1) % size
@@ -405,6 +416,42 @@ for k in range(3):  # the cancelled receive is reusable: three real transfers in
         ch.buffer[...] += 1
         ch.put(0, timeout=30)
 keep.check("take timeout")
+
+check(ch.timeout is None, "NBMPI_TIMEOUT unset -> no default timeout", repr(ch.timeout))
+
+# -- an interrupt (Ctrl-C / Jupyter interrupt = KeyboardInterrupt) ends a blocked take; the
+#    receive is cancelled and the channel stays usable ------------------------------------------
+import signal
+from nbmpi.workers import waiting
+seen = []
+if rank == 1:
+    def interrupt(signum, frame):
+        seen.append(waiting.current)
+        raise KeyboardInterrupt
+    signal.signal(signal.SIGALRM, interrupt)
+    signal.setitimer(signal.ITIMER_REAL, 0.3)
+    expect_error("interrupted take", KeyboardInterrupt, lambda: ch.take(0))  # no timeout at all
+    signal.signal(signal.SIGALRM, signal.SIG_DFL)
+    check(seen and seen[0][:2] == ("take(src=0)", 0), "waiting.current while blocked", repr(seen))
+    check(waiting.current is None, "waiting.current cleared after the interrupt", repr(waiting.current))
+comm.Barrier()
+if rank == 0:
+    ch.buffer[...] = 77
+    ch.put(1, timeout=30)
+else:
+    ch.take(0, timeout=30)
+    same(ch.buffer, np.full(16, 77.0), "transfer after an interrupted take")
+keep.check("interrupted take")
+
+# -- gather whose root never hears from a rank: the root's receives are cancelled ---------------
+if rank == 0:
+    expect_error("gather timeout on root", ChannelTimeout, lambda: ch.gather(root=0, timeout=0.3),
+                 "rank 0", "gather(root=0)", "waiting for rank 1")
+comm.Barrier()
+ch.buffer[...] = rank + 1
+ch.gather(root=0, timeout=30)
+if rank == 0:
+    same(ch.buffer, np.r_[np.full(8, 1.0), np.full(8, 2.0)], "gather after a gather timeout")
 
 # -- default timeout of the channel (constructor timeout=) applies to collectives -------------
 ch2 = ArrayChannel(4, np.float64, timeout=0.3)

@@ -28,8 +28,12 @@ _POLLS_BETWEEN_CLOCK_CHECKS = 256
 current: Optional[tuple] = None
 
 
-def cancel(req) -> bool:
-    """Try to cancel an active request; return True if it is inactive afterwards."""
+def cancel(req, status=None) -> bool:
+    """Try to cancel an active request; return True if it is inactive afterwards.
+
+    ``status`` (an ``MPI.Status``) is filled on completion: ``status.Is_cancelled()``
+    is False if the request matched before the cancel took effect.
+    """
     try:
         req.Cancel()
     except Exception:  # noqa: BLE001 - cancelling a send may be unsupported
@@ -37,7 +41,7 @@ def cancel(req) -> bool:
     deadline = time.monotonic() + 0.5
     while time.monotonic() < deadline:
         try:
-            if req.Test():
+            if req.Test(status):
                 return True
         except Exception:  # noqa: BLE001
             return False
@@ -74,7 +78,17 @@ def wait(
                 if test():
                     return
             if deadline is not None and time.monotonic() > deadline:
-                _abandon([req], on_abandon, cancellable)
+                if cancellable:
+                    from mpi4py import MPI
+
+                    status = MPI.Status()
+                    if cancel(req, status):
+                        if not status.Is_cancelled():
+                            return  # it matched while we gave up: completed, not a timeout
+                    elif on_abandon is not None:
+                        on_abandon()
+                elif on_abandon is not None:
+                    on_abandon()
                 raise error(rank, peer, op, time.monotonic() - t0)
     except KeyboardInterrupt:
         _abandon([req], on_abandon, cancellable)
