@@ -2,6 +2,9 @@
 
 * :class:`ArrayChannel` (``channels``): in-place channels with one persistent
   buffer per rank (put/take, reduce, allreduce, bcast, scatter, gather).
+* :class:`Aggregator` (``aggregation``): per-destination buffers of small
+  items, numba handlers on the destination, collective ``flush`` with
+  termination detection.
 * ``tracing`` / ``trace_analysis``: per-rank recording of every communication
   call, gathered in one call (:func:`gather_trace`) into a :class:`Trace` with
   Chrome/Perfetto export and a per-rank compute/comm/wait summary.
@@ -11,13 +14,15 @@
 Importing this package does not initialise MPI; the first channel (or
 :func:`init`) does.
 """
+from .aggregation import Aggregator
 from .channels import ArrayChannel
-from .errors import ChannelError, ChannelTimeout, CommTimeout, NbmpiError
+from .errors import AggregationError, AggregationTimeout, ChannelError, ChannelTimeout, CommTimeout, NbmpiError
 from .runtime import init, world
 from .trace_analysis import Trace
 from .tracing import gather_trace, get_tracer
 
 __all__ = [
+    "AggregationError", "AggregationTimeout", "Aggregator",
     "ArrayChannel", "ChannelError", "ChannelTimeout", "CommTimeout", "NbmpiError",
     "Trace", "gather_trace", "get_tracer", "init", "world",
 ]

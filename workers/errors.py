@@ -34,3 +34,11 @@ class ChannelError(NbmpiError, ValueError):
 
 class ChannelTimeout(CommTimeout, ChannelError):
     """A blocking :class:`~nbmpi.workers.channels.ArrayChannel` operation timed out."""
+
+
+class AggregationError(NbmpiError, ValueError):
+    """Wrong use of an :class:`~nbmpi.workers.aggregation.Aggregator`."""
+
+
+class AggregationTimeout(CommTimeout, AggregationError):
+    """A blocking :class:`~nbmpi.workers.aggregation.Aggregator` wait (free buffer, flush) timed out."""
