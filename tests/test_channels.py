@@ -329,6 +329,13 @@ expect_error("unknown op in allreduce", ChannelError, lambda: ch.allreduce("avg"
              f"rank {rank}", "allreduce(op=avg)", "unknown op 'avg'")
 expect_error("plain Python function", ChannelError, lambda: ch.reduce(plain_python, root=1),
              f"rank {rank}", "reduce(op=plain_python, root=1)", "numba.njit")
+@numba.njit
+def not_for_floats(a, b):
+    return a + "x"
+
+expect_error("njit op that does not type for the dtype", ChannelError,
+             lambda: ch.reduce(not_for_floats, root=0),
+             f"rank {rank}", "reduce(op=not_for_floats, root=0)", "cannot combine", "float64")
 expect_error("root out of range", ChannelError, lambda: ch.reduce("sum", root=size),
              f"rank {rank}", f"root {size} is not a participant")
 cplx = ArrayChannel(3, np.complex128)

@@ -68,6 +68,8 @@ Box = Tuple[Tuple[int, int], ...]
 RegionSpec = Union[slice, range, Tuple[int, int], Tuple[slice, ...]]
 
 _open_channels: "weakref.WeakSet[ArrayChannel]" = weakref.WeakSet()
+#: (kernel id, dtype) pairs already compiled and tried once (see ArrayChannel._kernel).
+_CHECKED_KERNELS: set = set()
 
 
 def _close_all() -> None:
@@ -385,9 +387,24 @@ class ArrayChannel:
                                f"complex dtype {self.dtype} (complex numbers are unordered); use 'sum', "
                                "'prod' or a numba.njit function that compares e.g. abs()")
         try:
-            return combiner(op)
+            kernel = combiner(op)
         except ValueError as exc:
             raise ChannelError(f"rank {self.rank}: {opname} on {self.name}: {exc}") from None
+        key = (id(kernel), self.dtype.str)
+        if key not in _CHECKED_KERNELS:
+            # Compile and run it on one element BEFORE communicating: a user function that
+            # does not type for this dtype fails here on every rank, not mid-tree on some.
+            one = np.ones(1, dtype=self.dtype)
+            try:
+                kernel(np.empty_like(one), one, one.copy())
+            except Exception as exc:  # noqa: BLE001 - numba typing/lowering errors
+                first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                raise ChannelError(
+                    f"rank {self.rank}: {opname} on {self.name}: op {describe_op(op)!r} cannot combine "
+                    f"elements of dtype {self.dtype} ({type(exc).__name__}: {first}); it must be a binary "
+                    "function f(a, b) of two scalars of the channel's dtype returning one") from exc
+            _CHECKED_KERNELS.add(key)
+        return kernel
 
     def _scratch_bufs(self) -> Tuple[np.ndarray, np.ndarray]:
         if self._scratch is None:
