@@ -77,8 +77,11 @@ def group_alive(pgid: int) -> bool:
         return True
 
 
-def kill_group(pgid: int, grace: float = launcher.GRACE_SECONDS) -> bool:
-    """SIGTERM process group ``pgid``, SIGKILL after ``grace`` s; True if the group is gone."""
+def kill_group(pgid: int, grace: float = launcher.GRACE_SECONDS, proc: Optional[subprocess.Popen] = None) -> bool:
+    """SIGTERM process group ``pgid``, SIGKILL after ``grace`` s; True if the group is gone.
+
+    ``proc``: the group leader if it is our child; it is reaped while waiting
+    (an unreaped zombie leader would keep the group alive)."""
     for sig, wait_s in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
         try:
             os.killpg(pgid, sig)
@@ -86,9 +89,13 @@ def kill_group(pgid: int, grace: float = launcher.GRACE_SECONDS) -> bool:
             return True
         deadline = time.monotonic() + wait_s
         while time.monotonic() < deadline:
+            if proc is not None:
+                proc.poll()
             if not group_alive(pgid):
                 return True
-            time.sleep(0.05)
+            time.sleep(0.02)
+    if proc is not None:
+        proc.poll()
     return not group_alive(pgid)
 
 
@@ -318,7 +325,7 @@ class Scheduler:
                     elif time.monotonic() - failed_at > 0.5 or len(codes) == job.ranks:
                         break
                 time.sleep(_POLL_S)
-            kill_group(proc.pid)  # no rank of this job survives, whatever ended it
+            kill_group(proc.pid, proc=proc)  # no rank of this job survives, whatever ended it
             proc.wait()
             codes = self._rank_codes(job.job_dir, job.ranks)
             trace_dir = Path(job.job_dir) / "trace"
@@ -351,7 +358,7 @@ class Scheduler:
                 self._set_final(job.id, "failed", rc, codes, msg)
         except Exception as exc:  # noqa: BLE001 - never leave a job running in the records
             if proc.poll() is None:
-                kill_group(proc.pid)
+                kill_group(proc.pid, proc=proc)
             self._set_final(job.id, "failed", 1, None, f"the service failed watching the job: {exc!r}")
         finally:
             with self._lock:
