@@ -515,3 +515,38 @@ def test_channel_timeouts(run_mpi):
     for r in range(2):
         assert f"rank {r}: timeouts OK" in proc.stdout, proc.stdout + proc.stderr
     assert "put-timeout: channel" in proc.stdout
+
+
+def test_reduce_interior_nodes_accumulate_in_scratch(run_mpi):
+    """4 ranks: the only rank count here where a non-root tree node combines a
+    child's data (vrank 2 receives from vrank 3) before sending on, which is the
+    path through the two scratch buffers. 4 ranks on purpose; one short run."""
+    proc = run_mpi(PRELUDE + r'''
+@numba.njit
+def plus_one(a, b):
+    return a + b + 1
+
+
+ch = ArrayChannel((5, 3), np.float64, name="tree4")
+addr = ch.buffer.ctypes.data
+for op, expect in (("sum", lambda v: v.sum(0)), ("prod", lambda v: v.prod(0)),
+                   ("min", lambda v: v.min(0)), ("max", lambda v: v.max(0)),
+                   (plus_one, lambda v: v.sum(0) + (size - 1))):
+    for root in range(size):
+        mine = np.arange(15, dtype=np.float64).reshape(5, 3) * (rank + 1) + rank
+        ch[...] = mine
+        ch.reduce(op, root=root)
+        allv = np.stack([np.arange(15.0).reshape(5, 3) * (r + 1) + r for r in range(size)])
+        if rank == root:
+            same(ch.buffer, expect(allv), f"reduce {op} root {root}")
+        else:
+            same(ch.buffer, mine, f"reduce {op} root {root}: non-root buffer must not change")
+    ch[...] = rank + 1.0
+    ch.allreduce(op)
+    allv = np.stack([np.full((5, 3), r + 1.0) for r in range(size)])
+    same(ch.buffer, expect(allv), f"allreduce {op}")
+check(ch.buffer.ctypes.data == addr, "buffer identity", "the persistent buffer was replaced")
+print("ok", rank)
+''', n=4)
+    assert_ok(proc)
+    assert proc.stdout.count("ok") == 4
