@@ -1,0 +1,644 @@
+"""The ``%distributed`` / ``%%distributed`` magics: interactive MPI pools in a notebook.
+
+Execution plane: ipyparallel. A cell is ONE ``execute`` request to the chosen
+engines (engine id == MPI rank, see :mod:`nbmpi.kernel_ext.pool`), exactly
+like ``%%px``; everything else rides on it:
+
+* the per-cell tracer mark is taken by an IPython ``pre_run_cell`` hook on
+  each engine (:mod:`nbmpi.kernel_ext.rank_side`), not by an extra request;
+* output streams while the cell runs into one live display (each line
+  labelled ``[rank r]``); when the cell ends the live display is emptied and
+  the final, deduplicated view is written once: identical output of several
+  ranks under ``[ranks 0-3]``, differing output per rank, in rank order
+  (:mod:`nbmpi.kernel_ext.output`); same for the last expression's value;
+* errors: each failing rank's remote traceback, deduplicated, plus one line
+  per other rank. When a rank fails while others are still running (e.g.
+  blocked receiving from the failed rank), the others get
+  :data:`ERROR_GRACE` seconds to finish, then are probed (what they are in)
+  and interrupted, so a failure never leaves the cell hanging;
+* kernel interrupt: the KeyboardInterrupt raised in the notebook kernel is
+  turned into SIGINT on every engine still running the cell (ipyparallel's
+  ``Client.send_signal``, delivered by each engine's nanny); the cell's
+  results are drained so the next cell starts clean;
+* ``--timeout``: at the deadline every running rank's probe is read (which
+  communication call it is blocked in, with which peer, since when), the
+  ranks are interrupted as above and the cell fails with that explanation.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import signal
+import socket
+import sys
+import time
+from typing import Any, Dict, List, Optional
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, line_cell_magic, magics_class
+from IPython.display import HTML, display
+
+from . import output as _out
+from .pool import Pool, PoolError
+
+#: Seconds the other ranks get to finish after one rank failed, before they are interrupted.
+ERROR_GRACE = 2.0
+#: Seconds to wait for interrupted ranks to return before reporting them stuck.
+DRAIN_SECONDS = 10.0
+#: A cell shorter than this never shows the live output display.
+LIVE_AFTER = 0.3
+LIVE_EVERY = 0.25
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that raises a one-line UsageError instead of exiting."""
+
+    def error(self, message):  # noqa: D102
+        usage = " ".join(self.format_usage().split()[1:])
+        raise UsageError(f"{self.prog}: {message}. Usage: {usage}")
+
+    def exit(self, status=0, message=None):  # noqa: D102, A003
+        if message:
+            raise UsageError(message.strip())
+        raise UsageError(self.format_help())
+
+
+def _positive_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not v > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be > 0 seconds")
+    return v
+
+
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
+    return v
+
+
+def _cell_parser() -> _Parser:
+    p = _Parser(prog="%%distributed", add_help=False)
+    p.add_argument("--ranks", default=None, help="ranks to run on: 2, 0:4, 0,2,3 (default: all)")
+    p.add_argument("--timeout", type=_positive_float, default=None, help="seconds before the cell is interrupted")
+    p.add_argument("--timeline", action="store_true", help="show the cell's per-rank timeline")
+    p.add_argument("--quiet", action="store_true", help="show no output or values, only errors")
+    return p
+
+
+def _line_parser() -> _Parser:
+    p = _Parser(prog="%distributed", add_help=False)
+    sub = p.add_subparsers(dest="cmd", parser_class=_Parser)
+    s = sub.add_parser("start", add_help=False, prog="%distributed start")
+    s.add_argument("-n", type=_positive_int, required=True, help="number of MPI ranks")
+    s.add_argument("--name", default=None)
+    s.add_argument("--timeout", type=_positive_float, default=120.0)
+    for cmd in ("stop", "restart"):
+        c = sub.add_parser(cmd, add_help=False, prog=f"%distributed {cmd}")
+        c.add_argument("name", nargs="?", default=None)
+    sub.add_parser("status", add_help=False, prog="%distributed status")
+    u = sub.add_parser("use", add_help=False, prog="%distributed use")
+    u.add_argument("name")
+    pl = sub.add_parser("pull", add_help=False, prog="%distributed pull")
+    pl.add_argument("var")
+    pl.add_argument("--rank", type=int, default=None)
+    pu = sub.add_parser("push", add_help=False, prog="%distributed push")
+    pu.add_argument("var")
+    pu.add_argument("--ranks", default=None)
+    t = sub.add_parser("trace", add_help=False, prog="%distributed trace")
+    t.add_argument("action", choices=["save"])
+    t.add_argument("file")
+    c = sub.add_parser("connect", add_help=False, prog="%distributed connect")
+    c.add_argument("url")
+    c.add_argument("--token", required=True)
+    c.add_argument("--pool", default=None)
+    c.add_argument("--name", default=None)
+    return p
+
+
+def parse_ranks(spec: Optional[str], available: List[int]) -> List[int]:
+    """Ranks named by ``spec`` (``"2"``, ``"0:4"`` (Python slice), ``"0,2,3"``), checked against ``available``."""
+    if spec is None or spec.strip() in ("", "all", ":"):
+        return list(available)
+    spec = spec.strip()
+    try:
+        if ":" in spec:
+            parts = [int(x) if x.strip() else None for x in spec.split(":")]
+            if len(parts) > 3:
+                raise ValueError
+            ranks = list(range(max(available) + 1))[slice(*parts)]
+        else:
+            ranks = sorted({int(x) for x in spec.split(",") if x.strip()})
+    except ValueError:
+        raise UsageError(f"%%distributed: --ranks {spec!r} is not a rank list; use e.g. 2, 0:4 or 0,2,3") from None
+    bad = [r for r in ranks if r not in available]
+    if bad or not ranks:
+        raise UsageError(f"%%distributed: --ranks {spec!r} names {'ranks ' + str(bad) if bad else 'no rank'}; "
+                         f"the pool has ranks {_out.format_ranks(available)}")
+    return ranks
+
+
+def probe(pool: Pool, ranks: List[int], timeout: float = 1.0) -> Dict[int, Optional[dict]]:
+    """Read the state probe of ``ranks`` (see :mod:`nbmpi.kernel_ext.rank_side`); None where no answer."""
+    addrs = pool.probes()
+    out: Dict[int, Optional[dict]] = {}
+    for r in ranks:
+        out[r] = None
+        if r not in addrs:
+            continue
+        try:
+            with socket.create_connection(addrs[r], timeout=timeout) as s:
+                s.settimeout(timeout)
+                data = b""
+                while not data.endswith(b"\n"):
+                    chunk = s.recv(65536)
+                    if not chunk:
+                        break
+                    data += chunk
+            out[r] = json.loads(data.decode())
+        except (OSError, ValueError):
+            pass
+    return out
+
+
+def fetch_cell_trace(pool: Pool, ranks: List[int]):
+    """The last cell's :class:`~nbmpi.workers.Trace` from ``ranks`` and its window (ns, rank 0 clock).
+
+    One apply request to the ranks (no MPI collective, so it works after
+    errors and interrupts and on a subset of ranks).
+    """
+    import numpy as np
+
+    from nbmpi.workers.trace_analysis import Trace
+    from nbmpi.workers.tracing import NF
+
+    from .rank_side import cell_events
+
+    parts = pool.client()[ranks].apply_sync(cell_events)
+    events = np.concatenate([np.asarray(p["events"], dtype=np.int64).reshape(-1, NF) for p in parts])
+    owner = np.concatenate([np.full(len(p["events"]), p["rank"], dtype=np.int64) for p in parts])
+    dropped = np.zeros(pool.n, np.int64)
+    err = np.zeros(pool.n, np.int64)
+    for p in parts:
+        dropped[p["rank"]] = p["dropped"]
+        err[p["rank"]] = p["clock_error_ns"]
+    kinds = max((p["kinds"] for p in parts), key=len)
+    window = (min(p["cell_start_ns"] for p in parts), max(p["cell_end_ns"] for p in parts))
+    return Trace(events, owner, pool.n, kinds, dropped=dropped, clock_error_ns=err), window
+
+
+def _pending(ar, by_rank: Dict[int, int]) -> List[int]:
+    """Ranks whose reply to the cell's request has not arrived yet."""
+    return [r for r, i in by_rank.items() if not ar._children[i].done()]
+
+
+class _Live:
+    """The live output display of a running cell (created only if the cell lasts > LIVE_AFTER)."""
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled
+        self.handle = None
+        self.t0 = time.monotonic()
+        self.last = 0.0
+        self.text = ""
+
+    def update(self, per_rank: Dict[int, str], force: bool = False) -> None:
+        if not self.enabled:
+            return
+        now = time.monotonic()
+        if not force and (now - self.t0 < LIVE_AFTER or now - self.last < LIVE_EVERY):
+            return
+        text = _out.render_live(per_rank)
+        self.last = now
+        if text == self.text:
+            return
+        self.text = text
+        if self.handle is None:
+            self.handle = display({"text/plain": text}, raw=True, display_id=True)
+        else:
+            self.handle.update({"text/plain": text}, raw=True)
+
+    def close(self) -> None:
+        if self.handle is not None:
+            self.handle.update({"text/plain": ""}, raw=True)
+
+
+@magics_class
+class DistributedMagics(Magics):
+    """``%distributed`` (pool management) and ``%%distributed`` (run a cell on the ranks)."""
+
+    def __init__(self, shell=None):
+        super().__init__(shell)
+        self.pools: Dict[str, Pool] = {}
+        self.current: Optional[str] = None
+        self.last_cell: Optional[tuple] = None
+
+    # -- entry -------------------------------------------------------------------------------------
+    @line_cell_magic
+    def distributed(self, line: str, cell: Optional[str] = None):
+        """Interactive MPI pools: ipyparallel engines that are the ranks of one MPI job.
+
+        Pools (line magic)::
+
+          %distributed start -n N [--name NAME] [--timeout S]
+                start N ranks (bundled mpiexec, MPI thread level funneled); every rank
+                gets `comm` (COMM_WORLD), `rank`, `size`, `nbmpi` and a started nbmpi
+                runtime (tracer, aligned clocks). The new pool becomes the current one.
+          %distributed stop [NAME]      end the pool (current by default): no process is left
+          %distributed restart [NAME]   stop, then start again with the same size and name
+          %distributed status           every pool: ranks, hosts, state, uptime
+          %distributed use NAME         make NAME the current pool
+          %distributed pull VAR [--rank R]
+                VAR from every rank into the notebook as a list in rank order
+                (or only rank R's value with --rank R)
+          %distributed push VAR [--ranks SPEC]   send the notebook's VAR to the ranks
+          %distributed trace save FILE.json
+                the last cell's Chrome trace (open it in https://ui.perfetto.dev)
+          %distributed connect URL --token TOKEN [--pool ID] [--name NAME]
+                use a pool run by the nbmpi controller at URL (default: the newest
+                running pool); stopping it here only disconnects
+
+        Cells::
+
+          %%distributed [--ranks SPEC] [--timeout SECONDS] [--timeline] [--quiet]
+          <code run SPMD on the ranks; the namespace persists between cells>
+
+          --ranks SPEC   run on these ranks only: 2, 0:4 (a Python slice), 0,2,3
+          --timeout S    interrupt the cell after S seconds and explain the hang from the
+                         trace: e.g. "rank 1: take(src=0) waiting 12.0 s"
+          --timeline     show the cell's per-rank timeline (compute / communication /
+                         wait, message arrows, wait percentage per rank)
+          --quiet        hide output and values (errors are always shown)
+
+        Output streams while the cell runs, labelled per rank; at the end it is
+        shown once per group of ranks with identical output ("[ranks 0-3]"),
+        differing output per rank, in rank order. The last expression's value is
+        grouped the same way. If a rank raises, the cell fails with each distinct
+        remote traceback and one line per other rank. The kernel's interrupt
+        button interrupts the cell on every rank; the pool stays usable.
+        """
+        if cell is not None:
+            return self._run_cell(line, cell)
+        try:
+            argv = shlex.split(line)
+        except ValueError as e:
+            raise UsageError(f"%distributed: cannot parse {line!r}: {e}") from None
+        if not argv:
+            raise UsageError("%distributed: missing subcommand; one of start, stop, restart, status, use, "
+                             "pull, push, trace, connect (see %distributed?)")
+        known = ("start", "stop", "restart", "status", "use", "pull", "push", "trace", "connect")
+        if argv[0] not in known:
+            raise UsageError(f"%distributed: unknown subcommand {argv[0]!r}; expected one of {', '.join(known)} "
+                             "(see %distributed?)")
+        args = _line_parser().parse_args(argv)
+        return getattr(self, f"_cmd_{args.cmd}")(args)
+
+    # -- pools -------------------------------------------------------------------------------------
+    def _pool(self, name: Optional[str] = None) -> Pool:
+        name = name or self.current
+        if name is None:
+            raise UsageError("%distributed: no pool; start one with `%distributed start -n 2`")
+        if name not in self.pools:
+            raise UsageError(f"%distributed: no pool named {name!r}; pools: {sorted(self.pools) or 'none'}")
+        return self.pools[name]
+
+    def _cmd_start(self, args) -> None:
+        name = args.name or self._free_name()
+        if name in self.pools and self.pools[name].status()["state"] in ("running", "starting"):
+            raise UsageError(f"%distributed start: pool {name!r} is already running; stop it first or pick "
+                             "another --name")
+        pool = Pool(args.n, name=name)
+        self._start(pool, args.timeout)
+
+    def _free_name(self) -> str:
+        k = 0
+        while f"pool{k}" in self.pools:
+            k += 1
+        return f"pool{k}"
+
+    def _start(self, pool: Pool, timeout: float) -> None:
+        handle = display({"text/plain": f"starting pool {pool.name!r} ({pool.n} ranks)..."}, raw=True,
+                         display_id=True)
+        t0 = time.monotonic()
+
+        def progress(msg: str) -> None:
+            handle.update({"text/plain": f"{msg} [{time.monotonic() - t0:.1f} s]"}, raw=True)
+
+        try:
+            pool.start(progress=progress, timeout=timeout)
+        except PoolError as e:
+            handle.update({"text/plain": f"pool {pool.name!r} failed to start"}, raw=True)
+            raise UsageError(str(e)) from None
+        self.pools[pool.name] = pool
+        self.current = pool.name
+        st = pool.status()
+        handle.update({"text/plain": f"pool {pool.name!r}: {pool.n} ranks on {', '.join(sorted(set(st['hosts'])))}"
+                                     f" ready in {time.monotonic() - t0:.1f} s"}, raw=True)
+
+    def _cmd_stop(self, args) -> None:
+        pool = self._pool(args.name)
+        pool.stop()
+        del self.pools[pool.name]
+        if self.current == pool.name:
+            self.current = next(iter(self.pools), None)
+        if self.last_cell and self.last_cell[0] is pool:
+            self.last_cell = None
+        print(f"pool {pool.name!r} {'disconnected' if pool.attached else 'stopped'}")
+
+    def _cmd_restart(self, args) -> None:
+        pool = self._pool(args.name)
+        if pool.attached:
+            raise UsageError(f"%distributed restart: pool {pool.name!r} is run by the controller; restart it there")
+        pool.stop()
+        fresh = Pool(pool.n, name=pool.name, env=pool.env)
+        del self.pools[pool.name]
+        self._start(fresh, 120.0)
+
+    def _cmd_status(self, args) -> None:  # noqa: ARG002
+        if not self.pools:
+            print("no pool; start one with `%distributed start -n 2`")
+            return
+        for name, pool in self.pools.items():
+            st = pool.status()
+            mark = "*" if name == self.current else " "
+            hosts = ",".join(sorted(set(st["hosts"])))
+            print(f"{mark} {name}: {len(st['ranks'])} ranks ({_out.format_ranks(st['ranks'])}) on {hosts}, "
+                  f"{st['state']}, up {st['uptime_s']:.0f} s" + (" (attached)" if pool.attached else ""))
+
+    def _cmd_use(self, args) -> None:
+        self._pool(args.name)
+        self.current = args.name
+
+    def _cmd_pull(self, args):
+        pool = self._pool()
+        if args.rank is not None:
+            ranks = parse_ranks(str(args.rank), pool.ranks)
+        else:
+            ranks = pool.ranks
+        views = pool.client()[ranks]
+        try:
+            values = views.pull(args.var, block=True)
+        except Exception as e:  # noqa: BLE001 - remote NameError etc.
+            raise UsageError(f"%distributed pull: {args.var!r} could not be pulled from ranks "
+                             f"{_out.format_ranks(ranks)}: {_out.strip_ansi(str(e)).splitlines()[0]}") from None
+        value = values[0] if args.rank is not None else list(values)
+        self.shell.user_ns[args.var] = value
+        return None
+
+    def _cmd_push(self, args) -> None:
+        pool = self._pool()
+        if args.var not in self.shell.user_ns:
+            raise UsageError(f"%distributed push: {args.var!r} is not defined in the notebook")
+        ranks = parse_ranks(args.ranks, pool.ranks)
+        pool.client()[ranks].push({args.var: self.shell.user_ns[args.var]}, block=True)
+
+    def _cmd_trace(self, args) -> None:
+        if self.last_cell is None:
+            raise UsageError("%distributed trace save: no %%distributed cell has run on a live pool yet")
+        pool, ranks = self.last_cell
+        trace, _ = fetch_cell_trace(pool, ranks)
+        trace.save_chrome(args.file)
+        print(f"wrote {args.file}: {len(trace)} events of ranks {_out.format_ranks(ranks)} (open in ui.perfetto.dev)")
+
+    def _cmd_connect(self, args) -> None:
+        import httpx
+
+        url = args.url.rstrip("/")
+        headers = {"Authorization": f"Bearer {args.token}"}
+        try:
+            if args.pool is None:
+                r = httpx.get(f"{url}/api/v1/pools", headers=headers, timeout=30)
+                r.raise_for_status()
+                body = r.json()
+                items = body.get("pools", []) if isinstance(body, dict) else body
+                running = [p for p in items if p.get("state") == "running"]
+                if not running:
+                    raise UsageError(f"%distributed connect: the controller at {url} runs no pool in state "
+                                     "'running'; create one there or pass --pool ID")
+                pinfo = max(running, key=lambda p: (p.get("started_at") or p.get("created_at") or 0, p.get("id", 0)))
+                if not pinfo.get("connection"):
+                    r = httpx.get(f"{url}/api/v1/pools/{pinfo['id']}", headers=headers, timeout=30)
+                    r.raise_for_status()
+                    pinfo = r.json()
+            else:
+                r = httpx.get(f"{url}/api/v1/pools/{args.pool}", headers=headers, timeout=30)
+                r.raise_for_status()
+                pinfo = r.json()
+        except httpx.HTTPStatusError as e:
+            raise UsageError(f"%distributed connect: {e.request.url} answered {e.response.status_code}: "
+                             f"{e.response.text[:200]}") from None
+        except httpx.HTTPError as e:
+            raise UsageError(f"%distributed connect: cannot reach the controller at {url}: {e}") from None
+        conn = pinfo.get("connection")
+        if not conn:
+            raise UsageError(f"%distributed connect: pool {pinfo.get('id')} is {pinfo.get('state')!r} and has no "
+                             "connection info yet; wait until it is running")
+        try:
+            pool = Pool.attach(conn)
+        except PoolError as e:
+            raise UsageError(str(e)) from None
+        name = args.name or pool.name
+        pool.name = name
+        self.pools[name] = pool
+        self.current = name
+        print(f"connected to pool {name!r} ({len(pool.ranks)} ranks) at {url}")
+
+    def stop_all(self) -> None:
+        """Stop (or disconnect) every pool of this kernel."""
+        for pool in list(self.pools.values()):
+            try:
+                pool.stop()
+            except Exception:  # noqa: BLE001 - best effort at unload
+                pass
+        self.pools.clear()
+        self.current = None
+
+    # -- cells -------------------------------------------------------------------------------------
+    def _run_cell(self, line: str, cell: str):
+        try:
+            argv = shlex.split(line)
+        except ValueError as e:
+            raise UsageError(f"%%distributed: cannot parse {line!r}: {e}") from None
+        args = _cell_parser().parse_args(argv)
+        pool = self._pool()
+        ranks = parse_ranks(args.ranks, pool.ranks)
+        client = pool.client()
+        ar = client[ranks].execute(cell, silent=False, block=False)
+        by_rank = {r: i for i, r in enumerate(ranks)}  # rank -> index in ar's requests
+        self.last_cell = (pool, ranks)
+        live = _Live(not args.quiet)
+        t0 = time.monotonic()
+        deadline = None if args.timeout is None else t0 + args.timeout
+        others: Dict[int, str] = {}
+        try:
+            ar.wait(LIVE_AFTER if deadline is None else min(LIVE_AFTER, args.timeout))
+            first_error_at = None
+            while not ar.ready():
+                pending = _pending(ar, by_rank)
+                now = time.monotonic()
+                if deadline is not None and now >= deadline:
+                    states = probe(pool, pending)
+                    described = {r: _out.describe_state(states[r]) for r in pending}
+                    stuck = self._interrupt(pool, ar, by_rank, pending)
+                    done = [r for r in ranks if r not in pending]
+                    for r in done:
+                        described[r] = self._outcome(ar, by_rank[r])
+                    self._finish(pool, ar, by_rank, args, live, raise_errors=False)
+                    raise _out.DistributedTimeout(args.timeout, described, self._stuck_note(stuck))
+                if first_error_at is None and self._failed(ar, by_rank):
+                    first_error_at = now
+                if first_error_at is not None and now - first_error_at > ERROR_GRACE:
+                    states = probe(pool, pending)
+                    self._interrupt(pool, ar, by_rank, pending)
+                    for r in pending:
+                        others[r] = (f"was in {_out.describe_state(states[r])} when another rank failed; "
+                                     "interrupted")
+                    break
+                live.update(self._live_text(ar, by_rank))
+                wait = 0.1
+                if deadline is not None:
+                    wait = max(min(wait, deadline - now), 0.001)
+                ar.wait(wait)
+        except KeyboardInterrupt:
+            pending = _pending(ar, by_rank)
+            states = probe(pool, pending)
+            described = {r: _out.describe_state(states[r]) for r in pending}
+            stuck = self._interrupt(pool, ar, by_rank, pending)
+            for r in ranks:
+                if r not in pending:
+                    described[r] = self._outcome(ar, by_rank[r])
+            self._finish(pool, ar, by_rank, args, live, raise_errors=False)
+            raise _out.DistributedInterrupt(described, self._stuck_note(stuck)) from None
+        self._finish(pool, ar, by_rank, args, live, others)
+
+    @staticmethod
+    def _failed(ar, by_rank) -> bool:
+        for i in by_rank.values():
+            if ar._children[i].done() and ar._metadata[i].get("status") == "error":
+                return True
+        return False
+
+    @staticmethod
+    def _outcome(ar, i: int) -> str:
+        md = ar._metadata[i]
+        err = md.get("error")
+        if md.get("status") == "error" and err is not None:
+            return f"raised {getattr(err, 'ename', 'an error')} before the interrupt"
+        return "had completed the cell"
+
+    @staticmethod
+    def _stuck_note(stuck: List[int]) -> str:
+        if not stuck:
+            return ""
+        return (f"ranks {_out.format_ranks(stuck)} did not stop within {DRAIN_SECONDS:g} s of SIGINT (blocked in "
+                "C code?); run `%distributed restart` before the next cell")
+
+    @staticmethod
+    def _live_text(ar, by_rank) -> Dict[int, str]:
+        out = {}
+        for r, i in by_rank.items():
+            md = ar._metadata[i]
+            out[r] = (md.get("stdout") or "") + (md.get("stderr") or "")
+        return out
+
+    def _interrupt(self, pool: Pool, ar, by_rank: Dict[int, int], pending: List[int]) -> List[int]:
+        """SIGINT the pending ranks, re-sending every 2 s; return ranks still running after DRAIN_SECONDS."""
+        client = pool.client()
+        end = time.monotonic() + DRAIN_SECONDS
+        while True:
+            pending = [r for r in _pending(ar, by_rank) if r in pending]
+            if not pending:
+                return []
+            if time.monotonic() >= end:
+                return pending
+            try:
+                client.send_signal(signal.SIGINT, targets=pending, block=True)
+            except Exception:  # noqa: BLE001 - a nanny that is gone: the rank is reported stuck
+                pass
+            ar.wait(min(2.0, max(end - time.monotonic(), 0.01)))
+
+    def _finish(self, pool: Pool, ar, by_rank: Dict[int, int], args, live: _Live,
+                others: Optional[Dict[int, str]] = None, raise_errors: bool = True) -> None:
+        try:
+            ar.wait_for_output(5.0)
+        except Exception:  # noqa: BLE001 - output of a rank that died
+            pass
+        live.close()
+        mds = {r: ar._metadata[i] for r, i in by_rank.items()}
+        if not args.quiet:
+            text = _out.render_groups({r: md.get("stdout") for r, md in mds.items()})
+            if text:
+                sys.stdout.write(text)
+                sys.stdout.flush()
+            text = _out.render_groups({r: md.get("stderr") for r, md in mds.items()})
+            if text:
+                sys.stderr.write(text)
+                sys.stderr.flush()
+            self._show_displays(mds)
+            self._show_results(mds)
+        if args.timeline:
+            self._show_timeline(pool, list(by_rank))
+        errors = {}
+        for r, md in mds.items():
+            err = md.get("error")
+            if md.get("status") == "error" and err is not None and r not in (others or {}):
+                errors[r] = (getattr(err, "ename", "Error"), getattr(err, "evalue", str(err)),
+                             getattr(err, "traceback", None) or str(err))
+        if errors and raise_errors:
+            rest = dict(others or {})
+            for r in by_rank:
+                if r not in errors and r not in rest:
+                    rest[r] = "completed the cell"
+            raise _out.DistributedCellError(errors, rest)
+
+    def _show_displays(self, mds) -> None:
+        per_rank = {}
+        bundles = {}
+        for r, md in mds.items():
+            outs = [o for o in (md.get("outputs") or []) if isinstance(o, dict) and "data" in o]
+            if outs:
+                key = json.dumps([o["data"] for o in outs], sort_keys=True, default=str)
+                per_rank[r] = key
+                bundles[key] = outs
+        for ranks, key in _out.group_identical(per_rank):
+            display({"text/plain": _out.rank_label(ranks)}, raw=True)
+            for o in bundles[key]:
+                display(o["data"], metadata=o.get("metadata") or {}, raw=True)
+
+    def _show_results(self, mds) -> None:
+        plain = {}
+        rich = {}
+        for r, md in mds.items():
+            res = md.get("execute_result")
+            if res and res.get("data"):
+                data = res["data"]
+                plain[r] = data.get("text/plain", "")
+                rich[r] = data
+        groups = _out.group_identical(plain)
+        if not groups:
+            return
+        text_only = all(set(rich[rs[0]]) <= {"text/plain"} for rs, _ in groups)
+        if text_only:
+            display({"text/plain": "".join(_out.render_block(rs, t, ": ") for rs, t in groups).rstrip("\n")},
+                    raw=True)
+            return
+        for rs, _ in groups:
+            display({"text/plain": _out.rank_label(rs)}, raw=True)
+            display(rich[rs[0]], raw=True)
+
+    def _show_timeline(self, pool: Pool, ranks: List[int]) -> None:
+        from nbmpi.workers.timeline import render_html
+
+        try:
+            trace, window = fetch_cell_trace(pool, ranks)
+        except Exception as e:  # noqa: BLE001 - do not hide the cell's own outcome
+            print(f"%%distributed --timeline: could not fetch the trace: {e}", file=sys.stderr)
+            return
+        display(HTML(render_html(trace, window=window, ranks=ranks)))

@@ -1,0 +1,429 @@
+"""A pool: an ipyparallel cluster whose engines are the ranks of one MPI job.
+
+:class:`Pool` starts, on this host, an ipyparallel controller and
+``mpiexec -n N python -m ipyparallel.engine --mpi`` with the mpiexec that ships
+with the install (:func:`nbmpi.workers.launcher.find_mpiexec`) and the ranks'
+environment of :func:`nbmpi.workers.launcher.rank_environment` (thread level
+``funneled``). With ``--mpi`` every engine requests its ``COMM_WORLD`` rank as
+its engine id, so **engine id == MPI rank** (checked at start). Once all
+engines registered, every rank runs :func:`nbmpi.kernel_ext.rank_side.setup`
+(collective): ``nbmpi.workers.init()`` and ``comm``, ``rank``, ``size``,
+``nbmpi`` in the user namespace.
+
+Processes and their end: the controller and mpiexec each run in their own
+session (process group). :meth:`Pool.stop` SIGTERMs both groups, then SIGKILLs
+whatever is left after a grace period, including every descendant recorded at
+start (ipyparallel's per-engine "nanny" processes run in sessions of their
+own). When the pool is started from the main thread, the controller and
+mpiexec also get ``PR_SET_PDEATHSIG`` (Linux), so a kernel that is killed
+without running its exit handlers does not leave them behind either.
+
+This module does not import IPython; the FastAPI controller uses it as well.
+"""
+from __future__ import annotations
+
+import atexit
+import ctypes
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from typing import Any, Callable, Dict, List, Optional
+
+import psutil
+
+from nbmpi.workers.launcher import find_mpiexec, rank_environment
+
+__all__ = ["Pool", "PoolError"]
+
+GRACE_SECONDS = 1.0
+_live_pools: "List[Pool]" = []
+
+
+class PoolError(RuntimeError):
+    """A pool could not be started, reached or used; the message says why and what to do."""
+
+
+def _pdeathsig() -> None:  # runs in the child between fork and exec
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except Exception:  # noqa: BLE001 - not Linux: rely on stop()/atexit
+        pass
+
+
+def _stop_all() -> None:
+    for p in list(_live_pools):
+        try:
+            p.stop()
+        except Exception:  # noqa: BLE001 - best effort at interpreter exit
+            pass
+
+
+atexit.register(_stop_all)
+
+
+def _kill_pids(pids: List[int], grace: float) -> None:
+    procs = []
+    for pid in pids:
+        try:
+            procs.append(psutil.Process(pid))
+        except psutil.NoSuchProcess:
+            pass
+    for p in procs:
+        try:
+            p.terminate()
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=grace)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(alive, timeout=5.0)
+
+
+def _killpg(proc: Optional[subprocess.Popen], sig: int) -> None:
+    if proc is None:
+        return
+    try:
+        os.killpg(proc.pid, sig)  # started with start_new_session: pgid == pid
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+class Pool:
+    """N MPI ranks serving as ipyparallel engines (engine id == rank).
+
+    Create, then :meth:`start` (blocking). Not thread-safe: one owner drives
+    it. ``work_dir`` holds the ipyparallel profile (connection files, logs);
+    default a fresh temporary directory, removed by :meth:`stop`. ``env`` is
+    added to the ranks' environment.
+    """
+
+    def __init__(self, n: int, name: Optional[str] = None, work_dir: Optional[str] = None,
+                 env: Optional[Dict[str, str]] = None):
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise ValueError(f"a pool needs a whole number of ranks >= 1, got n={n!r}")
+        self.n = n
+        self.name = name or f"pool-{uuid.uuid4().hex[:6]}"
+        self._own_dir = work_dir is None
+        self.work_dir = work_dir or tempfile.mkdtemp(prefix=f"nbmpi-{self.name}-")
+        self.env = dict(env or {})
+        self.ranks = list(range(n))
+        self.hosts: List[str] = []
+        self.rank_info: List[Dict[str, Any]] = []
+        self._state = "stopped"
+        self._started_at: Optional[float] = None
+        self._controller: Optional[subprocess.Popen] = None
+        self._mpiexec: Optional[subprocess.Popen] = None
+        self._descendants: List[int] = []
+        self._client = None
+        self._info: Optional[Dict[str, Any]] = None
+        self._attached = False
+        self._logs: List[Any] = []
+
+    # -- paths -------------------------------------------------------------------------------
+    @property
+    def profile_dir(self) -> str:
+        """The ipyparallel profile directory of this pool."""
+        return os.path.join(self.work_dir, "profile")
+
+    def _security(self, what: str) -> str:
+        return os.path.join(self.profile_dir, "security", f"ipcontroller-{what}.json")
+
+    def _log_tail(self, which: str, nbytes: int = 2000) -> str:
+        path = os.path.join(self.work_dir, f"{which}.log")
+        try:
+            with open(path, "rb") as f:
+                f.seek(0, 2)
+                f.seek(max(f.tell() - nbytes, 0))
+                return f.read().decode(errors="replace")
+        except OSError:
+            return ""
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def start(self, progress: Optional[Callable[[str], None]] = None, timeout: float = 120.0) -> "Pool":
+        """Start the controller and the N engine ranks; block until all are ready.
+
+        ``progress(message)`` is called at each step. Raises :class:`PoolError`
+        (after stopping everything it started) if the pool is not ready within
+        ``timeout`` seconds or a process died. Returns ``self``.
+        """
+        if self._attached:
+            raise PoolError(f"pool {self.name!r} is attached, not owned; it can only be started by its owner")
+        if self._state in ("starting", "running"):
+            raise PoolError(f"pool {self.name!r} is already {self._state}; stop it first")
+        say = progress or (lambda msg: None)
+        self._state = "starting"
+        self._started_at = time.time()
+        deadline = time.monotonic() + timeout
+        _live_pools.append(self)
+        try:
+            self._start(say, deadline, timeout)
+        except BaseException:
+            self._state = "failed"
+            self._terminate()
+            raise
+        self._state = "running"
+        say(f"pool {self.name!r}: {self.n} ranks ready")
+        return self
+
+    def _popen(self, cmd: List[str], env: Dict[str, str], log: str) -> subprocess.Popen:
+        out = open(os.path.join(self.work_dir, f"{log}.log"), "ab")
+        self._logs.append(out)
+        main = threading.current_thread() is threading.main_thread()
+        return subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                cwd=self.work_dir, start_new_session=True,
+                                preexec_fn=_pdeathsig if main and sys.platform.startswith("linux") else None)
+
+    def _start(self, say: Callable[[str], None], deadline: float, timeout: float) -> None:
+        import ipyparallel as ipp
+
+        os.makedirs(self.profile_dir, exist_ok=True)
+        for what in ("client", "engine"):
+            if os.path.exists(self._security(what)):
+                os.remove(self._security(what))
+        env = rank_environment(self.env)
+        env["PYTHONUNBUFFERED"] = "1"
+        say(f"pool {self.name!r}: starting controller")
+        self._controller = self._popen(
+            [sys.executable, "-m", "ipyparallel.controller", f"--profile-dir={self.profile_dir}",
+             "--ip=127.0.0.1", "--log-level=WARN"], env, "controller")
+        self._wait_for(lambda: self._read_json(self._security("engine")) is not None, deadline,
+                       "the controller to write its connection file", timeout)
+        info = None
+        self._wait_for(lambda: self._read_json(self._security("client")) is not None, deadline,
+                       "the controller to write its client connection file", timeout)
+        info = self._read_json(self._security("client"))
+        mpiexec = find_mpiexec()
+        say(f"pool {self.name!r}: starting {self.n} ranks ({os.path.basename(mpiexec)} -n {self.n})")
+        self._mpiexec = self._popen(
+            [mpiexec, "-n", str(self.n), sys.executable, "-m", "ipyparallel.engine", "--mpi",
+             f"--profile-dir={self.profile_dir}", f"--file={self._security('engine')}", "--log-level=WARN"],
+            env, "engines")
+        client = ipp.Client(info, profile_dir=self.profile_dir)
+        self._client = client
+        last = -1
+        while True:
+            ids = sorted(client.ids)
+            if len(ids) != last:
+                last = len(ids)
+                say(f"pool {self.name!r}: {len(ids)}/{self.n} ranks registered")
+            if len(ids) >= self.n:
+                break
+            self._check_processes()
+            if time.monotonic() > deadline:
+                raise PoolError(f"pool {self.name!r}: only {len(ids)} of {self.n} ranks registered within "
+                                f"{timeout:.0f} s; engine log:\n{self._log_tail('engines')}")
+            time.sleep(0.05)
+        if ids != self.ranks:
+            raise PoolError(f"pool {self.name!r}: engine ids {ids} are not the MPI ranks {self.ranks}; "
+                            "another engine registered with this controller")
+        say(f"pool {self.name!r}: starting the nbmpi runtime on every rank")
+        from .rank_side import setup
+
+        view = client[self.ranks]
+        ar = view.apply_async(setup)
+        while not ar.ready():
+            self._check_processes()
+            if time.monotonic() > deadline:
+                raise PoolError(f"pool {self.name!r}: the runtime did not start on every rank within "
+                                f"{timeout:.0f} s; engine log:\n{self._log_tail('engines')}")
+            ar.wait(0.1)
+        infos = ar.get()
+        bad = [(eid, i["rank"]) for eid, i in zip(self.ranks, infos) if i["rank"] != eid]
+        if bad:
+            raise PoolError(f"pool {self.name!r}: engine id != MPI rank for (engine, rank) {bad}")
+        self.rank_info = list(infos)
+        self.hosts = [i["host"] for i in infos]
+        self._descendants = self._collect_descendants(infos)
+        self._info = dict(name=self.name, ranks=list(self.ranks), client=info,
+                          profile_dir=self.profile_dir,
+                          probes=[[i["probe_host"], i["probe_port"]] for i in infos],
+                          hosts=list(self.hosts), pids=[i["pid"] for i in infos],
+                          started_at=self._started_at)
+
+    def _collect_descendants(self, infos) -> List[int]:
+        pids = set()
+        roots = [p for p in (self._controller, self._mpiexec) if p is not None]
+        for root in roots:
+            try:
+                pids.update(c.pid for c in psutil.Process(root.pid).children(recursive=True))
+            except psutil.NoSuchProcess:
+                pass
+        for i in infos:
+            pids.add(i["pid"])
+            pids.update(i.get("nanny_pids", []))
+        return sorted(pids)
+
+    @staticmethod
+    def _read_json(path: str) -> Optional[dict]:
+        try:
+            with open(path) as f:
+                return json.load(f)
+        except (OSError, ValueError):
+            return None
+
+    def _check_processes(self) -> None:
+        for what, p in (("controller", self._controller), ("mpiexec", self._mpiexec)):
+            if p is not None and p.poll() is not None:
+                log = self._log_tail("engines" if what == "mpiexec" else "controller")
+                raise PoolError(f"pool {self.name!r}: the {what} exited with code {p.returncode} during start; "
+                                f"its log ends with:\n{log}")
+
+    def _wait_for(self, cond: Callable[[], bool], deadline: float, what: str, timeout: float) -> None:
+        while not cond():
+            self._check_processes()
+            if time.monotonic() > deadline:
+                raise PoolError(f"pool {self.name!r}: timed out after {timeout:.0f} s waiting for {what}")
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        """End the pool: disconnect the client, end the controller and every rank. Idempotent.
+
+        On an attached pool, only disconnects. Blocks until no process of the
+        pool is left (SIGTERM, then SIGKILL after a grace period).
+        """
+        if self._client is not None:
+            try:
+                self._client.close(linger=0)
+            except Exception:  # noqa: BLE001 - closing a half-broken client
+                pass
+            self._client = None
+        if not self._attached:
+            self._terminate()
+        self._state = "stopped"
+        if self in _live_pools:
+            _live_pools.remove(self)
+
+    def _terminate(self) -> None:
+        procs = [p for p in (self._mpiexec, self._controller) if p is not None]
+        pids = set(self._descendants)
+        for p in procs:
+            pids.add(p.pid)
+            try:
+                pids.update(c.pid for c in psutil.Process(p.pid).children(recursive=True))
+            except psutil.NoSuchProcess:
+                pass
+        for p in procs:
+            _killpg(p, signal.SIGTERM)
+        deadline = time.monotonic() + GRACE_SECONDS
+        for p in procs:
+            try:
+                p.wait(max(deadline - time.monotonic(), 0.01))
+            except subprocess.TimeoutExpired:
+                _killpg(p, signal.SIGKILL)
+                p.wait(5.0)
+        for p in procs:
+            _killpg(p, signal.SIGKILL)  # stragglers left in the groups
+        _kill_pids(sorted(pids), grace=1.0)
+        self._mpiexec = self._controller = None
+        self._descendants = []
+        for f in self._logs:
+            f.close()
+        self._logs = []
+        if self._own_dir:
+            shutil.rmtree(self.work_dir, ignore_errors=True)
+
+    # -- state --------------------------------------------------------------------------------
+    def alive(self) -> bool:
+        """True if the controller answers and all N engines are registered and their processes run."""
+        if self._client is None or self._state != "running":
+            return False
+        if not self._attached:
+            for p in (self._controller, self._mpiexec):
+                if p is None or p.poll() is not None:
+                    return False
+        for i in self.rank_info:
+            if i.get("host") == socket.gethostname() and not psutil.pid_exists(i["pid"]):
+                return False
+        try:
+            return sorted(self._client.ids) == self.ranks
+        except Exception:  # noqa: BLE001 - controller gone
+            return False
+
+    def status(self) -> Dict[str, Any]:
+        """``{"name", "ranks", "hosts", "state", "uptime_s", "pids"}`` (a failed pool says "failed")."""
+        state = self._state
+        if state == "running" and not self.alive():
+            state = "failed"
+        uptime = time.time() - self._started_at if self._started_at and state in ("starting", "running") else 0.0
+        pids = dict(controller=self._controller.pid if self._controller else None,
+                    mpiexec=self._mpiexec.pid if self._mpiexec else None,
+                    ranks=[i["pid"] for i in self.rank_info])
+        return dict(name=self.name, ranks=list(self.ranks), hosts=list(self.hosts), state=state,
+                    uptime_s=round(uptime, 3), pids=pids)
+
+    def connection_info(self) -> Dict[str, Any]:
+        """JSON-serialisable connection data for :meth:`attach` or ``ipyparallel.Client(**info["client"])``.
+
+        Keys: ``name``, ``ranks``, ``client`` (the controller's client
+        connection file contents), ``profile_dir``, ``probes`` ([host, port] of
+        each rank's state probe), ``pids``, ``started_at``.
+        """
+        if self._info is None:
+            raise PoolError(f"pool {self.name!r} is {self._state}; connection info exists once it has started")
+        return json.loads(json.dumps(self._info))
+
+    @classmethod
+    def attach(cls, info: Dict[str, Any]) -> "Pool":
+        """Connect to a running pool described by ``info`` (:meth:`connection_info`). Blocking.
+
+        :meth:`stop` on the result only disconnects; the owner ends the pool.
+        """
+        import ipyparallel as ipp
+
+        try:
+            name, ranks, cinfo = info["name"], list(info["ranks"]), dict(info["client"])
+        except (KeyError, TypeError) as e:
+            raise PoolError(f"connection info lacks {e}; expected the dict of Pool.connection_info()") from None
+        pool = cls(len(ranks), name=name, work_dir=tempfile.mkdtemp(prefix=f"nbmpi-attach-{name}-"))
+        pool._attached = True
+        pool._own_dir = True
+        try:
+            pool._client = ipp.Client(cinfo, timeout=10)
+            pool._client.wait_for_engines(len(ranks), timeout=30)
+        except Exception as e:  # noqa: BLE001
+            raise PoolError(f"cannot connect to pool {name!r}: {e}") from e
+        pool.ranks = ranks
+        pool._info = json.loads(json.dumps(info))
+        pool._started_at = info.get("started_at") or time.time()
+        pids = info.get("pids") or []
+        probes = info.get("probes") or []
+        hosts = info.get("hosts") or []
+        pool.rank_info = [dict(rank=r, host=(hosts[k] if k < len(hosts) else ""),
+                               probe_host=(probes[k][0] if k < len(probes) else None),
+                               pid=(pids[k] if k < len(pids) else -1),
+                               probe_port=(probes[k][1] if k < len(probes) else None))
+                          for k, r in enumerate(ranks)]
+        pool.hosts = [i["host"] for i in pool.rank_info]
+        pool._state = "running"
+        return pool
+
+    @property
+    def attached(self) -> bool:
+        """True for a pool obtained by :meth:`attach` (not owned here)."""
+        return self._attached
+
+    def probes(self) -> Dict[int, tuple]:
+        """rank -> (host, port) of the rank's state probe (see :mod:`nbmpi.kernel_ext.rank_side`)."""
+        return {i["rank"]: (i.get("probe_host") or "127.0.0.1", i["probe_port"])
+                for i in self.rank_info if i.get("probe_port")}
+
+    def client(self):
+        """The ``ipyparallel.Client`` connected to this pool (raises if stopped)."""
+        if self._client is None:
+            raise PoolError(f"pool {self.name!r} is {self._state}; start it (or attach) first")
+        return self._client
+
+    def __repr__(self) -> str:
+        return f"Pool(name={self.name!r}, n={self.n}, state={self._state!r})"

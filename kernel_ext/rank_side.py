@@ -1,0 +1,173 @@
+"""What runs inside every engine (MPI rank) of a pool.
+
+:func:`setup` (called once per rank by :meth:`Pool.start`, collectively)
+starts the nbmpi runtime, fills the user namespace (``comm``, ``rank``,
+``size``, ``nbmpi``), registers the per-cell hooks and starts this rank's
+**state probe**.
+
+Per-cell hooks (IPython ``pre_run_cell`` / ``post_run_cell`` on the engine,
+so they cost no extra round trip): before each cell the tracer's mark and the
+start time are recorded; after it, the tracer's end index. :func:`cell_events`
+returns the events recorded during the last cell, shifted onto rank 0's
+clock, so the notebook can build the cell's :class:`~nbmpi.workers.Trace`
+from any subset of ranks, even after an error or an interrupt (no collective
+call is needed, unlike ``gather_trace``).
+
+State probe: a daemon thread serving a TCP socket. Each connection gets one
+JSON line: whether a cell runs, since when, and
+:data:`nbmpi.workers.waiting.current` (the communication call the rank is
+blocked in, its peer, since when). The thread makes no MPI call (thread level
+``funneled`` holds) and reads only Python state, so it answers while the main
+thread is busy in user code or polling a request — that is how a hang is
+explained without interrupting the rank first.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+from typing import Any, Dict, Optional
+
+import numpy as np
+
+PROBE_HOST_ENV = "NBMPI_PROBE_HOST"
+
+
+class _CellState:
+    running = False
+    cell = 0
+    t_start_ns = 0
+    t_end_ns = 0
+    mark = 0
+    end = 0
+    tracer = None
+
+
+state = _CellState()
+_probe_sock: Optional[socket.socket] = None
+
+
+def _pre_run_cell(info=None) -> None:  # noqa: ARG001 - IPython passes ExecutionInfo
+    from nbmpi.workers import tracing
+
+    tr = tracing.get_tracer()
+    state.tracer = tr
+    state.mark = tr.mark()
+    state.end = state.mark
+    state.cell += 1
+    state.t_start_ns = time.perf_counter_ns()
+    state.running = True
+
+
+def _post_run_cell(result=None) -> None:  # noqa: ARG001
+    tr = state.tracer
+    if tr is not None:
+        if tr.n < state.mark:  # the tracer was cleared during the cell
+            state.mark = 0
+        state.end = tr.n
+    state.t_end_ns = time.perf_counter_ns()
+    state.running = False
+
+
+def snapshot() -> Dict[str, Any]:
+    """This rank's state now: cell running?, since when, blocked in which call (thread-safe read)."""
+    from nbmpi.workers import waiting
+
+    now = time.perf_counter_ns()
+    cur = waiting.current
+    out: Dict[str, Any] = dict(rank=_rank, pid=os.getpid(), running=state.running, cell=state.cell,
+                               running_s=(now - state.t_start_ns) / 1e9 if state.running else 0.0,
+                               op=None, peer=None, waiting_s=0.0)
+    if cur is not None:
+        op, peer, t0 = cur
+        out.update(op=str(op), peer=None if peer is None else int(peer), waiting_s=(now - int(t0)) / 1e9)
+    return out
+
+
+def _serve(sock: socket.socket) -> None:
+    while True:
+        try:
+            conn, _ = sock.accept()
+        except OSError:
+            return
+        try:
+            conn.sendall((json.dumps(snapshot()) + "\n").encode())
+        except OSError:
+            pass
+        finally:
+            conn.close()
+
+
+def _start_probe() -> int:
+    global _probe_sock
+    if _probe_sock is not None:
+        return _probe_sock.getsockname()[1]
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((os.environ.get(PROBE_HOST_ENV, "127.0.0.1"), 0))
+    sock.listen(16)
+    _probe_sock = sock
+    threading.Thread(target=_serve, args=(sock,), name="nbmpi-probe", daemon=True).start()
+    return sock.getsockname()[1]
+
+
+_rank = -1
+
+
+def setup() -> Dict[str, Any]:
+    """Start the runtime on this rank and describe it. Collective: every rank of the pool calls it.
+
+    Puts ``comm`` (COMM_WORLD), ``rank``, ``size`` and ``nbmpi`` into the
+    engine's user namespace and returns ``{"rank", "size", "host",
+    "probe_host", "probe_port", "pid", "nanny_pids", "thread_level"}``.
+    """
+    global _rank
+    import psutil
+    from IPython import get_ipython
+
+    import nbmpi
+    import nbmpi.workers
+    from nbmpi.workers import runtime
+
+    runtime.init()
+    comm = runtime.world()
+    _rank = comm.Get_rank()
+    ip = get_ipython()
+    ip.user_ns.update(comm=comm, rank=_rank, size=comm.Get_size(), nbmpi=nbmpi)
+    for event, fn in (("pre_run_cell", _pre_run_cell), ("post_run_cell", _post_run_cell)):
+        try:
+            ip.events.unregister(event, fn)
+        except ValueError:
+            pass
+        ip.events.register(event, fn)
+    port = _start_probe()
+    m = runtime.MPI()
+    levels = {m.THREAD_SINGLE: "single", m.THREAD_FUNNELED: "funneled", m.THREAD_SERIALIZED: "serialized",
+              m.THREAD_MULTIPLE: "multiple"}
+    nannies = [c.pid for c in psutil.Process().children() if "nanny" in " ".join(c.cmdline())]
+    return dict(rank=_rank, size=comm.Get_size(), host=socket.gethostname(),
+                probe_host=_probe_sock.getsockname()[0], probe_port=port, pid=os.getpid(),
+                nanny_pids=nannies, thread_level=levels.get(m.Query_thread(), str(m.Query_thread())))
+
+
+def cell_events() -> Dict[str, Any]:
+    """The trace events this rank recorded during the last (or current) cell.
+
+    Returns ``{"rank", "events" (n, NF) int64 on rank 0's clock, "dropped",
+    "clock_error_ns", "kinds", "cell_start_ns", "cell_end_ns"}`` (cell times on
+    rank 0's clock too). Local; no communication.
+    """
+    from nbmpi.workers import tracing
+
+    tr = state.tracer or tracing.get_tracer()
+    end = tr.n if state.running else min(state.end, tr.n)
+    ev = np.array(tr.events()[state.mark:end], dtype=np.int64, copy=True)
+    ts, te = tracing.FIELDS.index("t_start"), tracing.FIELDS.index("t_end")
+    ev[:, ts] += tr.offset_ns
+    ev[:, te] += tr.offset_ns
+    t_end = time.perf_counter_ns() if state.running else state.t_end_ns
+    return dict(rank=_rank, events=ev, dropped=int(tr.dropped), clock_error_ns=int(tr.offset_err_ns),
+                kinds=tracing.kind_names(), cell_start_ns=state.t_start_ns + tr.offset_ns,
+                cell_end_ns=t_end + tr.offset_ns)
