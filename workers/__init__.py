@@ -8,6 +8,8 @@
 * ``tracing`` / ``trace_analysis``: per-rank recording of every communication
   call, gathered in one call (:func:`gather_trace`) into a :class:`Trace` with
   Chrome/Perfetto export and a per-rank compute/comm/wait summary.
+* ``fused_reductions``: lazy shared variables (:func:`shared`, :func:`pool`);
+  all pending reductions resolve in one collective per force point.
 * :func:`init`: collective start (tracer, clock alignment); MPI thread level
   ``funneled`` unless ``MPI4PY_RC_THREAD_LEVEL`` says otherwise.
 
@@ -17,6 +19,8 @@ Importing this package does not initialise MPI; the first channel (or
 from .aggregation import Aggregator
 from .channels import ArrayChannel
 from .errors import AggregationError, AggregationTimeout, ChannelError, ChannelTimeout, CommTimeout, NbmpiError
+from .errors import SharedVariableError, SPMDDivergence
+from .fused_reductions import Grant, SharedPool, SharedVar, flush, fused, pool, shared
 from .runtime import init, world
 from .trace_analysis import Trace
 from .tracing import gather_trace, get_tracer
@@ -25,4 +29,6 @@ __all__ = [
     "AggregationError", "AggregationTimeout", "Aggregator",
     "ArrayChannel", "ChannelError", "ChannelTimeout", "CommTimeout", "NbmpiError",
     "Trace", "gather_trace", "get_tracer", "init", "world",
+    "Grant", "SharedPool", "SharedVar", "SharedVariableError", "SPMDDivergence", "flush", "fused", "pool",
+    "shared",
 ]

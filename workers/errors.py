@@ -42,3 +42,25 @@ class AggregationError(NbmpiError, ValueError):
 
 class AggregationTimeout(CommTimeout, AggregationError):
     """A blocking :class:`~nbmpi.workers.aggregation.Aggregator` wait (free buffer, flush) timed out."""
+
+
+class SPMDDivergence(NbmpiError):
+    """Ranks reached a collective force point with different pending work
+    (shared-variable contributions in a different order, of different
+    variables, ops, dtypes or shapes, or different uniform operands).
+
+    Raised on every rank. Attributes: ``rank``, ``op``, ``detail`` (the first
+    difference, the same text on every rank).
+    """
+
+    def __init__(self, rank: int, op: str, detail: str):
+        self.rank, self.op, self.detail = rank, op, detail
+        super().__init__(
+            f"rank {rank}: {op}: the ranks' pending shared-variable updates differ, so no value can be "
+            f"trusted ({detail}). Make every rank create shared variables and contribute to them in the "
+            "same order (SPMD), with the same uniform operands"
+        )
+
+
+class SharedVariableError(NbmpiError, TypeError):
+    """Wrong use of a shared variable (e.g. assigning a rank-local value to it)."""

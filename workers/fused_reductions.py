@@ -1,0 +1,1492 @@
+"""Lazy fused reductions on shared variables (the CFL idea of seed 001, extended).
+
+A *shared variable* (:func:`shared`, :class:`SharedVar`) holds the same value
+on every rank of ``COMM_WORLD``. SPMD code updates it with rank-local values
+and never writes communication; the runtime delays every reduction and, at a
+*force point*, resolves ALL pending reductions of ALL shared variables with
+ONE collective call.
+
+Semantics (``x``, ``y`` shared; ``a`` rank-local, i.e. anything that is not a
+shared variable: Python/numpy numbers and arrays)
+-------------------------------------------------------------------------------
+
+Contributions (every rank contributes its own ``a``; nothing is communicated
+when they are made):
+
+* ``x += a``, ``x = x + a``, ``x = a + x``: global sum, ``x + sum_r a_r``;
+  ``x -= a``, ``x = x - a``: ``x - sum_r a_r``; ``x = a - x``: ``sum_r a_r - x``.
+* ``x *= a``: global product, ``x * prod_r a_r``.
+* ``x.min_with(a)`` / ``x.max_with(a)``: ``min(x, min_r a_r)`` / ``max(...)``.
+* ``g = p.consume(request, floor=0.0)`` on a pool (:func:`pool`,
+  :class:`SharedPool`): a *bounded* reduction. Every rank asks for
+  ``request >= 0``. With ``level`` the pool's value and ``total = sum_r
+  request_r``: if ``total <= level - floor`` every rank is granted its
+  request and the pool drops by ``total``; otherwise every grant is scaled by
+  ``(level - floor) / total`` and the pool is left at exactly ``floor`` (a
+  pool already at or below ``floor`` grants 0 and does not change). ``g`` is a
+  :class:`Grant`, a rank-local value that resolves at the next force point.
+  Several consumes of one pool in one fusion apply in program order.
+  Elementwise for array pools.
+
+Repeated contributions of one kind to one variable between force points are
+accumulated locally (``for v in data: x += v`` makes one segment, not
+``len(data)``). Mixed kinds on one variable apply in program order:
+``x += a; x *= b`` gives ``(x + sum a) * prod b``.
+
+Local arithmetic (no communication; the result is again a shared variable):
+
+* shared with shared (``x + y``, ``x - y``, ``x * y``, ``x / y``, ``x ** y``,
+  ``x += y``, ``x *= y``, ``x.min_with(y)``...) is computed on every rank's
+  replica. If an operand still has pending contributions the result is lazy
+  (a snapshot of the operands: later contributions to ``x`` do not change an
+  already computed ``x * y``).
+* ``x * c``, ``c * x``, ``x / c``, ``c / x``, ``x // c``, ``x % c``,
+  ``x ** c``, ``-x``, ``abs(x)``: *uniform* operands. ``c`` must be the same
+  on every rank (e.g. ``N`` in ``s1 * s1 / N``); this is checked at the next
+  force point and a difference raises :class:`SPMDDivergence`. Note
+  ``x * c`` (scale every replica) is NOT ``x *= c`` (product of every rank's
+  contribution), and ``x + c`` IS a contribution: ``x + 1.0`` on P ranks
+  adds P. Use ``x.value + 1.0`` for local arithmetic.
+
+Assignment: assigning a purely local value to a shared variable is an error
+(:class:`SharedVariableError`): ``x.value = a``, ``x.assign(a)``. Python
+cannot see a plain rebinding ``x = a`` (``x`` then simply is a local name).
+``x.assign(y)`` (``y`` shared) and ``x.reset()`` (back to the creation
+value) or ``x.reset(c)`` (uniform ``c``) are allowed. Creation values
+(``shared(c)``) must be equal on every rank; like uniform operands this is
+checked at the next force point.
+
+Force points (all blocking and collective: every rank must reach them in the
+same order, as in any SPMD program):
+
+* reading a shared variable: ``float()``, ``int()``, ``complex()``,
+  ``bool()``, comparisons, ``str()``/``print``/``format``, numpy conversion
+  (``np.asarray(x)``, storing into an array ``var[i] = x``), indexing,
+  ``.value``, any numpy function other than + - * / (which keep the shared
+  semantics above), reading a :class:`Grant`;
+* :func:`flush`; leaving a :func:`fused` block; a contribution that makes the
+  pending data exceed the size threshold (:func:`configure`,
+  ``NBMPI_FUSE_THRESHOLD`` bytes, default 1 MiB).
+
+A force point resolves every pending contribution of every shared variable
+(and every grant) in ONE collective call on a private duplicate of
+``COMM_WORLD``: all segments are packed into one buffer of 8-byte words
+(float64, int64, complex128 as two words) after a 4-word signature header,
+and reduced with one ``MPI_Iallreduce``. If every segment is a float64 sum
+(or consume) the operation is ``MPI_SUM``; otherwise it is a user-defined
+MPI operation on one contiguous datatype (MPI never splits it) whose
+combining function runs a numba-compiled kernel over the segments with
+per-segment op codes, on copy-free views of MPI's buffers. The wait is
+:func:`nbmpi.workers.waiting.wait` (timeout ``NBMPI_TIMEOUT``, interruptible).
+``repr()`` never forces (safe in debuggers).
+
+SPMD safety: variables are identified across ranks by creation order (the
+n-th shared variable created on a rank is variable #n everywhere, also for
+intermediate results). The header carries two hashes ``h`` of the pending
+sequence (variable, op, dtype, shape, order, uniform operands, creation
+values) as ``(h, h**2)`` pairs; after the sum, ``P * sum(h**2) ==
+sum(h)**2`` holds iff all ranks had the same ``h``, and every rank sees the
+same sums, so either all ranks accept or all raise :class:`SPMDDivergence`.
+On a mismatch the ranks exchange their sequence logs (error path only) and
+the error names the first difference. Values of a failed fusion are never
+used: reading an affected variable raises the error again.
+
+Tracing: each fused collective is one event of kind ``fused_allreduce``
+(``DIR_NONE``, per-engine ``seq``, ``count`` = number of variables it
+resolved, ``tag`` 0 for ``MPI_SUM``, 1 for the compiled op).
+"""
+from __future__ import annotations
+
+import contextlib
+import operator
+import os
+import pickle
+import time
+import zlib
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
+
+import numba
+import numpy as np
+
+from . import tracing as _tracing
+from . import waiting
+from .errors import CommTimeout, NbmpiError, SharedVariableError, SPMDDivergence
+from .runtime import MPI, default_timeout, world
+
+__all__ = ["SharedVar", "SharedPool", "Grant", "shared", "pool", "flush", "fused", "configure",
+           "engine", "FusionEngine", "SPMDDivergence", "SharedVariableError"]
+
+K_FUSED = _tracing.register_kind("fused_allreduce")
+
+# op codes (also the kernel's); CONSUME reduces like SUM
+SUM, PROD, MIN, MAX, CONSUME = 0, 1, 2, 3, 4
+OP_NAMES = ("sum", "prod", "min", "max", "consume")
+# word kinds of a segment
+W_F8, W_I8, W_C16 = 0, 1, 2
+HEADER = 4
+THRESHOLD_ENV = "NBMPI_FUSE_THRESHOLD"
+DEFAULT_THRESHOLD_BYTES = 1 << 20
+_LOG_CAP = 4096
+_M20A, _M20B = (1 << 20) - 3, (1 << 20) - 5
+
+
+# --------------------------------------------------------------------------- compiled kernel
+@numba.njit(cache=True, nogil=True)
+def _combine_words(inw, outw, n_f8, ops_f8, n_i8, ops_i8, segs):  # pragma: no cover - compiled
+    """outw = op(inw, outw) segment by segment. Words [0, n_f8) are float64
+    scalars with per-word ops, then n_i8 int64 scalars, then the segments
+    ``segs[s] = (start, words, op, kind)``. Only the header is combined if a
+    buffer is shorter than the layout (ranks diverged; the header reports it)."""
+    need = n_f8 + n_i8
+    for s in range(segs.shape[0]):
+        e = segs[s, 0] + segs[s, 1]
+        if e > need:
+            need = e
+    inf = inw.view(np.float64)
+    outf = outw.view(np.float64)
+    if inw.size < need or outw.size < need:
+        for i in range(min(4, inw.size, outw.size)):
+            outf[i] = inf[i] + outf[i]
+        return
+    for i in range(n_f8):
+        a = inf[i]
+        b = outf[i]
+        op = ops_f8[i]
+        if op == 0 or op == 4:
+            outf[i] = a + b
+        elif op == 1:
+            outf[i] = a * b
+        elif op == 2:
+            outf[i] = a if (a < b or a != a) else b
+        else:
+            outf[i] = a if (a > b or a != a) else b
+    for k in range(n_i8):
+        i = n_f8 + k
+        a = inw[i]
+        b = outw[i]
+        op = ops_i8[k]
+        if op == 0 or op == 4:
+            outw[i] = a + b
+        elif op == 1:
+            outw[i] = a * b
+        elif op == 2:
+            outw[i] = a if a < b else b
+        else:
+            outw[i] = a if a > b else b
+    for s in range(segs.shape[0]):
+        st = segs[s, 0]
+        n = segs[s, 1]
+        op = segs[s, 2]
+        kind = segs[s, 3]
+        if kind == 0:
+            if op == 0 or op == 4:
+                for i in range(st, st + n):
+                    outf[i] = inf[i] + outf[i]
+            elif op == 1:
+                for i in range(st, st + n):
+                    outf[i] = inf[i] * outf[i]
+            elif op == 2:
+                for i in range(st, st + n):
+                    a = inf[i]
+                    b = outf[i]
+                    outf[i] = a if (a < b or a != a) else b
+            else:
+                for i in range(st, st + n):
+                    a = inf[i]
+                    b = outf[i]
+                    outf[i] = a if (a > b or a != a) else b
+        elif kind == 1:
+            if op == 0 or op == 4:
+                for i in range(st, st + n):
+                    outw[i] = inw[i] + outw[i]
+            elif op == 1:
+                for i in range(st, st + n):
+                    outw[i] = inw[i] * outw[i]
+            elif op == 2:
+                for i in range(st, st + n):
+                    outw[i] = inw[i] if inw[i] < outw[i] else outw[i]
+            else:
+                for i in range(st, st + n):
+                    outw[i] = inw[i] if inw[i] > outw[i] else outw[i]
+        else:  # complex128 as (re, im) word pairs; sum or prod
+            if op == 1:
+                for i in range(st, st + n, 2):
+                    ar = inf[i]
+                    ai = inf[i + 1]
+                    br = outf[i]
+                    bi = outf[i + 1]
+                    outf[i] = ar * br - ai * bi
+                    outf[i + 1] = ar * bi + ai * br
+            else:
+                for i in range(st, st + n):
+                    outf[i] = inf[i] + outf[i]
+
+
+_LAYOUT: List[Any] = [0, np.zeros(1, np.int8), 0, np.zeros(1, np.int8), np.zeros((0, 4), np.int64)]
+
+
+def _user_combine(inbuf, inoutbuf, datatype) -> None:
+    """Combining function of the user-defined MPI op: copy-free int64 views of
+    MPI's buffers, the layout of the fusion in flight, the compiled kernel."""
+    lay = _LAYOUT
+    _combine_words(np.frombuffer(inbuf, np.int64), np.frombuffer(inoutbuf, np.int64),
+                   lay[0], lay[1], lay[2], lay[3], lay[4])
+
+
+def _size_class(words: int) -> int:
+    """Words actually reduced: at least 16, rounded up to 8 steps per power of two,
+    so ranks whose pending sequences differ slightly still pass equal counts to MPI."""
+    if words <= 16:
+        return 16
+    step = 1 << max(0, words.bit_length() - 4)
+    return -(-words // step) * step
+
+
+_NAN_KEY = (-1, -1)
+
+
+def _value_key(v: Any) -> Any:
+    """A key of a uniform operand / creation value whose hash is the same in every
+    process (floats and ints hash by value; NaN and strings would not)."""
+    if isinstance(v, float):
+        return v if v == v else _NAN_KEY
+    if isinstance(v, (int, bool)):
+        return int(v)
+    if isinstance(v, np.ndarray) and v.shape != ():
+        a = np.ascontiguousarray(v)
+        return (-2, zlib.crc32(a.view(np.uint8).reshape(-1)), a.shape, a.dtype.num)
+    a = np.asarray(v)
+    if a.dtype.kind == "c":
+        c = complex(a)
+        return (c.real, c.imag) if c == c else _NAN_KEY
+    if a.dtype.kind in "biu":
+        return int(a)
+    f = float(a)
+    return f if f == f else _NAN_KEY
+
+
+# --------------------------------------------------------------------------- batches
+class _Batch:
+    """Everything pending between two force points (one fusion)."""
+
+    __slots__ = ("f8", "f8_ops", "i8", "i8_ops", "arrs", "sig", "nseg", "words", "allsum", "nvars",
+                 "log", "folded", "done", "res", "error")
+
+    def __init__(self) -> None:
+        self.f8: List[Any] = [0.0, 0.0, 0.0, 0.0]   # header words first
+        self.f8_ops: List[int] = [0, 0, 0, 0]
+        self.i8: List[int] = []
+        self.i8_ops: List[int] = []
+        self.arrs: List[list] = []   # [acc (flat working array), op, kind]
+        self.sig = 0x5EED
+        self.nseg = 0
+        self.words = HEADER
+        self.allsum = True
+        self.nvars = 0
+        self.log: List[tuple] = []
+        self.done = False
+        self.res: Optional[Tuple[list, list, list]] = None
+        self.error: Optional[BaseException] = None
+        self.folded = 0
+
+    def note(self, key: tuple) -> None:
+        """Append one step to the sequence (hashed into the signature at the force point)."""
+        log = self.log
+        log.append(key)
+        if len(log) >= _LOG_CAP:
+            self.fold()
+
+    def fold(self) -> None:
+        """Hash the logged steps into ``sig`` and forget them (bounded memory)."""
+        self.sig = hash((self.sig, tuple(self.log)))
+        self.log = []
+        self.folded += 1
+
+
+class _Snap:
+    """A shared variable's state frozen at one point: base value plus pending entries."""
+
+    __slots__ = ("base", "entries", "cast", "shape")
+
+    def __init__(self, base, entries, cast, shape):
+        self.base, self.entries, self.cast, self.shape = base, entries, cast, shape
+
+
+class _Derived:
+    """A lazily computed shared value: ``fn(*operands)`` (operands: snapshots, derived, constants)."""
+
+    __slots__ = ("fn", "args", "cast", "value")
+
+    def __init__(self, fn, args, cast):
+        self.fn, self.args, self.cast, self.value = fn, args, cast, None
+
+
+# --------------------------------------------------------------------------- the engine
+class FusionEngine:
+    """Pending contributions of this rank and the one-collective resolution.
+
+    One engine per process (:func:`engine`) serves every shared variable; its
+    communicator is a duplicate of ``COMM_WORLD`` made at the first force
+    point (``MPI_Comm_idup``, so even that wait can time out).
+    """
+
+    def __init__(self) -> None:
+        self.batch = _Batch()
+        self.next_id = 0
+        self.comm = None
+        self.rank = -1
+        self.size = 0
+        self.chan = 0
+        self.seq = 0
+        self.collectives = 0
+        self.timeout = default_timeout()
+        raw = os.environ.get(THRESHOLD_ENV, "").strip()
+        nbytes = DEFAULT_THRESHOLD_BYTES
+        if raw:
+            try:
+                nbytes = int(float(raw))
+            except ValueError:
+                raise ValueError(f"{THRESHOLD_ENV}={raw!r} is not a number of bytes; set e.g. 1048576 "
+                                 "or unset it") from None
+        self.threshold_words = max(HEADER + 1, nbytes // 8)
+        self._buf = np.zeros(256, dtype=np.float64)
+        self._ops_f8 = np.zeros(256, dtype=np.int8)
+        self._ops_i8 = np.zeros(64, dtype=np.int8)
+        self._types: Dict[int, Any] = {}
+        self._op = None
+        self._broken: Optional[str] = None
+        self._strict = 0
+        self._mpi = None
+
+    # -- setup ----------------------------------------------------------------
+    def _connect(self) -> None:
+        m = MPI()
+        w = world()
+        self.rank = w.Get_rank()
+        comm, req = w.Idup()
+        waiting.wait(req, self.timeout, self.rank, None, "fused reductions: first force point (Comm_idup)",
+                     CommTimeout, self._abandoned("Comm_idup"), cancellable=False)
+        self.comm = comm
+        self.size = comm.Get_size()
+        self.chan = _tracing.get_tracer().new_channel_id(comm)
+        self._op = m.Op.Create(_user_combine, commute=True)
+        self._mpi = m
+
+    def _abandoned(self, what: str) -> Callable[[], None]:
+        def mark() -> None:
+            self._broken = (f"the fused collective ({what}) was abandoned by a timeout or interrupt while "
+                            "other ranks may still be in it")
+        return mark
+
+    def _dtype(self, words: int):
+        t = self._types.get(words)
+        if t is None:
+            t = self._types[words] = MPI().INT64_T.Create_contiguous(words).Commit()
+        return t
+
+    # -- resolution --------------------------------------------------------------
+    def pending(self) -> int:
+        """Number of pending segments (contributions not yet communicated). Local."""
+        return self.batch.nseg
+
+    def flush(self) -> int:
+        """Resolve every pending contribution with one collective call; return
+        the number of variables resolved (0: nothing pending, no communication)."""
+        b = self.batch
+        if b.nseg == 0:
+            return 0
+        if self._strict:
+            raise SharedVariableError(
+                f"rank {self.rank if self.rank >= 0 else world().Get_rank()}: a force point (a shared value "
+                "was read or flushed) inside `with fused(strict=True)`; read shared values after the block")
+        if self._broken:
+            raise NbmpiError(f"rank {self.rank}: shared variables are unusable: {self._broken}; restart the "
+                             "program (all ranks)")
+        if self.comm is None:
+            self._connect()
+        self.batch = _Batch()
+        try:
+            self._reduce(b)
+        except BaseException as exc:
+            b.error = exc
+            raise
+        return b.nvars
+
+    def _reduce(self, b: _Batch) -> None:
+        m = self._mpi
+        n1, n2 = len(b.f8), len(b.i8)
+        words = b.words
+        L = _size_class(words)
+        if self._buf.size < L:
+            self._buf = np.zeros(max(L, 2 * self._buf.size), dtype=np.float64)
+        fb = self._buf
+        ib = fb.view(np.int64)
+        sig = hash((b.sig, tuple(b.log)))
+        h1 = float((sig % _M20A) + 1)
+        h2 = float(((sig >> 20) % _M20B) + 1)
+        f8 = b.f8
+        f8[0] = h1
+        f8[1] = h1 * h1
+        f8[2] = h2
+        f8[3] = h2 * h2
+        fb[:n1] = f8
+        if n2:
+            ib[n1:n1 + n2] = b.i8
+        pos = n1 + n2
+        segs = None
+        if b.arrs:
+            segs = np.empty((len(b.arrs), 4), dtype=np.int64)
+            for s, (acc, op, kind) in enumerate(b.arrs):
+                w = acc.size * (2 if kind == W_C16 else 1)
+                if kind == W_I8:
+                    ib[pos:pos + w] = acc
+                else:
+                    fb[pos:pos + w] = acc.view(np.float64)
+                segs[s] = (pos, w, op, kind)
+                pos += w
+        if pos < L:
+            fb[pos:L] = 0.0
+        comm = self.comm
+        tr = _tracing._TRACER
+        t0 = time.perf_counter_ns()
+        if b.allsum:
+            req = comm.Iallreduce(m.IN_PLACE, [fb, L, m.DOUBLE], op=m.SUM)
+            tag = 0
+        else:
+            ops1 = self._ops_f8 if self._ops_f8.size >= n1 else np.zeros(2 * n1, np.int8)
+            self._ops_f8 = ops1
+            ops1[:n1] = b.f8_ops
+            ops2 = self._ops_i8 if self._ops_i8.size >= max(n2, 1) else np.zeros(2 * n2, np.int8)
+            self._ops_i8 = ops2
+            if n2:
+                ops2[:n2] = b.i8_ops
+            lay = _LAYOUT
+            lay[0], lay[1], lay[2], lay[3] = n1, ops1, n2, ops2
+            lay[4] = segs if segs is not None else np.zeros((0, 4), np.int64)
+            t = self._dtype(L)
+            req = comm.Iallreduce(m.IN_PLACE, [fb, 1, t], op=self._op)
+            tag = 1
+        if not req.Test():
+            waiting.wait(req, self.timeout, self.rank, None,
+                         f"fused reduction #{self.seq} of {b.nvars} shared variable(s)", CommTimeout,
+                         self._abandoned(f"#{self.seq}"), cancellable=False)
+        t1 = time.perf_counter_ns()
+        seq = self.seq
+        self.seq = seq + 1
+        self.collectives += 1
+        if tr is not None and tr.enabled:
+            tr.record(K_FUSED, _tracing.DIR_NONE, -1, tag, L * 8, t0, t1, -1, seq, self.chan, b.nvars)
+        P = self.size
+        s1, q1, s2, q2 = (int(v) for v in fb[:4].tolist())
+        if P * q1 != s1 * s1 or P * q2 != s2 * s2:
+            raise self._divergence(b)
+        res_arrs = []
+        if b.arrs:
+            for (acc, op, kind), (st, w, _, _) in zip(b.arrs, segs.tolist()):
+                if kind == W_I8:
+                    res_arrs.append(ib[st:st + w].copy())
+                elif kind == W_C16:
+                    res_arrs.append(fb[st:st + w].copy().view(np.complex128))
+                else:
+                    res_arrs.append(fb[st:st + w].copy())
+        b.res = (fb[:n1].tolist(), ib[n1:n1 + n2].tolist() if n2 else [], res_arrs)
+        b.done = True
+
+    def _divergence(self, b: _Batch) -> SPMDDivergence:
+        """Error path: exchange the sequence logs, name the first difference (same text on every rank)."""
+        comm, rank = self.comm, self.rank
+        mine = np.frombuffer(pickle.dumps((b.log, b.folded)), dtype=np.uint8)
+        sizes = np.zeros(self.size, dtype=np.int64)
+        req = comm.Iallgather(np.array([mine.size], dtype=np.int64), sizes)
+        waiting.wait(req, self.timeout, rank, None, "SPMD divergence diagnosis (sizes)")
+        allb = np.empty(int(sizes.sum()), dtype=np.uint8)
+        req = comm.Iallgatherv(mine, [allb, sizes])
+        waiting.wait(req, self.timeout, rank, None, "SPMD divergence diagnosis (logs)")
+        logs, off = [], 0
+        for s in sizes.tolist():
+            logs.append(pickle.loads(allb[off:off + s].tobytes()))
+            off += s
+        folds = [f for _, f in logs]
+        if any(f != folds[0] for f in folds):
+            detail = (f"the sequences differ within the first {max(folds) * _LOG_CAP} pending steps (not kept); "
+                      "force more often (flush()) to locate the difference")
+        else:
+            detail = _first_difference([lg for lg, _ in logs], folds[0] > 0)
+        return SPMDDivergence(rank, f"fused reduction #{self.seq - 1}", detail)
+
+
+def _describe(key: Optional[tuple]) -> str:
+    if key is None:
+        return "nothing (its sequence ended here)"
+    tag = key[0]
+    if tag == -7:
+        return f"uniform operand {_show(key[2])} of {_FN_NAMES.get(key[1], 'an operation')}"
+    if tag == -8:
+        return f"shared variable #{key[1]} created/reset with value {_show(key[2])}"
+    if tag == -9:
+        return f"consume with floor {_show(key[1])}"
+    vid, op, num, shape = key
+    shp = "scalar" if shape == () else f"shape {shape}"
+    return f"{OP_NAMES[op]} contribution to shared variable #{vid} ({_dtype_name(num)}, {shp})"
+
+
+def _show(vkey: Any) -> str:
+    if isinstance(vkey, tuple):
+        if len(vkey) == 4 and vkey[0] == -2:
+            return f"<array shape {vkey[2]} {_dtype_name(vkey[3])}, crc32 {vkey[1]:#x}>"
+        if vkey == _NAN_KEY:
+            return "nan"
+        return repr(complex(*vkey))
+    return repr(vkey)
+
+
+def _dtype_name(num: int) -> str:
+    for t in np.sctypeDict.values():
+        try:
+            if np.dtype(t).num == num:
+                return str(np.dtype(t))
+        except TypeError:
+            continue
+    return f"dtype#{num}"
+
+
+def _first_difference(logs: List[List[tuple]], truncated: bool) -> str:
+    n = max(len(lg) for lg in logs)
+    for i in range(n):
+        items = [lg[i] if i < len(lg) else None for lg in logs]
+        if any(it != items[0] for it in items[1:]):
+            parts = "; ".join(f"rank {r}: {_describe(it)}" for r, it in enumerate(items))
+            return f"first difference at pending step {i}: {parts}"
+    if truncated:
+        return (f"the sequences differ within earlier pending steps that were folded away (more than "
+                f"{_LOG_CAP} steps without a force point); force more often (flush()) to locate it")
+    return "the sequences differ in a way the logs do not show (e.g. NaN creation values)"
+
+
+_ENGINE: Optional[FusionEngine] = None
+
+
+def engine() -> FusionEngine:
+    """This process's fusion engine (created on first use, no communication)."""
+    global _ENGINE
+    if _ENGINE is None:
+        _ENGINE = FusionEngine()
+    return _ENGINE
+
+
+def flush() -> int:
+    """Force point: resolve all pending contributions now, in one collective call.
+
+    Collective (every rank, same program point), blocking. Returns the number
+    of variables resolved (0 and no communication if nothing is pending).
+    """
+    return engine().flush()
+
+
+@contextlib.contextmanager
+def fused(strict: bool = False) -> Iterator[FusionEngine]:
+    """Block whose contributions are resolved together when it ends (one collective).
+
+    Leaving the block is a force point (collective; skipped if the block
+    raised). With ``strict=True`` any force point inside the block (reading a
+    shared value, ``flush()``, the size threshold) raises
+    :class:`SharedVariableError`, which guarantees at most one collective for
+    the block.
+    """
+    e = engine()
+    if strict:
+        e._strict += 1
+    try:
+        yield e
+    finally:
+        if strict:
+            e._strict -= 1
+    e.flush()
+
+
+def configure(threshold_bytes: Optional[int] = None, timeout: Any = ...) -> None:
+    """Set the size threshold (pending bytes that force a flush early) and/or the
+    timeout (seconds, ``None`` = forever) of force points. Local, but every
+    rank must use the same threshold (it decides where collectives happen)."""
+    e = engine()
+    if threshold_bytes is not None:
+        if int(threshold_bytes) < 8:
+            raise ValueError(f"threshold_bytes={threshold_bytes} is too small; expected at least 8 bytes")
+        e.threshold_words = max(HEADER + 1, int(threshold_bytes) // 8)
+    if timeout is not ...:
+        e.timeout = None if timeout is None else float(timeout)
+
+
+# --------------------------------------------------------------------------- values
+def _working(dtype: np.dtype) -> int:
+    k = dtype.kind
+    if k == "c":
+        return W_C16
+    if k == "f":
+        return W_F8
+    return W_I8
+
+
+_WORK_DTYPE = {W_F8: np.dtype(np.float64), W_I8: np.dtype(np.int64), W_C16: np.dtype(np.complex128)}
+_F8 = np.dtype(np.float64)
+_NUM_TYPES = (int, float, complex, bool, np.number, np.bool_)
+_REAL_FAST = frozenset((float, int, np.float64, np.float32, np.int64, np.int32))
+
+
+def _check_dtype(dtype: np.dtype, where: str) -> np.dtype:
+    if dtype.kind not in "biufc" or (dtype.kind == "u" and dtype.itemsize == 8):
+        raise SharedVariableError(f"{where}: dtype {dtype} is not supported for shared variables; use a "
+                                  "bool, int (up to int64), uint (up to uint32), float or complex dtype")
+    return dtype
+
+
+def _apply(cast, shape: tuple, v: Any, entries) -> Any:
+    """Apply resolved entries (op, batch, block, index, extra) to value ``v`` in program order."""
+    for ent in entries:
+        op, b, blk, i = ent[0], ent[1], ent[2], ent[3]
+        if b.error is not None:
+            raise b.error
+        r = b.res[blk][i]
+        if blk == 2:
+            r = r.reshape(shape) if shape else r[0]
+        if op == SUM:
+            v = cast(v + r)
+        elif op == PROD:
+            v = cast(v * r)
+        elif op == MIN:
+            v = cast(np.minimum(v, r) if shape else (r if (r < v or r != r) else v))
+        elif op == MAX:
+            v = cast(np.maximum(v, r) if shape else (r if (r > v or r != r) else v))
+        else:  # CONSUME
+            v = cast(_consume_level(v, r, ent[4]))
+    return v
+
+
+def _eval(node) -> Any:
+    """Value of a base / snapshot / derived node (forces if it has unresolved entries)."""
+    if type(node) is _Snap:
+        v = node.base
+        if type(v) is _Snap or type(v) is _Derived:
+            v = _eval(v)
+        if node.entries:
+            _ensure_done(node.entries)
+            v = _apply(node.cast, node.shape, v, node.entries)
+            node.base, node.entries = v, ()
+        return v
+    if type(node) is _Derived:
+        if node.value is None:
+            args = [_eval(a) if (type(a) is _Snap or type(a) is _Derived) else a for a in node.args]
+            node.value = node.cast(node.fn(*args))
+            node.args = ()
+        return node.value
+    return node
+
+
+def _ensure_done(entries) -> None:
+    for ent in entries:
+        b = ent[1]
+        if not b.done:
+            if b.error is not None:
+                raise b.error
+            engine().flush()
+            if b.error is not None:
+                raise b.error
+            return
+
+
+class SharedVar:
+    """A value replicated on every rank (scalar or numpy array), updated lazily.
+
+    Create with :func:`shared` (collective in meaning, no communication):
+    every rank must create its shared variables in the same order with the
+    same value. See the module docstring for the meaning of each operator.
+    Attributes ``shape``, ``dtype``, ``ndim``, ``size``, ``name`` never force.
+    """
+
+    __slots__ = ("_id", "dtype", "shape", "_kind", "_base", "_entries", "_ob", "_oi", "_oop", "_oblk",
+                 "_init", "_cast", "_lastb", "_sf", "_ksum", "name", "__weakref__")
+    __array_priority__ = 1000
+
+    def __init__(self, value: Any, name: Optional[str] = None, _check: bool = True):
+        e = engine()
+        self._id = e.next_id
+        e.next_id += 1
+        self.name = name
+        if isinstance(value, SharedVar):
+            raise SharedVariableError("shared(x) of a shared variable: use x.copy() (or shared arithmetic)")
+        if isinstance(value, (float, int)) and not isinstance(value, bool):
+            dtype = _F8 if isinstance(value, float) else np.dtype(np.int64)
+            shape: tuple = ()
+            v = float(value) if isinstance(value, float) else np.int64(value)
+        else:
+            arr = np.asarray(value)
+            dtype = _check_dtype(arr.dtype, f"shared({type(value).__name__})")
+            shape = arr.shape
+            if shape == ():
+                v = float(arr) if dtype == _F8 else arr[()]
+            else:
+                v = arr.copy()
+                v.flags.writeable = False
+        self._setup(dtype, shape, v)
+        self._init = v
+        if _check:
+            e.batch.note((-8, self._id, _value_key(v)))
+
+    def _setup(self, dtype: np.dtype, shape: tuple, base: Any) -> None:
+        self.dtype = dtype
+        self.shape = shape
+        self._kind = _working(dtype)
+        self._base = base
+        self._entries: list = []
+        self._ob = None
+        self._oi = 0
+        self._oop = -1
+        self._oblk = 0
+        self._lastb = None
+        self._sf = shape == () and dtype == _F8
+        self._ksum = (self._id, SUM, dtype.num, shape)
+        if shape == ():
+            self._cast = float if dtype == _F8 else dtype.type
+        else:
+            self._cast = _array_caster(dtype)
+
+    @classmethod
+    def _derived(cls, base: Any, dtype: np.dtype, shape: tuple) -> "SharedVar":
+        self = object.__new__(cls if cls is SharedVar else SharedVar)
+        e = engine()
+        self._id = e.next_id
+        e.next_id += 1
+        self.name = None
+        self._setup(dtype, shape, base)
+        self._init = None
+        return self
+
+    # -- introspection (no force) -------------------------------------------------
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape)) if self.shape else 1
+
+    @property
+    def id(self) -> int:
+        """Creation index: the identity of this variable across ranks."""
+        return self._id
+
+    @property
+    def pending(self) -> bool:
+        """True if this variable's value still needs communication (local, no force)."""
+        if type(self._base) is _Derived and self._base.value is None:
+            return True
+        return any(not ent[1].done for ent in self._entries)
+
+    def __repr__(self) -> str:
+        label = f" {self.name!r}" if self.name else ""
+        if not self._entries and type(self._base) is not _Derived:
+            return f"SharedVar#{self._id}{label}({self._base!r})"
+        shp = "" if self.shape == () else f" shape={self.shape}"
+        return f"SharedVar#{self._id}{label}(<lazy: {len(self._entries)} pending update(s)> dtype={self.dtype}{shp})"
+
+    # -- reading (force points) ------------------------------------------------------
+    @property
+    def value(self) -> Any:
+        """The value (same on every rank). Force point if anything is pending.
+
+        Scalars come back as Python float (float64) or numpy scalars, arrays
+        as read-only numpy arrays.
+        """
+        if not self._entries and type(self._base) is not _Derived:
+            return self._base
+        return self._resolve()
+
+    @value.setter
+    def value(self, v: Any) -> None:
+        self.assign(v)
+
+    def _resolve(self) -> Any:
+        if self._entries:
+            _ensure_done(self._entries)
+        base = self._base
+        if type(base) is _Derived or type(base) is _Snap:
+            base = _eval(base)
+        v = _apply(self._cast, self.shape, base, self._entries) if self._entries else base
+        self._base = v
+        self._entries = []
+        self._ob = None
+        return v
+
+    def __float__(self) -> float:
+        ents = self._entries
+        if not ents:
+            base = self._base
+            if type(base) is float:
+                return base
+        elif len(ents) == 1 and type(self._base) is float:
+            op, b, blk, i, _ = ents[0]
+            if op == 0 and blk == 0 and b.done:
+                v = self._base + b.res[0][i]
+                self._base = v
+                self._entries = []
+                self._ob = None
+                return v
+        return float(self.value)
+
+    def __int__(self) -> int:
+        return int(self.value)
+
+    def __complex__(self) -> complex:
+        return complex(self.value)
+
+    def __index__(self) -> int:
+        if self.dtype.kind not in "biu":
+            raise TypeError(f"shared variable #{self._id} of dtype {self.dtype} cannot be used as an index")
+        return int(self.value)
+
+    def __bool__(self) -> bool:
+        return bool(self.value)
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+    def __array__(self, dtype=None, copy=None):
+        v = np.asarray(self.value)
+        if dtype is not None:
+            v = v.astype(dtype)
+        return v.copy() if copy else v
+
+    def __len__(self) -> int:
+        if not self.shape:
+            raise TypeError(f"len() of scalar shared variable #{self._id}")
+        return self.shape[0]
+
+    def __getitem__(self, idx):
+        return self.value[idx]
+
+    def __iter__(self):
+        return iter(self.value)
+
+    def __lt__(self, o):
+        return self.value < _local(o)
+
+    def __le__(self, o):
+        return self.value <= _local(o)
+
+    def __gt__(self, o):
+        return self.value > _local(o)
+
+    def __ge__(self, o):
+        return self.value >= _local(o)
+
+    def __eq__(self, o):  # type: ignore[override]
+        return self.value == _local(o)
+
+    def __ne__(self, o):  # type: ignore[override]
+        return self.value != _local(o)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    # -- assignment ----------------------------------------------------------------------
+    def assign(self, other: "SharedVar") -> "SharedVar":
+        """Make this variable equal to shared ``other`` (local, lazy). Assigning a
+        rank-local value raises :class:`SharedVariableError`, as in the seed."""
+        if not isinstance(other, SharedVar):
+            raise SharedVariableError(
+                f"assigning a rank-local value ({type(other).__name__}) to shared variable #{self._id} is "
+                "not allowed: the ranks could end up with different values. Contribute it instead "
+                "(x += a, x *= a, x.min_with(a), x.max_with(a)) or reset the variable to a value that is "
+                "the same on every rank with x.reset(value)")
+        self._rebase(_snap(other), other.dtype, other.shape)
+        return self
+
+    def reset(self, value: Any = None) -> "SharedVar":
+        """Set the variable back to its creation value, or to ``value``, which must be
+        the same on every rank (checked at the next force point). Local, no force;
+        pending contributions of this variable are dropped from its value."""
+        if value is None and self._init is not None:
+            self._base = self._init
+            self._entries = []
+            self._ob = None
+            return self
+        if isinstance(value, SharedVar):
+            return self.assign(value)
+        if value is None:
+            if self._init is None:
+                raise SharedVariableError(f"shared variable #{self._id} is an intermediate result and has "
+                                          "no creation value; pass reset(value)")
+            v = self._init
+        else:
+            v = self._coerce_uniform(value, "reset")
+            engine().batch.note((-8, self._id, _value_key(v)))
+        self._base = v
+        self._entries = []
+        self._ob = None
+        return self
+
+    def copy(self) -> "SharedVar":
+        """A new shared variable with this one's (possibly pending) value. Local."""
+        return SharedVar._derived(_snap(self), self.dtype, self.shape)
+
+    def _coerce_uniform(self, value: Any, what: str) -> Any:
+        arr = np.asarray(value)
+        if not np.can_cast(arr.dtype, self.dtype, "same_kind") and not isinstance(value, (int, float)):
+            raise SharedVariableError(f"{what} of shared variable #{self._id} ({self.dtype}) with a value of "
+                                      f"dtype {arr.dtype}; expected a value castable to {self.dtype}")
+        try:
+            arr = np.broadcast_to(arr.astype(self.dtype), self.shape)
+        except ValueError:
+            raise SharedVariableError(f"{what} of shared variable #{self._id}: shape {arr.shape} does not "
+                                      f"broadcast to {self.shape}") from None
+        if self.shape == ():
+            return self._cast(arr[()])
+        out = arr.copy()
+        out.flags.writeable = False
+        return out
+
+    def _rebase(self, base: Any, dtype: np.dtype, shape: tuple) -> None:
+        self._setup(dtype, shape, base)
+
+    # -- contributions ---------------------------------------------------------------------
+    def _contribute(self, op: int, a: Any) -> "SharedVar":
+        e = engine()
+        b = e.batch
+        kind = self._kind
+        if self.shape == ():
+            if isinstance(a, Grant):
+                a = a.value
+            if not isinstance(a, _NUM_TYPES):
+                arr = np.asarray(a)
+                if arr.shape != ():
+                    raise SharedVariableError(
+                        f"{OP_NAMES[op]} contribution of shape {arr.shape} to scalar shared variable "
+                        f"#{self._id}; expected a scalar (create the variable from an array for array "
+                        "reductions)")
+                a = arr[()]
+            if kind == W_F8 and isinstance(a, (float, int)):
+                a = float(a)
+                adt = None
+            else:
+                adt = np.asarray(a).dtype if not isinstance(a, (int, float, bool)) else None
+            if adt is None and kind == W_F8:
+                pass
+            elif kind == W_F8:
+                if isinstance(a, complex) or (adt is not None and adt.kind == "c"):
+                    raise SharedVariableError(f"complex contribution to real shared variable #{self._id} "
+                                              f"({self.dtype}); create it from a complex value")
+                a = float(a)
+            elif kind == W_I8:
+                if isinstance(a, float) or (adt is not None and adt.kind not in "biu"):
+                    raise SharedVariableError(
+                        f"{OP_NAMES[op]} contribution of a non-integer value ({a!r}) to integer shared "
+                        f"variable #{self._id} ({self.dtype}); create the variable from a float value")
+                a = int(a)
+            else:
+                a = complex(a)
+            if self._ob is b and self._oop == op:
+                lst = b.f8 if self._oblk == 0 else (b.i8 if self._oblk == 1 else None)
+                i = self._oi
+                if lst is not None:
+                    lst[i] = _acc(op, lst[i], a)
+                else:
+                    acc = b.arrs[i][0]
+                    acc[0] = _acc(op, complex(acc[0]), a)
+                return self
+            if kind == W_F8:
+                b.f8.append(a)
+                b.f8_ops.append(op)
+                blk, i, w = 0, len(b.f8) - 1, 1
+            elif kind == W_I8:
+                b.i8.append(a)
+                b.i8_ops.append(op)
+                blk, i, w = 1, len(b.i8) - 1, 1
+                b.allsum = False
+            else:
+                b.arrs.append([np.array([a], dtype=np.complex128), op, W_C16])
+                blk, i, w = 2, len(b.arrs) - 1, 2
+                b.allsum = False
+        else:
+            if isinstance(a, Grant):
+                a = a.value
+            arr = np.asarray(a)
+            if not np.can_cast(arr.dtype, _WORK_DTYPE[kind], "same_kind"):
+                raise SharedVariableError(
+                    f"{OP_NAMES[op]} contribution of dtype {arr.dtype} to shared array #{self._id} "
+                    f"({self.dtype}); expected values castable to {self.dtype}")
+            try:
+                arr = np.broadcast_to(arr, self.shape)
+            except ValueError:
+                raise SharedVariableError(
+                    f"{OP_NAMES[op]} contribution of shape {arr.shape} to shared array #{self._id} of shape "
+                    f"{self.shape}; expected a scalar or an array broadcastable to {self.shape}") from None
+            if self._ob is b and self._oop == op:
+                acc = b.arrs[self._oi][0].reshape(self.shape)
+                _acc_array(op, acc, arr)
+                return self
+            acc = np.array(arr, dtype=_WORK_DTYPE[kind], copy=True).reshape(-1)
+            b.arrs.append([acc, op, kind])
+            blk, i = 2, len(b.arrs) - 1
+            w = acc.size * (2 if kind == W_C16 else 1)
+            if kind != W_F8:
+                b.allsum = False
+        if op != SUM and op != CONSUME:
+            b.allsum = False
+        return self._new_slot(e, b, op, blk, i, w, None)
+
+    def _new_slot(self, e: FusionEngine, b: _Batch, op: int, blk: int, i: int, w: int, extra) -> "SharedVar":
+        self._entries.append((op, b, blk, i, extra))
+        if op != CONSUME:
+            self._ob, self._oi, self._oop, self._oblk = b, i, op, blk
+        else:
+            self._ob = None
+        if self._lastb is not b:
+            self._lastb = b
+            b.nvars += 1
+        b.nseg += 1
+        b.words += w
+        b.note((self._id, op, self.dtype.num, self.shape))
+        if b.words > e.threshold_words:
+            e.flush()
+        return self
+
+    def _fast_sum(self, a: float) -> "SharedVar":
+        """``x += a`` for a float64 scalar variable and a real Python/numpy number (the hot path)."""
+        b = _ENGINE.batch
+        if self._ob is b and self._oop == 0:
+            b.f8[self._oi] += a
+            return self
+        f8 = b.f8
+        i = len(f8)
+        f8.append(a)
+        b.f8_ops.append(0)
+        self._entries.append((0, b, 0, i, None))
+        self._ob, self._oi, self._oop, self._oblk = b, i, 0, 0
+        if self._lastb is not b:
+            self._lastb = b
+            b.nvars += 1
+        b.nseg += 1
+        b.words += 1
+        log = b.log
+        log.append(self._ksum)
+        if len(log) >= _LOG_CAP:
+            b.fold()
+        if b.words > _ENGINE.threshold_words:
+            _ENGINE.flush()
+        return self
+
+    def __iadd__(self, a):
+        if self._sf and type(a) in _REAL_FAST:
+            return self._fast_sum(float(a))
+        if isinstance(a, SharedVar):
+            return self._local_inplace(operator.add, a)
+        return self._contribute(SUM, a)
+
+    def __isub__(self, a):
+        if self._sf and type(a) in _REAL_FAST:
+            return self._fast_sum(-float(a))
+        if isinstance(a, SharedVar):
+            return self._local_inplace(operator.sub, a)
+        return self._contribute(SUM, _neg(a))
+
+    def __imul__(self, a):
+        if isinstance(a, SharedVar):
+            return self._local_inplace(operator.mul, a)
+        return self._contribute(PROD, a)
+
+    def min_with(self, a) -> "SharedVar":
+        """``x = min(x, min over ranks of a)`` (a rank-local) or elementwise min with shared ``a``. Lazy."""
+        if isinstance(a, SharedVar):
+            return self._local_inplace(np.fmin, a)
+        self._no_complex("min_with")
+        return self._contribute(MIN, a)
+
+    def max_with(self, a) -> "SharedVar":
+        """``x = max(x, max over ranks of a)`` (a rank-local) or elementwise max with shared ``a``. Lazy."""
+        if isinstance(a, SharedVar):
+            return self._local_inplace(np.fmax, a)
+        self._no_complex("max_with")
+        return self._contribute(MAX, a)
+
+    def _no_complex(self, what: str) -> None:
+        if self._kind == W_C16:
+            raise SharedVariableError(f"{what} on complex shared variable #{self._id}: complex numbers are "
+                                      "unordered; reduce abs() values in a real shared variable instead")
+
+    def _local_inplace(self, fn, other: "SharedVar") -> "SharedVar":
+        res = _binary(fn, self, other)
+        self._setup(res.dtype, res.shape, res._base)
+        return self
+
+    # binary operators ------------------------------------------------------------------------
+    def __add__(self, a):
+        if isinstance(a, SharedVar):
+            return _binary(operator.add, self, a)
+        return self.copy()._contribute(SUM, a)
+
+    __radd__ = __add__
+
+    def __sub__(self, a):
+        if isinstance(a, SharedVar):
+            return _binary(operator.sub, self, a)
+        return self.copy()._contribute(SUM, _neg(a))
+
+    def __rsub__(self, a):
+        return _unary(operator.neg, self)._contribute(SUM, a)
+
+    def __mul__(self, a):
+        return _binary(operator.mul, self, a)
+
+    def __rmul__(self, a):
+        return _binary(operator.mul, a, self)
+
+    def __truediv__(self, a):
+        return _binary(operator.truediv, self, a)
+
+    def __rtruediv__(self, a):
+        return _binary(operator.truediv, a, self)
+
+    def __floordiv__(self, a):
+        return _binary(operator.floordiv, self, a)
+
+    def __rfloordiv__(self, a):
+        return _binary(operator.floordiv, a, self)
+
+    def __mod__(self, a):
+        return _binary(operator.mod, self, a)
+
+    def __pow__(self, a):
+        return _binary(operator.pow, self, a)
+
+    def __rpow__(self, a):
+        return _binary(operator.pow, a, self)
+
+    def __neg__(self):
+        return _unary(operator.neg, self)
+
+    def __pos__(self):
+        return self
+
+    def __abs__(self):
+        return _unary(abs, self)
+
+    # numpy: + - * / keep shared semantics, every other function forces and returns a local value
+    _UFUNC_OPS = {np.add: "__add__", np.subtract: "__sub__", np.multiply: "__mul__",
+                  np.true_divide: "__truediv__"}
+    _UFUNC_ROPS = {np.add: "__radd__", np.subtract: "__rsub__", np.multiply: "__rmul__",
+                   np.true_divide: "__rtruediv__"}
+
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        if method == "__call__" and not kwargs and len(inputs) == 2 and ufunc in SharedVar._UFUNC_OPS:
+            x, y = inputs
+            if x is self:
+                return getattr(self, SharedVar._UFUNC_OPS[ufunc])(y)
+            return getattr(self, SharedVar._UFUNC_ROPS[ufunc])(x)
+        args = [i.value if isinstance(i, SharedVar) else i for i in inputs]
+        if "out" in kwargs:
+            kwargs["out"] = tuple(o.value if isinstance(o, SharedVar) else o for o in kwargs["out"])
+        return getattr(ufunc, method)(*args, **kwargs)
+
+
+class SharedPool(SharedVar):
+    """A shared float variable from which ranks draw with bounded reductions (:meth:`consume`).
+
+    Contributions (``+=`` refills, ``-=``...) work as for any shared variable.
+    """
+
+    __slots__ = ()
+
+    def __init__(self, level: Any, name: Optional[str] = None):
+        super().__init__(level, name=name)
+        if self._kind != W_F8:
+            raise SharedVariableError(f"pool #{self._id} has dtype {self.dtype}; pools need a float level "
+                                      "(e.g. pool(100.0))")
+
+    def consume(self, request: Any, floor: Any = 0.0) -> "Grant":
+        """Ask for ``request`` (>= 0, rank-local) from the pool; return this rank's :class:`Grant`.
+
+        Lazy: the grant and the pool's new level resolve at the next force
+        point, fused with everything else. If the ranks' total request
+        exceeds ``level - floor`` every grant is scaled so the pool ends at
+        exactly ``floor``. ``floor`` must be the same on every rank (checked).
+        Elementwise for array pools (``request`` broadcast to the pool's shape).
+        """
+        e = engine()
+        b = e.batch
+        before = _snap(self)
+        if self.shape == ():
+            r = float(request.value if isinstance(request, Grant) else request)
+            if not r >= 0.0 or r == float("inf"):
+                raise SharedVariableError(f"consume({request!r}) from pool #{self._id}: a request must be a "
+                                          "finite number >= 0; return amounts with pool += amount")
+            fl = float(floor)
+            b.f8.append(r)
+            b.f8_ops.append(CONSUME)
+            blk, i, w = 0, len(b.f8) - 1, 1
+        else:
+            r = np.array(np.broadcast_to(np.asarray(request, dtype=np.float64), self.shape), dtype=np.float64)
+            if not (np.all(r >= 0.0) and np.all(np.isfinite(r))):
+                raise SharedVariableError(f"consume() from pool #{self._id}: every request must be finite "
+                                          "and >= 0; return amounts with pool += amount")
+            fl = np.array(np.broadcast_to(np.asarray(floor, dtype=np.float64), self.shape))
+            b.arrs.append([r.reshape(-1).copy(), CONSUME, W_F8])
+            blk, i, w = 2, len(b.arrs) - 1, r.size
+        b.note((-9, _value_key(fl)))
+        grant = Grant(before, b, blk, i, r, fl, self.shape)
+        self._new_slot(e, b, CONSUME, blk, i, w, fl)
+        return grant
+
+
+def _consume_level(level, total, floor):
+    """Pool level after a consume of ``total`` (sum of requests) with ``floor``."""
+    if isinstance(level, np.ndarray) or isinstance(total, np.ndarray):
+        level = np.asarray(level, dtype=np.float64)
+        avail = np.maximum(level - floor, 0.0)
+        return np.where(total <= avail, level - total, np.where(level > floor, floor, level))
+    avail = level - floor
+    if avail <= 0.0:
+        return level
+    return level - total if total <= avail else floor
+
+
+def _grant_scale(level, total, floor):
+    if isinstance(level, np.ndarray) or isinstance(total, np.ndarray):
+        level = np.asarray(level, dtype=np.float64)
+        avail = np.maximum(level - floor, 0.0)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.where(total <= avail, 1.0, avail / np.where(total > 0, total, 1.0))
+    avail = level - floor
+    if avail <= 0.0:
+        return 0.0 if total > 0 else 1.0
+    return 1.0 if total <= avail else avail / total
+
+
+class Grant:
+    """This rank's share of a :meth:`SharedPool.consume`: a rank-local value.
+
+    Reading it (``float()``, ``.value``, arithmetic, numpy) is a force point
+    if it is not resolved yet.
+    """
+
+    __slots__ = ("_before", "_batch", "_blk", "_i", "request", "floor", "_value", "shape")
+
+    def __init__(self, before, batch, blk, i, request, floor, shape):
+        self._before, self._batch, self._blk, self._i = before, batch, blk, i
+        self.request, self.floor, self.shape = request, floor, shape
+        self._value = None
+
+    @property
+    def value(self):
+        """The granted amount (float, or array for array pools). Force point if pending."""
+        if self._value is None:
+            b = self._batch
+            _ensure_done([(0, b)])
+            total = b.res[self._blk][self._i]
+            if self._blk == 2:
+                total = total.reshape(self.shape)
+            level = _eval(self._before)
+            self._value = self.request * _grant_scale(level, total, self.floor)
+            if isinstance(self._value, np.ndarray):
+                self._value.flags.writeable = False
+            self._before = None
+        return self._value
+
+    @property
+    def pending(self) -> bool:
+        return self._value is None and not self._batch.done
+
+    def __float__(self):
+        return float(self.value)
+
+    def __array__(self, dtype=None, copy=None):
+        v = np.asarray(self.value)
+        return v if dtype is None else v.astype(dtype)
+
+    def __repr__(self):
+        return f"Grant({self._value!r})" if self._value is not None else f"Grant(<pending: {self.request!r}>)"
+
+    def __str__(self):
+        return str(self.value)
+
+    def __format__(self, spec):
+        return format(self.value, spec)
+
+    def __add__(self, o):
+        return self.value + o
+
+    def __radd__(self, o):
+        return o + self.value
+
+    def __sub__(self, o):
+        return self.value - o
+
+    def __rsub__(self, o):
+        return o - self.value
+
+    def __mul__(self, o):
+        return self.value * o
+
+    def __rmul__(self, o):
+        return o * self.value
+
+    def __truediv__(self, o):
+        return self.value / o
+
+    def __rtruediv__(self, o):
+        return o / self.value
+
+    def __lt__(self, o):
+        return self.value < o
+
+    def __le__(self, o):
+        return self.value <= o
+
+    def __gt__(self, o):
+        return self.value > o
+
+    def __ge__(self, o):
+        return self.value >= o
+
+    def __eq__(self, o):  # type: ignore[override]
+        return self.value == o
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+# --------------------------------------------------------------------------- helpers
+def _short(v: Any) -> str:
+    s = repr(v.tolist() if isinstance(v, np.ndarray) and v.size <= 6 else v)
+    return s if len(s) <= 60 else s[:57] + "..."
+
+
+def _local(o: Any) -> Any:
+    return o.value if isinstance(o, (SharedVar, Grant)) else o
+
+
+def _neg(a: Any) -> Any:
+    if isinstance(a, Grant):
+        a = a.value
+    if isinstance(a, (list, tuple)):
+        a = np.asarray(a)
+    return -a
+
+
+def _acc(op: int, cur, a):
+    if op == SUM or op == CONSUME:
+        return cur + a
+    if op == PROD:
+        return cur * a
+    if op == MIN:
+        return a if (a < cur or a != a) else cur
+    return a if (a > cur or a != a) else cur
+
+
+def _acc_array(op: int, acc: np.ndarray, arr: np.ndarray) -> None:
+    if op == SUM:
+        np.add(acc, arr, out=acc, casting="same_kind")
+    elif op == PROD:
+        np.multiply(acc, arr, out=acc, casting="same_kind")
+    elif op == MIN:
+        np.minimum(acc, arr, out=acc, casting="same_kind")
+    else:
+        np.maximum(acc, arr, out=acc, casting="same_kind")
+
+
+def _array_caster(dtype: np.dtype) -> Callable[[Any], np.ndarray]:
+    def cast(v):
+        out = np.array(v, dtype=dtype, copy=True)
+        out.flags.writeable = False
+        return out
+    return cast
+
+
+def _snap(x: SharedVar) -> Any:
+    """x's current state for use in a derived value (closes x's open slot)."""
+    if not x._entries:
+        return x._base
+    x._ob = None
+    return _Snap(x._base, tuple(x._entries), x._cast, x.shape)
+
+
+def _is_concrete(x: SharedVar) -> bool:
+    return not x._entries and type(x._base) is not _Derived
+
+
+_FN_CODES = {operator.add: 1, operator.sub: 2, operator.mul: 3, operator.truediv: 4, operator.floordiv: 5,
+             operator.mod: 6, operator.pow: 7, np.fmin: 8, np.fmax: 9}
+_FN_NAMES = {1: "+", 2: "-", 3: "*", 4: "/", 5: "//", 6: "%", 7: "**", 8: "min", 9: "max"}
+
+_RESULT_CACHE: Dict[tuple, Tuple[np.dtype, tuple]] = {}
+
+
+def _result_meta(fn, a: Any, b: Any) -> Tuple[np.dtype, tuple]:
+    def meta(v):
+        if isinstance(v, SharedVar):
+            return v.dtype, v.shape, True
+        if isinstance(v, (float, int, complex, bool)):
+            return type(v), (), False
+        arr = np.asarray(v)
+        return arr.dtype, arr.shape, False
+
+    ma, mb = meta(a), meta(b)
+    key = (fn, ma, mb)
+    r = _RESULT_CACHE.get(key)
+    if r is None:
+        def sample(m):
+            dt, shape, is_shared = m
+            if isinstance(dt, type):
+                return dt(1)
+            return np.ones(shape, dtype=dt)[()] if shape == () else np.ones(shape, dtype=dt)
+
+        with np.errstate(all="ignore"):
+            out = np.asarray(fn(sample(ma), sample(mb)))
+        r = (_check_dtype(out.dtype, f"result of {getattr(fn, '__name__', fn)}"), out.shape)
+        _RESULT_CACHE[key] = r
+    return r
+
+
+def _binary(fn, a: Any, b: Any) -> SharedVar:
+    """Local shared arithmetic; a non-shared operand must be uniform (checked at the next force point)."""
+    if isinstance(a, Grant) or isinstance(b, Grant):
+        raise SharedVariableError("a Grant is a rank-local value and cannot be a uniform operand of shared "
+                                  "arithmetic; contribute it (x += g) or read it (g.value)")
+    sa, sb = isinstance(a, SharedVar), isinstance(b, SharedVar)
+    if sa and sb and a._kind == W_F8 and b._kind == W_F8 and a.shape == () and b.shape == ():
+        dtype, shape = _F8, ()
+    else:
+        dtype, shape = _result_meta(fn, a, b)
+    for v, s in ((a, sa), (b, sb)):
+        if not s:
+            engine().batch.note((-7, _FN_CODES.get(fn, 0), _value_key(v)))
+    cast = float if (dtype == _F8 and shape == ()) else (dtype.type if shape == () else _array_caster(dtype))
+    if (not sa or _is_concrete(a)) and (not sb or _is_concrete(b)):
+        with np.errstate(all="ignore"):
+            v = cast(fn(a._base if sa else a, b._base if sb else b))
+        return SharedVar._derived(v, dtype, shape)
+    node = _Derived(fn, (_snap(a) if sa else a, _snap(b) if sb else b), cast)
+    return SharedVar._derived(node, dtype, shape)
+
+
+def _unary(fn, a: SharedVar) -> SharedVar:
+    if _is_concrete(a):
+        v = a._cast(fn(a._base))
+        return SharedVar._derived(v, a.dtype, a.shape)
+    return SharedVar._derived(_Derived(fn, (_snap(a),), a._cast), a.dtype, a.shape)
+
+
+def shared(value: Any, name: Optional[str] = None) -> SharedVar:
+    """Create a shared variable with initial ``value`` (scalar or array).
+
+    Every rank must create its shared variables in the same order with the
+    same value (checked at the next force point). No communication. A
+    Python float gives float64, an int int64; arrays keep their dtype.
+    ``name`` labels error messages.
+    """
+    return SharedVar(value, name=name)
+
+
+def pool(level: Any, name: Optional[str] = None) -> SharedPool:
+    """Create a :class:`SharedPool` (a float shared variable with :meth:`~SharedPool.consume`)."""
+    return SharedPool(level, name=name)
