@@ -31,9 +31,10 @@ Semantics:
   (``reply.item_dtype``) have room for ``replies_per_item * len(items)``
   rows; the handler writes ``n`` rows and returns ``n``; the aggregator then
   pushes them into ``reply``. A numba handler cannot call Python, hence this
-  design. The graph of ``reply`` links must be acyclic (checked): with a
-  cycle, bounded buffers can deadlock (each rank's handler output waiting
-  for buffers held by the other's unhandled input).
+  design. ``reply`` links are acyclic by construction (the reply aggregator
+  must exist first, so a handler cannot push into its own aggregator): with
+  a cycle, bounded buffers could deadlock (each rank's handler output
+  waiting for buffers held by the other's unhandled input).
 * Progress: whenever a rank is inside ``push``/``push_many``/``flush`` of any
   aggregator it tests its sends and receives and runs handlers for EVERY
   live aggregator of this process, so a rank that pushes keeps receiving and
@@ -73,6 +74,7 @@ Aggregators are not thread-safe: use each from the thread that created it
 from __future__ import annotations
 
 import atexit
+import os
 import time
 import zlib
 from collections import deque
@@ -99,53 +101,52 @@ REASON_FULL, REASON_FLUSH = 0, 1
 
 # Aggregators that are open in this process; every wait progresses all of them.
 _live: List["Aggregator"] = []
+_yield = getattr(os, "sched_yield", lambda: None)
 _progressing = False
 
 
 @numba.njit(cache=True, nogil=True)
-def _bucket(dests, words, start, stop, pool, cur, fill, free, meta, ready):  # pragma: no cover - compiled
+def _bucket(dests, words, start, stop, pool, pos, lim, free, meta, ready):  # pragma: no cover - compiled
     """Copy rows ``start..stop`` of ``words`` into the per-destination buffers.
 
-    ``pool[b, k, :]`` is row ``k`` of buffer ``b``; ``cur[d]`` the buffer being
-    filled for destination ``d`` (-1: none), ``fill[d]`` its row count;
-    ``free[:meta[0]]`` the free buffers; a buffer that fills is appended to
-    ``ready[meta[1]] = (dest, buffer, rows)``. Stops at ``stop``, when a
+    ``pool`` holds all buffers row after row (buffer ``b`` = rows
+    ``b*cap .. b*cap+cap-1``). ``pos[d]`` is the next row of destination
+    ``d``'s current buffer (-1: none), ``lim[d]`` the end of that buffer;
+    ``free[:meta[0]]`` are the free buffers; a buffer that fills is appended
+    to ``ready[meta[1]] = (dest, buffer, rows)``. Stops at ``stop``, when a
     destination needs a buffer and none is free, or when ``ready`` is full.
     Returns the index of the first row not placed.
     """
-    cap = pool.shape[1]
-    w = pool.shape[2]
+    cap = pool.shape[0] // free.shape[0]
+    w = pool.shape[1]
     nready = meta[1]
     maxready = ready.shape[0]
     i = start
     while i < stop:
         d = dests[i]
-        b = cur[d]
-        if b < 0:
+        p = pos[d]
+        if p < 0:
             nf = meta[0]
             if nf == 0:
                 break
             nf -= 1
             meta[0] = nf
-            b = free[nf]
-            cur[d] = b
-            fill[d] = 0
-        k = fill[d]
+            p = free[nf] * cap
+            lim[d] = p + cap
         for j in range(w):
-            pool[b, k, j] = words[i, j]
-        k += 1
+            pool[p, j] = words[i, j]
+        p += 1
         i += 1
-        if k == cap:
+        if p == lim[d]:
             ready[nready, 0] = d
-            ready[nready, 1] = b
-            ready[nready, 2] = k
+            ready[nready, 1] = p // cap - 1
+            ready[nready, 2] = cap
             nready += 1
-            cur[d] = -1
-            fill[d] = 0
+            pos[d] = -1
             if nready == maxready:
                 break
         else:
-            fill[d] = k
+            pos[d] = p
     meta[1] = nready
     return i
 
@@ -271,8 +272,9 @@ class Aggregator:
         self._rpool = np.zeros((max(nrecv, 1), cap, nwords), dtype=wd)
         self._rpool_rec = self._rpool.reshape(max(nrecv, 1), cap * nwords).view(dt)
         self._rpool_bytes = self._rpool.reshape(max(nrecv, 1), -1).view(np.uint8)
-        self._cur = np.full(size, -1, dtype=np.int64)
-        self._fill = np.zeros(size, dtype=np.int64)
+        self._rows = self._pool.reshape(npool * cap, nwords)                        # all buffers, row by row
+        self._pos = np.full(size, -1, dtype=np.int64)                              # next row per destination
+        self._lim = np.zeros(size, dtype=np.int64)                                 # end row of its buffer
         self._free = np.arange(npool, dtype=np.int64)
         self._meta = np.array([npool, 0], dtype=np.int64)                         # n free, n ready
         self._ready = np.zeros((1, 3), dtype=np.int64)
@@ -286,7 +288,6 @@ class Aggregator:
                                 + (self._out_items.nbytes + self._out_dests.nbytes if reply is not None else 0))
 
         self._compile_handler()
-        self._check_reply_acyclic()
 
         # -- collective part --
         self._parent = parent
@@ -298,6 +299,7 @@ class Aggregator:
         tag_ub = self.comm.Get_attr(m.TAG_UB) or 32767
         self._tag_mod = int(min(tag_ub, (1 << 30) - 1)) + 1
         self._byte = m.BYTE
+        self._testsome = m.Request.Testsome
         self._rreqs = [self.comm.Recv_init([self._rpool_bytes[i], m.BYTE], m.ANY_SOURCE, m.ANY_TAG)
                        for i in range(nrecv)]
         self._rstats = [m.Status() for _ in range(nrecv)]
@@ -340,16 +342,6 @@ class Aggregator:
             return str(numba.typeof(value))
         except Exception:  # noqa: BLE001
             return f"{type(value).__name__} (not a type numba supports)"
-
-    def _check_reply_acyclic(self) -> None:
-        seen = {id(self)}
-        a = self.reply
-        while a is not None:
-            if id(a) in seen:
-                raise AggregationError(f"rank {self.rank}: {self.name}: the reply links form a cycle; "
-                                       "they must be acyclic (bounded buffers could deadlock)")
-            seen.add(id(a))
-            a = a.reply
 
     def _translate_to(self, other_comm) -> List[int]:
         m = MPI()
@@ -413,34 +405,32 @@ class Aggregator:
             raise AggregationError(
                 f"rank {self.rank}: push(dest={d}) on {self.name}: item is a {type(item).__name__}, expected a "
                 f"structured scalar of {self.item_dtype} or a tuple of {len(self.item_dtype.names)} values")
-        b = int(self._cur[d])
-        if b < 0:
+        cap = self.buffer_items
+        p = int(self._pos[d])
+        if p < 0:
             if self._meta[0] == 0:
                 self._wait_until(lambda: self._meta[0] > 0, f"push(dest={d}): waiting for a free send buffer")
             nf = int(self._meta[0]) - 1
             self._meta[0] = nf
-            b = int(self._free[nf])
-            self._cur[d] = b
-            self._fill[d] = 0
-        k = int(self._fill[d])
+            p = int(self._free[nf]) * cap
+            self._lim[d] = p + cap
+        b, k = divmod(p, cap)
         try:
             self._pool_rec[b, k] = item
         except (ValueError, TypeError) as exc:
-            if k == 0:  # give the buffer back
-                self._cur[d] = -1
+            if k == 0:  # give the new buffer back
                 self._free[self._meta[0]] = b
                 self._meta[0] += 1
             raise AggregationError(f"rank {self.rank}: push(dest={d}) on {self.name}: item {item!r} does not fit "
                                    f"{self.item_dtype}: {exc}") from None
         self._st["items_pushed"] += 1
-        k += 1
-        if k == self.buffer_items:
-            self._cur[d] = -1
-            self._fill[d] = 0
-            self._dispatch(d, b, k, REASON_FULL)
+        p += 1
+        if p == self._lim[d]:
+            self._pos[d] = -1
+            self._dispatch(d, b, cap, REASON_FULL)
             _progress_all()
         else:
-            self._fill[d] = k
+            self._pos[d] = p
             self._note_use()
 
     def push_many(self, dests: Any, items: np.ndarray) -> None:
@@ -492,7 +482,7 @@ class Aggregator:
         """Bucket rows start..stop without waiting; dispatch full buffers. Returns rows placed up to."""
         i = start
         while True:
-            j = _bucket(dests, words, i, stop, self._pool, self._cur, self._fill, self._free, self._meta,
+            j = _bucket(dests, words, i, stop, self._rows, self._pos, self._lim, self._free, self._meta,
                         self._ready)
             self._st["items_pushed"] += j - i
             i = j
@@ -539,11 +529,10 @@ class Aggregator:
 
     def _send_partials(self) -> None:
         """Dispatch every partly filled buffer (reason "flush"); never waits."""
-        cur, fill = self._cur, self._fill
-        for d in np.flatnonzero(cur >= 0):
-            b, rows = int(cur[d]), int(fill[d])
-            cur[d] = -1
-            fill[d] = 0
+        pos, cap = self._pos, self.buffer_items
+        for d in np.flatnonzero(pos >= 0):
+            b, rows = divmod(int(pos[d]), cap)
+            pos[d] = -1
             if rows:
                 self._dispatch(int(d), b, rows, REASON_FLUSH)
             else:
@@ -565,7 +554,7 @@ class Aggregator:
         if self._stage_pos < self._stage_end:
             self._drain()
         if self._rreqs:
-            done = MPI().Request.Testsome(self._rreqs, self._rstats)
+            done = self._testsome(self._rreqs, self._rstats)
             if done:
                 t = _now()
                 tr = _tracing._TRACER
@@ -647,6 +636,7 @@ class Aggregator:
         try:
             while not cond():
                 _progress_all()
+                _yield()  # give the core away: under oversubscription the peer we wait for may need it
                 if self._broken is not None:
                     self._usable(op)
                 polls += 1
@@ -745,6 +735,7 @@ class Aggregator:
                         prev = g
                         continue
                     _progress_all()
+                    _yield()
                 else:
                     _progress_all()
                     if not any(a._busy() for a in chain):
