@@ -1,0 +1,196 @@
+"""Lazy fused reductions on shared variables, under real mpiexec (2 and 3 ranks).
+
+Values are checked against closed forms; "one collective per force point" is
+checked from the trace (events of kind fused_allreduce). No timings asserted.
+"""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO, assert_ok
+
+PRELUDE = """
+import numpy as np
+from mpi4py import MPI
+from nbmpi.workers import shared, pool, flush, fused, get_tracer, SPMDDivergence, SharedVariableError
+from nbmpi.workers.fused_reductions import engine, configure, K_FUSED
+comm = MPI.COMM_WORLD
+r, P = comm.Get_rank(), comm.Get_size()
+R = np.arange(P, dtype=float)
+def ncoll():
+    return int(np.sum(get_tracer().events()[:, 0] == K_FUSED))
+"""
+
+ALL_OPS = PRELUDE + """
+s1 = shared(0.0); s2 = shared(0.0)
+N = 10
+for i in range(3):
+    before = ncoll()
+    s1.reset(); s2.reset()
+    for v in range(5):
+        s1 += float(r + v)
+    s2 += float((r + 1) ** 2)
+    s2 -= 1.0
+    var = np.empty(1)
+    var[0] = (s2 - s1 * s1 / N) / (N - 1)
+    assert ncoll() == before + 1, (before, ncoll())
+    S1 = sum(5 * q + 10 for q in range(P)); S2 = sum((q + 1) ** 2 - 1 for q in range(P))
+    assert abs(var[0] - (S2 - S1 * S1 / N) / (N - 1)) < 1e-12, var
+# every op, scalars and arrays, ints, complex, mixed in ONE fusion
+before = ncoll()
+a = shared(np.zeros((2, 3))); mn = shared(100.0); mx = shared(-1.0); pr = shared(2.0); k = shared(0)
+ai = shared(np.ones(4, dtype=np.int32)); c = shared(1 + 0j); amin = shared(np.full(3, 50.0))
+a += np.arange(6.0).reshape(2, 3) * (r + 1)
+mn.min_with(r * 10.0); mx.max_with(r * 10.0); pr *= (r + 2.0); k += r; k += 1
+ai *= 2; c *= complex(0, 1); amin.min_with(np.array([r, 60.0, -r]))
+x = mn + 5.0          # contribution: mn + 5P
+y = mx - pr           # shared - shared: local
+assert ncoll() == before
+assert np.allclose(a.value, np.arange(6.0).reshape(2, 3) * sum(range(1, P + 1)))
+assert ncoll() == before + 1
+assert float(mn) == 0.0 and float(mx) == 10.0 * (P - 1)
+assert float(pr) == 2.0 * np.prod([q + 2.0 for q in range(P)])
+assert int(k) == sum(range(P)) + P
+assert (ai.value == 2 ** P).all() and ai.value.dtype == np.int32
+assert complex(c) == 1j ** P
+assert np.array_equal(amin.value, np.array([0.0, 50.0, -(P - 1)]))
+assert float(x) == 5.0 * P and float(y) == float(mx) - float(pr)
+assert ncoll() == before + 1, "all of that must be one collective"
+e = get_tracer().events()
+assert e[e[:, 0] == K_FUSED][-1, -1] == 9, e[e[:, 0] == K_FUSED][-1]   # count = variables resolved
+# snapshot semantics: later contributions do not change an earlier shared result
+z = shared(1.0); w = z * 2.0; z += 1.0
+assert float(w) == 2.0 and float(z) == 1.0 + P
+# assigning a local value is an error; reading never happens silently
+try:
+    z.value = 3.0
+except SharedVariableError:
+    pass
+else:
+    raise AssertionError("local assignment accepted")
+# flush / fused / threshold
+q = shared(0.0)
+before = ncoll()
+with fused():
+    for i in range(10):
+        q += 1.0
+assert ncoll() == before + 1 and float(q) == 10.0 * P
+assert flush() == 0 and ncoll() == before + 1      # nothing pending: no collective
+configure(threshold_bytes=8 * 40)
+vs = [shared(0.0) for _ in range(100)]
+before = ncoll()
+for v in vs:
+    v += 1.0
+assert ncoll() - before >= 2, ncoll() - before       # the threshold forced early
+assert all(float(v) == P for v in vs)
+configure(threshold_bytes=1 << 20)
+print("OK", r)
+"""
+
+BOUNDED = PRELUDE + """
+# no scaling: total request fits
+p = pool(100.0)
+g = p.consume(1.0 + r)
+assert g.pending
+tot = sum(1.0 + q for q in range(P))
+assert float(g) == 1.0 + r and float(p) == 100.0 - tot
+# exact depletion with a floor, fused with other ops in ONE collective
+before = ncoll()
+p2 = pool(10.0); other = shared(0.0)
+other += 1.0
+g2 = p2.consume(10.0 * (r + 1), floor=4.0)
+grants = np.zeros(P); grants[r] = float(g2)
+assert ncoll() == before + 1
+assert float(p2) == 4.0, float(p2)               # left at exactly the floor
+scale = 6.0 / sum(10.0 * (q + 1) for q in range(P))
+assert abs(float(g2) - 10.0 * (r + 1) * scale) < 1e-12
+allg = np.empty(P); comm.Allreduce(grants, allg)
+assert abs(allg.sum() - 6.0) < 1e-12               # exactly what was above the floor
+# pool already below the floor: nothing granted
+p3 = pool(1.0)
+g3 = p3.consume(5.0, floor=2.0)
+assert float(g3) == 0.0 and float(p3) == 1.0
+# two consumes of one pool in one fusion apply in order; array pool elementwise
+p4 = pool(np.array([10.0, 1.0]))
+ga = p4.consume(np.array([1.0, 1.0]))
+gb = p4.consume(np.array([1.0, 1.0]))
+assert np.allclose(ga.value, [1.0, 1.0 / P if P > 1 else 1.0])
+assert np.allclose(p4.value, [10.0 - 2 * P, 0.0])
+assert np.allclose(gb.value, [1.0, 0.0])
+print("OK", r)
+"""
+
+DIVERGE = PRELUDE + """
+a = shared(0.0); b = shared(0.0)
+if r == 0:
+    a += 1.0; b += 2.0
+else:
+    b += 2.0; a += 1.0
+try:
+    float(a)
+except SPMDDivergence as exc:
+    msg = str(exc)
+    assert "first difference at pending step" in msg and "#0" in msg, msg
+    print("DIVERGED", r, msg)
+else:
+    raise AssertionError("no divergence detected")
+try:
+    float(b)          # values of a failed fusion are never used
+except SPMDDivergence:
+    print("AGAIN", r)
+# different uniform operand
+c = shared(2.0)
+c += 1.0
+d = c * (r + 1.0)
+try:
+    float(d)
+except SPMDDivergence as exc:
+    assert "uniform operand" in str(exc), str(exc)
+    print("UNIFORM", r)
+# very different sizes
+e = shared(np.zeros(5000)) if r == 0 else shared(0.0)
+e += 1.0
+try:
+    flush()
+except SPMDDivergence:
+    print("SIZES", r)
+"""
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_all_ops_one_collective_per_force_point(run_mpi, n):
+    proc = run_mpi(ALL_OPS, n=n, timeout=90)
+    assert_ok(proc)
+    assert proc.stdout.count("OK") == n
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_bounded_consume(run_mpi, n):
+    proc = run_mpi(BOUNDED, n=n, timeout=90)
+    assert_ok(proc)
+    assert proc.stdout.count("OK") == n
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_spmd_divergence_raises_on_every_rank(run_mpi, n):
+    proc = run_mpi(DIVERGE, n=n, timeout=90, env={"NBMPI_TIMEOUT": "20"})
+    assert_ok(proc)
+    for word in ("DIVERGED", "AGAIN", "UNIFORM", "SIZES"):
+        assert proc.stdout.count(word) == n, (word, proc.stdout, proc.stderr)
+
+
+def test_benchmark_quick_writes_json(tmp_path):
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "fused_reductions.py"), "--quick",
+                           "--out-dir", str(tmp_path)], capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    data = json.loads((tmp_path / "fused_reductions_quick.json").read_text())
+    assert data["nranks"] == 2 and len(data["variance"]) == 2
+    for row in data["variance"]:
+        assert {"original_s", "hand_s", "lazy_s", "lazy_over_hand"} <= set(row)
+    assert {"separate_us", "packed_us", "lazy_us", "separate_over_lazy"} <= set(data["scalars64"])
+    assert data["plankton"]["reductions_per_step"] == 27
+    assert data["plankton"]["lazy_collectives_per_step"] > 0
+    assert [t["status"] in ("PASS", "FAIL") for t in data["targets"]] == [True] * 3
+    assert "## Targets" in (tmp_path / "fused_reductions_quick.md").read_text()
