@@ -131,9 +131,11 @@ def parse_ranks(spec: Optional[str], available: List[int]) -> List[int]:
     try:
         if ":" in spec:
             parts = [int(x) if x.strip() else None for x in spec.split(":")]
-            if len(parts) > 3:
+            if len(parts) > 3 or any(x is not None and x < 0 for x in parts) or (len(parts) == 3 and parts[2] == 0):
                 raise ValueError
-            ranks = list(range(max(available) + 1))[slice(*parts)]
+            start = parts[0] or 0
+            stop = parts[1] if parts[1] is not None else max(available) + 1
+            ranks = list(range(start, stop, parts[2] if len(parts) == 3 and parts[2] else 1))
         else:
             ranks = sorted({int(x) for x in spec.split(",") if x.strip()})
     except ValueError:

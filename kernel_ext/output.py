@@ -127,8 +127,12 @@ class DistributedCellError(_RenderedError):
         self.errors = dict(errors)
         self.others = dict(others)
         lines: List[str] = []
-        tb_groups = group_identical({r: tb for r, (_, _, tb) in self.errors.items()})
-        for ranks, tb in tb_groups:
+        import re
+
+        # ranks run different numbers of cells (--ranks), so "In[7]" may differ: ignore it when grouping
+        norm = {r: re.sub(r"In\[\d+\]", "In[ ]", tb) for r, (_, _, tb) in self.errors.items()}
+        for ranks, _ in group_identical(norm):
+            tb = self.errors[ranks[0]][2]
             lines.append(f"{rank_label(ranks)} remote traceback:")
             lines.extend(tb.rstrip("\n").split("\n"))
             lines.append("")

@@ -1,0 +1,206 @@
+"""The %distributed magics driven through a real Jupyter kernel (jupyter_client) on a real 2-rank pool."""
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import psutil
+import pytest
+from jupyter_client.manager import KernelManager
+
+from nbmpi.kernel_ext.output import format_ranks, group_identical, render_groups
+
+
+def _alive(pids):
+    out = []
+    for p in pids:
+        try:
+            if psutil.Process(p).status() != psutil.STATUS_ZOMBIE:
+                out.append(p)
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+class Kernel:
+    def __init__(self):
+        self.km = KernelManager(kernel_cmd=[sys.executable, "-m", "ipykernel_launcher", "-f",
+                                            "{connection_file}"])
+        self.km.start_kernel()
+        self.kc = self.km.client()
+        self.kc.start_channels()
+        self.kc.wait_for_ready(timeout=60)
+
+    @property
+    def pid(self) -> int:
+        return self.km.provisioner.process.pid
+
+    def run(self, code: str, timeout: float = 120, interrupt_after: float | None = None):
+        """Execute ``code``; return (status, ename, stdout, stderr, texts of display/results, traceback)."""
+        msg_id = self.kc.execute(code)
+        out, err, texts, tb, ename = [], [], [], [], None
+        t0 = time.monotonic()
+        interrupted = False
+        while True:
+            if interrupt_after is not None and not interrupted and time.monotonic() - t0 > interrupt_after:
+                self.km.interrupt_kernel()
+                interrupted = True
+            try:
+                msg = self.kc.get_iopub_msg(timeout=0.5)
+            except Exception:  # noqa: BLE001 - queue.Empty
+                assert time.monotonic() - t0 < timeout, f"cell did not finish within {timeout} s: {code}"
+                continue
+            if msg["parent_header"].get("msg_id") != msg_id:
+                continue
+            t, c = msg["msg_type"], msg["content"]
+            if t == "stream":
+                (out if c["name"] == "stdout" else err).append(c["text"])
+            elif t in ("display_data", "execute_result", "update_display_data"):
+                texts.append(c["data"].get("text/plain", "") + c["data"].get("text/html", ""))
+            elif t == "error":
+                ename = c["ename"]
+                tb = c["traceback"]
+            elif t == "status" and c["execution_state"] == "idle":
+                break
+        reply = self.kc.get_shell_msg(timeout=30)
+        while reply["parent_header"].get("msg_id") != msg_id:
+            reply = self.kc.get_shell_msg(timeout=30)
+        return dict(status=reply["content"]["status"], ename=ename, stdout="".join(out), stderr="".join(err),
+                    texts=texts, tb="\n".join(tb))
+
+    def shutdown(self):
+        if not self.km.has_kernel:
+            return
+        self.kc.stop_channels()
+        self.km.shutdown_kernel(now=False)
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    k = Kernel()
+    r = k.run("%load_ext nbmpi.kernel_ext\n%distributed start -n 2 --name p")
+    assert r["status"] == "ok", r
+    pids = [p.pid for p in psutil.Process(k.pid).children(recursive=True)]
+    yield k, pids
+    k.run("%distributed stop p") if _alive(pids) else None
+    k.shutdown()
+
+
+def test_output_grouping_unit():
+    assert format_ranks([0, 1, 2, 3, 5, 7, 8]) == "0-3,5,7-8"
+    assert group_identical({1: "a", 0: "a", 2: "b", 3: ""}) == [([0, 1], "a"), ([2], "b")]
+    assert render_groups({0: "x\n", 1: "x\n"}) == "[ranks 0-1] x\n"
+
+
+def test_cells_dedupe_and_namespace(kernel):
+    k, _ = kernel
+    r = k.run("%%distributed\nprint('same')\nprint('mine', rank)\nvalue = rank * 10\nsize")
+    assert r["status"] == "ok", r
+    assert r["stdout"] == "[rank 0]\nsame\nmine 0\n[rank 1]\nsame\nmine 1\n"
+    r = k.run("%%distributed\nprint('identical')\nvalue + 1")
+    assert r["stdout"] == "[ranks 0-1] identical\n"
+    assert any("[rank 0]: 1" in t and "[rank 1]: 11" in t for t in r["texts"]), r
+    r = k.run("%%distributed\nsize")
+    assert any("[ranks 0-1]: 2" in t for t in r["texts"]), r
+
+
+def test_ranks_pull_push(kernel):
+    k, _ = kernel
+    r = k.run("%%distributed --ranks 1\nprint('only', rank)")
+    assert r["stdout"] == "[rank 1] only 1\n"
+    r = k.run("%distributed pull value\nprint(value)")
+    assert r["stdout"].strip() == "[0, 10]", r
+    r = k.run("%distributed pull value --rank 1\nprint(value)")
+    assert r["stdout"].strip() == "10", r
+    r = k.run("pushed = {'a': 7}\n%distributed push pushed")
+    assert r["status"] == "ok", r
+    r = k.run("%%distributed\nprint(pushed['a'] + rank)")
+    assert r["stdout"] == "[rank 0] 7\n[rank 1] 8\n"
+    r = k.run("%%distributed --ranks 0:5\n1")
+    assert r["status"] == "error" and "ranks [2, 3, 4]" in r["stderr"], r
+    r = k.run("%distributed frobnicate")
+    assert r["status"] == "error" and "unknown subcommand 'frobnicate'" in r["stderr"], r
+    r = k.run("%%distributed --timeout soon\n1")
+    assert r["status"] == "error" and "'soon' is not a number of seconds" in r["stderr"], r
+
+
+def test_error_on_one_rank(kernel):
+    k, _ = kernel
+    r = k.run("%%distributed\nfrom nbmpi.workers import ArrayChannel\nch = ArrayChannel(4)\n"
+              "if rank == 1:\n    raise ValueError('broken on one')\nch.take(1)")
+    assert r["status"] == "error" and r["ename"] == "DistributedCellError", r
+    assert "[rank 1] remote traceback:" in r["tb"] and "broken on one" in r["tb"]
+    assert "rank 0: was in take(src=1) waiting" in r["tb"], r["tb"]
+    r = k.run("%%distributed\nraise RuntimeError('everywhere')")
+    assert "[ranks 0-1] remote traceback:" in r["tb"], r["tb"]
+    r = k.run("%%distributed\nprint('fine', rank)")
+    assert r["status"] == "ok" and "[rank 1] fine 1" in r["stdout"]
+
+
+def test_timeout_explains_hang(kernel):
+    k, _ = kernel
+    r = k.run("%%distributed --timeout 3\nimport time\nif rank == 1:\n    ch.take(0)\nelse:\n    time.sleep(60)")
+    assert r["status"] == "error" and r["ename"] == "DistributedTimeout", r
+    assert "rank 1: take(src=0) waiting 3." in r["tb"], r["tb"]
+    assert "rank 0: running user code" in r["tb"], r["tb"]
+    r = k.run("%%distributed\nprint('next', rank)")
+    assert r["status"] == "ok" and "[rank 0] next 0" in r["stdout"]
+
+
+def test_interrupt_blocked_take(kernel):
+    k, _ = kernel
+    r = k.run("%%distributed\nch.take(1 - rank)", interrupt_after=3.0)
+    assert r["status"] == "error" and r["ename"] == "DistributedInterrupt", r
+    assert "take(src=" in r["tb"], r["tb"]
+    r = k.run("%%distributed\nprint('after interrupt', rank)")
+    assert r["status"] == "ok" and "[rank 1] after interrupt 1" in r["stdout"], r
+
+
+def test_timeline_and_trace_save(kernel, tmp_path):
+    k, _ = kernel
+    r = k.run("%%distributed --timeline\nfor i in range(3):\n    if rank == 0:\n        ch.put(1); ch.take(1)\n"
+              "    else:\n        ch.take(0); ch.put(0)")
+    assert r["status"] == "ok", r
+    html = "".join(r["texts"])
+    assert html.count("<svg") == 1 and "rank 1" in html and "nbmpi-arrow" in html and "wait " in html
+    path = tmp_path / "cell.json"
+    r = k.run(f"%distributed trace save {path}")
+    assert r["status"] == "ok", r
+    data = json.loads(path.read_text())
+    assert sum(1 for e in data["traceEvents"] if e.get("flow_out")) == 6
+
+
+def test_restart_stop_and_shutdown_leave_no_process(kernel):
+    k, pids = kernel
+    assert len(_alive(pids)) >= 4  # controller (+schedulers), mpiexec, 2 engines
+    r = k.run("%distributed restart")
+    assert r["status"] == "ok", r
+    assert not _alive(pids), "processes of the first pool survived restart"
+    r = k.run("%%distributed\nprint(rank, size)")
+    assert r["stdout"] == "[rank 0] 0 2\n[rank 1] 1 2\n", r
+    pids2 = [p.pid for p in psutil.Process(k.pid).children(recursive=True)]
+    grand = set(pids2)
+    for p in pids2:  # nannies run in their own sessions but are children of the engines
+        try:
+            grand.update(c.pid for c in psutil.Process(p).children(recursive=True))
+        except psutil.NoSuchProcess:
+            pass
+    r = k.run("%distributed status")
+    assert "p: 2 ranks (0-1)" in r["stdout"] and "running" in r["stdout"], r
+    r = k.run("%distributed stop")
+    assert r["status"] == "ok" and "stopped" in r["stdout"], r
+    time.sleep(0.5)
+    assert not _alive(grand), f"left running after stop: {_alive(grand)}"
+    # a pool still running at kernel shutdown is ended too
+    r = k.run("%distributed start -n 2 --name q")
+    assert r["status"] == "ok", r
+    pids3 = set(p.pid for p in psutil.Process(k.pid).children(recursive=True))
+    for p in list(pids3):
+        pids3.update(c.pid for c in psutil.Process(p).children(recursive=True))
+    k.shutdown()
+    deadline = time.monotonic() + 15
+    while _alive(pids3) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _alive(pids3), f"left running after kernel shutdown: {_alive(pids3)}"
+    kernel[1].clear()
