@@ -204,3 +204,24 @@ def test_restart_stop_and_shutdown_leave_no_process(kernel):
         time.sleep(0.2)
     assert not _alive(pids3), f"left running after kernel shutdown: {_alive(pids3)}"
     kernel[1].clear()
+
+
+def test_quickstart_notebook_runs_top_to_bottom(tmp_path):
+    import nbformat
+    from nbclient import NotebookClient
+
+    from conftest import REPO
+
+    nb = nbformat.read(REPO / "notebooks" / "01-quickstart.ipynb", as_version=4)
+    km = KernelManager(kernel_cmd=[sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"])
+    client = NotebookClient(nb, km=km, timeout=180, resources={"metadata": {"path": str(tmp_path)}})
+    client.execute()
+    texts = []
+    for cell in nb.cells:
+        for o in cell.get("outputs", []):
+            texts.append(o.get("text", "") + json.dumps(o.get("data", {})) + "\n".join(o.get("traceback", [])))
+    allout = "\n".join(texts)
+    assert "[ranks 0-1] buffer[0] = 0.0" in allout  # rank 1 ends holding rank 0's buffer
+    assert "<svg" in allout and "[rank 0] sum of (rank+1) over ranks: 3.0" in allout
+    assert "something is wrong on rank 1" in allout and "rank 0: completed the cell" in allout
+    assert nb.cells[6]["outputs"][0]["data"]["text/plain"] == "[0, 1]"
