@@ -225,3 +225,34 @@ def test_quickstart_notebook_runs_top_to_bottom(tmp_path):
     assert "<svg" in allout and "[rank 0] sum of (rank+1) over ranks: 3.0" in allout
     assert "something is wrong on rank 1" in allout and "rank 0: completed the cell" in allout
     assert nb.cells[6]["outputs"][0]["data"]["text/plain"] == "[0, 1]"
+
+
+def test_connect_to_controller_pool(tmp_path):
+    """`%distributed connect` attaches to a pool run by a real `nbmpi serve`; stop only disconnects."""
+    from test_server import Server
+
+    srv = Server(tmp_path / "data").start()
+    k = None
+    try:
+        with srv.client() as c:
+            r = c.post("/api/v1/pools", json={"ranks": 2, "name": "shared"})
+            assert r.status_code == 201, r.text
+            pool_id = r.json()["id"]
+            k = Kernel()
+            r = k.run(f"%load_ext nbmpi.kernel_ext\n%distributed connect {srv.url} --token wrong")
+            assert r["status"] == "error" and "401" in r["stderr"], r
+            r = k.run(f"%distributed connect {srv.url} --token {srv.token}")
+            assert r["status"] == "ok" and "connected to pool 'shared' (2 ranks)" in r["stdout"], r
+            r = k.run("%%distributed\nprint('remote', rank, size)")
+            assert r["stdout"] == "[rank 0] remote 0 2\n[rank 1] remote 1 2\n", r
+            r = k.run(f"%distributed stop\n%distributed connect {srv.url} --token {srv.token} --pool {pool_id} "
+                      "--name again\n%distributed status")
+            assert "disconnected" in r["stdout"] and "again: 2 ranks" in r["stdout"], r
+            assert c.get(f"/api/v1/pools/{pool_id}").json()["state"] == "running"
+            k.shutdown()
+            assert c.get(f"/api/v1/pools/{pool_id}").json()["state"] == "running"
+            c.delete(f"/api/v1/pools/{pool_id}")
+    finally:
+        if k is not None:
+            k.shutdown()
+        srv.stop()
