@@ -26,7 +26,6 @@ Semantics:
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import threading
 import time
@@ -66,39 +65,6 @@ class _Running:
     done: threading.Event = field(default_factory=threading.Event)
 
 
-def group_alive(pgid: int) -> bool:
-    """True if process group ``pgid`` still has a member."""
-    try:
-        os.killpg(pgid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-
-
-def kill_group(pgid: int, grace: float = launcher.GRACE_SECONDS, proc: Optional[subprocess.Popen] = None) -> bool:
-    """SIGTERM process group ``pgid``, SIGKILL after ``grace`` s; True if the group is gone.
-
-    ``proc``: the group leader if it is our child; it is reaped while waiting
-    (an unreaped zombie leader would keep the group alive)."""
-    for sig, wait_s in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(pgid, sig)
-        except ProcessLookupError:
-            return True
-        deadline = time.monotonic() + wait_s
-        while time.monotonic() < deadline:
-            if proc is not None:
-                proc.poll()
-            if not group_alive(pgid):
-                return True
-            time.sleep(0.02)
-    if proc is not None:
-        proc.poll()
-    return not group_alive(pgid)
-
-
 def _is_our_group(pgid: int, job_dir: str) -> bool:
     """Whether group ``pgid`` is still the job's mpiexec (guards against pid reuse after a restart)."""
     try:
@@ -132,7 +98,7 @@ class Scheduler:
         with self.sessions.begin() as s:
             for job in s.scalars(select(Job).where(Job.state == "running")):
                 if job.pgid and _is_our_group(job.pgid, job.job_dir):
-                    kill_group(job.pgid, grace=1.0)
+                    launcher.kill_group(job.pgid, grace=1.0)
                 job.state = "lost"
                 job.finished_at = time.time()
                 job.message = "the service stopped while the job was running; its ranks were ended"
@@ -325,7 +291,7 @@ class Scheduler:
                     elif time.monotonic() - failed_at > 0.5 or len(codes) == job.ranks:
                         break
                 time.sleep(_POLL_S)
-            kill_group(proc.pid, proc=proc)  # no rank of this job survives, whatever ended it
+            launcher.kill_group(proc.pid, proc=proc)  # no rank of this job survives, whatever ended it
             proc.wait()
             codes = self._rank_codes(job.job_dir, job.ranks)
             trace_dir = Path(job.job_dir) / "trace"
@@ -358,7 +324,7 @@ class Scheduler:
                 self._set_final(job.id, "failed", rc, codes, msg)
         except Exception as exc:  # noqa: BLE001 - never leave a job running in the records
             if proc.poll() is None:
-                kill_group(proc.pid, proc=proc)
+                launcher.kill_group(proc.pid, proc=proc)
             self._set_final(job.id, "failed", 1, None, f"the service failed watching the job: {exc!r}")
         finally:
             with self._lock:

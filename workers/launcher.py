@@ -78,20 +78,37 @@ def terminate_group(proc: subprocess.Popen, grace: float = GRACE_SECONDS) -> Non
     try:
         pgid = os.getpgid(proc.pid)
     except ProcessLookupError:
+        proc.poll()
         return
+    kill_group(pgid, grace, proc)
+
+
+def kill_group(pgid: int, grace: float = GRACE_SECONDS, proc: Optional[subprocess.Popen] = None) -> bool:
+    """SIGTERM process group ``pgid``, SIGKILL after ``grace`` s; True if the group is gone.
+
+    ``proc``: the group leader if it is our child; it is reaped while waiting
+    (an unreaped zombie leader would keep the group alive)."""
     for sig, wait_s in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
         try:
             os.killpg(pgid, sig)
         except ProcessLookupError:
-            return
+            if proc is not None:
+                proc.poll()
+            return True
         deadline = time.monotonic() + wait_s
         while time.monotonic() < deadline:
-            if proc.poll() is not None and not _group_alive(pgid):
-                return
-            time.sleep(0.05)
+            if proc is not None:
+                proc.poll()
+            if not group_alive(pgid):
+                return True
+            time.sleep(0.02)
+    if proc is not None:
+        proc.poll()
+    return not group_alive(pgid)
 
 
-def _group_alive(pgid: int) -> bool:
+def group_alive(pgid: int) -> bool:
+    """True if process group ``pgid`` still has a member."""
     try:
         os.killpg(pgid, 0)
         return True
