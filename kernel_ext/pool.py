@@ -194,6 +194,7 @@ class Pool:
                 os.remove(self._security(what))
         env = rank_environment(self.env)
         env["PYTHONUNBUFFERED"] = "1"
+        env["NBMPI_POOL_OWNER_PID"] = str(os.getpid())  # see rank_side: ranks end if the owner dies
         say(f"pool {self.name!r}: starting controller")
         self._controller = self._popen(
             [sys.executable, "-m", "ipyparallel.controller", f"--profile-dir={self.profile_dir}",

@@ -20,6 +20,11 @@ blocked in, its peer, since when). The thread makes no MPI call (thread level
 ``funneled`` holds) and reads only Python state, so it answers while the main
 thread is busy in user code or polling a request — that is how a hang is
 explained without interrupting the rank first.
+
+Owner watchdog: if ``NBMPI_POOL_OWNER_PID`` is set (by :meth:`Pool.start`),
+a daemon thread ends this rank (``os._exit``) within a second of that process
+disappearing, so a notebook kernel or controller that is killed outright
+(no exit handlers) leaves no rank behind.
 """
 from __future__ import annotations
 
@@ -114,6 +119,24 @@ def _start_probe() -> int:
 
 
 _rank = -1
+#: Environment variable with the pid of the process that owns the pool (set by Pool.start).
+OWNER_ENV = "NBMPI_POOL_OWNER_PID"
+
+
+def _watch_owner(pid: int, period: float = 1.0) -> None:
+    """Exit this rank when the pool's owner process is gone (it was killed without stopping the pool)."""
+    import psutil
+
+    while True:
+        time.sleep(period)
+        if not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+            os._exit(3)
+
+
+def _start_watchdog() -> None:
+    raw = os.environ.get(OWNER_ENV, "")
+    if raw.isdigit() and not any(t.name == "nbmpi-owner-watch" for t in threading.enumerate()):
+        threading.Thread(target=_watch_owner, args=(int(raw),), name="nbmpi-owner-watch", daemon=True).start()
 
 
 def setup() -> Dict[str, Any]:
@@ -143,6 +166,7 @@ def setup() -> Dict[str, Any]:
             pass
         ip.events.register(event, fn)
     port = _start_probe()
+    _start_watchdog()
     m = runtime.MPI()
     levels = {m.THREAD_SINGLE: "single", m.THREAD_FUNNELED: "funneled", m.THREAD_SERIALIZED: "serialized",
               m.THREAD_MULTIPLE: "multiple"}

@@ -256,3 +256,23 @@ def test_connect_to_controller_pool(tmp_path):
         if k is not None:
             k.shutdown()
         srv.stop()
+
+
+def test_killed_kernel_leaves_no_rank():
+    """A kernel killed outright (SIGKILL, no exit handlers) still leaves no engine or mpiexec behind."""
+    k = Kernel()
+    try:
+        r = k.run("%load_ext nbmpi.kernel_ext\n%distributed start -n 2")
+        assert r["status"] == "ok", r
+        pids = set(p.pid for p in psutil.Process(k.pid).children(recursive=True))
+        for p in list(pids):
+            pids.update(c.pid for c in psutil.Process(p).children(recursive=True))
+        assert len(pids) >= 4
+        psutil.Process(k.pid).kill()
+        deadline = time.monotonic() + 20
+        while _alive(pids) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not _alive(pids), f"left running after the kernel was killed: {_alive(pids)}"
+    finally:
+        k.kc.stop_channels()
+        k.km.cleanup_resources()
