@@ -104,13 +104,14 @@ class Pool:
     """N MPI ranks serving as ipyparallel engines (engine id == rank).
 
     Create, then :meth:`start` (blocking). Not thread-safe: one owner drives
-    it. ``work_dir`` holds the ipyparallel profile (connection files, logs);
+    it. ``bound_to_owner`` (default True): the pool ends when the process that
+    started it dies. ``work_dir`` holds the ipyparallel profile (connection files, logs);
     default a fresh temporary directory, removed by :meth:`stop`. ``env`` is
     added to the ranks' environment.
     """
 
     def __init__(self, n: int, name: Optional[str] = None, work_dir: Optional[str] = None,
-                 env: Optional[Dict[str, str]] = None):
+                 env: Optional[Dict[str, str]] = None, bound_to_owner: bool = True):
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
             raise ValueError(f"a pool needs a whole number of ranks >= 1, got n={n!r}")
         self.n = n
@@ -118,6 +119,10 @@ class Pool:
         self._own_dir = work_dir is None
         self.work_dir = work_dir or tempfile.mkdtemp(prefix=f"nbmpi-{self.name}-")
         self.env = dict(env or {})
+        #: True (notebook): the ranks and controller end when the starting process dies.
+        #: False (controller service): the pool outlives its starter, which re-attaches
+        #: to it or ends it after a restart.
+        self.bound_to_owner = bool(bound_to_owner)
         self.ranks = list(range(n))
         self.hosts: List[str] = []
         self.rank_info: List[Dict[str, Any]] = []
@@ -183,7 +188,8 @@ class Pool:
         main = threading.current_thread() is threading.main_thread()
         return subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 cwd=self.work_dir, start_new_session=True,
-                                preexec_fn=_pdeathsig if main and sys.platform.startswith("linux") else None)
+                                preexec_fn=(_pdeathsig if self.bound_to_owner and main and sys.platform.startswith("linux")
+                                            else None))
 
     def _start(self, say: Callable[[str], None], deadline: float, timeout: float) -> None:
         import ipyparallel as ipp
@@ -194,7 +200,10 @@ class Pool:
                 os.remove(self._security(what))
         env = rank_environment(self.env)
         env["PYTHONUNBUFFERED"] = "1"
-        env["NBMPI_POOL_OWNER_PID"] = str(os.getpid())  # see rank_side: ranks end if the owner dies
+        if self.bound_to_owner:
+            env["NBMPI_POOL_OWNER_PID"] = str(os.getpid())  # see rank_side: ranks end if the owner dies
+        else:
+            env.pop("NBMPI_POOL_OWNER_PID", None)
         say(f"pool {self.name!r}: starting controller")
         self._controller = self._popen(
             [sys.executable, "-m", "ipyparallel.controller", f"--profile-dir={self.profile_dir}",

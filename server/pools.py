@@ -196,7 +196,8 @@ class PoolManager:
             self._reserved[pool_id] = req.ranks
             self._locks[pool_id] = threading.RLock()
         os.makedirs(work_dir, exist_ok=True)
-        pool = Pool(req.ranks, name=req.name or f"pool-{pool_id}", work_dir=work_dir)
+        pool = Pool(req.ranks, name=req.name or f"pool-{pool_id}", work_dir=work_dir,
+                    bound_to_owner=False)  # pools outlive a service restart (re-attached by reconcile)
         try:
             pool.start(timeout=START_TIMEOUT_S)
             conn = pool.connection_info()
