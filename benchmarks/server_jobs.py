@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -32,34 +31,16 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from reporting import md_table, target, targets_table, write_results  # noqa: E402
 
+from nbmpi.server.demo import start_service, stop_service  # noqa: E402
+
 TRIVIAL = "from nbmpi.workers import world\nprint('rank', world().Get_rank())\n"
 FINAL = ("succeeded", "failed", "cancelled", "timed_out", "lost")
 
 
 def start_server(data_dir: Path, max_ranks: int):
-    env = dict(os.environ, NBMPI_CONFIG=str(data_dir.parent / "client.json"))
-    proc = subprocess.Popen([sys.executable, "-m", "nbmpi.workers.cli", "serve", "--port", "0", "--data-dir",
-                             str(data_dir), "--max-ranks", str(max_ranks), "--no-pools"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                            start_new_session=True)
-    url = None
-    while url is None:
-        line = proc.stdout.readline()
-        if not line:
-            raise RuntimeError("nbmpi serve exited before listening")
-        if "listening on " in line:
-            url = line.split("listening on ")[1].split()[0]
+    """The controller via the demo's start_service, plus the generated token."""
+    proc, url = start_service(data_dir, max_ranks, config=data_dir.parent / "client.json", echo=False)
     token = next(iter(json.loads((data_dir / "users.json").read_text())))
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            if httpx.get(url + "/api/health", timeout=2).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline:
-            raise RuntimeError("nbmpi serve did not answer")
-        time.sleep(0.05)
     return proc, url, token
 
 
@@ -134,12 +115,7 @@ def main() -> int:
                      missing_records=len(set(accepted) - all_ids), submit_s=t_submitted, total_s=total,
                      jobs_per_s=burst_n / total, max_ranks=4)
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_service(proc)
     targets = [
         target(f"burst of {burst_n}: jobs succeeded", burst["succeeded"], burst_n),
         target("burst: jobs lost or missing", burst["lost"] + burst["missing_records"], 0, higher_is_better=False),

@@ -30,15 +30,19 @@ import httpx
 EXAMPLE = Path(__file__).resolve().parent / "example_job.py"
 
 
-def _start_service(data_dir: Path, max_ranks: int):
-    env = dict(os.environ, NBMPI_CONFIG=str(data_dir / "client.json"))
+def start_service(data_dir: Path, max_ranks: int, config: Optional[Path] = None, echo: bool = True):
+    """Start ``nbmpi serve`` (no pools) on a free 127.0.0.1 port with ``data_dir``; return ``(proc, url)``
+    once ``/api/health`` answers. ``config``: client config file (default ``data_dir/client.json``).
+    ``echo`` prints the service's start-up lines. Stop it with :func:`stop_service`."""
+    env = dict(os.environ, NBMPI_CONFIG=str(config or data_dir / "client.json"))
     proc = subprocess.Popen([sys.executable, "-m", "nbmpi.workers.cli", "serve", "--port", "0", "--data-dir",
                              str(data_dir), "--max-ranks", str(max_ranks), "--no-pools"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                             start_new_session=True)
     url = None
     for line in proc.stdout:
-        print(line, end="", flush=True)
+        if echo:
+            print(line, end="", flush=True)
         if "listening on " in line:
             url = line.split("listening on ")[1].split()[0]
         if "client configuration" in line:
@@ -53,9 +57,19 @@ def _start_service(data_dir: Path, max_ranks: int):
         except httpx.HTTPError:
             pass
         if time.monotonic() > deadline:
-            proc.terminate()
+            stop_service(proc)
             raise RuntimeError("nbmpi serve did not answer /api/health within 60 s")
         time.sleep(0.1)
+
+
+def stop_service(proc: subprocess.Popen, timeout: float = 30) -> None:
+    """SIGTERM a service started by :func:`start_service`; SIGKILL if it has not ended in ``timeout`` s."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def main(data_dir: Optional[str] = None, ranks: int = 2) -> int:
@@ -66,7 +80,7 @@ def main(data_dir: Optional[str] = None, ranks: int = 2) -> int:
     d = Path(data_dir).expanduser().resolve() if data_dir else Path(tempfile.mkdtemp(prefix="nbmpi-demo-"))
     d.mkdir(parents=True, exist_ok=True)
     print(f"== nbmpi demo: starting the controller (data directory {d})", flush=True)
-    proc, url = _start_service(d, max_ranks=max(ranks, os.cpu_count() or 1))
+    proc, url = start_service(d, max_ranks=max(ranks, os.cpu_count() or 1))
     try:
         token = json.loads((d / "client.json").read_text())["token"]
         with Client(url, token) as c:
@@ -98,11 +112,6 @@ def main(data_dir: Optional[str] = None, ranks: int = 2) -> int:
         print(f"nbmpi demo: {exc}", file=sys.stderr)
         rc = 1
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_service(proc)
         print("== controller stopped", flush=True)
     return rc
