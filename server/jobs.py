@@ -247,28 +247,23 @@ class Scheduler:
         except Exception as exc:  # noqa: BLE001 - e.g. no mpiexec: the job fails with the reason
             self._set_final(job.id, "failed", exit_code=1, message=f"could not start mpiexec: {exc}")
             return
-        if job.timeout:
-            rj.deadline = time.monotonic() + job.timeout
-        with self.sessions.begin() as s:
-            row = s.get(Job, job.id)
-            row.state = "running"
-            row.started_at = time.time()
-            row.pgid = rj.proc.pid
-        self._running[job.id] = rj
-        threading.Thread(target=self._monitor_batch, args=(rj, job), name=f"nbmpi-job-{job.id}",
-                         daemon=True).start()
+        self._go_running(rj, job, self._monitor_batch, pgid=rj.proc.pid)
 
     def _start_pool_job(self, job: Job) -> None:
-        rj = _Running(job.id, job.ranks, job.pool_id)
+        self._go_running(_Running(job.id, job.ranks, job.pool_id), job, self._monitor_pool_job)
+
+    def _go_running(self, rj: _Running, job: Job, monitor, pgid: Optional[int] = None) -> None:
+        """Record ``job`` as running (with its deadline and process group) and start its monitor thread."""
         if job.timeout:
             rj.deadline = time.monotonic() + job.timeout
         with self.sessions.begin() as s:
             row = s.get(Job, job.id)
             row.state = "running"
             row.started_at = time.time()
+            if pgid is not None:
+                row.pgid = pgid
         self._running[job.id] = rj
-        threading.Thread(target=self._monitor_pool_job, args=(rj, job), name=f"nbmpi-job-{job.id}",
-                         daemon=True).start()
+        threading.Thread(target=monitor, args=(rj, job), name=f"nbmpi-job-{job.id}", daemon=True).start()
 
     # -- runners -------------------------------------------------------------------------
     def _monitor_batch(self, rj: _Running, job: Job) -> None:
