@@ -69,9 +69,10 @@ def _pre_run_cell(info=None) -> None:  # noqa: ARG001 - IPython passes Execution
 def _post_run_cell(result=None) -> None:  # noqa: ARG001
     tr = state.tracer
     if tr is not None:
-        if tr.n < state.mark:  # the tracer was cleared during the cell
+        end = tr.mark()  # flushes deferred put/take records
+        if end < state.mark:  # the tracer was cleared during the cell
             state.mark = 0
-        state.end = tr.n
+        state.end = end
     state.t_end_ns = time.perf_counter_ns()
     state.running = False
 
@@ -186,7 +187,8 @@ def cell_events() -> Dict[str, Any]:
     from nbmpi.workers import tracing
 
     tr = state.tracer or tracing.get_tracer()
-    end = tr.n if state.running else min(state.end, tr.n)
+    n = tr.mark()  # flushes deferred put/take records
+    end = n if state.running else min(state.end, n)
     ev = np.array(tr.events()[state.mark:end], dtype=np.int64, copy=True)
     ts, te = tracing.FIELDS.index("t_start"), tracing.FIELDS.index("t_end")
     ev[:, ts] += tr.offset_ns

@@ -130,6 +130,9 @@ for _ in range(25):
     elif rank == 1:
         ch.take(0)
 if rank in (0, 1):
+    check(small.pend == 1, "the last put/take record is deferred until the next flush", str(small.pend))
+    small.flush()
+    check(small.pend == 0, "flush writes the deferred record", str(small.pend))
     check(small.n == 25 and small.cap >= 25 and small.dropped == 0, "buffer grew without loss",
           f"n={small.n} cap={small.cap} dropped={small.dropped}")
     kinds = small.events()[:, C["kind"]]
@@ -141,6 +144,7 @@ for _ in range(25):
     elif rank == 1:
         ch.take(0)
 if rank in (0, 1):
+    small.flush()
     check(small.n == 40 and small.cap == 40 and small.dropped == 10, "beyond max_events: dropped counted",
           f"n={small.n} cap={small.cap} dropped={small.dropped}")
 grown = small.gather(root=0)

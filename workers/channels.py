@@ -59,7 +59,6 @@ K_BCAST = _tracing.register_kind("bcast")
 K_SCATTER = _tracing.register_kind("scatter")
 K_GATHER = _tracing.register_kind("gather")
 _SEND, _RECV = _tracing.DIR_SEND, _tracing.DIR_RECV
-_PACK, _ROW = _tracing.PACK, _tracing.ROW_BYTES
 _now = time.perf_counter_ns
 _UNSET: Any = object()
 _MAX_DIMS = 8
@@ -268,7 +267,9 @@ class ArrayChannel:
     # -- point to point -----------------------------------------------------------------------
     # put/take are the latency-critical path: the request for a peer is found with
     # one dict lookup (validation and creation happen on the first miss), and the
-    # trace record is written inline (tracing.PACK) rather than via Tracer.record.
+    # trace record is deferred inline (Tracer.defer: a few attribute stores) and
+    # written by Tracer.flush after the next send has started or while blocked,
+    # so no record is packed between a message's arrival and the reply.
     def put(self, dest: int, timeout: Optional[float] = _UNSET) -> None:
         """Send this rank's whole buffer to ``dest``'s buffer. Blocking, rendezvous.
 
@@ -276,22 +277,25 @@ class ArrayChannel:
         buffer may then be modified. Raises ChannelTimeout after ``timeout`` s.
         """
         try:
-            req, peer, wpeer = self._put_reqs[dest]
+            req, site = self._put_reqs[dest]
         except KeyError:
-            req, peer, wpeer = self._p2p_req(dest, True)
+            req, site = self._p2p_req(dest, True)
         tr = _tracing._TRACER
         if tr.enabled:
             t0 = _now()
             req.Start()
+            if tr.pend:
+                tr.flush()  # the message is on its way: this costs the partner nothing
             if not req.Test():
                 self._block(req, timeout, dest, "put(dest=%d)" % dest, False)
-            n = tr.n
-            if n < tr.cap:
-                _PACK(tr.buf, n * _ROW, K_PUT, _SEND, wpeer, TAG_PUT, self.nbytes, t0, _now(), -1, -1,
-                      self.chan_id, 0)
-                tr.n = n + 1
+            t1 = _now()
+            p = tr.pend
+            if p == 0:
+                tr.site1, tr.t0_1, tr.t1_1, tr.pend = site, t0, t1, 1
+            elif p == 1:
+                tr.site2, tr.t0_2, tr.t1_2, tr.pend = site, t0, t1, 2
             else:
-                tr.record(K_PUT, _SEND, wpeer, TAG_PUT, self.nbytes, t0, _now(), -1, -1, self.chan_id)
+                tr.defer(site, t0, t1)
         else:
             req.Start()
             if not req.Test():
@@ -303,22 +307,25 @@ class ArrayChannel:
         Returns the buffer. Raises ChannelTimeout after ``timeout`` s.
         """
         try:
-            req, peer, wpeer = self._take_reqs[src]
+            req, site = self._take_reqs[src]
         except KeyError:
-            req, peer, wpeer = self._p2p_req(src, False)
+            req, site = self._p2p_req(src, False)
         tr = _tracing._TRACER
         if tr.enabled:
             t0 = _now()
             req.Start()
             if not req.Test():
+                if tr.pend:
+                    tr.flush()  # we wait anyway
                 self._block(req, timeout, src, "take(src=%d)" % src)
-            n = tr.n
-            if n < tr.cap:
-                _PACK(tr.buf, n * _ROW, K_TAKE, _RECV, wpeer, TAG_PUT, self.nbytes, t0, _now(), -1, -1,
-                      self.chan_id, 0)
-                tr.n = n + 1
+            t1 = _now()
+            p = tr.pend
+            if p == 0:
+                tr.site1, tr.t0_1, tr.t1_1, tr.pend = site, t0, t1, 1
+            elif p == 1:
+                tr.site2, tr.t0_2, tr.t1_2, tr.pend = site, t0, t1, 2
             else:
-                tr.record(K_TAKE, _RECV, wpeer, TAG_PUT, self.nbytes, t0, _now(), -1, -1, self.chan_id)
+                tr.defer(site, t0, t1)
         else:
             req.Start()
             if not req.Test():
@@ -326,16 +333,20 @@ class ArrayChannel:
         return self._buffer
 
     def _p2p_req(self, other: int, sending: bool):
-        """Slow path of put/take: validate, then create the persistent request once."""
+        """Slow path of put/take: validate, then create the persistent request once.
+
+        Returns ``(request, trace site)``; the site holds the record's static fields.
+        """
         op = f"put(dest={other})" if sending else f"take(src={other})"
         self._usable(op)
         peer = self._peer(other, op)
+        wpeer = self._tracer_rank_of[peer]
         if sending:
             req = self.comm.Ssend_init([self._bytes, self._byte_type], peer, TAG_PUT)
-            entry = self._put_reqs[other] = (req, peer, self._tracer_rank_of[peer])
+            entry = self._put_reqs[other] = (req, (K_PUT, _SEND, wpeer, TAG_PUT, self.nbytes, self.chan_id))
         else:
             req = self.comm.Recv_init([self._bytes, self._byte_type], peer, TAG_PUT)
-            entry = self._take_reqs[other] = (req, peer, self._tracer_rank_of[peer])
+            entry = self._take_reqs[other] = (req, (K_TAKE, _RECV, wpeer, TAG_PUT, self.nbytes, self.chan_id))
         return entry
 
     def _block(self, req, timeout, other: int, op: str, cancellable: bool = True) -> None:

@@ -61,9 +61,7 @@ def kind_names() -> List[str]:
 for _k in ("put", "take", "reduce", "allreduce", "bcast", "scatter", "gather", "barrier"):
     register_kind(_k)
 
-#: ``PACK(tracer.buf, tracer.n * ROW_BYTES, *fields)`` writes one record. Hot
-#: paths (channel put/take) inline this instead of calling :meth:`Tracer.record`
-#: (saves the Python call, ~40% of the cost), guarded by ``tracer.n < tracer.cap``.
+#: ``PACK(buf, offset, *fields)`` writes one record (used by :meth:`Tracer.record`).
 PACK = struct.Struct("<" + "q" * NF).pack_into
 ROW_BYTES = 8 * NF
 _PACK, _ROW_BYTES = PACK, ROW_BYTES
@@ -80,7 +78,8 @@ class Tracer:
     """
 
     __slots__ = ("comm", "rank", "size", "enabled", "max_events", "buf", "cap", "n", "dropped",
-                 "offset_ns", "offset_err_ns", "_next_chan", "_lock")
+                 "offset_ns", "offset_err_ns", "_next_chan", "_lock",
+                 "pend", "site1", "t0_1", "t1_1", "site2", "t0_2", "t1_2")
 
     def __init__(self, comm, enabled: bool = True, capacity: int = 1 << 14, max_events: int = 1 << 22):
         self.comm = comm
@@ -96,12 +95,60 @@ class Tracer:
         self.offset_err_ns = 0
         self._next_chan = 1
         self._lock = threading.Lock()
+        #: Deferred records of the latency-critical put/take path (see :meth:`defer`).
+        self.pend = 0
+        self.site1 = self.site2 = None
+        self.t0_1 = self.t1_1 = self.t0_2 = self.t1_2 = 0
 
     # -- recording -------------------------------------------------------------
+    # Deferred records. A blocking put/take record written right after the
+    # operation completes sits on the critical path of a ping-pong: the partner's
+    # reply is usually already there. So channel put/take only note their
+    # record in two slots (``site`` = the static fields, a tuple made once per
+    # channel and peer; ``t0``/``t1``) with a few attribute stores, inline:
+    #     if tr.pend == 0: tr.site1, tr.t0_1, tr.t1_1, tr.pend = site, t0, t1, 1
+    #     elif tr.pend == 1: tr.site2, tr.t0_2, tr.t1_2, tr.pend = site, t0, t1, 2
+    #     else: tr.flush(); (then slot 1)
+    # and call :meth:`flush` where it costs nothing: after the next ``Start``
+    # of a send (the message is on its way) or while blocked waiting. Every
+    # reader of the buffer (record, events, mark, gather, clear) flushes first,
+    # so the buffer stays in completion order and nothing is ever lost.
+    def flush(self) -> None:
+        """Write the deferred put/take records into the buffer (oldest first). Never blocks."""
+        p = self.pend
+        if not p:
+            return
+        self.pend = 0
+        s = self.site1
+        self._write(s[0], s[1], s[2], s[3], s[4], self.t0_1, self.t1_1, -1, -1, s[5], 0)
+        if p == 2:
+            s = self.site2
+            self._write(s[0], s[1], s[2], s[3], s[4], self.t0_2, self.t1_2, -1, -1, s[5], 0)
+
+    def defer(self, site: tuple, t_start: int, t_end: int) -> None:
+        """Note a blocking point-to-point record to be written at the next flush.
+
+        ``site = (kind, dir, peer, tag, nbytes, chan)``; the record gets
+        ``wait=-1, seq=-1`` (derived by order matching). The hot path inlines this.
+        """
+        p = self.pend
+        if p == 0:
+            self.site1, self.t0_1, self.t1_1, self.pend = site, t_start, t_end, 1
+        elif p == 1:
+            self.site2, self.t0_2, self.t1_2, self.pend = site, t_start, t_end, 2
+        else:
+            self.flush()
+            self.site1, self.t0_1, self.t1_1, self.pend = site, t_start, t_end, 1
+
     def record(self, kind: int, direction: int, peer: int, tag: int, nbytes: int,
                t_start: int, t_end: int, wait: int = -1, seq: int = 0, chan: int = 0,
                count: int = 0) -> None:
         """Append one event (times from ``time.perf_counter_ns()``). Never blocks."""
+        if self.pend:
+            self.flush()
+        self._write(kind, direction, peer, tag, nbytes, t_start, t_end, wait, seq, chan, count)
+
+    def _write(self, kind, direction, peer, tag, nbytes, t_start, t_end, wait, seq, chan, count) -> None:
         n = self.n
         if n >= self.cap and not self._grow():
             self.dropped += 1
@@ -121,14 +168,19 @@ class Tracer:
 
     def events(self, since: int = 0) -> np.ndarray:
         """This rank's events from index ``since`` as an ``(n, NF)`` int64 view (local clock)."""
+        if self.pend:
+            self.flush()
         return self.buf[: self.n * NF].reshape(-1, NF)[since:]
 
     def mark(self) -> int:
-        """An index to pass as ``since`` later, to gather only what follows."""
+        """An index to pass as ``since`` later, to gather only what follows (flushes deferred records)."""
+        if self.pend:
+            self.flush()
         return self.n
 
     def clear(self) -> None:
-        """Forget all recorded events (local, not collective)."""
+        """Forget all recorded events, deferred ones included (local, not collective)."""
+        self.pend = 0
         self.n = 0
         self.dropped = 0
 
