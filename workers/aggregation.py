@@ -98,6 +98,7 @@ _now = time.perf_counter_ns
 _UNSET: Any = object()
 _POLLS_BETWEEN_CLOCK_CHECKS = 64
 REASON_FULL, REASON_FLUSH = 0, 1
+_INFLIGHT_BUDGET_BYTES = 8 << 20   # memory the default buffer counts may use beyond the minimum
 
 # Aggregators that are open in this process; every wait progresses all of them.
 _live: List["Aggregator"] = []
@@ -133,8 +134,11 @@ def _bucket(dests, words, start, stop, pool, pos, lim, free, meta, ready):  # pr
             meta[0] = nf
             p = free[nf] * cap
             lim[d] = p + cap
-        for j in range(w):
-            pool[p, j] = words[i, j]
+        if w == 1:  # one machine word per item (e.g. one int64 field): no inner loop
+            pool[p, 0] = words[i, 0]
+        else:
+            for j in range(w):
+                pool[p, j] = words[i, j]
         p += 1
         i += 1
         if p == lim[d]:
@@ -149,6 +153,21 @@ def _bucket(dests, words, start, stop, pool, pos, lim, free, meta, ready):  # pr
             pos[d] = p
     meta[1] = nready
     return i
+
+
+@numba.njit(cache=True, nogil=True)
+def _first_bad_dest(dests, size):  # pragma: no cover - compiled
+    """Index of the first destination outside ``0..size-1``, or -1 (one vectorised pass)."""
+    bad = False
+    n = dests.shape[0]
+    for i in range(n):
+        bad |= np.uint64(dests[i]) >= np.uint64(size)
+    if not bad:
+        return -1
+    for i in range(n):
+        if dests[i] < 0 or dests[i] >= size:
+            return i
+    return -1
 
 
 def _word_dtype(itemsize: int) -> np.dtype:
@@ -228,12 +247,17 @@ class Aggregator:
         buffer_items = int(buffer_items)
         if buffer_items < 1:
             raise AggregationError(f"rank {prank}: {self.name}: buffer_items={buffer_items}; expected >= 1")
-        npool = 2 * size + 2 if pool_buffers is None else int(pool_buffers)
+        # default counts: enough buffers in flight that a rank rarely waits for a peer to handle
+        # (up to 4 per peer), within an in-flight memory budget, never below the old minimum
+        extra = _INFLIGHT_BUDGET_BYTES // max(1, buffer_items * dt.itemsize)
+        npool = (size + 1 + int(min(max(extra, size + 1), 4 * size + 4))) if pool_buffers is None \
+            else int(pool_buffers)
         if npool < size + 1:
             raise AggregationError(
                 f"rank {prank}: {self.name}: pool_buffers={npool} is too small for {size} ranks; expected at "
                 f"least size + 1 = {size + 1} (one buffer per destination plus one in flight)")
-        nrecv = (max(4, 2 * (size - 1)) if size > 1 else 0) if recv_buffers is None else int(recv_buffers)
+        lo_r, hi_r = max(4, 2 * (size - 1)), max(8, 4 * (size - 1))
+        nrecv = (int(min(max(extra, lo_r), hi_r)) if size > 1 else 0) if recv_buffers is None else int(recv_buffers)
         if size > 1 and nrecv < 1:
             raise AggregationError(f"rank {prank}: {self.name}: recv_buffers={nrecv}; expected >= 1")
         if size == 1:
@@ -305,7 +329,10 @@ class Aggregator:
         self._rstats = [m.Status() for _ in range(nrecv)]
         for r in self._rreqs:
             r.Start()
-        self._inflight: List[Tuple[Any, int, int]] = []       # (request, buffer, dest)
+        # sends in flight, as parallel lists (one Testsome over _sreqs completes them in a batch)
+        self._sreqs: List[Any] = []
+        self._sbufs: List[int] = []
+        self._sdests: List[int] = []
         self._pending: Deque[Tuple[int, int, int, int]] = deque()  # (recv index, src, rows, tag)
         self._local: Deque[Tuple[int, int]] = deque()          # (pool buffer, rows) for this rank
         self._send_seq = [0] * size
@@ -463,9 +490,9 @@ class Aggregator:
         if n == 0:
             return
         d = np.ascontiguousarray(d, dtype=np.int64)
-        lo, hi = int(d.min()), int(d.max())
-        if lo < 0 or hi >= self.size:
-            raise self._bad_dest(lo if lo < 0 else hi, "push_many")
+        bad = _first_bad_dest(d, self.size)
+        if bad >= 0:
+            raise self._bad_dest(int(d[bad]), f"push_many (item {bad})")
         words = np.ascontiguousarray(items).view(np.uint8).reshape(n, self.itemsize).view(self._word)
         i = 0
         while True:
@@ -518,11 +545,13 @@ class Aggregator:
         tag = seq % self._tag_mod
         t0 = _now()
         req = self.comm.Issend([self._pool_bytes[b, :nbytes], self._byte], d, tag)
-        self._inflight.append((req, b, d))
+        self._sreqs.append(req)
+        self._sbufs.append(b)
+        self._sdests.append(d)
         st["messages_sent"] += 1
         st["bytes_sent"] += nbytes
-        if len(self._inflight) > st["max_inflight"]:
-            st["max_inflight"] = len(self._inflight)
+        if len(self._sreqs) > st["max_inflight"]:
+            st["max_inflight"] = len(self._sreqs)
         tr = _tracing._TRACER
         if tr is not None and tr.enabled:
             tr.record(K_BUFFER, _SEND, self._wrank[d], 0, nbytes, t0, _now(), 0, tag, self.chan_id, rows)
@@ -541,16 +570,22 @@ class Aggregator:
 
     # ------------------------------------------------------------------ progress (never blocks)
     def _progress(self) -> None:
-        if self._inflight:
-            still = []
-            free, meta = self._free, self._meta
-            for entry in self._inflight:
-                if entry[0].Test():
-                    free[meta[0]] = entry[1]
+        if self._sreqs:
+            done = self._testsome(self._sreqs)
+            if done:
+                free, meta = self._free, self._meta
+                sbufs = self._sbufs
+                for k in done:
+                    free[meta[0]] = sbufs[k]
                     meta[0] += 1
+                if len(done) == len(sbufs):
+                    self._sreqs, self._sbufs, self._sdests = [], [], []
                 else:
-                    still.append(entry)
-            self._inflight = still
+                    gone = set(done)
+                    keep = [k for k in range(len(sbufs)) if k not in gone]
+                    self._sreqs = [self._sreqs[k] for k in keep]
+                    self._sbufs = [sbufs[k] for k in keep]
+                    self._sdests = [self._sdests[k] for k in keep]
         if self._stage_pos < self._stage_end:
             self._drain()
         if self._rreqs:
@@ -600,14 +635,13 @@ class Aggregator:
                     f"items from rank {src}; expected 0..{limit} (replies_per_item={self.replies_per_item}); "
                     "raise replies_per_item or return the number of rows written")
             if n:
-                od = self._out_dests[:n]
-                lo, hi = int(od.min()), int(od.max())
-                if lo < 0 or hi >= self.size:
+                bad = _first_bad_dest(self._out_dests[:n], self.size)
+                if bad >= 0:
                     self._broken = "its handler produced a reply for a rank outside the communicator"
                     raise AggregationError(
                         f"rank {self.rank}: {self.name}: the handler wrote reply destination "
-                        f"{lo if lo < 0 else hi} (handling items from rank {src}); destinations must be ranks "
-                        f"0..{self.size - 1}")
+                        f"{int(self._out_dests[bad])} (row {bad}, handling items from rank {src}); destinations "
+                        f"must be ranks 0..{self.size - 1}")
                 self._stage_pos, self._stage_end = 0, n
                 self._drain()
         self._st["items_handled"] += rows
@@ -622,7 +656,7 @@ class Aggregator:
 
     def _busy(self) -> bool:
         """True while this rank still has work for this aggregator (besides partial buffers)."""
-        return bool(self._pending or self._local or self._inflight or self._stage_pos < self._stage_end)
+        return bool(self._pending or self._local or self._sreqs or self._stage_pos < self._stage_end)
 
     # ------------------------------------------------------------------ waiting
     def _wait_until(self, cond: Callable[[], bool], op: str, timeout: Any = _UNSET) -> None:
@@ -630,7 +664,7 @@ class Aggregator:
         timeout = self.timeout if timeout is _UNSET else timeout
         t0 = time.monotonic()
         deadline = None if timeout is None else t0 + timeout
-        peer = self._inflight[0][2] if self._inflight else None
+        peer = self._sdests[0] if self._sdests else None
         waiting.current = (op, peer, _now())
         polls = 0
         try:
@@ -643,7 +677,7 @@ class Aggregator:
                 if polls >= _POLLS_BETWEEN_CLOCK_CHECKS:
                     polls = 0
                     if deadline is not None and time.monotonic() > deadline:
-                        peer = self._inflight[0][2] if self._inflight else None
+                        peer = self._sdests[0] if self._sdests else None
                         self._broken = f"{op} timed out"
                         raise AggregationTimeout(self.rank, peer, f"{op} on {self.name}", time.monotonic() - t0,
                                                  self._describe_state())
@@ -655,8 +689,8 @@ class Aggregator:
 
     def _describe_state(self) -> str:
         st = self._st
-        return (f"{len(self._inflight)} send(s) in flight to rank(s) "
-                f"{sorted({e[2] for e in self._inflight})}, {len(self._pending)} received buffer(s) unhandled, "
+        return (f"{len(self._sreqs)} send(s) in flight to rank(s) "
+                f"{sorted(set(self._sdests))}, {len(self._pending)} received buffer(s) unhandled, "
                 f"{st['messages_sent']} buffers sent and {st['messages_handled']} received+handled here")
 
     # ------------------------------------------------------------------ flush (termination detection)
@@ -818,7 +852,7 @@ class Aggregator:
             except Exception:  # noqa: BLE001 - a request that could not be cancelled
                 pass
         self._rreqs = []
-        if self._broken is None and not self._inflight and hasattr(self, "comm"):
+        if self._broken is None and not self._sreqs and hasattr(self, "comm"):
             try:
                 self.comm.Free()
             except Exception:  # noqa: BLE001
