@@ -550,3 +550,71 @@ print("ok", rank)
 ''', n=4)
     assert_ok(proc)
     assert proc.stdout.count("ok") == 4
+
+
+SAME_NODE = PRELUDE + r'''
+import os
+from nbmpi.workers import gather_trace, get_tracer
+
+shm_on = os.environ.get("NBMPI_SHM_MIN_BYTES") != "off"
+# 70001 float32 = 280004 bytes: above the shared-memory threshold, not a multiple of 64.
+ch = ArrayChannel(70001, np.float32, name="big")
+others = [r for r in range(size) if r != rank]
+check(ch.same_node_peers == (others if shm_on else []), "same_node_peers", str(ch.same_node_peers))
+leftover = [f for f in os.listdir("/dev/shm") if f.startswith(f"nbmpi-{os.getpid()}-")]
+check(leftover == [], "segments are unlinked once mapped", str(leftover))
+small = ArrayChannel(100, np.float64, name="small")
+check(small.same_node_peers == [], "small channels stay on MPI messages", str(small.same_node_peers))
+keep = InPlace(ch)
+base = np.arange(70001, dtype=np.float32)
+mark = get_tracer().mark()
+rounds = 0
+for a in range(size):                      # every ordered pair, both directions, several rounds
+    for b in range(a + 1, size):
+        for it in range(3):
+            if rank == a:
+                ch.buffer[...] = base + 1000 * a + it
+                ch.put(b)
+                ch.take(b)
+                same(ch.buffer, base + 1000 * b + it + 0.5, f"reply from {b} round {it}")
+            elif rank == b:
+                got = ch.take(a)
+                check(got is ch.buffer, "take returns the buffer")
+                same(ch.buffer, base + 1000 * a + it, f"data from {a} round {it}")
+                ch.buffer[...] = base + 1000 * b + it + 0.5
+                ch.put(a)
+            rounds += 1
+keep.check("shared-memory put/take keep the one buffer")
+ch.buffer += 1.0                           # in-place op through the property: allowed
+expect_error("buffer cannot be replaced", ChannelError, lambda: setattr(ch, "buffer", base), "ch.buffer[...]")
+ch.buffer[...] = rank
+ch.allreduce("sum")                        # collectives on a shared-memory buffer
+same(ch.buffer, np.full(70001, sum(range(size)), np.float32), "allreduce on the shared buffer")
+tr = gather_trace(since=mark)
+if rank == 0:
+    p2p = [i for i in range(len(tr)) if tr.op_label(i).split("(")[0] in ("put", "take")]
+    check(len(p2p) == 4 * rounds, "one trace event per put and per take", f"{len(p2p)} != {4 * rounds}")
+    matched = set(tr.flow_pairs.ravel().tolist())
+    check(all(i in matched for i in p2p), "every put matched to its take (flow arrows)",
+          f"{len(tr.flow_pairs)} flow pairs for {len(p2p)} events")
+comm.Barrier()
+if shm_on:
+    # a timed-out shared-memory take cannot be undone: clear error, then the channel refuses work
+    if rank == 0:
+        expect_error("shm take timeout", ChannelTimeout, lambda: ch.take(1, timeout=0.3), "rank 0", "take(src=1)")
+        expect_error("unusable after an abandoned transfer", ChannelError, lambda: ch.put(1), "unusable",
+                     "create a new channel")
+    comm.Barrier()
+ch.close(); small.close()
+print(f"[rank {rank}] same-node OK", flush=True)
+'''
+
+
+@pytest.mark.parametrize("n,shm", [(2, "on"), (3, "on"), (2, "off")])
+def test_same_node_shared_memory_put_take(run_mpi, n, shm):
+    """Large channels on one node move put/take data through shared memory (split copy);
+    results, tracing and errors are the same as with MPI messages (NBMPI_SHM_MIN_BYTES=off)."""
+    env = {"NBMPI_SHM_MIN_BYTES": "off"} if shm == "off" else {"NBMPI_SHM_MIN_BYTES": ""}
+    proc = run_mpi(SAME_NODE, n=n, env=env)
+    assert_ok(proc)
+    assert proc.stdout.count("same-node OK") == n

@@ -7,6 +7,17 @@ data a rank works on stays in cache between messages. Nothing is pickled:
 transfers are MPI buffer operations on persistent requests that are created
 once per (operation, peer) and restarted for each message.
 
+Same-node put/take: a channel of at least ``NBMPI_SHM_MIN_BYTES`` (default
+64 KiB; ``off`` disables) keeps its buffers in POSIX shared memory
+(:mod:`nbmpi.workers.node_shared_memory`). Between two ranks on one node,
+``put``/``take`` then move the data with ONE copy instead of MPI's two (sender
+-> shared bounce buffer -> receiver), split in half: the sender copies the
+first half into the receiver's buffer while the receiver copies the second
+half out of the sender's, so both cores work. The rendezvous is kept by
+zero-byte messages on persistent requests (ready / done, both directions).
+``ch.same_node_peers`` lists the partners reached this way. Other ranks and
+all collectives use MPI messages as above.
+
 Semantics (all ranks given as ranks of the channel's ``comm``):
 
 * ``put(dest)`` / ``take(src)``: rendezvous point-to-point. ``put`` is a
@@ -31,12 +42,18 @@ participants in the same order. Blocking waits honour ``timeout=`` (default:
 the channel's ``timeout``, else ``NBMPI_TIMEOUT``, else forever) and raise
 :class:`~nbmpi.workers.errors.ChannelTimeout` naming the waiting rank, the
 peer and the operation. They are interruptible (Ctrl-C, Jupyter interrupt):
-the pending request is cancelled and the channel stays usable.
+a pending receive is cancelled and the channel stays usable. A send cannot be
+cancelled (MPICH), nor can a same-node transfer be undone halfway, so a
+timed-out or interrupted ``put`` (and a same-node ``take``) makes the channel
+unusable: further calls raise :class:`ChannelError` saying why; create a new
+channel.
 """
 from __future__ import annotations
 
 import atexit
+import os
 import time
+import warnings
 import weakref
 import zlib
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
@@ -47,11 +64,17 @@ from . import tracing as _tracing
 from . import waiting
 from .errors import ChannelError, ChannelTimeout
 from .kernels import combiner, describe_op
+from .node_shared_memory import NodeSegments
 from .runtime import MPI, default_timeout, world
 
 __all__ = ["ArrayChannel"]
 
 TAG_PUT, TAG_REDUCE, TAG_BCAST, TAG_SCATTER, TAG_GATHER = 11, 12, 13, 14, 15
+#: Zero-byte handshake messages of the same-node put/take (see ArrayChannel._shm_put).
+TAG_SREADY, TAG_RREADY, TAG_SDONE, TAG_RDONE = 16, 17, 18, 19
+#: Channels of at least this many bytes move put/take data through shared memory
+#: between ranks of one node (env ``NBMPI_SHM_MIN_BYTES``; ``off`` disables).
+SHM_MIN_BYTES_DEFAULT = 64 << 10
 K_PUT = _tracing.register_kind("put")
 K_TAKE = _tracing.register_kind("take")
 K_REDUCE = _tracing.register_kind("reduce")
@@ -77,6 +100,30 @@ def _close_all() -> None:
 
 
 atexit.register(_close_all)
+
+
+def _shm_min_bytes() -> Optional[int]:
+    """The size from which put/take use same-node shared memory (None: never)."""
+    v = os.environ.get("NBMPI_SHM_MIN_BYTES", "").strip().lower()
+    if not v:
+        return SHM_MIN_BYTES_DEFAULT
+    if v in ("off", "no", "false", "never"):
+        return None
+    try:
+        return max(1, int(v))
+    except ValueError:
+        raise ChannelError(f"NBMPI_SHM_MIN_BYTES={v!r} is not a byte count; expected an integer "
+                           "(e.g. 65536) or 'off'") from None
+
+
+def _shm_split(nbytes: int) -> int:
+    """Bytes the sender copies in a same-node put; the receiver copies the rest at the same time.
+
+    Half each (rounded to a cache line), or all by the sender with ``NBMPI_SHM_SPLIT=sender``.
+    """
+    if os.environ.get("NBMPI_SHM_SPLIT", "").strip().lower() == "sender":
+        return nbytes
+    return (nbytes // 2) & ~63
 
 
 class ArrayChannel:
@@ -132,7 +179,16 @@ class ArrayChannel:
         self._check_same_everywhere()
         self.chan_id = tracer.new_channel_id(self.comm)
 
-        self._buffer = np.zeros(self.shape, dtype=self.dtype)
+        nbytes = int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+        shm_min = _shm_min_bytes()
+        self._segments = NodeSegments(self.comm, nbytes, want=shm_min is not None and nbytes >= shm_min)
+        if self._segments.enabled:
+            self._buffer = self._segments.mine.view(self.dtype).reshape(self.shape)
+        else:
+            self._buffer = np.zeros(self.shape, dtype=self.dtype)
+        self._shm: Dict[tuple, tuple] = {}
+        self._shm_split = _shm_split(nbytes)
+        self._token = np.zeros(1, dtype=np.uint8)
         self._flat = self._buffer.reshape(-1)
         self._bytes = self._flat.view(np.uint8)
         self.nbytes = int(self._buffer.nbytes)
@@ -195,6 +251,23 @@ class ArrayChannel:
         """This rank's persistent buffer (read and write it in place; never rebind it)."""
         return self._buffer
 
+    @buffer.setter
+    def buffer(self, value) -> None:
+        # ``ch.buffer += 1`` modifies the buffer in place, then assigns the same array back: allowed.
+        if value is self._buffer:
+            return
+        raise ChannelError(f"rank {self.rank}: {self.name}.buffer cannot be replaced (every operation "
+                           "reuses this one persistent buffer); write into it instead: "
+                           "ch.buffer[...] = value")
+
+    @property
+    def same_node_peers(self) -> List[int]:
+        """Participants that put/take reach through shared memory (one split copy, no MPI
+        data message); empty when the channel is below ``NBMPI_SHM_MIN_BYTES`` or no
+        participant shares this rank's node. Local, no communication."""
+        local = self._segments.peer_ranks()
+        return [self.participants[i] for i in local]
+
     def __getitem__(self, idx):
         return self._buffer[idx]
 
@@ -240,18 +313,21 @@ class ArrayChannel:
     def _timeout(self, timeout) -> Optional[float]:
         return self.timeout if timeout is _UNSET else (None if timeout is None else float(timeout))
 
-    def _abandoned(self, op: str) -> Callable[[], None]:
+    def _abandoned(self, op: str, why: str = "its request could not be cancelled") -> Callable[[], None]:
         def mark() -> None:
-            self._broken = f"{op} was abandoned (timeout or interrupt) and its request could not be cancelled"
+            self._broken = f"{op} was abandoned (timeout or interrupt) and {why}"
             self._retire_fast_paths()
         return mark
 
     def _retire_fast_paths(self) -> None:
         """Route put/take through the checking slow path (after close or breakage)."""
-        self._retired.extend(e[0] for e in self._put_reqs.values())
-        self._retired.extend(e[0] for e in self._take_reqs.values())
+        self._retired.extend(e[0] for e in self._put_reqs.values() if e[0] is not None)
+        self._retired.extend(e[0] for e in self._take_reqs.values() if e[0] is not None)
+        for reqs, _view in self._shm.values():
+            self._retired.extend(reqs)
         self._put_reqs.clear()
         self._take_reqs.clear()
+        self._shm.clear()
 
     def _wait(self, req, timeout, local_peer: int, op: str, sending: bool = False) -> None:
         if not req.Test():
@@ -280,6 +356,8 @@ class ArrayChannel:
             req, site = self._put_reqs[dest]
         except KeyError:
             req, site = self._p2p_req(dest, True)
+        if req is None:
+            return self._shm_transfer(True, dest, site, timeout)
         tr = _tracing._TRACER
         if tr.enabled:
             t0 = _now()
@@ -310,6 +388,9 @@ class ArrayChannel:
             req, site = self._take_reqs[src]
         except KeyError:
             req, site = self._p2p_req(src, False)
+        if req is None:
+            self._shm_transfer(False, src, site, timeout)
+            return self._buffer
         tr = _tracing._TRACER
         if tr.enabled:
             t0 = _now()
@@ -341,6 +422,9 @@ class ArrayChannel:
         self._usable(op)
         peer = self._peer(other, op)
         wpeer = self._tracer_rank_of[peer]
+        view = self._segments.peer(peer)
+        if view is not None:
+            return self._shm_entry(sending, other, peer, wpeer, view)
         if sending:
             req = self.comm.Ssend_init([self._bytes, self._byte_type], peer, TAG_PUT)
             entry = self._put_reqs[other] = (req, (K_PUT, _SEND, wpeer, TAG_PUT, self.nbytes, self.chan_id))
@@ -348,6 +432,68 @@ class ArrayChannel:
             req = self.comm.Recv_init([self._bytes, self._byte_type], peer, TAG_PUT)
             entry = self._take_reqs[other] = (req, (K_TAKE, _RECV, wpeer, TAG_PUT, self.nbytes, self.chan_id))
         return entry
+
+    # -- same-node put/take through shared memory -----------------------------------------------
+    # Both buffers live in shared memory (NodeSegments), so the data moves with one
+    # copy, split between the two sides: the sender copies the first part of its
+    # buffer into the receiver's, the receiver copies the rest out of the sender's,
+    # at the same time. Rendezvous and ordering come from zero-byte messages on
+    # persistent requests (MPI's shared-memory queue orders the copies before the
+    # messages that announce them):
+    #   put(d):  sready -> d;  wait rready from d;  copy part 1 into d;  sdone -> d;  wait rdone from d
+    #   take(s): rready -> s;  wait sready from s;  copy part 2 from s;  rdone -> s;  wait sdone from s
+    # put returns when the receiver has copied its part (the buffer is free again);
+    # take returns when both parts are in place. A timeout or interrupt in the middle
+    # cannot be undone (the partner may be copying), so it makes the channel unusable.
+    def _shm_entry(self, sending: bool, other: int, peer: int, wpeer: int, view: np.ndarray) -> tuple:
+        c, tok, bt = self.comm, self._token, self._byte_type
+        z = [tok, 0, bt]
+        if sending:
+            reqs = (c.Send_init(z, peer, TAG_SREADY), c.Recv_init(z, peer, TAG_RREADY),
+                    c.Send_init(z, peer, TAG_SDONE), c.Recv_init(z, peer, TAG_RDONE))
+            site = (K_PUT, _SEND, wpeer, TAG_PUT, self.nbytes, self.chan_id)
+        else:
+            reqs = (c.Send_init(z, peer, TAG_RREADY), c.Recv_init(z, peer, TAG_SREADY),
+                    c.Send_init(z, peer, TAG_RDONE), c.Recv_init(z, peer, TAG_SDONE))
+            site = (K_TAKE, _RECV, wpeer, TAG_PUT, self.nbytes, self.chan_id)
+        self._shm[(sending, other)] = (reqs, view)
+        entry = (None, site)
+        (self._put_reqs if sending else self._take_reqs)[other] = entry
+        return entry
+
+    def _shm_transfer(self, sending: bool, other: int, site: tuple, timeout) -> None:
+        (ready_out, ready_in, done_out, done_in), view = self._shm[(sending, other)]
+        op = ("put(dest=%d)" if sending else "take(src=%d)") % other
+        t = self._timeout(timeout)
+        deadline = None if t is None else time.monotonic() + t
+        tr = _tracing._TRACER
+        t0 = _now()
+        ready_in.Start()
+        done_in.Start()
+        ready_out.Start()
+        self._shm_wait(ready_in, deadline, other, op)
+        k = self._shm_split
+        if sending:
+            np.copyto(view[:k], self._bytes[:k])
+        else:
+            np.copyto(self._bytes[k:], view[k:])
+        done_out.Start()
+        self._shm_wait(done_in, deadline, other, op)
+        self._shm_wait(ready_out, deadline, other, op)
+        self._shm_wait(done_out, deadline, other, op)
+        if tr.enabled:
+            tr.defer(site, t0, _now())
+
+    def _shm_wait(self, req, deadline, other: int, op: str) -> None:
+        if req.Test():
+            return
+        tr = _tracing._TRACER
+        if tr.pend:
+            tr.flush()  # we wait anyway
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        waiting.wait(req, left, self.rank, other, op, ChannelTimeout,
+                     self._abandoned(op, "a same-node transfer cannot be undone halfway (the partner may "
+                                         "be copying)"), cancellable=False)
 
     def _block(self, req, timeout, other: int, op: str, cancellable: bool = True) -> None:
         waiting.wait(req, self._timeout(timeout), self.rank, other, op, ChannelTimeout, self._abandoned(op),
@@ -700,7 +846,15 @@ class ArrayChannel:
                     pass
             for t in self._types.values():
                 t.Free()
-            self.comm.Free()
+            self._segments.close()
+            try:
+                self.comm.Free()
+            except m.Exception as exc:
+                # MPICH refuses to free a communicator holding unreceived messages, e.g. the
+                # handshake of a partner's abandoned (timed-out) operation. Leak it, say so.
+                warnings.warn(f"rank {self.rank}: {self.name}.close() left its communicator allocated: "
+                              f"{str(exc).splitlines()[-1].strip()} (a partner abandoned an operation "
+                              "on this channel)", RuntimeWarning, stacklevel=2)
         finally:
             self._reqs.clear()
             self._types.clear()
