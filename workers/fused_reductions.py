@@ -127,6 +127,7 @@ HEADER = 4
 THRESHOLD_ENV = "NBMPI_FUSE_THRESHOLD"
 DEFAULT_THRESHOLD_BYTES = 1 << 20
 _LOG_CAP = 4096
+_SPIN = 64   # Test polls of a force point before the (slower to enter) interruptible wait
 _M20A, _M20B = (1 << 20) - 3, (1 << 20) - 5
 
 
@@ -243,6 +244,27 @@ def _size_class(words: int) -> int:
 
 
 _NAN_KEY = (-1, -1)
+_EMPTY: list = []
+
+
+def _same_signature(P: int, res: list) -> bool:
+    """True iff every rank contributed the same signature: words 0..3 of the reduced
+    buffer are ``sum h1, sum h1**2, sum h2, sum h2**2`` over P ranks with integers
+    ``1 <= h < 2**20``; by Cauchy-Schwarz ``P * sum(h**2) == sum(h)**2`` iff all h are
+    equal. Exact: the float64 sums are integers below 2**53 for P < 8192, and the
+    products are formed as Python ints."""
+    s1, q1, s2, q2 = res[0], res[1], res[2], res[3]
+    if P <= 64:   # the products stay below 2**53: exact in float64
+        return P * q1 == s1 * s1 and P * q2 == s2 * s2
+    s1, q1, s2, q2 = int(s1), int(q1), int(s2), int(q2)
+    return P * q1 == s1 * s1 and P * q2 == s2 * s2
+
+
+def _ckey(vid: int, op: int, num: int, shape: tuple) -> Tuple[int, tuple]:
+    """(int key, step) of a contribution: the signature hashes the int (cheap, and equal
+    in every process: tuples of ints hash deterministically); the step names it on errors."""
+    t = (vid, op, num, shape)
+    return hash(t), t
 
 
 def _value_key(v: Any) -> Any:
@@ -269,27 +291,43 @@ def _value_key(v: Any) -> Any:
 class _Batch:
     """Everything pending between two force points (one fusion)."""
 
-    __slots__ = ("f8", "f8_ops", "i8", "i8_ops", "arrs", "sig", "nseg", "words", "allsum", "nvars",
-                 "log", "folded", "done", "res", "error")
+    __slots__ = ("f8", "f8_nonsum", "i8", "i8_ops", "arrs", "sig", "nseg", "words", "room", "allsum",
+                 "nvars", "log", "kmap", "folded", "done", "res", "error")
 
-    def __init__(self) -> None:
-        self.f8: List[Any] = [0.0, 0.0, 0.0, 0.0]   # header words first
-        self.f8_ops: List[int] = [0, 0, 0, 0]
+    def __init__(self, threshold_words: int) -> None:
+        # float64 scalar segments: one word each in f8 (after the header words); their op
+        # is SUM (or CONSUME) unless listed in f8_nonsum {index: op}
+        self.f8: List[Any] = [0.0, 0.0, 0.0, 0.0]
+        self.f8_nonsum: Dict[int, int] = {}
         self.i8: List[int] = []
         self.i8_ops: List[int] = []
         self.arrs: List[list] = []   # [acc (flat working array), op, kind]
         self.sig = 0x5EED
-        self.nseg = 0
-        self.words = HEADER
+        self.nseg = 0        # segments other than float64 scalars
+        self.words = 0       # words of those segments
+        self.room = threshold_words - 1   # a float64 scalar appended at index i > room crosses the threshold
         self.allsum = True
         self.nvars = 0
-        self.log: List[tuple] = []
+        self.log: List[Any] = []     # steps: int keys of contributions (see kmap) or tuples
+        self.kmap: Dict[int, tuple] = {}   # contribution key -> (variable, op, dtype num, shape)
         self.done = False
         self.res: Optional[Tuple[list, list, list]] = None
         self.error: Optional[BaseException] = None
         self.folded = 0
 
-    def note(self, key: tuple) -> None:
+    def segments(self) -> int:
+        """Number of pending segments."""
+        return self.nseg + len(self.f8) - HEADER
+
+    def total_words(self) -> int:
+        return len(self.f8) + self.words
+
+    def add_words(self, w: int) -> None:
+        self.nseg += 1
+        self.words += w
+        self.room -= w
+
+    def note(self, key: Any) -> None:
         """Append one step to the sequence (hashed into the signature at the force point)."""
         log = self.log
         log.append(key)
@@ -331,7 +369,6 @@ class FusionEngine:
     """
 
     def __init__(self) -> None:
-        self.batch = _Batch()
         self.next_id = 0
         self.comm = None
         self.rank = -1
@@ -349,13 +386,16 @@ class FusionEngine:
                 raise ValueError(f"{THRESHOLD_ENV}={raw!r} is not a number of bytes; set e.g. 1048576 "
                                  "or unset it") from None
         self.threshold_words = max(HEADER + 1, nbytes // 8)
+        self.batch = _Batch(self.threshold_words)
         self._buf = np.zeros(256, dtype=np.float64)
         self._ops_f8 = np.zeros(256, dtype=np.int8)
         self._ops_i8 = np.zeros(64, dtype=np.int8)
         self._types: Dict[int, Any] = {}
+        self._preq: Dict[Tuple[int, bool], Any] = {}   # (words, all-sum) -> persistent Allreduce_init request
         self._op = None
         self._broken: Optional[str] = None
         self._strict = 0
+        self._ready = False   # connected, not broken, not inside fused(strict=True): the fast flush may run
         self._mpi = None
 
     # -- setup ----------------------------------------------------------------
@@ -371,12 +411,42 @@ class FusionEngine:
         self.chan = _tracing.get_tracer().new_channel_id(comm)
         self._op = m.Op.Create(_user_combine, commute=True)
         self._mpi = m
+        self._ready = not self._strict
 
     def _abandoned(self, what: str) -> Callable[[], None]:
         def mark() -> None:
+            self._ready = False
             self._broken = (f"the fused collective ({what}) was abandoned by a timeout or interrupt while "
                             "other ranks may still be in it")
         return mark
+
+    def _wait(self, req, b: _Batch) -> None:
+        """The force point's collective is not done after a few polls: the interruptible
+        wait with the timeout (a timeout or interrupt leaves the engine unusable)."""
+        waiting.wait(req, self.timeout, self.rank, None,
+                     f"fused reduction #{self.seq} of {b.nvars} shared variable(s)", CommTimeout,
+                     self._abandoned(f"#{self.seq}"), cancellable=False)
+
+    def _grow(self, words: int) -> None:
+        """A larger fusion buffer; the persistent requests bound to the old one are freed."""
+        for req in self._preq.values():
+            req.Free()
+        self._preq.clear()
+        self._buf = np.zeros(max(words, 2 * self._buf.size), dtype=np.float64)
+
+    def _persistent(self, words: int, allsum: bool):
+        """The persistent ``MPI_Allreduce_init`` request reducing ``words`` words of the
+        fusion buffer in place (``MPI_SUM`` on doubles, or the compiled op on one
+        contiguous datatype). Made once per size class: a force point then costs
+        ``Start`` + ``Test`` instead of building a nonblocking schedule each time."""
+        m = self._mpi
+        fb = self._buf
+        if allsum:
+            req = self.comm.Allreduce_init(m.IN_PLACE, [fb, words, m.DOUBLE], op=m.SUM)
+        else:
+            req = self.comm.Allreduce_init(m.IN_PLACE, [fb, 1, self._dtype(words)], op=self._op)
+        self._preq[(words, allsum)] = req
+        return req
 
     def _dtype(self, words: int):
         t = self._types.get(words)
@@ -387,14 +457,60 @@ class FusionEngine:
     # -- resolution --------------------------------------------------------------
     def pending(self) -> int:
         """Number of pending segments (contributions not yet communicated). Local."""
-        return self.batch.nseg
+        return self.batch.segments()
 
     def flush(self) -> int:
         """Resolve every pending contribution with one collective call; return
         the number of variables resolved (0: nothing pending, no communication)."""
         b = self.batch
+        f8 = b.f8
+        n1 = len(f8)
         if b.nseg == 0:
-            return 0
+            if n1 == HEADER:
+                return 0
+            if self._ready and b.allsum:
+                # the hot path: only float64 scalar sums pending -> MPI_SUM on the preallocated
+                # buffer through a persistent request, signature words in the same buffer
+                self.batch = _Batch(self.threshold_words)
+                try:
+                    L = 16 if n1 <= 16 else _size_class(n1)
+                    fb = self._buf
+                    if fb.size < L:
+                        self._grow(L)
+                        fb = self._buf
+                    sig = hash((b.sig, tuple(b.log)))
+                    h1 = float((sig % _M20A) + 1)
+                    h2 = float(((sig >> 20) % _M20B) + 1)
+                    f8[0] = h1
+                    f8[1] = h1 * h1
+                    f8[2] = h2
+                    f8[3] = h2 * h2
+                    fb[:n1] = f8   # words n1..L-1 are padding: summed, never read
+                    req = self._preq.get((L, True)) or self._persistent(L, True)
+                    t0 = time.perf_counter_ns()
+                    req.Start()
+                    test = req.Test
+                    for _ in range(_SPIN):
+                        if test():
+                            break
+                    else:
+                        self._wait(req, b)
+                    t1 = time.perf_counter_ns()
+                    seq = self.seq
+                    self.seq = seq + 1
+                    self.collectives += 1
+                    tr = _tracing._TRACER
+                    if tr is not None and tr.enabled:
+                        tr.record(K_FUSED, _tracing.DIR_NONE, -1, 0, L * 8, t0, t1, -1, seq, self.chan, b.nvars)
+                    res = fb[:n1].tolist()
+                    if not _same_signature(self.size, res):
+                        raise self._divergence(b)
+                    b.res = (res, _EMPTY, _EMPTY)
+                    b.done = True
+                except BaseException as exc:
+                    b.error = exc
+                    raise
+                return b.nvars
         if self._strict:
             raise SharedVariableError(
                 f"rank {self.rank if self.rank >= 0 else world().Get_rank()}: a force point (a shared value "
@@ -404,7 +520,7 @@ class FusionEngine:
                              "program (all ranks)")
         if self.comm is None:
             self._connect()
-        self.batch = _Batch()
+        self.batch = _Batch(self.threshold_words)
         try:
             self._reduce(b)
         except BaseException as exc:
@@ -415,10 +531,10 @@ class FusionEngine:
     def _reduce(self, b: _Batch) -> None:
         m = self._mpi
         n1, n2 = len(b.f8), len(b.i8)
-        words = b.words
-        L = _size_class(words)
+        words = n1 + b.words
+        L = 16 if words <= 16 else _size_class(words)
         if self._buf.size < L:
-            self._buf = np.zeros(max(L, 2 * self._buf.size), dtype=np.float64)
+            self._grow(L)
         fb = self._buf
         ib = fb.view(np.int64)
         sig = hash((b.sig, tuple(b.log)))
@@ -448,14 +564,18 @@ class FusionEngine:
             fb[pos:L] = 0.0
         comm = self.comm
         tr = _tracing._TRACER
-        t0 = time.perf_counter_ns()
-        if b.allsum:
-            req = comm.Iallreduce(m.IN_PLACE, [fb, L, m.DOUBLE], op=m.SUM)
+        allsum = b.allsum
+        req = self._preq.get((L, allsum))
+        if req is None:
+            req = self._persistent(L, allsum)
+        if allsum:
             tag = 0
         else:
             ops1 = self._ops_f8 if self._ops_f8.size >= n1 else np.zeros(2 * n1, np.int8)
             self._ops_f8 = ops1
-            ops1[:n1] = b.f8_ops
+            ops1[:n1] = 0
+            for i, op in b.f8_nonsum.items():
+                ops1[i] = op
             ops2 = self._ops_i8 if self._ops_i8.size >= max(n2, 1) else np.zeros(2 * n2, np.int8)
             self._ops_i8 = ops2
             if n2:
@@ -463,22 +583,23 @@ class FusionEngine:
             lay = _LAYOUT
             lay[0], lay[1], lay[2], lay[3] = n1, ops1, n2, ops2
             lay[4] = segs if segs is not None else np.zeros((0, 4), np.int64)
-            t = self._dtype(L)
-            req = comm.Iallreduce(m.IN_PLACE, [fb, 1, t], op=self._op)
             tag = 1
-        if not req.Test():
-            waiting.wait(req, self.timeout, self.rank, None,
-                         f"fused reduction #{self.seq} of {b.nvars} shared variable(s)", CommTimeout,
-                         self._abandoned(f"#{self.seq}"), cancellable=False)
+        t0 = time.perf_counter_ns()
+        req.Start()
+        test = req.Test
+        for _ in range(_SPIN):
+            if test():
+                break
+        else:
+            self._wait(req, b)
         t1 = time.perf_counter_ns()
         seq = self.seq
         self.seq = seq + 1
         self.collectives += 1
         if tr is not None and tr.enabled:
             tr.record(K_FUSED, _tracing.DIR_NONE, -1, tag, L * 8, t0, t1, -1, seq, self.chan, b.nvars)
-        P = self.size
-        s1, q1, s2, q2 = (int(v) for v in fb[:4].tolist())
-        if P * q1 != s1 * s1 or P * q2 != s2 * s2:
+        res = fb[:n1].tolist()
+        if not _same_signature(self.size, res):
             raise self._divergence(b)
         res_arrs = []
         if b.arrs:
@@ -489,13 +610,15 @@ class FusionEngine:
                     res_arrs.append(fb[st:st + w].copy().view(np.complex128))
                 else:
                     res_arrs.append(fb[st:st + w].copy())
-        b.res = (fb[:n1].tolist(), ib[n1:n1 + n2].tolist() if n2 else [], res_arrs)
+        b.res = (res, ib[n1:n1 + n2].tolist() if n2 else [], res_arrs)
         b.done = True
 
     def _divergence(self, b: _Batch) -> SPMDDivergence:
         """Error path: exchange the sequence logs, name the first difference (same text on every rank)."""
         comm, rank = self.comm, self.rank
-        mine = np.frombuffer(pickle.dumps((b.log, b.folded)), dtype=np.uint8)
+        km = b.kmap
+        steps = [(km.get(k) or (k >> 3, k & 7, _F8_NUM, ())) if type(k) is int else k for k in b.log]
+        mine = np.frombuffer(pickle.dumps((steps, b.folded)), dtype=np.uint8)
         sizes = np.zeros(self.size, dtype=np.int64)
         req = comm.Iallgather(np.array([mine.size], dtype=np.int64), sizes)
         waiting.wait(req, self.timeout, rank, None, "SPMD divergence diagnosis (sizes)")
@@ -596,11 +719,13 @@ def fused(strict: bool = False) -> Iterator[FusionEngine]:
     e = engine()
     if strict:
         e._strict += 1
+        e._ready = False
     try:
         yield e
     finally:
         if strict:
             e._strict -= 1
+            e._ready = e.comm is not None and not e._strict and not e._broken
     e.flush()
 
 
@@ -613,6 +738,7 @@ def configure(threshold_bytes: Optional[int] = None, timeout: Any = ...) -> None
         if int(threshold_bytes) < 8:
             raise ValueError(f"threshold_bytes={threshold_bytes} is too small; expected at least 8 bytes")
         e.threshold_words = max(HEADER + 1, int(threshold_bytes) // 8)
+        e.batch.room = e.threshold_words - 1 - e.batch.words
     if timeout is not ...:
         e.timeout = None if timeout is None else float(timeout)
 
@@ -629,6 +755,7 @@ def _working(dtype: np.dtype) -> int:
 
 _WORK_DTYPE = {W_F8: np.dtype(np.float64), W_I8: np.dtype(np.int64), W_C16: np.dtype(np.complex128)}
 _F8 = np.dtype(np.float64)
+_F8_NUM = _F8.num
 _NUM_TYPES = (int, float, complex, bool, np.number, np.bool_)
 _REAL_FAST = frozenset((float, int, np.float64, np.float32, np.int64, np.int32))
 
@@ -666,6 +793,16 @@ def _eval(node) -> Any:
     """Value of a base / snapshot / derived node (forces if it has unresolved entries)."""
     if type(node) is _Snap:
         v = node.base
+        ents = node.entries
+        if type(v) is float and len(ents) == 1:
+            op, b, blk, i, _ = ents[0]
+            if op == 0 and blk == 0:
+                if not b.done:
+                    _ensure_done(ents)
+                v = v + b.res[0][i]
+                node.base = v
+                node.entries = ()
+                return v
         if type(v) is _Snap or type(v) is _Derived:
             v = _eval(v)
         if node.entries:
@@ -675,8 +812,17 @@ def _eval(node) -> Any:
         return v
     if type(node) is _Derived:
         if node.value is None:
-            args = [_eval(a) if (type(a) is _Snap or type(a) is _Derived) else a for a in node.args]
-            node.value = node.cast(node.fn(*args))
+            args = node.args
+            if len(args) == 2:
+                x, y = args
+                if type(x) is _Snap or type(x) is _Derived:
+                    x = _eval(x)
+                if type(y) is _Snap or type(y) is _Derived:
+                    y = _eval(y)
+                v = node.fn(x, y)
+            else:
+                v = node.fn(*[_eval(a) if (type(a) is _Snap or type(a) is _Derived) else a for a in args])
+            node.value = v if type(v) is float and node.cast is float else node.cast(v)
             node.args = ()
         return node.value
     return node
@@ -737,14 +883,14 @@ class SharedVar:
         self.shape = shape
         self._kind = _working(dtype)
         self._base = base
-        self._entries: list = []
+        self._entries: tuple = ()   # pending (op, batch, block, index, extra), program order
         self._ob = None
         self._oi = 0
         self._oop = -1
         self._oblk = 0
         self._lastb = None
         self._sf = shape == () and dtype == _F8
-        self._ksum = (self._id, SUM, dtype.num, shape)
+        self._ksum = self._id << 3   # signature step of a float64 scalar sum (see _describe)
         if shape == ():
             self._cast = float if dtype == _F8 else dtype.type
         else:
@@ -813,22 +959,31 @@ class SharedVar:
             base = _eval(base)
         v = _apply(self._cast, self.shape, base, self._entries) if self._entries else base
         self._base = v
-        self._entries = []
+        self._entries = ()
         self._ob = None
         return v
 
     def __float__(self) -> float:
         ents = self._entries
+        base = self._base
         if not ents:
-            base = self._base
             if type(base) is float:
                 return base
-        elif len(ents) == 1 and type(self._base) is float:
+            if type(base) is _Derived:
+                v = base.value
+                if v is None:
+                    v = _eval(base)
+                if type(v) is float:
+                    self._base = v
+                    return v
+        elif len(ents) == 1 and type(base) is float:
             op, b, blk, i, _ = ents[0]
-            if op == 0 and blk == 0 and b.done:
-                v = self._base + b.res[0][i]
+            if op == 0 and blk == 0:   # one float64 sum slot: base + reduced word
+                if not b.done:
+                    _ensure_done(ents)
+                v = base + b.res[0][i]
                 self._base = v
-                self._entries = []
+                self._entries = ()
                 self._ob = None
                 return v
         return float(self.value)
@@ -907,11 +1062,14 @@ class SharedVar:
         """Set the variable back to its creation value, or to ``value``, which must be
         the same on every rank (checked at the next force point). Local, no force;
         pending contributions of this variable are dropped from its value."""
-        if value is None and self._init is not None:
-            self._base = self._init
-            self._entries = []
-            self._ob = None
-            return self
+        if value is None:
+            init = self._init
+            if init is not None:
+                self._base = init
+                if self._entries:
+                    self._entries = ()
+                    self._ob = None
+                return self
         if isinstance(value, SharedVar):
             return self.assign(value)
         if value is None:
@@ -923,7 +1081,7 @@ class SharedVar:
             v = self._coerce_uniform(value, "reset")
             engine().batch.note((-8, self._id, _value_key(v)))
         self._base = v
-        self._entries = []
+        self._entries = ()
         self._ob = None
         return self
 
@@ -996,9 +1154,11 @@ class SharedVar:
                     acc[0] = _acc(op, complex(acc[0]), a)
                 return self
             if kind == W_F8:
+                i = len(b.f8)
                 b.f8.append(a)
-                b.f8_ops.append(op)
-                blk, i, w = 0, len(b.f8) - 1, 1
+                if op != SUM:
+                    b.f8_nonsum[i] = op
+                blk, w = 0, 1
             elif kind == W_I8:
                 b.i8.append(a)
                 b.i8_ops.append(op)
@@ -1037,7 +1197,7 @@ class SharedVar:
         return self._new_slot(e, b, op, blk, i, w, None)
 
     def _new_slot(self, e: FusionEngine, b: _Batch, op: int, blk: int, i: int, w: int, extra) -> "SharedVar":
-        self._entries.append((op, b, blk, i, extra))
+        self._entries += ((op, b, blk, i, extra),)
         if op != CONSUME:
             self._ob, self._oi, self._oop, self._oblk = b, i, op, blk
         else:
@@ -1045,15 +1205,21 @@ class SharedVar:
         if self._lastb is not b:
             self._lastb = b
             b.nvars += 1
-        b.nseg += 1
-        b.words += w
-        b.note((self._id, op, self.dtype.num, self.shape))
-        if b.words > e.threshold_words:
+        if blk != 0:
+            b.add_words(w)
+        if self._sf:
+            b.note((self._id << 3) | op)     # float64 scalar: an int key (decoded by _describe)
+        else:
+            k, t = _ckey(self._id, op, self.dtype.num, self.shape)
+            b.kmap[k] = t
+            b.note(k)
+        if len(b.f8) + b.words > e.threshold_words:
             e.flush()
         return self
 
     def _fast_sum(self, a: float) -> "SharedVar":
-        """``x += a`` for a float64 scalar variable and a real Python/numpy number (the hot path)."""
+        """``x += a`` for a float64 scalar variable and a real number (the hot path: a few
+        attribute writes; the signature step is the int ``id << 3``, see :func:`_describe`)."""
         b = _ENGINE.batch
         if self._ob is b and self._oop == 0:
             b.f8[self._oi] += a
@@ -1061,25 +1227,25 @@ class SharedVar:
         f8 = b.f8
         i = len(f8)
         f8.append(a)
-        b.f8_ops.append(0)
-        self._entries.append((0, b, 0, i, None))
-        self._ob, self._oi, self._oop, self._oblk = b, i, 0, 0
+        self._entries += ((0, b, 0, i, None),)
+        self._ob = b
+        self._oi = i
+        self._oop = 0
+        self._oblk = 0
         if self._lastb is not b:
             self._lastb = b
             b.nvars += 1
-        b.nseg += 1
-        b.words += 1
-        log = b.log
-        log.append(self._ksum)
-        if len(log) >= _LOG_CAP:
-            b.fold()
-        if b.words > _ENGINE.threshold_words:
+        b.log.append(self._ksum)
+        if i > b.room:
             _ENGINE.flush()
         return self
 
     def __iadd__(self, a):
-        if self._sf and type(a) in _REAL_FAST:
-            return self._fast_sum(float(a))
+        if self._sf:
+            if type(a) is float:
+                return self._fast_sum(a)
+            if type(a) in _REAL_FAST:
+                return self._fast_sum(float(a))
         if isinstance(a, SharedVar):
             return self._local_inplace(operator.add, a)
         return self._contribute(SUM, a)
@@ -1223,7 +1389,6 @@ class SharedPool(SharedVar):
                                           "finite number >= 0; return amounts with pool += amount")
             fl = float(floor)
             b.f8.append(r)
-            b.f8_ops.append(CONSUME)
             blk, i, w = 0, len(b.f8) - 1, 1
         else:
             r = np.array(np.broadcast_to(np.asarray(request, dtype=np.float64), self.shape), dtype=np.float64)
@@ -1407,11 +1572,11 @@ def _snap(x: SharedVar) -> Any:
     if not x._entries:
         return x._base
     x._ob = None
-    return _Snap(x._base, tuple(x._entries), x._cast, x.shape)
+    return _Snap(x._base, x._entries, x._cast, x.shape)
 
 
 def _is_concrete(x: SharedVar) -> bool:
-    return not x._entries and type(x._base) is not _Derived
+    return not x._entries and type(x._base) is not _Derived and type(x._base) is not _Snap
 
 
 _FN_CODES = {operator.add: 1, operator.sub: 2, operator.mul: 3, operator.truediv: 4, operator.floordiv: 5,
@@ -1447,8 +1612,83 @@ def _result_meta(fn, a: Any, b: Any) -> Tuple[np.dtype, tuple]:
     return r
 
 
+def _new_f8(base: Any) -> SharedVar:
+    """A new float64 scalar shared variable (result of shared arithmetic) with ``base``
+    (a float, or a lazy :class:`_Derived`); the lean equivalent of ``SharedVar._derived``."""
+    self = _NEW(SharedVar)
+    e = _ENGINE
+    vid = e.next_id
+    e.next_id = vid + 1
+    self._id = vid
+    self.name = None
+    self.dtype = _F8
+    self.shape = ()
+    self._kind = W_F8
+    self._base = base
+    self._entries = ()
+    self._ob = None
+    self._oi = 0
+    self._oop = -1
+    self._oblk = 0
+    self._lastb = None
+    self._sf = True
+    self._ksum = vid << 3
+    self._cast = float
+    self._init = None
+    return self
+
+
+_NEW = object.__new__
+_UNIFORM_OK = (float, int)
+
+
+def _f8_binary(fn, a: Any, b: Any, sa: bool, sb: bool) -> SharedVar:
+    """``fn(a, b)`` for float64 scalar shared operands and Python float/int uniform ones."""
+    if sa:
+        ea = a._entries
+        va = a._base
+        if not ea and type(va) is float:
+            ca = True
+        else:
+            ca = False
+            va = _Snap(va, ea, float, ()) if ea else va
+            a._ob = None
+    else:
+        _ENGINE.batch.note((-7, _FN_CODES.get(fn, 0), a if a == a else _NAN_KEY))
+        ca = True
+        va = a
+    if b is a:
+        vb, cb = va, ca
+    elif sb:
+        eb = b._entries
+        vb = b._base
+        if not eb and type(vb) is float:
+            cb = True
+        else:
+            cb = False
+            vb = _Snap(vb, eb, float, ()) if eb else vb
+            b._ob = None
+    else:
+        _ENGINE.batch.note((-7, _FN_CODES.get(fn, 0), b if b == b else _NAN_KEY))
+        cb = True
+        vb = b
+    if ca and cb:
+        v = fn(va, vb)
+        return _new_f8(v if type(v) is float else float(v))
+    return _new_f8(_Derived(fn, (va, vb), float))
+
+
 def _binary(fn, a: Any, b: Any) -> SharedVar:
     """Local shared arithmetic; a non-shared operand must be uniform (checked at the next force point)."""
+    ta = type(a)
+    tb = type(b)
+    if ta is SharedVar and a._sf:
+        if tb is SharedVar and b._sf:
+            return _f8_binary(fn, a, b, True, True)
+        if tb in _UNIFORM_OK:
+            return _f8_binary(fn, a, b, True, False)
+    elif tb is SharedVar and b._sf and ta in _UNIFORM_OK:
+        return _f8_binary(fn, a, b, False, True)
     if isinstance(a, Grant) or isinstance(b, Grant):
         raise SharedVariableError("a Grant is a rank-local value and cannot be a uniform operand of shared "
                                   "arithmetic; contribute it (x += g) or read it (g.value)")
