@@ -8,8 +8,12 @@ One command (it launches the 2 MPI ranks itself with ``nbmpi run``)::
 Columns, all measured in this one run, message sizes 8 B to 64 MiB:
 
 * ``raw``: mpi4py buffer ``Send``/``Recv`` (the baseline of every ratio);
-* ``channel``: ArrayChannel ``put``/``take`` (persistent synchronous requests), tracing on;
+* ``channel``: ArrayChannel ``put``/``take``, tracing on. From ``NBMPI_SHM_MIN_BYTES``
+  (64 KiB) the two ranks' buffers live in shared memory and the data moves with one
+  copy split between sender and receiver; below it, persistent synchronous MPI requests;
 * ``channel_notrace``: the same with tracing off;
+* ``channel_mpi``: the channel with the shared-memory path switched off
+  (``NBMPI_SHM_MIN_BYTES=off``): persistent ``Ssend_init``/``Recv_init`` at every size;
 * ``pickle``: mpi4py ``send``/``recv`` of the numpy array (pickled, a new buffer
   per message: the eager model the seed compares against);
 * ``dask``: a Dask distributed transfer of the same array between two workers
@@ -39,7 +43,7 @@ sys.path.insert(0, str(HERE))
 
 FULL_SIZES = [8, 64, 512, 4 << 10, 32 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
 QUICK_SIZES = [8, 4 << 10, 64 << 10, 1 << 20]
-MPI_METHODS = ("raw", "channel", "channel_notrace", "pickle")
+MPI_METHODS = ("raw", "channel", "channel_notrace", "channel_mpi", "pickle")
 
 
 def iterations(nbytes: int) -> int:
@@ -62,6 +66,14 @@ def mpi_part(sizes, rounds: int, out: str) -> None:
         n = max(1, nbytes // 8)
         ch = ArrayChannel(n, np.float64, name=f"pingpong-{nbytes}")
         ch.fill(1.0)
+        saved = os.environ.get("NBMPI_SHM_MIN_BYTES")
+        os.environ["NBMPI_SHM_MIN_BYTES"] = "off"  # same on both ranks: a channel on MPI messages only
+        ch_mpi = ArrayChannel(n, np.float64, name=f"pingpong-mpi-{nbytes}")
+        if saved is None:
+            del os.environ["NBMPI_SHM_MIN_BYTES"]
+        else:
+            os.environ["NBMPI_SHM_MIN_BYTES"] = saved
+        ch_mpi.fill(1.0)
         raw = np.ones(n, dtype=np.float64)
         iters = iterations(nbytes)
 
@@ -76,8 +88,8 @@ def mpi_part(sizes, rounds: int, out: str) -> None:
                     comm.Recv(b, peer, 1)
                     comm.Send(b, peer, 1)
 
-        def run_channel():
-            put, take = ch.put, ch.take
+        def run_channel(c=ch):
+            put, take = c.put, c.take
             if rank == 0:
                 for _ in range(iters):
                     put(peer)
@@ -98,7 +110,8 @@ def mpi_part(sizes, rounds: int, out: str) -> None:
                     obj = comm.recv(source=peer, tag=2)
                     comm.send(obj, peer, 2)
 
-        runs = dict(raw=run_raw, channel=run_channel, channel_notrace=run_channel, pickle=run_pickle)
+        runs = dict(raw=run_raw, channel=run_channel, channel_notrace=run_channel,
+                    channel_mpi=lambda: run_channel(ch_mpi), pickle=run_pickle)
         best = {m: float("inf") for m in MPI_METHODS}
         for m in MPI_METHODS:  # warm-up (persistent requests, numba, caches)
             tracer.enabled = m != "channel_notrace"
@@ -120,6 +133,7 @@ def mpi_part(sizes, rounds: int, out: str) -> None:
         for m in MPI_METHODS:
             results[m][nbytes] = best[m]
         ch.close()
+        ch_mpi.close()
         if rank == 0:
             print(f"  measured {nbytes} B", file=sys.stderr, flush=True)
     if rank == 0:
@@ -188,7 +202,7 @@ def human(nbytes: int) -> str:
 def report(sizes, times: dict, quick: bool, out_dir=None) -> dict:
     from reporting import md_table, target, targets_table, write_results
 
-    methods = ["raw", "channel", "channel_notrace", "pickle", "dask", "memcpy"]
+    methods = ["raw", "channel", "channel_notrace", "channel_mpi", "pickle", "dask", "memcpy"]
     rows, table = [], []
     for s in sizes:
         raw = times["raw"][s]

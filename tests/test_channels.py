@@ -610,11 +610,13 @@ print(f"[rank {rank}] same-node OK", flush=True)
 '''
 
 
-@pytest.mark.parametrize("n,shm", [(2, "on"), (3, "on"), (2, "off")])
+@pytest.mark.parametrize("n,shm", [(2, "on"), (3, "on"), (2, "0.3"), (2, "off")])
 def test_same_node_shared_memory_put_take(run_mpi, n, shm):
-    """Large channels on one node move put/take data through shared memory (split copy);
-    results, tracing and errors are the same as with MPI messages (NBMPI_SHM_MIN_BYTES=off)."""
+    """Large channels on one node move put/take data through shared memory (split copy, also
+    with an uneven split); results, tracing and errors are the same as with MPI messages
+    (NBMPI_SHM_MIN_BYTES=off)."""
     env = {"NBMPI_SHM_MIN_BYTES": "off"} if shm == "off" else {"NBMPI_SHM_MIN_BYTES": ""}
+    env["NBMPI_SHM_SPLIT"] = shm if shm[0].isdigit() else ""
     proc = run_mpi(SAME_NODE, n=n, env=env)
     assert_ok(proc)
     assert proc.stdout.count("same-node OK") == n

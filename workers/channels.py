@@ -119,11 +119,21 @@ def _shm_min_bytes() -> Optional[int]:
 def _shm_split(nbytes: int) -> int:
     """Bytes the sender copies in a same-node put; the receiver copies the rest at the same time.
 
-    Half each (rounded to a cache line), or all by the sender with ``NBMPI_SHM_SPLIT=sender``.
+    ``NBMPI_SHM_SPLIT`` is the sender's fraction (default 0.5; ``sender`` = 1, ``receiver``
+    = 0), rounded down to a cache line. It must be the same on every rank.
     """
-    if os.environ.get("NBMPI_SHM_SPLIT", "").strip().lower() == "sender":
-        return nbytes
-    return (nbytes // 2) & ~63
+    how = os.environ.get("NBMPI_SHM_SPLIT", "").strip().lower() or "0.5"
+    frac = {"sender": 1.0, "receiver": 0.0, "half": 0.5}.get(how)
+    if frac is None:
+        try:
+            frac = float(how)
+        except ValueError:
+            frac = -1.0
+        if not 0.0 <= frac <= 1.0:
+            raise ChannelError(f"NBMPI_SHM_SPLIT={how!r} is not a fraction; expected a number from 0 "
+                               "(the receiver copies everything) to 1 (the sender does), or 'sender', "
+                               "'receiver', 'half'")
+    return nbytes if frac >= 1.0 else int(nbytes * frac) & ~63
 
 
 class ArrayChannel:
