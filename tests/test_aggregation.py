@@ -224,13 +224,121 @@ else:
 agree("trace_one_arrow_per_buffer", comm.bcast(ok), **detail)
 ta.close()
 
-# ---------------------------------------------------------------- errors
 def error_of(fn):
     try:
         fn()
     except Exception as exc:  # noqa: BLE001
         return type(exc).__name__, str(exc)
     return None, ""
+
+# ---------------------------------------------------------------- reply cycle: request -> reply -> ack
+QDT = np.dtype([("kind", np.int64), ("idx", np.int64), ("slot", np.int64)])   # kind 0 request, 1 ack
+PDT = np.dtype([("slot", np.int64), ("val", np.int64), ("idx", np.int64)])
+
+@numba.njit
+def on_q(items, state, src, od, oi):
+    acks, nl = state
+    n = 0
+    for k in range(items.shape[0]):
+        if items[k]["kind"] == 0:                 # a request: reply with the value to the requester
+            od[n] = src
+            oi[n]["slot"] = items[k]["slot"]
+            oi[n]["val"] = items[k]["idx"] * 3 + 1
+            oi[n]["idx"] = items[k]["idx"]
+            n += 1
+        else:                                     # an ack of a reply: count it at the owner
+            acks[items[k]["idx"] % nl] += 1
+    return n
+
+@numba.njit
+def on_p(items, state, src, od, oi):
+    got, size = state
+    for k in range(items.shape[0]):           # store the reply, ack it back into the request aggregator
+        got[items[k]["slot"]] = items[k]["val"]
+        od[k] = src
+        oi[k]["kind"] = 1
+        oi[k]["idx"] = items[k]["idx"]
+        oi[k]["slot"] = -1
+    return items.shape[0]
+
+NQ, NLQ = 4000, 50
+acks = np.zeros(NLQ, np.int64)
+got = np.full(NQ, -1, np.int64)
+Q = Aggregator(QDT, on_q, (acks, NLQ), buffer_items=3, pool_buffers=size + 1, recv_buffers=1, reply_dtype=PDT,
+               timeout=30, name="Q")
+P = Aggregator(PDT, on_p, (got, size), buffer_items=2, pool_buffers=size + 1, recv_buffers=1, reply=Q,
+               timeout=30, name="P")
+Q.set_reply(P)                              # closes the cycle Q -> P -> Q
+qwant = np.random.default_rng(300 + rank).integers(0, NLQ * size, NQ)
+qi = np.empty(NQ, QDT); qi["kind"] = 0; qi["idx"] = qwant; qi["slot"] = np.arange(NQ)
+Q.push_many(qwant // NLQ, qi)
+Q.flush()
+acks_total = comm.allreduce(int(acks.sum()))
+expect_acks = np.zeros(NLQ, np.int64)
+for r in range(size):
+    w = np.random.default_rng(300 + r).integers(0, NLQ * size, NQ)
+    expect_acks += np.bincount(w[w // NLQ == rank] % NLQ, minlength=NLQ)
+agree("reply_cycle_request_reply_ack", np.array_equal(got, qwant * 3 + 1) and np.array_equal(acks, expect_acks)
+      and acks_total == NQ * size and not (Q._busy() or P._busy()),
+      missing=int((got < 0).sum()), acks=int(acks.sum()), waves=Q.stats()["waves"],
+      overflow=(Q.stats()["max_overflow_rows"], P.stats()["max_overflow_rows"]))
+Q.close(); P.close()                         # closing one member of a cycle first is fine
+
+# ---------------------------------------------------------------- reply cycle of one: a handler pushes into its own aggregator
+HDT = np.dtype([("key", np.int64), ("ttl", np.int64)])
+KH = 17
+
+@numba.njit
+def hop(items, state, src, od, oi):
+    seen, nranks = state
+    n = 0
+    for k in range(items.shape[0]):
+        key, ttl = items[k]["key"], items[k]["ttl"]
+        seen[key] += 1
+        if ttl > 0:
+            od[n] = (key + ttl) % nranks
+            oi[n]["key"] = key
+            oi[n]["ttl"] = ttl - 1
+            n += 1
+    return n
+
+seen = np.zeros(KH, np.int64)
+H = Aggregator(HDT, hop, (seen, size), buffer_items=4, reply_dtype=HDT, timeout=30, name="hops")
+H.set_reply(H)
+hr = np.random.default_rng(400 + rank)
+hk = hr.integers(0, KH, 500); ht = hr.integers(0, 6, 500)
+hi = np.empty(500, HDT); hi["key"] = hk; hi["ttl"] = ht
+H.push_many(hr.integers(0, size, 500), hi)
+H.flush()
+seen_total = np.zeros(KH, np.int64)
+comm.Allreduce(seen.copy(), seen_total)
+expect_seen = np.zeros(KH, np.int64)
+for r in range(size):
+    rr = np.random.default_rng(400 + r)
+    k_, t_ = rr.integers(0, KH, 500), rr.integers(0, 6, 500)
+    expect_seen += np.bincount(k_, weights=t_ + 1, minlength=KH).astype(np.int64)
+agree("reply_cycle_self_loop", np.array_equal(seen_total, expect_seen), handled=int(seen.sum()))
+H.close()
+
+# ---------------------------------------------------------------- a handler that raises breaks the aggregator, clearly
+@numba.njit
+def picky(items, table):
+    for i in range(items.shape[0]):
+        if items[i]["loc"] < 0:
+            raise ValueError("negative loc")
+        table[items[i]["loc"]] += 1
+
+t6 = np.zeros(4, np.int64)
+bad = Aggregator(HIST, picky, t6, buffer_items=4, timeout=30, name="picky")
+bad.push(rank, (-1,))                        # to itself: each rank's own handler raises, no rank waits on another
+first = error_of(lambda: bad.flush())
+then = [error_of(lambda: bad.push(rank, (1,))), error_of(lambda: bad.flush())]
+agree("handler_error_breaks_clearly", first[0] == "ValueError" and all(
+      e == "AggregationError" and "unusable because its handler raised ValueError" in m and "create a new one" in m
+      for e, m in then), first=first, then=then)
+bad.close()                                  # local release of a broken aggregator
+
+# ---------------------------------------------------------------- errors
 
 t5 = np.zeros(T, np.int64)
 e = Aggregator(HIST, count, t5, buffer_items=8, timeout=30, name="errs")
@@ -263,6 +371,12 @@ def wrong_field(items, table):
 
 checks["handler_typing_error"] = error_of(lambda: Aggregator(HIST, wrong_field, t5))
 checks["not_structured"] = error_of(lambda: Aggregator(np.int64, count, t5))
+plain_agg = Aggregator(HIST, count, t5, buffer_items=8, timeout=30, name="plain")
+later = Aggregator(QDT, on_q, (acks, NLQ), buffer_items=8, reply_dtype=PDT, timeout=30, name="later")
+checks["set_reply_without_reply_dtype"] = error_of(lambda: plain_agg.set_reply(later))
+checks["set_reply_wrong_dtype"] = error_of(lambda: later.set_reply(plain_agg))
+checks["flush_before_set_reply"] = error_of(lambda: later.flush())
+plain_agg.close(); later._discard()
 expect_words = {
     "push_dest_too_big": [f"rank {rank}", f"destination rank {size}", "push"],
     "push_dest_negative": [f"rank {rank}", "destination rank -1"],
@@ -277,6 +391,9 @@ expect_words = {
     "handler_not_compiled": ["numba.njit", "not compiled"],
     "handler_typing_error": ["cannot run as handler(items, state)", "nope"],
     "not_structured": ["structured dtype"],
+    "set_reply_without_reply_dtype": ["set_reply", "plain", "reply_dtype"],
+    "set_reply_wrong_dtype": ["set_reply", "item_dtype", "reply_dtype"],
+    "flush_before_set_reply": ["set_reply() was not called", "later"],
 }
 for name, (etype, msg) in checks.items():
     ok = etype == "AggregationError" and all(w in msg for w in expect_words[name])
@@ -308,13 +425,18 @@ if rank == 0:
         print("NO TIMEOUT", flush=True)
     except AggregationTimeout as exc:
         print("TIMEOUT " + str(exc), flush=True)
-    try:
-        agg.push(1, (1,))
-    except Exception as exc:  # noqa: BLE001
-        print("AFTER " + type(exc).__name__ + " " + str(exc), flush=True)
+    agg.push(1, (1,))          # still usable: these items belong to the resumed flush
+    agg.push(0, (2,))
+    agg.flush(timeout=30)      # resumes the pending counting wave, rank 1 joins it
 else:
     time.sleep(2.0)
-    agg.flush(timeout=30)      # joins rank 0's first wave; rank 0 never joins another
+    agg.flush(timeout=30)      # one flush: covers rank 0's items pushed after its timeout
+print(f"RESULT {rank} {table.tolist()}", flush=True)
+agg.push(1 - rank, (3,))       # and the next epoch works as usual
+agg.flush(timeout=30)
+print(f"NEXT {rank} {table.tolist()} flushes={agg.stats()['flushes']} timeouts={agg.stats()['flush_timeouts']}",
+      flush=True)
+agg.close()
 '''
 
 
@@ -364,6 +486,19 @@ def test_index_gather_matches_serial_answer(cases):
     check(cases, "index_gather")
 
 
+def test_reply_cycle_request_reply_ack(cases):
+    """Q's handler replies into P, P's handler acks back into Q: a cycle, tiny buffers, exact results."""
+    check(cases, "reply_cycle_request_reply_ack")
+
+
+def test_reply_cycle_self_loop(cases):
+    check(cases, "reply_cycle_self_loop")
+
+
+def test_handler_error_breaks_aggregator_clearly(cases):
+    check(cases, "handler_error_breaks_clearly")
+
+
 def test_all_to_all_tiny_buffers_no_deadlock(cases):
     rec = check(cases, "all_to_all_tiny_buffers")
     assert all(d["messages_sent"] > 1000 for d in rec["details"])
@@ -380,7 +515,8 @@ def test_one_trace_arrow_per_buffer(cases):
 @pytest.mark.parametrize("name", [
     "push_dest_too_big", "push_dest_negative", "push_many_dest_out", "push_wrong_dtype_scalar", "push_not_an_item",
     "push_many_wrong_dtype", "push_many_length_mismatch", "push_after_close", "push_many_after_close",
-    "flush_after_close", "handler_not_compiled", "handler_typing_error", "not_structured"])
+    "flush_after_close", "handler_not_compiled", "handler_typing_error", "not_structured",
+    "set_reply_without_reply_dtype", "set_reply_wrong_dtype", "flush_before_set_reply"])
 def test_errors(cases, name):
     check(cases, "error_" + name)
 
@@ -389,10 +525,17 @@ def test_errors_leave_aggregator_usable(cases):
     check(cases, "errors_leave_aggregator_usable")
 
 
-def test_flush_timeout_names_rank_and_operation(run_mpi):
+def test_flush_timeout_names_rank_and_operation_and_resumes(run_mpi):
+    """A flush that times out names rank and operation; the aggregator stays usable and the next
+    flush() resumes the same flush, covering items pushed in between."""
     proc = run_mpi(TIMEOUT_PROG, n=2, timeout=60)
-    assert "TIMEOUT rank 0: flush on Aggregator timed out" in proc.stdout, proc.stdout + proc.stderr
-    assert "AFTER AggregationError" in proc.stdout and "unusable" in proc.stdout, proc.stdout + proc.stderr
+    out = proc.stdout + proc.stderr
+    assert_ok(proc)
+    assert "TIMEOUT rank 0: flush on Aggregator timed out" in proc.stdout, out
+    assert "stays usable: call flush() again to resume" in proc.stdout, out
+    assert "RESULT 0 [0, 0, 1, 0]" in proc.stdout and "RESULT 1 [0, 1, 0, 0]" in proc.stdout, out
+    assert "NEXT 0 [0, 0, 1, 1] flushes=2 timeouts=1" in proc.stdout, out
+    assert "NEXT 1 [0, 1, 0, 1] flushes=2 timeouts=0" in proc.stdout, out
 
 
 def test_benchmark_quick_writes_json(tmp_path):

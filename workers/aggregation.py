@@ -31,10 +31,18 @@ Semantics:
   (``reply.item_dtype``) have room for ``replies_per_item * len(items)``
   rows; the handler writes ``n`` rows and returns ``n``; the aggregator then
   pushes them into ``reply``. A numba handler cannot call Python, hence this
-  design. ``reply`` links are acyclic by construction (the reply aggregator
-  must exist first, so a handler cannot push into its own aggregator): with
-  a cycle, bounded buffers could deadlock (each rank's handler output
-  waiting for buffers held by the other's unhandled input).
+  design.
+* *Reply cycles* (request -> reply -> ack back into the first aggregator, or
+  a handler pushing into its own aggregator): create the first one with
+  ``reply_dtype=`` (its handler gets the reply signature), create the
+  others with ``reply=``, then close the cycle with ``first.set_reply(last)``
+  on every rank. Bounded buffers alone could deadlock on a cycle (each
+  rank's handler output waiting for buffers that sit unmatched at a peer
+  whose handler output waits for this rank's buffers), so a handler on a
+  cycle never waits: output rows that find no free buffer go to an
+  *overflow* (copied, freed as they are placed; stats ``overflow_rows``,
+  ``max_overflow_rows``). Aggregators not on a cycle keep strict
+  back-pressure and fixed memory.
 * Progress: whenever a rank is inside ``push``/``push_many``/``flush`` of any
   aggregator it tests its sends and receives and runs handlers for EVERY
   live aggregator of this process, so a rank that pushes keeps receiving and
@@ -42,11 +50,11 @@ Semantics:
   output of a reply handler is staged and moved into the reply aggregator as
   its buffers allow; until the staging area is empty no further buffer of
   that aggregator is handled (its receive stays posted-and-full, which is
-  the back-pressure).
+  the back-pressure; on a reply cycle the rest spills to the overflow).
 * Bounded memory: ``pool_buffers`` send buffers (at least ``size + 1``,
   one current buffer per destination plus in-flight ones), ``recv_buffers``
   pre-posted receive buffers and one staging area, all allocated at
-  construction and never grown. Sends are *synchronous* (``Issend``): a send
+  construction and never grown (plus the overflow on reply cycles). Sends are *synchronous* (``Issend``): a send
   completes only when the destination matched it, so each sender has at most
   ``pool_buffers`` messages unmatched anywhere in MPI. When no send buffer is
   free, ``push`` progresses (completes sends, receives and handles) until one
@@ -55,7 +63,19 @@ Semantics:
   this aggregator and every aggregator reachable through ``reply`` links:
   when it returns on any rank, every item pushed (before the flush, on any
   rank, or by handlers during it) into any of them has been handled on its
-  destination. Termination detection is described in :meth:`Aggregator.flush`.
+  destination. Termination detection: repeated counting (Mattern's
+  four-counter scheme) with non-blocking ``Iallreduce`` waves of
+  (buffers sent, buffers received and handled) summed over the linked
+  aggregators; a rank contributes only when idle (nothing partial, in
+  flight, unhandled or staged), and the flush ends when two consecutive
+  waves give equal sums with sent == handled. Correct because the counters
+  only grow, so equal sums mean no rank sent or handled anything between
+  its two snapshots, all those intervals share the instant the first wave
+  ended, and at that instant everything sent had been handled with every
+  rank idle, so no message can be in transit and no handler can create
+  more; one wave is not enough (a buffer may be sent after its sender was
+  counted and handled before its receiver was). Full argument in
+  :meth:`Aggregator.flush`.
 * Tracing: every buffer sent is one ``agg_buffer`` send event and every
   buffer received one ``agg_buffer`` receive event (``count`` = items), matched
   by a per-peer sequence number carried in the MPI tag, so the timeline shows
@@ -65,8 +85,15 @@ Semantics:
   :class:`~nbmpi.workers.errors.AggregationError` naming the rank and the
   operation. Waits time out after ``timeout`` seconds (default
   ``NBMPI_TIMEOUT``, else never) with
-  :class:`~nbmpi.workers.errors.AggregationTimeout`; waits are interruptible
-  (Ctrl-C / Jupyter interrupt), after which the aggregator is unusable.
+  :class:`~nbmpi.workers.errors.AggregationTimeout`; after a timeout the
+  aggregator stays USABLE and nothing is lost: a ``push`` that timed out
+  did not push its item, a ``push_many`` pushed ``exc.items_placed`` items,
+  and a ``flush`` that timed out is resumed by the next ``flush()`` (its
+  counting wave stays posted, so the ranks stay in step). Waits are
+  interruptible (Ctrl-C / Jupyter interrupt); an interrupt may land in the
+  middle of a state update, so after it the aggregator is unusable and
+  every further call raises an error saying so (create a new one). A
+  handler that raises breaks it the same way.
 
 Aggregators are not thread-safe: use each from the thread that created it
 (MPI runs ``funneled``).
@@ -210,18 +237,21 @@ class Aggregator:
 
     Parameters: ``handler`` compiled with ``numba.njit`` (see the module
     docstring for its signature); ``state`` passed to every handler call;
-    ``buffer_items`` rows per buffer; ``pool_buffers`` send buffers (default
-    ``2 * size + 2``, at least ``size + 1``); ``recv_buffers`` pre-posted
-    receives (default ``max(4, 2 * (size - 1))``); ``reply`` an aggregator the
-    handler's output rows are pushed into (then ``replies_per_item`` bounds
-    the rows one item may produce); ``timeout`` seconds for every wait
-    (default ``NBMPI_TIMEOUT``, else forever); ``name`` labels errors.
+    ``buffer_items`` rows per buffer; ``pool_buffers`` send buffers (at least
+    ``size + 1``; default ``size + 1`` plus ``size + 1 .. 4 * size + 4``
+    in-flight buffers, as many as fit in 8 MiB); ``recv_buffers`` pre-posted
+    receives (default ``max(4, 2 * (size - 1)) .. max(8, 4 * (size - 1))``,
+    within the same budget); ``reply`` an aggregator the handler's output
+    rows are pushed into (then ``replies_per_item`` bounds the rows one item
+    may produce); ``reply_dtype`` the item dtype of a reply aggregator linked
+    later with :meth:`set_reply` (for cycles); ``timeout`` seconds for every
+    wait (default ``NBMPI_TIMEOUT``, else forever); ``name`` labels errors.
     """
 
     def __init__(self, item_dtype: Any, handler: Callable, state: Any = None, buffer_items: int = 8192,
                  comm: Any = None, pool_buffers: Optional[int] = None, recv_buffers: Optional[int] = None,
                  reply: Optional["Aggregator"] = None, replies_per_item: int = 1,
-                 timeout: Optional[float] = None, name: Optional[str] = None):
+                 timeout: Optional[float] = None, name: Optional[str] = None, reply_dtype: Any = None):
         m = MPI()
         parent = world() if comm is None else comm
         self.rank = prank = parent.Get_rank()
@@ -262,14 +292,18 @@ class Aggregator:
             raise AggregationError(f"rank {prank}: {self.name}: recv_buffers={nrecv}; expected >= 1")
         if size == 1:
             nrecv = 0
+        if reply_dtype is not None:
+            try:
+                reply_dtype = np.dtype(reply_dtype)
+            except TypeError as exc:
+                raise AggregationError(f"rank {prank}: {self.name}: reply_dtype {reply_dtype!r} is not a numpy "
+                                       f"dtype ({exc}); pass the item_dtype of the reply aggregator") from None
         if reply is not None:
-            if not isinstance(reply, Aggregator):
-                raise AggregationError(f"rank {prank}: {self.name}: reply must be an Aggregator, "
-                                       f"got {type(reply).__name__}")
-            reply._usable("reply=")
-            if reply.size != size:
-                raise AggregationError(f"rank {prank}: {self.name}: reply {reply.name} lives on a communicator "
-                                       f"of size {reply.size}, this one has {size}; use the same ranks")
+            self._check_reply(reply, size, prank, "reply=")
+            if reply_dtype is not None and reply_dtype != reply.item_dtype:
+                raise AggregationError(f"rank {prank}: {self.name}: reply_dtype {reply_dtype} differs from the "
+                                       f"item_dtype {reply.item_dtype} of reply {reply.name}; pass one of them")
+            reply_dtype = reply.item_dtype
         replies_per_item = int(replies_per_item)
         if replies_per_item < 1:
             raise AggregationError(f"rank {prank}: {self.name}: replies_per_item={replies_per_item}; "
@@ -283,6 +317,9 @@ class Aggregator:
         self.handler = handler
         self.state = state
         self.reply = reply
+        self.reply_dtype: Optional[np.dtype] = reply_dtype
+        self._has_reply = reply_dtype is not None       # handler has the reply signature
+        self._cyclic = False                            # on a cycle of reply links (see set_reply)
         self.replies_per_item = replies_per_item
         self.timeout = default_timeout() if timeout is None else (None if timeout <= 0 else float(timeout))
 
@@ -302,14 +339,19 @@ class Aggregator:
         self._free = np.arange(npool, dtype=np.int64)
         self._meta = np.array([npool, 0], dtype=np.int64)                         # n free, n ready
         self._ready = np.zeros((1, 3), dtype=np.int64)
-        if reply is not None:
+        if reply_dtype is not None:
             nout = cap * replies_per_item
             self._out_dests = np.zeros(nout, dtype=np.int64)
-            self._out_items = np.zeros(nout, dtype=reply.item_dtype)
-            self._out_words = self._out_items.view(np.uint8).reshape(nout, reply.itemsize).view(reply._word)
+            self._out_items = np.zeros(nout, dtype=reply_dtype)
+            self._out_words = (self._out_items.view(np.uint8).reshape(nout, reply_dtype.itemsize)
+                               .view(_word_dtype(reply_dtype.itemsize)))
         self._stage_pos = self._stage_end = 0
+        # overflow of reply rows (aggregators on a reply cycle only): (dests, words) arrays not yet placed
+        self._overflow: Deque[Tuple[np.ndarray, np.ndarray]] = deque()
+        self._overflow_pos = 0
+        self._overflow_rows = 0
         self.buffer_bytes = int(self._pool.nbytes + (self._rpool.nbytes if nrecv else 0)
-                                + (self._out_items.nbytes + self._out_dests.nbytes if reply is not None else 0))
+                                + (self._out_items.nbytes + self._out_dests.nbytes if reply_dtype is not None else 0))
 
         self._compile_handler()
 
@@ -339,8 +381,10 @@ class Aggregator:
         self._flush_seq = 0
         self._st = dict(items_pushed=0, items_handled=0, buffers_full=0, buffers_flush=0, messages_sent=0,
                         local_buffers=0, messages_received=0, messages_handled=0, bytes_sent=0, bytes_received=0,
-                        rows_dispatched=0,
-                        max_inflight=0, max_buffers_in_use=0, flushes=0, waves=0)
+                        rows_dispatched=0, user_pushes=0, overflow_rows=0, max_overflow_rows=0,
+                        max_inflight=0, max_buffers_in_use=0, flushes=0, waves=0, flush_timeouts=0)
+        # a flush's counting wave outlives a flush timeout (see flush): [req, local, glob, prev, waves, pushes]
+        self._wave: Optional[list] = None
         self._broken = None
         _live.append(self)
 
@@ -348,7 +392,7 @@ class Aggregator:
     def _compile_handler(self) -> None:
         empty = self._pool_rec[0, :0]
         try:
-            if self.reply is None:
+            if not self._has_reply:
                 self.handler(empty, self.state)
             else:
                 n = self.handler(empty, self.state, self.rank, self._out_dests, self._out_items)
@@ -356,7 +400,7 @@ class Aggregator:
                     raise TypeError(f"it returned {type(n).__name__}; a reply handler must return the number "
                                     "of rows it wrote (an int)")
         except Exception as exc:  # noqa: BLE001 - numba typing errors, wrong arity, ...
-            sig = ("handler(items, state)" if self.reply is None
+            sig = ("handler(items, state)" if not self._has_reply
                    else "handler(items, state, src, out_dests, out_items) -> int")
             first = str(exc).strip().splitlines()[:6]
             raise AggregationError(
@@ -378,7 +422,7 @@ class Aggregator:
     def _check_same_everywhere(self, comm) -> None:
         sig = np.array([self.itemsize, self.buffer_items, self.pool_buffers, self.recv_buffers,
                         zlib.crc32(repr(self.item_dtype.descr).encode()),
-                        -1 if self.reply is None else self.reply.itemsize], dtype=np.int64)
+                        -1 if self.reply_dtype is None else self.reply_dtype.itemsize], dtype=np.int64)
         allsig = np.empty((self.size, sig.size), dtype=np.int64)
         comm.Allgather(sig, allsig)
         keys = [allsig[i].tobytes() for i in range(self.size)]
@@ -401,6 +445,55 @@ class Aggregator:
             raise AggregationError(f"rank {self.rank}: {op} on {self.name}: the aggregator is unusable because "
                                    f"{self._broken}; create a new one")
 
+    def _check_reply(self, reply: Any, size: int, rank: int, op: str) -> None:
+        if not isinstance(reply, Aggregator):
+            raise AggregationError(f"rank {rank}: {op} on {self.name}: reply must be an Aggregator, "
+                                   f"got {type(reply).__name__}")
+        reply._usable(op)
+        if reply.size != size:
+            raise AggregationError(f"rank {rank}: {op} on {self.name}: reply {reply.name} lives on a communicator "
+                                   f"of size {reply.size}, this one has {size}; use the same ranks")
+
+    def set_reply(self, reply: "Aggregator") -> None:
+        """Connect the aggregator this one's handler output is pushed into, after construction.
+
+        For reply *cycles* (request -> reply -> ack back into the first, or a
+        handler that pushes into its own aggregator): create this aggregator
+        with ``reply_dtype=<reply's item_dtype>`` (so its handler has the
+        reply signature), create the others, then call ``set_reply``. Local
+        (no communication), once per aggregator; every rank must make the
+        same links before it flushes. Buffers that arrive before the link is
+        made stay unhandled until it is (``flush`` refuses to start without it).
+        """
+        self._usable("set_reply")
+        if not self._has_reply:
+            raise AggregationError(
+                f"rank {self.rank}: set_reply on {self.name}: it was created without reply= or reply_dtype=, so "
+                "its handler has the plain signature handler(items, state); create it with reply_dtype=... ")
+        if self.reply is not None:
+            raise AggregationError(f"rank {self.rank}: set_reply on {self.name}: it already replies into "
+                                   f"{self.reply.name}; a reply link is set once")
+        self._check_reply(reply, self.size, self.rank, "set_reply")
+        if reply.item_dtype != self.reply_dtype:
+            raise AggregationError(f"rank {self.rank}: set_reply on {self.name}: reply {reply.name} has item_dtype "
+                                   f"{reply.item_dtype}, the handler writes {self.reply_dtype} (reply_dtype)")
+        self.reply = reply
+        path, a = [], reply               # does the new link close a cycle? (each has one reply link)
+        while a is not None and a is not self and a not in path:
+            path.append(a)
+            a = a.reply
+        if a is self:
+            for b in path + [self]:
+                b._cyclic = True
+
+    def _group(self) -> List["Aggregator"]:
+        """This aggregator and every one reachable through reply links (flush covers them all)."""
+        group, a = [], self
+        while a is not None and a not in group:
+            group.append(a)
+            a = a.reply
+        return group
+
     def _bad_dest(self, d: int, op: str) -> AggregationError:
         return AggregationError(f"rank {self.rank}: {op} on {self.name}: destination rank {d} is not a rank of "
                                 f"the communicator (size {self.size}); use ranks 0..{self.size - 1}")
@@ -412,7 +505,9 @@ class Aggregator:
         ``item`` is a structured scalar of ``item_dtype`` (e.g. a row of an
         array of that dtype) or a tuple with one value per field. Returns
         once the item is in a buffer (not yet handled); blocks (progressing)
-        only while no send buffer is free.
+        only while no send buffer is free. If that wait times out
+        (:class:`AggregationTimeout`), the item was NOT pushed and the
+        aggregator stays usable: push it again to continue.
         """
         if self._closed or self._broken is not None:
             self._usable("push")
@@ -436,7 +531,9 @@ class Aggregator:
         p = int(self._pos[d])
         if p < 0:
             if self._meta[0] == 0:
-                self._wait_until(lambda: self._meta[0] > 0, f"push(dest={d}): waiting for a free send buffer")
+                self._wait_until(lambda: self._meta[0] > 0, f"push(dest={d}): waiting for a free send buffer",
+                                 resume=f"The item was not pushed and {self.name} stays usable: push it again "
+                                        "to continue")
             nf = int(self._meta[0]) - 1
             self._meta[0] = nf
             p = int(self._free[nf]) * cap
@@ -451,6 +548,7 @@ class Aggregator:
             raise AggregationError(f"rank {self.rank}: push(dest={d}) on {self.name}: item {item!r} does not fit "
                                    f"{self.item_dtype}: {exc}") from None
         self._st["items_pushed"] += 1
+        self._st["user_pushes"] += 1
         p += 1
         if p == self._lim[d]:
             self._pos[d] = -1
@@ -467,7 +565,10 @@ class Aggregator:
         so it may be reused on return); ``dests`` integers of the same length.
         Bucketing by destination is a numba kernel; each buffer that fills is
         sent at once and this rank progresses (receives, handles) between
-        buffers. Blocks (progressing) only while no send buffer is free.
+        buffers. Blocks (progressing) only while no send buffer is free. If
+        that wait times out, :class:`AggregationTimeout` has ``items_placed``
+        = k: ``items[:k]`` were pushed, the rest not, and the aggregator stays
+        usable: ``push_many(dests[k:], items[k:])`` continues.
         """
         if self._closed or self._broken is not None:
             self._usable("push_many")
@@ -494,14 +595,21 @@ class Aggregator:
         if bad >= 0:
             raise self._bad_dest(int(d[bad]), f"push_many (item {bad})")
         words = np.ascontiguousarray(items).view(np.uint8).reshape(n, self.itemsize).view(self._word)
+        self._st["user_pushes"] += 1
         i = 0
         while True:
             i = self._place(d, words, i, n)
             if i >= n:
                 break
             if self._meta[0] == 0:
-                self._wait_until(lambda: self._meta[0] > 0,
-                                 f"push_many: waiting for a free send buffer ({n - i} of {n} items left)")
+                try:
+                    self._wait_until(lambda: self._meta[0] > 0,
+                                     f"push_many: waiting for a free send buffer ({n - i} of {n} items left)",
+                                     resume=f"items[:{i}] were pushed, the rest not, and {self.name} stays "
+                                            f"usable: push_many(dests[{i}:], items[{i}:]) continues")
+                except AggregationTimeout as exc:
+                    exc.items_placed = i
+                    raise
             else:
                 _progress_all()
 
@@ -586,6 +694,8 @@ class Aggregator:
                     self._sreqs = [self._sreqs[k] for k in keep]
                     self._sbufs = [sbufs[k] for k in keep]
                     self._sdests = [self._sdests[k] for k in keep]
+        if self._overflow:
+            self._drain_overflow()
         if self._stage_pos < self._stage_end:
             self._drain()
         if self._rreqs:
@@ -603,6 +713,8 @@ class Aggregator:
                     if trace:
                         tr.record(K_BUFFER, _RECV, self._wrank[src], 0, nbytes, t, t, 0, tag, self.chan_id,
                                   nbytes // self.itemsize)
+        if self._has_reply and self.reply is None:
+            return  # set_reply() not called yet: received buffers wait, unhandled
         while self._stage_pos >= self._stage_end and (self._pending or self._local):
             if self._pending:
                 i, src, rows, _tag = self._pending.popleft()
@@ -618,7 +730,7 @@ class Aggregator:
     def _handle(self, items: np.ndarray, src: int) -> None:
         rows = items.shape[0]
         try:
-            if self.reply is None:
+            if not self._has_reply:
                 self.handler(items, self.state)
                 n = 0
             else:
@@ -626,7 +738,7 @@ class Aggregator:
         except BaseException as exc:
             self._broken = f"its handler raised {type(exc).__name__} on a buffer from rank {src}"
             raise
-        if self.reply is not None:
+        if self._has_reply:
             limit = rows * self.replies_per_item
             if not 0 <= n <= limit:
                 self._broken = f"its handler returned {n} reply rows for {rows} items"
@@ -644,23 +756,66 @@ class Aggregator:
                         f"must be ranks 0..{self.size - 1}")
                 self._stage_pos, self._stage_end = 0, n
                 self._drain()
+                if self._cyclic and self._stage_pos < self._stage_end:
+                    self._spill()
         self._st["items_handled"] += rows
 
-    def _drain(self) -> None:
-        """Move staged reply rows into the reply aggregator as far as its free buffers allow."""
+    def _reply_usable(self) -> "Aggregator":
         reply = self.reply
         if reply._closed or reply._broken is not None:
             self._broken = f"its reply aggregator {reply.name} was closed or broke with replies pending"
             reply._usable(f"reply from {self.name}")
-        self._stage_pos = reply._place(self._out_dests, self._out_words, self._stage_pos, self._stage_end)
+        return reply
+
+    def _drain(self) -> None:
+        """Move staged reply rows into the reply aggregator as far as its free buffers allow."""
+        self._stage_pos = self._reply_usable()._place(self._out_dests, self._out_words, self._stage_pos,
+                                                      self._stage_end)
+
+    def _spill(self) -> None:
+        """On a reply cycle: copy the staged rows that found no free buffer to the overflow.
+
+        Without this, a cycle could deadlock with bounded buffers: each rank's
+        staged output waiting for buffers that sit unmatched at a peer whose
+        staged output waits for this rank's buffers. Spilling keeps every
+        handler non-blocking, so receives are always re-posted and every send
+        completes; the overflow holds only rows that could not be placed yet.
+        """
+        lo, hi = self._stage_pos, self._stage_end
+        self._overflow.append((self._out_dests[lo:hi].copy(), self._out_words[lo:hi].copy()))
+        st = self._st
+        self._overflow_rows += hi - lo
+        st["overflow_rows"] += hi - lo
+        if self._overflow_rows > st["max_overflow_rows"]:
+            st["max_overflow_rows"] = self._overflow_rows
+        self._stage_pos = self._stage_end = 0
+
+    def _drain_overflow(self) -> None:
+        reply = self._reply_usable()
+        while self._overflow:
+            dests, words = self._overflow[0]
+            n = dests.shape[0]
+            k = reply._place(dests, words, self._overflow_pos, n)
+            self._overflow_rows -= k - self._overflow_pos
+            if k < n:
+                self._overflow_pos = k
+                return
+            self._overflow.popleft()
+            self._overflow_pos = 0
 
     def _busy(self) -> bool:
         """True while this rank still has work for this aggregator (besides partial buffers)."""
-        return bool(self._pending or self._local or self._sreqs or self._stage_pos < self._stage_end)
+        return bool(self._pending or self._local or self._sreqs or self._stage_pos < self._stage_end
+                    or self._overflow)
 
     # ------------------------------------------------------------------ waiting
-    def _wait_until(self, cond: Callable[[], bool], op: str, timeout: Any = _UNSET) -> None:
-        """Progress every live aggregator until ``cond()``; timeout/interrupt make this one unusable."""
+    def _wait_until(self, cond: Callable[[], bool], op: str, timeout: Any = _UNSET, resume: str = "") -> None:
+        """Progress every live aggregator until ``cond()``.
+
+        A timeout raises :class:`AggregationTimeout` and leaves the aggregator
+        usable (``resume`` tells the caller how to continue); an interrupt
+        makes it unusable (it may have hit the middle of a state update).
+        """
         timeout = self.timeout if timeout is _UNSET else timeout
         t0 = time.monotonic()
         deadline = None if timeout is None else t0 + timeout
@@ -678,9 +833,8 @@ class Aggregator:
                     polls = 0
                     if deadline is not None and time.monotonic() > deadline:
                         peer = self._sdests[0] if self._sdests else None
-                        self._broken = f"{op} timed out"
                         raise AggregationTimeout(self.rank, peer, f"{op} on {self.name}", time.monotonic() - t0,
-                                                 self._describe_state())
+                                                 f"{self._describe_state()}. {resume}")
         except KeyboardInterrupt:
             self._broken = f"{op} was interrupted"
             raise
@@ -694,31 +848,36 @@ class Aggregator:
                 f"{st['messages_sent']} buffers sent and {st['messages_handled']} received+handled here")
 
     # ------------------------------------------------------------------ flush (termination detection)
-    def _chain(self) -> List["Aggregator"]:
-        chain, a = [], self
-        while a is not None:
-            chain.append(a)
-            a = a.reply
-        return chain
-
     def flush(self, timeout: Optional[float] = _UNSET) -> None:
         """Collective: return when every item pushed into this aggregator or any
-        aggregator reachable through ``reply`` (on any rank, before the flush or
-        by handlers during it) has been handled on its destination.
+        aggregator reachable through ``reply`` links (on any rank, before the
+        flush or by handlers during it) has been handled on its destination.
 
-        Every rank of the communicator must call it (and ``flush`` of chained
-        aggregators in the same order everywhere). Blocks, progressing every
-        live aggregator; raises :class:`AggregationTimeout` after ``timeout``
-        seconds (default: the aggregator's), after which it is unusable.
+        Every rank of the communicator must call it on the same aggregator
+        (and flushes of different aggregators in the same order everywhere).
+        Blocks, progressing every live aggregator. Reply links may form cycles
+        (see :meth:`set_reply`): the flush covers the whole linked set.
+
+        Timeout: after ``timeout`` seconds (default: the aggregator's) it
+        raises :class:`AggregationTimeout` and the aggregator stays USABLE:
+        nothing is lost, the counting wave in progress stays posted, and the
+        next ``flush()`` (or ``close()``) on this rank resumes it (the other
+        ranks are still in, or will reach, the same flush; calling
+        ``flush()`` again is the way to complete it). Items pushed between the
+        timeout and the resumed flush are covered by it: if the pending wave
+        ends the old flush epoch while this rank has pushed since, this rank
+        starts a new epoch instead of returning, so it returns only when
+        those items are handled too (which needs the other ranks' next
+        flush). An interrupt (Ctrl-C) in a flush makes it unusable.
 
         Termination detection: repeated counting with non-blocking
         ``Iallreduce`` waves (the double-counting / "four counter" scheme of
         Mattern, 1987). ``s_i`` = buffers rank i has sent (``Issend``s started,
-        all chained aggregators), ``r_i`` = buffers rank i has received AND
+        all linked aggregators), ``r_i`` = buffers rank i has received AND
         handled; both only grow. A rank joins a wave only when *idle* for the
-        whole chain: no partial buffer (they are sent first), no send in
-        flight, no received or local buffer unhandled, no staged reply rows.
-        It contributes its ``(s_i, r_i)`` of that instant and keeps
+        whole linked set: no partial buffer (they are sent first), no send in
+        flight, no received or local buffer unhandled, no staged or overflow
+        reply rows. It contributes its ``(s_i, r_i)`` of that instant and keeps
         progressing while the wave completes. Termination is declared when two
         consecutive waves give the same global sums ``(S, R)`` with ``S == R``.
         Why this is correct: (1) rank i's wave-k snapshot is taken after its
@@ -732,72 +891,90 @@ class Aggregator:
         share the instant T = end of wave k-1; (4) at T the total sent equals
         the total handled (S == R) and all ranks are idle: no buffer is in
         transit or unhandled, no handler can produce more traffic, and the
-        state is stable. Handler-generated traffic (including into the reply
-        aggregators, whose counters are part of the sums) is covered because
-        a rank with staged or partial reply rows is not idle. A single wave
-        with S == R is NOT enough (a buffer may be sent after its sender was
-        counted and received before its receiver was), hence two. The
-        decision is taken on identical global values on every rank, so all
-        ranks leave in the same wave; a rank tests the wave before it
-        progresses, so it handles nothing pushed after another rank returned.
+        state is stable. Handler-generated traffic (into any linked
+        aggregator, whose counters are part of the sums) is covered because a
+        rank with staged, overflow or partial reply rows is not idle; cycles
+        change nothing in this argument (it never uses the shape of the
+        links), and they cannot deadlock because handlers on a cycle spill to
+        the overflow instead of waiting. A single wave with S == R is NOT
+        enough (a buffer may be sent after its sender was counted and
+        received before its receiver was), hence two. The decision is taken
+        on identical global values on every rank, so all ranks leave in the
+        same wave. A rank that already left may push again at once; another
+        rank still polling the last wave may receive and handle such a
+        buffer early, which is harmless (it belongs to the next epoch and its
+        counts are cumulative).
         """
         self._usable("flush")
-        for a in self._chain()[1:]:
-            a._usable(f"flush of {self.name} (its reply chain)")
+        group = [a for a in self._group() if a is self or not a._closed]
+        for a in group[1:]:
+            a._usable(f"flush of {self.name} (its reply links)")
+        for a in group:
+            if a._has_reply and a.reply is None:
+                raise AggregationError(
+                    f"rank {self.rank}: flush of {self.name}: {a.name} was created with reply_dtype= but "
+                    "set_reply() was not called, so its handler output has nowhere to go; call "
+                    f"{a.name}.set_reply(<aggregator>) on every rank first")
         timeout = self.timeout if timeout is _UNSET else timeout
-        chain = self._chain()
         m = MPI()
         t_start = _now()
         t0 = time.monotonic()
         deadline = None if timeout is None else t0 + timeout
-        prev: Optional[Tuple[int, int]] = None
-        req = None
-        local = np.zeros(2, dtype=np.int64)
-        glob = np.zeros(2, dtype=np.int64)
-        waves = 0
+        if self._wave is None:  # [request, local, global, previous sums, waves, user pushes at contribution]
+            self._wave = [None, np.zeros(2, dtype=np.int64), np.zeros(2, dtype=np.int64), None, 0, 0]
+        wave = self._wave
+        local, glob = wave[1], wave[2]
         polls = 0
         waiting.current = ("flush", None, t_start)
         try:
             while True:
+                req = wave[0]
                 if req is not None:
                     if req.Test():
-                        req = None
-                        waves += 1
+                        wave[0] = None
+                        wave[4] += 1
                         g = (int(glob[0]), int(glob[1]))
-                        if g[0] == g[1] and g == prev:
-                            break
-                        prev = g
+                        if g[0] == g[1] and g == wave[3]:
+                            if sum(a._st["user_pushes"] for a in group) == wave[5]:
+                                break
+                            g = None  # the old epoch ended, but this rank pushed since (resumed flush)
+                        wave[3] = g
                         continue
                     _progress_all()
                     _yield()
                 else:
                     _progress_all()
-                    if not any(a._busy() for a in chain):
-                        for a in chain:
+                    if not any(a._busy() for a in group):
+                        for a in group:
                             a._send_partials()
-                        if not any(a._busy() for a in chain):
-                            local[0] = sum(a._st["messages_sent"] for a in chain)
-                            local[1] = sum(a._st["messages_handled"] for a in chain)
-                            req = self.comm.Iallreduce(local, glob, op=m.SUM)
+                        if not any(a._busy() for a in group):
+                            local[0] = sum(a._st["messages_sent"] for a in group)
+                            local[1] = sum(a._st["messages_handled"] for a in group)
+                            wave[5] = sum(a._st["user_pushes"] for a in group)
+                            wave[0] = self.comm.Iallreduce(local, glob, op=m.SUM)
                             continue
-                for a in chain:
+                for a in group:
                     if a._broken is not None:
                         a._usable("flush")
                 polls += 1
                 if polls >= _POLLS_BETWEEN_CLOCK_CHECKS:
                     polls = 0
                     if deadline is not None and time.monotonic() > deadline:
-                        self._broken = "flush timed out"
+                        self._st["flush_timeouts"] += 1
                         raise AggregationTimeout(
                             self.rank, None, f"flush on {self.name}", time.monotonic() - t0,
-                            f"{'a counting wave is pending' if req is not None else 'this rank is not idle yet'}; "
-                            f"last global (sent, handled) = {prev}; here: {self._describe_state()}")
+                            f"{'a counting wave is pending' if wave[0] is not None else 'this rank is not idle yet'}"
+                            f"; last global (sent, handled) = {wave[3]}; here: {self._describe_state()}. "
+                            f"Nothing is lost and {self.name} stays usable: call flush() again to resume this flush "
+                            "(every rank must complete it), or close()")
         except KeyboardInterrupt:
             self._broken = "flush was interrupted"
             raise
         finally:
             waiting.current = None
-        for a in chain:
+        waves = wave[4]
+        self._wave = None
+        for a in group:
             a._st["flushes"] += 1
             a._st["waves"] += waves
         self._flush_seq += 1
@@ -828,7 +1005,10 @@ class Aggregator:
         """Collective: ``flush()``, then free the requests and the communicator.
 
         Further use raises :class:`AggregationError`. Idempotent. An aggregator
-        that broke (timeout, interrupt) is released locally without flushing.
+        that broke (interrupt, failing handler) is released locally without
+        flushing; after a flush timeout, ``close()`` resumes that flush.
+        Closing one aggregator of a reply cycle first is fine: the flushes of
+        the others skip it (its last flush handled everything it had).
         """
         if self._closed:
             return
@@ -852,7 +1032,9 @@ class Aggregator:
             except Exception:  # noqa: BLE001 - a request that could not be cancelled
                 pass
         self._rreqs = []
-        if self._broken is None and not self._sreqs and hasattr(self, "comm"):
+        wave = getattr(self, "_wave", None)
+        wave_pending = wave is not None and wave[0] is not None
+        if self._broken is None and not self._sreqs and not wave_pending and hasattr(self, "comm"):
             try:
                 self.comm.Free()
             except Exception:  # noqa: BLE001
