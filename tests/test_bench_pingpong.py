@@ -14,7 +14,7 @@ def test_pingpong_quick_writes_json_and_markdown(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     data = json.loads((tmp_path / "pingpong_quick.json").read_text())
     assert data["sizes"] == [8, 65536]
-    assert set(data["methods"]) == {"raw", "channel", "channel_notrace", "pickle", "dask", "memcpy"}
+    assert set(data["methods"]) == {"raw", "channel", "channel_notrace", "channel_mpi", "pickle", "dask", "memcpy"}
     for row in data["rows"]:
         for m in data["methods"]:
             assert row[f"{m}_latency_us"] > 0, (m, row)
