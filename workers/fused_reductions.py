@@ -811,21 +811,45 @@ def _eval(node) -> Any:
             node.base, node.entries = v, ()
         return v
     if type(node) is _Derived:
-        if node.value is None:
+        v = node.value
+        if v is None:
             args = node.args
             if len(args) == 2:
-                x, y = args
-                if type(x) is _Snap or type(x) is _Derived:
-                    x = _eval(x)
-                if type(y) is _Snap or type(y) is _Derived:
-                    y = _eval(y)
-                v = node.fn(x, y)
+                v = node.fn(_arg(args[0]), _arg(args[1]))
             else:
-                v = node.fn(*[_eval(a) if (type(a) is _Snap or type(a) is _Derived) else a for a in args])
-            node.value = v if type(v) is float and node.cast is float else node.cast(v)
+                v = node.fn(*[_arg(a) for a in args])
+            if type(v) is not float or node.cast is not float:
+                v = node.cast(v)
+            node.value = v
             node.args = ()
-        return node.value
+        return v
     return node
+
+
+def _arg(a: Any) -> Any:
+    """Value of an operand of a :class:`_Derived`: a constant, a lazy node, or a *slot
+    reference* ``(base, batch, index)`` = float64 base plus one reduced sum word (the
+    cheap snapshot of a float64 scalar with one pending sum; constants are never tuples)."""
+    t = type(a)
+    if t is tuple:
+        base, b, i = a
+        if not b.done:
+            _force(b)
+        return base + b.res[0][i]
+    if t is _Derived:
+        v = a.value
+        return v if v is not None else _eval(a)
+    if t is _Snap:
+        return _eval(a)
+    return a
+
+
+def _force(b: "_Batch") -> None:
+    """Make batch ``b`` resolved (a force point) or raise the error that failed it."""
+    if b.error is None:
+        engine().flush()
+    if b.error is not None:
+        raise b.error
 
 
 def _ensure_done(entries) -> None:
@@ -924,13 +948,14 @@ class SharedVar:
     @property
     def pending(self) -> bool:
         """True if this variable's value still needs communication (local, no force)."""
-        if type(self._base) is _Derived and self._base.value is None:
+        base = self._base
+        if (type(base) is _Derived and base.value is None) or (type(base) is _Snap and base.entries):
             return True
         return any(not ent[1].done for ent in self._entries)
 
     def __repr__(self) -> str:
         label = f" {self.name!r}" if self.name else ""
-        if not self._entries and type(self._base) is not _Derived:
+        if not self._entries and type(self._base) is not _Derived and type(self._base) is not _Snap:
             return f"SharedVar#{self._id}{label}({self._base!r})"
         shp = "" if self.shape == () else f" shape={self.shape}"
         return f"SharedVar#{self._id}{label}(<lazy: {len(self._entries)} pending update(s)> dtype={self.dtype}{shp})"
@@ -943,8 +968,9 @@ class SharedVar:
         Scalars come back as Python float (float64) or numpy scalars, arrays
         as read-only numpy arrays.
         """
-        if not self._entries and type(self._base) is not _Derived:
-            return self._base
+        base = self._base
+        if not self._entries and type(base) is not _Derived and type(base) is not _Snap:
+            return base
         return self._resolve()
 
     @value.setter
@@ -1242,8 +1268,25 @@ class SharedVar:
 
     def __iadd__(self, a):
         if self._sf:
-            if type(a) is float:
-                return self._fast_sum(a)
+            if type(a) is float:   # _fast_sum inlined (the hottest path)
+                b = _ENGINE.batch
+                if self._ob is b and self._oop == 0:
+                    b.f8[self._oi] += a
+                    return self
+                f8 = b.f8
+                i = len(f8)
+                f8.append(a)
+                self._entries += ((0, b, 0, i, None),)
+                self._ob = b
+                self._oi = i
+                self._oop = 0
+                if self._lastb is not b:
+                    self._lastb = b
+                    b.nvars += 1
+                b.log.append(self._ksum)
+                if i > b.room:
+                    _ENGINE.flush()
+                return self
             if type(a) in _REAL_FAST:
                 return self._fast_sum(float(a))
         if isinstance(a, SharedVar):
@@ -1612,34 +1655,70 @@ def _result_meta(fn, a: Any, b: Any) -> Tuple[np.dtype, tuple]:
     return r
 
 
-def _new_f8(base: Any) -> SharedVar:
-    """A new float64 scalar shared variable (result of shared arithmetic) with ``base``
-    (a float, or a lazy :class:`_Derived`); the lean equivalent of ``SharedVar._derived``."""
-    self = _NEW(SharedVar)
-    e = _ENGINE
-    vid = e.next_id
-    e.next_id = vid + 1
-    self._id = vid
+class _LazyF8(SharedVar):
+    """A float64 scalar shared variable made by shared arithmetic (``s1 * s1 / N``).
+
+    Exactly a :class:`SharedVar`; only its rarely used attributes are filled on
+    first use (:meth:`__getattr__` runs only for a slot that is not set yet), so
+    an intermediate result of an expression costs a few attribute writes."""
+
+    __slots__ = ()
+
+    def __getattr__(self, name: str) -> Any:
+        if name in _LAZY_FILL:
+            _fill_f8(self)
+            return getattr(self, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+
+_LAZY_FILL = frozenset(("name", "dtype", "shape", "_kind", "_ob", "_oi", "_oop", "_oblk", "_lastb", "_ksum",
+                        "_cast", "_init"))
+
+
+def _fill_f8(self: SharedVar) -> None:
+    """Set the slots a :class:`_LazyF8` was created without (never touches _id, _base,
+    _entries, _sf, which are set at creation; _ob is only ever None before this)."""
     self.name = None
     self.dtype = _F8
     self.shape = ()
     self._kind = W_F8
-    self._base = base
-    self._entries = ()
     self._ob = None
     self._oi = 0
     self._oop = -1
     self._oblk = 0
     self._lastb = None
-    self._sf = True
-    self._ksum = vid << 3
+    self._ksum = self._id << 3
     self._cast = float
     self._init = None
+
+
+def _new_f8(base: Any) -> SharedVar:
+    """A new float64 scalar shared variable (result of shared arithmetic) with ``base``
+    (a float, or a lazy :class:`_Derived`); the lean equivalent of ``SharedVar._derived``."""
+    self = _NEW(_LazyF8)
+    e = _ENGINE
+    vid = e.next_id
+    e.next_id = vid + 1
+    self._id = vid
+    self._base = base
+    self._entries = ()
+    self._sf = True
     return self
 
 
 _NEW = object.__new__
 _UNIFORM_OK = (float, int)
+
+
+def _snap_f8(base: Any, ents: tuple) -> Any:
+    """Snapshot of a float64 scalar's pending state as an operand of a :class:`_Derived`."""
+    if not ents:
+        return base
+    if len(ents) == 1 and type(base) is float:
+        op, b, blk, i, _ = ents[0]
+        if op == 0 and blk == 0:
+            return (base, b, i)
+    return _Snap(base, ents, float, ())
 
 
 def _f8_binary(fn, a: Any, b: Any, sa: bool, sb: bool) -> SharedVar:
@@ -1651,10 +1730,13 @@ def _f8_binary(fn, a: Any, b: Any, sa: bool, sb: bool) -> SharedVar:
             ca = True
         else:
             ca = False
-            va = _Snap(va, ea, float, ()) if ea else va
+            va = _snap_f8(va, ea)
             a._ob = None
     else:
-        _ENGINE.batch.note((-7, _FN_CODES.get(fn, 0), a if a == a else _NAN_KEY))
+        log = _ENGINE.batch.log
+        log.append((-7, _FN_CODES.get(fn, 0), a if a == a else _NAN_KEY))
+        if len(log) >= _LOG_CAP:
+            _ENGINE.batch.fold()
         ca = True
         va = a
     if b is a:
@@ -1666,10 +1748,13 @@ def _f8_binary(fn, a: Any, b: Any, sa: bool, sb: bool) -> SharedVar:
             cb = True
         else:
             cb = False
-            vb = _Snap(vb, eb, float, ()) if eb else vb
+            vb = _snap_f8(vb, eb)
             b._ob = None
     else:
-        _ENGINE.batch.note((-7, _FN_CODES.get(fn, 0), b if b == b else _NAN_KEY))
+        log = _ENGINE.batch.log
+        log.append((-7, _FN_CODES.get(fn, 0), b if b == b else _NAN_KEY))
+        if len(log) >= _LOG_CAP:
+            _ENGINE.batch.fold()
         cb = True
         vb = b
     if ca and cb:
@@ -1682,16 +1767,20 @@ def _binary(fn, a: Any, b: Any) -> SharedVar:
     """Local shared arithmetic; a non-shared operand must be uniform (checked at the next force point)."""
     ta = type(a)
     tb = type(b)
-    if ta is SharedVar and a._sf:
-        if tb is SharedVar and b._sf:
+    if (ta is _LazyF8 or ta is SharedVar) and a._sf:
+        if (tb is _LazyF8 or tb is SharedVar) and b._sf:
             return _f8_binary(fn, a, b, True, True)
         if tb in _UNIFORM_OK:
             return _f8_binary(fn, a, b, True, False)
-    elif tb is SharedVar and b._sf and ta in _UNIFORM_OK:
+    elif (tb is _LazyF8 or tb is SharedVar) and b._sf and ta in _UNIFORM_OK:
         return _f8_binary(fn, a, b, False, True)
     if isinstance(a, Grant) or isinstance(b, Grant):
         raise SharedVariableError("a Grant is a rank-local value and cannot be a uniform operand of shared "
                                   "arithmetic; contribute it (x += g) or read it (g.value)")
+    if isinstance(a, (tuple, list)):
+        a = np.asarray(a)
+    if isinstance(b, (tuple, list)):
+        b = np.asarray(b)
     sa, sb = isinstance(a, SharedVar), isinstance(b, SharedVar)
     if sa and sb and a._kind == W_F8 and b._kind == W_F8 and a.shape == () and b.shape == ():
         dtype, shape = _F8, ()
