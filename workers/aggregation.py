@@ -126,6 +126,7 @@ _UNSET: Any = object()
 _POLLS_BETWEEN_CLOCK_CHECKS = 64
 REASON_FULL, REASON_FLUSH = 0, 1
 _INFLIGHT_BUDGET_BYTES = 8 << 20   # memory the default buffer counts may use beyond the minimum
+_PROGRESS_ROWS = 1 << 16            # push_many progresses at least every this many rows
 
 # Aggregators that are open in this process; every wait progresses all of them.
 _live: List["Aggregator"] = []
@@ -204,7 +205,7 @@ def _word_dtype(itemsize: int) -> np.dtype:
     return np.dtype(np.uint8)
 
 
-def _progress_all() -> None:
+def _progress_all(full: bool = False) -> None:
     """One non-blocking progress step of every live aggregator of this process."""
     global _progressing
     if _progressing:
@@ -213,7 +214,7 @@ def _progress_all() -> None:
     try:
         for agg in _live:
             if agg._broken is None:
-                agg._progress()
+                agg._progress(full)
     finally:
         _progressing = False
 
@@ -338,7 +339,7 @@ class Aggregator:
         self._lim = np.zeros(size, dtype=np.int64)                                 # end row of its buffer
         self._free = np.arange(npool, dtype=np.int64)
         self._meta = np.array([npool, 0], dtype=np.int64)                         # n free, n ready
-        self._ready = np.zeros((1, 3), dtype=np.int64)
+        self._ready = np.zeros((npool, 3), dtype=np.int64)                        # filled: (dest, buffer, rows)
         if reply_dtype is not None:
             nout = cap * replies_per_item
             self._out_dests = np.zeros(nout, dtype=np.int64)
@@ -368,10 +369,14 @@ class Aggregator:
         self._testsome = m.Request.Testsome
         self._rreqs = [self.comm.Recv_init([self._rpool_bytes[i], m.BYTE], m.ANY_SOURCE, m.ANY_TAG)
                        for i in range(nrecv)]
-        self._rstats = [m.Status() for _ in range(nrecv)]
+        self._rstatus = m.Status()
         for r in self._rreqs:
             r.Start()
-        # sends in flight, as parallel lists (one Testsome over _sreqs completes them in a batch)
+        # posted receives in posting order: all match (ANY_SOURCE, ANY_TAG) and MPI matches a message
+        # to the earliest posted receive, so testing the head alone finds the next one to complete
+        self._rq: Deque[int] = deque(range(nrecv))
+        # sends in flight, oldest first, as parallel lists: progress tests the oldest ones (cheap);
+        # a wait for a free buffer completes them all with one Testsome
         self._sreqs: List[Any] = []
         self._sbufs: List[int] = []
         self._sdests: List[int] = []
@@ -552,6 +557,7 @@ class Aggregator:
         p += 1
         if p == self._lim[d]:
             self._pos[d] = -1
+            self._note_use()
             self._dispatch(d, b, cap, REASON_FULL)
             _progress_all()
         else:
@@ -614,20 +620,30 @@ class Aggregator:
                 _progress_all()
 
     def _place(self, dests: np.ndarray, words: np.ndarray, start: int, stop: int) -> int:
-        """Bucket rows start..stop without waiting; dispatch full buffers. Returns rows placed up to."""
+        """Bucket rows start..stop without waiting; dispatch full buffers. Returns rows placed up to.
+
+        Progresses after every buffer sent and at least every ``_PROGRESS_ROWS``
+        rows, so peers' messages keep moving even while large buffers fill.
+        """
         i = start
         while True:
-            j = _bucket(dests, words, i, stop, self._rows, self._pos, self._lim, self._free, self._meta,
+            hi = stop if stop - i <= _PROGRESS_ROWS else i + _PROGRESS_ROWS
+            j = _bucket(dests, words, i, hi, self._rows, self._pos, self._lim, self._free, self._meta,
                         self._ready)
             self._st["items_pushed"] += j - i
             i = j
-            if self._meta[1]:
-                r = self._ready
+            nready = int(self._meta[1])
+            if nready:
+                self._note_use()
                 self._meta[1] = 0
-                self._dispatch(int(r[0, 0]), int(r[0, 1]), int(r[0, 2]), REASON_FULL)
+                for d, b, rows in self._ready[:nready].tolist():
+                    self._dispatch(d, b, rows, REASON_FULL)
                 if i < stop:
                     _progress_all()
                     continue
+            elif i == hi < stop:
+                _progress_all()
+                continue
             self._note_use()
             return i
 
@@ -640,7 +656,6 @@ class Aggregator:
     def _dispatch(self, d: int, b: int, rows: int, reason: int) -> None:
         """Send buffer ``b`` (``rows`` rows) to ``d``, or queue it locally if ``d`` is this rank."""
         st = self._st
-        self._note_use()
         st["buffers_full" if reason == REASON_FULL else "buffers_flush"] += 1
         st["rows_dispatched"] += rows
         if d == self.rank:
@@ -677,42 +692,52 @@ class Aggregator:
                 self._meta[0] += 1
 
     # ------------------------------------------------------------------ progress (never blocks)
-    def _progress(self) -> None:
-        if self._sreqs:
-            done = self._testsome(self._sreqs)
-            if done:
-                free, meta = self._free, self._meta
-                sbufs = self._sbufs
-                for k in done:
+    def _progress(self, full: bool = False) -> None:
+        """One non-blocking step: complete sends, receive, handle. ``full`` tests every send."""
+        sreqs = self._sreqs
+        if sreqs:
+            free, meta, sbufs = self._free, self._meta, self._sbufs
+            if full and len(sreqs) > 1:
+                done = self._testsome(sreqs)
+                if done:
+                    for k in done:
+                        free[meta[0]] = sbufs[k]
+                        meta[0] += 1
+                    if len(done) == len(sbufs):
+                        self._sreqs, self._sbufs, self._sdests = [], [], []
+                    else:
+                        gone = set(done)
+                        keep = [k for k in range(len(sbufs)) if k not in gone]
+                        self._sreqs = [sreqs[k] for k in keep]
+                        self._sbufs = [sbufs[k] for k in keep]
+                        self._sdests = [self._sdests[k] for k in keep]
+            else:
+                k, n = 0, len(sreqs)
+                while k < n and sreqs[k].Test():
                     free[meta[0]] = sbufs[k]
                     meta[0] += 1
-                if len(done) == len(sbufs):
-                    self._sreqs, self._sbufs, self._sdests = [], [], []
-                else:
-                    gone = set(done)
-                    keep = [k for k in range(len(sbufs)) if k not in gone]
-                    self._sreqs = [self._sreqs[k] for k in keep]
-                    self._sbufs = [sbufs[k] for k in keep]
-                    self._sdests = [self._sdests[k] for k in keep]
+                    k += 1
+                if k:
+                    del sreqs[:k], sbufs[:k], self._sdests[:k]
         if self._overflow:
             self._drain_overflow()
         if self._stage_pos < self._stage_end:
             self._drain()
-        if self._rreqs:
-            done = self._testsome(self._rreqs, self._rstats)
-            if done:
-                t = _now()
+        rq = self._rq
+        if rq:
+            rreqs, s = self._rreqs, self._rstatus
+            while rq and rreqs[rq[0]].Test(s):
+                i = rq.popleft()
+                src, tag, nbytes = s.Get_source(), s.Get_tag(), s.Get_count(self._byte)
+                self._pending.append((i, src, nbytes // self.itemsize, tag))
+                st = self._st
+                st["messages_received"] += 1
+                st["bytes_received"] += nbytes
                 tr = _tracing._TRACER
-                trace = tr is not None and tr.enabled
-                for k, i in enumerate(done):
-                    s = self._rstats[k]
-                    src, tag, nbytes = s.Get_source(), s.Get_tag(), s.Get_count(self._byte)
-                    self._pending.append((i, src, nbytes // self.itemsize, tag))
-                    self._st["messages_received"] += 1
-                    self._st["bytes_received"] += nbytes
-                    if trace:
-                        tr.record(K_BUFFER, _RECV, self._wrank[src], 0, nbytes, t, t, 0, tag, self.chan_id,
-                                  nbytes // self.itemsize)
+                if tr is not None and tr.enabled:
+                    t = _now()
+                    tr.record(K_BUFFER, _RECV, self._wrank[src], 0, nbytes, t, t, 0, tag, self.chan_id,
+                              nbytes // self.itemsize)
         if self._has_reply and self.reply is None:
             return  # set_reply() not called yet: received buffers wait, unhandled
         while self._stage_pos >= self._stage_end and (self._pending or self._local):
@@ -721,6 +746,7 @@ class Aggregator:
                 self._handle(self._rpool_rec[i, :rows], src)
                 self._st["messages_handled"] += 1
                 self._rreqs[i].Start()
+                rq.append(i)
             else:
                 b, rows = self._local.popleft()
                 self._handle(self._pool_rec[b, :rows], self.rank)
@@ -824,7 +850,7 @@ class Aggregator:
         polls = 0
         try:
             while not cond():
-                _progress_all()
+                _progress_all(True)
                 _yield()  # give the core away: under oversubscription the peer we wait for may need it
                 if self._broken is not None:
                     self._usable(op)
@@ -940,10 +966,10 @@ class Aggregator:
                             g = None  # the old epoch ended, but this rank pushed since (resumed flush)
                         wave[3] = g
                         continue
-                    _progress_all()
+                    _progress_all(True)
                     _yield()
                 else:
-                    _progress_all()
+                    _progress_all(True)
                     if not any(a._busy() for a in group):
                         for a in group:
                             a._send_partials()
