@@ -437,6 +437,28 @@ agg.flush(timeout=30)
 print(f"NEXT {rank} {table.tolist()} flushes={agg.stats()['flushes']} timeouts={agg.stats()['flush_timeouts']}",
       flush=True)
 agg.close()
+
+# a push_many that times out waiting for a free send buffer (rank 1 does not progress): it says how many
+# items it placed, and pushing the rest continues without loss or duplicates
+t2 = np.zeros(8, np.int64)
+small = Aggregator(DT, count, t2, buffer_items=2, pool_buffers=3, recv_buffers=1, timeout=1.0, name="small")
+if rank == 0:
+    n = 200
+    its = np.zeros(n, DT)
+    its["loc"] = np.arange(n) % 8
+    try:
+        small.push_many(np.ones(n, np.int64), its)
+        print("NO PUSH TIMEOUT", flush=True)
+    except AggregationTimeout as exc:
+        k = exc.items_placed
+        print(f"PUSH TIMEOUT placed={k} " + str(exc), flush=True)
+        small.push_many(np.ones(n - k, np.int64), its[k:])
+    small.flush(timeout=30)
+else:
+    time.sleep(2.0)
+    small.flush(timeout=30)
+print(f"SMALL {rank} {t2.tolist()}", flush=True)
+small.close()
 '''
 
 
@@ -525,9 +547,10 @@ def test_errors_leave_aggregator_usable(cases):
     check(cases, "errors_leave_aggregator_usable")
 
 
-def test_flush_timeout_names_rank_and_operation_and_resumes(run_mpi):
+def test_timeouts_name_rank_and_operation_and_leave_aggregator_usable(run_mpi):
     """A flush that times out names rank and operation; the aggregator stays usable and the next
-    flush() resumes the same flush, covering items pushed in between."""
+    flush() resumes the same flush, covering items pushed in between. A push_many that times out
+    reports how many items it placed; pushing the rest continues exactly."""
     proc = run_mpi(TIMEOUT_PROG, n=2, timeout=60)
     out = proc.stdout + proc.stderr
     assert_ok(proc)
@@ -536,6 +559,10 @@ def test_flush_timeout_names_rank_and_operation_and_resumes(run_mpi):
     assert "RESULT 0 [0, 0, 1, 0]" in proc.stdout and "RESULT 1 [0, 1, 0, 0]" in proc.stdout, out
     assert "NEXT 0 [0, 0, 1, 1] flushes=2 timeouts=1" in proc.stdout, out
     assert "NEXT 1 [0, 1, 0, 1] flushes=2 timeouts=0" in proc.stdout, out
+    # push_many timeout: partial placement reported, the rest pushed afterwards, exact counts
+    assert "PUSH TIMEOUT placed=" in proc.stdout and "push_many(dests[" in proc.stdout, out
+    assert "SMALL 0 [0, 0, 0, 0, 0, 0, 0, 0]" in proc.stdout, out
+    assert "SMALL 1 [25, 25, 25, 25, 25, 25, 25, 25]" in proc.stdout, out
 
 
 def test_benchmark_quick_writes_json(tmp_path):

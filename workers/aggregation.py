@@ -1018,7 +1018,10 @@ class Aggregator:
         ``bytes_received``; ``mean_fill`` = mean fraction of ``buffer_items``
         filled at dispatch; ``max_inflight`` sends, ``max_buffers_in_use`` of
         ``pool_buffers``, ``buffer_bytes`` (fixed memory of all buffers);
-        ``flushes`` and counting ``waves``.
+        ``overflow_rows`` / ``max_overflow_rows`` (reply rows spilled on a
+        reply cycle, in total / at most at once); ``user_pushes`` (calls of
+        ``push``/``push_many``); ``flushes``, counting ``waves`` and
+        ``flush_timeouts``.
         """
         st = dict(self._st)
         nbuf = st["buffers_full"] + st["buffers_flush"]
