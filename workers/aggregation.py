@@ -54,11 +54,19 @@ Semantics:
 * Bounded memory: ``pool_buffers`` send buffers (at least ``size + 1``,
   one current buffer per destination plus in-flight ones), ``recv_buffers``
   pre-posted receive buffers and one staging area, all allocated at
-  construction and never grown (plus the overflow on reply cycles). Sends are *synchronous* (``Issend``): a send
-  completes only when the destination matched it, so each sender has at most
-  ``pool_buffers`` messages unmatched anywhere in MPI. When no send buffer is
-  free, ``push`` progresses (completes sends, receives and handles) until one
-  frees.
+  construction and never grown (plus the overflow on reply cycles). Sends
+  are *synchronous* (``Issend``): a send completes only when the destination
+  matched it, so each sender has at most ``pool_buffers`` messages
+  unmatched anywhere in MPI. When no send buffer is free, ``push``
+  progresses (completes sends, receives and handles) until one frees.
+* Cost per buffer: the hot path is numba (bucketing, handlers); per buffer
+  Python does one ``Issend``, one ``Test`` of the oldest send and of the
+  oldest posted receive (all receives match any source and tag, and MPI
+  matches a message to the earliest posted receive, so the head is the next
+  to complete), one persistent-receive restart and one trace record;
+  ``push_many`` bucket calls fill several buffers at once and progress at
+  least every 64K rows, so peers' messages keep moving while large buffers
+  fill.
 * ``flush()`` is collective over the aggregator's communicator and covers
   this aggregator and every aggregator reachable through ``reply`` links:
   when it returns on any rank, every item pushed (before the flush, on any
@@ -1035,7 +1043,9 @@ class Aggregator:
 
         Further use raises :class:`AggregationError`. Idempotent. An aggregator
         that broke (interrupt, failing handler) is released locally without
-        flushing; after a flush timeout, ``close()`` resumes that flush.
+        flushing; after a flush timeout, ``close()`` resumes that flush (and
+        can time out again: leaving a ``with`` block by an exception releases
+        the aggregator locally instead).
         Closing one aggregator of a reply cycle first is fine: the flushes of
         the others skip it (its last flush handled everything it had).
         """
