@@ -371,6 +371,7 @@ class FusionEngine:
     def __init__(self) -> None:
         self.next_id = 0
         self.comm = None
+        self.diag = None
         self.rank = -1
         self.size = 0
         self.chan = 0
@@ -394,6 +395,7 @@ class FusionEngine:
         self._preq: Dict[Tuple[int, bool], Any] = {}   # (words, all-sum) -> persistent Allreduce_init request
         self._op = None
         self._broken: Optional[str] = None
+        self._diag_broken = False
         self._strict = 0
         self._ready = False   # connected, not broken, not inside fused(strict=True): the fast flush may run
         self._mpi = None
@@ -408,6 +410,12 @@ class FusionEngine:
                      CommTimeout, self._abandoned("Comm_idup"), cancellable=False)
         self.comm = comm
         self.size = comm.Get_size()
+        # a second duplicate for the divergence diagnosis only: it still works when the
+        # ranks' fused collectives did not match (different sizes) and one is left pending
+        diag, req = w.Idup()
+        waiting.wait(req, self.timeout, self.rank, None, "fused reductions: first force point (Comm_idup)",
+                     CommTimeout, self._abandoned("Comm_idup"), cancellable=False)
+        self.diag = diag
         self.chan = _tracing.get_tracer().new_channel_id(comm)
         self._op = m.Op.Create(_user_combine, commute=True)
         self._mpi = m
@@ -420,12 +428,32 @@ class FusionEngine:
                             "other ranks may still be in it")
         return mark
 
-    def _wait(self, req, b: _Batch) -> None:
+    def _wait(self, req, b: _Batch, words: int) -> None:
         """The force point's collective is not done after a few polls: the interruptible
-        wait with the timeout (a timeout or interrupt leaves the engine unusable)."""
-        waiting.wait(req, self.timeout, self.rank, None,
-                     f"fused reduction #{self.seq} of {b.nvars} shared variable(s)", CommTimeout,
-                     self._abandoned(f"#{self.seq}"), cancellable=False)
+        wait with the timeout (a timeout or interrupt leaves the engine unusable).
+
+        On a timeout or an MPI error the ranks' sequences are compared over the
+        diagnosis communicator: if they differ (typically in size, so MPI could not
+        match the collective) the error is :class:`SPMDDivergence` naming the first
+        difference, otherwise the original error."""
+        try:
+            waiting.wait(req, self.timeout, self.rank, None,
+                         f"fused reduction #{self.seq} of {b.nvars} shared variable(s)", CommTimeout,
+                         self._abandoned(f"#{self.seq}"), cancellable=False)
+        except (CommTimeout, self._mpi.Exception) as exc:
+            self._abandoned(f"#{self.seq}")()
+            raise self._failed(b, words, exc) from exc
+
+    def _failed(self, b: _Batch, words: int, exc: BaseException) -> BaseException:
+        """Error of a fused collective that did not complete on this rank."""
+        t = self.timeout
+        logs = self._exchange_logs(b, words, None if t is None else min(t, 10.0) + 5.0)
+        detail = None if logs is None else _compare(logs)
+        if detail is None:
+            return exc
+        return SPMDDivergence(self.rank, f"fused reduction #{self.seq}", detail + (
+            "; MPI could not complete the collective, so shared variables are unusable on this rank now "
+            "(restart the program)"))
 
     def _grow(self, words: int) -> None:
         """A larger fusion buffer; the persistent requests bound to the old one are freed."""
@@ -478,7 +506,7 @@ class FusionEngine:
                     if fb.size < L:
                         self._grow(L)
                         fb = self._buf
-                    sig = hash((b.sig, tuple(b.log)))
+                    sig = hash((b.sig, L, tuple(b.log)))
                     h1 = float((sig % _M20A) + 1)
                     h2 = float(((sig >> 20) % _M20B) + 1)
                     f8[0] = h1
@@ -494,7 +522,7 @@ class FusionEngine:
                         if test():
                             break
                     else:
-                        self._wait(req, b)
+                        self._wait(req, b, L)
                     t1 = time.perf_counter_ns()
                     seq = self.seq
                     self.seq = seq + 1
@@ -504,9 +532,14 @@ class FusionEngine:
                         tr.record(K_FUSED, _tracing.DIR_NONE, -1, 0, L * 8, t0, t1, -1, seq, self.chan, b.nvars)
                     res = fb[:n1].tolist()
                     if not _same_signature(self.size, res):
-                        raise self._divergence(b)
+                        raise self._divergence(b, L)
                     b.res = (res, _EMPTY, _EMPTY)
                     b.done = True
+                except self._mpi.Exception as exc:   # e.g. truncation: the ranks passed different sizes
+                    self._abandoned(f"#{self.seq}")()
+                    err = self._failed(b, L, exc)
+                    b.error = err
+                    raise err from exc
                 except BaseException as exc:
                     b.error = exc
                     raise
@@ -537,7 +570,7 @@ class FusionEngine:
             self._grow(L)
         fb = self._buf
         ib = fb.view(np.int64)
-        sig = hash((b.sig, tuple(b.log)))
+        sig = hash((b.sig, L, tuple(b.log)))
         h1 = float((sig % _M20A) + 1)
         h2 = float(((sig >> 20) % _M20B) + 1)
         f8 = b.f8
@@ -585,13 +618,17 @@ class FusionEngine:
             lay[4] = segs if segs is not None else np.zeros((0, 4), np.int64)
             tag = 1
         t0 = time.perf_counter_ns()
-        req.Start()
-        test = req.Test
-        for _ in range(_SPIN):
-            if test():
-                break
-        else:
-            self._wait(req, b)
+        try:
+            req.Start()
+            test = req.Test
+            for _ in range(_SPIN):
+                if test():
+                    break
+            else:
+                self._wait(req, b, L)
+        except self._mpi.Exception as exc:   # e.g. truncation: the ranks passed different sizes
+            self._abandoned(f"#{self.seq}")()
+            raise self._failed(b, L, exc) from exc
         t1 = time.perf_counter_ns()
         seq = self.seq
         self.seq = seq + 1
@@ -600,7 +637,7 @@ class FusionEngine:
             tr.record(K_FUSED, _tracing.DIR_NONE, -1, tag, L * 8, t0, t1, -1, seq, self.chan, b.nvars)
         res = fb[:n1].tolist()
         if not _same_signature(self.size, res):
-            raise self._divergence(b)
+            raise self._divergence(b, L)
         res_arrs = []
         if b.arrs:
             for (acc, op, kind), (st, w, _, _) in zip(b.arrs, segs.tolist()):
@@ -613,29 +650,63 @@ class FusionEngine:
         b.res = (res, ib[n1:n1 + n2].tolist() if n2 else [], res_arrs)
         b.done = True
 
-    def _divergence(self, b: _Batch) -> SPMDDivergence:
-        """Error path: exchange the sequence logs, name the first difference (same text on every rank)."""
-        comm, rank = self.comm, self.rank
+    def _divergence(self, b: _Batch, words: int) -> SPMDDivergence:
+        """Error path after a completed collective whose signatures differ: exchange the
+        sequence logs, name the first difference (the same text on every rank). Waits
+        long enough for ranks whose own collective could not complete to time out and
+        join (see :meth:`_failed`)."""
+        t = self.timeout
+        logs = self._exchange_logs(b, words, None if t is None else 2.0 * t + 10.0)
+        op = f"fused reduction #{self.seq - 1}"
+        if logs is None:
+            return SPMDDivergence(self.rank, op, "the signatures differ; the other ranks did not report their "
+                                  "sequences in time, so the difference cannot be named")
+        detail = _compare(logs) or _first_difference([lg for lg, _, _ in logs], logs[0][1] > 0)
+        if any(w != words for _, _, w in logs):
+            self._ready = False
+            self._broken = "the ranks' fused collectives had different sizes (an SPMD divergence)"
+            detail += "; the ranks' pending data differed in size, so shared variables are unusable now"
+        return SPMDDivergence(self.rank, op, detail)
+
+    def _exchange_logs(self, b: _Batch, words: int, timeout: Optional[float]) -> Optional[list]:
+        """Every rank's ``(steps, folded, words)`` over the diagnosis communicator
+        (error paths only; pickled); None if that exchange timed out."""
+        comm, rank = self.diag, self.rank
+        if comm is None or self._diag_broken:
+            return None
         km = b.kmap
         steps = [(km.get(k) or (k >> 3, k & 7, _F8_NUM, ())) if type(k) is int else k for k in b.log]
-        mine = np.frombuffer(pickle.dumps((steps, b.folded)), dtype=np.uint8)
+        mine = np.frombuffer(pickle.dumps((steps, b.folded, words)), dtype=np.uint8)
         sizes = np.zeros(self.size, dtype=np.int64)
-        req = comm.Iallgather(np.array([mine.size], dtype=np.int64), sizes)
-        waiting.wait(req, self.timeout, rank, None, "SPMD divergence diagnosis (sizes)")
-        allb = np.empty(int(sizes.sum()), dtype=np.uint8)
-        req = comm.Iallgatherv(mine, [allb, sizes])
-        waiting.wait(req, self.timeout, rank, None, "SPMD divergence diagnosis (logs)")
+        try:
+            req = comm.Iallgather(np.array([mine.size], dtype=np.int64), sizes)
+            waiting.wait(req, timeout, rank, None, "SPMD divergence diagnosis (sizes)", cancellable=False)
+            allb = np.empty(int(sizes.sum()), dtype=np.uint8)
+            req = comm.Iallgatherv(mine, [allb, sizes])
+            waiting.wait(req, timeout, rank, None, "SPMD divergence diagnosis (logs)", cancellable=False)
+        except CommTimeout:
+            self._diag_broken = True
+            return None
         logs, off = [], 0
         for s in sizes.tolist():
             logs.append(pickle.loads(allb[off:off + s].tobytes()))
             off += s
-        folds = [f for _, f in logs]
-        if any(f != folds[0] for f in folds):
-            detail = (f"the sequences differ within the first {max(folds) * _LOG_CAP} pending steps (not kept); "
-                      "force more often (flush()) to locate the difference")
-        else:
-            detail = _first_difference([lg for lg, _ in logs], folds[0] > 0)
-        return SPMDDivergence(rank, f"fused reduction #{self.seq - 1}", detail)
+        return logs
+
+
+def _compare(logs: list) -> Optional[str]:
+    """The first difference of the ranks' ``(steps, folded, words)``; None if they agree."""
+    folds = [f for _, f, _ in logs]
+    if any(f != folds[0] for f in folds):
+        return (f"the sequences differ within the first {max(folds) * _LOG_CAP} pending steps (not kept); "
+                "force more often (flush()) to locate the difference")
+    steps = [lg for lg, _, _ in logs]
+    if any(lg != steps[0] for lg in steps[1:]):
+        return _first_difference(steps, folds[0] > 0)
+    words = [w for _, _, w in logs]
+    if any(w != words[0] for w in words):
+        return "pending sizes differ: " + ", ".join(f"rank {r}: {w} words" for r, w in enumerate(words))
+    return None
 
 
 def _describe(key: Optional[tuple]) -> str:
@@ -1676,20 +1747,15 @@ _LAZY_FILL = frozenset(("name", "dtype", "shape", "_kind", "_ob", "_oi", "_oop",
 
 
 def _fill_f8(self: SharedVar) -> None:
-    """Set the slots a :class:`_LazyF8` was created without (never touches _id, _base,
-    _entries, _sf, which are set at creation; _ob is only ever None before this)."""
-    self.name = None
-    self.dtype = _F8
-    self.shape = ()
-    self._kind = W_F8
-    self._ob = None
-    self._oi = 0
-    self._oop = -1
-    self._oblk = 0
-    self._lastb = None
-    self._ksum = self._id << 3
-    self._cast = float
-    self._init = None
+    """Set the slots a :class:`_LazyF8` was created without to their float64-scalar
+    defaults; slots already set (e.g. by an assignment that changed the dtype) are kept."""
+    defaults = dict(name=None, dtype=_F8, shape=(), _kind=W_F8, _ob=None, _oi=0, _oop=-1, _oblk=0,
+                    _lastb=None, _ksum=self._id << 3, _cast=float, _init=None)
+    for name, v in defaults.items():
+        try:
+            object.__getattribute__(self, name)
+        except AttributeError:
+            object.__setattr__(self, name, v)
 
 
 def _new_f8(base: Any) -> SharedVar:
