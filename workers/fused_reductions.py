@@ -70,26 +70,65 @@ same order, as in any SPMD program):
 
 A force point resolves every pending contribution of every shared variable
 (and every grant) in ONE collective call on a private duplicate of
-``COMM_WORLD``: all segments are packed into one buffer of 8-byte words
-(float64, int64, complex128 as two words) after a 4-word signature header,
-and reduced with one ``MPI_Iallreduce``. If every segment is a float64 sum
-(or consume) the operation is ``MPI_SUM``; otherwise it is a user-defined
-MPI operation on one contiguous datatype (MPI never splits it) whose
-combining function runs a numba-compiled kernel over the segments with
-per-segment op codes, on copy-free views of MPI's buffers. The wait is
-:func:`nbmpi.workers.waiting.wait` (timeout ``NBMPI_TIMEOUT``, interruptible).
-``repr()`` never forces (safe in debuggers).
+``COMM_WORLD`` (a force point with nothing pending communicates nothing):
+all segments are packed into one buffer of 8-byte words (float64, int64,
+complex128 as two words) after a 4-word signature header, padded to a size
+class (16 words, then 8 steps per power of two), and reduced in place by a
+persistent ``MPI_Allreduce_init`` request made once per size class (so a
+force point costs ``MPI_Start`` plus ``MPI_Test`` polls, no new schedule).
+If every segment is a float64 sum (or consume) the operation is ``MPI_SUM``
+on doubles; otherwise it is a user-defined MPI operation on one contiguous
+datatype (MPI never splits it) whose combining function runs a
+numba-compiled kernel over the segments with per-segment op codes, on
+copy-free views of MPI's buffers. After a few polls the wait is
+:func:`nbmpi.workers.waiting.wait` (timeout ``NBMPI_TIMEOUT``,
+interruptible). ``repr()`` never forces (safe in debuggers).
+
+Cost model (what the hot path does): ``x += a`` on a float64 scalar with a
+Python float appends one word to a list and a few attribute writes (repeated
+``+=`` between force points add in place); ``x.reset()`` is two attribute
+writes; shared arithmetic on float64 scalars builds one small lazy node per
+operator whose operands refer to the pending word directly (no copy); a force
+point with only float64 scalar sums pending packs the list into the
+preallocated buffer and runs the ``MPI_SUM`` request. Everything is still
+Python: each operator, contribution and read costs a Python call (a few
+hundred ns), which is what separates lazy code from a hand-packed
+``Allreduce`` (see ``benchmarks/fused_reductions.py``).
 
 SPMD safety: variables are identified across ranks by creation order (the
 n-th shared variable created on a rank is variable #n everywhere, also for
-intermediate results). The header carries two hashes ``h`` of the pending
-sequence (variable, op, dtype, shape, order, uniform operands, creation
-values) as ``(h, h**2)`` pairs; after the sum, ``P * sum(h**2) ==
-sum(h)**2`` holds iff all ranks had the same ``h``, and every rank sees the
-same sums, so either all ranks accept or all raise :class:`SPMDDivergence`.
-On a mismatch the ranks exchange their sequence logs (error path only) and
-the error names the first difference. Values of a failed fusion are never
-used: reading an affected variable raises the error again.
+intermediate results of shared arithmetic, which are :class:`SharedVar`
+instances too). The header carries two hashes ``h`` (``1 <= h < 2**20``) of
+the pending sequence (variable, op, dtype, shape, order, uniform operands,
+creation values, size class) as ``(h, h**2)`` float64 words in the same
+``MPI_SUM``; after the sum, ``P * sum(h**2) == sum(h)**2`` holds iff all
+ranks had the same ``h`` (Cauchy-Schwarz; exact below 2**53, i.e. for
+P < 8192), and every rank sees the same sums, so either all ranks accept or
+all raise :class:`SPMDDivergence`; two independent hashes make an undetected
+difference a 2**-40 event. On a mismatch the ranks exchange their sequence
+logs over a second private communicator (error path only: two more
+collectives there) and the error names the first difference (that part of
+the message is the same on every rank). Values of a failed fusion are never
+used: reading an affected variable raises the error again, and the engine
+stays usable if all ranks' fused buffers had the same size.
+
+Ranks whose pending data differ in size class pass different counts to MPI,
+which cannot complete such a collective on every rank. A rank whose
+collective completes sees the signature mismatch and waits (up to
+``2 * NBMPI_TIMEOUT + 10`` s) on the diagnosis communicator; a rank whose
+collective cannot complete times out (``NBMPI_TIMEOUT``, or gets an MPI
+error such as truncation) and then joins the diagnosis (waiting at most
+``min(NBMPI_TIMEOUT, 10) + 5`` s). Every rank then raises
+:class:`SPMDDivergence` naming the first difference, and the engine is
+unusable afterwards (a collective may be left pending; restart the
+program). If the other ranks do not join the diagnosis (a rank never reached
+the force point) the original :class:`~nbmpi.workers.errors.CommTimeout` is
+raised, after ``NBMPI_TIMEOUT`` plus that diagnosis wait. Without a
+timeout (``NBMPI_TIMEOUT`` unset, the default, and none set with
+:func:`configure`) such a divergence hangs (interruptibly), like any
+mismatched MPI collective. Divergences that keep the size class equal
+(different variables, ops, order, uniform operands of the same size) need
+no timeout: they are detected by the signature of the one collective.
 
 Tracing: each fused collective is one event of kind ``fused_allreduce``
 (``DIR_NONE``, per-engine ``seq``, ``count`` = number of variables it
