@@ -135,6 +135,7 @@ _POLLS_BETWEEN_CLOCK_CHECKS = 64
 REASON_FULL, REASON_FLUSH = 0, 1
 _INFLIGHT_BUDGET_BYTES = 8 << 20   # memory the default buffer counts may use beyond the minimum
 _PROGRESS_ROWS = 1 << 16            # push_many progresses at least every this many rows
+_SPIN_POLLS = 64                    # waits poll this often before they start yielding the core each poll
 
 # Aggregators that are open in this process; every wait progresses all of them.
 _live: List["Aggregator"] = []
@@ -855,11 +856,13 @@ class Aggregator:
         deadline = None if timeout is None else t0 + timeout
         peer = self._sdests[0] if self._sdests else None
         waiting.current = (op, peer, _now())
-        polls = 0
+        polls = spins = 0
         try:
             while not cond():
                 _progress_all(True)
-                _yield()  # give the core away: under oversubscription the peer we wait for may need it
+                spins += 1
+                if spins > _SPIN_POLLS:
+                    _yield()  # give the core away: under oversubscription the peer we wait for may need it
                 if self._broken is not None:
                     self._usable(op)
                 polls += 1
@@ -958,13 +961,14 @@ class Aggregator:
             self._wave = [None, np.zeros(2, dtype=np.int64), np.zeros(2, dtype=np.int64), None, 0, 0]
         wave = self._wave
         local, glob = wave[1], wave[2]
-        polls = 0
+        polls = spins = 0
         waiting.current = ("flush", None, t_start)
         try:
             while True:
                 req = wave[0]
                 if req is not None:
                     if req.Test():
+                        spins = 0
                         wave[0] = None
                         wave[4] += 1
                         g = (int(glob[0]), int(glob[1]))
@@ -975,7 +979,9 @@ class Aggregator:
                         wave[3] = g
                         continue
                     _progress_all(True)
-                    _yield()
+                    spins += 1
+                    if spins > _SPIN_POLLS:  # spin briefly (a wave takes tens of us), then share the core
+                        _yield()
                 else:
                     _progress_all(True)
                     if not any(a._busy() for a in group):
