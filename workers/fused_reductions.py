@@ -925,7 +925,30 @@ def _eval(node) -> Any:
         if v is None:
             args = node.args
             if len(args) == 2:
-                v = node.fn(_arg(args[0]), _arg(args[1]))
+                x, y = args
+                t = type(x)
+                if t is tuple:
+                    xb, bb, i = x
+                    if not bb.done:
+                        _force(bb)
+                    x = xb + bb.res[0][i]
+                elif t is _Derived:
+                    xv = x.value
+                    x = xv if xv is not None else _eval(x)
+                elif t is _Snap:
+                    x = _eval(x)
+                t = type(y)
+                if t is tuple:
+                    yb, bb, i = y
+                    if not bb.done:
+                        _force(bb)
+                    y = yb + bb.res[0][i]
+                elif t is _Derived:
+                    yv = y.value
+                    y = yv if yv is not None else _eval(y)
+                elif t is _Snap:
+                    y = _eval(y)
+                v = node.fn(x, y)
             else:
                 v = node.fn(*[_arg(a) for a in args])
             if type(v) is not float or node.cast is not float:
@@ -1440,8 +1463,11 @@ class SharedVar:
         return self
 
     # binary operators ------------------------------------------------------------------------
+    # the float64 scalar operators test for the fast lane inline (one call less per operator)
     def __add__(self, a):
         if isinstance(a, SharedVar):
+            if self._sf and a._sf and (type(a) is _LazyF8 or type(a) is SharedVar):
+                return _f8_binary(operator.add, 1, self, a, True, True)
             return _binary(operator.add, self, a)
         return self.copy()._contribute(SUM, a)
 
@@ -1449,6 +1475,8 @@ class SharedVar:
 
     def __sub__(self, a):
         if isinstance(a, SharedVar):
+            if self._sf and a._sf and (type(a) is _LazyF8 or type(a) is SharedVar):
+                return _f8_binary(operator.sub, 2, self, a, True, True)
             return _binary(operator.sub, self, a)
         return self.copy()._contribute(SUM, _neg(a))
 
@@ -1456,15 +1484,31 @@ class SharedVar:
         return _unary(operator.neg, self)._contribute(SUM, a)
 
     def __mul__(self, a):
+        if self._sf:
+            ta = type(a)
+            if ta is float or ta is int:
+                return _f8_binary(operator.mul, 3, self, a, True, False)
+            if (ta is _LazyF8 or ta is SharedVar) and a._sf:
+                return _f8_binary(operator.mul, 3, self, a, True, True)
         return _binary(operator.mul, self, a)
 
     def __rmul__(self, a):
+        if self._sf and (type(a) is float or type(a) is int):
+            return _f8_binary(operator.mul, 3, a, self, False, True)
         return _binary(operator.mul, a, self)
 
     def __truediv__(self, a):
+        if self._sf:
+            ta = type(a)
+            if ta is float or ta is int:
+                return _f8_binary(operator.truediv, 4, self, a, True, False)
+            if (ta is _LazyF8 or ta is SharedVar) and a._sf:
+                return _f8_binary(operator.truediv, 4, self, a, True, True)
         return _binary(operator.truediv, self, a)
 
     def __rtruediv__(self, a):
+        if self._sf and (type(a) is float or type(a) is int):
+            return _f8_binary(operator.truediv, 4, a, self, False, True)
         return _binary(operator.truediv, a, self)
 
     def __floordiv__(self, a):
@@ -1797,75 +1841,79 @@ def _fill_f8(self: SharedVar) -> None:
             object.__setattr__(self, name, v)
 
 
-def _new_f8(base: Any) -> SharedVar:
-    """A new float64 scalar shared variable (result of shared arithmetic) with ``base``
-    (a float, or a lazy :class:`_Derived`); the lean equivalent of ``SharedVar._derived``."""
-    self = _NEW(_LazyF8)
-    e = _ENGINE
-    vid = e.next_id
-    e.next_id = vid + 1
-    self._id = vid
-    self._base = base
-    self._entries = ()
-    self._sf = True
-    return self
-
-
 _NEW = object.__new__
 _UNIFORM_OK = (float, int)
 
 
-def _snap_f8(base: Any, ents: tuple) -> Any:
-    """Snapshot of a float64 scalar's pending state as an operand of a :class:`_Derived`."""
-    if not ents:
-        return base
-    if len(ents) == 1 and type(base) is float:
-        op, b, blk, i, _ = ents[0]
-        if op == 0 and blk == 0:
-            return (base, b, i)
-    return _Snap(base, ents, float, ())
-
-
-def _f8_binary(fn, a: Any, b: Any, sa: bool, sb: bool) -> SharedVar:
-    """``fn(a, b)`` for float64 scalar shared operands and Python float/int uniform ones."""
+def _f8_binary(fn, code: int, a: Any, b: Any, sa: bool, sb: bool) -> SharedVar:
+    """``fn(a, b)`` (``code`` = ``_FN_CODES[fn]``) for float64 scalar shared operands
+    (``sa``/``sb``) and Python float/int uniform ones: the result is a new float64
+    shared variable, computed now if both operands are resolved, else a lazy node
+    whose operand for a variable with one pending sum is the slot reference
+    ``(base, batch, index)`` (a snapshot without a copy; the variable's open slot is
+    closed so later contributions go to a new slot)."""
     if sa:
         ea = a._entries
         va = a._base
-        if not ea and type(va) is float:
-            ca = True
-        else:
+        if ea:
             ca = False
-            va = _snap_f8(va, ea)
             a._ob = None
+            if len(ea) == 1 and type(va) is float:
+                op, bb, blk, i, _ = ea[0]
+                va = (va, bb, i) if (op == 0 and blk == 0) else _Snap(va, ea, float, ())
+            else:
+                va = _Snap(va, ea, float, ())
+        else:
+            ca = type(va) is float
     else:
         log = _ENGINE.batch.log
-        log.append((-7, _FN_CODES.get(fn, 0), a if a == a else _NAN_KEY))
+        log.append((-7, code, a if a == a else _NAN_KEY))
         if len(log) >= _LOG_CAP:
             _ENGINE.batch.fold()
         ca = True
         va = a
     if b is a:
-        vb, cb = va, ca
+        vb = va
+        cb = ca
     elif sb:
         eb = b._entries
         vb = b._base
-        if not eb and type(vb) is float:
-            cb = True
-        else:
+        if eb:
             cb = False
-            vb = _snap_f8(vb, eb)
             b._ob = None
+            if len(eb) == 1 and type(vb) is float:
+                op, bb, blk, i, _ = eb[0]
+                vb = (vb, bb, i) if (op == 0 and blk == 0) else _Snap(vb, eb, float, ())
+            else:
+                vb = _Snap(vb, eb, float, ())
+        else:
+            cb = type(vb) is float
     else:
         log = _ENGINE.batch.log
-        log.append((-7, _FN_CODES.get(fn, 0), b if b == b else _NAN_KEY))
+        log.append((-7, code, b if b == b else _NAN_KEY))
         if len(log) >= _LOG_CAP:
             _ENGINE.batch.fold()
         cb = True
         vb = b
     if ca and cb:
-        v = fn(va, vb)
-        return _new_f8(v if type(v) is float else float(v))
-    return _new_f8(_Derived(fn, (va, vb), float))
+        base = fn(va, vb)
+        if type(base) is not float:
+            base = float(base)
+    else:
+        base = _NEW(_Derived)
+        base.fn = fn
+        base.args = (va, vb)
+        base.cast = float
+        base.value = None
+    res = _NEW(_LazyF8)
+    e = _ENGINE
+    vid = e.next_id
+    e.next_id = vid + 1
+    res._id = vid
+    res._base = base
+    res._entries = ()
+    res._sf = True
+    return res
 
 
 def _binary(fn, a: Any, b: Any) -> SharedVar:
@@ -1874,11 +1922,11 @@ def _binary(fn, a: Any, b: Any) -> SharedVar:
     tb = type(b)
     if (ta is _LazyF8 or ta is SharedVar) and a._sf:
         if (tb is _LazyF8 or tb is SharedVar) and b._sf:
-            return _f8_binary(fn, a, b, True, True)
+            return _f8_binary(fn, _FN_CODES.get(fn, 0), a, b, True, True)
         if tb in _UNIFORM_OK:
-            return _f8_binary(fn, a, b, True, False)
+            return _f8_binary(fn, _FN_CODES.get(fn, 0), a, b, True, False)
     elif (tb is _LazyF8 or tb is SharedVar) and b._sf and ta in _UNIFORM_OK:
-        return _f8_binary(fn, a, b, False, True)
+        return _f8_binary(fn, _FN_CODES.get(fn, 0), a, b, False, True)
     if isinstance(a, Grant) or isinstance(b, Grant):
         raise SharedVariableError("a Grant is a rank-local value and cannot be a uniform operand of shared "
                                   "arithmetic; contribute it (x += g) or read it (g.value)")
