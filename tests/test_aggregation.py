@@ -284,7 +284,7 @@ agree("reply_cycle_request_reply_ack", np.array_equal(got, qwant * 3 + 1) and np
       overflow=(Q.stats()["max_overflow_rows"], P.stats()["max_overflow_rows"]))
 Q.close(); P.close()                         # closing one member of a cycle first is fine
 
-# ---------------------------------------------------------------- reply cycle of one: a handler pushes into its own aggregator
+# ---------------------------------------------------------------- reply cycle of one (handler -> own aggregator)
 HDT = np.dtype([("key", np.int64), ("ttl", np.int64)])
 KH = 17
 
