@@ -160,6 +160,9 @@ except SPMDDivergence as exc:
     msg = str(exc)
     assert "first difference at pending step 0" in msg and "shape (5000,)" in msg, msg
     assert "rank 1: shared variable #" in msg and "with value 0.0" in msg, msg
+    assert "differed in size" in msg, msg
+    dets = comm.allgather(exc.detail)      # COMM_WORLD is unaffected (the engine has its own)
+    assert len(set(dets)) == 1, dets       # the same text on every rank
     print("SIZES", r)
 """
 

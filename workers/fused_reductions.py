@@ -490,9 +490,7 @@ class FusionEngine:
         detail = None if logs is None else _compare(logs)
         if detail is None:
             return exc
-        return SPMDDivergence(self.rank, f"fused reduction #{self.seq}", detail + (
-            "; MPI could not complete the collective, so shared variables are unusable on this rank now "
-            "(restart the program)"))
+        return SPMDDivergence(self.rank, f"fused reduction #{self.seq}", detail + _size_note(logs))
 
     def _grow(self, words: int) -> None:
         """A larger fusion buffer; the persistent requests bound to the old one are freed."""
@@ -701,11 +699,11 @@ class FusionEngine:
             return SPMDDivergence(self.rank, op, "the signatures differ; the other ranks did not report their "
                                   "sequences in time, so the difference cannot be named")
         detail = _compare(logs) or _first_difference([lg for lg, _, _ in logs], logs[0][1] > 0)
-        if any(w != words for _, _, w in logs):
+        note = _size_note(logs)
+        if note:
             self._ready = False
             self._broken = "the ranks' fused collectives had different sizes (an SPMD divergence)"
-            detail += "; the ranks' pending data differed in size, so shared variables are unusable now"
-        return SPMDDivergence(self.rank, op, detail)
+        return SPMDDivergence(self.rank, op, detail + note)
 
     def _exchange_logs(self, b: _Batch, words: int, timeout: Optional[float]) -> Optional[list]:
         """Every rank's ``(steps, folded, words)`` over the diagnosis communicator
@@ -731,6 +729,14 @@ class FusionEngine:
             logs.append(pickle.loads(allb[off:off + s].tobytes()))
             off += s
         return logs
+
+
+def _size_note(logs: list) -> str:
+    """Suffix of the divergence text when the ranks' fused buffers differed in size."""
+    if all(w == logs[0][2] for _, _, w in logs):
+        return ""
+    return ("; the ranks' pending data differed in size, so MPI could not match the collective and shared "
+            "variables are unusable now (restart the program)")
 
 
 def _compare(logs: list) -> Optional[str]:
