@@ -204,7 +204,7 @@ q = s * 2.0
 q.assign(iv)
 assert q.dtype == np.int64 and int(q) == 3
 # size classes: small, large (the fusion buffer grows, persistent requests are remade), small again
-for nvars in (3, 400, 3, 40):
+for nvars in (3, 600, 400, 3, 40):
     vs = [shared(0.0) for _ in range(nvars)]
     before = ncoll()
     for k, x in enumerate(vs):

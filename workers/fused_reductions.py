@@ -140,6 +140,7 @@ import contextlib
 import operator
 import os
 import pickle
+import struct
 import time
 import zlib
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
@@ -284,6 +285,15 @@ def _size_class(words: int) -> int:
 
 _NAN_KEY = (-1, -1)
 _EMPTY: list = []
+_WORDS: Dict[int, struct.Struct] = {}
+_STRUCT_MAX = 512   # larger fusions use numpy (bounds the cache; numpy's overhead is small there)
+
+
+def _words(n: int) -> struct.Struct:
+    """The native-double ``struct`` of ``n`` words (packs the float64 list into the buffer
+    and reads it back without numpy's per-call conversion overhead)."""
+    st = _WORDS[n] = struct.Struct(f"={n}d")
+    return st
 
 
 def _same_signature(P: int, res: list) -> bool:
@@ -415,7 +425,6 @@ class FusionEngine:
         self.size = 0
         self.chan = 0
         self.seq = 0
-        self.collectives = 0
         self.timeout = default_timeout()
         raw = os.environ.get(THRESHOLD_ENV, "").strip()
         nbytes = DEFAULT_THRESHOLD_BYTES
@@ -431,7 +440,7 @@ class FusionEngine:
         self._ops_f8 = np.zeros(256, dtype=np.int8)
         self._ops_i8 = np.zeros(64, dtype=np.int8)
         self._types: Dict[int, Any] = {}
-        self._preq: Dict[Tuple[int, bool], Any] = {}   # (words, all-sum) -> persistent Allreduce_init request
+        self._preq: Dict[Any, Any] = {}   # words (MPI_SUM) or (words, False) -> persistent Allreduce_init request
         self._op = None
         self._broken: Optional[str] = None
         self._diag_broken = False
@@ -466,6 +475,11 @@ class FusionEngine:
             self._broken = (f"the fused collective ({what}) was abandoned by a timeout or interrupt while "
                             "other ranks may still be in it")
         return mark
+
+    @property
+    def collectives(self) -> int:
+        """Number of fused collectives this engine has run (local)."""
+        return self.seq
 
     def _wait(self, req, b: _Batch, words: int) -> None:
         """The force point's collective is not done after a few polls: the interruptible
@@ -510,7 +524,7 @@ class FusionEngine:
             req = self.comm.Allreduce_init(m.IN_PLACE, [fb, words, m.DOUBLE], op=m.SUM)
         else:
             req = self.comm.Allreduce_init(m.IN_PLACE, [fb, 1, self._dtype(words)], op=self._op)
-        self._preq[(words, allsum)] = req
+        self._preq[words if allsum else (words, False)] = req
         return req
 
     def _dtype(self, words: int):
@@ -546,30 +560,35 @@ class FusionEngine:
                     sig = hash((b.sig, L, tuple(b.log)))
                     h1 = float((sig % _M20A) + 1)
                     h2 = float(((sig >> 20) % _M20B) + 1)
-                    f8[0] = h1
-                    f8[1] = h1 * h1
-                    f8[2] = h2
-                    f8[3] = h2 * h2
-                    fb[:n1] = f8   # words n1..L-1 are padding: summed, never read
-                    req = self._preq.get((L, True)) or self._persistent(L, True)
+                    f8[:4] = (h1, h1 * h1, h2, h2 * h2)
+                    # words n1..L-1 are padding: summed, never read
+                    if n1 <= _STRUCT_MAX:
+                        st = _WORDS.get(n1) or _words(n1)
+                        st.pack_into(fb, 0, *f8)
+                    else:
+                        st = None
+                        fb[:n1] = f8
+                    req = self._preq.get(L) or self._persistent(L, True)
                     t0 = time.perf_counter_ns()
                     req.Start()
-                    test = req.Test
-                    for _ in range(_SPIN):
-                        if test():
-                            break
-                    else:
-                        self._wait(req, b, L)
+                    if not req.Test():
+                        test = req.Test
+                        for _ in range(_SPIN):
+                            if test():
+                                break
+                        else:
+                            self._wait(req, b, L)
                     t1 = time.perf_counter_ns()
                     seq = self.seq
                     self.seq = seq + 1
-                    self.collectives += 1
                     tr = _tracing._TRACER
                     if tr is not None and tr.enabled:
                         tr.record(K_FUSED, _tracing.DIR_NONE, -1, 0, L * 8, t0, t1, -1, seq, self.chan, b.nvars)
-                    res = fb[:n1].tolist()
-                    if not _same_signature(self.size, res):
-                        raise self._divergence(b, L)
+                    res = st.unpack_from(fb) if st is not None else fb[:n1].tolist()
+                    P = self.size
+                    if P > 64 or P * res[1] != res[0] * res[0] or P * res[3] != res[2] * res[2]:
+                        if not _same_signature(P, res):
+                            raise self._divergence(b, L)
                     b.res = (res, _EMPTY, _EMPTY)
                     b.done = True
                 except self._mpi.Exception as exc:   # e.g. truncation: the ranks passed different sizes
@@ -635,7 +654,7 @@ class FusionEngine:
         comm = self.comm
         tr = _tracing._TRACER
         allsum = b.allsum
-        req = self._preq.get((L, allsum))
+        req = self._preq.get(L if allsum else (L, False))
         if req is None:
             req = self._persistent(L, allsum)
         if allsum:
@@ -669,7 +688,6 @@ class FusionEngine:
         t1 = time.perf_counter_ns()
         seq = self.seq
         self.seq = seq + 1
-        self.collectives += 1
         if tr is not None and tr.enabled:
             tr.record(K_FUSED, _tracing.DIR_NONE, -1, tag, L * 8, t0, t1, -1, seq, self.chan, b.nvars)
         res = fb[:n1].tolist()
