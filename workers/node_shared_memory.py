@@ -16,7 +16,9 @@ mapping goes away. Closing is local (no communication).
 Creation is collective over the communicator. If any rank of a node cannot
 create or map a segment (no ``/dev/shm``, no space), the whole node falls back
 to no shared segments (:attr:`NodeSegments.enabled` is False on those ranks),
-so the decision is the same on every pair of ranks.
+so the decision is the same on every pair of ranks. The pages are reserved at
+creation (``posix_fallocate``), so a full ``/dev/shm`` means a fallback, never
+a crash on first use.
 """
 from __future__ import annotations
 
@@ -118,7 +120,9 @@ class NodeSegments:
         except OSError:
             return None
         try:
-            os.ftruncate(fd, size)
+            # Reserve the pages now: a merely truncated (sparse) file on a full tmpfs would
+            # fail later with SIGBUS on first touch instead of falling back here.
+            os.posix_fallocate(fd, 0, size)
             mm = mmap.mmap(fd, size)
         except OSError:
             os.unlink(path)
