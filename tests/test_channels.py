@@ -620,3 +620,25 @@ def test_same_node_shared_memory_put_take(run_mpi, n, shm):
     proc = run_mpi(SAME_NODE, n=n, env=env)
     assert_ok(proc)
     assert proc.stdout.count("same-node OK") == n
+
+
+def test_node_segments_agree_per_node(run_mpi):
+    """If one rank of a node cannot (or will not) share memory, no rank of the node does, so
+    every pair decides the same way; segments are mapped both ways and written through."""
+    proc = run_mpi(PRELUDE + r'''
+from nbmpi.workers.node_shared_memory import NodeSegments
+
+seg = NodeSegments(comm, 4096, want=True)
+check(seg.enabled and seg.peer_ranks() == [r for r in range(size) if r != rank], "all ranks map each other",
+      str(seg.peer_ranks()))
+seg.mine[:] = rank + 1
+comm.Barrier()
+for r in seg.peer_ranks():
+    check(np.all(seg.peer(r) == r + 1), f"rank {r}'s segment is visible here")
+comm.Barrier()
+one_refuses = NodeSegments(comm, 4096, want=(rank != size - 1))
+check(not one_refuses.enabled and one_refuses.peer_ranks() == [], "one refusal disables the node")
+print(f"[rank {rank}] segments OK", flush=True)
+''', n=3)
+    assert_ok(proc)
+    assert proc.stdout.count("segments OK") == 3
