@@ -1035,10 +1035,28 @@ class SharedVar:
     __array_priority__ = 1000
 
     def __init__(self, value: Any, name: Optional[str] = None, _check: bool = True):
-        e = engine()
-        self._id = e.next_id
-        e.next_id += 1
+        e = _ENGINE or engine()
+        vid = self._id = e.next_id
+        e.next_id = vid + 1
         self.name = name
+        if type(value) is float:   # the common case, inline (same result as _setup below)
+            self.dtype = _F8
+            self.shape = ()
+            self._kind = W_F8
+            self._base = value
+            self._entries = ()
+            self._ob = None
+            self._oi = 0
+            self._oop = -1
+            self._oblk = 0
+            self._lastb = None
+            self._sf = True
+            self._ksum = vid << 3
+            self._cast = float
+            self._init = value
+            if _check:
+                e.batch.note((-8, vid, value if value == value else _NAN_KEY))
+            return
         if isinstance(value, SharedVar):
             raise SharedVariableError("shared(x) of a shared variable: use x.copy() (or shared arithmetic)")
         if isinstance(value, (float, int)) and not isinstance(value, bool):
