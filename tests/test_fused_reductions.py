@@ -245,6 +245,38 @@ def test_bounded_consume(run_mpi, n):
     assert proc.stdout.count("OK") == n
 
 
+GENUINE_TIMEOUT = PRELUDE + """
+# a rank that never reaches the force point is a timeout, not a divergence: the diagnosis
+# exchange finds nobody to compare with and the original CommTimeout is raised
+import time
+from nbmpi.workers import CommTimeout
+configure(timeout=1)
+x = shared(0.0)
+x += 1.0
+flush()                       # every rank: the engine is connected
+x += 1.0
+if r == 0:
+    try:
+        flush()
+    except CommTimeout as exc:
+        assert "fused reduction #1" in str(exc), str(exc)
+        print("TIMEOUT", r)
+    try:
+        x += 1.0
+        flush()
+    except Exception as exc:   # the engine refuses further use after an abandoned collective
+        assert "unusable" in str(exc), str(exc)
+        print("UNUSABLE", r)
+comm.Barrier()
+"""
+
+
+def test_absent_rank_is_a_timeout_not_a_divergence(run_mpi):
+    proc = run_mpi(GENUINE_TIMEOUT, n=2, timeout=60)
+    assert_ok(proc)
+    assert proc.stdout.count("TIMEOUT") == 1 and proc.stdout.count("UNUSABLE") == 1, proc.stdout + proc.stderr
+
+
 @pytest.mark.parametrize("n", [2, 3])
 def test_spmd_divergence_raises_on_every_rank(run_mpi, n):
     proc = run_mpi(DIVERGE, n=n, timeout=90, env={"NBMPI_TIMEOUT": "20"})

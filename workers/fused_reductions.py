@@ -495,7 +495,10 @@ class FusionEngine:
                          self._abandoned(f"#{self.seq}"), cancellable=False)
         except (CommTimeout, self._mpi.Exception) as exc:
             self._abandoned(f"#{self.seq}")()
-            raise self._failed(b, words, exc) from exc
+            err = self._failed(b, words, exc)
+            if err is exc:
+                raise
+            raise err from exc
 
     def _failed(self, b: _Batch, words: int, exc: BaseException) -> BaseException:
         """Error of a fused collective that did not complete on this rank."""
@@ -592,9 +595,14 @@ class FusionEngine:
                     b.res = (res, _EMPTY, _EMPTY)
                     b.done = True
                 except self._mpi.Exception as exc:   # e.g. truncation: the ranks passed different sizes
+                    if self._broken:   # already diagnosed (by _wait)
+                        b.error = exc
+                        raise
                     self._abandoned(f"#{self.seq}")()
                     err = self._failed(b, L, exc)
                     b.error = err
+                    if err is exc:
+                        raise
                     raise err from exc
                 except BaseException as exc:
                     b.error = exc
@@ -683,8 +691,13 @@ class FusionEngine:
             else:
                 self._wait(req, b, L)
         except self._mpi.Exception as exc:   # e.g. truncation: the ranks passed different sizes
+            if self._broken:   # already diagnosed (by _wait)
+                raise
             self._abandoned(f"#{self.seq}")()
-            raise self._failed(b, L, exc) from exc
+            err = self._failed(b, L, exc)
+            if err is exc:
+                raise
+            raise err from exc
         t1 = time.perf_counter_ns()
         seq = self.seq
         self.seq = seq + 1
@@ -1184,8 +1197,7 @@ class SharedVar:
                     _ensure_done(ents)
                 v = base + b.res[0][i]
                 self._base = v
-                self._entries = ()
-                self._ob = None
+                self._entries = ()   # (_ob is a resolved batch now, never the current one)
                 return v
         return float(self.value)
 
