@@ -142,6 +142,7 @@ import os
 import pickle
 import struct
 import time
+import types
 import zlib
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
 
@@ -285,6 +286,8 @@ def _size_class(words: int) -> int:
 
 _NAN_KEY = (-1, -1)
 _EMPTY: list = []
+_NOL: tuple = ()                              # "no list yet" of a batch
+_NOD = types.MappingProxyType({})             # "no dict yet" of a batch
 _WORDS: Dict[int, struct.Struct] = {}
 _STRUCT_MAX = 512   # larger fusions use numpy (bounds the cache; numpy's overhead is small there)
 
@@ -347,10 +350,12 @@ class _Batch:
         # float64 scalar segments: one word each in f8 (after the header words); their op
         # is SUM (or CONSUME) unless listed in f8_nonsum {index: op}
         self.f8: List[Any] = [0.0, 0.0, 0.0, 0.0]
-        self.f8_nonsum: Dict[int, int] = {}
-        self.i8: List[int] = []
-        self.i8_ops: List[int] = []
-        self.arrs: List[list] = []   # [acc (flat working array), op, kind]
+        # the rarely used containers start as shared empty immutables (_NOL/_NOD, cheap
+        # to create a batch per force point); writers replace them on first use
+        self.f8_nonsum: Any = _NOD
+        self.i8: Any = _NOL
+        self.i8_ops: Any = _NOL
+        self.arrs: Any = _NOL   # [acc (flat working array), op, kind]
         self.sig = 0x5EED
         self.nseg = 0        # segments other than float64 scalars
         self.words = 0       # words of those segments
@@ -358,7 +363,7 @@ class _Batch:
         self.allsum = True
         self.nvars = 0
         self.log: List[Any] = []     # steps: int keys of contributions (see kmap) or tuples
-        self.kmap: Dict[int, tuple] = {}   # contribution key -> (variable, op, dtype num, shape)
+        self.kmap: Any = _NOD   # contribution key -> (variable, op, dtype num, shape)
         self.done = False
         self.res: Optional[Tuple[list, list, list]] = None
         self.error: Optional[BaseException] = None
@@ -1370,14 +1375,20 @@ class SharedVar:
                 i = len(b.f8)
                 b.f8.append(a)
                 if op != SUM:
+                    if b.f8_nonsum is _NOD:
+                        b.f8_nonsum = {}
                     b.f8_nonsum[i] = op
                 blk, w = 0, 1
             elif kind == W_I8:
+                if b.i8 is _NOL:
+                    b.i8, b.i8_ops = [], []
                 b.i8.append(a)
                 b.i8_ops.append(op)
                 blk, i, w = 1, len(b.i8) - 1, 1
                 b.allsum = False
             else:
+                if b.arrs is _NOL:
+                    b.arrs = []
                 b.arrs.append([np.array([a], dtype=np.complex128), op, W_C16])
                 blk, i, w = 2, len(b.arrs) - 1, 2
                 b.allsum = False
@@ -1400,6 +1411,8 @@ class SharedVar:
                 _acc_array(op, acc, arr)
                 return self
             acc = np.array(arr, dtype=_WORK_DTYPE[kind], copy=True).reshape(-1)
+            if b.arrs is _NOL:
+                b.arrs = []
             b.arrs.append([acc, op, kind])
             blk, i = 2, len(b.arrs) - 1
             w = acc.size * (2 if kind == W_C16 else 1)
@@ -1424,6 +1437,8 @@ class SharedVar:
             b.note((self._id << 3) | op)     # float64 scalar: an int key (decoded by _describe)
         else:
             k, t = _ckey(self._id, op, self.dtype.num, self.shape)
+            if b.kmap is _NOD:
+                b.kmap = {}
             b.kmap[k] = t
             b.note(k)
         if len(b.f8) + b.words > e.threshold_words:
@@ -1647,6 +1662,8 @@ class SharedPool(SharedVar):
                 raise SharedVariableError(f"consume() from pool #{self._id}: every request must be finite "
                                           "and >= 0; return amounts with pool += amount")
             fl = np.array(np.broadcast_to(np.asarray(floor, dtype=np.float64), self.shape))
+            if b.arrs is _NOL:
+                b.arrs = []
             b.arrs.append([r.reshape(-1).copy(), CONSUME, W_F8])
             blk, i, w = 2, len(b.arrs) - 1, r.size
         b.note((-9, _value_key(fl)))
