@@ -943,25 +943,6 @@ def _apply(cast, shape: tuple, v: Any, entries) -> Any:
 
 def _eval(node) -> Any:
     """Value of a base / snapshot / derived node (forces if it has unresolved entries)."""
-    if type(node) is _Snap:
-        v = node.base
-        ents = node.entries
-        if type(v) is float and len(ents) == 1:
-            op, b, blk, i, _ = ents[0]
-            if op == 0 and blk == 0:
-                if not b.done:
-                    _ensure_done(ents)
-                v = v + b.res[0][i]
-                node.base = v
-                node.entries = ()
-                return v
-        if type(v) is _Snap or type(v) is _Derived:
-            v = _eval(v)
-        if node.entries:
-            _ensure_done(node.entries)
-            v = _apply(node.cast, node.shape, v, node.entries)
-            node.base, node.entries = v, ()
-        return v
     if type(node) is _Derived:
         v = node.value
         if v is None:
@@ -997,6 +978,25 @@ def _eval(node) -> Any:
                 v = node.cast(v)
             node.value = v
             node.args = ()
+        return v
+    if type(node) is _Snap:
+        v = node.base
+        ents = node.entries
+        if type(v) is float and len(ents) == 1:
+            op, b, blk, i, _ = ents[0]
+            if op == 0 and blk == 0:
+                if not b.done:
+                    _ensure_done(ents)
+                v = v + b.res[0][i]
+                node.base = v
+                node.entries = ()
+                return v
+        if type(v) is _Snap or type(v) is _Derived:
+            v = _eval(v)
+        if node.entries:
+            _ensure_done(node.entries)
+            v = _apply(node.cast, node.shape, v, node.entries)
+            node.base, node.entries = v, ()
         return v
     return node
 
