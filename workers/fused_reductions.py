@@ -1107,7 +1107,7 @@ class SharedVar:
         self._oblk = 0
         self._lastb = None
         self._sf = shape == () and dtype == _F8
-        self._ksum = self._id << 3   # signature step of a float64 scalar sum (see _describe)
+        self._ksum = self._id << 3   # signature step of a float64 scalar sum (decoded in FusionEngine._exchange_logs)
         if shape == ():
             self._cast = float if dtype == _F8 else dtype.type
         else:
@@ -1434,7 +1434,7 @@ class SharedVar:
         if blk != 0:
             b.add_words(w)
         if self._sf:
-            b.note((self._id << 3) | op)     # float64 scalar: an int key (decoded by _describe)
+            b.note((self._id << 3) | op)     # float64 scalar: an int key (decoded in FusionEngine._exchange_logs)
         else:
             k, t = _ckey(self._id, op, self.dtype.num, self.shape)
             if b.kmap is _NOD:
@@ -1447,7 +1447,7 @@ class SharedVar:
 
     def _fast_sum(self, a: float) -> "SharedVar":
         """``x += a`` for a float64 scalar variable and a real number (the hot path: a few
-        attribute writes; the signature step is the int ``id << 3``, see :func:`_describe`)."""
+        attribute writes; the signature step is the int ``id << 3``, decoded on the error path by :meth:`FusionEngine._exchange_logs`)."""
         b = _ENGINE.batch
         if self._ob is b and self._oop == 0:
             b.f8[self._oi] += a
