@@ -1447,7 +1447,8 @@ class SharedVar:
 
     def _fast_sum(self, a: float) -> "SharedVar":
         """``x += a`` for a float64 scalar variable and a real number (the hot path: a few
-        attribute writes; the signature step is the int ``id << 3``, decoded on the error path by :meth:`FusionEngine._exchange_logs`)."""
+        attribute writes; the signature step is the int ``id << 3``, decoded on the error
+        path by :meth:`FusionEngine._exchange_logs`)."""
         b = _ENGINE.batch
         if self._ob is b and self._oop == 0:
             b.f8[self._oi] += a
