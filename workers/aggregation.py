@@ -227,6 +227,15 @@ def _entry_point(dispatcher: Any, args: Sequence[Any]) -> Callable:
         return dispatcher
 
 
+def _fixed_type(state: Any) -> bool:
+    """True if ``state``'s numba type stays the same while the object does (no containers that can
+    change their element types)."""
+    if state is None or isinstance(state, (np.ndarray, int, float, complex, np.generic)):
+        return True
+    return type(state) is tuple and all(isinstance(x, (np.ndarray, int, float, complex, np.generic))
+                                        for x in state)
+
+
 def _word_dtype(itemsize: int) -> np.dtype:
     for w in (8, 4, 2):
         if itemsize % w == 0:
@@ -387,11 +396,12 @@ class Aggregator:
                                 + (self._out_items.nbytes + self._out_dests.nbytes if reply_dtype is not None else 0))
 
         self._compile_handler()
-        # plain handlers are called through their compiled entry point when ``state`` is still the
-        # object they were compiled for (checked by identity on every call batch)
+        # plain handlers are called through their compiled entry point while ``state`` is still the
+        # object they were compiled for (checked by identity on every call batch) and of a kind whose
+        # numba type cannot change in place (None, arrays, tuples of arrays and scalars); else dispatched
         self._handler_state = self.state
-        self._handler_fast = (_entry_point(handler, (self._pool_rec[0, :0], self.state)) if not self._has_reply
-                              else handler)
+        self._handler_fast = (_entry_point(handler, (self._pool_rec[0, :0], self.state))
+                              if not self._has_reply and _fixed_type(self.state) else handler)
 
         # -- collective part --
         self._parent = parent
