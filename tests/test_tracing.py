@@ -355,3 +355,34 @@ def test_trace_empty_and_fields():
     assert s["unmatched"] == 0 and s["bytes"] == [[0] * 3] * 3
     assert all(r["compute_frac"] + r["comm_frac"] + r["wait_frac"] == 0 for r in s["ranks"])
     assert [e for e in t.to_chrome()["traceEvents"] if e["ph"] == "X"] == []
+
+
+def test_deferred_put_take_records_keep_order_and_are_never_lost(run_mpi):
+    """put/take records are deferred (Tracer.defer) off the critical path; every reader of the
+    buffer flushes first, so the buffer stays in completion order and nothing is lost."""
+    proc = run_mpi(r'''
+from nbmpi.workers import world
+from nbmpi.workers.tracing import FIELDS, Tracer
+
+C = {name: i for i, name in enumerate(FIELDS)}
+tr = Tracer(world(), enabled=True, capacity=2)
+site = lambda k: (k, 1, 0, 11, 8, 5)          # kind, dir, peer, tag, nbytes, chan
+tr.defer(site(1), 10, 11)
+tr.defer(site(2), 20, 21)
+assert tr.pend == 2 and tr.n == 0, (tr.pend, tr.n)
+tr.defer(site(3), 30, 31)                       # third: the first two are written, it waits
+assert tr.pend == 1 and tr.n == 2, (tr.pend, tr.n)
+tr.record(4, 0, -1, 0, 0, 40, 41)               # record() flushes first: order is kept
+assert tr.mark() == 4 and tr.pend == 0
+ev = tr.events()
+assert ev[:, C["kind"]].tolist() == [1, 2, 3, 4], ev
+assert ev[:, C["t_start"]].tolist() == [10, 20, 30, 40] and ev[:, C["seq"]].tolist()[:3] == [-1, -1, -1]
+tr.defer(site(5), 50, 51)
+assert len(tr.events()) == 5                    # events() flushes
+tr.defer(site(6), 60, 61)
+tr.clear()                                      # clear() forgets deferred records too
+assert tr.pend == 0 and len(tr.events()) == 0
+print("deferred OK")
+''', n=1)
+    assert_ok(proc)
+    assert "deferred OK" in proc.stdout
