@@ -830,7 +830,10 @@ class Aggregator:
         if self._stage_pos < self._stage_end:
             self._drain()
         rq, pending = self._rq, self._pending
-        if rq and self._rreqs[rq[0]].Test(self._rstatus):
+        if rq and not pending and not self._has_reply:
+            if self._rreqs[rq[0]].Test(self._rstatus):
+                self._receive_plain()
+        elif rq and self._rreqs[rq[0]].Test(self._rstatus):
             rreqs, s, byte, isz = self._rreqs, self._rstatus, self._byte, self.itemsize
             rseq, wrank, chan = self._recv_seq, self._wrank, self.chan_id
             tr = _tracing._TRACER
@@ -871,6 +874,49 @@ class Aggregator:
                 self._handle(self._pool_rec[b, :rows], self.rank)
                 self._free[self._meta[0]] = b
                 self._meta[0] += 1
+
+    def _receive_plain(self) -> None:
+        """Receive and at once handle every completed receive of an aggregator without reply (the head
+        receive has just tested complete, its status in ``_rstatus``); each is re-posted right away."""
+        rq, rreqs, s, byte, isz = self._rq, self._rreqs, self._rstatus, self._byte, self.itemsize
+        rseq, wrank, chan, cap = self._recv_seq, self._wrank, self.chan_id, self.buffer_items
+        handler, state, rviews = self._handler_fast, self.state, self._rpool_views
+        if state is not self._handler_state:
+            handler = self.handler
+        tr = _tracing._TRACER
+        if tr is not None and not tr.enabled:
+            tr = None
+        nmsg = nb = nitems = nhandled = 0
+        try:
+            while True:
+                i = rq.popleft()
+                src, nbytes = s.Get_source(), s.Get_count(byte)
+                rows = nbytes // isz
+                nmsg += 1
+                nb += nbytes
+                seq = rseq[src]
+                rseq[src] = seq + 1
+                if tr is not None:
+                    t = _now()
+                    tr.record(K_BUFFER, _RECV, wrank[src], 0, nbytes, t, t, 0, seq, chan, rows)
+                try:
+                    handler(rviews[i] if rows == cap else self._rpool_rec[i, :rows], state)
+                except BaseException as exc:
+                    self._pending.appendleft((i, src, rows))  # received, not handled
+                    self._broken = f"its handler raised {type(exc).__name__} on a buffer from rank {src}"
+                    raise
+                nhandled += 1
+                nitems += rows
+                rreqs[i].Start()
+                rq.append(i)
+                if not rreqs[rq[0]].Test(s):
+                    break
+        finally:
+            st = self._st
+            st["messages_received"] += nmsg
+            st["bytes_received"] += nb
+            st["messages_handled"] += nhandled
+            st["items_handled"] += nitems
 
     def _handle_plain(self) -> None:
         """Handle every received and local buffer of an aggregator without reply (the hot path of
