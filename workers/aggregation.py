@@ -69,8 +69,9 @@ Semantics:
   are called through their compiled entry point (no type dispatch per
   buffer), this rank's own buffers are handled as soon as they fill, and
   counters are updated once per batch. A ``push_many`` bucketing call fills
-  at most 4 buffers and progresses at least every 64K rows, so peers' sends
-  are matched (and this rank's pool refills) while it pushes.
+  as many buffers as are free (all are then dispatched together) and
+  progresses at least every 64K rows, so peers' messages keep moving while
+  large buffers fill.
 * ``flush()`` is collective over the aggregator's communicator and covers
   this aggregator and every aggregator reachable through ``reply`` links:
   when it returns on any rank, every item pushed (before the flush, on any
@@ -142,7 +143,6 @@ REASON_FULL, REASON_FLUSH = 0, 1
 _INFLIGHT_BUDGET_BYTES = 8 << 20   # memory the default buffer counts may use beyond the minimum
 _PROGRESS_ROWS = 1 << 16            # push_many progresses at least every this many rows
 _SPIN_POLLS = 64                    # waits poll this often before they start yielding the core each poll
-_READY_PER_CALL = 4                 # a bucketing call fills at most this many buffers, then the rank progresses
 _MAX_PERSISTENT = 1 << 16           # at most this many persistent send requests (pool buffers x ranks)
 
 # Aggregators that are open in this process; every wait progresses all of them.
@@ -378,9 +378,6 @@ class Aggregator:
         self._free = np.arange(npool, dtype=np.int64)
         self._meta = np.array([npool, 0], dtype=np.int64)                         # n free, n ready
         self._ready = np.zeros((npool, 3), dtype=np.int64)                        # filled: (dest, buffer, rows)
-        # one bucketing call fills at most this many buffers before the rank progresses (sends
-        # complete only when the peer matches them, so progressing often keeps the pool from draining)
-        self._ready_call = self._ready[:max(1, min(npool, _READY_PER_CALL))]
         if reply_dtype is not None:
             nout = cap * replies_per_item
             self._out_dests = np.zeros(nout, dtype=np.int64)
@@ -681,12 +678,12 @@ class Aggregator:
         rows, so peers' messages keep moving even while large buffers fill.
         """
         i = start
-        args = (dests, words, i, stop, self._rows, self._pos, self._lim, self._free, self._meta, self._ready_call)
+        args = (dests, words, i, stop, self._rows, self._pos, self._lim, self._free, self._meta, self._ready)
         bucket = _entry_point(_bucket, args) if stop - start > self.buffer_items else _bucket
         while True:
             hi = stop if stop - i <= _PROGRESS_ROWS else i + _PROGRESS_ROWS
             j = bucket(dests, words, i, hi, self._rows, self._pos, self._lim, self._free, self._meta,
-                       self._ready_call)
+                       self._ready)
             self._st["items_pushed"] += j - i
             i = j
             nready = int(self._meta[1])
