@@ -750,9 +750,10 @@ class Aggregator:
             tr = None
         wrank, chan = self._wrank, self.chan_id
         nsent = 0
+        mine: List[int] = []
         for d, b, rows in ready:
             if d == me:
-                self._local.append((b, rows))
+                mine.append(b)
                 continue
             k = b * size + d
             req = psend[k]
@@ -779,8 +780,34 @@ class Aggregator:
         st["bytes_sent"] += nsent * nbytes
         if len(sreqs) > st["max_inflight"]:
             st["max_inflight"] = len(sreqs)
-        if nsent < n and not self._has_reply:
-            self._handle_plain()  # this rank's buffers (and any received ones) at once, after the sends started
+        if mine:  # this rank's own buffers, after the sends started
+            if self._has_reply or self._pending or self._local:
+                self._local.extend([(b, cap) for b in mine])
+                if not self._has_reply:
+                    self._handle_plain()
+            else:
+                self._handle_own(mine)
+
+    def _handle_own(self, bufs: List[int]) -> None:
+        """Handle this rank's own full buffers ``bufs`` (aggregator without reply, nothing queued) and
+        return them to the free list in one step."""
+        handler, state, views = self._handler_fast, self.state, self._pool_views
+        if state is not self._handler_state:
+            handler = self.handler
+        k = 0
+        try:
+            for b in bufs:
+                handler(views[b], state)
+                k += 1
+        except BaseException as exc:
+            self._broken = f"its handler raised {type(exc).__name__} on a buffer from rank {self.rank}"
+            raise
+        finally:
+            if k:
+                nf = int(self._meta[0])
+                self._free[nf:nf + k] = bufs[:k]
+                self._meta[0] = nf + k
+                self._st["items_handled"] += k * self.buffer_items
 
     def _send_partials(self) -> None:
         """Dispatch every partly filled buffer (reason "flush"); never waits."""
