@@ -77,6 +77,24 @@ agree("stats_consistent", s["items_pushed"] == 2 * 20000 + 300 and s["rows_dispa
       and s["buffers_full"] > 0 and s["buffers_flush"] > 0 and 0 < s["mean_fill"] <= 1
       and s["bytes_sent"] % HIST.itemsize == 0 and s["bytes_sent"] <= s["rows_dispatched"] * HIST.itemsize
       and moved[0] == moved[1] and moved[2] == moved[3], stats=s)
+# hot-path variants give the same counts: non-persistent sends (too many pool buffers x ranks for
+# persistent requests) and a state object replaced after construction (handler dispatched, not its entry point)
+import nbmpi.workers.aggregation as aggmod
+saved, aggmod._MAX_PERSISTENT = aggmod._MAX_PERSISTENT, 0
+t1 = np.zeros(T, np.int64)
+a1 = Aggregator(HIST, count, t1, buffer_items=50, timeout=30, name="no-persistent")
+aggmod._MAX_PERSISTENT = saved
+a1.push_many(g % size, items)
+a1.close()
+t2, t3 = np.zeros(T, np.int64), np.zeros(T, np.int64)
+a2 = Aggregator(HIST, count, t2, buffer_items=50, timeout=30, name="state-replaced")
+a2.state = t3
+comm.Barrier()   # every rank replaced it before any buffer arrives
+a2.push_many(g % size, items)
+a2.close()
+ref = serial(20000, T, 7)
+agree("hot_path_variants", np.array_equal(t1, ref) and np.array_equal(t3, ref) and not t2.any(),
+      t1=int(t1.sum()), t2=int(t2.sum()), t3=int(t3.sum()), ref=int(ref.sum()))
 
 # ---------------------------------------------------------------- 2. handler-generated traffic, A -> B -> C
 CDT = np.dtype([("key", np.int64)])
@@ -489,6 +507,10 @@ def check(cases, name):
 def test_histogram_counts_exact(cases):
     check(cases, "histogram_exact")
     check(cases, "histogram_second_epoch")
+
+
+def test_send_paths_and_replaced_state_count_exactly(cases):
+    check(cases, "hot_path_variants")
 
 
 def test_stats_are_consistent(cases):
