@@ -9,7 +9,7 @@ Columns, all measured in this one run, message sizes 8 B to 64 MiB:
 
 * ``raw``: mpi4py buffer ``Send``/``Recv`` (the baseline of every ratio);
 * ``channel``: ArrayChannel ``put``/``take``, tracing on. From ``NBMPI_SHM_MIN_BYTES``
-  (64 KiB) the two ranks' buffers live in shared memory and the data moves with one
+  (32 KiB) the two ranks' buffers live in shared memory and the data moves with one
   copy split between sender and receiver; below it, persistent synchronous MPI requests;
 * ``channel_notrace``: the same with tracing off;
 * ``channel_mpi``: the channel with the shared-memory path switched off

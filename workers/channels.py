@@ -8,7 +8,8 @@ transfers are MPI buffer operations on persistent requests that are created
 once per (operation, peer) and restarted for each message.
 
 Same-node put/take: a channel of at least ``NBMPI_SHM_MIN_BYTES`` (default
-64 KiB; ``off`` disables) keeps its buffers in POSIX shared memory
+32 KiB, where it overtook MPI messages in the ping-pong benchmark; ``off``
+disables) keeps its buffers in POSIX shared memory
 (:mod:`nbmpi.workers.node_shared_memory`). Between two ranks on one node,
 ``put``/``take`` then move the data with ONE copy instead of MPI's two (sender
 -> shared bounce buffer -> receiver), split in half: the sender copies the
@@ -74,7 +75,7 @@ TAG_PUT, TAG_REDUCE, TAG_BCAST, TAG_SCATTER, TAG_GATHER = 11, 12, 13, 14, 15
 TAG_SREADY, TAG_RREADY, TAG_SDONE, TAG_RDONE = 16, 17, 18, 19
 #: Channels of at least this many bytes move put/take data through shared memory
 #: between ranks of one node (env ``NBMPI_SHM_MIN_BYTES``; ``off`` disables).
-SHM_MIN_BYTES_DEFAULT = 64 << 10
+SHM_MIN_BYTES_DEFAULT = 32 << 10
 K_PUT = _tracing.register_kind("put")
 K_TAKE = _tracing.register_kind("take")
 K_REDUCE = _tracing.register_kind("reduce")
@@ -488,6 +489,8 @@ class ArrayChannel:
         else:
             np.copyto(self._bytes[k:], view[k:])
         done_out.Start()
+        if tr.pend:
+            tr.flush()  # the partner is still copying its part: free time
         self._shm_wait(done_in, deadline, other, op)
         self._shm_wait(ready_out, deadline, other, op)
         self._shm_wait(done_out, deadline, other, op)
@@ -497,9 +500,6 @@ class ArrayChannel:
     def _shm_wait(self, req, deadline, other: int, op: str) -> None:
         if req.Test():
             return
-        tr = _tracing._TRACER
-        if tr.pend:
-            tr.flush()  # we wait anyway
         left = None if deadline is None else max(0.0, deadline - time.monotonic())
         waiting.wait(req, left, self.rank, other, op, ChannelTimeout,
                      self._abandoned(op, "a same-node transfer cannot be undone halfway (the partner may "
