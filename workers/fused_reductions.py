@@ -1917,6 +1917,28 @@ _NEW = object.__new__
 _UNIFORM_OK = (float, int)
 
 
+def _f8_operand(x: Any, is_shared: bool, code: int) -> Tuple[Any, bool]:
+    """One operand of :func:`_f8_binary`: ``(value, resolved)``. A shared operand with
+    pending contributions becomes a slot reference ``(base, batch, index)`` or a
+    :class:`_Snap` (and its open slot is closed); a uniform operand is logged for the
+    SPMD check at the next force point."""
+    if is_shared:
+        e = x._entries
+        v = x._base
+        if not e:
+            return v, type(v) is float
+        x._ob = None
+        if len(e) == 1 and type(v) is float:
+            op, bb, blk, i, _ = e[0]
+            return ((v, bb, i) if (op == 0 and blk == 0) else _Snap(v, e, float, ())), False
+        return _Snap(v, e, float, ()), False
+    log = _ENGINE.batch.log
+    log.append((-7, code, x if x == x else _NAN_KEY))
+    if len(log) >= _LOG_CAP:
+        _ENGINE.batch.fold()
+    return x, True
+
+
 def _f8_binary(fn, code: int, a: Any, b: Any, sa: bool, sb: bool) -> SharedVar:
     """``fn(a, b)`` (``code`` = ``_FN_CODES[fn]``) for float64 scalar shared operands
     (``sa``/``sb``) and Python float/int uniform ones: the result is a new float64
@@ -1924,49 +1946,11 @@ def _f8_binary(fn, code: int, a: Any, b: Any, sa: bool, sb: bool) -> SharedVar:
     whose operand for a variable with one pending sum is the slot reference
     ``(base, batch, index)`` (a snapshot without a copy; the variable's open slot is
     closed so later contributions go to a new slot)."""
-    if sa:
-        ea = a._entries
-        va = a._base
-        if ea:
-            ca = False
-            a._ob = None
-            if len(ea) == 1 and type(va) is float:
-                op, bb, blk, i, _ = ea[0]
-                va = (va, bb, i) if (op == 0 and blk == 0) else _Snap(va, ea, float, ())
-            else:
-                va = _Snap(va, ea, float, ())
-        else:
-            ca = type(va) is float
-    else:
-        log = _ENGINE.batch.log
-        log.append((-7, code, a if a == a else _NAN_KEY))
-        if len(log) >= _LOG_CAP:
-            _ENGINE.batch.fold()
-        ca = True
-        va = a
+    va, ca = _f8_operand(a, sa, code)
     if b is a:
-        vb = va
-        cb = ca
-    elif sb:
-        eb = b._entries
-        vb = b._base
-        if eb:
-            cb = False
-            b._ob = None
-            if len(eb) == 1 and type(vb) is float:
-                op, bb, blk, i, _ = eb[0]
-                vb = (vb, bb, i) if (op == 0 and blk == 0) else _Snap(vb, eb, float, ())
-            else:
-                vb = _Snap(vb, eb, float, ())
-        else:
-            cb = type(vb) is float
+        vb, cb = va, ca
     else:
-        log = _ENGINE.batch.log
-        log.append((-7, code, b if b == b else _NAN_KEY))
-        if len(log) >= _LOG_CAP:
-            _ENGINE.batch.fold()
-        cb = True
-        vb = b
+        vb, cb = _f8_operand(b, sb, code)
     if ca and cb:
         base = fn(va, vb)
         if type(base) is not float:
