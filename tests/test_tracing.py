@@ -366,7 +366,7 @@ from nbmpi.workers.tracing import FIELDS, Tracer
 
 C = {name: i for i, name in enumerate(FIELDS)}
 tr = Tracer(world(), enabled=True, capacity=2)
-site = lambda k: (k, 1, 0, 11, 8, 5)          # kind, dir, peer, tag, nbytes, chan
+site = lambda k: Tracer.site(k, 1, 0, 11, 8, 5)   # kind, dir, peer, tag, nbytes, chan
 tr.defer(site(1), 10, 11)
 tr.defer(site(2), 20, 21)
 assert tr.pend == 2 and tr.n == 0, (tr.pend, tr.n)
@@ -377,6 +377,8 @@ assert tr.mark() == 4 and tr.pend == 0
 ev = tr.events()
 assert ev[:, C["kind"]].tolist() == [1, 2, 3, 4], ev
 assert ev[:, C["t_start"]].tolist() == [10, 20, 30, 40] and ev[:, C["seq"]].tolist()[:3] == [-1, -1, -1]
+row = ev[2].tolist()                            # every field of a deferred record
+assert row == [3, 1, 0, 11, 8, 30, 31, -1, -1, 5, 0], row
 tr.defer(site(5), 50, 51)
 assert len(tr.events()) == 5                    # events() flushes
 tr.defer(site(6), 60, 61)

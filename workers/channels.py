@@ -84,6 +84,7 @@ K_SCATTER = _tracing.register_kind("scatter")
 K_GATHER = _tracing.register_kind("gather")
 _SEND, _RECV = _tracing.DIR_SEND, _tracing.DIR_RECV
 _now = time.perf_counter_ns
+_SITE = _tracing.Tracer.site
 _UNSET: Any = object()
 _MAX_DIMS = 8
 
@@ -438,10 +439,10 @@ class ArrayChannel:
             return self._shm_entry(sending, other, peer, wpeer, view)
         if sending:
             req = self.comm.Ssend_init([self._bytes, self._byte_type], peer, TAG_PUT)
-            entry = self._put_reqs[other] = (req, (K_PUT, _SEND, wpeer, TAG_PUT, self.nbytes, self.chan_id))
+            entry = self._put_reqs[other] = (req, _SITE(K_PUT, _SEND, wpeer, TAG_PUT, self.nbytes, self.chan_id))
         else:
             req = self.comm.Recv_init([self._bytes, self._byte_type], peer, TAG_PUT)
-            entry = self._take_reqs[other] = (req, (K_TAKE, _RECV, wpeer, TAG_PUT, self.nbytes, self.chan_id))
+            entry = self._take_reqs[other] = (req, _SITE(K_TAKE, _RECV, wpeer, TAG_PUT, self.nbytes, self.chan_id))
         return entry
 
     # -- same-node put/take through shared memory -----------------------------------------------
@@ -462,11 +463,11 @@ class ArrayChannel:
         if sending:
             reqs = (c.Send_init(z, peer, TAG_SREADY), c.Recv_init(z, peer, TAG_RREADY),
                     c.Send_init(z, peer, TAG_SDONE), c.Recv_init(z, peer, TAG_RDONE))
-            site = (K_PUT, _SEND, wpeer, TAG_PUT, self.nbytes, self.chan_id)
+            site = _SITE(K_PUT, _SEND, wpeer, TAG_PUT, self.nbytes, self.chan_id)
         else:
             reqs = (c.Send_init(z, peer, TAG_RREADY), c.Recv_init(z, peer, TAG_SREADY),
                     c.Send_init(z, peer, TAG_RDONE), c.Recv_init(z, peer, TAG_SDONE))
-            site = (K_TAKE, _RECV, wpeer, TAG_PUT, self.nbytes, self.chan_id)
+            site = _SITE(K_TAKE, _RECV, wpeer, TAG_PUT, self.nbytes, self.chan_id)
         self._shm[(sending, other)] = (reqs, view)
         entry = (None, site)
         (self._put_reqs if sending else self._take_reqs)[other] = entry

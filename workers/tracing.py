@@ -65,6 +65,15 @@ for _k in ("put", "take", "reduce", "allreduce", "bcast", "scatter", "gather", "
 PACK = struct.Struct("<" + "q" * NF).pack_into
 ROW_BYTES = 8 * NF
 _PACK, _ROW_BYTES = PACK, ROW_BYTES
+# A deferred record = packed static head (kind, dir, peer, tag, nbytes) + the two times +
+# packed static tail (wait, seq, chan, count): one pack_into with 4 arguments (8 for two).
+_T0 = FIELDS.index("t_start")
+assert FIELDS[_T0 + 1] == "t_end" and NF - _T0 - 2 == 4
+_HEAD = struct.Struct("<" + "q" * _T0)
+_TAIL = struct.Struct("<qqqq")
+_SITE_FMT = f"{8 * _T0}sqq32s"
+_PACK_SITE = struct.Struct("<" + _SITE_FMT).pack_into
+_PACK_SITES2 = struct.Struct("<" + _SITE_FMT * 2).pack_into
 
 
 class Tracer:
@@ -119,17 +128,35 @@ class Tracer:
         if not p:
             return
         self.pend = 0
-        s = self.site1
-        self._write(s[0], s[1], s[2], s[3], s[4], self.t0_1, self.t1_1, -1, -1, s[5], 0)
+        n = self.n
+        if p == 2 and n + 2 <= self.cap:
+            a, b = self.site1, self.site2
+            _PACK_SITES2(self.buf, n * _ROW_BYTES, a[0], self.t0_1, self.t1_1, a[1],
+                         b[0], self.t0_2, self.t1_2, b[1])
+            self.n = n + 2
+            return
+        if n >= self.cap and not self._grow():
+            self.dropped += p
+            return
+        a = self.site1
+        _PACK_SITE(self.buf, n * _ROW_BYTES, a[0], self.t0_1, self.t1_1, a[1])
+        self.n = n + 1
         if p == 2:
-            s = self.site2
-            self._write(s[0], s[1], s[2], s[3], s[4], self.t0_2, self.t1_2, -1, -1, s[5], 0)
+            self.pend = 1
+            self.site1, self.t0_1, self.t1_1 = self.site2, self.t0_2, self.t1_2
+            self.flush()
+
+    @staticmethod
+    def site(kind: int, direction: int, peer: int, tag: int, nbytes: int, chan: int) -> tuple:
+        """The static fields of a deferred point-to-point record, packed once (see :meth:`defer`):
+        everything but the times; ``wait=-1, seq=-1`` (derived by order matching), ``count=0``."""
+        return (_HEAD.pack(kind, direction, peer, tag, nbytes), _TAIL.pack(-1, -1, chan, 0))
 
     def defer(self, site: tuple, t_start: int, t_end: int) -> None:
         """Note a blocking point-to-point record to be written at the next flush.
 
-        ``site = (kind, dir, peer, tag, nbytes, chan)``; the record gets
-        ``wait=-1, seq=-1`` (derived by order matching). The hot path inlines this.
+        ``site`` comes from :meth:`site` (made once per channel and peer). The hot
+        path inlines this.
         """
         p = self.pend
         if p == 0:
