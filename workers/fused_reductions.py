@@ -1471,25 +1471,8 @@ class SharedVar:
 
     def __iadd__(self, a):
         if self._sf:
-            if type(a) is float:   # _fast_sum inlined (the hottest path)
-                b = _ENGINE.batch
-                if self._ob is b and self._oop == 0:
-                    b.f8[self._oi] += a
-                    return self
-                f8 = b.f8
-                i = len(f8)
-                f8.append(a)
-                self._entries += ((0, b, 0, i, None),)
-                self._ob = b
-                self._oi = i
-                self._oop = 0
-                if self._lastb is not b:
-                    self._lastb = b
-                    b.nvars += 1
-                b.log.append(self._ksum)
-                if i > b.room:
-                    _ENGINE.flush()
-                return self
+            if type(a) is float:
+                return self._fast_sum(a)
             if type(a) in _REAL_FAST:
                 return self._fast_sum(float(a))
         if isinstance(a, SharedVar):
