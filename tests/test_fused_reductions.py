@@ -21,7 +21,21 @@ r, P = comm.Get_rank(), comm.Get_size()
 R = np.arange(P, dtype=float)
 def ncoll():
     return int(np.sum(get_tracer().events()[:, 0] == K_FUSED))
+import os
+from nbmpi.workers import fused_reductions as _fr
+_want = "python" if os.environ.get("NBMPI_PURE_PYTHON") == "1" else "compiled"
+assert _fr.IMPLEMENTATION == _want, (_fr.IMPLEMENTATION, _want)
 """
+
+# Both implementations of the hot path (the compiled extension and the pure-Python
+# reference, NBMPI_PURE_PYTHON=1) must give the same results: the semantic tests run
+# under both; the prelude asserts which one ran.
+IMPLS = [pytest.param(2, "compiled", id="2-compiled"), pytest.param(3, "compiled", id="3-compiled"),
+         pytest.param(2, "python", id="2-python")]
+
+
+def impl_env(impl: str, **extra) -> dict:
+    return {"NBMPI_PURE_PYTHON": "1" if impl == "python" else "0", **extra}
 
 ALL_OPS = PRELUDE + """
 s1 = shared(0.0); s2 = shared(0.0)
@@ -224,23 +238,23 @@ print("OK", r)
 """
 
 
-@pytest.mark.parametrize("n", [2, 3])
-def test_float64_hot_paths(run_mpi, n):
-    proc = run_mpi(HOT_PATH, n=n, timeout=90)
+@pytest.mark.parametrize("n,impl", IMPLS)
+def test_float64_hot_paths(run_mpi, n, impl):
+    proc = run_mpi(HOT_PATH, n=n, timeout=90, env=impl_env(impl))
     assert_ok(proc)
     assert proc.stdout.count("OK") == n
 
 
-@pytest.mark.parametrize("n", [2, 3])
-def test_all_ops_one_collective_per_force_point(run_mpi, n):
-    proc = run_mpi(ALL_OPS, n=n, timeout=90)
+@pytest.mark.parametrize("n,impl", IMPLS)
+def test_all_ops_one_collective_per_force_point(run_mpi, n, impl):
+    proc = run_mpi(ALL_OPS, n=n, timeout=90, env=impl_env(impl))
     assert_ok(proc)
     assert proc.stdout.count("OK") == n
 
 
-@pytest.mark.parametrize("n", [2, 3])
-def test_bounded_consume(run_mpi, n):
-    proc = run_mpi(BOUNDED, n=n, timeout=90)
+@pytest.mark.parametrize("n,impl", IMPLS)
+def test_bounded_consume(run_mpi, n, impl):
+    proc = run_mpi(BOUNDED, n=n, timeout=90, env=impl_env(impl))
     assert_ok(proc)
     assert proc.stdout.count("OK") == n
 
@@ -277,9 +291,9 @@ def test_absent_rank_is_a_timeout_not_a_divergence(run_mpi):
     assert proc.stdout.count("TIMEOUT") == 1 and proc.stdout.count("UNUSABLE") == 1, proc.stdout + proc.stderr
 
 
-@pytest.mark.parametrize("n", [2, 3])
-def test_spmd_divergence_raises_on_every_rank(run_mpi, n):
-    proc = run_mpi(DIVERGE, n=n, timeout=90, env={"NBMPI_TIMEOUT": "20"})
+@pytest.mark.parametrize("n,impl", IMPLS)
+def test_spmd_divergence_raises_on_every_rank(run_mpi, n, impl):
+    proc = run_mpi(DIVERGE, n=n, timeout=90, env=impl_env(impl, NBMPI_TIMEOUT="20"))
     assert_ok(proc)
     for word in ("DIVERGED", "AGAIN", "UNIFORM", "SIZES"):
         assert proc.stdout.count(word) == n, (word, proc.stdout, proc.stderr)
@@ -298,3 +312,14 @@ def test_benchmark_quick_writes_json(tmp_path):
     assert data["plankton"]["lazy_collectives_per_step"] > 0
     assert [t["status"] in ("PASS", "FAIL") for t in data["targets"]] == [True] * 3
     assert "## Targets" in (tmp_path / "fused_reductions_quick.md").read_text()
+
+
+def test_compiled_hot_path_is_built():
+    """The install builds the C extension (the benchmarked path); without a compiler the
+    package falls back to the pure-Python implementation, which this test reports."""
+    proc = subprocess.run([sys.executable, "-c", "from nbmpi.workers import fused_reductions as f; "
+                           "print(f.IMPLEMENTATION)"], capture_output=True, text=True, timeout=60,
+                          env={**__import__("os").environ, "NBMPI_PURE_PYTHON": "0"})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "compiled", ("nbmpi.workers._fused_core was not built: install a C compiler "
+                                               "and the Python headers, then reinstall nbmpi")

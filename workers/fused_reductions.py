@@ -154,6 +154,18 @@ from . import waiting
 from .errors import CommTimeout, NbmpiError, SharedVariableError, SPMDDivergence
 from .runtime import MPI, default_timeout, world
 
+PURE_PYTHON_ENV = "NBMPI_PURE_PYTHON"
+_core: Any = None
+if os.environ.get(PURE_PYTHON_ENV, "").strip() in ("", "0"):
+    try:
+        from . import _fused_core as _core
+    except ImportError:   # not built (no C compiler at install): the pure-Python implementation
+        _core = None
+#: which implementation of the float64-scalar hot path runs: "compiled" (the C
+#: extension ``_fused_core``) or "python" (not built, or ``NBMPI_PURE_PYTHON=1``).
+#: Both have the same semantics; the compiled one only makes the common cases cheaper.
+IMPLEMENTATION = "compiled" if _core is not None else "python"
+
 __all__ = ["SharedVar", "SharedPool", "Grant", "shared", "pool", "flush", "fused", "configure",
            "engine", "FusionEngine", "SPMDDivergence", "SharedVariableError"]
 
@@ -340,8 +352,8 @@ def _value_key(v: Any) -> Any:
 
 
 # --------------------------------------------------------------------------- batches
-class _Batch:
-    """Everything pending between two force points (one fusion)."""
+class _PyBatchBase:
+    """The fields of a batch (the compiled ``BatchBase`` has the same fields and init)."""
 
     __slots__ = ("f8", "f8_nonsum", "i8", "i8_ops", "arrs", "sig", "nseg", "words", "room", "allsum",
                  "nvars", "log", "kmap", "folded", "done", "res", "error")
@@ -368,6 +380,12 @@ class _Batch:
         self.res: Optional[Tuple[list, list, list]] = None
         self.error: Optional[BaseException] = None
         self.folded = 0
+
+
+class _Batch(_core.BatchBase if _core is not None else _PyBatchBase):  # type: ignore[misc]
+    """Everything pending between two force points (one fusion)."""
+
+    __slots__ = ()
 
     def segments(self) -> int:
         """Number of pending segments."""
@@ -413,6 +431,10 @@ class _Derived:
         self.fn, self.args, self.cast, self.value = fn, args, cast, None
 
 
+if _core is not None:
+    _Derived = _core.Derived  # type: ignore[misc]  # same constructor and fields, evaluated in C
+
+
 # --------------------------------------------------------------------------- the engine
 class FusionEngine:
     """Pending contributions of this rank and the one-collective resolution.
@@ -452,6 +474,17 @@ class FusionEngine:
         self._strict = 0
         self._ready = False   # connected, not broken, not inside fused(strict=True): the fast flush may run
         self._mpi = None
+
+    @property
+    def batch(self) -> "_Batch":
+        """The pending contributions (the current fusion)."""
+        return self._batch
+
+    @batch.setter
+    def batch(self, b: "_Batch") -> None:
+        self._batch = b
+        if _core is not None:
+            _core.set_batch(b)   # the compiled hot path appends to it
 
     # -- setup ----------------------------------------------------------------
     def _connect(self) -> None:
@@ -504,6 +537,17 @@ class FusionEngine:
             if err is exc:
                 raise
             raise err from exc
+
+    def _fuse_failed(self, b: _Batch, words: int, exc: BaseException) -> BaseException:
+        """What the hot path's force point raises for ``exc`` (also the compiled one's):
+        an MPI error (e.g. truncation: the ranks passed different sizes) is diagnosed
+        unless ``_wait`` already did; the batch keeps the error for its readers."""
+        err = exc
+        if isinstance(exc, self._mpi.Exception) and not self._broken:
+            self._abandoned(f"#{self.seq}")()
+            err = self._failed(b, words, exc)
+        b.error = err
+        return err
 
     def _failed(self, b: _Batch, words: int, exc: BaseException) -> BaseException:
         """Error of a fused collective that did not complete on this rank."""
@@ -558,6 +602,11 @@ class FusionEngine:
             if self._ready and b.allsum:
                 # the hot path: only float64 scalar sums pending -> MPI_SUM on the preallocated
                 # buffer through a persistent request, signature words in the same buffer
+                # (the compiled version does the same steps; None: no request/buffer of this size yet)
+                if _core is not None:
+                    nv = _core.fuse(self, b)
+                    if nv is not None:
+                        return nv
                 self.batch = _Batch(self.threshold_words)
                 try:
                     L = 16 if n1 <= 16 else _size_class(n1)
@@ -570,7 +619,10 @@ class FusionEngine:
                     h2 = float(((sig >> 20) % _M20B) + 1)
                     f8[:4] = (h1, h1 * h1, h2, h2 * h2)
                     # words n1..L-1 are padding: summed, never read
-                    if n1 <= _STRUCT_MAX:
+                    if _core is not None:
+                        st = _core
+                        _core.pack(f8, fb)
+                    elif n1 <= _STRUCT_MAX:
                         st = _WORDS.get(n1) or _words(n1)
                         st.pack_into(fb, 0, *f8)
                     else:
@@ -592,26 +644,21 @@ class FusionEngine:
                     tr = _tracing._TRACER
                     if tr is not None and tr.enabled:
                         tr.record(K_FUSED, _tracing.DIR_NONE, -1, 0, L * 8, t0, t1, -1, seq, self.chan, b.nvars)
-                    res = st.unpack_from(fb) if st is not None else fb[:n1].tolist()
+                    if st is not None and st is _core:
+                        res = _core.unpack(fb, n1)
+                    else:
+                        res = st.unpack_from(fb) if st is not None else fb[:n1].tolist()
                     P = self.size
                     if P > 64 or P * res[1] != res[0] * res[0] or P * res[3] != res[2] * res[2]:
                         if not _same_signature(P, res):
                             raise self._divergence(b, L)
                     b.res = (res, _EMPTY, _EMPTY)
                     b.done = True
-                except self._mpi.Exception as exc:   # e.g. truncation: the ranks passed different sizes
-                    if self._broken:   # already diagnosed (by _wait)
-                        b.error = exc
-                        raise
-                    self._abandoned(f"#{self.seq}")()
-                    err = self._failed(b, L, exc)
-                    b.error = err
+                except BaseException as exc:
+                    err = self._fuse_failed(b, L, exc)
                     if err is exc:
                         raise
                     raise err from exc
-                except BaseException as exc:
-                    b.error = exc
-                    raise
                 return b.nvars
         if self._strict:
             raise SharedVariableError(
@@ -846,6 +893,8 @@ def engine() -> FusionEngine:
     global _ENGINE
     if _ENGINE is None:
         _ENGINE = FusionEngine()
+        if _core is not None:
+            _core.set_engine(_ENGINE)
     return _ENGINE
 
 
@@ -1039,7 +1088,162 @@ def _ensure_done(entries) -> None:
             return
 
 
-class SharedVar:
+_VAR_SLOTS = ("_id", "dtype", "shape", "_kind", "_base", "_entries", "_ob", "_oi", "_oop", "_oblk", "_init",
+              "_cast", "_lastb", "_sf", "_ksum", "name")
+
+
+class _PyVarBase:
+    """The fields of a shared variable and the pure-Python implementation of its hot
+    operators (``reset``, ``+=``, ``-=``, ``float()``, ``+ - * /``).
+
+    This is the reference implementation. When the compiled ``_fused_core`` extension
+    is available, :class:`SharedVar` derives from its ``VarBase`` instead, which does
+    the common float64-scalar cases in C on the same fields and calls these methods
+    (as plain functions) for everything else."""
+
+    __slots__ = _VAR_SLOTS
+
+    def __float__(self) -> float:
+        ents = self._entries
+        base = self._base
+        if not ents:
+            if type(base) is float:
+                return base
+            if type(base) is _Derived:
+                v = base.value
+                if v is None:
+                    v = _eval(base)
+                if type(v) is float:
+                    self._base = v
+                    return v
+        elif len(ents) == 1 and type(base) is float:
+            op, b, blk, i, _ = ents[0]
+            if op == 0 and blk == 0:   # one float64 sum slot: base + reduced word
+                if not b.done:
+                    _ensure_done(ents)
+                v = base + b.res[0][i]
+                self._base = v
+                self._entries = ()   # (_ob is a resolved batch now, never the current one)
+                return v
+        return float(self.value)
+
+    def reset(self, value: Any = None) -> "SharedVar":
+        """Set the variable back to its creation value, or to ``value``, which must be
+        the same on every rank (checked at the next force point). Local, no force;
+        pending contributions of this variable are dropped from its value."""
+        if value is None:
+            init = self._init
+            if init is not None:
+                self._base = init
+                if self._entries:
+                    self._entries = ()
+                    self._ob = None
+                return self
+        if isinstance(value, SharedVar):
+            return self.assign(value)
+        if value is None:
+            if self._init is None:
+                raise SharedVariableError(f"shared variable #{self._id} is an intermediate result and has "
+                                          "no creation value; pass reset(value)")
+            v = self._init
+        else:
+            v = self._coerce_uniform(value, "reset")
+            engine().batch.note((-8, self._id, _value_key(v)))
+        self._base = v
+        self._entries = ()
+        self._ob = None
+        return self
+
+    def _fast_sum(self, a: float) -> "SharedVar":
+        """``x += a`` for a float64 scalar variable and a real number (the hot path: a few
+        attribute writes; the signature step is the int ``id << 3``, decoded on the error
+        path by :meth:`FusionEngine._exchange_logs`)."""
+        b = _ENGINE._batch
+        if self._ob is b and self._oop == 0:
+            b.f8[self._oi] += a
+            return self
+        f8 = b.f8
+        i = len(f8)
+        f8.append(a)
+        self._entries += ((0, b, 0, i, None),)
+        self._ob = b
+        self._oi = i
+        self._oop = 0
+        self._oblk = 0
+        if self._lastb is not b:
+            self._lastb = b
+            b.nvars += 1
+        b.log.append(self._ksum)
+        if i > b.room:
+            _ENGINE.flush()
+        return self
+
+    def __iadd__(self, a):
+        if self._sf:
+            if type(a) is float:
+                return self._fast_sum(a)
+            if type(a) in _REAL_FAST:
+                return self._fast_sum(float(a))
+        if isinstance(a, SharedVar):
+            return self._local_inplace(operator.add, a)
+        return self._contribute(SUM, a)
+
+    def __isub__(self, a):
+        if self._sf and type(a) in _REAL_FAST:
+            return self._fast_sum(-float(a))
+        if isinstance(a, SharedVar):
+            return self._local_inplace(operator.sub, a)
+        return self._contribute(SUM, _neg(a))
+
+    def __add__(self, a):
+        if isinstance(a, SharedVar):
+            if self._sf and a._sf and (type(a) is _LazyF8 or type(a) is SharedVar):
+                return _f8_binary(operator.add, 1, self, a, True, True)
+            return _binary(operator.add, self, a)
+        return self.copy()._contribute(SUM, a)
+
+    __radd__ = __add__
+
+    def __sub__(self, a):
+        if isinstance(a, SharedVar):
+            if self._sf and a._sf and (type(a) is _LazyF8 or type(a) is SharedVar):
+                return _f8_binary(operator.sub, 2, self, a, True, True)
+            return _binary(operator.sub, self, a)
+        return self.copy()._contribute(SUM, _neg(a))
+
+    def __rsub__(self, a):
+        return _unary(operator.neg, self)._contribute(SUM, a)
+
+    def __mul__(self, a):
+        if self._sf:
+            ta = type(a)
+            if ta is float or ta is int:
+                return _f8_binary(operator.mul, 3, self, a, True, False)
+            if (ta is _LazyF8 or ta is SharedVar) and a._sf:
+                return _f8_binary(operator.mul, 3, self, a, True, True)
+        return _binary(operator.mul, self, a)
+
+    def __rmul__(self, a):
+        if self._sf and (type(a) is float or type(a) is int):
+            return _f8_binary(operator.mul, 3, a, self, False, True)
+        return _binary(operator.mul, a, self)
+
+    def __truediv__(self, a):
+        if self._sf:
+            ta = type(a)
+            if ta is float or ta is int:
+                return _f8_binary(operator.truediv, 4, self, a, True, False)
+            if (ta is _LazyF8 or ta is SharedVar) and a._sf:
+                return _f8_binary(operator.truediv, 4, self, a, True, True)
+        return _binary(operator.truediv, self, a)
+
+    def __rtruediv__(self, a):
+        if self._sf and (type(a) is float or type(a) is int):
+            return _f8_binary(operator.truediv, 4, a, self, False, True)
+        return _binary(operator.truediv, a, self)
+
+
+class SharedVar(_core.VarBase if _core is not None else _PyVarBase):  # type: ignore[misc]
     """A value replicated on every rank (scalar or numpy array), updated lazily.
 
     Create with :func:`shared` (collective in meaning, no communication):
@@ -1048,8 +1252,7 @@ class SharedVar:
     Attributes ``shape``, ``dtype``, ``ndim``, ``size``, ``name`` never force.
     """
 
-    __slots__ = ("_id", "dtype", "shape", "_kind", "_base", "_entries", "_ob", "_oi", "_oop", "_oblk",
-                 "_init", "_cast", "_lastb", "_sf", "_ksum", "name", "__weakref__")
+    __slots__ = ("__weakref__",)
     __array_priority__ = 1000
 
     def __init__(self, value: Any, name: Optional[str] = None, _check: bool = True):
@@ -1115,7 +1318,7 @@ class SharedVar:
 
     @classmethod
     def _derived(cls, base: Any, dtype: np.dtype, shape: tuple) -> "SharedVar":
-        self = object.__new__(cls if cls is SharedVar else SharedVar)
+        self = SharedVar.__new__(SharedVar)
         e = engine()
         self._id = e.next_id
         e.next_id += 1
@@ -1182,29 +1385,6 @@ class SharedVar:
         self._ob = None
         return v
 
-    def __float__(self) -> float:
-        ents = self._entries
-        base = self._base
-        if not ents:
-            if type(base) is float:
-                return base
-            if type(base) is _Derived:
-                v = base.value
-                if v is None:
-                    v = _eval(base)
-                if type(v) is float:
-                    self._base = v
-                    return v
-        elif len(ents) == 1 and type(base) is float:
-            op, b, blk, i, _ = ents[0]
-            if op == 0 and blk == 0:   # one float64 sum slot: base + reduced word
-                if not b.done:
-                    _ensure_done(ents)
-                v = base + b.res[0][i]
-                self._base = v
-                self._entries = ()   # (_ob is a resolved batch now, never the current one)
-                return v
-        return float(self.value)
 
     def __int__(self) -> int:
         return int(self.value)
@@ -1276,32 +1456,6 @@ class SharedVar:
         self._rebase(_snap(other), other.dtype, other.shape)
         return self
 
-    def reset(self, value: Any = None) -> "SharedVar":
-        """Set the variable back to its creation value, or to ``value``, which must be
-        the same on every rank (checked at the next force point). Local, no force;
-        pending contributions of this variable are dropped from its value."""
-        if value is None:
-            init = self._init
-            if init is not None:
-                self._base = init
-                if self._entries:
-                    self._entries = ()
-                    self._ob = None
-                return self
-        if isinstance(value, SharedVar):
-            return self.assign(value)
-        if value is None:
-            if self._init is None:
-                raise SharedVariableError(f"shared variable #{self._id} is an intermediate result and has "
-                                          "no creation value; pass reset(value)")
-            v = self._init
-        else:
-            v = self._coerce_uniform(value, "reset")
-            engine().batch.note((-8, self._id, _value_key(v)))
-        self._base = v
-        self._entries = ()
-        self._ob = None
-        return self
 
     def copy(self) -> "SharedVar":
         """A new shared variable with this one's (possibly pending) value. Local."""
@@ -1445,46 +1599,6 @@ class SharedVar:
             e.flush()
         return self
 
-    def _fast_sum(self, a: float) -> "SharedVar":
-        """``x += a`` for a float64 scalar variable and a real number (the hot path: a few
-        attribute writes; the signature step is the int ``id << 3``, decoded on the error
-        path by :meth:`FusionEngine._exchange_logs`)."""
-        b = _ENGINE.batch
-        if self._ob is b and self._oop == 0:
-            b.f8[self._oi] += a
-            return self
-        f8 = b.f8
-        i = len(f8)
-        f8.append(a)
-        self._entries += ((0, b, 0, i, None),)
-        self._ob = b
-        self._oi = i
-        self._oop = 0
-        self._oblk = 0
-        if self._lastb is not b:
-            self._lastb = b
-            b.nvars += 1
-        b.log.append(self._ksum)
-        if i > b.room:
-            _ENGINE.flush()
-        return self
-
-    def __iadd__(self, a):
-        if self._sf:
-            if type(a) is float:
-                return self._fast_sum(a)
-            if type(a) in _REAL_FAST:
-                return self._fast_sum(float(a))
-        if isinstance(a, SharedVar):
-            return self._local_inplace(operator.add, a)
-        return self._contribute(SUM, a)
-
-    def __isub__(self, a):
-        if self._sf and type(a) in _REAL_FAST:
-            return self._fast_sum(-float(a))
-        if isinstance(a, SharedVar):
-            return self._local_inplace(operator.sub, a)
-        return self._contribute(SUM, _neg(a))
 
     def __imul__(self, a):
         if isinstance(a, SharedVar):
@@ -1517,52 +1631,7 @@ class SharedVar:
 
     # binary operators ------------------------------------------------------------------------
     # the float64 scalar operators test for the fast lane inline (one call less per operator)
-    def __add__(self, a):
-        if isinstance(a, SharedVar):
-            if self._sf and a._sf and (type(a) is _LazyF8 or type(a) is SharedVar):
-                return _f8_binary(operator.add, 1, self, a, True, True)
-            return _binary(operator.add, self, a)
-        return self.copy()._contribute(SUM, a)
 
-    __radd__ = __add__
-
-    def __sub__(self, a):
-        if isinstance(a, SharedVar):
-            if self._sf and a._sf and (type(a) is _LazyF8 or type(a) is SharedVar):
-                return _f8_binary(operator.sub, 2, self, a, True, True)
-            return _binary(operator.sub, self, a)
-        return self.copy()._contribute(SUM, _neg(a))
-
-    def __rsub__(self, a):
-        return _unary(operator.neg, self)._contribute(SUM, a)
-
-    def __mul__(self, a):
-        if self._sf:
-            ta = type(a)
-            if ta is float or ta is int:
-                return _f8_binary(operator.mul, 3, self, a, True, False)
-            if (ta is _LazyF8 or ta is SharedVar) and a._sf:
-                return _f8_binary(operator.mul, 3, self, a, True, True)
-        return _binary(operator.mul, self, a)
-
-    def __rmul__(self, a):
-        if self._sf and (type(a) is float or type(a) is int):
-            return _f8_binary(operator.mul, 3, a, self, False, True)
-        return _binary(operator.mul, a, self)
-
-    def __truediv__(self, a):
-        if self._sf:
-            ta = type(a)
-            if ta is float or ta is int:
-                return _f8_binary(operator.truediv, 4, self, a, True, False)
-            if (ta is _LazyF8 or ta is SharedVar) and a._sf:
-                return _f8_binary(operator.truediv, 4, self, a, True, True)
-        return _binary(operator.truediv, self, a)
-
-    def __rtruediv__(self, a):
-        if self._sf and (type(a) is float or type(a) is int):
-            return _f8_binary(operator.truediv, 4, a, self, False, True)
-        return _binary(operator.truediv, a, self)
 
     def __floordiv__(self, a):
         return _binary(operator.floordiv, self, a)
@@ -1896,7 +1965,6 @@ def _fill_f8(self: SharedVar) -> None:
             object.__setattr__(self, name, v)
 
 
-_NEW = object.__new__
 _UNIFORM_OK = (float, int)
 
 
@@ -1939,12 +2007,8 @@ def _f8_binary(fn, code: int, a: Any, b: Any, sa: bool, sb: bool) -> SharedVar:
         if type(base) is not float:
             base = float(base)
     else:
-        base = _NEW(_Derived)
-        base.fn = fn
-        base.args = (va, vb)
-        base.cast = float
-        base.value = None
-    res = _NEW(_LazyF8)
+        base = _Derived(fn, (va, vb), float)
+    res = _LazyF8.__new__(_LazyF8)
     e = _ENGINE
     vid = e.next_id
     e.next_id = vid + 1
@@ -2011,3 +2075,19 @@ def shared(value: Any, name: Optional[str] = None) -> SharedVar:
 def pool(level: Any, name: Optional[str] = None) -> SharedPool:
     """Create a :class:`SharedPool` (a float shared variable with :meth:`~SharedPool.consume`)."""
     return SharedPool(level, name=name)
+
+
+if _core is not None:
+    # the compiled hot path falls back to these (the reference implementation) for every
+    # case it does not handle itself
+    _f8_binary_py = _f8_binary
+    _core.bind(reset=_PyVarBase.reset, iadd=_PyVarBase.__iadd__, isub=_PyVarBase.__isub__,
+               float=_PyVarBase.__float__,
+               ops=(_PyVarBase.__add__, _PyVarBase.__radd__, _PyVarBase.__sub__, _PyVarBase.__rsub__,
+                    _PyVarBase.__mul__, _PyVarBase.__rmul__, _PyVarBase.__truediv__, _PyVarBase.__rtruediv__),
+               fns=(operator.add, operator.sub, operator.mul, operator.truediv), force=_force,
+               ensure_done=_ensure_done, eval=_eval, snap=_Snap, f8_binary=_f8_binary_py, shared=SharedVar,
+               lazy=_LazyF8, fast_types=tuple(_REAL_FAST), f8=_F8, nan_key=_NAN_KEY, nod=_NOD, nol=_NOL,
+               log_cap=_LOG_CAP, batch_type=_Batch, tracing=_tracing, empty_list=_EMPTY,
+               same_signature=_same_signature, kind_fused=K_FUSED, spin=_SPIN)
+    _f8_binary = _core.f8_binary  # noqa: F811  (same function, compiled)
