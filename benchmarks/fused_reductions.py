@@ -371,7 +371,11 @@ def mpi_main(quick: bool, out_dir) -> int:
         target("synthetic step: lazy collectives per step", pk["lazy_collectives_per_step"], 3.0,
                higher_is_better=False),
     ]
-    md = (f"P = {P} ranks. Times are the best of {rounds} interleaved rounds (slowest rank).\n\n"
+    from nbmpi.workers.fused_reductions import IMPLEMENTATION
+
+    md = (f"P = {P} ranks. Times are the best of {rounds} interleaved rounds (slowest rank). "
+          f"Shared-variable hot path: {IMPLEMENTATION} (`NBMPI_PURE_PYTHON=1` selects the pure-Python "
+          "reference).\n\n"
           "## Variance (seed Table 1 shape), seconds for the whole N x M program (improvement over original)\n\n"
           + md_table(["N=M", "P", "original", "hand-fused", "lazy shared", "lazy / hand"], vtable)
           + "\n\n## 64 scalar reductions (per round of 64)\n\n"
@@ -388,7 +392,7 @@ def mpi_main(quick: bool, out_dir) -> int:
                      [["original", pk["original_collectives_per_step"], pk["original_s_per_step"] * 1e3],
                       ["lazy", pk["lazy_collectives_per_step"], pk["lazy_s_per_step"] * 1e3]])
           + "\n\n## Targets\n\n" + targets_table(checks))
-    data = dict(benchmark="fused_reductions", quick=quick, nranks=P, variance=vrows, scalars64=s64row,
+    data = dict(benchmark="fused_reductions", quick=quick, nranks=P, implementation=IMPLEMENTATION, variance=vrows, scalars64=s64row,
                 plankton=pk, targets=checks)
     path = write_results("fused_reductions_quick" if quick else "fused_reductions", data, md, out_dir)
     print(md)

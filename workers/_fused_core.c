@@ -33,6 +33,7 @@ static Py_ssize_t g_log_cap = 4096;
 static PyObject *s_batch, *s_next_id, *s_flush, *s_fold;
 static PyObject *k_zero, *k_one, *k_minus1, *k_minus7, *k_empty, *k_fzero;
 static int g_bound = 0;
+static long long g_next_id = 0;                  /* FusionEngine.next_id (creation order = identity) */
 /* the compiled force point (fuse) */
 static PyObject *g_batch_type, *g_tracing, *g_empty_list, *g_same_signature;
 static long g_kind_fused, g_spin = 64;
@@ -728,21 +729,10 @@ static int f8_operand(PyObject *x, int is_shared, int code, PyObject **val, int 
 
 static PyObject *new_lazy(PyObject *base)
 {
-    PyObject *nid = PyObject_GetAttr(g_engine, s_next_id);
-    if (!nid)
-        return NULL;
-    PyObject *next = PyNumber_Add(nid, k_one);
-    if (!next || PyObject_SetAttr(g_engine, s_next_id, next) < 0) {
-        Py_XDECREF(next);
-        Py_DECREF(nid);
-        return NULL;
-    }
-    Py_DECREF(next);
-    PyObject *three = PyLong_FromLong(3);
-    PyObject *ksum = three ? PyNumber_Lshift(nid, three) : NULL;
-    Py_XDECREF(three);
+    long long vid = g_next_id++;
+    PyObject *nid = PyLong_FromLongLong(vid), *ksum = nid ? PyLong_FromLongLong(vid << 3) : NULL;
     if (!ksum) {
-        Py_DECREF(nid);
+        Py_XDECREF(nid);
         return NULL;
     }
     VarObject *r = (VarObject *)g_lazy_t->tp_alloc(g_lazy_t, 0);
@@ -1275,6 +1265,21 @@ static PyObject *py_set_engine(PyObject *mod, PyObject *e)
     Py_RETURN_NONE;
 }
 
+static PyObject *py_next_id(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs == 1) {
+        long long v = PyLong_AsLongLong(args[0]);
+        if (v == -1 && PyErr_Occurred())
+            return NULL;
+        g_next_id = v;
+    }
+    else if (nargs != 0) {
+        PyErr_SetString(PyExc_TypeError, "next_id([value])");
+        return NULL;
+    }
+    return PyLong_FromLongLong(g_next_id);
+}
+
 static PyObject *py_set_batch(PyObject *mod, PyObject *b)
 {
     if (!PyObject_TypeCheck(b, &BatchType)) {
@@ -1407,6 +1412,8 @@ static PyMethodDef module_methods[] = {
     {"bind", (PyCFunction)(void (*)(void))py_bind, METH_VARARGS | METH_KEYWORDS,
      "bind(**python_implementation): the Python functions and types the compiled paths fall back to."},
     {"set_engine", py_set_engine, METH_O, "set_engine(engine): the FusionEngine (its flush() and next_id)."},
+    {"next_id", (PyCFunction)(void (*)(void))py_next_id, METH_FASTCALL,
+     "next_id([value]): the id the next shared variable gets (set it with an argument)."},
     {"set_batch", py_set_batch, METH_O, "set_batch(batch): the engine's current batch, which the hot path fills."},
     {"pack", (PyCFunction)(void (*)(void))py_pack, METH_FASTCALL, "pack(words, buffer): buffer[:len(words)] = words."},
     {"unpack", (PyCFunction)(void (*)(void))py_unpack, METH_FASTCALL,

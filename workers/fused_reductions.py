@@ -85,15 +85,21 @@ copy-free views of MPI's buffers. After a few polls the wait is
 interruptible). ``repr()`` never forces (safe in debuggers).
 
 Cost model (what the hot path does): ``x += a`` on a float64 scalar with a
-Python float appends one word to a list and a few attribute writes (repeated
-``+=`` between force points add in place); ``x.reset()`` is two attribute
-writes; shared arithmetic on float64 scalars builds one small lazy node per
-operator whose operands refer to the pending word directly (no copy); a force
-point with only float64 scalar sums pending packs the list into the
-preallocated buffer and runs the ``MPI_SUM`` request. Everything is still
-Python: each operator, contribution and read costs a Python call (a few
-hundred ns), which is what separates lazy code from a hand-packed
-``Allreduce`` (see ``benchmarks/fused_reductions.py``).
+real number appends one word to the batch's list and a few field writes
+(repeated ``+=`` between force points add in place); ``x.reset()`` is two
+field writes; shared arithmetic on float64 scalars builds one small lazy node
+per operator whose operands refer to the pending word directly (no copy); a
+force point with only float64 scalar sums pending packs the list into the
+preallocated buffer and runs the ``MPI_SUM`` request. These cases run in C
+when the optional extension ``nbmpi.workers._fused_core`` is built (the
+default install compiles it; :data:`IMPLEMENTATION` says which one runs):
+it works on the same fields and data structures as the Python code below,
+which stays the reference and handles every other case (arrays, other ops,
+errors). ``NBMPI_PURE_PYTHON=1`` selects the pure-Python implementation;
+both give the same results (the tests run both). What remains is one
+interpreter call per operator, contribution and read, which is what
+separates lazy code from a hand-packed ``Allreduce`` (see
+``benchmarks/fused_reductions.py``).
 
 SPMD safety: variables are identified across ranks by creation order (the
 n-th shared variable created on a rank is variable #n everywhere, also for
@@ -474,6 +480,16 @@ class FusionEngine:
         self._strict = 0
         self._ready = False   # connected, not broken, not inside fused(strict=True): the fast flush may run
         self._mpi = None
+
+    if _core is not None:
+        @property
+        def next_id(self) -> int:
+            """Id of the next shared variable (creation order identifies variables across ranks)."""
+            return _core.next_id()
+
+        @next_id.setter
+        def next_id(self, v: int) -> None:
+            _core.next_id(v)
 
     @property
     def batch(self) -> "_Batch":
