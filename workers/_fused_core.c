@@ -26,6 +26,7 @@ static PyObject *g_reset, *g_iadd, *g_isub, *g_float;
 static PyObject *g_ops[8];                        /* add radd sub rsub mul rmul truediv rtruediv */
 static PyObject *g_force, *g_ensure_done, *g_eval, *g_snap, *g_f8_binary_py;
 static PyTypeObject *g_shared_t, *g_lazy_t;
+#define BatchCheck(o) ((PyObject *)Py_TYPE(o) == g_batch_type || PyObject_TypeCheck((o), &BatchType))
 static PyObject *g_fast_types;                    /* tuple of types taken as real numbers */
 static PyObject *g_f8, *g_nan_key, *g_nod, *g_nol;
 static PyObject *g_fn[4];                         /* operator.add sub mul truediv */
@@ -33,12 +34,17 @@ static Py_ssize_t g_log_cap = 4096;
 static PyObject *s_batch, *s_next_id, *s_flush, *s_fold;
 static PyObject *k_zero, *k_one, *k_minus1, *k_minus7, *k_empty, *k_fzero;
 static int g_bound = 0;
-static long long g_next_id = 0;                  /* FusionEngine.next_id (creation order = identity) */
+static long long g_next_id = 0;
+/* the engine's force-point state (FusionEngine._sync_core; seq and _ready are properties on these) */
+static long long g_seq = 0, g_threshold = 1 << 17, g_chan = 0, g_size = 1;
+static int g_ready = 0;
+static PyObject *g_preq;                          /* size class -> persistent MPI_SUM request */
+static Py_buffer g_fbuf;                          /* the fusion buffer (engine._buf), held */                  /* FusionEngine.next_id (creation order = identity) */
 /* the compiled force point (fuse) */
 static PyObject *g_batch_type, *g_tracing, *g_empty_list, *g_same_signature;
 static long g_kind_fused, g_spin = 64;
 static long long g_m20a = (1 << 20) - 3, g_m20b = (1 << 20) - 5;
-static PyObject *s_ready, *s_threshold_words, *s_buf_, *s_preq, *s_seq, *s_chan, *s_size, *s_batch_, *s_TRACER, *s_enabled,
+static PyObject *s_batch_, *s_TRACER, *s_enabled,
     *s_pend, *s_n, *s_cap, *s_buf, *s_Start, *s_Test;
 
 enum { OP_ADD, OP_RADD, OP_SUB, OP_RSUB, OP_MUL, OP_RMUL, OP_DIV, OP_RDIV };
@@ -167,20 +173,26 @@ static PyTypeObject BatchType = {
 };
 
 /* ------------------------------------------------------------------ Derived */
+/* fn(*args): a binary node keeps its two operands inline (x, y; no args tuple on the hot
+   path), any other arity keeps the tuple in `other`. `args` reads/writes either form. */
 typedef struct {
     PyObject_HEAD
-    PyObject *fn, *args, *cast, *value;
+    PyObject *fn, *cast, *value, *x, *y, *other;
 } DerivedObject;
+
+static PyTypeObject DerivedType;
 
 static int derived_traverse(DerivedObject *self, visitproc visit, void *arg)
 {
-    Py_VISIT(self->fn); Py_VISIT(self->args); Py_VISIT(self->cast); Py_VISIT(self->value);
+    Py_VISIT(self->fn); Py_VISIT(self->cast); Py_VISIT(self->value);
+    Py_VISIT(self->x); Py_VISIT(self->y); Py_VISIT(self->other);
     return 0;
 }
 
 static int derived_clear(DerivedObject *self)
 {
-    Py_CLEAR(self->fn); Py_CLEAR(self->args); Py_CLEAR(self->cast); Py_CLEAR(self->value);
+    Py_CLEAR(self->fn); Py_CLEAR(self->cast); Py_CLEAR(self->value);
+    Py_CLEAR(self->x); Py_CLEAR(self->y); Py_CLEAR(self->other);
     return 0;
 }
 
@@ -191,22 +203,82 @@ static void derived_dealloc(DerivedObject *self)
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-static PyObject *derived_make(PyObject *fn, PyObject *args, PyObject *cast);
+static int derived_set_args(DerivedObject *d, PyObject *args)
+{
+    if (!args || !PyTuple_Check(args)) {
+        PyErr_SetString(PyExc_TypeError, "Derived.args must be a tuple");
+        return -1;
+    }
+    if (PyTuple_GET_SIZE(args) == 2) {
+        set_field(&d->x, PyTuple_GET_ITEM(args, 0));
+        set_field(&d->y, PyTuple_GET_ITEM(args, 1));
+        Py_CLEAR(d->other);
+    }
+    else {
+        Py_CLEAR(d->x);
+        Py_CLEAR(d->y);
+        set_field(&d->other, args);
+    }
+    return 0;
+}
+
+static PyObject *derived_get_args(DerivedObject *d, void *closure)
+{
+    if (d->x && d->y)
+        return PyTuple_Pack(2, d->x, d->y);
+    return Py_NewRef(d->other ? d->other : k_empty);
+}
+
+static int derived_setter(DerivedObject *d, PyObject *v, void *closure)
+{
+    return derived_set_args(d, v);
+}
+
+static PyObject *derived_make2(PyObject *fn, PyObject *x, PyObject *y, PyObject *cast)
+{
+    DerivedObject *d = PyObject_GC_New(DerivedObject, &DerivedType);
+    if (!d)
+        return NULL;
+    d->fn = Py_NewRef(fn);
+    d->cast = Py_NewRef(cast);
+    d->value = Py_NewRef(Py_None);
+    d->x = Py_NewRef(x);
+    d->y = Py_NewRef(y);
+    d->other = NULL;
+    PyObject_GC_Track(d);
+    return (PyObject *)d;
+}
 
 static PyObject *derived_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
     PyObject *fn, *a, *cast;
     static char *kwlist[] = {"fn", "args", "cast", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO", kwlist, &fn, &a, &cast))
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO!O", kwlist, &fn, &PyTuple_Type, &a, &cast))
         return NULL;
-    return derived_make(fn, a, cast);
+    DerivedObject *d = PyObject_GC_New(DerivedObject, &DerivedType);
+    if (!d)
+        return NULL;
+    d->fn = Py_NewRef(fn);
+    d->cast = Py_NewRef(cast);
+    d->value = Py_NewRef(Py_None);
+    d->x = d->y = d->other = NULL;
+    PyObject_GC_Track(d);
+    if (derived_set_args(d, a) < 0) {
+        Py_DECREF(d);
+        return NULL;
+    }
+    return (PyObject *)d;
 }
 
 static PyMemberDef derived_members[] = {
     {"fn", T_OBJECT_EX, offsetof(DerivedObject, fn), 0, NULL},
-    {"args", T_OBJECT_EX, offsetof(DerivedObject, args), 0, NULL},
     {"cast", T_OBJECT_EX, offsetof(DerivedObject, cast), 0, NULL},
     {"value", T_OBJECT, offsetof(DerivedObject, value), 0, NULL},
+    {NULL}
+};
+
+static PyGetSetDef derived_getset[] = {
+    {"args", (getter)derived_get_args, (setter)derived_setter, "the operands (a tuple)", NULL},
     {NULL}
 };
 
@@ -220,21 +292,9 @@ static PyTypeObject DerivedType = {
     .tp_clear = (inquiry)derived_clear,
     .tp_dealloc = (destructor)derived_dealloc,
     .tp_members = derived_members,
+    .tp_getset = derived_getset,
     .tp_new = derived_new,
 };
-
-static PyObject *derived_make(PyObject *fn, PyObject *args, PyObject *cast)
-{
-    DerivedObject *d = PyObject_GC_New(DerivedObject, &DerivedType);
-    if (!d)
-        return NULL;
-    Py_INCREF(fn); d->fn = fn;
-    Py_INCREF(args); d->args = args;
-    Py_INCREF(cast); d->cast = cast;
-    Py_INCREF(Py_None); d->value = Py_None;
-    PyObject_GC_Track(d);
-    return (PyObject *)d;
-}
 
 /* ------------------------------------------------------------------ VarBase */
 typedef struct {
@@ -244,7 +304,7 @@ typedef struct {
 } VarObject;
 
 static PyTypeObject VarType;
-#define VarCheck(o) PyObject_TypeCheck((o), &VarType)
+#define VarCheck(o) (Py_TYPE(o) == g_shared_t || Py_TYPE(o) == g_lazy_t || PyObject_TypeCheck((o), &VarType))
 
 static int var_traverse(VarObject *self, visitproc visit, void *arg)
 {
@@ -503,7 +563,7 @@ static int operand_value(PyObject *a, double *out)
     }
     if (PyTuple_CheckExact(a) && PyTuple_GET_SIZE(a) == 3) {   /* (base, batch, index) */
         PyObject *base = PyTuple_GET_ITEM(a, 0), *bb = PyTuple_GET_ITEM(a, 1);
-        if (!PyFloat_CheckExact(base) || !PyObject_TypeCheck(bb, &BatchType))
+        if (!PyFloat_CheckExact(base) || !BatchCheck(bb))
             return 1;
         if (!((BatchObject *)bb)->done && force_batch((BatchObject *)bb) < 0)
             return -1;
@@ -562,14 +622,13 @@ static PyObject *derived_value(PyObject *node)
         return d->value;
     }
     int code = fn_code(d->fn);
-    if (code && d->cast == (PyObject *)&PyFloat_Type && d->args && PyTuple_CheckExact(d->args) &&
-        PyTuple_GET_SIZE(d->args) == 2) {
+    if (code && d->cast == (PyObject *)&PyFloat_Type && d->x && d->y) {
         double x, y, r;
-        int s = operand_value(PyTuple_GET_ITEM(d->args, 0), &x);
+        int s = operand_value(d->x, &x);
         if (s < 0)
             return NULL;
         if (s == 0) {
-            s = operand_value(PyTuple_GET_ITEM(d->args, 1), &y);
+            s = operand_value(d->y, &y);
             if (s < 0)
                 return NULL;
             if (s == 0) {
@@ -579,7 +638,9 @@ static PyObject *derived_value(PyObject *node)
                 if (!v)
                     return NULL;
                 set_field(&d->value, v);
-                set_field(&d->args, k_empty);
+                Py_CLEAR(d->x);   /* args = () */
+                Py_CLEAR(d->y);
+                Py_CLEAR(d->other);
                 return v;
             }
         }
@@ -612,7 +673,7 @@ static PyObject *var_float(PyObject *s)
         else if (ne == 1 && PyFloat_CheckExact(base)) {
             PyObject *ent = PyTuple_GET_ITEM(ents, 0);
             if (PyTuple_CheckExact(ent) && PyTuple_GET_SIZE(ent) == 5 && is_small(PyTuple_GET_ITEM(ent, 0), 0) &&
-                is_small(PyTuple_GET_ITEM(ent, 2), 0) && PyObject_TypeCheck(PyTuple_GET_ITEM(ent, 1), &BatchType)) {
+                is_small(PyTuple_GET_ITEM(ent, 2), 0) && BatchCheck(PyTuple_GET_ITEM(ent, 1))) {
                 BatchObject *b = (BatchObject *)PyTuple_GET_ITEM(ent, 1);
                 Py_INCREF(b);
                 if (!b->done && force_batch(b) < 0) {
@@ -794,11 +855,7 @@ static PyObject *f8_binary(PyObject *fn, int code, PyObject *a, PyObject *b, int
         }
     }
     else {
-        PyObject *args = PyTuple_Pack(2, va, vb);
-        if (args) {
-            base = derived_make(fn, args, (PyObject *)&PyFloat_Type);
-            Py_DECREF(args);
-        }
+        base = derived_make2(fn, va, vb, (PyObject *)&PyFloat_Type);
     }
     if (base)
         res = new_lazy(base);
@@ -1051,30 +1108,20 @@ static PyObject *py_fuse(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     if (!f8 || !PyList_CheckExact(f8) || !b->log || !PyList_CheckExact(b->log))
         Py_RETURN_NONE;
     Py_ssize_t n1 = PyList_GET_SIZE(f8), L = size_class(n1);
-    PyObject *fb = PyObject_GetAttr(engine, s_buf_), *preq = NULL, *req = NULL, *key = NULL, *nb = NULL;
-    PyObject *result = NULL;
-    if (!fb)
-        return NULL;
-    Py_buffer view;
-    if (PyObject_GetBuffer(fb, &view, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) {
-        Py_DECREF(fb);
-        return NULL;
-    }
-    if ((Py_ssize_t)view.len < L * 8 || !(preq = PyObject_GetAttr(engine, s_preq)) || !(key = PyLong_FromSsize_t(L)))
+    PyObject *req = NULL, *key = NULL, *nb = NULL, *result = NULL;
+    Py_buffer *view = &g_fbuf;
+    if (!view->obj || !g_preq || (Py_ssize_t)view->len < L * 8 || !(key = PyLong_FromSsize_t(L)))
         goto python_path;
-    req = PyDict_GetItemWithError(preq, key);
+    req = PyDict_GetItemWithError(g_preq, key);
     if (!req)
         goto python_path;
     Py_INCREF(req);
     /* the next fusion starts now */
     {
-        int err = 0;
-        long long thr = attr_ll(engine, s_threshold_words, &err);
-        if (err)
-            goto fail_early;
         PyTypeObject *bt = (PyTypeObject *)g_batch_type;
         nb = bt->tp_alloc(bt, 0);
-        if (!nb || batch_fill((BatchObject *)nb, (Py_ssize_t)thr) < 0 || PyObject_SetAttr(engine, s_batch_, nb) < 0)
+        if (!nb || batch_fill((BatchObject *)nb, (Py_ssize_t)g_threshold) < 0 ||
+            PyObject_SetAttr(engine, s_batch_, nb) < 0)
             goto fail_early;
         set_field(&g_batch, nb);
     }
@@ -1101,7 +1148,7 @@ static PyObject *py_fuse(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
         }
     }
     {
-        double *d = (double *)view.buf;
+        double *d = (double *)view->buf;
         for (Py_ssize_t i = 0; i < n1; i++) {
             PyObject *o = PyList_GET_ITEM(f8, i);
             double x = PyFloat_CheckExact(o) ? PyFloat_AS_DOUBLE(o) : PyFloat_AsDouble(o);
@@ -1135,23 +1182,13 @@ static PyObject *py_fuse(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     }
     long long t1 = now_ns();
     {
-        int err = 0;
-        long long seq = attr_ll(engine, s_seq, &err), chan = attr_ll(engine, s_chan, &err);
-        long long P = attr_ll(engine, s_size, &err);
-        if (err)
-            goto fail;
-        PyObject *ns = PyLong_FromLongLong(seq + 1);
-        if (!ns || PyObject_SetAttr(engine, s_seq, ns) < 0) {
-            Py_XDECREF(ns);
-            goto fail;
-        }
-        Py_DECREF(ns);
+        long long seq = g_seq++, chan = g_chan, P = g_size;
         if (trace_fused(0, L * 8, t0, t1, seq, chan, b->nvars) < 0)
             goto fail;
         WordsObject *w = PyObject_NewVar(WordsObject, &WordsType, n1);
         if (!w)
             goto fail;
-        memcpy(w->w, view.buf, n1 * sizeof(double));
+        memcpy(w->w, view->buf, n1 * sizeof(double));
         int same;
         if (P <= 64) {   /* _same_signature: exact in float64 below 2**53 */
             double s1 = w->w[0], q1 = w->w[1], s2 = w->w[2], q2 = w->w[3];
@@ -1187,8 +1224,6 @@ static PyObject *py_fuse(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     result = PyLong_FromSsize_t(b->nvars);
     goto out;
 fail_mpi:
-    PyBuffer_Release(&view);
-    view.obj = NULL;
     fuse_failed(engine, (PyObject *)b, L);
     goto out;
 fail:
@@ -1204,9 +1239,7 @@ python_path:
     if (!PyErr_Occurred())
         result = Py_NewRef(Py_None);
 out:
-    if (view.obj)
-        PyBuffer_Release(&view);
-    Py_XDECREF(fb); Py_XDECREF(preq); Py_XDECREF(req); Py_XDECREF(key); Py_XDECREF(nb);
+    Py_XDECREF(req); Py_XDECREF(key); Py_XDECREF(nb);
     return result;
 }
 
@@ -1216,12 +1249,7 @@ static int force_batch(BatchObject *b)
 {
     if (!b->done && (PyObject *)b == g_batch && g_engine && b->error == Py_None && b->allsum == Py_True &&
         is_small(b->nseg, 0) && PyList_GET_SIZE(b->f8) > 4) {
-        PyObject *ready = PyObject_GetAttr(g_engine, s_ready);
-        if (!ready)
-            return -1;
-        int ok = ready == Py_True;
-        Py_DECREF(ready);
-        if (ok) {
+        if (g_ready) {
             PyObject *args[2] = {g_engine, (PyObject *)b};
             PyObject *r = py_fuse(NULL, args, 2);
             if (!r)
@@ -1278,6 +1306,64 @@ static PyObject *py_next_id(PyObject *mod, PyObject *const *args, Py_ssize_t nar
         return NULL;
     }
     return PyLong_FromLongLong(g_next_id);
+}
+
+static PyObject *counter(long long *c, PyObject *const *args, Py_ssize_t nargs, const char *name)
+{
+    if (nargs == 1) {
+        long long v = PyLong_AsLongLong(args[0]);
+        if (v == -1 && PyErr_Occurred())
+            return NULL;
+        *c = v;
+    }
+    else if (nargs) {
+        PyErr_Format(PyExc_TypeError, "%s([value])", name);
+        return NULL;
+    }
+    return PyLong_FromLongLong(*c);
+}
+
+static PyObject *py_seq(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    return counter(&g_seq, args, nargs, "seq");
+}
+
+static PyObject *py_ready(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs == 1) {
+        int v = PyObject_IsTrue(args[0]);
+        if (v < 0)
+            return NULL;
+        g_ready = v;
+    }
+    else if (nargs) {
+        PyErr_SetString(PyExc_TypeError, "ready([value])");
+        return NULL;
+    }
+    return PyBool_FromLong(g_ready);
+}
+
+/* set_state(buf, preq, threshold_words, chan, size): what the compiled force point uses */
+static PyObject *py_set_state(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 5 || !PyDict_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "set_state(buf, preq: dict, threshold_words, chan, size)");
+        return NULL;
+    }
+    long long thr = PyLong_AsLongLong(args[2]), chan = PyLong_AsLongLong(args[3]), size = PyLong_AsLongLong(args[4]);
+    if (PyErr_Occurred())
+        return NULL;
+    Py_buffer v;
+    if (PyObject_GetBuffer(args[0], &v, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0)
+        return NULL;
+    if (g_fbuf.obj)
+        PyBuffer_Release(&g_fbuf);
+    g_fbuf = v;
+    set_field(&g_preq, args[1]);
+    g_threshold = thr;
+    g_chan = chan;
+    g_size = size;
+    Py_RETURN_NONE;
 }
 
 static PyObject *py_set_batch(PyObject *mod, PyObject *b)
@@ -1414,6 +1500,11 @@ static PyMethodDef module_methods[] = {
     {"set_engine", py_set_engine, METH_O, "set_engine(engine): the FusionEngine (its flush() and next_id)."},
     {"next_id", (PyCFunction)(void (*)(void))py_next_id, METH_FASTCALL,
      "next_id([value]): the id the next shared variable gets (set it with an argument)."},
+    {"seq", (PyCFunction)(void (*)(void))py_seq, METH_FASTCALL, "seq([value]): FusionEngine.seq (fused collectives run)."},
+    {"ready", (PyCFunction)(void (*)(void))py_ready, METH_FASTCALL,
+     "ready([value]): FusionEngine._ready (connected, not broken, not strict: the fast force point may run)."},
+    {"set_state", (PyCFunction)(void (*)(void))py_set_state, METH_FASTCALL,
+     "set_state(buf, preq, threshold_words, chan, size): the engine state the compiled force point uses."},
     {"set_batch", py_set_batch, METH_O, "set_batch(batch): the engine's current batch, which the hot path fills."},
     {"pack", (PyCFunction)(void (*)(void))py_pack, METH_FASTCALL, "pack(words, buffer): buffer[:len(words)] = words."},
     {"unpack", (PyCFunction)(void (*)(void))py_unpack, METH_FASTCALL,
@@ -1440,13 +1531,6 @@ PyMODINIT_FUNC PyInit__fused_core(void)
     s_next_id = PyUnicode_InternFromString("next_id");
     s_flush = PyUnicode_InternFromString("flush");
     s_fold = PyUnicode_InternFromString("fold");
-    s_threshold_words = PyUnicode_InternFromString("threshold_words");
-    s_ready = PyUnicode_InternFromString("_ready");
-    s_buf_ = PyUnicode_InternFromString("_buf");
-    s_preq = PyUnicode_InternFromString("_preq");
-    s_seq = PyUnicode_InternFromString("seq");
-    s_chan = PyUnicode_InternFromString("chan");
-    s_size = PyUnicode_InternFromString("size");
     s_batch_ = PyUnicode_InternFromString("_batch");
     s_TRACER = PyUnicode_InternFromString("_TRACER");
     s_enabled = PyUnicode_InternFromString("enabled");
@@ -1456,7 +1540,7 @@ PyMODINIT_FUNC PyInit__fused_core(void)
     s_buf = PyUnicode_InternFromString("buf");
     s_Start = PyUnicode_InternFromString("Start");
     s_Test = PyUnicode_InternFromString("Test");
-    if (!s_ready || !s_threshold_words || !s_buf_ || !s_preq || !s_seq || !s_chan || !s_size || !s_batch_ || !s_TRACER ||
+    if (!s_batch_ || !s_TRACER ||
         !s_enabled || !s_pend || !s_n || !s_cap || !s_buf || !s_Start || !s_Test)
         return NULL;
     k_zero = PyLong_FromLong(0);

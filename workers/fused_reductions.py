@@ -480,16 +480,21 @@ class FusionEngine:
         self._strict = 0
         self._ready = False   # connected, not broken, not inside fused(strict=True): the fast flush may run
         self._mpi = None
+        self._sync_core()
 
     if _core is not None:
-        @property
-        def next_id(self) -> int:
-            """Id of the next shared variable (creation order identifies variables across ranks)."""
-            return _core.next_id()
+        # counters and flags the compiled hot path reads and writes live in the extension
+        next_id = property(lambda self: _core.next_id(), lambda self, v: _core.next_id(v),
+                           doc="Id of the next shared variable (creation order identifies variables).")
+        seq = property(lambda self: _core.seq(), lambda self, v: _core.seq(v),
+                       doc="Number of fused collectives run so far (local).")
+        _ready = property(lambda self: _core.ready(), lambda self, v: _core.ready(v),
+                          doc="Connected, not broken, not in fused(strict=True): the fast force point may run.")
 
-        @next_id.setter
-        def next_id(self, v: int) -> None:
-            _core.next_id(v)
+    def _sync_core(self) -> None:
+        """Give the compiled force point the buffer, requests, threshold and communicator facts."""
+        if _core is not None:
+            _core.set_state(self._buf, self._preq, self.threshold_words, self.chan, max(self.size, 1))
 
     @property
     def batch(self) -> "_Batch":
@@ -521,6 +526,7 @@ class FusionEngine:
         self.chan = _tracing.get_tracer().new_channel_id(comm)
         self._op = m.Op.Create(_user_combine, commute=True)
         self._mpi = m
+        self._sync_core()
         self._ready = not self._strict
 
     def _abandoned(self, what: str) -> Callable[[], None]:
@@ -580,6 +586,7 @@ class FusionEngine:
             req.Free()
         self._preq.clear()
         self._buf = np.zeros(max(words, 2 * self._buf.size), dtype=np.float64)
+        self._sync_core()
 
     def _persistent(self, words: int, allsum: bool):
         """The persistent ``MPI_Allreduce_init`` request reducing ``words`` words of the
@@ -955,6 +962,7 @@ def configure(threshold_bytes: Optional[int] = None, timeout: Any = ...) -> None
         if int(threshold_bytes) < 8:
             raise ValueError(f"threshold_bytes={threshold_bytes} is too small; expected at least 8 bytes")
         e.threshold_words = max(HEADER + 1, int(threshold_bytes) // 8)
+        e._sync_core()
         e.batch.room = e.threshold_words - 1 - e.batch.words
     if timeout is not ...:
         e.timeout = None if timeout is None else float(timeout)
