@@ -183,6 +183,13 @@ except SPMDDivergence as exc:
 
 HOT_PATH = PRELUDE + """
 # float64 scalar fast paths: slot references, lazily filled intermediate results, persistent requests
+# contributions with flushes in between and no read: resolved sums are folded in, nothing piles up
+acc = shared(0.0)
+for k in range(2000):
+    acc += 1.0
+    flush()
+    assert len(acc._entries) <= 1, len(acc._entries)
+assert float(acc) == 2000.0 * P
 S = float(sum(range(P)))
 s = shared(0.0); u = shared(10.0)
 before = ncoll()

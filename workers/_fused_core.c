@@ -364,6 +364,8 @@ static inline int is_fast_type(PyTypeObject *t)
     return 0;
 }
 
+static int batch_word(BatchObject *b, PyObject *pi, double *out);
+
 /* x += a for a float64 scalar x (the reference: _PyVarBase._fast_sum); aobj: a as an exact float, or NULL */
 static PyObject *fast_sum(VarObject *self, double a, PyObject *aobj)
 {
@@ -408,6 +410,22 @@ static PyObject *fast_sum(VarObject *self, double a, PyObject *aobj)
     ent = PyTuple_Pack(5, k_zero, (PyObject *)b, k_zero, pi, Py_None);
     if (!ent)
         goto fail;
+    if (PyTuple_GET_SIZE(self->entries) == 1 && PyFloat_CheckExact(self->base)) {
+        /* a resolved sum nobody read yet: fold it into the base (entries stay bounded) */
+        PyObject *old = PyTuple_GET_ITEM(self->entries, 0);
+        if (PyTuple_CheckExact(old) && PyTuple_GET_SIZE(old) == 5 && is_small(PyTuple_GET_ITEM(old, 0), 0) &&
+            is_small(PyTuple_GET_ITEM(old, 2), 0) && BatchCheck(PyTuple_GET_ITEM(old, 1)) &&
+            ((BatchObject *)PyTuple_GET_ITEM(old, 1))->done) {
+            double word;
+            if (batch_word((BatchObject *)PyTuple_GET_ITEM(old, 1), PyTuple_GET_ITEM(old, 3), &word) < 0)
+                goto fail;
+            PyObject *nb = PyFloat_FromDouble(PyFloat_AS_DOUBLE(self->base) + word);
+            if (!nb)
+                goto fail;
+            Py_XSETREF(self->base, nb);
+            set_field(&self->entries, k_empty);
+        }
+    }
     Py_ssize_t n = PyTuple_GET_SIZE(self->entries);
     ents = PyTuple_New(n + 1);
     if (!ents)

@@ -1189,7 +1189,13 @@ class _PyVarBase:
         f8 = b.f8
         i = len(f8)
         f8.append(a)
-        self._entries += ((0, b, 0, i, None),)
+        ents = self._entries
+        if len(ents) == 1 and type(self._base) is float:
+            op, ob, blk, j, _ = ents[0]
+            if op == 0 and blk == 0 and ob.done:   # a resolved sum nobody read: fold it in (bounded entries)
+                self._base += ob.res[0][j]
+                ents = ()
+        self._entries = ents + ((0, b, 0, i, None),)
         self._ob = b
         self._oi = i
         self._oop = 0
@@ -1239,32 +1245,34 @@ class _PyVarBase:
         return _unary(operator.neg, self)._contribute(SUM, a)
 
     def __mul__(self, a):
-        if self._sf:
-            ta = type(a)
-            if ta is float or ta is int:
-                return _f8_binary(operator.mul, 3, self, a, True, False)
-            if (ta is _LazyF8 or ta is SharedVar) and a._sf:
-                return _f8_binary(operator.mul, 3, self, a, True, True)
-        return _binary(operator.mul, self, a)
+        return _scaling(self, a, operator.mul, 3)
 
     def __rmul__(self, a):
-        if self._sf and (type(a) is float or type(a) is int):
-            return _f8_binary(operator.mul, 3, a, self, False, True)
-        return _binary(operator.mul, a, self)
+        return _rscaling(self, a, operator.mul, 3)
 
     def __truediv__(self, a):
-        if self._sf:
-            ta = type(a)
-            if ta is float or ta is int:
-                return _f8_binary(operator.truediv, 4, self, a, True, False)
-            if (ta is _LazyF8 or ta is SharedVar) and a._sf:
-                return _f8_binary(operator.truediv, 4, self, a, True, True)
-        return _binary(operator.truediv, self, a)
+        return _scaling(self, a, operator.truediv, 4)
 
     def __rtruediv__(self, a):
-        if self._sf and (type(a) is float or type(a) is int):
-            return _f8_binary(operator.truediv, 4, a, self, False, True)
-        return _binary(operator.truediv, a, self)
+        return _rscaling(self, a, operator.truediv, 4)
+
+
+def _scaling(self: "SharedVar", a: Any, fn, code: int) -> "SharedVar":
+    """``self * a`` / ``self / a``: a float/int ``a`` is a uniform operand, a shared one is local arithmetic."""
+    if self._sf:
+        ta = type(a)
+        if ta is float or ta is int:
+            return _f8_binary(fn, code, self, a, True, False)
+        if (ta is _LazyF8 or ta is SharedVar) and a._sf:
+            return _f8_binary(fn, code, self, a, True, True)
+    return _binary(fn, self, a)
+
+
+def _rscaling(self: "SharedVar", a: Any, fn, code: int) -> "SharedVar":
+    """``a * self`` / ``a / self`` for a non-shared ``a`` (a uniform operand)."""
+    if self._sf and (type(a) is float or type(a) is int):
+        return _f8_binary(fn, code, a, self, False, True)
+    return _binary(fn, a, self)
 
 
 class SharedVar(_core.VarBase if _core is not None else _PyVarBase):  # type: ignore[misc]
