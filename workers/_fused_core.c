@@ -39,7 +39,8 @@ static long long g_next_id = 0;
 static long long g_seq = 0, g_threshold = 1 << 17, g_chan = 0, g_size = 1;
 static int g_ready = 0;
 static PyObject *g_preq;                          /* size class -> persistent MPI_SUM request */
-static Py_buffer g_fbuf;                          /* the fusion buffer (engine._buf), held */                  /* FusionEngine.next_id (creation order = identity) */
+static Py_buffer g_fbuf;                          /* the fusion buffer (engine._buf), held */
+static Py_buffer g_trview;                        /* the tracer's record buffer, held while it is current */                  /* FusionEngine.next_id (creation order = identity) */
 /* the compiled force point (fuse) */
 static PyObject *g_batch_type, *g_tracing, *g_empty_list, *g_same_signature;
 static long g_kind_fused, g_spin = 64;
@@ -1053,19 +1054,23 @@ static int trace_fused(long long tag, long long nbytes, long long t0, long long 
         rc = -1;
         goto out;
     }
-    Py_buffer view;
-    if (PyObject_GetBuffer(buf, &view, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) {
-        Py_DECREF(buf);
-        rc = -1;
-        goto out;
+    if (buf != g_trview.obj) {   /* a new tracer or a grown buffer: export it once */
+        Py_buffer view;
+        if (PyObject_GetBuffer(buf, &view, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) {
+            Py_DECREF(buf);
+            rc = -1;
+            goto out;
+        }
+        if (g_trview.obj)
+            PyBuffer_Release(&g_trview);
+        g_trview = view;
     }
-    if ((long long)view.len >= (n + 1) * 11 * 8) {
-        long long *row = (long long *)view.buf + n * 11;
+    Py_DECREF(buf);
+    if ((long long)g_trview.len >= (n + 1) * 11 * 8) {
+        long long *row = (long long *)g_trview.buf + n * 11;
         row[0] = g_kind_fused; row[1] = 0; row[2] = -1; row[3] = tag; row[4] = nbytes; row[5] = t0; row[6] = t1;
         row[7] = -1; row[8] = seq; row[9] = chan; row[10] = count;
     }
-    PyBuffer_Release(&view);
-    Py_DECREF(buf);
     PyObject *nn = PyLong_FromLongLong(n + 1);
     if (!nn || PyObject_SetAttr(tr, s_n, nn) < 0)
         rc = -1;
