@@ -42,6 +42,7 @@ from .schemas import PoolCreate, PoolInfo
 
 RECONCILE_S = 2.0
 INTERRUPT_GRACE_S = 10.0
+OUTPUT_WAIT_S = 10.0   # at most this long for a finished job's last output messages
 START_TIMEOUT_S = 120.0
 _LIVE = ("starting", "running", "stopping")
 
@@ -270,6 +271,9 @@ class PoolManager:
                 self._end(pool_id, "failed", f"{exc}; the pool was ended")
                 return PoolJobResult("cancelled" if outcome == "cancelled" else "completed",
                                      [None] * len(ranks), f"{exc}; pool {pool_id} was ended")
+            # the result can arrive before the last output messages (another channel): wait for
+            # the engines' output to be complete so no printed line is lost from the logs
+            ar.wait_for_output(OUTPUT_WAIT_S)
             self._append_output(ar, log_dir, written)
             codes: List[Optional[int]] = []
             errors: List[str] = []
