@@ -24,15 +24,15 @@ static PyObject *g_engine;                        /* the FusionEngine (set_engin
 static PyObject *g_batch;                         /* engine.batch, kept current by set_batch() */
 static PyObject *g_reset, *g_iadd, *g_isub, *g_float;
 static PyObject *g_ops[8];                        /* add radd sub rsub mul rmul truediv rtruediv */
-static PyObject *g_force, *g_ensure_done, *g_eval, *g_snap, *g_f8_binary_py;
+static PyObject *g_force, *g_eval, *g_snap, *g_f8_binary_py;
 static PyTypeObject *g_shared_t, *g_lazy_t;
 #define BatchCheck(o) ((PyObject *)Py_TYPE(o) == g_batch_type || PyObject_TypeCheck((o), &BatchType))
 static PyObject *g_fast_types;                    /* tuple of types taken as real numbers */
 static PyObject *g_f8, *g_nan_key, *g_nod, *g_nol;
 static PyObject *g_fn[4];                         /* operator.add sub mul truediv */
 static Py_ssize_t g_log_cap = 4096;
-static PyObject *s_batch, *s_next_id, *s_flush, *s_fold;
-static PyObject *k_zero, *k_one, *k_minus1, *k_minus7, *k_empty, *k_fzero;
+static PyObject *s_flush, *s_fold;
+static PyObject *k_zero, *k_minus1, *k_minus7, *k_empty, *k_fzero;
 static int g_bound = 0;
 static long long g_next_id = 0;
 /* the engine's force-point state (FusionEngine._sync_core; seq and _ready are properties on these) */
@@ -1474,7 +1474,7 @@ static PyObject *py_bind(PyObject *mod, PyObject *args, PyObject *kw)
         return NULL;
     }
     if (take(kw, "reset", &g_reset) || take(kw, "iadd", &g_iadd) || take(kw, "isub", &g_isub) ||
-        take(kw, "float", &g_float) || take(kw, "force", &g_force) || take(kw, "ensure_done", &g_ensure_done) ||
+        take(kw, "float", &g_float) || take(kw, "force", &g_force) ||
         take(kw, "eval", &g_eval) || take(kw, "snap", &g_snap) || take(kw, "f8_binary", &g_f8_binary_py) || take(kw, "fast_types", &g_fast_types) ||
         take(kw, "f8", &g_f8) || take(kw, "nan_key", &g_nan_key) || take(kw, "nod", &g_nod) ||
         take(kw, "nol", &g_nol) || take(kw, "ops", &ops) || take(kw, "fns", &fns) || take(kw, "shared", &st) ||
@@ -1550,8 +1550,6 @@ PyMODINIT_FUNC PyInit__fused_core(void)
     if (PyType_Ready(&BatchType) < 0 || PyType_Ready(&DerivedType) < 0 || PyType_Ready(&VarType) < 0 ||
         PyType_Ready(&WordsType) < 0)
         return NULL;
-    s_batch = PyUnicode_InternFromString("batch");
-    s_next_id = PyUnicode_InternFromString("next_id");
     s_flush = PyUnicode_InternFromString("flush");
     s_fold = PyUnicode_InternFromString("fold");
     s_batch_ = PyUnicode_InternFromString("_batch");
@@ -1567,12 +1565,11 @@ PyMODINIT_FUNC PyInit__fused_core(void)
         !s_enabled || !s_pend || !s_n || !s_cap || !s_buf || !s_Start || !s_Test)
         return NULL;
     k_zero = PyLong_FromLong(0);
-    k_one = PyLong_FromLong(1);
     k_minus1 = PyLong_FromLong(-1);
     k_minus7 = PyLong_FromLong(-7);
     k_empty = PyTuple_New(0);
     k_fzero = PyFloat_FromDouble(0.0);
-    if (!s_batch || !s_next_id || !s_flush || !s_fold || !k_zero || !k_one || !k_minus1 || !k_minus7 || !k_empty || !k_fzero)
+    if (!s_flush || !s_fold || !k_zero || !k_minus1 || !k_minus7 || !k_empty || !k_fzero)
         return NULL;
     PyObject *m = PyModule_Create(&moduledef);
     if (!m)

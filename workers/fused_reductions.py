@@ -1021,30 +1021,7 @@ def _eval(node) -> Any:
         if v is None:
             args = node.args
             if len(args) == 2:
-                x, y = args
-                t = type(x)
-                if t is tuple:
-                    xb, bb, i = x
-                    if not bb.done:
-                        _force(bb)
-                    x = xb + bb.res[0][i]
-                elif t is _Derived:
-                    xv = x.value
-                    x = xv if xv is not None else _eval(x)
-                elif t is _Snap:
-                    x = _eval(x)
-                t = type(y)
-                if t is tuple:
-                    yb, bb, i = y
-                    if not bb.done:
-                        _force(bb)
-                    y = yb + bb.res[0][i]
-                elif t is _Derived:
-                    yv = y.value
-                    y = yv if yv is not None else _eval(y)
-                elif t is _Snap:
-                    y = _eval(y)
-                v = node.fn(x, y)
+                v = node.fn(_arg(args[0]), _arg(args[1]))
             else:
                 v = node.fn(*[_arg(a) for a in args])
             if type(v) is not float or node.cast is not float:
@@ -2117,8 +2094,7 @@ if _core is not None:
                float=_PyVarBase.__float__,
                ops=(_PyVarBase.__add__, _PyVarBase.__radd__, _PyVarBase.__sub__, _PyVarBase.__rsub__,
                     _PyVarBase.__mul__, _PyVarBase.__rmul__, _PyVarBase.__truediv__, _PyVarBase.__rtruediv__),
-               fns=(operator.add, operator.sub, operator.mul, operator.truediv), force=_force,
-               ensure_done=_ensure_done, eval=_eval, snap=_Snap, f8_binary=_f8_binary_py, shared=SharedVar,
+               fns=(operator.add, operator.sub, operator.mul, operator.truediv), force=_force, eval=_eval, snap=_Snap, f8_binary=_f8_binary_py, shared=SharedVar,
                lazy=_LazyF8, fast_types=tuple(_REAL_FAST), f8=_F8, nan_key=_NAN_KEY, nod=_NOD, nol=_NOL,
                log_cap=_LOG_CAP, batch_type=_Batch, tracing=_tracing, empty_list=_EMPTY,
                same_signature=_same_signature, kind_fused=K_FUSED, spin=_SPIN)
