@@ -2094,7 +2094,8 @@ if _core is not None:
                float=_PyVarBase.__float__,
                ops=(_PyVarBase.__add__, _PyVarBase.__radd__, _PyVarBase.__sub__, _PyVarBase.__rsub__,
                     _PyVarBase.__mul__, _PyVarBase.__rmul__, _PyVarBase.__truediv__, _PyVarBase.__rtruediv__),
-               fns=(operator.add, operator.sub, operator.mul, operator.truediv), force=_force, eval=_eval, snap=_Snap, f8_binary=_f8_binary_py, shared=SharedVar,
+               fns=(operator.add, operator.sub, operator.mul, operator.truediv), force=_force, eval=_eval,
+               snap=_Snap, f8_binary=_f8_binary_py, shared=SharedVar,
                lazy=_LazyF8, fast_types=tuple(_REAL_FAST), f8=_F8, nan_key=_NAN_KEY, nod=_NOD, nol=_NOL,
                log_cap=_LOG_CAP, batch_type=_Batch, tracing=_tracing, empty_list=_EMPTY,
                same_signature=_same_signature, kind_fused=K_FUSED, spin=_SPIN)
