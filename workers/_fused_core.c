@@ -32,7 +32,7 @@ static PyObject *g_f8, *g_nan_key, *g_nod, *g_nol;
 static PyObject *g_fn[4];                         /* operator.add sub mul truediv */
 static Py_ssize_t g_log_cap = 4096;
 static PyObject *s_flush, *s_fold;
-static PyObject *k_zero, *k_minus1, *k_minus7, *k_empty, *k_fzero;
+static PyObject *k_zero, *k_minus1, *k_minus7, *k_empty, *k_fzero, *k_seed;
 static int g_bound = 0;
 static long long g_next_id = 0;
 /* the engine's force-point state (FusionEngine._sync_core; seq and _ready are properties on these) */
@@ -45,8 +45,17 @@ static Py_buffer g_trview;                        /* the tracer's record buffer,
 static PyObject *g_batch_type, *g_tracing, *g_empty_list, *g_same_signature;
 static long g_kind_fused, g_spin = 64;
 static long long g_m20a = (1 << 20) - 3, g_m20b = (1 << 20) - 5;
-static PyObject *s_batch_, *s_TRACER, *s_enabled,
-    *s_pend, *s_n, *s_cap, *s_buf, *s_Start, *s_Test;
+#define HEADER_WORDS 4                            /* fused_reductions.HEADER: the signature words */
+/* MPI_Start / MPI_Test of the library mpi4py loaded, called directly (set_mpi); NULL: through mpi4py */
+typedef int (*mpi_start_fn)(void *request);
+typedef int (*mpi_test_fn)(void *request, int *flag, void *status);
+typedef void *(*request_get_fn)(PyObject *request);   /* mpi4py's C API PyMPIRequest_Get */
+static mpi_start_fn g_mpi_start;
+static mpi_test_fn g_mpi_test;
+static request_get_fn g_request_get;
+static PyObject *g_mpi_exception;                 /* mpi4py.MPI.Exception: made from an error code */
+static long long g_status[32];                    /* room for an MPI_Status of any ABI (the result is ignored) */
+static PyObject *s_batch_, *s_TRACER, *s_Start, *s_Test;
 
 enum { OP_ADD, OP_RADD, OP_SUB, OP_RSUB, OP_MUL, OP_RMUL, OP_DIV, OP_RDIV };
 
@@ -119,12 +128,12 @@ static int batch_fill(BatchObject *self, Py_ssize_t threshold)
                         "nbmpi.workers.fused_reductions first");
         return -1;
     }
-    PyObject *f8 = PyList_New(4), *log = PyList_New(0), *sig = PyLong_FromLong(0x5EED);
+    PyObject *f8 = PyList_New(HEADER_WORDS), *log = PyList_New(0), *sig = Py_NewRef(k_seed);
     if (!f8 || !log || !sig) {
         Py_XDECREF(f8); Py_XDECREF(log); Py_XDECREF(sig);
         return -1;
     }
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < HEADER_WORDS; i++) {
         Py_INCREF(k_fzero);
         PyList_SET_ITEM(f8, i, k_fzero);
     }
@@ -302,6 +311,7 @@ typedef struct {
     PyObject_HEAD
     PyObject *id, *dtype, *shape, *kind, *base, *entries, *ob, *oi, *oop, *oblk, *init, *cast, *lastb, *sf,
         *ksum, *name;
+    long long cid;   /* the id as a C number when `id` is not made yet (-1: none); see var_get_id */
 } VarObject;
 
 static PyTypeObject VarType;
@@ -354,6 +364,12 @@ static inline int var_ready(VarObject *v)
 {
     return v->sf == Py_True && v->entries && PyTuple_CheckExact(v->entries) && v->base && v->ob && v->oi &&
         v->oop && v->ksum && v->lastb;
+}
+
+/* fields shared arithmetic and float() read (a lazy result has only these until filled) */
+static inline int var_operand_ready(VarObject *v)
+{
+    return v->sf == Py_True && v->entries && PyTuple_CheckExact(v->entries) && v->base;
 }
 
 static inline int is_fast_type(PyTypeObject *t)
@@ -471,6 +487,13 @@ static PyObject *var_fast_sum(VarObject *self, PyObject *a)
     double v = PyFloat_AsDouble(a);
     if (v == -1.0 && PyErr_Occurred())
         return NULL;
+    if (!var_ready(self) && self->sf == Py_True) {
+        /* a lazy result: reading a missing field makes _LazyF8.__getattr__ fill them all */
+        PyObject *k = PyObject_GetAttrString((PyObject *)self, "_ksum");
+        if (!k)
+            return NULL;
+        Py_DECREF(k);
+    }
     if (!var_ready(self)) {
         PyErr_SetString(PyExc_TypeError, "_fast_sum needs a float64 scalar shared variable");
         return NULL;
@@ -807,36 +830,19 @@ static int f8_operand(PyObject *x, int is_shared, int code, PyObject **val, int 
     return *val ? 0 : -1;
 }
 
+/* A new float64 scalar shared result: as the Python reference (_f8_binary), only the id,
+   base, entries and the float64-scalar flag are set; _LazyF8.__getattr__ fills the other
+   fields with their defaults if anything reads them. The id is made as a Python int only
+   when read (var_get_id). */
 static PyObject *new_lazy(PyObject *base)
 {
-    long long vid = g_next_id++;
-    PyObject *nid = PyLong_FromLongLong(vid), *ksum = nid ? PyLong_FromLongLong(vid << 3) : NULL;
-    if (!ksum) {
-        Py_XDECREF(nid);
-        return NULL;
-    }
     VarObject *r = (VarObject *)g_lazy_t->tp_alloc(g_lazy_t, 0);
-    if (!r) {
-        Py_DECREF(nid);
-        Py_DECREF(ksum);
+    if (!r)
         return NULL;
-    }
-    r->id = nid;
-    r->ksum = ksum;
+    r->cid = g_next_id++;
     set_field(&r->base, base);
     set_field(&r->entries, k_empty);
     set_field(&r->sf, Py_True);
-    set_field(&r->name, Py_None);
-    set_field(&r->dtype, g_f8);
-    set_field(&r->shape, k_empty);
-    set_field(&r->kind, k_zero);
-    set_field(&r->ob, Py_None);
-    set_field(&r->oi, k_zero);
-    set_field(&r->oop, k_minus1);
-    set_field(&r->oblk, k_zero);
-    set_field(&r->lastb, Py_None);
-    set_field(&r->cast, (PyObject *)&PyFloat_Type);
-    set_field(&r->init, Py_None);
     return (PyObject *)r;
 }
 
@@ -883,8 +889,7 @@ done:
     return res;
 }
 
-#define SHAREDF8(o) ((Py_TYPE(o) == g_lazy_t || Py_TYPE(o) == g_shared_t) && ((VarObject *)(o))->sf == Py_True && \
-                     var_ready((VarObject *)(o)))
+#define SHAREDF8(o) ((Py_TYPE(o) == g_lazy_t || Py_TYPE(o) == g_shared_t) && var_operand_ready((VarObject *)(o)))
 #define UNIFORM(o) (Py_TYPE(o) == &PyFloat_Type || Py_TYPE(o) == &PyLong_Type)
 
 /* x + y, x - y: fast only for two float64 scalar shared operands (a local operand is a contribution) */
@@ -893,7 +898,7 @@ static PyObject *additive(PyObject *x, PyObject *y, int code, int op, int rop)
     if (!g_bound)
         Py_RETURN_NOTIMPLEMENTED;
     if (VarCheck(x)) {
-        if (VarCheck(y) && ((VarObject *)x)->sf == Py_True && var_ready((VarObject *)x) && SHAREDF8(y))
+        if (VarCheck(y) && var_operand_ready((VarObject *)x) && SHAREDF8(y))
             return f8_binary(g_fn[code - 1], code, x, y, 1, 1);
         return call2(g_ops[op], x, y);
     }
@@ -909,7 +914,7 @@ static PyObject *scaling(PyObject *x, PyObject *y, int code, int op, int rop)
         Py_RETURN_NOTIMPLEMENTED;
     if (VarCheck(x)) {
         VarObject *X = (VarObject *)x;
-        if (X->sf == Py_True && var_ready(X)) {
+        if (var_operand_ready(X)) {
             if (UNIFORM(y))
                 return f8_binary(g_fn[code - 1], code, x, y, 1, 0);
             if (SHAREDF8(y))
@@ -920,7 +925,7 @@ static PyObject *scaling(PyObject *x, PyObject *y, int code, int op, int rop)
     if (!VarCheck(y))
         Py_RETURN_NOTIMPLEMENTED;
     VarObject *Y = (VarObject *)y;
-    if (Y->sf == Py_True && var_ready(Y) && UNIFORM(x))
+    if (var_operand_ready(Y) && UNIFORM(x))
         return f8_binary(g_fn[code - 1], code, x, y, 0, 1);
     return call2(g_ops[rop], y, x);
 }
@@ -952,9 +957,52 @@ static PyMethodDef var_methods[] = {
     {NULL}
 };
 
+static PyObject *var_get_id(VarObject *self, void *closure)
+{
+    if (!self->id) {
+        if (self->cid < 0) {
+            PyErr_SetString(PyExc_AttributeError, "_id");
+            return NULL;
+        }
+        if (!(self->id = PyLong_FromLongLong(self->cid)))
+            return NULL;
+    }
+    return Py_NewRef(self->id);
+}
+
+static int var_set_id(VarObject *self, PyObject *v, void *closure)
+{
+    long long c = -1;
+    if (v && PyLong_CheckExact(v)) {
+        c = PyLong_AsLongLong(v);
+        if (c == -1 && PyErr_Occurred()) {
+            PyErr_Clear();
+            c = -1;
+        }
+    }
+    Py_XINCREF(v);
+    Py_XSETREF(self->id, v);
+    self->cid = v ? c : -1;
+    return 0;
+}
+
+static PyGetSetDef var_getset[] = {
+    {"_id", (getter)var_get_id, (setter)var_set_id, "The variable's id (creation order; the same on every rank).",
+     NULL},
+    {NULL}
+};
+
+static PyObject *var_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    VarObject *self = (VarObject *)PyType_GenericNew(type, args, kwds);
+    if (self)
+        self->cid = -1;
+    return (PyObject *)self;
+}
+
 #define VM(name, field) {name, T_OBJECT_EX, offsetof(VarObject, field), 0, NULL}
 static PyMemberDef var_members[] = {
-    VM("_id", id), VM("dtype", dtype), VM("shape", shape), VM("_kind", kind), VM("_base", base),
+    VM("dtype", dtype), VM("shape", shape), VM("_kind", kind), VM("_base", base),
     VM("_entries", entries), VM("_ob", ob), VM("_oi", oi), VM("_oop", oop), VM("_oblk", oblk),
     VM("_init", init), VM("_cast", cast), VM("_lastb", lastb), VM("_sf", sf), VM("_ksum", ksum),
     VM("name", name),
@@ -973,24 +1021,11 @@ static PyTypeObject VarType = {
     .tp_as_number = &var_as_number,
     .tp_methods = var_methods,
     .tp_members = var_members,
-    .tp_new = PyType_GenericNew,
+    .tp_getset = var_getset,
+    .tp_new = var_new,
 };
 
 /* ------------------------------------------------------------------ the compiled force point */
-static long long attr_ll(PyObject *o, PyObject *name, int *err)
-{
-    PyObject *v = PyObject_GetAttr(o, name);
-    if (!v) {
-        *err = 1;
-        return 0;
-    }
-    long long x = PyLong_AsLongLong(v);
-    Py_DECREF(v);
-    if (x == -1 && PyErr_Occurred())
-        *err = 1;
-    return x;
-}
-
 static Py_ssize_t size_class(Py_ssize_t words)   /* fused_reductions._size_class */
 {
     if (words <= 16)
@@ -1015,69 +1050,89 @@ static long long now_ns(void)   /* time.perf_counter_ns() on Linux: CLOCK_MONOTO
     return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
+/* The tracer's slots (tracing.Tracer has __slots__): read and written at their offsets,
+   as the slot descriptors do, without an attribute lookup per field. */
+static PyTypeObject *g_tracer_t;                  /* tracing.Tracer */
+static PyObject *g_tracing_dict;                  /* tracing.__dict__ (holds _TRACER) */
+static Py_ssize_t off_enabled, off_pend, off_n, off_cap, off_buf;
+#define SLOT(o, off) (*(PyObject **)((char *)(o) + (off)))
+
+static int slot_offset(PyTypeObject *t, const char *name, Py_ssize_t *off)
+{
+    PyObject *d = PyDict_GetItemString(t->tp_dict, name);
+    if (!d || Py_TYPE(d) != &PyMemberDescr_Type || ((PyMemberDescrObject *)d)->d_member->type != T_OBJECT_EX) {
+        PyErr_Format(PyExc_TypeError, "bind(): %s.%s is not a __slots__ field", t->tp_name, name);
+        return -1;
+    }
+    *off = ((PyMemberDescrObject *)d)->d_member->offset;
+    return 0;
+}
+
+static int bind_tracer(PyObject *tracing)
+{
+    PyObject *t = PyObject_GetAttrString(tracing, "Tracer");
+    if (!t)
+        return -1;
+    if (!PyType_Check(t) || slot_offset((PyTypeObject *)t, "enabled", &off_enabled) ||
+        slot_offset((PyTypeObject *)t, "pend", &off_pend) || slot_offset((PyTypeObject *)t, "n", &off_n) ||
+        slot_offset((PyTypeObject *)t, "cap", &off_cap) || slot_offset((PyTypeObject *)t, "buf", &off_buf)) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_TypeError, "bind(): tracing.Tracer is not a type");
+        Py_DECREF(t);
+        return -1;
+    }
+    Py_XSETREF(g_tracer_t, (PyTypeObject *)t);
+    set_field(&g_tracing_dict, PyModule_GetDict(tracing));
+    return g_tracing_dict ? 0 : -1;
+}
+
 /* one trace record of the fused collective (Tracer.record semantics: flushes deferred records first) */
 static int trace_fused(long long tag, long long nbytes, long long t0, long long t1, long long seq, long long chan,
                        long long count)
 {
-    PyObject *tr = PyObject_GetAttr(g_tracing, s_TRACER);
+    PyObject *tr = PyDict_GetItemWithError(g_tracing_dict, s_TRACER);   /* borrowed */
     if (!tr)
-        return -1;
-    int rc = 0;
+        return PyErr_Occurred() ? -1 : 0;
     if (tr == Py_None)
-        goto out;
-    PyObject *en = PyObject_GetAttr(tr, s_enabled);
-    if (!en) {
-        rc = -1;
-        goto out;
+        return 0;
+    PyObject *en = SLOT(tr, off_enabled), *pend = SLOT(tr, off_pend), *pn = SLOT(tr, off_n), *pc = SLOT(tr, off_cap),
+             *buf = SLOT(tr, off_buf);
+    if (Py_TYPE(tr) != g_tracer_t || en != Py_True || !pend || !PyLong_CheckExact(pend) || !pn ||
+        !PyLong_CheckExact(pn) || !pc || !PyLong_CheckExact(pc) || !buf) {
+        if (Py_TYPE(tr) == g_tracer_t && en == Py_False)
+            return 0;
+        goto python;   /* anything unusual: the Python method decides */
     }
-    int on = PyObject_IsTrue(en);
-    Py_DECREF(en);
-    if (on <= 0) {
-        rc = on;
-        goto out;
-    }
-    int err = 0;
-    long long pend = attr_ll(tr, s_pend, &err), n = attr_ll(tr, s_n, &err), cap = attr_ll(tr, s_cap, &err);
-    if (err) {
-        rc = -1;
-        goto out;
-    }
-    if (pend || n >= cap) {   /* the Python method flushes / grows / counts a drop */
-        PyObject *r = PyObject_CallMethod(tr, "record", "lllLLLLLLLL", g_kind_fused, 0L, -1L, tag, nbytes, t0, t1,
-                                          -1LL, seq, chan, count);
-        rc = r ? 0 : -1;
-        Py_XDECREF(r);
-        goto out;
-    }
-    PyObject *buf = PyObject_GetAttr(tr, s_buf);
-    if (!buf) {
-        rc = -1;
-        goto out;
-    }
+    long long n = PyLong_AsLongLong(pn), cap = PyLong_AsLongLong(pc);
+    if (PyErr_Occurred())
+        return -1;
+    if (!is_small(pend, 0) || n >= cap)   /* the Python method flushes / grows / counts a drop */
+        goto python;
     if (buf != g_trview.obj) {   /* a new tracer or a grown buffer: export it once */
         Py_buffer view;
-        if (PyObject_GetBuffer(buf, &view, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) {
-            Py_DECREF(buf);
-            rc = -1;
-            goto out;
-        }
+        if (PyObject_GetBuffer(buf, &view, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0)
+            return -1;
         if (g_trview.obj)
             PyBuffer_Release(&g_trview);
         g_trview = view;
     }
-    Py_DECREF(buf);
-    if ((long long)g_trview.len >= (n + 1) * 11 * 8) {
-        long long *row = (long long *)g_trview.buf + n * 11;
-        row[0] = g_kind_fused; row[1] = 0; row[2] = -1; row[3] = tag; row[4] = nbytes; row[5] = t0; row[6] = t1;
-        row[7] = -1; row[8] = seq; row[9] = chan; row[10] = count;
-    }
+    if ((long long)g_trview.len < (n + 1) * 11 * 8)
+        goto python;
+    long long *row = (long long *)g_trview.buf + n * 11;
+    row[0] = g_kind_fused; row[1] = 0; row[2] = -1; row[3] = tag; row[4] = nbytes; row[5] = t0; row[6] = t1;
+    row[7] = -1; row[8] = seq; row[9] = chan; row[10] = count;
     PyObject *nn = PyLong_FromLongLong(n + 1);
-    if (!nn || PyObject_SetAttr(tr, s_n, nn) < 0)
-        rc = -1;
-    Py_XDECREF(nn);
-out:
-    Py_DECREF(tr);
-    return rc;
+    if (!nn)
+        return -1;
+    Py_SETREF(SLOT(tr, off_n), nn);
+    return 0;
+python:
+    {
+        PyObject *r = PyObject_CallMethod(tr, "record", "lllLLLLLLLL", g_kind_fused, 0L, -1L, tag, nbytes, t0, t1,
+                                          -1LL, seq, chan, count);
+        Py_XDECREF(r);
+        return r ? 0 : -1;
+    }
 }
 
 /* the current exception as one object (Python 3.11 API) / raise it again */
@@ -1114,6 +1169,63 @@ static PyObject *fuse_failed(PyObject *engine, PyObject *b, Py_ssize_t L)
     return NULL;
 }
 
+/* hash() of a tuple whose items hash to lanes[0..n-1]: CPython's tuplehash (xxHash-based,
+   Objects/tupleobject.c), so the value equals Python's hash(tuple(...)) */
+#if SIZEOF_PY_UHASH_T > 4
+#define XXPRIME_1 ((Py_uhash_t)11400714785074694791ULL)
+#define XXPRIME_2 ((Py_uhash_t)14029467366897019727ULL)
+#define XXPRIME_5 ((Py_uhash_t)2870177450012600261ULL)
+#define XXROTATE(x) ((x << 31) | (x >> 33))
+#else
+#define XXPRIME_1 ((Py_uhash_t)2654435761UL)
+#define XXPRIME_2 ((Py_uhash_t)2246822519UL)
+#define XXPRIME_5 ((Py_uhash_t)374761393UL)
+#define XXROTATE(x) ((x << 13) | (x >> 19))
+#endif
+static inline Py_uhash_t lane_add(Py_uhash_t acc, Py_uhash_t lane)
+{
+    acc += lane * XXPRIME_2;
+    acc = XXROTATE(acc);
+    return acc * XXPRIME_1;
+}
+
+static inline Py_hash_t lanes_final(Py_uhash_t acc, Py_ssize_t n)
+{
+    acc += n ^ (XXPRIME_5 ^ 3527539UL);
+    return acc == (Py_uhash_t)-1 ? 1546275796 : (Py_hash_t)acc;
+}
+
+/* hash((b.sig, L, tuple(b.log))) without building the tuples */
+static Py_hash_t signature_hash(BatchObject *b, Py_ssize_t L)
+{
+    PyObject *log = b->log;
+    Py_ssize_t n = PyList_GET_SIZE(log);
+    Py_uhash_t inner = XXPRIME_5;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_hash_t h = PyObject_Hash(PyList_GET_ITEM(log, i));
+        if (h == -1)
+            return -1;
+        inner = lane_add(inner, (Py_uhash_t)h);
+    }
+    Py_hash_t hs = PyObject_Hash(b->sig);
+    if (hs == -1)
+        return -1;
+    Py_uhash_t acc = lane_add(XXPRIME_5, (Py_uhash_t)hs);
+    acc = lane_add(acc, (Py_uhash_t)L);          /* hash(L) == L for 0 <= L < 2**61 - 1 */
+    acc = lane_add(acc, (Py_uhash_t)lanes_final(inner, n));
+    return lanes_final(acc, 3);
+}
+
+/* raise mpi4py.MPI.Exception(ierr), as mpi4py does for a failed call */
+static void mpi_error(int ierr)
+{
+    PyObject *e = PyObject_CallFunction(g_mpi_exception, "i", ierr);
+    if (e) {
+        PyErr_SetObject((PyObject *)Py_TYPE(e), e);
+        Py_DECREF(e);
+    }
+}
+
 /* fuse(engine, b): FusionEngine.flush's hot path (only float64 scalar sums pending) in C.
    Returns the number of variables resolved, or None if the Python path must run (no
    buffer or persistent request of this size class yet). Same steps as the Python code:
@@ -1148,31 +1260,19 @@ static PyObject *py_fuse(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
             goto fail_early;
         set_field(&g_batch, nb);
     }
-    /* signature words: hash((b.sig, L, tuple(b.log))) as in the Python path */
+    /* signature words: hash((b.sig, L, tuple(b.log))) as in the Python path, written straight
+       into the buffer (words 0..3; the list's header words are not read after a fusion) */
     {
-        PyObject *lt = PyList_AsTuple(b->log);
-        PyObject *pl = lt ? PyLong_FromSsize_t(L) : NULL;
-        PyObject *t = pl ? PyTuple_Pack(3, b->sig, pl, lt) : NULL;
-        Py_XDECREF(lt);
-        Py_XDECREF(pl);
-        if (!t)
-            goto fail;
-        Py_hash_t h = PyObject_Hash(t);
-        Py_DECREF(t);
+        Py_hash_t h = signature_hash(b, L);
         if (h == -1 && PyErr_Occurred())
             goto fail;
         double h1 = (double)(floor_mod(h, g_m20a) + 1), h2 = (double)(floor_mod(h >> 20, g_m20b) + 1);
-        double hv[4] = {h1, h1 * h1, h2, h2 * h2};
-        for (int k = 0; k < 4; k++) {
-            PyObject *x = PyFloat_FromDouble(hv[k]);
-            if (!x)
-                goto fail;
-            PyList_SetItem(f8, k, x);
-        }
+        double *d = (double *)view->buf;
+        d[0] = h1; d[1] = h1 * h1; d[2] = h2; d[3] = h2 * h2;
     }
     {
         double *d = (double *)view->buf;
-        for (Py_ssize_t i = 0; i < n1; i++) {
+        for (Py_ssize_t i = HEADER_WORDS; i < n1; i++) {
             PyObject *o = PyList_GET_ITEM(f8, i);
             double x = PyFloat_CheckExact(o) ? PyFloat_AS_DOUBLE(o) : PyFloat_AsDouble(o);
             if (x == -1.0 && PyErr_Occurred())
@@ -1182,19 +1282,34 @@ static PyObject *py_fuse(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     }
     long long t0 = now_ns();
     {
-        PyObject *r = PyObject_CallMethodNoArgs(req, s_Start);
-        if (!r)
-            goto fail_mpi;
-        Py_DECREF(r);
         int done = 0;
-        for (long k = 0; k <= g_spin && !done; k++) {
-            r = PyObject_CallMethodNoArgs(req, s_Test);
+        PyObject *r;
+        if (g_mpi_start) {   /* straight into the MPI library: no Python call, no GIL release */
+            void *h = g_request_get(req);
+            if (!h)
+                goto fail_mpi;
+            int ierr = g_mpi_start(h);
+            for (long k = 0; !ierr && k <= g_spin && !done; k++)
+                ierr = g_mpi_test(h, &done, g_status);
+            if (ierr) {
+                mpi_error(ierr);
+                goto fail_mpi;
+            }
+        }
+        else {
+            r = PyObject_CallMethodNoArgs(req, s_Start);
             if (!r)
                 goto fail_mpi;
-            done = PyObject_IsTrue(r);
             Py_DECREF(r);
-            if (done < 0)
-                goto fail_mpi;
+            for (long k = 0; k <= g_spin && !done; k++) {
+                r = PyObject_CallMethodNoArgs(req, s_Test);
+                if (!r)
+                    goto fail_mpi;
+                done = PyObject_IsTrue(r);
+                Py_DECREF(r);
+                if (done < 0)
+                    goto fail_mpi;
+            }
         }
         if (!done) {   /* the interruptible wait with the timeout (raises a diagnosed error) */
             r = PyObject_CallMethod(engine, "_wait", "OOn", req, (PyObject *)b, L);
@@ -1304,8 +1419,8 @@ static PyObject *py_f8_binary(PyObject *mod, PyObject *const *args, Py_ssize_t n
     int sa = PyObject_IsTrue(args[4]), sb = PyObject_IsTrue(args[5]);
     if (sa < 0 || sb < 0)
         return NULL;
-    if ((sa && !(VarCheck(args[2]) && var_ready((VarObject *)args[2]))) ||
-        (sb && !(VarCheck(args[3]) && var_ready((VarObject *)args[3]))))
+    if ((sa && !(VarCheck(args[2]) && var_operand_ready((VarObject *)args[2]))) ||
+        (sb && !(VarCheck(args[3]) && var_operand_ready((VarObject *)args[3]))))
         return PyObject_Vectorcall(g_f8_binary_py, args, 6, NULL);   /* fields not all set: the Python path */
     return f8_binary(args[0], (int)code, args[2], args[3], sa, sb);
 }
@@ -1386,6 +1501,38 @@ static PyObject *py_set_state(PyObject *mod, PyObject *const *args, Py_ssize_t n
     g_threshold = thr;
     g_chan = chan;
     g_size = size;
+    Py_RETURN_NONE;
+}
+
+/* set_mpi(start, test, request_get, exception): addresses of MPI_Start and MPI_Test in the
+   MPI library mpi4py loaded, mpi4py's PyMPIRequest_Get capsule and mpi4py.MPI.Exception;
+   set_mpi(None) goes back to calling Start/Test through mpi4py. */
+static PyObject *py_set_mpi(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs == 1 && args[0] == Py_None) {
+        g_mpi_start = NULL;
+        g_mpi_test = NULL;
+        g_request_get = NULL;
+        Py_RETURN_NONE;
+    }
+    if (nargs != 4 || !PyLong_Check(args[0]) || !PyLong_Check(args[1]) || !PyCapsule_CheckExact(args[2]) ||
+        !PyType_Check(args[3])) {
+        PyErr_SetString(PyExc_TypeError, "set_mpi(start_address, test_address, PyMPIRequest_Get capsule, "
+                        "MPI.Exception) or set_mpi(None)");
+        return NULL;
+    }
+    void *start = PyLong_AsVoidPtr(args[0]), *test = PyLong_AsVoidPtr(args[1]);
+    void *get = PyCapsule_GetPointer(args[2], PyCapsule_GetName(args[2]));
+    if (PyErr_Occurred())
+        return NULL;
+    if (!start || !test || !get) {
+        PyErr_SetString(PyExc_ValueError, "set_mpi(): a null function address");
+        return NULL;
+    }
+    set_field(&g_mpi_exception, args[3]);
+    g_mpi_start = (mpi_start_fn)start;
+    g_mpi_test = (mpi_test_fn)test;
+    g_request_get = (request_get_fn)get;
     Py_RETURN_NONE;
 }
 
@@ -1480,7 +1627,7 @@ static PyObject *py_bind(PyObject *mod, PyObject *args, PyObject *kw)
         take(kw, "nol", &g_nol) || take(kw, "ops", &ops) || take(kw, "fns", &fns) || take(kw, "shared", &st) ||
         take(kw, "lazy", &lt) || take(kw, "log_cap", &cap) || take(kw, "batch_type", &g_batch_type) ||
         take(kw, "tracing", &g_tracing) || take(kw, "empty_list", &g_empty_list) ||
-        take(kw, "same_signature", &g_same_signature))
+        take(kw, "same_signature", &g_same_signature) || bind_tracer(g_tracing) < 0)
         goto fail;
     {
         PyObject *kf = PyDict_GetItemString(kw, "kind_fused"), *sp = PyDict_GetItemString(kw, "spin");
@@ -1528,6 +1675,8 @@ static PyMethodDef module_methods[] = {
      "ready([value]): FusionEngine._ready (connected, not broken, not strict: the fast force point may run)."},
     {"set_state", (PyCFunction)(void (*)(void))py_set_state, METH_FASTCALL,
      "set_state(buf, preq, threshold_words, chan, size): the engine state the compiled force point uses."},
+    {"set_mpi", (PyCFunction)(void (*)(void))py_set_mpi, METH_FASTCALL,
+     "set_mpi(start, test, request_get, exception): call MPI_Start/MPI_Test directly (set_mpi(None): via mpi4py)."},
     {"set_batch", py_set_batch, METH_O, "set_batch(batch): the engine's current batch, which the hot path fills."},
     {"pack", (PyCFunction)(void (*)(void))py_pack, METH_FASTCALL, "pack(words, buffer): buffer[:len(words)] = words."},
     {"unpack", (PyCFunction)(void (*)(void))py_unpack, METH_FASTCALL,
@@ -1554,22 +1703,18 @@ PyMODINIT_FUNC PyInit__fused_core(void)
     s_fold = PyUnicode_InternFromString("fold");
     s_batch_ = PyUnicode_InternFromString("_batch");
     s_TRACER = PyUnicode_InternFromString("_TRACER");
-    s_enabled = PyUnicode_InternFromString("enabled");
-    s_pend = PyUnicode_InternFromString("pend");
-    s_n = PyUnicode_InternFromString("n");
-    s_cap = PyUnicode_InternFromString("cap");
-    s_buf = PyUnicode_InternFromString("buf");
     s_Start = PyUnicode_InternFromString("Start");
     s_Test = PyUnicode_InternFromString("Test");
     if (!s_batch_ || !s_TRACER ||
-        !s_enabled || !s_pend || !s_n || !s_cap || !s_buf || !s_Start || !s_Test)
+        !s_Start || !s_Test)
         return NULL;
     k_zero = PyLong_FromLong(0);
     k_minus1 = PyLong_FromLong(-1);
     k_minus7 = PyLong_FromLong(-7);
     k_empty = PyTuple_New(0);
     k_fzero = PyFloat_FromDouble(0.0);
-    if (!s_flush || !s_fold || !k_zero || !k_minus1 || !k_minus7 || !k_empty || !k_fzero)
+    k_seed = PyLong_FromLong(0x5EED);   /* _Batch's initial signature */
+    if (!s_flush || !s_fold || !k_zero || !k_minus1 || !k_minus7 || !k_empty || !k_fzero || !k_seed)
         return NULL;
     PyObject *m = PyModule_Create(&moduledef);
     if (!m)

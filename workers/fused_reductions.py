@@ -158,7 +158,7 @@ import numpy as np
 from . import tracing as _tracing
 from . import waiting
 from .errors import CommTimeout, NbmpiError, SharedVariableError, SPMDDivergence
-from .runtime import MPI, default_timeout, world
+from .runtime import MPI, default_timeout, mpi_library_functions, world
 
 PURE_PYTHON_ENV = "NBMPI_PURE_PYTHON"
 _core: Any = None
@@ -527,6 +527,14 @@ class FusionEngine:
         self._op = m.Op.Create(_user_combine, commute=True)
         self._mpi = m
         self._sync_core()
+        if _core is not None:
+            # the compiled force point calls MPI_Start/MPI_Test itself (no Python call per poll)
+            fns = mpi_library_functions("MPI_Start", "MPI_Test")
+            capi = getattr(m, "__pyx_capi__", {}).get("PyMPIRequest_Get")
+            if fns and capi is not None:
+                _core.set_mpi(fns["MPI_Start"], fns["MPI_Test"], capi, m.Exception)
+            else:
+                _core.set_mpi(None)
         self._ready = not self._strict
 
     def _abandoned(self, what: str) -> Callable[[], None]:

@@ -16,7 +16,7 @@ creates the per-rank tracer and aligns its clock with rank 0's.
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Dict, Optional
 
 import mpi4py
 
@@ -50,6 +50,38 @@ def MPI() -> "_MPI":  # noqa: N802 - mirrors the module name
     from mpi4py import MPI as _m
 
     return _m
+
+
+def mpi_library_functions(*names: str) -> Optional[Dict[str, int]]:
+    """Addresses of the C functions ``names`` (e.g. ``"MPI_Test"``) in the MPI
+    library that mpi4py loaded, or None where they cannot be found.
+
+    For compiled code that calls MPI directly on handles it gets from mpi4py's
+    C API (the fused-reduction force point). Linux only: the library is found
+    among the process's mapped files (``/proc/self/maps``) and opened again
+    with ``RTLD_NOLOAD``, so it is exactly the one mpi4py uses. Initialises
+    MPI if needed. Local, no communication.
+    """
+    import ctypes
+    import re
+
+    MPI()
+    noload = getattr(os, "RTLD_NOLOAD", None)
+    if noload is None:
+        return None
+    try:
+        with open("/proc/self/maps") as f:
+            paths = sorted({line.split(None, 5)[5].strip() for line in f
+                            if re.search(r"/libmpi(_abi)?\.so[.\d]*\s*$", line)})
+    except (OSError, IndexError):
+        return None
+    for path in paths:
+        try:
+            lib = ctypes.CDLL(path, mode=noload | os.RTLD_LAZY)
+            return {n: ctypes.cast(getattr(lib, n), ctypes.c_void_p).value for n in names}
+        except (OSError, AttributeError):
+            continue
+    return None
 
 
 def world():
