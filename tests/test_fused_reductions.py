@@ -32,10 +32,13 @@ assert _fr.IMPLEMENTATION == _want, (_fr.IMPLEMENTATION, _want)
 # under both; the prelude asserts which one ran.
 IMPLS = [pytest.param(2, "compiled", id="2-compiled"), pytest.param(3, "compiled", id="3-compiled"),
          pytest.param(2, "python", id="2-python")]
+# the compiled force point calls MPI_Start/MPI_Test directly; NBMPI_DIRECT_MPI=0 goes through mpi4py
+IMPLS_MPI4PY = IMPLS + [pytest.param(2, "compiled-mpi4py", id="2-compiled-mpi4py")]
 
 
 def impl_env(impl: str, **extra) -> dict:
-    return {"NBMPI_PURE_PYTHON": "1" if impl == "python" else "0", **extra}
+    return {"NBMPI_PURE_PYTHON": "1" if impl == "python" else "0",
+            "NBMPI_DIRECT_MPI": "0" if impl == "compiled-mpi4py" else "1", **extra}
 
 ALL_OPS = PRELUDE + """
 s1 = shared(0.0); s2 = shared(0.0)
@@ -241,11 +244,13 @@ before = ncoll()
 m1 += float(r); m2.min_with(float(r)); m3 *= 2.0
 assert (float(m1), float(m2), float(m3)) == (S, 0.0, 2.0 ** P)
 assert ncoll() == before + 1
+# the compiled force point calls the MPI library directly unless NBMPI_DIRECT_MPI=0
+assert engine().direct_mpi == (_want == "compiled" and os.environ.get("NBMPI_DIRECT_MPI") != "0")
 print("OK", r)
 """
 
 
-@pytest.mark.parametrize("n,impl", IMPLS)
+@pytest.mark.parametrize("n,impl", IMPLS_MPI4PY)
 def test_float64_hot_paths(run_mpi, n, impl):
     proc = run_mpi(HOT_PATH, n=n, timeout=90, env=impl_env(impl))
     assert_ok(proc)
@@ -298,12 +303,57 @@ def test_absent_rank_is_a_timeout_not_a_divergence(run_mpi):
     assert proc.stdout.count("TIMEOUT") == 1 and proc.stdout.count("UNUSABLE") == 1, proc.stdout + proc.stderr
 
 
-@pytest.mark.parametrize("n,impl", IMPLS)
+@pytest.mark.parametrize("n,impl", IMPLS_MPI4PY)
 def test_spmd_divergence_raises_on_every_rank(run_mpi, n, impl):
     proc = run_mpi(DIVERGE, n=n, timeout=90, env=impl_env(impl, NBMPI_TIMEOUT="20"))
     assert_ok(proc)
     for word in ("DIVERGED", "AGAIN", "UNIFORM", "SIZES"):
         assert proc.stdout.count(word) == n, (word, proc.stdout, proc.stderr)
+
+
+MIXED = """
+import os, sys
+import numpy as np
+from mpi4py import MPI
+from nbmpi.workers import shared, flush, SPMDDivergence
+from nbmpi.workers import fused_reductions as fr
+comm = MPI.COMM_WORLD
+r, P = comm.Get_rank(), comm.Get_size()
+assert fr.IMPLEMENTATION == ("python" if r == 0 else "compiled"), (r, fr.IMPLEMENTATION)
+s1, s2, u = shared(0.0), shared(0.0), shared(2.5)
+N = 7
+for i in range(50):
+    s1.reset(); s2.reset()
+    s1 += float(r + i); s2 += 2.0; s2 -= float(i % 3)
+    got = float((s2 - s1 * s1 / N) / (N - 1) + u * 3)
+    S1 = sum(q + i for q in range(P)); S2 = P * (2.0 - i % 3)
+    assert abs(got - ((S2 - S1 * S1 / N) / (N - 1) + 7.5)) < 1e-9, (i, got)
+assert fr.engine().collectives == 50, fr.engine().collectives   # one per read (creation checks ride along)
+# a real difference is still found when the two implementations compute the signature
+x = shared(1.0)
+x += 1.0
+y = x / (3.0 if r == 0 else 4.0)
+try:
+    float(y)
+except SPMDDivergence as exc:
+    assert "uniform operand" in str(exc), str(exc)
+    print("DIVERGED", r)
+print("OK", r)
+"""
+
+
+def test_python_and_compiled_ranks_agree_on_signatures(tmp_path):
+    """The compiled force point hashes the pending sequence itself: the value must equal the
+    Python reference's hash((sig, L, tuple(log))), checked by a job with one rank of each."""
+    from nbmpi.workers.launcher import find_mpiexec, rank_environment
+    prog = tmp_path / "mixed.py"
+    prog.write_text(MIXED)
+    env = rank_environment({"NBMPI_TIMEOUT": "20"})
+    cmd = [find_mpiexec(), "-n", "1", "-env", "NBMPI_PURE_PYTHON", "1", sys.executable, str(prog), ":",
+           "-n", "1", "-env", "NBMPI_PURE_PYTHON", "0", sys.executable, str(prog)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.count("OK") == 2 and proc.stdout.count("DIVERGED") == 2, proc.stdout + proc.stderr
 
 
 def test_benchmark_quick_writes_json(tmp_path):

@@ -92,7 +92,11 @@ per operator whose operands refer to the pending word directly (no copy); a
 force point with only float64 scalar sums pending packs the list into the
 preallocated buffer and runs the ``MPI_SUM`` request. These cases run in C
 when the optional extension ``nbmpi.workers._fused_core`` is built (the
-default install compiles it; :data:`IMPLEMENTATION` says which one runs):
+default install compiles it; :data:`IMPLEMENTATION` says which one runs).
+The compiled force point calls ``MPI_Start``/``MPI_Test`` of the MPI library
+mpi4py loaded directly, on the handle from mpi4py's C API (no Python call per
+poll; :attr:`FusionEngine.direct_mpi`; ``NBMPI_DIRECT_MPI=0`` goes through
+mpi4py's methods instead). The extension
 it works on the same fields and data structures as the Python code below,
 which stays the reference and handles every other case (arrays, other ops,
 errors). ``NBMPI_PURE_PYTHON=1`` selects the pure-Python implementation;
@@ -161,6 +165,9 @@ from .errors import CommTimeout, NbmpiError, SharedVariableError, SPMDDivergence
 from .runtime import MPI, default_timeout, mpi_library_functions, world
 
 PURE_PYTHON_ENV = "NBMPI_PURE_PYTHON"
+#: ``NBMPI_DIRECT_MPI=0``: the compiled force point calls Start/Test through mpi4py
+#: instead of calling the MPI library directly (same semantics, slower).
+DIRECT_MPI_ENV = "NBMPI_DIRECT_MPI"
 _core: Any = None
 if os.environ.get(PURE_PYTHON_ENV, "").strip() in ("", "0"):
     try:
@@ -480,6 +487,9 @@ class FusionEngine:
         self._strict = 0
         self._ready = False   # connected, not broken, not inside fused(strict=True): the fast flush may run
         self._mpi = None
+        #: the compiled force point calls ``MPI_Start``/``MPI_Test`` directly (set at the
+        #: first force point; False: through mpi4py, or the pure-Python implementation)
+        self.direct_mpi = False
         self._sync_core()
 
     if _core is not None:
@@ -529,11 +539,14 @@ class FusionEngine:
         self._sync_core()
         if _core is not None:
             # the compiled force point calls MPI_Start/MPI_Test itself (no Python call per poll)
-            fns = mpi_library_functions("MPI_Start", "MPI_Test")
-            capi = getattr(m, "__pyx_capi__", {}).get("PyMPIRequest_Get")
-            if fns and capi is not None:
-                _core.set_mpi(fns["MPI_Start"], fns["MPI_Test"], capi, m.Exception)
-            else:
+            self.direct_mpi = False
+            if os.environ.get(DIRECT_MPI_ENV, "").strip() != "0":
+                fns = mpi_library_functions("MPI_Start", "MPI_Test")
+                capi = getattr(m, "__pyx_capi__", {}).get("PyMPIRequest_Get")
+                if fns and capi is not None:
+                    _core.set_mpi(fns["MPI_Start"], fns["MPI_Test"], capi, m.Exception)
+                    self.direct_mpi = True
+            if not self.direct_mpi:
                 _core.set_mpi(None)
         self._ready = not self._strict
 
