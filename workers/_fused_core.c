@@ -22,6 +22,7 @@
 /* ------------------------------------------------------------------ bound objects */
 static PyObject *g_engine;                        /* the FusionEngine (set_engine) */
 static PyObject *g_batch;                         /* engine.batch, kept current by set_batch() */
+static PyObject *g_spare;                         /* the batch the last compiled fusion resolved (py_fuse) */
 static PyObject *g_reset, *g_iadd, *g_isub, *g_float;
 static PyObject *g_ops[8];                        /* add radd sub rsub mul rmul truediv rtruediv */
 static PyObject *g_force, *g_eval, *g_snap, *g_f8_binary_py;
@@ -32,7 +33,9 @@ static PyObject *g_f8, *g_nan_key, *g_nod, *g_nol;
 static PyObject *g_fn[4];                         /* operator.add sub mul truediv */
 static Py_ssize_t g_log_cap = 4096;
 static PyObject *s_flush, *s_fold;
-static PyObject *k_zero, *k_minus1, *k_minus7, *k_empty, *k_fzero, *k_seed;
+#define N_UTAGS 16
+static PyObject *k_zero, *k_minus1, *k_empty, *k_fzero, *k_seed;
+static PyObject *k_utag[N_UTAGS];                 /* -16 - code: a uniform operand's log tag */
 static int g_bound = 0;
 static long long g_next_id = 0;
 /* the engine's force-point state (FusionEngine._sync_core; seq and _ready are properties on these) */
@@ -128,18 +131,34 @@ static int batch_fill(BatchObject *self, Py_ssize_t threshold)
                         "nbmpi.workers.fused_reductions first");
         return -1;
     }
-    PyObject *f8 = PyList_New(HEADER_WORDS), *log = PyList_New(0), *sig = Py_NewRef(k_seed);
-    if (!f8 || !log || !sig) {
-        Py_XDECREF(f8); Py_XDECREF(log); Py_XDECREF(sig);
-        return -1;
+    /* a reused batch (see py_fuse) keeps its lists when nothing else refers to them */
+    if (self->f8 && PyList_CheckExact(self->f8) && Py_REFCNT(self->f8) == 1 &&
+        PyList_GET_SIZE(self->f8) >= HEADER_WORDS && PyList_GET_SIZE(self->f8) <= 4096) {
+        if (PyList_SetSlice(self->f8, HEADER_WORDS, PyList_GET_SIZE(self->f8), NULL) < 0)
+            return -1;
     }
-    for (int i = 0; i < HEADER_WORDS; i++) {
-        Py_INCREF(k_fzero);
-        PyList_SET_ITEM(f8, i, k_fzero);
+    else {
+        PyObject *f8 = PyList_New(HEADER_WORDS);
+        if (!f8)
+            return -1;
+        for (int i = 0; i < HEADER_WORDS; i++) {
+            Py_INCREF(k_fzero);
+            PyList_SET_ITEM(f8, i, k_fzero);
+        }
+        Py_XSETREF(self->f8, f8);
     }
-    Py_XSETREF(self->f8, f8);
-    Py_XSETREF(self->log, log);
-    Py_XSETREF(self->sig, sig);
+    if (self->log && PyList_CheckExact(self->log) && Py_REFCNT(self->log) == 1 &&
+        PyList_GET_SIZE(self->log) <= 4096) {
+        if (PyList_SetSlice(self->log, 0, PyList_GET_SIZE(self->log), NULL) < 0)
+            return -1;
+    }
+    else {
+        PyObject *log = PyList_New(0);
+        if (!log)
+            return -1;
+        Py_XSETREF(self->log, log);
+    }
+    set_field(&self->sig, k_seed);
     set_field(&self->f8_nonsum, g_nod);
     set_field(&self->i8, g_nol);
     set_field(&self->i8_ops, g_nol);
@@ -773,15 +792,14 @@ static PyObject *log_uniform(PyObject *x, int code)
     PyObject *key = x;
     if (PyFloat_Check(x) && Py_IS_NAN(PyFloat_AS_DOUBLE(x)))
         key = g_nan_key;
-    PyObject *pc = PyLong_FromLong(code);
-    PyObject *t = pc ? PyTuple_Pack(3, k_minus7, pc, key) : NULL;
-    Py_XDECREF(pc);
-    if (!t || PyList_Append(b->log, t) < 0) {
-        Py_XDECREF(t);
+    /* two steps, the tag -16 - code then the value (fused_reductions._f8_operand), both
+       before the fold check so a fold never separates them */
+    if (code < 0 || code >= N_UTAGS || PyList_Append(b->log, k_utag[code]) < 0 || PyList_Append(b->log, key) < 0) {
+        if (!PyErr_Occurred())
+            PyErr_Format(PyExc_ValueError, "nbmpi fused reductions: operation code %d out of range", code);
         Py_DECREF(b);
         return NULL;
     }
-    Py_DECREF(t);
     if (PyList_GET_SIZE(b->log) >= g_log_cap) {
         PyObject *r = PyObject_CallMethodNoArgs((PyObject *)b, s_fold);
         if (!r) {
@@ -1254,7 +1272,12 @@ static PyObject *py_fuse(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     /* the next fusion starts now */
     {
         PyTypeObject *bt = (PyTypeObject *)g_batch_type;
-        nb = bt->tp_alloc(bt, 0);
+        if (g_spare && Py_REFCNT(g_spare) == 1 && Py_TYPE(g_spare) == bt) {
+            nb = g_spare;   /* the batch of the previous fusion, no longer referenced: reuse it */
+            g_spare = NULL;
+        }
+        else
+            nb = bt->tp_alloc(bt, 0);
         if (!nb || batch_fill((BatchObject *)nb, (Py_ssize_t)g_threshold) < 0 ||
             PyObject_SetAttr(engine, s_batch_, nb) < 0)
             goto fail_early;
@@ -1358,6 +1381,7 @@ static PyObject *py_fuse(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
         }
         Py_XSETREF(b->res, res);
         b->done = 1;
+        set_field(&g_spare, (PyObject *)b);   /* reused by a later fusion once nothing refers to it */
     }
     result = PyLong_FromSsize_t(b->nvars);
     goto out;
@@ -1710,11 +1734,13 @@ PyMODINIT_FUNC PyInit__fused_core(void)
         return NULL;
     k_zero = PyLong_FromLong(0);
     k_minus1 = PyLong_FromLong(-1);
-    k_minus7 = PyLong_FromLong(-7);
+    for (int c = 0; c < N_UTAGS; c++)
+        if (!(k_utag[c] = PyLong_FromLong(-16 - c)))
+            return NULL;
     k_empty = PyTuple_New(0);
     k_fzero = PyFloat_FromDouble(0.0);
     k_seed = PyLong_FromLong(0x5EED);   /* _Batch's initial signature */
-    if (!s_flush || !s_fold || !k_zero || !k_minus1 || !k_minus7 || !k_empty || !k_fzero || !k_seed)
+    if (!s_flush || !s_fold || !k_zero || !k_minus1 || !k_empty || !k_fzero || !k_seed)
         return NULL;
     PyObject *m = PyModule_Create(&moduledef);
     if (!m)

@@ -387,7 +387,7 @@ class _PyBatchBase:
         self.room = threshold_words - 1   # a float64 scalar appended at index i > room crosses the threshold
         self.allsum = True
         self.nvars = 0
-        self.log: List[Any] = []     # steps: int keys of contributions (see kmap) or tuples
+        self.log: List[Any] = []     # steps: int keys (see kmap), tuples, or -16 - code + value (_decode_log)
         self.kmap: Any = _NOD   # contribution key -> (variable, op, dtype num, shape)
         self.done = False
         self.res: Optional[Tuple[list, list, list]] = None
@@ -838,8 +838,7 @@ class FusionEngine:
         comm, rank = self.diag, self.rank
         if comm is None or self._diag_broken:
             return None
-        km = b.kmap
-        steps = [(km.get(k) or (k >> 3, k & 7, _F8_NUM, ())) if type(k) is int else k for k in b.log]
+        steps = _decode_log(b.log, b.kmap)
         mine = np.frombuffer(pickle.dumps((steps, b.folded, words)), dtype=np.uint8)
         sizes = np.zeros(self.size, dtype=np.int64)
         try:
@@ -856,6 +855,23 @@ class FusionEngine:
             logs.append(pickle.loads(allb[off:off + s].tobytes()))
             off += s
         return logs
+
+
+def _decode_log(log: list, kmap: dict) -> list:
+    """The batch's signature log as readable steps: an int ``k >= 0`` is a float64 scalar
+    contribution ``id << 3 | op`` (or a key of ``kmap``), an int ``-16 - code`` is followed by
+    the key of a uniform operand of float64 scalar arithmetic (``(-7, code, key)``); tuples
+    are steps already."""
+    steps = []
+    it = iter(log)
+    for k in it:
+        if type(k) is not int:
+            steps.append(k)
+        elif k >= 0:
+            steps.append(kmap.get(k) or (k >> 3, k & 7, _F8_NUM, ()))
+        else:
+            steps.append((-7, -16 - k, next(it, None)))
+    return steps
 
 
 def _size_note(logs: list) -> str:
@@ -2014,7 +2030,8 @@ def _f8_operand(x: Any, is_shared: bool, code: int) -> Tuple[Any, bool]:
             return ((v, bb, i) if (op == 0 and blk == 0) else _Snap(v, e, float, ())), False
         return _Snap(v, e, float, ()), False
     log = _ENGINE.batch.log
-    log.append((-7, code, x if x == x else _NAN_KEY))
+    log.append(-16 - code)   # two steps, no tuple: the tag, then the value (decoded in _exchange_logs)
+    log.append(x if x == x else _NAN_KEY)
     if len(log) >= _LOG_CAP:
         _ENGINE.batch.fold()
     return x, True
