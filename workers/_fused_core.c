@@ -124,6 +124,16 @@ static int batch_init(BatchObject *self, PyObject *args, PyObject *kwds)
     return batch_fill(self, threshold);
 }
 
+/* del lst[n:] keeping the list's allocation (the items are numbers and tuples of numbers) */
+static void list_truncate(PyObject *lst, Py_ssize_t n)
+{
+    Py_ssize_t m = PyList_GET_SIZE(lst);
+    PyObject **items = ((PyListObject *)lst)->ob_item;
+    Py_SET_SIZE(lst, n);   /* first: the list is consistent whatever the decrefs below run */
+    for (Py_ssize_t i = n; i < m; i++)
+        Py_DECREF(items[i]);
+}
+
 static int batch_fill(BatchObject *self, Py_ssize_t threshold)
 {
     if (!g_bound) {
@@ -134,8 +144,7 @@ static int batch_fill(BatchObject *self, Py_ssize_t threshold)
     /* a reused batch (see py_fuse) keeps its lists when nothing else refers to them */
     if (self->f8 && PyList_CheckExact(self->f8) && Py_REFCNT(self->f8) == 1 &&
         PyList_GET_SIZE(self->f8) >= HEADER_WORDS && PyList_GET_SIZE(self->f8) <= 4096) {
-        if (PyList_SetSlice(self->f8, HEADER_WORDS, PyList_GET_SIZE(self->f8), NULL) < 0)
-            return -1;
+        list_truncate(self->f8, HEADER_WORDS);
     }
     else {
         PyObject *f8 = PyList_New(HEADER_WORDS);
@@ -149,8 +158,7 @@ static int batch_fill(BatchObject *self, Py_ssize_t threshold)
     }
     if (self->log && PyList_CheckExact(self->log) && Py_REFCNT(self->log) == 1 &&
         PyList_GET_SIZE(self->log) <= 4096) {
-        if (PyList_SetSlice(self->log, 0, PyList_GET_SIZE(self->log), NULL) < 0)
-            return -1;
+        list_truncate(self->log, 0);
     }
     else {
         PyObject *log = PyList_New(0);
