@@ -371,11 +371,13 @@ def mpi_main(quick: bool, out_dir) -> int:
         target("synthetic step: lazy collectives per step", pk["lazy_collectives_per_step"], 3.0,
                higher_is_better=False),
     ]
-    from nbmpi.workers.fused_reductions import IMPLEMENTATION
+    from nbmpi.workers.fused_reductions import IMPLEMENTATION, engine
 
+    direct = engine().direct_mpi
     md = (f"P = {P} ranks. Times are the best of {rounds} interleaved rounds (slowest rank). "
           f"Shared-variable hot path: {IMPLEMENTATION} (`NBMPI_PURE_PYTHON=1` selects the pure-Python "
-          "reference).\n\n"
+          f"reference); force point calls MPI_Start/MPI_Test {'directly' if direct else 'through mpi4py'}."
+          "\n\n"
           "## Variance (seed Table 1 shape), seconds for the whole N x M program (improvement over original)\n\n"
           + md_table(["N=M", "P", "original", "hand-fused", "lazy shared", "lazy / hand"], vtable)
           + "\n\n## 64 scalar reductions (per round of 64)\n\n"
@@ -392,8 +394,8 @@ def mpi_main(quick: bool, out_dir) -> int:
                      [["original", pk["original_collectives_per_step"], pk["original_s_per_step"] * 1e3],
                       ["lazy", pk["lazy_collectives_per_step"], pk["lazy_s_per_step"] * 1e3]])
           + "\n\n## Targets\n\n" + targets_table(checks))
-    data = dict(benchmark="fused_reductions", quick=quick, nranks=P, implementation=IMPLEMENTATION, variance=vrows, scalars64=s64row,
-                plankton=pk, targets=checks)
+    data = dict(benchmark="fused_reductions", quick=quick, nranks=P, implementation=IMPLEMENTATION,
+                direct_mpi=direct, variance=vrows, scalars64=s64row, plankton=pk, targets=checks)
     path = write_results("fused_reductions_quick" if quick else "fused_reductions", data, md, out_dir)
     print(md)
     print(f"\nwrote {path} and {path.with_suffix('.md')}")

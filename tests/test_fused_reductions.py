@@ -361,7 +361,7 @@ def test_benchmark_quick_writes_json(tmp_path):
                            "--out-dir", str(tmp_path)], capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     data = json.loads((tmp_path / "fused_reductions_quick.json").read_text())
-    assert data["nranks"] == 2 and len(data["variance"]) == 2
+    assert data["nranks"] == 2 and len(data["variance"]) == 2 and isinstance(data["direct_mpi"], bool)
     for row in data["variance"]:
         assert {"original_s", "hand_s", "lazy_s", "lazy_over_hand"} <= set(row)
     assert {"separate_us", "packed_us", "lazy_us", "separate_over_lazy"} <= set(data["scalars64"])
