@@ -244,6 +244,17 @@ before = ncoll()
 m1 += float(r); m2.min_with(float(r)); m3 *= 2.0
 assert (float(m1), float(m2), float(m3)) == (S, 0.0, 2.0 ** P)
 assert ncoll() == before + 1
+# a resolved pending slot that nobody read stays valid across many later fusions (the
+# compiled force point reuses a finished batch only once nothing refers to it)
+k0 = shared(0.0)
+k0 += float(r)
+kept = k0 * 2.0            # refers to k0's slot in this fusion's batch
+other = shared(0.0)
+for k in range(30):
+    other.reset()
+    other += float(k)
+    assert float(other) == k * P
+assert float(kept) == 2.0 * S and float(k0) == S
 # the compiled force point calls the MPI library directly unless NBMPI_DIRECT_MPI=0
 assert engine().direct_mpi == (_want == "compiled" and os.environ.get("NBMPI_DIRECT_MPI") != "0")
 print("OK", r)
@@ -329,6 +340,8 @@ for i in range(50):
     S1 = sum(q + i for q in range(P)); S2 = P * (2.0 - i % 3)
     assert abs(got - ((S2 - S1 * S1 / N) / (N - 1) + 7.5)) < 1e-9, (i, got)
 assert fr.engine().collectives == 50, fr.engine().collectives   # one per read (creation checks ride along)
+# rank 1 really ran the compiled force point (only a new buffer size takes the Python path)
+assert fr.engine().compiled_collectives == (0 if r == 0 else 49), fr.engine().compiled_collectives
 # a real difference is still found when the two implementations compute the signature
 x = shared(1.0)
 x += 1.0
@@ -349,11 +362,23 @@ def test_python_and_compiled_ranks_agree_on_signatures(tmp_path):
     prog = tmp_path / "mixed.py"
     prog.write_text(MIXED)
     env = rank_environment({"NBMPI_TIMEOUT": "20"})
-    cmd = [find_mpiexec(), "-n", "1", "-env", "NBMPI_PURE_PYTHON", "1", sys.executable, str(prog), ":",
-           "-n", "1", "-env", "NBMPI_PURE_PYTHON", "0", sys.executable, str(prog)]
+    cmd = [find_mpiexec(), "-n", "1", "env", "NBMPI_PURE_PYTHON=1", sys.executable, str(prog), ":",
+           "-n", "1", "env", "NBMPI_PURE_PYTHON=0", sys.executable, str(prog)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.count("OK") == 2 and proc.stdout.count("DIVERGED") == 2, proc.stdout + proc.stderr
+
+
+def test_signature_log_decoding():
+    """The divergence diagnosis reads the log back: contribution keys (kmap, including
+    negative hashes, even ones that look like a tag), float64 scalar keys, and uniform
+    operands logged as a tag followed by their value."""
+    from nbmpi.workers.fused_reductions import _decode_log, _F8_NUM
+    neg, tag_like = -(2 ** 40) - 3, -25
+    kmap = {neg: (5, 0, 12, (3,)), tag_like: (6, 1, 12, (2,))}
+    log = [neg, (7 << 3) | 2, -16 - 3, 2.0, tag_like, -16 - 4, 7, (-8, 9, 1.5)]
+    assert _decode_log(log, kmap) == [(5, 0, 12, (3,)), (7, 2, _F8_NUM, ()), (-7, 3, 2.0), (6, 1, 12, (2,)),
+                                      (-7, 4, 7), (-8, 9, 1.5)]
 
 
 def test_benchmark_quick_writes_json(tmp_path):

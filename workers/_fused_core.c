@@ -39,6 +39,7 @@ static PyObject *k_utag[N_UTAGS];                 /* -16 - code: a uniform opera
 static int g_bound = 0;
 static long long g_next_id = 0;
 /* the engine's force-point state (FusionEngine._sync_core; seq and _ready are properties on these) */
+static long long g_compiled_fusions = 0;          /* fusions py_fuse completed (the rest ran in Python) */
 static long long g_seq = 0, g_threshold = 1 << 17, g_chan = 0, g_size = 1;
 static int g_ready = 0;
 static PyObject *g_preq;                          /* size class -> persistent MPI_SUM request */
@@ -802,9 +803,18 @@ static PyObject *log_uniform(PyObject *x, int code)
         key = g_nan_key;
     /* two steps, the tag -16 - code then the value (fused_reductions._f8_operand), both
        before the fold check so a fold never separates them */
-    if (code < 0 || code >= N_UTAGS || PyList_Append(b->log, k_utag[code]) < 0 || PyList_Append(b->log, key) < 0) {
-        if (!PyErr_Occurred())
-            PyErr_Format(PyExc_ValueError, "nbmpi fused reductions: operation code %d out of range", code);
+    if (code < 0 || code >= N_UTAGS) {
+        PyErr_Format(PyExc_ValueError, "nbmpi fused reductions: operation code %d out of range", code);
+        Py_DECREF(b);
+        return NULL;
+    }
+    if (PyList_Append(b->log, k_utag[code]) < 0) {
+        Py_DECREF(b);
+        return NULL;
+    }
+    if (PyList_Append(b->log, key) < 0) {   /* never leave a tag without its value */
+        Py_ssize_t n = PyList_GET_SIZE(b->log);
+        list_truncate(b->log, n - 1);
         Py_DECREF(b);
         return NULL;
     }
@@ -1121,14 +1131,26 @@ static int trace_fused(long long tag, long long nbytes, long long t0, long long 
         return PyErr_Occurred() ? -1 : 0;
     if (tr == Py_None)
         return 0;
+    if (Py_TYPE(tr) != g_tracer_t) {   /* not exactly a Tracer: its attributes and methods decide */
+        PyObject *en = PyObject_GetAttrString(tr, "enabled");
+        if (!en)
+            return -1;
+        int on = PyObject_IsTrue(en);
+        Py_DECREF(en);
+        if (on <= 0)
+            return on;
+        goto python;
+    }
     PyObject *en = SLOT(tr, off_enabled), *pend = SLOT(tr, off_pend), *pn = SLOT(tr, off_n), *pc = SLOT(tr, off_cap),
              *buf = SLOT(tr, off_buf);
-    if (Py_TYPE(tr) != g_tracer_t || en != Py_True || !pend || !PyLong_CheckExact(pend) || !pn ||
-        !PyLong_CheckExact(pn) || !pc || !PyLong_CheckExact(pc) || !buf) {
-        if (Py_TYPE(tr) == g_tracer_t && en == Py_False)
-            return 0;
-        goto python;   /* anything unusual: the Python method decides */
+    if (en != Py_True) {   /* tracing off (a non-bool: its truth value) */
+        int on = en ? PyObject_IsTrue(en) : 0;
+        if (on <= 0)
+            return on;
+        goto python;
     }
+    if (!pend || !PyLong_CheckExact(pend) || !pn || !PyLong_CheckExact(pn) || !pc || !PyLong_CheckExact(pc) || !buf)
+        goto python;   /* anything unusual: the Python method decides */
     long long n = PyLong_AsLongLong(pn), cap = PyLong_AsLongLong(pc);
     if (PyErr_Occurred())
         return -1;
@@ -1390,6 +1412,7 @@ static PyObject *py_fuse(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
         Py_XSETREF(b->res, res);
         b->done = 1;
         set_field(&g_spare, (PyObject *)b);   /* reused by a later fusion once nothing refers to it */
+        g_compiled_fusions++;
     }
     result = PyLong_FromSsize_t(b->nvars);
     goto out;
@@ -1496,6 +1519,11 @@ static PyObject *counter(long long *c, PyObject *const *args, Py_ssize_t nargs, 
 static PyObject *py_seq(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 {
     return counter(&g_seq, args, nargs, "seq");
+}
+
+static PyObject *py_compiled_fusions(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    return counter(&g_compiled_fusions, args, nargs, "compiled_fusions");
 }
 
 static PyObject *py_ready(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
@@ -1703,6 +1731,8 @@ static PyMethodDef module_methods[] = {
     {"next_id", (PyCFunction)(void (*)(void))py_next_id, METH_FASTCALL,
      "next_id([value]): the id the next shared variable gets (set it with an argument)."},
     {"seq", (PyCFunction)(void (*)(void))py_seq, METH_FASTCALL, "seq([value]): FusionEngine.seq (fused collectives run)."},
+    {"compiled_fusions", (PyCFunction)(void (*)(void))py_compiled_fusions, METH_FASTCALL,
+     "compiled_fusions([value]): how many fused collectives the compiled force point ran."},
     {"ready", (PyCFunction)(void (*)(void))py_ready, METH_FASTCALL,
      "ready([value]): FusionEngine._ready (connected, not broken, not strict: the fast force point may run)."},
     {"set_state", (PyCFunction)(void (*)(void))py_set_state, METH_FASTCALL,

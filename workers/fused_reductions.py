@@ -387,7 +387,7 @@ class _PyBatchBase:
         self.room = threshold_words - 1   # a float64 scalar appended at index i > room crosses the threshold
         self.allsum = True
         self.nvars = 0
-        self.log: List[Any] = []     # steps: int keys (see kmap), tuples, or -16 - code + value (_decode_log)
+        self.log: List[Any] = []     # steps: int keys (see kmap), tuples, or -16 - code + value (note_uniform)
         self.kmap: Any = _NOD   # contribution key -> (variable, op, dtype num, shape)
         self.done = False
         self.res: Optional[Tuple[list, list, list]] = None
@@ -415,6 +415,16 @@ class _Batch(_core.BatchBase if _core is not None else _PyBatchBase):  # type: i
     def note(self, key: Any) -> None:
         """Append one step to the sequence (hashed into the signature at the force point)."""
         log = self.log
+        log.append(key)
+        if len(log) >= _LOG_CAP:
+            self.fold()
+
+    def note_uniform(self, code: int, key: Any) -> None:
+        """Append a uniform operand of operation ``code`` (``_FN_CODES``) with value key
+        ``key`` as two steps, the tag ``-16 - code`` then the key (no tuple; the compiled
+        path logs the same; :func:`_decode_log` reads them back). A fold never separates them."""
+        log = self.log
+        log.append(-16 - code)
         log.append(key)
         if len(log) >= _LOG_CAP:
             self.fold()
@@ -561,6 +571,13 @@ class FusionEngine:
     def collectives(self) -> int:
         """Number of fused collectives this engine has run (local)."""
         return self.seq
+
+    @property
+    def compiled_collectives(self) -> int:
+        """How many of them the compiled force point ran (the others took the Python
+        path, e.g. the first fusion of each buffer size, or other ops than float64
+        sums); 0 with the pure-Python implementation. Local."""
+        return _core.compiled_fusions() if _core is not None else 0
 
     def _wait(self, req, b: _Batch, words: int) -> None:
         """The force point's collective is not done after a few polls: the interruptible
@@ -857,20 +874,25 @@ class FusionEngine:
         return logs
 
 
+_UNIFORM_TAGS = range(-31, -15)   # -16 - code for the operation codes 0..15 (_Batch.note_uniform)
+
+
 def _decode_log(log: list, kmap: dict) -> list:
-    """The batch's signature log as readable steps: an int ``k >= 0`` is a float64 scalar
-    contribution ``id << 3 | op`` (or a key of ``kmap``), an int ``-16 - code`` is followed by
-    the key of a uniform operand of float64 scalar arithmetic (``(-7, code, key)``); tuples
+    """The batch's signature log as readable steps: an int is the key of a contribution
+    (``kmap``; a float64 scalar one is ``id << 3 | op``) or the tag ``-16 - code`` of a
+    uniform operand, followed by the operand's key (read as ``(-7, code, key)``); tuples
     are steps already."""
     steps = []
     it = iter(log)
     for k in it:
         if type(k) is not int:
             steps.append(k)
-        elif k >= 0:
-            steps.append(kmap.get(k) or (k >> 3, k & 7, _F8_NUM, ()))
-        else:
+        elif k in kmap:
+            steps.append(kmap[k])
+        elif k in _UNIFORM_TAGS:
             steps.append((-7, -16 - k, next(it, None)))
+        else:
+            steps.append((k >> 3, k & 7, _F8_NUM, ()))
     return steps
 
 
@@ -2029,11 +2051,7 @@ def _f8_operand(x: Any, is_shared: bool, code: int) -> Tuple[Any, bool]:
             op, bb, blk, i, _ = e[0]
             return ((v, bb, i) if (op == 0 and blk == 0) else _Snap(v, e, float, ())), False
         return _Snap(v, e, float, ()), False
-    log = _ENGINE.batch.log
-    log.append(-16 - code)   # two steps, no tuple: the tag, then the value (decoded in _exchange_logs)
-    log.append(x if x == x else _NAN_KEY)
-    if len(log) >= _LOG_CAP:
-        _ENGINE.batch.fold()
+    _ENGINE.batch.note_uniform(code, x if x == x else _NAN_KEY)
     return x, True
 
 
@@ -2091,7 +2109,7 @@ def _binary(fn, a: Any, b: Any) -> SharedVar:
         dtype, shape = _result_meta(fn, a, b)
     for v, s in ((a, sa), (b, sb)):
         if not s:
-            engine().batch.note((-7, _FN_CODES.get(fn, 0), _value_key(v)))
+            engine().batch.note_uniform(_FN_CODES.get(fn, 0), _value_key(v))
     cast = float if (dtype == _F8 and shape == ()) else (dtype.type if shape == () else _array_caster(dtype))
     if (not sa or _is_concrete(a)) and (not sb or _is_concrete(b)):
         with np.errstate(all="ignore"):

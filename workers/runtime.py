@@ -53,35 +53,38 @@ def MPI() -> "_MPI":  # noqa: N802 - mirrors the module name
 
 
 def mpi_library_functions(*names: str) -> Optional[Dict[str, int]]:
-    """Addresses of the C functions ``names`` (e.g. ``"MPI_Test"``) in the MPI
-    library that mpi4py loaded, or None where they cannot be found.
+    """Addresses of the C functions ``names`` (e.g. ``"MPI_Test"``) that mpi4py's own
+    calls reach, or None where they cannot be found.
 
-    For compiled code that calls MPI directly on handles it gets from mpi4py's
-    C API (the fused-reduction force point). Linux only: the library is found
-    among the process's mapped files (``/proc/self/maps``) and opened again
-    with ``RTLD_NOLOAD``, so it is exactly the one mpi4py uses. Initialises
-    MPI if needed. Local, no communication.
+    For compiled code that calls MPI directly on handles it gets from mpi4py's C
+    API (the fused-reduction force point). The lookup is the dynamic linker's for
+    mpi4py's extension module: the global scope first (a preloaded PMPI profiler
+    or a globally loaded MPI), then the module's own dependencies (the MPI library
+    it was loaded against, found through the module opened again with
+    ``RTLD_NOLOAD``). POSIX only. Initialises MPI if needed. Local, no communication.
     """
     import ctypes
-    import re
 
-    MPI()
+    m = MPI()
     noload = getattr(os, "RTLD_NOLOAD", None)
-    if noload is None:
+    if noload is None or not getattr(m, "__file__", None):
         return None
+    scopes = []
     try:
-        with open("/proc/self/maps") as f:
-            paths = sorted({line.split(None, 5)[5].strip() for line in f
-                            if re.search(r"/libmpi(_abi)?\.so[.\d]*\s*$", line)})
-    except (OSError, IndexError):
-        return None
-    for path in paths:
-        try:
-            lib = ctypes.CDLL(path, mode=noload | os.RTLD_LAZY)
-            return {n: ctypes.cast(getattr(lib, n), ctypes.c_void_p).value for n in names}
-        except (OSError, AttributeError):
-            continue
-    return None
+        scopes.append(ctypes.CDLL(None))
+        scopes.append(ctypes.CDLL(m.__file__, mode=noload | os.RTLD_LAZY))
+    except OSError:
+        pass
+    found: Dict[str, int] = {}
+    for n in names:
+        for lib in scopes:
+            fn = getattr(lib, n, None)
+            if fn is not None:
+                found[n] = ctypes.cast(fn, ctypes.c_void_p).value
+                break
+        else:
+            return None
+    return found
 
 
 def world():
