@@ -579,6 +579,16 @@ class FusionEngine:
         sums); 0 with the pure-Python implementation. Local."""
         return _core.compiled_fusions() if _core is not None else 0
 
+    def _run(self, req, b: _Batch, words: int) -> None:
+        """Start the persistent collective ``req`` of batch ``b`` and return when it is
+        done: a few ``Test`` polls, then :meth:`_wait` (interruptible, with the timeout)."""
+        req.Start()
+        test = req.Test
+        for _ in range(_SPIN + 1):
+            if test():
+                return
+        self._wait(req, b, words)
+
     def _wait(self, req, b: _Batch, words: int) -> None:
         """The force point's collective is not done after a few polls: the interruptible
         wait with the timeout (a timeout or interrupt leaves the engine unusable).
@@ -691,14 +701,7 @@ class FusionEngine:
                         fb[:n1] = f8
                     req = self._preq.get(L) or self._persistent(L, True)
                     t0 = time.perf_counter_ns()
-                    req.Start()
-                    if not req.Test():
-                        test = req.Test
-                        for _ in range(_SPIN):
-                            if test():
-                                break
-                        else:
-                            self._wait(req, b, L)
+                    self._run(req, b, L)
                     t1 = time.perf_counter_ns()
                     seq = self.seq
                     self.seq = seq + 1
@@ -796,13 +799,7 @@ class FusionEngine:
             tag = 1
         t0 = time.perf_counter_ns()
         try:
-            req.Start()
-            test = req.Test
-            for _ in range(_SPIN):
-                if test():
-                    break
-            else:
-                self._wait(req, b, L)
+            self._run(req, b, L)
         except self._mpi.Exception as exc:   # e.g. truncation: the ranks passed different sizes
             if self._broken:   # already diagnosed (by _wait)
                 raise
