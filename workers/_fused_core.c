@@ -13,7 +13,12 @@
    lazy _Derived nodes, the batch's f8 word list and signature log). Every other
    case calls the Python implementation bound with bind(), so both paths share
    one set of semantics. The extension is optional: without it (or with
-   NBMPI_PURE_PYTHON=1) fused_reductions.py uses its Python methods. */
+   NBMPI_PURE_PYTHON=1) fused_reductions.py uses its Python methods.
+
+   Per-operation costs it avoids: Python calls (operators, MPI_Start/MPI_Test,
+   the tracer's attribute lookups) and allocations (a lazy result gets its id as
+   a Python int only when read; a finished batch is reused; the signature is
+   hashed without building tuples). */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <structmember.h>
@@ -1277,8 +1282,10 @@ static void mpi_error(int ierr)
 /* fuse(engine, b): FusionEngine.flush's hot path (only float64 scalar sums pending) in C.
    Returns the number of variables resolved, or None if the Python path must run (no
    buffer or persistent request of this size class yet). Same steps as the Python code:
-   new current batch, signature words, pack, Start + Test polls (then engine._fuse_wait),
-   trace record, result words, signature check. */
+   new current batch (the previous fusion's batch when nothing refers to it any more),
+   signature words, pack, Start + Test polls (MPI_Start/MPI_Test called directly after
+   set_mpi(), else through mpi4py; then engine._wait), trace record, result words,
+   signature check. */
 static PyObject *py_fuse(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 {
     if (nargs != 2 || !PyObject_TypeCheck(args[1], &BatchType)) {
