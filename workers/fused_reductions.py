@@ -123,22 +123,26 @@ used: reading an affected variable raises the error again, and the engine
 stays usable if all ranks' fused buffers had the same size.
 
 Ranks whose pending data differ in size class pass different counts to MPI,
-which cannot complete such a collective on every rank. A rank whose
-collective completes sees the signature mismatch and waits (up to
-``2 * NBMPI_TIMEOUT + 10`` s) on the diagnosis communicator; a rank whose
-collective cannot complete times out (``NBMPI_TIMEOUT``, or gets an MPI
-error such as truncation) and then joins the diagnosis (waiting at most
-``min(NBMPI_TIMEOUT, 10) + 5`` s). Every rank then raises
-:class:`SPMDDivergence` naming the first difference, and the engine is
-unusable afterwards (a collective may be left pending; restart the
-program). If the other ranks do not join the diagnosis (a rank never reached
-the force point) the original :class:`~nbmpi.workers.errors.CommTimeout` is
-raised, after ``NBMPI_TIMEOUT`` plus that diagnosis wait. Without a
-timeout (``NBMPI_TIMEOUT`` unset, the default, and none set with
-:func:`configure`) such a divergence hangs (interruptibly), like any
-mismatched MPI collective. Divergences that keep the size class equal
-(different variables, ops, order, uniform operands of the same size) need
-no timeout: they are detected by the signature of the one collective.
+which then completes the collective on no rank (MPICH: every rank stays in
+it). This is found without a timeout: each rank has a *size board* (three
+words in an RMA window on the diagnosis communicator, written only on slow
+paths), and a rank still waiting in a force point after 0.2 s reads its peers'
+boards every 0.2 s (``MPI_Rget``, passive target: the peers do nothing). A peer
+in the same collective with another size means it can never complete, so the
+rank joins the diagnosis; every rank then raises :class:`SPMDDivergence`
+naming the first difference, and the engine is unusable afterwards (the
+collective is left pending; restart the program). A peer that has not
+reached the collective yet is only late, and the rank keeps waiting (no
+false alarm on load imbalance). An MPI error instead of a hang (e.g.
+truncation in another MPI library) and a timeout (``NBMPI_TIMEOUT`` or
+:func:`configure`) lead to the same diagnosis; if the other ranks do not join
+it (a rank never reached the force point) the original
+:class:`~nbmpi.workers.errors.CommTimeout` or MPI error is raised, after at
+most ``min(NBMPI_TIMEOUT, 10) + 5`` s more. Without a timeout a rank that
+never reaches the force point at all is waited for forever (interruptibly),
+as by any MPI collective. Divergences that keep the size class equal
+(different variables, ops, order, uniform operands of the same size) are
+detected by the signature of the one collective.
 
 Tracing: each fused collective is one event of kind ``fused_allreduce``
 (``DIR_NONE``, per-engine ``seq``, ``count`` = number of variables it
@@ -194,6 +198,8 @@ THRESHOLD_ENV = "NBMPI_FUSE_THRESHOLD"
 DEFAULT_THRESHOLD_BYTES = 1 << 20
 _LOG_CAP = 4096
 _SPIN = 64   # Test polls of a force point before the (slower to enter) interruptible wait
+# a force point still waiting after _WATCH_START s reads its peers' size boards, then every _WATCH_EVERY s
+_WATCH_START, _WATCH_EVERY = 0.2, 0.2
 _M20A, _M20B = (1 << 20) - 3, (1 << 20) - 5
 
 
@@ -494,6 +500,8 @@ class FusionEngine:
         self._op = None
         self._broken: Optional[str] = None
         self._diag_broken = False
+        self._win = None      # the size board (RMA window on ``diag``), see _publish / _size_watch
+        self._board = None
         self._strict = 0
         self._ready = False   # connected, not broken, not inside fused(strict=True): the fast flush may run
         self._mpi = None
@@ -543,6 +551,7 @@ class FusionEngine:
         waiting.wait(req, self.timeout, self.rank, None, "fused reductions: first force point (Comm_idup)",
                      CommTimeout, self._abandoned("Comm_idup"), cancellable=False)
         self.diag = diag
+        self._open_board(diag)
         self.chan = _tracing.get_tracer().new_channel_id(comm)
         self._op = m.Op.Create(_user_combine, commute=True)
         self._mpi = m
@@ -559,6 +568,75 @@ class FusionEngine:
             if not self.direct_mpi:
                 _core.set_mpi(None)
         self._ready = not self._strict
+
+    def _open_board(self, diag) -> None:
+        """The size board: three int64 words per rank in an RMA window on the diagnosis
+        communicator, ``(k, words, k)`` for the fused collective #k this rank is stuck in
+        (or diagnosing), written only on those slow paths. A rank stuck in a force point
+        reads its peers' boards (passive target, no participation of theirs) to find a
+        collective that cannot complete because the sizes differ.
+
+        Collective, right after the two ``Comm_idup`` completed (so every rank is here).
+        Without RMA support (the window cannot be made) there is no board and a size
+        divergence is found by the timeout alone."""
+        m = MPI()
+        board = np.full(3, -1, dtype=np.int64)
+        try:
+            # a dynamic window over our own array: no collective is needed to release it at
+            # exit (a window from Win.Allocate must be freed collectively, or UCX complains)
+            win = m.Win.Create_dynamic(comm=diag)
+            win.Attach(board)
+            addrs = np.zeros(self.size, dtype=np.int64)
+            diag.Allgather(np.array([m.Get_address(board)], dtype=np.int64), addrs)
+            win.Lock_all(m.MODE_NOCHECK)
+        except m.Exception:   # pragma: no cover - every MPI-3 library has passive-target RMA
+            return
+        self._win, self._board = win, board
+        self._peers = [p for p in range(self.size) if p != self.rank]
+        self._addrs = [int(addrs[p]) for p in self._peers]
+        self._seen = np.full((max(len(self._peers), 1), 3), -1, dtype=np.int64)
+
+    def _publish(self, seq: int, words: int) -> None:
+        """Write ``(seq, words, seq)`` to this rank's board (a reader takes it only when the
+        two ``seq`` words agree, so a torn read is ignored)."""
+        board = self._board
+        if board is not None:
+            board[2] = -2
+            board[0] = seq
+            board[1] = words
+            board[2] = seq
+
+    def _size_watch(self, seq: int, words: int) -> Optional[Callable[[], None]]:
+        """The ``check`` of the force point's wait: from ``_WATCH_START`` s on, every
+        ``_WATCH_EVERY`` s, publish this rank's ``(seq, words)`` and read the peers' boards
+        (``Rget``, polled, never blocking).
+        A peer stuck in (or diagnosing) the same collective #seq with a different size
+        means MPI cannot complete it on any rank: raise :class:`_SizeMismatch`, and
+        ``_wait`` turns that into the diagnosis. A peer that has not reached #seq yet is
+        just late: keep waiting. Nothing is sent, so nothing is left to drain."""
+        if self._win is None or not self._peers:
+            return None
+        m, win, seen, peers, addrs = self._mpi, self._win, self._seen, self._peers, self._addrs
+        state = [time.monotonic() + _WATCH_START, None]   # next read time, pending Rget requests
+
+        def check() -> None:
+            reqs = state[1]
+            if reqs is None:
+                if time.monotonic() >= state[0]:
+                    self._publish(seq, words)   # from now on peers may read it (repeating is harmless)
+                    state[1] = [win.Rget([seen[i], 3, m.INT64_T], p, target=(addrs[i], 3, m.INT64_T))
+                                for i, p in enumerate(peers)]
+                return
+            if not m.Request.Testall(reqs):
+                return
+            state[0], state[1] = time.monotonic() + _WATCH_EVERY, None
+            for i, (k, w, k2) in enumerate(seen.tolist()):
+                if k == seq and k2 == seq and w != words:
+                    raise _SizeMismatch(
+                        f"rank {self.rank}: fused reduction #{seq} cannot complete: rank {peers[i]} is in it "
+                        f"with {w} words, this rank with {words} (the ranks' pending data differ in size)")
+        check.pending = state   # type: ignore[attr-defined]  # _wait completes leftover reads
+        return check
 
     def _abandoned(self, what: str) -> Callable[[], None]:
         def mark() -> None:
@@ -593,20 +671,26 @@ class FusionEngine:
         """The force point's collective is not done after a few polls: the interruptible
         wait with the timeout (a timeout or interrupt leaves the engine unusable).
 
-        On a timeout or an MPI error the ranks' sequences are compared over the
-        diagnosis communicator: if they differ (typically in size, so MPI could not
-        match the collective) the error is :class:`SPMDDivergence` naming the first
+        While waiting it watches the peers' size boards (:meth:`_size_watch`). On a size
+        mismatch found there, a timeout or an MPI error the ranks' sequences are compared
+        over the diagnosis communicator: if they differ (typically in size, so MPI could
+        not match the collective) the error is :class:`SPMDDivergence` naming the first
         difference, otherwise the original error."""
+        seq = self.seq
+        check = self._size_watch(seq, words)
         try:
             waiting.wait(req, self.timeout, self.rank, None,
-                         f"fused reduction #{self.seq} of {b.nvars} shared variable(s)", CommTimeout,
-                         self._abandoned(f"#{self.seq}"), cancellable=False)
-        except (CommTimeout, self._mpi.Exception) as exc:
-            self._abandoned(f"#{self.seq}")()
+                         f"fused reduction #{seq} of {b.nvars} shared variable(s)", CommTimeout,
+                         self._abandoned(f"#{seq}"), cancellable=False, check=check)
+        except (CommTimeout, _SizeMismatch, self._mpi.Exception) as exc:
+            self._abandoned(f"#{seq}")()
             err = self._failed(b, words, exc)
             if err is exc:
                 raise
             raise err from exc
+        finally:
+            if check is not None and check.pending[1] is not None:   # type: ignore[attr-defined]
+                self._mpi.Request.Waitall(check.pending[1])   # type: ignore[attr-defined]
 
     def _fuse_failed(self, b: _Batch, words: int, exc: BaseException) -> BaseException:
         """What the hot path's force point raises for ``exc`` (also the compiled one's):
@@ -621,10 +705,14 @@ class FusionEngine:
 
     def _failed(self, b: _Batch, words: int, exc: BaseException) -> BaseException:
         """Error of a fused collective that did not complete on this rank."""
+        self._publish(self.seq, words)
         t = self.timeout
         logs = self._exchange_logs(b, words, None if t is None else min(t, 10.0) + 5.0)
         detail = None if logs is None else _compare(logs)
         if detail is None:
+            if isinstance(exc, self._mpi.Exception) and hasattr(exc, "add_note"):
+                exc.add_note(f"rank {self.rank}: in fused reduction #{self.seq} of {b.nvars} shared variable(s) "
+                             "(a force point); shared variables are unusable now: restart the program")
             return exc
         return SPMDDivergence(self.rank, f"fused reduction #{self.seq}", detail + _size_note(logs))
 
@@ -833,6 +921,7 @@ class FusionEngine:
         sequence logs, name the first difference (the same text on every rank). Waits
         long enough for ranks whose own collective could not complete to time out and
         join (see :meth:`_failed`)."""
+        self._publish(self.seq - 1, words)   # ranks stuck in this collective compare sizes with it
         t = self.timeout
         logs = self._exchange_logs(b, words, None if t is None else 2.0 * t + 10.0)
         op = f"fused reduction #{self.seq - 1}"
@@ -869,6 +958,11 @@ class FusionEngine:
             logs.append(pickle.loads(allb[off:off + s].tobytes()))
             off += s
         return logs
+
+
+class _SizeMismatch(NbmpiError):
+    """Internal: a peer's size board shows the same fused collective with another size
+    (``FusionEngine._size_watch``); ``_wait`` turns it into the diagnosis."""
 
 
 _UNIFORM_TAGS = range(-31, -15)   # -16 - code for the operation codes 0..15 (_Batch.note_uniform)

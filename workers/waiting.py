@@ -57,6 +57,7 @@ def wait(
     error: Callable[..., CommTimeout] = CommTimeout,
     on_abandon: Optional[Callable[[], None]] = None,
     cancellable: bool = True,
+    check: Optional[Callable[[], None]] = None,
 ) -> None:
     """Block until ``req`` completes, at most ``timeout`` seconds (None: forever).
 
@@ -64,6 +65,10 @@ def wait(
     KeyboardInterrupt the request is cancelled (receives; ``cancellable=False``
     for sends, which are never cancelled); if it was not cancelled
     ``on_abandon`` is called (the owner must then stop reusing its buffer).
+
+    ``check`` (optional) is called at every clock check (every few hundred
+    polls) while the request is pending; an exception it raises ends the wait
+    like a timeout (the request is cancelled or abandoned) and propagates.
     """
     global current
     if req.Test():
@@ -77,6 +82,12 @@ def wait(
             for _ in range(_POLLS_BETWEEN_CLOCK_CHECKS):
                 if test():
                     return
+            if check is not None:
+                try:
+                    check()
+                except Exception:
+                    _abandon([req], on_abandon, cancellable)
+                    raise
             if deadline is not None and time.monotonic() > deadline:
                 if cancellable:
                     from mpi4py import MPI
