@@ -2,7 +2,8 @@
 
 :func:`setup` (called once per rank by :meth:`Pool.start`, collectively)
 starts the nbmpi runtime, fills the user namespace (``comm``, ``rank``,
-``size``, ``nbmpi``), registers the per-cell hooks and starts this rank's
+``size``, ``nbmpi``), registers the per-cell hooks and the shared-variable
+rebinding guard (:mod:`nbmpi.workers.rebinding_guard`) and starts this rank's
 **state probe**.
 
 Per-cell hooks (IPython ``pre_run_cell`` / ``post_run_cell`` on the engine,
@@ -153,13 +154,14 @@ def setup() -> Dict[str, Any]:
 
     import nbmpi
     import nbmpi.workers
-    from nbmpi.workers import runtime
+    from nbmpi.workers import rebinding_guard, runtime
 
     runtime.init()
     comm = runtime.world()
     _rank = comm.Get_rank()
     ip = get_ipython()
     ip.user_ns.update(comm=comm, rank=_rank, size=comm.Get_size(), nbmpi=nbmpi)
+    rebinding_guard.install_ipython(ip)   # a top-level `x = local` on a shared x raises
     for event, fn in (("pre_run_cell", _pre_run_cell), ("post_run_cell", _post_run_cell)):
         try:
             ip.events.unregister(event, fn)

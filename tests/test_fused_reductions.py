@@ -425,6 +425,55 @@ def test_python_and_compiled_ranks_agree_on_signatures(tmp_path):
     assert proc.stdout.count("OK") == 2 and proc.stdout.count("DIVERGED") == 2, proc.stdout + proc.stderr
 
 
+REBIND = PRELUDE + """
+# top-level code run by nbmpi run is rewritten: `x = local` on a shared x raises on every rank
+x = shared(0.0)
+x += float(r)
+x = shared(1.0)                 # shared -> shared: allowed
+y = x * 2.0                     # a shared result
+for k in range(3):
+    z = float(k)                # plain names are unaffected
+def f():
+    x = 5.0                     # function locals are not guarded (documented)
+    return x
+assert f() == 5.0
+caught = []
+for stmt in ("x = 3.0", "y = np.zeros(2)", "q = x = 1", "x, w = 1.0, 2.0", "x: float = 1.0"):
+    try:
+        if stmt == "x = 3.0":
+            x = 3.0
+        elif stmt == "y = np.zeros(2)":
+            y = np.zeros(2)
+        elif stmt == "q = x = 1":
+            q = x = 1
+        elif stmt == "x, w = 1.0, 2.0":
+            x, w = 1.0, 2.0
+        else:
+            x: float = 1.0
+    except SharedVariableError as exc:
+        assert f"rank {r}: `" in str(exc) and "del " in str(exc), str(exc)
+        caught.append(stmt)
+assert caught == ["x = 3.0", "y = np.zeros(2)", "q = x = 1", "x, w = 1.0, 2.0", "x: float = 1.0"], caught
+assert type(x).__name__ == "SharedVar" and type(y).__name__ == "_LazyF8"
+a, b = x, 4.0                   # unpacking: each name checked against its own value
+assert float(x) == 1.0 and float(y) == 2.0
+del x
+x = 3.0                         # the name was released
+print("OK", r)
+"""
+
+
+def test_rebinding_a_shared_name_to_a_local_value_raises(run_mpi):
+    proc = run_mpi(REBIND, n=2, timeout=60)
+    assert_ok(proc)
+    assert proc.stdout.count("OK") == 2
+    # NBMPI_REBIND_GUARD=0: the program runs as written (the rebinding goes through)
+    proc = run_mpi(PRELUDE + "x = shared(0.0)\nx = 3.0\nprint('UNGUARDED', x)", n=2, timeout=60,
+                   env={"NBMPI_REBIND_GUARD": "0"})
+    assert_ok(proc)
+    assert proc.stdout.count("UNGUARDED 3.0") == 2
+
+
 def test_signature_log_decoding():
     """The divergence diagnosis reads the log back: contribution keys (kmap, including
     negative hashes, even ones that look like a tag), float64 scalar keys, and uniform

@@ -138,6 +138,20 @@ def test_error_on_one_rank(kernel):
     assert r["status"] == "ok" and "[rank 1] fine 1" in r["stdout"]
 
 
+def test_rebinding_a_shared_variable_to_a_local_value_is_an_error(kernel):
+    k, _ = kernel
+    r = k.run("%%distributed\nfrom nbmpi.workers import shared\nsv = shared(0.0)\nsv += 1.0\nsv = shared(5.0)\n"
+              "for i in range(2):\n    sv += float(rank)\nprint('value', float(sv))")
+    assert r["status"] == "ok" and r["stdout"] == "[ranks 0-1] value 7.0\n", r
+    r = k.run("%%distributed\nsv = 2.5 * rank")
+    assert r["status"] == "error" and "SharedVariableError" in r["tb"], r
+    for q in (0, 1):
+        assert f"[rank {q}] remote traceback:" in r["tb"] and f"rank {q}: `sv = ...` assigns a rank-local float" \
+            in r["tb"], r["tb"]
+    r = k.run("%%distributed\nprint(type(sv).__name__)\ndel sv\nsv = 2.5 * rank\nprint(sv)")
+    assert r["status"] == "ok" and r["stdout"] == "[rank 0]\nSharedVar\n0.0\n[rank 1]\nSharedVar\n2.5\n", r
+
+
 def test_timeout_explains_hang(kernel):
     k, _ = kernel
     r = k.run("%%distributed --timeout 3\nimport time\nif rank == 1:\n    ch.take(0)\nelse:\n    time.sleep(60)")

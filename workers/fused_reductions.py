@@ -49,8 +49,13 @@ Local arithmetic (no communication; the result is again a shared variable):
   adds P. Use ``x.value + 1.0`` for local arithmetic.
 
 Assignment: assigning a purely local value to a shared variable is an error
-(:class:`SharedVariableError`): ``x.value = a``, ``x.assign(a)``. Python
-cannot see a plain rebinding ``x = a`` (``x`` then simply is a local name).
+(:class:`SharedVariableError`): ``x.value = a``, ``x.assign(a)``, and the
+plain rebinding ``x = a`` in code nbmpi runs (top-level code of
+``%%distributed`` cells, scripts and ``-c`` code of ``nbmpi run`` and of
+controller jobs), which :mod:`~nbmpi.workers.rebinding_guard` rewrites to
+check the old value of the name. Python gives no hook for names local to a
+function, so there ``x = a`` simply rebinds ``x`` (see that module for the
+exact coverage; ``del x`` releases a name on purpose).
 ``x.assign(y)`` (``y`` shared) and ``x.reset()`` (back to the creation
 value) or ``x.reset(c)`` (uniform ``c``) are allowed. Creation values
 (``shared(c)``) must be equal on every rank; like uniform operands this is

@@ -2,7 +2,9 @@
 program like ``python`` would (script path, ``-m module`` or ``-c code``),
 report this rank's exit code to the launcher's status directory.
 
-Not called by users directly: ``nbmpi run -n N script.py`` does it.
+Not called by users directly: ``nbmpi run -n N script.py`` does it. Scripts and
+``-c`` code run with :mod:`~nbmpi.workers.rebinding_guard` (a module-level
+``x = a`` that would replace shared variable ``x`` by a rank-local value raises).
 
 Two optional services for the controller's batch jobs (environment variables):
 
@@ -22,6 +24,8 @@ import os
 import runpy
 import sys
 import traceback
+
+from . import rebinding_guard
 
 
 def _report(code: int) -> None:
@@ -110,11 +114,14 @@ def main(argv=None) -> int:
             runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
         elif argv[0] == "-c":
             sys.argv = ["-c", *argv[2:]]
-            exec(compile(argv[1], "<string>", "exec"), {"__name__": "__main__"})  # noqa: S102
+            exec(rebinding_guard.compile_guarded(argv[1], "<string>"), {"__name__": "__main__"})  # noqa: S102
         else:
             sys.argv = argv
             sys.path.insert(0, os.path.dirname(os.path.abspath(argv[0])))
-            runpy.run_path(argv[0], run_name="__main__")
+            if os.path.isfile(argv[0]) and argv[0].endswith(".py"):
+                rebinding_guard.run_path(argv[0])   # top-level `x = local` on a shared x raises
+            else:   # a directory or zip with __main__.py
+                runpy.run_path(argv[0], run_name="__main__")
     except SystemExit as exc:
         c = exc.code
         code = 0 if c is None else (c if isinstance(c, int) else 1)
