@@ -53,9 +53,11 @@ Assignment: assigning a purely local value to a shared variable is an error
 plain rebinding ``x = a`` in code nbmpi runs (top-level code of
 ``%%distributed`` cells, scripts and ``-c`` code of ``nbmpi run`` and of
 controller jobs), which :mod:`~nbmpi.workers.rebinding_guard` rewrites to
-check the old value of the name. Python gives no hook for names local to a
-function, so there ``x = a`` simply rebinds ``x`` (see that module for the
-exact coverage; ``del x`` releases a name on purpose).
+check the old value of the name: at module level every plain name, inside
+a function the names it binds to shared variables itself. A function that
+rebinds a shared variable it got as an argument is not caught (Python has no
+hook there; see that module for the exact coverage). ``del x`` releases a
+name on purpose.
 ``x.assign(y)`` (``y`` shared) and ``x.reset()`` (back to the creation
 value) or ``x.reset(c)`` (uniform ``c``) are allowed. Creation values
 (``shared(c)``) must be equal on every rank; like uniform operands this is
@@ -1056,7 +1058,12 @@ def _first_difference(logs: List[List[tuple]], truncated: bool) -> str:
         items = [lg[i] if i < len(lg) else None for lg in logs]
         if any(it != items[0] for it in items[1:]):
             parts = "; ".join(f"rank {r}: {_describe(it)}" for r, it in enumerate(items))
-            return f"first difference at pending step {i}: {parts}"
+            hint = ""
+            if any(it is not None and it[0] == -7 for it in items):
+                hint = (". A uniform operand (c in x * c, x / c, ...) scales every rank's copy and must be the "
+                        "same on every rank; for the product of every rank's a write x *= a, for local "
+                        "arithmetic read the value first (float(x) * a)")
+            return f"first difference at pending step {i}: {parts}{hint}"
     if truncated:
         return (f"the sequences differ within earlier pending steps that were folded away (more than "
                 f"{_LOG_CAP} steps without a force point); force more often (flush()) to locate it")

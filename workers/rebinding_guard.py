@@ -11,20 +11,31 @@ rewriting the program's syntax tree before it runs:
 * scripts run with ``nbmpi run`` (and controller jobs, which run the same way)
   and ``nbmpi run -c CODE`` (:func:`run_path`, :func:`compile_guarded`).
 
-Every simple assignment ``x = <expr>`` (also ``x = y = <expr>``, ``x: T =
-<expr>`` and ``a, b = <expr>`` with plain names) at module level, including
-inside top-level ``for``/``while``/``if``/``with``/``try`` blocks, becomes
-``x = __nbmpi_rebind__(<expr>, "x")``. At run time that call raises
+Module level: every simple assignment ``x = <expr>`` (also ``x = y =
+<expr>``, ``x: T = <expr>`` and ``a, b = <expr>`` with plain names),
+including inside top-level ``for``/``while``/``if``/``with``/``try`` blocks,
+becomes ``x = __nbmpi_rebind__(<expr>, "x")``. At run time that call raises
 :class:`~nbmpi.workers.errors.SharedVariableError` if ``x`` currently holds a
 :class:`~nbmpi.workers.fused_reductions.SharedVar` (or pool) and the new value
-is not a shared variable; otherwise it returns the value unchanged (about
-0.1 µs per assignment). ``x = shared(...)``, ``x = y`` with ``y`` shared,
-``x += a`` and every other use are unaffected; ``del x`` releases the name.
+is not a shared variable; otherwise it returns the value unchanged (one
+Python call, a few hundred ns, per top-level assignment).
+
+Functions: the names a function binds to shared variables it makes itself
+(``x = shared(...)``, ``x = pool(...)``, also as ``nbmpi.workers.shared``,
+``a, b = shared(..), shared(..)``, and ``y = <arithmetic on such a name>``)
+are guarded the same way: ``x = <expr>`` becomes ``try: old = x / except
+NameError: old = None`` (free when ``x`` is bound) and ``x =
+__nbmpi_rebind_value__(<expr>, old, "x")``. Assignments to other names in
+functions are not touched, so function hot loops keep their speed.
+
+``x = shared(...)``, ``x = y`` with ``y`` shared, ``x += a`` and every other
+use are unaffected; ``del x`` releases the name.
 
 Not covered, because Python gives no hook there without slowing every
-assignment down: names local to functions or classes, ``for x in ...`` loop
-targets, ``global`` names assigned inside functions, ``exec`` of other code,
-and ``nbmpi run -m module``. ``NBMPI_REBIND_GUARD=0`` turns the guard off.
+assignment down: shared variables a function receives as arguments or reads
+from outside and then rebinds, names in class bodies and lambdas, ``for x
+in ...`` loop targets, ``exec`` of other code, and ``nbmpi run -m module``.
+``NBMPI_REBIND_GUARD=0`` turns the guard off.
 """
 from __future__ import annotations
 
@@ -32,7 +43,7 @@ import ast
 import builtins
 import os
 import sys
-from typing import Any, Callable, Optional, Tuple, Union
+from typing import Any, Callable, Iterator, List, Optional, Tuple, Union
 
 HELPER = "__nbmpi_rebind__"
 _getframe = sys._getframe
@@ -116,14 +127,139 @@ def _error(name: str, old: Any, value: Any) -> Exception:
         f"(`v = float({name})`); to reuse the name for something else, `del {name}` first")
 
 
-class RebindGuard(ast.NodeTransformer):
-    """Rewrites module-level assignments to plain names (see the module doc). Never
-    descends into function, lambda or class bodies."""
+def _rebind_value(value: Any, old: Any, name: str) -> Any:
+    """Run-time check of ``name = value`` inside a function, ``old`` being the name's
+    value before (None if unbound)."""
+    SharedVar = _SharedVar or _shared_type()
+    if isinstance(old, SharedVar) and not isinstance(value, SharedVar):
+        raise _error(name, old, value)
+    return value
 
-    def visit_FunctionDef(self, node: ast.AST) -> ast.AST:  # noqa: N802 - ast API
+
+_MAKERS = frozenset({"shared", "pool"})
+_OLD = "__nbmpi_old__"
+_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
+
+
+def _own_nodes(fn: ast.AST) -> Iterator[ast.AST]:
+    """The nodes of ``fn``'s own scope (not of nested functions, lambdas or classes)."""
+    todo = list(ast.iter_child_nodes(fn))
+    while todo:
+        n = todo.pop()
+        yield n
+        if not isinstance(n, _SCOPES):
+            todo.extend(ast.iter_child_nodes(n))
+
+
+def _pairs(node: ast.AST) -> List[Tuple[str, ast.expr]]:
+    """``(name, value)`` bound by an assignment statement (plain names only)."""
+    if isinstance(node, ast.AnnAssign) and node.simple and node.value is not None:
+        return [(node.target.id, node.value)]   # type: ignore[union-attr]
+    if isinstance(node, ast.Assign) and len(node.targets) == 1:
+        t, v = node.targets[0], node.value
+        if isinstance(t, ast.Name):
+            return [(t.id, v)]
+        if isinstance(t, (ast.Tuple, ast.List)) and isinstance(v, (ast.Tuple, ast.List)) \
+                and len(t.elts) == len(v.elts) and all(isinstance(e, ast.Name) for e in t.elts):
+            return [(e.id, x) for e, x in zip(t.elts, v.elts)]   # type: ignore[attr-defined]
+    return []
+
+
+def _makes_shared(value: ast.expr, names: set) -> bool:
+    """``shared(...)`` / ``pool(...)`` (also as an attribute), or arithmetic on a name in ``names``."""
+    if isinstance(value, ast.Call):
+        f = value.func
+        return (isinstance(f, ast.Name) and f.id in _MAKERS) or (isinstance(f, ast.Attribute)
+                                                                  and f.attr in _MAKERS)
+    if isinstance(value, (ast.BinOp, ast.UnaryOp)):
+        return any(isinstance(n, ast.Name) and n.id in names for n in ast.walk(value))
+    return False
+
+
+def _shared_names(fn: ast.AST) -> set:
+    """Names a function binds to shared variables it makes itself (fixpoint over its
+    assignments: ``x = shared(..)``, then ``y = x * 2``...)."""
+    assigns = [p for n in _own_nodes(fn) for p in _pairs(n)]
+    names: set = set()
+    grew = True
+    while grew:
+        grew = False
+        for name, value in assigns:
+            if name not in names and _makes_shared(value, names):
+                names.add(name)
+                grew = True
+    return names
+
+
+class _FunctionGuard(ast.NodeTransformer):
+    """Inside one function: ``x = <expr>`` for a name in ``names`` becomes
+    ``try: old = x / except NameError: old = None`` (free when ``x`` is bound),
+    ``x = __nbmpi_rebind_value__(<expr>, old, "x")``."""
+
+    def __init__(self, names: set):
+        self.names = names
+
+    def visit_FunctionDef(self, node: ast.AST) -> ast.AST:  # noqa: N802 - nested: its own names
+        return _guard_function(node)
+
+    visit_AsyncFunctionDef = visit_FunctionDef
+
+    def visit_ClassDef(self, node: ast.AST) -> ast.AST:  # noqa: N802
         return node
 
-    visit_AsyncFunctionDef = visit_ClassDef = visit_Lambda = visit_FunctionDef
+    visit_Lambda = visit_ClassDef
+
+    def _guarded(self, node: ast.stmt, name: str, value_owner: Any) -> List[ast.stmt]:
+        read = ast.parse(f"try:\n    {_OLD} = {name}\nexcept NameError:\n    {_OLD} = None").body
+        clear = ast.parse(f"{_OLD} = None").body
+        for st in read + clear:   # all on the assignment's line (tracebacks stay right)
+            for n in ast.walk(st):
+                if hasattr(n, "lineno"):
+                    n.lineno, n.end_lineno = node.lineno, node.end_lineno   # type: ignore[attr-defined]
+                    n.col_offset, n.end_col_offset = node.col_offset, node.end_col_offset   # type: ignore
+        value = value_owner.value
+        call = ast.Call(func=ast.Name(id=HELPER + "value__", ctx=ast.Load()),
+                        args=[value, ast.Name(id=_OLD, ctx=ast.Load()), ast.Constant(value=name)], keywords=[])
+        value_owner.value = ast.fix_missing_locations(ast.copy_location(call, value))
+        return read + [node] + clear
+
+    def visit_Assign(self, node: ast.Assign) -> Any:  # noqa: N802
+        if len(node.targets) == 1 and isinstance(node.targets[0], ast.Name) and node.targets[0].id in self.names:
+            return self._guarded(node, node.targets[0].id, node)
+        return node
+
+    def visit_AnnAssign(self, node: ast.AnnAssign) -> Any:  # noqa: N802
+        if node.value is not None and node.simple and node.target.id in self.names:   # type: ignore[union-attr]
+            return self._guarded(node, node.target.id, node)   # type: ignore[union-attr]
+        return node
+
+
+def _guard_function(fn: ast.AST) -> ast.AST:
+    names = _shared_names(fn)
+    g = _FunctionGuard(names)
+    for field in ("body",):
+        setattr(fn, field, [r for st in getattr(fn, field) for r in _as_list(g.visit(st))])
+    return fn
+
+
+def _as_list(r: Any) -> list:
+    return r if isinstance(r, list) else [r]
+
+
+class RebindGuard(ast.NodeTransformer):
+    """Rewrites module-level assignments to plain names, and inside functions the
+    assignments to names the function binds to shared variables (see the module doc).
+    Never descends into lambda or class bodies."""
+
+    def visit_FunctionDef(self, node: ast.AST) -> ast.AST:  # noqa: N802 - ast API
+        return _guard_function(node)
+
+    visit_AsyncFunctionDef = visit_FunctionDef
+
+    def visit_ClassDef(self, node: ast.AST) -> ast.AST:  # noqa: N802
+        return node
+
+    visit_Lambda = visit_ClassDef
 
     def visit_Assign(self, node: ast.Assign) -> ast.AST:  # noqa: N802
         if all(isinstance(t, ast.Name) for t in node.targets):
@@ -151,6 +287,7 @@ def _install_helpers() -> None:
     # in builtins, so the rewritten code finds them in any namespace (also after %reset)
     setattr(builtins, HELPER, _rebind)
     setattr(builtins, HELPER + "unpack__", _rebind_unpack)
+    setattr(builtins, HELPER + "value__", _rebind_value)
 
 
 def guard_tree(tree: ast.Module) -> ast.Module:
