@@ -457,7 +457,7 @@ def g(n, arg):
         except SharedVariableError as exc:
             assert f"rank {r}: `" in str(exc), str(exc)
             hits.append(k)
-    arg = 1.0                   # a shared argument rebound: not caught (documented)
+    arg = 1.0                   # a shared argument used only by arithmetic, rebound: not caught (documented)
     s = shared(2.0)             # shared -> shared: allowed
     del t
     t = 5.0                     # released on purpose
@@ -466,6 +466,14 @@ def g(n, arg):
     w = 1.0                     # unbound before: allowed
     return hits, float(s), t, w
 assert g(3, shared(0.0)) == ([0, 1, 2, 3], 2.0, 5.0, 1.0), g(3, shared(0.0))
+def h(acc):
+    acc.reset()                 # used as a shared variable: rebinding the argument is caught
+    acc += 1.0
+    try:
+        acc = float(acc)
+    except SharedVariableError:
+        return "CAUGHT"
+assert h(shared(0.0)) == "CAUGHT"
 caught = []
 for stmt in ("x = 3.0", "y = np.zeros(2)", "q = x = 1", "x, w = 1.0, 2.0", "x: float = 1.0"):
     try:

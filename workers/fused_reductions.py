@@ -54,10 +54,11 @@ plain rebinding ``x = a`` in code nbmpi runs (top-level code of
 ``%%distributed`` cells, scripts and ``-c`` code of ``nbmpi run`` and of
 controller jobs), which :mod:`~nbmpi.workers.rebinding_guard` rewrites to
 check the old value of the name: at module level every plain name, inside
-a function the names it binds to shared variables itself. A function that
-rebinds a shared variable it got as an argument is not caught (Python has no
-hook there; see that module for the exact coverage). ``del x`` releases a
-name on purpose.
+a function the names it binds to shared variables or uses as such
+(``x.reset()``...). A function that rebinds a shared variable it got from
+elsewhere and used only with ``+=`` and arithmetic is not caught (Python has
+no hook there; see that module for the exact coverage). ``del x`` releases
+a name on purpose.
 ``x.assign(y)`` (``y`` shared) and ``x.reset()`` (back to the creation
 value) or ``x.reset(c)`` (uniform ``c``) are allowed. Creation values
 (``shared(c)``) must be equal on every rank; like uniform operands this is

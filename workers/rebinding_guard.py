@@ -22,8 +22,10 @@ Python call, a few hundred ns, per top-level assignment).
 
 Functions: the names a function binds to shared variables it makes itself
 (``x = shared(...)``, ``x = pool(...)``, also as ``nbmpi.workers.shared``,
-``a, b = shared(..), shared(..)``, and ``y = <arithmetic on such a name>``)
-are guarded the same way: ``x = <expr>`` becomes ``try: old = x / except
+``a, b = shared(..), shared(..)``), the names it uses as shared variables
+(calls ``x.reset()``, ``x.min_with()``, ``x.max_with()``, ``x.consume()`` or
+``x.assign()`` on them, e.g. a shared argument), and ``y = <arithmetic on
+such a name>`` are guarded the same way: ``x = <expr>`` becomes ``try: old = x / except
 NameError: old = None`` (free when ``x`` is bound) and ``x =
 __nbmpi_rebind_value__(<expr>, old, "x")``. Assignments to other names in
 functions are not touched, so function hot loops keep their speed.
@@ -32,8 +34,9 @@ functions are not touched, so function hot loops keep their speed.
 use are unaffected; ``del x`` releases the name.
 
 Not covered, because Python gives no hook there without slowing every
-assignment down: shared variables a function receives as arguments or reads
-from outside and then rebinds, names in class bodies and lambdas, ``for x
+assignment down: a name in a function that holds a shared variable it got
+from elsewhere (argument, global, container) and uses only with ``+=`` and
+arithmetic before rebinding it, names in class bodies and lambdas, ``for x
 in ...`` loop targets, ``exec`` of other code, and ``nbmpi run -m module``.
 ``NBMPI_REBIND_GUARD=0`` turns the guard off.
 """
@@ -137,6 +140,7 @@ def _rebind_value(value: Any, old: Any, name: str) -> Any:
 
 
 _MAKERS = frozenset({"shared", "pool"})
+_SHARED_METHODS = frozenset({"reset", "min_with", "max_with", "consume", "assign"})
 _OLD = "__nbmpi_old__"
 _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
 
@@ -177,10 +181,15 @@ def _makes_shared(value: ast.expr, names: set) -> bool:
 
 
 def _shared_names(fn: ast.AST) -> set:
-    """Names a function binds to shared variables it makes itself (fixpoint over its
-    assignments: ``x = shared(..)``, then ``y = x * 2``...)."""
-    assigns = [p for n in _own_nodes(fn) for p in _pairs(n)]
-    names: set = set()
+    """Names a function binds to shared variables it makes itself or uses as shared
+    variables (``x.reset()``...), closed over its assignments (``x = shared(..)``, then
+    ``y = x * 2``...)."""
+    nodes = list(_own_nodes(fn))
+    assigns = [p for n in nodes for p in _pairs(n)]
+    # names used as shared variables (e.g. an argument): a method only shared variables have
+    names: set = {n.func.value.id for n in nodes   # type: ignore[attr-defined]
+                  if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+                  and n.func.attr in _SHARED_METHODS and isinstance(n.func.value, ast.Name)}
     grew = True
     while grew:
         grew = False
