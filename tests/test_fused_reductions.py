@@ -168,14 +168,24 @@ except SPMDDivergence as exc:
     print("UNIFORM", r)
 # a late rank is not a divergence: rank 0 arrives 1 s after the others, who meanwhile read
 # its size board several times (it has not reached the collective: they keep waiting)
-import time
+import pathlib, tempfile, time
 configure(timeout=None)
+flags = pathlib.Path(comm.bcast(tempfile.mkdtemp() if r == 0 else None))
 late = [shared(0.0) for _ in range(40)]
 for k, x in enumerate(late):
     x += float(k)
 if r == 0:
     time.sleep(1.0)
 assert [float(x) for x in late] == [float(k * P) for k in range(40)]
+# ... and the others leave the force point while rank 0 makes no MPI call (their board
+# reads of rank 0 may still be pending: they must not wait for them)
+if r != 0:
+    (flags / f"back{r}").touch()
+else:
+    deadline = time.monotonic() + 60
+    while len(list(flags.glob("back*"))) < P - 1:
+        assert time.monotonic() < deadline, "ranks stayed in the force point until rank 0 called MPI again"
+        time.sleep(0.05)
 # very different sizes: the ranks' collectives cannot match (different counts) and MPI
 # completes them on no rank; without any timeout every rank still raises SPMDDivergence
 # naming the first difference (size boards, then the diagnosis communicator)

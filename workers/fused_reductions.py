@@ -135,7 +135,8 @@ which then completes the collective on no rank (MPICH: every rank stays in
 it). This is found without a timeout: each rank has a *size board* (three
 words in an RMA window on the diagnosis communicator, written only on slow
 paths), and a rank still waiting in a force point after 0.2 s reads its peers'
-boards every 0.2 s (``MPI_Rget``, passive target: the peers do nothing). A peer
+boards every 0.2 s (``MPI_Rget``, never blocking; a read completes once the
+peer is in an MPI call, as a rank stuck in a force point is). A peer
 in the same collective with another size means it can never complete, so the
 rank joins the diagnosis; every rank then raises :class:`SPMDDivergence`
 naming the first difference, and the engine is unusable afterwards (the
@@ -581,8 +582,9 @@ class FusionEngine:
         """The size board: three int64 words per rank in an RMA window on the diagnosis
         communicator, ``(k, words, k)`` for the fused collective #k this rank is stuck in
         (or diagnosing), written only on those slow paths. A rank stuck in a force point
-        reads its peers' boards (passive target, no participation of theirs) to find a
-        collective that cannot complete because the sizes differ.
+        reads its peers' boards (``Rget``; passive target, though the read completes only
+        once the peer is in some MPI call) to find a collective that cannot complete
+        because the sizes differ.
 
         Collective, right after the two ``Comm_idup`` completed (so every rank is here).
         Without RMA support (the window cannot be made) there is no board and a size
@@ -595,7 +597,9 @@ class FusionEngine:
             win = m.Win.Create_dynamic(comm=diag)
             win.Attach(board)
             addrs = np.zeros(self.size, dtype=np.int64)
-            diag.Allgather(np.array([m.Get_address(board)], dtype=np.int64), addrs)
+            req = diag.Iallgather(np.array([m.Get_address(board)], dtype=np.int64), addrs)
+            waiting.wait(req, self.timeout, self.rank, None, "fused reductions: first force point (size boards)",
+                         CommTimeout, self._abandoned("size boards"), cancellable=False)
             win.Lock_all(m.MODE_NOCHECK)
         except m.Exception:   # pragma: no cover - every MPI-3 library has passive-target RMA
             return
@@ -603,6 +607,7 @@ class FusionEngine:
         self._peers = [p for p in range(self.size) if p != self.rank]
         self._addrs = [int(addrs[p]) for p in self._peers]
         self._seen = np.full((max(len(self._peers), 1), 3), -1, dtype=np.int64)
+        self._reads: List[Any] = [None] * len(self._peers)   # a pending Rget per peer (into _seen[i])
 
     def _publish(self, seq: int, words: int) -> None:
         """Write ``(seq, words, seq)`` to this rank's board (a reader takes it only when the
@@ -615,35 +620,41 @@ class FusionEngine:
             board[2] = seq
 
     def _size_watch(self, seq: int, words: int) -> Optional[Callable[[], None]]:
-        """The ``check`` of the force point's wait: from ``_WATCH_START`` s on, every
-        ``_WATCH_EVERY`` s, publish this rank's ``(seq, words)`` and read the peers' boards
-        (``Rget``, polled, never blocking).
-        A peer stuck in (or diagnosing) the same collective #seq with a different size
-        means MPI cannot complete it on any rank: raise :class:`_SizeMismatch`, and
-        ``_wait`` turns that into the diagnosis. A peer that has not reached #seq yet is
-        just late: keep waiting. Nothing is sent, so nothing is left to drain."""
+        """The ``check`` of the force point's wait: from ``_WATCH_START`` s on, publish
+        this rank's ``(seq, words)`` and read each peer's board (``Rget``), again every
+        ``_WATCH_EVERY`` s. A peer in (or diagnosing) the same collective #seq with a
+        different size means MPI cannot complete it on any rank: raise
+        :class:`_SizeMismatch`, and ``_wait`` turns that into the diagnosis. A peer that
+        has not reached #seq yet is just late: keep waiting.
+
+        Never blocks: a read completes only when the peer's MPI library makes progress
+        (MPICH: when the peer is in an MPI call, as a rank stuck in a force point is), so
+        each peer's read is tested on its own, a peer whose read is still pending is not
+        read again, and reads still pending when the wait ends stay parked on the engine
+        (``_reads``) for the next wait. A finished read of an older wait is still valid:
+        a rank's board words for a given ``seq`` never change. Nothing is sent, so
+        nothing is left to drain."""
         if self._win is None or not self._peers:
             return None
-        m, win, seen, peers, addrs = self._mpi, self._win, self._seen, self._peers, self._addrs
-        state = [time.monotonic() + _WATCH_START, None]   # next read time, pending Rget requests
+        m, win, seen, peers, addrs, reads = self._mpi, self._win, self._seen, self._peers, self._addrs, self._reads
+        due = [time.monotonic() + _WATCH_START]
 
         def check() -> None:
-            reqs = state[1]
-            if reqs is None:
-                if time.monotonic() >= state[0]:
-                    self._publish(seq, words)   # from now on peers may read it (repeating is harmless)
-                    state[1] = [win.Rget([seen[i], 3, m.INT64_T], p, target=(addrs[i], 3, m.INT64_T))
-                                for i, p in enumerate(peers)]
-                return
-            if not m.Request.Testall(reqs):
-                return
-            state[0], state[1] = time.monotonic() + _WATCH_EVERY, None
-            for i, (k, w, k2) in enumerate(seen.tolist()):
-                if k == seq and k2 == seq and w != words:
-                    raise _SizeMismatch(
-                        f"rank {self.rank}: fused reduction #{seq} cannot complete: rank {peers[i]} is in it "
-                        f"with {w} words, this rank with {words} (the ranks' pending data differ in size)")
-        check.pending = state   # type: ignore[attr-defined]  # _wait completes leftover reads
+            now = time.monotonic()
+            if now >= due[0]:
+                due[0] = now + _WATCH_EVERY
+                self._publish(seq, words)   # from now on peers may read it (repeating is harmless)
+                for i, p in enumerate(peers):
+                    if reads[i] is None:
+                        reads[i] = win.Rget([seen[i], 3, m.INT64_T], p, target=(addrs[i], 3, m.INT64_T))
+            for i, rq in enumerate(reads):
+                if rq is not None and rq.Test():
+                    reads[i] = None
+                    k, w, k2 = seen[i].tolist()
+                    if k == seq and k2 == seq and w != words:
+                        raise _SizeMismatch(
+                            f"rank {self.rank}: fused reduction #{seq} cannot complete: rank {peers[i]} is in "
+                            f"it with {w} words, this rank with {words} (the ranks' pending data differ in size)")
         return check
 
     def _abandoned(self, what: str) -> Callable[[], None]:
@@ -696,9 +707,6 @@ class FusionEngine:
             if err is exc:
                 raise
             raise err from exc
-        finally:
-            if check is not None and check.pending[1] is not None:   # type: ignore[attr-defined]
-                self._mpi.Request.Waitall(check.pending[1])   # type: ignore[attr-defined]
 
     def _fuse_failed(self, b: _Batch, words: int, exc: BaseException) -> BaseException:
         """What the hot path's force point raises for ``exc`` (also the compiled one's):
@@ -717,6 +725,11 @@ class FusionEngine:
         t = self.timeout
         logs = self._exchange_logs(b, words, None if t is None else min(t, 10.0) + 5.0)
         detail = None if logs is None else _compare(logs)
+        if detail is None and isinstance(exc, _SizeMismatch):   # proof enough, even without the logs
+            self._broken = "the ranks' fused collectives had different sizes (an SPMD divergence)"
+            return SPMDDivergence(self.rank, f"fused reduction #{self.seq}",
+                                  f"{exc}; the other ranks did not report their sequences in time, so the "
+                                  "first difference cannot be named")
         if detail is None:
             if isinstance(exc, self._mpi.Exception) and hasattr(exc, "add_note"):
                 exc.add_note(f"rank {self.rank}: in fused reduction #{self.seq} of {b.nvars} shared variable(s) "
