@@ -148,8 +148,13 @@ def test_rebinding_a_shared_variable_to_a_local_value_is_an_error(kernel):
     for q in (0, 1):
         assert f"[rank {q}] remote traceback:" in r["tb"] and f"rank {q}: `sv = ...` assigns a rank-local float" \
             in r["tb"], r["tb"]
-    r = k.run("%%distributed\nprint(type(sv).__name__)\ndel sv\nsv = 2.5 * rank\nprint(sv)")
+    r = k.run("%%distributed\nprint(type(sv).__name__)\nsv_keep = sv\ndel sv\nsv = 2.5 * rank\nprint(sv)")
     assert r["status"] == "ok" and r["stdout"] == "[rank 0]\nSharedVar\n0.0\n[rank 1]\nSharedVar\n2.5\n", r
+    # IPython's output cache names are free: `_` holds a shared result after this cell
+    r = k.run("%%distributed\nsv_keep * 2.0")
+    assert r["status"] == "ok", r
+    r = k.run("%%distributed\n_ = [1, 2]\nprint(_)")
+    assert r["status"] == "ok" and r["stdout"] == "[ranks 0-1] [1, 2]\n", r
 
 
 def test_timeout_explains_hang(kernel):

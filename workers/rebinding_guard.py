@@ -27,7 +27,7 @@ Functions: the names a function binds to shared variables it makes itself
 ``x.assign()`` on them, e.g. a shared argument), and ``y = <arithmetic on
 such a name>`` are guarded the same way: ``x = <expr>`` becomes ``try: old = x / except
 NameError: old = None`` (free when ``x`` is bound) and ``x =
-__nbmpi_rebind_value__(<expr>, old, "x")``. Assignments to other names in
+__nbmpi_rebind__value__(<expr>, old, "x")``. Assignments to other names in
 functions are not touched, so function hot loops keep their speed.
 
 ``x = shared(...)``, ``x = y`` with ``y`` shared, ``x += a`` and every other
@@ -36,8 +36,12 @@ use are unaffected; ``del x`` releases the name.
 Not covered, because Python gives no hook there without slowing every
 assignment down: a name in a function that holds a shared variable it got
 from elsewhere (argument, global, container) and uses only with ``+=`` and
-arithmetic before rebinding it, names in class bodies and lambdas, ``for x
-in ...`` loop targets, ``exec`` of other code, and ``nbmpi run -m module``.
+arithmetic before rebinding it; inside functions, chained ``x = y = ...`` and
+tuple targets of other values than a tuple display; ``a, b = <iterator>``
+(checked only for tuples and lists); walrus ``(x := ...)``; ``for x in ...``
+loop targets; class bodies and their methods, lambdas; IPython's output
+cache names (``_``, ``__``, ``_3``...); ``exec`` of other code; ``nbmpi run
+-m module`` and scripts that are not ``.py`` files.
 ``NBMPI_REBIND_GUARD=0`` turns the guard off.
 """
 from __future__ import annotations
@@ -45,6 +49,7 @@ from __future__ import annotations
 import ast
 import builtins
 import os
+import re
 import sys
 from typing import Any, Callable, Iterator, List, Optional, Tuple, Union
 
@@ -99,19 +104,24 @@ def bind(ns: dict) -> None:
         return _check(get, value, names)
 
     ns[HELPER] = rebind
+    # the other helpers too: functions defined here and pickled (cloudpickle) then refer to
+    # importable module functions instead of names only this process's builtins have
+    ns[HELPER + "unpack__"] = _rebind_unpack
+    ns[HELPER + "value__"] = _rebind_value
 
 
 def _rebind_unpack(value: Any, names: Tuple[str, ...]) -> Any:
-    """Run-time check of ``a, b = value``: unpacks here (as the assignment would) and
-    checks each name against its own value."""
-    SharedVar = _SharedVar or _shared_type()
-    values = tuple(value)
-    ns = _getframe(1).f_locals
-    for name, v in zip(names, values):
-        old = ns.get(name)
-        if old is not None and isinstance(old, SharedVar) and not isinstance(v, SharedVar):
-            raise _error(name, old, v)
-    return values
+    """Run-time check of ``a, b = value`` for a tuple or list ``value`` (each name against
+    its own value); any other iterable is returned untouched and unchecked (checking
+    would consume it)."""
+    if type(value) is tuple or type(value) is list:
+        SharedVar = _SharedVar or _shared_type()
+        ns = _getframe(1).f_locals
+        for name, v in zip(names, value):
+            old = ns.get(name)
+            if isinstance(old, SharedVar) and not isinstance(v, SharedVar):
+                raise _error(name, old, v)
+    return value
 
 
 def _error(name: str, old: Any, value: Any) -> Exception:
@@ -170,14 +180,17 @@ def _pairs(node: ast.AST) -> List[Tuple[str, ast.expr]]:
 
 
 def _makes_shared(value: ast.expr, names: set) -> bool:
-    """``shared(...)`` / ``pool(...)`` (also as an attribute), or arithmetic on a name in ``names``."""
+    """``shared(...)`` / ``pool(...)`` (also as an attribute), a name in ``names``, or
+    arithmetic whose direct operands include one of those."""
     if isinstance(value, ast.Call):
         f = value.func
         return (isinstance(f, ast.Name) and f.id in _MAKERS) or (isinstance(f, ast.Attribute)
                                                                   and f.attr in _MAKERS)
-    if isinstance(value, (ast.BinOp, ast.UnaryOp)):
-        return any(isinstance(n, ast.Name) and n.id in names for n in ast.walk(value))
-    return False
+    if isinstance(value, ast.BinOp):
+        return _makes_shared(value.left, names) or _makes_shared(value.right, names)
+    if isinstance(value, ast.UnaryOp):
+        return _makes_shared(value.operand, names)
+    return isinstance(value, ast.Name) and value.id in names   # not through calls: float(x) is local
 
 
 def _shared_names(fn: ast.AST) -> set:
@@ -203,7 +216,7 @@ def _shared_names(fn: ast.AST) -> set:
 class _FunctionGuard(ast.NodeTransformer):
     """Inside one function: ``x = <expr>`` for a name in ``names`` becomes
     ``try: old = x / except NameError: old = None`` (free when ``x`` is bound),
-    ``x = __nbmpi_rebind_value__(<expr>, old, "x")``."""
+    ``x = __nbmpi_rebind__value__(<expr>, old, "x")``."""
 
     def __init__(self, names: set):
         self.names = names
@@ -255,6 +268,9 @@ def _as_list(r: Any) -> list:
     return r if isinstance(r, list) else [r]
 
 
+_CACHE_NAME = re.compile(r"_+\d*|_i+\d*|_o+\d*")   # IPython's output/input cache (``_``, ``__``, ``_3``...)
+
+
 class RebindGuard(ast.NodeTransformer):
     """Rewrites module-level assignments to plain names, and inside functions the
     assignments to names the function binds to shared variables (see the module doc).
@@ -272,16 +288,20 @@ class RebindGuard(ast.NodeTransformer):
 
     def visit_Assign(self, node: ast.Assign) -> ast.AST:  # noqa: N802
         if all(isinstance(t, ast.Name) for t in node.targets):
-            names = [t.id for t in node.targets]
+            names = [t.id for t in node.targets if not _CACHE_NAME.fullmatch(t.id)]
+            if not names:
+                return node
             node.value = self._call(HELPER, node.value, names[0] if len(names) == 1 else tuple(names))
         elif (len(node.targets) == 1 and isinstance(node.targets[0], (ast.Tuple, ast.List))
               and node.targets[0].elts and all(isinstance(e, ast.Name) for e in node.targets[0].elts)):
             names = tuple(e.id for e in node.targets[0].elts)
-            node.value = self._call(HELPER + "unpack__", node.value, names)
+            if not all(_CACHE_NAME.fullmatch(n) for n in names):
+                node.value = self._call(HELPER + "unpack__", node.value, names)
         return node
 
     def visit_AnnAssign(self, node: ast.AnnAssign) -> ast.AST:  # noqa: N802
-        if node.value is not None and node.simple and isinstance(node.target, ast.Name):
+        if node.value is not None and node.simple and isinstance(node.target, ast.Name) \
+                and not _CACHE_NAME.fullmatch(node.target.id):
             node.value = self._call(HELPER, node.value, node.target.id)
         return node
 
@@ -310,7 +330,8 @@ def guard_tree(tree: ast.Module) -> ast.Module:
 def compile_guarded(source: Union[str, bytes], filename: str) -> Any:
     """``compile(source, filename, "exec")`` with the guard's rewrite applied (bytes are
     decoded as ``compile`` does: coding cookie, else UTF-8)."""
-    return compile(guard_tree(ast.parse(source, filename)), filename, "exec")
+    # dont_inherit: this module's own `from __future__` imports must not leak into the program
+    return compile(guard_tree(ast.parse(source, filename)), filename, "exec", dont_inherit=True)
 
 
 def run_path(path: str) -> None:
