@@ -257,10 +257,9 @@ class _FunctionGuard(ast.NodeTransformer):
 
 
 def _guard_function(fn: ast.AST) -> ast.AST:
-    names = _shared_names(fn)
-    g = _FunctionGuard(names)
-    for field in ("body",):
-        setattr(fn, field, [r for st in getattr(fn, field) for r in _as_list(g.visit(st))])
+    """Guard ``fn``'s own assignments to its shared names (nested functions get their own)."""
+    g = _FunctionGuard(_shared_names(fn))
+    fn.body = [r for st in fn.body for r in _as_list(g.visit(st))]   # type: ignore[attr-defined]
     return fn
 
 
