@@ -1,11 +1,88 @@
-"""Build of the optional compiled hot path (everything else is configured in pyproject.toml).
+"""Build of the optional compiled part of fused reductions (everything else is configured in pyproject.toml).
 
-``nbmpi.workers._fused_core`` speeds up float64 scalar shared variables
-(:mod:`nbmpi.workers.fused_reductions`). It is optional: without a C compiler
-the install still succeeds and the pure-Python implementation, with the same
-semantics, is used (``nbmpi.workers.fused_reductions.IMPLEMENTATION`` says which).
+Two Cython extensions of ``nbmpi.workers.fused_reductions``:
+
+* ``_core``: the float64-scalar hot path of shared variables (no MPI headers needed);
+* ``_direct_mpi``: ``MPI_Start``/``MPI_Test`` and a compiled MPI operation through
+  mpi4py's public C API (``from mpi4py cimport MPI, libmpi``), compiled against the
+  MPI headers of the ``mpich`` wheel (or of ``$MPICC``/``mpicc``).
+
+Both are optional: without a C compiler (or Cython) the install still succeeds and the
+pure-Python implementation, with the same semantics, is used
+(``nbmpi.workers.fused_reductions.IMPLEMENTATION`` says which).
 """
+import os
+import shlex
+import shutil
+import subprocess
+from importlib import metadata
+from pathlib import Path
+
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension("nbmpi.workers._fused_core", sources=["workers/_fused_core.c"],
-                             extra_compile_args=["-O2"], optional=True)])
+PKG = "workers/fused_reductions"
+
+
+def mpi_build_paths():
+    """(include dirs, library dirs) of the MPI to compile ``_direct_mpi`` against: the
+    ``mpich`` wheel's headers and ``libmpi.so`` (the MPI mpi4py loads in this install),
+    else what ``$MPICC`` (default ``mpicc``) reports; None if neither is found."""
+    try:
+        dist = metadata.distribution("mpich")
+        inc = lib = None
+        for f in dist.files or ():
+            if f.name == "mpi.h":
+                inc = Path(dist.locate_file(f)).resolve().parent
+            elif f.name == "libmpi.so":
+                lib = Path(dist.locate_file(f)).resolve().parent
+        if inc and lib and (inc / "mpi.h").exists():
+            return [str(inc)], [str(lib)]
+    except metadata.PackageNotFoundError:
+        pass
+    mpicc = shutil.which(os.environ.get("MPICC", "mpicc"))
+    if not mpicc:
+        return None
+    try:
+        flags = shlex.split(subprocess.run([mpicc, "-show"], capture_output=True, text=True, check=True).stdout)
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    incs = [f[2:] for f in flags if f.startswith("-I")]
+    libs = [f[2:] for f in flags if f.startswith("-L")]
+    return (incs, libs) if incs else None
+
+
+def cython_include() -> str:
+    """A directory where ``cimport`` finds the package's ``.pxd`` files under their
+    installed name (``nbmpi/workers/fused_reductions/``; the source tree maps ``workers/``
+    to ``nbmpi.workers``, so Cython would not find ``from ._core cimport ...`` there)."""
+    root = Path("build/cython-include")
+    pkg = root / "nbmpi" / "workers" / "fused_reductions"
+    pkg.mkdir(parents=True, exist_ok=True)
+    for d in (root / "nbmpi", root / "nbmpi" / "workers", pkg):
+        (d / "__init__.pxd").touch()
+    for pxd in Path(PKG).glob("*.pxd"):
+        shutil.copyfile(pxd, pkg / pxd.name)
+    return str(root)
+
+
+def extensions():
+    try:
+        from Cython.Build import cythonize
+    except ImportError:   # no Cython: pure Python
+        return []
+    exts = [Extension("nbmpi.workers.fused_reductions._core", [f"{PKG}/_core.pyx"], extra_compile_args=["-O2"],
+                      optional=True)]
+    paths = mpi_build_paths()
+    if paths is not None:
+        inc, lib = paths
+        exts.append(Extension("nbmpi.workers.fused_reductions._direct_mpi", [f"{PKG}/_direct_mpi.pyx"],
+                              include_dirs=inc, library_dirs=lib, libraries=["mpi"],
+                              extra_compile_args=["-O2"], optional=True))
+    out = cythonize(exts, build_dir="build/cython", include_path=[cython_include()], quiet=True,
+                    compiler_directives={"language_level": "3"})
+    for ext in out:   # cythonize makes new Extension objects without the flag: a failed compile is skipped
+        ext.optional = True
+    return out
+
+
+setup(ext_modules=extensions())

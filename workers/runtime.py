@@ -16,7 +16,7 @@ creates the per-rank tracer and aligns its clock with rank 0's.
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Dict, Optional
+from typing import TYPE_CHECKING, Optional
 
 import mpi4py
 
@@ -50,41 +50,6 @@ def MPI() -> "_MPI":  # noqa: N802 - mirrors the module name
     from mpi4py import MPI as _m
 
     return _m
-
-
-def mpi_library_functions(*names: str) -> Optional[Dict[str, int]]:
-    """Addresses of the C functions ``names`` (e.g. ``"MPI_Test"``) that mpi4py's own
-    calls reach, or None where they cannot be found.
-
-    For compiled code that calls MPI directly on handles it gets from mpi4py's C
-    API (the fused-reduction force point). The lookup is the dynamic linker's for
-    mpi4py's extension module: the global scope first (a preloaded PMPI profiler
-    or a globally loaded MPI), then the module's own dependencies (the MPI library
-    it was loaded against, found through the module opened again with
-    ``RTLD_NOLOAD``). POSIX only. Initialises MPI if needed. Local, no communication.
-    """
-    import ctypes
-
-    m = MPI()
-    noload = getattr(os, "RTLD_NOLOAD", None)
-    if noload is None or not getattr(m, "__file__", None):
-        return None
-    scopes = []
-    try:
-        scopes.append(ctypes.CDLL(None))
-        scopes.append(ctypes.CDLL(m.__file__, mode=noload | os.RTLD_LAZY))
-    except OSError:
-        pass
-    found: Dict[str, int] = {}
-    for n in names:
-        for lib in scopes:
-            fn = getattr(lib, n, None)
-            if fn is not None:
-                found[n] = ctypes.cast(fn, ctypes.c_void_p).value
-                break
-        else:
-            return None
-    return found
 
 
 def world():

@@ -164,7 +164,9 @@ persistent requests, force points, :func:`flush`, :func:`fused`,
 (divergence diagnosis), :mod:`.lazy` (forcing and evaluating lazy values),
 :mod:`.values` (shared variables and their arithmetic), :mod:`.grants` and
 :mod:`.pools` (bounded reductions), :mod:`.implementation` (compiled or pure
-Python).
+Python), :mod:`.binding` (what the compiled core falls back to); the compiled
+core itself is Cython: ``_core.pyx`` (hot paths) and ``_direct_mpi.pyx`` (MPI
+through mpi4py's C API).
 """
 from __future__ import annotations
 
@@ -179,6 +181,9 @@ from .implementation import DIRECT_MPI_ENV, IMPLEMENTATION, PURE_PYTHON_ENV
 from .pools import SharedPool, pool
 from .values import SharedVar, shared
 from .wire import _F8_NUM, CONSUME, HEADER, MAX, MIN, OP_NAMES, PROD, SUM
+from .binding import bind as _bind
+
+_bind()
 
 __all__ = ["SharedVar", "SharedPool", "Grant", "shared", "pool", "flush", "fused", "configure",
            "engine", "FusionEngine", "SPMDDivergence", "SharedVariableError"]

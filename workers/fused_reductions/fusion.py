@@ -18,22 +18,23 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from typing import Any, Callable, Dict, Iterator, List, Optional
+from typing import Any, Callable, Dict, Iterator, Optional
 
-import numba
 import numpy as np
 
 from .. import tracing as _tracing
 from .. import waiting
 from ..errors import CommTimeout, NbmpiError, SharedVariableError, SPMDDivergence
-from ..runtime import MPI, default_timeout, mpi_library_functions, world
+from ..kernels import LAYOUT_FIXED, combine_words, combine_words_mpi_address
+from ..runtime import MPI, default_timeout, world
+from ..tracing import DIR_NONE, get_tracer
 from .boards import SizeBoards, _SizeMismatch
 from .diagnosis import _compare, _decode_log, _first_difference, _size_note, exchange_logs
-from .implementation import DIRECT_MPI_ENV
+from .implementation import DIRECT_MPI_ENV, direct_mpi
 from .implementation import core as _core
 from .pending import _EMPTY, _Batch
 from .wire import (HEADER, W_C16, W_I8, _size_class, _same_signature, _STRUCT_MAX, _WORDS, _words,
-                   signature_words)
+                   layout_words, signature_words)
 
 K_FUSED = _tracing.register_kind("fused_allreduce")
 THRESHOLD_ENV = "NBMPI_FUSE_THRESHOLD"
@@ -41,107 +42,12 @@ DEFAULT_THRESHOLD_BYTES = 1 << 20
 _SPIN = 64   # Test polls of a force point before the (slower to enter) interruptible wait
 
 
-# --------------------------------------------------------------------------- compiled kernel
-@numba.njit(cache=True, nogil=True)
-def _combine_words(inw, outw, n_f8, ops_f8, n_i8, ops_i8, segs):  # pragma: no cover - compiled
-    """outw = op(inw, outw) segment by segment. Words [0, n_f8) are float64
-    scalars with per-word ops, then n_i8 int64 scalars, then the segments
-    ``segs[s] = (start, words, op, kind)``. Only the header is combined if a
-    buffer is shorter than the layout (ranks diverged; the header reports it)."""
-    need = n_f8 + n_i8
-    for s in range(segs.shape[0]):
-        e = segs[s, 0] + segs[s, 1]
-        if e > need:
-            need = e
-    inf = inw.view(np.float64)
-    outf = outw.view(np.float64)
-    if inw.size < need or outw.size < need:
-        for i in range(min(4, inw.size, outw.size)):
-            outf[i] = inf[i] + outf[i]
-        return
-    for i in range(n_f8):
-        a = inf[i]
-        b = outf[i]
-        op = ops_f8[i]
-        if op == 0 or op == 4:
-            outf[i] = a + b
-        elif op == 1:
-            outf[i] = a * b
-        elif op == 2:
-            outf[i] = a if (a < b or a != a) else b
-        else:
-            outf[i] = a if (a > b or a != a) else b
-    for k in range(n_i8):
-        i = n_f8 + k
-        a = inw[i]
-        b = outw[i]
-        op = ops_i8[k]
-        if op == 0 or op == 4:
-            outw[i] = a + b
-        elif op == 1:
-            outw[i] = a * b
-        elif op == 2:
-            outw[i] = a if a < b else b
-        else:
-            outw[i] = a if a > b else b
-    for s in range(segs.shape[0]):
-        st = segs[s, 0]
-        n = segs[s, 1]
-        op = segs[s, 2]
-        kind = segs[s, 3]
-        if kind == 0:
-            if op == 0 or op == 4:
-                for i in range(st, st + n):
-                    outf[i] = inf[i] + outf[i]
-            elif op == 1:
-                for i in range(st, st + n):
-                    outf[i] = inf[i] * outf[i]
-            elif op == 2:
-                for i in range(st, st + n):
-                    a = inf[i]
-                    b = outf[i]
-                    outf[i] = a if (a < b or a != a) else b
-            else:
-                for i in range(st, st + n):
-                    a = inf[i]
-                    b = outf[i]
-                    outf[i] = a if (a > b or a != a) else b
-        elif kind == 1:
-            if op == 0 or op == 4:
-                for i in range(st, st + n):
-                    outw[i] = inw[i] + outw[i]
-            elif op == 1:
-                for i in range(st, st + n):
-                    outw[i] = inw[i] * outw[i]
-            elif op == 2:
-                for i in range(st, st + n):
-                    outw[i] = inw[i] if inw[i] < outw[i] else outw[i]
-            else:
-                for i in range(st, st + n):
-                    outw[i] = inw[i] if inw[i] > outw[i] else outw[i]
-        else:  # complex128 as (re, im) word pairs; sum or prod
-            if op == 1:
-                for i in range(st, st + n, 2):
-                    ar = inf[i]
-                    ai = inf[i + 1]
-                    br = outf[i]
-                    bi = outf[i + 1]
-                    outf[i] = ar * br - ai * bi
-                    outf[i + 1] = ar * bi + ai * br
-            else:
-                for i in range(st, st + n):
-                    outf[i] = inf[i] + outf[i]
-
-
-_LAYOUT: List[Any] = [0, np.zeros(1, np.int8), 0, np.zeros(1, np.int8), np.zeros((0, 4), np.int64)]
-
-
 def _user_combine(inbuf, inoutbuf, datatype) -> None:
-    """Combining function of the user-defined MPI op: copy-free int64 views of
-    MPI's buffers, the layout of the fusion in flight, the compiled kernel."""
-    lay = _LAYOUT
-    _combine_words(np.frombuffer(inbuf, np.int64), np.frombuffer(inoutbuf, np.int64),
-                   lay[0], lay[1], lay[2], lay[3], lay[4])
+    """Combining function of the user-defined MPI op of the pure-Python implementation:
+    the compiled kernel on copy-free int64 views of MPI's buffers (whose layout record
+    says what each word is). The compiled implementation gives MPI the same kernel as a C
+    function instead (:func:`~nbmpi.workers.kernels.combine_words_mpi_address`)."""
+    combine_words(np.frombuffer(inbuf, np.int64), np.frombuffer(inoutbuf, np.int64))
 
 
 class FusionEngine:
@@ -172,8 +78,6 @@ class FusionEngine:
         self.threshold_words = max(HEADER + 1, nbytes // 8)
         self.batch = _Batch(self.threshold_words)
         self._buf = np.zeros(256, dtype=np.float64)
-        self._ops_f8 = np.zeros(256, dtype=np.int8)
-        self._ops_i8 = np.zeros(64, dtype=np.int8)
         self._types: Dict[int, Any] = {}
         self._preq: Dict[Any, Any] = {}   # words (MPI_SUM) or (words, False) -> persistent Allreduce_init request
         self._op = None
@@ -186,6 +90,9 @@ class FusionEngine:
         #: the compiled force point calls ``MPI_Start``/``MPI_Test`` directly (set at the
         #: first force point; False: through mpi4py, or the pure-Python implementation)
         self.direct_mpi = False
+        #: the MPI operation of general fusions combines in C (a numba ``cfunc`` given to
+        #: MPI by the compiled glue; set at the first general fusion); False: a Python callback
+        self.compiled_op = False
         self._sync_core()
 
     if _core is not None:
@@ -210,8 +117,11 @@ class FusionEngine:
     @batch.setter
     def batch(self, b: "_Batch") -> None:
         self._batch = b
-        if _core is not None:
-            _core.set_batch(b)   # the compiled hot path appends to it
+
+    if _core is not None:
+        # the compiled hot path appends to the current batch and starts the next one itself
+        batch = property(lambda self: _core.current_batch(), lambda self, b: _core.set_batch(b),  # noqa: F811
+                         doc="The pending contributions (the current fusion).")
 
     # -- setup ----------------------------------------------------------------
     def _connect(self) -> None:
@@ -231,20 +141,13 @@ class FusionEngine:
         self.diag = diag
         self._boards = SizeBoards.open(diag, self.rank, self.size, self.timeout, self._abandoned("size boards"))
         self.chan = _tracing.get_tracer().new_channel_id(comm)
-        self._op = m.Op.Create(_user_combine, commute=True)
         self._mpi = m
         self._sync_core()
         if _core is not None:
             # the compiled force point calls MPI_Start/MPI_Test itself (no Python call per poll)
-            self.direct_mpi = False
-            if os.environ.get(DIRECT_MPI_ENV, "").strip() != "0":
-                fns = mpi_library_functions("MPI_Start", "MPI_Test")
-                capi = getattr(m, "__pyx_capi__", {}).get("PyMPIRequest_Get")
-                if fns and capi is not None:
-                    _core.set_mpi(fns["MPI_Start"], fns["MPI_Test"], capi, m.Exception)
-                    self.direct_mpi = True
-            if not self.direct_mpi:
-                _core.set_mpi(None)
+            glue = direct_mpi()
+            self.direct_mpi = glue is not None and os.environ.get(DIRECT_MPI_ENV, "").strip() != "0"
+            _core.set_runner(glue.DirectRunner() if self.direct_mpi else None)
         self._ready = not self._strict
 
     def _abandoned(self, what: str) -> Callable[[], None]:
@@ -345,9 +248,21 @@ class FusionEngine:
         if allsum:
             req = self.comm.Allreduce_init(m.IN_PLACE, [fb, words, m.DOUBLE], op=m.SUM)
         else:
-            req = self.comm.Allreduce_init(m.IN_PLACE, [fb, 1, self._dtype(words)], op=self._op)
+            req = self.comm.Allreduce_init(m.IN_PLACE, [fb, 1, self._dtype(words)], op=self._op or self._make_op())
         self._preq[words if allsum else (words, False)] = req
         return req
+
+    def _make_op(self):
+        """The commutative MPI operation of general fusions: :func:`~nbmpi.workers.kernels.combine_words`
+        as a C function given to ``MPI_Op_create`` by the compiled glue, else (pure Python,
+        or no glue) the same kernel behind a Python callback (``MPI.Op.Create``)."""
+        glue = direct_mpi()
+        if glue is not None:
+            self._op = glue.op_create(combine_words_mpi_address(), True)
+            self.compiled_op = True
+        else:
+            self._op = self._mpi.Op.Create(_user_combine, commute=True)
+        return self._op
 
     def _dtype(self, words: int):
         t = self._types.get(words)
@@ -401,9 +316,9 @@ class FusionEngine:
                     t1 = time.perf_counter_ns()
                     seq = self.seq
                     self.seq = seq + 1
-                    tr = _tracing._TRACER
-                    if tr is not None and tr.enabled:
-                        tr.record(K_FUSED, _tracing.DIR_NONE, -1, 0, L * 8, t0, t1, -1, seq, self.chan, b.nvars)
+                    tr = get_tracer()
+                    if tr.enabled:
+                        tr.record(K_FUSED, DIR_NONE, -1, 0, L * 8, t0, t1, -1, seq, self.chan, b.nvars)
                     if st is not None and st is _core:
                         res = _core.unpack(fb, n1)
                     else:
@@ -438,53 +353,59 @@ class FusionEngine:
         return b.nvars
 
     def _reduce(self, b: _Batch) -> None:
-        n1, n2 = len(b.f8), len(b.i8)
-        words = n1 + b.words
+        """The general force point (any ops, dtypes and shapes): pack everything into the
+        fusion buffer, one collective, unpack ``b.res``. Only float64 sums (and consumes):
+        ``MPI_SUM``; otherwise the buffer carries a layout record after the header (the op
+        of every scalar word, the segments; :mod:`.wire`) and the user-defined operation's
+        kernel combines each word with its op."""
+        f8 = b.f8
+        n1, n2, arrs = len(f8), len(b.i8), b.arrs
+        nf = n1 - HEADER                                  # float64 scalar words
+        allsum = b.allsum
+        nlay = 0 if allsum else layout_words(nf, n2, len(arrs))
+        d = HEADER + nlay                                 # where the scalar words start
+        words = n1 + nlay + b.words
         L = 16 if words <= 16 else _size_class(words)
         if self._buf.size < L:
             self._grow(L)
         fb = self._buf
         ib = fb.view(np.int64)
-        f8 = b.f8
-        f8[:4] = signature_words(hash((b.sig, L, tuple(b.log))))
-        fb[:n1] = f8
+        f8[:HEADER] = signature_words(hash((b.sig, L, tuple(b.log))))
+        if allsum:
+            fb[:n1] = f8
+        else:
+            fb[:HEADER] = f8[:HEADER]
+            fb[d:d + nf] = f8[HEADER:]
+            nops = (nf + n2 + 7) // 8
+            ib[HEADER:HEADER + LAYOUT_FIXED] = (nlay, L, nf, n2, len(arrs))
+            ops = ib[HEADER + LAYOUT_FIXED:HEADER + LAYOUT_FIXED + nops]
+            ops[:] = 0
+            opb = ops.view(np.int8)
+            for i, op in b.f8_nonsum.items():
+                opb[i - HEADER] = op
+            if n2:
+                opb[nf:nf + n2] = b.i8_ops
+            segs = ib[HEADER + LAYOUT_FIXED + nops:d].reshape(-1, 4)
+        pos = d + nf
         if n2:
-            ib[n1:n1 + n2] = b.i8
-        pos = n1 + n2
-        segs = None
-        if b.arrs:
-            segs = np.empty((len(b.arrs), 4), dtype=np.int64)
-            for s, (acc, op, kind) in enumerate(b.arrs):
-                w = acc.size * (2 if kind == W_C16 else 1)
-                if kind == W_I8:
-                    ib[pos:pos + w] = acc
-                else:
-                    fb[pos:pos + w] = acc.view(np.float64)
+            ib[pos:pos + n2] = b.i8
+            pos += n2
+        places = []
+        for s, (acc, op, kind) in enumerate(arrs):
+            w = acc.size * (2 if kind == W_C16 else 1)
+            if kind == W_I8:
+                ib[pos:pos + w] = acc
+            else:
+                fb[pos:pos + w] = acc.view(np.float64)
+            if not allsum:
                 segs[s] = (pos, w, op, kind)
-                pos += w
+            places.append((pos, w, kind))
+            pos += w
         if pos < L:
             fb[pos:L] = 0.0
-        tr = _tracing._TRACER
-        allsum = b.allsum
         req = self._preq.get(L if allsum else (L, False))
         if req is None:
             req = self._persistent(L, allsum)
-        if allsum:
-            tag = 0
-        else:
-            ops1 = self._ops_f8 if self._ops_f8.size >= n1 else np.zeros(2 * n1, np.int8)
-            self._ops_f8 = ops1
-            ops1[:n1] = 0
-            for i, op in b.f8_nonsum.items():
-                ops1[i] = op
-            ops2 = self._ops_i8 if self._ops_i8.size >= max(n2, 1) else np.zeros(2 * n2, np.int8)
-            self._ops_i8 = ops2
-            if n2:
-                ops2[:n2] = b.i8_ops
-            lay = _LAYOUT
-            lay[0], lay[1], lay[2], lay[3] = n1, ops1, n2, ops2
-            lay[4] = segs if segs is not None else np.zeros((0, 4), np.int64)
-            tag = 1
         t0 = time.perf_counter_ns()
         try:
             self._run(req, b, L)
@@ -499,21 +420,25 @@ class FusionEngine:
         t1 = time.perf_counter_ns()
         seq = self.seq
         self.seq = seq + 1
-        if tr is not None and tr.enabled:
-            tr.record(K_FUSED, _tracing.DIR_NONE, -1, tag, L * 8, t0, t1, -1, seq, self.chan, b.nvars)
-        res = fb[:n1].tolist()
+        tr = get_tracer()
+        if tr.enabled:
+            tr.record(K_FUSED, DIR_NONE, -1, 0 if allsum else 1, L * 8, t0, t1, -1, seq, self.chan, b.nvars)
+        if allsum:
+            res = fb[:n1].tolist()
+        else:
+            res = fb[:d + nf].tolist()
+            del res[HEADER:d]                             # indices as in b.f8
         if not _same_signature(self.size, res):
             raise self._divergence(b, L)
         res_arrs = []
-        if b.arrs:
-            for (acc, op, kind), (st, w, _, _) in zip(b.arrs, segs.tolist()):
-                if kind == W_I8:
-                    res_arrs.append(ib[st:st + w].copy())
-                elif kind == W_C16:
-                    res_arrs.append(fb[st:st + w].copy().view(np.complex128))
-                else:
-                    res_arrs.append(fb[st:st + w].copy())
-        b.res = (res, ib[n1:n1 + n2].tolist() if n2 else [], res_arrs)
+        for st, w, kind in places:
+            if kind == W_I8:
+                res_arrs.append(ib[st:st + w].copy())
+            elif kind == W_C16:
+                res_arrs.append(fb[st:st + w].copy().view(np.complex128))
+            else:
+                res_arrs.append(fb[st:st + w].copy())
+        b.res = (res, ib[d + nf:d + nf + n2].tolist() if n2 else [], res_arrs)
         b.done = True
 
     def _divergence(self, b: _Batch, words: int) -> SPMDDivergence:

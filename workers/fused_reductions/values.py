@@ -16,16 +16,14 @@ from typing import Any, Callable, Dict, Optional, Tuple
 
 import numpy as np
 
-from .. import tracing as _tracing
 from ..errors import SharedVariableError
 from . import fusion as _fusion
-from .fusion import _SPIN, K_FUSED, FusionEngine, engine
+from .fusion import FusionEngine, engine
 from .grants import Grant
 from .implementation import core as _core
-from .lazy import _apply, _ensure_done, _eval, _force
-from .pending import _EMPTY, _NOD, _NOL, _Batch, _Derived, _Snap
-from .wire import (_F8, _LOG_CAP, _NAN_KEY, CONSUME, MAX, MIN, OP_NAMES, PROD, SUM, W_C16, W_F8, W_I8,
-                   _ckey, _same_signature, _value_key)
+from .lazy import _apply, _ensure_done, _eval
+from .pending import _NOD, _NOL, _Batch, _Derived, _Snap
+from .wire import _F8, _NAN_KEY, CONSUME, MAX, MIN, OP_NAMES, PROD, SUM, W_C16, W_F8, W_I8, _ckey, _value_key
 
 
 def _working(dtype: np.dtype) -> int:
@@ -48,18 +46,20 @@ def _check_dtype(dtype: np.dtype, where: str) -> np.dtype:
                                   "bool, int (up to int64), uint (up to uint32), float or complex dtype")
     return dtype
 
+
 _VAR_SLOTS = ("_id", "dtype", "shape", "_kind", "_base", "_entries", "_ob", "_oi", "_oop", "_oblk", "_init",
               "_cast", "_lastb", "_sf", "_ksum", "name")
 
 
 class _PyVarBase:
     """The fields of a shared variable and the pure-Python implementation of its hot
-    operators (``reset``, ``+=``, ``-=``, ``float()``, ``+ - * /``).
+    operators (``reset``, ``+=``, ``-=``, ``*=``, ``min_with``, ``max_with``,
+    ``float()``, ``+ - * /``).
 
-    This is the reference implementation. When the compiled ``_fused_core`` extension
-    is available, :class:`SharedVar` derives from its ``VarBase`` instead, which does
-    the common float64-scalar cases in C on the same fields and calls these methods
-    (as plain functions) for everything else."""
+    This is the reference implementation. When the compiled core is built
+    (:mod:`.implementation`), :class:`SharedVar` derives from its ``VarBase`` instead,
+    which does the common float64-scalar cases in C on the same fields and calls these
+    methods (as plain functions, see :mod:`.binding`) for everything else."""
 
     __slots__ = _VAR_SLOTS
 
@@ -161,6 +161,27 @@ class _PyVarBase:
         if isinstance(a, SharedVar):
             return self._local_inplace(operator.sub, a)
         return self._contribute(SUM, _neg(a))
+
+    def __imul__(self, a):
+        if isinstance(a, SharedVar):
+            return self._local_inplace(operator.mul, a)
+        return self._contribute(PROD, a)
+
+    def min_with(self, a) -> "SharedVar":
+        """``x = min(x, min over ranks of a)`` (a rank-local) or elementwise min with shared ``a``
+        (NaN wins, as in every reduction: :mod:`nbmpi.workers.kernels`). Lazy, local."""
+        if isinstance(a, SharedVar):
+            return self._local_inplace(np.minimum, a)
+        self._no_complex("min_with")
+        return self._contribute(MIN, a)
+
+    def max_with(self, a) -> "SharedVar":
+        """``x = max(x, max over ranks of a)`` (a rank-local) or elementwise max with shared ``a``
+        (NaN wins, as in every reduction: :mod:`nbmpi.workers.kernels`). Lazy, local."""
+        if isinstance(a, SharedVar):
+            return self._local_inplace(np.maximum, a)
+        self._no_complex("max_with")
+        return self._contribute(MAX, a)
 
     def __add__(self, a):
         if isinstance(a, SharedVar):
@@ -569,25 +590,6 @@ class SharedVar(_core.VarBase if _core is not None else _PyVarBase):  # type: ig
         return self
 
 
-    def __imul__(self, a):
-        if isinstance(a, SharedVar):
-            return self._local_inplace(operator.mul, a)
-        return self._contribute(PROD, a)
-
-    def min_with(self, a) -> "SharedVar":
-        """``x = min(x, min over ranks of a)`` (a rank-local) or elementwise min with shared ``a``. Lazy."""
-        if isinstance(a, SharedVar):
-            return self._local_inplace(np.fmin, a)
-        self._no_complex("min_with")
-        return self._contribute(MIN, a)
-
-    def max_with(self, a) -> "SharedVar":
-        """``x = max(x, max over ranks of a)`` (a rank-local) or elementwise max with shared ``a``. Lazy."""
-        if isinstance(a, SharedVar):
-            return self._local_inplace(np.fmax, a)
-        self._no_complex("max_with")
-        return self._contribute(MAX, a)
-
     def _no_complex(self, what: str) -> None:
         if self._kind == W_C16:
             raise SharedVariableError(f"{what} on complex shared variable #{self._id}: complex numbers are "
@@ -702,7 +704,7 @@ def _is_concrete(x: SharedVar) -> bool:
 
 
 _FN_CODES = {operator.add: 1, operator.sub: 2, operator.mul: 3, operator.truediv: 4, operator.floordiv: 5,
-             operator.mod: 6, operator.pow: 7, np.fmin: 8, np.fmax: 9}
+             operator.mod: 6, operator.pow: 7, np.minimum: 8, np.maximum: 9}
 
 _RESULT_CACHE: Dict[tuple, Tuple[np.dtype, tuple]] = {}
 
@@ -869,16 +871,7 @@ def shared(value: Any, name: Optional[str] = None) -> SharedVar:
     return SharedVar(value, name=name)
 
 if _core is not None:
-    # the compiled hot path falls back to these (the reference implementation) for every
-    # case it does not handle itself
+    # the compiled versions (same semantics; see .binding for what they fall back to)
     _f8_binary_py = _f8_binary
-    _core.bind(reset=_PyVarBase.reset, iadd=_PyVarBase.__iadd__, isub=_PyVarBase.__isub__,
-               float=_PyVarBase.__float__,
-               ops=(_PyVarBase.__add__, _PyVarBase.__radd__, _PyVarBase.__sub__, _PyVarBase.__rsub__,
-                    _PyVarBase.__mul__, _PyVarBase.__rmul__, _PyVarBase.__truediv__, _PyVarBase.__rtruediv__),
-               fns=(operator.add, operator.sub, operator.mul, operator.truediv), force=_force, eval=_eval,
-               snap=_Snap, f8_binary=_f8_binary_py, shared=SharedVar,
-               lazy=_LazyF8, fast_types=tuple(_REAL_FAST), f8=_F8, nan_key=_NAN_KEY, nod=_NOD, nol=_NOL,
-               log_cap=_LOG_CAP, batch_type=_Batch, tracing=_tracing, empty_list=_EMPTY,
-               same_signature=_same_signature, kind_fused=K_FUSED, spin=_SPIN)
-    _f8_binary = _core.f8_binary  # noqa: F811  (same function, compiled)
+    _f8_binary = _core.f8_binary  # noqa: F811
+    shared = _core.shared  # noqa: F811

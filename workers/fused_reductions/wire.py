@@ -13,7 +13,9 @@ the same sequence:
   uniform operands, creation values; see :func:`_value_key`), hashed at the
   force point into two numbers ``1 <= h < 2**20`` (:func:`signature_words`)
   sent as ``(h, h**2)`` in the same ``MPI_SUM``; :func:`_same_signature`
-  checks the sums (Cauchy-Schwarz).
+  checks the sums (Cauchy-Schwarz);
+* the layout record of a general fusion (:func:`layout_words`), which tells
+  the combine kernel the op of every word.
 
 Local, no communication.
 """
@@ -24,6 +26,8 @@ import zlib
 from typing import Any, Dict, Tuple
 
 import numpy as np
+
+from ..kernels import LAYOUT_FIXED
 
 # op codes (also the combine kernel's); CONSUME reduces like SUM
 SUM, PROD, MIN, MAX, CONSUME = 0, 1, 2, 3, 4
@@ -111,3 +115,14 @@ def _words(n: int) -> struct.Struct:
     and reads it back without numpy's per-call conversion overhead)."""
     st = _WORDS[n] = struct.Struct(f"={n}d")
     return st
+
+
+# --------------------------------------------------------------------------- layout
+def layout_words(n_f8: int, n_i8: int, nseg: int) -> int:
+    """Words of the layout record a general fusion (not only float64 sums) carries right
+    after the header: the fixed part ``(nlay, L, n_f8, n_i8, nseg)``, the op codes of the
+    ``n_f8 + n_i8`` scalar words (one byte each, eight per word) and ``(start, words, op,
+    kind)`` per segment; the scalar words follow it. The combine kernel
+    (:func:`nbmpi.workers.kernels.combine_words`, which documents the layout) reads it from
+    the buffer itself, so a compiled MPI operation needs no state beside the buffer."""
+    return LAYOUT_FIXED + (n_f8 + n_i8 + 7) // 8 + 4 * nseg

@@ -1,0 +1,994 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
+# cython: c_api_binop_methods=True, auto_pickle=False
+"""The compiled core of fused reductions: float64 scalar shared variables without the interpreter.
+
+The pure-Python modules of the package are the reference and own the
+semantics. This module gives them C types with the same fields and
+constructors (``VarBase`` under ``SharedVar``, ``BatchBase`` under ``_Batch``,
+``Derived``) and does in C only the common float64-scalar cases:
+
+  creation ``shared(c)`` of a float c, ``reset()``, ``x += a``, ``x -= a``,
+  ``x *= a``, ``x.min_with(a)``, ``x.max_with(a)``, ``float(x)`` (real a);
+  ``x + y``, ``x - y``, ``x * y``, ``x / y`` on float64 scalar shared operands
+  and float/int uniform operands, and the evaluation of those lazy nodes;
+  the force point when only float64 sums are pending (:func:`fuse`).
+
+with exactly the data structures of the Python code (entries tuples
+``(op, batch, block, index, extra)``, slot references ``(base, batch, index)``,
+lazy ``Derived`` nodes, the batch's word list and signature log). Every other
+case calls the Python implementation given to :func:`bind`, so both paths
+share one set of semantics (the tests run both).
+
+MPI: the force point starts and tests its persistent request through a
+:class:`Runner`: this module's calls mpi4py's ``Start``/``Test`` methods; the
+one in ``_direct_mpi`` (built against mpi4py's C API, loaded once MPI is
+initialised) calls ``MPI_Start``/``MPI_Test`` on the request's handle. Trace
+events go through the tracer's public ``record`` call. Importing this module
+does not initialise MPI.
+"""
+from cpython.array cimport array, clone
+from cpython.object cimport PyObject
+from libc.string cimport memcpy
+from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
+
+cdef extern from "Python.h":
+    ctypedef size_t Py_uhash_t
+    ctypedef Py_ssize_t Py_hash_t
+
+cdef extern from *:
+    """
+    /* del lst[n:] keeping the list's allocation (its items are numbers and tuples of numbers) */
+    static void nbmpi_list_truncate(PyObject *lst, Py_ssize_t n)
+    {
+        Py_ssize_t m = PyList_GET_SIZE(lst);
+        PyObject **items = ((PyListObject *)lst)->ob_item;
+        Py_SET_SIZE(lst, n);   /* first: the list is consistent whatever the decrefs below run */
+        for (Py_ssize_t i = n; i < m; i++)
+            Py_DECREF(items[i]);
+    }
+    """
+    void list_truncate "nbmpi_list_truncate"(list lst, Py_ssize_t n)
+
+cdef extern from *:
+    """
+    /* a new instance of type t without calling __init__: its tp_new (a subclass of one of
+       this module's types: Cython's tp_new sets every field), no argument parsing */
+    static PyObject *nbmpi_new_instance(PyObject *t, PyObject *noargs)
+    {
+        return ((PyTypeObject *)t)->tp_new((PyTypeObject *)t, noargs, NULL);
+    }
+    """
+    object new_instance "nbmpi_new_instance"(object t, tuple noargs)
+
+cdef extern from *:
+    """
+    /* Cython lists a cdef class's binary operators (__add__ ...) in its method table
+       (METH_COEXIST) besides the number slot. A Python subclass (SharedVar, _LazyF8) then
+       finds a method, not a slot wrapper, and CPython gives it the generic slot that looks
+       the method up and calls it on every operation. Put back the slot wrappers CPython
+       itself makes (PyDescr_NewWrapper with the wrapperbase of the same operator of
+       float), so subclasses inherit the C slot. */
+    static int nbmpi_slot_wrappers(PyObject *type)
+    {
+        static const char *names[] = {"__add__", "__sub__", "__mul__", "__truediv__"};
+        PyTypeObject *t = (PyTypeObject *)type;
+        PyNumberMethods *nb = t->tp_as_number;
+        void *fns[] = {(void *)nb->nb_add, (void *)nb->nb_subtract, (void *)nb->nb_multiply,
+                       (void *)nb->nb_true_divide};
+        for (int k = 0; k < 4; k++) {
+            PyObject *model = PyObject_GetAttrString((PyObject *)&PyFloat_Type, names[k]);
+            if (!model)
+                return -1;
+            if (!PyObject_TypeCheck(model, &PyWrapperDescr_Type) || !fns[k]) {
+                Py_DECREF(model);
+                continue;
+            }
+            PyObject *d = PyDescr_NewWrapper(t, ((PyWrapperDescrObject *)model)->d_base, fns[k]);
+            Py_DECREF(model);
+            if (!d || PyDict_SetItemString(t->tp_dict, names[k], d) < 0) {
+                Py_XDECREF(d);
+                return -1;
+            }
+            Py_DECREF(d);
+        }
+        PyType_Modified(t);
+        return 0;
+    }
+    """
+    int slot_wrappers "nbmpi_slot_wrappers"(object t) except -1
+
+cdef tuple k_noargs = ()
+
+# ------------------------------------------------------------------ bound state (bind, set_*)
+cdef bint g_bound = False
+cdef object g_engine = None                 # the FusionEngine (set_engine)
+cdef object g_engine_fn = None              # fused_reductions.engine (creates it)
+cdef BatchBase g_batch = None               # engine.batch, kept current by set_batch()
+cdef BatchBase g_spare = None               # the batch the last compiled fusion resolved (fuse)
+cdef object g_reset, g_iadd, g_isub, g_imul, g_min_with, g_max_with, g_float
+cdef tuple g_ops = ()                       # add radd sub rsub mul rmul truediv rtruediv (the reference)
+cdef object g_force, g_eval, g_snap, g_new_var
+cdef type g_shared_t = None, g_lazy_t = None, g_batch_t = None
+cdef tuple g_fast_types = ()                # types taken as real numbers
+cdef object g_f8, g_nan_key, g_nod, g_nol
+cdef object g_add, g_sub, g_mul, g_div      # operator.add sub mul truediv
+cdef Py_ssize_t g_log_cap = 4096
+cdef object g_get_tracer, g_empty_list, g_same_signature
+cdef long g_kind_fused = 0
+cdef long g_spin = 64
+cdef bint g_tuplehash = True                # signature_hash equals hash((sig, L, tuple(log))) (checked in bind)
+cdef tuple k_utag = tuple([-16 - c for c in range(16)])   # a uniform operand's log tag: -16 - code
+cdef object k_seed = 0x5EED                 # _Batch's initial signature
+cdef array k_words = array("d")             # template of the reduced words (res[0])
+# the engine's force-point state (FusionEngine._sync_core; seq and _ready are properties on these)
+cdef long long g_next_id = 0
+cdef long long g_compiled_fusions = 0       # fusions fuse() completed (the rest ran in Python)
+cdef long long g_seq = 0, g_threshold = 1 << 17, g_chan = 0, g_size = 1
+cdef bint g_ready = False
+cdef dict g_preq = None                     # size class -> persistent MPI_SUM request
+cdef object g_buf = None                    # the fusion buffer (engine._buf)
+cdef double *g_bufp = NULL
+cdef Py_ssize_t g_buflen = 0                # words
+cdef Runner g_runner = None                 # set_runner(); None: mpi4py's methods (g_mpi4py)
+
+cdef enum:
+    HEADER_WORDS = 4                        # wire.HEADER: the signature words
+    M20A = (1 << 20) - 3
+    M20B = (1 << 20) - 5
+    # index of the reference operator in g_ops
+    OP_ADD = 0
+    OP_RADD = 1
+    OP_SUB = 2
+    OP_RSUB = 3
+    OP_MUL = 4
+    OP_RMUL = 5
+    OP_DIV = 6
+    OP_RDIV = 7
+
+
+cdef class Runner:
+    """Starts and tests the force point's persistent request through mpi4py's methods
+    (``req.Start()``, ``req.Test()``). Subclassed by ``_direct_mpi.DirectRunner``."""
+
+    cdef int start(self, object req) except -1:
+        req.Start()
+        return 0
+
+    cdef int test(self, object req) except -1:
+        return 1 if req.Test() else 0
+
+
+cdef Runner g_mpi4py = Runner()
+
+
+cdef inline long long now_ns() noexcept:
+    """time.perf_counter_ns() on Linux: CLOCK_MONOTONIC."""
+    cdef timespec ts
+    clock_gettime(CLOCK_MONOTONIC, &ts)
+    return <long long>ts.tv_sec * 1000000000LL + ts.tv_nsec
+
+
+cdef inline Py_ssize_t refcnt(PyObject *o) noexcept:
+    return o.ob_refcnt
+
+
+cdef inline bint is_fast_type(object t):
+    return t is float or t is int or t in g_fast_types
+
+
+cdef inline long long floor_mod(long long a, long long m) noexcept:
+    cdef long long r = a % m
+    return r + m if r < 0 else r
+
+
+cdef inline Py_ssize_t size_class(Py_ssize_t words) noexcept:
+    """wire._size_class."""
+    if words <= 16:
+        return 16
+    cdef int bits = 0
+    cdef Py_ssize_t w = words
+    while w:
+        bits += 1
+        w >>= 1
+    cdef Py_ssize_t step = (<Py_ssize_t>1) << (bits - 4 if bits > 4 else 0)
+    return (words + step - 1) // step * step
+
+
+# ------------------------------------------------------------------ Batch
+cdef class BatchBase:
+    """Fields of a fusion batch (subclassed by fused_reductions.pending._Batch; see _PyBatchBase)."""
+
+    cdef public object f8, f8_nonsum, i8, i8_ops, arrs, sig, nseg, words, allsum, log, kmap, res, error, folded
+    cdef public Py_ssize_t room, nvars
+    cdef public bint done
+
+    def __init__(self, Py_ssize_t threshold_words):
+        batch_fill(self, threshold_words)
+
+
+cdef int batch_fill(BatchBase b, Py_ssize_t threshold) except -1:
+    if not g_bound:
+        raise RuntimeError("nbmpi.workers.fused_reductions._core is not bound; import "
+                           "nbmpi.workers.fused_reductions first")
+    # a reused batch (see fuse) keeps its lists when nothing else refers to them
+    if type(b.f8) is list and refcnt(<PyObject *>b.f8) == 1 and HEADER_WORDS <= len(b.f8) <= 4096:
+        list_truncate(b.f8, HEADER_WORDS)
+    else:
+        b.f8 = [0.0, 0.0, 0.0, 0.0]
+    if type(b.log) is list and refcnt(<PyObject *>b.log) == 1 and len(b.log) <= 4096:
+        list_truncate(b.log, 0)
+    else:
+        b.log = []
+    b.sig = k_seed
+    b.f8_nonsum = g_nod
+    b.i8 = g_nol
+    b.i8_ops = g_nol
+    b.arrs = g_nol
+    b.kmap = g_nod
+    b.nseg = 0
+    b.words = 0
+    b.folded = 0
+    b.allsum = True
+    b.res = None
+    b.error = None
+    b.room = threshold - 1
+    b.nvars = 0
+    b.done = False
+    return 0
+
+
+cdef double batch_word(BatchBase b, object i) except? -1.0:
+    """Reduced word i of a resolved batch: b.res[0][i]."""
+    cdef object r0 = b.res[0]
+    cdef Py_ssize_t k
+    if type(r0) is array:
+        k = i
+        if 0 <= k < len(<array>r0):
+            return (<array>r0).data.as_doubles[k]
+    return r0[i]
+
+
+cdef int note_step(BatchBase b, object step) except -1:
+    """_Batch.note: one step of the signature log (folded into sig past the cap)."""
+    cdef list log = b.log
+    log.append(step)
+    if len(log) >= g_log_cap:
+        b.fold()
+    return 0
+
+
+# ------------------------------------------------------------------ Derived
+cdef class Derived:
+    """Derived(fn, args, cast): a lazily computed shared value fn(*args) (value None until computed).
+
+    A binary node keeps its two operands inline (no args tuple on the hot path);
+    ``args`` reads and writes either form."""
+
+    cdef public object fn, cast, value
+    cdef object x, y
+    cdef tuple other      # None: the binary form (x, y)
+
+    def __init__(self, fn, tuple args, cast):
+        self.fn = fn
+        self.cast = cast
+        self.value = None
+        self.args = args
+
+    @property
+    def args(self):
+        """The operands (a tuple)."""
+        if self.other is None:
+            return (self.x, self.y)
+        return self.other
+
+    @args.setter
+    def args(self, tuple args):
+        if len(args) == 2:
+            self.x, self.y = args
+            self.other = None
+        else:
+            self.x = self.y = None
+            self.other = args
+
+
+cdef Derived derived_make2(object fn, object x, object y, object cast):
+    cdef Derived d = <Derived>new_instance(Derived, k_noargs)
+    d.fn = fn
+    d.cast = cast
+    d.value = None
+    d.x = x
+    d.y = y
+    return d
+
+
+cdef int fn_code(object fn):
+    if fn is g_add:
+        return 1
+    if fn is g_sub:
+        return 2
+    if fn is g_mul:
+        return 3
+    if fn is g_div:
+        return 4
+    return 0
+
+
+cdef int arith(int code, double x, double y, double *out) except -1:
+    if code == 1:
+        out[0] = x + y
+    elif code == 2:
+        out[0] = x - y
+    elif code == 3:
+        out[0] = x * y
+    elif code == 4:
+        if y == 0.0:
+            raise ZeroDivisionError("float division by zero")
+        out[0] = x / y
+    else:
+        return 1
+    return 0
+
+
+cdef int operand_value(object a, double *out) except -1:
+    """Value of a float64 operand of a Derived node: constant, slot reference, node;
+    returns 1 if not handled here (the Python _arg decides)."""
+    cdef object v
+    cdef BatchBase bb
+    if type(a) is float:
+        out[0] = <double>a
+        return 0
+    if type(a) is int:
+        out[0] = <double>a
+        return 0
+    if type(a) is tuple and len(<tuple>a) == 3:   # (base, batch, index)
+        base = (<tuple>a)[0]
+        if type(base) is not float or not isinstance((<tuple>a)[1], BatchBase):
+            return 1
+        bb = (<tuple>a)[1]
+        if not bb.done:
+            force_batch(bb)
+        out[0] = <double>base + batch_word(bb, (<tuple>a)[2])
+        return 0
+    if type(a) is Derived:
+        v = derived_value(<Derived>a)
+        if type(v) is not float:
+            return 1
+        out[0] = <double>v
+        return 0
+    return 1
+
+
+cdef object derived_value(Derived d):
+    """node.value, computing it (and forcing) if needed; the reference is lazy._eval."""
+    cdef double x, y, r
+    if d.value is not None:
+        return d.value
+    cdef int code = fn_code(d.fn)
+    if code and d.cast is float and d.other is None:
+        if operand_value(d.x, &x) == 0 and operand_value(d.y, &y) == 0:
+            arith(code, x, y, &r)
+            v = r
+            d.value = v
+            d.x = d.y = None
+            d.other = ()
+            return v
+    return g_eval(d)
+
+
+# ------------------------------------------------------------------ VarBase
+cdef class VarBase:
+    """Fields and compiled hot-path operators of a shared variable (base of SharedVar)."""
+
+    cdef public object dtype, shape, _base, _entries, _ob, _init, _cast, _lastb, name
+    cdef public Py_ssize_t _oi
+    cdef public int _oop, _oblk, _kind
+    cdef public bint _sf
+    cdef object _idobj, _ksumobj
+    cdef long long _cid1      # id + 1 while _idobj is not made (0: no id)
+
+    @property
+    def _id(self):
+        """The variable's id (creation order; the same on every rank)."""
+        if self._idobj is None:
+            if self._cid1 == 0:
+                raise AttributeError("_id")
+            self._idobj = self._cid1 - 1
+        return self._idobj
+
+    @_id.setter
+    def _id(self, v):
+        self._idobj = v
+        self._cid1 = (<long long>v) + 1 if type(v) is int else 0
+
+    @property
+    def _ksum(self):
+        """Signature step of a float64 scalar sum contribution: ``id << 3``."""
+        if self._ksumobj is None:
+            self._ksumobj = self._id << 3
+        return self._ksumobj
+
+    @_ksum.setter
+    def _ksum(self, v):
+        self._ksumobj = v
+
+    # -- contributions ---------------------------------------------------------------
+    def __iadd__(self, a):
+        cdef object t = type(a)
+        if g_bound and self._sf:
+            if t is float:
+                return fast_sum(self, <double>a, a)
+            if is_fast_type(t):
+                return fast_sum(self, float(a), None)
+        return g_iadd(self, a)
+
+    def __isub__(self, a):
+        if g_bound and self._sf and is_fast_type(type(a)):
+            return fast_sum(self, -float(a), None)
+        return g_isub(self, a)
+
+    def __imul__(self, a):
+        if g_bound and self._sf and is_fast_type(type(a)):
+            return contribute_f8(self, 1, float(a))
+        return g_imul(self, a)
+
+    def min_with(self, a):
+        """``x = min(x, min over ranks of a)`` (a rank-local) or elementwise min with shared ``a``. Lazy."""
+        if g_bound and self._sf and is_fast_type(type(a)):
+            return contribute_f8(self, 2, float(a))
+        return g_min_with(self, a)
+
+    def max_with(self, a):
+        """``x = max(x, max over ranks of a)`` (a rank-local) or elementwise max with shared ``a``. Lazy."""
+        if g_bound and self._sf and is_fast_type(type(a)):
+            return contribute_f8(self, 3, float(a))
+        return g_max_with(self, a)
+
+    def _fast_sum(self, a):
+        """x += a for a float64 scalar x and a real a (hot path)."""
+        if not self._sf:
+            raise TypeError("_fast_sum needs a float64 scalar shared variable")
+        return fast_sum(self, float(a), None)
+
+    def reset(self, value=None):
+        """Set the variable back to its creation value, or to ``value``, which must be
+        the same on every rank (checked at the next force point). Local, no force;
+        pending contributions of this variable are dropped from its value."""
+        if value is None and g_bound and self._init is not None:
+            self._base = self._init
+            if self._entries:
+                self._entries = ()
+                self._ob = None
+            return self
+        return g_reset(self, value)
+
+    # -- reading ---------------------------------------------------------------------
+    def __float__(self):
+        cdef object ents = self._entries, base = self._base, ent, v
+        cdef BatchBase b
+        cdef Py_ssize_t ne
+        if g_bound and type(ents) is tuple:
+            ne = len(<tuple>ents)
+            if ne == 0:
+                if type(base) is float:
+                    return base
+                if type(base) is Derived:
+                    v = derived_value(<Derived>base)
+                    if type(v) is float:
+                        self._base = v
+                        return v
+            elif ne == 1 and type(base) is float:
+                ent = (<tuple>ents)[0]
+                if (type(ent) is tuple and len(<tuple>ent) == 5 and (<tuple>ent)[0] == 0
+                        and (<tuple>ent)[2] == 0 and isinstance((<tuple>ent)[1], BatchBase)):
+                    b = (<tuple>ent)[1]
+                    if not b.done:
+                        force_batch(b)
+                    v = <double>base + batch_word(b, (<tuple>ent)[3])
+                    self._base = v
+                    self._entries = ()
+                    return v
+        return g_float(self)
+
+    # -- shared arithmetic (float64 scalars; everything else: the reference) ----------
+    # One C slot per operator serves both operand orders (c_api_binop_methods: the
+    # Python subclasses SharedVar and _LazyF8 then inherit the slot itself, not a
+    # generic wrapper that looks the method up); x is this type, or y is.
+    def __add__(x, y):
+        return additive(x, y, g_add, 1, OP_ADD, OP_RADD)
+
+    def __sub__(x, y):
+        return additive(x, y, g_sub, 2, OP_SUB, OP_RSUB)
+
+    def __mul__(x, y):
+        return scaling(x, y, g_mul, 3, OP_MUL, OP_RMUL)
+
+    def __truediv__(x, y):
+        return scaling(x, y, g_div, 4, OP_DIV, OP_RDIV)
+
+
+slot_wrappers(VarBase)
+
+
+cdef inline bint shared_f8(object o):
+    """o is a float64 scalar SharedVar or lazy result."""
+    cdef object t = type(o)
+    return (t is g_lazy_t or t is g_shared_t) and (<VarBase>o)._sf
+
+
+cdef object additive(object x, object y, object fn, int code, int op, int rop):
+    """x + y, x - y: compiled only for two float64 scalar shared operands (a rank-local
+    operand is a contribution: the reference)."""
+    if isinstance(x, VarBase):
+        if g_bound and (<VarBase>x)._sf and shared_f8(y):
+            return f8_binary(fn, code, x, y, True, True)
+        return g_ops[op](x, y)
+    return g_ops[rop](y, x)
+
+
+cdef object scaling(object x, object y, object fn, int code, int op, int rop):
+    """x * y, x / y: also with float/int uniform operands."""
+    cdef object t
+    if isinstance(x, VarBase):
+        if g_bound and (<VarBase>x)._sf:
+            t = type(y)
+            if t is float or t is int:
+                return f8_binary(fn, code, x, y, True, False)
+            if shared_f8(y):
+                return f8_binary(fn, code, x, y, True, True)
+        return g_ops[op](x, y)
+    t = type(x)
+    if g_bound and (<VarBase>y)._sf and (t is float or t is int):
+        return f8_binary(fn, code, x, y, False, True)
+    return g_ops[rop](y, x)
+
+
+cdef object fast_sum(VarBase self, double a, object aobj):
+    """x += a for a float64 scalar x (the reference: _PyVarBase._fast_sum); aobj: a as an exact float, or None."""
+    cdef BatchBase b = g_batch
+    if b is None:
+        raise RuntimeError("nbmpi fused reductions: no current batch (set_batch)")
+    cdef list f8 = b.f8
+    cdef Py_ssize_t i, j
+    cdef tuple ents, old
+    cdef BatchBase ob
+    if self._ob is b and self._oop == 0:
+        i = self._oi
+        f8[i] = <double>f8[i] + a
+        return self
+    i = len(f8)
+    f8.append(aobj if aobj is not None else a)
+    ents = self._entries
+    if len(ents) == 1 and type(self._base) is float:
+        old = ents[0]
+        if (len(old) == 5 and old[0] == 0 and old[2] == 0 and isinstance(old[1], BatchBase)
+                and (<BatchBase>old[1]).done):
+            # a resolved sum nobody read yet: fold it into the base (entries stay bounded)
+            self._base = <double>self._base + batch_word(<BatchBase>old[1], old[3])
+            ents = ()
+    self._entries = ents + ((0, b, 0, i, None),)
+    self._ob = b
+    self._oi = i
+    self._oop = 0
+    self._oblk = 0
+    if self._lastb is not b:
+        self._lastb = b
+        b.nvars += 1
+    (<list>b.log).append(self._ksum)
+    if i > b.room:
+        g_engine.flush()
+    return self
+
+
+cdef object contribute_f8(VarBase self, int op, double a):
+    """x *= a, x.min_with(a), x.max_with(a) for a float64 scalar x and a real a (the
+    reference: SharedVar._contribute then _new_slot)."""
+    cdef BatchBase b = g_batch
+    if b is None:
+        raise RuntimeError("nbmpi fused reductions: no current batch (set_batch)")
+    cdef list f8 = b.f8
+    cdef Py_ssize_t i
+    cdef double cur
+    if self._ob is b and self._oop == op and self._oblk == 0:
+        i = self._oi
+        cur = <double>f8[i]
+        if op == 1:
+            cur = cur * a
+        elif op == 2:
+            cur = a if (a < cur or a != a) else cur
+        else:
+            cur = a if (a > cur or a != a) else cur
+        f8[i] = cur
+        return self
+    i = len(f8)
+    f8.append(a)
+    if b.f8_nonsum is g_nod:
+        b.f8_nonsum = {}
+    b.f8_nonsum[i] = op
+    b.allsum = False
+    self._entries = self._entries + ((op, b, 0, i, None),)
+    self._ob = b
+    self._oi = i
+    self._oop = op
+    self._oblk = 0
+    if self._lastb is not b:
+        self._lastb = b
+        b.nvars += 1
+    note_step(b, (self._id << 3) | op)
+    if len(f8) + b.words > g_threshold:
+        g_engine.flush()
+    return self
+
+
+# ------------------------------------------------------------------ shared arithmetic (values._f8_binary)
+cdef int log_uniform(object x, int code) except -1:
+    """A uniform operand as two steps, the tag -16 - code then the value (both before the
+    fold check, so a fold never separates them)."""
+    cdef BatchBase b = g_batch
+    if code < 0 or code >= 16:
+        raise ValueError(f"nbmpi fused reductions: operation code {code} out of range")
+    cdef list log = b.log
+    log.append(k_utag[code])
+    log.append(g_nan_key if (type(x) is float and x != x) else x)
+    if len(log) >= g_log_cap:
+        b.fold()
+    return 0
+
+
+cdef object f8_operand(object x, bint is_shared, int code, bint *resolved):
+    """Value of one operand of f8_binary (the reference: values._f8_operand)."""
+    cdef VarBase v
+    cdef tuple e, ent
+    if not is_shared:
+        log_uniform(x, code)
+        resolved[0] = True
+        return x
+    v = <VarBase>x      # callers pass a VarBase as a shared operand
+    e = v._entries
+    base = v._base
+    if not e:
+        resolved[0] = type(base) is float
+        return base
+    v._ob = None
+    resolved[0] = False
+    if len(e) == 1 and type(base) is float:
+        ent = e[0]
+        if len(ent) == 5 and ent[0] == 0 and ent[2] == 0:
+            return (base, ent[1], ent[3])
+    return g_snap(base, e, float, ())
+
+
+cdef VarBase new_lazy(object base):
+    """A new float64 scalar shared result (a _LazyF8) with every field set; its id and
+    signature key become Python ints only when read."""
+    global g_next_id
+    cdef VarBase r = <VarBase>new_instance(g_lazy_t, k_noargs)
+    g_next_id += 1
+    r._cid1 = g_next_id
+    r._base = base
+    r._entries = ()
+    r._sf = True
+    r.dtype = g_f8
+    r.shape = ()
+    r._oop = -1
+    r._cast = float
+    return r
+
+
+cpdef object f8_binary(object fn, int code, object a, object b, bint sa, bint sb):
+    """fn(a, b) for float64 scalar shared operands (sa/sb) and float/int uniform ones
+    (the reference: values._f8_binary)."""
+    cdef bint ca, cb
+    cdef double x, y, r
+    cdef int k
+    va = f8_operand(a, sa, code, &ca)
+    if b is a:
+        vb = va
+        cb = ca
+    else:
+        vb = f8_operand(b, sb, code, &cb)
+    if ca and cb:
+        k = fn_code(fn)
+        if k and operand_value(va, &x) == 0 and operand_value(vb, &y) == 0:
+            arith(k, x, y, &r)
+            base = r
+        else:
+            base = fn(va, vb)
+            if type(base) is not float:
+                base = float(base)
+    else:
+        base = derived_make2(fn, va, vb, float)
+    return new_lazy(base)
+
+
+def shared(value, name=None):
+    """Create a shared variable with initial ``value`` (scalar or array).
+
+    Every rank must create its shared variables in the same order with the
+    same value (checked at the next force point). No communication. A
+    Python float gives float64, an int int64; arrays keep their dtype.
+    ``name`` labels error messages.
+    """
+    global g_next_id
+    cdef VarBase v
+    cdef long long vid
+    if type(value) is float and g_bound:
+        if g_engine is None:
+            g_engine_fn()
+        vid = g_next_id
+        g_next_id = vid + 1
+        v = <VarBase>new_instance(g_shared_t, k_noargs)
+        v._cid1 = vid + 1
+        v.name = name
+        v.dtype = g_f8
+        v.shape = ()
+        v._base = value
+        v._entries = ()
+        v._oop = -1
+        v._sf = True
+        v._cast = float
+        v._init = value
+        note_step(g_batch, (-8, vid, value if value == value else g_nan_key))
+        return v
+    return g_new_var(value, name=name)
+
+
+# ------------------------------------------------------------------ the compiled force point
+cdef Py_uhash_t XXPRIME_1 = 11400714785074694791ULL
+cdef Py_uhash_t XXPRIME_2 = 14029467366897019727ULL
+cdef Py_uhash_t XXPRIME_5 = 2870177450012600261ULL
+
+
+cdef inline Py_uhash_t lane_add(Py_uhash_t acc, Py_uhash_t lane) noexcept:
+    acc += lane * XXPRIME_2
+    acc = (acc << 31) | (acc >> 33)
+    return acc * XXPRIME_1
+
+
+cdef inline Py_hash_t lanes_final(Py_uhash_t acc, Py_ssize_t n) noexcept:
+    acc += (<Py_uhash_t>n) ^ (XXPRIME_5 ^ 3527539ULL)
+    return 1546275796 if acc == <Py_uhash_t>-1 else <Py_hash_t>acc
+
+
+cdef Py_hash_t signature_hash(BatchBase b, Py_ssize_t L) except? -1:
+    """hash((b.sig, L, tuple(b.log))) without building the tuples: CPython's tuplehash
+    (xxHash-based, 64-bit), checked against Python's own at bind()."""
+    if not g_tuplehash:
+        return hash((b.sig, L, tuple(b.log)))
+    cdef list log = b.log
+    cdef Py_ssize_t n = len(log), i
+    cdef Py_uhash_t inner = XXPRIME_5, acc
+    for i in range(n):
+        inner = lane_add(inner, <Py_uhash_t>hash(log[i]))
+    acc = lane_add(XXPRIME_5, <Py_uhash_t>hash(b.sig))
+    acc = lane_add(acc, <Py_uhash_t>L)            # hash(L) == L for 0 <= L < 2**61 - 1
+    acc = lane_add(acc, <Py_uhash_t>lanes_final(inner, n))
+    return lanes_final(acc, 3)
+
+
+cdef object fuse_failed(object engine, BatchBase b, Py_ssize_t L, object exc):
+    """Error of the collective: the Python handling (diagnosis, b.error) decides what to raise."""
+    err = engine._fuse_failed(b, L, exc)
+    if err is exc:
+        raise exc
+    raise err from exc
+
+
+cpdef object fuse(object engine, BatchBase b):
+    """FusionEngine.flush's hot path (only float64 scalar sums pending) in C.
+
+    Returns the number of variables resolved, or None if the Python path must run
+    (no buffer or persistent request of this size class yet). Same steps as the
+    Python code: new current batch (the previous fusion's batch when nothing refers
+    to it any more), signature words, pack, Start + Test polls (then engine._wait),
+    trace record, result words, signature check."""
+    global g_batch, g_spare, g_seq, g_compiled_fusions
+    cdef list f8 = b.f8
+    cdef Py_ssize_t n1 = len(f8), L = size_class(n1), i
+    cdef double *d
+    cdef double h1, h2, s1, q1, s2, q2, P
+    cdef Py_hash_t h
+    cdef BatchBase nb
+    cdef Runner runner
+    cdef long long t0, t1, seq
+    cdef long k
+    cdef int done
+    cdef array res
+    if g_bufp == NULL or g_preq is None or g_buflen < L:
+        return None
+    req = g_preq.get(L)
+    if req is None:
+        return None
+    # the next fusion starts now
+    if g_spare is not None and refcnt(<PyObject *>g_spare) == 1 and type(g_spare) is g_batch_t:
+        nb = g_spare      # the batch of the previous fusion, no longer referenced: reuse it
+        g_spare = None
+    else:
+        nb = <BatchBase>new_instance(g_batch_t, k_noargs)
+    batch_fill(nb, g_threshold)
+    g_batch = nb      # engine.batch (the engine reads it from here: current_batch())
+    d = g_bufp
+    try:
+        # signature words: hash((b.sig, L, tuple(b.log))) as in the Python path, written straight
+        # into the buffer (words 0..3; the list's header words are not read after a fusion)
+        h = signature_hash(b, L)
+        h1 = <double>(floor_mod(h, M20A) + 1)
+        h2 = <double>(floor_mod(h >> 20, M20B) + 1)
+        d[0] = h1
+        d[1] = h1 * h1
+        d[2] = h2
+        d[3] = h2 * h2
+        for i in range(HEADER_WORDS, n1):
+            d[i] = <double>f8[i]
+    except BaseException as exc:
+        b.error = exc
+        raise
+    t0 = now_ns()
+    runner = g_runner if g_runner is not None else g_mpi4py
+    try:
+        runner.start(req)
+        done = 0
+        for k in range(g_spin + 1):
+            if runner.test(req):
+                done = 1
+                break
+        if not done:   # the interruptible wait with the timeout (raises a diagnosed error)
+            engine._wait(req, b, L)
+    except BaseException as exc:
+        fuse_failed(engine, b, L, exc)
+    t1 = now_ns()
+    try:
+        seq = g_seq
+        g_seq += 1
+        tr = g_get_tracer()
+        if tr.enabled:
+            tr.record(g_kind_fused, 0, -1, 0, L * 8, t0, t1, -1, seq, g_chan, b.nvars)
+        res = clone(k_words, n1, False)
+        memcpy(res.data.as_doubles, g_bufp, n1 * sizeof(double))
+        P = <double>g_size
+        if g_size <= 64:   # wire._same_signature: exact in float64 below 2**53
+            s1, q1, s2, q2 = d[0], d[1], d[2], d[3]
+            same = (P * q1 == s1 * s1) and (P * q2 == s2 * s2)
+        else:
+            same = g_same_signature(g_size, res)
+        if not same:
+            raise engine._divergence(b, L)
+        b.res = (res, g_empty_list, g_empty_list)
+        b.done = True
+    except BaseException as exc:   # b.error = the exception, as the Python path's `except BaseException`
+        b.error = exc
+        raise
+    g_spare = b   # reused by a later fusion once nothing refers to it
+    g_compiled_fusions += 1
+    return b.nvars
+
+
+cdef int force_batch(BatchBase b) except -1:
+    """Make batch b resolved (a force point): the compiled fuse when only float64 scalar sums
+    are pending in the current batch, else the Python _force (which flushes or raises b.error)."""
+    if (not b.done and b is g_batch and g_engine is not None and g_ready and b.error is None
+            and b.allsum is True and b.nseg == 0 and len(b.f8) > HEADER_WORDS):
+        fuse(g_engine, b)
+    if not b.done:
+        g_force(b)
+    return 0
+
+
+# ------------------------------------------------------------------ module functions
+def set_engine(engine):
+    """set_engine(engine): the FusionEngine (its flush() and _wait())."""
+    global g_engine
+    g_engine = engine
+
+
+def set_batch(BatchBase b):
+    """set_batch(batch): the engine's current batch, which the hot path fills."""
+    global g_batch
+    g_batch = b
+
+
+def current_batch():
+    """current_batch(): the engine's current batch (FusionEngine.batch)."""
+    return g_batch
+
+
+def next_id(value=None):
+    """next_id([value]): the id the next shared variable gets (set it with an argument)."""
+    global g_next_id
+    if value is not None:
+        g_next_id = value
+    return g_next_id
+
+
+def seq(value=None):
+    """seq([value]): FusionEngine.seq (fused collectives run)."""
+    global g_seq
+    if value is not None:
+        g_seq = value
+    return g_seq
+
+
+def compiled_fusions(value=None):
+    """compiled_fusions([value]): how many fused collectives the compiled force point ran."""
+    global g_compiled_fusions
+    if value is not None:
+        g_compiled_fusions = value
+    return g_compiled_fusions
+
+
+def ready(value=None):
+    """ready([value]): FusionEngine._ready (connected, not broken, not strict: the fast force point may run)."""
+    global g_ready
+    if value is not None:
+        g_ready = bool(value)
+    return g_ready
+
+
+def set_state(double[::1] buf, dict preq, long long threshold_words, long long chan, long long size):
+    """set_state(buf, preq, threshold_words, chan, size): the engine state the compiled force point uses."""
+    global g_buf, g_bufp, g_buflen, g_preq, g_threshold, g_chan, g_size
+    g_buf = buf.base if buf.base is not None else buf
+    g_bufp = &buf[0] if buf.shape[0] else NULL
+    g_buflen = buf.shape[0]
+    g_preq = preq
+    g_threshold = threshold_words
+    g_chan = chan
+    g_size = size
+
+
+def set_runner(Runner runner=None):
+    """set_runner(runner): how the compiled force point starts and tests its request
+    (``_direct_mpi.DirectRunner()``: the MPI library directly; None: mpi4py's methods)."""
+    global g_runner
+    g_runner = runner
+
+
+def pack(list words, double[::1] buf):
+    """pack(words, buffer): buffer[:len(words)] = words (float64), the fusion buffer before the collective."""
+    cdef Py_ssize_t n = len(words), i
+    if n > buf.shape[0]:
+        raise ValueError(f"pack(): {n} words do not fit a buffer of {buf.shape[0]} words")
+    for i in range(n):
+        buf[i] = <double>words[i]
+
+
+def unpack(const double[::1] buf, Py_ssize_t n):
+    """unpack(buffer, n): a copy of the first n float64 words of buffer (an array('d'), the fusion's result)."""
+    if n < 0 or n > buf.shape[0]:
+        raise ValueError(f"unpack(): {n} words exceed a buffer of {buf.shape[0]} words")
+    cdef array res = clone(k_words, n, False)
+    if n:
+        memcpy(res.data.as_doubles, &buf[0], n * sizeof(double))
+    return res
+
+
+def bind(*, reset, iadd, isub, imul, min_with, max_with, float_, tuple ops, tuple fns, force, eval_, snap,
+         new_var, type shared, type lazy, tuple fast_types, f8, nan_key, nod, nol, Py_ssize_t log_cap,
+         type batch_type, get_tracer, engine, list empty_list, same_signature, long kind_fused, long spin):
+    """bind(**python_implementation): the Python functions and types the compiled paths
+    fall back to and create (called once by fused_reductions.binding)."""
+    global g_reset, g_iadd, g_isub, g_imul, g_min_with, g_max_with, g_float, g_ops, g_force, g_eval, g_snap
+    global g_new_var, g_shared_t, g_lazy_t, g_fast_types, g_f8, g_nan_key, g_nod, g_nol, g_log_cap
+    global g_batch_t, g_get_tracer, g_engine_fn, g_empty_list, g_same_signature, g_kind_fused, g_spin
+    global g_add, g_sub, g_mul, g_div, g_bound, g_tuplehash
+    if len(ops) != 8 or len(fns) != 4:
+        raise TypeError("bind(): ops must be 8 callables, fns 4")
+    if not issubclass(shared, VarBase) or not issubclass(lazy, VarBase) or not issubclass(batch_type, BatchBase):
+        raise TypeError("bind(): shared/lazy must subclass VarBase, batch_type BatchBase")
+    g_reset, g_iadd, g_isub, g_imul, g_min_with, g_max_with, g_float = reset, iadd, isub, imul, min_with, max_with, float_
+    g_ops = ops
+    g_add, g_sub, g_mul, g_div = fns
+    g_force, g_eval, g_snap, g_new_var = force, eval_, snap, new_var
+    g_shared_t, g_lazy_t, g_batch_t = shared, lazy, batch_type
+    g_fast_types = fast_types
+    g_f8, g_nan_key, g_nod, g_nol = f8, nan_key, nod, nol
+    g_log_cap = log_cap
+    g_get_tracer, g_engine_fn = get_tracer, engine
+    g_empty_list, g_same_signature = empty_list, same_signature
+    g_kind_fused, g_spin = kind_fused, spin
+    g_bound = True
+    # the compiled signature must equal the Python reference's hash((sig, L, tuple(log)))
+    probe = batch_type(1 << 10)
+    probe.log.extend([1, -17, 2.5, (-8, 3, 0.0), 123456789 << 3, g_nan_key, 7])
+    g_tuplehash = sizeof(Py_uhash_t) == 8
+    if g_tuplehash and signature_hash(probe, 48) != hash((probe.sig, 48, tuple(probe.log))):
+        g_tuplehash = False

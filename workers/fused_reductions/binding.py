@@ -1,0 +1,36 @@
+"""The binding of the compiled core: what it falls back to and creates, handed over once.
+
+The compiled core (:mod:`._core`) does the common float64-scalar cases itself
+and calls the pure-Python reference for everything else. :func:`bind` gives it
+those reference functions and the types it creates (``SharedVar``,
+``_LazyF8``, ``_Batch``), once, when the package is imported (its
+``__init__`` calls it); without the compiled core it does nothing. Local.
+"""
+from __future__ import annotations
+
+import operator
+
+from ..tracing import get_tracer
+from .fusion import _SPIN, K_FUSED, engine
+from .implementation import core as _core
+from .lazy import _eval, _force
+from .pending import _EMPTY, _NOD, _NOL, _Batch, _Snap
+from .values import _REAL_FAST, SharedVar, _LazyF8, _PyVarBase
+from .wire import _F8, _LOG_CAP, _NAN_KEY, _same_signature
+
+
+def bind() -> None:
+    """Hand the pure-Python reference to the compiled core (no-op for the pure-Python
+    implementation). Called once, at import."""
+    if _core is None:
+        return
+    ref = _PyVarBase
+    _core.bind(reset=ref.reset, iadd=ref.__iadd__, isub=ref.__isub__, imul=ref.__imul__, min_with=ref.min_with,
+               max_with=ref.max_with, float_=ref.__float__,
+               ops=(ref.__add__, ref.__radd__, ref.__sub__, ref.__rsub__, ref.__mul__, ref.__rmul__,
+                    ref.__truediv__, ref.__rtruediv__),
+               fns=(operator.add, operator.sub, operator.mul, operator.truediv), force=_force, eval_=_eval,
+               snap=_Snap, new_var=SharedVar, shared=SharedVar, lazy=_LazyF8, fast_types=tuple(_REAL_FAST),
+               f8=_F8, nan_key=_NAN_KEY, nod=_NOD, nol=_NOL, log_cap=_LOG_CAP, batch_type=_Batch,
+               get_tracer=get_tracer, engine=engine, empty_list=_EMPTY, same_signature=_same_signature,
+               kind_fused=K_FUSED, spin=_SPIN)
