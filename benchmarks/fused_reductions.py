@@ -1,33 +1,49 @@
-"""Fused reductions benchmark: lazy shared variables against explicit MPI, side by side in one run.
+"""Fused reductions benchmark: lazy shared variables against explicit MPI, compiled and pure Python side by side.
 
-One command (launches 2 ranks itself when started without MPI; also runs
-directly under ``nbmpi run -n P``)::
+One command::
 
-    python benchmarks/fused_reductions.py [--quick]
-    nbmpi run -n 2 benchmarks/fused_reductions.py [--quick]
+    python benchmarks/fused_reductions.py [--quick] [-n 2]
 
-Parts (every method interleaved each round, a fresh order per round, best round):
+It runs the same parts twice, each in its own MPI job of ``n`` ranks: with the
+compiled core (what ``pip install`` builds) and with the pure-Python reference
+(``NBMPI_PURE_PYTHON=1``), so the compiled part shows what it earns. Inside a
+job every method of a part is interleaved each round, in a fresh order per
+round; times are the best round (slowest rank), and the first call of each
+method (cold: the engine's first force point connects it) is reported apart.
+
+Parts:
 
 * variance (seed Table 1 shape, N x M data, N = M, each rank sums its M/P
   columns): ``original`` (two ``Allreduce`` per row), ``hand`` (one packed
-  ``Allreduce`` of 2 values), ``lazy`` (``shared`` variables, force at
+  ``Allreduce`` of 2 values), ``lazy`` (shared variables, force at
   ``var[i] = (s2 - s1*s1/N)/(N-1)``). Results are checked equal.
 * 64 scalar reductions: 64 separate ``Allreduce`` vs one packed ``Allreduce``
-  vs 64 lazy shared variables read back, and the interpreter's floor for that
-  lazy loop (the same calls on objects whose methods do nothing).
+  vs 64 lazy shared variables read back, reused with ``reset()`` and created
+  inside the loop (``xs = [shared(0.0) for _ in range(64)]``), and the
+  interpreter's floor for the reused loop (the same calls on objects whose
+  methods do nothing).
 * synthetic plankton step: four modules make 27 reductions (sums, min, max,
   product, array sums and a bounded nutrient consume) between 3 reads;
   ``original`` does one collective per reduction, ``lazy`` uses shared
-  variables; collectives per step are counted from the trace.
+  variables created in the step. Collectives per step are counted from the
+  trace for both. Besides the measured times it reports a *model* of a real
+  network: each collective costs a stated latency ``D`` more (measured time
+  plus collectives x D), and the latency from which lazy wins.
+
+``nbmpi run -n P benchmarks/fused_reductions.py --part-out FILE`` runs one
+part set in the current environment (what the launcher does twice).
 
 Writes ``benchmarks/results/fused_reductions[_quick].json`` and ``.md`` with
-PASS/FAIL of the issue's targets computed from the measured numbers.
+PASS/FAIL of the issues' targets computed from the measured numbers; every
+result records the commit and the load average it was measured at.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -35,6 +51,18 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+
+#: per-collective network latencies (seconds) of the modelled network: stated, not measured here
+#: (small-message allreduce: about 1-5 us on InfiniBand/Slingshot at small node counts, tens of us
+#: over TCP/Ethernet or across many nodes)
+MODEL_LATENCIES = (1e-6, 5e-6, 20e-6, 100e-6)
+
+
+def _loadavg():
+    try:
+        return list(os.getloadavg())
+    except OSError:
+        return None
 
 
 def _timeit(comm, fn, iters: int) -> float:
@@ -48,22 +76,22 @@ def _timeit(comm, fn, iters: int) -> float:
     return comm.allreduce(dt, op=MPI.MAX)
 
 
-def _interleaved(comm, methods: dict, iters: dict, rounds: int, seed: int) -> dict:
+def _interleaved(comm, methods: dict, iters: dict, rounds: int, seed: int):
+    """(best time per call, first call's time) of each method, slowest rank."""
     from nbmpi.workers import get_tracer
 
     best = {m: float("inf") for m in methods}
-    for m, f in methods.items():  # warm-up
-        f()
+    first = {m: _timeit(comm, f, 1) for m, f in methods.items()}   # cold: the first call
     rng = np.random.default_rng(seed)
     for _ in range(rounds):
         for m in rng.permutation(list(methods)):
             best[m] = min(best[m], _timeit(comm, methods[m], iters[m]))
             get_tracer().clear()
-    return best
+    return best, first
 
 
 # --------------------------------------------------------------------------- variance
-def variance(comm, n: int, rounds: int) -> dict:
+def variance(comm, n: int, rounds: int):
     from mpi4py import MPI
 
     from nbmpi.workers import shared
@@ -110,17 +138,17 @@ def variance(comm, n: int, rounds: int) -> dict:
             s2 += row @ row
             var[i] = (s2 - s1 * s1 / n) / (n - 1)
 
-    best = _interleaved(comm, dict(original=original, hand=hand, lazy=lazy), dict(original=1, hand=1, lazy=1),
-                        rounds, n)
+    best, first = _interleaved(comm, dict(original=original, hand=hand, lazy=lazy),
+                               dict(original=1, hand=1, lazy=1), rounds, n)
     ref = a.var(axis=1, ddof=1)
     for k, v in out.items():
         if not np.allclose(v, ref, rtol=1e-9, atol=1e-12):
             raise SystemExit(f"variance: method {k} computed wrong values")
-    return best
+    return best, first
 
 
 # --------------------------------------------------------------------------- 64 scalars
-def scalars64(comm, rounds: int, iters: int) -> dict:
+def scalars64(comm, rounds: int, iters: int):
     from mpi4py import MPI
 
     from nbmpi.workers import shared
@@ -128,7 +156,7 @@ def scalars64(comm, rounds: int, iters: int) -> dict:
     rank = comm.Get_rank()
     vals = np.arange(64.0) + rank
     vlist = vals.tolist()
-    o_sep, o_pack, o_lazy = np.empty(64), np.empty(64), np.empty(64)
+    o_sep, o_pack, o_lazy, o_create = np.empty(64), np.empty(64), np.empty(64), np.empty(64)
     vs = [shared(0.0) for _ in range(64)]
 
     def separate():
@@ -144,6 +172,13 @@ def scalars64(comm, rounds: int, iters: int) -> dict:
             v += x
         for k, v in enumerate(vs):
             o_lazy[k] = float(v)
+
+    def create():
+        xs = [shared(0.0) for _ in range(64)]
+        for v, x in zip(xs, vlist):
+            v += x
+        for k, v in enumerate(xs):
+            o_create[k] = float(v)
 
     class _NoOp:
         """The interpreter's floor for the lazy loop: the same calls, methods that do nothing."""
@@ -171,11 +206,11 @@ def scalars64(comm, rounds: int, iters: int) -> dict:
         for k, v in enumerate(noops):
             o_floor[k] = float(v)
 
-    best = _interleaved(comm, dict(separate=separate, packed=packed, lazy=lazy, python_floor=python_floor),
-                        dict(separate=iters, packed=iters, lazy=iters, python_floor=iters), rounds, 64)
-    if not (np.array_equal(o_sep, o_pack) and np.array_equal(o_sep, o_lazy)):
+    methods = dict(separate=separate, packed=packed, lazy=lazy, create=create, python_floor=python_floor)
+    best, first = _interleaved(comm, methods, {m: iters for m in methods}, rounds, 64)
+    if not all(np.array_equal(o_sep, o) for o in (o_pack, o_lazy, o_create)):
         raise SystemExit("64 scalars: methods disagree")
-    return best
+    return best, first
 
 
 # --------------------------------------------------------------------------- synthetic plankton step
@@ -187,13 +222,14 @@ def plankton(comm, rounds: int, steps: int) -> dict:
 
     from nbmpi.workers import get_tracer, pool, shared
     from nbmpi.workers.fused_reductions import K_FUSED
+    from nbmpi.workers.tracing import DIR_NONE, register_kind
 
-    rank, P = comm.Get_rank(), comm.Get_size()
+    K_ALLREDUCE = register_kind("allreduce")
+    rank = comm.Get_rank()
     rng = np.random.default_rng(7 + rank)
     npart = 2000
     depth = rng.random(npart) * LAYERS
     mass = rng.random(npart)
-    layer = np.minimum(depth.astype(np.int64), LAYERS - 1)
     results = {}
 
     # 27 local quantities per step, computed identically by both methods
@@ -224,22 +260,32 @@ def plankton(comm, rounds: int, steps: int) -> dict:
     SUMS_EVOLVE = ("births", "deaths", "msize", "pop")
     nsteps = steps
 
-    def original():
+    def original(traced: bool = False):
         outs = []
         one, res = np.empty(1), np.empty(1)
         arr_res = np.empty(LAYERS)
         nutrient = 1000.0
+        tr = get_tracer()
+
+        def allreduce(x, out, op):
+            if not traced:
+                comm.Allreduce(x, out, op=op)
+                return
+            t0 = time.perf_counter_ns()
+            comm.Allreduce(x, out, op=op)
+            tr.record(K_ALLREDUCE, DIR_NONE, -1, 0, out.nbytes, t0, time.perf_counter_ns(), -1, 0, 0, 1)
+
         for step in range(nsteps):
             q = quantities(step)
             g = {}
 
             def red(x, op=MPI.SUM):
                 one[0] = x
-                comm.Allreduce(one, res, op=op)
+                allreduce(one, res, op)
                 return float(res[0])
 
             def red_arr(x):
-                comm.Allreduce(x, arr_res, op=MPI.SUM)
+                allreduce(x, arr_res, MPI.SUM)
                 return arr_res.copy()
 
             # Move
@@ -316,104 +362,205 @@ def plankton(comm, rounds: int, steps: int) -> dict:
             outs.append((r1, r2, r3))
         results["lazy"] = outs
 
-    best = _interleaved(comm, dict(original=original, lazy=lazy), dict(original=1, lazy=1), rounds, 27)
+    best, first = _interleaved(comm, dict(original=original, lazy=lazy), dict(original=1, lazy=1), rounds, 27)
     if not np.allclose(np.array(results["original"]), np.array(results["lazy"]), rtol=1e-12):
         raise SystemExit("plankton: lazy results differ from the original")
+    # collectives per step, both counted from the trace (an extra run of each, not timed)
     tr = get_tracer()
+    counted = {}
+    for name, run, kind in (("original", lambda: original(traced=True), K_ALLREDUCE), ("lazy", lazy, K_FUSED)):
+        tr.clear()
+        comm.Barrier()
+        run()
+        counted[name] = int(np.sum(tr.events()[:, 0] == kind)) / nsteps
     tr.clear()
-    comm.Barrier()
-    lazy()
-    ev = tr.events()
-    ncoll = int(np.sum(ev[:, 0] == K_FUSED))
     return dict(original_s_per_step=best["original"] / nsteps, lazy_s_per_step=best["lazy"] / nsteps,
-                original_collectives_per_step=27.0, lazy_collectives_per_step=ncoll / nsteps,
+                original_first_s_per_step=first["original"] / nsteps, lazy_first_s_per_step=first["lazy"] / nsteps,
+                original_collectives_per_step=counted["original"], lazy_collectives_per_step=counted["lazy"],
                 reductions_per_step=27)
 
 
-# --------------------------------------------------------------------------- driver
-def mpi_main(quick: bool, out_dir) -> int:
+# --------------------------------------------------------------------------- one implementation (MPI job)
+def mpi_part(quick: bool) -> dict:
+    """Every part with the implementation this process runs; the dict on rank 0, None elsewhere."""
     from nbmpi.workers import world
+    from nbmpi.workers.fused_reductions import IMPLEMENTATION, engine
 
     comm = world()
     rank, P = comm.Get_rank(), comm.Get_size()
+    load_start = _loadavg()
     sizes = [100, 200] if quick else [500, 1000, 1500, 3000]
     rounds = 2 if quick else 5
     var = {}
     for n in sizes:
         var[n] = variance(comm, n, rounds)
         if rank == 0:
-            print(f"  variance N=M={n} done", file=sys.stderr, flush=True)
-    s64 = scalars64(comm, rounds, 20 if quick else 300)
+            print(f"  [{IMPLEMENTATION}] variance N=M={n} done", file=sys.stderr, flush=True)
+    s64, s64_first = scalars64(comm, rounds, 20 if quick else 300)
     pk = plankton(comm, rounds, 3 if quick else 30)
     if rank != 0:
-        return 0
+        return None
+    vrows = []
+    for n in sizes:
+        b, f = var[n]
+        vrows.append(dict(N=n, M=n, P=P, original_s=b["original"], hand_s=b["hand"], lazy_s=b["lazy"],
+                          lazy_first_s=f["lazy"], hand_improvement_pct=100 * (1 - b["hand"] / b["original"]),
+                          lazy_improvement_pct=100 * (1 - b["lazy"] / b["original"]),
+                          lazy_over_hand=b["lazy"] / b["hand"]))
+    us = {k: v * 1e6 for k, v in s64.items()}
+    s64row = dict(separate_us=us["separate"], packed_us=us["packed"], lazy_us=us["lazy"], create_us=us["create"],
+                  python_floor_us=us["python_floor"], lazy_first_us=s64_first["lazy"] * 1e6,
+                  create_first_us=s64_first["create"] * 1e6,
+                  separate_over_lazy=s64["separate"] / s64["lazy"],
+                  separate_over_create=s64["separate"] / s64["create"],
+                  create_over_lazy=s64["create"] / s64["lazy"], lazy_over_packed=s64["lazy"] / s64["packed"],
+                  separate_over_python_floor=s64["separate"] / s64["python_floor"])
+    e = engine()
+    return dict(implementation=IMPLEMENTATION, direct_mpi=e.direct_mpi, compiled_op=e.compiled_op, nranks=P,
+                variance=vrows, scalars64=s64row, plankton=pk, loadavg_start=load_start, loadavg_end=_loadavg())
+
+
+# --------------------------------------------------------------------------- report
+def _model(pk: dict) -> list:
+    """The plankton step on a modelled network: measured time + collectives x D per stated latency D."""
+    rows = []
+    for d in MODEL_LATENCIES:
+        o = pk["original_s_per_step"] + pk["original_collectives_per_step"] * d
+        lz = pk["lazy_s_per_step"] + pk["lazy_collectives_per_step"] * d
+        rows.append(dict(latency_us=d * 1e6, original_ms=o * 1e3, lazy_ms=lz * 1e3, lazy_over_original=lz / o))
+    return rows
+
+
+def _break_even_us(pk: dict) -> float:
+    """The per-collective latency from which the lazy step is faster (0: already on this machine)."""
+    gap = pk["lazy_s_per_step"] - pk["original_s_per_step"]
+    fewer = pk["original_collectives_per_step"] - pk["lazy_collectives_per_step"]
+    if gap <= 0:
+        return 0.0
+    return gap / fewer * 1e6 if fewer > 0 else float("inf")
+
+
+def report(parts: dict, quick: bool, out_dir) -> Path:
     from reporting import md_table, target, targets_table, write_results
 
-    vrows, vtable = [], []
-    for n in sizes:
-        b = var[n]
-        row = dict(N=n, M=n, P=P, original_s=b["original"], hand_s=b["hand"], lazy_s=b["lazy"],
-                   hand_improvement_pct=100 * (1 - b["hand"] / b["original"]),
-                   lazy_improvement_pct=100 * (1 - b["lazy"] / b["original"]),
-                   lazy_over_hand=b["lazy"] / b["hand"])
-        vrows.append(row)
-        vtable.append([n, P, b["original"], f"{b['hand']:.4f} ({row['hand_improvement_pct']:.1f}%)",
-                       f"{b['lazy']:.4f} ({row['lazy_improvement_pct']:.1f}%)", row["lazy_over_hand"]])
-    s64row = dict(separate_us=s64["separate"] * 1e6, packed_us=s64["packed"] * 1e6, lazy_us=s64["lazy"] * 1e6,
-                  python_floor_us=s64["python_floor"] * 1e6,
-                  separate_over_lazy=s64["separate"] / s64["lazy"], lazy_over_packed=s64["lazy"] / s64["packed"],
-                  separate_over_python_floor=s64["separate"] / s64["python_floor"])
-    big = vrows[-1]
+    c, p = parts["compiled"], parts["python"]
+    P = c["nranks"]
+    big_c, big_p = c["variance"][-1], p["variance"][-1]
+    sc, sp = c["scalars64"], p["scalars64"]
+    pkc, pkp = c["plankton"], p["plankton"]
+    built = c["implementation"] == "compiled"
+    speedup = sp["lazy_us"] / sc["lazy_us"]
     checks = [
-        target("64 scalars: separate Allreduce time / lazy time", s64row["separate_over_lazy"], 5.0),
-        target(f"variance N=M={big['N']}: lazy time / hand-fused time", big["lazy_over_hand"], 1.3,
+        target("64 scalars, reused (reset): separate Allreduce time / lazy time", sc["separate_over_lazy"], 5.0),
+        target("64 scalars, created in the loop: separate Allreduce time / lazy time", sc["separate_over_create"],
+               5.0),
+        target("64 scalars: created in the loop time / reused time", sc["create_over_lazy"], 2.0,
                higher_is_better=False),
-        target("synthetic step: lazy collectives per step", pk["lazy_collectives_per_step"], 3.0,
+        target("64 scalars, reused: pure-Python time / compiled time" + ("" if built else
+               " (the compiled part was not built: both runs were pure Python)"), speedup if built else 0.0, 1.5),
+        target(f"variance N=M={big_c['N']}: lazy time / hand-fused time", big_c["lazy_over_hand"], 1.3,
                higher_is_better=False),
+        target("synthetic step: lazy collectives per step", pkc["lazy_collectives_per_step"], 3.0,
+               higher_is_better=False),
+        target("synthetic step: lazy time / original time (this machine)",
+               pkc["lazy_s_per_step"] / pkc["original_s_per_step"], 1.0, higher_is_better=False),
     ]
-    from nbmpi.workers.fused_reductions import IMPLEMENTATION, engine
-
-    direct = engine().direct_mpi
-    md = (f"P = {P} ranks. Times are the best of {rounds} interleaved rounds (slowest rank). "
-          f"Shared-variable hot path: {IMPLEMENTATION} (`NBMPI_PURE_PYTHON=1` selects the pure-Python "
-          f"reference); force point calls MPI_Start/MPI_Test {'directly' if direct else 'through mpi4py'}."
-          "\n\n"
-          "## Variance (seed Table 1 shape), seconds for the whole N x M program (improvement over original)\n\n"
-          + md_table(["N=M", "P", "original", "hand-fused", "lazy shared", "lazy / hand"], vtable)
-          + "\n\n## 64 scalar reductions (per round of 64)\n\n"
-          + md_table(["64 x Allreduce (us)", "1 packed Allreduce (us)", "lazy (us)", "separate / lazy",
-                      "lazy / packed", "Python floor (us)", "separate / floor"],
-                     [[s64row["separate_us"], s64row["packed_us"], s64row["lazy_us"],
-                       s64row["separate_over_lazy"], s64row["lazy_over_packed"], s64row["python_floor_us"],
-                       s64row["separate_over_python_floor"]]])
-          + "\n\nPython floor: the lazy loop's calls (`reset()`, `+=`, `float()` on 64 objects) with "
-            "methods that do nothing and no communication; `separate / floor` bounds what any "
-            "per-variable Python implementation of this loop can reach."
+    same = [  # the same ratios with the pure-Python implementation (information, not targets)
+        ["64 scalars reused: separate / lazy", sc["separate_over_lazy"], sp["separate_over_lazy"]],
+        ["64 scalars created in the loop: separate / lazy", sc["separate_over_create"], sp["separate_over_create"]],
+        ["64 scalars: created in the loop / reused", sc["create_over_lazy"], sp["create_over_lazy"]],
+        [f"variance N=M={big_c['N']}: lazy / hand-fused", big_c["lazy_over_hand"], big_p["lazy_over_hand"]],
+        ["synthetic step: lazy / original", pkc["lazy_s_per_step"] / pkc["original_s_per_step"],
+         pkp["lazy_s_per_step"] / pkp["original_s_per_step"]],
+    ]
+    vtable = []
+    for rc, rp in zip(c["variance"], p["variance"]):
+        vtable.append([rc["N"], rc["original_s"], rc["hand_s"], rc["lazy_s"], rc["lazy_over_hand"], rp["lazy_s"],
+                       rp["lazy_over_hand"], rp["lazy_s"] / rc["lazy_s"]])
+    s64t = [[name, s[f"{k}_us"] if f"{k}_us" in s else None, t[f"{k}_us"] if f"{k}_us" in t else None]
+            for name, k, s, t in (("64 x Allreduce", "separate", sc, sp), ("1 packed Allreduce", "packed", sc, sp),
+                                  ("lazy, reused (reset)", "lazy", sc, sp),
+                                  ("lazy, created in the loop", "create", sc, sp),
+                                  ("Python floor of the reused loop", "python_floor", sc, sp),
+                                  ("lazy, reused: first call", "lazy_first", sc, sp),
+                                  ("lazy, created: first call", "create_first", sc, sp))]
+    for row in s64t:
+        row.append(row[2] / row[1] if row[1] else None)
+    model_c = _model(pkc)
+    cols = ["method", "collectives / step (trace)", "compiled: time / step (ms)", "pure Python: time / step (ms)",
+            "compiled: first step (ms)"]
+    pk_rows = [["original (1 collective per reduction)", pkc["original_collectives_per_step"],
+                pkc["original_s_per_step"] * 1e3, pkp["original_s_per_step"] * 1e3,
+                pkc["original_first_s_per_step"] * 1e3],
+               ["lazy (shared variables)", pkc["lazy_collectives_per_step"], pkc["lazy_s_per_step"] * 1e3,
+                pkp["lazy_s_per_step"] * 1e3, pkc["lazy_first_s_per_step"] * 1e3]]
+    impl_line = (f"compiled run: implementation `{c['implementation']}`, force point calls MPI_Start/MPI_Test "
+                 f"{'directly' if c['direct_mpi'] else 'through mpi4py'}, general fusions combine "
+                 f"{'in C (numba cfunc MPI operation)' if c['compiled_op'] else 'through a Python callback'}; "
+                 f"pure-Python run: implementation `{p['implementation']}`.")
+    md = (f"P = {P} ranks. Each implementation ran in its own MPI job; inside a job the methods of a part are "
+          f"interleaved, times are the best of {'2' if quick else '5'} rounds (slowest rank), first calls apart. "
+          + impl_line + f" Load average at the start / end of each run: compiled {c['loadavg_start']} / "
+          f"{c['loadavg_end']}, pure Python {p['loadavg_start']} / {p['loadavg_end']}."
+          "\n\n## Targets\n\n" + targets_table(checks)
+          + "\n\nThe same ratios with the pure-Python implementation (information, not targets):\n\n"
+          + md_table(["ratio", "compiled", "pure Python"], same)
+          + "\n\n## 64 scalar reductions (us per round of 64)\n\n"
+          + md_table(["method", "compiled", "pure Python", "pure Python / compiled"], s64t)
+          + "\n\nPython floor: the reused loop's calls (`reset()`, `+=`, `float()` on 64 objects) on objects "
+            "whose methods do nothing and no communication. Created in the loop: "
+            "`xs = [shared(0.0) for _ in range(64)]; xs[k] += v; float(x)` each round."
+          + "\n\n## Variance (seed Table 1 shape), seconds for the whole N x M program\n\n"
+          + md_table(["N=M", "original", "hand-fused", "lazy (compiled)", "lazy / hand (compiled)",
+                      "lazy (pure Python)", "lazy / hand (pure Python)", "pure Python / compiled"], vtable)
           + "\n\n## Synthetic plankton step (4 modules, 27 reductions, 3 reads)\n\n"
-          + md_table(["method", "collectives / step", "time / step (ms)"],
-                     [["original", pk["original_collectives_per_step"], pk["original_s_per_step"] * 1e3],
-                      ["lazy", pk["lazy_collectives_per_step"], pk["lazy_s_per_step"] * 1e3]])
-          + "\n\n## Targets\n\n" + targets_table(checks))
-    data = dict(benchmark="fused_reductions", quick=quick, nranks=P, implementation=IMPLEMENTATION,
-                direct_mpi=direct, variance=vrows, scalars64=s64row, plankton=pk, targets=checks)
+          + md_table(cols, pk_rows)
+          + "\n\n### Modelled network (a model, not a measurement)\n\nEach collective costs a stated latency D "
+            "more than on this machine (shared memory): time per step = measured time + collectives per step "
+            "x D, compiled run. D is stated, not measured: about 1-5 us for a small allreduce on "
+            "InfiniBand/Slingshot at small node counts, tens of us over TCP/Ethernet or across many nodes.\n\n"
+          + md_table(["D (us, stated)", "original (ms)", "lazy (ms)", "lazy / original"],
+                     [[r["latency_us"], r["original_ms"], r["lazy_ms"], r["lazy_over_original"]] for r in model_c])
+          + f"\n\nLazy is faster from D = {_break_even_us(pkc):.2f} us per collective on (0: already on this "
+            "machine).")
+    data = dict(benchmark="fused_reductions", quick=quick, nranks=P, compiled=c, python=p,
+                pure_python_over_compiled_64=speedup, plankton_model=model_c,
+                plankton_break_even_us=_break_even_us(pkc), targets=checks)
     path = write_results("fused_reductions_quick" if quick else "fused_reductions", data, md, out_dir)
     print(md)
     print(f"\nwrote {path} and {path.with_suffix('.md')}")
-    return 0
+    return path
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="tiny sizes, 2 rounds (smoke test)")
     p.add_argument("--out-dir", default=None, help="where to write JSON/markdown (default benchmarks/results)")
-    p.add_argument("-n", "--nranks", type=int, default=2, help="ranks to launch when started without MPI")
+    p.add_argument("-n", "--nranks", type=int, default=2, help="ranks of each MPI job")
+    p.add_argument("--part-out", default=None, help="(inside an MPI job) write this implementation's part here")
     a = p.parse_args(argv)
     if os.environ.get("NBMPI_STATUS_DIR") or os.environ.get("PMI_RANK") is not None:
-        return mpi_main(a.quick, a.out_dir)
+        part = mpi_part(a.quick)
+        if part is not None:
+            if a.part_out:
+                Path(a.part_out).write_text(json.dumps(part))
+            else:   # run by hand under nbmpi run: print this implementation's numbers
+                print(json.dumps(part, indent=2))
+        return 0
     from nbmpi.workers.launcher import run
 
-    args = [__file__] + (["--quick"] if a.quick else []) + (["--out-dir", a.out_dir] if a.out_dir else [])
-    return run(a.nranks, args)
+    parts = {}
+    with tempfile.TemporaryDirectory(prefix="nbmpi-bench-") as tmp:
+        for impl, pure in (("compiled", "0"), ("python", "1")):
+            out = Path(tmp) / f"{impl}.json"
+            args = [__file__, "--part-out", str(out)] + (["--quick"] if a.quick else [])
+            rc = run(a.nranks, args, env={"NBMPI_PURE_PYTHON": pure})
+            if rc != 0 or not out.exists():
+                print(f"the {impl} run failed (exit {rc})", file=sys.stderr)
+                return rc or 1
+            parts[impl] = json.loads(out.read_text())
+    report(parts, a.quick, a.out_dir)
+    return 0
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -19,11 +20,25 @@ from typing import Any, Dict, List, Optional, Sequence
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
+def commit() -> str:
+    """The git commit of the code being measured (``+dirty`` if tracked files differ from
+    it), or ``"unknown"`` outside a git checkout."""
+    repo = Path(__file__).resolve().parent.parent
+    try:
+        head = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return head + ("+dirty" if dirty else "")
+
+
 def machine() -> Dict[str, Any]:
-    """Facts about the machine and software the numbers were measured on."""
+    """Facts about the machine and software the numbers were measured on (the commit included)."""
     info: Dict[str, Any] = dict(
         date=time.strftime("%Y-%m-%d %H:%M:%S"), python=sys.version.split()[0],
-        platform=platform.platform(), cpus=os.cpu_count(),
+        platform=platform.platform(), cpus=os.cpu_count(), commit=commit(),
     )
     try:
         info["loadavg"] = os.getloadavg()
@@ -71,7 +86,8 @@ def write_results(name: str, data: Dict[str, Any], markdown: str, out_dir: Optio
     data = dict(data)
     data.setdefault("machine", machine())
     (out / f"{name}.json").write_text(json.dumps(data, indent=2, default=float))
-    header = f"# {name}\n\nMeasured {data['machine']['date']} on {data['machine']['cpus']} CPUs " \
-             f"(load {data['machine'].get('loadavg', 'n/a')}).\n\n"
+    m = data["machine"]
+    header = f"# {name}\n\nMeasured {m['date']} on {m['cpus']} CPUs (load {m.get('loadavg', 'n/a')}), " \
+             f"commit {m.get('commit', 'unknown')}.\n\n"
     (out / f"{name}.md").write_text(header + markdown + "\n")
     return out / f"{name}.json"

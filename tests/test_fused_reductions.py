@@ -534,18 +534,42 @@ def test_signature_log_decoding():
 
 
 def test_benchmark_quick_writes_json(tmp_path):
+    """The benchmark runs the compiled and the pure-Python implementation (each its own MPI
+    job), counts both methods' collectives from the trace, and computes every target from
+    the measured numbers it writes (never typed in)."""
     proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "fused_reductions.py"), "--quick",
                            "--out-dir", str(tmp_path)], capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     data = json.loads((tmp_path / "fused_reductions_quick.json").read_text())
-    assert data["nranks"] == 2 and len(data["variance"]) == 2 and isinstance(data["direct_mpi"], bool)
-    for row in data["variance"]:
-        assert {"original_s", "hand_s", "lazy_s", "lazy_over_hand"} <= set(row)
-    assert {"separate_us", "packed_us", "lazy_us", "separate_over_lazy"} <= set(data["scalars64"])
-    assert data["plankton"]["reductions_per_step"] == 27
-    assert data["plankton"]["lazy_collectives_per_step"] > 0
-    assert [t["status"] in ("PASS", "FAIL") for t in data["targets"]] == [True] * 3
-    assert "## Targets" in (tmp_path / "fused_reductions_quick.md").read_text()
+    c, p = data["compiled"], data["python"]
+    assert data["nranks"] == 2 and c["implementation"] == "compiled" and p["implementation"] == "python"
+    assert isinstance(c["direct_mpi"], bool) and p["direct_mpi"] is False and p["compiled_op"] is False
+    for part in (c, p):
+        assert len(part["variance"]) == 2
+        for row in part["variance"]:
+            assert {"original_s", "hand_s", "lazy_s", "lazy_first_s", "lazy_over_hand"} <= set(row)
+            assert row["lazy_over_hand"] == row["lazy_s"] / row["hand_s"]
+        s = part["scalars64"]
+        assert s["separate_over_create"] == pytest.approx(s["separate_us"] / s["create_us"])
+        assert s["create_over_lazy"] == pytest.approx(s["create_us"] / s["lazy_us"])
+        pk = part["plankton"]
+        # collectives counted from the trace: 27 separate Allreduce, 3 fused (one per read)
+        assert pk["original_collectives_per_step"] == 27 and pk["lazy_collectives_per_step"] == 3
+        assert part["loadavg_start"] is not None and part["loadavg_end"] is not None
+    assert data["pure_python_over_compiled_64"] == pytest.approx(p["scalars64"]["lazy_us"] / c["scalars64"]["lazy_us"])
+    assert len(data["targets"]) == 7
+    measured = [c["scalars64"]["separate_over_lazy"], c["scalars64"]["separate_over_create"],
+                c["scalars64"]["create_over_lazy"], data["pure_python_over_compiled_64"],
+                c["variance"][-1]["lazy_over_hand"], c["plankton"]["lazy_collectives_per_step"],
+                c["plankton"]["lazy_s_per_step"] / c["plankton"]["original_s_per_step"]]
+    for t, m in zip(data["targets"], measured):
+        assert t["measured"] == m, (t, m)
+        ok = m >= t["limit"] if t["direction"] == ">=" else m <= t["limit"]
+        assert t["status"] == ("PASS" if ok else "FAIL"), t
+    assert len(data["plankton_model"]) == 4
+    assert data["machine"]["commit"] != "" and "loadavg" in data["machine"]
+    md = (tmp_path / "fused_reductions_quick.md").read_text()
+    assert "## Targets" in md and "commit " in md and "a model, not a measurement" in md
 
 
 def test_compiled_hot_path_is_built():

@@ -27,9 +27,16 @@ events go through the tracer's public ``record`` call. Importing this module
 does not initialise MPI.
 """
 from cpython.array cimport array, clone
+from cpython.buffer cimport PyBUF_ANY_CONTIGUOUS, PyBuffer_Release, PyObject_GetBuffer
 from cpython.object cimport PyObject
+from libc.string cimport memset
 from libc.string cimport memcpy
 from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
+
+import zlib
+
+import numpy as np
+from numpy import ndarray
 
 cdef extern from "Python.h":
     ctypedef size_t Py_uhash_t
@@ -114,6 +121,9 @@ cdef object g_f8, g_nan_key, g_nod, g_nol
 cdef object g_add, g_sub, g_mul, g_div      # operator.add sub mul truediv
 cdef Py_ssize_t g_log_cap = 4096
 cdef object g_get_tracer, g_empty_list, g_same_signature
+cdef dict g_casters = {}                    # dtype -> cast of an array shared variable (values._CASTERS)
+cdef tuple g_work = ()                      # working dtype per word kind (values._WORK_DTYPE)
+cdef object g_crc32 = None                  # zlib.crc32
 cdef long g_kind_fused = 0
 cdef long g_spin = 64
 cdef bint g_tuplehash = True                # signature_hash equals hash((sig, L, tuple(log))) (checked in bind)
@@ -133,6 +143,7 @@ cdef Runner g_runner = None                 # set_runner(); None: mpi4py's metho
 
 cdef enum:
     HEADER_WORDS = 4                        # wire.HEADER: the signature words
+    LAYOUT_FIXED = 5                        # kernels.LAYOUT_FIXED: (nlay, L, n_f8, n_i8, nseg)
     M20A = (1 << 20) - 3
     M20B = (1 << 20) - 5
     # index of the reference operator in g_ops
@@ -355,6 +366,18 @@ cdef int operand_value(object a, double *out) except -1:
             return 1
         out[0] = <double>v
         return 0
+    if type(a) is g_snap:   # a float64 scalar's base and pending entries (lazy._eval)
+        base = a.base
+        ents = a.entries
+        if type(base) is float and type(ents) is tuple:
+            if not ents:
+                out[0] = <double>base
+                return 0
+            if len(<tuple>ents) == 1 and type((<tuple>ents)[0]) is tuple:
+                if entry_value(<double>base, (<tuple>ents)[0], out) == 0:
+                    a.base = out[0]
+                    a.entries = ()
+                    return 0
     return 1
 
 
@@ -373,6 +396,38 @@ cdef object derived_value(Derived d):
             d.other = ()
             return v
     return g_eval(d)
+
+
+cdef int apply_f8(int op, double v, double r, object extra, double *out) except -1:
+    """lazy._apply of one resolved entry to a float64 scalar: v op r; 1 if not handled here."""
+    cdef double fl, avail
+    if op == 0:
+        out[0] = v + r
+    elif op == 1:
+        out[0] = v * r
+    elif op == 2:
+        out[0] = r if (r < v or r != r) else v
+    elif op == 3:
+        out[0] = r if (r > v or r != r) else v
+    elif op == 4 and type(extra) is float:   # consume: lazy._consume_level
+        fl = <double>extra
+        avail = v - fl
+        out[0] = v if avail <= 0.0 else (v - r if r <= avail else fl)
+    else:
+        return 1
+    return 0
+
+
+cdef int entry_value(double base, tuple ent, double *out) except -1:
+    """``base`` with the one pending entry ``ent`` (float64 scalar word, block 0) applied,
+    forcing its batch if needed; 1 if not handled here."""
+    cdef BatchBase b
+    if len(ent) != 5 or ent[2] != 0 or type(ent[0]) is not int or not isinstance(ent[1], BatchBase):
+        return 1
+    b = ent[1]
+    if not b.done:
+        force_batch(b)
+    return apply_f8(ent[0], base, batch_word(b, ent[3]), ent[4], out)
 
 
 # ------------------------------------------------------------------ VarBase
@@ -414,11 +469,16 @@ cdef class VarBase:
     # -- contributions ---------------------------------------------------------------
     def __iadd__(self, a):
         cdef object t = type(a)
-        if g_bound and self._sf:
-            if t is float:
-                return fast_sum(self, <double>a, a)
-            if is_fast_type(t):
-                return fast_sum(self, float(a), None)
+        if g_bound:
+            if self._sf:
+                if t is float:
+                    return fast_sum(self, <double>a, a)
+                if is_fast_type(t):
+                    return fast_sum(self, float(a), None)
+            elif t is ndarray:
+                r = contribute_array(self, 0, a)
+                if r is not None:
+                    return r
         return g_iadd(self, a)
 
     def __isub__(self, a):
@@ -464,8 +524,8 @@ cdef class VarBase:
     # -- reading ---------------------------------------------------------------------
     def __float__(self):
         cdef object ents = self._entries, base = self._base, ent, v
-        cdef BatchBase b
         cdef Py_ssize_t ne
+        cdef double x
         if g_bound and type(ents) is tuple:
             ne = len(<tuple>ents)
             if ne == 0:
@@ -478,14 +538,11 @@ cdef class VarBase:
                         return v
             elif ne == 1 and type(base) is float:
                 ent = (<tuple>ents)[0]
-                if (type(ent) is tuple and len(<tuple>ent) == 5 and (<tuple>ent)[0] == 0
-                        and (<tuple>ent)[2] == 0 and isinstance((<tuple>ent)[1], BatchBase)):
-                    b = (<tuple>ent)[1]
-                    if not b.done:
-                        force_batch(b)
-                    v = <double>base + batch_word(b, (<tuple>ent)[3])
+                if type(ent) is tuple and entry_value(<double>base, <tuple>ent, &x) == 0:
+                    v = x
                     self._base = v
                     self._entries = ()
+                    self._ob = None
                     return v
         return g_float(self)
 
@@ -711,6 +768,8 @@ def shared(value, name=None):
     global g_next_id
     cdef VarBase v
     cdef long long vid
+    if type(value) is ndarray and g_bound and (<object>value).ndim:
+        return shared_array(value, name)
     if type(value) is float and g_bound:
         if g_engine is None:
             g_engine_fn()
@@ -730,6 +789,83 @@ def shared(value, name=None):
         note_step(g_batch, (-8, vid, value if value == value else g_nan_key))
         return v
     return g_new_var(value, name=name)
+
+
+cdef object shared_array(object value, object name):
+    """shared(array) (the reference: SharedVar.__init__'s array case): a read-only copy;
+    the creation value is logged as the crc32 of its bytes."""
+    global g_next_id
+    cdef VarBase v
+    cdef long long vid
+    dtype = value.dtype
+    cast = g_casters.get(dtype)
+    if cast is None:      # a dtype not seen yet (or not supported): the reference decides
+        return g_new_var(value, name=name)
+    if g_engine is None:
+        g_engine_fn()
+    copy = value.copy()
+    copy.flags.writeable = False
+    vid = g_next_id
+    g_next_id = vid + 1
+    v = <VarBase>new_instance(g_shared_t, k_noargs)
+    v._cid1 = vid + 1
+    v.name = name
+    v.dtype = dtype
+    v.shape = copy.shape
+    v._kind = 2 if dtype.kind == "c" else (0 if dtype.kind == "f" else 1)
+    v._base = copy
+    v._entries = ()
+    v._oop = -1
+    v._cast = cast
+    v._init = copy
+    note_step(g_batch, (-8, vid, (-2, g_crc32(copy), copy.shape, dtype.num)))
+    return v
+
+
+cdef object contribute_array(VarBase self, int op, object a):
+    """x += a for a shared array x and an array a of its shape and working dtype (the
+    reference: SharedVar._contribute's array case, then _new_slot); None if not that case."""
+    cdef BatchBase b = g_batch
+    cdef int kind = self._kind
+    cdef Py_ssize_t i, w
+    work = g_work[kind]
+    dt = a.dtype
+    if (dt is not work and dt != work) or a.shape != self.shape:
+        return None
+    if self._ob is b and self._oop == op:   # accumulate in place: the reference
+        return None
+    acc = a.flatten()
+    arrs = b.arrs
+    if arrs is g_nol:
+        arrs = b.arrs = []
+    i = len(<list>arrs)
+    (<list>arrs).append([acc, op, kind])
+    if kind != 0 or (op != 0 and op != 4):
+        b.allsum = False
+    w = acc.size * (2 if kind == 2 else 1)
+    self._entries = self._entries + ((op, b, 2, i, None),)
+    if op != 4:
+        self._ob = b
+        self._oi = i
+        self._oop = op
+        self._oblk = 2
+    else:
+        self._ob = None
+    if self._lastb is not b:
+        self._lastb = b
+        b.nvars += 1
+    b.nseg = b.nseg + 1
+    b.words = b.words + w
+    b.room -= w
+    step = (self._id, op, self.dtype.num, self.shape)
+    k = hash(step)
+    if b.kmap is g_nod:
+        b.kmap = {}
+    b.kmap[k] = step
+    note_step(b, k)
+    if len(<list>b.f8) + b.words > g_threshold:
+        g_engine.flush()
+    return self
 
 
 # ------------------------------------------------------------------ the compiled force point
@@ -781,31 +917,20 @@ cpdef object fuse(object engine, BatchBase b):
     Python code: new current batch (the previous fusion's batch when nothing refers
     to it any more), signature words, pack, Start + Test polls (then engine._wait),
     trace record, result words, signature check."""
-    global g_batch, g_spare, g_seq, g_compiled_fusions
+    global g_spare, g_seq, g_compiled_fusions
     cdef list f8 = b.f8
     cdef Py_ssize_t n1 = len(f8), L = size_class(n1), i
     cdef double *d
     cdef double h1, h2, s1, q1, s2, q2, P
     cdef Py_hash_t h
-    cdef BatchBase nb
-    cdef Runner runner
     cdef long long t0, t1, seq
-    cdef long k
-    cdef int done
     cdef array res
     if g_bufp == NULL or g_preq is None or g_buflen < L:
         return None
     req = g_preq.get(L)
     if req is None:
         return None
-    # the next fusion starts now
-    if g_spare is not None and refcnt(<PyObject *>g_spare) == 1 and type(g_spare) is g_batch_t:
-        nb = g_spare      # the batch of the previous fusion, no longer referenced: reuse it
-        g_spare = None
-    else:
-        nb = <BatchBase>new_instance(g_batch_t, k_noargs)
-    batch_fill(nb, g_threshold)
-    g_batch = nb      # engine.batch (the engine reads it from here: current_batch())
+    next_batch()      # the next fusion starts now
     d = g_bufp
     try:
         # signature words: hash((b.sig, L, tuple(b.log))) as in the Python path, written straight
@@ -823,18 +948,7 @@ cpdef object fuse(object engine, BatchBase b):
         b.error = exc
         raise
     t0 = now_ns()
-    runner = g_runner if g_runner is not None else g_mpi4py
-    try:
-        runner.start(req)
-        done = 0
-        for k in range(g_spin + 1):
-            if runner.test(req):
-                done = 1
-                break
-        if not done:   # the interruptible wait with the timeout (raises a diagnosed error)
-            engine._wait(req, b, L)
-    except BaseException as exc:
-        fuse_failed(engine, b, L, exc)
+    run_request(engine, b, req, L)
     t1 = now_ns()
     try:
         seq = g_seq
@@ -863,14 +977,167 @@ cpdef object fuse(object engine, BatchBase b):
 
 
 cdef int force_batch(BatchBase b) except -1:
-    """Make batch b resolved (a force point): the compiled fuse when only float64 scalar sums
-    are pending in the current batch, else the Python _force (which flushes or raises b.error)."""
-    if (not b.done and b is g_batch and g_engine is not None and g_ready and b.error is None
-            and b.allsum is True and b.nseg == 0 and len(b.f8) > HEADER_WORDS):
-        fuse(g_engine, b)
+    """Make batch b resolved (a force point): the compiled force point when b is the current
+    batch and the engine is ready, else the Python _force (which flushes or raises b.error)."""
+    if not b.done and b is g_batch and g_engine is not None and g_ready and b.error is None:
+        if b.nseg == 0:
+            if b.allsum is True and len(b.f8) > HEADER_WORDS:
+                fuse(g_engine, b)
+        else:
+            fuse_general(g_engine, b)
     if not b.done:
         g_force(b)
     return 0
+
+
+cdef BatchBase next_batch():
+    """Start the next fusion: a new current batch (the previous fusion's batch when nothing
+    refers to it any more)."""
+    global g_batch, g_spare
+    cdef BatchBase nb
+    if g_spare is not None and refcnt(<PyObject *>g_spare) == 1 and type(g_spare) is g_batch_t:
+        nb = g_spare
+        g_spare = None
+    else:
+        nb = <BatchBase>new_instance(g_batch_t, k_noargs)
+    batch_fill(nb, g_threshold)
+    g_batch = nb      # engine.batch (the engine reads it from here: current_batch())
+    return nb
+
+
+cdef int run_request(object engine, BatchBase b, object req, Py_ssize_t L) except -1:
+    """Start the persistent request, a few Test polls, then the engine's interruptible wait;
+    an error goes through the engine's diagnosis (engine._fuse_failed) and is raised."""
+    cdef Runner runner = g_runner if g_runner is not None else g_mpi4py
+    cdef long k
+    try:
+        runner.start(req)
+        for k in range(g_spin + 1):
+            if runner.test(req):
+                return 0
+        engine._wait(req, b, L)   # raises a diagnosed error
+    except BaseException as exc:
+        fuse_failed(engine, b, L, exc)
+    return 0
+
+
+cpdef object fuse_general(object engine, BatchBase b):
+    """FusionEngine._reduce in C: any ops on float64/int64 scalars and on arrays (the
+    ``MPI_SUM`` request when everything is a float64 sum, else the user-defined operation
+    with the layout record after the header; see wire.layout_words).
+
+    Returns the number of variables resolved, or None if the Python path must run (no
+    buffer or persistent request of this size class yet)."""
+    global g_seq, g_spare, g_compiled_fusions
+    cdef list f8 = b.f8
+    cdef object i8 = b.i8, arrs = b.arrs, i8_ops = b.i8_ops
+    cdef Py_ssize_t n1 = len(f8), nf = n1 - HEADER_WORDS, n2 = len(i8), nseg = len(arrs)
+    cdef bint allsum = b.allsum is True
+    cdef Py_ssize_t nops = (nf + n2 + 7) // 8
+    cdef Py_ssize_t nlay = 0 if allsum else LAYOUT_FIXED + nops + 4 * nseg
+    cdef Py_ssize_t d = HEADER_WORDS + nlay, words = n1 + nlay + <Py_ssize_t>b.words
+    cdef Py_ssize_t L = size_class(words), k, pos, w, seg0, base
+    cdef double *buf = g_bufp
+    cdef long long *lw = <long long *>g_bufp
+    cdef signed char *opb
+    cdef double h1, h2, P
+    cdef Py_hash_t h
+    cdef long long t0, t1, seq
+    cdef Py_buffer view
+    cdef array res
+    cdef list places
+    if buf == NULL or g_preq is None or g_buflen < L:
+        return None
+    req = g_preq.get(<object>L if allsum else (L, False))
+    if req is None:
+        return None
+    next_batch()      # the next fusion starts now
+    places = []
+    try:
+        h = signature_hash(b, L)
+        h1 = <double>(floor_mod(h, M20A) + 1)
+        h2 = <double>(floor_mod(h >> 20, M20B) + 1)
+        buf[0] = h1
+        buf[1] = h1 * h1
+        buf[2] = h2
+        buf[3] = h2 * h2
+        for k in range(nf):
+            buf[d + k] = <double>f8[HEADER_WORDS + k]
+        if not allsum:
+            lw[4] = nlay
+            lw[5] = L
+            lw[6] = nf
+            lw[7] = n2
+            lw[8] = nseg
+            memset(&lw[LAYOUT_FIXED + 4], 0, nops * 8)
+            opb = <signed char *>&lw[LAYOUT_FIXED + 4]
+            for i, op in b.f8_nonsum.items():
+                opb[<Py_ssize_t>i - HEADER_WORDS] = op
+            for k in range(n2):
+                opb[nf + k] = i8_ops[k]
+        pos = d + nf
+        for k in range(n2):
+            lw[pos + k] = i8[k]
+        pos += n2
+        seg0 = pos
+        base = LAYOUT_FIXED + 4 + nops
+        for k in range(nseg):
+            acc, op, kind = arrs[k]
+            PyObject_GetBuffer(acc, &view, PyBUF_ANY_CONTIGUOUS)
+            try:
+                w = view.len // 8
+                if pos + w > L:
+                    raise ValueError("nbmpi fused reductions: a segment does not fit its fusion buffer")
+                memcpy(&buf[pos], view.buf, w * 8)
+            finally:
+                PyBuffer_Release(&view)
+            if not allsum:
+                lw[base + 4 * k] = pos
+                lw[base + 4 * k + 1] = w
+                lw[base + 4 * k + 2] = op
+                lw[base + 4 * k + 3] = kind
+            places.append((pos - seg0, w, kind))
+            pos += w
+        if pos < L:
+            memset(&buf[pos], 0, (L - pos) * 8)
+    except BaseException as exc:
+        b.error = exc
+        raise
+    t0 = now_ns()
+    run_request(engine, b, req, L)
+    t1 = now_ns()
+    try:
+        seq = g_seq
+        g_seq += 1
+        tr = g_get_tracer()
+        if tr.enabled:
+            tr.record(g_kind_fused, 0, -1, 0 if allsum else 1, L * 8, t0, t1, -1, seq, g_chan, b.nvars)
+        res = clone(k_words, n1, False)
+        memcpy(res.data.as_doubles, buf, HEADER_WORDS * sizeof(double))
+        if nf:
+            memcpy(&res.data.as_doubles[HEADER_WORDS], &buf[d], nf * sizeof(double))
+        P = <double>g_size
+        if g_size <= 64:
+            same = (P * buf[1] == buf[0] * buf[0]) and (P * buf[3] == buf[2] * buf[2])
+        else:
+            same = g_same_signature(g_size, res)
+        if not same:
+            raise engine._divergence(b, L)
+        res_i8 = [lw[d + nf + k] for k in range(n2)] if n2 else g_empty_list
+        res_arrs = []
+        if nseg:
+            block = g_buf[seg0:pos].copy()   # one copy; each segment's result is a view of it
+            for o, w, kind in places:
+                part = block[o:o + w]
+                res_arrs.append(part if kind == 0 else part.view(np.int64 if kind == 1 else np.complex128))
+        b.res = (res, res_i8, res_arrs)
+        b.done = True
+    except BaseException as exc:
+        b.error = exc
+        raise
+    g_spare = b       # reused by a later fusion once nothing refers to it
+    g_compiled_fusions += 1
+    return b.nvars
 
 
 # ------------------------------------------------------------------ module functions
@@ -963,13 +1230,14 @@ def unpack(const double[::1] buf, Py_ssize_t n):
 
 def bind(*, reset, iadd, isub, imul, min_with, max_with, float_, tuple ops, tuple fns, force, eval_, snap,
          new_var, type shared, type lazy, tuple fast_types, f8, nan_key, nod, nol, Py_ssize_t log_cap,
-         type batch_type, get_tracer, engine, list empty_list, same_signature, long kind_fused, long spin):
+         type batch_type, get_tracer, engine, list empty_list, same_signature, long kind_fused, long spin,
+         dict casters, tuple work):
     """bind(**python_implementation): the Python functions and types the compiled paths
     fall back to and create (called once by fused_reductions.binding)."""
     global g_reset, g_iadd, g_isub, g_imul, g_min_with, g_max_with, g_float, g_ops, g_force, g_eval, g_snap
     global g_new_var, g_shared_t, g_lazy_t, g_fast_types, g_f8, g_nan_key, g_nod, g_nol, g_log_cap
     global g_batch_t, g_get_tracer, g_engine_fn, g_empty_list, g_same_signature, g_kind_fused, g_spin
-    global g_add, g_sub, g_mul, g_div, g_bound, g_tuplehash
+    global g_add, g_sub, g_mul, g_div, g_bound, g_tuplehash, g_casters, g_work, g_crc32
     if len(ops) != 8 or len(fns) != 4:
         raise TypeError("bind(): ops must be 8 callables, fns 4")
     if not issubclass(shared, VarBase) or not issubclass(lazy, VarBase) or not issubclass(batch_type, BatchBase):
@@ -985,6 +1253,7 @@ def bind(*, reset, iadd, isub, imul, min_with, max_with, float_, tuple ops, tupl
     g_get_tracer, g_engine_fn = get_tracer, engine
     g_empty_list, g_same_signature = empty_list, same_signature
     g_kind_fused, g_spin = kind_fused, spin
+    g_casters, g_work, g_crc32 = casters, work, zlib.crc32
     g_bound = True
     # the compiled signature must equal the Python reference's hash((sig, L, tuple(log)))
     probe = batch_type(1 << 10)

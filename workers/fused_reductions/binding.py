@@ -15,8 +15,8 @@ from .fusion import _SPIN, K_FUSED, engine
 from .implementation import core as _core
 from .lazy import _eval, _force
 from .pending import _EMPTY, _NOD, _NOL, _Batch, _Snap
-from .values import _REAL_FAST, SharedVar, _LazyF8, _PyVarBase
-from .wire import _F8, _LOG_CAP, _NAN_KEY, _same_signature
+from .values import _CASTERS, _REAL_FAST, _WORK_DTYPE, SharedVar, _LazyF8, _PyVarBase
+from .wire import _F8, _LOG_CAP, _NAN_KEY, W_C16, W_F8, W_I8, _same_signature
 
 
 def bind() -> None:
@@ -33,4 +33,5 @@ def bind() -> None:
                snap=_Snap, new_var=SharedVar, shared=SharedVar, lazy=_LazyF8, fast_types=tuple(_REAL_FAST),
                f8=_F8, nan_key=_NAN_KEY, nod=_NOD, nol=_NOL, log_cap=_LOG_CAP, batch_type=_Batch,
                get_tracer=get_tracer, engine=engine, empty_list=_EMPTY, same_signature=_same_signature,
-               kind_fused=K_FUSED, spin=_SPIN)
+               kind_fused=K_FUSED, spin=_SPIN, casters=_CASTERS,
+               work=(_WORK_DTYPE[W_F8], _WORK_DTYPE[W_I8], _WORK_DTYPE[W_C16]))

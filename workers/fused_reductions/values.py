@@ -12,6 +12,7 @@ reference with the same semantics. See the package docstring for the rules.
 from __future__ import annotations
 
 import operator
+import zlib
 from typing import Any, Callable, Dict, Optional, Tuple
 
 import numpy as np
@@ -268,6 +269,15 @@ class SharedVar(_core.VarBase if _core is not None else _PyVarBase):  # type: ig
             if _check:
                 e.batch.note((-8, vid, value if value == value else _NAN_KEY))
             return
+        if type(value) is np.ndarray and value.ndim:   # an array: the same steps as below, fewer calls
+            dtype = _check_dtype(value.dtype, "shared(ndarray)")
+            v = value.copy()
+            v.flags.writeable = False
+            self._setup(dtype, v.shape, v)
+            self._init = v
+            if _check:
+                e.batch.note((-8, vid, (-2, zlib.crc32(v), v.shape, dtype.num)))   # = _value_key(v)
+            return
         if isinstance(value, SharedVar):
             raise SharedVariableError("shared(x) of a shared variable: use x.copy() (or shared arithmetic)")
         if isinstance(value, (float, int)) and not isinstance(value, bool):
@@ -304,7 +314,7 @@ class SharedVar(_core.VarBase if _core is not None else _PyVarBase):  # type: ig
         if shape == ():
             self._cast = float if dtype == _F8 else dtype.type
         else:
-            self._cast = _array_caster(dtype)
+            self._cast = _CASTERS.get(dtype) or _array_caster(dtype)
 
     @classmethod
     def _derived(cls, base: Any, dtype: np.dtype, shape: tuple) -> "SharedVar":
@@ -539,8 +549,21 @@ class SharedVar(_core.VarBase if _core is not None else _PyVarBase):  # type: ig
         else:
             if isinstance(a, Grant):
                 a = a.value
+            work = _WORK_DTYPE[kind]
+            if type(a) is np.ndarray and a.shape == self.shape and a.dtype == work:
+                # the common case (an array of the variable's shape and working dtype): no checks needed
+                if self._ob is b and self._oop == op:
+                    _acc_array(op, b.arrs[self._oi][0].reshape(self.shape), a)
+                    return self
+                acc = a.flatten()
+                if b.arrs is _NOL:
+                    b.arrs = []
+                b.arrs.append([acc, op, kind])
+                if kind != W_F8 or (op != SUM and op != CONSUME):
+                    b.allsum = False
+                return self._new_slot(e, b, op, 2, len(b.arrs) - 1, acc.size * (2 if kind == W_C16 else 1), None)
             arr = np.asarray(a)
-            if not np.can_cast(arr.dtype, _WORK_DTYPE[kind], "same_kind"):
+            if not np.can_cast(arr.dtype, work, "same_kind"):
                 raise SharedVariableError(
                     f"{OP_NAMES[op]} contribution of dtype {arr.dtype} to shared array #{self._id} "
                     f"({self.dtype}); expected values castable to {self.dtype}")
@@ -683,11 +706,16 @@ def _acc_array(op: int, acc: np.ndarray, arr: np.ndarray) -> None:
         np.maximum(acc, arr, out=acc, casting="same_kind")
 
 
+_CASTERS: Dict[np.dtype, Callable[[Any], np.ndarray]] = {}
+
+
 def _array_caster(dtype: np.dtype) -> Callable[[Any], np.ndarray]:
+    """The cast of an array shared variable of ``dtype``: a read-only copy (one per dtype)."""
     def cast(v):
         out = np.array(v, dtype=dtype, copy=True)
         out.flags.writeable = False
         return out
+    _CASTERS[dtype] = cast
     return cast
 
 

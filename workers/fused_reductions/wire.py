@@ -94,7 +94,7 @@ def _value_key(v: Any) -> Any:
         return int(v)
     if isinstance(v, np.ndarray) and v.shape != ():
         a = np.ascontiguousarray(v)
-        return (-2, zlib.crc32(a.view(np.uint8).reshape(-1)), a.shape, a.dtype.num)
+        return (-2, zlib.crc32(a), a.shape, a.dtype.num)
     a = np.asarray(v)
     if a.dtype.kind == "c":
         c = complex(a)
