@@ -408,6 +408,13 @@ for i in range(50):
 assert fr.engine().collectives == 50, fr.engine().collectives   # one per read (creation checks ride along)
 # rank 1 really ran the compiled force point (only a new buffer size takes the Python path)
 assert fr.engine().compiled_collectives == (0 if r == 0 else 49), fr.engine().compiled_collectives
+# general fusions: the Python rank combines through mpi4py's Python callback, the compiled
+# rank through the C operation; both read the same layout record
+for i in range(5):
+    a = shared(np.zeros(4)); m = shared(np.inf); q = shared(1.0)
+    a += np.full(4, float(r + i)); m.min_with(float(r)); q *= 3.0
+    assert np.array_equal(a.value, np.full(4, float(P * i + sum(range(P)))))
+    assert float(m) == 0.0 and float(q) == 3.0 ** P
 # a real difference is still found when the two implementations compute the signature
 x = shared(1.0)
 x += 1.0
@@ -581,3 +588,92 @@ def test_compiled_hot_path_is_built():
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "compiled", ("nbmpi.workers._fused_core was not built: install a C compiler "
                                                "and the Python headers, then reinstall nbmpi")
+
+
+GENERAL = PRELUDE + """
+# the general force point (arrays, min/max/prod/consume, int64) in a loop: variables created in
+# the loop as users write it; compiled: every fusion after the first of its size runs in C
+e = engine()
+S = float(sum(range(P)))
+p = pool(1e6)
+for it in range(20):
+    a = shared(np.zeros(5)); m = shared(np.inf); x = shared(-np.inf); pr = shared(1.0); k = shared(0)
+    s = shared(0.0); iv = shared(np.zeros(3, dtype=np.int64))
+    a += np.arange(5.0) * (r + 1)
+    m.min_with(float(r + it)); x.max_with(float(r)); pr *= 2.0; k += r; s += 1.0
+    iv += np.array([1, r, it])
+    g = p.consume(1.0 + r, floor=0.0)
+    assert np.array_equal(a.value, np.arange(5.0) * sum(q + 1 for q in range(P)))
+    assert float(m) == float(it) and float(x) == float(P - 1) and float(pr) == 2.0 ** P
+    assert int(k) == int(S) and float(s) == P and float(g) == 1.0 + r
+    assert list(iv.value) == [P, int(S), it * P]
+    nan = shared(0.0); nan.max_with(np.nan if r == 0 else 1.0)        # NaN wins, whichever rank has it
+    assert np.isnan(float(nan))
+assert abs(float(p) - (1e6 - 20 * sum(1.0 + q for q in range(P)))) < 1e-6
+if _want == "compiled":
+    assert e.compiled_op, "general fusions combine through the compiled MPI operation"
+    assert e.compiled_collectives >= 35, e.compiled_collectives
+else:
+    assert e.compiled_collectives == 0 and not e.compiled_op
+print("OK", r)
+"""
+
+
+@pytest.mark.parametrize("n,impl", IMPLS)
+def test_general_force_point_in_a_loop(run_mpi, n, impl):
+    proc = run_mpi(GENERAL, n=n, timeout=90, env=impl_env(impl))
+    assert_ok(proc)
+    assert proc.stdout.count("OK") == n
+
+
+def test_combine_kernels_one_nan_rule_and_fused_layout():
+    """One set of kernels: min/max propagate NaN in either operand order (channels and fused
+    reductions); the fused kernel applies each word's op from the buffer's own layout record,
+    as a Python call and as the C function MPI calls, and only sums the header when the two
+    buffers' layouts differ (ranks that diverged)."""
+    import ctypes
+
+    import numpy as np
+
+    from nbmpi.workers import kernels as K
+    from nbmpi.workers.fused_reductions.wire import layout_words
+
+    out = np.empty(3)
+    for kern, a, b, want in ((K.combine_min, [1.0, np.nan, 3.0], [np.nan, 2.0, 1.0], [np.nan, np.nan, 1.0]),
+                             (K.combine_max, [np.nan, 2.0, 1.0], [1.0, np.nan, 3.0], [np.nan, np.nan, 3.0])):
+        kern(out, np.array(a), np.array(b))
+        np.testing.assert_array_equal(out, want)
+
+    def buf(f8, ops, arr, L=40):
+        nlay = layout_words(len(f8), 0, 1)
+        w = np.zeros(L, np.int64)
+        wf = w.view(np.float64)
+        w[4:9] = (nlay, L, len(f8), 0, 1)
+        w[9:9 + (len(f8) + 7) // 8].view(np.int8)[:len(f8)] = ops
+        d = 4 + nlay
+        wf[d:d + len(f8)] = f8
+        pos = d + len(f8)
+        wf[pos:pos + len(arr)] = arr
+        w[4 + nlay - 4:4 + nlay] = (pos, len(arr), 2, 0)
+        wf[:4] = (1.0, 1.0, 1.0, 1.0)
+        return w, d
+
+    a, d = buf([1.0, np.nan, 5.0, 2.0], [0, 2, 3, 1], [4.0, 9.0])
+    b, _ = buf([2.0, 1.0, np.nan, 3.0], [0, 2, 3, 1], [6.0, 1.0])
+    fn = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)(
+        K.combine_words_mpi_address())
+    for how in ("python", "mpi"):
+        x, y = a.copy(), b.copy()
+        if how == "python":
+            K.combine_words(x, y)
+        else:
+            one = ctypes.c_int(1)
+            fn(x.ctypes.data, y.ctypes.data, ctypes.addressof(one), None)
+        yf = y.view(np.float64)
+        np.testing.assert_array_equal(yf[:4], [2.0] * 4)
+        np.testing.assert_array_equal(yf[d:d + 4], [3.0, np.nan, np.nan, 6.0])
+        np.testing.assert_array_equal(yf[d + 4:d + 6], [4.0, 1.0])     # elementwise min segment
+    other, _ = buf([1.0, 1.0, 1.0, 1.0], [0, 0, 0, 0], [0.0, 0.0])       # another layout (ops differ)
+    y = b.copy()
+    K.combine_words(other, y)
+    assert list(y.view(np.float64)[:4]) == [2.0] * 4 and np.array_equal(y[4:], b[4:])

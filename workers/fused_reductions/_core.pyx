@@ -105,6 +105,7 @@ cdef extern from *:
     int slot_wrappers "nbmpi_slot_wrappers"(object t) except -1
 
 cdef tuple k_noargs = ()
+cdef object k_zero = 0                      # the small int 0 (one object in CPython): op SUM, block 0
 
 # ------------------------------------------------------------------ bound state (bind, set_*)
 cdef bint g_bound = False
@@ -526,6 +527,7 @@ cdef class VarBase:
         cdef object ents = self._entries, base = self._base, ent, v
         cdef Py_ssize_t ne
         cdef double x
+        cdef BatchBase b
         if g_bound and type(ents) is tuple:
             ne = len(<tuple>ents)
             if ne == 0:
@@ -538,6 +540,15 @@ cdef class VarBase:
                         return v
             elif ne == 1 and type(base) is float:
                 ent = (<tuple>ents)[0]
+                if (type(ent) is tuple and len(<tuple>ent) == 5 and (<tuple>ent)[0] is k_zero
+                        and (<tuple>ent)[2] is k_zero and type((<tuple>ent)[1]) is g_batch_t):
+                    b = <BatchBase>(<tuple>ent)[1]   # one float64 sum: base + the reduced word
+                    if not b.done:
+                        force_batch(b)
+                    v = <double>base + batch_word(b, (<tuple>ent)[3])
+                    self._base = v
+                    self._entries = ()
+                    return v
                 if type(ent) is tuple and entry_value(<double>base, <tuple>ent, &x) == 0:
                     v = x
                     self._base = v
@@ -622,7 +633,7 @@ cdef object fast_sum(VarBase self, double a, object aobj):
             # a resolved sum nobody read yet: fold it into the base (entries stay bounded)
             self._base = <double>self._base + batch_word(<BatchBase>old[1], old[3])
             ents = ()
-    self._entries = ents + ((0, b, 0, i, None),)
+    self._entries = ((0, b, 0, i, None),) if not ents else ents + ((0, b, 0, i, None),)
     self._ob = b
     self._oi = i
     self._oop = 0
