@@ -580,13 +580,13 @@ def test_benchmark_quick_writes_json(tmp_path):
 
 
 def test_compiled_hot_path_is_built():
-    """The install builds the C extension (the benchmarked path); without a compiler the
+    """The install builds the Cython core (the benchmarked path); without a compiler the
     package falls back to the pure-Python implementation, which this test reports."""
     proc = subprocess.run([sys.executable, "-c", "from nbmpi.workers import fused_reductions as f; "
                            "print(f.IMPLEMENTATION)"], capture_output=True, text=True, timeout=60,
                           env={**__import__("os").environ, "NBMPI_PURE_PYTHON": "0"})
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip() == "compiled", ("nbmpi.workers._fused_core was not built: install a C compiler "
+    assert proc.stdout.strip() == "compiled", ("nbmpi.workers.fused_reductions._core was not built: install a C compiler "
                                                "and the Python headers, then reinstall nbmpi")
 
 

@@ -85,29 +85,36 @@ class (16 words, then 8 steps per power of two), and reduced in place by a
 persistent ``MPI_Allreduce_init`` request made once per size class (so a
 force point costs ``MPI_Start`` plus ``MPI_Test`` polls, no new schedule).
 If every segment is a float64 sum (or consume) the operation is ``MPI_SUM``
-on doubles; otherwise it is a user-defined MPI operation on one contiguous
-datatype (MPI never splits it) whose combining function runs a
-numba-compiled kernel over the segments with per-segment op codes, on
-copy-free views of MPI's buffers. After a few polls the wait is
-:func:`nbmpi.workers.waiting.wait` (timeout ``NBMPI_TIMEOUT``,
-interruptible). ``repr()`` never forces (safe in debuggers).
+on doubles; otherwise the buffer carries a layout record after the header
+(the op of every scalar word, the segments) and the operation is a
+user-defined MPI operation on one contiguous datatype (MPI never splits it)
+whose combining function is the numba kernel
+:func:`nbmpi.workers.kernels.combine_words`, reading the layout from the
+buffer itself (min/max propagate NaN, as every nbmpi reduction). After a few
+polls the wait is :func:`nbmpi.workers.waiting.wait` (timeout
+``NBMPI_TIMEOUT``, interruptible). ``repr()`` never forces (safe in
+debuggers).
 
-Cost model (what the hot path does): ``x += a`` on a float64 scalar with a
-real number appends one word to the batch's list and a few field writes
-(repeated ``+=`` between force points add in place); ``x.reset()`` is two
-field writes; shared arithmetic on float64 scalars builds one small lazy node
-per operator whose operands refer to the pending word directly (no copy); a
-force point with only float64 scalar sums pending packs the list into the
-preallocated buffer and runs the ``MPI_SUM`` request. These cases run in C
-when the optional extension ``nbmpi.workers._fused_core`` is built (the
-default install compiles it; :data:`IMPLEMENTATION` says which one runs).
-The compiled force point calls ``MPI_Start``/``MPI_Test`` of the MPI library
-mpi4py loaded directly, on the handle from mpi4py's C API (no Python call per
-poll; :attr:`FusionEngine.direct_mpi`; ``NBMPI_DIRECT_MPI=0`` goes through
-mpi4py's methods instead). The extension
-it works on the same fields and data structures as the Python code below,
-which stays the reference and handles every other case (arrays, other ops,
-errors). ``NBMPI_PURE_PYTHON=1`` selects the pure-Python implementation;
+Cost model (what the hot path does): ``shared(c)`` of a float is a few field
+writes and one logged step; ``x += a`` on a float64 scalar with a real number
+appends one word to the batch's list and a few field writes (repeated ``+=``
+between force points add in place); ``x.reset()`` is two field writes; shared
+arithmetic on float64 scalars builds one small lazy node per operator whose
+operands refer to the pending word directly (no copy); a force point packs
+the list (and any arrays) into the preallocated buffer and runs the
+persistent request. These cases, ``x *= a``, ``min_with``/``max_with``,
+array creation and ``x += array`` and the general force point run in C when
+the optional compiled core is built (Cython: ``_core.pyx``; the default
+install compiles it; :data:`IMPLEMENTATION` says which one runs). The
+compiled force point calls ``MPI_Start``/``MPI_Test`` on the request's handle
+through mpi4py's C API (``_direct_mpi.pyx``, ``from mpi4py cimport MPI,
+libmpi``; no Python call per poll; :attr:`FusionEngine.direct_mpi`;
+``NBMPI_DIRECT_MPI=0`` goes through mpi4py's methods instead), and general
+fusions give MPI the combine kernel as a C function
+(:attr:`FusionEngine.compiled_op`). The compiled core works on the same
+fields and data structures as the Python modules, which stay the reference
+and handle every other case (other dtypes, errors, diagnosis).
+``NBMPI_PURE_PYTHON=1`` selects the pure-Python implementation;
 both give the same results (the tests run both). What remains is one
 interpreter call per operator, contribution and read, which is what
 separates lazy code from a hand-packed ``Allreduce`` (see
