@@ -125,6 +125,7 @@ cdef object g_get_tracer, g_empty_list, g_same_signature
 cdef dict g_casters = {}                    # dtype -> cast of an array shared variable (values._CASTERS)
 cdef tuple g_work = ()                      # working dtype per word kind (values._WORK_DTYPE)
 cdef object g_crc32 = None                  # zlib.crc32
+cdef object g_grant_t = None                # grants.Grant
 cdef long g_kind_fused = 0
 cdef long g_spin = 64
 cdef bint g_tuplehash = True                # signature_hash equals hash((sig, L, tuple(log))) (checked in bind)
@@ -879,6 +880,42 @@ cdef object contribute_array(VarBase self, int op, object a):
     return self
 
 
+def consume_f8(VarBase pool, request, floor):
+    """pool.consume(request, floor) for a float64 scalar pool and real request and floor
+    (the reference: pools.SharedPool.consume); None if not that case or the request is
+    not a finite number >= 0 (the reference raises the error)."""
+    cdef BatchBase b = g_batch
+    cdef double r, fl
+    cdef Py_ssize_t i
+    if not (g_bound and pool._sf and is_fast_type(type(request)) and is_fast_type(type(floor))):
+        return None
+    r = float(request)
+    fl = float(floor)
+    if not r >= 0.0 or r == float("inf"):
+        return None
+    ents = pool._entries
+    if not ents:
+        before = pool._base
+    else:
+        pool._ob = None
+        before = g_snap(pool._base, ents, pool._cast, pool.shape)
+    f8 = b.f8
+    i = len(<list>f8)
+    (<list>f8).append(r)
+    flo = fl
+    note_step(b, (-9, flo if fl == fl else g_nan_key))
+    grant = g_grant_t(before, b, 0, i, r, flo, ())
+    pool._entries = ents + ((4, b, 0, i, flo),)
+    pool._ob = None
+    if pool._lastb is not b:
+        pool._lastb = b
+        b.nvars += 1
+    note_step(b, (pool._id << 3) | 4)
+    if len(<list>f8) + b.words > g_threshold:
+        g_engine.flush()
+    return grant
+
+
 # ------------------------------------------------------------------ the compiled force point
 cdef Py_uhash_t XXPRIME_1 = 11400714785074694791ULL
 cdef Py_uhash_t XXPRIME_2 = 14029467366897019727ULL
@@ -991,8 +1028,8 @@ cdef int force_batch(BatchBase b) except -1:
     """Make batch b resolved (a force point): the compiled force point when b is the current
     batch and the engine is ready, else the Python _force (which flushes or raises b.error)."""
     if not b.done and b is g_batch and g_engine is not None and g_ready and b.error is None:
-        if b.nseg == 0:
-            if b.allsum is True and len(b.f8) > HEADER_WORDS:
+        if b.nseg == 0 and b.allsum is True:
+            if len(b.f8) > HEADER_WORDS:
                 fuse(g_engine, b)
         else:
             fuse_general(g_engine, b)
@@ -1242,13 +1279,13 @@ def unpack(const double[::1] buf, Py_ssize_t n):
 def bind(*, reset, iadd, isub, imul, min_with, max_with, float_, tuple ops, tuple fns, force, eval_, snap,
          new_var, type shared, type lazy, tuple fast_types, f8, nan_key, nod, nol, Py_ssize_t log_cap,
          type batch_type, get_tracer, engine, list empty_list, same_signature, long kind_fused, long spin,
-         dict casters, tuple work):
+         dict casters, tuple work, grant):
     """bind(**python_implementation): the Python functions and types the compiled paths
     fall back to and create (called once by fused_reductions.binding)."""
     global g_reset, g_iadd, g_isub, g_imul, g_min_with, g_max_with, g_float, g_ops, g_force, g_eval, g_snap
     global g_new_var, g_shared_t, g_lazy_t, g_fast_types, g_f8, g_nan_key, g_nod, g_nol, g_log_cap
     global g_batch_t, g_get_tracer, g_engine_fn, g_empty_list, g_same_signature, g_kind_fused, g_spin
-    global g_add, g_sub, g_mul, g_div, g_bound, g_tuplehash, g_casters, g_work, g_crc32
+    global g_add, g_sub, g_mul, g_div, g_bound, g_tuplehash, g_casters, g_work, g_crc32, g_grant_t
     if len(ops) != 8 or len(fns) != 4:
         raise TypeError("bind(): ops must be 8 callables, fns 4")
     if not issubclass(shared, VarBase) or not issubclass(lazy, VarBase) or not issubclass(batch_type, BatchBase):
@@ -1264,7 +1301,7 @@ def bind(*, reset, iadd, isub, imul, min_with, max_with, float_, tuple ops, tupl
     g_get_tracer, g_engine_fn = get_tracer, engine
     g_empty_list, g_same_signature = empty_list, same_signature
     g_kind_fused, g_spin = kind_fused, spin
-    g_casters, g_work, g_crc32 = casters, work, zlib.crc32
+    g_casters, g_work, g_crc32, g_grant_t = casters, work, zlib.crc32, grant
     g_bound = True
     # the compiled signature must equal the Python reference's hash((sig, L, tuple(log)))
     probe = batch_type(1 << 10)

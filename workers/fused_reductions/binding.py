@@ -12,6 +12,7 @@ import operator
 
 from ..tracing import get_tracer
 from .fusion import _SPIN, K_FUSED, engine
+from .grants import Grant
 from .implementation import core as _core
 from .lazy import _eval, _force
 from .pending import _EMPTY, _NOD, _NOL, _Batch, _Snap
@@ -34,4 +35,4 @@ def bind() -> None:
                f8=_F8, nan_key=_NAN_KEY, nod=_NOD, nol=_NOL, log_cap=_LOG_CAP, batch_type=_Batch,
                get_tracer=get_tracer, engine=engine, empty_list=_EMPTY, same_signature=_same_signature,
                kind_fused=K_FUSED, spin=_SPIN, casters=_CASTERS,
-               work=(_WORK_DTYPE[W_F8], _WORK_DTYPE[W_I8], _WORK_DTYPE[W_C16]))
+               work=(_WORK_DTYPE[W_F8], _WORK_DTYPE[W_I8], _WORK_DTYPE[W_C16]), grant=Grant)

@@ -14,6 +14,7 @@ import numpy as np
 from ..errors import SharedVariableError
 from .fusion import engine
 from .grants import Grant
+from .implementation import core as _core
 from .pending import _NOL
 from .values import SharedVar, _snap
 from .wire import CONSUME, W_F8, _value_key
@@ -42,6 +43,10 @@ class SharedPool(SharedVar):
         exactly ``floor``. ``floor`` must be the same on every rank (checked).
         Elementwise for array pools (``request`` broadcast to the pool's shape).
         """
+        if _core is not None:   # a float pool and a real request: the same steps, compiled
+            grant = _core.consume_f8(self, request, floor)
+            if grant is not None:
+                return grant
         e = engine()
         b = e.batch
         before = _snap(self)
