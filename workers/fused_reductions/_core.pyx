@@ -133,10 +133,7 @@ cdef tuple k_utag = tuple([-16 - c for c in range(16)])   # a uniform operand's 
 cdef object k_seed = 0x5EED                 # _Batch's initial signature
 cdef array k_words = array("d")             # template of the reduced words (res[0])
 # the engine's force-point state (FusionEngine._sync_core; seq and _ready are properties on these)
-cdef long long g_next_id = 0
-cdef long long g_compiled_fusions = 0       # fusions fuse() completed (the rest ran in Python)
-cdef long long g_seq = 0, g_threshold = 1 << 17, g_chan = 0, g_size = 1
-cdef bint g_ready = False
+cdef long long g_threshold = 1 << 17, g_chan = 0, g_size = 1
 cdef dict g_preq = None                     # size class -> persistent MPI_SUM request
 cdef object g_buf = None                    # the fusion buffer (engine._buf)
 cdef double *g_bufp = NULL
@@ -157,6 +154,20 @@ cdef enum:
     OP_RMUL = 5
     OP_DIV = 6
     OP_RDIV = 7
+
+
+cdef class EngineState:
+    """The counters and the flag of the engine that the compiled hot paths read and write
+    (FusionEngine.next_id, .seq, ._ready and .compiled_collectives are views of :data:`state`)."""
+
+    cdef public long long next_id            # id of the next shared variable (creation order)
+    cdef public long long seq                # fused collectives run so far
+    cdef public long long compiled_fusions   # of those, run by the compiled force points
+    cdef public bint ready                   # connected, not broken, not strict: compiled force points may run
+
+
+cdef EngineState st = EngineState()
+state = st
 
 
 cdef class Runner:
@@ -729,10 +740,9 @@ cdef object f8_operand(object x, bint is_shared, int code, bint *resolved):
 cdef VarBase new_lazy(object base):
     """A new float64 scalar shared result (a _LazyF8) with every field set; its id and
     signature key become Python ints only when read."""
-    global g_next_id
     cdef VarBase r = <VarBase>new_instance(g_lazy_t, k_noargs)
-    g_next_id += 1
-    r._cid1 = g_next_id
+    st.next_id += 1
+    r._cid1 = st.next_id
     r._base = base
     r._entries = ()
     r._sf = True
@@ -777,7 +787,6 @@ def shared(value, name=None):
     Python float gives float64, an int int64; arrays keep their dtype.
     ``name`` labels error messages.
     """
-    global g_next_id
     cdef VarBase v
     cdef long long vid
     if type(value) is ndarray and g_bound and (<object>value).ndim:
@@ -785,8 +794,8 @@ def shared(value, name=None):
     if type(value) is float and g_bound:
         if g_engine is None:
             g_engine_fn()
-        vid = g_next_id
-        g_next_id = vid + 1
+        vid = st.next_id
+        st.next_id = vid + 1
         v = <VarBase>new_instance(g_shared_t, k_noargs)
         v._cid1 = vid + 1
         v.name = name
@@ -806,7 +815,6 @@ def shared(value, name=None):
 cdef object shared_array(object value, object name):
     """shared(array) (the reference: SharedVar.__init__'s array case): a read-only copy;
     the creation value is logged as the crc32 of its bytes."""
-    global g_next_id
     cdef VarBase v
     cdef long long vid
     dtype = value.dtype
@@ -817,8 +825,8 @@ cdef object shared_array(object value, object name):
         g_engine_fn()
     copy = value.copy()
     copy.flags.writeable = False
-    vid = g_next_id
-    g_next_id = vid + 1
+    vid = st.next_id
+    st.next_id = vid + 1
     v = <VarBase>new_instance(g_shared_t, k_noargs)
     v._cid1 = vid + 1
     v.name = name
@@ -949,6 +957,38 @@ cdef Py_hash_t signature_hash(BatchBase b, Py_ssize_t L) except? -1:
     return lanes_final(acc, 3)
 
 
+cdef int write_signature(BatchBase b, Py_ssize_t L, double *buf) except -1:
+    """The header words: hash((b.sig, L, tuple(b.log))) as in the Python path, as (h1, h1**2,
+    h2, h2**2) (wire.signature_words), written straight into the buffer."""
+    cdef Py_hash_t h = signature_hash(b, L)
+    cdef double h1 = <double>(floor_mod(h, M20A) + 1), h2 = <double>(floor_mod(h >> 20, M20B) + 1)
+    buf[0] = h1
+    buf[1] = h1 * h1
+    buf[2] = h2
+    buf[3] = h2 * h2
+    return 0
+
+
+cdef int finish(object engine, BatchBase b, Py_ssize_t L, long long t0, long long t1, int tag,
+                array res) except -1:
+    """After the collective: its trace event (tracer.record), then the signature check on the
+    reduced header words res[0..3] (wire._same_signature; a mismatch is diagnosed)."""
+    cdef long long seq = st.seq
+    cdef double P = <double>g_size
+    cdef double *w = res.data.as_doubles
+    st.seq += 1
+    tr = g_get_tracer()
+    if tr.enabled:
+        tr.record(g_kind_fused, 0, -1, tag, L * 8, t0, t1, -1, seq, g_chan, b.nvars)
+    if g_size <= 64:   # exact in float64 below 2**53
+        same = (P * w[1] == w[0] * w[0]) and (P * w[3] == w[2] * w[2])
+    else:
+        same = g_same_signature(g_size, res)
+    if not same:
+        raise engine._divergence(b, L)
+    return 0
+
+
 cdef object fuse_failed(object engine, BatchBase b, Py_ssize_t L, object exc):
     """Error of the collective: the Python handling (diagnosis, b.error) decides what to raise."""
     err = engine._fuse_failed(b, L, exc)
@@ -965,13 +1005,11 @@ cpdef object fuse(object engine, BatchBase b):
     Python code: new current batch (the previous fusion's batch when nothing refers
     to it any more), signature words, pack, Start + Test polls (then engine._wait),
     trace record, result words, signature check."""
-    global g_spare, g_seq, g_compiled_fusions
+    global g_spare
     cdef list f8 = b.f8
     cdef Py_ssize_t n1 = len(f8), L = size_class(n1), i
     cdef double *d
-    cdef double h1, h2, s1, q1, s2, q2, P
-    cdef Py_hash_t h
-    cdef long long t0, t1, seq
+    cdef long long t0, t1
     cdef array res
     if g_bufp == NULL or g_preq is None or g_buflen < L:
         return None
@@ -983,13 +1021,7 @@ cpdef object fuse(object engine, BatchBase b):
     try:
         # signature words: hash((b.sig, L, tuple(b.log))) as in the Python path, written straight
         # into the buffer (words 0..3; the list's header words are not read after a fusion)
-        h = signature_hash(b, L)
-        h1 = <double>(floor_mod(h, M20A) + 1)
-        h2 = <double>(floor_mod(h >> 20, M20B) + 1)
-        d[0] = h1
-        d[1] = h1 * h1
-        d[2] = h2
-        d[3] = h2 * h2
+        write_signature(b, L, d)
         for i in range(HEADER_WORDS, n1):
             d[i] = <double>f8[i]
     except BaseException as exc:
@@ -999,35 +1031,23 @@ cpdef object fuse(object engine, BatchBase b):
     run_request(engine, b, req, L)
     t1 = now_ns()
     try:
-        seq = g_seq
-        g_seq += 1
-        tr = g_get_tracer()
-        if tr.enabled:
-            tr.record(g_kind_fused, 0, -1, 0, L * 8, t0, t1, -1, seq, g_chan, b.nvars)
         res = clone(k_words, n1, False)
         memcpy(res.data.as_doubles, g_bufp, n1 * sizeof(double))
-        P = <double>g_size
-        if g_size <= 64:   # wire._same_signature: exact in float64 below 2**53
-            s1, q1, s2, q2 = d[0], d[1], d[2], d[3]
-            same = (P * q1 == s1 * s1) and (P * q2 == s2 * s2)
-        else:
-            same = g_same_signature(g_size, res)
-        if not same:
-            raise engine._divergence(b, L)
+        finish(engine, b, L, t0, t1, 0, res)
         b.res = (res, g_empty_list, g_empty_list)
         b.done = True
     except BaseException as exc:   # b.error = the exception, as the Python path's `except BaseException`
         b.error = exc
         raise
     g_spare = b   # reused by a later fusion once nothing refers to it
-    g_compiled_fusions += 1
+    st.compiled_fusions += 1
     return b.nvars
 
 
 cdef int force_batch(BatchBase b) except -1:
     """Make batch b resolved (a force point): the compiled force point when b is the current
     batch and the engine is ready, else the Python _force (which flushes or raises b.error)."""
-    if not b.done and b is g_batch and g_engine is not None and g_ready and b.error is None:
+    if not b.done and b is g_batch and g_engine is not None and st.ready and b.error is None:
         if b.nseg == 0 and b.allsum is True:
             if len(b.f8) > HEADER_WORDS:
                 fuse(g_engine, b)
@@ -1076,7 +1096,7 @@ cpdef object fuse_general(object engine, BatchBase b):
 
     Returns the number of variables resolved, or None if the Python path must run (no
     buffer or persistent request of this size class yet)."""
-    global g_seq, g_spare, g_compiled_fusions
+    global g_spare
     cdef list f8 = b.f8
     cdef object i8 = b.i8, arrs = b.arrs, i8_ops = b.i8_ops
     cdef Py_ssize_t n1 = len(f8), nf = n1 - HEADER_WORDS, n2 = len(i8), nseg = len(arrs)
@@ -1088,9 +1108,7 @@ cpdef object fuse_general(object engine, BatchBase b):
     cdef double *buf = g_bufp
     cdef long long *lw = <long long *>g_bufp
     cdef signed char *opb
-    cdef double h1, h2, P
-    cdef Py_hash_t h
-    cdef long long t0, t1, seq
+    cdef long long t0, t1
     cdef Py_buffer view
     cdef array res
     cdef list places
@@ -1102,13 +1120,7 @@ cpdef object fuse_general(object engine, BatchBase b):
     next_batch()      # the next fusion starts now
     places = []
     try:
-        h = signature_hash(b, L)
-        h1 = <double>(floor_mod(h, M20A) + 1)
-        h2 = <double>(floor_mod(h >> 20, M20B) + 1)
-        buf[0] = h1
-        buf[1] = h1 * h1
-        buf[2] = h2
-        buf[3] = h2 * h2
+        write_signature(b, L, buf)
         for k in range(nf):
             buf[d + k] = <double>f8[HEADER_WORDS + k]
         if not allsum:
@@ -1155,22 +1167,11 @@ cpdef object fuse_general(object engine, BatchBase b):
     run_request(engine, b, req, L)
     t1 = now_ns()
     try:
-        seq = g_seq
-        g_seq += 1
-        tr = g_get_tracer()
-        if tr.enabled:
-            tr.record(g_kind_fused, 0, -1, 0 if allsum else 1, L * 8, t0, t1, -1, seq, g_chan, b.nvars)
         res = clone(k_words, n1, False)
         memcpy(res.data.as_doubles, buf, HEADER_WORDS * sizeof(double))
         if nf:
             memcpy(&res.data.as_doubles[HEADER_WORDS], &buf[d], nf * sizeof(double))
-        P = <double>g_size
-        if g_size <= 64:
-            same = (P * buf[1] == buf[0] * buf[0]) and (P * buf[3] == buf[2] * buf[2])
-        else:
-            same = g_same_signature(g_size, res)
-        if not same:
-            raise engine._divergence(b, L)
+        finish(engine, b, L, t0, t1, 0 if allsum else 1, res)
         res_i8 = [lw[d + nf + k] for k in range(n2)] if n2 else g_empty_list
         res_arrs = []
         if nseg:
@@ -1184,7 +1185,7 @@ cpdef object fuse_general(object engine, BatchBase b):
         b.error = exc
         raise
     g_spare = b       # reused by a later fusion once nothing refers to it
-    g_compiled_fusions += 1
+    st.compiled_fusions += 1
     return b.nvars
 
 
@@ -1204,38 +1205,6 @@ def set_batch(BatchBase b):
 def current_batch():
     """current_batch(): the engine's current batch (FusionEngine.batch)."""
     return g_batch
-
-
-def next_id(value=None):
-    """next_id([value]): the id the next shared variable gets (set it with an argument)."""
-    global g_next_id
-    if value is not None:
-        g_next_id = value
-    return g_next_id
-
-
-def seq(value=None):
-    """seq([value]): FusionEngine.seq (fused collectives run)."""
-    global g_seq
-    if value is not None:
-        g_seq = value
-    return g_seq
-
-
-def compiled_fusions(value=None):
-    """compiled_fusions([value]): how many fused collectives the compiled force point ran."""
-    global g_compiled_fusions
-    if value is not None:
-        g_compiled_fusions = value
-    return g_compiled_fusions
-
-
-def ready(value=None):
-    """ready([value]): FusionEngine._ready (connected, not broken, not strict: the fast force point may run)."""
-    global g_ready
-    if value is not None:
-        g_ready = bool(value)
-    return g_ready
 
 
 def set_state(double[::1] buf, dict preq, long long threshold_words, long long chan, long long size):

@@ -97,11 +97,11 @@ class FusionEngine:
 
     if _core is not None:
         # counters and flags the compiled hot path reads and writes live in the extension
-        next_id = property(lambda self: _core.next_id(), lambda self, v: _core.next_id(v),
+        next_id = property(lambda self: _core.state.next_id, lambda self, v: setattr(_core.state, "next_id", v),
                            doc="Id of the next shared variable (creation order identifies variables).")
-        seq = property(lambda self: _core.seq(), lambda self, v: _core.seq(v),
+        seq = property(lambda self: _core.state.seq, lambda self, v: setattr(_core.state, "seq", v),
                        doc="Number of fused collectives run so far (local).")
-        _ready = property(lambda self: _core.ready(), lambda self, v: _core.ready(v),
+        _ready = property(lambda self: _core.state.ready, lambda self, v: setattr(_core.state, "ready", v),
                           doc="Connected, not broken, not in fused(strict=True): the fast force point may run.")
 
     def _sync_core(self) -> None:
@@ -167,7 +167,7 @@ class FusionEngine:
         """How many of them the compiled force point ran (the others took the Python
         path, e.g. the first fusion of each buffer size, or other ops than float64
         sums); 0 with the pure-Python implementation. Local."""
-        return _core.compiled_fusions() if _core is not None else 0
+        return _core.state.compiled_fusions if _core is not None else 0
 
     def _run(self, req, b: _Batch, words: int) -> None:
         """Start the persistent collective ``req`` of batch ``b`` and return when it is
