@@ -32,7 +32,7 @@ def main(argv=None) -> int:
 
     from IPython.testing.globalipapp import start_ipython
 
-    from nbmpi.kernel_ext.pool import Pool
+    from nbmpi.workers.engine_pool import Pool
 
     ip = start_ipython()
     ip.run_line_magic("load_ext", "nbmpi.kernel_ext")

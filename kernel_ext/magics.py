@@ -1,11 +1,11 @@
 """The ``%distributed`` / ``%%distributed`` magics: interactive MPI pools in a notebook.
 
 Execution plane: ipyparallel. A cell is ONE ``execute`` request to the chosen
-engines (engine id == MPI rank, see :mod:`nbmpi.kernel_ext.pool`), exactly
+engines (engine id == MPI rank, see :mod:`nbmpi.workers.engine_pool`), exactly
 like ``%%px``; everything else rides on it:
 
 * the per-cell tracer mark is taken by an IPython ``pre_run_cell`` hook on
-  each engine (:mod:`nbmpi.kernel_ext.rank_side`), not by an extra request;
+  each engine (:mod:`nbmpi.workers.engine_side`), not by an extra request;
 * output streams while the cell runs into one live display (each line
   labelled ``[rank r]``); when the cell ends the live display is emptied and
   the final, deduplicated view is written once: identical output of several
@@ -39,8 +39,9 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.display import HTML, display
 
+from nbmpi.workers.engine_pool import Pool, PoolError
+
 from . import output as _out
-from .pool import Pool, PoolError
 
 #: Seconds the other ranks get to finish after one rank failed, before they are interrupted.
 ERROR_GRACE = 2.0
@@ -148,7 +149,7 @@ def parse_ranks(spec: Optional[str], available: List[int]) -> List[int]:
 
 
 def probe(pool: Pool, ranks: List[int], timeout: float = 1.0) -> Dict[int, Optional[dict]]:
-    """Read the state probe of ``ranks`` (see :mod:`nbmpi.kernel_ext.rank_side`); None where no answer."""
+    """Read the state probe of ``ranks`` (see :mod:`nbmpi.workers.engine_side`); None where no answer."""
     addrs = pool.probes()
     out: Dict[int, Optional[dict]] = {}
     for r in ranks:
@@ -178,10 +179,9 @@ def fetch_cell_trace(pool: Pool, ranks: List[int]):
     """
     import numpy as np
 
+    from nbmpi.workers.engine_side import cell_events
     from nbmpi.workers.trace_analysis import Trace
     from nbmpi.workers.tracing import NF
-
-    from .rank_side import cell_events
 
     parts = pool.client()[ranks].apply_sync(cell_events)
     events = np.concatenate([np.asarray(p["events"], dtype=np.int64).reshape(-1, NF) for p in parts])
@@ -410,34 +410,23 @@ class DistributedMagics(Magics):
         print(f"wrote {args.file}: {len(trace)} events of ranks {_out.format_ranks(ranks)} (open in ui.perfetto.dev)")
 
     def _cmd_connect(self, args) -> None:
-        import httpx
+        from nbmpi.server.client import ApiError, Client
 
         url = args.url.rstrip("/")
-        headers = {"Authorization": f"Bearer {args.token}"}
         try:
-            if args.pool is None:
-                r = httpx.get(f"{url}/api/v1/pools", headers=headers, timeout=30)
-                r.raise_for_status()
-                body = r.json()
-                items = body.get("pools", []) if isinstance(body, dict) else body
-                running = [p for p in items if p.get("state") == "running"]
-                if not running:
-                    raise UsageError(f"%distributed connect: the controller at {url} runs no pool in state "
-                                     "'running'; create one there or pass --pool ID")
-                pinfo = max(running, key=lambda p: (p.get("started_at") or p.get("created_at") or 0, p.get("id", 0)))
-                if not pinfo.get("connection"):
-                    r = httpx.get(f"{url}/api/v1/pools/{pinfo['id']}", headers=headers, timeout=30)
-                    r.raise_for_status()
-                    pinfo = r.json()
-            else:
-                r = httpx.get(f"{url}/api/v1/pools/{args.pool}", headers=headers, timeout=30)
-                r.raise_for_status()
-                pinfo = r.json()
-        except httpx.HTTPStatusError as e:
-            raise UsageError(f"%distributed connect: {e.request.url} answered {e.response.status_code}: "
-                             f"{e.response.text[:200]}") from None
-        except httpx.HTTPError as e:
-            raise UsageError(f"%distributed connect: cannot reach the controller at {url}: {e}") from None
+            with Client(url, args.token, timeout=30) as api:
+                if args.pool is None:
+                    running = [p for p in api.pools() if p.get("state") == "running"]
+                    if not running:
+                        raise UsageError(f"%distributed connect: the controller at {url} runs no pool in state "
+                                         "'running'; create one there or pass --pool ID")
+                    newest = max(running, key=lambda p: (p.get("started_at") or p.get("created_at") or 0,
+                                                         p.get("id", 0)))
+                    pinfo = newest if newest.get("connection") else api.pool(newest["id"])
+                else:
+                    pinfo = api.pool(args.pool)
+        except ApiError as e:
+            raise UsageError(f"%distributed connect: {e}") from None
         conn = pinfo.get("connection")
         if not conn:
             raise UsageError(f"%distributed connect: pool {pinfo.get('id')} is {pinfo.get('state')!r} and has no "

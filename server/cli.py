@@ -1,4 +1,7 @@
-"""The controller's subcommands of the ``nbmpi`` command.
+"""The ``nbmpi`` command: ``nbmpi run`` (from :mod:`nbmpi.workers.cli`) and the controller's subcommands.
+
+The console script ``nbmpi`` is :func:`main` here, so the runtime package never
+imports the controller; ``python -m nbmpi.workers.cli run`` works without it.
 
 * ``nbmpi serve [--host 127.0.0.1] [--port 8765] [--max-ranks N] [--db PATH] [--data-dir DIR]``:
   run the service (uvicorn). Creates the data directory and, on first start,
@@ -26,6 +29,7 @@ from pathlib import Path
 from typing import Optional
 
 from . import config
+from .backends import BACKENDS
 
 
 def _add_client_options(p: argparse.ArgumentParser) -> None:
@@ -60,7 +64,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     data_dir = config.ensure_data_dir(Path(args.data_dir) if args.data_dir else config.default_data_dir())
     users_path = Path(args.users) if args.users else data_dir / "users.json"
     token, created = ensure_users_file(users_path)
-    max_ranks = args.max_ranks or os.cpu_count() or 1
+    max_ranks = args.max_ranks if args.max_ranks is not None else (os.cpu_count() or 1)
     if max_ranks < 1:
         print(f"nbmpi serve: --max-ranks must be at least 1, got {max_ranks}", file=sys.stderr)
         return 2
@@ -88,9 +92,16 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     if cfg.get("token") and cfg.get("token") in load_users(users_path):
         client_token = cfg["token"]
     cfg_path = config.write_client_config(url, client_token) if client_token else None
-    app = create_app(data_dir, max_ranks, users_path=users_path, db_path=Path(args.db) if args.db else None,
-                     enable_pools=not args.no_pools)
-    print(f"nbmpi serve: listening on {url} (max ranks {max_ranks}, data {data_dir})", flush=True)
+    from .backends import BackendError
+
+    try:
+        app = create_app(data_dir, max_ranks, users_path=users_path, db_path=Path(args.db) if args.db else None,
+                         enable_pools=not args.no_pools, backend=args.backend)
+    except BackendError as exc:
+        print(f"nbmpi serve: {exc}", file=sys.stderr)
+        return 2
+    print(f"nbmpi serve: listening on {url} (backend {args.backend}, max ranks {max_ranks}, data {data_dir})",
+          flush=True)
     if created:
         print(f"nbmpi serve: first start: generated token {token}\n"
               f"nbmpi serve: stored (owner-only) in {users_path}", flush=True)
@@ -107,32 +118,6 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 # -- client commands ----------------------------------------------------------------------------
 def _fmt_time(t: Optional[float]) -> str:
     return time.strftime("%H:%M:%S", time.localtime(t)) if t else "-"
-
-
-def _follow(client, job_id: int, ranks: int, offsets: dict, out=sys.stdout) -> None:
-    for r in range(ranks):
-        for stream in ("stdout", "stderr"):
-            text, offsets[(r, stream)] = client.logs(job_id, r, stream, offsets.get((r, stream), 0))
-            if text:
-                dest = out if stream == "stdout" else sys.stderr
-                prefix = f"[rank {r}] " if ranks > 1 else ""
-                for line in text.splitlines(keepends=True):
-                    dest.write(prefix + line)
-                dest.flush()
-
-
-def wait_for(client, job_id: int, print_logs: bool = True, poll: float = 0.2) -> dict:
-    """Poll job ``job_id`` until it is final, printing new output of every rank; return the record."""
-    offsets: dict = {}
-    while True:
-        job = client.job(job_id)
-        if print_logs and job["state"] != "queued":
-            _follow(client, job_id, job["ranks"], offsets)
-        if job["state"] not in ("queued", "running"):
-            if print_logs:
-                _follow(client, job_id, job["ranks"], offsets)
-            return job
-        time.sleep(poll)
 
 
 def _cmd_submit(args: argparse.Namespace) -> int:
@@ -162,7 +147,7 @@ def _cmd_submit(args: argparse.Namespace) -> int:
             print(job["id"], flush=True)
             if not args.wait:
                 return 0
-            job = wait_for(c, job["id"])
+            job = c.wait(job["id"])
     except ApiError as exc:
         return _fail(exc)
     print(f"nbmpi: job {job['id']} {job['state']}" + (f": {job['message']}" if job.get("message") else ""),
@@ -239,6 +224,27 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return demo_main(data_dir=args.data_dir, ranks=args.n)
 
 
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of the ``nbmpi`` command: ``run`` and the controller's subcommands."""
+    from nbmpi.workers.cli import add_run_command
+
+    p = argparse.ArgumentParser(prog="nbmpi", description="nbmpi: interactive distributed computing on MPI.")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    add_run_command(sub)
+    register(sub)
+    return p
+
+
+def main(argv=None) -> int:
+    """Entry point of the ``nbmpi`` console script."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    return int(args.func(args) or 0)
+
+
 def register(sub) -> None:
     """Add the controller's subcommands to the ``nbmpi`` argparse subparsers ``sub``."""
     s = sub.add_parser("serve", help="run the nbmpi controller (pools and jobs over HTTP)",
@@ -253,6 +259,8 @@ def register(sub) -> None:
     s.add_argument("--users", default=None, metavar="FILE",
                    help="users file mapping tokens to user names (default DATA_DIR/users.json)")
     s.add_argument("--no-pools", action="store_true", help="disable the pool endpoints")
+    s.add_argument("--backend", default="local", choices=sorted(BACKENDS),
+                   help="where jobs and pools run (default local: mpiexec on this host)")
     s.add_argument("--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"])
     s.set_defaults(func=_cmd_serve)
 
@@ -297,3 +305,7 @@ def register(sub) -> None:
     d.add_argument("-n", type=int, default=2, metavar="N", help="ranks of the example job (default 2)")
     d.add_argument("--data-dir", default=None, metavar="DIR", help="state directory (default: a temporary one)")
     d.set_defaults(func=_cmd_demo)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -35,7 +35,7 @@ def start_service(data_dir: Path, max_ranks: int, config: Optional[Path] = None,
     once ``/api/health`` answers. ``config``: client config file (default ``data_dir/client.json``).
     ``echo`` prints the service's start-up lines. Stop it with :func:`stop_service`."""
     env = dict(os.environ, NBMPI_CONFIG=str(config or data_dir / "client.json"))
-    proc = subprocess.Popen([sys.executable, "-m", "nbmpi.workers.cli", "serve", "--port", "0", "--data-dir",
+    proc = subprocess.Popen([sys.executable, "-m", "nbmpi.server.cli", "serve", "--port", "0", "--data-dir",
                              str(data_dir), "--max-ranks", str(max_ranks), "--no-pools"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                             start_new_session=True)
@@ -74,7 +74,6 @@ def stop_service(proc: subprocess.Popen, timeout: float = 30) -> None:
 
 def main(data_dir: Optional[str] = None, ranks: int = 2) -> int:
     """Run the demo; returns the example job's exit code."""
-    from .cli import wait_for
     from .client import ApiError, Client
 
     d = Path(data_dir).expanduser().resolve() if data_dir else Path(tempfile.mkdtemp(prefix="nbmpi-demo-"))
@@ -88,7 +87,7 @@ def main(data_dir: Optional[str] = None, ranks: int = 2) -> int:
             job = c.submit(EXAMPLE.read_text(), ranks=ranks, script_name=EXAMPLE.name,
                            args=["--steps", "200"], name="demo", timeout=600)
             print(f"== job {job['id']} {job['state']}; output of every rank:", flush=True)
-            job = wait_for(c, job["id"])
+            job = c.wait(job["id"])
             print(f"== job {job['id']} {job['state']} (exit code {job['exit_code']}, per rank "
                   f"{job['rank_exit_codes']}), {job['finished_at'] - job['created_at']:.2f} s from submit "
                   "to finish", flush=True)

@@ -56,7 +56,7 @@ class Server:
     def start(self) -> "Server":
         env = dict(os.environ, NBMPI_CONFIG=str(self.data_dir.parent / "client.json"), NBMPI_TIMEOUT="60")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "nbmpi.workers.cli", "serve", "--port", "0", "--data-dir", str(self.data_dir),
+            [sys.executable, "-m", "nbmpi.server.cli", "serve", "--port", "0", "--data-dir", str(self.data_dir),
              "--max-ranks", str(self.max_ranks)],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
         deadline = time.monotonic() + 60
@@ -340,7 +340,7 @@ def test_cli_client(server, tmp_path):
                       "print('hello from', r, sys.argv[1:])\nsys.exit(5 if r == 1 else 0)\n")
     env = dict(os.environ, NBMPI_SERVER=server.url, NBMPI_TOKEN=server.token,
                NBMPI_CONFIG=str(tmp_path / "none.json"))
-    cli = [sys.executable, "-m", "nbmpi.workers.cli"]
+    cli = [sys.executable, "-m", "nbmpi.server.cli"]
     p = subprocess.run(cli + ["submit", str(script), "-n", "2", "--wait", "--args", "x 'y z'"],
                        capture_output=True, text=True, env=env, timeout=120)
     assert p.returncode == 5, p.stderr
@@ -506,7 +506,7 @@ def test_pools(tmp_path):
 
 
 def test_demo_main_job(tmp_path):
-    p = subprocess.run([sys.executable, "-m", "nbmpi.workers.cli", "demo", "-n", "2", "--data-dir",
+    p = subprocess.run([sys.executable, "-m", "nbmpi.server.cli", "demo", "-n", "2", "--data-dir",
                         str(tmp_path / "demo")], capture_output=True, text=True, timeout=180)
     assert p.returncode == 0, p.stdout + p.stderr
     assert "[rank 0] done: 2 ranks" in p.stdout and "succeeded (exit code 0, per rank [0, 0])" in p.stdout

@@ -1,7 +1,10 @@
-"""The ``nbmpi`` command. Subcommands:
+"""``nbmpi run``: the command-line face of the launcher (run a program SPMD on N MPI ranks).
 
-* ``nbmpi run -n N script.py [args]``: run a program SPMD on N MPI ranks
-  (see :mod:`nbmpi.workers.launcher`).
+:func:`add_run_command` adds the ``run`` subcommand to an argparse parser; the
+``nbmpi`` console script (:func:`nbmpi.server.cli.main`) uses it next to the
+controller's subcommands. ``python -m nbmpi.workers.cli run -n 2 script.py``
+works on its own, without the controller's dependencies. The launch itself is
+:func:`nbmpi.workers.launcher.run`.
 """
 from __future__ import annotations
 
@@ -24,10 +27,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return run(args.n, program, timeout=args.timeout)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of the ``nbmpi`` command."""
-    p = argparse.ArgumentParser(prog="nbmpi", description="nbmpi: interactive distributed computing on MPI.")
-    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+def add_run_command(sub) -> argparse.ArgumentParser:
+    """Add ``run`` to the argparse subparsers ``sub``; returns its parser."""
     r = sub.add_parser("run", help="run a Python program SPMD on N MPI ranks",
                        description="Run a Python program on N MPI ranks with the bundled mpiexec. "
                                    "Returns the worst rank's exit code; if one rank fails or on Ctrl-C "
@@ -42,17 +43,18 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("program", nargs=argparse.REMAINDER,
                    help="script.py [args], or -m module [args], or -c code [args]")
     r.set_defaults(func=_cmd_run)
-    try:  # the controller's subcommands (serve, submit, jobs, ...); `run` works without its deps
-        from nbmpi.server.cli import register
-    except ImportError:
-        pass
-    else:
-        register(sub)
+    return r
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """A parser with only ``run`` (the full ``nbmpi`` parser is :func:`nbmpi.server.cli.build_parser`)."""
+    p = argparse.ArgumentParser(prog="nbmpi", description="nbmpi: run programs SPMD on MPI ranks.")
+    add_run_command(p.add_subparsers(dest="command", metavar="COMMAND"))
     return p
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    """Entry point of the ``nbmpi`` console script."""
+    """Entry point of ``python -m nbmpi.workers.cli``."""
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):

@@ -1,12 +1,15 @@
-"""A pool: an ipyparallel cluster whose engines are the ranks of one MPI job.
+"""Pools of engines: an ipyparallel cluster whose engines are the ranks of one MPI job.
+
+Used by both the notebook magics (``%distributed start``) and the controller's
+local backend, so it lives in the runtime package and imports neither.
 
 :class:`Pool` starts, on this host, an ipyparallel controller and
-``mpiexec -n N python -m ipyparallel.engine --mpi`` with the mpiexec that ships
-with the install (:func:`nbmpi.workers.launcher.find_mpiexec`) and the ranks'
-environment of :func:`nbmpi.workers.launcher.rank_environment` (thread level
+``mpiexec -n N python -m ipyparallel.engine --mpi`` through the project's one
+launch mechanism (:func:`nbmpi.workers.launcher.mpiexec_command`, the ranks'
+environment of :func:`nbmpi.workers.launcher.rank_environment`, thread level
 ``funneled``). With ``--mpi`` every engine requests its ``COMM_WORLD`` rank as
 its engine id, so **engine id == MPI rank** (checked at start). Once all
-engines registered, every rank runs :func:`nbmpi.kernel_ext.rank_side.setup`
+engines registered, every rank runs :func:`nbmpi.workers.engine_side.setup`
 (collective): ``nbmpi.workers.init()`` and ``comm``, ``rank``, ``size``,
 ``nbmpi`` in the user namespace.
 
@@ -18,7 +21,7 @@ own). When the pool is started from the main thread, the controller and
 mpiexec also get ``PR_SET_PDEATHSIG`` (Linux), so a kernel that is killed
 without running its exit handlers does not leave them behind either.
 
-This module does not import IPython; the FastAPI controller uses it as well.
+This module does not import IPython (the engines do); the FastAPI controller uses it as well.
 """
 from __future__ import annotations
 
@@ -39,7 +42,8 @@ from typing import Any, Callable, Dict, List, Optional
 
 import psutil
 
-from nbmpi.workers.launcher import find_mpiexec, rank_environment
+from .launcher import mpiexec_command, rank_environment
+from .processes import end_processes
 
 __all__ = ["Pool", "PoolError"]
 
@@ -68,36 +72,6 @@ def _stop_all() -> None:
 
 
 atexit.register(_stop_all)
-
-
-def _kill_pids(pids: List[int], grace: float) -> None:
-    procs = []
-    for pid in pids:
-        try:
-            procs.append(psutil.Process(pid))
-        except psutil.NoSuchProcess:
-            pass
-    for p in procs:
-        try:
-            p.terminate()
-        except psutil.NoSuchProcess:
-            pass
-    _, alive = psutil.wait_procs(procs, timeout=grace)
-    for p in alive:
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(alive, timeout=5.0)
-
-
-def _killpg(proc: Optional[subprocess.Popen], sig: int) -> None:
-    if proc is None:
-        return
-    try:
-        os.killpg(proc.pid, sig)  # started with start_new_session: pgid == pid
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 class Pool:
@@ -214,12 +188,11 @@ class Pool:
         self._wait_for(lambda: self._read_json(self._security("client")) is not None, deadline,
                        "the controller to write its client connection file", timeout)
         info = self._read_json(self._security("client"))
-        mpiexec = find_mpiexec()
-        say(f"pool {self.name!r}: starting {self.n} ranks ({os.path.basename(mpiexec)} -n {self.n})")
-        self._mpiexec = self._popen(
-            [mpiexec, "-n", str(self.n), sys.executable, "-m", "ipyparallel.engine", "--mpi",
-             f"--profile-dir={self.profile_dir}", f"--file={self._security('engine')}", "--log-level=WARN"],
-            env, "engines")
+        cmd = mpiexec_command(self.n, ["--mpi", f"--profile-dir={self.profile_dir}",
+                                       f"--file={self._security('engine')}", "--log-level=WARN"],
+                              module="ipyparallel.engine")
+        say(f"pool {self.name!r}: starting {self.n} ranks ({os.path.basename(cmd[0])} -n {self.n})")
+        self._mpiexec = self._popen(cmd, env, "engines")
         client = ipp.Client(info, profile_dir=self.profile_dir)
         self._client = client
         last = -1
@@ -239,7 +212,7 @@ class Pool:
             raise PoolError(f"pool {self.name!r}: engine ids {ids} are not the MPI ranks {self.ranks}; "
                             "another engine registered with this controller")
         say(f"pool {self.name!r}: starting the nbmpi runtime on every rank")
-        from .rank_side import setup
+        from .engine_side import setup
 
         view = client[self.ranks]
         ar = view.apply_async(setup)
@@ -319,23 +292,12 @@ class Pool:
         procs = [p for p in (self._mpiexec, self._controller) if p is not None]
         pids = set(self._descendants)
         for p in procs:
-            pids.add(p.pid)
             try:
                 pids.update(c.pid for c in psutil.Process(p.pid).children(recursive=True))
             except psutil.NoSuchProcess:
                 pass
-        for p in procs:
-            _killpg(p, signal.SIGTERM)
-        deadline = time.monotonic() + GRACE_SECONDS
-        for p in procs:
-            try:
-                p.wait(max(deadline - time.monotonic(), 0.01))
-            except subprocess.TimeoutExpired:
-                _killpg(p, signal.SIGKILL)
-                p.wait(5.0)
-        for p in procs:
-            _killpg(p, signal.SIGKILL)  # stragglers left in the groups
-        _kill_pids(sorted(pids), grace=1.0)
+        # controller and mpiexec lead their own sessions; the nannies run in sessions of their own
+        end_processes(groups=[p.pid for p in procs], pids=sorted(pids), grace=GRACE_SECONDS, leaders=procs)
         self._mpiexec = self._controller = None
         self._descendants = []
         for f in self._logs:
@@ -425,7 +387,7 @@ class Pool:
         return self._attached
 
     def probes(self) -> Dict[int, tuple]:
-        """rank -> (host, port) of the rank's state probe (see :mod:`nbmpi.kernel_ext.rank_side`)."""
+        """rank -> (host, port) of the rank's state probe (see :mod:`nbmpi.workers.engine_side`)."""
         return {i["rank"]: (i.get("probe_host") or "127.0.0.1", i["probe_port"])
                 for i in self.rank_info if i.get("probe_port")}
 
