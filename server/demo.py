@@ -25,8 +25,6 @@ import time
 from pathlib import Path
 from typing import Optional
 
-import httpx
-
 EXAMPLE = Path(__file__).resolve().parent / "example_job.py"
 
 
@@ -49,12 +47,15 @@ def start_service(data_dir: Path, max_ranks: int, config: Optional[Path] = None,
             break
     if url is None:
         raise RuntimeError(f"nbmpi serve exited {proc.wait()} before listening")
+    from .client import ApiError, Client
+
     deadline = time.monotonic() + 60
     while True:
         try:
-            if httpx.get(url + "/api/health", timeout=2).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
+            with Client(url, None, timeout=2) as c:
+                c.health()
+            return proc, url
+        except ApiError:
             pass
         if time.monotonic() > deadline:
             stop_service(proc)
