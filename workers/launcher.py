@@ -22,16 +22,18 @@ site's launcher (and build mpi4py against that MPI, see README).
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence
 
-from .processes import end_group_of
+from .processes import end_group_of, remove_shm, shm_segments_of
 from .runtime import DEFAULT_THREAD_LEVEL, THREAD_LEVEL_ENV
 
 MPIEXEC_ENV = "NBMPI_MPIEXEC"
@@ -100,36 +102,89 @@ def read_status(status_dir: str, nranks: int) -> Dict[int, int]:
 @dataclass
 class RankOutcome:
     """How a launch ended: ``exit_code`` (the worst code of the ranks that failed on their own,
-    0 if all succeeded, else mpiexec's), ``codes`` (per rank; None for a rank that never reported
-    because it was terminated or died) and ``message`` (None on success)."""
+    128 + N for a rank killed by signal N, 0 if all succeeded, else mpiexec's), ``codes`` (per rank;
+    None for a rank that never reported because it was terminated or killed) and ``message``
+    (None on success), e.g. ``"rank 1 was killed by SIGKILL; ranks [0] were terminated"``."""
     exit_code: int
     codes: List[Optional[int]]
     message: Optional[str]
 
 
+_BANNER_PID = re.compile(r"PID (\d+) RUNNING AT")
+_BANNER_SIGNAL = re.compile(r"EXIT STRING: .*\(signal (\d+)\)")
+
+
+def _signal_name(num: int) -> str:
+    try:
+        return signal.Signals(num).name
+    except ValueError:
+        return f"signal {num}"
+
+
 class RankWatch:
     """Watches the ranks of one launch through its status directory (the one rank-watch loop step).
 
-    Ranks report their exit codes there (:mod:`nbmpi.workers.rank_entry`).
-    Call :meth:`should_end` periodically while mpiexec runs: it becomes True
-    :data:`FAILURE_GRACE_S` seconds after the first rank reported a failure
-    (or at once when every rank has reported), which is when the caller ends
-    the whole process group so no rank stays blocked on the failed one.
-    :meth:`outcome` turns the reports into the launch's result. Local; no
-    communication; cheap (reads at most ``nranks`` small files).
+    Ranks report their pid at start and their exit code at the end there
+    (:mod:`nbmpi.workers.rank_entry`). Call :meth:`should_end` periodically
+    while mpiexec runs: it becomes True :data:`FAILURE_GRACE_S` seconds after
+    the first rank reported a failure (or at once when every rank has
+    reported), which is when the caller ends the whole process group so no
+    rank stays blocked on the failed one. :meth:`outcome` turns the reports
+    (and, for a rank killed by a signal, MPICH's termination banner in
+    mpiexec's output) into the launch's result. Local; no communication;
+    cheap (reads at most ``2 * nranks`` small files).
     """
 
     def __init__(self, status_dir: str, nranks: int):
         self.status_dir = str(status_dir)
         self.nranks = int(nranks)
         self._failed_at: Optional[float] = None
+        self._seen_shm: set = set()
+        self._observed_at = 0.0
 
     def codes(self) -> Dict[int, int]:
         """Exit codes reported so far (rank -> code)."""
         return read_status(self.status_dir, self.nranks)
 
+    def pids(self) -> Dict[int, int]:
+        """Pids the ranks reported at start (rank -> pid)."""
+        out: Dict[int, int] = {}
+        for r in range(self.nranks):
+            try:
+                with open(os.path.join(self.status_dir, f"rank-{r}.pid")) as f:
+                    out[r] = int(f.read().strip())
+            except (FileNotFoundError, ValueError):
+                pass
+        return out
+
+    def observe(self, every: float = 1.0) -> None:
+        """Note the ``/dev/shm`` segments the live ranks have mapped (at most once per ``every`` s),
+        so :meth:`clean_up` also finds segments of ranks that are later killed."""
+        now = time.monotonic()
+        if now - self._observed_at >= every:
+            self._observed_at = now
+            self._seen_shm |= shm_segments_of(self.pids().values())
+
+    def shm_segments(self) -> List[str]:
+        """The ``/dev/shm`` segments of this launch: noted by the ranks at start and exit, and seen
+        mapped by them while they ran (:meth:`observe`)."""
+        found: List[str] = list(self._seen_shm)
+        for r in range(self.nranks):
+            try:
+                with open(os.path.join(self.status_dir, f"rank-{r}.shm")) as f:
+                    found += [line.strip() for line in f if line.strip()]
+            except FileNotFoundError:
+                pass
+        return sorted(set(found))
+
+    def clean_up(self) -> List[str]:
+        """After the launch: remove the shared memory its ranks left (killed ranks never free it).
+        Only segments no live process maps are removed. Returns those removed."""
+        return remove_shm(self.shm_segments())
+
     def should_end(self) -> bool:
         """True once a rank failed and the others had their grace period (or all reported)."""
+        self.observe()
         codes = self.codes()
         if not any(c != 0 for c in codes.values()):
             return False
@@ -138,19 +193,38 @@ class RankWatch:
             self._failed_at = now
         return now - self._failed_at > FAILURE_GRACE_S or len(codes) == self.nranks
 
-    def outcome(self, returncode: Optional[int]) -> RankOutcome:
-        """The result once mpiexec has ended with ``returncode`` (negative: killed by that signal)."""
+    def killed(self, mpiexec_output: str) -> Dict[int, str]:
+        """Ranks that MPICH reports killed by a signal (rank -> signal name), from its banner."""
+        pids = {pid: r for r, pid in self.pids().items()}
+        sigs = _BANNER_SIGNAL.findall(mpiexec_output or "")
+        out: Dict[int, str] = {}
+        for k, pid in enumerate(_BANNER_PID.findall(mpiexec_output or "")):
+            r = pids.get(int(pid))
+            if r is not None and k < len(sigs):
+                out[r] = _signal_name(int(sigs[k]))
+        return out
+
+    def outcome(self, returncode: Optional[int], mpiexec_output: str = "") -> RankOutcome:
+        """The result once mpiexec has ended with ``returncode`` (negative: killed by that signal).
+
+        ``mpiexec_output``: what mpiexec printed on stdout, if the caller kept it
+        (names a rank killed by a signal)."""
         got = self.codes()
         codes = [got.get(r) for r in range(self.nranks)]
         bad = {r: c for r, c in got.items() if c != 0}
-        missing = [r for r, c in enumerate(codes) if c is None]
-        if bad:
-            msg = ", ".join(f"rank {r} exited {c}" for r, c in sorted(bad.items()))
+        killed = {r: s for r, s in self.killed(mpiexec_output).items() if r not in got}
+        missing = [r for r, c in enumerate(codes) if c is None and r not in killed]
+        parts = [f"rank {r} exited {c}" for r, c in sorted(bad.items())]
+        parts += [f"rank {r} was killed by {s}" for r, s in sorted(killed.items())]
+        if not parts and not missing:
+            return RankOutcome(0, codes, None)
+        worst = [c for c in bad.values()] + [128 + signal.Signals[s].value for s in killed.values()
+                                             if s in signal.Signals.__members__]
+        if parts:
+            msg = ", ".join(parts)
             if missing:
                 msg += f"; ranks {missing} were terminated"
-            return RankOutcome(max(bad.values()), codes, msg)
-        if not missing:
-            return RankOutcome(0, codes, None)
+            return RankOutcome(max(worst) if worst else 1, codes, msg)
         rc = returncode
         code = rc if rc and rc > 0 else (128 - rc if rc and rc < 0 else 1)
         return RankOutcome(code, codes, f"mpiexec exited {rc} before ranks {missing} reported")
@@ -184,8 +258,14 @@ def run(nranks: int, argv: Sequence[str], env: Optional[Dict[str, str]] = None,
         old = {}
     proc = None
     watch = RankWatch(status_dir, nranks)
+    tail = bytearray()
+    tee = None
     try:
-        proc = start(nranks, argv, status_dir, env=env, stdout=stdout, stderr=stderr)
+        proc = start(nranks, argv, status_dir, env=env, stdout=subprocess.PIPE if stdout is None else stdout,
+                     stderr=stderr)
+        if stdout is None:  # copy mpiexec's stdout through, keeping its end (MPICH's termination banner)
+            tee = threading.Thread(target=_tee, args=(proc.stdout, sys.stdout, tail), daemon=True)
+            tee.start()
         t_start = time.monotonic()
         while proc.poll() is None:
             time.sleep(0.05)
@@ -202,7 +282,10 @@ def run(nranks: int, argv: Sequence[str], env: Optional[Dict[str, str]] = None,
             end_group_of(proc)
         for s, h in old.items():
             signal.signal(s, h)
-    outcome = watch.outcome(proc.returncode)
+    if tee is not None:
+        tee.join(timeout=5)
+    outcome = watch.outcome(proc.returncode, tail.decode(errors="replace"))
+    watch.clean_up()
     shutil.rmtree(status_dir, ignore_errors=True)
     if interrupted:
         if not quiet:
@@ -215,6 +298,37 @@ def run(nranks: int, argv: Sequence[str], env: Optional[Dict[str, str]] = None,
     if outcome.message and not quiet:
         print(f"nbmpi run: {outcome.message}", file=sys.stderr)
     return outcome.exit_code
+
+
+def _tee(src, dst, tail: bytearray, keep: int = 1 << 16) -> None:
+    """Copy ``src`` (a binary pipe) to the text stream ``dst`` as bytes arrive; keep the last ``keep`` bytes."""
+    fd = src.fileno()
+    try:
+        out_fd = dst.fileno()
+    except (AttributeError, OSError, ValueError):
+        out_fd = None
+    while True:
+        try:
+            data = os.read(fd, 1 << 16)
+        except OSError:
+            break
+        if not data:
+            break
+        try:
+            if out_fd is not None:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(out_fd, view):]
+            else:
+                dst.write(data.decode(errors="replace"))
+                dst.flush()
+        except OSError:   # our stdout went away: keep draining so mpiexec never blocks
+            out_fd = None
+            dst = open(os.devnull, "w")
+        tail += data
+        if len(tail) > keep:
+            del tail[: len(tail) - keep]
+    src.close()
 
 
 def start(nranks: int, argv: Sequence[str], status_dir: str, env: Optional[Dict[str, str]] = None,

@@ -41,16 +41,53 @@ def _report(code: int) -> None:
     os.replace(tmp, os.path.join(status_dir, f"rank-{rank}.exit"))
 
 
+def _rank_from_env() -> str:
+    """This rank's number as the launcher's process manager gives it (before MPI starts)."""
+    rank = os.environ.get("PMI_RANK") or os.environ.get("OMPI_COMM_WORLD_RANK") or os.environ.get("SLURM_PROCID")
+    if rank is None:
+        from .runtime import world
+
+        rank = str(world().Get_rank())
+    return rank
+
+
+def _announce() -> None:
+    """Write this rank's pid to ``$NBMPI_STATUS_DIR/rank-R.pid`` (the launcher maps a rank that
+    dies without reporting, e.g. killed by a signal, back to its rank number)."""
+    status_dir = os.environ.get("NBMPI_STATUS_DIR")
+    if not status_dir:
+        return
+    rank = _rank_from_env()
+    tmp = os.path.join(status_dir, f".rank-{rank}.pid.tmp")
+    with open(tmp, "w") as f:
+        f.write(str(os.getpid()))
+    os.replace(tmp, os.path.join(status_dir, f"rank-{rank}.pid"))
+
+
+def _note_shared_memory() -> None:
+    """Add the ``/dev/shm`` segments this rank maps now to ``$NBMPI_STATUS_DIR/rank-R.shm`` (called
+    after MPI starts and before the rank exits), so the launcher can remove what MPI leaves when a
+    rank ends without ``MPI_Finalize`` (a failed rank exits at once, a killed one never finalizes)."""
+    status_dir = os.environ.get("NBMPI_STATUS_DIR")
+    if not status_dir:
+        return
+    from .processes import shm_segments_of
+
+    segments = sorted(shm_segments_of([os.getpid()]))
+    if segments:
+        try:
+            with open(os.path.join(status_dir, f"rank-{_rank_from_env()}.shm"), "a") as f:
+                f.write("\n".join(segments) + "\n")
+        except OSError:  # the launcher is gone: nobody to clean up for
+            pass
+
+
 def _redirect_output() -> None:
     """Send fds 1/2 to per-rank files in ``$NBMPI_LOG_DIR`` (rank from the launcher's PMI env)."""
     log_dir = os.environ.get("NBMPI_LOG_DIR")
     if not log_dir:
         return
-    rank = os.environ.get("PMI_RANK") or os.environ.get("OMPI_COMM_WORLD_RANK")
-    if rank is None:
-        from .runtime import world
-
-        rank = str(world().Get_rank())
+    rank = _rank_from_env()
     os.makedirs(log_dir, exist_ok=True)
     for fd, stream in ((1, "stdout"), (2, "stderr")):
         target = os.open(os.path.join(log_dir, f"rank-{rank}.{stream}"),
@@ -103,10 +140,12 @@ def main(argv=None) -> int:
         print("usage: python -m nbmpi.workers.rank_entry (script.py | -m module | -c code) [args]",
               file=sys.stderr)
         return 2
+    _announce()
     _redirect_output()
     from .runtime import init
 
     init()
+    _note_shared_memory()
     code = 0
     try:
         if argv[0] == "-m":
@@ -135,6 +174,7 @@ def main(argv=None) -> int:
         code = 1
     sys.stdout.flush()
     sys.stderr.flush()
+    _note_shared_memory()
     _report(code)
     try:
         _save_trace(code)
