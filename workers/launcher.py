@@ -22,13 +22,11 @@ site's launcher (and build mpi4py against that MPI, see README).
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence
@@ -99,6 +97,18 @@ def read_status(status_dir: str, nranks: int) -> Dict[int, int]:
     return codes
 
 
+def read_signals(status_dir: str, nranks: int) -> Dict[int, str]:
+    """Signals that killed ranks, as their guards reported them in ``status_dir`` (rank -> name)."""
+    out: Dict[int, str] = {}
+    for r in range(nranks):
+        try:
+            with open(os.path.join(status_dir, f"rank-{r}.signal")) as f:
+                out[r] = _signal_name(int(f.read().strip()))
+        except (FileNotFoundError, ValueError):
+            pass
+    return out
+
+
 @dataclass
 class RankOutcome:
     """How a launch ended: ``exit_code`` (the worst code of the ranks that failed on their own,
@@ -108,10 +118,6 @@ class RankOutcome:
     exit_code: int
     codes: List[Optional[int]]
     message: Optional[str]
-
-
-_BANNER_PID = re.compile(r"PID (\d+) RUNNING AT")
-_BANNER_SIGNAL = re.compile(r"EXIT STRING: .*\(signal (\d+)\)")
 
 
 def _signal_name(num: int) -> str:
@@ -125,14 +131,14 @@ class RankWatch:
     """Watches the ranks of one launch through its status directory (the one rank-watch loop step).
 
     Ranks report their pid at start and their exit code at the end there
-    (:mod:`nbmpi.workers.rank_entry`). Call :meth:`should_end` periodically
-    while mpiexec runs: it becomes True :data:`FAILURE_GRACE_S` seconds after
-    the first rank reported a failure (or at once when every rank has
-    reported), which is when the caller ends the whole process group so no
-    rank stays blocked on the failed one. :meth:`outcome` turns the reports
-    (and, for a rank killed by a signal, MPICH's termination banner in
-    mpiexec's output) into the launch's result. Local; no communication;
-    cheap (reads at most ``2 * nranks`` small files).
+    (:mod:`nbmpi.workers.rank_entry`); a rank's guard reports the signal that
+    killed it (:mod:`nbmpi.workers.rank_guard`). Call :meth:`should_end`
+    periodically while mpiexec runs: it becomes True :data:`FAILURE_GRACE_S`
+    seconds after the first rank failed or was killed (or at once when every
+    rank has reported), which is when the caller ends the whole process group
+    so no rank stays blocked on the failed one. :meth:`outcome` turns the
+    reports into the launch's result. Local; no communication; cheap (reads
+    at most ``3 * nranks`` small files).
     """
 
     def __init__(self, status_dir: str, nranks: int):
@@ -186,33 +192,24 @@ class RankWatch:
         """True once a rank failed and the others had their grace period (or all reported)."""
         self.observe()
         codes = self.codes()
-        if not any(c != 0 for c in codes.values()):
+        if not any(c != 0 for c in codes.values()) and not self.killed():
             return False
         now = time.monotonic()
         if self._failed_at is None:
             self._failed_at = now
         return now - self._failed_at > FAILURE_GRACE_S or len(codes) == self.nranks
 
-    def killed(self, mpiexec_output: str) -> Dict[int, str]:
-        """Ranks that MPICH reports killed by a signal (rank -> signal name), from its banner."""
-        pids = {pid: r for r, pid in self.pids().items()}
-        sigs = _BANNER_SIGNAL.findall(mpiexec_output or "")
-        out: Dict[int, str] = {}
-        for k, pid in enumerate(_BANNER_PID.findall(mpiexec_output or "")):
-            r = pids.get(int(pid))
-            if r is not None and k < len(sigs):
-                out[r] = _signal_name(int(sigs[k]))
-        return out
+    def killed(self) -> Dict[int, str]:
+        """Ranks a signal killed (rank -> signal name, e.g. ``"SIGKILL"``), as their guards reported
+        (:mod:`nbmpi.workers.rank_guard`); ranks the launch ended itself are not among them."""
+        return read_signals(self.status_dir, self.nranks)
 
-    def outcome(self, returncode: Optional[int], mpiexec_output: str = "") -> RankOutcome:
-        """The result once mpiexec has ended with ``returncode`` (negative: killed by that signal).
-
-        ``mpiexec_output``: what mpiexec printed on stdout, if the caller kept it
-        (names a rank killed by a signal)."""
+    def outcome(self, returncode: Optional[int]) -> RankOutcome:
+        """The result once mpiexec has ended with ``returncode`` (negative: killed by that signal)."""
         got = self.codes()
         codes = [got.get(r) for r in range(self.nranks)]
         bad = {r: c for r, c in got.items() if c != 0}
-        killed = {r: s for r, s in self.killed(mpiexec_output).items() if r not in got}
+        killed = {r: s for r, s in self.killed().items() if r not in got}
         missing = [r for r, c in enumerate(codes) if c is None and r not in killed]
         parts = [f"rank {r} exited {c}" for r, c in sorted(bad.items())]
         parts += [f"rank {r} was killed by {s}" for r, s in sorted(killed.items())]
@@ -258,14 +255,8 @@ def run(nranks: int, argv: Sequence[str], env: Optional[Dict[str, str]] = None,
         old = {}
     proc = None
     watch = RankWatch(status_dir, nranks)
-    tail = bytearray()
-    tee = None
     try:
-        proc = start(nranks, argv, status_dir, env=env, stdout=subprocess.PIPE if stdout is None else stdout,
-                     stderr=stderr)
-        if stdout is None:  # copy mpiexec's stdout through, keeping its end (MPICH's termination banner)
-            tee = threading.Thread(target=_tee, args=(proc.stdout, sys.stdout, tail), daemon=True)
-            tee.start()
+        proc = start(nranks, argv, status_dir, env=env, stdout=stdout, stderr=stderr)
         t_start = time.monotonic()
         while proc.poll() is None:
             time.sleep(0.05)
@@ -282,9 +273,7 @@ def run(nranks: int, argv: Sequence[str], env: Optional[Dict[str, str]] = None,
             end_group_of(proc)
         for s, h in old.items():
             signal.signal(s, h)
-    if tee is not None:
-        tee.join(timeout=5)
-    outcome = watch.outcome(proc.returncode, tail.decode(errors="replace"))
+    outcome = watch.outcome(proc.returncode)
     watch.clean_up()
     shutil.rmtree(status_dir, ignore_errors=True)
     if interrupted:
@@ -298,37 +287,6 @@ def run(nranks: int, argv: Sequence[str], env: Optional[Dict[str, str]] = None,
     if outcome.message and not quiet:
         print(f"nbmpi run: {outcome.message}", file=sys.stderr)
     return outcome.exit_code
-
-
-def _tee(src, dst, tail: bytearray, keep: int = 1 << 16) -> None:
-    """Copy ``src`` (a binary pipe) to the text stream ``dst`` as bytes arrive; keep the last ``keep`` bytes."""
-    fd = src.fileno()
-    try:
-        out_fd = dst.fileno()
-    except (AttributeError, OSError, ValueError):
-        out_fd = None
-    while True:
-        try:
-            data = os.read(fd, 1 << 16)
-        except OSError:
-            break
-        if not data:
-            break
-        try:
-            if out_fd is not None:
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(out_fd, view):]
-            else:
-                dst.write(data.decode(errors="replace"))
-                dst.flush()
-        except OSError:   # our stdout went away: keep draining so mpiexec never blocks
-            out_fd = None
-            dst = open(os.devnull, "w")
-        tail += data
-        if len(tail) > keep:
-            del tail[: len(tail) - keep]
-    src.close()
 
 
 def start(nranks: int, argv: Sequence[str], status_dir: str, env: Optional[Dict[str, str]] = None,

@@ -78,8 +78,8 @@ def shm_segments_of(pids: Iterable[int]) -> Set[str]:
     return found
 
 
-def _mapped_by_anyone(paths: Set[str]) -> Set[str]:
-    """Which of ``paths`` some live process still maps or holds open."""
+def segments_in_use(paths: Set[str]) -> Set[str]:
+    """The paths among ``paths`` that some live process still maps or holds open."""
     still: Set[str] = set()
     for p in psutil.process_iter(["pid"]):
         if not paths - still:
@@ -94,7 +94,7 @@ def remove_shm(paths: Iterable[str]) -> List[str]:
     if not paths:
         return []
     removed = []
-    for path in sorted(paths - _mapped_by_anyone(paths)):
+    for path in sorted(paths - segments_in_use(paths)):
         try:
             os.unlink(path)
             removed.append(path)

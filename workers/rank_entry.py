@@ -25,7 +25,7 @@ import runpy
 import sys
 import traceback
 
-from . import rebinding_guard
+from . import rank_guard, rebinding_guard
 
 
 def _report(code: int) -> None:
@@ -43,7 +43,7 @@ def _report(code: int) -> None:
 
 def _rank_from_env() -> str:
     """This rank's number as the launcher's process manager gives it (before MPI starts)."""
-    rank = os.environ.get("PMI_RANK") or os.environ.get("OMPI_COMM_WORLD_RANK") or os.environ.get("SLURM_PROCID")
+    rank = rank_guard.rank_from_env()
     if rank is None:
         from .runtime import world
 
@@ -140,6 +140,7 @@ def main(argv=None) -> int:
         print("usage: python -m nbmpi.workers.rank_entry (script.py | -m module | -c code) [args]",
               file=sys.stderr)
         return 2
+    rank_guard.guard()   # the parent stays behind and reports a signal that kills this rank
     _announce()
     _redirect_output()
     from .runtime import init

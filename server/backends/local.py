@@ -110,7 +110,7 @@ class LocalBackend(Backend):
         end_group_of(launch.proc)
         with self._lock:
             self._launches.pop(spec.id, None)
-        out = launch.watch.outcome(launch.proc.returncode, _tail(spec.job_dir / "launcher.out", 1 << 16))
+        out = launch.watch.outcome(launch.proc.returncode)
         launch.watch.clean_up()
         if cancelled:
             return JobStatus("ended", outcome="cancelled", exit_code=130, codes=out.codes,
