@@ -38,11 +38,12 @@ MAX_BODY_BYTES = MAX_CODE_BYTES * 2 + 65536
 
 def create_app(data_dir: Path, max_ranks: Optional[int], users_path: Optional[Path] = None,
                db_path: Optional[Path] = None, enable_pools: bool = True, backend: str = "local",
-               backend_options: Optional[dict] = None) -> FastAPI:
+               backend_options: Optional[dict] = None, max_log_bytes: Optional[int] = None) -> FastAPI:
     """The application serving ``data_dir`` (already created) with at most ``max_ranks`` ranks in use.
 
     ``backend`` names where jobs and pools run (:mod:`nbmpi.server.backends`);
-    ``max_ranks`` may be None when the backend queues work itself. The
+    ``max_ranks`` may be None when the backend queues work itself;
+    ``max_log_bytes`` caps the output kept per rank and stream of a job. The
     scheduler and the pool manager start with the application's lifespan and
     stop with it: jobs still followed are then ended and recorded ``lost``.
     """
@@ -52,7 +53,8 @@ def create_app(data_dir: Path, max_ranks: Optional[int], users_path: Optional[Pa
     runner = make_backend(backend, **(backend_options or {}))
     ledger = RankLedger(runner.capacity(max_ranks))
     pool_manager = PoolManager(sessions, data_dir, runner, ledger, max_ranks) if enable_pools else None
-    scheduler = Scheduler(sessions, data_dir, runner, ledger, max_ranks, pools=pool_manager)
+    scheduler = Scheduler(sessions, data_dir, runner, ledger, max_ranks, pools=pool_manager,
+                          max_log_bytes=max_log_bytes)
     svc = Service(auth=Authenticator(users_path or data_dir / "users.json"), scheduler=scheduler,
                   pools=pool_manager)
 

@@ -67,19 +67,20 @@ class _Followed:
     done: threading.Event = field(default_factory=threading.Event)
 
 
-def job_spec(job: Job) -> JobSpec:
+def job_spec(job: Job, log_limit: Optional[int] = None) -> JobSpec:
     """The backend's view of a job record."""
     job_dir = Path(job.job_dir)
     return JobSpec(id=job.id, owner=job.owner, ranks=job.ranks, job_dir=job_dir, script_path=Path(job.script_path),
                    log_dir=Path(job.log_dir), trace_dir=job_dir / "trace", args=list(job.args or []),
-                   env=dict(job.env or {}), timeout=job.timeout, name=job.name)
+                   env=dict(job.env or {}), timeout=job.timeout, name=job.name, log_limit=log_limit)
 
 
 class Scheduler:
     """Queue, admission and followers of all jobs of one service. Thread-safe."""
 
     def __init__(self, sessions: sessionmaker, data_dir: Path, backend: Backend, ledger: RankLedger,
-                 max_ranks: Optional[int], pools=None):
+                 max_ranks: Optional[int], pools=None, max_log_bytes: Optional[int] = None):
+        self.max_log_bytes = max_log_bytes
         self.sessions = sessions
         self.data_dir = Path(data_dir)
         self.backend = backend
@@ -104,7 +105,7 @@ class Scheduler:
             known = False
             if job.pool_id is None and job.backend_state is not None:   # jobs on a pool end with the service
                 try:
-                    known = job.backend == self.backend.name and self.backend.recover(job_spec(job),
+                    known = job.backend == self.backend.name and self.backend.recover(job_spec(job, self.max_log_bytes),
                                                                                       job.backend_state)
                 except Exception:  # noqa: BLE001 - cannot tell: the job is lost
                     known = False
@@ -241,7 +242,7 @@ class Scheduler:
                     batch_blocked = True
                     continue
                 try:
-                    state = self.backend.submit(job_spec(job))
+                    state = self.backend.submit(job_spec(job, self.max_log_bytes))
                 except BackendError as exc:
                     self.ledger.release(("job", job.id))
                     self._set_final(job.id, "failed", 1, None, str(exc))
@@ -266,7 +267,7 @@ class Scheduler:
 
     # -- followers -------------------------------------------------------------------------
     def _follow_batch(self, f: _Followed, job: Job, message: Optional[str]) -> None:
-        spec, state = job_spec(job), dict(job.backend_state or {})
+        spec, state = job_spec(job, self.max_log_bytes), dict(job.backend_state or {})
         status: Optional[JobStatus] = None
         shown: Optional[str] = None
         try:
@@ -348,7 +349,8 @@ class Scheduler:
             if job.timeout:
                 f.deadline = time.monotonic() + job.timeout
             code = Path(job.script_path).read_text()
-            result = self.pools.run_job(job.pool_id, code, job.args, job.env, Path(job.log_dir), f.cancel, f.deadline)
+            result = self.pools.run_job(job.pool_id, code, job.args, job.env, Path(job.log_dir), f.cancel, f.deadline,
+                                        log_limit=self.max_log_bytes)
             if result.outcome == "cancelled":
                 self._set_final(job.id, "lost" if self._stop.is_set() else "cancelled", CANCEL_EXIT,
                                 result.codes, "cancelled by its owner; the engines were interrupted")

@@ -47,9 +47,10 @@ print("slept", flush=True)
 class Server:
     """A real `nbmpi serve` subprocess on a free port with its own data directory."""
 
-    def __init__(self, data_dir: Path, max_ranks: int = 2):
+    def __init__(self, data_dir: Path, max_ranks: int = 2, extra_args=()):
         self.data_dir = data_dir
         self.max_ranks = max_ranks
+        self.extra_args = list(extra_args)
         self.proc = None
         self.url = None
 
@@ -57,7 +58,7 @@ class Server:
         env = dict(os.environ, NBMPI_CONFIG=str(self.data_dir.parent / "client.json"), NBMPI_TIMEOUT="60")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "nbmpi.server.cli", "serve", "--port", "0", "--data-dir", str(self.data_dir),
-             "--max-ranks", str(self.max_ranks)],
+             "--max-ranks", str(self.max_ranks), *self.extra_args],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
         deadline = time.monotonic() + 60
         while self.url is None:
@@ -513,3 +514,37 @@ def test_demo_main_job(tmp_path):
     assert "dashboard will be at http://127.0.0.1:" in p.stdout and "controller stopped" in p.stdout
     assert (tmp_path / "demo" / "jobs" / "1" / "trace" / "trace.json").exists()
     assert job_processes(tmp_path / "demo") == []
+
+
+def test_large_logs_are_complete_or_visibly_cut(tmp_path):
+    """A log larger than one response arrives whole through `nbmpi logs` (following offsets), the size
+    header is the file's size, and past --max-log-bytes the log ends with a visible truncation line."""
+    srv = Server(tmp_path / "data", extra_args=["--max-log-bytes", "24M"]).start()
+    try:
+        with srv.client() as c:
+            big = submit(c, """
+                import sys
+                from nbmpi.workers import world
+                n = 20 if world().Get_rank() == 0 else 30
+                line = b"x" * 1023 + b"\\n"
+                for _ in range(n * 1024):
+                    sys.stdout.buffer.write(line)
+                """)
+            job = wait_state(c, big["id"], ("succeeded", "failed"))
+            assert job["state"] == "succeeded", job
+            r = c.get(f"/api/v1/jobs/{job['id']}/logs", params={"rank": 0})
+            size = (Path(job["log_dir"]) / "rank-0.stdout").stat().st_size
+            assert size == 20 << 20 and int(r.headers["X-Log-Size"]) == size
+            assert len(r.content) == 16 << 20 and int(r.headers["X-Log-Next-Offset"]) == 16 << 20
+            cli = [sys.executable, "-m", "nbmpi.server.cli", "logs", str(job["id"]), "--server", srv.url,
+                   "--token", srv.token]
+            p = subprocess.run(cli, capture_output=True, timeout=120)
+            assert p.returncode == 0 and len(p.stdout) == 20 << 20 and p.stdout.count(b"\n") == 20 * 1024
+            p = subprocess.run(cli + ["--rank", "1"], capture_output=True, timeout=120)
+            assert p.returncode == 0, p.stderr
+            kept, _, tail = p.stdout.partition(b"\n[nbmpi: output truncated here")
+            assert len(kept) == 24 << 20, len(kept)
+            assert b"reached its limit of 25165824 bytes" in tail
+            assert tail.endswith(b"[nbmpi: 6291456 more bytes of output were discarded]\n"), tail[-200:]
+    finally:
+        srv.stop()

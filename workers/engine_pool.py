@@ -43,7 +43,7 @@ from typing import Any, Callable, Dict, List, Optional
 import psutil
 
 from .launcher import STATUS_DIR_ENV, mpiexec_command, rank_environment
-from .processes import end_processes
+from .processes import end_processes, noted_segments, remove_shm
 
 __all__ = ["Pool", "PoolError"]
 
@@ -306,6 +306,8 @@ class Pool:
                 pass
         # controller and mpiexec lead their own sessions; the nannies run in sessions of their own
         end_processes(groups=[p.pid for p in procs], pids=sorted(pids), grace=GRACE_SECONDS, leaders=procs)
+        if not self._attached:   # MPI's shared memory of ranks that were killed (noted at setup)
+            remove_shm(noted_segments(self.status_dir))
         self._mpiexec = self._controller = None
         self._descendants = []
         for f in self._logs:

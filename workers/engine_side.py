@@ -180,6 +180,11 @@ def setup() -> Dict[str, Any]:
         ip.events.register(event, fn)
     port = _start_probe()
     _start_watchdog()
+    status_dir = os.environ.get("NBMPI_STATUS_DIR")
+    if status_dir:   # so the pool can remove MPI's shared memory if this rank is killed
+        from .processes import note_segments
+
+        note_segments(status_dir, str(_rank))
     m = runtime.MPI()
     levels = {m.THREAD_SINGLE: "single", m.THREAD_FUNNELED: "funneled", m.THREAD_SERIALIZED: "serialized",
               m.THREAD_MULTIPLE: "multiple"}

@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence
 
-from .processes import end_group_of, remove_shm, shm_segments_of
+from .processes import end_group_of, noted_segments, remove_shm, shm_segments_of
 from .runtime import DEFAULT_THREAD_LEVEL, THREAD_LEVEL_ENV
 
 MPIEXEC_ENV = "NBMPI_MPIEXEC"
@@ -174,14 +174,7 @@ class RankWatch:
     def shm_segments(self) -> List[str]:
         """The ``/dev/shm`` segments of this launch: noted by the ranks at start and exit, and seen
         mapped by them while they ran (:meth:`observe`)."""
-        found: List[str] = list(self._seen_shm)
-        for r in range(self.nranks):
-            try:
-                with open(os.path.join(self.status_dir, f"rank-{r}.shm")) as f:
-                    found += [line.strip() for line in f if line.strip()]
-            except FileNotFoundError:
-                pass
-        return sorted(set(found))
+        return sorted(self._seen_shm | noted_segments(self.status_dir))
 
     def clean_up(self) -> List[str]:
         """After the launch: remove the shared memory its ranks left (killed ranks never free it).

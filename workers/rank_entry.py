@@ -9,9 +9,11 @@ Not called by users directly: ``nbmpi run -n N script.py`` does it. Scripts and
 Two optional services for the controller's batch jobs (environment variables):
 
 * ``NBMPI_LOG_DIR``: this rank's stdout/stderr go to ``rank-R.stdout`` /
-  ``rank-R.stderr`` in that directory (file descriptors 1 and 2 are redirected
-  before anything runs, so output of C extensions and child processes lands
-  there too).
+  ``rank-R.stderr`` in that directory, written by the rank's guard with at most
+  ``NBMPI_LOG_LIMIT`` bytes per stream and a visible truncation marker
+  (:mod:`~nbmpi.workers.rank_guard`; without the guard, file descriptors 1 and
+  2 are redirected to the files directly). Either way output of C extensions
+  and child processes lands there too.
 * ``NBMPI_TRACE_OUT``: after the program, the ranks agree (non-blocking
   allreduce with a timeout, ``NBMPI_TRACE_AGREE_TIMEOUT`` s, default 30) whether
   every rank succeeded; only then they gather the trace and rank 0 writes
@@ -65,27 +67,20 @@ def _announce() -> None:
 
 
 def _note_shared_memory() -> None:
-    """Add the ``/dev/shm`` segments this rank maps now to ``$NBMPI_STATUS_DIR/rank-R.shm`` (called
-    after MPI starts and before the rank exits), so the launcher can remove what MPI leaves when a
-    rank ends without ``MPI_Finalize`` (a failed rank exits at once, a killed one never finalizes)."""
+    """Note the ``/dev/shm`` segments this rank maps (after MPI starts and before it exits) in the
+    status directory, so the launcher can remove what MPI leaves when a rank ends without
+    ``MPI_Finalize`` (a failed rank exits at once, a killed one never finalizes)."""
     status_dir = os.environ.get("NBMPI_STATUS_DIR")
-    if not status_dir:
-        return
-    from .processes import shm_segments_of
+    if status_dir:
+        from .processes import note_segments
 
-    segments = sorted(shm_segments_of([os.getpid()]))
-    if segments:
-        try:
-            with open(os.path.join(status_dir, f"rank-{_rank_from_env()}.shm"), "a") as f:
-                f.write("\n".join(segments) + "\n")
-        except OSError:  # the launcher is gone: nobody to clean up for
-            pass
+        note_segments(status_dir, _rank_from_env())
 
 
 def _redirect_output() -> None:
     """Send fds 1/2 to per-rank files in ``$NBMPI_LOG_DIR`` (rank from the launcher's PMI env)."""
     log_dir = os.environ.get("NBMPI_LOG_DIR")
-    if not log_dir:
+    if not log_dir or os.environ.get(rank_guard.LOGGED_ENV):   # the guard writes the logs (with a cap)
         return
     rank = _rank_from_env()
     os.makedirs(log_dir, exist_ok=True)

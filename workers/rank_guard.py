@@ -12,6 +12,14 @@ guard did not pass on itself, writes ``rank-R.signal`` (the signal number) to
 exit code, or the same signal), so the process manager sees what it would
 have seen without the guard.
 
+With ``$NBMPI_LOG_DIR`` (controller jobs) the guard also owns the rank's
+output: the rank's stdout and stderr are pipes, and the guard appends what
+arrives to ``rank-R.stdout`` / ``rank-R.stderr`` in that directory, at most
+``$NBMPI_LOG_LIMIT`` bytes per stream (unset: no limit). Past the limit it
+writes one visible marker line and discards the rest, counting it, so one
+job cannot fill the disk and a reader always sees that output is missing.
+Output is never lost when the rank dies: the guard drains the pipes first.
+
 The guard passes SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 on to
 the rank; a rank ended by a signal the guard passed on (the launcher ending
 the job) counts as *terminated*, not *killed*. The rank gets
@@ -27,6 +35,67 @@ from typing import List, Optional
 
 STATUS_DIR_ENV = "NBMPI_STATUS_DIR"
 GUARD_ENV = "NBMPI_RANK_GUARD"
+LOG_DIR_ENV = "NBMPI_LOG_DIR"
+LOG_LIMIT_ENV = "NBMPI_LOG_LIMIT"
+#: Set in the rank when its guard already writes its output to the log directory.
+LOGGED_ENV = "NBMPI_LOG_GUARDED"
+
+
+def truncation_marker(limit: int) -> bytes:
+    """The line written once where a stream's output stops being kept."""
+    return (f"\n[nbmpi: output truncated here: this stream reached its limit of {limit} bytes "
+            "(nbmpi serve --max-log-bytes); the rest is discarded]\n").encode()
+
+
+class CappedLog:
+    """Appends to one log file, keeping at most ``limit`` bytes of output (None: all).
+
+    Past the limit, :meth:`write` writes :func:`truncation_marker` once and counts what it
+    discards; :meth:`close` adds a last line with that count. Also used by the controller
+    for the output of jobs that run on a pool. Not thread-safe (one writer)."""
+
+    def __init__(self, path: str, limit: Optional[int]):
+        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        self.limit = limit
+        self.kept = 0
+        self.discarded = 0
+
+    def write(self, data: bytes) -> None:
+        """Append ``data`` (within the limit)."""
+        if self.limit is not None:
+            room = self.limit - self.kept
+            if room <= 0:
+                self.discarded += len(data)
+                return
+            if len(data) > room:
+                self.discarded += len(data) - room
+                data = data[:room]
+                self._write(data)
+                self.kept += len(data)
+                self._write(truncation_marker(self.limit))
+                return
+        self._write(data)
+        self.kept += len(data)
+
+    def _write(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(self.fd, view):]
+
+    def close(self) -> None:
+        """Note how much was discarded (if anything) and close the file."""
+        if self.discarded:
+            self._write(f"[nbmpi: {self.discarded} more bytes of output were discarded]\n".encode())
+        os.close(self.fd)
+
+
+def _log_limit() -> Optional[int]:
+    raw = os.environ.get(LOG_LIMIT_ENV, "").strip()
+    try:
+        value = int(raw) if raw else 0
+    except ValueError:
+        return None
+    return value if value > 0 else None
 _PASSED_ON = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 
 
@@ -57,9 +126,17 @@ def guard() -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     passed_on = set()
+    log_dir = os.environ.get(LOG_DIR_ENV)
+    pipes = [os.pipe(), os.pipe()] if log_dir else []
     child = os.fork()
     if child == 0:
         _die_with_parent()
+        for fd, (r, w) in zip((1, 2), pipes):
+            os.dup2(w, fd)
+            os.close(r)
+            os.close(w)
+        if pipes:
+            os.environ[LOGGED_ENV] = "1"
         return
 
     def pass_on(signum, frame):  # noqa: ARG001
@@ -71,6 +148,8 @@ def guard() -> None:
 
     for s in _PASSED_ON:
         signal.signal(s, pass_on)
+    if pipes:
+        _copy_output(pipes, log_dir, rank)
     while True:
         try:
             _, status = os.waitpid(child, 0)
@@ -91,6 +170,36 @@ def guard() -> None:
         os.kill(os.getpid(), sig)
         os._exit(128 + sig)   # a signal that does not end a process by default
     os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1)
+
+
+def _copy_output(pipes, log_dir: str, rank: str) -> None:
+    """Copy the rank's stdout/stderr pipes into capped log files until both are closed."""
+    import select
+
+    os.makedirs(log_dir, exist_ok=True)
+    limit = _log_limit()
+    logs = {}
+    for (r, w), stream in zip(pipes, ("stdout", "stderr")):
+        os.close(w)
+        logs[r] = CappedLog(os.path.join(log_dir, f"rank-{rank}.{stream}"), limit)
+    open_fds = list(logs)
+    while open_fds:
+        try:
+            ready, _, _ = select.select(open_fds, [], [])
+        except InterruptedError:
+            continue
+        for fd in ready:
+            try:
+                data = os.read(fd, 1 << 16)
+            except InterruptedError:
+                continue
+            if data:
+                logs[fd].write(data)
+            else:
+                open_fds.remove(fd)
+                os.close(fd)
+    for log in logs.values():
+        log.close()
 
 
 def main(argv: Optional[List[str]] = None) -> None:

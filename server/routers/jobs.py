@@ -95,23 +95,38 @@ def cancel_job(job: Job = Depends(user_job), scheduler: Scheduler = Depends(get_
     return Cancelled(id=job.id, state=job.state)
 
 
+#: Largest piece of a log one request returns; follow ``X-Log-Next-Offset`` for the rest.
+LOG_CHUNK_BYTES = 16 << 20
+
+
 @router.get("/{job_id}/logs", response_class=PlainTextResponse,
-            responses={200: {"content": {"text/plain": {}}, "description": "The log text"}})
+            responses={200: {"content": {"text/plain": {}},
+                             "description": "Bytes of the log from `offset`, at most 16 MiB",
+                             "headers": {"X-Log-Size": {"description": "Size of the whole log file now (bytes)",
+                                                        "schema": {"type": "integer"}},
+                                         "X-Log-Next-Offset": {"description": "Offset of the first byte not "
+                                                               "returned: request again from it while it is "
+                                                               "below X-Log-Size", "schema": {"type": "integer"}}}}})
 def job_logs(job: Job = Depends(user_job), rank: int = Query(0, ge=0, le=1 << 20),
              stream: Literal["stdout", "stderr"] = Query("stdout"),
-             offset: int = Query(0, ge=0, description="Skip this many bytes (to follow a log)")) -> PlainTextResponse:
-    """Output of one rank (empty until the rank writes). Header ``X-Log-Size`` gives the file size."""
+             offset: int = Query(0, ge=0, le=1 << 62, description="Skip this many bytes (to follow a log)")) -> Response:
+    """Output of one rank from byte ``offset`` (empty until the rank writes), at most 16 MiB per request.
+
+    ``X-Log-Size`` is the whole file's size now and ``X-Log-Next-Offset`` where the next request
+    continues; a client has everything when they are equal (and the job is final). A log cut by the
+    service's ``--max-log-bytes`` ends with a visible ``[nbmpi: output truncated ...]`` line."""
     if rank >= job.ranks:
         raise HTTPException(422, f"rank {rank} out of range: job {job.id} has ranks 0..{job.ranks - 1}")
     path = Path(job.log_dir) / f"rank-{rank}.{stream}"
     try:
         with open(path, "rb") as f:
-            f.seek(offset)
-            data = f.read(16 << 20)
+            size = os.fstat(f.fileno()).st_size
+            f.seek(min(offset, size))
+            data = f.read(min(LOG_CHUNK_BYTES, max(size - offset, 0)))
     except FileNotFoundError:
-        data = b""
-    size = offset + len(data)
-    return PlainTextResponse(data.decode("utf-8", "replace"), headers={"X-Log-Size": str(size)})
+        size, data = 0, b""
+    return Response(data, media_type="text/plain; charset=utf-8",
+                    headers={"X-Log-Size": str(size), "X-Log-Next-Offset": str(min(offset, size) + len(data))})
 
 
 def _trace_file(job: Job, which: str) -> Response:
