@@ -138,8 +138,9 @@ class Scheduler:
             f.done.wait(timeout=15)
 
     # -- requests ----------------------------------------------------------------------
-    def submit(self, owner: str, req: JobCreate) -> Job:
-        """Record a new queued job for ``owner`` and save its code. Raises :class:`JobError`."""
+    def submit(self, owner: str, req: JobCreate, source: Optional[bytes] = None) -> Job:
+        """Record a new queued job for ``owner`` and save its code (``source``, the bytes of an
+        uploaded file, instead of ``req.code`` when given). Raises :class:`JobError`."""
         ranks = req.ranks
         if req.pool is not None:
             if self.pools is None:
@@ -169,7 +170,10 @@ class Scheduler:
             job.script_path = str(job_dir / req.script_name)
             job.log_dir = str(job_dir / "logs")
             (job_dir / "logs").mkdir(parents=True, exist_ok=True)
-            Path(job.script_path).write_text(req.code)
+            if source is not None:
+                Path(job.script_path).write_bytes(source)
+            else:
+                Path(job.script_path).write_text(req.code)
         self._wake.set()
         return job
 
