@@ -91,7 +91,7 @@ def create_app(data_dir: Path, max_ranks: Optional[int], users_path: Optional[Pa
                                          f"{MAX_BODY_BYTES} bytes")
         return await call_next(request)
 
-    errors.install(app)
+    errors.install(app, data_dir)
 
     @app.exception_handler(JobError)
     async def job_error(_request: Request, exc: JobError):
