@@ -462,11 +462,15 @@ def test_read_only_data_directory(tmp_path):
 def test_benchmark_quick(tmp_path):
     out = tmp_path / "results"
     p = subprocess.run([sys.executable, str(REPO / "benchmarks" / "server_jobs.py"), "--quick", "--out", str(out)],
-                       capture_output=True, text=True, timeout=240)
+                       capture_output=True, text=True, timeout=280)
     assert p.returncode == 0, p.stdout + p.stderr
     data = json.loads((out / "server_jobs_quick.json").read_text())
-    assert data["burst"]["submitted"] == data["burst"]["succeeded"] + data["burst"]["not_succeeded"]
-    assert data["burst"]["lost"] == 0 and data["latency"]["samples"]
+    b = data["burst"]
+    assert b["submitted"] == 50 and b["succeeded"] == 50 and b["lost"] == 0 and b["missing_records"] == 0, b
+    assert 1 <= b["max_concurrent_ranks"] <= b["max_ranks"] == 4, b   # capacity is never exceeded
+    assert b["health_samples"] > 0 and data["latency"]["samples"] == 3
+    assert {t["status"] for t in data["targets"]} <= {"PASS", "FAIL"} and len(data["targets"]) == 5
+    assert all(isinstance(t["measured"], (int, float)) for t in data["targets"])
     assert (out / "server_jobs_quick.md").read_text().startswith("# server_jobs_quick")
 
 
