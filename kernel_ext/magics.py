@@ -336,7 +336,7 @@ class DistributedMagics(Magics):
             k += 1
         return f"pool{k}"
 
-    def _start(self, pool: Pool, timeout: float) -> None:
+    def _start(self, pool: Pool, timeout: float, replacing: Optional[Pool] = None) -> None:
         handle = display({"text/plain": f"starting pool {pool.name!r} ({pool.n} ranks)..."}, raw=True,
                          display_id=True)
         t0 = time.monotonic()
@@ -345,7 +345,7 @@ class DistributedMagics(Magics):
             handle.update({"text/plain": f"{msg} [{time.monotonic() - t0:.1f} s]"}, raw=True)
 
         try:
-            pool.start(progress=progress, timeout=timeout)
+            pool.start(progress=progress, timeout=timeout, replacing=replacing)
         except PoolError as e:
             handle.update({"text/plain": f"pool {pool.name!r} failed to start"}, raw=True)
             raise UsageError(str(e)) from None
@@ -370,11 +370,28 @@ class DistributedMagics(Magics):
         pool = self._pool(args.name)
         if pool.attached:
             raise UsageError(f"%distributed restart: pool {pool.name!r} is run by the controller; restart it there")
-        self.broken.pop(pool.name, None)
-        pool.stop()
-        fresh = Pool(pool.n, name=pool.name, env=pool.env)
-        del self.pools[pool.name]
-        self._start(fresh, 120.0)
+        if self.last_cell and self.last_cell[0] is pool:
+            self.last_cell = None
+        if self.broken.pop(pool.name, None) is not None:   # already ended: start it anew
+            del self.pools[pool.name]
+            self._start(Pool(pool.n, name=pool.name, env=pool.env), 120.0)
+            return
+        handle = display({"text/plain": f"restarting pool {pool.name!r} ({pool.n} ranks)..."}, raw=True,
+                         display_id=True)
+        t0 = time.monotonic()
+
+        def progress(msg: str) -> None:
+            handle.update({"text/plain": f"{msg} [{time.monotonic() - t0:.1f} s]"}, raw=True)
+
+        try:
+            fresh = pool.restart(progress=progress)
+        except PoolError as e:
+            del self.pools[pool.name]
+            handle.update({"text/plain": f"pool {pool.name!r} failed to restart"}, raw=True)
+            raise UsageError(str(e)) from None
+        self.pools[pool.name] = fresh
+        handle.update({"text/plain": f"pool {pool.name!r}: {pool.n} fresh ranks ready in "
+                                     f"{time.monotonic() - t0:.1f} s"}, raw=True)
 
     def _cmd_status(self, args) -> None:  # noqa: ARG002
         if not self.pools:
