@@ -141,6 +141,12 @@ def _watch_owner(pid: int, period: float = 1.0) -> None:
     while True:
         time.sleep(period)
         if not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+            # this rank's own children (ipyparallel's nanny) hold mpiexec's output pipes open: end them too
+            for child in psutil.Process().children(recursive=True):
+                try:
+                    child.kill()
+                except psutil.Error:
+                    pass
             os._exit(3)
 
 
