@@ -39,6 +39,16 @@ def storage_detail(exc: BaseException, data_dir) -> str:
             f"recorded. Its data directory {data_dir} must be writable and have free space; retry when it is")
 
 
+class RequestError(Exception):
+    """A request the service cannot honour; answered ``status`` with ``message`` as the detail
+    (raised by the scheduler and the pool manager, turned into an answer by :func:`install`)."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
 def error(status: int, detail: str, headers: Dict[str, str] = None, errors: List[dict] = None) -> JSONResponse:
     """An error answer of the one documented shape."""
     body = ErrorBody(detail=detail, errors=errors).model_dump(exclude_none=True)
@@ -77,6 +87,10 @@ def install(app: FastAPI, data_dir=None) -> None:
         where = "; ".join(f"{'.'.join(str(x) for x in f['loc'])}: {f['msg']}" for f in fields[:5])
         more = f" (and {len(fields) - 5} more)" if len(fields) > 5 else ""
         return error(422, f"invalid request: {where}{more}", errors=fields)
+
+    @app.exception_handler(RequestError)
+    async def refused(_request: Request, exc: RequestError):
+        return error(exc.status, exc.message)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException):

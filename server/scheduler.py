@@ -38,6 +38,7 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import sessionmaker
 
 from .backends import Backend, BackendError, JobSpec, JobStatus
+from .errors import RequestError
 from .ledger import RankLedger
 from .records import FINAL_JOB_STATES, Job
 from .schemas import JobCreate
@@ -48,15 +49,6 @@ TIMEOUT_EXIT, CANCEL_EXIT = 124, 130
 POLL_S = 0.05
 #: Seconds past its timeout after which a job whose backend enforces timeouts is ended anyway.
 TIMEOUT_SLACK_S = 120.0
-
-
-class JobError(Exception):
-    """A request about a job cannot be honoured (the route answers 4xx with this message)."""
-
-    def __init__(self, status: int, message: str):
-        super().__init__(message)
-        self.status = status
-        self.message = message
 
 
 @dataclass
@@ -142,24 +134,24 @@ class Scheduler:
     # -- requests ----------------------------------------------------------------------
     def submit(self, owner: str, req: JobCreate, source: Optional[bytes] = None) -> Job:
         """Record a new queued job for ``owner`` and save its code (``source``, the bytes of an
-        uploaded file, instead of ``req.code`` when given). Raises :class:`JobError`."""
+        uploaded file, instead of ``req.code`` when given). Raises :class:`RequestError`."""
         ranks = req.ranks
         if req.pool is not None:
             if self.pools is None:
-                raise JobError(422, "this service has no pools; submit without 'pool'")
+                raise RequestError(422, "this service has no pools; submit without 'pool'")
             pool = self.pools.get(owner, req.pool)
             if pool is None:
-                raise JobError(404, f"pool {req.pool} not found")
+                raise RequestError(404, f"pool {req.pool} not found")
             if pool.state != "running":
-                raise JobError(409, f"pool {req.pool} is {pool.state}, not running; start a new pool")
+                raise RequestError(409, f"pool {req.pool} is {pool.state}, not running; start a new pool")
             if ranks is not None and ranks != pool.ranks:
-                raise JobError(422, f"ranks={ranks} but pool {req.pool} has {pool.ranks} ranks; "
+                raise RequestError(422, f"ranks={ranks} but pool {req.pool} has {pool.ranks} ranks; "
                                     "omit ranks or give the pool's")
             ranks = pool.ranks
         elif ranks is None:
-            raise JobError(422, "ranks is required for a batch job (no pool given), e.g. \"ranks\": 2")
+            raise RequestError(422, "ranks is required for a batch job (no pool given), e.g. \"ranks\": 2")
         elif self.max_ranks is not None and ranks > self.max_ranks:
-            raise JobError(422, f"ranks={ranks} exceeds this service's --max-ranks {self.max_ranks}; "
+            raise RequestError(422, f"ranks={ranks} exceeds this service's --max-ranks {self.max_ranks}; "
                                 f"ask for at most {self.max_ranks}")
         with self.sessions.begin() as s:
             job = Job(owner=owner, name=req.name, state="queued", ranks=ranks, pool_id=req.pool,
@@ -204,7 +196,7 @@ class Scheduler:
         with self._lock:
             job = self.get(owner, job_id)
             if job is None:
-                raise JobError(404, f"job {job_id} not found")
+                raise RequestError(404, f"job {job_id} not found")
             followed = self._followed.get(job_id)
             if followed is None and job.state == "queued":
                 return self._set_final(job_id, "cancelled", exit_code=None, message="cancelled before it started")

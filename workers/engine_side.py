@@ -147,6 +147,15 @@ def _watch_owner(pid: int, period: float = 1.0) -> None:
                     child.kill()
                 except psutil.Error:
                     pass
+            # nobody is left to clean up after the pool: unlink MPI's shared memory (the mappings stay valid
+            # for the other ranks, which are ending the same way)
+            from .processes import shm_segments_of
+
+            for path in shm_segments_of([os.getpid()]):
+                try:
+                    os.unlink(path)
+                except OSError:
+                    pass
             os._exit(3)
 
 
