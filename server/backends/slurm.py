@@ -8,7 +8,9 @@ controller's host must have Slurm's client commands (``sbatch``, ``squeue``,
 
 Jobs. :meth:`SlurmBackend.submit` writes ``JOB_DIR/job.sbatch`` (one job step:
 ``srun --ntasks=N --mpi=pmi2 --kill-on-bad-exit=1 PYTHON -m
-nbmpi.workers.rank_entry SCRIPT ARGS``) and submits it with ``sbatch
+nbmpi.workers.rank_entry SCRIPT ARGS``; when it fails or Slurm ends the job, the
+MPI shared memory of the killed ranks is removed with
+:mod:`~nbmpi.server.backends.slurm_allocation` ``clean-shm``) and submits it with ``sbatch
 --ntasks=N [--time=M] [--partition=P] [extra sbatch args]`` and the job's
 environment (``--export=ALL`` of the ranks' environment,
 :func:`nbmpi.workers.launcher.rank_environment`, plus the job's own). Every
@@ -52,8 +54,11 @@ ipyparallel controller there and the N engines as an ``srun`` job step
 (engine id == MPI rank, :func:`nbmpi.workers.engine_side.setup` on every rank),
 then it writes ``WORK_DIR/connection.json``. The service attaches with
 :meth:`nbmpi.workers.engine_pool.Pool.attach` (:class:`SlurmPool`, alive only
-while Slurm runs its job). Stop or idle timeout is ``scancel``; after a restart
-the pool is re-attached if Slurm still runs it and all engines answer.
+while Slurm runs its job). Stop or idle timeout asks the batch script to end
+the pool (``scancel --batch --signal=TERM``: engines, controller, shared
+memory) and ``scancel`` s the job if it has not ended within
+:data:`POOL_STOP_GRACE_S`; after a restart the pool is re-attached if Slurm
+still runs it and all engines answer.
 
 Stored state: ``{"job_id", "status_dir", "time_min"}`` for a job,
 ``{"job_id", "work_dir"}`` for a pool.
@@ -71,7 +76,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from nbmpi.workers import launcher
 from nbmpi.workers.engine_pool import Pool, PoolError
@@ -85,7 +90,7 @@ FINAL_STATES = frozenset({"COMPLETED", "FAILED", "TIMEOUT", "CANCELLED", "NODE_F
 PENDING_STATES = frozenset({"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD"})
 #: Pending reasons Slurm gives a job whose request exceeds its partition's configuration.
 NEVER_FITS_REASONS = frozenset({"PartitionConfig", "PartitionNodeLimit"})
-#: Commands the backend runs; ``sbatch`` missing refuses the start.
+#: Slurm client commands the backend runs; ``nbmpi serve --backend slurm`` refuses to start without them.
 COMMANDS = ("sbatch", "squeue", "scancel", "sinfo", "scontrol")
 #: Seconds a Slurm command may take before the backend gives up on it.
 COMMAND_TIMEOUT_S = 60.0
@@ -175,7 +180,6 @@ class SlurmQueue:
         self._lock = threading.Lock()
         self._jobs: Dict[str, SlurmJob] = {}
         self._at = -math.inf          # monotonic time of the last successful query
-        self._error: Optional[str] = None
         self._sacct: Optional[bool] = None   # None: not tried; False: accounting storage disabled
         self._sacct_cache: Dict[str, Tuple[float, Optional[SlurmJob]]] = {}
 
@@ -183,8 +187,7 @@ class SlurmQueue:
         """Query ``squeue`` now. Raises :class:`BackendError` when Slurm does not answer."""
         out = self._run(["squeue", "--me", "--noheader", "--states=all", "--format=%i|%T|%r|%P"])
         if out.returncode != 0:
-            self._error = (out.stderr or out.stdout).strip()
-            raise BackendError(f"squeue failed: {self._error}")
+            raise BackendError(f"squeue failed: {(out.stderr or out.stdout).strip()}")
         jobs: Dict[str, SlurmJob] = {}
         for line in out.stdout.splitlines():
             parts = line.strip().split("|")
@@ -192,19 +195,15 @@ class SlurmQueue:
                 state = parts[1].split()[0] if parts[1] else "UNKNOWN"
                 reason = parts[2] if parts[2] and parts[2] != "None" else None
                 jobs[parts[0]] = SlurmJob(state, reason, parts[3] if len(parts) > 3 else None)
-        self._jobs, self._at, self._error = jobs, time.monotonic(), None
+        self._jobs, self._at = jobs, time.monotonic()
 
-    def get(self, job_id: str, max_age: Optional[float] = None, since: Optional[float] = None) -> Optional[SlurmJob]:
-        """Slurm's view of ``job_id`` (None when ``squeue`` does not list it).
-
-        The cached answer is used if it is younger than ``max_age`` seconds
-        (default: the interval) and, when ``since`` (a monotonic time) is given,
-        was taken after it. Raises :class:`BackendError` when Slurm does not answer.
-        """
+    def get(self, job_id: str, max_age: Optional[float] = None) -> Optional[SlurmJob]:
+        """Slurm's view of ``job_id`` (None when ``squeue`` does not list it). The cached answer
+        is used if it is younger than ``max_age`` seconds (default: the interval), else ``squeue``
+        is asked again. Raises :class:`BackendError` when Slurm does not answer."""
         limit = self.interval if max_age is None else max_age
         with self._lock:
-            now = time.monotonic()
-            if now - self._at > limit or (since is not None and self._at < since):
+            if time.monotonic() - self._at > limit:
                 self.refresh()
             return self._jobs.get(str(job_id))
 
@@ -245,7 +244,7 @@ class SlurmPool(Pool):
         if self._slurm is not None:
             backend, job_id = self._slurm
             try:
-                job = backend._job(job_id)
+                job = backend.slurm_job(job_id)
             except BackendError:
                 job = SlurmJob("RUNNING")   # Slurm does not answer now: judge by the engines alone
             if job is None or job.state != "RUNNING":
@@ -408,7 +407,7 @@ class SlurmBackend(Backend):
     def poll(self, spec: JobSpec, state: Dict[str, Any]) -> JobStatus:
         job_id = str(state["job_id"])
         try:
-            job = self._job(job_id)
+            job = self.slurm_job(job_id)
         except BackendError as exc:   # Slurm does not answer now: keep following, report it as waiting
             return JobStatus("pending" if not self._ranks_started(state) else "running",
                              reason=f"Slurm does not answer ({exc})")
@@ -429,8 +428,8 @@ class SlurmBackend(Backend):
             return JobStatus("pending", reason=job.reason or job.state.capitalize())
         return JobStatus("running")
 
-    def _job(self, job_id: str) -> Optional[SlurmJob]:
-        """Slurm's view of ``job_id`` from the cached queue; a job missing there is asked about again
+    def slurm_job(self, job_id: str) -> Optional[SlurmJob]:
+        """Slurm's view of ``job_id``: from the cached queue; a job missing there is asked about again
         (it may be newer than the cached answer), then looked up in accounting. None: Slurm forgot it."""
         job = self.queue.get(job_id)
         if job is None:
@@ -496,7 +495,7 @@ class SlurmBackend(Backend):
 
     def cancel(self, spec: JobSpec, state: Dict[str, Any]) -> JobStatus:
         job_id = str(state["job_id"])
-        before = self._job(job_id)
+        before = self.slurm_job(job_id)
         if before is not None and before.final:
             return self._end(spec, state, before)
         job = self._cancel_and_wait(job_id, "cancelled by its owner")
@@ -511,7 +510,7 @@ class SlurmBackend(Backend):
         if not job_id:
             return False
         try:
-            job = self.queue.get(job_id, max_age=0.0) or self.queue.accounting(job_id)
+            job = self.slurm_job(job_id)
         except BackendError:
             return True    # Slurm does not answer now: follow the job; polls retry
         if job is not None:
@@ -549,7 +548,7 @@ class SlurmBackend(Backend):
                 info = self._read_connection(conn_path, job_id)
                 if info is not None:
                     break
-                job = self._job(job_id)
+                job = self.slurm_job(job_id)
                 if job is None or job.final:
                     out = _tail(work / f"slurm-{job_id}.out")
                     raise PoolError(f"the pool's Slurm job {job_id} ended "
@@ -604,7 +603,7 @@ class SlurmBackend(Backend):
         job_id = str((state or {}).get("job_id") or connection.get("slurm_job_id") or "")
         pool = None
         try:
-            job = self.queue.get(job_id, max_age=0.0) if job_id else None
+            job = self.slurm_job(job_id) if job_id else None
             if job is not None and job.state == "RUNNING":
                 pool = SlurmPool.attach(connection)
                 pool._slurm = (self, job_id)
