@@ -371,11 +371,10 @@ def final(job: dict) -> bool:
 
 
 def slurm_id(ctl: Controller, job_id: int) -> str:
-    """The Slurm job id the controller submitted job ``job_id`` as (from its sbatch script's output)."""
-    text = (ctl.data_dir / "jobs" / str(job_id) / "job.sbatch").read_text()
-    assert "srun" in text
+    """The Slurm job id of the controller's job ``job_id`` (the API does not show the backend's
+    state: Slurm is asked for the job's name, nbmpi-job-ID)."""
     deadline = time.monotonic() + 30
-    while True:   # the id is in the record's opaque state; the API does not show it: ask Slurm by name
+    while True:
         out = ctl.cluster.run(["squeue", "--noheader", "--states=all", f"--name=nbmpi-job-{job_id}",
                                "--format=%i"]).stdout.split()
         if out:
