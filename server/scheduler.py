@@ -29,6 +29,7 @@ Semantics (the same whichever backend runs the jobs):
 """
 from __future__ import annotations
 
+import shutil
 import threading
 import time
 from dataclasses import dataclass, field
@@ -36,6 +37,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from sqlalchemy import select
+from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import sessionmaker
 
 from .backends import Backend, BackendError, JobSpec, JobStatus
@@ -70,19 +72,20 @@ class _Followed:
     done: threading.Event = field(default_factory=threading.Event)
 
 
-def job_spec(job: Job) -> JobSpec:
+def job_spec(job: Job, log_limit: Optional[int] = None) -> JobSpec:
     """The backend's view of a job record."""
     job_dir = Path(job.job_dir)
     return JobSpec(id=job.id, owner=job.owner, ranks=job.ranks, job_dir=job_dir, script_path=Path(job.script_path),
                    log_dir=Path(job.log_dir), trace_dir=job_dir / "trace", args=list(job.args or []),
-                   env=dict(job.env or {}), timeout=job.timeout, name=job.name)
+                   env=dict(job.env or {}), timeout=job.timeout, name=job.name, log_limit=log_limit)
 
 
 class Scheduler:
     """Queue, admission and followers of all jobs of one service. Thread-safe."""
 
     def __init__(self, sessions: sessionmaker, data_dir: Path, backend: Backend, ledger: RankLedger,
-                 max_ranks: Optional[int], pools=None):
+                 max_ranks: Optional[int], pools=None, max_log_bytes: Optional[int] = None):
+        self.max_log_bytes = max_log_bytes
         self.sessions = sessions
         self.data_dir = Path(data_dir)
         self.backend = backend
@@ -107,7 +110,7 @@ class Scheduler:
             known = False
             if job.pool_id is None and job.backend_state is not None:   # jobs on a pool end with the service
                 try:
-                    known = job.backend == self.backend.name and self.backend.recover(job_spec(job),
+                    known = job.backend == self.backend.name and self.backend.recover(job_spec(job, self.max_log_bytes),
                                                                                       job.backend_state)
                 except Exception:  # noqa: BLE001 - cannot tell: the job is lost
                     known = False
@@ -141,8 +144,9 @@ class Scheduler:
             f.done.wait(timeout=15)
 
     # -- requests ----------------------------------------------------------------------
-    def submit(self, owner: str, req: JobCreate) -> Job:
-        """Record a new queued job for ``owner`` and save its code. Raises :class:`JobError`."""
+    def submit(self, owner: str, req: JobCreate, source: Optional[bytes] = None) -> Job:
+        """Record a new queued job for ``owner`` and save its code (``source``, the bytes of an
+        uploaded file, instead of ``req.code`` when given). Raises :class:`JobError`."""
         ranks = req.ranks
         if req.pool is not None:
             if self.pools is None:
@@ -171,8 +175,15 @@ class Scheduler:
             job.job_dir = str(job_dir)
             job.script_path = str(job_dir / req.script_name)
             job.log_dir = str(job_dir / "logs")
-            (job_dir / "logs").mkdir(parents=True, exist_ok=True)
-            Path(job.script_path).write_text(req.code)
+            try:
+                (job_dir / "logs").mkdir(parents=True, exist_ok=True)
+                if source is not None:
+                    Path(job.script_path).write_bytes(source)
+                else:
+                    Path(job.script_path).write_text(req.code)
+            except OSError:   # the record is rolled back with this transaction: leave no files either
+                shutil.rmtree(job_dir, ignore_errors=True)
+                raise
         self._wake.set()
         return job
 
@@ -245,7 +256,7 @@ class Scheduler:
                     batch_blocked = True
                     continue
                 try:
-                    state = self.backend.submit(job_spec(job))
+                    state = self.backend.submit(job_spec(job, self.max_log_bytes))
                 except BackendError as exc:
                     self.ledger.release(("job", job.id))
                     self._set_final(job.id, "failed", 1, None, str(exc))
@@ -254,10 +265,12 @@ class Scheduler:
                     self.ledger.release(("job", job.id))
                     self._set_final(job.id, "failed", 1, None, f"the {self.backend.name} backend failed: {exc!r}")
                     continue
-                with self.sessions.begin() as s:
-                    row = s.get(Job, job.id)
-                    row.backend, row.backend_state = self.backend.name, state
-                    job.backend, job.backend_state = row.backend, state
+                def write(job=job, state=state):
+                    with self.sessions.begin() as s:
+                        row = s.get(Job, job.id)
+                        row.backend, row.backend_state = self.backend.name, state
+                job.backend, job.backend_state = self.backend.name, state
+                self._durably(f"job {job.id} handed to the backend", write)
                 self._follow(job)
 
     def _follow(self, job: Job, message: Optional[str] = None) -> None:
@@ -270,7 +283,7 @@ class Scheduler:
 
     # -- followers -------------------------------------------------------------------------
     def _follow_batch(self, f: _Followed, job: Job, message: Optional[str]) -> None:
-        spec, state = job_spec(job), dict(job.backend_state or {})
+        spec, state = job_spec(job, self.max_log_bytes), dict(job.backend_state or {})
         status: Optional[JobStatus] = None
         shown: Optional[str] = None
         try:
@@ -319,13 +332,15 @@ class Scheduler:
             f.deadline = time.monotonic() + limit + (TIMEOUT_SLACK_S if self.backend.enforces_timeout else 0.0)
         else:
             f.deadline = float("inf")
-        with self.sessions.begin() as s:
-            row = s.get(Job, job.id)
-            if row.state == "queued":
-                row.state = "running"
-                row.started_at = time.time()
-                if row.message and row.message.startswith("waiting: "):
-                    row.message = None
+        def write():
+            with self.sessions.begin() as s:
+                row = s.get(Job, job.id)
+                if row.state == "queued":
+                    row.state = "running"
+                    row.started_at = time.time()
+                    if row.message and row.message.startswith("waiting: "):
+                        row.message = None
+        self._durably(f"job {job.id} running", write)
 
     def _record_end(self, job: Job, status: JobStatus) -> None:
         outcome = status.outcome or "failed"
@@ -348,13 +363,12 @@ class Scheduler:
 
     def _run_on_pool(self, f: _Followed, job: Job, message: Optional[str]) -> None:  # noqa: ARG002
         try:
-            with self.sessions.begin() as s:
-                row = s.get(Job, job.id)
-                row.state, row.started_at = "running", time.time()
+            self._update(job.id, state="running", started_at=time.time())
             if job.timeout:
                 f.deadline = time.monotonic() + job.timeout
             code = Path(job.script_path).read_text()
-            result = self.pools.run_job(job.pool_id, code, job.args, job.env, Path(job.log_dir), f.cancel, f.deadline)
+            result = self.pools.run_job(job.pool_id, code, job.args, job.env, Path(job.log_dir), f.cancel, f.deadline,
+                                        log_limit=self.max_log_bytes)
             if result.outcome == "cancelled":
                 self._set_final(job.id, "lost" if self._stop.is_set() else "cancelled", CANCEL_EXIT,
                                 result.codes, "cancelled by its owner; the engines were interrupted")
@@ -377,18 +391,44 @@ class Scheduler:
         self._wake.set()
 
     # -- records ------------------------------------------------------------------------
+    def _durably(self, what: str, write):
+        """Run the record write ``write()`` until it succeeds: a read-only or full data directory
+        must not lose a job's outcome. Retries with growing pauses (at most 5 s) until the service
+        stops; says once per failure streak what is wrong."""
+        pause, warned = 0.2, False
+        while True:
+            try:
+                return write()
+            except (OperationalError, DBAPIError, OSError) as exc:
+                if self._stop.is_set():
+                    raise
+                if not warned:
+                    warned = True
+                    print(f"nbmpi serve: cannot record {what} ({exc}); retrying until the data directory "
+                          f"{self.data_dir} is writable again", flush=True)
+                time.sleep(pause)
+                pause = min(pause * 2, 5.0)
+
     def _update(self, job_id: int, **fields) -> None:
-        with self.sessions.begin() as s:
-            row = s.get(Job, job_id)
-            if row.state in FINAL_JOB_STATES:
-                return
-            for k, v in fields.items():
-                setattr(row, k, v)
+        def write():
+            with self.sessions.begin() as s:
+                row = s.get(Job, job_id)
+                if row.state in FINAL_JOB_STATES:
+                    return
+                for k, v in fields.items():
+                    setattr(row, k, v)
+        self._durably(f"job {job_id}", write)
 
     def _set_final(self, job_id: int, state: str, exit_code: Optional[int],
                    codes: Optional[List[Optional[int]]] = None, message: Optional[str] = None,
                    trace_path: Optional[str] = None, summary_path: Optional[str] = None) -> Job:
         assert state in FINAL_JOB_STATES
+        return self._durably(f"the end of job {job_id}",
+                             lambda: self._write_final(job_id, state, exit_code, codes, message, trace_path,
+                                                       summary_path))
+
+    def _write_final(self, job_id: int, state: str, exit_code: Optional[int], codes, message, trace_path,
+                     summary_path) -> Job:
         with self.sessions.begin() as s:
             row = s.get(Job, job_id)
             if row.state in FINAL_JOB_STATES:

@@ -120,17 +120,16 @@ def job_script(spec: JobSpec, step: List[str], options: List[str], partition: Op
     memory the killed ranks left (:mod:`.slurm_allocation` ``clean-shm``)."""
     submitted = shlex.join(["sbatch", *options, *([f"--partition={partition}"] if partition else []),
                             *sbatch_args, "job.sbatch"])
-    clean = shlex.join([python, "-m", SLURM_ALLOCATION, "clean-shm", "--since"])
+    clean = shlex.join([python, "-m", SLURM_ALLOCATION, "clean-shm", "--status-dir", str(spec.job_dir / "status")])
     return f"""#!/bin/bash
 # nbmpi job {spec.id} ({spec.owner}), submitted by the controller's slurm backend as
 #   {submitted}
 # One job step: every rank runs the program under nbmpi's rank entry (logs, exit codes and trace
 # in this directory); --kill-on-bad-exit ends the other ranks when one fails. Ranks ended that
 # way, or by scancel or the time limit, cannot free their MPI shared memory: it is removed after.
-start=$(date +%s)
 on_term() {{
     wait "$step"
-    {clean} "$start"
+    {clean}
     exit 143
 }}
 trap on_term TERM
@@ -141,9 +140,9 @@ rc=$?
 if [ "$rc" -ne 0 ]; then
     n=${{SLURM_JOB_NUM_NODES:-1}}
     if [ "$n" -gt 1 ]; then
-        srun --nodes="$n" --ntasks="$n" --ntasks-per-node=1 --mpi=none {clean} "$start"
+        srun --nodes="$n" --ntasks="$n" --ntasks-per-node=1 --mpi=none {clean}
     else
-        {clean} "$start"
+        {clean}
     fi
 fi
 exit "$rc"
@@ -391,6 +390,8 @@ class SlurmBackend(Backend):
         env = launcher.rank_environment(spec.env)
         env.update({launcher.STATUS_DIR_ENV: str(status_dir), "NBMPI_LOG_DIR": str(spec.log_dir),
                     "NBMPI_TRACE_OUT": str(spec.trace_dir)})
+        if spec.log_limit:   # each rank's guard keeps at most this much output per stream
+            env["NBMPI_LOG_LIMIT"] = str(spec.log_limit)
         step = ["srun", f"--ntasks={spec.ranks}", f"--mpi={self.mpi}", "--kill-on-bad-exit=1",
                 self.python, "-m", launcher.RANK_ENTRY, str(spec.script_path), *spec.args]
         options = [f"--job-name=nbmpi-job-{spec.id}", f"--ntasks={spec.ranks}", f"--chdir={spec.job_dir}",
@@ -468,7 +469,7 @@ class SlurmBackend(Backend):
         if out.exit_code == 0 and job.state == "COMPLETED":
             return JobStatus("ended", outcome="succeeded", exit_code=0, codes=out.codes)
         missing = [r for r, c in enumerate(out.codes) if c is None]
-        ranks_failed = any(c not in (None, 0) for c in out.codes)
+        ranks_failed = bool(out.message) and not out.message.startswith("mpiexec exited")
         if ranks_failed:   # "rank 1 exited 7; ranks [0] were terminated", as with the local backend
             msg, code = out.message or "", out.exit_code
         else:
@@ -488,7 +489,7 @@ class SlurmBackend(Backend):
         out = watch.outcome(None)
         if out.exit_code == 0:
             return JobStatus("ended", outcome="succeeded", exit_code=0, codes=out.codes)
-        msg = out.message if any(c not in (None, 0) for c in out.codes) else (
+        msg = out.message if out.message and not out.message.startswith("mpiexec exited") else (
             f"Slurm no longer knows job {state['job_id']} (it ended while nobody followed it and Slurm keeps no "
             f"accounting) and ranks {[r for r, c in enumerate(out.codes) if c is None]} never reported")
         return JobStatus("ended", outcome="failed", exit_code=out.exit_code or 1, codes=out.codes, message=msg)

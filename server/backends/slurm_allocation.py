@@ -13,23 +13,23 @@ runs it writes ``DIR/connection.json`` (owner-only: it holds the controller's
 key): ``{"slurm_job_id": ..., **Pool.connection_info()}``, which the
 controller attaches to. It then waits. SIGTERM (``scancel --batch
 --signal=TERM``, ``scancel``, the time limit) or the death of the engines or
-the controller ends the pool, frees the shared memory its killed ranks left
-(see below) and this program, which ends the allocation. Exit status 0 when
+the controller ends the pool (:meth:`Pool.stop`, which also frees the shared
+memory of killed engines on this node; ``clean-shm`` on the other nodes) and
+this program, which ends the allocation. Exit status 0 when
 ended by a signal, 1 when the pool could not start or died.
 
-``clean-shm --since T``: on this node, remove the MPI shared-memory segments
-(``/dev/shm/mpich_shm_*``, nbmpi's ``/dev/shm/nbmpi-*``) of this user that were
-created at or after Unix time ``T`` and that no live process maps any more.
-MPICH removes its segment in ``MPI_Finalize``; ranks that Slurm ends
-(``--kill-on-bad-exit`` after another rank failed, ``scancel``, the time
-limit) never get there, and Slurm job ids repeat on a test cluster, so a
-leftover segment would make a later job's ``MPI_Init`` fail. The job batch
-scripts of the backend run it after their job step when it did not succeed.
+``clean-shm --status-dir DIR``: on this node, remove the MPI shared-memory
+segments the ranks noted in their status directory
+(:func:`nbmpi.workers.processes.note_segments`, as under ``nbmpi run``) that no
+live process maps any more. MPICH removes its segment in ``MPI_Finalize``;
+ranks that Slurm ends (``--kill-on-bad-exit`` after another rank failed,
+``scancel``, the time limit) never get there. The job batch scripts of the
+backend run it after their job step when it did not succeed, and when Slurm
+ends the job (on the batch node; new job steps cannot start then).
 """
 from __future__ import annotations
 
 import argparse
-import glob
 import json
 import os
 import signal
@@ -43,7 +43,7 @@ import psutil
 
 from nbmpi.workers.engine_pool import Pool, PoolError
 from nbmpi.workers.launcher import MPIEXEC_ENV
-from nbmpi.workers.processes import SHM_DIR, remove_shm, shm_segments_of
+from nbmpi.workers.processes import noted_segments, remove_shm, shm_segments_of
 
 from ..config import write_private
 
@@ -52,27 +52,16 @@ CONNECTION_FILE = "connection.json"
 MODULE = "nbmpi.server.backends.slurm_allocation"
 #: Seconds :func:`clean_shm` keeps trying segments still mapped by ranks that are being ended.
 CLEAN_WAIT_S = 5.0
-#: Shared-memory files the ranks of nbmpi jobs create (MPICH's segments, nbmpi's channels).
-SHM_PATTERNS = ("mpich_shm_*", "nbmpi-*")
 
 
-def clean_shm(since: float, job_id: Optional[str] = None, wait: float = CLEAN_WAIT_S) -> List[str]:
-    """Remove this user's ``/dev/shm`` segments of MPI ranks created at or after ``since`` (Unix
-    time) that no live process maps; return the paths removed. Segments still mapped by a
-    process of Slurm job ``job_id`` (default ``$SLURM_JOB_ID``: ranks Slurm is ending may
-    outlive their ``srun`` briefly) are tried again for up to ``wait`` seconds; segments other
-    processes map are left alone. Local to this node; never raises."""
+def clean_shm(status_dir: str, job_id: Optional[str] = None, wait: float = CLEAN_WAIT_S) -> List[str]:
+    """Remove, on this node, the ``/dev/shm`` segments the ranks noted in ``status_dir``
+    (:func:`nbmpi.workers.processes.note_segments`) that no live process maps; return the paths
+    removed. Segments still mapped by a process of Slurm job ``job_id`` (default
+    ``$SLURM_JOB_ID``: ranks Slurm is ending may outlive their ``srun`` briefly) are tried again
+    for up to ``wait`` seconds; segments other processes map are left alone. Never raises."""
     job_id = job_id or os.environ.get("SLURM_JOB_ID")
-    uid = os.getuid()
-    found = set()
-    for pattern in SHM_PATTERNS:
-        for path in glob.glob(os.path.join(SHM_DIR, pattern)):
-            try:
-                st = os.stat(path)
-            except OSError:
-                continue
-            if st.st_uid == uid and st.st_mtime >= since - 1.0:
-                found.add(path)
+    found = {p for p in noted_segments(status_dir) if os.path.exists(p)}
     removed: List[str] = []
     deadline = time.monotonic() + wait
     while True:
@@ -95,14 +84,15 @@ def _mapped_by_job(job_id: str) -> set:
     return shm_segments_of(pids)
 
 
-def clean_shm_everywhere(since: float, python: str = sys.executable) -> None:
+def clean_shm_everywhere(status_dir: str, python: str = sys.executable) -> None:
     """:func:`clean_shm` on every node of the current allocation: here, and with one ``srun`` task
     per node when the allocation has several (not possible once Slurm is ending the job)."""
-    clean_shm(since)
+    clean_shm(status_dir)
     nodes = int(os.environ.get("SLURM_JOB_NUM_NODES", "1") or 1)
     if nodes > 1:
         subprocess.run(["srun", f"--nodes={nodes}", f"--ntasks={nodes}", "--ntasks-per-node=1", "--mpi=none",
-                        python, "-m", MODULE, "clean-shm", "--since", str(since)], stdin=subprocess.DEVNULL, timeout=120, check=False)
+                        python, "-m", MODULE, "clean-shm", "--status-dir", status_dir],
+                       stdin=subprocess.DEVNULL, timeout=120, check=False)
 
 
 class _Stop(BaseException):
@@ -120,7 +110,6 @@ def run_pool(args: argparse.Namespace) -> int:
         print("slurm_allocation pool: not inside a Slurm allocation (no SLURM_JOB_ID); run it from a batch script",
               file=sys.stderr)
         return 2
-    since = time.time()
     work = Path(args.work_dir)
     work.mkdir(parents=True, exist_ok=True)
     conn = work / CONNECTION_FILE
@@ -153,8 +142,9 @@ def run_pool(args: argparse.Namespace) -> int:
             conn.unlink()
         except OSError:
             pass
-        pool.stop()
-        clean_shm_everywhere(since)
+        pool.stop()   # here: engines, controller, and the shared memory the engines noted
+        if int(os.environ.get("SLURM_JOB_NUM_NODES", "1") or 1) > 1:
+            clean_shm_everywhere(pool.status_dir)
         print("slurm_allocation: pool ended", flush=True)
     return code
 
@@ -171,12 +161,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     pp.add_argument("--ip", default="*", help="address the ipyparallel controller listens on (default: all)")
     pp.add_argument("--mpi", default="pmi2", help="srun --mpi plugin (default pmi2: the bundled MPICH speaks it)")
     pp.add_argument("--start-timeout", type=float, default=120.0)
-    cp = sub.add_parser("clean-shm", help="remove this user's MPI shared memory left by killed ranks on this node")
-    cp.add_argument("--since", type=float, required=True, help="only segments created at or after this Unix time")
+    cp = sub.add_parser("clean-shm", help="remove on this node the MPI shared memory that ended ranks left")
+    cp.add_argument("--status-dir", required=True, help="the ranks' status directory (where they noted it)")
     args = p.parse_args(argv)
     if args.command == "pool":
         return run_pool(args)
-    removed = clean_shm(args.since)
+    removed = clean_shm(args.status_dir)
     if removed:
         print(f"slurm_allocation: removed {len(removed)} shared-memory segment(s) of ended ranks: "
               f"{' '.join(removed)}", flush=True)
