@@ -40,6 +40,7 @@ import psutil
 import pytest
 
 from nbmpi.workers.engine_pool import Pool
+from nbmpi.workers.processes import noted_segments
 
 REPO = Path(__file__).resolve().parent.parent
 PACKAGES = ("slurmctld", "slurmd", "slurm-client", "munge")
@@ -393,6 +394,13 @@ def rank_pid(c: httpx.Client, job_id: int, rank: int = 0, timeout: float = 60) -
         time.sleep(0.1)
 
 
+def leftover_shm(status_dir: Path):
+    """Shared-memory segments the ranks noted in ``status_dir`` that still exist."""
+    noted = noted_segments(str(status_dir))
+    assert noted, f"no rank noted its shared memory in {status_dir}"
+    return sorted(p for p in noted if os.path.exists(p))
+
+
 def gone(pid: int) -> bool:
     try:
         return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
@@ -476,9 +484,10 @@ def test_cancel_running_job_is_scancel(ctl, slurm):
         assert r.status_code == 200 and r.json()["state"] == "cancelled", r.text
         job = c.get(f"/api/v1/jobs/{sleeper}").json()
         assert job["exit_code"] == 130 and job["message"] == f"cancelled by its owner (scancel {sid})"
-    # cancel returns once Slurm reports the end: the rank is gone by then
+    # cancel returns once Slurm reports the end: the rank is gone by then, and its MPI shared memory
     assert slurm.job(sid).startswith("CANCELLED")
     assert gone(ctl.jobs["sleeper_pid"])
+    assert leftover_shm(ctl.data_dir / "jobs" / str(sleeper) / "status") == []
 
 
 def test_bad_cases_have_clear_messages(ctl, slurm, tmp_path):
@@ -543,6 +552,7 @@ def test_time_limit_kill_is_timed_out(ctl, slurm):
                               "job's timeout of 20 s rounded up to whole minutes); all ranks were ended")
     assert slurm.job(slurm_id(ctl, limited)) == "TIMEOUT TimeLimit"
     assert gone(ctl.jobs["limited_pid"])
+    assert leftover_shm(ctl.data_dir / "jobs" / str(limited) / "status") == []
 
 
 def test_job_end_to_end_logs_exit_codes_trace(ctl, slurm):
@@ -576,6 +586,8 @@ def test_job_end_to_end_logs_exit_codes_trace(ctl, slurm):
         assert job["message"] == "rank 1 exited 3; ranks [0] were terminated"
         assert c.get(f"/api/v1/jobs/{bad['id']}/trace").status_code == 404
     assert slurm.job(slurm_id(ctl, bad["id"])).startswith("FAILED")
+    # rank 0 was ended by --kill-on-bad-exit before MPI_Finalize: the job removed its shared memory
+    assert leftover_shm(ctl.data_dir / "jobs" / str(bad["id"]) / "status") == []
 
 
 def test_pool_on_slurm(ctl, slurm):
@@ -614,6 +626,7 @@ def test_pool_on_slurm(ctl, slurm):
     assert slurm.job(sid).startswith("COMPLETED")
     out = (ctl.data_dir / "pools" / str(pool["id"]) / f"slurm-{sid}.out").read_text()
     assert "slurm_allocation: SIGTERM received; ending the pool\n" in out and out.endswith("pool ended\n"), out
+    assert leftover_shm(ctl.data_dir / "pools" / str(pool["id"]) / "status") == []
     assert not [p for p in _processes_under(ctl.data_dir / "pools")]
 
 
