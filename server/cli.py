@@ -3,7 +3,8 @@
 The console script ``nbmpi`` is :func:`main` here, so the runtime package never
 imports the controller; ``python -m nbmpi.workers.cli run`` works without it.
 
-* ``nbmpi serve [--host 127.0.0.1] [--port 8765] [--max-ranks N] [--db PATH] [--data-dir DIR]``:
+* ``nbmpi serve [--host 127.0.0.1] [--port 8765] [--max-ranks N] [--db PATH] [--data-dir DIR]
+  [--backend local|slurm] [--slurm-partition P] [--slurm-sbatch-arg ARG ...]``:
   run the service (uvicorn). Creates the data directory and, on first start,
   a token (printed, stored mode 0600 in the users file); writes the client
   configuration file (URL + token, mode 0600).
@@ -74,6 +75,21 @@ def _fail(exc) -> int:
 
 
 # -- serve --------------------------------------------------------------------------------------
+#: ``nbmpi serve`` option -> SlurmBackend keyword (see :class:`nbmpi.server.backends.slurm.SlurmBackend`).
+_SLURM_OPTIONS = {"slurm_partition": "partition", "slurm_sbatch_arg": "sbatch_args",
+                  "slurm_poll_interval": "poll_interval", "slurm_mpi": "mpi", "slurm_pool_ip": "pool_ip"}
+
+
+def _backend_options(args: argparse.Namespace) -> dict:
+    """The backend's keyword options from the ``--slurm-*`` options given. Raises ValueError when
+    they are given to another backend."""
+    given = {key: getattr(args, opt) for opt, key in _SLURM_OPTIONS.items() if getattr(args, opt) is not None}
+    if given and args.backend != "slurm":
+        flags = ", ".join("--" + o.replace("_", "-") for o in _SLURM_OPTIONS if getattr(args, o) is not None)
+        raise ValueError(f"{flags}: only for --backend slurm (this service uses --backend {args.backend})")
+    return given
+
+
 def _cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -83,8 +99,16 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     data_dir = config.ensure_data_dir(Path(args.data_dir) if args.data_dir else config.default_data_dir())
     users_path = Path(args.users) if args.users else data_dir / "users.json"
     token, created = ensure_users_file(users_path)
-    max_ranks = args.max_ranks if args.max_ranks is not None else (os.cpu_count() or 1)
-    if max_ranks < 1:
+    try:
+        backend_options = _backend_options(args)
+    except ValueError as exc:
+        print(f"nbmpi serve: {exc}", file=sys.stderr)
+        return 2
+    if args.max_ranks is not None:
+        max_ranks = args.max_ranks
+    else:   # the local backend holds ranks on this host; a cluster queue decides itself
+        max_ranks = (os.cpu_count() or 1) if args.backend == "local" else None
+    if max_ranks is not None and max_ranks < 1:
         print(f"nbmpi serve: --max-ranks must be at least 1, got {max_ranks}", file=sys.stderr)
         return 2
     try:
@@ -115,12 +139,13 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
     try:
         app = create_app(data_dir, max_ranks, users_path=users_path, db_path=Path(args.db) if args.db else None,
-                         enable_pools=not args.no_pools, backend=args.backend,
+                         enable_pools=not args.no_pools, backend=args.backend, backend_options=backend_options,
                          max_log_bytes=args.max_log_bytes or None)
     except BackendError as exc:
         print(f"nbmpi serve: {exc}", file=sys.stderr)
         return 2
-    print(f"nbmpi serve: listening on {url} (backend {args.backend}, max ranks {max_ranks}, data {data_dir})",
+    limit = max_ranks if max_ranks is not None else "per job: the backend's queue decides"
+    print(f"nbmpi serve: listening on {url} (backend {args.backend}, max ranks {limit}, data {data_dir})",
           flush=True)
     if created:
         print(f"nbmpi serve: first start: generated token {token}\n"
@@ -276,7 +301,9 @@ def register(sub) -> None:
     s.add_argument("--host", default=config.DEFAULT_HOST)
     s.add_argument("--port", type=int, default=config.DEFAULT_PORT, help="0 picks a free port")
     s.add_argument("--max-ranks", type=int, default=None, metavar="N",
-                   help="ranks in use at most (running jobs + pools); default: number of CPUs")
+                   help="ranks in use at most (running jobs + pools); default: number of CPUs with the "
+                        "local backend; with slurm the most ranks one job or pool may ask for (default: "
+                        "no limit, Slurm decides)")
     s.add_argument("--data-dir", default=None, metavar="DIR",
                    help=f"state directory (default ${config.DATA_DIR_ENV} or ~/.local/share/nbmpi)")
     s.add_argument("--db", default=None, metavar="PATH", help="SQLite file (default DATA_DIR/nbmpi.db)")
@@ -287,7 +314,22 @@ def register(sub) -> None:
                    help=f"output kept per rank and stream of a job (e.g. 512M, 2G; 0: no limit; default "
                         f"{DEFAULT_MAX_LOG}); past it the log shows a truncation line")
     s.add_argument("--backend", default="local", choices=sorted(BACKENDS),
-                   help="where jobs and pools run (default local: mpiexec on this host)")
+                   help="where jobs and pools run (default local: mpiexec on this host; slurm: sbatch "
+                        "jobs and Slurm allocations for pools, see deploy/slurm/)")
+    sl = s.add_argument_group("slurm backend", "options of --backend slurm (the data directory must be on a "
+                                                "filesystem the cluster's nodes share)")
+    sl.add_argument("--slurm-partition", default=None, metavar="NAME",
+                    help="partition for jobs and pools (checked at start; default: the cluster's default)")
+    sl.add_argument("--slurm-sbatch-arg", action="append", default=None, metavar="ARG",
+                    help="extra sbatch argument for every job and pool, repeatable, e.g. "
+                         "--slurm-sbatch-arg=--account=myproject")
+    sl.add_argument("--slurm-poll-interval", type=float, default=None, metavar="SECONDS",
+                    help="seconds one squeue answer is reused for all jobs (default 1)")
+    sl.add_argument("--slurm-mpi", default=None, metavar="TYPE",
+                    help="srun --mpi plugin (default pmi2, which the bundled MPICH speaks; pmix for some site MPIs)")
+    sl.add_argument("--slurm-pool-ip", default=None, metavar="ADDR",
+                    help="address a pool's ipyparallel controller listens on in its allocation (default *: "
+                         "engines and this service connect to the node's name)")
     s.add_argument("--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"])
     s.set_defaults(func=_cmd_serve)
 

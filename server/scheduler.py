@@ -22,7 +22,10 @@ Semantics (the same whichever backend runs the jobs):
   submitted, the backend says whether it still knows it; then it is followed
   again, else recorded ``lost``. Queued jobs stay queued and are admitted again.
 * Stop (:meth:`Scheduler.stop`): every followed job is ended and recorded
-  ``lost`` (the service that watched it is going away).
+  ``lost`` (the service that watched it is going away), unless the backend's
+  jobs outlive the service (``Backend.jobs_outlive_service``, a cluster
+  queue): then they keep running, their records stay as they are, and the
+  next start re-attaches to them.
 """
 from __future__ import annotations
 
@@ -119,7 +122,8 @@ class Scheduler:
         self._thread.start()
 
     def stop(self) -> None:
-        """Stop admitting; end every followed job and record it ``lost``."""
+        """Stop admitting; end every followed job and record it ``lost`` (batch jobs of a backend
+        whose jobs outlive the service are only no longer followed)."""
         self._stop.set()
         self._wake.set()
         if self._thread:
@@ -278,6 +282,8 @@ class Scheduler:
             if message:
                 self._update(job.id, message=message)
             while True:
+                if f.cancel.is_set() and self._stop.is_set() and self.backend.jobs_outlive_service:
+                    return   # the job runs on without this service; the next start re-attaches
                 if f.cancel.is_set():
                     status = self.backend.cancel(spec, state)
                     if self._stop.is_set() and status.outcome == "cancelled":

@@ -53,6 +53,8 @@ GRACE_SECONDS = 1.0
 HEARTBEAT_MS = 500
 #: Missed heartbeats before the controller drops an engine: 60 x 0.5 s keeps ipyparallel's 30 s tolerance.
 HEARTBEAT_MISSES = 60
+#: Environment variable with the default listen address of a pool's controller (see :class:`Pool`).
+POOL_IP_ENV = "NBMPI_POOL_IP"
 _live_pools: "List[Pool]" = []
 
 
@@ -86,11 +88,15 @@ class Pool:
     it. ``bound_to_owner`` (default True): the pool ends when the process that
     started it dies. ``work_dir`` holds the ipyparallel profile (connection files, logs);
     default a fresh temporary directory, removed by :meth:`stop`. ``env`` is
-    added to the ranks' environment.
+    added to the ranks' environment. ``ip`` is the address the ipyparallel
+    controller listens on: ``127.0.0.1`` (the default, ``$NBMPI_POOL_IP`` if
+    set) when every engine runs on this host, ``*`` or an interface address
+    when the launcher (e.g. ``NBMPI_MPIEXEC=srun`` in a Slurm allocation) puts
+    engines on other nodes; they then connect to this host's name.
     """
 
     def __init__(self, n: int, name: Optional[str] = None, work_dir: Optional[str] = None,
-                 env: Optional[Dict[str, str]] = None, bound_to_owner: bool = True):
+                 env: Optional[Dict[str, str]] = None, bound_to_owner: bool = True, ip: Optional[str] = None):
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
             raise ValueError(f"a pool needs a whole number of ranks >= 1, got n={n!r}")
         self.n = n
@@ -102,6 +108,7 @@ class Pool:
         #: False (controller service): the pool outlives its starter, which re-attaches
         #: to it or ends it after a restart.
         self.bound_to_owner = bool(bound_to_owner)
+        self.ip = ip or os.environ.get(POOL_IP_ENV) or "127.0.0.1"
         self.ranks = list(range(n))
         self.hosts: List[str] = []
         self.rank_info: List[Dict[str, Any]] = []
@@ -191,7 +198,7 @@ class Pool:
         say(f"pool {self.name!r}: starting the controller and {self.n} ranks")
         self._controller = self._popen(
             [sys.executable, "-m", "ipyparallel.controller", f"--profile-dir={self.profile_dir}",
-             "--ip=127.0.0.1", "--log-level=WARN", f"--HeartMonitor.period={HEARTBEAT_MS}",
+             f"--ip={self.ip}", "--log-level=WARN", f"--HeartMonitor.period={HEARTBEAT_MS}",
              f"--HeartMonitor.max_heartmonitor_misses={HEARTBEAT_MISSES}"], env, "controller")
         cmd = self._spawn_ranks(env, timeout)
         ending = None

@@ -4,7 +4,7 @@ A backend turns the controller's records into running ranks and reports back;
 everything else (the job state machine, admission, records, the HTTP API)
 is shared and never asks which backend runs. As in Dask Gateway, a backend
 is a class with a small set of methods, chosen by name at start
-(``nbmpi serve --backend local|slurm``):
+(``nbmpi serve --backend local|slurm``; :mod:`.local`, :mod:`.slurm`):
 
 Jobs (``spec`` is a :class:`JobSpec`; ``state`` the JSON object the backend
 returned from :meth:`Backend.submit`, stored opaquely in the job's record):
@@ -102,6 +102,10 @@ class Backend(abc.ABC):
     #: True when the backend ends a job at its timeout itself (the scheduler then only
     #: follows; it still ends the job if the backend has not after a grace period).
     enforces_timeout: ClassVar[bool] = False
+    #: True when jobs run independently of the service (a cluster queue): stopping the service
+    #: then leaves them running and recorded as they are, for the next start to re-attach
+    #: (:meth:`recover`); False ends them with the service (they are recorded ``lost``).
+    jobs_outlive_service: ClassVar[bool] = False
 
     def capacity(self, max_ranks: Optional[int]) -> Optional[int]:
         """Ranks the controller may hold at once given ``--max-ranks`` (None: the backend queues)."""
@@ -145,7 +149,7 @@ class Backend(abc.ABC):
 
 
 #: Backend name -> module (inside this package) and class.
-BACKENDS: Dict[str, Tuple[str, str]] = {"local": ("local", "LocalBackend")}
+BACKENDS: Dict[str, Tuple[str, str]] = {"local": ("local", "LocalBackend"), "slurm": ("slurm", "SlurmBackend")}
 
 
 def make_backend(name: str, **options: Any) -> Backend:
