@@ -12,7 +12,13 @@ Two optional services for the controller's batch jobs (environment variables):
   ``rank-R.stderr`` in that directory (file descriptors 1 and 2 are redirected
   before anything runs, so output of C extensions and child processes lands
   there too).
-* ``NBMPI_TRACE_OUT``: after the program, the ranks agree (non-blocking
+* ``NBMPI_TRACE_OUT``: while the program runs, a daemon thread of each rank streams
+  its new trace events and what it is blocked in to ``rank-R.events`` /
+  ``rank-R.live.json`` there (:mod:`~nbmpi.workers.trace_stream`, every
+  ``NBMPI_TRACE_STREAM_INTERVAL`` s, default 0.5; no MPI call from that
+  thread), so the controller's dashboard shows a running or hung job; the
+  stream is completed when the program ends, whatever its outcome. After the
+  program, the ranks agree (non-blocking
   allreduce with a timeout, ``NBMPI_TRACE_AGREE_TIMEOUT`` s, default 30) whether
   every rank succeeded; only then they gather the trace and rank 0 writes
   ``trace.json`` (Chrome/Perfetto) and ``summary.json`` there. A failed or
@@ -57,6 +63,29 @@ def _redirect_output() -> None:
                          os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         os.dup2(target, fd)
         os.close(target)
+
+
+def _start_stream():
+    """If ``$NBMPI_TRACE_OUT`` is set and tracing is on: start this rank's trace streamer."""
+    out = os.environ.get("NBMPI_TRACE_OUT")
+    if not out:
+        return None
+    from .trace_stream import DEFAULT_INTERVAL, TraceStreamer
+    from .tracing import get_tracer
+
+    tracer = get_tracer()
+    if not tracer.enabled:
+        return None
+    raw = os.environ.get("NBMPI_TRACE_STREAM_INTERVAL", "").strip()
+    try:
+        interval = float(raw) if raw else DEFAULT_INTERVAL
+    except ValueError:
+        interval = DEFAULT_INTERVAL
+    try:
+        return TraceStreamer(tracer, out, interval=interval if interval > 0 else DEFAULT_INTERVAL).start()
+    except OSError as exc:
+        print(f"[nbmpi] trace streaming off: {exc}", file=sys.stderr)
+        return None
 
 
 def _save_trace(code: int) -> None:
@@ -107,6 +136,7 @@ def main(argv=None) -> int:
     from .runtime import init
 
     init()
+    streamer = _start_stream()
     code = 0
     try:
         if argv[0] == "-m":
@@ -135,6 +165,12 @@ def main(argv=None) -> int:
         code = 1
     sys.stdout.flush()
     sys.stderr.flush()
+    if streamer is not None:
+        try:
+            streamer.stop()
+        except Exception:  # noqa: BLE001 - a trace failure must not change the program's result
+            sys.stderr.write("[nbmpi] completing the streamed trace failed:\n")
+            traceback.print_exc()
     _report(code)
     try:
         _save_trace(code)
