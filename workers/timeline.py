@@ -43,6 +43,8 @@ _COL = {name: i for i, name in enumerate(FIELDS)}
 SOURCES = ("nbmpi_segments", "nbmpi_arrows", "nbmpi_heads", "nbmpi_matrix", "nbmpi_fractions")
 #: Half height of a lane's bars (lanes are 1 apart).
 LANE_HALF = 0.35
+#: Calls named in the hover of a merged row (its first distinct events).
+CALLS_NAMED = 4
 #: A view with at most this many segments in the whole trace is drawn without merging.
 EXACT_LIMIT = 20_000
 
@@ -181,26 +183,33 @@ class TimelineColumns:
             hi = np.full(len(uniq), -np.inf)
             np.minimum.at(lo, inv, self.start[small])
             np.maximum.at(hi, inv, self.end[small])
-            # the longest member of each bin names the bin in the hover
-            order = np.lexsort((-d, inv))
-            first = np.ones(len(order), bool)
-            first[1:] = inv[order][1:] != inv[order][:-1]
-            rep = small[order[first]]
             ev_nbytes = np.zeros(len(uniq), np.int64)
             comm_rows = (st == 2) & (self.event[small] >= 0)
             if comm_rows.any():
                 nb = self.trace.events[self.event[small][comm_rows], _COL["nbytes"]]
                 np.add.at(ev_nbytes, inv[comm_rows], nb)
             dom = per_state.argmax(axis=1)
+            # the calls of each bin (its first few distinct events, in time order) name it in the hover
+            calls: Dict[int, List[int]] = {}
+            has_ev = self.event[small] >= 0
+            if has_ev.any():
+                pairs = np.unique(np.stack([inv[has_ev], self.event[small][has_ev]], axis=1), axis=0)
+                for k, ev in pairs.tolist():
+                    lst = calls.setdefault(k, [])
+                    if len(lst) <= CALLS_NAMED:
+                        lst.append(ev)
             for k in range(len(uniq)):
                 lane = int(uniq[k] // width)
                 shares = per_state[k] / max(per_state[k].sum(), 1e-300)
                 parts = ", ".join(f"{100 * shares[j]:.0f}% {LABELS[STATE_NAMES[j]]}"
                                   for j in range(len(STATE_NAMES)) if shares[j] >= 0.005)
-                call = (f"{counts[k]} intervals ({parts}), longest {self.label(int(self.event[rep[k]]))}; "
-                        "zoom in for each")
-                add(lo[k], max(hi[k], lo[k] + px), lane, int(dom[k]), int(self.event[rep[k]]), counts[k],
-                    hi[k] - lo[k], nbytes=int(ev_nbytes[k]), call=call)
+                evs = calls.get(k, [])
+                named = ", ".join(self.label(e) for e in evs[:CALLS_NAMED]) + (" ..." if len(evs) > CALLS_NAMED else "")
+                n = int(counts[k])
+                call = (f"{n} interval{'s' if n != 1 else ''} ({parts})" + (f": {named}" if named else "")
+                        + "; zoom in for each")
+                add(lo[k], max(hi[k], lo[k] + px), lane, int(dom[k]), -1, counts[k], hi[k] - lo[k],
+                    nbytes=int(ev_nbytes[k]), call=call)
         for i in big.tolist():
             add(self.start[i], self.end[i], int(self.lane[i]), int(self.state[i]), int(self.event[i]), 1,
                 self.end[i] - self.start[i])
@@ -511,13 +520,14 @@ def figure_sources(view: Dict[str, Any], an: Dict[str, Any]) -> Dict[str, Dict[s
 
 
 def bokeh_figure(view: Dict[str, Any], an: Dict[str, Any], title: Optional[str] = None, width: int = 1100,
-                 x_label: str = "seconds from the start"):
+                 x_label: str = "seconds from the start", backend: str = "webgl"):
     """The interactive figure (a Bokeh layout) of a view and its analysis.
 
     Timeline: one lane per rank (rank 0 on top), compute / wait / communication as WebGL quads,
     an arrow per message from the send to the end of its receive; hover shows rank, state, call,
     peer, bytes and duration; x-only pan, wheel zoom and box zoom; Bokeh's own level of detail
-    during interaction. Below: the sender x receiver matrix (bytes and messages) and the per-rank
+    during interaction (``backend="canvas"`` draws the timeline without WebGL: faster where WebGL
+    is emulated in software). Below: the sender x receiver matrix (bytes and messages) and the per-rank
     compute / communication / wait percentages. Every source is named (:data:`SOURCES`), the x
     range ``nbmpi_x``; a change of the x range calls ``window.nbmpiRangeChanged(start, end)`` and
     the reset tool ``window.nbmpiReset()`` when the page defines them (the dashboard fetches that
@@ -536,7 +546,7 @@ def bokeh_figure(view: Dict[str, Any], an: Dict[str, Any], title: Optional[str] 
     x_range = Range1d(meta["start_s"], meta["end_s"], name="nbmpi_x")
     tl = figure(title=title, x_range=x_range, y_range=Range1d(n - 0.5, -0.5), height=150 + 46 * n, width=width,
                 sizing_mode="stretch_width", tools="xpan,xwheel_zoom,xbox_zoom,reset,save",
-                active_scroll="xwheel_zoom", active_drag="xpan", output_backend="webgl", name="nbmpi_timeline",
+                active_scroll="xwheel_zoom", active_drag="xpan", output_backend=backend, name="nbmpi_timeline",
                 x_axis_label=x_label, toolbar_location="above", lod_threshold=2000, lod_factor=10,
                 lod_interval=300, lod_timeout=500)
     tl.yaxis.ticker = FixedTicker(ticks=list(range(n)))
@@ -578,15 +588,15 @@ def bokeh_figure(view: Dict[str, Any], an: Dict[str, Any], title: Optional[str] 
                                                         ("bytes", "@bytes"), ("messages", "@messages")]))
     mx.grid.grid_line_color = None
     lanes = [str(r["rank"]) for r in an["ranks"]]
-    fr = figure(title="time per rank (%)", y_range=list(reversed(lanes)), x_range=Range1d(0, 100),
+    fr = figure(title="time per rank (%)", y_range=list(reversed(lanes)), x_range=Range1d(0, 118),
                 width=max(width - mwidth - 40, 360), height=90 + 60 * max(an["nranks"], 2),
                 tools="save", toolbar_location=None, name="nbmpi_fractions_figure", y_axis_label="rank")
     bars = fr.hbar_stack(["compute", "comm", "wait"], y="rank", height=0.6, source=cds["nbmpi_fractions"],
                          color=[COLORS["compute"], COLORS["comm"], COLORS["wait"]], line_color=None)
     fr.add_tools(HoverTool(renderers=bars, tooltips=[("rank", "@rank"), ("compute %", "@compute{0.0}"),
                                                      ("communication %", "@comm{0.0}"), ("wait %", "@wait{0.0}")]))
-    fr.add_layout(LabelSet(x=100, y="rank", text="wait_text", source=cds["nbmpi_fractions"], text_align="right",
-                           text_baseline="middle", x_offset=-4, text_font_size="11px"))
+    fr.add_layout(LabelSet(x=100, y="rank", text="wait_text", source=cds["nbmpi_fractions"], text_align="left",
+                           text_baseline="middle", x_offset=4, text_font_size="11px"))
     fr.ygrid.grid_line_color = None
     return column(tl, row(mx, fr, sizing_mode="stretch_width"), sizing_mode="stretch_width", name="nbmpi_figure")
 
