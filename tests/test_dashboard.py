@@ -22,6 +22,14 @@ import pytest
 from conftest import REPO
 from test_server import BOB_TOKEN, CHANNEL_JOB, SLEEP_JOB, Server, job_processes, submit, wait_state
 
+#: Which of the timeline's renderers draw with WebGL (BokehJS renderer views' has_webgl).
+WEBGL_IN_USE = """
+function* walk(v) { yield v; if (v.children) for (const c of v.children()) yield* walk(c); }
+const out = {};
+for (const root of Bokeh.index) for (const v of walk(root))
+  if (v.model && ["nbmpi_quads", "nbmpi_arrow_heads"].includes(v.model.name)) out[v.model.name] = v.has_webgl;
+return out;
+"""
 CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
 needs_browser = pytest.mark.skipif(
     not (CHROMIUM and CHROMEDRIVER),
@@ -80,7 +88,8 @@ class Browser:
         opts.binary_location = CHROMIUM
         for a in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                  "--disable-default-apps", "--disable-extensions", f"--user-data-dir={self.profile}",
+                  "--disable-default-apps", "--disable-extensions", "--enable-unsafe-swiftshader",
+                  f"--user-data-dir={self.profile}",
                   "--window-size=1400,1000"):
             opts.add_argument(a)
         opts.add_experimental_option("prefs", {"download.default_directory": str(downloads),
@@ -248,6 +257,7 @@ def test_browser_login_jobs_timeline_download(server, done_job, browser, tmp_pat
                 matrix: m.text, backend: plot.output_backend,
                 lanes: plot.left[0].ticker.ticks, calls: Array.from(seg.call)};""")
     assert fig["ranks"] == [0, 1] and fig["lanes"] == [0, 1] and fig["backend"] == "webgl"
+    assert browser.js(WEBGL_IN_USE) == {"nbmpi_arrow_heads": True, "nbmpi_quads": True}
     assert fig["states"] == ["communication", "compute", "wait"] or fig["states"] == ["communication", "compute"]
     assert fig["arrows"] == fig["heads"] == 4
     assert fig["matrix"] == ["", "15.6 KiB\n2 msg", "15.6 KiB\n2 msg", ""]
@@ -286,9 +296,10 @@ def test_browser_live_job_grows_hangs_and_is_cancelled(server, browser, tmp_path
         job = submit(c, LIVE_THEN_HANG)
         jid = job["id"]
         wait_state(c, jid, ("running",))
-        d.get(server.url + f"/dashboard/jobs/{jid}")     # the tab is logged in already
+        d.get(server.url + f"/dashboard/jobs/{jid}#token={server.token}")     # a token link logs the tab in
         browser.wait_for("return window.Bokeh && Bokeh.documents.length && window.nbmpiStats.updates.length",
                          what="the live figure", timeout=60)
+        assert "token=" not in d.current_url and browser.js("return sessionStorage.getItem('nbmpi-token')") == server.token
         counts = []
         deadline = time.monotonic() + 60
         while len(set(counts)) < 3:   # the timeline grows while the job runs
@@ -324,7 +335,7 @@ def test_browser_overview_cancels_a_running_job(server, browser):
     with server.client() as c:
         job = submit(c, SLEEP_JOB.format(seconds=120), name="sleeper")
         wait_state(c, job["id"], ("running",))
-        d.get(server.url + "/dashboard")
+        d.get(server.url + f"/dashboard#token={server.token}")
         sel = f'#jobs tr[data-job="{job["id"]}"]'
         row = browser.wait_for(f"const r = document.querySelector('{sel}'); return r && r.innerText.includes('running') "
                                "&& r.innerText", what="the running job")

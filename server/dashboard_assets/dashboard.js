@@ -324,7 +324,7 @@
       `${meta.arrows_shown} of ${meta.arrows_in_window} messages.` + (S.follow ? "" : " Zoomed in: the reset tool shows the whole run again.");
     await frames(2);
     const t2 = performance.now();
-    window.nbmpiStats.updates.push({ fetch_ms: t1 - t0, apply_ms: t2 - t1, total_ms: t2 - t0, shown: meta.shown,
+    window.nbmpiStats.updates.push({ at: t2, fetch_ms: t1 - t0, apply_ms: t2 - t1, total_ms: t2 - t0, shown: meta.shown,
       in_window: meta.in_window, start: meta.start_s, end: meta.end_s });
   }
 

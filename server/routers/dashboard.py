@@ -27,7 +27,7 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Literal, Optional, Tuple
 
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
@@ -157,14 +157,15 @@ def _no_trace(job: Job) -> str:
 
 
 def _window(job: Job, e: Optional[_Entry], start: Optional[float], end: Optional[float], width: int,
-            since: Optional[int]) -> dict:
+            since: Optional[int]) -> Tuple[dict, Optional[dict]]:
+    """The answer about one window of ``job`` (and the view it was made of, None if none was made)."""
     live = job.state not in FINAL_JOB_STATES
     base: dict = dict(job=job.id, state=job.state, live=live)
     if e is None:
-        return dict(base, available=False, reason=_no_trace(job))
+        return dict(base, available=False, reason=_no_trace(job)), None
     base.update(available=True, version=e.jt.version)
     if since is not None and since == e.jt.version:
-        return dict(base, unchanged=True)
+        return dict(base, unchanged=True), None
     view = e.cols.view(start, end, width=width)
     waits = e.jt.waits()
     blocked = timeline.blocked_sentences(waits, job.ranks)
@@ -173,7 +174,7 @@ def _window(job: Job, e: Optional[_Entry], start: Optional[float], end: Optional
     an = {k: v for k, v in e.an.items() if k != "straggler"}
     return dict(base, meta=view["meta"], sources=timeline.figure_sources(view, e.an),
                 sentence=e.an["straggler"]["sentence"], straggler=e.an["straggler"], blocked=blocked, waits=waits,
-                analysis=an)
+                analysis=an), view
 
 
 Width = Query(1200, ge=0, le=20000, description="Plot width in pixels (level of detail); 0 merges nothing")
@@ -185,9 +186,8 @@ def job_figure(job: Job = Depends(user_job), width: int = Width,
     """The job's timeline figure (Bokeh JSON item: ``Bokeh.embed.embed_item``) over the whole run,
     with the data of :func:`job_timeline`; ``available`` false with the ``reason`` when there is no trace."""
     e = CACHE.get(job)
-    out = _window(job, e, None, None, width, None)
-    if e is not None:
-        view = e.cols.view(width=width)
+    out, view = _window(job, e, None, None, width, None)
+    if view is not None:
         out["item"] = timeline.bokeh_item(view, e.an, width=max(width, 600), backend=backend,
                                           x_label="seconds since the job's ranks started")
     return out
@@ -200,7 +200,7 @@ def job_timeline(job: Job = Depends(user_job), start: Optional[float] = Query(No
                                                                 "unchanged while it is current")) -> dict:
     """One window ``[start, end]`` of the job's timeline (default the whole run) at ``width`` pixels:
     the columns of the figure's sources, the analysis, and where the ranks wait now."""
-    return _window(job, CACHE.get(job), start, end, width, since)
+    return _window(job, CACHE.get(job), start, end, width, since)[0]
 
 
 @router.get("/jobs/{job_id}/trace.npz",
