@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Optional
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
 
+from . import errors
 from .auth import Authenticator
 from .backends import make_backend
 from .config import MAX_CODE_BYTES
@@ -33,6 +33,7 @@ from .pool_manager import PoolManager, PoolRequestError
 from .records import make_engine, session_factory
 from .routers import dashboard, jobs, pools, service
 from .scheduler import JobError, Scheduler
+from .schemas import RANKS_OR_POOL
 
 #: Largest request body accepted (bytes); the code limit plus room for the other fields.
 MAX_BODY_BYTES = MAX_CODE_BYTES * 2 + 65536
@@ -40,11 +41,12 @@ MAX_BODY_BYTES = MAX_CODE_BYTES * 2 + 65536
 
 def create_app(data_dir: Path, max_ranks: Optional[int], users_path: Optional[Path] = None,
                db_path: Optional[Path] = None, enable_pools: bool = True, backend: str = "local",
-               backend_options: Optional[dict] = None) -> FastAPI:
+               backend_options: Optional[dict] = None, max_log_bytes: Optional[int] = None) -> FastAPI:
     """The application serving ``data_dir`` (already created) with at most ``max_ranks`` ranks in use.
 
     ``backend`` names where jobs and pools run (:mod:`nbmpi.server.backends`);
-    ``max_ranks`` may be None when the backend queues work itself. The
+    ``max_ranks`` may be None when the backend queues work itself;
+    ``max_log_bytes`` caps the output kept per rank and stream of a job. The
     scheduler and the pool manager start with the application's lifespan and
     stop with it: jobs still followed are then ended and recorded ``lost``.
     """
@@ -54,7 +56,8 @@ def create_app(data_dir: Path, max_ranks: Optional[int], users_path: Optional[Pa
     runner = make_backend(backend, **(backend_options or {}))
     ledger = RankLedger(runner.capacity(max_ranks))
     pool_manager = PoolManager(sessions, data_dir, runner, ledger, max_ranks) if enable_pools else None
-    scheduler = Scheduler(sessions, data_dir, runner, ledger, max_ranks, pools=pool_manager)
+    scheduler = Scheduler(sessions, data_dir, runner, ledger, max_ranks, pools=pool_manager,
+                          max_log_bytes=max_log_bytes)
     svc = Service(auth=Authenticator(users_path or data_dir / "users.json"), scheduler=scheduler,
                   pools=pool_manager)
 
@@ -84,19 +87,21 @@ def create_app(data_dir: Path, max_ranks: Optional[int], users_path: Optional[Pa
             try:
                 too_big = int(length) > MAX_BODY_BYTES
             except ValueError:
-                return JSONResponse({"detail": f"invalid Content-Length {length!r}"}, status_code=400)
+                return errors.error(400, f"invalid Content-Length {length!r}")
             if too_big:
-                return JSONResponse({"detail": f"request body of {length} bytes exceeds the limit of "
-                                               f"{MAX_BODY_BYTES} bytes"}, status_code=413)
+                return errors.error(413, f"request body of {length} bytes exceeds the limit of "
+                                         f"{MAX_BODY_BYTES} bytes")
         return await call_next(request)
+
+    errors.install(app)
 
     @app.exception_handler(JobError)
     async def job_error(_request: Request, exc: JobError):
-        return JSONResponse({"detail": exc.message}, status_code=exc.status)
+        return errors.error(exc.status, exc.message)
 
     @app.exception_handler(PoolRequestError)
     async def pool_error(_request: Request, exc: PoolRequestError):
-        return JSONResponse({"detail": exc.message}, status_code=exc.status)
+        return errors.error(exc.status, exc.message)
 
     app.include_router(service.router)
     app.include_router(jobs.router)
@@ -104,4 +109,29 @@ def create_app(data_dir: Path, max_ranks: Optional[int], users_path: Optional[Pa
     app.include_router(dashboard.router)
     app.include_router(dashboard.pages)
     dashboard.mount_assets(app)
+    _document_limits(app, max_ranks)
     return app
+
+
+def _document_limits(app: FastAPI, max_ranks: Optional[int]) -> None:
+    """Put this service's own limits into its OpenAPI schema (``ranks`` at most ``--max-ranks``),
+    so a request valid by the schema is one the service accepts."""
+    from fastapi.openapi.utils import get_openapi
+
+    def openapi():
+        if app.openapi_schema is None:
+            spec = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+            schemas = spec.get("components", {}).get("schemas", {})
+            upload = schemas.get("Body_submit_job_upload_api_v1_jobs_upload_post")
+            if upload is not None:   # as JobCreate: ranks, pool or both
+                upload["anyOf"] = RANKS_OR_POOL
+            if max_ranks is not None:
+                for model in ("JobCreate", "PoolCreate", "Body_submit_job_upload_api_v1_jobs_upload_post"):
+                    field = schemas.get(model, {}).get("properties", {}).get("ranks")
+                    for branch in [field, *((field or {}).get("anyOf") or [])] if field else []:
+                        if branch.get("type") == "integer":
+                            branch["maximum"] = max_ranks
+            app.openapi_schema = spec
+        return app.openapi_schema
+
+    app.openapi = openapi

@@ -34,6 +34,25 @@ from . import config
 from .backends import BACKENDS
 
 
+DEFAULT_MAX_LOG = "256M"
+
+
+def _size(text: str) -> int:
+    """``"512M"`` -> bytes (suffixes K, M, G, T; powers of 1024)."""
+    t = str(text).strip().upper().removesuffix("B")
+    mult = 1
+    if t and t[-1] in "KMGT":
+        mult = 1024 ** ("KMGT".index(t[-1]) + 1)
+        t = t[:-1]
+    try:
+        value = int(float(t) * mult)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size; use e.g. 512M or 2G") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: a size cannot be negative")
+    return value
+
+
 def _add_client_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--server", default=None, metavar="URL", help=f"service URL (else ${config.SERVER_ENV} "
                    "or the client config file)")
@@ -98,7 +117,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
     try:
         app = create_app(data_dir, max_ranks, users_path=users_path, db_path=Path(args.db) if args.db else None,
-                         enable_pools=not args.no_pools, backend=args.backend)
+                         enable_pools=not args.no_pools, backend=args.backend,
+                         max_log_bytes=args.max_log_bytes or None)
     except BackendError as exc:
         print(f"nbmpi serve: {exc}", file=sys.stderr)
         return 2
@@ -186,12 +206,21 @@ def _cmd_jobs(args: argparse.Namespace) -> int:
 def _cmd_logs(args: argparse.Namespace) -> int:
     from .client import ApiError
 
+    stream = "stderr" if args.stderr else "stdout"
+    out = sys.stdout.buffer
     try:
         with _client(args) as c:
-            text, _ = c.logs(args.id, args.rank, "stderr" if args.stderr else "stdout")
+            offset = c.stream_log(args.id, args.rank, stream, out)   # the whole log, in pieces
+            while args.follow:
+                job = c.job(args.id)
+                offset = c.stream_log(args.id, args.rank, stream, out, offset)
+                if job["state"] not in ("queued", "running"):
+                    break
+                time.sleep(0.5)
     except ApiError as exc:
         return _fail(exc)
-    sys.stdout.write(text)
+    except BrokenPipeError:   # `nbmpi logs ID | head`
+        return 0
     return 0
 
 
@@ -266,6 +295,9 @@ def register(sub) -> None:
     s.add_argument("--users", default=None, metavar="FILE",
                    help="users file mapping tokens to user names (default DATA_DIR/users.json)")
     s.add_argument("--no-pools", action="store_true", help="disable the pool endpoints")
+    s.add_argument("--max-log-bytes", type=_size, default=_size(DEFAULT_MAX_LOG), metavar="SIZE",
+                   help=f"output kept per rank and stream of a job (e.g. 512M, 2G; 0: no limit; default "
+                        f"{DEFAULT_MAX_LOG}); past it the log shows a truncation line")
     s.add_argument("--backend", default="local", choices=sorted(BACKENDS),
                    help="where jobs and pools run (default local: mpiexec on this host)")
     s.add_argument("--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"])
@@ -295,6 +327,7 @@ def register(sub) -> None:
     lg.add_argument("id", type=int)
     lg.add_argument("--rank", type=int, default=0)
     lg.add_argument("--stderr", action="store_true", help="stderr instead of stdout")
+    lg.add_argument("-f", "--follow", action="store_true", help="keep printing new output until the job ends")
     _add_client_options(lg)
     lg.set_defaults(func=_cmd_logs)
 

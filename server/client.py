@@ -81,11 +81,34 @@ class Client:
         params = {"state": state} if state else {}
         return self._request("GET", "/api/v1/jobs", params=params).json()["jobs"]
 
-    def logs(self, job_id: int, rank: int = 0, stream: str = "stdout", offset: int = 0) -> tuple:
-        """``(text, new_offset)`` of one rank's stream from byte ``offset``."""
+    def log_chunk(self, job_id: int, rank: int = 0, stream: str = "stdout", offset: int = 0) -> tuple:
+        """``(bytes, next_offset, size)``: one request's piece of a rank's stream from byte ``offset``
+        (at most 16 MiB), where the next piece starts, and the whole log's size now."""
         r = self._request("GET", f"/api/v1/jobs/{job_id}/logs",
                           params=dict(rank=rank, stream=stream, offset=offset))
-        return r.text, int(r.headers.get("X-Log-Size", offset))
+        data = r.content
+        nxt = int(r.headers.get("X-Log-Next-Offset", offset + len(data)))
+        return data, nxt, int(r.headers.get("X-Log-Size", nxt))
+
+    def logs(self, job_id: int, rank: int = 0, stream: str = "stdout", offset: int = 0) -> tuple:
+        """``(text, new_offset)``: ALL of one rank's stream from byte ``offset`` as it is now, following
+        the server's 16 MiB pieces (blocking until read)."""
+        parts = []
+        while True:
+            data, offset, size = self.log_chunk(job_id, rank, stream, offset)
+            parts.append(data)
+            if not data or offset >= size:
+                return b"".join(parts).decode("utf-8", "replace"), offset
+
+    def stream_log(self, job_id: int, rank: int, stream: str, out, offset: int = 0) -> int:
+        """Write one rank's whole stream from ``offset`` to the binary file ``out`` piece by piece
+        (constant memory, any size); return the offset reached."""
+        while True:
+            data, offset, size = self.log_chunk(job_id, rank, stream, offset)
+            out.write(data)
+            if not data or offset >= size:
+                out.flush()
+                return offset
 
     def follow_logs(self, job_id: int, ranks: int, offsets: Dict[tuple, int], out: Optional[TextIO] = None,
                     err: Optional[TextIO] = None) -> None:

@@ -21,6 +21,7 @@ from .auth import Authenticator
 from .pool_manager import PoolManager
 from .records import Job, Pool as PoolRow
 from .scheduler import Scheduler
+from .schemas import MAX_ID
 
 
 @dataclass
@@ -64,7 +65,7 @@ def get_pools(svc: Service = Depends(service)) -> PoolManager:
 
 def record_id(description: str = "Record id"):
     """A record id path parameter (a fresh instance per use: FastAPI binds it to the parameter's name)."""
-    return PathParam(ge=1, le=2**62, description=description)
+    return PathParam(ge=1, le=MAX_ID, description=description)
 
 
 def user_job(job_id: int = record_id("Job id"), user: str = Depends(current_user),

@@ -36,6 +36,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import sessionmaker
 
 from nbmpi.workers.engine_pool import Pool, PoolError
+from nbmpi.workers.rank_guard import CappedLog
 
 from .backends import Backend, PoolSpec
 from .ledger import RankLedger
@@ -197,9 +198,11 @@ class PoolManager:
 
     # -- jobs ----------------------------------------------------------------------------------------
     def run_job(self, pool_id: int, code: str, args: List[str], env: Dict[str, str], log_dir: Path,
-                cancel: threading.Event, deadline: Optional[float]) -> PoolJobResult:
+                cancel: threading.Event, deadline: Optional[float],
+                log_limit: Optional[int] = None) -> PoolJobResult:
         """Execute ``code`` on every engine of the pool; block until done, cancelled or past
-        ``deadline`` (monotonic). Called by the scheduler's job thread."""
+        ``deadline`` (monotonic). Each rank's output goes to ``log_dir`` (at most ``log_limit``
+        bytes per stream, then a truncation marker). Called by the scheduler's job thread."""
         pool = self._live.get(pool_id)
         if pool is None:
             raise PoolError(f"pool {pool_id} is not running")
@@ -214,12 +217,13 @@ class PoolManager:
             view = client[ranks]
             ar = view.execute(prelude + code, silent=False, block=False)
             written = {(r, s): 0 for r in range(len(ranks)) for s in ("stdout", "stderr")}
+            logs = {key: CappedLog(str(log_dir / f"rank-{key[0]}.{key[1]}"), log_limit) for key in written}
             outcome = "completed"
             interrupted_at: Optional[float] = None
             last_check = time.monotonic()
             try:
                 while not ar.ready():
-                    self._append_output(ar, log_dir, written)
+                    self._append_output(ar, logs, written)
                     now = time.monotonic()
                     if interrupted_at is None and (cancel.is_set() or (deadline is not None and now > deadline)):
                         outcome = "cancelled" if cancel.is_set() else "timed_out"
@@ -233,13 +237,17 @@ class PoolManager:
                             raise PoolError("the pool's engines died during the job")
                     ar.wait(0.1)
             except PoolError as exc:
+                for log in logs.values():
+                    log.close()
                 self._end(pool_id, "failed", f"{exc}; the pool was ended")
                 return PoolJobResult("cancelled" if outcome == "cancelled" else "completed",
                                      [None] * len(ranks), f"{exc}; pool {pool_id} was ended")
             # the result can arrive before the last output messages (another channel): wait for
             # the engines' output to be complete so no printed line is lost from the logs
             ar.wait_for_output(OUTPUT_WAIT_S)
-            self._append_output(ar, log_dir, written)
+            self._append_output(ar, logs, written)
+            for log in logs.values():
+                log.close()
             codes: List[Optional[int]] = []
             errors: List[str] = []
             for r, md in enumerate(ar.metadata):
@@ -252,13 +260,12 @@ class PoolManager:
         return PoolJobResult(outcome, codes, "; ".join(errors) or None)
 
     @staticmethod
-    def _append_output(ar, log_dir: Path, written: Dict) -> None:
+    def _append_output(ar, logs: Dict, written: Dict) -> None:
         for stream, per_rank in (("stdout", ar.stdout), ("stderr", ar.stderr)):
             for r, text in enumerate(per_rank):
                 done = written[(r, stream)]
                 if text and len(text) > done:
-                    with open(log_dir / f"rank-{r}.{stream}", "a") as f:
-                        f.write(text[done:])
+                    logs[(r, stream)].write(text[done:].encode())
                     written[(r, stream)] = len(text)
 
     # -- reconciliation ----------------------------------------------------------------------------------

@@ -67,19 +67,20 @@ class _Followed:
     done: threading.Event = field(default_factory=threading.Event)
 
 
-def job_spec(job: Job) -> JobSpec:
+def job_spec(job: Job, log_limit: Optional[int] = None) -> JobSpec:
     """The backend's view of a job record."""
     job_dir = Path(job.job_dir)
     return JobSpec(id=job.id, owner=job.owner, ranks=job.ranks, job_dir=job_dir, script_path=Path(job.script_path),
                    log_dir=Path(job.log_dir), trace_dir=job_dir / "trace", args=list(job.args or []),
-                   env=dict(job.env or {}), timeout=job.timeout, name=job.name)
+                   env=dict(job.env or {}), timeout=job.timeout, name=job.name, log_limit=log_limit)
 
 
 class Scheduler:
     """Queue, admission and followers of all jobs of one service. Thread-safe."""
 
     def __init__(self, sessions: sessionmaker, data_dir: Path, backend: Backend, ledger: RankLedger,
-                 max_ranks: Optional[int], pools=None):
+                 max_ranks: Optional[int], pools=None, max_log_bytes: Optional[int] = None):
+        self.max_log_bytes = max_log_bytes
         self.sessions = sessions
         self.data_dir = Path(data_dir)
         self.backend = backend
@@ -104,7 +105,7 @@ class Scheduler:
             known = False
             if job.pool_id is None and job.backend_state is not None:   # jobs on a pool end with the service
                 try:
-                    known = job.backend == self.backend.name and self.backend.recover(job_spec(job),
+                    known = job.backend == self.backend.name and self.backend.recover(job_spec(job, self.max_log_bytes),
                                                                                       job.backend_state)
                 except Exception:  # noqa: BLE001 - cannot tell: the job is lost
                     known = False
@@ -137,8 +138,9 @@ class Scheduler:
             f.done.wait(timeout=15)
 
     # -- requests ----------------------------------------------------------------------
-    def submit(self, owner: str, req: JobCreate) -> Job:
-        """Record a new queued job for ``owner`` and save its code. Raises :class:`JobError`."""
+    def submit(self, owner: str, req: JobCreate, source: Optional[bytes] = None) -> Job:
+        """Record a new queued job for ``owner`` and save its code (``source``, the bytes of an
+        uploaded file, instead of ``req.code`` when given). Raises :class:`JobError`."""
         ranks = req.ranks
         if req.pool is not None:
             if self.pools is None:
@@ -168,7 +170,10 @@ class Scheduler:
             job.script_path = str(job_dir / req.script_name)
             job.log_dir = str(job_dir / "logs")
             (job_dir / "logs").mkdir(parents=True, exist_ok=True)
-            Path(job.script_path).write_text(req.code)
+            if source is not None:
+                Path(job.script_path).write_bytes(source)
+            else:
+                Path(job.script_path).write_text(req.code)
         self._wake.set()
         return job
 
@@ -241,7 +246,7 @@ class Scheduler:
                     batch_blocked = True
                     continue
                 try:
-                    state = self.backend.submit(job_spec(job))
+                    state = self.backend.submit(job_spec(job, self.max_log_bytes))
                 except BackendError as exc:
                     self.ledger.release(("job", job.id))
                     self._set_final(job.id, "failed", 1, None, str(exc))
@@ -266,7 +271,7 @@ class Scheduler:
 
     # -- followers -------------------------------------------------------------------------
     def _follow_batch(self, f: _Followed, job: Job, message: Optional[str]) -> None:
-        spec, state = job_spec(job), dict(job.backend_state or {})
+        spec, state = job_spec(job, self.max_log_bytes), dict(job.backend_state or {})
         status: Optional[JobStatus] = None
         shown: Optional[str] = None
         try:
@@ -348,7 +353,8 @@ class Scheduler:
             if job.timeout:
                 f.deadline = time.monotonic() + job.timeout
             code = Path(job.script_path).read_text()
-            result = self.pools.run_job(job.pool_id, code, job.args, job.env, Path(job.log_dir), f.cancel, f.deadline)
+            result = self.pools.run_job(job.pool_id, code, job.args, job.env, Path(job.log_dir), f.cancel, f.deadline,
+                                        log_limit=self.max_log_bytes)
             if result.outcome == "cancelled":
                 self._set_final(job.id, "lost" if self._stop.is_set() else "cancelled", CANCEL_EXIT,
                                 result.codes, "cancelled by its owner; the engines were interrupted")

@@ -47,9 +47,10 @@ print("slept", flush=True)
 class Server:
     """A real `nbmpi serve` subprocess on a free port with its own data directory."""
 
-    def __init__(self, data_dir: Path, max_ranks: int = 2):
+    def __init__(self, data_dir: Path, max_ranks: int = 2, extra_args=()):
         self.data_dir = data_dir
         self.max_ranks = max_ranks
+        self.extra_args = list(extra_args)
         self.proc = None
         self.url = None
 
@@ -57,7 +58,7 @@ class Server:
         env = dict(os.environ, NBMPI_CONFIG=str(self.data_dir.parent / "client.json"), NBMPI_TIMEOUT="60")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "nbmpi.server.cli", "serve", "--port", "0", "--data-dir", str(self.data_dir),
-             "--max-ranks", str(self.max_ranks)],
+             "--max-ranks", str(self.max_ranks), *self.extra_args],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
         deadline = time.monotonic() + 60
         while self.url is None:
@@ -188,7 +189,7 @@ def test_channel_job_logs_trace_summary(server):
             assert out == f"rank {r} value 2.0 args ['a', 'b c']\n"
             err = c.get(f"/api/v1/jobs/{job['id']}/logs", params={"rank": r, "stream": "stderr"}).text
             assert err == f"stderr of rank {r}\n"
-        assert c.get(f"/api/v1/jobs/{job['id']}/logs", params={"rank": 2}).status_code == 422
+        assert c.get(f"/api/v1/jobs/{job['id']}/logs", params={"rank": 2}).status_code == 404
         trace = c.get(f"/api/v1/jobs/{job['id']}/trace").json()
         pids = {e["pid"] for e in trace["traceEvents"] if e.get("ph") == "X"}
         assert pids == {0, 1}
@@ -304,7 +305,6 @@ def test_malformed_requests_are_4xx(server):
             ("PUT", "/api/v1/jobs/1", {"json": {}}),
             ("POST", "/api/v1/pools", {"json": {"ranks": 0}}),
             ("POST", "/api/v1/pools", {"json": {"ranks": 1, "bogus": True}}),
-            ("POST", "/api/v1/jobs/upload", {"files": {"script": ("x.py", b"\xff\xfe")}, "data": {"ranks": "1"}}),
             ("POST", "/api/v1/jobs/upload", {"files": {"script": ("x.py", b"print(1)")},
                                              "data": {"ranks": "1", "env": "{nope"}}),
         ]
@@ -313,11 +313,18 @@ def test_malformed_requests_are_4xx(server):
             assert 400 <= r.status_code < 500, (method, path, r.status_code, r.text)
             assert r.json()["detail"], (method, path)
         assert len(c.get("/api/v1/jobs").json()["jobs"]) == before
-        r = c.post("/api/v1/jobs/upload", files={"script": ("up.py", b"print('uploaded')")}, data={"ranks": "1"})
+        r = c.post("/api/v1/jobs/upload", files={"script": ("up.py", b"import os\nprint('uploaded', os.environ['A'])")},
+                   data={"ranks": "1", "env": ["A=b=c"]})
         assert r.status_code == 201 and r.json()["script_name"] == "up.py"
         job = wait_state(c, r.json()["id"], ("succeeded", "failed"))
         assert job["state"] == "succeeded"
-        assert c.get(f"/api/v1/jobs/{job['id']}/logs").text == "uploaded\n"
+        assert c.get(f"/api/v1/jobs/{job['id']}/logs").text == "uploaded b=c\n"
+        # an uploaded file is stored as it is (a schema-valid request is accepted): Python decides
+        r = c.post("/api/v1/jobs/upload", files={"script": ("../x", b"\xff\xfe")}, data={"ranks": "1"})
+        assert r.status_code == 201 and r.json()["script_name"] == "job.py", r.text
+        job = wait_state(c, r.json()["id"], ("succeeded", "failed"))
+        assert job["state"] == "failed" and "SyntaxError" in c.get(f"/api/v1/jobs/{job['id']}/logs",
+                                                                     params={"stream": "stderr"}).text
 
 
 def test_openapi_schema(server):
@@ -513,3 +520,37 @@ def test_demo_main_job(tmp_path):
     assert "== dashboard: http://127.0.0.1:" in p.stdout and "controller stopped" in p.stdout
     assert (tmp_path / "demo" / "jobs" / "1" / "trace" / "trace.json").exists()
     assert job_processes(tmp_path / "demo") == []
+
+
+def test_large_logs_are_complete_or_visibly_cut(tmp_path):
+    """A log larger than one response arrives whole through `nbmpi logs` (following offsets), the size
+    header is the file's size, and past --max-log-bytes the log ends with a visible truncation line."""
+    srv = Server(tmp_path / "data", extra_args=["--max-log-bytes", "24M"]).start()
+    try:
+        with srv.client() as c:
+            big = submit(c, """
+                import sys
+                from nbmpi.workers import world
+                n = 20 if world().Get_rank() == 0 else 30
+                line = b"x" * 1023 + b"\\n"
+                for _ in range(n * 1024):
+                    sys.stdout.buffer.write(line)
+                """)
+            job = wait_state(c, big["id"], ("succeeded", "failed"))
+            assert job["state"] == "succeeded", job
+            r = c.get(f"/api/v1/jobs/{job['id']}/logs", params={"rank": 0})
+            size = (Path(job["log_dir"]) / "rank-0.stdout").stat().st_size
+            assert size == 20 << 20 and int(r.headers["X-Log-Size"]) == size
+            assert len(r.content) == 16 << 20 and int(r.headers["X-Log-Next-Offset"]) == 16 << 20
+            cli = [sys.executable, "-m", "nbmpi.server.cli", "logs", str(job["id"]), "--server", srv.url,
+                   "--token", srv.token]
+            p = subprocess.run(cli, capture_output=True, timeout=120)
+            assert p.returncode == 0 and len(p.stdout) == 20 << 20 and p.stdout.count(b"\n") == 20 * 1024
+            p = subprocess.run(cli + ["--rank", "1"], capture_output=True, timeout=120)
+            assert p.returncode == 0, p.stderr
+            kept, _, tail = p.stdout.partition(b"\n[nbmpi: output truncated here")
+            assert len(kept) == 24 << 20, len(kept)
+            assert b"reached its limit of 25165824 bytes" in tail
+            assert tail.endswith(b"[nbmpi: 6291456 more bytes of output were discarded]\n"), tail[-200:]
+    finally:
+        srv.stop()

@@ -9,8 +9,49 @@ works on its own, without the controller's dependencies. The launch itself is
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import List, Optional
+
+
+def _usage_error(args: argparse.Namespace, program: List[str]) -> Optional[str]:
+    """Why ``program`` cannot be run on ``args.n`` ranks, found before any rank starts (None: it can)."""
+    if args.n < 1:
+        return f"-n must be at least 1 (the number of MPI ranks), got {args.n}"
+    if args.timeout is not None and not args.timeout > 0:
+        return f"--timeout must be a positive number of seconds, got {args.timeout}"
+    if not program:
+        return "give a script to run, e.g. `nbmpi run -n 2 script.py` (or -m module, or -c code)"
+    if program[0] == "-c":
+        return _syntax_error(program[1], "<string>")
+    if program[0] == "-m":
+        import importlib.util
+
+        try:
+            found = importlib.util.find_spec(program[1]) is not None
+        except (ImportError, ValueError) as exc:
+            return f"cannot run module {program[1]!r}: {exc}"
+        return None if found else (f"no module named {program[1]!r} (check the name and PYTHONPATH; "
+                                   "nothing was started)")
+    path = program[0]
+    if os.path.isdir(path) or path.endswith(".zip"):
+        return None if os.path.exists(path) else f"cannot run {path!r}: no such file or directory"
+    try:
+        with open(path, "rb") as f:
+            source = f.read()
+    except OSError as exc:
+        return f"cannot run {path!r}: {exc.strerror or exc}; nothing was started"
+    return _syntax_error(source, path)
+
+
+def _syntax_error(source, filename: str) -> Optional[str]:
+    try:
+        compile(source, filename, "exec", dont_inherit=True)
+    except SyntaxError as exc:
+        return f"{filename}, line {exc.lineno}: {exc.msg} (nothing was started)"
+    except ValueError as exc:  # NUL bytes
+        return f"{filename}: {exc} (nothing was started)"
+    return None
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -21,8 +62,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
         program = ["-c", args.code, *program]
     elif args.module is not None:
         program = ["-m", args.module, *program]
-    if not program:
-        print("nbmpi run: give a script to run, e.g. `nbmpi run -n 2 script.py`", file=sys.stderr)
+    why = _usage_error(args, program)
+    if why is not None:
+        print(f"nbmpi run: {why}", file=sys.stderr)
         return 2
     return run(args.n, program, timeout=args.timeout)
 

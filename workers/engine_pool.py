@@ -42,8 +42,8 @@ from typing import Any, Callable, Dict, List, Optional
 
 import psutil
 
-from .launcher import mpiexec_command, rank_environment
-from .processes import end_processes
+from .launcher import STATUS_DIR_ENV, mpiexec_command, rank_environment
+from .processes import end_processes, noted_segments, remove_shm
 
 __all__ = ["Pool", "PoolError"]
 
@@ -115,6 +115,11 @@ class Pool:
     def profile_dir(self) -> str:
         """The ipyparallel profile directory of this pool."""
         return os.path.join(self.work_dir, "profile")
+
+    @property
+    def status_dir(self) -> str:
+        """Where the engines' guards report a rank killed by a signal."""
+        return os.path.join(self.work_dir, "status")
 
     def _security(self, what: str) -> str:
         return os.path.join(self.profile_dir, "security", f"ipcontroller-{what}.json")
@@ -188,9 +193,12 @@ class Pool:
         self._wait_for(lambda: self._read_json(self._security("client")) is not None, deadline,
                        "the controller to write its client connection file", timeout)
         info = self._read_json(self._security("client"))
-        cmd = mpiexec_command(self.n, ["--mpi", f"--profile-dir={self.profile_dir}",
+        shutil.rmtree(self.status_dir, ignore_errors=True)
+        os.makedirs(self.status_dir)
+        env[STATUS_DIR_ENV] = self.status_dir   # each engine's guard reports a signal that kills it
+        cmd = mpiexec_command(self.n, ["-m", "ipyparallel.engine", "--mpi", f"--profile-dir={self.profile_dir}",
                                        f"--file={self._security('engine')}", "--log-level=WARN"],
-                              module="ipyparallel.engine")
+                              module="nbmpi.workers.rank_guard")
         say(f"pool {self.name!r}: starting {self.n} ranks ({os.path.basename(cmd[0])} -n {self.n})")
         self._mpiexec = self._popen(cmd, env, "engines")
         client = ipp.Client(info, profile_dir=self.profile_dir)
@@ -298,6 +306,8 @@ class Pool:
                 pass
         # controller and mpiexec lead their own sessions; the nannies run in sessions of their own
         end_processes(groups=[p.pid for p in procs], pids=sorted(pids), grace=GRACE_SECONDS, leaders=procs)
+        if not self._attached:   # MPI's shared memory of ranks that were killed (noted at setup)
+            remove_shm(noted_segments(self.status_dir))
         self._mpiexec = self._controller = None
         self._descendants = []
         for f in self._logs:
@@ -322,6 +332,38 @@ class Pool:
             return sorted(self._client.ids) == self.ranks
         except Exception:  # noqa: BLE001 - controller gone
             return False
+
+    def dead_ranks(self) -> List[tuple]:
+        """``[(rank, pid), ...]`` of ranks on this host whose process is gone (or a zombie). Local, cheap
+        (no request to the engines); ranks on other hosts are not checked here."""
+        here = socket.gethostname()
+        dead = []
+        for i in self.rank_info:
+            if i.get("host") != here or i.get("pid", -1) <= 0:
+                continue
+            try:
+                gone = psutil.Process(i["pid"]).status() == psutil.STATUS_ZOMBIE
+            except psutil.NoSuchProcess:
+                gone = True
+            except psutil.Error:
+                gone = False
+            if gone:
+                dead.append((i["rank"], i["pid"]))
+        return dead
+
+    def describe_dead(self, dead: List[tuple]) -> str:
+        """A sentence naming the ranks a signal killed, as their guards reported it
+        (:mod:`nbmpi.workers.rank_guard`), e.g. ``"rank 1 (pid 4242) was killed by SIGKILL; MPI then
+        ended ranks [0]"``; else which ranks are gone."""
+        from .launcher import read_signals
+
+        killed = read_signals(self.status_dir, self.n) if not self._attached else {}
+        pids = dict(dead)
+        if killed:
+            first = ", ".join(f"rank {r} (pid {pids.get(r, '?')}) was killed by {sig}" for r, sig in killed.items())
+            rest = [r for r, _ in dead if r not in killed]
+            return first + (f"; MPI then ended ranks {rest}" if rest else "")
+        return ", ".join(f"rank {r} (pid {pid}) died" for r, pid in dead)
 
     def status(self) -> Dict[str, Any]:
         """``{"name", "ranks", "hosts", "state", "uptime_s", "pids"}`` (a failed pool says "failed")."""

@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence
 
-from .processes import end_group_of
+from .processes import end_group_of, noted_segments, remove_shm, shm_segments_of
 from .runtime import DEFAULT_THREAD_LEVEL, THREAD_LEVEL_ENV
 
 MPIEXEC_ENV = "NBMPI_MPIEXEC"
@@ -97,60 +97,124 @@ def read_status(status_dir: str, nranks: int) -> Dict[int, int]:
     return codes
 
 
+def read_signals(status_dir: str, nranks: int) -> Dict[int, str]:
+    """Signals that killed ranks, as their guards reported them in ``status_dir`` (rank -> name)."""
+    out: Dict[int, str] = {}
+    for r in range(nranks):
+        try:
+            with open(os.path.join(status_dir, f"rank-{r}.signal")) as f:
+                out[r] = _signal_name(int(f.read().strip()))
+        except (FileNotFoundError, ValueError):
+            pass
+    return out
+
+
 @dataclass
 class RankOutcome:
     """How a launch ended: ``exit_code`` (the worst code of the ranks that failed on their own,
-    0 if all succeeded, else mpiexec's), ``codes`` (per rank; None for a rank that never reported
-    because it was terminated or died) and ``message`` (None on success)."""
+    128 + N for a rank killed by signal N, 0 if all succeeded, else mpiexec's), ``codes`` (per rank;
+    None for a rank that never reported because it was terminated or killed) and ``message``
+    (None on success), e.g. ``"rank 1 was killed by SIGKILL; ranks [0] were terminated"``."""
     exit_code: int
     codes: List[Optional[int]]
     message: Optional[str]
 
 
+def _signal_name(num: int) -> str:
+    try:
+        return signal.Signals(num).name
+    except ValueError:
+        return f"signal {num}"
+
+
 class RankWatch:
     """Watches the ranks of one launch through its status directory (the one rank-watch loop step).
 
-    Ranks report their exit codes there (:mod:`nbmpi.workers.rank_entry`).
-    Call :meth:`should_end` periodically while mpiexec runs: it becomes True
-    :data:`FAILURE_GRACE_S` seconds after the first rank reported a failure
-    (or at once when every rank has reported), which is when the caller ends
-    the whole process group so no rank stays blocked on the failed one.
-    :meth:`outcome` turns the reports into the launch's result. Local; no
-    communication; cheap (reads at most ``nranks`` small files).
+    Ranks report their pid at start and their exit code at the end there
+    (:mod:`nbmpi.workers.rank_entry`); a rank's guard reports the signal that
+    killed it (:mod:`nbmpi.workers.rank_guard`). Call :meth:`should_end`
+    periodically while mpiexec runs: it becomes True :data:`FAILURE_GRACE_S`
+    seconds after the first rank failed or was killed (or at once when every
+    rank has reported), which is when the caller ends the whole process group
+    so no rank stays blocked on the failed one. :meth:`outcome` turns the
+    reports into the launch's result. Local; no communication; cheap (reads
+    at most ``3 * nranks`` small files).
     """
 
     def __init__(self, status_dir: str, nranks: int):
         self.status_dir = str(status_dir)
         self.nranks = int(nranks)
         self._failed_at: Optional[float] = None
+        self._seen_shm: set = set()
+        self._observed_at = 0.0
 
     def codes(self) -> Dict[int, int]:
         """Exit codes reported so far (rank -> code)."""
         return read_status(self.status_dir, self.nranks)
 
+    def pids(self) -> Dict[int, int]:
+        """Pids the ranks reported at start (rank -> pid)."""
+        out: Dict[int, int] = {}
+        for r in range(self.nranks):
+            try:
+                with open(os.path.join(self.status_dir, f"rank-{r}.pid")) as f:
+                    out[r] = int(f.read().strip())
+            except (FileNotFoundError, ValueError):
+                pass
+        return out
+
+    def observe(self, every: float = 1.0) -> None:
+        """Note the ``/dev/shm`` segments the live ranks have mapped (at most once per ``every`` s),
+        so :meth:`clean_up` also finds segments of ranks that are later killed."""
+        now = time.monotonic()
+        if now - self._observed_at >= every:
+            self._observed_at = now
+            self._seen_shm |= shm_segments_of(self.pids().values())
+
+    def shm_segments(self) -> List[str]:
+        """The ``/dev/shm`` segments of this launch: noted by the ranks at start and exit, and seen
+        mapped by them while they ran (:meth:`observe`)."""
+        return sorted(self._seen_shm | noted_segments(self.status_dir))
+
+    def clean_up(self) -> List[str]:
+        """After the launch: remove the shared memory its ranks left (killed ranks never free it).
+        Only segments no live process maps are removed. Returns those removed."""
+        return remove_shm(self.shm_segments())
+
     def should_end(self) -> bool:
         """True once a rank failed and the others had their grace period (or all reported)."""
+        self.observe()
         codes = self.codes()
-        if not any(c != 0 for c in codes.values()):
+        if not any(c != 0 for c in codes.values()) and not self.killed():
             return False
         now = time.monotonic()
         if self._failed_at is None:
             self._failed_at = now
         return now - self._failed_at > FAILURE_GRACE_S or len(codes) == self.nranks
 
+    def killed(self) -> Dict[int, str]:
+        """Ranks a signal killed (rank -> signal name, e.g. ``"SIGKILL"``), as their guards reported
+        (:mod:`nbmpi.workers.rank_guard`); ranks the launch ended itself are not among them."""
+        return read_signals(self.status_dir, self.nranks)
+
     def outcome(self, returncode: Optional[int]) -> RankOutcome:
         """The result once mpiexec has ended with ``returncode`` (negative: killed by that signal)."""
         got = self.codes()
         codes = [got.get(r) for r in range(self.nranks)]
         bad = {r: c for r, c in got.items() if c != 0}
-        missing = [r for r, c in enumerate(codes) if c is None]
-        if bad:
-            msg = ", ".join(f"rank {r} exited {c}" for r, c in sorted(bad.items()))
+        killed = {r: s for r, s in self.killed().items() if r not in got}
+        missing = [r for r, c in enumerate(codes) if c is None and r not in killed]
+        parts = [f"rank {r} exited {c}" for r, c in sorted(bad.items())]
+        parts += [f"rank {r} was killed by {s}" for r, s in sorted(killed.items())]
+        if not parts and not missing:
+            return RankOutcome(0, codes, None)
+        worst = [c for c in bad.values()] + [128 + signal.Signals[s].value for s in killed.values()
+                                             if s in signal.Signals.__members__]
+        if parts:
+            msg = ", ".join(parts)
             if missing:
                 msg += f"; ranks {missing} were terminated"
-            return RankOutcome(max(bad.values()), codes, msg)
-        if not missing:
-            return RankOutcome(0, codes, None)
+            return RankOutcome(max(worst) if worst else 1, codes, msg)
         rc = returncode
         code = rc if rc and rc > 0 else (128 - rc if rc and rc < 0 else 1)
         return RankOutcome(code, codes, f"mpiexec exited {rc} before ranks {missing} reported")
@@ -203,6 +267,7 @@ def run(nranks: int, argv: Sequence[str], env: Optional[Dict[str, str]] = None,
         for s, h in old.items():
             signal.signal(s, h)
     outcome = watch.outcome(proc.returncode)
+    watch.clean_up()
     shutil.rmtree(status_dir, ignore_errors=True)
     if interrupted:
         if not quiet:

@@ -78,8 +78,8 @@ def shm_segments_of(pids: Iterable[int]) -> Set[str]:
     return found
 
 
-def _mapped_by_anyone(paths: Set[str]) -> Set[str]:
-    """Which of ``paths`` some live process still maps or holds open."""
+def segments_in_use(paths: Set[str]) -> Set[str]:
+    """The paths among ``paths`` that some live process still maps or holds open."""
     still: Set[str] = set()
     for p in psutil.process_iter(["pid"]):
         if not paths - still:
@@ -94,7 +94,7 @@ def remove_shm(paths: Iterable[str]) -> List[str]:
     if not paths:
         return []
     removed = []
-    for path in sorted(paths - _mapped_by_anyone(paths)):
+    for path in sorted(paths - segments_in_use(paths)):
         try:
             os.unlink(path)
             removed.append(path)
@@ -103,12 +103,45 @@ def remove_shm(paths: Iterable[str]) -> List[str]:
     return removed
 
 
+def note_segments(status_dir: str, rank: str) -> None:
+    """Append the ``/dev/shm`` segments this process maps now to ``STATUS_DIR/rank-RANK.shm``.
+
+    Called by each rank (after MPI starts and before it exits) so whoever launched it can remove
+    what a rank killed before ``MPI_Finalize`` leaves (:func:`noted_segments`, :func:`remove_shm`)."""
+    segments = sorted(shm_segments_of([os.getpid()]))
+    if not segments:
+        return
+    try:
+        with open(os.path.join(status_dir, f"rank-{rank}.shm"), "a") as f:
+            f.write("\n".join(segments) + "\n")
+    except OSError:  # the launcher is gone: nobody to clean up for
+        pass
+
+
+def noted_segments(status_dir: str) -> Set[str]:
+    """Every segment the ranks noted in ``status_dir`` with :func:`note_segments`."""
+    found: Set[str] = set()
+    try:
+        names = [n for n in os.listdir(status_dir) if n.endswith(".shm")]
+    except OSError:
+        return found
+    for n in names:
+        try:
+            with open(os.path.join(status_dir, n)) as f:
+                found.update(line.strip() for line in f if line.strip())
+        except OSError:
+            pass
+    return found
+
+
 def end_processes(groups: Sequence[int] = (), pids: Sequence[int] = (), grace: float = GRACE_SECONDS,
                   leaders: Sequence[subprocess.Popen] = (),
                   still_ours: Optional[Callable[[int], bool]] = None, clean_shm: bool = True) -> bool:
     """End process groups ``groups`` and processes ``pids``; block until they are gone.
 
-    SIGTERM first, SIGKILL to whatever is left after ``grace`` seconds, then
+    Every descendant of those processes is a victim too (MPI process managers
+    run their proxies and ranks in sessions of their own). SIGTERM to the
+    targets first, SIGKILL to every victim left after ``grace`` seconds, then
     wait up to :data:`KILL_WAIT_SECONDS`. ``leaders``: ``Popen`` objects among
     them that are this process's children; they are reaped while waiting (an
     unreaped zombie leader would keep its group alive). ``still_ours(pid)``:
@@ -121,9 +154,17 @@ def end_processes(groups: Sequence[int] = (), pids: Sequence[int] = (), grace: f
     ok = still_ours or (lambda pid: True)
     groups = [g for g in dict.fromkeys(groups) if g and g > 0 and ok(g)]
     pids = [p for p in dict.fromkeys(pids) if p and p > 0 and p != os.getpid() and ok(p)]
+    # MPI process managers put their proxies and ranks in sessions of their own: every descendant
+    # of a targeted process is a victim too (found now, before anything is signalled)
     victims = set(pids)
     for g in groups:
         victims.update(group_members(g))
+    for v in list(victims):
+        try:
+            victims.update(c.pid for c in psutil.Process(v).children(recursive=True))
+        except psutil.Error:
+            pass
+    victims.discard(os.getpid())
     shm = shm_segments_of(victims) if clean_shm else set()
 
     def reap() -> None:
@@ -133,7 +174,7 @@ def end_processes(groups: Sequence[int] = (), pids: Sequence[int] = (), grace: f
     def left() -> List[int]:
         reap()
         alive = [g for g in groups if group_alive(g)]
-        alive += [p for p in pids if psutil.pid_exists(p) and _not_zombie(p)]
+        alive += [p for p in victims if psutil.pid_exists(p) and _not_zombie(p)]
         return alive
 
     for sig, wait_s in ((signal.SIGTERM, grace), (signal.SIGKILL, KILL_WAIT_SECONDS)):
@@ -142,7 +183,8 @@ def end_processes(groups: Sequence[int] = (), pids: Sequence[int] = (), grace: f
                 os.killpg(g, sig)
             except (ProcessLookupError, PermissionError):
                 pass
-        for p in pids:
+        # SIGTERM the targets and let them end their children; SIGKILL every victim
+        for p in (pids if sig == signal.SIGTERM else victims):
             try:
                 os.kill(p, sig)
             except (ProcessLookupError, PermissionError):

@@ -60,6 +60,8 @@ class JobSpec:
     env: Dict[str, str] = field(default_factory=dict)
     timeout: Optional[float] = None
     name: Optional[str] = None
+    #: Bytes kept per rank and stream of output (``nbmpi serve --max-log-bytes``); None: all.
+    log_limit: Optional[int] = None
 
 
 @dataclass

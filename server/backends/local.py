@@ -28,7 +28,7 @@ import psutil
 
 from nbmpi.workers import launcher
 from nbmpi.workers.engine_pool import Pool
-from nbmpi.workers.processes import end_group_of, end_processes
+from nbmpi.workers.processes import end_group_of, end_processes, noted_segments, remove_shm
 
 from . import Backend, BackendError, JobSpec, JobStatus, PoolSpec
 
@@ -80,6 +80,8 @@ class LocalBackend(Backend):
         status_dir = str(spec.job_dir / "status")
         env = dict(spec.env)
         env.update({"NBMPI_LOG_DIR": str(spec.log_dir), "NBMPI_TRACE_OUT": str(spec.trace_dir)})
+        if spec.log_limit:
+            env["NBMPI_LOG_LIMIT"] = str(spec.log_limit)
         try:
             with open(spec.job_dir / "launcher.out", "wb") as out, open(spec.job_dir / "launcher.err", "wb") as err:
                 proc = launcher.start(spec.ranks, [str(spec.script_path), *spec.args], status_dir, env=env,
@@ -111,6 +113,7 @@ class LocalBackend(Backend):
         with self._lock:
             self._launches.pop(spec.id, None)
         out = launch.watch.outcome(launch.proc.returncode)
+        launch.watch.clean_up()
         if cancelled:
             return JobStatus("ended", outcome="cancelled", exit_code=130, codes=out.codes,
                              message="cancelled by its owner")
@@ -138,7 +141,7 @@ class LocalBackend(Backend):
         except BaseException:
             pool.stop()
             raise
-        return pool, {"pids": pool.status()["pids"]}
+        return pool, {"pids": pool.status()["pids"], "status_dir": pool.status_dir}
 
     def stop_pool(self, pool: Optional[Pool], state: Dict[str, Any]) -> None:
         if pool is not None:
@@ -148,6 +151,8 @@ class LocalBackend(Backend):
         pids = (state or {}).get("pids") or {}
         end_processes(groups=[p for p in (pids.get("controller"), pids.get("mpiexec")) if p],
                       pids=[p for p in pids.get("ranks") or [] if p], grace=3.0, still_ours=_is_pool_process)
+        if (state or {}).get("status_dir"):   # MPI's shared memory of engines that were killed
+            remove_shm(noted_segments(state["status_dir"]))
 
     def recover_pool(self, connection: Dict[str, Any], state: Dict[str, Any]) -> Optional[Pool]:
         pool = None

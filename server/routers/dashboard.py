@@ -36,9 +36,9 @@ from fastapi.staticfiles import StaticFiles
 from nbmpi.workers import timeline, trace_stream
 
 from ..dependencies import current_user, user_job
+from ..errors import DOCUMENTED
 from ..records import FINAL_JOB_STATES, Job
 from ..schemas import JobFigure, Me, TimelineWindow
-from .jobs import ERRORS
 
 ASSETS = Path(__file__).resolve().parent.parent / "dashboard_assets"
 #: Where BokehJS is served from (the page's script tags point there).
@@ -49,7 +49,7 @@ CSP = ("default-src 'self'; script-src 'self' 'unsafe-eval'; style-src 'self' 'u
        "base-uri 'none'; frame-ancestors 'none'; form-action 'self'")
 
 pages = APIRouter(include_in_schema=False)
-router = APIRouter(prefix="/api/v1/dashboard", tags=["dashboard"], responses=ERRORS)
+router = APIRouter(prefix="/api/v1/dashboard", tags=["dashboard"], responses=DOCUMENTED)
 
 
 def bokeh_scripts() -> list:
@@ -194,10 +194,14 @@ def job_figure(job: Job = Depends(user_job), width: int = Width,
 
 
 @router.get("/jobs/{job_id}/timeline", response_model=TimelineWindow)
-def job_timeline(job: Job = Depends(user_job), start: Optional[float] = Query(None, ge=0, description="Seconds"),
-                 end: Optional[float] = Query(None, ge=0, description="Seconds"), width: int = Width,
-                 since: Optional[int] = Query(None, description="The version the page has: answered "
-                                                                "unchanged while it is current")) -> dict:
+def job_timeline(job: Job = Depends(user_job),
+                 start: Optional[float] = Query(None, ge=0, le=1e9, allow_inf_nan=False,
+                                                description="Window start, seconds from the job's start"),
+                 end: Optional[float] = Query(None, ge=0, le=1e9, allow_inf_nan=False,
+                                              description="Window end, seconds from the job's start"),
+                 width: int = Width,
+                 since: Optional[int] = Query(None, ge=0, le=2**32, description="The version the page has: "
+                                              "answered unchanged while it is current")) -> dict:
     """One window ``[start, end]`` of the job's timeline (default the whole run) at ``width`` pixels:
     the columns of the figure's sources, the analysis, and where the ranks wait now."""
     return _window(job, CACHE.get(job), start, end, width, since)[0]

@@ -5,26 +5,24 @@ user's id is answered 404 like an id that does not exist).
 """
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import List, Literal, Optional
 
 from fastapi import APIRouter, Depends, File, Form, HTTPException, Query, UploadFile
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import PlainTextResponse, Response
+from fastapi.responses import Response
 from pydantic import ValidationError
 
 from ..config import MAX_CODE_BYTES
 from ..dependencies import current_user, get_scheduler, user_job
+from ..errors import DOCUMENTED
 from ..records import Job
 from ..scheduler import Scheduler
-from ..schemas import Cancelled, ErrorBody, JobCreate, JobInfo, JobList, JobState
+from ..schemas import (ARG_SCHEMA, ENV_NAME, MAX_ID, MAX_RANKS, SCRIPT_NAME, Cancelled, ErrorBody, JobCreate, JobInfo, JobList,
+                       JobState)
 
-ERRORS = {401: {"model": ErrorBody, "description": "Missing or unknown bearer token"},
-          404: {"model": ErrorBody, "description": "No such record of this user"}}
-
-router = APIRouter(prefix="/api/v1/jobs", tags=["jobs"], responses=ERRORS)
+router = APIRouter(prefix="/api/v1/jobs", tags=["jobs"], responses=DOCUMENTED)
 
 
 def job_info(job: Job) -> JobInfo:
@@ -36,7 +34,10 @@ def job_info(job: Job) -> JobInfo:
                    log_dir=job.log_dir, trace_available=bool(job.trace_path))
 
 
-@router.post("", response_model=JobInfo, status_code=201, responses={409: {"model": ErrorBody}})
+_CONFLICT = {409: {"model": ErrorBody, "description": "The pool named is not running"}}
+
+
+@router.post("", response_model=JobInfo, status_code=201, responses=_CONFLICT)
 def submit_job(req: JobCreate, user: str = Depends(current_user),
                scheduler: Scheduler = Depends(get_scheduler)) -> JobInfo:
     """Queue a job. Without ``pool`` it runs as its own traced MPI run of ``ranks`` ranks on the
@@ -44,34 +45,44 @@ def submit_job(req: JobCreate, user: str = Depends(current_user),
     return job_info(scheduler.submit(user, req))
 
 
-@router.post("/upload", response_model=JobInfo, status_code=201, responses={409: {"model": ErrorBody}})
+@router.post("/upload", response_model=JobInfo, status_code=201, responses=_CONFLICT)
 async def submit_job_upload(script: UploadFile = File(description="The program (.py)"),
-                            ranks: Optional[int] = Form(None), pool: Optional[int] = Form(None),
-                            timeout: Optional[float] = Form(None), args: List[str] = Form([]),
-                            env: Optional[str] = Form(None, description="JSON object of variables"),
-                            name: Optional[str] = Form(None),
+                            ranks: int = Form(None, ge=1, le=MAX_RANKS, description="Number of ranks (or give pool)"),
+                            pool: int = Form(None, ge=1, le=MAX_ID, description="Run on this pool's ranks"),
+                            timeout: float = Form(None, gt=0, le=7 * 86400, description="Seconds"),
+                            args: List[str] = Form([], description="sys.argv[1:] of the program",
+                                                   json_schema_extra={"items": ARG_SCHEMA}),
+                            env: List[str] = Form([], description="NAME=VALUE environment variables",
+                                                  json_schema_extra={"items": {
+                                                      "type": "string", "maxLength": 4096,
+                                                      "pattern": ENV_NAME.pattern[:-1] + "=[^\\x00]*$"}}),
+                            name: str = Form(None, max_length=256, description="Free label"),
                             user: str = Depends(current_user),
                             scheduler: Scheduler = Depends(get_scheduler)) -> JobInfo:
-    """Queue a job from an uploaded script file (multipart form); same semantics as ``POST /api/v1/jobs``."""
+    """Queue a job from an uploaded script file (multipart form); same semantics as ``POST /api/v1/jobs``.
+
+    The file is stored as it is and run as the program (Python reads it as it would any script:
+    UTF-8 unless the file declares another encoding; an unreadable script makes the job fail
+    with Python's message). Its name is kept when it is a plain ``*.py`` name, else ``job.py``."""
     raw = await script.read(MAX_CODE_BYTES + 1)
     if len(raw) > MAX_CODE_BYTES:
         raise HTTPException(413, f"script is larger than {MAX_CODE_BYTES} bytes")
-    try:
-        code = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        raise HTTPException(422, "script is not UTF-8 text") from None
-    try:
-        env_obj = json.loads(env) if env else {}
-    except ValueError as exc:
-        raise HTTPException(422, f"env must be a JSON object of strings: {exc}") from None
-    fields = dict(code=code, ranks=ranks, pool=pool, timeout=timeout, args=args, env=env_obj, name=name)
-    if script.filename:
-        fields["script_name"] = os.path.basename(script.filename)
+    env_obj = {}
+    for item in env:
+        key, eq, value = item.partition("=")
+        if not eq:
+            raise HTTPException(422, f"env entry {item[:60]!r} is not NAME=VALUE")
+        env_obj[key] = value
+    # the model checks every other field; the script itself is stored as the bytes uploaded
+    fields = dict(code="-", ranks=ranks, pool=pool, timeout=timeout, args=args, env=env_obj, name=name)
+    base = os.path.basename(script.filename or "")
+    if SCRIPT_NAME.match(base):
+        fields["script_name"] = base
     try:
         req = JobCreate(**fields)
     except ValidationError as exc:
         raise RequestValidationError(exc.errors(include_url=False, include_context=False)) from None
-    return job_info(scheduler.submit(user, req))
+    return job_info(scheduler.submit(user, req, source=raw))
 
 
 @router.get("", response_model=JobList)
@@ -81,37 +92,55 @@ def list_jobs(state: Optional[JobState] = Query(None, description="Only jobs in 
     return JobList(jobs=[job_info(j) for j in scheduler.list(user, state)])
 
 
-@router.get("/{job_id}", response_model=JobInfo)
+@router.get("/{job_id:int}", response_model=JobInfo)
 def get_job(job: Job = Depends(user_job)) -> JobInfo:
     """One job: state, per-rank exit codes, timestamps."""
     return job_info(job)
 
 
-@router.delete("/{job_id}", response_model=Cancelled)
+@router.delete("/{job_id:int}", response_model=Cancelled,
+               responses={200: {"description": "The job's state after the cancel. The record is kept: "
+                                               "GET keeps answering it (state cancelled, or the final state "
+                                               "it had reached), and a repeated DELETE changes nothing"}})
 def cancel_job(job: Job = Depends(user_job), scheduler: Scheduler = Depends(get_scheduler)) -> Cancelled:
     """Cancel a job. A running job has every rank ended before the answer; a finished job is
-    left as it is (its state is returned)."""
+    left as it is (its state is returned). The record stays (it is not removed)."""
     job = scheduler.cancel(job.owner, job.id)
     return Cancelled(id=job.id, state=job.state)
 
 
-@router.get("/{job_id}/logs", response_class=PlainTextResponse,
-            responses={200: {"content": {"text/plain": {}}, "description": "The log text"}})
+#: Largest piece of a log one request returns; follow ``X-Log-Next-Offset`` for the rest.
+LOG_CHUNK_BYTES = 16 << 20
+
+
+@router.get("/{job_id:int}/logs", response_class=Response,
+            responses={200: {"content": {"text/plain": {}},
+                             "description": "Bytes of the log from `offset`, at most 16 MiB",
+                             "headers": {"X-Log-Size": {"description": "Size of the whole log file now (bytes)",
+                                                        "schema": {"type": "integer"}},
+                                         "X-Log-Next-Offset": {"description": "Offset of the first byte not "
+                                                               "returned: request again from it while it is "
+                                                               "below X-Log-Size", "schema": {"type": "integer"}}}}})
 def job_logs(job: Job = Depends(user_job), rank: int = Query(0, ge=0, le=1 << 20),
              stream: Literal["stdout", "stderr"] = Query("stdout"),
-             offset: int = Query(0, ge=0, description="Skip this many bytes (to follow a log)")) -> PlainTextResponse:
-    """Output of one rank (empty until the rank writes). Header ``X-Log-Size`` gives the file size."""
+             offset: int = Query(0, ge=0, le=1 << 62, description="Skip this many bytes (to follow a log)")) -> Response:
+    """Output of one rank from byte ``offset`` (empty until the rank writes), at most 16 MiB per request.
+
+    ``X-Log-Size`` is the whole file's size now and ``X-Log-Next-Offset`` where the next request
+    continues; a client has everything when they are equal (and the job is final). A log cut by the
+    service's ``--max-log-bytes`` ends with a visible ``[nbmpi: output truncated ...]`` line."""
     if rank >= job.ranks:
-        raise HTTPException(422, f"rank {rank} out of range: job {job.id} has ranks 0..{job.ranks - 1}")
+        raise HTTPException(404, f"job {job.id} has no rank {rank}: its ranks are 0..{job.ranks - 1}")
     path = Path(job.log_dir) / f"rank-{rank}.{stream}"
     try:
         with open(path, "rb") as f:
-            f.seek(offset)
-            data = f.read(16 << 20)
+            size = os.fstat(f.fileno()).st_size
+            f.seek(min(offset, size))
+            data = f.read(min(LOG_CHUNK_BYTES, max(size - offset, 0)))
     except FileNotFoundError:
-        data = b""
-    size = offset + len(data)
-    return PlainTextResponse(data.decode("utf-8", "replace"), headers={"X-Log-Size": str(size)})
+        size, data = 0, b""
+    return Response(data, media_type="text/plain; charset=utf-8",
+                    headers={"X-Log-Size": str(size), "X-Log-Next-Offset": str(min(offset, size) + len(data))})
 
 
 def _trace_file(job: Job, which: str) -> Response:
@@ -123,14 +152,14 @@ def _trace_file(job: Job, which: str) -> Response:
     return Response(Path(path).read_bytes(), media_type="application/json")
 
 
-@router.get("/{job_id}/trace",
+@router.get("/{job_id:int}/trace",
             responses={200: {"content": {"application/json": {}}, "description": "Chrome/Perfetto trace JSON"}})
 def job_trace(job: Job = Depends(user_job)) -> Response:
     """The job's gathered trace as Chrome Trace Event JSON (open in https://ui.perfetto.dev)."""
     return _trace_file(job, "trace")
 
 
-@router.get("/{job_id}/summary",
+@router.get("/{job_id:int}/summary",
             responses={200: {"content": {"application/json": {}},
                              "description": "Per-rank compute/comm/wait and bytes matrix"}})
 def job_summary(job: Job = Depends(user_job)) -> Response:

@@ -8,16 +8,17 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends
 
 from ..dependencies import current_user, get_pools, user_pool
+from ..errors import DOCUMENTED
 from ..pool_manager import PoolManager
 from ..records import Pool as PoolRow
 from ..schemas import ErrorBody, PoolCreate, PoolInfo, PoolList
-from .jobs import ERRORS
-
-router = APIRouter(prefix="/api/v1/pools", tags=["pools"], responses=ERRORS)
+router = APIRouter(prefix="/api/v1/pools", tags=["pools"],
+                   responses={**DOCUMENTED, 501: {"model": ErrorBody, "description": "Pools are disabled on "
+                                                                                     "this service"}})
 
 
 @router.post("", response_model=PoolInfo, status_code=201,
-             responses={409: {"model": ErrorBody}, 501: {"model": ErrorBody}})
+             responses={409: {"model": ErrorBody, "description": "Not enough free ranks"}})
 def create_pool(req: PoolCreate, user: str = Depends(current_user),
                 pools: PoolManager = Depends(get_pools)) -> PoolInfo:
     """Start an MPI pool of ``ranks`` engines (blocks until it runs or failed); the answer's
@@ -31,13 +32,16 @@ def list_pools(user: str = Depends(current_user), pools: PoolManager = Depends(g
     return PoolList(pools=pools.list(user))
 
 
-@router.get("/{pool_id}", response_model=PoolInfo)
+@router.get("/{pool_id:int}", response_model=PoolInfo)
 def get_pool(row: PoolRow = Depends(user_pool), pools: PoolManager = Depends(get_pools)) -> PoolInfo:
     """One pool with its connection info."""
     return pools.info(row.owner, row.id)
 
 
-@router.delete("/{pool_id}", response_model=PoolInfo)
+@router.delete("/{pool_id:int}", response_model=PoolInfo,
+               responses={200: {"description": "The pool after it stopped. The record is kept: GET keeps "
+                                               "answering it (state stopped), and a repeated DELETE changes "
+                                               "nothing"}})
 def delete_pool(row: PoolRow = Depends(user_pool), pools: PoolManager = Depends(get_pools)) -> PoolInfo:
-    """Stop a pool (its engines end); the record stays, state ``stopped``."""
+    """Stop a pool (its engines end); the record stays, state ``stopped`` (it is not removed)."""
     return pools.delete(row.owner, row.id)
