@@ -35,26 +35,30 @@ needs_browser = pytest.mark.skipif(
     not (CHROMIUM and CHROMEDRIVER),
     reason="needs Debian's chromium and chromium-driver (apt-get install chromium chromium-driver)")
 
-# a job that exchanges messages for ~3 s (the timeline grows while it runs), then hangs: rank 1 takes
-# from rank 0, which sleeps
+# a job that exchanges messages every 50 ms (the timeline grows while it runs) until the test creates
+# the file STOP in its directory, then hangs: rank 1 takes from rank 0, which sleeps
+STOP = "stop-exchanging"
 LIVE_THEN_HANG = """
-import time
+import os, time
 import numpy as np
 from nbmpi.workers import ArrayChannel, world
 r = world().Get_rank()
 ch = ArrayChannel((1000,), np.float64)
-for i in range(60):
+for i in range(2400):
     if r == 0:
+        ch[0] = 1.0 if os.path.exists("%s") else 0.0     # rank 0 decides, rank 1 echoes: both stop together
         ch.put(1); ch.take(1)
     else:
         ch.take(0); ch.put(0)
+    if ch[0] == 1.0:
+        break
     time.sleep(0.05)
 print("now hanging", flush=True)
 if r == 1:
     ch.take(0)
 else:
     time.sleep(600)
-"""
+""" % STOP
 
 
 @pytest.fixture(scope="module")
@@ -114,7 +118,7 @@ class Browser:
     def js(self, script: str, *args):
         return self.driver.execute_script(script, *args)
 
-    def wait_for(self, script: str, timeout: float = 30, what: str = ""):
+    def wait_for(self, script: str, timeout: float = 90, what: str = ""):
         """Poll ``script`` (returns a value) until truthy; return it."""
         deadline = time.monotonic() + timeout
         while True:
@@ -298,18 +302,19 @@ def test_browser_live_job_grows_hangs_and_is_cancelled(server, browser, tmp_path
         wait_state(c, jid, ("running",))
         d.get(server.url + f"/dashboard/jobs/{jid}#token={server.token}")     # a token link logs the tab in
         browser.wait_for("return window.Bokeh && Bokeh.documents.length && window.nbmpiStats.updates.length",
-                         what="the live figure", timeout=60)
+                         what="the live figure")
         assert "token=" not in d.current_url and browser.js("return sessionStorage.getItem('nbmpi-token')") == server.token
         counts = []
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 90
         while len(set(counts)) < 3:   # the timeline grows while the job runs
             counts.append(browser.js("return Bokeh.documents[0].get_model_by_name('nbmpi_arrows').data.x0.length"))
             assert time.monotonic() < deadline, counts
             time.sleep(0.3)
         assert counts == sorted(counts)
+        (server.data_dir / "jobs" / str(jid) / STOP).write_text("")
         blocked = browser.wait_for(
             "return document.getElementById('blocked').innerText.includes('take(src=0)') && "
-            "document.getElementById('blocked').innerText", what="where rank 1 waits", timeout=60)
+            "document.getElementById('blocked').innerText", what="where rank 1 waits")
         assert blocked.startswith("rank 1 has waited") and "in take(src=0) for rank 0, which is not blocked" in blocked
         seg = browser.js("const s = Bokeh.documents[0].get_model_by_name('nbmpi_segments').data;"
                          "const i = s.call.length - 1; return [s.rank[i], s.state[i], s.call[i]]")
