@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -63,7 +64,7 @@ else:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    srv = Server(tmp_path_factory.mktemp("dash") / "data").start()
+    srv = Server(tmp_path_factory.mktemp("dash") / "data", max_ranks=4).start()   # a pool and a job at once
     srv.add_bob()
     yield srv
     srv.stop()
@@ -335,9 +336,12 @@ def test_browser_live_job_grows_hangs_and_is_cancelled(server, browser, tmp_path
 
 
 @needs_browser
-def test_browser_overview_cancels_a_running_job(server, browser):
+def test_browser_overview_cancels_a_job_and_stops_a_pool(server, browser):
     d = browser.driver
     with server.client() as c:
+        pool = c.post("/api/v1/pools", json={"ranks": 2, "name": "shared", "idle_timeout": 3600})
+        assert pool.status_code == 201, pool.text
+        pool = pool.json()
         job = submit(c, SLEEP_JOB.format(seconds=120), name="sleeper")
         wait_state(c, job["id"], ("running",))
         d.get(server.url + f"/dashboard#token={server.token}")
@@ -345,12 +349,21 @@ def test_browser_overview_cancels_a_running_job(server, browser):
         row = browser.wait_for(f"const r = document.querySelector('{sel}'); return r && r.innerText.includes('running') "
                                "&& r.innerText", what="the running job")
         assert "sleeper" in row
+        prow = browser.wait_for(f"const r = document.querySelector('#pools tr[data-pool=\"{pool['id']}\"]'); "
+                                "return r && r.innerText", what="the pool")
+        cells = prow.split("\t")
+        assert cells[1:5] == ["shared", "running", "2", "root"] and cells[6] == "60 min 0 s", cells
+        assert re.fullmatch(r"\d+(\.\d)? (ms|s)", cells[5]), cells          # idle since it started
         d.find_element("css selector", f"{sel} button.cancel").click()
         browser.wait_for(f"const r = document.querySelector('{sel}'); return r && r.innerText.includes('cancelled')",
                          what="the cancelled job in the list")
         rec = c.get(f"/api/v1/jobs/{job['id']}").json()
         assert rec["state"] == "cancelled" and rec["exit_code"] == 130
         assert browser.js(f"return document.querySelector('{sel} button.cancel')") is None
+        d.find_element("css selector", f'#pools tr[data-pool="{pool["id"]}"] button.stop').click()
+        browser.wait_for(f"const r = document.querySelector('#pools tr[data-pool=\"{pool['id']}\"]'); "
+                         "return r && r.innerText.includes('stopped')", what="the stopped pool")
+        assert c.get(f"/api/v1/pools/{pool['id']}").json()["state"] == "stopped"
 
 
 @needs_browser

@@ -127,6 +127,7 @@ class TimelineColumns:
         Returns ``{"segments": {column: list}, "arrows": {...}, "heads": {...}, "meta": {...}}``:
         ``segments`` has ``left``, ``right``, ``bottom``, ``top``, ``rank``, ``state``, ``color``,
         ``call``, ``peer``, ``bytes``, ``duration``, ``count`` (intervals merged into the row);
+        ``max_arrows=0`` sends every arrow of the window;
         ``arrows`` ``x0``, ``y0``, ``x1``, ``y1`` (from the send to the receive) and ``heads`` ``x``,
         ``y``, ``marker``, ``call``
         (the arrow's head at the receive). ``meta``: the window, ``in_window`` segments and
@@ -544,7 +545,8 @@ def bokeh_figure(view: Dict[str, Any], an: Dict[str, Any], title: Optional[str] 
     n = len(ranks)
     meta = view["meta"]
     x_range = Range1d(meta["start_s"], meta["end_s"], name="nbmpi_x")
-    tl = figure(title=title, x_range=x_range, y_range=Range1d(n - 0.5, -0.5), height=150 + 46 * n, width=width,
+    tl = figure(title=title, x_range=x_range, y_range=Range1d(n - 0.5, -0.5), height=150 + (46 if n <= 16 else 18) * n,
+                width=width,
                 sizing_mode="stretch_width", tools="xpan,xwheel_zoom,xbox_zoom,reset,save",
                 active_scroll="xwheel_zoom", active_drag="xpan", output_backend=backend, name="nbmpi_timeline",
                 x_axis_label=x_label, toolbar_location="above", lod_threshold=2000, lod_factor=10,
@@ -576,20 +578,22 @@ def bokeh_figure(view: Dict[str, Any], an: Dict[str, Any], title: Optional[str] 
     tl.js_on_event("reset", CustomJS(code="if (window.nbmpiReset) window.nbmpiReset()"))
 
     names = [str(i) for i in range(an["nranks"])]
-    mwidth = max(110 + 70 * an["nranks"], 280)
+    cell = 70 if an["nranks"] <= 8 else max(600 // an["nranks"], 8)
+    mwidth = max(110 + cell * an["nranks"], 280)
     mx = figure(title="bytes sent, sender -> receiver", x_range=names, y_range=list(reversed(names)),
-                width=mwidth, height=90 + 60 * max(an["nranks"], 2), tools="save",
+                width=mwidth, height=90 + max(cell * an["nranks"], 120), tools="save",
                 toolbar_location=None, name="nbmpi_matrix_figure", x_axis_label="receiver", y_axis_label="sender")
     cells = mx.rect(x="receiver", y="sender", width=0.95, height=0.95, fill_color="color", line_color="#cccccc",
                     source=cds["nbmpi_matrix"], name="nbmpi_matrix_cells")
-    mx.add_layout(LabelSet(x="receiver", y="sender", text="text", source=cds["nbmpi_matrix"], text_align="center",
-                           text_baseline="middle", text_font_size="10px"))
+    if an["nranks"] <= 8:   # cells too small for text beyond that: the hover tells
+        mx.add_layout(LabelSet(x="receiver", y="sender", text="text", source=cds["nbmpi_matrix"], text_align="center",
+                               text_baseline="middle", text_font_size="10px"))
     mx.add_tools(HoverTool(renderers=[cells], tooltips=[("from rank", "@sender"), ("to rank", "@receiver"),
                                                         ("bytes", "@bytes"), ("messages", "@messages")]))
     mx.grid.grid_line_color = None
     lanes = [str(r["rank"]) for r in an["ranks"]]
     fr = figure(title="time per rank (%)", y_range=list(reversed(lanes)), x_range=Range1d(0, 118),
-                width=max(width - mwidth - 40, 360), height=90 + 60 * max(an["nranks"], 2),
+                width=max(width - mwidth - 40, 360), height=90 + max(cell * an["nranks"], 120),
                 tools="save", toolbar_location=None, name="nbmpi_fractions_figure", y_axis_label="rank")
     bars = fr.hbar_stack(["compute", "comm", "wait"], y="rank", height=0.6, source=cds["nbmpi_fractions"],
                          color=[COLORS["compute"], COLORS["comm"], COLORS["wait"]], line_color=None)

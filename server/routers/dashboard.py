@@ -118,16 +118,17 @@ class TraceCache:
     def __init__(self, size: int = 4):
         self.size = size
         self._lock = threading.Lock()
-        self._entries: "OrderedDict[int, _Entry]" = OrderedDict()
+        self._entries: "OrderedDict[str, _Entry]" = OrderedDict()
 
     def get(self, job: Job) -> Optional[_Entry]:
         """The entry of ``job`` (rebuilt if a rank wrote since); None when nothing was streamed."""
         trace_dir = Path(job.job_dir) / "trace"
+        key = str(trace_dir)
         sig = trace_stream.signature(trace_dir, job.ranks)
         with self._lock:
-            e = self._entries.get(job.id)
+            e = self._entries.get(key)
             if e is not None and e.sig == sig:
-                self._entries.move_to_end(job.id)
+                self._entries.move_to_end(key)
                 return e
         jt = trace_stream.read_job_trace(trace_dir, job.ranks)
         if jt is None:
@@ -136,8 +137,8 @@ class TraceCache:
         cols = timeline.timeline_columns(jt.trace, window=window, blocked=jt.waits())
         e = _Entry(sig, jt, cols, timeline.analysis(jt.trace, window=window))
         with self._lock:
-            self._entries[job.id] = e
-            self._entries.move_to_end(job.id)
+            self._entries[key] = e
+            self._entries.move_to_end(key)
             while len(self._entries) > self.size:
                 self._entries.popitem(last=False)
         return e
