@@ -33,7 +33,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from .trace_analysis import STATE_NAMES
-from .tracing import DIR_NONE, DIR_RECV, DIR_SEND, FIELDS
+from .tracing import DIR_NONE, DIR_SEND, FIELDS
 
 COLORS = {"compute": "#9ccc9c", "comm": "#4a7fc1", "wait": "#e0584f"}
 LABELS = {"compute": "compute", "comm": "communication", "wait": "wait"}
@@ -139,7 +139,6 @@ class TimelineColumns:
             s1 = s0 + 1e-9
         inside = (self.end >= s0) & (self.start <= s1)
         idx = np.nonzero(inside)[0]
-        rows: List[Tuple[np.ndarray, ...]] = []
         merged = False
         if width and width > 0:
             px = (s1 - s0) / width
