@@ -337,7 +337,12 @@ class DistributedMagics(Magics):
         return f"pool{k}"
 
     def _start(self, pool: Pool, timeout: float) -> None:
-        handle = display({"text/plain": f"starting pool {pool.name!r} ({pool.n} ranks)..."}, raw=True,
+        self._bring_up(pool, "starting", "start", lambda progress: pool.start(progress=progress, timeout=timeout))
+
+    def _bring_up(self, pool: Pool, doing: str, verb: str, fn) -> Pool:
+        """Run ``fn(progress)`` (a pool start or restart) with one live progress line; the pool it
+        returns becomes the current one. A PoolError becomes a one-line UsageError."""
+        handle = display({"text/plain": f"{doing} pool {pool.name!r} ({pool.n} ranks)..."}, raw=True,
                          display_id=True)
         t0 = time.monotonic()
 
@@ -345,15 +350,17 @@ class DistributedMagics(Magics):
             handle.update({"text/plain": f"{msg} [{time.monotonic() - t0:.1f} s]"}, raw=True)
 
         try:
-            pool.start(progress=progress, timeout=timeout)
+            ready = fn(progress)
         except PoolError as e:
-            handle.update({"text/plain": f"pool {pool.name!r} failed to start"}, raw=True)
+            self.pools.pop(pool.name, None)
+            handle.update({"text/plain": f"pool {pool.name!r} failed to {verb}"}, raw=True)
             raise UsageError(str(e)) from None
-        self.pools[pool.name] = pool
-        self.current = pool.name
-        st = pool.status()
-        handle.update({"text/plain": f"pool {pool.name!r}: {pool.n} ranks on {', '.join(sorted(set(st['hosts'])))}"
-                                     f" ready in {time.monotonic() - t0:.1f} s"}, raw=True)
+        self.pools[ready.name] = ready
+        self.current = ready.name
+        hosts = ", ".join(sorted(set(ready.status()["hosts"])))
+        handle.update({"text/plain": f"pool {ready.name!r}: {ready.n} ranks on {hosts} ready in "
+                                     f"{time.monotonic() - t0:.1f} s"}, raw=True)
+        return ready
 
     def _cmd_stop(self, args) -> None:
         pool = self._pool(args.name)
@@ -370,11 +377,13 @@ class DistributedMagics(Magics):
         pool = self._pool(args.name)
         if pool.attached:
             raise UsageError(f"%distributed restart: pool {pool.name!r} is run by the controller; restart it there")
-        self.broken.pop(pool.name, None)
-        pool.stop()
-        fresh = Pool(pool.n, name=pool.name, env=pool.env)
-        del self.pools[pool.name]
-        self._start(fresh, 120.0)
+        if self.last_cell and self.last_cell[0] is pool:
+            self.last_cell = None
+        if self.broken.pop(pool.name, None) is not None:   # already ended: start it anew
+            del self.pools[pool.name]
+            self._start(Pool(pool.n, name=pool.name, env=pool.env), 120.0)
+            return
+        self._bring_up(pool, "restarting", "restart", lambda progress: pool.restart(progress=progress))
 
     def _cmd_status(self, args) -> None:  # noqa: ARG002
         if not self.pools:

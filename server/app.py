@@ -29,10 +29,10 @@ from .backends import make_backend
 from .config import MAX_CODE_BYTES
 from .dependencies import Service
 from .ledger import RankLedger
-from .pool_manager import PoolManager, PoolRequestError
+from .pool_manager import PoolManager
 from .records import make_engine, session_factory
 from .routers import dashboard, jobs, pools, service
-from .scheduler import JobError, Scheduler
+from .scheduler import Scheduler
 from .schemas import RANKS_OR_POOL
 
 #: Largest request body accepted (bytes); the code limit plus room for the other fields.
@@ -93,15 +93,7 @@ def create_app(data_dir: Path, max_ranks: Optional[int], users_path: Optional[Pa
                                          f"{MAX_BODY_BYTES} bytes")
         return await call_next(request)
 
-    errors.install(app)
-
-    @app.exception_handler(JobError)
-    async def job_error(_request: Request, exc: JobError):
-        return errors.error(exc.status, exc.message)
-
-    @app.exception_handler(PoolRequestError)
-    async def pool_error(_request: Request, exc: PoolRequestError):
-        return errors.error(exc.status, exc.message)
+    errors.install(app, data_dir)
 
     app.include_router(service.router)
     app.include_router(jobs.router)

@@ -184,23 +184,31 @@ def _cmd_submit(args: argparse.Namespace) -> int:
     return job["exit_code"] if job.get("exit_code") else 1
 
 
-def _cmd_jobs(args: argparse.Namespace) -> int:
+def _listing(args: argparse.Namespace, fetch, header: str, row) -> int:
+    """Print the records ``fetch(client)`` returns: as JSON with ``--json``, else ``header`` and ``row(r)``."""
     from .client import ApiError
 
     try:
         with _client(args) as c:
-            jobs = c.jobs(args.state)
+            records = fetch(c)
     except ApiError as exc:
         return _fail(exc)
     if args.json:
-        print(json.dumps(jobs, indent=2))
+        print(json.dumps(records, indent=2))
         return 0
-    print(f"{'ID':>5}  {'STATE':<10} {'RANKS':>5} {'POOL':>4} {'EXIT':>4}  {'CREATED':<8} {'FINISHED':<8} SCRIPT")
-    for j in jobs:
-        print(f"{j['id']:>5}  {j['state']:<10} {j['ranks']:>5} {j['pool'] or '-':>4} "
-              f"{'-' if j['exit_code'] is None else j['exit_code']:>4}  {_fmt_time(j['created_at']):<8} "
-              f"{_fmt_time(j['finished_at']):<8} {j['script_name']}")
+    print(header)
+    for r in records:
+        print(row(r))
     return 0
+
+
+def _cmd_jobs(args: argparse.Namespace) -> int:
+    return _listing(
+        args, lambda c: c.jobs(args.state),
+        f"{'ID':>5}  {'STATE':<10} {'RANKS':>5} {'POOL':>4} {'EXIT':>4}  {'CREATED':<8} {'FINISHED':<8} SCRIPT",
+        lambda j: (f"{j['id']:>5}  {j['state']:<10} {j['ranks']:>5} {j['pool'] or '-':>4} "
+                   f"{'-' if j['exit_code'] is None else j['exit_code']:>4}  {_fmt_time(j['created_at']):<8} "
+                   f"{_fmt_time(j['finished_at']):<8} {j['script_name']}"))
 
 
 def _cmd_logs(args: argparse.Namespace) -> int:
@@ -237,21 +245,11 @@ def _cmd_cancel(args: argparse.Namespace) -> int:
 
 
 def _cmd_pools(args: argparse.Namespace) -> int:
-    from .client import ApiError
-
-    try:
-        with _client(args) as c:
-            pools = c.pools()
-    except ApiError as exc:
-        return _fail(exc)
-    if args.json:
-        print(json.dumps(pools, indent=2))
-        return 0
-    print(f"{'ID':>4}  {'NAME':<16} {'STATE':<9} {'TARGET':<8} {'RANKS':>5}  CREATED")
-    for p in pools:
-        print(f"{p['id']:>4}  {(p['name'] or '-'):<16} {p['state']:<9} {p['target']:<8} {p['ranks']:>5}  "
-              f"{_fmt_time(p['created_at'])}")
-    return 0
+    return _listing(
+        args, lambda c: c.pools(),
+        f"{'ID':>4}  {'NAME':<16} {'STATE':<9} {'TARGET':<8} {'RANKS':>5}  CREATED",
+        lambda p: (f"{p['id']:>4}  {(p['name'] or '-'):<16} {p['state']:<9} {p['target']:<8} {p['ranks']:>5}  "
+                   f"{_fmt_time(p['created_at'])}"))
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -273,12 +271,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     """Entry point of the ``nbmpi`` console script."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if not getattr(args, "func", None):
-        parser.print_help()
-        return 2
-    return int(args.func(args) or 0)
+    from nbmpi.workers.cli import dispatch
+
+    return dispatch(build_parser(), argv)
 
 
 def register(sub) -> None:

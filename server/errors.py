@@ -28,7 +28,25 @@ DOCUMENTED: Dict[int, Dict[str, Any]] = {
     413: {"model": ErrorBody, "description": "The request body is larger than the service accepts"},
     422: {"model": ErrorBody, "description": "Invalid fields (each one in `errors`) or a value this service "
                                              "cannot honour (e.g. more ranks than --max-ranks)"},
+    503: {"model": ErrorBody, "description": "The service cannot write its records or files now (its data "
+                                             "directory is read-only or full); nothing was recorded: retry later"},
 }
+
+
+def storage_detail(exc: BaseException, data_dir) -> str:
+    """What to tell a client when the records or files could not be written."""
+    return (f"the service cannot write its records or files now ({type(exc).__name__}: {exc}); nothing was "
+            f"recorded. Its data directory {data_dir} must be writable and have free space; retry when it is")
+
+
+class RequestError(Exception):
+    """A request the service cannot honour; answered ``status`` with ``message`` as the detail
+    (raised by the scheduler and the pool manager, turned into an answer by :func:`install`)."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+        self.message = message
 
 
 def error(status: int, detail: str, headers: Dict[str, str] = None, errors: List[dict] = None) -> JSONResponse:
@@ -53,8 +71,15 @@ def _allowed(app: FastAPI, request: Request) -> Set[str]:
     return methods
 
 
-def install(app: FastAPI) -> None:
-    """Answer every error of ``app`` with :class:`ErrorBody`."""
+def install(app: FastAPI, data_dir=None) -> None:
+    """Answer every error of ``app`` with :class:`ErrorBody` (storage failures as 503)."""
+    from sqlalchemy.exc import DBAPIError, OperationalError
+
+    @app.exception_handler(OperationalError)
+    @app.exception_handler(DBAPIError)
+    @app.exception_handler(OSError)
+    async def storage(_request: Request, exc: Exception):
+        return error(503, storage_detail(exc, data_dir), headers={"Retry-After": "10"})
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_request: Request, exc: RequestValidationError):
@@ -62,6 +87,10 @@ def install(app: FastAPI) -> None:
         where = "; ".join(f"{'.'.join(str(x) for x in f['loc'])}: {f['msg']}" for f in fields[:5])
         more = f" (and {len(fields) - 5} more)" if len(fields) > 5 else ""
         return error(422, f"invalid request: {where}{more}", errors=fields)
+
+    @app.exception_handler(RequestError)
+    async def refused(_request: Request, exc: RequestError):
+        return error(exc.status, exc.message)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException):

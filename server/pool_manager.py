@@ -39,6 +39,7 @@ from nbmpi.workers.engine_pool import Pool, PoolError
 from nbmpi.workers.rank_guard import CappedLog
 
 from .backends import Backend, PoolSpec
+from .errors import RequestError
 from .ledger import RankLedger
 from .records import Pool as PoolRow
 from .schemas import PoolCreate, PoolInfo
@@ -48,15 +49,6 @@ INTERRUPT_GRACE_S = 10.0
 OUTPUT_WAIT_S = 10.0   # at most this long for a finished job's last output messages
 START_TIMEOUT_S = 120.0
 _LIVE = ("starting", "running", "stopping")
-
-
-class PoolRequestError(Exception):
-    """A pool request cannot be honoured (the route answers ``status`` with this message)."""
-
-    def __init__(self, status: int, message: str):
-        super().__init__(message)
-        self.status = status
-        self.message = message
 
 
 @dataclass
@@ -150,9 +142,9 @@ class PoolManager:
     # -- requests ----------------------------------------------------------------------------------
     def create(self, owner: str, req: PoolCreate) -> PoolInfo:
         """Start a pool for ``owner`` (blocks until it runs or failed). Raises
-        :class:`PoolRequestError` (422 more ranks than the service has, 409 ranks not free)."""
+        :class:`RequestError` (422 more ranks than the service has, 409 ranks not free)."""
         if self.max_ranks is not None and req.ranks > self.max_ranks:
-            raise PoolRequestError(422, f"ranks={req.ranks} exceeds this service's --max-ranks {self.max_ranks}")
+            raise RequestError(422, f"ranks={req.ranks} exceeds this service's --max-ranks {self.max_ranks}")
         with self.sessions.begin() as s:
             row = PoolRow(owner=owner, name=req.name, ranks=req.ranks, target="running", state="starting",
                           idle_timeout=req.idle_timeout, created_at=time.time(), backend=self.backend.name)
@@ -163,7 +155,7 @@ class PoolManager:
         if not self.ledger.try_hold(("pool", pool_id), req.ranks):
             with self.sessions.begin() as s:
                 s.delete(s.get(PoolRow, pool_id))
-            raise PoolRequestError(409, f"{req.ranks} ranks are not free: {self.ledger.in_use()} of "
+            raise RequestError(409, f"{req.ranks} ranks are not free: {self.ledger.in_use()} of "
                                         f"{self.max_ranks} are in use by running jobs and pools; stop a pool "
                                         "or wait for jobs to finish")
         with self._lock:

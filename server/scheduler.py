@@ -26,6 +26,7 @@ Semantics (the same whichever backend runs the jobs):
 """
 from __future__ import annotations
 
+import shutil
 import threading
 import time
 from dataclasses import dataclass, field
@@ -33,9 +34,11 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from sqlalchemy import select
+from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import sessionmaker
 
 from .backends import Backend, BackendError, JobSpec, JobStatus
+from .errors import RequestError
 from .ledger import RankLedger
 from .records import FINAL_JOB_STATES, Job
 from .schemas import JobCreate
@@ -46,15 +49,6 @@ TIMEOUT_EXIT, CANCEL_EXIT = 124, 130
 POLL_S = 0.05
 #: Seconds past its timeout after which a job whose backend enforces timeouts is ended anyway.
 TIMEOUT_SLACK_S = 120.0
-
-
-class JobError(Exception):
-    """A request about a job cannot be honoured (the route answers 4xx with this message)."""
-
-    def __init__(self, status: int, message: str):
-        super().__init__(message)
-        self.status = status
-        self.message = message
 
 
 @dataclass
@@ -140,24 +134,24 @@ class Scheduler:
     # -- requests ----------------------------------------------------------------------
     def submit(self, owner: str, req: JobCreate, source: Optional[bytes] = None) -> Job:
         """Record a new queued job for ``owner`` and save its code (``source``, the bytes of an
-        uploaded file, instead of ``req.code`` when given). Raises :class:`JobError`."""
+        uploaded file, instead of ``req.code`` when given). Raises :class:`RequestError`."""
         ranks = req.ranks
         if req.pool is not None:
             if self.pools is None:
-                raise JobError(422, "this service has no pools; submit without 'pool'")
+                raise RequestError(422, "this service has no pools; submit without 'pool'")
             pool = self.pools.get(owner, req.pool)
             if pool is None:
-                raise JobError(404, f"pool {req.pool} not found")
+                raise RequestError(404, f"pool {req.pool} not found")
             if pool.state != "running":
-                raise JobError(409, f"pool {req.pool} is {pool.state}, not running; start a new pool")
+                raise RequestError(409, f"pool {req.pool} is {pool.state}, not running; start a new pool")
             if ranks is not None and ranks != pool.ranks:
-                raise JobError(422, f"ranks={ranks} but pool {req.pool} has {pool.ranks} ranks; "
+                raise RequestError(422, f"ranks={ranks} but pool {req.pool} has {pool.ranks} ranks; "
                                     "omit ranks or give the pool's")
             ranks = pool.ranks
         elif ranks is None:
-            raise JobError(422, "ranks is required for a batch job (no pool given), e.g. \"ranks\": 2")
+            raise RequestError(422, "ranks is required for a batch job (no pool given), e.g. \"ranks\": 2")
         elif self.max_ranks is not None and ranks > self.max_ranks:
-            raise JobError(422, f"ranks={ranks} exceeds this service's --max-ranks {self.max_ranks}; "
+            raise RequestError(422, f"ranks={ranks} exceeds this service's --max-ranks {self.max_ranks}; "
                                 f"ask for at most {self.max_ranks}")
         with self.sessions.begin() as s:
             job = Job(owner=owner, name=req.name, state="queued", ranks=ranks, pool_id=req.pool,
@@ -169,11 +163,15 @@ class Scheduler:
             job.job_dir = str(job_dir)
             job.script_path = str(job_dir / req.script_name)
             job.log_dir = str(job_dir / "logs")
-            (job_dir / "logs").mkdir(parents=True, exist_ok=True)
-            if source is not None:
-                Path(job.script_path).write_bytes(source)
-            else:
-                Path(job.script_path).write_text(req.code)
+            try:
+                (job_dir / "logs").mkdir(parents=True, exist_ok=True)
+                if source is not None:
+                    Path(job.script_path).write_bytes(source)
+                else:
+                    Path(job.script_path).write_text(req.code)
+            except OSError:   # the record is rolled back with this transaction: leave no files either
+                shutil.rmtree(job_dir, ignore_errors=True)
+                raise
         self._wake.set()
         return job
 
@@ -198,7 +196,7 @@ class Scheduler:
         with self._lock:
             job = self.get(owner, job_id)
             if job is None:
-                raise JobError(404, f"job {job_id} not found")
+                raise RequestError(404, f"job {job_id} not found")
             followed = self._followed.get(job_id)
             if followed is None and job.state == "queued":
                 return self._set_final(job_id, "cancelled", exit_code=None, message="cancelled before it started")
@@ -255,10 +253,12 @@ class Scheduler:
                     self.ledger.release(("job", job.id))
                     self._set_final(job.id, "failed", 1, None, f"the {self.backend.name} backend failed: {exc!r}")
                     continue
-                with self.sessions.begin() as s:
-                    row = s.get(Job, job.id)
-                    row.backend, row.backend_state = self.backend.name, state
-                    job.backend, job.backend_state = row.backend, state
+                def write(job=job, state=state):
+                    with self.sessions.begin() as s:
+                        row = s.get(Job, job.id)
+                        row.backend, row.backend_state = self.backend.name, state
+                job.backend, job.backend_state = self.backend.name, state
+                self._durably(f"job {job.id} handed to the backend", write)
                 self._follow(job)
 
     def _follow(self, job: Job, message: Optional[str] = None) -> None:
@@ -318,13 +318,15 @@ class Scheduler:
             f.deadline = time.monotonic() + limit + (TIMEOUT_SLACK_S if self.backend.enforces_timeout else 0.0)
         else:
             f.deadline = float("inf")
-        with self.sessions.begin() as s:
-            row = s.get(Job, job.id)
-            if row.state == "queued":
-                row.state = "running"
-                row.started_at = time.time()
-                if row.message and row.message.startswith("waiting: "):
-                    row.message = None
+        def write():
+            with self.sessions.begin() as s:
+                row = s.get(Job, job.id)
+                if row.state == "queued":
+                    row.state = "running"
+                    row.started_at = time.time()
+                    if row.message and row.message.startswith("waiting: "):
+                        row.message = None
+        self._durably(f"job {job.id} running", write)
 
     def _record_end(self, job: Job, status: JobStatus) -> None:
         outcome = status.outcome or "failed"
@@ -347,9 +349,7 @@ class Scheduler:
 
     def _run_on_pool(self, f: _Followed, job: Job, message: Optional[str]) -> None:  # noqa: ARG002
         try:
-            with self.sessions.begin() as s:
-                row = s.get(Job, job.id)
-                row.state, row.started_at = "running", time.time()
+            self._update(job.id, state="running", started_at=time.time())
             if job.timeout:
                 f.deadline = time.monotonic() + job.timeout
             code = Path(job.script_path).read_text()
@@ -377,18 +377,44 @@ class Scheduler:
         self._wake.set()
 
     # -- records ------------------------------------------------------------------------
+    def _durably(self, what: str, write):
+        """Run the record write ``write()`` until it succeeds: a read-only or full data directory
+        must not lose a job's outcome. Retries with growing pauses (at most 5 s) until the service
+        stops; says once per failure streak what is wrong."""
+        pause, warned = 0.2, False
+        while True:
+            try:
+                return write()
+            except (OperationalError, DBAPIError, OSError) as exc:
+                if self._stop.is_set():
+                    raise
+                if not warned:
+                    warned = True
+                    print(f"nbmpi serve: cannot record {what} ({exc}); retrying until the data directory "
+                          f"{self.data_dir} is writable again", flush=True)
+                time.sleep(pause)
+                pause = min(pause * 2, 5.0)
+
     def _update(self, job_id: int, **fields) -> None:
-        with self.sessions.begin() as s:
-            row = s.get(Job, job_id)
-            if row.state in FINAL_JOB_STATES:
-                return
-            for k, v in fields.items():
-                setattr(row, k, v)
+        def write():
+            with self.sessions.begin() as s:
+                row = s.get(Job, job_id)
+                if row.state in FINAL_JOB_STATES:
+                    return
+                for k, v in fields.items():
+                    setattr(row, k, v)
+        self._durably(f"job {job_id}", write)
 
     def _set_final(self, job_id: int, state: str, exit_code: Optional[int],
                    codes: Optional[List[Optional[int]]] = None, message: Optional[str] = None,
                    trace_path: Optional[str] = None, summary_path: Optional[str] = None) -> Job:
         assert state in FINAL_JOB_STATES
+        return self._durably(f"the end of job {job_id}",
+                             lambda: self._write_final(job_id, state, exit_code, codes, message, trace_path,
+                                                       summary_path))
+
+    def _write_final(self, job_id: int, state: str, exit_code: Optional[int], codes, message, trace_path,
+                     summary_path) -> Job:
         with self.sessions.begin() as s:
             row = s.get(Job, job_id)
             if row.state in FINAL_JOB_STATES:

@@ -95,14 +95,19 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: Optional[List[str]] = None) -> int:
-    """Entry point of ``python -m nbmpi.workers.cli``."""
-    parser = build_parser()
+def dispatch(parser: argparse.ArgumentParser, argv: Optional[List[str]] = None) -> int:
+    """Parse ``argv`` with ``parser`` and run the chosen subcommand; its exit code (2 and the help
+    when no subcommand was given)."""
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
     return int(args.func(args) or 0)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """Entry point of ``python -m nbmpi.workers.cli``."""
+    return dispatch(build_parser(), argv)
 
 
 if __name__ == "__main__":

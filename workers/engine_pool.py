@@ -48,6 +48,11 @@ from .processes import end_processes, noted_segments, remove_shm
 __all__ = ["Pool", "PoolError"]
 
 GRACE_SECONDS = 1.0
+#: Heartbeat period of the pool's controller (ms). An engine counts as registered at its first
+#: heartbeat, so ipyparallel's default of 3000 ms adds up to 3 s to every start.
+HEARTBEAT_MS = 500
+#: Missed heartbeats before the controller drops an engine: 60 x 0.5 s keeps ipyparallel's 30 s tolerance.
+HEARTBEAT_MISSES = 60
 _live_pools: "List[Pool]" = []
 
 
@@ -135,12 +140,15 @@ class Pool:
             return ""
 
     # -- lifecycle ---------------------------------------------------------------------------
-    def start(self, progress: Optional[Callable[[str], None]] = None, timeout: float = 120.0) -> "Pool":
+    def start(self, progress: Optional[Callable[[str], None]] = None, timeout: float = 120.0,
+              replacing: Optional["Pool"] = None) -> "Pool":
         """Start the controller and the N engine ranks; block until all are ready.
 
-        ``progress(message)`` is called at each step. Raises :class:`PoolError`
-        (after stopping everything it started) if the pool is not ready within
-        ``timeout`` seconds or a process died. Returns ``self``.
+        ``progress(message)`` is called at each step. ``replacing``: a pool this one
+        replaces (a restart); it is stopped while the new processes boot, so a restart
+        takes about as long as a start. Raises :class:`PoolError` (after stopping
+        everything it started) if the pool is not ready within ``timeout`` seconds or a
+        process died. Returns ``self``.
         """
         if self._attached:
             raise PoolError(f"pool {self.name!r} is attached, not owned; it can only be started by its owner")
@@ -152,7 +160,7 @@ class Pool:
         deadline = time.monotonic() + timeout
         _live_pools.append(self)
         try:
-            self._start(say, deadline, timeout)
+            self._start(say, deadline, timeout, replacing)
         except BaseException:
             self._state = "failed"
             self._terminate()
@@ -170,39 +178,83 @@ class Pool:
                                 preexec_fn=(_pdeathsig if self.bound_to_owner and main and sys.platform.startswith("linux")
                                             else None))
 
-    def _start(self, say: Callable[[str], None], deadline: float, timeout: float) -> None:
-        import ipyparallel as ipp
-
+    def _start(self, say: Callable[[str], None], deadline: float, timeout: float,
+               replacing: Optional["Pool"] = None) -> None:
         os.makedirs(self.profile_dir, exist_ok=True)
-        for what in ("client", "engine"):
-            if os.path.exists(self._security(what)):
-                os.remove(self._security(what))
+        engine_file = self._engine_file
+        for path in (self._security("client"), self._security("engine"), engine_file):
+            if os.path.exists(path):
+                os.remove(path)
         env = rank_environment(self.env)
-        env["PYTHONUNBUFFERED"] = "1"
-        if self.bound_to_owner:
-            env["NBMPI_POOL_OWNER_PID"] = str(os.getpid())  # see rank_side: ranks end if the owner dies
-        else:
-            env.pop("NBMPI_POOL_OWNER_PID", None)
-        say(f"pool {self.name!r}: starting controller")
+        # The controller and the ranks start at the same time: the engines spend their first seconds
+        # importing and then wait (up to the start timeout) for the controller's connection file.
+        say(f"pool {self.name!r}: starting the controller and {self.n} ranks")
         self._controller = self._popen(
             [sys.executable, "-m", "ipyparallel.controller", f"--profile-dir={self.profile_dir}",
-             "--ip=127.0.0.1", "--log-level=WARN"], env, "controller")
+             "--ip=127.0.0.1", "--log-level=WARN", f"--HeartMonitor.period={HEARTBEAT_MS}",
+             f"--HeartMonitor.max_heartmonitor_misses={HEARTBEAT_MISSES}"], env, "controller")
+        cmd = self._spawn_ranks(env, timeout)
+        ending = None
+        if replacing is not None:   # a restart: the old pool ends (at once, SIGKILL) while the new one boots
+            say(f"pool {self.name!r}: ending the previous ranks")
+            replacing._disconnect()   # (ipyparallel clients stay in this thread)
+            if not replacing._attached:
+                ending = threading.Thread(target=replacing._terminate, kwargs=dict(grace=0.0),
+                                          name="nbmpi-pool-ending", daemon=True)
+                ending.start()
+            replacing._stopped()
+        try:
+            self._boot(say, deadline, timeout, engine_file, cmd)
+        finally:
+            if ending is not None:   # no process of the previous pool outlives the restart
+                ending.join()
+
+    @property
+    def _engine_file(self) -> str:
+        return os.path.join(self.work_dir, "engine-connection.json")
+
+    def _spawn_ranks(self, env: Dict[str, str], timeout: float) -> List[str]:
+        """Start mpiexec with N engine ranks (each under its guard); returns the command."""
+        shutil.rmtree(self.status_dir, ignore_errors=True)
+        os.makedirs(self.status_dir)
+        env = dict(env)
+        env["PYTHONUNBUFFERED"] = "1"
+        if self.bound_to_owner:
+            env["NBMPI_POOL_OWNER_PID"] = str(os.getpid())  # see engine_side: ranks end if the owner dies
+        else:
+            env.pop("NBMPI_POOL_OWNER_PID", None)
+        env[STATUS_DIR_ENV] = self.status_dir   # each engine's guard reports a signal that kills it
+        cmd = mpiexec_command(self.n, ["-m", "ipyparallel.engine", "--mpi", f"--profile-dir={self.profile_dir}",
+                                       f"--file={self._engine_file}", "--log-level=WARN",
+                                       f"--IPEngine.wait_for_url_file={max(timeout, 1.0):g}"],
+                              module="nbmpi.workers.rank_guard")
+        self._mpiexec = self._popen(cmd, env, "engines")
+        return cmd
+
+    def _boot(self, say: Callable[[str], None], deadline: float, timeout: float, engine_file: str,
+              cmd: List[str]) -> None:
+        """Second half of a start: connection files, registration of every rank, runtime set-up."""
+        import ipyparallel as ipp   # (in this process, while the new processes import)
+
+        # the engines read their file as soon as it exists, so they get a complete copy, renamed into place
         self._wait_for(lambda: self._read_json(self._security("engine")) is not None, deadline,
-                       "the controller to write its connection file", timeout)
-        info = None
+                       "the controller to write its engine connection file", timeout)
+        tmp = engine_file + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(self._read_json(self._security("engine")), f)
+        os.replace(tmp, engine_file)
         self._wait_for(lambda: self._read_json(self._security("client")) is not None, deadline,
                        "the controller to write its client connection file", timeout)
         info = self._read_json(self._security("client"))
-        shutil.rmtree(self.status_dir, ignore_errors=True)
-        os.makedirs(self.status_dir)
-        env[STATUS_DIR_ENV] = self.status_dir   # each engine's guard reports a signal that kills it
-        cmd = mpiexec_command(self.n, ["-m", "ipyparallel.engine", "--mpi", f"--profile-dir={self.profile_dir}",
-                                       f"--file={self._security('engine')}", "--log-level=WARN"],
-                              module="nbmpi.workers.rank_guard")
-        say(f"pool {self.name!r}: starting {self.n} ranks ({os.path.basename(cmd[0])} -n {self.n})")
-        self._mpiexec = self._popen(cmd, env, "engines")
-        client = ipp.Client(info, profile_dir=self.profile_dir)
-        self._client = client
+        say(f"pool {self.name!r}: controller ready; waiting for {self.n} ranks ({os.path.basename(cmd[0])} -n "
+            f"{self.n})")
+        self._client = ipp.Client(info, profile_dir=self.profile_dir)
+        self._join_ranks(say, deadline, timeout, info)
+
+    def _join_ranks(self, say: Callable[[str], None], deadline: float, timeout: float, info: dict) -> None:
+        """Wait until every rank registered with the controller (engine id == rank), then set up the
+        nbmpi runtime on each (collective) and record what the pool is made of."""
+        client = self._client
         last = -1
         while True:
             ids = sorted(client.ids)
@@ -243,6 +295,17 @@ class Pool:
                           hosts=list(self.hosts), pids=[i["pid"] for i in infos],
                           started_at=self._started_at)
 
+    def restart(self, progress: Optional[Callable[[str], None]] = None, timeout: float = 120.0) -> "Pool":
+        """Fresh ranks (empty namespaces, a new MPI job) for this pool's name and size; block until
+        they are ready. A new :class:`Pool` is started and this one is killed while it boots (the
+        old ranks may be stuck: no clean shutdown is waited for), so a restart takes about as long
+        as a start. Returns the new pool: keep using it. Owned pools only. Raises :class:`PoolError`.
+        """
+        if self._attached:
+            raise PoolError(f"pool {self.name!r} is attached, not owned; only its owner can restart it")
+        fresh = Pool(self.n, name=self.name, env=self.env, bound_to_owner=self.bound_to_owner)
+        return fresh.start(progress=progress, timeout=timeout, replacing=self)
+
     def _collect_descendants(self, infos) -> List[int]:
         pids = set()
         roots = [p for p in (self._controller, self._mpiexec) if p is not None]
@@ -278,25 +341,31 @@ class Pool:
                 raise PoolError(f"pool {self.name!r}: timed out after {timeout:.0f} s waiting for {what}")
             time.sleep(0.05)
 
-    def stop(self) -> None:
+    def stop(self, grace: float = GRACE_SECONDS) -> None:
         """End the pool: disconnect the client, end the controller and every rank. Idempotent.
 
         On an attached pool, only disconnects. Blocks until no process of the
-        pool is left (SIGTERM, then SIGKILL after a grace period).
+        pool is left (SIGTERM, then SIGKILL after ``grace`` seconds; 0: SIGKILL at once).
         """
+        self._disconnect()
+        if not self._attached:
+            self._terminate(grace)
+        self._stopped()
+
+    def _disconnect(self) -> None:
         if self._client is not None:
             try:
                 self._client.close(linger=0)
             except Exception:  # noqa: BLE001 - closing a half-broken client
                 pass
             self._client = None
-        if not self._attached:
-            self._terminate()
+
+    def _stopped(self) -> None:
         self._state = "stopped"
         if self in _live_pools:
             _live_pools.remove(self)
 
-    def _terminate(self) -> None:
+    def _terminate(self, grace: float = GRACE_SECONDS) -> None:
         procs = [p for p in (self._mpiexec, self._controller) if p is not None]
         pids = set(self._descendants)
         for p in procs:
@@ -305,7 +374,7 @@ class Pool:
             except psutil.NoSuchProcess:
                 pass
         # controller and mpiexec lead their own sessions; the nannies run in sessions of their own
-        end_processes(groups=[p.pid for p in procs], pids=sorted(pids), grace=GRACE_SECONDS, leaders=procs)
+        end_processes(groups=[p.pid for p in procs], pids=sorted(pids), grace=grace, leaders=procs)
         if not self._attached:   # MPI's shared memory of ranks that were killed (noted at setup)
             remove_shm(noted_segments(self.status_dir))
         self._mpiexec = self._controller = None

@@ -141,6 +141,21 @@ def _watch_owner(pid: int, period: float = 1.0) -> None:
     while True:
         time.sleep(period)
         if not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+            # this rank's own children (ipyparallel's nanny) hold mpiexec's output pipes open: end them too
+            for child in psutil.Process().children(recursive=True):
+                try:
+                    child.kill()
+                except psutil.Error:
+                    pass
+            # nobody is left to clean up after the pool: unlink MPI's shared memory (the mappings stay valid
+            # for the other ranks, which are ending the same way)
+            from .processes import shm_segments_of
+
+            for path in shm_segments_of([os.getpid()]):
+                try:
+                    os.unlink(path)
+                except OSError:
+                    pass
             os._exit(3)
 
 

@@ -195,6 +195,10 @@ def end_processes(groups: Sequence[int] = (), pids: Sequence[int] = (), grace: f
         if not left():
             break
     gone = not left()
+    deadline = time.monotonic() + 1.0   # killed orphans are reaped by init: let it happen before we return
+    while time.monotonic() < deadline and any(psutil.pid_exists(p) for p in victims):
+        reap()
+        time.sleep(0.01)
     if shm:
         remove_shm(shm)
     return gone

@@ -166,7 +166,10 @@ def guard() -> None:
                 os.replace(tmp, os.path.join(status_dir, f"rank-{rank}.signal"))
             except OSError:
                 pass
-        signal.signal(sig, signal.SIG_DFL)
+        try:
+            signal.signal(sig, signal.SIG_DFL)
+        except (OSError, ValueError):   # SIGKILL and SIGSTOP keep their default anyway
+            pass
         os.kill(os.getpid(), sig)
         os._exit(128 + sig)   # a signal that does not end a process by default
     os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1)

@@ -29,9 +29,10 @@ from __future__ import annotations
 import abc
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Dict, List, Literal, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Dict, List, Literal, Optional, Tuple
 
-from nbmpi.workers.engine_pool import Pool
+if TYPE_CHECKING:  # pragma: no cover
+    from nbmpi.workers.engine_pool import Pool
 
 #: Job outcomes a backend reports when a job has ended.
 Outcome = Literal["succeeded", "failed", "timed_out", "cancelled"]
@@ -127,16 +128,16 @@ class Backend(abc.ABC):
     # -- pools -----------------------------------------------------------------------------
     @abc.abstractmethod
     def start_pool(self, spec: PoolSpec,
-                   progress: Optional[Callable[[str], None]] = None) -> Tuple[Pool, Dict[str, Any]]:
+                   progress: Optional[Callable[[str], None]] = None) -> Tuple["Pool", Dict[str, Any]]:
         """Start a pool; block until every engine runs. Returns the pool (owned or attached) and
         the state to store. Raises :class:`BackendError` or :class:`~nbmpi.workers.engine_pool.PoolError`."""
 
     @abc.abstractmethod
-    def stop_pool(self, pool: Optional[Pool], state: Dict[str, Any]) -> None:
+    def stop_pool(self, pool: Optional["Pool"], state: Dict[str, Any]) -> None:
         """End a pool and every process of it (``pool`` may be None when only the record is left)."""
 
     @abc.abstractmethod
-    def recover_pool(self, connection: Dict[str, Any], state: Dict[str, Any]) -> Optional[Pool]:
+    def recover_pool(self, connection: Dict[str, Any], state: Dict[str, Any]) -> Optional["Pool"]:
         """After a restart: the pool re-attached if all its engines answer, else None (its leftovers ended)."""
 
     def close(self) -> None:

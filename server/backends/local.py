@@ -120,7 +120,7 @@ class LocalBackend(Backend):
         if out.exit_code == 0:
             return JobStatus("ended", outcome="succeeded", exit_code=0, codes=out.codes)
         msg = out.message or ""
-        if all(c is None for c in out.codes) or msg.startswith("mpiexec exited"):
+        if msg.startswith("mpiexec exited"):   # no rank said anything: show what mpiexec said
             msg = f"{msg}: {_tail(spec.job_dir / 'launcher.err')}"
         return JobStatus("ended", outcome="failed", exit_code=out.exit_code, codes=out.codes, message=msg)
 
