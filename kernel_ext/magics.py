@@ -43,7 +43,7 @@ from typing import Any, Dict, List, Optional
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
-from IPython.display import HTML, display
+from IPython.display import display
 
 from nbmpi.workers.engine_pool import Pool, PoolError
 
@@ -704,11 +704,11 @@ class DistributedMagics(Magics):
             display(rich[rs[0]], raw=True)
 
     def _show_timeline(self, pool: Pool, ranks: List[int]) -> None:
-        from nbmpi.workers.timeline import render_html
+        from nbmpi.workers.timeline import show
 
         try:
             trace, window = fetch_cell_trace(pool, ranks)
         except Exception as e:  # noqa: BLE001 - do not hide the cell's own outcome
             print(f"%%distributed --timeline: could not fetch the trace: {e}", file=sys.stderr)
             return
-        display(HTML(render_html(trace, window=window, ranks=ranks)))
+        show(trace, window=window, ranks=ranks)

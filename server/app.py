@@ -7,8 +7,10 @@ lifespan. The routes live in :mod:`nbmpi.server.routers` (one router per
 resource) and get the user and the service's parts through
 :mod:`nbmpi.server.dependencies`.
 
-Every endpoint except ``GET /api/health`` and ``GET /api/version`` needs
-``Authorization: Bearer TOKEN``; a missing or unknown token is answered 401.
+Every endpoint except ``GET /api/health``, ``GET /api/version`` and the
+dashboard's page shell and assets (:mod:`nbmpi.server.routers.dashboard`: they
+hold no data) needs ``Authorization: Bearer TOKEN``; a missing or unknown token
+is answered 401.
 A user only sees their own jobs and pools: another user's id is answered 404,
 exactly like an id that does not exist. Malformed requests are answered 4xx
 with the reason (422 for bad fields or JSON, 413 for oversized bodies).
@@ -29,7 +31,7 @@ from .dependencies import Service
 from .ledger import RankLedger
 from .pool_manager import PoolManager
 from .records import make_engine, session_factory
-from .routers import jobs, pools, service
+from .routers import dashboard, jobs, pools, service
 from .scheduler import Scheduler
 from .schemas import RANKS_OR_POOL
 
@@ -96,6 +98,9 @@ def create_app(data_dir: Path, max_ranks: Optional[int], users_path: Optional[Pa
     app.include_router(service.router)
     app.include_router(jobs.router)
     app.include_router(pools.router)
+    app.include_router(dashboard.router)
+    app.include_router(dashboard.pages)
+    dashboard.mount_assets(app)
     _document_limits(app, max_ranks)
     return app
 

@@ -6,13 +6,15 @@ imports the controller; ``python -m nbmpi.workers.cli run`` works without it.
 * ``nbmpi serve [--host 127.0.0.1] [--port 8765] [--max-ranks N] [--db PATH] [--data-dir DIR]
   [--backend local|slurm] [--slurm-partition P] [--slurm-sbatch-arg ARG ...]``:
   run the service (uvicorn). Creates the data directory and, on first start,
-  a token (printed, stored mode 0600 in the users file); writes the client
-  configuration file (URL + token, mode 0600).
+  a token (printed, stored mode 0600 in the users file, with a dashboard link
+  that logs a browser tab in); writes the client configuration file (URL +
+  token, mode 0600). The dashboard is at ``URL/dashboard``.
 * ``nbmpi submit script.py -n 4 [--wait] [--timeout S] [--pool ID] [--args 'A B']``: queue a
   job and print its id; ``--wait`` follows it, prints every rank's output and
   exits with the job's exit code.
 * ``nbmpi jobs [--state S]``, ``nbmpi logs ID [--rank R] [--stderr]``,
   ``nbmpi cancel ID``, ``nbmpi pools``.
+* ``nbmpi demo [-n N] [--data-dir DIR] [--keep]``: see :mod:`nbmpi.server.demo`.
 
 Client commands take ``--server URL`` and ``--token T``, else ``$NBMPI_SERVER`` /
 ``$NBMPI_TOKEN``, else the client configuration file (see :mod:`nbmpi.server.config`).
@@ -150,6 +152,11 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     if created:
         print(f"nbmpi serve: first start: generated token {token}\n"
               f"nbmpi serve: stored (owner-only) in {users_path}", flush=True)
+        print(f"nbmpi serve: dashboard at {url}/dashboard; this link logs a browser tab in: "
+              f"{url}/dashboard#token={token}", flush=True)
+    else:
+        print(f"nbmpi serve: dashboard at {url}/dashboard (log in with your token from {users_path}"
+              + (f" or {config.client_config_path()}" if client_token else "") + ")", flush=True)
     if cfg_path:
         print(f"nbmpi serve: client configuration written to {cfg_path}", flush=True)
     if not loopback:
@@ -273,7 +280,7 @@ def _cmd_pools(args: argparse.Namespace) -> int:
 def _cmd_demo(args: argparse.Namespace) -> int:
     from .demo import main as demo_main
 
-    return demo_main(data_dir=args.data_dir, ranks=args.n)
+    return demo_main(data_dir=args.data_dir, ranks=args.n, keep=args.keep)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -374,6 +381,8 @@ def register(sub) -> None:
     d = sub.add_parser("demo", help="start the service, run one example job through it, print the results")
     d.add_argument("-n", type=int, default=2, metavar="N", help="ranks of the example job (default 2)")
     d.add_argument("--data-dir", default=None, metavar="DIR", help="state directory (default: a temporary one)")
+    d.add_argument("--keep", action="store_true", help="leave the controller running to open its dashboard "
+                   "(its pid is printed: stop it with kill PID)")
     d.set_defaults(func=_cmd_demo)
 
 

@@ -173,3 +173,39 @@ class ErrorBody(BaseModel):
     for invalid fields (422) ``errors`` lists each one."""
     detail: str
     errors: Optional[List[FieldError]] = None
+
+
+class Me(BaseModel):
+    """The user a token belongs to."""
+    user: str
+
+
+class TimelineWindow(BaseModel):
+    """A window of a job's timeline figure (``GET /api/v1/dashboard/jobs/{id}/timeline``).
+
+    ``available`` is false (with ``reason``) while nothing was streamed. ``version`` changes
+    whenever a rank streamed new events or started or stopped waiting; asked with ``since`` equal
+    to it, the answer is ``unchanged`` and carries nothing else. ``sources``: the column data of
+    the figure's named sources (segments, arrows, arrow heads, matrix, fractions) for the window
+    ``meta`` describes (level of detail: ``shown`` rows of ``in_window`` segments). ``sentence``
+    names the straggler; ``blocked`` says where each rank waits and for whom (``waits`` raw).
+    """
+    job: int
+    state: JobState
+    live: bool
+    available: bool
+    reason: Optional[str] = None
+    version: Optional[int] = None
+    unchanged: bool = False
+    meta: Optional[Dict[str, Any]] = None
+    sources: Optional[Dict[str, Dict[str, List[Any]]]] = None
+    sentence: Optional[str] = None
+    straggler: Optional[Dict[str, Any]] = None
+    blocked: List[str] = Field(default_factory=list)
+    waits: List[Dict[str, Any]] = Field(default_factory=list)
+    analysis: Optional[Dict[str, Any]] = None
+
+
+class JobFigure(TimelineWindow):
+    """A job's whole timeline figure: ``item`` is Bokeh's JSON item (``Bokeh.embed.embed_item``)."""
+    item: Optional[Dict[str, Any]] = None

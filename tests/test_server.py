@@ -577,7 +577,7 @@ def test_demo_main_job(tmp_path):
                         str(tmp_path / "demo")], capture_output=True, text=True, timeout=180)
     assert p.returncode == 0, p.stdout + p.stderr
     assert "[rank 0] done: 2 ranks" in p.stdout and "succeeded (exit code 0, per rank [0, 0])" in p.stdout
-    assert "dashboard will be at http://127.0.0.1:" in p.stdout and "controller stopped" in p.stdout
+    assert "== dashboard: http://127.0.0.1:" in p.stdout and "controller stopped" in p.stdout
     assert (tmp_path / "demo" / "jobs" / "1" / "trace" / "trace.json").exists()
     assert job_processes(tmp_path / "demo") == []
 

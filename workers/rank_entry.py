@@ -14,7 +14,13 @@ Two optional services for the controller's batch jobs (environment variables):
   (:mod:`~nbmpi.workers.rank_guard`; without the guard, file descriptors 1 and
   2 are redirected to the files directly). Either way output of C extensions
   and child processes lands there too.
-* ``NBMPI_TRACE_OUT``: after the program, the ranks agree (non-blocking
+* ``NBMPI_TRACE_OUT``: while the program runs, a daemon thread of each rank streams
+  its new trace events and what it is blocked in to ``rank-R.events`` /
+  ``rank-R.live.json`` there (:mod:`~nbmpi.workers.trace_stream`, every
+  ``NBMPI_TRACE_STREAM_INTERVAL`` s, default 0.5; no MPI call from that
+  thread), so the controller's dashboard shows a running or hung job; the
+  stream is completed when the program ends, whatever its outcome. After the
+  program, the ranks agree (non-blocking
   allreduce with a timeout, ``NBMPI_TRACE_AGREE_TIMEOUT`` s, default 30) whether
   every rank succeeded; only then they gather the trace and rank 0 writes
   ``trace.json`` (Chrome/Perfetto) and ``summary.json`` there. A failed or
@@ -91,6 +97,29 @@ def _redirect_output() -> None:
         os.close(target)
 
 
+def _start_stream():
+    """If ``$NBMPI_TRACE_OUT`` is set and tracing is on: start this rank's trace streamer."""
+    out = os.environ.get("NBMPI_TRACE_OUT")
+    if not out:
+        return None
+    from .trace_stream import DEFAULT_INTERVAL, TraceStreamer
+    from .tracing import get_tracer
+
+    tracer = get_tracer()
+    if not tracer.enabled:
+        return None
+    raw = os.environ.get("NBMPI_TRACE_STREAM_INTERVAL", "").strip()
+    try:
+        interval = float(raw) if raw else DEFAULT_INTERVAL
+    except ValueError:
+        interval = DEFAULT_INTERVAL
+    try:
+        return TraceStreamer(tracer, out, interval=interval if interval > 0 else DEFAULT_INTERVAL).start()
+    except OSError as exc:
+        print(f"[nbmpi] trace streaming off: {exc}", file=sys.stderr)
+        return None
+
+
 def _save_trace(code: int) -> None:
     """If ``$NBMPI_TRACE_OUT`` is set: agree on success, gather the trace, rank 0 writes it."""
     out = os.environ.get("NBMPI_TRACE_OUT")
@@ -142,6 +171,7 @@ def main(argv=None) -> int:
 
     init()
     _note_shared_memory()
+    streamer = _start_stream()
     code = 0
     try:
         if argv[0] == "-m":
@@ -170,6 +200,12 @@ def main(argv=None) -> int:
         code = 1
     sys.stdout.flush()
     sys.stderr.flush()
+    if streamer is not None:
+        try:
+            streamer.stop()
+        except Exception:  # noqa: BLE001 - a trace failure must not change the program's result
+            sys.stderr.write("[nbmpi] completing the streamed trace failed:\n")
+            traceback.print_exc()
     _note_shared_memory()
     _report(code)
     try:
