@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -102,6 +103,7 @@ def main(data_dir: Optional[str] = None, ranks: int = 2, keep: bool = False) -> 
     """Run the demo; returns the example job's exit code. ``keep`` leaves the controller running."""
     from .client import ApiError, Client
 
+    temporary = data_dir is None
     d = Path(data_dir).expanduser().resolve() if data_dir else Path(tempfile.mkdtemp(prefix="nbmpi-demo-"))
     d.mkdir(parents=True, exist_ok=True)
     print(f"== nbmpi demo: starting the controller (data directory {d})", flush=True)
@@ -140,11 +142,19 @@ def main(data_dir: Optional[str] = None, ranks: int = 2, keep: bool = False) -> 
         keep = False
     except BaseException:
         stop_service(proc)
+        if temporary:
+            shutil.rmtree(d, ignore_errors=True)
         raise
     if keep:
         print(f"== the controller keeps running (pid {proc.pid}, output in {d / 'serve.log'}); stop it with: "
-              f"kill {proc.pid}", flush=True)
+              f"kill {proc.pid}" + (f" and remove {d} (it holds the token)" if temporary else ""), flush=True)
     else:
         stop_service(proc)
-        print("== controller stopped (run `nbmpi demo --keep` to keep it and open the dashboard)", flush=True)
+        if temporary:   # it holds a token and the job's files: nothing of the demo stays behind
+            shutil.rmtree(d, ignore_errors=True)
+            print(f"== controller stopped; its temporary data directory {d} was removed (run `nbmpi demo --keep` "
+                  "to keep both and open the dashboard)", flush=True)
+        else:
+            print(f"== controller stopped; its records stay in {d} (run `nbmpi demo --keep` to keep it running "
+                  "and open the dashboard)", flush=True)
     return rc

@@ -580,6 +580,14 @@ def test_demo_main_job(tmp_path):
     assert "== dashboard: http://127.0.0.1:" in p.stdout and "controller stopped" in p.stdout
     assert (tmp_path / "demo" / "jobs" / "1" / "trace" / "trace.json").exists()
     assert job_processes(tmp_path / "demo") == []
+    # without --data-dir the demo's temporary data directory (it holds a token) is removed at the end
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    p = subprocess.run([sys.executable, "-m", "nbmpi.server.cli", "demo", "-n", "1"], capture_output=True, text=True,
+                       timeout=180, env=dict(os.environ, TMPDIR=str(tmp)))
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "temporary data directory" in p.stdout and "was removed" in p.stdout
+    assert not [x for x in tmp.iterdir() if x.name.startswith("nbmpi-demo-")], list(tmp.iterdir())
 
 
 def test_large_logs_are_complete_or_visibly_cut(tmp_path):
