@@ -1,7 +1,8 @@
 """nbmpi IPython extension: ``%load_ext nbmpi.kernel_ext`` adds ``%distributed`` / ``%%distributed``.
 
-See :mod:`nbmpi.kernel_ext.magics` for the magics, :mod:`nbmpi.kernel_ext.pool`
-for the pool launcher (shared with the controller; importable without IPython).
+See :mod:`nbmpi.kernel_ext.magics` for the magics and :mod:`nbmpi.kernel_ext.output`
+for how per-rank output is grouped; the pools themselves are
+:mod:`nbmpi.workers.engine_pool` (shared with the controller).
 Unloading the extension (or the kernel exiting) stops every pool it started.
 """
 from __future__ import annotations

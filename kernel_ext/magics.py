@@ -1,11 +1,11 @@
 """The ``%distributed`` / ``%%distributed`` magics: interactive MPI pools in a notebook.
 
 Execution plane: ipyparallel. A cell is ONE ``execute`` request to the chosen
-engines (engine id == MPI rank, see :mod:`nbmpi.kernel_ext.pool`), exactly
+engines (engine id == MPI rank, see :mod:`nbmpi.workers.engine_pool`), exactly
 like ``%%px``; everything else rides on it:
 
 * the per-cell tracer mark is taken by an IPython ``pre_run_cell`` hook on
-  each engine (:mod:`nbmpi.kernel_ext.rank_side`), not by an extra request;
+  each engine (:mod:`nbmpi.workers.engine_side`), not by an extra request;
 * output streams while the cell runs into one live display (each line
   labelled ``[rank r]``); when the cell ends the live display is emptied and
   the final, deduplicated view is written once: identical output of several
@@ -21,8 +21,14 @@ like ``%%px``; everything else rides on it:
   ``Client.send_signal``, delivered by each engine's nanny); the cell's
   results are drained so the next cell starts clean;
 * ``--timeout``: at the deadline every running rank's probe is read (which
-  communication call it is blocked in, with which peer, since when), the
-  ranks are interrupted as above and the cell fails with that explanation.
+  communication call it is blocked in, with which peer, since when, and the
+  user-code line it is on with the MPI call there, also for raw mpi4py calls),
+  the ranks are interrupted as above and the cell fails with that explanation;
+* wedged or dead ranks: a rank that does not stop within :data:`INTERRUPT_GRACE`
+  seconds of SIGINT, or whose process died between cells, makes the pool
+  *broken*: it is ended at once (no later cell can queue behind a stuck rank),
+  ``%distributed status`` says why, and the next cell on it starts a fresh pool
+  (saying so; the ranks' variables are lost).
 """
 from __future__ import annotations
 
@@ -37,15 +43,19 @@ from typing import Any, Dict, List, Optional
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
-from IPython.display import HTML, display
+from IPython.display import display
+
+from nbmpi.workers.engine_pool import Pool, PoolError
 
 from . import output as _out
-from .pool import Pool, PoolError
 
 #: Seconds the other ranks get to finish after one rank failed, before they are interrupted.
 ERROR_GRACE = 2.0
-#: Seconds to wait for interrupted ranks to return before reporting them stuck.
-DRAIN_SECONDS = 10.0
+#: Seconds interrupted ranks get to stop after SIGINT. A rank still running then is blocked in C
+#: code (a raw ``comm.Recv`` never returns to Python, so it never sees SIGINT): the pool is ended
+#: and the next cell starts it again. So a cell with ``--timeout T`` returns within about
+#: ``T + INTERRUPT_GRACE + 2`` seconds (the last part is ending the pool's processes).
+INTERRUPT_GRACE = 3.0
 #: A cell shorter than this never shows the live output display.
 LIVE_AFTER = 0.3
 LIVE_EVERY = 0.25
@@ -148,7 +158,7 @@ def parse_ranks(spec: Optional[str], available: List[int]) -> List[int]:
 
 
 def probe(pool: Pool, ranks: List[int], timeout: float = 1.0) -> Dict[int, Optional[dict]]:
-    """Read the state probe of ``ranks`` (see :mod:`nbmpi.kernel_ext.rank_side`); None where no answer."""
+    """Read the state probe of ``ranks`` (see :mod:`nbmpi.workers.engine_side`); None where no answer."""
     addrs = pool.probes()
     out: Dict[int, Optional[dict]] = {}
     for r in ranks:
@@ -178,10 +188,9 @@ def fetch_cell_trace(pool: Pool, ranks: List[int]):
     """
     import numpy as np
 
+    from nbmpi.workers.engine_side import cell_events
     from nbmpi.workers.trace_analysis import Trace
     from nbmpi.workers.tracing import NF
-
-    from .rank_side import cell_events
 
     parts = pool.client()[ranks].apply_sync(cell_events)
     events = np.concatenate([np.asarray(p["events"], dtype=np.int64).reshape(-1, NF) for p in parts])
@@ -241,6 +250,8 @@ class DistributedMagics(Magics):
         self.pools: Dict[str, Pool] = {}
         self.current: Optional[str] = None
         self.last_cell: Optional[tuple] = None
+        #: pool name -> why it was ended (a wedged or dead rank); the next cell starts it again
+        self.broken: Dict[str, str] = {}
 
     # -- entry -------------------------------------------------------------------------------------
     @line_cell_magic
@@ -326,7 +337,12 @@ class DistributedMagics(Magics):
         return f"pool{k}"
 
     def _start(self, pool: Pool, timeout: float) -> None:
-        handle = display({"text/plain": f"starting pool {pool.name!r} ({pool.n} ranks)..."}, raw=True,
+        self._bring_up(pool, "starting", "start", lambda progress: pool.start(progress=progress, timeout=timeout))
+
+    def _bring_up(self, pool: Pool, doing: str, verb: str, fn) -> Pool:
+        """Run ``fn(progress)`` (a pool start or restart) with one live progress line; the pool it
+        returns becomes the current one. A PoolError becomes a one-line UsageError."""
+        handle = display({"text/plain": f"{doing} pool {pool.name!r} ({pool.n} ranks)..."}, raw=True,
                          display_id=True)
         t0 = time.monotonic()
 
@@ -334,18 +350,21 @@ class DistributedMagics(Magics):
             handle.update({"text/plain": f"{msg} [{time.monotonic() - t0:.1f} s]"}, raw=True)
 
         try:
-            pool.start(progress=progress, timeout=timeout)
+            ready = fn(progress)
         except PoolError as e:
-            handle.update({"text/plain": f"pool {pool.name!r} failed to start"}, raw=True)
+            self.pools.pop(pool.name, None)
+            handle.update({"text/plain": f"pool {pool.name!r} failed to {verb}"}, raw=True)
             raise UsageError(str(e)) from None
-        self.pools[pool.name] = pool
-        self.current = pool.name
-        st = pool.status()
-        handle.update({"text/plain": f"pool {pool.name!r}: {pool.n} ranks on {', '.join(sorted(set(st['hosts'])))}"
-                                     f" ready in {time.monotonic() - t0:.1f} s"}, raw=True)
+        self.pools[ready.name] = ready
+        self.current = ready.name
+        hosts = ", ".join(sorted(set(ready.status()["hosts"])))
+        handle.update({"text/plain": f"pool {ready.name!r}: {ready.n} ranks on {hosts} ready in "
+                                     f"{time.monotonic() - t0:.1f} s"}, raw=True)
+        return ready
 
     def _cmd_stop(self, args) -> None:
         pool = self._pool(args.name)
+        self.broken.pop(pool.name, None)
         pool.stop()
         del self.pools[pool.name]
         if self.current == pool.name:
@@ -358,21 +377,29 @@ class DistributedMagics(Magics):
         pool = self._pool(args.name)
         if pool.attached:
             raise UsageError(f"%distributed restart: pool {pool.name!r} is run by the controller; restart it there")
-        pool.stop()
-        fresh = Pool(pool.n, name=pool.name, env=pool.env)
-        del self.pools[pool.name]
-        self._start(fresh, 120.0)
+        if self.last_cell and self.last_cell[0] is pool:
+            self.last_cell = None
+        if self.broken.pop(pool.name, None) is not None:   # already ended: start it anew
+            del self.pools[pool.name]
+            self._start(Pool(pool.n, name=pool.name, env=pool.env), 120.0)
+            return
+        self._bring_up(pool, "restarting", "restart", lambda progress: pool.restart(progress=progress))
 
     def _cmd_status(self, args) -> None:  # noqa: ARG002
         if not self.pools:
             print("no pool; start one with `%distributed start -n 2`")
             return
         for name, pool in self.pools.items():
-            st = pool.status()
             mark = "*" if name == self.current else " "
+            if name in self.broken:
+                print(f"{mark} {name}: {pool.n} ranks, broken: {self.broken[name]}; the next cell starts it again")
+                continue
+            st = pool.status()
             hosts = ",".join(sorted(set(st["hosts"])))
+            dead = pool.dead_ranks()
+            state = st["state"] if not dead else "broken: " + pool.describe_dead(dead)
             print(f"{mark} {name}: {len(st['ranks'])} ranks ({_out.format_ranks(st['ranks'])}) on {hosts}, "
-                  f"{st['state']}, up {st['uptime_s']:.0f} s" + (" (attached)" if pool.attached else ""))
+                  f"{state}, up {st['uptime_s']:.0f} s" + (" (attached)" if pool.attached else ""))
 
     def _cmd_use(self, args) -> None:
         self._pool(args.name)
@@ -410,34 +437,23 @@ class DistributedMagics(Magics):
         print(f"wrote {args.file}: {len(trace)} events of ranks {_out.format_ranks(ranks)} (open in ui.perfetto.dev)")
 
     def _cmd_connect(self, args) -> None:
-        import httpx
+        from nbmpi.server.client import ApiError, Client
 
         url = args.url.rstrip("/")
-        headers = {"Authorization": f"Bearer {args.token}"}
         try:
-            if args.pool is None:
-                r = httpx.get(f"{url}/api/v1/pools", headers=headers, timeout=30)
-                r.raise_for_status()
-                body = r.json()
-                items = body.get("pools", []) if isinstance(body, dict) else body
-                running = [p for p in items if p.get("state") == "running"]
-                if not running:
-                    raise UsageError(f"%distributed connect: the controller at {url} runs no pool in state "
-                                     "'running'; create one there or pass --pool ID")
-                pinfo = max(running, key=lambda p: (p.get("started_at") or p.get("created_at") or 0, p.get("id", 0)))
-                if not pinfo.get("connection"):
-                    r = httpx.get(f"{url}/api/v1/pools/{pinfo['id']}", headers=headers, timeout=30)
-                    r.raise_for_status()
-                    pinfo = r.json()
-            else:
-                r = httpx.get(f"{url}/api/v1/pools/{args.pool}", headers=headers, timeout=30)
-                r.raise_for_status()
-                pinfo = r.json()
-        except httpx.HTTPStatusError as e:
-            raise UsageError(f"%distributed connect: {e.request.url} answered {e.response.status_code}: "
-                             f"{e.response.text[:200]}") from None
-        except httpx.HTTPError as e:
-            raise UsageError(f"%distributed connect: cannot reach the controller at {url}: {e}") from None
+            with Client(url, args.token, timeout=30) as api:
+                if args.pool is None:
+                    running = [p for p in api.pools() if p.get("state") == "running"]
+                    if not running:
+                        raise UsageError(f"%distributed connect: the controller at {url} runs no pool in state "
+                                         "'running'; create one there or pass --pool ID")
+                    newest = max(running, key=lambda p: (p.get("started_at") or p.get("created_at") or 0,
+                                                         p.get("id", 0)))
+                    pinfo = newest if newest.get("connection") else api.pool(newest["id"])
+                else:
+                    pinfo = api.pool(args.pool)
+        except ApiError as e:
+            raise UsageError(f"%distributed connect: {e}") from None
         conn = pinfo.get("connection")
         if not conn:
             raise UsageError(f"%distributed connect: pool {pinfo.get('id')} is {pinfo.get('state')!r} and has no "
@@ -463,13 +479,45 @@ class DistributedMagics(Magics):
         self.current = None
 
     # -- cells -------------------------------------------------------------------------------------
+    def _ready(self, pool: Pool) -> Pool:
+        """The pool a cell may run on: a broken pool is started again first (saying so); a pool
+        with a dead rank is ended and the cell refused (naming the rank)."""
+        name = pool.name
+        if name in self.broken:
+            why = self.broken.pop(name)
+            if pool.attached:
+                raise UsageError(f"%%distributed: pool {name!r} is broken ({why}) and is run by the controller; "
+                                 "stop it there, create a new one and `%distributed connect` again")
+            print(f"pool {name!r} was ended ({why}); starting it again with {pool.n} ranks "
+                  "(the ranks' variables are lost)", file=sys.stderr, flush=True)
+            fresh = Pool(pool.n, name=name, env=pool.env)
+            del self.pools[name]
+            self._start(fresh, 120.0)
+            return fresh
+        dead = pool.dead_ranks()
+        if dead:
+            why = pool.describe_dead(dead)
+            self._break(pool, why)
+            raise UsageError(f"%%distributed: {why} since the last cell; pool {name!r} was ended. Run the cell "
+                             "again to start a fresh pool (the ranks' variables are lost), or `%distributed restart`")
+        return pool
+
+    def _break(self, pool: Pool, why: str) -> None:
+        """End ``pool`` at once (owned) or drop it (attached) and remember why; the next cell restarts it."""
+        self.broken[pool.name] = why
+        if not pool.attached:
+            try:
+                pool.stop()
+            except Exception:  # noqa: BLE001 - it is being ended because it is broken
+                pass
+
     def _run_cell(self, line: str, cell: str):
         try:
             argv = shlex.split(line)
         except ValueError as e:
             raise UsageError(f"%%distributed: cannot parse {line!r}: {e}") from None
         args = _cell_parser().parse_args(argv)
-        pool = self._pool()
+        pool = self._ready(self._pool())
         ranks = parse_ranks(args.ranks, pool.ranks)
         client = pool.client()
         ar = client[ranks].execute(cell, silent=False, block=False)
@@ -482,27 +530,36 @@ class DistributedMagics(Magics):
         try:
             ar.wait(LIVE_AFTER if deadline is None else min(LIVE_AFTER, args.timeout))
             first_error_at = None
+            next_dead_check = t0 + 1.0
             while not ar.ready():
                 pending = _pending(ar, by_rank)
                 now = time.monotonic()
                 if deadline is not None and now >= deadline:
-                    states = probe(pool, pending)
-                    described = {r: _out.describe_state(states[r]) for r in pending}
-                    stuck = self._interrupt(pool, ar, by_rank, pending)
-                    done = [r for r in ranks if r not in pending]
-                    for r in done:
-                        described[r] = self._outcome(ar, by_rank[r])
-                    self._finish(pool, ar, by_rank, args, live, raise_errors=False)
-                    raise _out.DistributedTimeout(args.timeout, described, self._stuck_note(stuck))
+                    described, note = self._stop_pending(pool, ar, by_rank, pending, ranks)
+                    self._finish(pool, ar, by_rank, args, live, raise_errors=False, quick=bool(note))
+                    raise _out.DistributedTimeout(args.timeout, described, note)
                 if first_error_at is None and self._failed(ar, by_rank):
                     first_error_at = now
                 if first_error_at is not None and now - first_error_at > ERROR_GRACE:
                     states = probe(pool, pending)
-                    self._interrupt(pool, ar, by_rank, pending)
+                    stuck = self._interrupt(pool, ar, by_rank, pending)
                     for r in pending:
                         others[r] = (f"was in {_out.describe_state(states[r])} when another rank failed; "
                                      "interrupted")
+                    if stuck:
+                        note = self._wedged(pool, stuck, states)
+                        for r in stuck:
+                            others[r] += f"; {note}"
                     break
+                if now >= next_dead_check:   # a rank process that died never answers: do not wait for it
+                    next_dead_check = now + 0.5
+                    dead = pool.dead_ranks()
+                    if dead:
+                        why = pool.describe_dead(dead)
+                        self._break(pool, why)
+                        live.close()
+                        raise UsageError(f"%%distributed: {why} while the cell ran; pool {pool.name!r} was ended. "
+                                         "The next cell starts a fresh pool (the ranks' variables are lost)")
                 live.update(self._live_text(ar, by_rank))
                 wait = 0.1
                 if deadline is not None:
@@ -510,15 +567,33 @@ class DistributedMagics(Magics):
                 ar.wait(wait)
         except KeyboardInterrupt:
             pending = _pending(ar, by_rank)
-            states = probe(pool, pending)
-            described = {r: _out.describe_state(states[r]) for r in pending}
-            stuck = self._interrupt(pool, ar, by_rank, pending)
-            for r in ranks:
-                if r not in pending:
-                    described[r] = self._outcome(ar, by_rank[r])
-            self._finish(pool, ar, by_rank, args, live, raise_errors=False)
-            raise _out.DistributedInterrupt(described, self._stuck_note(stuck)) from None
-        self._finish(pool, ar, by_rank, args, live, others)
+            described, note = self._stop_pending(pool, ar, by_rank, pending, ranks)
+            self._finish(pool, ar, by_rank, args, live, raise_errors=False, quick=bool(note))
+            raise _out.DistributedInterrupt(described, note) from None
+        self._finish(pool, ar, by_rank, args, live, others, quick=pool.name in self.broken)
+
+    def _stop_pending(self, pool: Pool, ar, by_rank, pending: List[int], ranks: List[int]):
+        """Probe, then interrupt the ``pending`` ranks (a timeout or a kernel interrupt); end the pool
+        if some do not stop. Returns (what each rank was doing, a note about a wedged pool or "")."""
+        states = probe(pool, pending)
+        described = {r: _out.describe_state(states[r]) for r in pending}
+        stuck = self._interrupt(pool, ar, by_rank, pending)
+        for r in ranks:
+            if r not in pending:
+                described[r] = self._outcome(ar, by_rank[r])
+        return described, (self._wedged(pool, stuck, states) if stuck else "")
+
+    def _wedged(self, pool: Pool, stuck: List[int], states: Dict[int, Optional[dict]]) -> str:
+        """End a pool whose ranks ``stuck`` ignored SIGINT; the note says so and what happens next."""
+        where = "; ".join(f"rank {r}: {_out.describe_state(states.get(r))}" for r in stuck)
+        who = f"rank{'s' if len(stuck) > 1 else ''} {_out.format_ranks(stuck)}"
+        why = f"{who} did not stop within {INTERRUPT_GRACE:g} s of SIGINT, blocked in C code ({where})"
+        self._break(pool, why)
+        if pool.attached:
+            return (f"{why}; the pool is run by the controller, so it was left as it is: stop it there and "
+                    "connect to a new one")
+        return (f"{why}; the pool was ended so no later cell runs on stuck ranks. The next %%distributed cell "
+                "starts it again (the ranks' variables are lost)")
 
     @staticmethod
     def _failed(ar, by_rank) -> bool:
@@ -536,13 +611,6 @@ class DistributedMagics(Magics):
         return "had completed the cell"
 
     @staticmethod
-    def _stuck_note(stuck: List[int]) -> str:
-        if not stuck:
-            return ""
-        return (f"ranks {_out.format_ranks(stuck)} did not stop within {DRAIN_SECONDS:g} s of SIGINT (blocked in "
-                "C code?); run `%distributed restart` before the next cell")
-
-    @staticmethod
     def _live_text(ar, by_rank) -> Dict[int, str]:
         out = {}
         for r, i in by_rank.items():
@@ -551,9 +619,9 @@ class DistributedMagics(Magics):
         return out
 
     def _interrupt(self, pool: Pool, ar, by_rank: Dict[int, int], pending: List[int]) -> List[int]:
-        """SIGINT the pending ranks, re-sending every 2 s; return ranks still running after DRAIN_SECONDS."""
+        """SIGINT the pending ranks (again every second); return those still running after INTERRUPT_GRACE s."""
         client = pool.client()
-        end = time.monotonic() + DRAIN_SECONDS
+        end = time.monotonic() + INTERRUPT_GRACE
         while True:
             pending = [r for r in _pending(ar, by_rank) if r in pending]
             if not pending:
@@ -561,15 +629,15 @@ class DistributedMagics(Magics):
             if time.monotonic() >= end:
                 return pending
             try:
-                client.send_signal(signal.SIGINT, targets=pending, block=True)
+                client.send_signal(signal.SIGINT, targets=pending, block=False)
             except Exception:  # noqa: BLE001 - a nanny that is gone: the rank is reported stuck
                 pass
-            ar.wait(min(2.0, max(end - time.monotonic(), 0.01)))
+            ar.wait(min(1.0, max(end - time.monotonic(), 0.01)))
 
     def _finish(self, pool: Pool, ar, by_rank: Dict[int, int], args, live: _Live,
-                others: Optional[Dict[int, str]] = None, raise_errors: bool = True) -> None:
+                others: Optional[Dict[int, str]] = None, raise_errors: bool = True, quick: bool = False) -> None:
         try:
-            ar.wait_for_output(5.0)
+            ar.wait_for_output(0.5 if quick else 5.0)   # quick: the pool was ended, no more output comes
         except Exception:  # noqa: BLE001 - output of a rank that died
             pass
         live.close()
@@ -636,11 +704,11 @@ class DistributedMagics(Magics):
             display(rich[rs[0]], raw=True)
 
     def _show_timeline(self, pool: Pool, ranks: List[int]) -> None:
-        from nbmpi.workers.timeline import render_html
+        from nbmpi.workers.timeline import show
 
         try:
             trace, window = fetch_cell_trace(pool, ranks)
         except Exception as e:  # noqa: BLE001 - do not hide the cell's own outcome
             print(f"%%distributed --timeline: could not fetch the trace: {e}", file=sys.stderr)
             return
-        display(HTML(render_html(trace, window=window, ranks=ranks)))
+        show(trace, window=window, ranks=ranks)

@@ -90,13 +90,20 @@ def strip_ansi(text: str) -> str:
 
 
 def describe_state(snap: Optional[dict]) -> str:
-    """What a rank was doing, from its probe snapshot: ``"take(src=0) waiting 12.0 s"``,
-    ``"running user code (3.1 s)"``, ``"idle"``, or ``"no answer from its probe"``."""
+    """What a rank was doing, from its probe snapshot (:func:`nbmpi.workers.engine_side.snapshot`):
+    ``"take(src=0) waiting 12.0 s at cell line 4 `ch.take(0)`"``, ``"at cell line 3
+    `comm.Recv(buf, source=1)`: MPI Recv from rank 1 (10.0 s into the cell)"``, ``"running user code
+    (3.1 s)"``, ``"idle"``, or ``"no answer from its probe"`` (the rank holds the GIL in C code or died)."""
+    from nbmpi.workers.rank_location import format_location
+
     if not snap:
-        return "no answer from its probe"
+        return "no answer from its probe (busy in C code holding the GIL, or the rank died)"
+    where = format_location(snap.get("where"))
     if snap.get("op"):
-        return f"{snap['op']} waiting {snap['waiting_s']:.1f} s"
+        return f"{snap['op']} waiting {snap['waiting_s']:.1f} s" + (f" at {where}" if where else "")
     if snap.get("running"):
+        if where:
+            return f"at {where} ({snap['running_s']:.1f} s into the cell)"
         return f"running user code ({snap['running_s']:.1f} s)"
     return "idle"
 

@@ -1,14 +1,20 @@
-"""The controller's subcommands of the ``nbmpi`` command.
+"""The ``nbmpi`` command: ``nbmpi run`` (from :mod:`nbmpi.workers.cli`) and the controller's subcommands.
 
-* ``nbmpi serve [--host 127.0.0.1] [--port 8765] [--max-ranks N] [--db PATH] [--data-dir DIR]``:
+The console script ``nbmpi`` is :func:`main` here, so the runtime package never
+imports the controller; ``python -m nbmpi.workers.cli run`` works without it.
+
+* ``nbmpi serve [--host 127.0.0.1] [--port 8765] [--max-ranks N] [--db PATH] [--data-dir DIR]
+  [--backend local|slurm] [--slurm-partition P] [--slurm-sbatch-arg ARG ...]``:
   run the service (uvicorn). Creates the data directory and, on first start,
-  a token (printed, stored mode 0600 in the users file); writes the client
-  configuration file (URL + token, mode 0600).
+  a token (printed, stored mode 0600 in the users file, with a dashboard link
+  that logs a browser tab in); writes the client configuration file (URL +
+  token, mode 0600). The dashboard is at ``URL/dashboard``.
 * ``nbmpi submit script.py -n 4 [--wait] [--timeout S] [--pool ID] [--args 'A B']``: queue a
   job and print its id; ``--wait`` follows it, prints every rank's output and
   exits with the job's exit code.
 * ``nbmpi jobs [--state S]``, ``nbmpi logs ID [--rank R] [--stderr]``,
   ``nbmpi cancel ID``, ``nbmpi pools``.
+* ``nbmpi demo [-n N] [--data-dir DIR] [--keep]``: see :mod:`nbmpi.server.demo`.
 
 Client commands take ``--server URL`` and ``--token T``, else ``$NBMPI_SERVER`` /
 ``$NBMPI_TOKEN``, else the client configuration file (see :mod:`nbmpi.server.config`).
@@ -26,6 +32,26 @@ from pathlib import Path
 from typing import Optional
 
 from . import config
+from .backends import BACKENDS
+
+
+DEFAULT_MAX_LOG = "256M"
+
+
+def _size(text: str) -> int:
+    """``"512M"`` -> bytes (suffixes K, M, G, T; powers of 1024)."""
+    t = str(text).strip().upper().removesuffix("B")
+    mult = 1
+    if t and t[-1] in "KMGT":
+        mult = 1024 ** ("KMGT".index(t[-1]) + 1)
+        t = t[:-1]
+    try:
+        value = int(float(t) * mult)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size; use e.g. 512M or 2G") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: a size cannot be negative")
+    return value
 
 
 def _add_client_options(p: argparse.ArgumentParser) -> None:
@@ -51,6 +77,21 @@ def _fail(exc) -> int:
 
 
 # -- serve --------------------------------------------------------------------------------------
+#: ``nbmpi serve`` option -> SlurmBackend keyword (see :class:`nbmpi.server.backends.slurm.SlurmBackend`).
+_SLURM_OPTIONS = {"slurm_partition": "partition", "slurm_sbatch_arg": "sbatch_args",
+                  "slurm_poll_interval": "poll_interval", "slurm_mpi": "mpi", "slurm_pool_ip": "pool_ip"}
+
+
+def _backend_options(args: argparse.Namespace) -> dict:
+    """The backend's keyword options from the ``--slurm-*`` options given. Raises ValueError when
+    they are given to another backend."""
+    given = {key: getattr(args, opt) for opt, key in _SLURM_OPTIONS.items() if getattr(args, opt) is not None}
+    if given and args.backend != "slurm":
+        flags = ", ".join("--" + o.replace("_", "-") for o in _SLURM_OPTIONS if getattr(args, o) is not None)
+        raise ValueError(f"{flags}: only for --backend slurm (this service uses --backend {args.backend})")
+    return given
+
+
 def _cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -60,8 +101,16 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     data_dir = config.ensure_data_dir(Path(args.data_dir) if args.data_dir else config.default_data_dir())
     users_path = Path(args.users) if args.users else data_dir / "users.json"
     token, created = ensure_users_file(users_path)
-    max_ranks = args.max_ranks or os.cpu_count() or 1
-    if max_ranks < 1:
+    try:
+        backend_options = _backend_options(args)
+    except ValueError as exc:
+        print(f"nbmpi serve: {exc}", file=sys.stderr)
+        return 2
+    if args.max_ranks is not None:
+        max_ranks = args.max_ranks
+    else:   # the local backend holds ranks on this host; a cluster queue decides itself
+        max_ranks = (os.cpu_count() or 1) if args.backend == "local" else None
+    if max_ranks is not None and max_ranks < 1:
         print(f"nbmpi serve: --max-ranks must be at least 1, got {max_ranks}", file=sys.stderr)
         return 2
     try:
@@ -88,12 +137,26 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     if cfg.get("token") and cfg.get("token") in load_users(users_path):
         client_token = cfg["token"]
     cfg_path = config.write_client_config(url, client_token) if client_token else None
-    app = create_app(data_dir, max_ranks, users_path=users_path, db_path=Path(args.db) if args.db else None,
-                     enable_pools=not args.no_pools)
-    print(f"nbmpi serve: listening on {url} (max ranks {max_ranks}, data {data_dir})", flush=True)
+    from .backends import BackendError
+
+    try:
+        app = create_app(data_dir, max_ranks, users_path=users_path, db_path=Path(args.db) if args.db else None,
+                         enable_pools=not args.no_pools, backend=args.backend, backend_options=backend_options,
+                         max_log_bytes=args.max_log_bytes or None)
+    except BackendError as exc:
+        print(f"nbmpi serve: {exc}", file=sys.stderr)
+        return 2
+    limit = max_ranks if max_ranks is not None else "per job: the backend's queue decides"
+    print(f"nbmpi serve: listening on {url} (backend {args.backend}, max ranks {limit}, data {data_dir})",
+          flush=True)
     if created:
         print(f"nbmpi serve: first start: generated token {token}\n"
               f"nbmpi serve: stored (owner-only) in {users_path}", flush=True)
+        print(f"nbmpi serve: dashboard at {url}/dashboard; this link logs a browser tab in: "
+              f"{url}/dashboard#token={token}", flush=True)
+    else:
+        print(f"nbmpi serve: dashboard at {url}/dashboard (log in with your token from {users_path}"
+              + (f" or {config.client_config_path()}" if client_token else "") + ")", flush=True)
     if cfg_path:
         print(f"nbmpi serve: client configuration written to {cfg_path}", flush=True)
     if not loopback:
@@ -107,32 +170,6 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 # -- client commands ----------------------------------------------------------------------------
 def _fmt_time(t: Optional[float]) -> str:
     return time.strftime("%H:%M:%S", time.localtime(t)) if t else "-"
-
-
-def _follow(client, job_id: int, ranks: int, offsets: dict, out=sys.stdout) -> None:
-    for r in range(ranks):
-        for stream in ("stdout", "stderr"):
-            text, offsets[(r, stream)] = client.logs(job_id, r, stream, offsets.get((r, stream), 0))
-            if text:
-                dest = out if stream == "stdout" else sys.stderr
-                prefix = f"[rank {r}] " if ranks > 1 else ""
-                for line in text.splitlines(keepends=True):
-                    dest.write(prefix + line)
-                dest.flush()
-
-
-def wait_for(client, job_id: int, print_logs: bool = True, poll: float = 0.2) -> dict:
-    """Poll job ``job_id`` until it is final, printing new output of every rank; return the record."""
-    offsets: dict = {}
-    while True:
-        job = client.job(job_id)
-        if print_logs and job["state"] != "queued":
-            _follow(client, job_id, job["ranks"], offsets)
-        if job["state"] not in ("queued", "running"):
-            if print_logs:
-                _follow(client, job_id, job["ranks"], offsets)
-            return job
-        time.sleep(poll)
 
 
 def _cmd_submit(args: argparse.Namespace) -> int:
@@ -162,7 +199,7 @@ def _cmd_submit(args: argparse.Namespace) -> int:
             print(job["id"], flush=True)
             if not args.wait:
                 return 0
-            job = wait_for(c, job["id"])
+            job = c.wait(job["id"])
     except ApiError as exc:
         return _fail(exc)
     print(f"nbmpi: job {job['id']} {job['state']}" + (f": {job['message']}" if job.get("message") else ""),
@@ -172,34 +209,51 @@ def _cmd_submit(args: argparse.Namespace) -> int:
     return job["exit_code"] if job.get("exit_code") else 1
 
 
-def _cmd_jobs(args: argparse.Namespace) -> int:
+def _listing(args: argparse.Namespace, fetch, header: str, row) -> int:
+    """Print the records ``fetch(client)`` returns: as JSON with ``--json``, else ``header`` and ``row(r)``."""
     from .client import ApiError
 
     try:
         with _client(args) as c:
-            jobs = c.jobs(args.state)
+            records = fetch(c)
     except ApiError as exc:
         return _fail(exc)
     if args.json:
-        print(json.dumps(jobs, indent=2))
+        print(json.dumps(records, indent=2))
         return 0
-    print(f"{'ID':>5}  {'STATE':<10} {'RANKS':>5} {'POOL':>4} {'EXIT':>4}  {'CREATED':<8} {'FINISHED':<8} SCRIPT")
-    for j in jobs:
-        print(f"{j['id']:>5}  {j['state']:<10} {j['ranks']:>5} {j['pool'] or '-':>4} "
-              f"{'-' if j['exit_code'] is None else j['exit_code']:>4}  {_fmt_time(j['created_at']):<8} "
-              f"{_fmt_time(j['finished_at']):<8} {j['script_name']}")
+    print(header)
+    for r in records:
+        print(row(r))
     return 0
+
+
+def _cmd_jobs(args: argparse.Namespace) -> int:
+    return _listing(
+        args, lambda c: c.jobs(args.state),
+        f"{'ID':>5}  {'STATE':<10} {'RANKS':>5} {'POOL':>4} {'EXIT':>4}  {'CREATED':<8} {'FINISHED':<8} SCRIPT",
+        lambda j: (f"{j['id']:>5}  {j['state']:<10} {j['ranks']:>5} {j['pool'] or '-':>4} "
+                   f"{'-' if j['exit_code'] is None else j['exit_code']:>4}  {_fmt_time(j['created_at']):<8} "
+                   f"{_fmt_time(j['finished_at']):<8} {j['script_name']}"))
 
 
 def _cmd_logs(args: argparse.Namespace) -> int:
     from .client import ApiError
 
+    stream = "stderr" if args.stderr else "stdout"
+    out = sys.stdout.buffer
     try:
         with _client(args) as c:
-            text, _ = c.logs(args.id, args.rank, "stderr" if args.stderr else "stdout")
+            offset = c.stream_log(args.id, args.rank, stream, out)   # the whole log, in pieces
+            while args.follow:
+                job = c.job(args.id)
+                offset = c.stream_log(args.id, args.rank, stream, out, offset)
+                if job["state"] not in ("queued", "running"):
+                    break
+                time.sleep(0.5)
     except ApiError as exc:
         return _fail(exc)
-    sys.stdout.write(text)
+    except BrokenPipeError:   # `nbmpi logs ID | head`
+        return 0
     return 0
 
 
@@ -216,27 +270,35 @@ def _cmd_cancel(args: argparse.Namespace) -> int:
 
 
 def _cmd_pools(args: argparse.Namespace) -> int:
-    from .client import ApiError
-
-    try:
-        with _client(args) as c:
-            pools = c.pools()
-    except ApiError as exc:
-        return _fail(exc)
-    if args.json:
-        print(json.dumps(pools, indent=2))
-        return 0
-    print(f"{'ID':>4}  {'NAME':<16} {'STATE':<9} {'TARGET':<8} {'RANKS':>5}  CREATED")
-    for p in pools:
-        print(f"{p['id']:>4}  {(p['name'] or '-'):<16} {p['state']:<9} {p['target']:<8} {p['ranks']:>5}  "
-              f"{_fmt_time(p['created_at'])}")
-    return 0
+    return _listing(
+        args, lambda c: c.pools(),
+        f"{'ID':>4}  {'NAME':<16} {'STATE':<9} {'TARGET':<8} {'RANKS':>5}  CREATED",
+        lambda p: (f"{p['id']:>4}  {(p['name'] or '-'):<16} {p['state']:<9} {p['target']:<8} {p['ranks']:>5}  "
+                   f"{_fmt_time(p['created_at'])}"))
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
     from .demo import main as demo_main
 
-    return demo_main(data_dir=args.data_dir, ranks=args.n)
+    return demo_main(data_dir=args.data_dir, ranks=args.n, keep=args.keep)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of the ``nbmpi`` command: ``run`` and the controller's subcommands."""
+    from nbmpi.workers.cli import add_run_command
+
+    p = argparse.ArgumentParser(prog="nbmpi", description="nbmpi: interactive distributed computing on MPI.")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    add_run_command(sub)
+    register(sub)
+    return p
+
+
+def main(argv=None) -> int:
+    """Entry point of the ``nbmpi`` console script."""
+    from nbmpi.workers.cli import dispatch
+
+    return dispatch(build_parser(), argv)
 
 
 def register(sub) -> None:
@@ -246,13 +308,35 @@ def register(sub) -> None:
     s.add_argument("--host", default=config.DEFAULT_HOST)
     s.add_argument("--port", type=int, default=config.DEFAULT_PORT, help="0 picks a free port")
     s.add_argument("--max-ranks", type=int, default=None, metavar="N",
-                   help="ranks in use at most (running jobs + pools); default: number of CPUs")
+                   help="ranks in use at most (running jobs + pools); default: number of CPUs with the "
+                        "local backend; with slurm the most ranks one job or pool may ask for (default: "
+                        "no limit, Slurm decides)")
     s.add_argument("--data-dir", default=None, metavar="DIR",
                    help=f"state directory (default ${config.DATA_DIR_ENV} or ~/.local/share/nbmpi)")
     s.add_argument("--db", default=None, metavar="PATH", help="SQLite file (default DATA_DIR/nbmpi.db)")
     s.add_argument("--users", default=None, metavar="FILE",
                    help="users file mapping tokens to user names (default DATA_DIR/users.json)")
     s.add_argument("--no-pools", action="store_true", help="disable the pool endpoints")
+    s.add_argument("--max-log-bytes", type=_size, default=_size(DEFAULT_MAX_LOG), metavar="SIZE",
+                   help=f"output kept per rank and stream of a job (e.g. 512M, 2G; 0: no limit; default "
+                        f"{DEFAULT_MAX_LOG}); past it the log shows a truncation line")
+    s.add_argument("--backend", default="local", choices=sorted(BACKENDS),
+                   help="where jobs and pools run (default local: mpiexec on this host; slurm: sbatch "
+                        "jobs and Slurm allocations for pools, see deploy/slurm/)")
+    sl = s.add_argument_group("slurm backend", "options of --backend slurm (the data directory must be on a "
+                                                "filesystem the cluster's nodes share)")
+    sl.add_argument("--slurm-partition", default=None, metavar="NAME",
+                    help="partition for jobs and pools (checked at start; default: the cluster's default)")
+    sl.add_argument("--slurm-sbatch-arg", action="append", default=None, metavar="ARG",
+                    help="extra sbatch argument for every job and pool, repeatable, e.g. "
+                         "--slurm-sbatch-arg=--account=myproject")
+    sl.add_argument("--slurm-poll-interval", type=float, default=None, metavar="SECONDS",
+                    help="seconds one squeue answer is reused for all jobs (default 1)")
+    sl.add_argument("--slurm-mpi", default=None, metavar="TYPE",
+                    help="srun --mpi plugin (default pmi2, which the bundled MPICH speaks; pmix for some site MPIs)")
+    sl.add_argument("--slurm-pool-ip", default=None, metavar="ADDR",
+                    help="address a pool's ipyparallel controller listens on in its allocation (default *: "
+                         "engines and this service connect to the node's name)")
     s.add_argument("--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"])
     s.set_defaults(func=_cmd_serve)
 
@@ -280,6 +364,7 @@ def register(sub) -> None:
     lg.add_argument("id", type=int)
     lg.add_argument("--rank", type=int, default=0)
     lg.add_argument("--stderr", action="store_true", help="stderr instead of stdout")
+    lg.add_argument("-f", "--follow", action="store_true", help="keep printing new output until the job ends")
     _add_client_options(lg)
     lg.set_defaults(func=_cmd_logs)
 
@@ -296,4 +381,10 @@ def register(sub) -> None:
     d = sub.add_parser("demo", help="start the service, run one example job through it, print the results")
     d.add_argument("-n", type=int, default=2, metavar="N", help="ranks of the example job (default 2)")
     d.add_argument("--data-dir", default=None, metavar="DIR", help="state directory (default: a temporary one)")
+    d.add_argument("--keep", action="store_true", help="leave the controller running to open its dashboard "
+                   "(its pid is printed: stop it with kill PID)")
     d.set_defaults(func=_cmd_demo)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

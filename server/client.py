@@ -1,12 +1,16 @@
-"""A small synchronous HTTP client of the controller API (httpx), used by the CLI.
+"""The one HTTP client of the controller API (httpx): used by the CLI, ``nbmpi demo``,
+``%distributed connect`` and the benchmarks.
 
-Every method is one request (blocking) and returns the decoded answer; an
-error answer raises :class:`ApiError` carrying the status and the server's
-message, an unreachable server raises :class:`ApiError` with status 0.
+Every method is one request (blocking) and returns the decoded answer, except
+:meth:`Client.wait`, which polls until a job is final. An error answer raises
+:class:`ApiError` carrying the status and the server's message; an unreachable
+server raises :class:`ApiError` with status 0.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+import sys
+import time
+from typing import Any, Dict, List, Optional, TextIO
 
 import httpx
 
@@ -77,15 +81,77 @@ class Client:
         params = {"state": state} if state else {}
         return self._request("GET", "/api/v1/jobs", params=params).json()["jobs"]
 
-    def logs(self, job_id: int, rank: int = 0, stream: str = "stdout", offset: int = 0) -> tuple:
-        """``(text, new_offset)`` of one rank's stream from byte ``offset``."""
+    def log_chunk(self, job_id: int, rank: int = 0, stream: str = "stdout", offset: int = 0) -> tuple:
+        """``(bytes, next_offset, size)``: one request's piece of a rank's stream from byte ``offset``
+        (at most 16 MiB), where the next piece starts, and the whole log's size now."""
         r = self._request("GET", f"/api/v1/jobs/{job_id}/logs",
                           params=dict(rank=rank, stream=stream, offset=offset))
-        return r.text, int(r.headers.get("X-Log-Size", offset))
+        data = r.content
+        nxt = int(r.headers.get("X-Log-Next-Offset", offset + len(data)))
+        return data, nxt, int(r.headers.get("X-Log-Size", nxt))
+
+    def logs(self, job_id: int, rank: int = 0, stream: str = "stdout", offset: int = 0) -> tuple:
+        """``(text, new_offset)``: ALL of one rank's stream from byte ``offset`` as it is now, following
+        the server's 16 MiB pieces (blocking until read)."""
+        parts = []
+        while True:
+            data, offset, size = self.log_chunk(job_id, rank, stream, offset)
+            parts.append(data)
+            if not data or offset >= size:
+                return b"".join(parts).decode("utf-8", "replace"), offset
+
+    def stream_log(self, job_id: int, rank: int, stream: str, out, offset: int = 0) -> int:
+        """Write one rank's whole stream from ``offset`` to the binary file ``out`` piece by piece
+        (constant memory, any size); return the offset reached."""
+        while True:
+            data, offset, size = self.log_chunk(job_id, rank, stream, offset)
+            out.write(data)
+            if not data or offset >= size:
+                out.flush()
+                return offset
+
+    def follow_logs(self, job_id: int, ranks: int, offsets: Dict[tuple, int], out: Optional[TextIO] = None,
+                    err: Optional[TextIO] = None) -> None:
+        """Print what every rank of the job wrote since ``offsets`` (updated in place), each
+        line prefixed ``[rank R]`` when the job has several ranks; stdout to ``out``, stderr to ``err``."""
+        out = out or sys.stdout
+        err = err or sys.stderr
+        for r in range(ranks):
+            for stream in ("stdout", "stderr"):
+                text, offsets[(r, stream)] = self.logs(job_id, r, stream, offsets.get((r, stream), 0))
+                if text:
+                    dest = out if stream == "stdout" else err
+                    prefix = f"[rank {r}] " if ranks > 1 else ""
+                    for line in text.splitlines(keepends=True):
+                        dest.write(prefix + line)
+                    dest.flush()
+
+    def wait(self, job_id: int, print_logs: bool = True, poll: float = 0.2) -> Dict[str, Any]:
+        """Poll job ``job_id`` until it is final, printing new output of every rank; return the record."""
+        offsets: Dict[tuple, int] = {}
+        while True:
+            job = self.job(job_id)
+            if print_logs and job["state"] != "queued":
+                self.follow_logs(job_id, job["ranks"], offsets)
+            if job["state"] not in ("queued", "running"):
+                if print_logs:
+                    self.follow_logs(job_id, job["ranks"], offsets)
+                return job
+            time.sleep(poll)
 
     def trace(self, job_id: int) -> Dict[str, Any]:
         """The job's Chrome trace JSON."""
         return self._request("GET", f"/api/v1/jobs/{job_id}/trace").json()
+
+    def job_trace(self, job_id: int):
+        """Every event the job's ranks streamed so far, as a :class:`~nbmpi.workers.trace_analysis.Trace`
+        (``nbmpi.workers.timeline.show(trace)`` draws it in a notebook); works for running and failed
+        jobs too."""
+        import io
+
+        from nbmpi.workers.trace_analysis import Trace
+
+        return Trace.load(io.BytesIO(self._request("GET", f"/api/v1/dashboard/jobs/{job_id}/trace.npz").content))
 
     def summary(self, job_id: int) -> Dict[str, Any]:
         """The job's per-rank compute/comm/wait summary."""

@@ -8,15 +8,20 @@ Steps (one command, used as the project's main job):
 2. submit :mod:`nbmpi.server.example_job` (1-D heat equation with ArrayChannel
    halos) on N ranks, follow its state and print every rank's output;
 3. print the per-rank compute / communication / wait summary and the bytes
-   matrix from the job's trace, where the Chrome trace lies, and where the
-   dashboard will be served;
+   matrix from the job's trace, where the Chrome trace lies, and the
+   dashboard's address with a link that logs the browser tab in;
 4. stop the service (SIGTERM: nothing is left running) and exit with the job's
-   exit code.
+   exit code; with ``--keep`` leave it running instead (its pid is printed, and
+   ``kill PID`` stops it) so that the dashboard can be opened.
+
+The service's own output goes to ``DATA_DIR/serve.log`` (a kept service must not
+write into the pipe of a command that has ended).
 """
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -25,36 +30,58 @@ import time
 from pathlib import Path
 from typing import Optional
 
-import httpx
-
 EXAMPLE = Path(__file__).resolve().parent / "example_job.py"
 
 
 def start_service(data_dir: Path, max_ranks: int, config: Optional[Path] = None, echo: bool = True):
     """Start ``nbmpi serve`` (no pools) on a free 127.0.0.1 port with ``data_dir``; return ``(proc, url)``
     once ``/api/health`` answers. ``config``: client config file (default ``data_dir/client.json``).
-    ``echo`` prints the service's start-up lines. Stop it with :func:`stop_service`."""
+    The service writes its output to ``data_dir/serve.log``; ``echo`` prints its start-up lines.
+    Stop it with :func:`stop_service`."""
     env = dict(os.environ, NBMPI_CONFIG=str(config or data_dir / "client.json"))
-    proc = subprocess.Popen([sys.executable, "-m", "nbmpi.workers.cli", "serve", "--port", "0", "--data-dir",
-                             str(data_dir), "--max-ranks", str(max_ranks), "--no-pools"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                            start_new_session=True)
+    data_dir = Path(data_dir)
+    data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    log_path = data_dir / "serve.log"
+    with open(log_path, "ab") as log:
+        start = log.tell()
+        proc = subprocess.Popen([sys.executable, "-m", "nbmpi.server.cli", "serve", "--port", "0", "--data-dir",
+                                 str(data_dir), "--max-ranks", str(max_ranks), "--no-pools"],
+                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)
     url = None
-    for line in proc.stdout:
-        if echo:
-            print(line, end="", flush=True)
-        if "listening on " in line:
-            url = line.split("listening on ")[1].split()[0]
-        if "client configuration" in line:
-            break
-    if url is None:
-        raise RuntimeError(f"nbmpi serve exited {proc.wait()} before listening")
+    deadline = time.monotonic() + 60
+    with open(log_path, errors="replace") as out:
+        out.seek(start)
+        pending = ""
+        while True:
+            chunk = out.readline()
+            if not chunk:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"nbmpi serve exited {proc.returncode} before listening; see {log_path}")
+                if time.monotonic() > deadline:
+                    stop_service(proc)
+                    raise RuntimeError(f"nbmpi serve did not start within 60 s; see {log_path}")
+                time.sleep(0.05)
+                continue
+            pending += chunk
+            if not pending.endswith("\n"):
+                continue
+            line, pending = pending, ""
+            if echo:
+                print(line, end="", flush=True)
+            if "listening on " in line:
+                url = line.split("listening on ")[1].split()[0]
+            if "client configuration" in line and url:
+                break
+    from .client import ApiError, Client
+
     deadline = time.monotonic() + 60
     while True:
         try:
-            if httpx.get(url + "/api/health", timeout=2).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
+            with Client(url, None, timeout=2) as c:
+                c.health()
+            return proc, url
+        except ApiError:
             pass
         if time.monotonic() > deadline:
             stop_service(proc)
@@ -72,11 +99,11 @@ def stop_service(proc: subprocess.Popen, timeout: float = 30) -> None:
         proc.wait()
 
 
-def main(data_dir: Optional[str] = None, ranks: int = 2) -> int:
-    """Run the demo; returns the example job's exit code."""
-    from .cli import wait_for
+def main(data_dir: Optional[str] = None, ranks: int = 2, keep: bool = False) -> int:
+    """Run the demo; returns the example job's exit code. ``keep`` leaves the controller running."""
     from .client import ApiError, Client
 
+    temporary = data_dir is None
     d = Path(data_dir).expanduser().resolve() if data_dir else Path(tempfile.mkdtemp(prefix="nbmpi-demo-"))
     d.mkdir(parents=True, exist_ok=True)
     print(f"== nbmpi demo: starting the controller (data directory {d})", flush=True)
@@ -88,7 +115,7 @@ def main(data_dir: Optional[str] = None, ranks: int = 2) -> int:
             job = c.submit(EXAMPLE.read_text(), ranks=ranks, script_name=EXAMPLE.name,
                            args=["--steps", "200"], name="demo", timeout=600)
             print(f"== job {job['id']} {job['state']}; output of every rank:", flush=True)
-            job = wait_for(c, job["id"])
+            job = c.wait(job["id"])
             print(f"== job {job['id']} {job['state']} (exit code {job['exit_code']}, per rank "
                   f"{job['rank_exit_codes']}), {job['finished_at'] - job['created_at']:.2f} s from submit "
                   "to finish", flush=True)
@@ -105,13 +132,29 @@ def main(data_dir: Optional[str] = None, ranks: int = 2) -> int:
                 trace = d / "jobs" / str(job["id"]) / "trace" / "trace.json"
                 print(f"== Chrome trace: {trace} (open in https://ui.perfetto.dev), also at "
                       f"{url}/api/v1/jobs/{job['id']}/trace")
-            print(f"== the dashboard will be at {url}/dashboard (served by this controller; "
-                  f"start it for good with `nbmpi serve --data-dir {d}`)", flush=True)
+            print(f"== dashboard: {url}/dashboard (log in with the token {token}); this link logs the browser "
+                  f"tab in: {url}/dashboard#token={token}", flush=True)
+            print(f"== the job's timeline: {url}/dashboard/jobs/{job['id']}", flush=True)
             rc = 0 if job["state"] == "succeeded" else (job["exit_code"] or 1)
     except ApiError as exc:
         print(f"nbmpi demo: {exc}", file=sys.stderr)
         rc = 1
-    finally:
+        keep = False
+    except BaseException:
         stop_service(proc)
-        print("== controller stopped", flush=True)
+        if temporary:
+            shutil.rmtree(d, ignore_errors=True)
+        raise
+    if keep:
+        print(f"== the controller keeps running (pid {proc.pid}, output in {d / 'serve.log'}); stop it with: "
+              f"kill {proc.pid}" + (f" and remove {d} (it holds the token)" if temporary else ""), flush=True)
+    else:
+        stop_service(proc)
+        if temporary:   # it holds a token and the job's files: nothing of the demo stays behind
+            shutil.rmtree(d, ignore_errors=True)
+            print(f"== controller stopped; its temporary data directory {d} was removed (run `nbmpi demo --keep` "
+                  "to keep both and open the dashboard)", flush=True)
+        else:
+            print(f"== controller stopped; its records stay in {d} (run `nbmpi demo --keep` to keep it running "
+                  "and open the dashboard)", flush=True)
     return rc

@@ -8,7 +8,7 @@ checked by the routes and also answered 422.
 from __future__ import annotations
 
 import re
-from typing import Any, Dict, List, Literal, Optional
+from typing import Any, Dict, List, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -16,8 +16,20 @@ from .config import MAX_CODE_BYTES
 
 JobState = Literal["queued", "running", "succeeded", "failed", "cancelled", "timed_out", "lost"]
 PoolState = Literal["starting", "running", "stopping", "stopped", "failed"]
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_SCRIPT_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,128}\.py$")
+#: A valid environment variable name.
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+#: The JSON schema of one program argument or environment value (what the validators enforce).
+ARG_SCHEMA = {"type": "string", "maxLength": 4096, "pattern": "^[^\\x00]*$"}
+#: A plain script file name (no directories).
+SCRIPT_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,128}\.py$")
+
+
+#: JSON schema: a job names its ranks, its pool, or both (not null).
+RANKS_OR_POOL = [{"required": ["ranks"], "properties": {"ranks": {"type": "integer"}}},
+                 {"required": ["pool"], "properties": {"pool": {"type": "integer"}}}]
+#: Largest record id and rank count a request may name.
+MAX_ID = 2**53 - 1   # exact as a JSON number (a double) as well
+MAX_RANKS = 1 << 20
 
 
 class _Strict(BaseModel):
@@ -25,17 +37,23 @@ class _Strict(BaseModel):
 
 
 class JobCreate(_Strict):
-    """``POST /api/v1/jobs``: run ``code`` on ``ranks`` ranks (a batch mpiexec run), or on a pool."""
+    """``POST /api/v1/jobs``: run ``code`` on ``ranks`` ranks (a batch MPI run), or on a pool.
+    Give ``ranks``, ``pool``, or both (then they must agree)."""
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"anyOf": RANKS_OR_POOL})
     code: str = Field(min_length=1, max_length=MAX_CODE_BYTES,
                       description="Python source of the program (what a script file would hold).")
-    script_name: str = Field("job.py", description="File name the code is saved as (ends in .py).")
-    ranks: Optional[int] = Field(None, ge=1, description="Number of ranks. Required without a pool; "
-                                 "with a pool it defaults to (and must equal) the pool's ranks.")
-    pool: Optional[int] = Field(None, ge=1, description="Run on the ranks of this pool (id).")
+    script_name: str = Field("job.py", description="File name the code is saved as (ends in .py).",
+                             json_schema_extra={"pattern": SCRIPT_NAME.pattern})
+    ranks: Optional[int] = Field(None, ge=1, le=MAX_RANKS, description="Number of ranks. Required without a "
+                                 "pool; with a pool it defaults to (and must equal) the pool's ranks.")
+    pool: Optional[int] = Field(None, ge=1, le=MAX_ID, description="Run on the ranks of this pool (id).")
     timeout: Optional[float] = Field(None, gt=0, le=7 * 86400, description="Seconds; then all ranks end, "
                                      "state timed_out.")
-    args: List[str] = Field(default_factory=list, max_length=256, description="sys.argv[1:] of the program.")
-    env: Dict[str, str] = Field(default_factory=dict, description="Extra environment variables of every rank.")
+    args: List[str] = Field(default_factory=list, max_length=256, description="sys.argv[1:] of the program.",
+                            json_schema_extra={"items": ARG_SCHEMA})
+    env: Dict[str, str] = Field(default_factory=dict, description="Extra environment variables of every rank.",
+                                json_schema_extra={"maxProperties": 256, "additionalProperties": ARG_SCHEMA,
+                                                   "propertyNames": {"pattern": ENV_NAME.pattern}})
     name: Optional[str] = Field(None, max_length=256, description="Free label.")
 
     @field_validator("code")
@@ -48,7 +66,7 @@ class JobCreate(_Strict):
     @field_validator("script_name")
     @classmethod
     def _script_name(cls, v: str) -> str:
-        if not _SCRIPT_NAME.match(v):
+        if not SCRIPT_NAME.match(v):
             raise ValueError("script_name must be a plain file name ending in .py "
                              "(letters, digits, '_', '-', '.'), e.g. 'train.py'")
         return v
@@ -66,7 +84,7 @@ class JobCreate(_Strict):
         if len(v) > 256:
             raise ValueError("at most 256 environment variables")
         for k, val in v.items():
-            if not _ENV_NAME.match(k):
+            if not ENV_NAME.match(k):
                 raise ValueError(f"environment variable name {k!r} is invalid; use letters, digits and '_'")
             if len(val) > 4096 or "\x00" in val:
                 raise ValueError(f"value of {k} must be at most 4096 characters without NUL bytes")
@@ -102,7 +120,7 @@ class JobList(BaseModel):
 
 class PoolCreate(_Strict):
     """``POST /api/v1/pools``: start an MPI pool of ``ranks`` engines."""
-    ranks: int = Field(ge=1)
+    ranks: int = Field(ge=1, le=MAX_RANKS)
     name: Optional[str] = Field(None, max_length=128, pattern=r"^[A-Za-z0-9_.-]+$")
     idle_timeout: Optional[float] = Field(None, gt=0, le=30 * 86400,
                                           description="Seconds without a job before the pool is stopped.")
@@ -143,5 +161,51 @@ class Cancelled(BaseModel):
     state: JobState
 
 
+class FieldError(BaseModel):
+    """One invalid field of a request: where (``loc``), what is wrong (``msg``), the error's ``type``."""
+    loc: List[Union[str, int]]
+    msg: str
+    type: str
+
+
 class ErrorBody(BaseModel):
-    detail: Any
+    """The body of every error answer (4xx and 5xx): ``detail`` says what was wrong and what to do;
+    for invalid fields (422) ``errors`` lists each one."""
+    detail: str
+    errors: Optional[List[FieldError]] = None
+
+
+class Me(BaseModel):
+    """The user a token belongs to."""
+    user: str
+
+
+class TimelineWindow(BaseModel):
+    """A window of a job's timeline figure (``GET /api/v1/dashboard/jobs/{id}/timeline``).
+
+    ``available`` is false (with ``reason``) while nothing was streamed. ``version`` changes
+    whenever a rank streamed new events or started or stopped waiting; asked with ``since`` equal
+    to it, the answer is ``unchanged`` and carries nothing else. ``sources``: the column data of
+    the figure's named sources (segments, arrows, arrow heads, matrix, fractions) for the window
+    ``meta`` describes (level of detail: ``shown`` rows of ``in_window`` segments). ``sentence``
+    names the straggler; ``blocked`` says where each rank waits and for whom (``waits`` raw).
+    """
+    job: int
+    state: JobState
+    live: bool
+    available: bool
+    reason: Optional[str] = None
+    version: Optional[int] = None
+    unchanged: bool = False
+    meta: Optional[Dict[str, Any]] = None
+    sources: Optional[Dict[str, Dict[str, List[Any]]]] = None
+    sentence: Optional[str] = None
+    straggler: Optional[Dict[str, Any]] = None
+    blocked: List[str] = Field(default_factory=list)
+    waits: List[Dict[str, Any]] = Field(default_factory=list)
+    analysis: Optional[Dict[str, Any]] = None
+
+
+class JobFigure(TimelineWindow):
+    """A job's whole timeline figure: ``item`` is Bokeh's JSON item (``Bokeh.embed.embed_item``)."""
+    item: Optional[Dict[str, Any]] = None

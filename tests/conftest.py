@@ -1,4 +1,4 @@
-"""Shared fixtures: run real MPI programs under `nbmpi run` (real mpiexec)."""
+"""Shared fixtures: run real MPI programs under `nbmpi run` (real mpiexec); the suite leaves no shared memory."""
 from __future__ import annotations
 
 import os
@@ -41,3 +41,26 @@ def run_mpi(tmp_path):
 def assert_ok(proc) -> None:
     """Fail with the program's output if it did not exit 0."""
     assert proc.returncode == 0, f"exit {proc.returncode}\nSTDOUT:\n{proc.stdout}\nSTDERR:\n{proc.stderr}"
+
+
+SHM = Path("/dev/shm")
+
+
+def _shm_names():
+    try:
+        return {p.name for p in SHM.iterdir() if p.name.startswith(("mpich_shm_", "nbmpi-"))}
+    except OSError:
+        return set()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_shared_memory_left_behind():
+    """After the whole suite, no MPI or nbmpi shared-memory segment created during it may remain in
+    /dev/shm unless a live process still maps it (killed ranks must not leak their segments)."""
+    before = _shm_names()
+    yield
+    from nbmpi.workers.processes import segments_in_use
+
+    new = {str(SHM / n) for n in _shm_names() - before}
+    leaked = sorted(new - segments_in_use(new))
+    assert not leaked, f"the test suite left {len(leaked)} shared-memory segments in /dev/shm: {leaked[:10]}"

@@ -162,7 +162,7 @@ def test_timeout_explains_hang(kernel):
     r = k.run("%%distributed --timeout 3\nimport time\nif rank == 1:\n    ch.take(0)\nelse:\n    time.sleep(60)")
     assert r["status"] == "error" and r["ename"] == "DistributedTimeout", r
     assert "rank 1: take(src=0) waiting 3." in r["tb"], r["tb"]
-    assert "rank 0: running user code" in r["tb"], r["tb"]
+    assert "rank 0: at cell line 5 `time.sleep(60)`" in r["tb"], r["tb"]
     r = k.run("%%distributed\nprint('next', rank)")
     assert r["status"] == "ok" and "[rank 0] next 0" in r["stdout"]
 
@@ -225,6 +225,48 @@ def test_restart_stop_and_shutdown_leave_no_process(kernel):
     kernel[1].clear()
 
 
+def test_wedged_and_dead_ranks_break_the_pool():
+    """A rank stuck in a raw mpi4py call past --timeout is located (line and MPI call with its peer)
+    and the pool is ended (it ignores SIGINT); a rank killed between cells is named; in both cases
+    the pool shows as broken and the next cell starts a fresh one instead of hanging."""
+    from nbmpi.kernel_ext.magics import INTERRUPT_GRACE
+
+    k = Kernel()
+    try:
+        r = k.run("%load_ext nbmpi.kernel_ext\n%distributed start -n 2 --name w")
+        assert r["status"] == "ok", r
+        first = set(p.pid for p in psutil.Process(k.pid).children(recursive=True))
+        t0 = time.monotonic()
+        r = k.run("%%distributed --timeout 4\nimport time\nimport numpy as np\nbuf = np.zeros(1)\n"
+                  "if rank == 0:\n    comm.Recv(buf, source=1)\nelse:\n    time.sleep(60)")
+        took = time.monotonic() - t0
+        assert r["status"] == "error" and r["ename"] == "DistributedTimeout", r
+        assert "rank 0: at cell line 5 `comm.Recv(buf, source=1)`: MPI Recv from rank 1" in r["tb"], r["tb"]
+        assert "rank 1: at cell line 7 `time.sleep(60)`" in r["tb"], r["tb"]
+        assert "did not stop within" in r["tb"] and "the pool was ended" in r["tb"], r["tb"]
+        # documented bound: --timeout + INTERRUPT_GRACE + about 2 s to end the pool (generous margin here)
+        assert took < 4 + INTERRUPT_GRACE + 20, f"the timed-out cell returned after {took:.1f} s"
+        assert not _alive(first - {k.pid}), "the wedged pool's processes survived"
+        r = k.run("%distributed status")
+        assert "w: 2 ranks, broken: rank 0 did not stop" in r["stdout"], r
+        r = k.run("%%distributed\nimport os\nprint('fresh', rank, os.getpid())")
+        assert r["status"] == "ok" and "starting it again" in r["stderr"], r
+        pids = {int(line.split()[-1]) for line in r["stdout"].splitlines() if "fresh" in line}
+        assert len(pids) == 2, r
+        victim = max(pids)   # one rank's pid; which rank it is does not matter
+        psutil.Process(victim).kill()
+        time.sleep(1.0)
+        r = k.run("%%distributed\nprint('never runs')")
+        assert r["status"] == "error" and f"(pid {victim}) was killed by SIGKILL" in r["stderr"], r
+        assert "never runs" not in r["stdout"], r
+        r = k.run("%distributed status")
+        assert "broken" in r["stdout"] and "killed by SIGKILL" in r["stdout"], r
+        r = k.run("%%distributed\nprint('again', rank)")
+        assert r["status"] == "ok" and r["stdout"] == "[rank 0] again 0\n[rank 1] again 1\n", r
+    finally:
+        k.shutdown()
+
+
 def test_quickstart_notebook_runs_top_to_bottom(tmp_path):
     import nbformat
     from nbclient import NotebookClient
@@ -278,7 +320,9 @@ def test_connect_to_controller_pool(tmp_path):
 
 
 def test_killed_kernel_leaves_no_rank():
-    """A kernel killed outright (SIGKILL, no exit handlers) still leaves no engine or mpiexec behind."""
+    """A kernel killed outright (SIGKILL, no exit handlers) while its ranks spin in a raw MPI receive
+    still leaves no engine or mpiexec behind (the owner watchdog and the parent-death signal; about a
+    second is expected, the bound here is generous)."""
     k = Kernel()
     try:
         r = k.run("%load_ext nbmpi.kernel_ext\n%distributed start -n 2")
@@ -287,11 +331,15 @@ def test_killed_kernel_leaves_no_rank():
         for p in list(pids):
             pids.update(c.pid for c in psutil.Process(p).children(recursive=True))
         assert len(pids) >= 4
+        k.kc.execute("%%distributed\nimport numpy as np\nbuf = np.zeros(1)\ncomm.Recv(buf, source=1 - rank)")
+        time.sleep(2.0)   # both ranks are now blocked in MPI_Recv (MPICH polls: they spin)
         psutil.Process(k.pid).kill()
-        deadline = time.monotonic() + 20
-        while _alive(pids) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert not _alive(pids), f"left running after the kernel was killed: {_alive(pids)}"
+        t0 = time.monotonic()
+        while _alive(pids) and time.monotonic() - t0 < 20:
+            time.sleep(0.05)
+        took = time.monotonic() - t0
+        assert not _alive(pids), f"left running {took:.1f} s after the kernel was killed: {_alive(pids)}"
+        assert took < 10, f"the ranks of a killed kernel took {took:.1f} s to go"
     finally:
         k.kc.stop_channels()
         k.km.cleanup_resources()

@@ -244,3 +244,35 @@ def test_module_and_code_forms(tmp_path, form):
     arg = "x" if form == "-c" else "y"
     for r in range(2):
         assert f"{word} rank {r} ['{arg}']" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_usage_errors_before_any_rank_starts(tmp_path):
+    """Bad input is refused with one line and exit 2 before mpiexec starts (no rank tracebacks)."""
+    ok = write_script(tmp_path, "print('never')\n")
+    cases = [(["-n", "0", str(ok)], "-n must be at least 1 (the number of MPI ranks), got 0"),
+             (["-n", "2", str(tmp_path / "missing.py")], "No such file or directory; nothing was started"),
+             (["-n", "2", "-m", "no_such_module_xyz"], "no module named 'no_such_module_xyz'"),
+             (["-n", "2", "-c", "x = ("], "line 1: '(' was never closed (nothing was started)"),
+             (["-n", "2", "--timeout", "-1", str(ok)], "--timeout must be a positive number of seconds")]
+    for args, expect in cases:
+        proc = subprocess.run([*CLI, *args], capture_output=True, text=True, env=base_env(), cwd=tmp_path,
+                              timeout=60)
+        assert proc.returncode == 2, (args, proc.returncode, proc.stderr)
+        assert proc.stderr.startswith("nbmpi run: ") and expect in proc.stderr, (args, proc.stderr)
+        assert "Traceback" not in proc.stderr and proc.stderr.count("\n") == 1 and "never" not in proc.stdout
+
+
+def test_rank_killed_by_a_signal_is_named(tmp_path):
+    """A rank killed by SIGKILL cannot report; its guard does: the final line names it and the signal."""
+    script = write_script(tmp_path, r'''
+        import os, signal, time
+        from nbmpi.workers import world
+        world().Barrier()
+        if world().Get_rank() == 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(60)
+    ''')
+    proc = cli(tmp_path, script, n=3, timeout=90)
+    assert proc.returncode == 128 + signal.SIGKILL, proc.stdout + proc.stderr
+    assert "nbmpi run: rank 1 was killed by SIGKILL; ranks [0, 2] were terminated" in proc.stderr, proc.stderr
+    assert_no_survivors(script.name)

@@ -47,17 +47,18 @@ print("slept", flush=True)
 class Server:
     """A real `nbmpi serve` subprocess on a free port with its own data directory."""
 
-    def __init__(self, data_dir: Path, max_ranks: int = 2):
+    def __init__(self, data_dir: Path, max_ranks: int = 2, extra_args=()):
         self.data_dir = data_dir
         self.max_ranks = max_ranks
+        self.extra_args = list(extra_args)
         self.proc = None
         self.url = None
 
     def start(self) -> "Server":
         env = dict(os.environ, NBMPI_CONFIG=str(self.data_dir.parent / "client.json"), NBMPI_TIMEOUT="60")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "nbmpi.workers.cli", "serve", "--port", "0", "--data-dir", str(self.data_dir),
-             "--max-ranks", str(self.max_ranks)],
+            [sys.executable, "-m", "nbmpi.server.cli", "serve", "--port", "0", "--data-dir", str(self.data_dir),
+             "--max-ranks", str(self.max_ranks), *self.extra_args],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
         deadline = time.monotonic() + 60
         while self.url is None:
@@ -188,7 +189,7 @@ def test_channel_job_logs_trace_summary(server):
             assert out == f"rank {r} value 2.0 args ['a', 'b c']\n"
             err = c.get(f"/api/v1/jobs/{job['id']}/logs", params={"rank": r, "stream": "stderr"}).text
             assert err == f"stderr of rank {r}\n"
-        assert c.get(f"/api/v1/jobs/{job['id']}/logs", params={"rank": 2}).status_code == 422
+        assert c.get(f"/api/v1/jobs/{job['id']}/logs", params={"rank": 2}).status_code == 404
         trace = c.get(f"/api/v1/jobs/{job['id']}/trace").json()
         pids = {e["pid"] for e in trace["traceEvents"] if e.get("ph") == "X"}
         assert pids == {0, 1}
@@ -304,7 +305,6 @@ def test_malformed_requests_are_4xx(server):
             ("PUT", "/api/v1/jobs/1", {"json": {}}),
             ("POST", "/api/v1/pools", {"json": {"ranks": 0}}),
             ("POST", "/api/v1/pools", {"json": {"ranks": 1, "bogus": True}}),
-            ("POST", "/api/v1/jobs/upload", {"files": {"script": ("x.py", b"\xff\xfe")}, "data": {"ranks": "1"}}),
             ("POST", "/api/v1/jobs/upload", {"files": {"script": ("x.py", b"print(1)")},
                                              "data": {"ranks": "1", "env": "{nope"}}),
         ]
@@ -313,11 +313,18 @@ def test_malformed_requests_are_4xx(server):
             assert 400 <= r.status_code < 500, (method, path, r.status_code, r.text)
             assert r.json()["detail"], (method, path)
         assert len(c.get("/api/v1/jobs").json()["jobs"]) == before
-        r = c.post("/api/v1/jobs/upload", files={"script": ("up.py", b"print('uploaded')")}, data={"ranks": "1"})
+        r = c.post("/api/v1/jobs/upload", files={"script": ("up.py", b"import os\nprint('uploaded', os.environ['A'])")},
+                   data={"ranks": "1", "env": ["A=b=c"]})
         assert r.status_code == 201 and r.json()["script_name"] == "up.py"
         job = wait_state(c, r.json()["id"], ("succeeded", "failed"))
         assert job["state"] == "succeeded"
-        assert c.get(f"/api/v1/jobs/{job['id']}/logs").text == "uploaded\n"
+        assert c.get(f"/api/v1/jobs/{job['id']}/logs").text == "uploaded b=c\n"
+        # an uploaded file is stored as it is (a schema-valid request is accepted): Python decides
+        r = c.post("/api/v1/jobs/upload", files={"script": ("../x", b"\xff\xfe")}, data={"ranks": "1"})
+        assert r.status_code == 201 and r.json()["script_name"] == "job.py", r.text
+        job = wait_state(c, r.json()["id"], ("succeeded", "failed"))
+        assert job["state"] == "failed" and "SyntaxError" in c.get(f"/api/v1/jobs/{job['id']}/logs",
+                                                                     params={"stream": "stderr"}).text
 
 
 def test_openapi_schema(server):
@@ -340,7 +347,7 @@ def test_cli_client(server, tmp_path):
                       "print('hello from', r, sys.argv[1:])\nsys.exit(5 if r == 1 else 0)\n")
     env = dict(os.environ, NBMPI_SERVER=server.url, NBMPI_TOKEN=server.token,
                NBMPI_CONFIG=str(tmp_path / "none.json"))
-    cli = [sys.executable, "-m", "nbmpi.workers.cli"]
+    cli = [sys.executable, "-m", "nbmpi.server.cli"]
     p = subprocess.run(cli + ["submit", str(script), "-n", "2", "--wait", "--args", "x 'y z'"],
                        capture_output=True, text=True, env=env, timeout=120)
     assert p.returncode == 5, p.stderr
@@ -364,31 +371,35 @@ def test_cli_client(server, tmp_path):
 
 
 def test_restart_marks_running_job_lost(tmp_path):
+    """kill -9 of the controller while 2 jobs run and 20 are queued: no record is lost, the running
+    ones are recorded lost (their ranks ended), the queued ones run after the restart."""
     srv = Server(tmp_path / "data").start()
     try:
         with srv.client() as c:
             done = submit(c, "print('done')", ranks=1)
             wait_state(c, done["id"], ("succeeded",))
-            running = submit(c, SLEEP_JOB.format(seconds=120))
-            pids = pids_from_logs(c, running["id"], 2)
-            queued = submit(c, "print('after restart')", ranks=2)
-            assert c.get(f"/api/v1/jobs/{queued['id']}").json()["state"] == "queued"
+            running = [submit(c, SLEEP_JOB.format(seconds=120), ranks=1) for _ in range(2)]
+            pids = [pid for job in running for pid in pids_from_logs(c, job["id"], 1).values()]
+            queued = [submit(c, f"import sys\nprint('after restart', {i})", ranks=1) for i in range(20)]
+            assert {c.get(f"/api/v1/jobs/{q['id']}").json()["state"] for q in queued} == {"queued"}
         srv.proc.send_signal(signal.SIGKILL)
         srv.proc.wait()
-        assert all(psutil.pid_exists(p) for p in pids.values())  # the ranks outlive a killed service
+        assert all(psutil.pid_exists(p) for p in pids)  # the ranks outlive a killed service
         srv.stop()
         srv = Server(tmp_path / "data").start()
         with srv.client() as c:
-            job = c.get(f"/api/v1/jobs/{running['id']}").json()
-            assert job["state"] == "lost" and job["finished_at"] is not None
-            for p in pids.values():
+            for job in running:
+                job = c.get(f"/api/v1/jobs/{job['id']}").json()
+                assert job["state"] == "lost" and job["finished_at"] is not None
+            for p in pids:
                 assert not psutil.pid_exists(p) or psutil.Process(p).status() == psutil.STATUS_ZOMBIE
             assert c.get(f"/api/v1/jobs/{done['id']}").json()["state"] == "succeeded"
             assert c.get(f"/api/v1/jobs/{done['id']}/logs").text == "done\n"
-            job = wait_state(c, queued["id"], ("succeeded", "failed", "lost"))
-            assert job["state"] == "succeeded"
-            assert c.get(f"/api/v1/jobs/{queued['id']}/logs", params={"rank": 1}).text == "after restart\n"
-            assert len(c.get("/api/v1/jobs").json()["jobs"]) == 3
+            for i, q in enumerate(queued):
+                job = wait_state(c, q["id"], ("succeeded", "failed", "lost"))
+                assert job["state"] == "succeeded", job
+                assert c.get(f"/api/v1/jobs/{q['id']}/logs").text == f"after restart {i}\n"
+            assert len(c.get("/api/v1/jobs").json()["jobs"]) == 23
     finally:
         srv.stop()
         for p in job_processes(tmp_path / "data"):
@@ -396,14 +407,70 @@ def test_restart_marks_running_job_lost(tmp_path):
     assert job_processes(tmp_path / "data") == []
 
 
+def test_killed_rank_fails_the_job_naming_it(server):
+    with server.client() as c:
+        job = submit(c, SLEEP_JOB.format(seconds=120))
+        pids = pids_from_logs(c, job["id"], 2)
+        t0 = time.monotonic()
+        os.kill(pids[1], signal.SIGKILL)
+        job = wait_state(c, job["id"], ("failed", "succeeded", "lost"), timeout=60)
+        took = time.monotonic() - t0
+        assert job["state"] == "failed" and job["exit_code"] == 128 + signal.SIGKILL, job
+        assert job["message"] == "rank 1 was killed by SIGKILL; ranks [0] were terminated", (job, took)
+        assert job_processes(server.data_dir) == []
+
+
+def test_read_only_data_directory(tmp_path):
+    """With the data directory read-only (chattr +i, which binds root too) a submit is refused with a
+    clear 503, no record is written or damaged, and the service works again once it is writable."""
+    import shutil
+
+    probe = tmp_path / "probe"
+    probe.mkdir()
+    if shutil.which("chattr") is None or subprocess.run(["chattr", "+i", str(probe)]).returncode != 0:
+        pytest.skip("this filesystem does not support the immutable flag (chattr +i) used to make it read-only")
+    subprocess.run(["chattr", "-i", str(probe)], check=True)
+    srv = Server(tmp_path / "data").start()
+    data = srv.data_dir
+    try:
+        with srv.client() as c:
+            first = wait_state(c, submit(c, "print('before')", ranks=1)["id"], ("succeeded",))
+            subprocess.run(["chattr", "-R", "+i", str(data)], check=True)
+            try:
+                r = c.post("/api/v1/jobs", json={"code": "print('while read-only')", "ranks": 1})
+                assert r.status_code == 503, r.text
+                assert "cannot write its records or files" in r.json()["detail"] and str(data) in r.json()["detail"]
+                assert r.headers.get("Retry-After")
+                listed = c.get("/api/v1/jobs")
+                assert listed.status_code == 200 and [j["id"] for j in listed.json()["jobs"]] == [first["id"]]
+                assert httpx.get(srv.url + "/api/health").status_code == 200
+            finally:
+                subprocess.run(["chattr", "-R", "-i", str(data)], check=True)
+            job = wait_state(c, submit(c, "print('after')", ranks=1)["id"], ("succeeded", "failed"))
+            assert job["state"] == "succeeded" and job["id"] == first["id"] + 1, job
+            assert c.get(f"/api/v1/jobs/{job['id']}/logs").text == "after\n"
+            assert c.get(f"/api/v1/jobs/{first['id']}").json()["state"] == "succeeded"
+        import sqlite3
+
+        with sqlite3.connect(data / "nbmpi.db") as db:
+            assert db.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+    finally:
+        subprocess.run(["chattr", "-R", "-i", str(data)])
+        srv.stop()
+
+
 def test_benchmark_quick(tmp_path):
     out = tmp_path / "results"
     p = subprocess.run([sys.executable, str(REPO / "benchmarks" / "server_jobs.py"), "--quick", "--out", str(out)],
-                       capture_output=True, text=True, timeout=240)
+                       capture_output=True, text=True, timeout=280)
     assert p.returncode == 0, p.stdout + p.stderr
     data = json.loads((out / "server_jobs_quick.json").read_text())
-    assert data["burst"]["submitted"] == data["burst"]["succeeded"] + data["burst"]["not_succeeded"]
-    assert data["burst"]["lost"] == 0 and data["latency"]["samples"]
+    b = data["burst"]
+    assert b["submitted"] == 50 and b["succeeded"] == 50 and b["lost"] == 0 and b["missing_records"] == 0, b
+    assert 1 <= b["max_concurrent_ranks"] <= b["max_ranks"] == 4, b   # capacity is never exceeded
+    assert b["health_samples"] > 0 and data["latency"]["samples"] == 3
+    assert {t["status"] for t in data["targets"]} <= {"PASS", "FAIL"} and len(data["targets"]) == 5
+    assert all(isinstance(t["measured"], (int, float)) for t in data["targets"])
     assert (out / "server_jobs_quick.md").read_text().startswith("# server_jobs_quick")
 
 
@@ -506,10 +573,52 @@ def test_pools(tmp_path):
 
 
 def test_demo_main_job(tmp_path):
-    p = subprocess.run([sys.executable, "-m", "nbmpi.workers.cli", "demo", "-n", "2", "--data-dir",
+    p = subprocess.run([sys.executable, "-m", "nbmpi.server.cli", "demo", "-n", "2", "--data-dir",
                         str(tmp_path / "demo")], capture_output=True, text=True, timeout=180)
     assert p.returncode == 0, p.stdout + p.stderr
     assert "[rank 0] done: 2 ranks" in p.stdout and "succeeded (exit code 0, per rank [0, 0])" in p.stdout
-    assert "dashboard will be at http://127.0.0.1:" in p.stdout and "controller stopped" in p.stdout
+    assert "== dashboard: http://127.0.0.1:" in p.stdout and "controller stopped" in p.stdout
     assert (tmp_path / "demo" / "jobs" / "1" / "trace" / "trace.json").exists()
     assert job_processes(tmp_path / "demo") == []
+    # without --data-dir the demo's temporary data directory (it holds a token) is removed at the end
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    p = subprocess.run([sys.executable, "-m", "nbmpi.server.cli", "demo", "-n", "1"], capture_output=True, text=True,
+                       timeout=180, env=dict(os.environ, TMPDIR=str(tmp)))
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "temporary data directory" in p.stdout and "was removed" in p.stdout
+    assert not [x for x in tmp.iterdir() if x.name.startswith("nbmpi-demo-")], list(tmp.iterdir())
+
+
+def test_large_logs_are_complete_or_visibly_cut(tmp_path):
+    """A log larger than one response arrives whole through `nbmpi logs` (following offsets), the size
+    header is the file's size, and past --max-log-bytes the log ends with a visible truncation line."""
+    srv = Server(tmp_path / "data", extra_args=["--max-log-bytes", "24M"]).start()
+    try:
+        with srv.client() as c:
+            big = submit(c, """
+                import sys
+                from nbmpi.workers import world
+                n = 20 if world().Get_rank() == 0 else 30
+                line = b"x" * 1023 + b"\\n"
+                for _ in range(n * 1024):
+                    sys.stdout.buffer.write(line)
+                """)
+            job = wait_state(c, big["id"], ("succeeded", "failed"))
+            assert job["state"] == "succeeded", job
+            r = c.get(f"/api/v1/jobs/{job['id']}/logs", params={"rank": 0})
+            size = (Path(job["log_dir"]) / "rank-0.stdout").stat().st_size
+            assert size == 20 << 20 and int(r.headers["X-Log-Size"]) == size
+            assert len(r.content) == 16 << 20 and int(r.headers["X-Log-Next-Offset"]) == 16 << 20
+            cli = [sys.executable, "-m", "nbmpi.server.cli", "logs", str(job["id"]), "--server", srv.url,
+                   "--token", srv.token]
+            p = subprocess.run(cli, capture_output=True, timeout=120)
+            assert p.returncode == 0 and len(p.stdout) == 20 << 20 and p.stdout.count(b"\n") == 20 * 1024
+            p = subprocess.run(cli + ["--rank", "1"], capture_output=True, timeout=120)
+            assert p.returncode == 0, p.stderr
+            kept, _, tail = p.stdout.partition(b"\n[nbmpi: output truncated here")
+            assert len(kept) == 24 << 20, len(kept)
+            assert b"reached its limit of 25165824 bytes" in tail
+            assert tail.endswith(b"[nbmpi: 6291456 more bytes of output were discarded]\n"), tail[-200:]
+    finally:
+        srv.stop()

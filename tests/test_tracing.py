@@ -388,3 +388,47 @@ print("deferred OK")
 ''', n=1)
     assert_ok(proc)
     assert "deferred OK" in proc.stdout
+
+
+def test_snapshot_from_another_thread_while_recording(run_mpi):
+    """Tracer.snapshot copies complete rows while the owner records and the buffer grows; it does
+    not flush (deferred records appear once the owner flushes) and changes nothing."""
+    proc = run_mpi(r'''
+import threading
+import numpy as np
+from nbmpi.workers import world
+from nbmpi.workers.tracing import FIELDS, Tracer
+
+C = {name: i for i, name in enumerate(FIELDS)}
+tr = Tracer(world(), enabled=True, capacity=4)
+N = 200_000
+seen, bad = [0], []
+stop = threading.Event()
+
+def reader():
+    got = 0
+    while not stop.is_set() or got < tr.n:
+        rows = tr.snapshot(got)
+        if len(rows):
+            tags = rows[:, C["tag"]]
+            if not np.array_equal(tags, np.arange(got, got + len(rows))) or (rows[:, C["nbytes"]] != 8).any():
+                bad.append((got, len(rows)))
+            got += len(rows)
+    seen[0] = got
+
+t = threading.Thread(target=reader)
+t.start()
+for i in range(N):
+    tr.record(1, 1, 0, i, 8, i, i + 1)
+stop.set()
+t.join()
+assert not bad and seen[0] == N and tr.cap >= N, (bad[:3], seen[0], tr.cap)
+tr.defer(Tracer.site(2, 1, 0, N, 8, 0), 5, 6)
+assert len(tr.snapshot(N)) == 0 and tr.pend == 1            # deferred: not visible, not flushed
+tr.flush()
+assert tr.snapshot(N)[:, C["tag"]].tolist() == [N]
+assert len(tr.snapshot(N + 5)) == 0 and len(tr.snapshot(-3)) == N + 1
+print("snapshot OK")
+''', n=1)
+    assert_ok(proc)
+    assert "snapshot OK" in proc.stdout

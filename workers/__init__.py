@@ -13,22 +13,43 @@
 * :func:`init`: collective start (tracer, clock alignment); MPI thread level
   ``funneled`` unless ``MPI4PY_RC_THREAD_LEVEL`` says otherwise.
 
-Importing this package does not initialise MPI; the first channel (or
-:func:`init`) does.
+Importing this package does not initialise MPI (the first channel or
+:func:`init` does) and imports nothing heavy: each public name is loaded from
+its module on first use (PEP 562), so ``from nbmpi.workers import world`` or
+``nbmpi run`` does not pay for numba unless the program uses a component that
+needs it.
 """
-from .aggregation import Aggregator
-from .channels import ArrayChannel
-from .errors import AggregationError, AggregationTimeout, ChannelError, ChannelTimeout, CommTimeout, NbmpiError
-from .errors import SharedVariableError, SPMDDivergence
-from .fused_reductions import Grant, SharedPool, SharedVar, flush, fused, pool, shared
-from .runtime import init, world
-from .trace_analysis import Trace
-from .tracing import gather_trace, get_tracer
+from __future__ import annotations
 
-__all__ = [
-    "AggregationError", "AggregationTimeout", "Aggregator",
-    "ArrayChannel", "ChannelError", "ChannelTimeout", "CommTimeout", "NbmpiError",
-    "Trace", "gather_trace", "get_tracer", "init", "world",
-    "Grant", "SharedPool", "SharedVar", "SharedVariableError", "SPMDDivergence", "flush", "fused", "pool",
-    "shared",
-]
+import importlib
+from typing import Any, Dict, List
+
+#: Public name -> module (inside this package) that defines it.
+_EXPORTS: Dict[str, str] = {
+    "Aggregator": "aggregation",
+    "ArrayChannel": "channels",
+    "AggregationError": "errors", "AggregationTimeout": "errors", "ChannelError": "errors",
+    "ChannelTimeout": "errors", "CommTimeout": "errors", "NbmpiError": "errors",
+    "SharedVariableError": "errors", "SPMDDivergence": "errors",
+    "Grant": "fused_reductions", "SharedPool": "fused_reductions", "SharedVar": "fused_reductions",
+    "flush": "fused_reductions", "fused": "fused_reductions", "pool": "fused_reductions",
+    "shared": "fused_reductions",
+    "init": "runtime", "world": "runtime",
+    "Trace": "trace_analysis",
+    "gather_trace": "tracing", "get_tracer": "tracing",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> List[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

@@ -1,13 +1,57 @@
-"""The ``nbmpi`` command. Subcommands:
+"""``nbmpi run``: the command-line face of the launcher (run a program SPMD on N MPI ranks).
 
-* ``nbmpi run -n N script.py [args]``: run a program SPMD on N MPI ranks
-  (see :mod:`nbmpi.workers.launcher`).
+:func:`add_run_command` adds the ``run`` subcommand to an argparse parser; the
+``nbmpi`` console script (:func:`nbmpi.server.cli.main`) uses it next to the
+controller's subcommands. ``python -m nbmpi.workers.cli run -n 2 script.py``
+works on its own, without the controller's dependencies. The launch itself is
+:func:`nbmpi.workers.launcher.run`.
 """
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import List, Optional
+
+
+def _usage_error(args: argparse.Namespace, program: List[str]) -> Optional[str]:
+    """Why ``program`` cannot be run on ``args.n`` ranks, found before any rank starts (None: it can)."""
+    if args.n < 1:
+        return f"-n must be at least 1 (the number of MPI ranks), got {args.n}"
+    if args.timeout is not None and not args.timeout > 0:
+        return f"--timeout must be a positive number of seconds, got {args.timeout}"
+    if not program:
+        return "give a script to run, e.g. `nbmpi run -n 2 script.py` (or -m module, or -c code)"
+    if program[0] == "-c":
+        return _syntax_error(program[1], "<string>")
+    if program[0] == "-m":
+        import importlib.util
+
+        try:
+            found = importlib.util.find_spec(program[1]) is not None
+        except (ImportError, ValueError) as exc:
+            return f"cannot run module {program[1]!r}: {exc}"
+        return None if found else (f"no module named {program[1]!r} (check the name and PYTHONPATH; "
+                                   "nothing was started)")
+    path = program[0]
+    if os.path.isdir(path) or path.endswith(".zip"):
+        return None if os.path.exists(path) else f"cannot run {path!r}: no such file or directory"
+    try:
+        with open(path, "rb") as f:
+            source = f.read()
+    except OSError as exc:
+        return f"cannot run {path!r}: {exc.strerror or exc}; nothing was started"
+    return _syntax_error(source, path)
+
+
+def _syntax_error(source, filename: str) -> Optional[str]:
+    try:
+        compile(source, filename, "exec", dont_inherit=True)
+    except SyntaxError as exc:
+        return f"{filename}, line {exc.lineno}: {exc.msg} (nothing was started)"
+    except ValueError as exc:  # NUL bytes
+        return f"{filename}: {exc} (nothing was started)"
+    return None
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -18,16 +62,15 @@ def _cmd_run(args: argparse.Namespace) -> int:
         program = ["-c", args.code, *program]
     elif args.module is not None:
         program = ["-m", args.module, *program]
-    if not program:
-        print("nbmpi run: give a script to run, e.g. `nbmpi run -n 2 script.py`", file=sys.stderr)
+    why = _usage_error(args, program)
+    if why is not None:
+        print(f"nbmpi run: {why}", file=sys.stderr)
         return 2
     return run(args.n, program, timeout=args.timeout)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of the ``nbmpi`` command."""
-    p = argparse.ArgumentParser(prog="nbmpi", description="nbmpi: interactive distributed computing on MPI.")
-    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+def add_run_command(sub) -> argparse.ArgumentParser:
+    """Add ``run`` to the argparse subparsers ``sub``; returns its parser."""
     r = sub.add_parser("run", help="run a Python program SPMD on N MPI ranks",
                        description="Run a Python program on N MPI ranks with the bundled mpiexec. "
                                    "Returns the worst rank's exit code; if one rank fails or on Ctrl-C "
@@ -42,23 +85,29 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("program", nargs=argparse.REMAINDER,
                    help="script.py [args], or -m module [args], or -c code [args]")
     r.set_defaults(func=_cmd_run)
-    try:  # the controller's subcommands (serve, submit, jobs, ...); `run` works without its deps
-        from nbmpi.server.cli import register
-    except ImportError:
-        pass
-    else:
-        register(sub)
+    return r
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """A parser with only ``run`` (the full ``nbmpi`` parser is :func:`nbmpi.server.cli.build_parser`)."""
+    p = argparse.ArgumentParser(prog="nbmpi", description="nbmpi: run programs SPMD on MPI ranks.")
+    add_run_command(p.add_subparsers(dest="command", metavar="COMMAND"))
     return p
 
 
-def main(argv: Optional[List[str]] = None) -> int:
-    """Entry point of the ``nbmpi`` console script."""
-    parser = build_parser()
+def dispatch(parser: argparse.ArgumentParser, argv: Optional[List[str]] = None) -> int:
+    """Parse ``argv`` with ``parser`` and run the chosen subcommand; its exit code (2 and the help
+    when no subcommand was given)."""
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
     return int(args.func(args) or 0)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """Entry point of ``python -m nbmpi.workers.cli``."""
+    return dispatch(build_parser(), argv)
 
 
 if __name__ == "__main__":

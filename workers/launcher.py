@@ -28,13 +28,17 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence
 
+from .processes import end_group_of, noted_segments, remove_shm, shm_segments_of
 from .runtime import DEFAULT_THREAD_LEVEL, THREAD_LEVEL_ENV
 
 MPIEXEC_ENV = "NBMPI_MPIEXEC"
 STATUS_DIR_ENV = "NBMPI_STATUS_DIR"
 GRACE_SECONDS = 3.0
+#: Seconds the other ranks get after one rank failed before the whole launch is ended.
+FAILURE_GRACE_S = 0.5
 
 
 def find_mpiexec() -> str:
@@ -67,59 +71,21 @@ def rank_environment(extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:
     return env
 
 
-def mpiexec_command(nranks: int, argv: Sequence[str], python: Optional[str] = None) -> List[str]:
-    """The mpiexec command line running ``python -m nbmpi.workers.rank_entry argv`` on ``nranks`` ranks."""
-    return [find_mpiexec(), "-n", str(nranks), python or sys.executable, "-m", "nbmpi.workers.rank_entry",
-            *argv]
+RANK_ENTRY = "nbmpi.workers.rank_entry"
 
 
-def terminate_group(proc: subprocess.Popen, grace: float = GRACE_SECONDS) -> None:
-    """SIGTERM the process group of ``proc`` (started with ``start_new_session``), SIGKILL after ``grace`` s."""
-    try:
-        pgid = os.getpgid(proc.pid)
-    except ProcessLookupError:
-        proc.poll()
-        return
-    kill_group(pgid, grace, proc)
+def mpiexec_command(nranks: int, argv: Sequence[str], python: Optional[str] = None,
+                    module: str = RANK_ENTRY) -> List[str]:
+    """The mpiexec command line running ``python -m MODULE argv`` on ``nranks`` ranks.
 
-
-def kill_group(pgid: int, grace: float = GRACE_SECONDS, proc: Optional[subprocess.Popen] = None) -> bool:
-    """SIGTERM process group ``pgid``, SIGKILL after ``grace`` s; True if the group is gone.
-
-    ``proc``: the group leader if it is our child; it is reaped while waiting
-    (an unreaped zombie leader would keep the group alive)."""
-    for sig, wait_s in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(pgid, sig)
-        except ProcessLookupError:
-            if proc is not None:
-                proc.poll()
-            return True
-        deadline = time.monotonic() + wait_s
-        while time.monotonic() < deadline:
-            if proc is not None:
-                proc.poll()
-            if not group_alive(pgid):
-                return True
-            time.sleep(0.02)
-    if proc is not None:
-        proc.poll()
-    return not group_alive(pgid)
-
-
-def group_alive(pgid: int) -> bool:
-    """True if process group ``pgid`` still has a member."""
-    try:
-        os.killpg(pgid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
+    ``module`` is :mod:`nbmpi.workers.rank_entry` for programs (``nbmpi run``,
+    controller jobs) and ``ipyparallel.engine`` for the engines of a pool.
+    """
+    return [find_mpiexec(), "-n", str(nranks), python or sys.executable, "-m", module, *argv]
 
 
 def read_status(status_dir: str, nranks: int) -> Dict[int, int]:
-    """Exit codes the ranks reported so far (rank -> code)."""
+    """Exit codes the ranks reported so far in ``status_dir`` (rank -> code)."""
     codes: Dict[int, int] = {}
     for r in range(nranks):
         path = os.path.join(status_dir, f"rank-{r}.exit")
@@ -131,20 +97,141 @@ def read_status(status_dir: str, nranks: int) -> Dict[int, int]:
     return codes
 
 
+def read_signals(status_dir: str, nranks: int) -> Dict[int, str]:
+    """Signals that killed ranks, as their guards reported them in ``status_dir`` (rank -> name)."""
+    out: Dict[int, str] = {}
+    for r in range(nranks):
+        try:
+            with open(os.path.join(status_dir, f"rank-{r}.signal")) as f:
+                out[r] = _signal_name(int(f.read().strip()))
+        except (FileNotFoundError, ValueError):
+            pass
+    return out
+
+
+@dataclass
+class RankOutcome:
+    """How a launch ended: ``exit_code`` (the worst code of the ranks that failed on their own,
+    128 + N for a rank killed by signal N, 0 if all succeeded, else mpiexec's), ``codes`` (per rank;
+    None for a rank that never reported because it was terminated or killed) and ``message``
+    (None on success), e.g. ``"rank 1 was killed by SIGKILL; ranks [0] were terminated"``."""
+    exit_code: int
+    codes: List[Optional[int]]
+    message: Optional[str]
+
+
+def _signal_name(num: int) -> str:
+    try:
+        return signal.Signals(num).name
+    except ValueError:
+        return f"signal {num}"
+
+
+class RankWatch:
+    """Watches the ranks of one launch through its status directory (the one rank-watch loop step).
+
+    Ranks report their pid at start and their exit code at the end there
+    (:mod:`nbmpi.workers.rank_entry`); a rank's guard reports the signal that
+    killed it (:mod:`nbmpi.workers.rank_guard`). Call :meth:`should_end`
+    periodically while mpiexec runs: it becomes True :data:`FAILURE_GRACE_S`
+    seconds after the first rank failed or was killed (or at once when every
+    rank has reported), which is when the caller ends the whole process group
+    so no rank stays blocked on the failed one. :meth:`outcome` turns the
+    reports into the launch's result. Local; no communication; cheap (reads
+    at most ``3 * nranks`` small files).
+    """
+
+    def __init__(self, status_dir: str, nranks: int):
+        self.status_dir = str(status_dir)
+        self.nranks = int(nranks)
+        self._failed_at: Optional[float] = None
+        self._seen_shm: set = set()
+        self._observed_at = 0.0
+
+    def codes(self) -> Dict[int, int]:
+        """Exit codes reported so far (rank -> code)."""
+        return read_status(self.status_dir, self.nranks)
+
+    def pids(self) -> Dict[int, int]:
+        """Pids the ranks reported at start (rank -> pid)."""
+        out: Dict[int, int] = {}
+        for r in range(self.nranks):
+            try:
+                with open(os.path.join(self.status_dir, f"rank-{r}.pid")) as f:
+                    out[r] = int(f.read().strip())
+            except (FileNotFoundError, ValueError):
+                pass
+        return out
+
+    def observe(self, every: float = 1.0) -> None:
+        """Note the ``/dev/shm`` segments the live ranks have mapped (at most once per ``every`` s),
+        so :meth:`clean_up` also finds segments of ranks that are later killed."""
+        now = time.monotonic()
+        if now - self._observed_at >= every:
+            self._observed_at = now
+            self._seen_shm |= shm_segments_of(self.pids().values())
+
+    def shm_segments(self) -> List[str]:
+        """The ``/dev/shm`` segments of this launch: noted by the ranks at start and exit, and seen
+        mapped by them while they ran (:meth:`observe`)."""
+        return sorted(self._seen_shm | noted_segments(self.status_dir))
+
+    def clean_up(self) -> List[str]:
+        """After the launch: remove the shared memory its ranks left (killed ranks never free it).
+        Only segments no live process maps are removed. Returns those removed."""
+        return remove_shm(self.shm_segments())
+
+    def should_end(self) -> bool:
+        """True once a rank failed and the others had their grace period (or all reported)."""
+        self.observe()
+        codes = self.codes()
+        if not any(c != 0 for c in codes.values()) and not self.killed():
+            return False
+        now = time.monotonic()
+        if self._failed_at is None:
+            self._failed_at = now
+        return now - self._failed_at > FAILURE_GRACE_S or len(codes) == self.nranks
+
+    def killed(self) -> Dict[int, str]:
+        """Ranks a signal killed (rank -> signal name, e.g. ``"SIGKILL"``), as their guards reported
+        (:mod:`nbmpi.workers.rank_guard`); ranks the launch ended itself are not among them."""
+        return read_signals(self.status_dir, self.nranks)
+
+    def outcome(self, returncode: Optional[int]) -> RankOutcome:
+        """The result once mpiexec has ended with ``returncode`` (negative: killed by that signal)."""
+        got = self.codes()
+        codes = [got.get(r) for r in range(self.nranks)]
+        bad = {r: c for r, c in got.items() if c != 0}
+        killed = {r: s for r, s in self.killed().items() if r not in got}
+        missing = [r for r, c in enumerate(codes) if c is None and r not in killed]
+        parts = [f"rank {r} exited {c}" for r, c in sorted(bad.items())]
+        parts += [f"rank {r} was killed by {s}" for r, s in sorted(killed.items())]
+        if not parts and not missing:
+            return RankOutcome(0, codes, None)
+        worst = [c for c in bad.values()] + [128 + signal.Signals[s].value for s in killed.values()
+                                             if s in signal.Signals.__members__]
+        if parts:
+            msg = ", ".join(parts)
+            if missing:
+                msg += f"; ranks {missing} were terminated"
+            return RankOutcome(max(worst) if worst else 1, codes, msg)
+        rc = returncode
+        code = rc if rc and rc > 0 else (128 - rc if rc and rc < 0 else 1)
+        return RankOutcome(code, codes, f"mpiexec exited {rc} before ranks {missing} reported")
+
+
 def run(nranks: int, argv: Sequence[str], env: Optional[Dict[str, str]] = None,
         stdout=None, stderr=None, timeout: Optional[float] = None, quiet: bool = False) -> int:
     """Run ``argv`` (a script path and its arguments, or ``-m module ...`` / ``-c code``) on
     ``nranks`` ranks. Blocks until every rank has ended; returns the worst exit code.
 
-    ``timeout`` (s): terminate all ranks after it and return 124.
+    ``timeout`` (s): terminate all ranks after it and return 124. Ctrl-C or
+    SIGTERM terminates all ranks and returns 130. Unless ``quiet``, a final
+    line on stderr says how the run ended when it did not succeed.
     """
     if nranks < 1:
         raise ValueError(f"-n must be at least 1, got {nranks}")
     status_dir = tempfile.mkdtemp(prefix="nbmpi-status-")
-    renv = rank_environment(env)
-    renv[STATUS_DIR_ENV] = status_dir
-    cmd = mpiexec_command(nranks, argv)
-    failed_at: Optional[float] = None
     interrupted = timed_out = False
     old = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
 
@@ -160,33 +247,27 @@ def run(nranks: int, argv: Sequence[str], env: Optional[Dict[str, str]] = None,
     except ValueError:  # not the main thread: signals stay with the caller
         old = {}
     proc = None
+    watch = RankWatch(status_dir, nranks)
     try:
-        proc = subprocess.Popen(cmd, env=renv, stdout=stdout, stderr=stderr, start_new_session=True)
+        proc = start(nranks, argv, status_dir, env=env, stdout=stdout, stderr=stderr)
         t_start = time.monotonic()
         while proc.poll() is None:
             time.sleep(0.05)
             if interrupted:
-                terminate_group(proc)
                 break
             if timeout is not None and time.monotonic() - t_start > timeout:
                 timed_out = True
-                terminate_group(proc)
                 break
-            codes = read_status(status_dir, nranks)
-            if any(c != 0 for c in codes.values()):
-                if failed_at is None:
-                    failed_at = time.monotonic()
-                elif time.monotonic() - failed_at > 0.5 or len(codes) == nranks:
-                    terminate_group(proc)
-                    break
-        proc.wait()
-        terminate_group(proc, grace=0.5)  # stragglers in the group (none expected)
+            if watch.should_end():
+                break
+        end_group_of(proc)  # whatever ended the run, no rank of it survives
     finally:
         if proc is not None and proc.poll() is None:  # an exception in the watch loop
-            terminate_group(proc)
+            end_group_of(proc)
         for s, h in old.items():
             signal.signal(s, h)
-    codes = read_status(status_dir, nranks)
+    outcome = watch.outcome(proc.returncode)
+    watch.clean_up()
     shutil.rmtree(status_dir, ignore_errors=True)
     if interrupted:
         if not quiet:
@@ -196,30 +277,19 @@ def run(nranks: int, argv: Sequence[str], env: Optional[Dict[str, str]] = None,
         if not quiet:
             print(f"nbmpi run: timed out after {timeout} s; all ranks terminated", file=sys.stderr)
         return 124
-    bad = {r: c for r, c in codes.items() if c != 0}
-    if bad:
-        worst = max(bad.values())
-        if not quiet:
-            missing = sorted(set(range(nranks)) - set(codes))
-            msg = ", ".join(f"rank {r} exited {c}" for r, c in sorted(bad.items()))
-            if missing:
-                msg += f"; ranks {missing} were terminated"
-            print(f"nbmpi run: {msg}", file=sys.stderr)
-        return worst
-    if len(codes) == nranks:
-        return 0
-    rc = proc.returncode
-    return rc if rc and rc > 0 else (128 - rc if rc and rc < 0 else 1)
+    if outcome.message and not quiet:
+        print(f"nbmpi run: {outcome.message}", file=sys.stderr)
+    return outcome.exit_code
 
 
 def start(nranks: int, argv: Sequence[str], status_dir: str, env: Optional[Dict[str, str]] = None,
           stdout=None, stderr=None, cwd: Optional[str] = None) -> subprocess.Popen:
-    """Start ``argv`` on ``nranks`` ranks and return at once (for the controller's batch jobs).
+    """Start ``argv`` on ``nranks`` ranks and return at once (non-blocking half of :func:`run`).
 
-    Non-blocking counterpart of :func:`run`: mpiexec is started in a new session
-    (its pid is the process group id to pass to :func:`terminate_group`), ranks
-    report their exit codes to ``status_dir`` (read them with :func:`read_status`).
-    The caller watches the process and must end the group itself.
+    mpiexec is started in a new session (its pid is the process group id to
+    end with :func:`nbmpi.workers.processes.end_processes`); ranks report their
+    exit codes to ``status_dir`` (watch them with :class:`RankWatch`). The
+    caller watches the process and must end the group itself.
     """
     if nranks < 1:
         raise ValueError(f"nranks must be at least 1, got {nranks}")

@@ -9,10 +9,18 @@ Not called by users directly: ``nbmpi run -n N script.py`` does it. Scripts and
 Two optional services for the controller's batch jobs (environment variables):
 
 * ``NBMPI_LOG_DIR``: this rank's stdout/stderr go to ``rank-R.stdout`` /
-  ``rank-R.stderr`` in that directory (file descriptors 1 and 2 are redirected
-  before anything runs, so output of C extensions and child processes lands
-  there too).
-* ``NBMPI_TRACE_OUT``: after the program, the ranks agree (non-blocking
+  ``rank-R.stderr`` in that directory, written by the rank's guard with at most
+  ``NBMPI_LOG_LIMIT`` bytes per stream and a visible truncation marker
+  (:mod:`~nbmpi.workers.rank_guard`; without the guard, file descriptors 1 and
+  2 are redirected to the files directly). Either way output of C extensions
+  and child processes lands there too.
+* ``NBMPI_TRACE_OUT``: while the program runs, a daemon thread of each rank streams
+  its new trace events and what it is blocked in to ``rank-R.events`` /
+  ``rank-R.live.json`` there (:mod:`~nbmpi.workers.trace_stream`, every
+  ``NBMPI_TRACE_STREAM_INTERVAL`` s, default 0.5; no MPI call from that
+  thread), so the controller's dashboard shows a running or hung job; the
+  stream is completed when the program ends, whatever its outcome. After the
+  program, the ranks agree (non-blocking
   allreduce with a timeout, ``NBMPI_TRACE_AGREE_TIMEOUT`` s, default 30) whether
   every rank succeeded; only then they gather the trace and rank 0 writes
   ``trace.json`` (Chrome/Perfetto) and ``summary.json`` there. A failed or
@@ -25,7 +33,7 @@ import runpy
 import sys
 import traceback
 
-from . import rebinding_guard
+from . import rank_guard, rebinding_guard
 
 
 def _report(code: int) -> None:
@@ -41,22 +49,75 @@ def _report(code: int) -> None:
     os.replace(tmp, os.path.join(status_dir, f"rank-{rank}.exit"))
 
 
-def _redirect_output() -> None:
-    """Send fds 1/2 to per-rank files in ``$NBMPI_LOG_DIR`` (rank from the launcher's PMI env)."""
-    log_dir = os.environ.get("NBMPI_LOG_DIR")
-    if not log_dir:
-        return
-    rank = os.environ.get("PMI_RANK") or os.environ.get("OMPI_COMM_WORLD_RANK")
+def _rank_from_env() -> str:
+    """This rank's number as the launcher's process manager gives it (before MPI starts)."""
+    rank = rank_guard.rank_from_env()
     if rank is None:
         from .runtime import world
 
         rank = str(world().Get_rank())
+    return rank
+
+
+def _announce() -> None:
+    """Write this rank's pid to ``$NBMPI_STATUS_DIR/rank-R.pid`` (the launcher maps a rank that
+    dies without reporting, e.g. killed by a signal, back to its rank number)."""
+    status_dir = os.environ.get("NBMPI_STATUS_DIR")
+    if not status_dir:
+        return
+    rank = _rank_from_env()
+    tmp = os.path.join(status_dir, f".rank-{rank}.pid.tmp")
+    with open(tmp, "w") as f:
+        f.write(str(os.getpid()))
+    os.replace(tmp, os.path.join(status_dir, f"rank-{rank}.pid"))
+
+
+def _note_shared_memory() -> None:
+    """Note the ``/dev/shm`` segments this rank maps (after MPI starts and before it exits) in the
+    status directory, so the launcher can remove what MPI leaves when a rank ends without
+    ``MPI_Finalize`` (a failed rank exits at once, a killed one never finalizes)."""
+    status_dir = os.environ.get("NBMPI_STATUS_DIR")
+    if status_dir:
+        from .processes import note_segments
+
+        note_segments(status_dir, _rank_from_env())
+
+
+def _redirect_output() -> None:
+    """Send fds 1/2 to per-rank files in ``$NBMPI_LOG_DIR`` (rank from the launcher's PMI env)."""
+    log_dir = os.environ.get("NBMPI_LOG_DIR")
+    if not log_dir or os.environ.get(rank_guard.LOGGED_ENV):   # the guard writes the logs (with a cap)
+        return
+    rank = _rank_from_env()
     os.makedirs(log_dir, exist_ok=True)
     for fd, stream in ((1, "stdout"), (2, "stderr")):
         target = os.open(os.path.join(log_dir, f"rank-{rank}.{stream}"),
                          os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         os.dup2(target, fd)
         os.close(target)
+
+
+def _start_stream():
+    """If ``$NBMPI_TRACE_OUT`` is set and tracing is on: start this rank's trace streamer."""
+    out = os.environ.get("NBMPI_TRACE_OUT")
+    if not out:
+        return None
+    from .trace_stream import DEFAULT_INTERVAL, TraceStreamer
+    from .tracing import get_tracer
+
+    tracer = get_tracer()
+    if not tracer.enabled:
+        return None
+    raw = os.environ.get("NBMPI_TRACE_STREAM_INTERVAL", "").strip()
+    try:
+        interval = float(raw) if raw else DEFAULT_INTERVAL
+    except ValueError:
+        interval = DEFAULT_INTERVAL
+    try:
+        return TraceStreamer(tracer, out, interval=interval if interval > 0 else DEFAULT_INTERVAL).start()
+    except OSError as exc:
+        print(f"[nbmpi] trace streaming off: {exc}", file=sys.stderr)
+        return None
 
 
 def _save_trace(code: int) -> None:
@@ -103,10 +164,14 @@ def main(argv=None) -> int:
         print("usage: python -m nbmpi.workers.rank_entry (script.py | -m module | -c code) [args]",
               file=sys.stderr)
         return 2
+    rank_guard.guard()   # the parent stays behind and reports a signal that kills this rank
+    _announce()
     _redirect_output()
     from .runtime import init
 
     init()
+    _note_shared_memory()
+    streamer = _start_stream()
     code = 0
     try:
         if argv[0] == "-m":
@@ -135,6 +200,13 @@ def main(argv=None) -> int:
         code = 1
     sys.stdout.flush()
     sys.stderr.flush()
+    if streamer is not None:
+        try:
+            streamer.stop()
+        except Exception:  # noqa: BLE001 - a trace failure must not change the program's result
+            sys.stderr.write("[nbmpi] completing the streamed trace failed:\n")
+            traceback.print_exc()
+    _note_shared_memory()
     _report(code)
     try:
         _save_trace(code)

@@ -28,6 +28,8 @@ import numpy as np
 from .tracing import DIR_NONE, DIR_RECV, DIR_SEND, FIELDS, NF
 
 _COL = {name: i for i, name in enumerate(FIELDS)}
+#: Names of the states of :meth:`Trace.states`, indexed by the codes of :meth:`Trace.state_arrays`.
+STATE_NAMES = ("compute", "wait", "comm")
 
 
 def _keys(cols: List[np.ndarray]) -> np.ndarray:
@@ -148,6 +150,40 @@ class Trace:
         idx = np.nonzero(self.ranks == rank)[0]
         return idx[np.argsort(self.col("t_start")[idx], kind="stable")]
 
+    def state_arrays(self) -> Dict[str, np.ndarray]:
+        """:meth:`states` as columns (vectorised; the timeline figure uses this on large traces).
+
+        Keys ``rank``, ``state`` (index into :data:`STATE_NAMES`), ``start``, ``end`` (ns from
+        :attr:`t0`), ``event`` (index or -1), all int64 of one length, in the order of :meth:`states`
+        (rank by rank, each rank's intervals in time order).
+        """
+        cols: Dict[str, List[np.ndarray]] = {k: [] for k in ("rank", "state", "start", "end", "event")}
+        t0, t1 = self.t0, self.t1
+        start_all, end_all, wait_all = self.col("t_start"), self.col("t_end"), self.col("wait")
+        for r in range(self.nranks):
+            idx = self.rank_order(r)
+            st, en, wt = start_all[idx], end_all[idx], wait_all[idx]
+            cursor = np.maximum.accumulate(np.maximum(np.maximum(st, en), t0)) if len(idx) else np.empty(0, np.int64)
+            before = np.concatenate([[t0], cursor[:-1]]).astype(np.int64) if len(idx) else cursor
+            s = np.maximum(st, before)
+            e = np.maximum(en, s)
+            w = np.minimum(wt, e - s)
+            n = len(idx)
+            # three slots per event (gap compute, wait, comm), flattened in that order
+            starts = np.stack([before, s, s + np.maximum(w, 0)], axis=1)
+            ends = np.stack([s, s + np.maximum(w, 0), e], axis=1)
+            states = np.broadcast_to(np.array([0, 1, 2], np.int64), (n, 3))
+            events = np.stack([np.full(n, -1, np.int64), idx, idx], axis=1)
+            keep = np.stack([s > before, w > 0, np.ones(n, bool)], axis=1)
+            last = int(cursor[-1]) if n else t0
+            tail = last < t1
+            cols["rank"].append(np.full(int(keep.sum()) + int(tail), r, np.int64))
+            cols["state"].append(np.concatenate([states[keep], [0] if tail else []]).astype(np.int64))
+            cols["start"].append(np.concatenate([starts[keep], [last] if tail else []]).astype(np.int64) - t0)
+            cols["end"].append(np.concatenate([ends[keep], [t1] if tail else []]).astype(np.int64) - t0)
+            cols["event"].append(np.concatenate([events[keep], [-1] if tail else []]).astype(np.int64))
+        return {k: (np.concatenate(v) if v else np.empty(0, np.int64)) for k, v in cols.items()}
+
     def states(self) -> List[Dict[str, Any]]:
         """Non-overlapping state intervals of every rank, for timelines.
 
@@ -155,25 +191,18 @@ class Trace:
         ``start``/``end`` (ns from :attr:`t0`), ``event`` (index or -1), ``label``.
         Compute fills the gaps between communication over the whole window.
         """
+        a = self.state_arrays()
+        labels: Dict[int, str] = {}
         out: List[Dict[str, Any]] = []
-        t0, t1 = self.t0, self.t1
-        start, end, wait = self.col("t_start"), self.col("t_end"), self.col("wait")
-        for r in range(self.nranks):
-            cursor = t0
-            for i in self.rank_order(r):
-                s, e = max(int(start[i]), cursor), int(end[i])
-                if e < s:
-                    e = s
-                if s > cursor:
-                    out.append(dict(rank=r, state="compute", start=cursor - t0, end=s - t0, event=-1, label="compute"))
-                w = min(int(wait[i]), e - s)
-                label = self.op_label(int(i))
-                if w > 0:
-                    out.append(dict(rank=r, state="wait", start=s - t0, end=s + w - t0, event=int(i), label=label))
-                out.append(dict(rank=r, state="comm", start=s + w - t0, end=e - t0, event=int(i), label=label))
-                cursor = e
-            if cursor < t1:
-                out.append(dict(rank=r, state="compute", start=cursor - t0, end=t1 - t0, event=-1, label="compute"))
+        for r, k, s, e, i in zip(a["rank"].tolist(), a["state"].tolist(), a["start"].tolist(), a["end"].tolist(),
+                                 a["event"].tolist()):
+            if i < 0:
+                label = "compute"
+            else:
+                label = labels.get(i)
+                if label is None:
+                    label = labels[i] = self.op_label(i)
+            out.append(dict(rank=r, state=STATE_NAMES[k], start=s, end=e, event=i, label=label))
         return out
 
     def summary(self) -> Dict[str, Any]:

@@ -199,6 +199,21 @@ class Tracer:
             self.flush()
         return self.buf[: self.n * NF].reshape(-1, NF)[since:]
 
+    def snapshot(self, since: int = 0) -> np.ndarray:
+        """A copy of this rank's recorded rows ``[since, n)`` as an ``(m, NF)`` int64 array (local clock).
+
+        Safe to call from another thread while the owning thread records: it
+        writes nothing (no flush, so deferred put/take records appear in a later
+        snapshot, after the owner's next flush), reads the row count before the
+        buffer (rows below the count are complete, and a buffer grown meanwhile
+        holds them too) and copies. Never blocks, never communicates. After a
+        concurrent :meth:`clear` the rows may be a mix of old and new events.
+        """
+        n = self.n
+        buf = self.buf
+        since = min(max(int(since), 0), n)
+        return buf[since * NF: n * NF].reshape(-1, NF).copy()
+
     def mark(self) -> int:
         """An index to pass as ``since`` later, to gather only what follows (flushes deferred records)."""
         if self.pend:

@@ -56,7 +56,7 @@ _probe_sock: Optional[socket.socket] = None
 
 
 def _pre_run_cell(info=None) -> None:  # noqa: ARG001 - IPython passes ExecutionInfo
-    from nbmpi.workers import tracing
+    from . import tracing
 
     tr = tracing.get_tracer()
     state.tracer = tr
@@ -79,17 +79,26 @@ def _post_run_cell(result=None) -> None:  # noqa: ARG001
 
 
 def snapshot() -> Dict[str, Any]:
-    """This rank's state now: cell running?, since when, blocked in which call (thread-safe read)."""
-    from nbmpi.workers import waiting
+    """This rank's state now (thread-safe read): cell running?, since when, the nbmpi call it waits in
+    (``op``, ``peer``, ``waiting_s`` from :data:`nbmpi.workers.waiting.current`) and, while a cell
+    runs, ``where``: the main thread's user-code line and the MPI call on it
+    (:func:`nbmpi.workers.rank_location.main_thread_location`), also for raw mpi4py calls."""
+    from . import waiting
+    from .rank_location import main_thread_location
 
     now = time.perf_counter_ns()
     cur = waiting.current
     out: Dict[str, Any] = dict(rank=_rank, pid=os.getpid(), running=state.running, cell=state.cell,
                                running_s=(now - state.t_start_ns) / 1e9 if state.running else 0.0,
-                               op=None, peer=None, waiting_s=0.0)
+                               op=None, peer=None, waiting_s=0.0, where=None)
     if cur is not None:
         op, peer, t0 = cur
         out.update(op=str(op), peer=None if peer is None else int(peer), waiting_s=(now - int(t0)) / 1e9)
+    if state.running:
+        try:
+            out["where"] = main_thread_location()
+        except Exception as exc:  # noqa: BLE001 - a probe answers whatever happens
+            out["where"] = {"stack": [], "mpi": None, "error": repr(exc)}
     return out
 
 
@@ -132,6 +141,21 @@ def _watch_owner(pid: int, period: float = 1.0) -> None:
     while True:
         time.sleep(period)
         if not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+            # this rank's own children (ipyparallel's nanny) hold mpiexec's output pipes open: end them too
+            for child in psutil.Process().children(recursive=True):
+                try:
+                    child.kill()
+                except psutil.Error:
+                    pass
+            # nobody is left to clean up after the pool: unlink MPI's shared memory (the mappings stay valid
+            # for the other ranks, which are ending the same way)
+            from .processes import shm_segments_of
+
+            for path in shm_segments_of([os.getpid()]):
+                try:
+                    os.unlink(path)
+                except OSError:
+                    pass
             os._exit(3)
 
 
@@ -154,7 +178,8 @@ def setup() -> Dict[str, Any]:
 
     import nbmpi
     import nbmpi.workers
-    from nbmpi.workers import rebinding_guard, runtime
+
+    from . import rebinding_guard, runtime
 
     runtime.init()
     comm = runtime.world()
@@ -170,6 +195,11 @@ def setup() -> Dict[str, Any]:
         ip.events.register(event, fn)
     port = _start_probe()
     _start_watchdog()
+    status_dir = os.environ.get("NBMPI_STATUS_DIR")
+    if status_dir:   # so the pool can remove MPI's shared memory if this rank is killed
+        from .processes import note_segments
+
+        note_segments(status_dir, str(_rank))
     m = runtime.MPI()
     levels = {m.THREAD_SINGLE: "single", m.THREAD_FUNNELED: "funneled", m.THREAD_SERIALIZED: "serialized",
               m.THREAD_MULTIPLE: "multiple"}
@@ -186,7 +216,7 @@ def cell_events() -> Dict[str, Any]:
     "clock_error_ns", "kinds", "cell_start_ns", "cell_end_ns"}`` (cell times on
     rank 0's clock too). Local; no communication.
     """
-    from nbmpi.workers import tracing
+    from . import tracing
 
     tr = state.tracer or tracing.get_tracer()
     n = tr.mark()  # flushes deferred put/take records

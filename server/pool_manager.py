@@ -1,19 +1,21 @@
 """Pools of the controller: records, reconciliation, idle stop, and jobs on a pool.
 
-A pool is a :class:`nbmpi.kernel_ext.pool.Pool` (ipyparallel engines on the ranks
-of one MPI job, the same launcher the ``%distributed`` magics use). Each record
-keeps the owner's *target* (``running`` or ``stopped``) and the *real* state
-(``starting``, ``running``, ``stopping``, ``stopped``, ``failed``). A reconcile
-thread (every :data:`RECONCILE_S` s) compares them:
+A pool is a :class:`nbmpi.workers.engine_pool.Pool` (ipyparallel engines on the
+ranks of one MPI job, the same pools the ``%distributed`` magics use) started
+and ended by the service's backend (:meth:`Backend.start_pool` ...). Its ranks
+are held in the :class:`~nbmpi.server.ledger.RankLedger` while it starts or
+runs. Each record keeps the owner's *target* (``running`` or ``stopped``) and
+the *real* state (``starting``, ``running``, ``stopping``, ``stopped``,
+``failed``). A reconcile thread (every :data:`RECONCILE_S` s) compares them:
 
 * a pool that should run but whose engines or controller died is recorded
   ``failed`` (never reported ``running``) and whatever is left of it is ended;
 * a pool with ``idle_timeout`` that ran no job for that long is stopped
   (``stopped``, message says why).
 
-Restart: pools a previous service left ``running`` are re-attached
-(:meth:`Pool.attach`) if all their engines still answer, else recorded
-``failed`` and their leftover processes (pids recorded at start) are ended.
+Restart: pools a previous service left ``running`` are re-attached by the
+backend (:meth:`Backend.recover_pool`) if all their engines still answer,
+else recorded ``failed`` (the backend ends their leftovers).
 
 Jobs on a pool execute the job's code on all engines (``view.execute``); each
 engine's stdout/stderr is appended to ``logs/rank-R.*`` as it arrives; a rank
@@ -23,8 +25,6 @@ is ended and recorded ``failed``.
 """
 from __future__ import annotations
 
-import contextlib
-import os
 import signal
 import threading
 import time
@@ -32,12 +32,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional
 
-import psutil
 from sqlalchemy import select
 from sqlalchemy.orm import sessionmaker
 
-from ..kernel_ext.pool import Pool, PoolError
-from .db import Pool as PoolRow
+from nbmpi.workers.engine_pool import Pool, PoolError
+from nbmpi.workers.rank_guard import CappedLog
+
+from .backends import Backend, PoolSpec
+from .errors import RequestError
+from .ledger import RankLedger
+from .records import Pool as PoolRow
 from .schemas import PoolCreate, PoolInfo
 
 RECONCILE_S = 2.0
@@ -63,48 +67,19 @@ def pool_info(row: PoolRow) -> PoolInfo:
                     connection=row.connection if row.state == "running" else None)
 
 
-def _kill_recorded(pids: Dict) -> None:
-    """End processes recorded for a pool we cannot drive (no Pool object): controller and
-    mpiexec process groups and the rank pids, checking each is still a pool process."""
-    def ours(pid: int) -> bool:
-        try:
-            cmd = " ".join(psutil.Process(pid).cmdline())
-        except (psutil.Error, OSError):
-            return False
-        return "ipyparallel" in cmd or "mpiexec" in cmd or "hydra" in cmd
-
-    groups = [p for p in (pids.get("controller"), pids.get("mpiexec")) if p]
-    ranks = [p for p in pids.get("ranks") or [] if p]
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for g in groups:
-            if ours(g):
-                try:
-                    os.killpg(g, sig)
-                except (ProcessLookupError, PermissionError):
-                    pass
-        for p in ranks:
-            if ours(p):
-                try:
-                    os.kill(p, sig)
-                except (ProcessLookupError, PermissionError):
-                    pass
-        deadline = time.monotonic() + 3.0
-        while time.monotonic() < deadline and any(ours(p) for p in groups + ranks):
-            time.sleep(0.05)
-
-
 class PoolManager:
     """All pools of one service. Thread-safe; each pool is driven under its own lock."""
 
-    def __init__(self, sessions: sessionmaker, data_dir: Path, max_ranks: int):
+    def __init__(self, sessions: sessionmaker, data_dir: Path, backend: Backend, ledger: RankLedger,
+                 max_ranks: Optional[int]):
         self.sessions = sessions
         self.data_dir = Path(data_dir)
-        self.max_ranks = int(max_ranks)
-        self.scheduler = None  # set by the app: ranks used by batch jobs
+        self.backend = backend
+        self.ledger = ledger
+        self.max_ranks = max_ranks
         self._lock = threading.RLock()
         self._live: Dict[int, Pool] = {}
         self._locks: Dict[int, threading.RLock] = {}
-        self._reserved: Dict[int, int] = {}  # pool id -> ranks, while starting or running
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
 
@@ -115,21 +90,16 @@ class PoolManager:
             for row in s.scalars(select(PoolRow).where(PoolRow.state.in_(_LIVE))):
                 pool = None
                 if row.state == "running" and row.target == "running" and row.connection:
-                    try:
-                        pool = Pool.attach(row.connection)
-                        if not pool.alive():
-                            pool.stop()
-                            pool = None
-                    except Exception:  # noqa: BLE001 - unreachable: recorded as failed below
-                        pool = None
+                    pool = self.backend.recover_pool(row.connection, row.backend_state or {})
+                else:
+                    self.backend.stop_pool(None, row.backend_state or {})
                 if pool is not None:
                     self._live[row.id] = pool
                     self._locks[row.id] = threading.RLock()
-                    self._reserved[row.id] = row.ranks
+                    self.ledger.hold(("pool", row.id), row.ranks)
                     row.message = "re-attached after a restart of the service"
                     row.last_used_at = time.time()
                 else:
-                    _kill_recorded((row.connection or {}).get("service_pids") or {})
                     row.state = "failed"
                     row.stopped_at = time.time()
                     row.message = "the service restarted and the pool's engines no longer answered; it was ended"
@@ -145,11 +115,6 @@ class PoolManager:
             self._end(pid, "stopped", "the service stopped")
 
     # -- queries ---------------------------------------------------------------------------------
-    def ranks_in_use(self) -> int:
-        """Ranks held by pools that are starting or running."""
-        with self._lock:
-            return sum(self._reserved.values())
-
     def get(self, owner: str, pool_id: int) -> Optional[PoolRow]:
         """The record of ``owner``'s pool ``pool_id``, or None."""
         with self.sessions() as s:
@@ -176,46 +141,39 @@ class PoolManager:
 
     # -- requests ----------------------------------------------------------------------------------
     def create(self, owner: str, req: PoolCreate) -> PoolInfo:
-        """Start a pool for ``owner`` (blocks until it runs or failed). 409 if the ranks are not free."""
-        from .jobs import JobError
-
-        if req.ranks > self.max_ranks:
-            raise JobError(422, f"ranks={req.ranks} exceeds this service's --max-ranks {self.max_ranks}")
-        # lock order as in the scheduler's admission: scheduler lock, then pool lock
-        with (self.scheduler._lock if self.scheduler else contextlib.nullcontext()), self._lock:
-            used = self.scheduler.ranks_in_use() if self.scheduler else self.ranks_in_use()
-            if used + req.ranks > self.max_ranks:
-                raise JobError(409, f"{req.ranks} ranks are not free: {used} of {self.max_ranks} are in use "
-                                    "by running jobs and pools; stop a pool or wait for jobs to finish")
+        """Start a pool for ``owner`` (blocks until it runs or failed). Raises
+        :class:`RequestError` (422 more ranks than the service has, 409 ranks not free)."""
+        if self.max_ranks is not None and req.ranks > self.max_ranks:
+            raise RequestError(422, f"ranks={req.ranks} exceeds this service's --max-ranks {self.max_ranks}")
+        with self.sessions.begin() as s:
+            row = PoolRow(owner=owner, name=req.name, ranks=req.ranks, target="running", state="starting",
+                          idle_timeout=req.idle_timeout, created_at=time.time(), backend=self.backend.name)
+            s.add(row)
+            s.flush()
+            row.work_dir = str(self.data_dir / "pools" / str(row.id))
+            pool_id, work_dir = row.id, row.work_dir
+        if not self.ledger.try_hold(("pool", pool_id), req.ranks):
             with self.sessions.begin() as s:
-                row = PoolRow(owner=owner, name=req.name, ranks=req.ranks, target="running", state="starting",
-                              idle_timeout=req.idle_timeout, created_at=time.time())
-                s.add(row)
-                s.flush()
-                row.work_dir = str(self.data_dir / "pools" / str(row.id))
-                pool_id, work_dir = row.id, row.work_dir
-            self._reserved[pool_id] = req.ranks
+                s.delete(s.get(PoolRow, pool_id))
+            raise RequestError(409, f"{req.ranks} ranks are not free: {self.ledger.in_use()} of "
+                                        f"{self.max_ranks} are in use by running jobs and pools; stop a pool "
+                                        "or wait for jobs to finish")
+        with self._lock:
             self._locks[pool_id] = threading.RLock()
-        os.makedirs(work_dir, exist_ok=True)
-        pool = Pool(req.ranks, name=req.name or f"pool-{pool_id}", work_dir=work_dir,
-                    bound_to_owner=False)  # pools outlive a service restart (re-attached by reconcile)
+        spec = PoolSpec(id=pool_id, owner=owner, ranks=req.ranks, name=req.name or f"pool-{pool_id}",
+                        work_dir=Path(work_dir), timeout=START_TIMEOUT_S)
         try:
-            pool.start(timeout=START_TIMEOUT_S)
+            pool, state = self.backend.start_pool(spec)
             conn = pool.connection_info()
-            conn["service_pids"] = pool.status()["pids"]
-        except Exception as exc:  # noqa: BLE001 - PoolError or anything else: the record says why
-            try:
-                pool.stop()
-            except Exception:  # noqa: BLE001
-                pass
-            with self._lock:
-                self._reserved.pop(pool_id, None)
+        except Exception as exc:  # noqa: BLE001 - PoolError, BackendError or anything else: the record says why
+            self.ledger.release(("pool", pool_id))
             self._update(pool_id, state="failed", stopped_at=time.time(), message=f"start failed: {exc}")
             return pool_info(self.get(owner, pool_id))
         with self._lock:
             self._live[pool_id] = pool
         now = time.time()
-        self._update(pool_id, state="running", started_at=now, last_used_at=now, connection=conn)
+        self._update(pool_id, state="running", started_at=now, last_used_at=now, connection=conn,
+                     backend_state=state)
         if self._stop.is_set():  # the service is stopping: do not leave the new pool behind
             self._end(pool_id, "stopped", "the service stopped")
         return pool_info(self.get(owner, pool_id))
@@ -232,9 +190,11 @@ class PoolManager:
 
     # -- jobs ----------------------------------------------------------------------------------------
     def run_job(self, pool_id: int, code: str, args: List[str], env: Dict[str, str], log_dir: Path,
-                cancel: threading.Event, deadline: Optional[float]) -> PoolJobResult:
+                cancel: threading.Event, deadline: Optional[float],
+                log_limit: Optional[int] = None) -> PoolJobResult:
         """Execute ``code`` on every engine of the pool; block until done, cancelled or past
-        ``deadline`` (monotonic). Called by the scheduler's job thread."""
+        ``deadline`` (monotonic). Each rank's output goes to ``log_dir`` (at most ``log_limit``
+        bytes per stream, then a truncation marker). Called by the scheduler's job thread."""
         pool = self._live.get(pool_id)
         if pool is None:
             raise PoolError(f"pool {pool_id} is not running")
@@ -249,12 +209,13 @@ class PoolManager:
             view = client[ranks]
             ar = view.execute(prelude + code, silent=False, block=False)
             written = {(r, s): 0 for r in range(len(ranks)) for s in ("stdout", "stderr")}
+            logs = {key: CappedLog(str(log_dir / f"rank-{key[0]}.{key[1]}"), log_limit) for key in written}
             outcome = "completed"
             interrupted_at: Optional[float] = None
             last_check = time.monotonic()
             try:
                 while not ar.ready():
-                    self._append_output(ar, log_dir, written)
+                    self._append_output(ar, logs, written)
                     now = time.monotonic()
                     if interrupted_at is None and (cancel.is_set() or (deadline is not None and now > deadline)):
                         outcome = "cancelled" if cancel.is_set() else "timed_out"
@@ -268,13 +229,17 @@ class PoolManager:
                             raise PoolError("the pool's engines died during the job")
                     ar.wait(0.1)
             except PoolError as exc:
+                for log in logs.values():
+                    log.close()
                 self._end(pool_id, "failed", f"{exc}; the pool was ended")
                 return PoolJobResult("cancelled" if outcome == "cancelled" else "completed",
                                      [None] * len(ranks), f"{exc}; pool {pool_id} was ended")
             # the result can arrive before the last output messages (another channel): wait for
             # the engines' output to be complete so no printed line is lost from the logs
             ar.wait_for_output(OUTPUT_WAIT_S)
-            self._append_output(ar, log_dir, written)
+            self._append_output(ar, logs, written)
+            for log in logs.values():
+                log.close()
             codes: List[Optional[int]] = []
             errors: List[str] = []
             for r, md in enumerate(ar.metadata):
@@ -287,13 +252,12 @@ class PoolManager:
         return PoolJobResult(outcome, codes, "; ".join(errors) or None)
 
     @staticmethod
-    def _append_output(ar, log_dir: Path, written: Dict) -> None:
+    def _append_output(ar, logs: Dict, written: Dict) -> None:
         for stream, per_rank in (("stdout", ar.stdout), ("stderr", ar.stderr)):
             for r, text in enumerate(per_rank):
                 done = written[(r, stream)]
                 if text and len(text) > done:
-                    with open(log_dir / f"rank-{r}.{stream}", "a") as f:
-                        f.write(text[done:])
+                    logs[(r, stream)].write(text[done:].encode())
                     written[(r, stream)] = len(text)
 
     # -- reconciliation ----------------------------------------------------------------------------------
@@ -332,16 +296,13 @@ class PoolManager:
         with self._lock:
             pool = self._live.pop(pool_id, None)
         row = self.get_any(pool_id)
-        if pool is not None:
+        if row is not None and row.state in _LIVE:
             self._update(pool_id, state="stopping")
             try:
-                pool.stop()
-            except Exception:  # noqa: BLE001 - ended below by pid in any case
-                pass
-            if pool.attached and row is not None:
-                _kill_recorded((row.connection or {}).get("service_pids") or {})
-        with self._lock:
-            self._reserved.pop(pool_id, None)
+                self.backend.stop_pool(pool, row.backend_state or {})
+            except Exception as exc:  # noqa: BLE001 - the record says the pool ended; the message why not cleanly
+                message = f"{message} (ending it reported: {exc})"
+        self.ledger.release(("pool", pool_id))
         if row is not None and row.state in _LIVE:
             self._update(pool_id, state=state, stopped_at=time.time(), message=message)
 

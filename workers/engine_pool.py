@@ -1,12 +1,15 @@
-"""A pool: an ipyparallel cluster whose engines are the ranks of one MPI job.
+"""Pools of engines: an ipyparallel cluster whose engines are the ranks of one MPI job.
+
+Used by both the notebook magics (``%distributed start``) and the controller's
+local backend, so it lives in the runtime package and imports neither.
 
 :class:`Pool` starts, on this host, an ipyparallel controller and
-``mpiexec -n N python -m ipyparallel.engine --mpi`` with the mpiexec that ships
-with the install (:func:`nbmpi.workers.launcher.find_mpiexec`) and the ranks'
-environment of :func:`nbmpi.workers.launcher.rank_environment` (thread level
+``mpiexec -n N python -m ipyparallel.engine --mpi`` through the project's one
+launch mechanism (:func:`nbmpi.workers.launcher.mpiexec_command`, the ranks'
+environment of :func:`nbmpi.workers.launcher.rank_environment`, thread level
 ``funneled``). With ``--mpi`` every engine requests its ``COMM_WORLD`` rank as
 its engine id, so **engine id == MPI rank** (checked at start). Once all
-engines registered, every rank runs :func:`nbmpi.kernel_ext.rank_side.setup`
+engines registered, every rank runs :func:`nbmpi.workers.engine_side.setup`
 (collective): ``nbmpi.workers.init()`` and ``comm``, ``rank``, ``size``,
 ``nbmpi`` in the user namespace.
 
@@ -18,7 +21,7 @@ own). When the pool is started from the main thread, the controller and
 mpiexec also get ``PR_SET_PDEATHSIG`` (Linux), so a kernel that is killed
 without running its exit handlers does not leave them behind either.
 
-This module does not import IPython; the FastAPI controller uses it as well.
+This module does not import IPython (the engines do); the FastAPI controller uses it as well.
 """
 from __future__ import annotations
 
@@ -39,11 +42,19 @@ from typing import Any, Callable, Dict, List, Optional
 
 import psutil
 
-from nbmpi.workers.launcher import find_mpiexec, rank_environment
+from .launcher import STATUS_DIR_ENV, mpiexec_command, rank_environment
+from .processes import end_processes, noted_segments, remove_shm
 
 __all__ = ["Pool", "PoolError"]
 
 GRACE_SECONDS = 1.0
+#: Heartbeat period of the pool's controller (ms). An engine counts as registered at its first
+#: heartbeat, so ipyparallel's default of 3000 ms adds up to 3 s to every start.
+HEARTBEAT_MS = 500
+#: Missed heartbeats before the controller drops an engine: 60 x 0.5 s keeps ipyparallel's 30 s tolerance.
+HEARTBEAT_MISSES = 60
+#: Environment variable with the default listen address of a pool's controller (see :class:`Pool`).
+POOL_IP_ENV = "NBMPI_POOL_IP"
 _live_pools: "List[Pool]" = []
 
 
@@ -70,36 +81,6 @@ def _stop_all() -> None:
 atexit.register(_stop_all)
 
 
-def _kill_pids(pids: List[int], grace: float) -> None:
-    procs = []
-    for pid in pids:
-        try:
-            procs.append(psutil.Process(pid))
-        except psutil.NoSuchProcess:
-            pass
-    for p in procs:
-        try:
-            p.terminate()
-        except psutil.NoSuchProcess:
-            pass
-    _, alive = psutil.wait_procs(procs, timeout=grace)
-    for p in alive:
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(alive, timeout=5.0)
-
-
-def _killpg(proc: Optional[subprocess.Popen], sig: int) -> None:
-    if proc is None:
-        return
-    try:
-        os.killpg(proc.pid, sig)  # started with start_new_session: pgid == pid
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
 class Pool:
     """N MPI ranks serving as ipyparallel engines (engine id == rank).
 
@@ -107,11 +88,15 @@ class Pool:
     it. ``bound_to_owner`` (default True): the pool ends when the process that
     started it dies. ``work_dir`` holds the ipyparallel profile (connection files, logs);
     default a fresh temporary directory, removed by :meth:`stop`. ``env`` is
-    added to the ranks' environment.
+    added to the ranks' environment. ``ip`` is the address the ipyparallel
+    controller listens on: ``127.0.0.1`` (the default, ``$NBMPI_POOL_IP`` if
+    set) when every engine runs on this host, ``*`` or an interface address
+    when the launcher (e.g. ``NBMPI_MPIEXEC=srun`` in a Slurm allocation) puts
+    engines on other nodes; they then connect to this host's name.
     """
 
     def __init__(self, n: int, name: Optional[str] = None, work_dir: Optional[str] = None,
-                 env: Optional[Dict[str, str]] = None, bound_to_owner: bool = True):
+                 env: Optional[Dict[str, str]] = None, bound_to_owner: bool = True, ip: Optional[str] = None):
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
             raise ValueError(f"a pool needs a whole number of ranks >= 1, got n={n!r}")
         self.n = n
@@ -123,6 +108,7 @@ class Pool:
         #: False (controller service): the pool outlives its starter, which re-attaches
         #: to it or ends it after a restart.
         self.bound_to_owner = bool(bound_to_owner)
+        self.ip = ip or os.environ.get(POOL_IP_ENV) or "127.0.0.1"
         self.ranks = list(range(n))
         self.hosts: List[str] = []
         self.rank_info: List[Dict[str, Any]] = []
@@ -142,6 +128,11 @@ class Pool:
         """The ipyparallel profile directory of this pool."""
         return os.path.join(self.work_dir, "profile")
 
+    @property
+    def status_dir(self) -> str:
+        """Where the engines' guards report a rank killed by a signal."""
+        return os.path.join(self.work_dir, "status")
+
     def _security(self, what: str) -> str:
         return os.path.join(self.profile_dir, "security", f"ipcontroller-{what}.json")
 
@@ -156,12 +147,15 @@ class Pool:
             return ""
 
     # -- lifecycle ---------------------------------------------------------------------------
-    def start(self, progress: Optional[Callable[[str], None]] = None, timeout: float = 120.0) -> "Pool":
+    def start(self, progress: Optional[Callable[[str], None]] = None, timeout: float = 120.0,
+              replacing: Optional["Pool"] = None) -> "Pool":
         """Start the controller and the N engine ranks; block until all are ready.
 
-        ``progress(message)`` is called at each step. Raises :class:`PoolError`
-        (after stopping everything it started) if the pool is not ready within
-        ``timeout`` seconds or a process died. Returns ``self``.
+        ``progress(message)`` is called at each step. ``replacing``: a pool this one
+        replaces (a restart); it is stopped while the new processes boot, so a restart
+        takes about as long as a start. Raises :class:`PoolError` (after stopping
+        everything it started) if the pool is not ready within ``timeout`` seconds or a
+        process died. Returns ``self``.
         """
         if self._attached:
             raise PoolError(f"pool {self.name!r} is attached, not owned; it can only be started by its owner")
@@ -173,7 +167,7 @@ class Pool:
         deadline = time.monotonic() + timeout
         _live_pools.append(self)
         try:
-            self._start(say, deadline, timeout)
+            self._start(say, deadline, timeout, replacing)
         except BaseException:
             self._state = "failed"
             self._terminate()
@@ -191,37 +185,83 @@ class Pool:
                                 preexec_fn=(_pdeathsig if self.bound_to_owner and main and sys.platform.startswith("linux")
                                             else None))
 
-    def _start(self, say: Callable[[str], None], deadline: float, timeout: float) -> None:
-        import ipyparallel as ipp
-
+    def _start(self, say: Callable[[str], None], deadline: float, timeout: float,
+               replacing: Optional["Pool"] = None) -> None:
         os.makedirs(self.profile_dir, exist_ok=True)
-        for what in ("client", "engine"):
-            if os.path.exists(self._security(what)):
-                os.remove(self._security(what))
+        engine_file = self._engine_file
+        for path in (self._security("client"), self._security("engine"), engine_file):
+            if os.path.exists(path):
+                os.remove(path)
         env = rank_environment(self.env)
-        env["PYTHONUNBUFFERED"] = "1"
-        if self.bound_to_owner:
-            env["NBMPI_POOL_OWNER_PID"] = str(os.getpid())  # see rank_side: ranks end if the owner dies
-        else:
-            env.pop("NBMPI_POOL_OWNER_PID", None)
-        say(f"pool {self.name!r}: starting controller")
+        # The controller and the ranks start at the same time: the engines spend their first seconds
+        # importing and then wait (up to the start timeout) for the controller's connection file.
+        say(f"pool {self.name!r}: starting the controller and {self.n} ranks")
         self._controller = self._popen(
             [sys.executable, "-m", "ipyparallel.controller", f"--profile-dir={self.profile_dir}",
-             "--ip=127.0.0.1", "--log-level=WARN"], env, "controller")
+             f"--ip={self.ip}", "--log-level=WARN", f"--HeartMonitor.period={HEARTBEAT_MS}",
+             f"--HeartMonitor.max_heartmonitor_misses={HEARTBEAT_MISSES}"], env, "controller")
+        cmd = self._spawn_ranks(env, timeout)
+        ending = None
+        if replacing is not None:   # a restart: the old pool ends (at once, SIGKILL) while the new one boots
+            say(f"pool {self.name!r}: ending the previous ranks")
+            replacing._disconnect()   # (ipyparallel clients stay in this thread)
+            if not replacing._attached:
+                ending = threading.Thread(target=replacing._terminate, kwargs=dict(grace=0.0),
+                                          name="nbmpi-pool-ending", daemon=True)
+                ending.start()
+            replacing._stopped()
+        try:
+            self._boot(say, deadline, timeout, engine_file, cmd)
+        finally:
+            if ending is not None:   # no process of the previous pool outlives the restart
+                ending.join()
+
+    @property
+    def _engine_file(self) -> str:
+        return os.path.join(self.work_dir, "engine-connection.json")
+
+    def _spawn_ranks(self, env: Dict[str, str], timeout: float) -> List[str]:
+        """Start mpiexec with N engine ranks (each under its guard); returns the command."""
+        shutil.rmtree(self.status_dir, ignore_errors=True)
+        os.makedirs(self.status_dir)
+        env = dict(env)
+        env["PYTHONUNBUFFERED"] = "1"
+        if self.bound_to_owner:
+            env["NBMPI_POOL_OWNER_PID"] = str(os.getpid())  # see engine_side: ranks end if the owner dies
+        else:
+            env.pop("NBMPI_POOL_OWNER_PID", None)
+        env[STATUS_DIR_ENV] = self.status_dir   # each engine's guard reports a signal that kills it
+        cmd = mpiexec_command(self.n, ["-m", "ipyparallel.engine", "--mpi", f"--profile-dir={self.profile_dir}",
+                                       f"--file={self._engine_file}", "--log-level=WARN",
+                                       f"--IPEngine.wait_for_url_file={max(timeout, 1.0):g}"],
+                              module="nbmpi.workers.rank_guard")
+        self._mpiexec = self._popen(cmd, env, "engines")
+        return cmd
+
+    def _boot(self, say: Callable[[str], None], deadline: float, timeout: float, engine_file: str,
+              cmd: List[str]) -> None:
+        """Second half of a start: connection files, registration of every rank, runtime set-up."""
+        import ipyparallel as ipp   # (in this process, while the new processes import)
+
+        # the engines read their file as soon as it exists, so they get a complete copy, renamed into place
         self._wait_for(lambda: self._read_json(self._security("engine")) is not None, deadline,
-                       "the controller to write its connection file", timeout)
-        info = None
+                       "the controller to write its engine connection file", timeout)
+        tmp = engine_file + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(self._read_json(self._security("engine")), f)
+        os.replace(tmp, engine_file)
         self._wait_for(lambda: self._read_json(self._security("client")) is not None, deadline,
                        "the controller to write its client connection file", timeout)
         info = self._read_json(self._security("client"))
-        mpiexec = find_mpiexec()
-        say(f"pool {self.name!r}: starting {self.n} ranks ({os.path.basename(mpiexec)} -n {self.n})")
-        self._mpiexec = self._popen(
-            [mpiexec, "-n", str(self.n), sys.executable, "-m", "ipyparallel.engine", "--mpi",
-             f"--profile-dir={self.profile_dir}", f"--file={self._security('engine')}", "--log-level=WARN"],
-            env, "engines")
-        client = ipp.Client(info, profile_dir=self.profile_dir)
-        self._client = client
+        say(f"pool {self.name!r}: controller ready; waiting for {self.n} ranks ({os.path.basename(cmd[0])} -n "
+            f"{self.n})")
+        self._client = ipp.Client(info, profile_dir=self.profile_dir)
+        self._join_ranks(say, deadline, timeout, info)
+
+    def _join_ranks(self, say: Callable[[str], None], deadline: float, timeout: float, info: dict) -> None:
+        """Wait until every rank registered with the controller (engine id == rank), then set up the
+        nbmpi runtime on each (collective) and record what the pool is made of."""
+        client = self._client
         last = -1
         while True:
             ids = sorted(client.ids)
@@ -239,7 +279,7 @@ class Pool:
             raise PoolError(f"pool {self.name!r}: engine ids {ids} are not the MPI ranks {self.ranks}; "
                             "another engine registered with this controller")
         say(f"pool {self.name!r}: starting the nbmpi runtime on every rank")
-        from .rank_side import setup
+        from .engine_side import setup
 
         view = client[self.ranks]
         ar = view.apply_async(setup)
@@ -261,6 +301,17 @@ class Pool:
                           probes=[[i["probe_host"], i["probe_port"]] for i in infos],
                           hosts=list(self.hosts), pids=[i["pid"] for i in infos],
                           started_at=self._started_at)
+
+    def restart(self, progress: Optional[Callable[[str], None]] = None, timeout: float = 120.0) -> "Pool":
+        """Fresh ranks (empty namespaces, a new MPI job) for this pool's name and size; block until
+        they are ready. A new :class:`Pool` is started and this one is killed while it boots (the
+        old ranks may be stuck: no clean shutdown is waited for), so a restart takes about as long
+        as a start. Returns the new pool: keep using it. Owned pools only. Raises :class:`PoolError`.
+        """
+        if self._attached:
+            raise PoolError(f"pool {self.name!r} is attached, not owned; only its owner can restart it")
+        fresh = Pool(self.n, name=self.name, env=self.env, bound_to_owner=self.bound_to_owner)
+        return fresh.start(progress=progress, timeout=timeout, replacing=self)
 
     def _collect_descendants(self, infos) -> List[int]:
         pids = set()
@@ -297,45 +348,42 @@ class Pool:
                 raise PoolError(f"pool {self.name!r}: timed out after {timeout:.0f} s waiting for {what}")
             time.sleep(0.05)
 
-    def stop(self) -> None:
+    def stop(self, grace: float = GRACE_SECONDS) -> None:
         """End the pool: disconnect the client, end the controller and every rank. Idempotent.
 
         On an attached pool, only disconnects. Blocks until no process of the
-        pool is left (SIGTERM, then SIGKILL after a grace period).
+        pool is left (SIGTERM, then SIGKILL after ``grace`` seconds; 0: SIGKILL at once).
         """
+        self._disconnect()
+        if not self._attached:
+            self._terminate(grace)
+        self._stopped()
+
+    def _disconnect(self) -> None:
         if self._client is not None:
             try:
                 self._client.close(linger=0)
             except Exception:  # noqa: BLE001 - closing a half-broken client
                 pass
             self._client = None
-        if not self._attached:
-            self._terminate()
+
+    def _stopped(self) -> None:
         self._state = "stopped"
         if self in _live_pools:
             _live_pools.remove(self)
 
-    def _terminate(self) -> None:
+    def _terminate(self, grace: float = GRACE_SECONDS) -> None:
         procs = [p for p in (self._mpiexec, self._controller) if p is not None]
         pids = set(self._descendants)
         for p in procs:
-            pids.add(p.pid)
             try:
                 pids.update(c.pid for c in psutil.Process(p.pid).children(recursive=True))
             except psutil.NoSuchProcess:
                 pass
-        for p in procs:
-            _killpg(p, signal.SIGTERM)
-        deadline = time.monotonic() + GRACE_SECONDS
-        for p in procs:
-            try:
-                p.wait(max(deadline - time.monotonic(), 0.01))
-            except subprocess.TimeoutExpired:
-                _killpg(p, signal.SIGKILL)
-                p.wait(5.0)
-        for p in procs:
-            _killpg(p, signal.SIGKILL)  # stragglers left in the groups
-        _kill_pids(sorted(pids), grace=1.0)
+        # controller and mpiexec lead their own sessions; the nannies run in sessions of their own
+        end_processes(groups=[p.pid for p in procs], pids=sorted(pids), grace=grace, leaders=procs)
+        if not self._attached:   # MPI's shared memory of ranks that were killed (noted at setup)
+            remove_shm(noted_segments(self.status_dir))
         self._mpiexec = self._controller = None
         self._descendants = []
         for f in self._logs:
@@ -360,6 +408,38 @@ class Pool:
             return sorted(self._client.ids) == self.ranks
         except Exception:  # noqa: BLE001 - controller gone
             return False
+
+    def dead_ranks(self) -> List[tuple]:
+        """``[(rank, pid), ...]`` of ranks on this host whose process is gone (or a zombie). Local, cheap
+        (no request to the engines); ranks on other hosts are not checked here."""
+        here = socket.gethostname()
+        dead = []
+        for i in self.rank_info:
+            if i.get("host") != here or i.get("pid", -1) <= 0:
+                continue
+            try:
+                gone = psutil.Process(i["pid"]).status() == psutil.STATUS_ZOMBIE
+            except psutil.NoSuchProcess:
+                gone = True
+            except psutil.Error:
+                gone = False
+            if gone:
+                dead.append((i["rank"], i["pid"]))
+        return dead
+
+    def describe_dead(self, dead: List[tuple]) -> str:
+        """A sentence naming the ranks a signal killed, as their guards reported it
+        (:mod:`nbmpi.workers.rank_guard`), e.g. ``"rank 1 (pid 4242) was killed by SIGKILL; MPI then
+        ended ranks [0]"``; else which ranks are gone."""
+        from .launcher import read_signals
+
+        killed = read_signals(self.status_dir, self.n) if not self._attached else {}
+        pids = dict(dead)
+        if killed:
+            first = ", ".join(f"rank {r} (pid {pids.get(r, '?')}) was killed by {sig}" for r, sig in killed.items())
+            rest = [r for r, _ in dead if r not in killed]
+            return first + (f"; MPI then ended ranks {rest}" if rest else "")
+        return ", ".join(f"rank {r} (pid {pid}) died" for r, pid in dead)
 
     def status(self) -> Dict[str, Any]:
         """``{"name", "ranks", "hosts", "state", "uptime_s", "pids"}`` (a failed pool says "failed")."""
@@ -425,7 +505,7 @@ class Pool:
         return self._attached
 
     def probes(self) -> Dict[int, tuple]:
-        """rank -> (host, port) of the rank's state probe (see :mod:`nbmpi.kernel_ext.rank_side`)."""
+        """rank -> (host, port) of the rank's state probe (see :mod:`nbmpi.workers.engine_side`)."""
         return {i["rank"]: (i.get("probe_host") or "127.0.0.1", i["probe_port"])
                 for i in self.rank_info if i.get("probe_port")}
 

@@ -1,11 +1,16 @@
 """The controller's records in SQLite (SQLAlchemy 2), journal mode WAL.
 
 Two tables: ``jobs`` and ``pools``. Each row names its owner (user name from
-the users file), its state, timestamps (Unix seconds), and the paths of its
-files (job directory, logs, trace). Exit codes per rank are stored as a JSON
-list. Every state change is committed at once, so a restart of the service
-finds every record (see :func:`recover` for what happens to jobs that were
-running).
+the users file), its state, timestamps (Unix seconds), the paths of its files
+(job directory, logs, trace) and the backend that runs it with that
+backend's opaque state (``backend_state``: a JSON object only the backend
+reads, e.g. a process group for the local backend or a Slurm job id). Exit
+codes per rank are stored as a JSON list. Every state change is committed at
+once, so a restart of the service finds every record
+(:meth:`nbmpi.server.scheduler.Scheduler.recover` decides what happens to
+jobs that were running).
+
+Older databases are upgraded in place at open (missing columns are added).
 """
 from __future__ import annotations
 
@@ -47,7 +52,9 @@ class Job(Base):
     finished_at: Mapped[Optional[float]] = mapped_column(Float, nullable=True)
     exit_code: Mapped[Optional[int]] = mapped_column(Integer, nullable=True)
     rank_exit_codes: Mapped[Optional[List[Optional[int]]]] = mapped_column(JSON, nullable=True)
-    pgid: Mapped[Optional[int]] = mapped_column(Integer, nullable=True)
+    #: Name of the backend that runs the job, and its opaque state (None until submitted to it).
+    backend: Mapped[Optional[str]] = mapped_column(String(32), nullable=True)
+    backend_state: Mapped[Optional[dict]] = mapped_column(JSON, nullable=True)
     job_dir: Mapped[str] = mapped_column(Text, default="")
     script_path: Mapped[str] = mapped_column(Text, default="")
     log_dir: Mapped[str] = mapped_column(Text, default="")
@@ -74,6 +81,8 @@ class Pool(Base):
     work_dir: Mapped[str] = mapped_column(Text, default="")
     connection: Mapped[Optional[dict]] = mapped_column(JSON, nullable=True)
     message: Mapped[Optional[str]] = mapped_column(Text, nullable=True)
+    backend: Mapped[Optional[str]] = mapped_column(String(32), nullable=True)
+    backend_state: Mapped[Optional[dict]] = mapped_column(JSON, nullable=True)
 
 
 def make_engine(path: Path) -> Engine:
@@ -90,7 +99,19 @@ def make_engine(path: Path) -> Engine:
         cur.close()
 
     Base.metadata.create_all(engine)
+    _add_missing_columns(engine)
     return engine
+
+
+def _add_missing_columns(engine: Engine) -> None:
+    """Upgrade a database written by an older version: add the columns it lacks (all nullable)."""
+    with engine.begin() as conn:
+        for table in Base.metadata.sorted_tables:
+            have = {row[1] for row in conn.exec_driver_sql(f"PRAGMA table_info({table.name})")}
+            for col in table.columns:
+                if col.name not in have:
+                    ddl = col.type.compile(dialect=engine.dialect)
+                    conn.exec_driver_sql(f"ALTER TABLE {table.name} ADD COLUMN {col.name} {ddl}")
 
 
 def session_factory(engine: Engine) -> sessionmaker:

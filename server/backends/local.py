@@ -1,0 +1,166 @@
+"""The local backend: jobs and pools run as mpiexec process groups on the controller's own host.
+
+A job is one :func:`nbmpi.workers.launcher.start` (``mpiexec`` in a new
+session, every rank under :mod:`nbmpi.workers.rank_entry`, output to
+``log_dir``, exit codes to ``JOB_DIR/status``, trace to ``trace_dir``), watched
+by the same :class:`~nbmpi.workers.launcher.RankWatch` as ``nbmpi run``: when
+a rank fails, the whole group is ended after the others' grace period. Its
+stored state is ``{"pgid": ..., "status_dir": ...}``.
+
+A pool is a :class:`~nbmpi.workers.engine_pool.Pool` started here and not
+bound to the service's life (it is re-attached after a restart); its state
+is the pids of its controller, mpiexec and ranks, so a pool that cannot be
+re-attached is ended by pid.
+
+After a restart a job that was running cannot be followed (its mpiexec was
+this process's child): :meth:`LocalBackend.recover` ends what is left of it
+and the record becomes ``lost``.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import threading
+from pathlib import Path
+from typing import Any, Callable, Dict, Optional, Tuple
+
+import psutil
+
+from nbmpi.workers import launcher
+from nbmpi.workers.engine_pool import Pool
+from nbmpi.workers.processes import end_group_of, end_processes, noted_segments, remove_shm
+
+from . import Backend, BackendError, JobSpec, JobStatus, PoolSpec
+
+
+def _tail(path: Path, limit: int = 2000) -> str:
+    try:
+        return path.read_text(errors="replace")[-limit:].strip() or "(no output)"
+    except OSError:
+        return "(no output)"
+
+
+def _is_job_group(pgid: int, status_dir: str) -> bool:
+    """Whether ``pgid`` still leads the job's mpiexec (guards against pid reuse after a restart)."""
+    try:
+        env = psutil.Process(pgid).environ()
+    except (psutil.Error, OSError):
+        return False
+    return env.get(launcher.STATUS_DIR_ENV, "") == status_dir
+
+
+def _is_pool_process(pid: int) -> bool:
+    """Whether ``pid`` is still a process of a pool (ipyparallel controller, mpiexec, engine)."""
+    try:
+        cmd = " ".join(psutil.Process(pid).cmdline())
+    except (psutil.Error, OSError):
+        return False
+    return "ipyparallel" in cmd or "mpiexec" in cmd or "hydra" in cmd
+
+
+class _Launch:
+    """A job started by this service: its mpiexec and the watch of its ranks."""
+
+    def __init__(self, proc: subprocess.Popen, watch: launcher.RankWatch):
+        self.proc = proc
+        self.watch = watch
+
+
+class LocalBackend(Backend):
+    """Jobs and pools on this host with the bundled (or ``NBMPI_MPIEXEC``) mpiexec."""
+
+    name = "local"
+
+    def __init__(self) -> None:
+        self._launches: Dict[int, _Launch] = {}
+        self._lock = threading.Lock()
+
+    # -- jobs ------------------------------------------------------------------------------
+    def submit(self, spec: JobSpec) -> Dict[str, Any]:
+        status_dir = str(spec.job_dir / "status")
+        env = dict(spec.env)
+        env.update({"NBMPI_LOG_DIR": str(spec.log_dir), "NBMPI_TRACE_OUT": str(spec.trace_dir)})
+        if spec.log_limit:
+            env["NBMPI_LOG_LIMIT"] = str(spec.log_limit)
+        try:
+            with open(spec.job_dir / "launcher.out", "wb") as out, open(spec.job_dir / "launcher.err", "wb") as err:
+                proc = launcher.start(spec.ranks, [str(spec.script_path), *spec.args], status_dir, env=env,
+                                      stdout=out, stderr=err, cwd=str(spec.job_dir))
+        except (OSError, ValueError) as exc:  # e.g. no mpiexec
+            raise BackendError(f"could not start mpiexec: {exc}") from exc
+        with self._lock:
+            self._launches[spec.id] = _Launch(proc, launcher.RankWatch(status_dir, spec.ranks))
+        return {"pgid": proc.pid, "status_dir": status_dir}
+
+    def poll(self, spec: JobSpec, state: Dict[str, Any]) -> JobStatus:
+        launch = self._launches.get(spec.id)
+        if launch is None:
+            raise BackendError(f"job {spec.id} was not started by this service")
+        if launch.proc.poll() is None and not launch.watch.should_end():
+            return JobStatus("running")
+        return self._end(spec, launch, cancelled=False)
+
+    def cancel(self, spec: JobSpec, state: Dict[str, Any]) -> JobStatus:
+        launch = self._launches.get(spec.id)
+        if launch is None:
+            return JobStatus("ended", outcome="cancelled", exit_code=130, codes=[None] * spec.ranks,
+                             message="cancelled by its owner")
+        return self._end(spec, launch, cancelled=launch.proc.poll() is None)
+
+    def _end(self, spec: JobSpec, launch: _Launch, cancelled: bool) -> JobStatus:
+        """End the job's whole process group (whatever ended it) and read its outcome."""
+        end_group_of(launch.proc)
+        with self._lock:
+            self._launches.pop(spec.id, None)
+        out = launch.watch.outcome(launch.proc.returncode)
+        launch.watch.clean_up()
+        if cancelled:
+            return JobStatus("ended", outcome="cancelled", exit_code=130, codes=out.codes,
+                             message="cancelled by its owner")
+        if out.exit_code == 0:
+            return JobStatus("ended", outcome="succeeded", exit_code=0, codes=out.codes)
+        msg = out.message or ""
+        if msg.startswith("mpiexec exited"):   # no rank said anything: show what mpiexec said
+            msg = f"{msg}: {_tail(spec.job_dir / 'launcher.err')}"
+        return JobStatus("ended", outcome="failed", exit_code=out.exit_code, codes=out.codes, message=msg)
+
+    def recover(self, spec: JobSpec, state: Dict[str, Any]) -> bool:
+        pgid, status_dir = state.get("pgid"), state.get("status_dir", "")
+        if pgid:
+            end_processes(groups=[pgid], grace=1.0, still_ours=lambda g: _is_job_group(g, status_dir))
+        return False
+
+    # -- pools -------------------------------------------------------------------------------
+    def start_pool(self, spec: PoolSpec,
+                   progress: Optional[Callable[[str], None]] = None) -> Tuple[Pool, Dict[str, Any]]:
+        os.makedirs(spec.work_dir, exist_ok=True)
+        pool = Pool(spec.ranks, name=spec.name, work_dir=str(spec.work_dir),
+                    bound_to_owner=False)  # pools outlive a service restart (re-attached)
+        try:
+            pool.start(progress=progress, timeout=spec.timeout)
+        except BaseException:
+            pool.stop()
+            raise
+        return pool, {"pids": pool.status()["pids"], "status_dir": pool.status_dir}
+
+    def stop_pool(self, pool: Optional[Pool], state: Dict[str, Any]) -> None:
+        if pool is not None:
+            pool.stop()
+            if not pool.attached:
+                return
+        pids = (state or {}).get("pids") or {}
+        end_processes(groups=[p for p in (pids.get("controller"), pids.get("mpiexec")) if p],
+                      pids=[p for p in pids.get("ranks") or [] if p], grace=3.0, still_ours=_is_pool_process)
+        if (state or {}).get("status_dir"):   # MPI's shared memory of engines that were killed
+            remove_shm(noted_segments(state["status_dir"]))
+
+    def recover_pool(self, connection: Dict[str, Any], state: Dict[str, Any]) -> Optional[Pool]:
+        pool = None
+        try:
+            pool = Pool.attach(connection)
+            if pool.alive():
+                return pool
+        except Exception:  # noqa: BLE001 - unreachable: ended below
+            pass
+        self.stop_pool(pool, state)
+        return None

@@ -1,0 +1,1 @@
+"""The controller's HTTP routes, one ``APIRouter`` per resource: service, jobs, pools."""

@@ -1,0 +1,223 @@
+"""Routes of the dashboard: its page and assets, and the data of a job's timeline figure.
+
+* ``GET /`` redirects to ``/dashboard``; ``GET /dashboard`` (pools and jobs) and
+  ``GET /dashboard/jobs/{id}`` (one job) answer the same page shell: it holds no data and needs no
+  token; its script asks for the token (login form, kept for the tab in ``sessionStorage``, or a
+  ``#token=...`` link that it moves there) and sends it as ``Authorization: Bearer`` to the REST
+  API and to the data endpoints below.
+* Assets come from the installed package, never from the network: ``/dashboard/static/`` (this
+  package's ``dashboard_assets``) and ``/dashboard/bokeh/static/`` (BokehJS from the bokeh wheel),
+  see :func:`mount_assets`. The page is served with a Content-Security-Policy allowing only this
+  origin.
+* ``GET /api/v1/dashboard/me``: the token's user (the page's login check);
+  ``GET /api/v1/dashboard/jobs/{id}/figure``: the job's Bokeh figure (JSON item) and its data;
+  ``GET /api/v1/dashboard/jobs/{id}/timeline``: the data of one time window at one pixel width
+  (level of detail) and ``since``: the last version the page has, answered ``unchanged`` when
+  nothing new was streamed; ``GET /api/v1/dashboard/jobs/{id}/trace.npz``: the streamed trace
+  itself (:meth:`Trace.load` reads it).
+
+The data come from the ranks' streamed trace files (:mod:`nbmpi.workers.trace_stream`) joined on
+demand and kept per job until they change, drawn by :mod:`nbmpi.workers.timeline` (the figure module
+the notebook uses too). Every data endpoint needs the bearer token; another user's job is 404.
+"""
+from __future__ import annotations
+
+import io
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal, Optional, Tuple
+
+from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from fastapi.staticfiles import StaticFiles
+
+from nbmpi.workers import timeline, trace_stream
+
+from ..dependencies import current_user, user_job
+from ..errors import DOCUMENTED
+from ..records import FINAL_JOB_STATES, Job
+from ..schemas import JobFigure, Me, TimelineWindow
+
+ASSETS = Path(__file__).resolve().parent.parent / "dashboard_assets"
+#: Where BokehJS is served from (the page's script tags point there).
+BOKEH_ROOT = "/dashboard/bokeh/"
+#: The page may load and connect to its own origin only (plus data:/blob: images, Bokeh's styles).
+CSP = ("default-src 'self'; script-src 'self' 'unsafe-eval'; style-src 'self' 'unsafe-inline'; "
+       "img-src 'self' data: blob:; font-src 'self' data:; connect-src 'self'; object-src 'none'; "
+       "base-uri 'none'; frame-ancestors 'none'; form-action 'self'")
+
+pages = APIRouter(include_in_schema=False)
+router = APIRouter(prefix="/api/v1/dashboard", tags=["dashboard"], responses=DOCUMENTED)
+
+
+def bokeh_scripts() -> list:
+    """URLs of the BokehJS files the page loads (core and WebGL), under :data:`BOKEH_ROOT`."""
+    from bokeh.resources import Resources
+
+    return Resources(mode="server", root_url=BOKEH_ROOT, components=["bokeh", "bokeh-gl"]).js_files
+
+
+def mount_assets(app: FastAPI) -> None:
+    """Serve the dashboard's own files and BokehJS (from the installed wheel) on ``app``."""
+    from bokeh.util.paths import bokehjs_path
+
+    app.mount("/dashboard/static", StaticFiles(directory=ASSETS), name="dashboard-static")
+    app.mount(BOKEH_ROOT + "static", StaticFiles(directory=bokehjs_path()), name="bokehjs")
+
+
+_PAGE: Optional[str] = None
+
+
+def _page() -> HTMLResponse:
+    global _PAGE
+    if _PAGE is None:
+        tags = "\n".join(f'<script src="{u}"></script>' for u in bokeh_scripts())
+        _PAGE = (ASSETS / "index.html").read_text().replace("<!-- BOKEH -->", tags)
+    return HTMLResponse(_PAGE, headers={"Content-Security-Policy": CSP, "Cache-Control": "no-store",
+                                        "Referrer-Policy": "no-referrer", "X-Content-Type-Options": "nosniff"})
+
+
+@pages.get("/")
+def root() -> RedirectResponse:
+    """The dashboard."""
+    return RedirectResponse("/dashboard")
+
+
+@pages.get("/dashboard")
+def dashboard() -> HTMLResponse:
+    """The page shell (pools and jobs); data need the token."""
+    return _page()
+
+
+@pages.get("/dashboard/jobs/{job_id}")
+def dashboard_job(job_id: int) -> HTMLResponse:  # noqa: ARG001 - the page reads the id from its URL
+    """The page shell of one job; data need the token."""
+    return _page()
+
+
+@router.get("/me", response_model=Me)
+def me(user: str = Depends(current_user)) -> Me:
+    """The user of the token (the page's login check)."""
+    return Me(user=user)
+
+
+# -- the joined trace of a job, kept until its files change -------------------------------------
+@dataclass
+class _Entry:
+    sig: tuple
+    jt: trace_stream.JobTrace
+    cols: timeline.TimelineColumns
+    an: dict
+
+
+class TraceCache:
+    """The last joined trace, columns and analysis of a few jobs (thread-safe, least recently used out)."""
+
+    def __init__(self, size: int = 4):
+        self.size = size
+        self._lock = threading.Lock()
+        self._entries: "OrderedDict[str, _Entry]" = OrderedDict()
+
+    def get(self, job: Job) -> Optional[_Entry]:
+        """The entry of ``job`` (rebuilt if a rank wrote since); None when nothing was streamed."""
+        trace_dir = Path(job.job_dir) / "trace"
+        key = str(trace_dir)
+        sig = trace_stream.signature(trace_dir, job.ranks)
+        with self._lock:
+            e = self._entries.get(key)
+            if e is not None and e.sig == sig:
+                self._entries.move_to_end(key)
+                return e
+        jt = trace_stream.read_job_trace(trace_dir, job.ranks)
+        if jt is None:
+            return None
+        window = (jt.start_ns, jt.now_ns)
+        cols = timeline.timeline_columns(jt.trace, window=window, blocked=jt.waits())
+        e = _Entry(sig, jt, cols, timeline.analysis(jt.trace, window=window))
+        with self._lock:
+            self._entries[key] = e
+            self._entries.move_to_end(key)
+            while len(self._entries) > self.size:
+                self._entries.popitem(last=False)
+        return e
+
+
+CACHE = TraceCache()
+
+
+def _no_trace(job: Job) -> str:
+    if job.pool_id is not None:
+        return "jobs on a pool are not traced by the controller (use %%distributed --timeline in the notebook)"
+    if job.state == "queued":
+        return "the job has not started yet"
+    if job.state == "running":
+        return "no rank has streamed its trace yet"
+    return "no trace was streamed for this job (tracing off, or the ranks ended before they started)"
+
+
+def _window(job: Job, e: Optional[_Entry], start: Optional[float], end: Optional[float], width: int,
+            since: Optional[int]) -> Tuple[dict, Optional[dict]]:
+    """The answer about one window of ``job`` (and the view it was made of, None if none was made)."""
+    live = job.state not in FINAL_JOB_STATES
+    base: dict = dict(job=job.id, state=job.state, live=live)
+    if e is None:
+        return dict(base, available=False, reason=_no_trace(job)), None
+    base.update(available=True, version=e.jt.version)
+    if since is not None and since == e.jt.version:
+        return dict(base, unchanged=True), None
+    view = e.cols.view(start, end, width=width)
+    waits = e.jt.waits()
+    blocked = timeline.blocked_sentences(waits, job.ranks)
+    if not live and blocked:
+        blocked = [f"when the job ended, {s}" for s in blocked]
+    an = {k: v for k, v in e.an.items() if k != "straggler"}
+    return dict(base, meta=view["meta"], sources=timeline.figure_sources(view, e.an),
+                sentence=e.an["straggler"]["sentence"], straggler=e.an["straggler"], blocked=blocked, waits=waits,
+                analysis=an), view
+
+
+Width = Query(1200, ge=0, le=20000, description="Plot width in pixels (level of detail); 0 merges nothing")
+
+
+@router.get("/jobs/{job_id}/figure", response_model=JobFigure)
+def job_figure(job: Job = Depends(user_job), width: int = Width,
+               backend: Literal["webgl", "canvas"] = Query("webgl", description="How the timeline is drawn")) -> dict:
+    """The job's timeline figure (Bokeh JSON item: ``Bokeh.embed.embed_item``) over the whole run,
+    with the data of :func:`job_timeline`; ``available`` false with the ``reason`` when there is no trace."""
+    e = CACHE.get(job)
+    out, view = _window(job, e, None, None, width, None)
+    if view is not None:
+        out["item"] = timeline.bokeh_item(view, e.an, width=max(width, 600), backend=backend,
+                                          x_label="seconds since the job's ranks started")
+    return out
+
+
+@router.get("/jobs/{job_id}/timeline", response_model=TimelineWindow)
+def job_timeline(job: Job = Depends(user_job),
+                 start: Optional[float] = Query(None, ge=0, le=1e9, allow_inf_nan=False,
+                                                description="Window start, seconds from the job's start"),
+                 end: Optional[float] = Query(None, ge=0, le=1e9, allow_inf_nan=False,
+                                              description="Window end, seconds from the job's start"),
+                 width: int = Width,
+                 since: Optional[int] = Query(None, ge=0, le=2**32, description="The version the page has: "
+                                              "answered unchanged while it is current")) -> dict:
+    """One window ``[start, end]`` of the job's timeline (default the whole run) at ``width`` pixels:
+    the columns of the figure's sources, the analysis, and where the ranks wait now."""
+    return _window(job, CACHE.get(job), start, end, width, since)[0]
+
+
+@router.get("/jobs/{job_id}/trace.npz",
+            responses={200: {"content": {"application/octet-stream": {}},
+                             "description": "The streamed trace (numpy .npz; nbmpi Trace.load reads it)"}})
+def job_trace_npz(job: Job = Depends(user_job)) -> Response:
+    """Every event the job's ranks streamed so far, as a :class:`~nbmpi.workers.trace_analysis.Trace` file."""
+    e = CACHE.get(job)
+    if e is None:
+        raise HTTPException(404, f"no trace for job {job.id}: {_no_trace(job)}")
+    buf = io.BytesIO()
+    e.jt.trace.save(buf)
+    return Response(buf.getvalue(), media_type="application/octet-stream",
+                    headers={"Content-Disposition": f'attachment; filename="nbmpi-job-{job.id}.npz"',
+                             "X-Window-Start-Ns": str(e.jt.start_ns), "X-Window-End-Ns": str(e.jt.now_ns)})

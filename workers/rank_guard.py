@@ -1,0 +1,222 @@
+"""A rank's guard: the parent process that sees how its rank ended, even when a signal killed it.
+
+A rank killed by a signal (``kill -9``, the OOM killer, a segfault) cannot
+report anything itself, and the MPI process manager's banner does not say
+reliably which rank died first. So every rank that nbmpi launches (programs
+under ``nbmpi run`` and controller jobs through :mod:`nbmpi.workers.rank_entry`,
+engines of a pool through ``python -m nbmpi.workers.rank_guard -m
+ipyparallel.engine ...``) starts as a guard that forks before MPI starts: the
+child is the rank; the parent waits for it, and if a signal ended it that the
+guard did not pass on itself, writes ``rank-R.signal`` (the signal number) to
+``$NBMPI_STATUS_DIR``. The guard then ends the same way as its child (same
+exit code, or the same signal), so the process manager sees what it would
+have seen without the guard.
+
+With ``$NBMPI_LOG_DIR`` (controller jobs) the guard also owns the rank's
+output: the rank's stdout and stderr are pipes, and the guard appends what
+arrives to ``rank-R.stdout`` / ``rank-R.stderr`` in that directory, at most
+``$NBMPI_LOG_LIMIT`` bytes per stream (unset: no limit). Past the limit it
+writes one visible marker line and discards the rest, counting it, so one
+job cannot fill the disk and a reader always sees that output is missing.
+Output is never lost when the rank dies: the guard drains the pipes first.
+
+The guard passes SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 on to
+the rank; a rank ended by a signal the guard passed on (the launcher ending
+the job) counts as *terminated*, not *killed*. The rank gets
+``PR_SET_PDEATHSIG`` (Linux) so it never outlives a guard that is killed.
+``NBMPI_RANK_GUARD=0`` turns the guard off. Local; no MPI.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from typing import List, Optional
+
+STATUS_DIR_ENV = "NBMPI_STATUS_DIR"
+GUARD_ENV = "NBMPI_RANK_GUARD"
+LOG_DIR_ENV = "NBMPI_LOG_DIR"
+LOG_LIMIT_ENV = "NBMPI_LOG_LIMIT"
+#: Set in the rank when its guard already writes its output to the log directory.
+LOGGED_ENV = "NBMPI_LOG_GUARDED"
+
+
+def truncation_marker(limit: int) -> bytes:
+    """The line written once where a stream's output stops being kept."""
+    return (f"\n[nbmpi: output truncated here: this stream reached its limit of {limit} bytes "
+            "(nbmpi serve --max-log-bytes); the rest is discarded]\n").encode()
+
+
+class CappedLog:
+    """Appends to one log file, keeping at most ``limit`` bytes of output (None: all).
+
+    Past the limit, :meth:`write` writes :func:`truncation_marker` once and counts what it
+    discards; :meth:`close` adds a last line with that count. Also used by the controller
+    for the output of jobs that run on a pool. Not thread-safe (one writer)."""
+
+    def __init__(self, path: str, limit: Optional[int]):
+        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        self.limit = limit
+        self.kept = 0
+        self.discarded = 0
+
+    def write(self, data: bytes) -> None:
+        """Append ``data`` (within the limit)."""
+        if self.limit is not None:
+            room = self.limit - self.kept
+            if room <= 0:
+                self.discarded += len(data)
+                return
+            if len(data) > room:
+                self.discarded += len(data) - room
+                data = data[:room]
+                self._write(data)
+                self.kept += len(data)
+                self._write(truncation_marker(self.limit))
+                return
+        self._write(data)
+        self.kept += len(data)
+
+    def _write(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(self.fd, view):]
+
+    def close(self) -> None:
+        """Note how much was discarded (if anything) and close the file."""
+        if self.discarded:
+            self._write(f"[nbmpi: {self.discarded} more bytes of output were discarded]\n".encode())
+        os.close(self.fd)
+
+
+def _log_limit() -> Optional[int]:
+    raw = os.environ.get(LOG_LIMIT_ENV, "").strip()
+    try:
+        value = int(raw) if raw else 0
+    except ValueError:
+        return None
+    return value if value > 0 else None
+_PASSED_ON = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+
+
+def rank_from_env() -> Optional[str]:
+    """This rank's number as the process manager gives it before MPI starts (MPICH/Hydra, Open MPI, Slurm)."""
+    return os.environ.get("PMI_RANK") or os.environ.get("OMPI_COMM_WORLD_RANK") or os.environ.get("SLURM_PROCID")
+
+
+def _die_with_parent() -> None:
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except Exception:  # noqa: BLE001 - not Linux: the launcher ends the process group anyway
+        pass
+
+
+def guard() -> None:
+    """Fork; return in the child (the rank goes on), never return in the parent (the guard).
+
+    Does nothing (returns at once, no fork) without ``$NBMPI_STATUS_DIR`` or with
+    ``NBMPI_RANK_GUARD=0``. Must be called before MPI is initialised.
+    """
+    status_dir = os.environ.get(STATUS_DIR_ENV)
+    rank = rank_from_env()
+    if not status_dir or rank is None or os.environ.get(GUARD_ENV, "1").strip().lower() in ("0", "off", "no"):
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    passed_on = set()
+    log_dir = os.environ.get(LOG_DIR_ENV)
+    pipes = [os.pipe(), os.pipe()] if log_dir else []
+    child = os.fork()
+    if child == 0:
+        _die_with_parent()
+        for fd, (r, w) in zip((1, 2), pipes):
+            os.dup2(w, fd)
+            os.close(r)
+            os.close(w)
+        if pipes:
+            os.environ[LOGGED_ENV] = "1"
+        return
+
+    def pass_on(signum, frame):  # noqa: ARG001
+        passed_on.add(signum)
+        try:
+            os.kill(child, signum)
+        except ProcessLookupError:
+            pass
+
+    for s in _PASSED_ON:
+        signal.signal(s, pass_on)
+    if pipes:
+        _copy_output(pipes, log_dir, rank)
+    while True:
+        try:
+            _, status = os.waitpid(child, 0)
+            break
+        except InterruptedError:
+            continue
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        if sig not in passed_on:
+            try:
+                tmp = os.path.join(status_dir, f".rank-{rank}.signal.tmp")
+                with open(tmp, "w") as f:
+                    f.write(str(sig))
+                os.replace(tmp, os.path.join(status_dir, f"rank-{rank}.signal"))
+            except OSError:
+                pass
+        try:
+            signal.signal(sig, signal.SIG_DFL)
+        except (OSError, ValueError):   # SIGKILL and SIGSTOP keep their default anyway
+            pass
+        os.kill(os.getpid(), sig)
+        os._exit(128 + sig)   # a signal that does not end a process by default
+    os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1)
+
+
+def _copy_output(pipes, log_dir: str, rank: str) -> None:
+    """Copy the rank's stdout/stderr pipes into capped log files until both are closed."""
+    import select
+
+    os.makedirs(log_dir, exist_ok=True)
+    limit = _log_limit()
+    logs = {}
+    for (r, w), stream in zip(pipes, ("stdout", "stderr")):
+        os.close(w)
+        logs[r] = CappedLog(os.path.join(log_dir, f"rank-{rank}.{stream}"), limit)
+    open_fds = list(logs)
+    while open_fds:
+        try:
+            ready, _, _ = select.select(open_fds, [], [])
+        except InterruptedError:
+            continue
+        for fd in ready:
+            try:
+                data = os.read(fd, 1 << 16)
+            except InterruptedError:
+                continue
+            if data:
+                logs[fd].write(data)
+            else:
+                open_fds.remove(fd)
+                os.close(fd)
+    for log in logs.values():
+        log.close()
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    """``python -m nbmpi.workers.rank_guard -m MODULE [args]``: guard, then run MODULE as ``__main__``."""
+    import runpy
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if len(argv) < 2 or argv[0] != "-m":
+        print("usage: python -m nbmpi.workers.rank_guard -m module [args]", file=sys.stderr)
+        sys.exit(2)
+    guard()
+    sys.argv = argv[1:]
+    runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,175 @@
+"""Where a rank's main thread is right now: its user-code line and the MPI call on it, read from another thread.
+
+A rank blocked in a raw mpi4py call (``comm.Recv(buf, source=1)``) sits in C
+with the GIL released, so a helper thread of the same process (the pool's
+state probe, :mod:`nbmpi.workers.engine_side`) can read the main thread's
+Python stack with :func:`sys._current_frames`. :func:`main_thread_location`
+returns the innermost frames of user code (cells, scripts; not nbmpi,
+IPython, ipyparallel or the standard library) and, when the current line
+calls an mpi4py communication method, which call and which peer
+(:func:`describe_mpi_call`: the peer argument is evaluated only when it is a
+literal or a simple arithmetic of names visible in that frame, never by
+calling anything).
+
+For waits inside nbmpi's own calls, :data:`nbmpi.workers.waiting.current`
+already names the operation and the peer; this module covers everything else.
+Read-only and safe to call from any thread at any time.
+"""
+from __future__ import annotations
+
+import ast
+import linecache
+import os
+import sys
+import threading
+from typing import Any, Dict, List, Optional
+
+#: mpi4py methods -> (kind, name of the peer argument, its position among the positional args).
+#: kind: "recv" (peer is a source), "send" (a destination), "root" (a collective's root),
+#: "collective" (every rank of the communicator), "request" (completion of earlier calls).
+MPI_CALLS: Dict[str, tuple] = {
+    **{m: ("recv", "source", 1) for m in ("Recv", "recv", "Mrecv", "Probe", "probe", "Mprobe", "mprobe")},
+    **{m: ("send", "dest", 1) for m in ("Send", "send", "Ssend", "ssend", "Bsend", "bsend", "Rsend")},
+    **{m: ("sendrecv", "dest", 1) for m in ("Sendrecv", "sendrecv", "Sendrecv_replace")},
+    **{m: ("root", "root", 1) for m in ("Bcast", "bcast", "Reduce", "reduce", "Gather", "gather", "Gatherv",
+                                        "Scatter", "scatter", "Scatterv")},
+    **{m: ("collective", None, None) for m in ("Barrier", "barrier", "Allreduce", "allreduce", "Allgather",
+                                               "allgather", "Allgatherv", "Alltoall", "alltoall", "Alltoallv",
+                                               "Alltoallw", "Reduce_scatter", "Scan", "Exscan", "Split",
+                                               "Dup", "Create", "Split_type")},
+    **{m: ("request", None, None) for m in ("Wait", "wait", "Waitall", "waitall", "Waitany", "waitany",
+                                            "Waitsome", "Test", "Testall")},
+}
+_SKIP = ("nbmpi" + os.sep + "workers", os.sep + "workers" + os.sep, "IPython", "ipykernel", "ipyparallel",
+         "zmq", "tornado", "asyncio", "threading.py", "runpy.py", "site-packages", os.sep + "lib" + os.sep + "python")
+
+
+def _is_user_frame(filename: str) -> bool:
+    if filename.startswith("<") and not filename.startswith("<ipython-input"):
+        return filename in ("<string>", "<stdin>")
+    if "ipykernel_" in filename:   # IPython cell files: /tmp/ipykernel_PID/HASH.py
+        return True
+    return not any(part in filename for part in _SKIP)
+
+
+def _safe_eval(node: ast.AST, frame) -> Any:
+    """Value of a literal, a name of ``frame`` or + - * // % of those; raises ValueError otherwise."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, (int, float, str)):
+        return node.value
+    if isinstance(node, ast.Name):
+        for scope in (frame.f_locals, frame.f_globals):
+            if node.id in scope:
+                v = scope[node.id]
+                if isinstance(v, (int, float)):
+                    return v
+                raise ValueError(node.id)
+        raise ValueError(node.id)
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        return -_safe_eval(node.operand, frame)
+    if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub, ast.Mult, ast.FloorDiv, ast.Mod)):
+        a, b = _safe_eval(node.left, frame), _safe_eval(node.right, frame)
+        if isinstance(node.op, ast.Add):
+            return a + b
+        if isinstance(node.op, ast.Sub):
+            return a - b
+        if isinstance(node.op, ast.Mult):
+            return a * b
+        if isinstance(node.op, ast.FloorDiv):
+            return a // b
+        return a % b
+    if isinstance(node, ast.Attribute) and node.attr in ("ANY_SOURCE", "ANY_TAG"):
+        return "any"
+    raise ValueError(ast.dump(node))
+
+
+def describe_mpi_call(code: str, frame=None) -> Optional[Dict[str, Any]]:
+    """The mpi4py call on source line ``code`` (``"comm.Recv(buf, source=1)"``), if any.
+
+    Returns ``{"call": "Recv", "kind": "recv", "peer": 1 or None or "any" or the argument's
+    text when it cannot be evaluated safely}``; None when the line calls no known MPI method.
+    ``frame`` (optional) supplies the names the peer argument may use.
+    """
+    tree = None
+    for text in (code.strip(), code.strip() + "\n    pass"):   # a lone line, or the head of a block
+        try:
+            tree = ast.parse(text)
+            break
+        except SyntaxError:
+            continue
+    if tree is None:
+        return None
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in MPI_CALLS:
+            kind, kw, pos = MPI_CALLS[node.func.attr]
+            peer: Any = None
+            if kw is not None:
+                arg = next((k.value for k in node.keywords if k.arg == kw), None)
+                if arg is None and pos is not None and len(node.args) > pos:
+                    arg = node.args[pos]
+                if arg is None:
+                    peer = "any" if kind == "recv" else (0 if kind == "root" else None)
+                else:
+                    try:
+                        peer = _safe_eval(arg, frame) if frame is not None else _safe_eval(arg, _NoFrame)
+                    except (ValueError, ZeroDivisionError, TypeError):
+                        peer = ast.unparse(arg)
+            return dict(call=node.func.attr, kind=kind, peer=peer)
+    return None
+
+
+class _NoFrame:
+    f_locals: Dict[str, Any] = {}
+    f_globals: Dict[str, Any] = {}
+
+
+def _describe_frame(frame) -> Dict[str, Any]:
+    code = linecache.getline(frame.f_code.co_filename, frame.f_lineno, frame.f_globals).strip()
+    where = dict(file=frame.f_code.co_filename, line=frame.f_lineno, function=frame.f_code.co_name, code=code)
+    call = describe_mpi_call(code, frame) if code else None
+    if call is not None:
+        where["mpi"] = call
+    return where
+
+
+def main_thread_location(depth: int = 4) -> Dict[str, Any]:
+    """Where the main thread is: ``{"stack": [innermost user frames, innermost last], "mpi": the MPI
+    call on the innermost user line or None}``. Call it from another thread (it reads frames only)."""
+    frame = sys._current_frames().get(threading.main_thread().ident)
+    frames: List[Dict[str, Any]] = []
+    while frame is not None and len(frames) < depth:
+        if _is_user_frame(frame.f_code.co_filename):
+            frames.append(_describe_frame(frame))
+        frame = frame.f_back
+    frames.reverse()
+    return dict(stack=frames, mpi=frames[-1].get("mpi") if frames else None)
+
+
+def format_location(loc: Optional[Dict[str, Any]]) -> str:
+    """One line for people: ``line 3 `comm.Recv(buf, source=1)`: MPI Recv from rank 1``."""
+    if not loc or not loc.get("stack"):
+        return ""
+    top = loc["stack"][-1]
+    fname = top["file"]
+    place = "cell" if "ipykernel_" in fname or fname.startswith("<") else os.path.basename(fname)
+    text = f"{place} line {top['line']}"
+    if top.get("code"):
+        text += f" `{top['code']}`"
+    mpi = loc.get("mpi")
+    if mpi:
+        text += ": " + describe_call(mpi)
+    return text
+
+
+def describe_call(mpi: Dict[str, Any]) -> str:
+    """``"MPI Recv from rank 1"``, ``"MPI Allreduce with every rank"`` ... for a :func:`describe_mpi_call` result."""
+    kind, peer, call = mpi["kind"], mpi.get("peer"), mpi["call"]
+    who = "any rank" if peer == "any" else (f"rank {peer}" if isinstance(peer, int) else f"rank `{peer}`")
+    if kind == "recv":
+        return f"MPI {call} from {who}"
+    if kind in ("send", "sendrecv"):
+        return f"MPI {call} to {who}"
+    if kind == "root":
+        return f"MPI {call} with root {who}"
+    if kind == "collective":
+        return f"MPI {call} with every rank of the communicator"
+    return f"MPI {call} (completion of earlier requests)"

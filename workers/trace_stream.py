@@ -1,0 +1,234 @@
+"""Live per-rank trace files of a controller job: each rank streams its new events to disk while it runs,
+and the controller joins the files into one :class:`~nbmpi.workers.trace_analysis.Trace` at any moment.
+
+Writer (:class:`TraceStreamer`, started by :mod:`nbmpi.workers.rank_entry` when ``NBMPI_TRACE_OUT``
+is set): a daemon thread of each rank wakes every ``interval`` seconds, takes the rows its tracer
+recorded since the last time with :meth:`Tracer.snapshot` (no flush, no write to the tracer, no MPI
+call: the thread level is ``funneled``) and appends them, shifted onto rank 0's clock by the tracer's
+offset, to ``rank-R.events``; then it rewrites ``rank-R.live.json`` (atomically) with what the rank
+is blocked in right now (:data:`nbmpi.workers.waiting.current`). :meth:`TraceStreamer.stop`, called by
+the rank's main thread after the program, writes the rest (deferred records included) and marks the
+rank ``done``.
+
+Files, in the job's trace directory, per rank ``R``:
+
+* ``rank-R.events``: append-only rows of :data:`~nbmpi.workers.tracing.FIELDS` (little-endian int64,
+  ``NF`` columns), times in ns on rank 0's clock; a reader ignores a trailing partial row;
+* ``rank-R.live.json``: ``{"rank", "size", "pid", "kinds", "rows", "dropped", "clock_error_ns",
+  "start_ns", "now_ns", "time", "waiting", "done"}`` where ``start_ns`` is when the streamer started and
+  ``now_ns`` the time of this write (both rank 0's clock), ``time`` the Unix time of this write and
+  ``waiting`` ``{"op", "peer", "since_ns"}`` or null.
+
+Reader (:func:`read_job_trace`): the ranks' files as a :class:`JobTrace` (the trace, each rank's live
+state, a version that changes whenever anything new was written).
+"""
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+import numpy as np
+
+from . import waiting
+from .tracing import FIELDS, NF, Tracer, kind_names
+
+#: Seconds between two writes of the streaming thread (``NBMPI_TRACE_STREAM_INTERVAL``).
+DEFAULT_INTERVAL = 0.5
+_T_START, _T_END = FIELDS.index("t_start"), FIELDS.index("t_end")
+_ROW_BYTES = 8 * NF
+
+
+def events_path(out_dir: Path, rank: int) -> Path:
+    """The append-only event file of ``rank`` in ``out_dir``."""
+    return Path(out_dir) / f"rank-{rank}.events"
+
+
+def live_path(out_dir: Path, rank: int) -> Path:
+    """The live state file of ``rank`` in ``out_dir``."""
+    return Path(out_dir) / f"rank-{rank}.live.json"
+
+
+class TraceStreamer:
+    """Streams one rank's tracer to ``out_dir`` from a daemon thread (see the module docstring).
+
+    Create and :meth:`start` it on the rank's main thread after :func:`nbmpi.workers.runtime.init`
+    (the tracer's clock offset is known then); :meth:`stop` it on the same thread at the end. Local:
+    no communication, ever.
+    """
+
+    def __init__(self, tracer: Tracer, out_dir: os.PathLike, interval: float = DEFAULT_INTERVAL):
+        if interval <= 0:
+            raise ValueError(f"interval must be a positive number of seconds, got {interval}")
+        self.tracer = tracer
+        self.rank = tracer.rank
+        self.size = tracer.size
+        self.out_dir = Path(out_dir)
+        self.interval = float(interval)
+        self.sent = 0          # rows of the tracer already written
+        self.rows = 0          # rows in the file
+        self.start_ns = time.perf_counter_ns() + tracer.offset_ns
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+        self._lock = threading.Lock()   # one writer at a time (thread, then stop())
+        self._kinds: List[str] = []
+
+    def start(self) -> "TraceStreamer":
+        """Create the files and start the thread. Returns self."""
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        events_path(self.out_dir, self.rank).write_bytes(b"")
+        self._write(done=False)
+        self._thread = threading.Thread(target=self._run, name=f"nbmpi-trace-stream-{self.rank}", daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self._write(done=False)
+            except Exception:  # noqa: BLE001 - a full disk must not end the rank; stop() reports
+                pass
+
+    def stop(self) -> None:
+        """Stop the thread and write everything the tracer holds (its deferred records are flushed
+        first: call this from the rank's main thread, which owns the tracer); the rank is marked done."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10 * self.interval + 5)
+        self.tracer.mark()          # the owner flushes its deferred records
+        self._write(done=True)
+
+    def _write(self, done: bool) -> None:
+        with self._lock:
+            tr = self.tracer
+            if tr.n < self.sent:    # the tracer was cleared: its rows start again at 0
+                self.sent = 0
+            rows = tr.snapshot(self.sent)
+            if len(rows):
+                off = tr.offset_ns
+                rows[:, _T_START] += off
+                rows[:, _T_END] += off
+                with open(events_path(self.out_dir, self.rank), "ab") as f:
+                    f.write(rows.astype("<i8", copy=False).tobytes())
+                self.sent += len(rows)
+                self.rows += len(rows)
+            cur = waiting.current
+            if len(self._kinds) != len(kind_names()):
+                self._kinds = kind_names()
+            state = dict(rank=self.rank, size=self.size, pid=os.getpid(), kinds=self._kinds, rows=self.rows,
+                         dropped=int(tr.dropped), clock_error_ns=int(tr.offset_err_ns), start_ns=self.start_ns,
+                         now_ns=time.perf_counter_ns() + tr.offset_ns, time=time.time(),
+                         waiting=None if cur is None or done else dict(op=str(cur[0]), peer=cur[1],
+                                                                       since_ns=int(cur[2]) + tr.offset_ns),
+                         done=done)
+            path = live_path(self.out_dir, self.rank)
+            tmp = path.with_name(f".{path.name}.tmp")
+            tmp.write_text(json.dumps(state))
+            os.replace(tmp, path)
+
+
+@dataclass
+class JobTrace:
+    """The streamed trace of a job as read at one moment.
+
+    ``trace``: every rank's events so far (waits attributed between what is there);
+    ``live``: each rank's last live state (None for a rank that has not started streaming);
+    ``version``: a checksum of each rank's row count, current wait, done flag and, while it runs,
+    the time of its last write (it changes whenever a rank wrote new events, started or stopped
+    waiting, finished, or, running, wrote again: a running job's timeline grows with time);
+    ``start_ns`` / ``now_ns``: the earliest streamer start and the latest write (rank 0's clock).
+    """
+    trace: Any
+    live: List[Optional[Dict[str, Any]]]
+    version: int
+    start_ns: int
+    now_ns: int
+
+    @property
+    def done(self) -> bool:
+        """True when every rank finished streaming (its program ended)."""
+        return all(s is not None and s.get("done") for s in self.live)
+
+    def waits(self) -> List[Dict[str, Any]]:
+        """Ranks blocked right now: ``[{"rank", "op", "peer", "since_ns", "for_s"}]`` (``for_s`` up to
+        that rank's last write)."""
+        out = []
+        for s in self.live:
+            if s and s.get("waiting") and not s.get("done"):
+                w = s["waiting"]
+                out.append(dict(rank=s["rank"], op=w["op"], peer=w["peer"], since_ns=int(w["since_ns"]),
+                                for_s=max(int(s["now_ns"]) - int(w["since_ns"]), 0) / 1e9))
+        return out
+
+
+def signature(trace_dir: os.PathLike, nranks: int) -> tuple:
+    """Sizes and modification times of the job's stream files (changes whenever a rank writes)."""
+    sig = []
+    for r in range(nranks):
+        for p in (events_path(Path(trace_dir), r), live_path(Path(trace_dir), r)):
+            try:
+                st = p.stat()
+                sig.append((st.st_size, st.st_mtime_ns))
+            except FileNotFoundError:
+                sig.append(None)
+    return tuple(sig)
+
+
+def has_stream(trace_dir: os.PathLike, nranks: int) -> bool:
+    """Whether any rank of the job has streamed (its live state file exists)."""
+    return any(live_path(Path(trace_dir), r).exists() for r in range(nranks))
+
+
+def read_job_trace(trace_dir: os.PathLike, nranks: int) -> Optional[JobTrace]:
+    """The job's streamed events joined into one :class:`JobTrace`; None when no rank has streamed.
+
+    Safe while the ranks write: a partial trailing row is ignored and the live states are replaced
+    atomically. Local file reads only.
+    """
+    from .trace_analysis import Trace
+
+    d = Path(trace_dir)
+    if not has_stream(d, nranks):
+        return None
+    live: List[Optional[Dict[str, Any]]] = []
+    chunks, owners = [], []
+    kinds: List[str] = []
+    dropped = np.zeros(nranks, np.int64)
+    clock_err = np.zeros(nranks, np.int64)
+    marks: List[list] = []
+    for r in range(nranks):
+        try:
+            state = json.loads(live_path(d, r).read_text())
+        except (FileNotFoundError, ValueError):
+            state = None
+        live.append(state)
+        try:
+            raw = events_path(d, r).read_bytes()
+        except FileNotFoundError:
+            raw = b""
+        raw = raw[: len(raw) - len(raw) % _ROW_BYTES]
+        rows = np.frombuffer(raw, dtype="<i8").astype(np.int64).reshape(-1, NF)
+        chunks.append(rows)
+        owners.append(np.full(len(rows), r, np.int64))
+        if state:
+            if len(state.get("kinds", [])) > len(kinds):
+                kinds = list(state["kinds"])
+            dropped[r] = state.get("dropped", 0)
+            clock_err[r] = state.get("clock_error_ns", 0)
+        done = bool(state and state.get("done"))
+        marks.append([len(rows), state.get("waiting") if state else None, done,
+                      state.get("now_ns") if state and not done else None])
+    events = np.concatenate(chunks) if chunks else np.empty((0, NF), np.int64)
+    trace = Trace(events, np.concatenate(owners), nranks, kinds or kind_names(), dropped=dropped,
+                  clock_error_ns=clock_err)
+    starts = [int(s["start_ns"]) for s in live if s]
+    nows = [int(s["now_ns"]) for s in live if s]
+    start_ns = min(starts + ([trace.t0] if len(trace) else []), default=0)
+    now_ns = max(nows + ([trace.t1] if len(trace) else []), default=start_ns)
+    version = zlib.crc32(json.dumps(marks, sort_keys=True).encode())
+    return JobTrace(trace=trace, live=live, version=version, start_ns=start_ns, now_ns=now_ns)
