@@ -457,11 +457,7 @@ cdef class VarBase:
     @property
     def _id(self):
         """The variable's id (creation order; the same on every rank)."""
-        if self._idobj is None:
-            if self._cid1 == 0:
-                raise AttributeError("_id")
-            self._idobj = self._cid1 - 1
-        return self._idobj
+        return var_id(self)
 
     @_id.setter
     def _id(self, v):
@@ -471,9 +467,7 @@ cdef class VarBase:
     @property
     def _ksum(self):
         """Signature step of a float64 scalar sum contribution: ``id << 3``."""
-        if self._ksumobj is None:
-            self._ksumobj = self._id << 3
-        return self._ksumobj
+        return var_ksum(self)
 
     @_ksum.setter
     def _ksum(self, v):
@@ -589,6 +583,22 @@ cdef class VarBase:
 slot_wrappers(VarBase)
 
 
+cdef inline object var_id(VarBase v):
+    """v._id: made a Python int only when read."""
+    if v._idobj is None:
+        if v._cid1 == 0:
+            raise AttributeError("_id")
+        v._idobj = v._cid1 - 1
+    return v._idobj
+
+
+cdef inline object var_ksum(VarBase v):
+    """v._ksum: the signature step ``id << 3`` of a float64 sum, made once."""
+    if v._ksumobj is None:
+        v._ksumobj = var_id(v) << 3
+    return v._ksumobj
+
+
 cdef inline bint shared_f8(object o):
     """o is a float64 scalar SharedVar or lazy result."""
     cdef object t = type(o)
@@ -653,7 +663,7 @@ cdef object fast_sum(VarBase self, double a, object aobj):
     if self._lastb is not b:
         self._lastb = b
         b.nvars += 1
-    (<list>b.log).append(self._ksum)
+    (<list>b.log).append(var_ksum(self))
     if i > b.room:
         g_engine.flush()
     return self
@@ -693,7 +703,7 @@ cdef object contribute_f8(VarBase self, int op, double a):
     if self._lastb is not b:
         self._lastb = b
         b.nvars += 1
-    note_step(b, (self._id << 3) | op)
+    note_step(b, (var_id(self) << 3) | op)
     if len(f8) + b.words > g_threshold:
         g_engine.flush()
     return self
@@ -798,6 +808,7 @@ def shared(value, name=None):
         st.next_id = vid + 1
         v = <VarBase>new_instance(g_shared_t, k_noargs)
         v._cid1 = vid + 1
+        idobj = v._idobj = vid
         v.name = name
         v.dtype = g_f8
         v.shape = ()
@@ -807,7 +818,7 @@ def shared(value, name=None):
         v._sf = True
         v._cast = float
         v._init = value
-        note_step(g_batch, (-8, vid, value if value == value else g_nan_key))
+        note_step(g_batch, (-8, idobj, value if value == value else g_nan_key))
         return v
     return g_new_var(value, name=name)
 
@@ -877,7 +888,7 @@ cdef object contribute_array(VarBase self, int op, object a):
     b.nseg = b.nseg + 1
     b.words = b.words + w
     b.room -= w
-    step = (self._id, op, self.dtype.num, self.shape)
+    step = (var_id(self), op, self.dtype.num, self.shape)
     k = hash(step)
     if b.kmap is g_nod:
         b.kmap = {}
@@ -918,7 +929,7 @@ def consume_f8(VarBase pool, request, floor):
     if pool._lastb is not b:
         pool._lastb = b
         b.nvars += 1
-    note_step(b, (pool._id << 3) | 4)
+    note_step(b, (var_id(pool) << 3) | 4)
     if len(<list>f8) + b.words > g_threshold:
         g_engine.flush()
     return grant
