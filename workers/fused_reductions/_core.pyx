@@ -26,6 +26,7 @@ initialised) calls ``MPI_Start``/``MPI_Test`` on the request's handle. Trace
 events go through the tracer's public ``record`` call. Importing this module
 does not initialise MPI.
 """
+cimport cython
 from cpython.array cimport array, clone
 from cpython.buffer cimport PyBUF_ANY_CONTIGUOUS, PyBuffer_Release, PyObject_GetBuffer
 from cpython.object cimport PyObject
@@ -282,6 +283,8 @@ cdef int note_step(BatchBase b, object step) except -1:
 
 
 # ------------------------------------------------------------------ Derived
+@cython.final
+@cython.freelist(64)
 cdef class Derived:
     """Derived(fn, args, cast): a lazily computed shared value fn(*args) (value None until computed).
 
@@ -316,7 +319,7 @@ cdef class Derived:
 
 
 cdef Derived derived_make2(object fn, object x, object y, object cast):
-    cdef Derived d = <Derived>new_instance(Derived, k_noargs)
+    cdef Derived d = Derived.__new__(Derived)
     d.fn = fn
     d.cast = cast
     d.value = None
@@ -650,7 +653,7 @@ cdef object fast_sum(VarBase self, double a, object aobj):
     ents = self._entries
     if len(ents) == 1 and type(self._base) is float:
         old = ents[0]
-        if (len(old) == 5 and old[0] == 0 and old[2] == 0 and isinstance(old[1], BatchBase)
+        if (len(old) == 5 and old[0] is k_zero and old[2] is k_zero and isinstance(old[1], BatchBase)
                 and (<BatchBase>old[1]).done):
             # a resolved sum nobody read yet: fold it into the base (entries stay bounded)
             self._base = <double>self._base + batch_word(<BatchBase>old[1], old[3])
@@ -742,7 +745,7 @@ cdef object f8_operand(object x, bint is_shared, int code, bint *resolved):
     resolved[0] = False
     if len(e) == 1 and type(base) is float:
         ent = e[0]
-        if len(ent) == 5 and ent[0] == 0 and ent[2] == 0:
+        if len(ent) == 5 and ent[0] is k_zero and ent[2] is k_zero:   # one sum word: a slot reference
             return (base, ent[1], ent[3])
     return g_snap(base, e, float, ())
 
