@@ -31,11 +31,13 @@ class Grant:
         """The granted amount (float, or array for array pools). Force point if pending."""
         if self._value is None:
             b = self._batch
-            _ensure_done([(0, b)])
+            if not b.done:
+                _ensure_done(((0, b),))
             total = b.res[self._blk][self._i]
             if self._blk == 2:
                 total = total.reshape(self.shape)
-            level = _eval(self._before)
+            before = self._before
+            level = before if type(before) is float else _eval(before)
             self._value = self.request * _grant_scale(level, total, self.floor)
             if isinstance(self._value, np.ndarray):
                 self._value.flags.writeable = False

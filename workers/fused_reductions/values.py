@@ -374,6 +374,22 @@ class SharedVar(_core.VarBase if _core is not None else _PyVarBase):  # type: ig
         self.assign(v)
 
     def _resolve(self) -> Any:
+        ents = self._entries
+        base = self._base
+        if len(ents) == 1 and type(base) is np.ndarray:   # an array with one pending sum: the common read
+            op, b, blk, i, _ = ents[0]
+            if op == SUM and blk == 2:
+                if not b.done:
+                    _ensure_done(ents)
+                v = base + b.res[2][i].reshape(self.shape)
+                if v.dtype == self.dtype:
+                    v.flags.writeable = False   # a new array already: what the cast would copy
+                else:
+                    v = self._cast(v)
+                self._base = v
+                self._entries = ()
+                self._ob = None
+                return v
         if self._entries:
             _ensure_done(self._entries)
         base = self._base
