@@ -1,17 +1,20 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
 # cython: c_api_binop_methods=True, auto_pickle=False
-"""The compiled core of fused reductions: float64 scalar shared variables without the interpreter.
+"""The compiled core of fused reductions: the common shared-variable cases without the interpreter.
 
 The pure-Python modules of the package are the reference and own the
 semantics. This module gives them C types with the same fields and
 constructors (``VarBase`` under ``SharedVar``, ``BatchBase`` under ``_Batch``,
-``Derived``) and does in C only the common float64-scalar cases:
+``Derived``) and does in C only the common cases:
 
-  creation ``shared(c)`` of a float c, ``reset()``, ``x += a``, ``x -= a``,
-  ``x *= a``, ``x.min_with(a)``, ``x.max_with(a)``, ``float(x)`` (real a);
-  ``x + y``, ``x - y``, ``x * y``, ``x / y`` on float64 scalar shared operands
-  and float/int uniform operands, and the evaluation of those lazy nodes;
-  the force point when only float64 sums are pending (:func:`fuse`).
+  creation ``shared(c)`` of a float or an array; ``reset()``; ``x += a``,
+  ``x -= a``, ``x *= a``, ``x.min_with(a)``, ``x.max_with(a)`` on a float64
+  scalar (real a); ``x += array`` (same shape and working dtype); ``consume``
+  from a float pool; ``float(x)`` with one pending entry; ``x + y``, ``x - y``,
+  ``x * y``, ``x / y`` on float64 scalar shared operands and float/int
+  uniform operands, and the evaluation of those lazy nodes; both force
+  points (:func:`fuse`: only float64 sums pending; :func:`fuse_general`: any
+  ops, int64 words and array segments, the layout record after the header).
 
 with exactly the data structures of the Python code (entries tuples
 ``(op, batch, block, index, extra)``, slot references ``(base, batch, index)``,
