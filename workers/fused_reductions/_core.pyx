@@ -131,7 +131,8 @@ cdef tuple g_work = ()                      # working dtype per word kind (value
 cdef object g_crc32 = None                  # zlib.crc32
 cdef object g_grant_t = None                # grants.Grant
 cdef long g_kind_fused = 0
-cdef long g_spin = 64
+cdef long g_spin = 64                        # Test polls at least, then ...
+cdef long long g_spin_ns = 50000            # ... polls for up to this long (ns) before the interruptible wait
 cdef bint g_tuplehash = True                # signature_hash equals hash((sig, L, tuple(log))) (checked in bind)
 cdef tuple k_utag = tuple([-16 - c for c in range(16)])   # a uniform operand's log tag: -16 - code
 cdef object k_seed = 0x5EED                 # _Batch's initial signature
@@ -1094,12 +1095,17 @@ cdef int run_request(object engine, BatchBase b, object req, Py_ssize_t L) excep
     """Start the persistent request, a few Test polls, then the engine's interruptible wait;
     an error goes through the engine's diagnosis (engine._fuse_failed) and is raised."""
     cdef Runner runner = g_runner if g_runner is not None else g_mpi4py
-    cdef long k
+    cdef long k = 0
+    cdef long long t0
     try:
         runner.start(req)
-        for k in range(g_spin + 1):
+        t0 = now_ns()
+        while True:   # Test polls for g_spin_ns (a partner a few us late is common), then the Python wait
             if runner.test(req):
                 return 0
+            k += 1
+            if k >= g_spin and (k & 31) == 0 and now_ns() - t0 > g_spin_ns:
+                break
         engine._wait(req, b, L)   # raises a diagnosed error
     except BaseException as exc:
         fuse_failed(engine, b, L, exc)

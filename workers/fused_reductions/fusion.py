@@ -39,7 +39,8 @@ from .wire import (HEADER, W_C16, W_I8, _size_class, _same_signature, _STRUCT_MA
 K_FUSED = _tracing.register_kind("fused_allreduce")
 THRESHOLD_ENV = "NBMPI_FUSE_THRESHOLD"
 DEFAULT_THRESHOLD_BYTES = 1 << 20
-_SPIN = 64   # Test polls of a force point before the (slower to enter) interruptible wait
+_SPIN = 64   # Test polls of a force point before the (slower to enter) interruptible wait (compiled: at least
+             # these, and for up to 50 us: a partner a few microseconds late is common)
 
 
 def _user_combine(inbuf, inoutbuf, datatype) -> None:
