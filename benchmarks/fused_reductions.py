@@ -60,7 +60,7 @@ MODEL_LATENCIES = (1e-6, 5e-6, 20e-6, 100e-6)
 
 def _loadavg():
     try:
-        return list(os.getloadavg())
+        return [round(x, 2) for x in os.getloadavg()]
     except OSError:
         return None
 
