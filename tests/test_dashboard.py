@@ -263,7 +263,9 @@ def test_browser_login_jobs_timeline_download(server, done_job, browser, tmp_pat
                 lanes: plot.left[0].ticker.ticks, calls: Array.from(seg.call)};""")
     assert fig["ranks"] == [0, 1] and fig["lanes"] == [0, 1] and fig["backend"] == "webgl"
     assert browser.js(WEBGL_IN_USE) == {"nbmpi_arrow_heads": True, "nbmpi_quads": True}
-    assert fig["states"] == ["communication", "compute", "wait"] or fig["states"] == ["communication", "compute"]
+    # which states survive the per-pixel level of detail depends on how long each one lasted (machine load)
+    assert "compute" in fig["states"] and set(fig["states"]) <= {"communication", "compute", "wait"}
+    assert len(fig["states"]) >= 2, fig["states"]
     assert fig["arrows"] == fig["heads"] == 4
     assert fig["matrix"] == ["", "15.6 KiB\n2 msg", "15.6 KiB\n2 msg", ""]
     assert any("put(dest=1)" in c for c in fig["calls"]) and any("take(src=0)" in c for c in fig["calls"]), fig["calls"]
