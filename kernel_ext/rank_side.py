@@ -156,7 +156,7 @@ def setup() -> Dict[str, Any]:
     import nbmpi.workers
     from nbmpi.workers import rebinding_guard, runtime
 
-    runtime.init()
+    nbmpi.workers.init()
     comm = runtime.world()
     _rank = comm.Get_rank()
     ip = get_ipython()

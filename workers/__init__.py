@@ -10,7 +10,7 @@
   Chrome/Perfetto export and a per-rank compute/comm/wait summary.
 * ``fused_reductions``: lazy shared variables (:func:`shared`, :func:`pool`);
   all pending reductions resolve in one collective per force point.
-* :func:`init`: collective start (tracer, clock alignment); MPI thread level
+* :func:`init` (``startup``): collective start (tracer, clock alignment); MPI thread level
   ``funneled`` unless ``MPI4PY_RC_THREAD_LEVEL`` says otherwise.
 
 Importing this package does not initialise MPI; the first channel (or
@@ -21,7 +21,8 @@ from .channels import ArrayChannel
 from .errors import AggregationError, AggregationTimeout, ChannelError, ChannelTimeout, CommTimeout, NbmpiError
 from .errors import SharedVariableError, SPMDDivergence
 from .fused_reductions import Grant, SharedPool, SharedVar, flush, fused, pool, shared
-from .runtime import init, world
+from .runtime import world
+from .startup import init
 from .trace_analysis import Trace
 from .tracing import gather_trace, get_tracer
 

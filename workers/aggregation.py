@@ -136,6 +136,7 @@ __all__ = ["Aggregator"]
 K_BUFFER = _tracing.register_kind("agg_buffer")
 K_FLUSH = _tracing.register_kind("agg_flush")
 _SEND, _RECV, _NONE = _tracing.DIR_SEND, _tracing.DIR_RECV, _tracing.DIR_NONE
+_get_tracer = _tracing.get_tracer
 _now = time.perf_counter_ns
 _UNSET: Any = object()
 _POLLS_BETWEEN_CLOCK_CHECKS = 64
@@ -727,8 +728,8 @@ class Aggregator:
         st["bytes_sent"] += nbytes
         if len(self._sreqs) > st["max_inflight"]:
             st["max_inflight"] = len(self._sreqs)
-        tr = _tracing._TRACER
-        if tr is not None and tr.enabled:
+        tr = _get_tracer()
+        if tr.enabled:
             tr.record(K_BUFFER, _SEND, self._wrank[d], 0, nbytes, t0, _now(), 0, seq, self.chan_id, rows)
 
     def _send_full(self, ready: List[List[int]]) -> None:
@@ -745,8 +746,8 @@ class Aggregator:
         me, size, cap = self.rank, self.size, self.buffer_items
         nbytes = cap * self.itemsize
         sreqs, sbufs, sdests, seqs = self._sreqs, self._sbufs, self._sdests, self._send_seq
-        tr = _tracing._TRACER
-        if tr is not None and not tr.enabled:
+        tr = _get_tracer()
+        if not tr.enabled:
             tr = None
         wrank, chan = self._wrank, self.chan_id
         nsent = 0
@@ -860,8 +861,8 @@ class Aggregator:
         elif rq and self._rreqs[rq[0]].Test(self._rstatus):
             rreqs, s, byte, isz = self._rreqs, self._rstatus, self._byte, self.itemsize
             rseq, wrank, chan = self._recv_seq, self._wrank, self.chan_id
-            tr = _tracing._TRACER
-            if tr is not None and not tr.enabled:
+            tr = _get_tracer()
+            if not tr.enabled:
                 tr = None
             nmsg = nb = 0
             while True:
@@ -907,8 +908,8 @@ class Aggregator:
         handler, state, rviews = self._handler_fast, self.state, self._rpool_views
         if state is not self._handler_state:
             handler = self.handler
-        tr = _tracing._TRACER
-        if tr is not None and not tr.enabled:
+        tr = _get_tracer()
+        if not tr.enabled:
             tr = None
         nmsg = nb = nitems = nhandled = 0
         try:
@@ -1233,8 +1234,8 @@ class Aggregator:
             a._st["flushes"] += 1
             a._st["waves"] += waves
         self._flush_seq += 1
-        tr = _tracing._TRACER
-        if tr is not None and tr.enabled:
+        tr = _get_tracer()
+        if tr.enabled:
             tr.record(K_FLUSH, _NONE, -1, 0, 0, t_start, _now(), -1, self._flush_seq, self.chan_id, waves)
 
     # ------------------------------------------------------------------ stats, closing

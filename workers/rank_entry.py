@@ -104,7 +104,7 @@ def main(argv=None) -> int:
               file=sys.stderr)
         return 2
     _redirect_output()
-    from .runtime import init
+    from .startup import init
 
     init()
     code = 0

@@ -1,0 +1,149 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+"""Compiled same-node put/take of channel buffers: handshake flags and a copy shared by both sides, in shared memory.
+
+Used by :class:`~nbmpi.workers.channels.ArrayChannel` between two ranks of one
+node whose buffers live in :class:`~nbmpi.workers.node_shared_memory.NodeSegments`
+(each rank has mapped the other's buffer). One transfer moves the sender's
+whole buffer into the receiver's with ONE copy (MPI needs two: sender -> bounce
+buffer -> receiver), and both ranks do that copy together.
+
+Protocol of the k-th transfer (k = 1, 2, ...) on one directed pair, all in a
+:data:`CONTROL_BYTES` control block in shared memory whose four counters only
+grow (each on its own cache line; zero when the segment is created):
+
+* ``sready``: the sender stores k on entering its k-th put (its data is final);
+  ``rready``: the receiver stores k on entering its k-th take (its buffer may be
+  overwritten). Each side then waits for the other's flag: the rendezvous.
+* ``claim``: the buffer is cut into ``chunk``-byte pieces; whichever side is
+  running claims the next piece with a compare-and-swap and copies it, so a
+  side that is descheduled (another process on its core) does not hold the
+  transfer up: the running side copies the rest alone. Claims of transfer k
+  are ``(k-1)*n .. k*n-1`` for ``n`` pieces, so the counter needs no reset.
+* ``done``: pieces copied, added after each copy (release). Both sides return
+  when it reaches ``k*n`` (acquire): the data is in the receiver's buffer and
+  the sender's buffer is free again.
+
+Waiting polls with the CPU's pause hint and yields the core (``sched_yield``)
+after every ``spin_s`` seconds of polling, as MPICH's own progress loop does
+(``MPIR_CVAR_POLLS_BEFORE_YIELD``): when both ranks share one core (a loaded
+machine), the partner gets it within ``spin_s`` instead of a scheduler slice.
+A call works for at most ``budget_s`` seconds with the GIL released and returns
+False if the transfer is not complete by then; calling again with the same
+arguments resumes it (every step is idempotent), which is how the caller
+enforces timeouts and lets Ctrl-C in.
+"""
+from libc.stdint cimport int64_t, uint64_t
+from libc.string cimport memcpy
+
+cdef extern from *:
+    """
+    #include <stdint.h>
+    #include <sched.h>
+    #include <time.h>
+    #if defined(__x86_64__) || defined(__i386__)
+    #include <immintrin.h>
+    #define NBMPI_PAUSE() _mm_pause()
+    #elif defined(__aarch64__) || defined(__arm__)
+    #define NBMPI_PAUSE() __asm__ __volatile__("yield" ::: "memory")
+    #else
+    #define NBMPI_PAUSE() __asm__ __volatile__("" ::: "memory")
+    #endif
+    static inline uint64_t nbmpi_load(uint64_t *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
+    static inline void nbmpi_store(uint64_t *p, uint64_t v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
+    static inline int nbmpi_cas(uint64_t *p, uint64_t *expected, uint64_t desired) {
+        return __atomic_compare_exchange_n(p, expected, desired, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE); }
+    static inline void nbmpi_add(uint64_t *p, uint64_t v) { (void)__atomic_fetch_add(p, v, __ATOMIC_ACQ_REL); }
+    static inline int64_t nbmpi_now(void) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (int64_t)ts.tv_sec * 1000000000LL + (int64_t)ts.tv_nsec;
+    }
+    static inline void nbmpi_pause(void) { NBMPI_PAUSE(); }
+    static inline void nbmpi_yield(void) { sched_yield(); }
+    """
+    uint64_t nbmpi_load(uint64_t *p) nogil
+    void nbmpi_store(uint64_t *p, uint64_t v) nogil
+    int nbmpi_cas(uint64_t *p, uint64_t *expected, uint64_t desired) nogil
+    void nbmpi_add(uint64_t *p, uint64_t v) nogil
+    int64_t nbmpi_now() nogil
+    void nbmpi_pause() nogil
+    void nbmpi_yield() nogil
+
+#: Bytes of the control block of one directed pair (four 64-byte cache lines, zeroed at creation).
+CONTROL_BYTES = 256
+
+cdef enum:
+    W_SREADY = 0     # word indices: one counter per 64-byte line
+    W_RREADY = 8
+    W_CLAIM = 16
+    W_DONE = 24
+
+
+cdef int wait_ge(uint64_t *p, uint64_t v, int64_t deadline, int64_t spin_ns) noexcept nogil:
+    """Wait until ``*p >= v``, polling for ``spin_ns`` between yields of the core. 1 = deadline passed."""
+    cdef unsigned int n = 0
+    cdef int64_t t, t_round = 0
+    while nbmpi_load(p) < v:
+        nbmpi_pause()
+        n += 1
+        if (n & 31) == 0:
+            t = nbmpi_now()
+            if t >= deadline:
+                return 1
+            if t_round == 0:
+                t_round = t
+            elif t - t_round >= spin_ns:
+                nbmpi_yield()
+                t_round = nbmpi_now()
+    return 0
+
+
+cdef int c_transfer(uint64_t *ctl, char *src, char *dst, size_t nbytes, size_t chunk, uint64_t k,
+                    int sender, int64_t budget_ns, int64_t spin_ns) noexcept nogil:
+    cdef int64_t t0 = nbmpi_now()
+    cdef int64_t deadline = t0 + budget_ns
+    cdef uint64_t npieces = (nbytes + chunk - 1) // chunk if nbytes else 0
+    cdef uint64_t end = k * npieces
+    cdef uint64_t first = end - npieces
+    cdef uint64_t c
+    cdef size_t off, n
+    cdef uint64_t *mine = ctl + (W_SREADY if sender else W_RREADY)
+    cdef uint64_t *theirs = ctl + (W_RREADY if sender else W_SREADY)
+    if nbmpi_load(mine) < k:
+        nbmpi_store(mine, k)
+    if wait_ge(theirs, k, deadline, spin_ns):
+        return 1
+    c = nbmpi_load(ctl + W_CLAIM)
+    while c < end:
+        if nbmpi_cas(ctl + W_CLAIM, &c, c + 1):
+            off = <size_t>(c - first) * chunk
+            n = nbytes - off if nbytes - off < chunk else chunk
+            memcpy(dst + off, src + off, n)
+            nbmpi_add(ctl + W_DONE, 1)
+            c = nbmpi_load(ctl + W_CLAIM)
+            if nbmpi_now() >= deadline:
+                return 1
+        # on a failed CAS, c now holds the current value: try the next piece
+    return wait_ge(ctl + W_DONE, end, deadline, spin_ns)
+
+
+def transfer(size_t ctl, size_t src, size_t dst, size_t nbytes, size_t chunk, uint64_t k, bint sender,
+             double budget_s, double spin_s) -> bool:
+    """Work on the k-th transfer (``k >= 1``) of ``nbytes`` from address ``src`` to ``dst``; True when complete.
+
+    ``ctl`` is the address of the pair's control block (:data:`CONTROL_BYTES`,
+    zeroed once, in memory both ranks map), ``chunk`` the piece size (the same on
+    both sides, > 0), ``sender`` which side this rank is. Works for at most
+    ``budget_s`` seconds with the GIL released; False means not complete yet:
+    call again with the same arguments to resume. While it waits it yields the
+    core after every ``spin_s`` seconds of polling. Local to the calling thread; the
+    partner rank must make the matching call. The addresses must stay mapped.
+    """
+    if k == 0 or chunk == 0:
+        raise ValueError(f"transfer: k={k} and chunk={chunk} must be >= 1")
+    cdef int st
+    cdef int64_t b = <int64_t>(budget_s * 1e9)
+    cdef int64_t s = <int64_t>(spin_s * 1e9)
+    with nogil:
+        st = c_transfer(<uint64_t *>ctl, <char *>src, <char *>dst, nbytes, chunk, k, sender, b, s)
+    return st == 0
