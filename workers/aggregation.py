@@ -379,6 +379,7 @@ class Aggregator:
         self._free = np.arange(npool, dtype=np.int64)
         self._meta = np.array([npool, 0], dtype=np.int64)                         # n free, n ready
         self._ready = np.zeros((npool, 3), dtype=np.int64)                        # filled: (dest, buffer, rows)
+        self._bucket_entry: Dict[tuple, Callable] = {}                            # see _place
         if reply_dtype is not None:
             nout = cap * replies_per_item
             self._out_dests = np.zeros(nout, dtype=np.int64)
@@ -679,8 +680,17 @@ class Aggregator:
         rows, so peers' messages keep moving even while large buffers fill.
         """
         i = start
-        args = (dests, words, i, stop, self._rows, self._pos, self._lim, self._free, self._meta, self._ready)
-        bucket = _entry_point(_bucket, args) if stop - start > self.buffer_items else _bucket
+        bucket = _bucket
+        if stop - start > self.buffer_items:
+            # the compiled entry point for these argument types (numba.typeof of ten arrays costs
+            # ~10 us, so it is looked up once per kind of input: only dests and words can vary)
+            key = (dests.dtype, dests.ndim, dests.flags.c_contiguous, dests.flags.writeable,
+                   words.dtype, words.ndim, words.flags.c_contiguous, words.flags.writeable)
+            bucket = self._bucket_entry.get(key)
+            if bucket is None:
+                args = (dests, words, i, stop, self._rows, self._pos, self._lim, self._free, self._meta,
+                        self._ready)
+                bucket = self._bucket_entry[key] = _entry_point(_bucket, args)
         while True:
             hi = stop if stop - i <= _PROGRESS_ROWS else i + _PROGRESS_ROWS
             j = bucket(dests, words, i, hi, self._rows, self._pos, self._lim, self._free, self._meta,
