@@ -13,13 +13,12 @@ created once and reused every round trip), measured side by side in each run:
 * ``raw``: mpi4py ``Send(sbuf)`` / ``Recv(rbuf)``, separate send and receive
   buffers (the baseline of every ratio);
 * ``raw_inplace``: the same with one buffer for both (the channel's own model);
-* ``channel``: ArrayChannel ``put``/``take``, tracing on (the default). From
-  ``NBMPI_SHM_MIN_BYTES`` (32 KiB) the two ranks' buffers are in shared memory
-  and one copy, shared by both ranks, moves the data; below it, persistent MPI
-  requests;
+* ``channel``: ArrayChannel ``put``/``take``, tracing on (the default). The two
+  ranks' buffers are in shared memory: flags in that memory are the rendezvous
+  and one copy, shared by both ranks, moves the data;
 * ``channel_notrace``: the same with tracing off (the tracing cost);
 * ``channel_mpi``: the channel on MPI messages only (``NBMPI_SHM_MIN_BYTES=off``,
-  as between nodes);
+  persistent synchronous requests, as between nodes);
 * once per benchmark: ``pickle`` (mpi4py ``send``/``recv`` of the array, a new
   buffer per message), ``dask`` (a transfer between two Dask workers) and
   ``memcpy`` (``numpy.copyto`` in one process, the physical bound).

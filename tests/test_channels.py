@@ -577,8 +577,24 @@ check(ch.same_node_how == ("memfd" if shm_on else "off: NBMPI_SHM_MIN_BYTES=off"
       ch.same_node_how)
 leftover = [f for f in os.listdir("/dev/shm") if f.startswith(f"nbmpi-{os.getpid()}-")]
 check(leftover == [], "segments are unlinked once mapped", str(leftover))
-small = ArrayChannel(100, np.float64, name="small")
-check(small.same_node_peers == [], "small channels stay on MPI messages", str(small.same_node_peers))
+saved_min = os.environ.get("NBMPI_SHM_MIN_BYTES")
+os.environ["NBMPI_SHM_MIN_BYTES"] = "1000" if shm_on else "off"
+small = ArrayChannel(100, np.float64, name="small")   # 800 bytes: below the threshold
+check(small.same_node_peers == [], "channels below NBMPI_SHM_MIN_BYTES stay on MPI messages",
+      str(small.same_node_peers))
+check(small.same_node_how.startswith("off:"), "and say so", small.same_node_how)
+os.environ["NBMPI_SHM_MIN_BYTES"] = saved_min if saved_min is not None else ""
+tiny = ArrayChannel(3, np.float64, name="tiny")      # by default even 24 bytes go through shared memory
+check(tiny.same_node_peers == (others if shm_on else []), "small channels in shared memory by default",
+      str(tiny.same_node_peers))
+for it in range(3):
+    if rank == 0:
+        tiny.buffer[...] = [it, 1, 2]
+        tiny.put(1)
+    elif rank == 1:
+        tiny.take(0)
+        same(tiny.buffer, [it, 1, 2], f"tiny channel round {it}")
+tiny.close()
 keep = InPlace(ch)
 base = np.arange(70001, dtype=np.float32)
 mark = get_tracer().mark()
@@ -623,29 +639,43 @@ if size == 2:                              # a partner that arrives late: the tr
             same(ch.buffer, base * 2 + it, f"late sender round {it}")
         comm.Barrier()
 if shm_on:
-    # a timed-out shared-memory take cannot be undone: clear error, then the channel refuses work
+    # a same-node take that times out before the sender came is withdrawn: clear error, channel usable
     if rank == 0:
         expect_error("shm take timeout", ChannelTimeout, lambda: ch.take(1, timeout=0.3), "rank 0", "take(src=1)")
-        expect_error("unusable after an abandoned transfer", ChannelError, lambda: ch.put(1), "unusable",
-                     "create a new channel")
     comm.Barrier()
-    # Ctrl-C while blocked in a same-node take: it arrives within a slice, and the channel refuses work
+    if rank == 1:
+        ch.buffer[...] = base + 5
+        ch.put(0)
+    elif rank == 0:
+        ch.take(1)
+        same(ch.buffer, base + 5, "transfer after a withdrawn take")
+    comm.Barrier()
+    # Ctrl-C while blocked in a same-node take: it arrives within a slice, the take is withdrawn too
     import signal, threading
-    ch2 = ArrayChannel(70001, np.float32, name="big2")
     if rank == 0:
         threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
         t0 = time.monotonic()
         try:
-            ch2.take(1)
+            ch.take(1)
         except KeyboardInterrupt:
             waited = time.monotonic() - t0
             check(waited < 5.0, "Ctrl-C ends a same-node wait", f"after {waited:.2f} s")
         else:
             raise AssertionError("take returned without a partner")
-        expect_error("unusable after an interrupted transfer", ChannelError, lambda: ch2.take(1), "unusable",
-                     "interrupt")
     comm.Barrier()
-    ch2.close()
+    if rank == 1:
+        ch.buffer[...] = base + 6
+        ch.put(0)
+    elif rank == 0:
+        ch.take(1)
+        same(ch.buffer, base + 6, "transfer after an interrupted take")
+    comm.Barrier()
+    # a put cannot be withdrawn (the receiver may be copying from it): the channel refuses work after
+    if rank == 0:
+        expect_error("shm put timeout", ChannelTimeout, lambda: ch.put(1, timeout=0.3), "rank 0", "put(dest=1)")
+        expect_error("unusable after an abandoned put", ChannelError, lambda: ch.take(1), "unusable",
+                     "create a new channel")
+    comm.Barrier()
 ch.close(); small.close()
 print(f"[rank {rank}] same-node OK", flush=True)
 '''

@@ -11,9 +11,12 @@ Protocol of the k-th transfer (k = 1, 2, ...) on one directed pair, all in a
 :data:`CONTROL_BYTES` control block in shared memory whose four counters only
 grow (each on its own cache line; zero when the segment is created):
 
-* ``sready``: the sender stores k on entering its k-th put (its data is final);
-  ``rready``: the receiver stores k on entering its k-th take (its buffer may be
-  overwritten). Each side then waits for the other's flag: the rendezvous.
+* ``sready``: the sender stores k on entering its k-th put (its data is final).
+  ``rready``: the receiver stores 2k-1 on entering its k-th take (its buffer may
+  be overwritten); the sender waits for it and claims it with a compare-and-swap
+  to 2k. Until then the receiver may withdraw (:func:`withdraw_take`, back to
+  2k-2): that is how a take times out or is interrupted without breaking the
+  channel, like a cancelled MPI receive. The receiver waits for ``sready >= k``.
 * ``claim``: the buffer is cut into ``chunk``-byte pieces; whichever side is
   running claims the next piece with a compare-and-swap and copies it, so a
   side that is descheduled (another process on its core) does not hold the
@@ -79,23 +82,58 @@ cdef enum:
     W_DONE = 24
 
 
-cdef int wait_ge(uint64_t *p, uint64_t v, int64_t deadline, int64_t spin_ns) noexcept nogil:
-    """Wait until ``*p >= v``, polling for ``spin_ns`` between yields of the core. 1 = deadline passed."""
-    cdef unsigned int n = 0
-    cdef int64_t t, t_round = 0
-    while nbmpi_load(p) < v:
-        nbmpi_pause()
-        n += 1
-        if (n & 31) == 0:
-            t = nbmpi_now()
-            if t >= deadline:
-                return 1
-            if t_round == 0:
-                t_round = t
-            elif t - t_round >= spin_ns:
-                nbmpi_yield()
-                t_round = nbmpi_now()
+cdef struct Poll:
+    unsigned int n
+    int64_t t_round
+
+
+cdef inline int poll_step(Poll *p, int64_t deadline, int64_t spin_ns) noexcept nogil:
+    """One unsuccessful poll: pause; every 32 polls check the deadline (1 = passed) and yield the
+    core after each ``spin_ns`` of polling."""
+    cdef int64_t t
+    nbmpi_pause()
+    p.n += 1
+    if (p.n & 31) == 0:
+        t = nbmpi_now()
+        if t >= deadline:
+            return 1
+        if p.t_round == 0:
+            p.t_round = t
+        elif t - p.t_round >= spin_ns:
+            nbmpi_yield()
+            p.t_round = nbmpi_now()
     return 0
+
+
+cdef int wait_ge(uint64_t *w, uint64_t v, int64_t deadline, int64_t spin_ns) noexcept nogil:
+    """Wait until ``*w >= v``. 1 = deadline passed."""
+    cdef Poll p
+    p.n = 0
+    p.t_round = 0
+    while nbmpi_load(w) < v:
+        if poll_step(&p, deadline, spin_ns):
+            return 1
+    return 0
+
+
+cdef int match_receiver(uint64_t *rr, uint64_t k, int64_t deadline, int64_t spin_ns) noexcept nogil:
+    """Sender: wait for the receiver's k-th take (``rready == 2k-1``) and claim it (CAS to ``2k``), so
+    that the receiver can no longer withdraw it. ``rready >= 2k``: already matched (the receiver may
+    even have completed the transfer alone and moved on). 1 = deadline passed."""
+    cdef Poll p
+    cdef uint64_t r
+    p.n = 0
+    p.t_round = 0
+    while True:
+        r = nbmpi_load(rr)
+        if r >= 2 * k:
+            return 0
+        if r == 2 * k - 1:
+            if nbmpi_cas(rr, &r, 2 * k):
+                return 0
+            continue
+        if poll_step(&p, deadline, spin_ns):
+            return 1
 
 
 cdef int c_transfer(uint64_t *ctl, char *src, char *dst, size_t nbytes, size_t chunk, uint64_t k,
@@ -107,12 +145,16 @@ cdef int c_transfer(uint64_t *ctl, char *src, char *dst, size_t nbytes, size_t c
     cdef uint64_t first = end - npieces
     cdef uint64_t c
     cdef size_t off, n
-    cdef uint64_t *mine = ctl + (W_SREADY if sender else W_RREADY)
-    cdef uint64_t *theirs = ctl + (W_RREADY if sender else W_SREADY)
-    if nbmpi_load(mine) < k:
-        nbmpi_store(mine, k)
-    if wait_ge(theirs, k, deadline, spin_ns):
-        return 1
+    if sender:
+        if nbmpi_load(ctl + W_SREADY) < k:
+            nbmpi_store(ctl + W_SREADY, k)
+        if match_receiver(ctl + W_RREADY, k, deadline, spin_ns):
+            return 1
+    else:
+        if nbmpi_load(ctl + W_RREADY) < 2 * k - 1:
+            nbmpi_store(ctl + W_RREADY, 2 * k - 1)
+        if wait_ge(ctl + W_SREADY, k, deadline, spin_ns):
+            return 1
     c = nbmpi_load(ctl + W_CLAIM)
     while c < end:
         if nbmpi_cas(ctl + W_CLAIM, &c, c + 1):
@@ -147,3 +189,28 @@ def transfer(size_t ctl, size_t src, size_t dst, size_t nbytes, size_t chunk, ui
     with nogil:
         st = c_transfer(<uint64_t *>ctl, <char *>src, <char *>dst, nbytes, chunk, k, sender, b, s)
     return st == 0
+
+
+def withdraw_take(size_t ctl, uint64_t k) -> bool:
+    """Withdraw this rank's k-th take on control block ``ctl`` if the sender has not reached it; True if done.
+
+    True: the take never happened (nothing was copied; the sender, if it arrives,
+    waits for the next take, which must use k again). False: the rendezvous took
+    place (the sender claimed the take, or its data was ready and this side may
+    have started copying): the transfer must be completed with :func:`transfer`.
+    Local, never blocks.
+    """
+    cdef uint64_t *c = <uint64_t *>ctl
+    cdef uint64_t r = nbmpi_load(c + W_RREADY)
+    if r < 2 * k - 1:
+        return True                       # never announced
+    if r >= 2 * k or nbmpi_load(c + W_SREADY) >= k:
+        return False                      # matched, or the data was there to copy
+    return nbmpi_cas(c + W_RREADY, &r, 2 * k - 2) != 0
+
+
+def completed(size_t ctl, uint64_t k, size_t nbytes, size_t chunk) -> bool:
+    """True if the k-th transfer on control block ``ctl`` (``nbytes`` in ``chunk`` pieces) is complete
+    (every piece copied), or ``k == 0``. Local, never blocks."""
+    cdef uint64_t npieces = (nbytes + chunk - 1) // chunk if nbytes else 0
+    return nbmpi_load(<uint64_t *>ctl + W_DONE) >= k * npieces

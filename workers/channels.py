@@ -7,8 +7,8 @@ data a rank works on stays in cache between messages. Nothing is pickled:
 transfers are MPI buffer operations on persistent requests that are created
 once per (operation, peer) and restarted for each message.
 
-Same-node put/take: a channel of at least ``NBMPI_SHM_MIN_BYTES`` (default
-32 KiB; ``off`` disables) keeps its buffers in shared memory
+Same-node put/take: a channel of at least ``NBMPI_SHM_MIN_BYTES`` (default 1
+byte, i.e. every non-empty channel; ``off`` disables) keeps its buffers in shared memory
 (:mod:`nbmpi.workers.node_shared_memory`). Between two ranks on one node,
 ``put``/``take`` then move the data with ONE copy instead of MPI's two (sender
 -> shared bounce buffer -> receiver), done by both ranks together in pieces
@@ -43,11 +43,13 @@ participants in the same order. Blocking waits honour ``timeout=`` (default:
 the channel's ``timeout``, else ``NBMPI_TIMEOUT``, else forever) and raise
 :class:`~nbmpi.workers.errors.ChannelTimeout` naming the waiting rank, the
 peer and the operation. They are interruptible (Ctrl-C, Jupyter interrupt):
-a pending receive is cancelled and the channel stays usable. A send cannot be
-cancelled (MPICH), nor can a same-node transfer be undone halfway, so a
-timed-out or interrupted ``put`` (and a same-node ``take``) makes the channel
-unusable: further calls raise :class:`ChannelError` saying why; create a new
-channel. Same-node transfers check their timeout and Ctrl-C every 50 ms.
+a pending receive is cancelled (a same-node take that the sender has not
+reached is withdrawn) and the channel stays usable. A send cannot be cancelled
+(MPICH), nor can a same-node transfer be undone halfway, so a timed-out or
+interrupted ``put`` (and a same-node ``take`` caught in the middle of its copy)
+makes the channel unusable: further calls raise :class:`ChannelError` saying
+why; create a new channel. Same-node transfers check their timeout and Ctrl-C
+every 50 ms.
 """
 from __future__ import annotations
 
@@ -77,8 +79,9 @@ __all__ = ["ArrayChannel"]
 
 TAG_PUT, TAG_REDUCE, TAG_BCAST, TAG_SCATTER, TAG_GATHER = 11, 12, 13, 14, 15
 #: Channels of at least this many bytes move put/take data through shared memory
-#: between ranks of one node (env ``NBMPI_SHM_MIN_BYTES``; ``off`` disables).
-SHM_MIN_BYTES_DEFAULT = 32 << 10
+#: between ranks of one node (env ``NBMPI_SHM_MIN_BYTES``; ``off`` disables). Measured in
+#: benchmarks/pingpong.py: faster than MPI messages from 8 B up (flags instead of a handshake).
+SHM_MIN_BYTES_DEFAULT = 1
 #: ``"compiled"`` when same-node put/take can use shared memory, else why not.
 SAME_NODE_COPY = "compiled" if _node_copy is not None else "off: nbmpi.workers._node_copy is not compiled"
 _CONTROL_BYTES = _node_copy.CONTROL_BYTES if _node_copy is not None else 0
@@ -418,7 +421,7 @@ class ArrayChannel:
                 if not _transfer(p.ctl, p.src, p.dst, self.nbytes, self._chunk, k, True, _SLICE_S, _SPIN_S):
                     self._shm_finish(p, True, dest, timeout)
             except BaseException:
-                self._abandoned("put(dest=%d)" % dest, _HALF_DONE)()
+                self._shm_abort(p, True, "put(dest=%d)" % dest)
                 raise
         else:
             req.Start()
@@ -447,7 +450,7 @@ class ArrayChannel:
                 if not _transfer(p.ctl, p.src, p.dst, self.nbytes, self._chunk, k, False, _SLICE_S, _SPIN_S):
                     self._shm_finish(p, False, src, timeout)
             except BaseException:
-                self._abandoned("take(src=%d)" % src, _HALF_DONE)()
+                self._shm_abort(p, False, "take(src=%d)" % src)
                 raise
         else:
             req.Start()
@@ -484,11 +487,17 @@ class ArrayChannel:
 
     def _shm_finish(self, p: _Peer, sending: bool, other: int, timeout) -> None:
         """Go on with a same-node transfer that the first compiled call did not complete: in
-        slices of at most ``_SLICE_S``, checking the timeout (and letting Ctrl-C in) between them."""
+        slices of at most ``_SLICE_S``, checking the timeout (and letting Ctrl-C in) between them.
+
+        A take that times out before the sender reached it is withdrawn (the channel stays
+        usable, as after a cancelled MPI receive); one the sender has reached gets one more
+        timeout period to complete. A put cannot be withdrawn (nor can an MPI synchronous send).
+        """
         op = ("put(dest=%d)" if sending else "take(src=%d)") % other
         t = self._timeout(timeout)
         t0 = time.monotonic()
         deadline = None if t is None else t0 + t
+        extended = False
         waiting.current = (op, other, _now())
         try:
             while True:
@@ -496,12 +505,29 @@ class ArrayChannel:
                 if deadline is not None:
                     left = deadline - time.monotonic()
                     if left <= 0:
+                        if not sending and not extended:
+                            if _node_copy.withdraw_take(p.ctl, p.k):
+                                p.k -= 1
+                            else:  # the sender is on it: let it finish
+                                extended = True
+                                deadline += max(t, 1.0)
+                                continue
                         raise ChannelTimeout(self.rank, other, op, time.monotonic() - t0)
                     budget = min(budget, left)
                 if _transfer(p.ctl, p.src, p.dst, self.nbytes, self._chunk, p.k, sending, budget, _SPIN_S):
                     return
         finally:
             waiting.current = None
+
+    def _shm_abort(self, p: _Peer, sending: bool, op: str) -> None:
+        """After an exception in a same-node put/take (timeout, Ctrl-C): nothing to do if the transfer
+        completed or never took place (a take is withdrawn if it can be); else the channel is unusable."""
+        if _node_copy.completed(p.ctl, p.k, self.nbytes, self._chunk):
+            return
+        if not sending and _node_copy.withdraw_take(p.ctl, p.k):
+            p.k -= 1
+            return
+        self._abandoned(op, _HALF_DONE)()
 
     def _block(self, req, timeout, other: int, op: str, cancellable: bool = True) -> None:
         waiting.wait(req, self._timeout(timeout), self.rank, other, op, ChannelTimeout, self._abandoned(op),
