@@ -27,9 +27,12 @@ grow (each on its own cache line; zero when the segment is created):
   the sender's buffer is free again.
 
 Waiting polls with the CPU's pause hint and yields the core (``sched_yield``)
-after every ``spin_s`` seconds of polling, as MPICH's own progress loop does
-(``MPIR_CVAR_POLLS_BEFORE_YIELD``): when both ranks share one core (a loaded
-machine), the partner gets it within ``spin_s`` instead of a scheduler slice.
+between polling rounds, as MPICH's own progress loop does
+(``MPIR_CVAR_POLLS_BEFORE_YIELD``). The round adapts, like an adaptive mutex:
+about twice the recent waits that polling alone ended (so a partner on another
+core is caught without giving the core away), shorter while waits keep ending
+only after a yield (both ranks share one core on a loaded machine: the partner
+needs this core), at most ``spin_s``.
 A call works for at most ``budget_s`` seconds with the GIL released and returns
 False if the transfer is not complete by then; calling again with the same
 arguments resumes it (every step is idempotent), which is how the caller
@@ -82,14 +85,26 @@ cdef enum:
     W_DONE = 24
 
 
+cdef struct Spin:
+    int64_t avg_ns      # moving average of the waits that ended while polling (no yield)
+    int64_t max_ns      # never poll longer than this between yields
+
+
 cdef struct Poll:
     unsigned int n
-    int64_t t_round
+    int64_t t_begin     # clock at the first check of this wait (0: not checked yet)
+    int64_t t_round     # start of the current polling round
+    int yielded
 
 
-cdef inline int poll_step(Poll *p, int64_t deadline, int64_t spin_ns) noexcept nogil:
+cdef inline int64_t spin_budget(Spin *sp) noexcept nogil:
+    cdef int64_t b = 2 * sp.avg_ns + 2000
+    return b if b < sp.max_ns else sp.max_ns
+
+
+cdef inline int poll_step(Poll *p, Spin *sp, int64_t deadline) noexcept nogil:
     """One unsuccessful poll: pause; every 32 polls check the deadline (1 = passed) and yield the
-    core after each ``spin_ns`` of polling."""
+    core after each polling round (adaptive length, see Pair)."""
     cdef int64_t t
     nbmpi_pause()
     p.n += 1
@@ -97,47 +112,64 @@ cdef inline int poll_step(Poll *p, int64_t deadline, int64_t spin_ns) noexcept n
         t = nbmpi_now()
         if t >= deadline:
             return 1
-        if p.t_round == 0:
-            p.t_round = t
-        elif t - p.t_round >= spin_ns:
+        if p.t_begin == 0:
+            p.t_begin = p.t_round = t
+        elif t - p.t_round >= spin_budget(sp):
             nbmpi_yield()
+            p.yielded = 1
             p.t_round = nbmpi_now()
     return 0
 
 
-cdef int wait_ge(uint64_t *w, uint64_t v, int64_t deadline, int64_t spin_ns) noexcept nogil:
+cdef inline void poll_done(Poll *p, Spin *sp) noexcept nogil:
+    """Learn from a wait that ended: if polling alone ended it, move the average towards its
+    length; if it took a yield (the partner needed this core, or was not running), shrink it."""
+    if p.t_begin == 0:
+        return
+    if p.yielded:
+        sp.avg_ns -= sp.avg_ns // 4
+    else:
+        sp.avg_ns += (nbmpi_now() - p.t_begin - sp.avg_ns) // 8
+
+
+cdef int wait_ge(uint64_t *w, uint64_t v, int64_t deadline, Spin *sp) noexcept nogil:
     """Wait until ``*w >= v``. 1 = deadline passed."""
     cdef Poll p
     p.n = 0
-    p.t_round = 0
+    p.t_begin = p.t_round = 0
+    p.yielded = 0
     while nbmpi_load(w) < v:
-        if poll_step(&p, deadline, spin_ns):
+        if poll_step(&p, sp, deadline):
             return 1
+    poll_done(&p, sp)
     return 0
 
 
-cdef int match_receiver(uint64_t *rr, uint64_t k, int64_t deadline, int64_t spin_ns) noexcept nogil:
+cdef int match_receiver(uint64_t *rr, uint64_t k, int64_t deadline, Spin *sp) noexcept nogil:
     """Sender: wait for the receiver's k-th take (``rready == 2k-1``) and claim it (CAS to ``2k``), so
     that the receiver can no longer withdraw it. ``rready >= 2k``: already matched (the receiver may
     even have completed the transfer alone and moved on). 1 = deadline passed."""
     cdef Poll p
     cdef uint64_t r
     p.n = 0
-    p.t_round = 0
+    p.t_begin = p.t_round = 0
+    p.yielded = 0
     while True:
         r = nbmpi_load(rr)
         if r >= 2 * k:
-            return 0
+            break
         if r == 2 * k - 1:
             if nbmpi_cas(rr, &r, 2 * k):
-                return 0
+                break
             continue
-        if poll_step(&p, deadline, spin_ns):
+        if poll_step(&p, sp, deadline):
             return 1
+    poll_done(&p, sp)
+    return 0
 
 
 cdef int c_transfer(uint64_t *ctl, char *src, char *dst, size_t nbytes, size_t chunk, uint64_t k,
-                    int sender, int64_t budget_ns, int64_t spin_ns) noexcept nogil:
+                    int sender, int64_t budget_ns, Spin *sp) noexcept nogil:
     cdef int64_t t0 = nbmpi_now()
     cdef int64_t deadline = t0 + budget_ns
     cdef uint64_t npieces = (nbytes + chunk - 1) // chunk if nbytes else 0
@@ -148,12 +180,12 @@ cdef int c_transfer(uint64_t *ctl, char *src, char *dst, size_t nbytes, size_t c
     if sender:
         if nbmpi_load(ctl + W_SREADY) < k:
             nbmpi_store(ctl + W_SREADY, k)
-        if match_receiver(ctl + W_RREADY, k, deadline, spin_ns):
+        if match_receiver(ctl + W_RREADY, k, deadline, sp):
             return 1
     else:
         if nbmpi_load(ctl + W_RREADY) < 2 * k - 1:
             nbmpi_store(ctl + W_RREADY, 2 * k - 1)
-        if wait_ge(ctl + W_SREADY, k, deadline, spin_ns):
+        if wait_ge(ctl + W_SREADY, k, deadline, sp):
             return 1
     c = nbmpi_load(ctl + W_CLAIM)
     while c < end:
@@ -166,51 +198,111 @@ cdef int c_transfer(uint64_t *ctl, char *src, char *dst, size_t nbytes, size_t c
             if nbmpi_now() >= deadline:
                 return 1
         # on a failed CAS, c now holds the current value: try the next piece
-    return wait_ge(ctl + W_DONE, end, deadline, spin_ns)
+    return wait_ge(ctl + W_DONE, end, deadline, sp)
 
 
-def transfer(size_t ctl, size_t src, size_t dst, size_t nbytes, size_t chunk, uint64_t k, bint sender,
-             double budget_s, double spin_s) -> bool:
-    """Work on the k-th transfer (``k >= 1``) of ``nbytes`` from address ``src`` to ``dst``; True when complete.
+cdef class Pair:
+    """One direction of same-node put/take between this rank and one peer (this rank's side of it).
 
     ``ctl`` is the address of the pair's control block (:data:`CONTROL_BYTES`,
-    zeroed once, in memory both ranks map), ``chunk`` the piece size (the same on
-    both sides, > 0), ``sender`` which side this rank is. Works for at most
-    ``budget_s`` seconds with the GIL released; False means not complete yet:
-    call again with the same arguments to resume. While it waits it yields the
-    core after every ``spin_s`` seconds of polling. Local to the calling thread; the
-    partner rank must make the matching call. The addresses must stay mapped.
+    zeroed once, in memory both ranks map), ``src``/``dst`` the addresses of the
+    sender's and the receiver's buffers of ``nbytes`` each (both mapped here),
+    ``chunk`` the piece size (the same on both sides, > 0), ``sender`` which side
+    this rank is. ``keep`` holds the objects that keep those mappings alive.
+    The partner rank makes the matching calls on its own Pair. Not thread-safe:
+    one thread (the one that calls MPI) uses it.
+
+    ``k`` is the number of the current (or last) transfer, ``t_start`` /
+    ``t_end`` its times in ns on ``time.perf_counter_ns``'s clock (CLOCK_MONOTONIC).
     """
-    if k == 0 or chunk == 0:
-        raise ValueError(f"transfer: k={k} and chunk={chunk} must be >= 1")
-    cdef int st
-    cdef int64_t b = <int64_t>(budget_s * 1e9)
-    cdef int64_t s = <int64_t>(spin_s * 1e9)
-    with nogil:
-        st = c_transfer(<uint64_t *>ctl, <char *>src, <char *>dst, nbytes, chunk, k, sender, b, s)
-    return st == 0
 
+    cdef uint64_t *ctl
+    cdef char *src
+    cdef char *dst
+    cdef readonly size_t nbytes
+    cdef readonly size_t chunk
+    cdef readonly bint sender
+    cdef public uint64_t k
+    cdef readonly int64_t t_start
+    cdef readonly int64_t t_end
+    cdef readonly object keep
+    cdef Spin spin
 
-def withdraw_take(size_t ctl, uint64_t k) -> bool:
-    """Withdraw this rank's k-th take on control block ``ctl`` if the sender has not reached it; True if done.
+    def __init__(self, size_t ctl, size_t src, size_t dst, size_t nbytes, size_t chunk, bint sender,
+                 object keep=None):
+        if chunk == 0 or ctl == 0 or src == 0 or dst == 0:
+            raise ValueError("Pair: addresses and chunk must be non-zero")
+        self.ctl = <uint64_t *>ctl
+        self.src = <char *>src
+        self.dst = <char *>dst
+        self.nbytes = nbytes
+        self.chunk = chunk
+        self.sender = sender
+        self.k = 0
+        self.t_start = self.t_end = 0
+        self.keep = keep
+        self.spin.avg_ns = 5000
+        self.spin.max_ns = 100000
 
-    True: the take never happened (nothing was copied; the sender, if it arrives,
-    waits for the next take, which must use k again). False: the rendezvous took
-    place (the sender claimed the take, or its data was ready and this side may
-    have started copying): the transfer must be completed with :func:`transfer`.
-    Local, never blocks.
-    """
-    cdef uint64_t *c = <uint64_t *>ctl
-    cdef uint64_t r = nbmpi_load(c + W_RREADY)
-    if r < 2 * k - 1:
-        return True                       # never announced
-    if r >= 2 * k or nbmpi_load(c + W_SREADY) >= k:
-        return False                      # matched, or the data was there to copy
-    return nbmpi_cas(c + W_RREADY, &r, 2 * k - 2) != 0
+    @property
+    def spin_ns(self) -> int:
+        """How long a wait polls now before it yields the core (adapts; see the module docstring)."""
+        return spin_budget(&self.spin)
 
+    def start(self, double budget_s, double spin_s) -> bool:
+        """Begin the next transfer (``k += 1``) and work on it for at most ``budget_s`` seconds with the
+        GIL released; True when it is complete, False if not yet (then call :meth:`resume`). While it
+        waits it polls for at most ``spin_s`` seconds between yields of the core (less when waits
+        keep needing a yield, see the module docstring)."""
+        cdef int st
+        cdef int64_t b = <int64_t>(budget_s * 1e9)
+        self.spin.max_ns = <int64_t>(spin_s * 1e9)
+        self.k += 1
+        self.t_start = nbmpi_now()
+        with nogil:
+            st = c_transfer(self.ctl, self.src, self.dst, self.nbytes, self.chunk, self.k, self.sender, b,
+                            &self.spin)
+        if st == 0:
+            self.t_end = nbmpi_now()
+        return st == 0
 
-def completed(size_t ctl, uint64_t k, size_t nbytes, size_t chunk) -> bool:
-    """True if the k-th transfer on control block ``ctl`` (``nbytes`` in ``chunk`` pieces) is complete
-    (every piece copied), or ``k == 0``. Local, never blocks."""
-    cdef uint64_t npieces = (nbytes + chunk - 1) // chunk if nbytes else 0
-    return nbmpi_load(<uint64_t *>ctl + W_DONE) >= k * npieces
+    def resume(self, double budget_s, double spin_s) -> bool:
+        """Go on with transfer ``k`` (same contract as :meth:`start`). Every step is idempotent."""
+        cdef int st
+        cdef int64_t b = <int64_t>(budget_s * 1e9)
+        self.spin.max_ns = <int64_t>(spin_s * 1e9)
+        with nogil:
+            st = c_transfer(self.ctl, self.src, self.dst, self.nbytes, self.chunk, self.k, self.sender, b,
+                            &self.spin)
+        if st == 0:
+            self.t_end = nbmpi_now()
+        return st == 0
+
+    def withdraw(self) -> bool:
+        """Receiver: take back transfer ``k`` if the sender has not reached it; True if done (then ``k`` is
+        back to the last completed transfer).
+
+        True: the take never happened (nothing was copied; the sender, if it
+        arrives, waits for the next take). False: the rendezvous took place (the
+        sender claimed the take, or its data was ready and this side may have
+        started copying), or this is the sender's side: the transfer must be
+        completed. Local, never blocks.
+        """
+        cdef uint64_t r, k = self.k
+        if self.sender or k == 0:
+            return False
+        r = nbmpi_load(self.ctl + W_RREADY)
+        if r < 2 * k - 1:
+            self.k -= 1                       # never announced
+            return True
+        if r >= 2 * k or nbmpi_load(self.ctl + W_SREADY) >= k:
+            return False                      # matched, or the data was there to copy
+        if nbmpi_cas(self.ctl + W_RREADY, &r, 2 * k - 2):
+            self.k -= 1
+            return True
+        return False
+
+    def completed(self) -> bool:
+        """True if transfer ``k`` is complete (every piece copied), or ``k == 0``. Local, never blocks."""
+        cdef uint64_t npieces = (self.nbytes + self.chunk - 1) // self.chunk if self.nbytes else 0
+        return nbmpi_load(self.ctl + W_DONE) >= self.k * npieces

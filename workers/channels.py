@@ -85,11 +85,10 @@ SHM_MIN_BYTES_DEFAULT = 1
 #: ``"compiled"`` when same-node put/take can use shared memory, else why not.
 SAME_NODE_COPY = "compiled" if _node_copy is not None else "off: nbmpi.workers._node_copy is not compiled"
 _CONTROL_BYTES = _node_copy.CONTROL_BYTES if _node_copy is not None else 0
-_transfer = _node_copy.transfer if _node_copy is not None else None
 #: A same-node transfer works this long per compiled call before Python checks timeout and Ctrl-C.
 _SLICE_S = 0.05
-#: ... and, while it waits for the partner, yields the core after every this long of polling.
-_SPIN_S = 5e-6
+#: ... and, while it waits for the partner, polls at most this long between yields of the core.
+_SPIN_S = 100e-6
 K_PUT = _tracing.register_kind("put")
 K_TAKE = _tracing.register_kind("take")
 K_REDUCE = _tracing.register_kind("reduce")
@@ -153,16 +152,14 @@ def _shm_chunk(nbytes: int) -> int:
 
 
 class _Peer:
-    """put/take state of one peer: a persistent MPI request, or the same-node transfer's addresses."""
+    """put/take state of one peer: a persistent MPI request, or the same-node transfer (a compiled Pair)."""
 
-    __slots__ = ("req", "wpeer", "ctl", "src", "dst", "k", "keep")
+    __slots__ = ("req", "pair", "wpeer")
 
-    def __init__(self, req, wpeer: int, ctl: int = 0, src: int = 0, dst: int = 0, keep: tuple = ()):
-        self.req = req          # None: same-node transfer
+    def __init__(self, req, pair, wpeer: int):
+        self.req = req          # MPI persistent request, or None
+        self.pair = pair        # _node_copy.Pair, or None
         self.wpeer = wpeer      # the peer's rank in the tracer's communicator
-        self.ctl, self.src, self.dst = ctl, src, dst
-        self.k = 0              # transfers done on this directed pair
-        self.keep = keep        # the mapped arrays behind the addresses
 
 
 class ArrayChannel:
@@ -396,10 +393,11 @@ class ArrayChannel:
     # -- point to point -----------------------------------------------------------------------
     # put/take are the latency-critical path: the state for a peer is found with one dict
     # lookup (validation and creation happen on the first miss); the trace record is one
-    # Tracer.record call after the operation. Same-node transfers are one compiled call that
-    # usually completes the whole transfer; only a transfer still incomplete after _SLICE_S
-    # continues in _shm_finish (timeout, Ctrl-C). Any exception in between (a Ctrl-C arriving
-    # between the calls included) leaves a transfer half done, so it breaks the channel.
+    # Tracer.record call after the operation. A same-node transfer is one compiled call
+    # (Pair.start, which also takes the times) that usually completes it; only a transfer still
+    # incomplete after _SLICE_S continues in _shm_finish (timeout, Ctrl-C). After an exception
+    # (a Ctrl-C arriving between the calls included) _shm_abort decides whether anything is half
+    # done: only then the channel is broken.
     def put(self, dest: int, timeout: Optional[float] = _UNSET) -> None:
         """Send this rank's whole buffer to ``dest``'s buffer. Blocking, rendezvous.
 
@@ -411,22 +409,25 @@ class ArrayChannel:
         except KeyError:
             p = self._p2p_entry(dest, True)
         tr = _get_tracer()
+        pair = p.pair
+        if pair is not None:
+            try:
+                if not pair.start(_SLICE_S, _SPIN_S):
+                    self._shm_finish(pair, dest, timeout)
+            except BaseException:
+                self._shm_abort(pair, "put(dest=%d)" % dest)
+                raise
+            if tr.enabled:
+                tr.record(K_PUT, _SEND, p.wpeer, TAG_PUT, self.nbytes, pair.t_start, pair.t_end, -1, -1,
+                          self.chan_id)
+            return
         traced = tr.enabled
         if traced:
             t0 = _now()
         req = p.req
-        if req is None:
-            try:
-                k = p.k = p.k + 1
-                if not _transfer(p.ctl, p.src, p.dst, self.nbytes, self._chunk, k, True, _SLICE_S, _SPIN_S):
-                    self._shm_finish(p, True, dest, timeout)
-            except BaseException:
-                self._shm_abort(p, True, "put(dest=%d)" % dest)
-                raise
-        else:
-            req.Start()
-            if not req.Test():
-                self._block(req, timeout, dest, "put(dest=%d)" % dest, False)
+        req.Start()
+        if not req.Test():
+            self._block(req, timeout, dest, "put(dest=%d)" % dest, False)
         if traced:
             tr.record(K_PUT, _SEND, p.wpeer, TAG_PUT, self.nbytes, t0, _now(), -1, -1, self.chan_id)
 
@@ -440,29 +441,32 @@ class ArrayChannel:
         except KeyError:
             p = self._p2p_entry(src, False)
         tr = _get_tracer()
+        pair = p.pair
+        if pair is not None:
+            try:
+                if not pair.start(_SLICE_S, _SPIN_S):
+                    self._shm_finish(pair, src, timeout)
+            except BaseException:
+                self._shm_abort(pair, "take(src=%d)" % src)
+                raise
+            if tr.enabled:
+                tr.record(K_TAKE, _RECV, p.wpeer, TAG_PUT, self.nbytes, pair.t_start, pair.t_end, -1, -1,
+                          self.chan_id)
+            return self._buffer
         traced = tr.enabled
         if traced:
             t0 = _now()
         req = p.req
-        if req is None:
-            try:
-                k = p.k = p.k + 1
-                if not _transfer(p.ctl, p.src, p.dst, self.nbytes, self._chunk, k, False, _SLICE_S, _SPIN_S):
-                    self._shm_finish(p, False, src, timeout)
-            except BaseException:
-                self._shm_abort(p, False, "take(src=%d)" % src)
-                raise
-        else:
-            req.Start()
-            if not req.Test():
-                self._block(req, timeout, src, "take(src=%d)" % src)
+        req.Start()
+        if not req.Test():
+            self._block(req, timeout, src, "take(src=%d)" % src)
         if traced:
             tr.record(K_TAKE, _RECV, p.wpeer, TAG_PUT, self.nbytes, t0, _now(), -1, -1, self.chan_id)
         return self._buffer
 
     def _p2p_entry(self, other: int, sending: bool) -> _Peer:
         """Slow path of put/take: validate, then create the peer's state once (a persistent MPI
-        request, or the same-node transfer's addresses)."""
+        request, or the same-node transfer)."""
         op = f"put(dest={other})" if sending else f"take(src={other})"
         self._usable(op)
         peer = self._peer(other, op)
@@ -477,22 +481,25 @@ class ArrayChannel:
             else:
                 hdr, slot, src, dst = seg.header, peer, theirs, mine
             ctl = hdr[slot * _CONTROL_BYTES:(slot + 1) * _CONTROL_BYTES]
-            entry = _Peer(None, wpeer, ctl.ctypes.data, src.ctypes.data, dst.ctypes.data, keep=(ctl, src, dst))
+            pair = _node_copy.Pair(ctl.ctypes.data, src.ctypes.data, dst.ctypes.data, self.nbytes, self._chunk,
+                                   sending, keep=(ctl, src, dst))
+            entry = _Peer(None, pair, wpeer)
         elif sending:
-            entry = _Peer(self.comm.Ssend_init([self._bytes, self._byte_type], peer, TAG_PUT), wpeer)
+            entry = _Peer(self.comm.Ssend_init([self._bytes, self._byte_type], peer, TAG_PUT), None, wpeer)
         else:
-            entry = _Peer(self.comm.Recv_init([self._bytes, self._byte_type], peer, TAG_PUT), wpeer)
+            entry = _Peer(self.comm.Recv_init([self._bytes, self._byte_type], peer, TAG_PUT), None, wpeer)
         (self._put_peers if sending else self._take_peers)[other] = entry
         return entry
 
-    def _shm_finish(self, p: _Peer, sending: bool, other: int, timeout) -> None:
-        """Go on with a same-node transfer that the first compiled call did not complete: in
+    def _shm_finish(self, pair, other: int, timeout) -> None:
+        """Go on with a same-node transfer that its first compiled call did not complete: in
         slices of at most ``_SLICE_S``, checking the timeout (and letting Ctrl-C in) between them.
 
         A take that times out before the sender reached it is withdrawn (the channel stays
         usable, as after a cancelled MPI receive); one the sender has reached gets one more
         timeout period to complete. A put cannot be withdrawn (nor can an MPI synchronous send).
         """
+        sending = pair.sender
         op = ("put(dest=%d)" if sending else "take(src=%d)") % other
         t = self._timeout(timeout)
         t0 = time.monotonic()
@@ -505,27 +512,21 @@ class ArrayChannel:
                 if deadline is not None:
                     left = deadline - time.monotonic()
                     if left <= 0:
-                        if not sending and not extended:
-                            if _node_copy.withdraw_take(p.ctl, p.k):
-                                p.k -= 1
-                            else:  # the sender is on it: let it finish
-                                extended = True
-                                deadline += max(t, 1.0)
-                                continue
+                        if not sending and not extended and not pair.withdraw():
+                            extended = True          # the sender is on it: let it finish
+                            deadline += max(t, 1.0)
+                            continue
                         raise ChannelTimeout(self.rank, other, op, time.monotonic() - t0)
                     budget = min(budget, left)
-                if _transfer(p.ctl, p.src, p.dst, self.nbytes, self._chunk, p.k, sending, budget, _SPIN_S):
+                if pair.resume(budget, _SPIN_S):
                     return
         finally:
             waiting.current = None
 
-    def _shm_abort(self, p: _Peer, sending: bool, op: str) -> None:
+    def _shm_abort(self, pair, op: str) -> None:
         """After an exception in a same-node put/take (timeout, Ctrl-C): nothing to do if the transfer
         completed or never took place (a take is withdrawn if it can be); else the channel is unusable."""
-        if _node_copy.completed(p.ctl, p.k, self.nbytes, self._chunk):
-            return
-        if not sending and _node_copy.withdraw_take(p.ctl, p.k):
-            p.k -= 1
+        if pair.completed() or pair.withdraw():
             return
         self._abandoned(op, _HALF_DONE)()
 
