@@ -151,6 +151,11 @@ def _shm_chunk(nbytes: int) -> int:
     return min(max(nbytes // 8, 32 << 10), 1 << 20) & ~4095
 
 
+def _address(a: np.ndarray) -> int:
+    """The address of an array's first byte (``a.ctypes.data`` without importing ctypes' machinery)."""
+    return a.__array_interface__["data"][0]
+
+
 class _Peer:
     """put/take state of one peer: a persistent MPI request, or the same-node transfer (a compiled Pair)."""
 
@@ -481,7 +486,7 @@ class ArrayChannel:
             else:
                 hdr, slot, src, dst = seg.header, peer, theirs, mine
             ctl = hdr[slot * _CONTROL_BYTES:(slot + 1) * _CONTROL_BYTES]
-            pair = _node_copy.Pair(ctl.ctypes.data, src.ctypes.data, dst.ctypes.data, self.nbytes, self._chunk,
+            pair = _node_copy.Pair(_address(ctl), _address(src), _address(dst), self.nbytes, self._chunk,
                                    sending, keep=(ctl, src, dst))
             entry = _Peer(None, pair, wpeer)
         elif sending:
