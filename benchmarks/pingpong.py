@@ -23,6 +23,12 @@ created once and reused every round trip), measured side by side in each run:
   buffer per message), ``dask`` (a transfer between two Dask workers) and
   ``memcpy`` (``numpy.copyto`` in one process, the physical bound).
 
+Contended: ``--contended-runs`` more runs (default 3) with one busy process per
+core beside the two ranks (what an independent harness found the old channel
+sensitive to: with the ranks descheduled now and then, a protocol that needs
+both ranks on a CPU at the same moments stalls for whole time slices). Sizes
+from 64 KiB; reported apart, and held to the same target.
+
 Cold: in each run and size, the buffers and the channel are created, then ONE
 round trip is timed (first touch, first use), before any warm-up; creation
 times are reported apart. Warm: ``rounds`` interleaved rounds (a new random
@@ -38,6 +44,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -258,6 +265,20 @@ def fmt_spread(d: Dict[str, float], digits: int = 2) -> str:
     return f"{d['min']:.{digits}f} / {d['median']:.{digits}f} / {d['max']:.{digits}f}"
 
 
+def contended_part(sizes: List[int], runs: List[dict]) -> dict:
+    """Per size: the channel/raw ratios of the contended runs (sizes they measured)."""
+    out = {}
+    for s in sizes:
+        k = str(s)
+        if not runs or k not in runs[0]["warm"]["raw"]:
+            continue
+        per_run = [float(np.median(r["warm"]["raw"][k])) / float(np.median(r["warm"]["channel"][k])) for r in runs]
+        out[s] = dict(ratio=spread(per_run), per_run=per_run,
+                      raw_one_way_s=spread(float(np.median(r["warm"]["raw"][k])) for r in runs),
+                      channel_one_way_s=spread(float(np.median(r["warm"]["channel"][k])) for r in runs))
+    return out
+
+
 def analyse(sizes: List[int], runs: List[dict], extras: dict) -> dict:
     """Per size: per-run medians of every warm method, run-level ratios, cold figures (all from the data)."""
     out = dict(warm={}, cold={}, extras={})
@@ -288,10 +309,11 @@ def analyse(sizes: List[int], runs: List[dict], extras: dict) -> dict:
     return out
 
 
-def report(sizes, runs, extras, quick: bool, nruns: int, rounds: int, out_dir=None) -> dict:
+def report(sizes, runs, extras, quick: bool, nruns: int, rounds: int, out_dir=None, busy_runs=()) -> dict:
     from reporting import md_table, target, targets_table, write_results
 
     a = analyse(sizes, runs, extras)
+    busy = contended_part(sizes, list(busy_runs))
     warm_rows, cold_rows, other_rows = [], [], []
     for s in sizes:
         w, c, x = a["warm"][s], a["cold"][s], a["extras"][s]
@@ -317,6 +339,10 @@ def report(sizes, runs, extras, quick: bool, nruns: int, rounds: int, out_dir=No
                                  w["ratio_to_raw"]["channel"]["min"], 1.0))
             checks.append(target(f"channel/raw (one buffer) throughput at {human(s)}, worst of {nruns} runs",
                                  w["channel_ratio_to_raw_inplace"]["min"], 1.0))
+    for s, b in busy.items():
+        if TARGET_FROM <= s <= TARGET_TO:
+            checks.append(target(f"channel/raw throughput at {human(s)}, contended, worst of {len(busy_runs)} runs",
+                                 b["ratio"]["min"], 1.0))
     small = sizes[0]
     checks.append(target(f"channel/raw {human(small)} latency (median of runs)",
                          1.0 / a["warm"][small]["ratio_to_raw"]["channel"]["median"], 1.5, higher_is_better=False))
@@ -337,6 +363,11 @@ def report(sizes, runs, extras, quick: bool, nruns: int, rounds: int, out_dir=No
           "## Warm (buffers reused)\n\n"
           + md_table(["size", "raw one-way us (median)", "channel one-way us (median)", "channel/raw",
                       "channel/raw one buffer", "channel over MPI/raw", "tracing cost"], warm_rows)
+          + (("\n\n## Contended (one busy process per core beside the ranks)\n\n"
+              + md_table(["size", "raw one-way us (median)", "channel one-way us (median)", "channel/raw"],
+                         [[human(s), f"{b['raw_one_way_s']['median'] * 1e6:.2f}",
+                           f"{b['channel_one_way_s']['median'] * 1e6:.2f}", fmt_spread(b["ratio"])]
+                          for s, b in busy.items()])) if busy else "")
           + "\n\n## Cold (created, then the first round trip)\n\n"
           + md_table(["size", "raw first round trip us", "channel first round trip us", "channel/raw first trip",
                       "raw buffers created us", "channel created us", "channel path"], cold_rows)
@@ -345,6 +376,8 @@ def report(sizes, runs, extras, quick: bool, nruns: int, rounds: int, out_dir=No
           + "\n\n## Targets\n\n" + targets_table(checks))
     data = dict(benchmark="pingpong", quick=quick, sizes=sizes, runs=nruns, rounds=rounds,
                 methods=list(WARM_METHODS) + ["pickle", "dask", "memcpy"], analysis=a, raw_runs=runs,
+                contended=dict(runs=len(busy_runs), busy_processes=os.cpu_count(),
+                               analysis={str(k): v for k, v in busy.items()}, raw_runs=list(busy_runs)),
                 extras={m: {str(k): v for k, v in d.items()} for m, d in extras.items()}, targets=checks)
     path = write_results("pingpong" if not quick else "pingpong_quick", data, md, out_dir)
     print(md)
@@ -360,6 +393,8 @@ def main(argv=None) -> int:
     p.add_argument("--out-dir", default=None, help="where to write the JSON/markdown (default benchmarks/results)")
     p.add_argument("--no-dask", action="store_true", help="skip the Dask column")
     p.add_argument("--sizes", default=None, help="comma-separated message sizes in bytes")
+    p.add_argument("--contended-runs", type=int, default=None,
+                   help="extra runs with one busy process per core (default 3, quick 0)")
     p.add_argument("--mpi-part", metavar="JSON", help=argparse.SUPPRESS)
     p.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--extras", action="store_true", help=argparse.SUPPRESS)
@@ -372,19 +407,33 @@ def main(argv=None) -> int:
         return 0
     from nbmpi.workers.launcher import run
 
-    runs = []
+    runs, busy_runs = [], []
+    nbusy = a.contended_runs if a.contended_runs is not None else (0 if a.quick else 3)
+    busy_sizes = [s for s in sizes if s >= TARGET_FROM]
     t_start = time.time()
     with tempfile.TemporaryDirectory() as tmp:
-        for i in range(nruns):
+        plan = [(i, False, sizes) for i in range(nruns)] + [(nruns + i, True, busy_sizes) for i in range(nbusy)]
+        for i, contended, run_sizes in plan:
+            if not run_sizes:
+                continue
             out = os.path.join(tmp, f"run{i}.json")
-            print(f"run {i + 1}/{nruns}: ping-pong on 2 ranks, {human(sizes[0])}..{human(sizes[-1])}", flush=True)
+            what = "contended run" if contended else "run"
+            print(f"{what} {i + 1}/{len(plan)}: ping-pong on 2 ranks, {human(run_sizes[0])}..{human(run_sizes[-1])}",
+                  flush=True)
             argv_i = [__file__, "--mpi-part", out, "--rounds", str(rounds), "--seed", str(i),
-                      "--sizes", ",".join(map(str, sizes))] + (["--extras"] if i == 0 else [])
-            rc = run(2, argv_i)
+                      "--sizes", ",".join(map(str, run_sizes))] + (["--extras"] if i == 0 else [])
+            hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 1)] \
+                if contended else []
+            try:
+                rc = run(2, argv_i)
+            finally:
+                for h in hogs:
+                    h.kill()
+                    h.wait()
             if rc != 0 or not os.path.exists(out):
-                print(f"MPI part of run {i + 1} failed (exit {rc})", file=sys.stderr)
+                print(f"MPI part of {what} {i + 1} failed (exit {rc})", file=sys.stderr)
                 return rc or 1
-            runs.append(json.loads(Path(out).read_text()))
+            (busy_runs if contended else runs).append(json.loads(Path(out).read_text()))
     extras = {"pickle": {s: float(np.median(v)) for s, v in ((int(k), v) for k, v in runs[0]["pickle"].items())}}
     print("memcpy bound ...", flush=True)
     extras["memcpy"] = memcpy_part(sizes, rounds)
@@ -393,7 +442,7 @@ def main(argv=None) -> int:
         extras["dask"] = dask_part(sizes, 2 if a.quick else 3)
     else:
         extras["dask"] = {}
-    report(sizes, runs, extras, a.quick, nruns, rounds, a.out_dir)
+    report(sizes, runs, extras, a.quick, nruns, rounds, a.out_dir, busy_runs)
     print(f"total {time.time() - t_start:.0f} s", flush=True)
     return 0
 
