@@ -143,6 +143,7 @@ _POLLS_BETWEEN_CLOCK_CHECKS = 64
 REASON_FULL, REASON_FLUSH = 0, 1
 _INFLIGHT_BUDGET_BYTES = 8 << 20   # memory the default buffer counts may use beyond the minimum
 _PROGRESS_ROWS = 1 << 16            # push_many progresses at least every this many rows
+_MAX_DEPTH = 64                     # default in-flight buffers per peer, at most (see Aggregator.__init__)
 _SPIN_POLLS = 64                    # waits poll this often before they start yielding the core each poll
 _MAX_PERSISTENT = 1 << 16           # at most this many persistent send requests (pool buffers x ranks)
 
@@ -279,9 +280,11 @@ class Aggregator:
     docstring for its signature); ``state`` passed to every handler call;
     ``buffer_items`` rows per buffer; ``pool_buffers`` send buffers (at least
     ``size + 1``; default ``size + 1`` plus ``size + 1 .. 4 * size + 4``
-    in-flight buffers, as many as fit in 8 MiB); ``recv_buffers`` pre-posted
-    receives (default ``max(4, 2 * (size - 1)) .. max(8, 4 * (size - 1))``,
-    within the same budget); ``reply`` an aggregator the handler's output
+    in-flight buffers, or for small buffers up to ``d * size`` with ``d =
+    min(64, ceil(65536 / buffer_items))`` per peer, as many as fit in 8 MiB);
+    ``recv_buffers`` pre-posted receives (default ``max(4, 2 * (size - 1)) ..
+    max(8, 4 * (size - 1))``, or up to ``d * (size - 1)``, within the same
+    budget); ``reply`` an aggregator the handler's output
     rows are pushed into (then ``replies_per_item`` bounds the rows one item
     may produce); ``reply_dtype`` the item dtype of a reply aggregator linked
     later with :meth:`set_reply` (for cycles); ``timeout`` seconds for every
@@ -317,17 +320,22 @@ class Aggregator:
         buffer_items = int(buffer_items)
         if buffer_items < 1:
             raise AggregationError(f"rank {prank}: {self.name}: buffer_items={buffer_items}; expected >= 1")
-        # default counts: enough buffers in flight that a rank rarely waits for a peer to handle
-        # (up to 4 per peer), within an in-flight memory budget, never below the old minimum
+        # default counts: enough buffers in flight that a rank rarely waits for a peer to progress,
+        # within an in-flight memory budget: at least 4 per peer, and for small buffers as many as
+        # fill between two progress steps of push_many (_PROGRESS_ROWS rows), at most 64 per peer.
+        # Measured (benchmarks/aggregation.py, 1024-item buffers, 2 ranks): 15 send / 8 receive
+        # buffers ran dry 138 times per 4M-item push_many, 131 / 64 six times.
         extra = _INFLIGHT_BUDGET_BYTES // max(1, buffer_items * dt.itemsize)
-        npool = (size + 1 + int(min(max(extra, size + 1), 4 * size + 4))) if pool_buffers is None \
-            else int(pool_buffers)
+        per_peer = min(_MAX_DEPTH, max(4, -(-_PROGRESS_ROWS // buffer_items)))
+        npool = (size + 1 + int(max(min(max(extra, size + 1), 4 * size + 4), min(extra, per_peer * size))))\
+            if pool_buffers is None else int(pool_buffers)
         if npool < size + 1:
             raise AggregationError(
                 f"rank {prank}: {self.name}: pool_buffers={npool} is too small for {size} ranks; expected at "
                 f"least size + 1 = {size + 1} (one buffer per destination plus one in flight)")
         lo_r, hi_r = max(4, 2 * (size - 1)), max(8, 4 * (size - 1))
-        nrecv = (int(min(max(extra, lo_r), hi_r)) if size > 1 else 0) if recv_buffers is None else int(recv_buffers)
+        nrecv = int(max(min(max(extra, lo_r), hi_r), min(extra, per_peer * (size - 1))))
+        nrecv = (nrecv if size > 1 else 0) if recv_buffers is None else int(recv_buffers)
         if size > 1 and nrecv < 1:
             raise AggregationError(f"rank {prank}: {self.name}: recv_buffers={nrecv}; expected >= 1")
         if size == 1:

@@ -510,7 +510,7 @@ class ArrayChannel:
         t0 = time.monotonic()
         deadline = None if t is None else t0 + t
         extended = False
-        waiting.current = (op, other, _now())
+        waiting.current = (op, other, pair.t_start)   # blocked since the operation began
         try:
             while True:
                 budget = _SLICE_S
