@@ -622,5 +622,13 @@ def test_benchmark_quick_writes_json(tmp_path):
     assert all(t["status"] in ("PASS", "FAIL") for t in data["targets"])
     names = " ".join(t["target"] for t in data["targets"])
     assert "naive" in names and "alltoallv" in names and "index-gather" in names
+    # every sweep size is checked from its own measured ratio (issue 18 point 7)
+    by_name = {t["target"]: t for t in data["targets"]}
+    for r in data["histogram"]["sweep"]:
+        t = by_name[f"histogram aggregator / alltoallv beside it, buffer {r['buffer_items']} items (sweep)"]
+        assert t["measured"] == r["ratio_to_alltoallv"] == r["updates_per_s_per_rank"] / r[
+            "alltoallv_updates_per_s_per_rank"]
+        assert t["limit"] == 1.0 and t["status"] == ("PASS" if t["measured"] >= 1.0 else "FAIL")
+    assert data["machine"]["commit"] and "loadavg" in data["machine"]
     md = (tmp_path / "aggregation_quick.md").read_text()
-    assert "## Histogram" in md and "## Index-gather" in md and "## Targets" in md
+    assert "## Histogram" in md and "## Index-gather" in md and "## Targets" in md and "at commit `" in md
