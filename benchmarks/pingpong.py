@@ -16,7 +16,9 @@ created once and reused every round trip), measured side by side in each run:
 * ``channel``: ArrayChannel ``put``/``take``, tracing on (the default). The two
   ranks' buffers are in shared memory: flags in that memory are the rendezvous
   and one copy, shared by both ranks, moves the data;
-* ``channel_notrace``: the same with tracing off (the tracing cost);
+* ``channel_notrace``: the same with tracing off; the tracing cost itself is
+  measured paired (round trips alternate traced / untraced in one batch; the
+  ratio of the two medians), which load between batches cannot skew;
 * ``channel_mpi``: the channel on MPI messages only (``NBMPI_SHM_MIN_BYTES=off``,
   persistent synchronous requests, as between nodes);
 * once per benchmark: ``pickle`` (mpi4py ``send``/``recv`` of the array, a new
@@ -82,7 +84,7 @@ def mpi_part(sizes: List[int], rounds: int, out: str, seed: int, extras: bool) -
     peer = 1 - rank
     tracer = get_tracer()
     now = time.perf_counter
-    result: Dict[str, dict] = dict(cold={}, warm={m: {} for m in WARM_METHODS}, pickle={}, how={},
+    result: Dict[str, dict] = dict(cold={}, warm={m: {} for m in WARM_METHODS}, pickle={}, how={}, paired={},
                                    load_start=os.getloadavg())
 
     def slowest(dt: float) -> float:  # both ranks agree: the slower rank's time
@@ -166,6 +168,20 @@ def mpi_part(sizes: List[int], rounds: int, out: str, seed: int, extras: bool) -
         tracer.enabled = True
         for m in WARM_METHODS:
             result["warm"][m][nbytes] = times[m]
+        # tracing cost, paired: round trips alternate traced / untraced within one batch (both ranks
+        # switch together), each timed on rank 0; the medians of the two halves compare like with
+        # like, whatever the load does between batches
+        k2 = min(4000, 2 * max(iters, int(0.1 / (2 * (nbytes / 6e9 + 1.5e-6)))))  # ~0.2 s of round trips
+        rts = np.zeros(k2)
+        comm.Barrier()
+        for i in range(k2):
+            tracer.enabled = i % 2 == 0
+            t0 = now()
+            ping(lambda: ch.put(peer), lambda: ch.take(peer))
+            rts[i] = now() - t0
+        tracer.enabled = True
+        tracer.clear()
+        result["paired"][nbytes] = [float(np.median(rts[0::2])), float(np.median(rts[1::2]))]
         if extras:  # pickle: the eager model (a new buffer per message); once per benchmark
             k = max(1, iters // 8)
             obj = sbuf
@@ -287,7 +303,7 @@ def analyse(sizes: List[int], runs: List[dict], extras: dict) -> dict:
         per_run = {m: [float(np.median(r["warm"][m][k])) for r in runs] for m in WARM_METHODS}
         ratio = {m: [raw / t for raw, t in zip(per_run["raw"], per_run[m])] for m in WARM_METHODS}
         ratio_inplace = [a / b for a, b in zip(per_run["raw_inplace"], per_run["channel"])]
-        trace_cost = [a / b - 1.0 for a, b in zip(per_run["channel"], per_run["channel_notrace"])]
+        trace_cost = [r["paired"][k][0] / r["paired"][k][1] - 1.0 for r in runs]
         out["warm"][s] = dict(
             one_way_s={m: spread(per_run[m]) for m in WARM_METHODS},
             ratio_to_raw={m: spread(ratio[m]) for m in WARM_METHODS},
@@ -295,6 +311,7 @@ def analyse(sizes: List[int], runs: List[dict], extras: dict) -> dict:
             channel_ratio_to_raw_inplace=spread(ratio_inplace),
             channel_ratio_to_raw_inplace_per_run=ratio_inplace,
             tracing_cost=spread(trace_cost),
+            tracing_cost_batches=spread(a / b - 1.0 for a, b in zip(per_run["channel"], per_run["channel_notrace"])),
         )
         cold = [r["cold"][k] for r in runs]
         out["cold"][s] = dict(
@@ -352,7 +369,7 @@ def report(sizes, runs, extras, quick: bool, nruns: int, rounds: int, out_dir=No
                                  a["extras"][s]["pickle"] / a["warm"][s]["one_way_s"]["channel"]["median"], 5.0))
     mib = 1 << 20
     if mib in sizes:
-        checks.append(target("tracing cost at 1 MiB (channel traced / untraced time - 1, median of runs)",
+        checks.append(target("tracing cost at 1 MiB (traced / untraced round trip - 1, paired, median of runs)",
                              a["warm"][mib]["tracing_cost"]["median"], 0.03, higher_is_better=False))
     loads = [r["load_start"][0] for r in runs] + [r["load_end"][0] for r in runs]
     md = (f"{nruns} runs (separate `mpiexec` launches), 2 ranks, each rank ONE send and ONE receive buffer reused "
