@@ -33,11 +33,12 @@ from 64 KiB; reported apart, and held to the same target.
 
 Cold: in each run and size, the buffers and the channel are created, then ONE
 round trip is timed (first touch, first use), before any warm-up; creation
-times are reported apart. Warm: ``rounds`` interleaved rounds (a new random
-order each round) of one ~10 ms batch per method; a run's figure for a method
-is the MEDIAN of its batches, and the tables give the minimum, median and
-maximum over runs of the channel/raw throughput ratio, so one lucky batch
-proves nothing. The targets are checked from the minimum over runs (every
+times are reported apart. Warm: many short blocks (~1 ms of round trips, up
+to 50 per method and size, at least ``--rounds``), the methods interleaved in
+a new random order for each block, so that all methods see the same machine
+load; a run's figure for a method is the MEDIAN of its blocks, and the tables
+give the minimum, median and maximum over runs of the channel/raw throughput
+ratio, so one lucky block proves nothing. The targets are checked from the minimum over runs (every
 run) except the tracing cost (median over runs). Results:
 ``benchmarks/results/pingpong.json`` and ``.md``.
 """
@@ -62,13 +63,23 @@ FULL_SIZES = [8, 64, 512, 4 << 10, 32 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 
 QUICK_SIZES = [8, 4 << 10, 64 << 10, 1 << 20]
 WARM_METHODS = ("raw", "raw_inplace", "channel", "channel_notrace", "channel_mpi")
 TARGET_FROM, TARGET_TO = 64 << 10, 64 << 20     # the channel >= raw in every run over this range
-BATCH_S = 0.01
+BLOCK_S = 0.001      # one timed block of round trips lasts about this long
+METHOD_S = 0.05      # ... and each method gets about this much time per size and run
+
+
+def round_trip_estimate(nbytes: int) -> float:
+    """A raw MPI round trip on this kind of machine (s), to size the blocks."""
+    return 2 * (nbytes / 6e9 + 1.5e-6)
 
 
 def iterations(nbytes: int) -> int:
-    """Round trips per warm batch: about ``BATCH_S`` of raw MPI time on this machine."""
-    per_rt = 2 * (nbytes / 6e9 + 1.5e-6)
-    return int(min(5000, max(2, BATCH_S / per_rt)))
+    """Round trips per timed block: about ``BLOCK_S``, at least one."""
+    return int(min(500, max(1, BLOCK_S / round_trip_estimate(nbytes))))
+
+
+def blocks(nbytes: int, minimum: int) -> int:
+    """Timed blocks per method: about ``METHOD_S`` in all, from ``minimum`` to 50."""
+    return int(min(50, max(minimum, METHOD_S / (iterations(nbytes) * round_trip_estimate(nbytes)))))
 
 
 # --------------------------------------------------------------------------- MPI part (2 ranks)
@@ -157,7 +168,7 @@ def mpi_part(sizes: List[int], rounds: int, out: str, seed: int, extras: bool) -
             runs[m]()
         times = {m: [] for m in WARM_METHODS}
         order_rng = np.random.default_rng([seed, nbytes])  # same permutations on both ranks
-        for _ in range(rounds):
+        for _ in range(blocks(nbytes, rounds)):
             for m in order_rng.permutation(WARM_METHODS):
                 tracer.enabled = m != "channel_notrace"
                 comm.Barrier()
@@ -171,7 +182,7 @@ def mpi_part(sizes: List[int], rounds: int, out: str, seed: int, extras: bool) -
         # tracing cost, paired: round trips alternate traced / untraced within one batch (both ranks
         # switch together), each timed on rank 0; the medians of the two halves compare like with
         # like, whatever the load does between batches
-        k2 = min(4000, 2 * max(iters, int(0.1 / (2 * (nbytes / 6e9 + 1.5e-6)))))  # ~0.2 s of round trips
+        k2 = min(4000, 2 * max(iters, int(0.1 / round_trip_estimate(nbytes))))  # ~0.2 s of round trips
         rts = np.zeros(k2)
         comm.Barrier()
         for i in range(k2):
@@ -373,8 +384,9 @@ def report(sizes, runs, extras, quick: bool, nruns: int, rounds: int, out_dir=No
                              a["warm"][mib]["tracing_cost"]["median"], 0.03, higher_is_better=False))
     loads = [r["load_start"][0] for r in runs] + [r["load_end"][0] for r in runs]
     md = (f"{nruns} runs (separate `mpiexec` launches), 2 ranks, each rank ONE send and ONE receive buffer reused "
-          f"(the user's harness); per run {rounds} interleaved rounds of ~{BATCH_S * 1e3:.0f} ms batches per method, "
-          f"a run's figure = median of its batches. Ratios = raw time / channel time (> 1: the channel is faster), "
+          f"(the user's harness); per run and size, interleaved blocks of ~{BLOCK_S * 1e3:.0f} ms per method (up to "
+          f"50, at least {rounds}), a run's figure = median of its blocks. "
+          f"Ratios = raw time / channel time (> 1: the channel is faster), "
           f"given as **min / median / max over the runs**. 1-min load average during the runs: "
           f"{min(loads):.2f} .. {max(loads):.2f}.\n\n"
           "## Warm (buffers reused)\n\n"
@@ -406,7 +418,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="2 runs, few sizes and rounds (smoke test)")
     p.add_argument("--runs", type=int, default=None, help="separate MPI launches (default 10, quick 2)")
-    p.add_argument("--rounds", type=int, default=None, help="interleaved rounds per size and run (default 5, quick 2)")
+    p.add_argument("--rounds", type=int, default=None,
+                   help="least number of interleaved blocks per method, size and run (default 5, quick 2)")
     p.add_argument("--out-dir", default=None, help="where to write the JSON/markdown (default benchmarks/results)")
     p.add_argument("--no-dask", action="store_true", help="skip the Dask column")
     p.add_argument("--sizes", default=None, help="comma-separated message sizes in bytes")
