@@ -144,6 +144,7 @@ REASON_FULL, REASON_FLUSH = 0, 1
 _INFLIGHT_BUDGET_BYTES = 8 << 20   # memory the default buffer counts may use beyond the minimum
 _PROGRESS_ROWS = 1 << 16            # push_many progresses at least every this many rows
 _MAX_DEPTH = 64                     # default in-flight buffers per peer, at most (see Aggregator.__init__)
+_TESTSOME_EVERY = 8                 # a wait tests all sends (not only the oldest) every this many polls
 _SPIN_POLLS = 64                    # waits poll this often before they start yielding the core each poll
 _MAX_PERSISTENT = 1 << 16           # at most this many persistent send requests (pool buffers x ranks)
 
@@ -436,6 +437,7 @@ class Aggregator:
         # sends in flight, oldest first, as parallel lists: progress tests the oldest ones (cheap);
         # a wait for a free buffer completes them all with one Testsome
         self._sreqs: List[Any] = []
+        self._testsome_skip = 0
         self._sbufs: List[int] = []
         self._sdests: List[int] = []
         self._pending: Deque[Tuple[int, int, int]] = deque()  # (recv index, src, rows)
@@ -842,11 +844,22 @@ class Aggregator:
 
     # ------------------------------------------------------------------ progress (never blocks)
     def _progress(self, full: bool = False) -> None:
-        """One non-blocking step: complete sends, receive, handle. ``full`` tests every send."""
+        """One non-blocking step: complete sends, receive, handle. ``full``: if the oldest send is still
+        pending, every ``_TESTSOME_EVERY``-th call tests all sends (completion out of order, several peers)."""
         sreqs = self._sreqs
         if sreqs:
             free, meta, sbufs = self._free, self._meta, self._sbufs
-            if full and len(sreqs) > 1:
+            k, n = 0, len(sreqs)
+            while k < n and sreqs[k].Test():  # the oldest first: sends to one peer complete in order
+                free[meta[0]] = sbufs[k]
+                meta[0] += 1
+                k += 1
+            if k:
+                del sreqs[:k], sbufs[:k], self._sdests[:k]
+            elif full and n > 1 and self._testsome_skip <= 0:
+                # the oldest is held up: look at all of them, but not at every poll (Testsome over
+                # a deep pool costs ~0.1 us per request, and a wait polls again and again)
+                self._testsome_skip = _TESTSOME_EVERY
                 done = self._testsome(sreqs)
                 if done:
                     for k in done:
@@ -860,14 +873,8 @@ class Aggregator:
                         self._sreqs = [sreqs[k] for k in keep]
                         self._sbufs = [sbufs[k] for k in keep]
                         self._sdests = [self._sdests[k] for k in keep]
-            else:
-                k, n = 0, len(sreqs)
-                while k < n and sreqs[k].Test():
-                    free[meta[0]] = sbufs[k]
-                    meta[0] += 1
-                    k += 1
-                if k:
-                    del sreqs[:k], sbufs[:k], self._sdests[:k]
+            elif full:
+                self._testsome_skip -= 1
         if self._overflow:
             self._drain_overflow()
         if self._stage_pos < self._stage_end:
