@@ -292,6 +292,18 @@ def fmt_spread(d: Dict[str, float], digits: int = 2) -> str:
     return f"{d['min']:.{digits}f} / {d['median']:.{digits}f} / {d['max']:.{digits}f}"
 
 
+def compact_run(r: dict) -> dict:
+    """A run as stored in the JSON: every list of block times becomes its median, min, max and count."""
+    def block_stats(v):
+        a = np.asarray(v, dtype=float)
+        return dict(median=float(np.median(a)), min=float(a.min()), max=float(a.max()), blocks=int(a.size))
+
+    out = dict(r)
+    out["warm"] = {m: {k: block_stats(v) for k, v in d.items()} for m, d in r["warm"].items()}
+    out["pickle"] = {k: block_stats(v) for k, v in r["pickle"].items()}
+    return out
+
+
 def contended_part(sizes: List[int], runs: List[dict]) -> dict:
     """Per size: the channel/raw ratios of the contended runs (sizes they measured)."""
     out = {}
@@ -404,9 +416,11 @@ def report(sizes, runs, extras, quick: bool, nruns: int, rounds: int, out_dir=No
           + md_table(["size", "raw MB/s", "channel MB/s", "pickle", "dask", "memcpy"], other_rows)
           + "\n\n## Targets\n\n" + targets_table(checks))
     data = dict(benchmark="pingpong", quick=quick, sizes=sizes, runs=nruns, rounds=rounds,
-                methods=list(WARM_METHODS) + ["pickle", "dask", "memcpy"], analysis=a, raw_runs=runs,
+                methods=list(WARM_METHODS) + ["pickle", "dask", "memcpy"], analysis=a,
+                raw_runs=[compact_run(r) for r in runs],
                 contended=dict(runs=len(busy_runs), busy_processes=os.cpu_count(),
-                               analysis={str(k): v for k, v in busy.items()}, raw_runs=list(busy_runs)),
+                               analysis={str(k): v for k, v in busy.items()},
+                               raw_runs=[compact_run(r) for r in busy_runs]),
                 extras={m: {str(k): v for k, v in d.items()} for m, d in extras.items()}, targets=checks)
     path = write_results("pingpong" if not quick else "pingpong_quick", data, md, out_dir)
     print(md)
