@@ -1,6 +1,7 @@
 """Shared output of every nbmpi benchmark: one JSON file and one markdown table
 under ``benchmarks/results/``, plus machine facts so numbers are never quoted
-without their context.
+without their context: the date, the git commit of the measured code (and
+whether it had uncommitted changes) and the load average.
 
 Use: ``write_results("pingpong", data, md_text)``; build tables with
 :func:`md_table`; check targets with :func:`target` (PASS/FAIL computed from
@@ -11,12 +12,29 @@ from __future__ import annotations
 import json
 import os
 import platform
+import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
 RESULTS = Path(__file__).resolve().parent / "results"
+REPO = RESULTS.parent.parent
+
+
+def code_version() -> Dict[str, Any]:
+    """The git commit the benchmark measures: ``commit`` (full hash), ``commit_short``, ``dirty``
+    (uncommitted changes to the code, results files excluded). Empty values outside a git checkout."""
+    def git(*args: str) -> str:
+        try:
+            return subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True,
+                                  timeout=10).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+
+    commit = git("rev-parse", "HEAD")
+    status = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)benchmarks/results")
+    return dict(commit=commit, commit_short=commit[:10], dirty=bool(status))
 
 
 def machine() -> Dict[str, Any]:
@@ -29,6 +47,7 @@ def machine() -> Dict[str, Any]:
         info["loadavg"] = os.getloadavg()
     except OSError:
         pass
+    info.update(code_version())
     for mod in ("numpy", "numba", "mpi4py"):
         try:
             info[mod] = __import__(mod).__version__
@@ -71,7 +90,11 @@ def write_results(name: str, data: Dict[str, Any], markdown: str, out_dir: Optio
     data = dict(data)
     data.setdefault("machine", machine())
     (out / f"{name}.json").write_text(json.dumps(data, indent=2, default=float))
-    header = f"# {name}\n\nMeasured {data['machine']['date']} on {data['machine']['cpus']} CPUs " \
-             f"(load {data['machine'].get('loadavg', 'n/a')}).\n\n"
+    mach = data["machine"]
+    at = f" at commit `{mach['commit_short']}`{' with uncommitted changes' if mach.get('dirty') else ''}" \
+        if mach.get("commit_short") else ""
+    load = mach.get("loadavg")
+    load_s = ", ".join(f"{x:.2f}" for x in load) if load else "n/a"
+    header = f"# {name}\n\nMeasured {mach['date']}{at} on {mach['cpus']} CPUs (load average {load_s}).\n\n"
     (out / f"{name}.md").write_text(header + markdown + "\n")
     return out / f"{name}.json"

@@ -70,7 +70,7 @@ def _pre_run_cell(info=None) -> None:  # noqa: ARG001 - IPython passes Execution
 def _post_run_cell(result=None) -> None:  # noqa: ARG001
     tr = state.tracer
     if tr is not None:
-        end = tr.mark()  # flushes deferred put/take records
+        end = tr.mark()
         if end < state.mark:  # the tracer was cleared during the cell
             state.mark = 0
         state.end = end
@@ -181,7 +181,7 @@ def setup() -> Dict[str, Any]:
 
     from . import rebinding_guard, runtime
 
-    runtime.init()
+    nbmpi.workers.init()
     comm = runtime.world()
     _rank = comm.Get_rank()
     ip = get_ipython()
@@ -219,7 +219,7 @@ def cell_events() -> Dict[str, Any]:
     from . import tracing
 
     tr = state.tracer or tracing.get_tracer()
-    n = tr.mark()  # flushes deferred put/take records
+    n = tr.mark()
     end = n if state.running else min(state.end, n)
     ev = np.array(tr.events()[state.mark:end], dtype=np.int64, copy=True)
     ts, te = tracing.FIELDS.index("t_start"), tracing.FIELDS.index("t_end")
