@@ -165,3 +165,39 @@ def test_the_state_write_check_sees_the_old_inline_hot_path(tmp_path):
                    "    _tracing.get_tracer().n += 1\n")
     found = tracer_state_writes(tmp_path, tmp_path / "tracing.py")
     assert len(found) == 5, found
+
+
+def _imports_of(path: Path) -> Set[str]:
+    """Absolute module names ``path`` imports (relative imports resolved inside the nbmpi namespace)."""
+    folder = {"workers": "nbmpi.workers", "server": "nbmpi.server", "kernel_ext": "nbmpi.kernel_ext"}
+    rel = path.relative_to(REPO).with_suffix("")
+    parts = [folder[rel.parts[0]], *rel.parts[1:]]
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    package = ".".join(parts if path.name == "__init__.py" else parts[:-1])
+    found: Set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                found.add(".".join(base + ([node.module] if node.module else [])))
+            elif node.module:
+                found.add(node.module)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+    return found
+
+
+def test_packages_import_one_way():
+    """kernel_ext and server may import workers; workers imports neither; server never imports
+    kernel_ext (imports inside functions count too)."""
+    forbidden = {"workers": ("nbmpi.server", "nbmpi.kernel_ext"), "server": ("nbmpi.kernel_ext",)}
+    bad = []
+    for folder, prefixes in forbidden.items():
+        for path in sorted((REPO / folder).rglob("*.py")):
+            if ".venv" in path.parts:
+                continue
+            for mod in _imports_of(path):
+                if mod.startswith(prefixes):
+                    bad.append(f"{path.relative_to(REPO)} imports {mod}")
+    assert not bad, "imports against the layering:\n" + "\n".join(bad)
