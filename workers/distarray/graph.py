@@ -1,0 +1,375 @@
+"""The lazy graph: base arrays, elementwise expression nodes and the recorded tasks.
+
+Nothing here computes. Recording an operation on distributed arrays appends a task to the
+engine's pending list (:meth:`Engine.record`); a force point hands the list to the
+scheduler. Tasks refer to :class:`Base` objects and :class:`~.indexing.View` objects, never
+to the user's DistArray objects, so a temporary array the user no longer holds can be
+recognized at the force point (``Base.nviews == 0``) and fused away instead of stored.
+
+* :class:`Base`: a whole distributed (or replicated) array: shape, dtype, distribution and,
+  once needed, this rank's local buffer;
+* expression nodes: :class:`Leaf` (a view of a base), :class:`Const` (a Python or NumPy
+  scalar), :class:`Op` (a ufunc, ``where`` or a cast applied to nodes);
+* tasks: :class:`Assign` (``out[view] = expr``), :class:`Reduce`, :class:`Matmul`,
+  :class:`Transpose`, :class:`Replicate` (gather a view to every rank), :class:`Swap`
+  (made by fusion from a copy out of a dying temporary).
+
+Each task carries ``sig``, a canonical text of what was recorded (bases by serial number,
+views, dtypes, scalar values), hashed at the force point to detect ranks that diverge, and
+``desc``, the human-readable form used in error messages.
+"""
+from __future__ import annotations
+
+import zlib
+from typing import Any, Dict, Iterator, List, Optional, Tuple
+
+import numpy as np
+
+from .distribution import Distribution
+from .indexing import View
+
+__all__ = ["Base", "Leaf", "Const", "Op", "Node", "RowSpace", "Task", "Assign", "Reduce", "Matmul",
+           "Transpose", "Replicate", "Swap", "leaves", "substitute", "node_sig", "node_desc"]
+
+
+class Base:
+    """A whole array: global ``shape``, ``dtype``, ``dist`` over axis 0, and this rank's local buffer.
+
+    ``local`` is allocated on first use (:meth:`ensure`); a temporary that is fused away is
+    never allocated. ``nviews`` counts the user's DistArray objects on this base (a base with
+    ``nviews == 0`` at a force point is dead for the user). ``exported`` is set once the
+    user got a NumPy view of the local buffer (``.local``): such a base is never swapped.
+    """
+
+    __slots__ = ("engine", "serial", "shape", "dtype", "dist", "local", "flat", "nviews", "exported",
+                 "temp", "origin", "__weakref__")
+
+    def __init__(self, engine, shape: Tuple[int, ...], dtype: np.dtype, dist: Distribution, temp: bool = False,
+                 origin: str = ""):
+        self.engine = engine
+        self.serial = engine.next_serial()
+        self.shape = tuple(int(s) for s in shape)
+        self.dtype = np.dtype(dtype)
+        self.dist = dist
+        self.local: Optional[np.ndarray] = None
+        self.flat: Optional[np.ndarray] = None
+        self.nviews = 0
+        self.exported = False
+        self.temp = temp
+        self.origin = origin
+
+    @property
+    def replicated(self) -> bool:
+        return self.dist.replicated
+
+    def local_shape(self) -> Tuple[int, ...]:
+        """Shape of this rank's local buffer."""
+        if self.replicated or not self.shape:
+            return self.shape
+        return (self.dist.local_count(self.engine.rank),) + self.shape[1:]
+
+    def ensure(self) -> np.ndarray:
+        """This rank's local buffer, allocated (uninitialized) on first use."""
+        if self.local is None:
+            self.set_local(np.empty(self.local_shape(), dtype=self.dtype))
+        return self.local
+
+    def set_local(self, arr: np.ndarray) -> None:
+        """Install ``arr`` (C-contiguous, local shape, dtype) as the local buffer."""
+        self.local = arr
+        self.flat = arr.reshape(-1)
+
+    def name(self) -> str:
+        return f"array#{self.serial}"
+
+
+# --------------------------------------------------------------------------- expression nodes
+class Leaf:
+    """A read (or the target) of a base through a view."""
+
+    __slots__ = ("base", "view", "shape", "dtype")
+
+    def __init__(self, base: Base, view: View):
+        self.base, self.view = base, view
+        self.shape = view.shape
+        self.dtype = base.dtype
+
+    @property
+    def key(self) -> Tuple[int, Any]:
+        return (self.base.serial, self.view.key)
+
+    @property
+    def rep(self) -> bool:
+        return self.base.replicated
+
+
+class Const:
+    """A scalar operand: a Python scalar (weakly typed, as in NumPy 2) or a NumPy scalar."""
+
+    __slots__ = ("value", "dtype", "weak", "shape")
+
+    def __init__(self, value: Any):
+        if isinstance(value, np.generic):
+            self.value, self.dtype, self.weak = value, value.dtype, False
+        else:
+            self.value, self.weak = value, True
+            self.dtype = np.dtype(np.bool_ if isinstance(value, bool) else
+                                  np.int64 if isinstance(value, int) else np.float64)
+        self.shape = ()
+
+    @property
+    def spec(self) -> Any:
+        """What ``ufunc.resolve_dtypes`` takes for this operand (a Python type when weak)."""
+        return type(self.value) if self.weak else self.dtype
+
+
+class Op:
+    """``name(*args)``: ``name`` is a ufunc name, ``'where'`` or ``'cast'``; ``in_dtypes`` are the
+    dtypes the arguments are cast to before the operation, ``dtype`` the result's."""
+
+    __slots__ = ("name", "args", "dtype", "in_dtypes", "shape")
+
+    def __init__(self, name: str, args: Tuple["Node", ...], dtype: np.dtype, in_dtypes: Tuple[np.dtype, ...],
+                 shape: Tuple[int, ...]):
+        self.name, self.args, self.dtype, self.in_dtypes, self.shape = name, tuple(args), np.dtype(dtype), \
+            tuple(np.dtype(d) for d in in_dtypes), tuple(shape)
+
+
+Node = Any  # Leaf | Const | Op
+
+
+def leaves(node: Node) -> Iterator[Leaf]:
+    """Every Leaf of ``node`` (depth first, repeats included)."""
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        if isinstance(n, Leaf):
+            yield n
+        elif isinstance(n, Op):
+            stack.extend(reversed(n.args))
+
+
+def substitute(node: Node, fn) -> Node:
+    """``node`` with every Leaf ``l`` replaced by ``fn(l)`` (``fn`` returns a node or None to keep it).
+    Shared sub-nodes stay shared."""
+    memo: Dict[int, Node] = {}
+
+    def go(n: Node) -> Node:
+        got = memo.get(id(n))
+        if got is not None:
+            return got
+        if isinstance(n, Leaf):
+            r = fn(n)
+            out = n if r is None else r
+        elif isinstance(n, Op):
+            args = tuple(go(a) for a in n.args)
+            out = n if all(a is b for a, b in zip(args, n.args)) else Op(n.name, args, n.dtype, n.in_dtypes, n.shape)
+        else:
+            out = n
+        memo[id(n)] = out
+        return out
+
+    return go(node)
+
+
+def _const_sig(c: Const) -> str:
+    v = c.value
+    return f"{type(v).__name__}:{v!r}"
+
+
+def node_sig(node: Node) -> str:
+    """Canonical text of an expression (bases by serial): equal on every rank that recorded it."""
+    if isinstance(node, Leaf):
+        b = node.base
+        extra = f"~{b.origin}" if b.origin else ""
+        return f"#{b.serial}{b.dist.key}{b.dtype.str}{node.view.key}{extra}"
+    if isinstance(node, Const):
+        return _const_sig(node)
+    return f"{node.name}:{node.dtype.str}(" + ",".join(node_sig(a) for a in node.args) + ")"
+
+
+def node_desc(node: Node) -> str:
+    """Readable text of an expression for error messages, e.g. ``add(array#3[1:3999], 0.2)``."""
+    if isinstance(node, Leaf):
+        return node.base.name() + ("" if node.view.is_full else node.view.text())
+    if isinstance(node, Const):
+        return repr(node.value)
+    return f"{node.name}(" + ", ".join(node_desc(a) for a in node.args) + ")"
+
+
+def array_fingerprint(arr: np.ndarray) -> str:
+    """A short fingerprint of a NumPy operand's content for the divergence check (CRC32 of the bytes
+    up to 1 MiB; larger arrays are compared by shape and dtype only)."""
+    if arr.nbytes <= 1 << 20:
+        return f"crc{zlib.crc32(np.ascontiguousarray(arr).view(np.uint8).reshape(-1)):08x}"
+    return "large"
+
+
+# --------------------------------------------------------------------------- row spaces
+class RowSpace:
+    """The rows an elementwise computation runs over and who computes each.
+
+    ``kind='dist'``: row ``i`` of the iteration is base row ``start + i*step`` of a base
+    distributed by ``dist``, computed by that row's owner; ``kept`` says whether the row is a
+    user axis (False: a single fixed row, computed by its owner). ``kind='rep'``: every rank
+    computes every row (replicated results). ``shape``: the iteration's internal shape,
+    axis 0 being the rows.
+    """
+
+    __slots__ = ("kind", "dist", "start", "step", "count", "kept", "shape", "user_ndim", "key", "layout")
+
+    def __init__(self, kind: str, dist: Optional[Distribution], start: int, step: int, count: int, kept: bool,
+                 shape: Tuple[int, ...], user_ndim: int):
+        self.kind, self.dist, self.start, self.step, self.count, self.kept = kind, dist, start, step, count, kept
+        self.shape = tuple(shape)
+        self.user_ndim = user_ndim
+        self.layout = (kind, dist.key if dist is not None else None, start, step, count, kept)
+        self.key = (self.layout, self.shape, user_ndim)
+
+    @classmethod
+    def of_leaf(cls, leaf: Leaf, shape: Tuple[int, ...]) -> "RowSpace":
+        """The row space of computing into (or aligned with) ``leaf`` over the user shape ``shape``."""
+        b, v = leaf.base, leaf.view
+        u = len(shape)
+        if b.replicated:
+            internal = tuple(shape) if shape else (1,)
+            return cls("rep", None, 0, 1, internal[0], True, internal, u)
+        s, st, c = v.row_params
+        if v.row_kept:
+            return cls("dist", b.dist, s, st, c, True, tuple(shape), u)
+        return cls("dist", b.dist, s, 1, 1, False, (1,) + tuple(shape), u)
+
+    @property
+    def rep(self) -> bool:
+        return self.kind == "rep"
+
+
+# --------------------------------------------------------------------------- tasks
+class Task:
+    """A recorded operation. ``sig``: canonical text (divergence check); ``desc``: readable text."""
+
+    __slots__ = ("sig", "desc")
+    kind = "task"
+
+    def reads(self) -> List[Leaf]:
+        return []
+
+    def writes(self) -> List[Leaf]:
+        return []
+
+
+class Assign(Task):
+    """``out[...] = expr`` elementwise, over the row space of ``out`` (``space``)."""
+
+    __slots__ = ("out", "expr", "space")
+    kind = "assign"
+
+    def __init__(self, out: Leaf, expr: Node, op_desc: str = ""):
+        self.out, self.expr = out, expr
+        self.space = RowSpace.of_leaf(out, out.shape)
+        self.sig = f"assign {node_sig(out)} = {node_sig(expr)}"
+        self.desc = op_desc or f"{node_desc(out)} = {node_desc(expr)}"
+
+    def reads(self) -> List[Leaf]:
+        return list(leaves(self.expr))
+
+    def writes(self) -> List[Leaf]:
+        return [self.out]
+
+
+class Reduce(Task):
+    """``out = op(expr, axis)``. ``axis`` is an internal axis of ``space`` (0 = the rows) or None
+    (everything). ``out`` is a replicated 0-d / trailing-shaped base for ``axis`` None or 0, and
+    a base aligned with the rows for other axes. ``count``: elements per result (for mean)."""
+
+    __slots__ = ("expr", "op", "axis", "out", "space", "count", "acc_dtype")
+    kind = "reduce"
+
+    def __init__(self, expr: Node, op: str, axis: Optional[int], out: Leaf, space: RowSpace, count: int,
+                 acc_dtype: np.dtype, op_desc: str):
+        self.expr, self.op, self.axis, self.out, self.space, self.count = expr, op, axis, out, space, count
+        self.acc_dtype = np.dtype(acc_dtype)
+        self.sig = f"reduce {op} axis={axis} {node_sig(out)} = {node_sig(expr)}"
+        self.desc = op_desc
+
+    def reads(self) -> List[Leaf]:
+        return list(leaves(self.expr))
+
+    def writes(self) -> List[Leaf]:
+        return [self.out]
+
+
+class Matmul(Task):
+    """``out = a @ b``: ``a`` 2-D with distributed rows, ``b`` 1-D or 2-D (distributed rows or
+    replicated); ``out`` aligned with ``a``'s rows."""
+
+    __slots__ = ("a", "b", "out")
+    kind = "matmul"
+
+    def __init__(self, a: Leaf, b: Leaf, out: Leaf):
+        self.a, self.b, self.out = a, b, out
+        self.sig = f"matmul {node_sig(out)} = {node_sig(a)} @ {node_sig(b)}"
+        self.desc = f"{node_desc(out)} = {node_desc(a)} @ {node_desc(b)}"
+
+    def reads(self) -> List[Leaf]:
+        return [self.a, self.b]
+
+    def writes(self) -> List[Leaf]:
+        return [self.out]
+
+
+class Transpose(Task):
+    """``out = src.T`` for a 2-D ``src`` with distributed rows; ``out`` is distributed by rows too."""
+
+    __slots__ = ("src", "out")
+    kind = "transpose"
+
+    def __init__(self, src: Leaf, out: Leaf):
+        self.src, self.out = src, out
+        self.sig = f"transpose {node_sig(out)} = {node_sig(src)}.T"
+        self.desc = f"{node_desc(out)} = {node_desc(src)}.T"
+
+    def reads(self) -> List[Leaf]:
+        return [self.src]
+
+    def writes(self) -> List[Leaf]:
+        return [self.out]
+
+
+class Replicate(Task):
+    """``out = src`` gathered: ``out`` is a replicated base holding the view ``src`` packed
+    (shape ``(rows, *packed trailing)``), on every rank (``root`` None) or on ``root`` only."""
+
+    __slots__ = ("src", "out", "root")
+    kind = "replicate"
+
+    def __init__(self, src: Leaf, out: Leaf, root: Optional[int] = None, why: str = ""):
+        self.src, self.out, self.root = src, out, root
+        self.sig = f"replicate root={root} {node_sig(out)} = {node_sig(src)}"
+        self.desc = why or f"gather {node_desc(src)}" + ("" if root is None else f" to rank {root}")
+
+    def reads(self) -> List[Leaf]:
+        return [self.src]
+
+    def writes(self) -> List[Leaf]:
+        return [self.out]
+
+
+class Swap(Task):
+    """Made by fusion from ``target[view] = source[view]`` when ``source`` is a dying temporary laid
+    out exactly like ``target``: the elements of ``target`` outside the view are copied into
+    ``source``'s buffer, then the two local buffers are exchanged (no full copy)."""
+
+    __slots__ = ("target", "source", "box")
+    kind = "swap"
+
+    def __init__(self, target: Leaf, source: Leaf, box, origin: Task):
+        self.target, self.source, self.box = target, source, box
+        self.sig, self.desc = origin.sig, origin.desc
+
+    def reads(self) -> List[Leaf]:
+        return [self.source, Leaf(self.target.base, View.full(self.target.base.shape))]
+
+    def writes(self) -> List[Leaf]:
+        return [Leaf(self.target.base, View.full(self.target.base.shape)),
+                Leaf(self.source.base, View.full(self.source.base.shape))]
