@@ -91,11 +91,14 @@ def evaluate(comm=None, latency_hiding: Optional[bool] = None) -> None:
 
 def stats(comm=None) -> Dict[str, Any]:
     """Counters of this rank (local): evaluations, recorded/fused/dropped operations, plans built and
-    reused, blocks computed, messages and bytes sent, time waited, and the compiled kernels
+    reused, blocks computed, messages and bytes sent, time waited, local buffers of at least 64 KiB
+    allocated (lazily, for results actually stored) and reused, and the compiled kernels
     (``kernels``: ``compiled``/``loaded``/``signatures``). ``last`` describes the last evaluation."""
     eng = engine_for(comm)
     out: Dict[str, Any] = dict(eng.stats)
     out["pending"] = len(eng.pending)
+    out["buffers_allocated"] = eng.buffers.allocated
+    out["buffers_reused"] = eng.buffers.reused
     out["kernels"] = kernel_stats()
     out["last"] = dict(eng.last)
     out["settings"] = dict(latency_hiding=eng.latency_hiding, threshold=eng.threshold,

@@ -35,8 +35,10 @@ _REDUCE_UFUNCS = {"add": "sum", "minimum": "min", "maximum": "max", "logical_or"
 
 
 def wrap(leaf: Leaf) -> "DistArray":
-    """The DistArray showing ``leaf``."""
-    return DistArray(leaf.base, leaf.view)
+    """The DistArray showing ``leaf`` (then the threshold of recorded operations is checked)."""
+    d = DistArray(leaf.base, leaf.view)
+    d._base.engine.maybe_flush()
+    return d
 
 
 class DistArray:
@@ -282,10 +284,12 @@ class DistArray:
             val = value._leaf() if isinstance(value, DistArray) else value
             res = elementwise.record_where(eng, key._leaf(), val, self._leaf())
             elementwise.record_assign(eng, self._leaf(), res)
+            eng.maybe_flush()
             return
         target = Leaf(self._base, self._view.index(key))
         val = value._leaf() if isinstance(value, DistArray) else value
         elementwise.record_assign(eng, target, val)
+        eng.maybe_flush()
 
     def fill(self, value: Any) -> None:
         """Set every element to ``value`` (recorded)."""
@@ -319,7 +323,10 @@ class DistArray:
             out_leaf = out._leaf()
         args = [x._leaf() if isinstance(x, DistArray) else x for x in inputs]
         res = elementwise.record_ufunc(eng, ufunc, args, out=out_leaf)
-        return out if out is not None else wrap(res)
+        if out is not None:
+            eng.maybe_flush()
+            return out
+        return wrap(res)
 
     def __array_function__(self, func, types, args, kwargs):
         impl = _FUNCTIONS.get(func)
@@ -347,6 +354,7 @@ class DistArray:
     def _iu(self, ufunc: np.ufunc, other: Any) -> "DistArray":
         o = other._leaf() if isinstance(other, DistArray) else other
         elementwise.record_ufunc(self.engine, ufunc, [self._leaf(), o], out=self._leaf())
+        self.engine.maybe_flush()
         return self
 
     def __add__(self, o): return self._u(np.add, self, o)

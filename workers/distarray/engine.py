@@ -80,6 +80,7 @@ class Engine:
                                           messages_received=0, wait_ns=0, flush_ns=0, collectives=0)
         self.last: Dict[str, Any] = {}
         self.in_flush = False
+        self.buffers = BufferPool()
 
     # -- identities agreed by construction ----------------------------------------
     def next_serial(self) -> int:
@@ -115,10 +116,14 @@ class Engine:
 
     # -- recording and forcing --------------------------------------------------------
     def record(self, task: Task) -> None:
-        """Append ``task`` to the pending list; evaluate everything when the threshold is reached.
-        Local unless the threshold triggers an evaluation (collective)."""
+        """Append ``task`` to the pending list. Local."""
         self.pending.append(task)
         self.stats["recorded"] += 1
+
+    def maybe_flush(self) -> None:
+        """Evaluate everything if the threshold of recorded operations is reached. Called by the
+        user-level operations once their results are held by DistArray objects (so the fusion pass
+        does not mistake them for dead temporaries). Collective when it evaluates."""
         if len(self.pending) >= self.threshold and not self.in_flush:
             self.flush("threshold")
 
@@ -152,6 +157,41 @@ class Engine:
             _, old = self.plans.popitem(last=False)
             old.free()
         return p
+
+
+class BufferPool:
+    """Local buffers of bases that died, kept for the next base of the same shape and dtype (the
+    seed's lazy de-allocation: a time loop that makes a new temporary each step reuses the
+    same memory instead of faulting in fresh pages). At most ``max_bytes`` are kept; the
+    oldest go first. Only buffers never handed to the user (``.local``) come here, and only of at
+    least ``min_bytes`` (64 KiB; smaller ones are cheap to allocate). ``allocated`` counts fresh
+    allocations of at least ``min_bytes``, ``reused`` the allocations served from the pool."""
+
+    def __init__(self, max_bytes: int = 1 << 30, min_bytes: int = 1 << 16):
+        self.max_bytes = max_bytes
+        self.min_bytes = min_bytes
+        self.bytes = 0
+        self.free: "OrderedDict[int, Any]" = OrderedDict()
+        self.reused = 0
+        self.allocated = 0
+
+    def give(self, arr) -> None:
+        if arr.nbytes < self.min_bytes or arr.nbytes > self.max_bytes:
+            return
+        self.free[id(arr)] = arr
+        self.bytes += arr.nbytes
+        while self.bytes > self.max_bytes and self.free:
+            _, old = self.free.popitem(last=False)
+            self.bytes -= old.nbytes
+
+    def take(self, shape, dtype):
+        for k, arr in reversed(self.free.items()):
+            if arr.shape == tuple(shape) and arr.dtype == dtype:
+                del self.free[k]
+                self.bytes -= arr.nbytes
+                self.reused += 1
+                return arr
+        return None
 
 
 _ENGINES: Dict[Any, Engine] = {}

