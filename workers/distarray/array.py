@@ -122,12 +122,12 @@ class DistArray:
         self.engine.flush("evaluate()")
         return self
 
-    def to_numpy(self, root: Optional[int] = None) -> Optional[np.ndarray]:
+    def to_numpy(self, root: Optional[int] = None, _reason: str = "to_numpy()") -> Optional[np.ndarray]:
         """Gather the array into a NumPy array: on every rank (``root=None``, an allgather) or on
         ``root`` only (the others get None). Collective; a force point. Returns a new array."""
         eng = self.engine
         if self._base.replicated:
-            eng.flush("to_numpy()")
+            eng.flush(_reason)
             if root is not None and eng.rank != root:
                 return None
             return np.array(self._base.ensure()[self._view.numpy_index()], copy=True)
@@ -135,8 +135,8 @@ class DistArray:
             raise ValueError(f"to_numpy: root {root} is not a rank of the communicator (0..{eng.size - 1})")
         rep = elementwise.replicate_leaf(eng, self._leaf(), "to_numpy()" if root is None else
                                          f"to_numpy(root={root})", root=root)
-        keep = wrap(rep)  # the gathered copy is read below: it must not look dead to the fusion pass
-        eng.flush("to_numpy()")
+        keep = DistArray(rep.base, rep.view)  # read below: it must not look dead to the fusion pass
+        eng.flush(_reason)
         del keep
         if root is not None and eng.rank != root:
             return None
@@ -150,7 +150,7 @@ class DistArray:
         if self.size != 1:
             raise TypeError(f"only arrays of size 1 can be converted to Python scalars ({what} of shape "
                             f"{self.shape})")
-        return self.to_numpy().reshape(())[()]
+        return self.to_numpy(_reason=what).reshape(())[()]
 
     def item(self):
         """The single element as a Python scalar (force point, collective)."""
@@ -223,7 +223,7 @@ class DistArray:
                                               ._leaf(), "print")
             tail = elementwise.replicate_leaf(self.engine, DistArray(self._base, self._view.index(
                 slice(n0 - edge, n0)))._leaf(), "print")
-            keep = (wrap(head), wrap(tail))  # read below: not dead for the fusion pass
+            keep = (DistArray(head.base, head.view), DistArray(tail.base, tail.view))  # read below
             self.engine.flush("print")
             del keep
             h = head.base.ensure()[head.view.numpy_index()]
@@ -273,7 +273,7 @@ class DistArray:
         view = self._view.index(key)
         sub = DistArray(self._base, view)
         if view.ndim == 0:
-            return sub.to_numpy()[()]
+            return sub.to_numpy(_reason=f"a[{key}]")[()]
         return sub
 
     def __setitem__(self, key: Any, value: Any) -> None:

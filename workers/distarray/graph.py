@@ -205,7 +205,10 @@ def node_sig(node: Node) -> str:
 def node_desc(node: Node) -> str:
     """Readable text of an expression for error messages, e.g. ``add(array#3[1:3999], 0.2)``."""
     if isinstance(node, Leaf):
-        return node.base.name() + ("" if node.view.is_full else node.view.text())
+        b = node.base
+        if node.view.is_full:
+            return f"{b.name()}{b.shape}"
+        return f"{b.name()}{node.view.text()}"
     if isinstance(node, Const):
         return repr(node.value)
     return f"{node.name}(" + ", ".join(node_desc(a) for a in node.args) + ")"
@@ -282,7 +285,7 @@ class Assign(Task):
         self.out, self.expr = out, expr
         self.space = RowSpace.of_leaf(out, out.shape)
         self.sig = f"assign {node_sig(out)} = {node_sig(expr)}"
-        self.desc = op_desc or f"{node_desc(out)} = {node_desc(expr)}"
+        self.desc = (op_desc or f"{node_desc(out)} = {node_desc(expr)}") + f" -> {out.dtype} {out.shape}"
 
     def reads(self) -> List[Leaf]:
         return list(leaves(self.expr))
@@ -304,7 +307,7 @@ class Reduce(Task):
         self.expr, self.op, self.axis, self.out, self.space, self.count = expr, op, axis, out, space, count
         self.acc_dtype = np.dtype(acc_dtype)
         self.sig = f"reduce {op} axis={axis} {node_sig(out)} = {node_sig(expr)}"
-        self.desc = op_desc
+        self.desc = f"{op_desc} -> {out.dtype} {out.shape}"
 
     def reads(self) -> List[Leaf]:
         return list(leaves(self.expr))

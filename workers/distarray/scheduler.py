@@ -715,6 +715,14 @@ def _agree(fl: _Flush, tasks) -> None:
              for r in range(eng.size)]
     detail = f"operation {k + 1} since the previous force point: " + "; ".join(
         f"rank {r} recorded {d}" for r, d in enumerate(descs))
+    # the ranks may have created different numbers of arrays: agree on the serial numbers of the
+    # next ones, so that consistent operations after the error are recognized as equal again
+    ser = np.array([eng._serial], dtype=np.int64)
+    top = np.empty(1, dtype=np.int64)
+    req = eng.dcomm.Iallreduce(ser, top, op=MPI.MAX)
+    waiting.wait(req, eng.timeout, eng.rank, None, fl.op_name("diagnosing a divergence"), DistArrayTimeout,
+                 cancellable=False)
+    eng._serial = int(top[0])
     raise DistArrayDivergence(eng.rank, f"force point {fl.reason}", detail)
 
 
