@@ -18,6 +18,7 @@ An assignment whose value reads the target's base through a different, overlappi
 """
 from __future__ import annotations
 
+import math
 from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -109,7 +110,7 @@ def result_leaf(engine, nodes: Sequence[Node], shape: Tuple[int, ...], dtype: np
         s, t, c = lead.view.row_params
         nb = b.shape[0]
         lv = lead.view
-        if (lv.ndim == len(b.shape) and all(e[0] == "s" for e in lv.entries) and 2 * lv.size >= int(np.prod(b.shape))
+        if (lv.ndim == len(b.shape) and all(e[0] == "s" for e in lv.entries) and 2 * lv.size >= math.prod(b.shape)
                 and lv.shape == tuple(shape)):
             # laid out exactly like the leading operand's base (a copy back into it can swap buffers)
             base = Base(engine, b.shape, dtype, b.dist, temp=True)
@@ -166,20 +167,27 @@ def _realign(engine, node: Op, space: RowSpace, what: str) -> Node:
                       replicate_leaf(engine, l, f"gather {node_desc(l)} to every rank for {what}"))
 
 
-def _record(engine, target: Leaf, expr: Node, desc: str) -> Leaf:
-    """Record ``target = expr``, through a temporary if ``expr`` reads the target's base elsewhere."""
+def _needs_gather(expr: Node, space: RowSpace) -> bool:
+    return any(not l.rep and not aligned(l, space) for l in leaves(expr))
+
+
+def _record(engine, target: Leaf, expr: Node, desc) -> Leaf:
+    """Record ``target = expr``, through a temporary if ``expr`` reads the target's base elsewhere.
+    ``desc``: a callable giving the text of the operation (computed only for error messages)."""
     space = RowSpace.of_leaf(target, target.shape)
     if any(l.base is target.base and l.view != target.view for l in leaves(expr)):
         tmp = result_leaf(engine, [expr], expr.shape, expr.dtype)
         tspace = RowSpace.of_leaf(tmp, tmp.shape)
-        expr = _realign(engine, expr, tspace, desc) if isinstance(expr, Op) else \
-            _align_operands(engine, [expr], tspace, desc)[0]
-        engine.record(Assign(tmp, expr, desc + " (into a temporary: the value overlaps the target)"))
+        if _needs_gather(expr, tspace):
+            expr = _realign(engine, expr, tspace, desc()) if isinstance(expr, Op) else \
+                _align_operands(engine, [expr], tspace, desc())[0]
+        engine.record(Assign(tmp, expr, lambda: desc() + " (into a temporary: the value overlaps the target)"))
         expr = tmp
-    if isinstance(expr, Op):
-        expr = _realign(engine, expr, space, desc)
-    else:
-        expr = _align_operands(engine, [expr], space, desc)[0]
+    if _needs_gather(expr, space):
+        if isinstance(expr, Op):
+            expr = _realign(engine, expr, space, desc())
+        else:
+            expr = _align_operands(engine, [expr], space, desc())[0]
     engine.record(Assign(target, expr, desc))
     return target
 
@@ -206,7 +214,10 @@ def record_ufunc(engine, ufunc: np.ufunc, inputs: Sequence[Any], out: Optional[L
     if np.dtype(out_dt).kind not in "biuf":
         raise UnsupportedOperation(f"{name}: result dtype {out_dt} is not supported")
     expr = Op(name, tuple(nodes), out_dt, in_dt, shape)
-    desc = f"{name}(" + ", ".join(node_desc(n) for n in nodes) + ")"
+
+    def desc() -> str:
+        return f"{name}(" + ", ".join(node_desc(n) for n in nodes) + ")"
+
     if out is not None:
         _check_engines(engine, [out], name)
         if _broadcast(name, [shape, out.shape]) != out.shape:
@@ -215,9 +226,9 @@ def record_ufunc(engine, ufunc: np.ufunc, inputs: Sequence[Any], out: Optional[L
         if not np.can_cast(out_dt, out.dtype, casting="same_kind"):
             raise TypeError(f"Cannot cast ufunc {name!r} output from {np.dtype(out_dt)!r} to {out.dtype!r} with "
                             "casting rule 'same_kind'")
-        return _record(engine, out, expr, f"{node_desc(out)} = {desc}")
+        return _record(engine, out, expr, lambda: f"{node_desc(out)} = {desc()}")
     target = result_leaf(engine, nodes, shape, out_dt)
-    return _record(engine, target, expr, f"{target.base.name()} = {desc}")
+    return _record(engine, target, expr, lambda: f"{target.base.name()} = {desc()}")
 
 
 def record_where(engine, cond: Any, x: Any, y: Any) -> Leaf:
@@ -231,8 +242,8 @@ def record_where(engine, cond: Any, x: Any, y: Any) -> Leaf:
         raise UnsupportedOperation(f"where: result dtype {dt} is not supported")
     expr = Op("where", tuple(nodes), dt, (np.dtype(np.bool_), dt, dt), shape)
     target = result_leaf(engine, nodes, shape, dt)
-    return _record(engine, target, expr, f"{target.base.name()} = where(" + ", ".join(node_desc(n) for n in nodes)
-                   + ")")
+    return _record(engine, target, expr, lambda: f"{target.base.name()} = where(" +
+                   ", ".join(node_desc(n) for n in nodes) + ")")
 
 
 def record_cast(engine, x: Leaf, dtype: Any) -> Leaf:
@@ -242,7 +253,7 @@ def record_cast(engine, x: Leaf, dtype: Any) -> Leaf:
         raise UnsupportedOperation(f"astype: dtype {dt} is not supported")
     expr = Op("cast", (x,), dt, (x.dtype,), x.shape)
     target = result_leaf(engine, [x], x.shape, dt)
-    return _record(engine, target, expr, f"{target.base.name()} = {node_desc(x)}.astype({dt})")
+    return _record(engine, target, expr, lambda: f"{target.base.name()} = {node_desc(x)}.astype({dt})")
 
 
 def record_assign(engine, target: Leaf, value: Any) -> Leaf:
@@ -262,4 +273,4 @@ def record_assign(engine, target: Leaf, value: Any) -> Leaf:
         node = Op("cast", (node,), dt, (np.dtype(type(node.value)) if node.weak else node.dtype,), ())
     elif node.dtype != target.dtype:
         node = Op("cast", (node,), target.dtype, (node.dtype,), node.shape)
-    return _record(engine, target, node, f"{node_desc(target)} = {node_desc(node)}")
+    return _record(engine, target, node, lambda: f"{node_desc(target)} = {node_desc(node)}")

@@ -14,9 +14,10 @@ recognized at the force point (``Base.nviews == 0``) and fused away instead of s
   :class:`Transpose`, :class:`Replicate` (gather a view to every rank), :class:`Swap`
   (made by fusion from a copy out of a dying temporary).
 
-Each task carries ``sig``, a canonical text of what was recorded (bases by serial number,
-views, dtypes, scalar values), hashed at the force point to detect ranks that diverge, and
-``desc``, the human-readable form used in error messages.
+Each task has ``sig``, a canonical form of what was recorded (nested tuples of numbers: bases
+by serial number, distributions, views, dtypes, scalar values), hashed at the force point to
+detect ranks that diverge, and ``desc``, the human-readable form used in error messages;
+both are computed only when needed.
 """
 from __future__ import annotations
 
@@ -42,7 +43,7 @@ class Base:
     """
 
     __slots__ = ("engine", "serial", "shape", "dtype", "dist", "local", "flat", "nviews", "exported",
-                 "temp", "origin", "__weakref__")
+                 "temp", "origin", "origin_code", "__weakref__")
 
     def __init__(self, engine, shape: Tuple[int, ...], dtype: np.dtype, dist: Distribution, temp: bool = False,
                  origin: str = ""):
@@ -57,6 +58,7 @@ class Base:
         self.exported = False
         self.temp = temp
         self.origin = origin
+        self.origin_code = zlib.crc32(origin.encode()) if origin else 0
 
     @property
     def replicated(self) -> bool:
@@ -186,20 +188,40 @@ def substitute(node: Node, fn) -> Node:
     return go(node)
 
 
-def _const_sig(c: Const) -> str:
-    v = c.value
-    return f"{type(v).__name__}:{v!r}"
+_KIND_CODE = {"block": 1, "cyclic": 2, "block-cyclic": 3, "replicated": 4}
+_ENTRY_CODE = {"s": 0, "i": 1, "n": 2}
+_NAME_CODES: Dict[str, int] = {}
 
 
-def node_sig(node: Node) -> str:
-    """Canonical text of an expression (bases by serial): equal on every rank that recorded it."""
+def _name_code(name: str) -> int:
+    """A stable integer for an operation name (the same on every rank: derived from the text)."""
+    c = _NAME_CODES.get(name)
+    if c is None:
+        c = _NAME_CODES[name] = zlib.crc32(name.encode())
+    return c
+
+
+def _view_sig(v: View) -> Tuple[int, ...]:
+    out: List[int] = list(v.base_shape)
+    out.append(-1)
+    for e in v.entries:
+        out.append(_ENTRY_CODE[e[0]])
+        out.extend(e[1:])
+    return tuple(out)
+
+
+def node_sig(node: Node) -> Tuple:
+    """Canonical form of an expression as nested tuples of numbers (bases by serial number), equal on
+    every rank that recorded the same thing; ``hash()`` of it is the same in every process (no strings,
+    no None, so no per-process hash randomization)."""
     if isinstance(node, Leaf):
         b = node.base
-        extra = f"~{b.origin}" if b.origin else ""
-        return f"#{b.serial}{b.dist.key}{b.dtype.str}{node.view.key}{extra}"
+        d = b.dist
+        return (0, b.serial, _KIND_CODE[d.kind], d.nrows, d.block, b.dtype.num, b.origin_code, _view_sig(node.view))
     if isinstance(node, Const):
-        return _const_sig(node)
-    return f"{node.name}:{node.dtype.str}(" + ",".join(node_sig(a) for a in node.args) + ")"
+        v = node.value
+        return (1, int(node.weak), node.dtype.num, float(v) if not isinstance(v, (int, np.integer)) else int(v))
+    return (2, _name_code(node.name), node.dtype.num) + tuple(node_sig(a) for a in node.args)
 
 
 def node_desc(node: Node) -> str:
@@ -263,10 +285,31 @@ class RowSpace:
 
 # --------------------------------------------------------------------------- tasks
 class Task:
-    """A recorded operation. ``sig``: canonical text (divergence check); ``desc``: readable text."""
+    """A recorded operation. ``sig`` (computed on first use): canonical nested tuple of numbers of what was
+    recorded, hashed at the force point to detect diverging ranks; ``desc``: readable text for errors."""
 
-    __slots__ = ("sig", "desc")
+    __slots__ = ("_sig", "_desc", "_desc_fn")
     kind = "task"
+
+    def _init_text(self, desc_fn) -> None:
+        self._sig = None
+        self._desc = None
+        self._desc_fn = desc_fn
+
+    @property
+    def sig(self) -> Tuple:
+        if self._sig is None:
+            self._sig = self._make_sig()
+        return self._sig
+
+    @property
+    def desc(self) -> str:
+        if self._desc is None:
+            self._desc = self._desc_fn()
+        return self._desc
+
+    def _make_sig(self) -> Tuple:  # pragma: no cover - every task kind overrides it
+        raise NotImplementedError
 
     def reads(self) -> List[Leaf]:
         return []
@@ -281,11 +324,14 @@ class Assign(Task):
     __slots__ = ("out", "expr", "space")
     kind = "assign"
 
-    def __init__(self, out: Leaf, expr: Node, op_desc: str = ""):
+    def __init__(self, out: Leaf, expr: Node, op_desc: Any = ""):
         self.out, self.expr = out, expr
         self.space = RowSpace.of_leaf(out, out.shape)
-        self.sig = f"assign {node_sig(out)} = {node_sig(expr)}"
-        self.desc = (op_desc or f"{node_desc(out)} = {node_desc(expr)}") + f" -> {out.dtype} {out.shape}"
+        self._init_text(lambda: ((op_desc() if callable(op_desc) else op_desc) or
+                                 f"{node_desc(out)} = {node_desc(expr)}") + f" -> {out.dtype} {out.shape}")
+
+    def _make_sig(self) -> Tuple:
+        return (10, node_sig(self.out), node_sig(self.expr))
 
     def reads(self) -> List[Leaf]:
         return list(leaves(self.expr))
@@ -306,8 +352,11 @@ class Reduce(Task):
                  acc_dtype: np.dtype, op_desc: str):
         self.expr, self.op, self.axis, self.out, self.space, self.count = expr, op, axis, out, space, count
         self.acc_dtype = np.dtype(acc_dtype)
-        self.sig = f"reduce {op} axis={axis} {node_sig(out)} = {node_sig(expr)}"
-        self.desc = f"{op_desc} -> {out.dtype} {out.shape}"
+        self._init_text(lambda: f"{op_desc} -> {out.dtype} {out.shape}")
+
+    def _make_sig(self) -> Tuple:
+        return (11, _name_code(self.op), -1 if self.axis is None else self.axis, node_sig(self.out),
+                node_sig(self.expr))
 
     def reads(self) -> List[Leaf]:
         return list(leaves(self.expr))
@@ -325,8 +374,10 @@ class Matmul(Task):
 
     def __init__(self, a: Leaf, b: Leaf, out: Leaf):
         self.a, self.b, self.out = a, b, out
-        self.sig = f"matmul {node_sig(out)} = {node_sig(a)} @ {node_sig(b)}"
-        self.desc = f"{node_desc(out)} = {node_desc(a)} @ {node_desc(b)}"
+        self._init_text(lambda: f"{node_desc(out)} = {node_desc(a)} @ {node_desc(b)}")
+
+    def _make_sig(self) -> Tuple:
+        return (12, node_sig(self.out), node_sig(self.a), node_sig(self.b))
 
     def reads(self) -> List[Leaf]:
         return [self.a, self.b]
@@ -343,8 +394,10 @@ class Transpose(Task):
 
     def __init__(self, src: Leaf, out: Leaf):
         self.src, self.out = src, out
-        self.sig = f"transpose {node_sig(out)} = {node_sig(src)}.T"
-        self.desc = f"{node_desc(out)} = {node_desc(src)}.T"
+        self._init_text(lambda: f"{node_desc(out)} = {node_desc(src)}.T")
+
+    def _make_sig(self) -> Tuple:
+        return (13, node_sig(self.out), node_sig(self.src))
 
     def reads(self) -> List[Leaf]:
         return [self.src]
@@ -362,8 +415,10 @@ class Replicate(Task):
 
     def __init__(self, src: Leaf, out: Leaf, root: Optional[int] = None, why: str = ""):
         self.src, self.out, self.root = src, out, root
-        self.sig = f"replicate root={root} {node_sig(out)} = {node_sig(src)}"
-        self.desc = why or f"gather {node_desc(src)}" + ("" if root is None else f" to rank {root}")
+        self._init_text(lambda: why or f"gather {node_desc(src)}" + ("" if root is None else f" to rank {root}"))
+
+    def _make_sig(self) -> Tuple:
+        return (14, -1 if self.root is None else self.root, node_sig(self.out), node_sig(self.src))
 
     def reads(self) -> List[Leaf]:
         return [self.src]
@@ -382,7 +437,8 @@ class Swap(Task):
 
     def __init__(self, target: Leaf, source: Leaf, box, origin: Task):
         self.target, self.source, self.box = target, source, box
-        self.sig, self.desc = origin.sig, origin.desc
+        self._init_text(lambda: origin.desc)
+        self._sig = origin.sig
 
     def reads(self) -> List[Leaf]:
         return [self.source, Leaf(self.target.base, View.full(self.target.base.shape))]

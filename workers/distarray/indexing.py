@@ -15,6 +15,7 @@ arrays and boolean masks raise :class:`UnsupportedOperation`.
 """
 from __future__ import annotations
 
+import math
 import operator
 from typing import Any, List, Optional, Sequence, Tuple
 
@@ -80,7 +81,7 @@ class View:
 
     @property
     def size(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64))
+        return math.prod(self.shape)
 
     @property
     def is_full(self) -> bool:

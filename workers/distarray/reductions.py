@@ -17,6 +17,7 @@ and ``max`` propagate NaN like NumPy; ``min``/``max`` of an empty selection rais
 """
 from __future__ import annotations
 
+import math
 from typing import Optional, Tuple
 
 import numpy as np
@@ -98,7 +99,7 @@ def record_reduce(engine, leaf: Node, op: str, axis: Optional[int], desc_name: O
             ax = None
     else:
         ax = None
-    size = int(np.prod(shape, dtype=np.int64))
+    size = math.prod(shape)
     count = size if ax is None else shape[ax]
     if op in ("min", "max") and (count == 0 or size == 0):
         raise ValueError(f"zero-size array to reduction operation {'minimum' if op == 'min' else 'maximum'} "

@@ -31,7 +31,7 @@ timeline draws their arrows.
 """
 from __future__ import annotations
 
-import hashlib
+import math
 import time
 from collections import deque
 from typing import Any, Callable, Dict, List, Optional, Tuple
@@ -335,7 +335,7 @@ class _Flush:
                 layout = []
                 off = 0
                 for (a, op, axis, acc, pshape) in slot_reds:
-                    nb = int(np.prod(pshape, dtype=np.int64)) * np.dtype(acc).itemsize
+                    nb = math.prod(pshape) * np.dtype(acc).itemsize
                     layout.append((off, nb, np.dtype(acc), tuple(pshape)))
                     off = (off + nb + 7) & ~7
                 total = max(off, 8)
@@ -660,14 +660,11 @@ class _Flush:
 
 # --------------------------------------------------------------------------- agreement
 def _hash_tasks(tasks) -> Tuple[int, np.ndarray]:
-    per = np.empty(len(tasks), dtype=np.int64)
-    h = hashlib.blake2b(digest_size=8)
-    for i, t in enumerate(tasks):
-        d = hashlib.blake2b(t.sig.encode(), digest_size=8).digest()
-        per[i] = int.from_bytes(d, "little", signed=True) >> 2
-        h.update(d)
-    total = int.from_bytes(h.digest(), "little", signed=True) >> 2
-    return total, per
+    """Per-task hashes and their combination (Python's ``hash`` of tuples of numbers: the same in every
+    process), reduced to 62 bits so that ``-h`` never overflows."""
+    per = [hash(t.sig) >> 2 for t in tasks]
+    total = hash(tuple(per)) >> 2
+    return total, np.array(per, dtype=np.int64)
 
 
 def _agree(fl: _Flush, tasks) -> None:
