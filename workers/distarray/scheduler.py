@@ -62,6 +62,7 @@ class Waitable:
     __slots__ = ("req", "kind", "peer", "tag", "nbytes", "seq", "units", "label", "inst", "done", "cancellable")
 
     def __init__(self, req, kind: str, peer: int, tag: int, nbytes: int, seq: int, label: str, inst=None):
+        """``kind``: 'recv', 'send', 'coll' (a reduction's allgather) or 'check' (the agreement)."""
         self.req, self.kind, self.peer, self.tag, self.nbytes, self.seq = req, kind, peer, tag, nbytes, seq
         self.units: List["Unit"] = []
         self.label = label
@@ -124,6 +125,7 @@ class _Flush:
         self.bytes_sent = 0
         self.msgs_recv = 0
         self.blocks = 0
+        self.agreement: Optional["_Agreement"] = None
 
     # -- tracing ---------------------------------------------------------------------
     def _rec(self, kind: int, direction: int, peer: int, tag: int, nbytes: int, t0: int, t1: int, wait: int,
@@ -161,6 +163,8 @@ class _Flush:
             self._rec(K_RECV, tracing.DIR_RECV, w.peer, w.tag, w.nbytes, t0, t1, wait, w.seq)
         elif w.kind == "coll":
             self._rec(K_COLL, tracing.DIR_NONE, -1, w.tag, w.nbytes, t0, t1, wait, w.seq, count=self.size)
+        elif w.kind == "check":
+            self._rec(K_CHECK, tracing.DIR_NONE, -1, w.tag, w.nbytes, t0, t1, wait, w.seq, count=self.size)
         elif wait > 0:
             self._rec(K_WAIT, tracing.DIR_NONE, w.peer, w.tag, w.nbytes, t0, t1, wait, w.seq)
         for u in w.units:
@@ -590,6 +594,16 @@ class _Flush:
             MPI.Prequest.Startall([w.req for w in recvs])
             self.active.extend(recvs)
         units = [u for run in self.runs for u in self.all_units(run)]
+        agr = self.agreement
+        verify = Unit("compute", agr.verify, "verify the agreement")
+        if not agr.waitable.done:
+            verify.ndeps = 1
+            agr.waitable.units.append(verify)
+            self.active.append(agr.waitable)
+        for run in self.runs:
+            if run.coll is not None:
+                _after(run.coll, verify)
+        units.append(verify)
         self.nunits = len(units)
         for u in units:
             if u.ndeps == 0:
@@ -644,6 +658,25 @@ class _Flush:
                 run.finish.fn()
                 self.ndone += 1
 
+    def dispose(self) -> None:
+        """Break the reference cycles of the flush (units' closures refer back to it, the agreement to
+        its verify unit), so that the bases they hold die, and their buffers return to the pool, as
+        soon as the flush returns instead of at the next cyclic garbage collection."""
+        for run in self.runs:
+            for w in run.recvs:
+                w.units = []
+            for u in self.all_units(run):
+                u.fn = None
+                u.dependents = []
+        if self.agreement is not None:
+            self.agreement.waitable.units = []
+            self.agreement.tasks = None
+        self.runs = []
+        self.active = []
+        self.ready_comm.clear()
+        self.ready_comp.clear()
+        self.agreement = None
+
     def abort(self) -> None:
         """After an error: cancel the receives still in flight; instances with a send or collective
         in flight are never reused (their buffers may still be read)."""
@@ -667,20 +700,46 @@ def _hash_tasks(tasks) -> Tuple[int, np.ndarray]:
     return total, np.array(per, dtype=np.int64)
 
 
-def _agree(fl: _Flush, tasks) -> None:
-    """Collective check that every rank recorded the same operations; raises DistArrayDivergence."""
+class _Agreement:
+    """The collective check that every rank recorded the same operations (one small non-blocking
+    allreduce of a hash). With latency hiding it is started first and completes while the rank
+    works; it must be verified before any collective of the flush starts."""
+
+    def __init__(self, fl: _Flush, tasks):
+        self.fl, self.tasks = fl, tasks
+        eng = fl.eng
+        total, self.per = _hash_tasks(tasks)
+        self.mine = np.array([total, -total, len(tasks), -len(tasks)], dtype=np.int64)
+        self.got = np.empty(4, dtype=np.int64)
+        self.t0 = _now()
+        self.req = eng.dcomm.Iallreduce(self.mine, self.got, op=fl.MPI.MAX)
+        self.waitable = Waitable(self.req, "check", -1, 0, 32, eng.flush_no, "agreeing on the recorded operations")
+        self.verified = False
+
+    def wait(self) -> None:
+        """Block until the check completed (if it has not), then :meth:`verify`."""
+        if not self.waitable.done:
+            waiting.wait(self.req, self.fl.eng.timeout, self.fl.rank, None,
+                         self.fl.op_name("agreeing on the recorded operations"), DistArrayTimeout, cancellable=False)
+            self.waitable.done = True
+            self.fl._rec(K_CHECK, tracing.DIR_NONE, -1, 0, 32, self.t0, _now(), -1, self.fl.eng.flush_no,
+                         count=self.fl.size)
+        self.verify()
+
+    def verify(self) -> None:
+        """Raise DistArrayDivergence (on every rank) if the ranks' hashes differ."""
+        if self.verified:
+            return
+        self.verified = True
+        got = self.got
+        if got[0] == -got[1] and got[2] == -got[3]:
+            return
+        _diagnose(self.fl, self.tasks, self.per)
+
+
+def _diagnose(fl: _Flush, tasks, per: np.ndarray) -> None:
+    """The ranks' hashes differ: find the first differing operation and raise on every rank."""
     eng, MPI = fl.eng, fl.MPI
-    total, per = _hash_tasks(tasks)
-    mine = np.array([total, -total, len(tasks), -len(tasks)], dtype=np.int64)
-    got = np.empty(4, dtype=np.int64)
-    t0 = _now()
-    req = eng.dcomm.Iallreduce(mine, got, op=MPI.MAX)
-    waiting.wait(req, eng.timeout, eng.rank, None, fl.op_name("agreeing on the recorded operations"),
-                 DistArrayTimeout, cancellable=False)
-    t1 = _now()
-    fl._rec(K_CHECK, tracing.DIR_NONE, -1, 0, 32, t0, t1, -1, eng.flush_no, count=eng.size)
-    if got[0] == -got[1] and got[2] == -got[3]:
-        return
     # diagnosis: every rank's per-operation hashes, then the first differing operation's text
     counts = np.empty(eng.size, dtype=np.int64)
     req = eng.dcomm.Iallgather(np.array([len(tasks)], dtype=np.int64), counts)
@@ -729,14 +788,20 @@ def run_flush(engine, tasks, reason: str, hiding: bool) -> None:
     engine.ensure_comm()
     engine.flush_no += 1
     fl = _Flush(engine, reason, hiding)
-    _agree(fl, tasks)
+    agr = fl.agreement = _Agreement(fl, tasks)
+    if not hiding:
+        agr.wait()  # blocking: agree first
     groups, fstats = optimize(tasks)
     try:
         fl.build(groups)
         fl.execute()
-    except BaseException:
+    except BaseException as err:
         fl.abort()
+        if not agr.verified and not isinstance(err, (DistArrayTimeout, KeyboardInterrupt)):
+            agr.wait()  # a divergence explains the error better (raises DistArrayDivergence)
         raise
+    finally:
+        fl.dispose()
     st = engine.stats
     st["flushes"] += 1
     st["groups"] += len(groups)
