@@ -1,4 +1,4 @@
-"""Error cases of the distributed arrays, run SPMD by tests/test_distarray.py (2 and 3 ranks, NBMPI_TIMEOUT=3).
+"""Error cases of the distributed arrays, run SPMD by tests/test_distarray.py (2 and 3 ranks, NBMPI_TIMEOUT=2).
 Every case must raise the expected error on every rank (each rank prints `rank R raised CASE: ...`), and
 after each one the arrays stay usable. The last case (a rank late beyond the timeout) must end with a
 DistArrayTimeout on every rank instead of a hang."""
@@ -78,7 +78,7 @@ assert float(dnp.sum(c * 3)) == 60.0  # usable again after a divergence
 
 def late_rank():
     if rank == size - 1:
-        time.sleep(7)  # longer than NBMPI_TIMEOUT=3: the others give up; then this rank finds them gone
+        time.sleep(4.5)  # longer than NBMPI_TIMEOUT=2: the others give up; then this rank finds them gone
     return float(dnp.sum(c))
 
 
