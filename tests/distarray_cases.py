@@ -122,6 +122,7 @@ for dist in DISTS if not QUICK else DISTS[:2]:
     check(f"where {dist}", dnp.where(p > q, p, -q), np.where(xp > yp, xp, -yp))
     check(f"where scalars {dist}", dnp.where(p > 1.0, 1.0, 0), np.where(xp > 1.0, 1.0, 0))
     check(f"np.where dispatch {dist}", np.where(p < q, p, 7), np.where(xp < yp, xp, 7))
+    check(f"NaN scalar operand {dist}", dnp.where(p > 1.2, np.nan, p) * -0.0, np.where(xp > 1.2, np.nan, xp) * -0.0)
     m = dnp.from_numpy(np.where(xp > 1, np.nan, xp), dist=dist)
     check(f"maximum/minimum NaN {dist}", dnp.maximum(m, q) + dnp.minimum(q, m),
           np.maximum(np.where(xp > 1, np.nan, xp), yp) + np.minimum(yp, np.where(xp > 1, np.nan, xp)))
@@ -177,6 +178,8 @@ for dist in DISTS:
         y[::3] = 0.5
         a[a > 1.2] = -1
         y[y > 1.2] = -1
+        a[y < 0.3] = 4.0  # a NumPy mask
+        y[y < 0.3] = 4.0
         a[-4:] = np.array([9.0, 8.0, 7.0, 6.0])
         y[-4:] = [9.0, 8.0, 7.0, 6.0]
         a[::-1] = a + 0

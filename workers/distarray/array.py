@@ -278,11 +278,16 @@ class DistArray:
 
     def __setitem__(self, key: Any, value: Any) -> None:
         eng = self.engine
-        if isinstance(key, DistArray) and key.dtype == np.bool_:
+        if isinstance(key, (DistArray, np.ndarray)) and key.dtype == np.bool_:
+            # a[mask] = value with a mask of a's shape is where(mask, value, a), in place
             if key.shape != self.shape:
                 raise ShapeError(f"boolean mask of shape {key.shape} does not match the array's shape {self.shape}")
             val = value._leaf() if isinstance(value, DistArray) else value
-            res = elementwise.record_where(eng, key._leaf(), val, self._leaf())
+            if np.ndim(val) and not isinstance(val, Leaf):
+                raise UnsupportedOperation("a[mask] = values needs a scalar or an array of a's shape; a[mask] = "
+                                           "array_of_selected_values is not supported")
+            mk = key._leaf() if isinstance(key, DistArray) else key
+            res = elementwise.record_where(eng, mk, val, self._leaf())
             elementwise.record_assign(eng, self._leaf(), res)
             eng.maybe_flush()
             return

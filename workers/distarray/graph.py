@@ -21,6 +21,7 @@ both are computed only when needed.
 """
 from __future__ import annotations
 
+import struct
 import zlib
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
@@ -220,7 +221,10 @@ def node_sig(node: Node) -> Tuple:
         return (0, b.serial, _KIND_CODE[d.kind], d.nrows, d.block, b.dtype.num, b.origin_code, _view_sig(node.view))
     if isinstance(node, Const):
         v = node.value
-        return (1, int(node.weak), node.dtype.num, float(v) if not isinstance(v, (int, np.integer)) else int(v))
+        if isinstance(v, (bool, np.bool_, int, np.integer)):
+            return (1, int(node.weak), node.dtype.num, int(v))
+        # floats by their bits: hash(nan) differs between processes, and 0.0 == -0.0 must not match
+        return (1, int(node.weak), node.dtype.num, struct.unpack("<q", struct.pack("<d", float(v)))[0])
     return (2, _name_code(node.name), node.dtype.num) + tuple(node_sig(a) for a in node.args)
 
 
