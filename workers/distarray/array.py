@@ -282,10 +282,10 @@ class DistArray:
             # a[mask] = value with a mask of a's shape is where(mask, value, a), in place
             if key.shape != self.shape:
                 raise ShapeError(f"boolean mask of shape {key.shape} does not match the array's shape {self.shape}")
-            val = value._leaf() if isinstance(value, DistArray) else value
-            if np.ndim(val) and not isinstance(val, Leaf):
-                raise UnsupportedOperation("a[mask] = values needs a scalar or an array of a's shape; a[mask] = "
-                                           "array_of_selected_values is not supported")
+            if isinstance(value, DistArray) or np.ndim(value) != 0:
+                raise UnsupportedOperation("a[mask] = x is supported for a scalar x; for arrays write "
+                                           "a[...] = where(mask, x, a)")
+            val = value
             mk = key._leaf() if isinstance(key, DistArray) else key
             res = elementwise.record_where(eng, mk, val, self._leaf())
             elementwise.record_assign(eng, self._leaf(), res)
