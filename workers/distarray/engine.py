@@ -208,11 +208,14 @@ def engine_for(comm=None) -> Engine:
     return eng
 
 
+_UNCHANGED: Any = object()
+
+
 def configure(latency_hiding: Optional[bool] = None, threshold: Optional[int] = None,
-              chunk_elems: Optional[int] = None, timeout: Optional[float] = -1.0, comm=None) -> Dict[str, Any]:
+              chunk_elems: Optional[int] = None, timeout: Any = _UNCHANGED, comm=None) -> Dict[str, Any]:
     """Change the evaluation settings of the engine of ``comm`` (default ``COMM_WORLD``); arguments
-    left as None keep their value (``timeout=None`` means wait forever). Local; call it on every
-    rank with the same values. Returns the settings now in force."""
+    left out keep their value (``timeout``: seconds, or None to wait forever). Local; call it on
+    every rank with the same values. Returns the settings now in force."""
     eng = engine_for(comm)
     if latency_hiding is not None:
         eng.latency_hiding = bool(latency_hiding)
@@ -224,7 +227,9 @@ def configure(latency_hiding: Optional[bool] = None, threshold: Optional[int] = 
         if chunk_elems < 1:
             raise DistArrayError(f"chunk_elems must be at least 1, got {chunk_elems}")
         eng.chunk_elems = int(chunk_elems)
-    if timeout is None or (timeout is not None and timeout >= 0):
+    if timeout is not _UNCHANGED:
+        if timeout is not None and timeout <= 0:
+            raise DistArrayError(f"timeout must be a positive number of seconds or None, got {timeout!r}")
         eng.timeout = timeout
     return dict(latency_hiding=eng.latency_hiding, threshold=eng.threshold, chunk_elems=eng.chunk_elems,
                 timeout=eng.timeout)

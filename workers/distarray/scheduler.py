@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import math
 import time
+from bisect import bisect_left, bisect_right
 from collections import deque
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -89,8 +90,59 @@ def _after(u: "Unit", prereq: "Unit") -> None:
     u.ndeps += 1
 
 
+class _Record:
+    """The accesses of one group's units to one base with one mode: their hull and the units, kept
+    in the order they were added (blocks come in row order, so lows and highs usually both grow
+    and :meth:`overlapping` bisects; otherwise it scans)."""
+
+    __slots__ = ("mode", "lo", "hi", "units", "los", "his", "monotonic")
+
+    def __init__(self, mode: str):
+        self.mode = mode
+        self.lo, self.hi = 1 << 62, -1
+        self.units: List[Tuple[Unit, int, int]] = []
+        self.los: List[int] = []
+        self.his: List[int] = []
+        self.monotonic = True
+
+    def add(self, u: Unit, lo: int, hi: int) -> None:
+        if self.units and (lo < self.los[-1] or hi < self.his[-1]):
+            self.monotonic = False
+        self.units.append((u, lo, hi))
+        self.los.append(lo)
+        self.his.append(hi)
+        self.lo = min(self.lo, lo)
+        self.hi = max(self.hi, hi)
+
+    def overlapping(self, lo: int, hi: int) -> List[Tuple[Unit, int, int]]:
+        """The units whose rows overlap ``[lo, hi)``."""
+        if self.monotonic:
+            return self.units[bisect_right(self.his, lo):bisect_left(self.los, hi)]
+        return [e for e in self.units if e[2] > lo and e[1] < hi]
+
+    def coverage(self) -> List[Tuple[int, int]]:
+        """The union of the units' row intervals, merged and sorted."""
+        out: List[Tuple[int, int]] = []
+        for lo, hi in sorted((lo, hi) for (_, lo, hi) in self.units):
+            if out and lo <= out[-1][1]:
+                if hi > out[-1][1]:
+                    out[-1] = (out[-1][0], hi)
+            else:
+                out.append((lo, hi))
+        return out
+
+
+def _covers(intervals: List[Tuple[int, int]], lo: int, hi: int) -> bool:
+    """True if the merged ``intervals`` contain ``[lo, hi)``."""
+    for a, b in intervals:
+        if a <= lo and hi <= b:
+            return True
+    return False
+
+
 class _GroupRun:
-    """The units of one group in one flush."""
+    """The units of one group in one flush: receives (started at once), sends, computations, and for
+    a reduction its allgather (``coll``) and the unit that combines the ranks' partials (``finish``)."""
 
     __slots__ = ("recvs", "sends", "computes", "coll", "finish", "label", "inst")
 
@@ -105,6 +157,9 @@ class _GroupRun:
 
 
 class _Flush:
+    """One force point on this rank: builds the units of every group (:meth:`build`), runs them
+    (:meth:`execute`) and records every transfer and wait into the tracer."""
+
     def __init__(self, engine, reason: str, hiding: bool):
         self.eng = engine
         self.reason = reason
@@ -550,27 +605,42 @@ class _Flush:
 
     # -- dependencies between groups (latency hiding only) ---------------------------------
     def _dependencies(self) -> None:
-        lists: Dict[int, List[Tuple[Unit, int, int, str]]] = {}
+        """Make each unit wait for the earlier groups' units it conflicts with (same base, overlapping
+        local rows, not both reading, not both accumulating): per-base lists of access records, the
+        seed's dependency heuristic, with one record per group and access kind. A record whose rows a
+        later group overwrites entirely is dropped (anything after depends on the overwriting units,
+        which depend on it), so the lists stay short in time loops."""
+        records: Dict[int, List["_Record"]] = {}
         for run in self.runs:
             units = run.sends + run.computes + ([run.finish] if run.finish is not None else [])
-            new_entries: List[Tuple[int, Tuple[Unit, int, int, str]]] = []
+            new: Dict[Tuple[int, str], "_Record"] = {}
             for u in units:
                 seen = set()
                 for (serial, lo, hi, mode) in u.access:
-                    for (p, plo, phi, pmode) in lists.get(serial, ()):
-                        if p is u or id(p) in seen or phi <= lo or hi <= plo:
+                    for rec in records.get(serial, ()):
+                        if rec.hi <= lo or hi <= rec.lo:
                             continue
-                        if (mode == "R" and pmode == "R") or (mode == "A" and pmode == "A"):
+                        if (mode == "R" and rec.mode == "R") or (mode == "A" and rec.mode == "A"):
                             continue
-                        seen.add(id(p))
-                        _after(u, p)
-                    new_entries.append((serial, (u, lo, hi, mode)))
+                        for (p, plo, phi) in rec.overlapping(lo, hi):
+                            if id(p) in seen:
+                                continue
+                            seen.add(id(p))
+                            _after(u, p)
+                    rec = new.get((serial, mode))
+                    if rec is None:
+                        rec = new[(serial, mode)] = _Record(mode)
+                    rec.add(u, lo, hi)
             if run.coll is not None:
                 if self.prev_coll is not None:
                     _after(run.coll, self.prev_coll)
                 self.prev_coll = run.coll
-            for serial, ent in new_entries:
-                lists.setdefault(serial, []).append(ent)
+            for (serial, mode), rec in new.items():
+                lst = records.setdefault(serial, [])
+                if mode == "W":
+                    covered = rec.coverage()
+                    lst[:] = [r for r in lst if not _covers(covered, r.lo, r.hi)]
+                lst.append(rec)
 
     # -- execution -------------------------------------------------------------------
     def all_units(self, run: _GroupRun) -> List[Unit]:
