@@ -9,7 +9,7 @@ settings that govern evaluation:
   with blocking waits first and compute afterwards, task by task;
 * ``threshold`` (env ``NBMPI_DISTARRAY_THRESHOLD``, default 1000): number of recorded
   operations that forces an evaluation by itself;
-* ``chunk_elems`` (env ``NBMPI_DISTARRAY_CHUNK``, default 131072): elements per block of
+* ``chunk_elems`` (env ``NBMPI_DISTARRAY_CHUNK``, default 262144): elements per block of
   work, i.e. how often a rank polls for arrived messages while it computes;
 * ``timeout`` (env ``NBMPI_TIMEOUT``): bound of every blocking wait of a force point.
 
@@ -30,7 +30,7 @@ from .graph import Task
 __all__ = ["Engine", "engine_for", "configure", "env_latency_hiding"]
 
 DEFAULT_THRESHOLD = 1000
-DEFAULT_CHUNK = 1 << 17
+DEFAULT_CHUNK = 1 << 18
 MAX_PLANS = 512
 FIRST_TAG = 1000
 

@@ -90,6 +90,31 @@ def _after(u: "Unit", prereq: "Unit") -> None:
     u.ndeps += 1
 
 
+class _Complement(list):
+    """Index tuples of the local elements of a base outside a box (what a swap copies); a cached plan."""
+
+    def free(self) -> None:
+        pass
+
+
+def _complement(x, box, rank: int) -> _Complement:
+    """The local elements of base ``x`` outside ``box`` (per base axis ``(start, stop)``) as a few
+    NumPy index tuples: the rows outside the box, then per trailing axis the two slabs beside it."""
+    g = x.dist.global_rows(rank) if not x.replicated else np.arange(x.shape[0], dtype=np.int64)
+    r0, r1 = box[0]
+    rows_in = (g >= r0) & (g < r1)
+    out = _Complement()
+    if not rows_in.all():
+        out.append((selector(np.flatnonzero(~rows_in)),))
+    in_rows = selector(np.flatnonzero(rows_in))
+    for k in range(1, len(x.shape)):
+        prefix = [in_rows] + [slice(box[j][0], box[j][1]) for j in range(1, k)]
+        for (lo, hi) in ((0, box[k][0]), (box[k][1], x.shape[k])):
+            if hi > lo:
+                out.append(tuple(prefix + [slice(lo, hi)]))
+    return out
+
+
 class _Record:
     """The accesses of one group's units to one base with one mode: their hull and the units, kept
     in the order they were added (blocks come in row order, so lows and highs usually both grow
@@ -434,25 +459,12 @@ class _Flush:
 
     def _swap(self, t: Swap) -> _GroupRun:
         x, s = t.target.base, t.source.base
-        box = t.box
-        rank = self.rank
+        idx = self.eng.plan(("swap", x.dist.key, x.shape, t.box), lambda: _complement(x, t.box, self.rank))
 
         def fn() -> None:
             xl, sl = x.ensure(), s.ensure()
-            g = x.dist.global_rows(rank) if not x.replicated else np.arange(x.shape[0], dtype=np.int64)
-            r0, r1 = box[0]
-            rows_in = (g >= r0) & (g < r1)
-            if not rows_in.all():
-                out_rows = np.flatnonzero(~rows_in)
-                sl[out_rows] = xl[out_rows]
-            in_rows = selector(np.flatnonzero(rows_in))
-            nd = len(x.shape)
-            for k in range(1, nd):
-                prefix = [in_rows] + [slice(box[j][0], box[j][1]) for j in range(1, k)]
-                for (lo, hi) in ((0, box[k][0]), (box[k][1], x.shape[k])):
-                    if hi > lo:
-                        idx = tuple(prefix + [slice(lo, hi)])
-                        sl[idx] = xl[idx]
+            for ix in idx:
+                sl[ix] = xl[ix]
             x.set_local(sl)
             s.set_local(xl)
 
