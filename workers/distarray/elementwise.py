@@ -203,6 +203,15 @@ def record_ufunc(engine, ufunc: np.ufunc, inputs: Sequence[Any], out: Optional[L
         raise TypeError(f"{name}() takes {ufunc.nin} operands, got {len(inputs)}")
     nodes = [as_node(engine, x) for x in inputs]
     _check_engines(engine, nodes, name)
+    if name == "power" and isinstance(nodes[1], Const) and not isinstance(nodes[0], Const) \
+            and nodes[0].dtype.kind == "f" and nodes[1].dtype.kind in "iuf":
+        # NumPy's own fast paths for float arrays (the same results as NumPy, and no pow() call):
+        # a ** 2 is square(a), a ** 0.5 is sqrt(a)
+        e = nodes[1].value
+        if e == 2:
+            return record_ufunc(engine, np.square, [inputs[0]], out)
+        if e == 0.5:
+            return record_ufunc(engine, np.sqrt, [inputs[0]], out)
     shape = _broadcast(name, [n.shape for n in nodes])
     specs = tuple(n.spec if isinstance(n, Const) else n.dtype for n in nodes)
     try:
