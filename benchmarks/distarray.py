@@ -477,7 +477,7 @@ def mpi_main(a) -> int:
     u, v = hw_arrays()
     (hw_check, _), hw_first = timed(lambda: handwritten_stencil(comm, u, v, lo, size_, 1, kernel))
     hw_best = dn_best = float("inf")
-    for r in range(rounds):
+    for r in range(rounds if a.quick else max(rounds, 6)):  # the 1.25x target: more interleaved rounds
         u, v = hw_arrays()
         handwritten_stencil(comm, u, v, lo, size_, 2, kernel)  # warm, like nbmpi's
         _, t = timed(lambda: handwritten_stencil(comm, u, v, lo, size_, iters, kernel))
