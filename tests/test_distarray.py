@@ -41,7 +41,7 @@ def test_every_operation_equals_numpy_on_every_distribution(run_mpi, kernel_cach
     assert_ok(p)
     for s in SECTIONS:
         assert f"ok {s}\n" in p.stdout, (s, p.stdout)
-    assert f"ALL OK (" in p.stdout and f" checks on {n} ranks)" in p.stdout, p.stdout
+    assert "ALL OK (" in p.stdout and f" checks on {n} ranks)" in p.stdout, p.stdout
 
 
 @pytest.mark.parametrize("n", [2, 3])

@@ -24,7 +24,7 @@ import numpy as np
 from . import elementwise, linalg, reductions
 from .distribution import Distribution
 from .engine import Engine
-from .errors import DistributionError, ShapeError, UnsupportedOperation
+from .errors import ShapeError, UnsupportedOperation
 from .graph import Base, Leaf
 from .indexing import View
 from .plans import _my_rows_fast, selector
@@ -223,9 +223,9 @@ class DistArray:
                                               ._leaf(), "print")
             tail = elementwise.replicate_leaf(self.engine, DistArray(self._base, self._view.index(
                 slice(n0 - edge, n0)))._leaf(), "print")
-            keep = (DistArray(head.base, head.view), DistArray(tail.base, tail.view))  # read below
+            held = (DistArray(head.base, head.view), DistArray(tail.base, tail.view))  # read below
             self.engine.flush("print")
-            del keep
+            assert held
             h = head.base.ensure()[head.view.numpy_index()]
             tl = tail.base.ensure()[tail.view.numpy_index()]
             arr = np.concatenate([h, h[:1], tl], axis=0)

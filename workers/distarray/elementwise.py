@@ -33,6 +33,8 @@ __all__ = ["SUPPORTED", "record_ufunc", "record_where", "record_cast", "record_a
            "aligned", "result_leaf", "rep_base_from_numpy"]
 
 SUPPORTED = frozenset(SUPPORTED_UFUNCS)
+#: NumPy's type resolution per (ufunc, operand dtypes or weak Python types), computed once.
+_RESOLVED: dict = {}
 
 
 def rep_base_from_numpy(engine, arr: np.ndarray) -> Leaf:
@@ -214,11 +216,13 @@ def record_ufunc(engine, ufunc: np.ufunc, inputs: Sequence[Any], out: Optional[L
             return record_ufunc(engine, np.sqrt, [inputs[0]], out)
     shape = _broadcast(name, [n.shape for n in nodes])
     specs = tuple(n.spec if isinstance(n, Const) else n.dtype for n in nodes)
-    try:
-        dts = ufunc.resolve_dtypes(specs + (None,))
-    except Exception as e:  # noqa: BLE001 - NumPy's own message (no loop for these dtypes)
-        raise TypeError(f"{name}: no implementation for operand dtypes "
-                        f"{', '.join(str(getattr(s, '__name__', s)) for s in specs)} ({e})") from None
+    dts = _RESOLVED.get((name, specs))
+    if dts is None:
+        try:
+            dts = _RESOLVED[(name, specs)] = ufunc.resolve_dtypes(specs + (None,))
+        except Exception as e:  # noqa: BLE001 - NumPy's own message (no loop for these dtypes)
+            raise TypeError(f"{name}: no implementation for operand dtypes "
+                            f"{', '.join(str(getattr(s, '__name__', s)) for s in specs)} ({e})") from None
     in_dt, out_dt = dts[:-1], dts[-1]
     if np.dtype(out_dt).kind not in "biuf":
         raise UnsupportedOperation(f"{name}: result dtype {out_dt} is not supported")

@@ -29,8 +29,6 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any, Dict, List, Optional, Tuple
 
-import numpy as np
-
 from .graph import Assign, Const, Leaf, Op, Reduce, Replicate, RowSpace, Swap, Task, leaves, substitute
 
 __all__ = ["ElementwiseGroup", "TaskGroup", "optimize", "MAX_GROUP_TASKS"]

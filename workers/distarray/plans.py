@@ -290,7 +290,7 @@ class ElementwisePlan(Plan):
         self._roles = tuple(role for role, _ in group.arrays)
         space = group.space
         self.space = space
-        self.d = d = len(space.shape)
+        self.d = len(space.shape)
         self.shape = space.shape
         self.rank = rank
         self.metas: List[ArrayMeta] = []
@@ -634,7 +634,7 @@ class TransposePlan(Plan):
         vs = src.view
         s, t, n = vs.row_params
         col = vs.after_row()[0]
-        c0, ct, m = col[1], col[2], col[3]
+        c0, ct = col[1], col[2]
         self.mine, self.a_loc = _my_rows_fast(src.base.dist, s, t, n, rank)
         self.a_rows = selector(self.a_loc)
         od = out.base.dist

@@ -41,7 +41,7 @@ import numpy as np
 
 from .. import runtime, tracing, waiting
 from .errors import DistArrayDivergence, DistArrayError, DistArrayTimeout
-from .fusion import ElementwiseGroup, TaskGroup, optimize
+from .fusion import ElementwiseGroup, optimize
 from .graph import Matmul, Replicate, Swap, Transpose
 from .plans import ElementwisePlan, MatmulPlan, ReplicatePlan, TransposePlan, selector
 from .reductions import combine_partials, identity_array
