@@ -3,8 +3,10 @@
 :func:`run_flush` evaluates the operations recorded since the last force point:
 
 1. **Agreement** (collective): the ranks compare a hash of what they recorded (one small
-   non-blocking allreduce). If it differs, each rank learns the first differing operation of
-   every rank and all raise :class:`DistArrayDivergence` with the same text; none hangs.
+   non-blocking allreduce; with latency hiding it completes while the rank works, and is
+   checked before any collective of the flush starts). If it differs, each rank learns the
+   first differing operation of every rank and all raise :class:`DistArrayDivergence` with the
+   same text; none hangs.
 2. **Fusion** (:mod:`~.fusion`) and **plans** (:mod:`~.plans`, cached): groups of work, each
    with its messages and blocks.
 3. **Execution**, with latency hiding (the seed's operation flush):
