@@ -370,13 +370,13 @@ def test_browser_overview_cancels_a_job_and_stops_a_pool(server, browser):
 
 @needs_browser
 def test_dashboard_notebook_runs_and_its_figure_draws(tmp_path, browser):
-    """notebooks/02-dashboard.ipynb top to bottom (a controller, a job, its figure inline); then its
+    """notebooks/03-dashboard.ipynb top to bottom (a controller, a job, its figure inline); then its
     outputs as a notebook front end shows them, in Chromium: BokehJS from the output, the figure drawn."""
     import nbformat
     from jupyter_client.manager import KernelManager
     from nbclient import NotebookClient
 
-    nb = nbformat.read(REPO / "notebooks" / "02-dashboard.ipynb", as_version=4)
+    nb = nbformat.read(REPO / "notebooks" / "03-dashboard.ipynb", as_version=4)
     km = KernelManager(kernel_cmd=[sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"])
     NotebookClient(nb, km=km, timeout=180, resources={"metadata": {"path": str(tmp_path)}}).execute()
     outs = [cell.get("outputs", []) for cell in nb.cells]
