@@ -536,14 +536,6 @@ def roll(a: Any, shift: Any, axis: Any = None) -> Any:
     return cur
 
 
-def _like(fn_name: str):
-    def impl(a, *args, **kwargs):
-        from . import creation
-
-        return getattr(creation, fn_name)(a, *args, **kwargs)
-    return impl
-
-
 def _copyto(dst, src, casting="same_kind", where=None):
     if where is not None:
         raise UnsupportedOperation("copyto(where=) is not supported; use dst[...] = where(mask, src, dst)")
@@ -564,10 +556,6 @@ _FUNCTIONS = {
     np.transpose: transpose,
     np.roll: roll,
     np.copyto: _copyto,
-    np.zeros_like: _like("zeros_like"),
-    np.ones_like: _like("ones_like"),
-    np.empty_like: _like("empty_like"),
-    np.full_like: _like("full_like"),
     np.shape: lambda a: a.shape,
     np.ndim: lambda a: a.ndim,
     np.size: lambda a, axis=None: a.size if axis is None else a.shape[axis],

@@ -14,7 +14,7 @@ from typing import Any, Optional, Tuple
 import numpy as np
 
 from .. import runtime, tracing, waiting
-from .array import DistArray
+from .array import _FUNCTIONS, DistArray
 from .distribution import make_distribution
 from .engine import engine_for
 from .errors import DistArrayTimeout, UnsupportedOperation
@@ -213,3 +213,9 @@ def empty_like(a: DistArray, dtype=None, dist=None) -> DistArray:
 def full_like(a: DistArray, fill_value, dtype=None, dist=None) -> DistArray:
     """An array like ``a`` filled with ``fill_value``. Local."""
     return full(a.shape, fill_value, a.dtype if dtype is None else dtype, _like_dist(a, dist), a.comm)
+
+
+# NumPy's *_like functions dispatch here through DistArray.__array_function__ (registered from this
+# module, which the package always imports, so the array module need not import its constructors)
+_FUNCTIONS.update({np.zeros_like: zeros_like, np.ones_like: ones_like, np.empty_like: empty_like,
+                   np.full_like: full_like})
