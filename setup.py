@@ -1,15 +1,16 @@
-"""Build of the optional compiled part of fused reductions (everything else is configured in pyproject.toml).
+"""Build of the optional compiled parts (everything else is configured in pyproject.toml).
 
-Two Cython extensions of ``nbmpi.workers.fused_reductions``:
+* ``nbmpi.workers.fused_reductions._core`` (Cython): the hot paths of shared variables
+  (no MPI headers needed), and ``_direct_mpi``: ``MPI_Start``/``MPI_Test`` and a compiled
+  MPI operation through mpi4py's public C API (``from mpi4py cimport MPI, libmpi``),
+  compiled against the MPI headers of the ``mpich`` wheel (or of ``$MPICC``/``mpicc``).
+  Without them the pure-Python implementation, with the same semantics, is used
+  (``nbmpi.workers.fused_reductions.IMPLEMENTATION`` says which).
+* ``nbmpi.workers._node_copy`` (Cython) is the same-node put/take of
+  :class:`~nbmpi.workers.channels.ArrayChannel`; without it channels move every
+  message with MPI (``nbmpi.workers.channels.SAME_NODE_COPY`` says which).
 
-* ``_core``: the float64-scalar hot path of shared variables (no MPI headers needed);
-* ``_direct_mpi``: ``MPI_Start``/``MPI_Test`` and a compiled MPI operation through
-  mpi4py's public C API (``from mpi4py cimport MPI, libmpi``), compiled against the
-  MPI headers of the ``mpich`` wheel (or of ``$MPICC``/``mpicc``).
-
-Both are optional: without a C compiler (or Cython) the install still succeeds and the
-pure-Python implementation, with the same semantics, is used
-(``nbmpi.workers.fused_reductions.IMPLEMENTATION`` says which).
+All are optional: without a C compiler (or Cython) the install still succeeds.
 """
 import os
 import shlex
@@ -71,6 +72,8 @@ def extensions():
     except ImportError:   # no Cython: pure Python
         return []
     exts = [Extension("nbmpi.workers.fused_reductions._core", [f"{PKG}/_core.pyx"], extra_compile_args=["-O2"],
+                      optional=True),
+            Extension("nbmpi.workers._node_copy", ["workers/_node_copy.pyx"], extra_compile_args=["-O2"],
                       optional=True)]
     paths = mpi_build_paths()
     if paths is not None:

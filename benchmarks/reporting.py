@@ -1,6 +1,7 @@
 """Shared output of every nbmpi benchmark: one JSON file and one markdown table
 under ``benchmarks/results/``, plus machine facts so numbers are never quoted
-without their context.
+without their context: the date, the git commit of the measured code (and
+whether it had uncommitted changes) and the load average.
 
 Use: ``write_results("pingpong", data, md_text)``; build tables with
 :func:`md_table`; check targets with :func:`target` (PASS/FAIL computed from
@@ -18,32 +19,35 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
 RESULTS = Path(__file__).resolve().parent / "results"
+REPO = RESULTS.parent.parent
 
 
-def commit() -> str:
-    """The git commit of the code being measured (``+dirty`` if tracked files differ from
-    it), or ``"unknown"`` outside a git checkout."""
-    repo = Path(__file__).resolve().parent.parent
-    try:
-        head = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True,
-                              timeout=10, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=10, check=True).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    return head + ("+dirty" if dirty else "")
+def code_version() -> Dict[str, Any]:
+    """The git commit the benchmark measures: ``commit`` (full hash), ``commit_short``, ``dirty``
+    (uncommitted changes to the code, results files excluded). Empty values outside a git checkout."""
+    def git(*args: str) -> str:
+        try:
+            return subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True,
+                                  timeout=10).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+
+    commit = git("rev-parse", "HEAD")
+    status = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)benchmarks/results")
+    return dict(commit=commit, commit_short=commit[:10], dirty=bool(status))
 
 
 def machine() -> Dict[str, Any]:
-    """Facts about the machine and software the numbers were measured on (the commit included)."""
+    """Facts about the machine and software the numbers were measured on."""
     info: Dict[str, Any] = dict(
         date=time.strftime("%Y-%m-%d %H:%M:%S"), python=sys.version.split()[0],
-        platform=platform.platform(), cpus=os.cpu_count(), commit=commit(),
+        platform=platform.platform(), cpus=os.cpu_count(),
     )
     try:
         info["loadavg"] = os.getloadavg()
     except OSError:
         pass
+    info.update(code_version())
     for mod in ("numpy", "numba", "mpi4py"):
         try:
             info[mod] = __import__(mod).__version__
@@ -86,8 +90,11 @@ def write_results(name: str, data: Dict[str, Any], markdown: str, out_dir: Optio
     data = dict(data)
     data.setdefault("machine", machine())
     (out / f"{name}.json").write_text(json.dumps(data, indent=2, default=float))
-    m = data["machine"]
-    header = f"# {name}\n\nMeasured {m['date']} on {m['cpus']} CPUs (load {m.get('loadavg', 'n/a')}), " \
-             f"commit {m.get('commit', 'unknown')}.\n\n"
+    mach = data["machine"]
+    at = f" at commit `{mach['commit_short']}`{' with uncommitted changes' if mach.get('dirty') else ''}" \
+        if mach.get("commit_short") else ""
+    load = mach.get("loadavg")
+    load_s = ", ".join(f"{x:.2f}" for x in load) if load else "n/a"
+    header = f"# {name}\n\nMeasured {mach['date']}{at} on {mach['cpus']} CPUs (load average {load_s}).\n\n"
     (out / f"{name}.md").write_text(header + markdown + "\n")
     return out / f"{name}.json"

@@ -17,7 +17,8 @@ Restart: pools a previous service left ``running`` are re-attached by the
 backend (:meth:`Backend.recover_pool`) if all their engines still answer,
 else recorded ``failed`` (the backend ends their leftovers).
 
-Jobs on a pool execute the job's code on all engines (``view.execute``); each
+Jobs on a pool run the job's program on all engines
+(:func:`nbmpi.workers.engine_side.run_job`: a namespace of its own, as a script); each
 engine's stdout/stderr is appended to ``logs/rank-R.*`` as it arrives; a rank
 whose execution raised gets exit code 1. Cancel or timeout interrupts the
 engines (SIGINT); if they do not stop within :data:`INTERRUPT_GRACE_S` the pool
@@ -201,13 +202,12 @@ class PoolManager:
         lock = self._locks[pool_id]
         self._update(pool_id, last_used_at=time.time())
         log_dir.mkdir(parents=True, exist_ok=True)
-        prelude = (f"import os as _os, sys as _sys\n_sys.argv = {['job.py', *args]!r}\n"
-                   f"_os.environ.update({dict(env)!r})\n")
+        from nbmpi.workers.engine_side import run_job
         with lock:
             client = pool.client()
             ranks = list(pool.ranks)
             view = client[ranks]
-            ar = view.execute(prelude + code, silent=False, block=False)
+            ar = view.apply_async(run_job, code, list(args), dict(env))
             written = {(r, s): 0 for r in range(len(ranks)) for s in ("stdout", "stderr")}
             logs = {key: CappedLog(str(log_dir / f"rank-{key[0]}.{key[1]}"), log_limit) for key in written}
             outcome = "completed"

@@ -380,6 +380,14 @@ for opname, fn in [("put", lambda: ch.put(peer)), ("take", lambda: ch.take(peer)
     expect_error(f"{opname} after close", ChannelError, fn, f"rank {rank}", opname, "after close()")
 
 comm.Barrier()
+import os
+os.environ["NBMPI_SHM_CHUNK"] = str(4096 * (rank + 1))   # same-node piece size differs between ranks
+expect_error("piece size differs", ChannelError, lambda: ArrayChannel(70001, np.float32, name="chunky"),
+             "NBMPI_SHM_CHUNK differs", "same value on every rank")
+os.environ["NBMPI_SHM_CHUNK"] = "many"
+expect_error("piece size not a number", ChannelError, lambda: ArrayChannel(70001, np.float32), "NBMPI_SHM_CHUNK",
+             "positive byte count")
+del os.environ["NBMPI_SHM_CHUNK"]
 print(f"rank {rank}: errors OK", flush=True)
 '''
 
@@ -556,15 +564,37 @@ SAME_NODE = PRELUDE + r'''
 import os
 from nbmpi.workers import gather_trace, get_tracer
 
+from nbmpi.workers.channels import SAME_NODE_COPY
+
 shm_on = os.environ.get("NBMPI_SHM_MIN_BYTES") != "off"
-# 70001 float32 = 280004 bytes: above the shared-memory threshold, not a multiple of 64.
+check(SAME_NODE_COPY == "compiled", "the same-node copy is compiled by the install", SAME_NODE_COPY)
+# 70001 float32 = 280004 bytes: above the shared-memory threshold, not a multiple of 64 (nor of
+# a 4096-byte piece: the last piece is partial)
 ch = ArrayChannel(70001, np.float32, name="big")
 others = [r for r in range(size) if r != rank]
 check(ch.same_node_peers == (others if shm_on else []), "same_node_peers", str(ch.same_node_peers))
+check(ch.same_node_how == ("memfd" if shm_on else "off: NBMPI_SHM_MIN_BYTES=off"), "same_node_how",
+      ch.same_node_how)
 leftover = [f for f in os.listdir("/dev/shm") if f.startswith(f"nbmpi-{os.getpid()}-")]
 check(leftover == [], "segments are unlinked once mapped", str(leftover))
-small = ArrayChannel(100, np.float64, name="small")
-check(small.same_node_peers == [], "small channels stay on MPI messages", str(small.same_node_peers))
+saved_min = os.environ.get("NBMPI_SHM_MIN_BYTES")
+os.environ["NBMPI_SHM_MIN_BYTES"] = "1000" if shm_on else "off"
+small = ArrayChannel(100, np.float64, name="small")   # 800 bytes: below the threshold
+check(small.same_node_peers == [], "channels below NBMPI_SHM_MIN_BYTES stay on MPI messages",
+      str(small.same_node_peers))
+check(small.same_node_how.startswith("off:"), "and say so", small.same_node_how)
+os.environ["NBMPI_SHM_MIN_BYTES"] = saved_min if saved_min is not None else ""
+tiny = ArrayChannel(3, np.float64, name="tiny")      # by default even 24 bytes go through shared memory
+check(tiny.same_node_peers == (others if shm_on else []), "small channels in shared memory by default",
+      str(tiny.same_node_peers))
+for it in range(3):
+    if rank == 0:
+        tiny.buffer[...] = [it, 1, 2]
+        tiny.put(1)
+    elif rank == 1:
+        tiny.take(0)
+        same(tiny.buffer, [it, 1, 2], f"tiny channel round {it}")
+tiny.close()
 keep = InPlace(ch)
 base = np.arange(70001, dtype=np.float32)
 mark = get_tracer().mark()
@@ -598,11 +628,52 @@ if rank == 0:
     check(all(i in matched for i in p2p), "every put matched to its take (flow arrows)",
           f"{len(tr.flow_pairs)} flow pairs for {len(p2p)} events")
 comm.Barrier()
+if size == 2:                              # a partner that arrives late: the transfer resumes, slice by slice
+    for it in range(2):
+        if rank == 0:
+            ch.buffer[...] = base * 2 + it
+            time.sleep(0.2)
+            ch.put(1)
+        else:
+            ch.take(0)
+            same(ch.buffer, base * 2 + it, f"late sender round {it}")
+        comm.Barrier()
 if shm_on:
-    # a timed-out shared-memory take cannot be undone: clear error, then the channel refuses work
+    # a same-node take that times out before the sender came is withdrawn: clear error, channel usable
     if rank == 0:
         expect_error("shm take timeout", ChannelTimeout, lambda: ch.take(1, timeout=0.3), "rank 0", "take(src=1)")
-        expect_error("unusable after an abandoned transfer", ChannelError, lambda: ch.put(1), "unusable",
+    comm.Barrier()
+    if rank == 1:
+        ch.buffer[...] = base + 5
+        ch.put(0)
+    elif rank == 0:
+        ch.take(1)
+        same(ch.buffer, base + 5, "transfer after a withdrawn take")
+    comm.Barrier()
+    # Ctrl-C while blocked in a same-node take: it arrives within a slice, the take is withdrawn too
+    import signal, threading
+    if rank == 0:
+        threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+        t0 = time.monotonic()
+        try:
+            ch.take(1)
+        except KeyboardInterrupt:
+            waited = time.monotonic() - t0
+            check(waited < 5.0, "Ctrl-C ends a same-node wait", f"after {waited:.2f} s")
+        else:
+            raise AssertionError("take returned without a partner")
+    comm.Barrier()
+    if rank == 1:
+        ch.buffer[...] = base + 6
+        ch.put(0)
+    elif rank == 0:
+        ch.take(1)
+        same(ch.buffer, base + 6, "transfer after an interrupted take")
+    comm.Barrier()
+    # a put cannot be withdrawn (the receiver may be copying from it): the channel refuses work after
+    if rank == 0:
+        expect_error("shm put timeout", ChannelTimeout, lambda: ch.put(1, timeout=0.3), "rank 0", "put(dest=1)")
+        expect_error("unusable after an abandoned put", ChannelError, lambda: ch.take(1), "unusable",
                      "create a new channel")
     comm.Barrier()
 ch.close(); small.close()
@@ -610,13 +681,14 @@ print(f"[rank {rank}] same-node OK", flush=True)
 '''
 
 
-@pytest.mark.parametrize("n,shm", [(2, "on"), (3, "on"), (2, "0.3"), (2, "off")])
+@pytest.mark.parametrize("n,shm", [(2, "on"), (3, "on"), (2, "4096"), (2, "off")])
 def test_same_node_shared_memory_put_take(run_mpi, n, shm):
-    """Large channels on one node move put/take data through shared memory (split copy, also
-    with an uneven split); results, tracing and errors are the same as with MPI messages
-    (NBMPI_SHM_MIN_BYTES=off)."""
+    """Large channels on one node move put/take data through shared memory (one copy shared by
+    both ranks, also in many small pieces with a partial last one); results, tracing and errors
+    are the same as with MPI messages (NBMPI_SHM_MIN_BYTES=off); a late partner, a timeout and
+    Ctrl-C behave as documented."""
     env = {"NBMPI_SHM_MIN_BYTES": "off"} if shm == "off" else {"NBMPI_SHM_MIN_BYTES": ""}
-    env["NBMPI_SHM_SPLIT"] = shm if shm[0].isdigit() else ""
+    env["NBMPI_SHM_CHUNK"] = shm if shm[0].isdigit() else ""
     proc = run_mpi(SAME_NODE, n=n, env=env)
     assert_ok(proc)
     assert proc.stdout.count("same-node OK") == n
@@ -636,8 +708,25 @@ comm.Barrier()
 for r in seg.peer_ranks():
     check(np.all(seg.peer(r) == r + 1), f"rank {r}'s segment is visible here")
 comm.Barrier()
+check(seg.how == "memfd", "memfd segments by default", seg.how)
 one_refuses = NodeSegments(comm, 4096, want=(rank != size - 1))
 check(not one_refuses.enabled and one_refuses.peer_ranks() == [], "one refusal disables the node")
+check("not wanted" in one_refuses.how, "the reason is told", one_refuses.how)
+# without memfd (e.g. /proc of the peers not reachable): a /dev/shm file, unlinked once mapped,
+# with a zeroed header shared like the data
+import os
+files = NodeSegments(comm, 10000, header_bytes=300, methods=("file",))
+check(files.enabled and files.how == "/dev/shm file", "file segments", files.how)
+check(files.header.size == 300 and not files.header.any() and files.mine.size == 10000, "header and data",
+      f"{files.header.size} {files.mine.size}")
+check(files.mine.ctypes.data % 4096 == 0, "data starts on a page boundary")
+check(not [f for f in os.listdir("/dev/shm") if f.startswith(f"nbmpi-{os.getpid()}-")], "file unlinked")
+files.header[rank] = rank + 1
+files.mine[-1] = rank + 10
+comm.Barrier()
+for r in files.peer_ranks():
+    check(files.peer_header(r)[r] == r + 1 and files.peer(r)[-1] == r + 10, f"rank {r}'s header and data")
+comm.Barrier()
 print(f"[rank {rank}] segments OK", flush=True)
 ''', n=3)
     assert_ok(proc)

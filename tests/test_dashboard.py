@@ -263,7 +263,9 @@ def test_browser_login_jobs_timeline_download(server, done_job, browser, tmp_pat
                 lanes: plot.left[0].ticker.ticks, calls: Array.from(seg.call)};""")
     assert fig["ranks"] == [0, 1] and fig["lanes"] == [0, 1] and fig["backend"] == "webgl"
     assert browser.js(WEBGL_IN_USE) == {"nbmpi_arrow_heads": True, "nbmpi_quads": True}
-    assert fig["states"] == ["communication", "compute", "wait"] or fig["states"] == ["communication", "compute"]
+    # which states survive the per-pixel level of detail depends on how long each one lasted (machine load)
+    assert "compute" in fig["states"] and set(fig["states"]) <= {"communication", "compute", "wait"}
+    assert len(fig["states"]) >= 2, fig["states"]
     assert fig["arrows"] == fig["heads"] == 4
     assert fig["matrix"] == ["", "15.6 KiB\n2 msg", "15.6 KiB\n2 msg", ""]
     assert any("put(dest=1)" in c for c in fig["calls"]) and any("take(src=0)" in c for c in fig["calls"]), fig["calls"]
@@ -368,13 +370,13 @@ def test_browser_overview_cancels_a_job_and_stops_a_pool(server, browser):
 
 @needs_browser
 def test_dashboard_notebook_runs_and_its_figure_draws(tmp_path, browser):
-    """notebooks/02-dashboard.ipynb top to bottom (a controller, a job, its figure inline); then its
+    """notebooks/03-dashboard.ipynb top to bottom (a controller, a job, its figure inline); then its
     outputs as a notebook front end shows them, in Chromium: BokehJS from the output, the figure drawn."""
     import nbformat
     from jupyter_client.manager import KernelManager
     from nbclient import NotebookClient
 
-    nb = nbformat.read(REPO / "notebooks" / "02-dashboard.ipynb", as_version=4)
+    nb = nbformat.read(REPO / "notebooks" / "03-dashboard.ipynb", as_version=4)
     km = KernelManager(kernel_cmd=[sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"])
     NotebookClient(nb, km=km, timeout=180, resources={"metadata": {"path": str(tmp_path)}}).execute()
     outs = [cell.get("outputs", []) for cell in nb.cells]

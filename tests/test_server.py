@@ -526,6 +526,14 @@ def test_pools(tmp_path):
             bad = wait_state(c, submit(c, "raise ValueError('boom')", ranks=None, pool=pool["id"])["id"],
                              ("succeeded", "failed"))
             assert bad["state"] == "failed" and bad["rank_exit_codes"] == [1, 1] and "boom" in bad["message"]
+            err = c.get(f"/api/v1/jobs/{bad['id']}/logs", params={"rank": 1, "stream": "stderr"}).text
+            assert "Traceback" in err and "ValueError: boom" in err, err   # the job's log shows why
+            # each job runs in a namespace of its own, like a script (not the previous job's or a cell's)
+            first = wait_state(c, submit(c, "leaked = 1", ranks=None, pool=pool["id"])["id"], ("succeeded", "failed"))
+            second = wait_state(c, submit(c, "print('leaked' in globals())", ranks=None, pool=pool["id"])["id"],
+                                ("succeeded", "failed"))
+            assert first["state"] == second["state"] == "succeeded", (first, second)
+            assert c.get(f"/api/v1/jobs/{second['id']}/logs").text == "False\n"
             long = submit(c, "import time\nprint('sleeping', flush=True)\ntime.sleep(120)", ranks=None,
                           pool=pool["id"])
             wait_state(c, long["id"], ("running",))

@@ -130,11 +130,9 @@ for _ in range(25):
     elif rank == 1:
         ch.take(0)
 if rank in (0, 1):
-    check(small.pend == 1, "the last put/take record is deferred until the next flush", str(small.pend))
-    small.flush()
-    check(small.pend == 0, "flush writes the deferred record", str(small.pend))
-    check(small.n == 25 and small.cap >= 25 and small.dropped == 0, "buffer grew without loss",
-          f"n={small.n} cap={small.cap} dropped={small.dropped}")
+    # public API only: every record is in the buffer as soon as put/take returned
+    check(small.mark() == 25 and len(small.events()) == 25 and small.dropped == 0,
+          "buffer grew without loss", f"mark={small.mark()} events={len(small.events())} dropped={small.dropped}")
     kinds = small.events()[:, C["kind"]]
     check(np.all(kinds == KIND["put" if rank == 0 else "take"]), "grown buffer keeps every event", str(kinds))
     check(np.all(small.events()[:, C["t_start"]] > 0), "no zeroed rows after growth")
@@ -144,9 +142,9 @@ for _ in range(25):
     elif rank == 1:
         ch.take(0)
 if rank in (0, 1):
-    small.flush()
-    check(small.n == 40 and small.cap == 40 and small.dropped == 10, "beyond max_events: dropped counted",
-          f"n={small.n} cap={small.cap} dropped={small.dropped}")
+    check(small.mark() == 40 and len(small.events()) == 40 and small.dropped == 10,
+          "beyond max_events: dropped counted",
+          f"mark={small.mark()} events={len(small.events())} dropped={small.dropped}")
 grown = small.gather(root=0)
 if rank == 0:
     check(list(grown.dropped) == [10, 10, 0], "dropped per rank in the Trace", str(grown.dropped))
@@ -357,42 +355,42 @@ def test_trace_empty_and_fields():
     assert [e for e in t.to_chrome()["traceEvents"] if e["ph"] == "X"] == []
 
 
-def test_deferred_put_take_records_keep_order_and_are_never_lost(run_mpi):
-    """put/take records are deferred (Tracer.defer) off the critical path; every reader of the
-    buffer flushes first, so the buffer stays in completion order and nothing is lost."""
+def test_record_is_the_one_way_in_and_keeps_every_field(run_mpi):
+    """Tracer.record (the one public recording call) writes each event at once, in call order, with
+    every field and the documented defaults; the buffer grows, then counts drops; mark/events/clear
+    see exactly what was recorded (public API only, real mpiexec)."""
     proc = run_mpi(r'''
 from nbmpi.workers import world
-from nbmpi.workers.tracing import FIELDS, Tracer
+from nbmpi.workers.tracing import DIR_NONE, DIR_RECV, DIR_SEND, FIELDS, Tracer, register_kind
 
 C = {name: i for i, name in enumerate(FIELDS)}
-tr = Tracer(world(), enabled=True, capacity=2)
-site = lambda k: Tracer.site(k, 1, 0, 11, 8, 5)   # kind, dir, peer, tag, nbytes, chan
-tr.defer(site(1), 10, 11)
-tr.defer(site(2), 20, 21)
-assert tr.pend == 2 and tr.n == 0, (tr.pend, tr.n)
-tr.defer(site(3), 30, 31)                       # third: the first two are written, it waits
-assert tr.pend == 1 and tr.n == 2, (tr.pend, tr.n)
-tr.record(4, 0, -1, 0, 0, 40, 41)               # record() flushes first: order is kept
-assert tr.mark() == 4 and tr.pend == 0
-ev = tr.events()
-assert ev[:, C["kind"]].tolist() == [1, 2, 3, 4], ev
-assert ev[:, C["t_start"]].tolist() == [10, 20, 30, 40] and ev[:, C["seq"]].tolist()[:3] == [-1, -1, -1]
-row = ev[2].tolist()                            # every field of a deferred record
-assert row == [3, 1, 0, 11, 8, 30, 31, -1, -1, 5, 0], row
-tr.defer(site(5), 50, 51)
-assert len(tr.events()) == 5                    # events() flushes
-tr.defer(site(6), 60, 61)
-tr.clear()                                      # clear() forgets deferred records too
-assert tr.pend == 0 and len(tr.events()) == 0
-print("deferred OK")
+k = register_kind("test_kind")
+assert register_kind("test_kind") == k
+tr = Tracer(world(), enabled=True, capacity=2, max_events=5)
+tr.record(k, DIR_SEND, 0, 11, 8, 10, 11, -1, -1, 5)               # a put-like record (seq by order)
+assert tr.mark() == 1 and tr.events()[0].tolist() == [k, DIR_SEND, 0, 11, 8, 10, 11, -1, -1, 5, 0]
+tr.record(k, DIR_RECV, 0, 11, 8, 20, 21)                          # defaults: wait -1, seq 0, chan 0, count 0
+assert tr.events()[1].tolist() == [k, DIR_RECV, 0, 11, 8, 20, 21, -1, 0, 0, 0], tr.events()[1]
+tr.record(k, DIR_NONE, -1, 0, 64, 30, 31, wait=3, seq=7, chan=9, count=4)   # grows past capacity 2
+assert tr.events()[2].tolist() == [k, DIR_NONE, -1, 0, 64, 30, 31, 3, 7, 9, 4]
+assert tr.events(since=1)[:, C["t_start"]].tolist() == [20, 30]
+for t in (40, 50, 60, 70):                                        # max_events 5: two are dropped
+    tr.record(k, DIR_NONE, -1, 0, 0, t, t + 1)
+assert tr.mark() == 5 and tr.dropped == 2, (tr.mark(), tr.dropped)
+assert tr.events()[:, C["t_start"]].tolist() == [10, 20, 30, 40, 50]
+tr.clear()
+assert tr.mark() == 0 and len(tr.events()) == 0 and tr.dropped == 0
+tr.record(k, DIR_SEND, 0, 1, 1, 80, 81)
+assert tr.events()[:, C["t_start"]].tolist() == [80]
+print("record OK")
 ''', n=1)
     assert_ok(proc)
-    assert "deferred OK" in proc.stdout
+    assert "record OK" in proc.stdout
 
 
 def test_snapshot_from_another_thread_while_recording(run_mpi):
-    """Tracer.snapshot copies complete rows while the owner records and the buffer grows; it does
-    not flush (deferred records appear once the owner flushes) and changes nothing."""
+    """Tracer.snapshot copies complete rows while the owner records and the buffer grows; it
+    changes nothing."""
     proc = run_mpi(r'''
 import threading
 import numpy as np
@@ -423,9 +421,7 @@ for i in range(N):
 stop.set()
 t.join()
 assert not bad and seen[0] == N and tr.cap >= N, (bad[:3], seen[0], tr.cap)
-tr.defer(Tracer.site(2, 1, 0, N, 8, 0), 5, 6)
-assert len(tr.snapshot(N)) == 0 and tr.pend == 1            # deferred: not visible, not flushed
-tr.flush()
+tr.record(2, 1, 0, N, 8, 5, 6)
 assert tr.snapshot(N)[:, C["tag"]].tolist() == [N]
 assert len(tr.snapshot(N + 5)) == 0 and len(tr.snapshot(-3)) == N + 1
 print("snapshot OK")

@@ -10,7 +10,7 @@
   Chrome/Perfetto export and a per-rank compute/comm/wait summary.
 * ``fused_reductions``: lazy shared variables (:func:`shared`, :func:`pool`);
   all pending reductions resolve in one collective per force point.
-* :func:`init`: collective start (tracer, clock alignment); MPI thread level
+* :func:`init` (``startup``): collective start (tracer, clock alignment); MPI thread level
   ``funneled`` unless ``MPI4PY_RC_THREAD_LEVEL`` says otherwise.
 
 Importing this package does not initialise MPI (the first channel or
@@ -34,7 +34,7 @@ _EXPORTS: Dict[str, str] = {
     "Grant": "fused_reductions", "SharedPool": "fused_reductions", "SharedVar": "fused_reductions",
     "flush": "fused_reductions", "fused": "fused_reductions", "pool": "fused_reductions",
     "shared": "fused_reductions",
-    "init": "runtime", "world": "runtime",
+    "init": "startup", "world": "runtime",
     "Trace": "trace_analysis",
     "gather_trace": "tracing", "get_tracer": "tracing",
 }

@@ -136,12 +136,15 @@ __all__ = ["Aggregator"]
 K_BUFFER = _tracing.register_kind("agg_buffer")
 K_FLUSH = _tracing.register_kind("agg_flush")
 _SEND, _RECV, _NONE = _tracing.DIR_SEND, _tracing.DIR_RECV, _tracing.DIR_NONE
+_get_tracer = _tracing.get_tracer
 _now = time.perf_counter_ns
 _UNSET: Any = object()
 _POLLS_BETWEEN_CLOCK_CHECKS = 64
 REASON_FULL, REASON_FLUSH = 0, 1
 _INFLIGHT_BUDGET_BYTES = 8 << 20   # memory the default buffer counts may use beyond the minimum
 _PROGRESS_ROWS = 1 << 16            # push_many progresses at least every this many rows
+_MAX_DEPTH = 64                     # default in-flight buffers per peer, at most (see Aggregator.__init__)
+_TESTSOME_EVERY = 8                 # a wait tests all sends (not only the oldest) every this many polls
 _SPIN_POLLS = 64                    # waits poll this often before they start yielding the core each poll
 _MAX_PERSISTENT = 1 << 16           # at most this many persistent send requests (pool buffers x ranks)
 
@@ -278,9 +281,11 @@ class Aggregator:
     docstring for its signature); ``state`` passed to every handler call;
     ``buffer_items`` rows per buffer; ``pool_buffers`` send buffers (at least
     ``size + 1``; default ``size + 1`` plus ``size + 1 .. 4 * size + 4``
-    in-flight buffers, as many as fit in 8 MiB); ``recv_buffers`` pre-posted
-    receives (default ``max(4, 2 * (size - 1)) .. max(8, 4 * (size - 1))``,
-    within the same budget); ``reply`` an aggregator the handler's output
+    in-flight buffers, or for small buffers up to ``d * size`` with ``d =
+    min(64, ceil(65536 / buffer_items))`` per peer, as many as fit in 8 MiB);
+    ``recv_buffers`` pre-posted receives (default ``max(4, 2 * (size - 1)) ..
+    max(8, 4 * (size - 1))``, or up to ``d * (size - 1)``, within the same
+    budget); ``reply`` an aggregator the handler's output
     rows are pushed into (then ``replies_per_item`` bounds the rows one item
     may produce); ``reply_dtype`` the item dtype of a reply aggregator linked
     later with :meth:`set_reply` (for cycles); ``timeout`` seconds for every
@@ -316,17 +321,22 @@ class Aggregator:
         buffer_items = int(buffer_items)
         if buffer_items < 1:
             raise AggregationError(f"rank {prank}: {self.name}: buffer_items={buffer_items}; expected >= 1")
-        # default counts: enough buffers in flight that a rank rarely waits for a peer to handle
-        # (up to 4 per peer), within an in-flight memory budget, never below the old minimum
+        # default counts: enough buffers in flight that a rank rarely waits for a peer to progress,
+        # within an in-flight memory budget: at least 4 per peer, and for small buffers as many as
+        # fill between two progress steps of push_many (_PROGRESS_ROWS rows), at most 64 per peer.
+        # Measured (benchmarks/aggregation.py, 1024-item buffers, 2 ranks): 15 send / 8 receive
+        # buffers ran dry 138 times per 4M-item push_many, 131 / 64 six times.
         extra = _INFLIGHT_BUDGET_BYTES // max(1, buffer_items * dt.itemsize)
-        npool = (size + 1 + int(min(max(extra, size + 1), 4 * size + 4))) if pool_buffers is None \
-            else int(pool_buffers)
+        per_peer = min(_MAX_DEPTH, max(4, -(-_PROGRESS_ROWS // buffer_items)))
+        npool = (size + 1 + int(max(min(max(extra, size + 1), 4 * size + 4), min(extra, per_peer * size))))\
+            if pool_buffers is None else int(pool_buffers)
         if npool < size + 1:
             raise AggregationError(
                 f"rank {prank}: {self.name}: pool_buffers={npool} is too small for {size} ranks; expected at "
                 f"least size + 1 = {size + 1} (one buffer per destination plus one in flight)")
         lo_r, hi_r = max(4, 2 * (size - 1)), max(8, 4 * (size - 1))
-        nrecv = (int(min(max(extra, lo_r), hi_r)) if size > 1 else 0) if recv_buffers is None else int(recv_buffers)
+        nrecv = int(max(min(max(extra, lo_r), hi_r), min(extra, per_peer * (size - 1))))
+        nrecv = (nrecv if size > 1 else 0) if recv_buffers is None else int(recv_buffers)
         if size > 1 and nrecv < 1:
             raise AggregationError(f"rank {prank}: {self.name}: recv_buffers={nrecv}; expected >= 1")
         if size == 1:
@@ -378,6 +388,7 @@ class Aggregator:
         self._free = np.arange(npool, dtype=np.int64)
         self._meta = np.array([npool, 0], dtype=np.int64)                         # n free, n ready
         self._ready = np.zeros((npool, 3), dtype=np.int64)                        # filled: (dest, buffer, rows)
+        self._bucket_entry: Dict[tuple, Callable] = {}                            # see _place
         if reply_dtype is not None:
             nout = cap * replies_per_item
             self._out_dests = np.zeros(nout, dtype=np.int64)
@@ -426,6 +437,7 @@ class Aggregator:
         # sends in flight, oldest first, as parallel lists: progress tests the oldest ones (cheap);
         # a wait for a free buffer completes them all with one Testsome
         self._sreqs: List[Any] = []
+        self._testsome_skip = 0
         self._sbufs: List[int] = []
         self._sdests: List[int] = []
         self._pending: Deque[Tuple[int, int, int]] = deque()  # (recv index, src, rows)
@@ -678,8 +690,17 @@ class Aggregator:
         rows, so peers' messages keep moving even while large buffers fill.
         """
         i = start
-        args = (dests, words, i, stop, self._rows, self._pos, self._lim, self._free, self._meta, self._ready)
-        bucket = _entry_point(_bucket, args) if stop - start > self.buffer_items else _bucket
+        bucket = _bucket
+        if stop - start > self.buffer_items:
+            # the compiled entry point for these argument types (numba.typeof of ten arrays costs
+            # ~10 us, so it is looked up once per kind of input: only dests and words can vary)
+            key = (dests.dtype, dests.ndim, dests.flags.c_contiguous, dests.flags.writeable,
+                   words.dtype, words.ndim, words.flags.c_contiguous, words.flags.writeable)
+            bucket = self._bucket_entry.get(key)
+            if bucket is None:
+                args = (dests, words, i, stop, self._rows, self._pos, self._lim, self._free, self._meta,
+                        self._ready)
+                bucket = self._bucket_entry[key] = _entry_point(_bucket, args)
         while True:
             hi = stop if stop - i <= _PROGRESS_ROWS else i + _PROGRESS_ROWS
             j = bucket(dests, words, i, hi, self._rows, self._pos, self._lim, self._free, self._meta,
@@ -727,8 +748,8 @@ class Aggregator:
         st["bytes_sent"] += nbytes
         if len(self._sreqs) > st["max_inflight"]:
             st["max_inflight"] = len(self._sreqs)
-        tr = _tracing._TRACER
-        if tr is not None and tr.enabled:
+        tr = _get_tracer()
+        if tr.enabled:
             tr.record(K_BUFFER, _SEND, self._wrank[d], 0, nbytes, t0, _now(), 0, seq, self.chan_id, rows)
 
     def _send_full(self, ready: List[List[int]]) -> None:
@@ -745,8 +766,8 @@ class Aggregator:
         me, size, cap = self.rank, self.size, self.buffer_items
         nbytes = cap * self.itemsize
         sreqs, sbufs, sdests, seqs = self._sreqs, self._sbufs, self._sdests, self._send_seq
-        tr = _tracing._TRACER
-        if tr is not None and not tr.enabled:
+        tr = _get_tracer()
+        if not tr.enabled:
             tr = None
         wrank, chan = self._wrank, self.chan_id
         nsent = 0
@@ -823,11 +844,22 @@ class Aggregator:
 
     # ------------------------------------------------------------------ progress (never blocks)
     def _progress(self, full: bool = False) -> None:
-        """One non-blocking step: complete sends, receive, handle. ``full`` tests every send."""
+        """One non-blocking step: complete sends, receive, handle. ``full``: if the oldest send is still
+        pending, every ``_TESTSOME_EVERY``-th call tests all sends (completion out of order, several peers)."""
         sreqs = self._sreqs
         if sreqs:
             free, meta, sbufs = self._free, self._meta, self._sbufs
-            if full and len(sreqs) > 1:
+            k, n = 0, len(sreqs)
+            while k < n and sreqs[k].Test():  # the oldest first: sends to one peer complete in order
+                free[meta[0]] = sbufs[k]
+                meta[0] += 1
+                k += 1
+            if k:
+                del sreqs[:k], sbufs[:k], self._sdests[:k]
+            elif full and n > 1 and self._testsome_skip <= 0:
+                # the oldest is held up: look at all of them, but not at every poll (Testsome over
+                # a deep pool costs ~0.1 us per request, and a wait polls again and again)
+                self._testsome_skip = _TESTSOME_EVERY
                 done = self._testsome(sreqs)
                 if done:
                     for k in done:
@@ -841,14 +873,8 @@ class Aggregator:
                         self._sreqs = [sreqs[k] for k in keep]
                         self._sbufs = [sbufs[k] for k in keep]
                         self._sdests = [self._sdests[k] for k in keep]
-            else:
-                k, n = 0, len(sreqs)
-                while k < n and sreqs[k].Test():
-                    free[meta[0]] = sbufs[k]
-                    meta[0] += 1
-                    k += 1
-                if k:
-                    del sreqs[:k], sbufs[:k], self._sdests[:k]
+            elif full:
+                self._testsome_skip -= 1
         if self._overflow:
             self._drain_overflow()
         if self._stage_pos < self._stage_end:
@@ -860,8 +886,8 @@ class Aggregator:
         elif rq and self._rreqs[rq[0]].Test(self._rstatus):
             rreqs, s, byte, isz = self._rreqs, self._rstatus, self._byte, self.itemsize
             rseq, wrank, chan = self._recv_seq, self._wrank, self.chan_id
-            tr = _tracing._TRACER
-            if tr is not None and not tr.enabled:
+            tr = _get_tracer()
+            if not tr.enabled:
                 tr = None
             nmsg = nb = 0
             while True:
@@ -907,8 +933,8 @@ class Aggregator:
         handler, state, rviews = self._handler_fast, self.state, self._rpool_views
         if state is not self._handler_state:
             handler = self.handler
-        tr = _tracing._TRACER
-        if tr is not None and not tr.enabled:
+        tr = _get_tracer()
+        if not tr.enabled:
             tr = None
         nmsg = nb = nitems = nhandled = 0
         try:
@@ -1233,8 +1259,8 @@ class Aggregator:
             a._st["flushes"] += 1
             a._st["waves"] += waves
         self._flush_seq += 1
-        tr = _tracing._TRACER
-        if tr is not None and tr.enabled:
+        tr = _get_tracer()
+        if tr.enabled:
             tr.record(K_FLUSH, _NONE, -1, 0, 0, t_start, _now(), -1, self._flush_seq, self.chan_id, waves)
 
     # ------------------------------------------------------------------ stats, closing

@@ -7,17 +7,17 @@ data a rank works on stays in cache between messages. Nothing is pickled:
 transfers are MPI buffer operations on persistent requests that are created
 once per (operation, peer) and restarted for each message.
 
-Same-node put/take: a channel of at least ``NBMPI_SHM_MIN_BYTES`` (default
-32 KiB, where it overtook MPI messages in the ping-pong benchmark; ``off``
-disables) keeps its buffers in POSIX shared memory
+Same-node put/take: a channel of at least ``NBMPI_SHM_MIN_BYTES`` (default 1
+byte, i.e. every non-empty channel; ``off`` disables) keeps its buffers in shared memory
 (:mod:`nbmpi.workers.node_shared_memory`). Between two ranks on one node,
 ``put``/``take`` then move the data with ONE copy instead of MPI's two (sender
--> shared bounce buffer -> receiver), split in half: the sender copies the
-first half into the receiver's buffer while the receiver copies the second
-half out of the sender's, so both cores work. The rendezvous is kept by
-zero-byte messages on persistent requests (ready / done, both directions).
-``ch.same_node_peers`` lists the partners reached this way. Other ranks and
-all collectives use MPI messages as above.
+-> shared bounce buffer -> receiver), done by both ranks together in pieces
+that whichever rank is running claims, so a rank that is descheduled does not
+stall the transfer; the rendezvous is two flags in shared memory
+(:mod:`nbmpi.workers._node_copy`, compiled; without it, or without shared
+memory, channels use MPI messages: :data:`SAME_NODE_COPY` and
+``ch.same_node_how`` say which). ``ch.same_node_peers`` lists the partners
+reached this way. Other ranks and all collectives use MPI messages as above.
 
 Semantics (all ranks given as ranks of the channel's ``comm``):
 
@@ -43,11 +43,13 @@ participants in the same order. Blocking waits honour ``timeout=`` (default:
 the channel's ``timeout``, else ``NBMPI_TIMEOUT``, else forever) and raise
 :class:`~nbmpi.workers.errors.ChannelTimeout` naming the waiting rank, the
 peer and the operation. They are interruptible (Ctrl-C, Jupyter interrupt):
-a pending receive is cancelled and the channel stays usable. A send cannot be
-cancelled (MPICH), nor can a same-node transfer be undone halfway, so a
-timed-out or interrupted ``put`` (and a same-node ``take``) makes the channel
-unusable: further calls raise :class:`ChannelError` saying why; create a new
-channel.
+a pending receive is cancelled (a same-node take that the sender has not
+reached is withdrawn) and the channel stays usable. A send cannot be cancelled
+(MPICH), nor can a same-node transfer be undone halfway, so a timed-out or
+interrupted ``put`` (and a same-node ``take`` caught in the middle of its copy)
+makes the channel unusable: further calls raise :class:`ChannelError` saying
+why; create a new channel. Same-node transfers check their timeout and Ctrl-C
+every 50 ms.
 """
 from __future__ import annotations
 
@@ -68,14 +70,25 @@ from .kernels import combiner, describe_op
 from .node_shared_memory import NodeSegments
 from .runtime import MPI, default_timeout, world
 
+try:
+    from . import _node_copy
+except ImportError:  # not compiled (no C compiler at install): channels use MPI messages only
+    _node_copy = None
+
 __all__ = ["ArrayChannel"]
 
 TAG_PUT, TAG_REDUCE, TAG_BCAST, TAG_SCATTER, TAG_GATHER = 11, 12, 13, 14, 15
-#: Zero-byte handshake messages of the same-node put/take (see ArrayChannel._shm_put).
-TAG_SREADY, TAG_RREADY, TAG_SDONE, TAG_RDONE = 16, 17, 18, 19
 #: Channels of at least this many bytes move put/take data through shared memory
-#: between ranks of one node (env ``NBMPI_SHM_MIN_BYTES``; ``off`` disables).
-SHM_MIN_BYTES_DEFAULT = 32 << 10
+#: between ranks of one node (env ``NBMPI_SHM_MIN_BYTES``; ``off`` disables). Measured in
+#: benchmarks/pingpong.py: faster than MPI messages from 8 B up (flags instead of a handshake).
+SHM_MIN_BYTES_DEFAULT = 1
+#: ``"compiled"`` when same-node put/take can use shared memory, else why not.
+SAME_NODE_COPY = "compiled" if _node_copy is not None else "off: nbmpi.workers._node_copy is not compiled"
+_CONTROL_BYTES = _node_copy.CONTROL_BYTES if _node_copy is not None else 0
+#: A same-node transfer works this long per compiled call before Python checks timeout and Ctrl-C.
+_SLICE_S = 0.05
+#: ... and, while it waits for the partner, polls at most this long between yields of the core.
+_SPIN_S = 100e-6
 K_PUT = _tracing.register_kind("put")
 K_TAKE = _tracing.register_kind("take")
 K_REDUCE = _tracing.register_kind("reduce")
@@ -84,8 +97,9 @@ K_SCATTER = _tracing.register_kind("scatter")
 K_GATHER = _tracing.register_kind("gather")
 _SEND, _RECV = _tracing.DIR_SEND, _tracing.DIR_RECV
 _now = time.perf_counter_ns
-_SITE = _tracing.Tracer.site
+_get_tracer = _tracing.get_tracer
 _UNSET: Any = object()
+_HALF_DONE = "a same-node transfer cannot be undone halfway (the partner may be copying)"
 _MAX_DIMS = 8
 
 Box = Tuple[Tuple[int, int], ...]
@@ -118,24 +132,39 @@ def _shm_min_bytes() -> Optional[int]:
                            "(e.g. 65536) or 'off'") from None
 
 
-def _shm_split(nbytes: int) -> int:
-    """Bytes the sender copies in a same-node put; the receiver copies the rest at the same time.
+def _shm_chunk(nbytes: int) -> int:
+    """Piece size of a same-node transfer of ``nbytes`` (the two ranks claim pieces as they go).
 
-    ``NBMPI_SHM_SPLIT`` is the sender's fraction (default 0.5; ``sender`` = 1, ``receiver``
-    = 0), rounded down to a cache line. It must be the same on every rank.
+    ``NBMPI_SHM_CHUNK`` (bytes) overrides; default 1/8 of the buffer, from 32 KiB to 1 MiB,
+    a multiple of 4 KiB. Checked to be the same on every participant at channel creation.
     """
-    how = os.environ.get("NBMPI_SHM_SPLIT", "").strip().lower() or "0.5"
-    frac = {"sender": 1.0, "receiver": 0.0, "half": 0.5}.get(how)
-    if frac is None:
+    v = os.environ.get("NBMPI_SHM_CHUNK", "").strip()
+    if v:
         try:
-            frac = float(how)
+            c = int(v)
         except ValueError:
-            frac = -1.0
-        if not 0.0 <= frac <= 1.0:
-            raise ChannelError(f"NBMPI_SHM_SPLIT={how!r} is not a fraction; expected a number from 0 "
-                               "(the receiver copies everything) to 1 (the sender does), or 'sender', "
-                               "'receiver', 'half'")
-    return nbytes if frac >= 1.0 else int(nbytes * frac) & ~63
+            c = 0
+        if c < 1:
+            raise ChannelError(f"NBMPI_SHM_CHUNK={v!r} is not a positive byte count; expected e.g. 65536, "
+                               "or unset it")
+        return c
+    return min(max(nbytes // 8, 32 << 10), 1 << 20) & ~4095
+
+
+def _address(a: np.ndarray) -> int:
+    """The address of an array's first byte (``a.ctypes.data`` without importing ctypes' machinery)."""
+    return a.__array_interface__["data"][0]
+
+
+class _Peer:
+    """put/take state of one peer: a persistent MPI request, or the same-node transfer (a compiled Pair)."""
+
+    __slots__ = ("req", "pair", "wpeer")
+
+    def __init__(self, req, pair, wpeer: int):
+        self.req = req          # MPI persistent request, or None
+        self.pair = pair        # _node_copy.Pair, or None
+        self.wpeer = wpeer      # the peer's rank in the tracer's communicator
 
 
 class ArrayChannel:
@@ -185,21 +214,29 @@ class ArrayChannel:
         self._n = self.comm.Get_size()
         self._local_of: Dict[int, int] = {p: i for i, p in enumerate(parts)}
         self.rank = prank
-        tracer = _tracing.get_tracer()
+        tracer = _get_tracer()
         self._tracer_rank_of = self._translate_to(tracer.comm)
         self.timeout = default_timeout() if timeout is None else float(timeout)
+        nbytes = int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+        self._chunk = _shm_chunk(nbytes)
         self._check_same_everywhere()
         self.chan_id = tracer.new_channel_id(self.comm)
 
-        nbytes = int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
         shm_min = _shm_min_bytes()
-        self._segments = NodeSegments(self.comm, nbytes, want=shm_min is not None and nbytes >= shm_min)
+        want = shm_min is not None and nbytes >= shm_min and _node_copy is not None
+        self._segments = NodeSegments(self.comm, nbytes, want=want, header_bytes=self._n * _CONTROL_BYTES)
         if self._segments.enabled:
             self._buffer = self._segments.mine.view(self.dtype).reshape(self.shape)
         else:
             self._buffer = np.zeros(self.shape, dtype=self.dtype)
-        self._shm: Dict[tuple, tuple] = {}
-        self._shm_split = _shm_split(nbytes)
+        if _node_copy is None:
+            self.same_node_how = SAME_NODE_COPY
+        elif shm_min is None:
+            self.same_node_how = "off: NBMPI_SHM_MIN_BYTES=off"
+        elif nbytes < shm_min:
+            self.same_node_how = f"off: {nbytes} bytes < NBMPI_SHM_MIN_BYTES={shm_min}"
+        else:
+            self.same_node_how = self._segments.how
         self._token = np.zeros(1, dtype=np.uint8)
         self._flat = self._buffer.reshape(-1)
         self._bytes = self._flat.view(np.uint8)
@@ -209,8 +246,8 @@ class ArrayChannel:
         self._types: Dict[tuple, Any] = {}
         self._send_seq = [0] * self._n
         self._recv_seq = [0] * self._n
-        self._put_reqs: Dict[int, tuple] = {}
-        self._take_reqs: Dict[int, tuple] = {}
+        self._put_peers: Dict[int, _Peer] = {}
+        self._take_peers: Dict[int, _Peer] = {}
         self._broken: Optional[str] = None
         self._closed = False
         self._retired: List[Any] = []
@@ -224,7 +261,8 @@ class ArrayChannel:
         return [(-1 if r == m.UNDEFINED else int(r)) for r in ranks]
 
     def _check_same_everywhere(self) -> None:
-        sig = np.zeros(4 + _MAX_DIMS, dtype=np.int64)
+        sig = np.zeros(5 + _MAX_DIMS, dtype=np.int64)
+        sig[-1] = self._chunk  # compared apart (below): it comes from the environment
         sig[0] = len(self.shape)
         sig[1] = self.dtype.itemsize
         sig[2] = zlib.crc32(self.dtype.str.encode() + repr(self.dtype.descr).encode())
@@ -233,7 +271,14 @@ class ArrayChannel:
         sig[4: 4 + len(self.shape)] = self.shape
         allsig = np.empty((self._n, sig.size), dtype=np.int64)
         self.comm.Allgather(sig, allsig)
+        chunks = allsig[:, -1]
+        allsig = allsig[:, :-1]
         if all(np.array_equal(allsig[i], allsig[0]) for i in range(1, self._n)):
+            if (chunks != chunks[0]).any():
+                raise ChannelError(
+                    f"rank {self.rank}: {self.name}: NBMPI_SHM_CHUNK differs between participants (piece sizes "
+                    f"{dict(zip(self.participants, chunks.tolist()))} bytes); set it to the same value on every "
+                    "rank, or unset it")
             return
         # The reference is the signature most participants used (ties: the lowest rank's),
         # so the message names the rank(s) that differ, identically on every participant.
@@ -274,9 +319,10 @@ class ArrayChannel:
 
     @property
     def same_node_peers(self) -> List[int]:
-        """Participants that put/take reach through shared memory (one split copy, no MPI
-        data message); empty when the channel is below ``NBMPI_SHM_MIN_BYTES`` or no
-        participant shares this rank's node. Local, no communication."""
+        """Participants that put/take reach through shared memory (one copy shared by both
+        ranks, no MPI message); empty when the channel is below ``NBMPI_SHM_MIN_BYTES``, no
+        participant shares this rank's node or shared memory is not available
+        (:attr:`same_node_how` says which). Local, no communication."""
         local = self._segments.peer_ranks()
         return [self.participants[i] for i in local]
 
@@ -333,13 +379,10 @@ class ArrayChannel:
 
     def _retire_fast_paths(self) -> None:
         """Route put/take through the checking slow path (after close or breakage)."""
-        self._retired.extend(e[0] for e in self._put_reqs.values() if e[0] is not None)
-        self._retired.extend(e[0] for e in self._take_reqs.values() if e[0] is not None)
-        for reqs, _view in self._shm.values():
-            self._retired.extend(reqs)
-        self._put_reqs.clear()
-        self._take_reqs.clear()
-        self._shm.clear()
+        self._retired.extend(e.req for e in self._put_peers.values() if e.req is not None)
+        self._retired.extend(e.req for e in self._take_peers.values() if e.req is not None)
+        self._put_peers.clear()
+        self._take_peers.clear()
 
     def _wait(self, req, timeout, local_peer: int, op: str, sending: bool = False) -> None:
         if not req.Test():
@@ -353,11 +396,13 @@ class ArrayChannel:
         return req
 
     # -- point to point -----------------------------------------------------------------------
-    # put/take are the latency-critical path: the request for a peer is found with
-    # one dict lookup (validation and creation happen on the first miss), and the
-    # trace record is deferred inline (Tracer.defer: a few attribute stores) and
-    # written by Tracer.flush after the next send has started or while blocked,
-    # so no record is packed between a message's arrival and the reply.
+    # put/take are the latency-critical path: the state for a peer is found with one dict
+    # lookup (validation and creation happen on the first miss); the trace record is one
+    # Tracer.record call after the operation. A same-node transfer is one compiled call
+    # (Pair.start, which also takes the times) that usually completes it; only a transfer still
+    # incomplete after _SLICE_S continues in _shm_finish (timeout, Ctrl-C). After an exception
+    # (a Ctrl-C arriving between the calls included) _shm_abort decides whether anything is half
+    # done: only then the channel is broken.
     def put(self, dest: int, timeout: Optional[float] = _UNSET) -> None:
         """Send this rank's whole buffer to ``dest``'s buffer. Blocking, rendezvous.
 
@@ -365,31 +410,31 @@ class ArrayChannel:
         buffer may then be modified. Raises ChannelTimeout after ``timeout`` s.
         """
         try:
-            req, site = self._put_reqs[dest]
+            p = self._put_peers[dest]
         except KeyError:
-            req, site = self._p2p_req(dest, True)
-        if req is None:
-            return self._shm_transfer(True, dest, site, timeout)
-        tr = _tracing._TRACER
-        if tr.enabled:
+            p = self._p2p_entry(dest, True)
+        tr = _get_tracer()
+        pair = p.pair
+        if pair is not None:
+            try:
+                if not pair.start(_SLICE_S, _SPIN_S):
+                    self._shm_finish(pair, dest, timeout)
+            except BaseException:
+                self._shm_abort(pair, "put(dest=%d)" % dest)
+                raise
+            if tr.enabled:
+                tr.record(K_PUT, _SEND, p.wpeer, TAG_PUT, self.nbytes, pair.t_start, pair.t_end, -1, -1,
+                          self.chan_id)
+            return
+        traced = tr.enabled
+        if traced:
             t0 = _now()
-            req.Start()
-            if tr.pend:
-                tr.flush()  # the message is on its way: this costs the partner nothing
-            if not req.Test():
-                self._block(req, timeout, dest, "put(dest=%d)" % dest, False)
-            t1 = _now()
-            p = tr.pend
-            if p == 0:
-                tr.site1, tr.t0_1, tr.t1_1, tr.pend = site, t0, t1, 1
-            elif p == 1:
-                tr.site2, tr.t0_2, tr.t1_2, tr.pend = site, t0, t1, 2
-            else:
-                tr.defer(site, t0, t1)
-        else:
-            req.Start()
-            if not req.Test():
-                self._block(req, timeout, dest, "put(dest=%d)" % dest, False)
+        req = p.req
+        req.Start()
+        if not req.Test():
+            self._block(req, timeout, dest, "put(dest=%d)" % dest, False)
+        if traced:
+            tr.record(K_PUT, _SEND, p.wpeer, TAG_PUT, self.nbytes, t0, _now(), -1, -1, self.chan_id)
 
     def take(self, src: int, timeout: Optional[float] = _UNSET) -> np.ndarray:
         """Receive ``src``'s buffer into this rank's buffer, in place. Blocking.
@@ -397,114 +442,98 @@ class ArrayChannel:
         Returns the buffer. Raises ChannelTimeout after ``timeout`` s.
         """
         try:
-            req, site = self._take_reqs[src]
+            p = self._take_peers[src]
         except KeyError:
-            req, site = self._p2p_req(src, False)
-        if req is None:
-            self._shm_transfer(False, src, site, timeout)
+            p = self._p2p_entry(src, False)
+        tr = _get_tracer()
+        pair = p.pair
+        if pair is not None:
+            try:
+                if not pair.start(_SLICE_S, _SPIN_S):
+                    self._shm_finish(pair, src, timeout)
+            except BaseException:
+                self._shm_abort(pair, "take(src=%d)" % src)
+                raise
+            if tr.enabled:
+                tr.record(K_TAKE, _RECV, p.wpeer, TAG_PUT, self.nbytes, pair.t_start, pair.t_end, -1, -1,
+                          self.chan_id)
             return self._buffer
-        tr = _tracing._TRACER
-        if tr.enabled:
+        traced = tr.enabled
+        if traced:
             t0 = _now()
-            req.Start()
-            if not req.Test():
-                if tr.pend:
-                    tr.flush()  # we wait anyway
-                self._block(req, timeout, src, "take(src=%d)" % src)
-            t1 = _now()
-            p = tr.pend
-            if p == 0:
-                tr.site1, tr.t0_1, tr.t1_1, tr.pend = site, t0, t1, 1
-            elif p == 1:
-                tr.site2, tr.t0_2, tr.t1_2, tr.pend = site, t0, t1, 2
-            else:
-                tr.defer(site, t0, t1)
-        else:
-            req.Start()
-            if not req.Test():
-                self._block(req, timeout, src, "take(src=%d)" % src)
+        req = p.req
+        req.Start()
+        if not req.Test():
+            self._block(req, timeout, src, "take(src=%d)" % src)
+        if traced:
+            tr.record(K_TAKE, _RECV, p.wpeer, TAG_PUT, self.nbytes, t0, _now(), -1, -1, self.chan_id)
         return self._buffer
 
-    def _p2p_req(self, other: int, sending: bool):
-        """Slow path of put/take: validate, then create the persistent request once.
-
-        Returns ``(request, trace site)``; the site holds the record's static fields.
-        """
+    def _p2p_entry(self, other: int, sending: bool) -> _Peer:
+        """Slow path of put/take: validate, then create the peer's state once (a persistent MPI
+        request, or the same-node transfer)."""
         op = f"put(dest={other})" if sending else f"take(src={other})"
         self._usable(op)
         peer = self._peer(other, op)
         wpeer = self._tracer_rank_of[peer]
-        view = self._segments.peer(peer)
+        seg = self._segments
+        view = seg.peer(peer)
         if view is not None:
-            return self._shm_entry(sending, other, peer, wpeer, view)
-        if sending:
-            req = self.comm.Ssend_init([self._bytes, self._byte_type], peer, TAG_PUT)
-            entry = self._put_reqs[other] = (req, _SITE(K_PUT, _SEND, wpeer, TAG_PUT, self.nbytes, self.chan_id))
+            # the control block of the pair (s -> r) is slot s of r's header
+            mine, theirs = seg.mine, view
+            if sending:
+                hdr, slot, src, dst = seg.peer_header(peer), self._lrank, mine, theirs
+            else:
+                hdr, slot, src, dst = seg.header, peer, theirs, mine
+            ctl = hdr[slot * _CONTROL_BYTES:(slot + 1) * _CONTROL_BYTES]
+            pair = _node_copy.Pair(_address(ctl), _address(src), _address(dst), self.nbytes, self._chunk,
+                                   sending, keep=(ctl, src, dst))
+            entry = _Peer(None, pair, wpeer)
+        elif sending:
+            entry = _Peer(self.comm.Ssend_init([self._bytes, self._byte_type], peer, TAG_PUT), None, wpeer)
         else:
-            req = self.comm.Recv_init([self._bytes, self._byte_type], peer, TAG_PUT)
-            entry = self._take_reqs[other] = (req, _SITE(K_TAKE, _RECV, wpeer, TAG_PUT, self.nbytes, self.chan_id))
+            entry = _Peer(self.comm.Recv_init([self._bytes, self._byte_type], peer, TAG_PUT), None, wpeer)
+        (self._put_peers if sending else self._take_peers)[other] = entry
         return entry
 
-    # -- same-node put/take through shared memory -----------------------------------------------
-    # Both buffers live in shared memory (NodeSegments), so the data moves with one
-    # copy, split between the two sides: the sender copies the first part of its
-    # buffer into the receiver's, the receiver copies the rest out of the sender's,
-    # at the same time. Rendezvous and ordering come from zero-byte messages on
-    # persistent requests (MPI's shared-memory queue orders the copies before the
-    # messages that announce them):
-    #   put(d):  sready -> d;  wait rready from d;  copy part 1 into d;  sdone -> d;  wait rdone from d
-    #   take(s): rready -> s;  wait sready from s;  copy part 2 from s;  rdone -> s;  wait sdone from s
-    # put returns when the receiver has copied its part (the buffer is free again);
-    # take returns when both parts are in place. A timeout or interrupt in the middle
-    # cannot be undone (the partner may be copying), so it makes the channel unusable.
-    def _shm_entry(self, sending: bool, other: int, peer: int, wpeer: int, view: np.ndarray) -> tuple:
-        c, tok, bt = self.comm, self._token, self._byte_type
-        z = [tok, 0, bt]
-        if sending:
-            reqs = (c.Send_init(z, peer, TAG_SREADY), c.Recv_init(z, peer, TAG_RREADY),
-                    c.Send_init(z, peer, TAG_SDONE), c.Recv_init(z, peer, TAG_RDONE))
-            site = _SITE(K_PUT, _SEND, wpeer, TAG_PUT, self.nbytes, self.chan_id)
-        else:
-            reqs = (c.Send_init(z, peer, TAG_RREADY), c.Recv_init(z, peer, TAG_SREADY),
-                    c.Send_init(z, peer, TAG_RDONE), c.Recv_init(z, peer, TAG_SDONE))
-            site = _SITE(K_TAKE, _RECV, wpeer, TAG_PUT, self.nbytes, self.chan_id)
-        self._shm[(sending, other)] = (reqs, view)
-        entry = (None, site)
-        (self._put_reqs if sending else self._take_reqs)[other] = entry
-        return entry
+    def _shm_finish(self, pair, other: int, timeout) -> None:
+        """Go on with a same-node transfer that its first compiled call did not complete: in
+        slices of at most ``_SLICE_S``, checking the timeout (and letting Ctrl-C in) between them.
 
-    def _shm_transfer(self, sending: bool, other: int, site: tuple, timeout) -> None:
-        (ready_out, ready_in, done_out, done_in), view = self._shm[(sending, other)]
+        A take that times out before the sender reached it is withdrawn (the channel stays
+        usable, as after a cancelled MPI receive); one the sender has reached gets one more
+        timeout period to complete. A put cannot be withdrawn (nor can an MPI synchronous send).
+        """
+        sending = pair.sender
         op = ("put(dest=%d)" if sending else "take(src=%d)") % other
         t = self._timeout(timeout)
-        deadline = None if t is None else time.monotonic() + t
-        tr = _tracing._TRACER
-        t0 = _now()
-        ready_in.Start()
-        done_in.Start()
-        ready_out.Start()
-        self._shm_wait(ready_in, deadline, other, op)
-        k = self._shm_split
-        if sending:
-            np.copyto(view[:k], self._bytes[:k])
-        else:
-            np.copyto(self._bytes[k:], view[k:])
-        done_out.Start()
-        if tr.pend:
-            tr.flush()  # the partner is still copying its part: free time
-        self._shm_wait(done_in, deadline, other, op)
-        self._shm_wait(ready_out, deadline, other, op)
-        self._shm_wait(done_out, deadline, other, op)
-        if tr.enabled:
-            tr.defer(site, t0, _now())
+        t0 = time.monotonic()
+        deadline = None if t is None else t0 + t
+        extended = False
+        waiting.current = (op, other, pair.t_start)   # blocked since the operation began
+        try:
+            while True:
+                budget = _SLICE_S
+                if deadline is not None:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        if not sending and not extended and not pair.withdraw():
+                            extended = True          # the sender is on it: let it finish
+                            deadline += max(t, 1.0)
+                            continue
+                        raise ChannelTimeout(self.rank, other, op, time.monotonic() - t0)
+                    budget = min(budget, left)
+                if pair.resume(budget, _SPIN_S):
+                    return
+        finally:
+            waiting.current = None
 
-    def _shm_wait(self, req, deadline, other: int, op: str) -> None:
-        if req.Test():
+    def _shm_abort(self, pair, op: str) -> None:
+        """After an exception in a same-node put/take (timeout, Ctrl-C): nothing to do if the transfer
+        completed or never took place (a take is withdrawn if it can be); else the channel is unusable."""
+        if pair.completed() or pair.withdraw():
             return
-        left = None if deadline is None else max(0.0, deadline - time.monotonic())
-        waiting.wait(req, left, self.rank, other, op, ChannelTimeout,
-                     self._abandoned(op, "a same-node transfer cannot be undone halfway (the partner may "
-                                         "be copying)"), cancellable=False)
+        self._abandoned(op, _HALF_DONE)()
 
     def _block(self, req, timeout, other: int, op: str, cancellable: bool = True) -> None:
         waiting.wait(req, self._timeout(timeout), self.rank, other, op, ChannelTimeout, self._abandoned(op),
@@ -536,7 +565,7 @@ class ArrayChannel:
 
     def _trace_p2p(self, kind: int, direction: int, peer: int, tag: int, nbytes: int, t0: int,
                    t1: Optional[int] = None) -> None:
-        tr = _tracing._TRACER
+        tr = _get_tracer()
         if not tr.enabled:
             return
         seqs = self._send_seq if direction == _SEND else self._recv_seq

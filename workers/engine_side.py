@@ -34,7 +34,7 @@ import os
 import socket
 import threading
 import time
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 import numpy as np
 
@@ -70,7 +70,7 @@ def _pre_run_cell(info=None) -> None:  # noqa: ARG001 - IPython passes Execution
 def _post_run_cell(result=None) -> None:  # noqa: ARG001
     tr = state.tracer
     if tr is not None:
-        end = tr.mark()  # flushes deferred put/take records
+        end = tr.mark()
         if end < state.mark:  # the tracer was cleared during the cell
             state.mark = 0
         state.end = end
@@ -181,7 +181,7 @@ def setup() -> Dict[str, Any]:
 
     from . import rebinding_guard, runtime
 
-    runtime.init()
+    nbmpi.workers.init()
     comm = runtime.world()
     _rank = comm.Get_rank()
     ip = get_ipython()
@@ -219,7 +219,7 @@ def cell_events() -> Dict[str, Any]:
     from . import tracing
 
     tr = state.tracer or tracing.get_tracer()
-    n = tr.mark()  # flushes deferred put/take records
+    n = tr.mark()
     end = n if state.running else min(state.end, n)
     ev = np.array(tr.events()[state.mark:end], dtype=np.int64, copy=True)
     ts, te = tracing.FIELDS.index("t_start"), tracing.FIELDS.index("t_end")
@@ -229,3 +229,39 @@ def cell_events() -> Dict[str, Any]:
     return dict(rank=_rank, events=ev, dropped=int(tr.dropped), clock_error_ns=int(tr.offset_err_ns),
                 kinds=tracing.kind_names(), cell_start_ns=state.t_start_ns + tr.offset_ns,
                 cell_end_ns=t_end + tr.offset_ns)
+
+
+def run_job(code: str, argv: List[str], env: Dict[str, str], name: str = "job.py") -> None:
+    """Run a controller job's program on this engine, as ``nbmpi run`` runs a script on a rank.
+
+    Called on every engine of a pool by the controller (one ``apply`` per job). The program runs
+    as ``__main__`` in a namespace of its own (not the notebook's: it neither sees nor changes the
+    variables of cells or of earlier jobs), with ``comm``, ``rank``, ``size`` and ``nbmpi``
+    predefined, ``sys.argv = [name, *argv]``, ``env`` added to ``os.environ`` and the
+    shared-variable rebinding guard. A failure prints its traceback to the rank's stderr (the
+    job's log) and is raised again; ``sys.exit(0)`` is success, another code an error.
+    """
+    import sys
+    import traceback
+
+    import nbmpi
+
+    from . import rebinding_guard, runtime
+
+    os.environ.update(env)
+    sys.argv = [name, *argv]
+    comm = runtime.world()
+    ns: Dict[str, Any] = {"__name__": "__main__", "__file__": name, "comm": comm, "rank": comm.Get_rank(),
+                          "size": comm.Get_size(), "nbmpi": nbmpi}
+    try:
+        exec(rebinding_guard.compile_guarded(code, name), ns)  # noqa: S102 - running the job is the point
+    except SystemExit as exc:
+        if exc.code not in (None, 0):
+            print(f"{name} exited with {exc.code!r}", file=sys.stderr, flush=True)
+            raise RuntimeError(f"{name} exited with {exc.code!r}") from None
+    except BaseException:
+        traceback.print_exc()
+        sys.stderr.flush()
+        raise
+    finally:
+        sys.stdout.flush()

@@ -167,7 +167,7 @@ def main(argv=None) -> int:
     rank_guard.guard()   # the parent stays behind and reports a signal that kills this rank
     _announce()
     _redirect_output()
-    from .runtime import init
+    from .startup import init
 
     init()
     _note_shared_memory()

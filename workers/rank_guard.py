@@ -21,8 +21,9 @@ job cannot fill the disk and a reader always sees that output is missing.
 Output is never lost when the rank dies: the guard drains the pipes first.
 
 The guard passes SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 on to
-the rank; a rank ended by a signal the guard passed on (the launcher ending
-the job) counts as *terminated*, not *killed*. The rank gets
+the rank; a rank ended by a signal the guard received too (the launcher
+ending the job signals the whole process group; the guard waits 0.2 s for its
+own copy) counts as *terminated*, not *killed*. The rank gets
 ``PR_SET_PDEATHSIG`` (Linux) so it never outlives a guard that is killed.
 ``NBMPI_RANK_GUARD=0`` turns the guard off. Local; no MPI.
 """
@@ -31,6 +32,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import time
 from typing import List, Optional
 
 STATUS_DIR_ENV = "NBMPI_STATUS_DIR"
@@ -158,6 +160,12 @@ def guard() -> None:
             continue
     if os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status)
+        if sig in _PASSED_ON:
+            # a launcher ending the job signals the guard's whole process group: the rank may die of it
+            # a moment before the guard's own copy arrives. Give it that moment before calling it a kill.
+            end = time.monotonic() + 0.2
+            while sig not in passed_on and time.monotonic() < end:
+                time.sleep(0.01)
         if sig not in passed_on:
             try:
                 tmp = os.path.join(status_dir, f".rank-{rank}.signal.tmp")

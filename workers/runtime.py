@@ -1,4 +1,4 @@
-"""MPI start-up for nbmpi: thread level, the world communicator, and runtime init.
+"""MPI start-up for nbmpi: thread level, the world communicator, timeouts and tracing switches from the environment.
 
 Importing this module does NOT initialise MPI. The first call to :func:`world`
 (or anything that needs MPI) imports ``mpi4py.MPI``, which initialises MPI with
@@ -10,8 +10,8 @@ the thread level chosen here:
   ``MPI4PY_RC_THREAD_LEVEL`` (``single``, ``funneled``, ``serialized``,
   ``multiple``), which always wins.
 
-:func:`init` is the collective start of the runtime on a communicator: it
-creates the per-rank tracer and aligns its clock with rank 0's.
+This module imports nothing from nbmpi; the collective start of the runtime
+(tracer, clock alignment) is :func:`nbmpi.workers.startup.init`, above it.
 """
 from __future__ import annotations
 
@@ -78,21 +78,3 @@ def tracing_enabled_by_env() -> bool:
     """False when ``NBMPI_TRACE`` is 0/false/off/no, else True."""
     return os.environ.get(TRACE_ENV, "1").strip().lower() not in ("0", "false", "off", "no")
 
-
-def init(comm=None, trace: Optional[bool] = None, align_clocks: bool = True):
-    """Start the nbmpi runtime on ``comm`` (default ``COMM_WORLD``). Collective.
-
-    Every rank of ``comm`` must call it. It (re)creates this rank's tracer
-    (enabled unless ``trace=False`` or ``NBMPI_TRACE=0``) and, if
-    ``align_clocks``, estimates this rank's clock offset against rank 0 so the
-    timelines of all ranks line up. Returns the tracer.
-    """
-    from . import tracing
-
-    comm = world() if comm is None else comm
-    enabled = tracing_enabled_by_env() if trace is None else bool(trace)
-    tracer = tracing.Tracer(comm, enabled=enabled)
-    if align_clocks:
-        tracer.align_clocks()
-    tracing.set_tracer(tracer)
-    return tracer

@@ -25,7 +25,7 @@ from typing import Any, Dict, List, Optional
 
 import numpy as np
 
-from .tracing import DIR_NONE, DIR_RECV, DIR_SEND, FIELDS, NF
+from .trace_records import DIR_NONE, DIR_RECV, DIR_SEND, FIELDS, NF
 
 _COL = {name: i for i, name in enumerate(FIELDS)}
 #: Names of the states of :meth:`Trace.states`, indexed by the codes of :meth:`Trace.state_arrays`.

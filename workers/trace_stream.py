@@ -7,7 +7,7 @@ recorded since the last time with :meth:`Tracer.snapshot` (no flush, no write to
 call: the thread level is ``funneled``) and appends them, shifted onto rank 0's clock by the tracer's
 offset, to ``rank-R.events``; then it rewrites ``rank-R.live.json`` (atomically) with what the rank
 is blocked in right now (:data:`nbmpi.workers.waiting.current`). :meth:`TraceStreamer.stop`, called by
-the rank's main thread after the program, writes the rest (deferred records included) and marks the
+the rank's main thread after the program, writes the rest and marks the
 rank ``done``.
 
 Files, in the job's trace directory, per rank ``R``:
@@ -57,7 +57,7 @@ def live_path(out_dir: Path, rank: int) -> Path:
 class TraceStreamer:
     """Streams one rank's tracer to ``out_dir`` from a daemon thread (see the module docstring).
 
-    Create and :meth:`start` it on the rank's main thread after :func:`nbmpi.workers.runtime.init`
+    Create and :meth:`start` it on the rank's main thread after :func:`nbmpi.workers.startup.init`
     (the tracer's clock offset is known then); :meth:`stop` it on the same thread at the end. Local:
     no communication, ever.
     """
@@ -95,12 +95,11 @@ class TraceStreamer:
                 pass
 
     def stop(self) -> None:
-        """Stop the thread and write everything the tracer holds (its deferred records are flushed
-        first: call this from the rank's main thread, which owns the tracer); the rank is marked done."""
+        """Stop the thread and write everything the tracer holds (call this from the rank's main thread,
+        which owns the tracer); the rank is marked done."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=10 * self.interval + 5)
-        self.tracer.mark()          # the owner flushes its deferred records
         self._write(done=True)
 
     def _write(self, done: bool) -> None:

@@ -1,0 +1,653 @@
+"""Distributed-arrays benchmark (seed 002, DistNumPy): the seed's NumPy programs run unchanged three ways.
+
+One command (it launches the MPI ranks itself)::
+
+    python benchmarks/distarray.py              # full sizes, 2 and 3 ranks
+    python benchmarks/distarray.py --quick      # tiny sizes (smoke test, used by the test suite)
+
+Each program is a plain function of a NumPy-like namespace ``np`` (``numpy`` or
+``nbmpi.workers.distarray``) and its input arrays; the source is the same for both:
+
+* **Jacobi stencil** (the seed's Fig. 10, as written in the issue: five views of ``full``,
+  ``work = 0.2 * (...)``, ``delta = float(sum(abs(center - work)))`` each step, ``center[:] = work``);
+* **Jacobi** (matrix-vector): ``x = (b - R @ x) / d`` with a 2-D block-distributed ``R``;
+* **Black-Scholes** (the seed's Fig. 9, with its cumulative normal distribution);
+* **Lattice Boltzmann D2Q9** (channel with a cylinder, bounce-back, streaming with ``roll``);
+* **N-body** and **kNN** (all pairs, broadcasting against a replicated operand ``x[None, :]``);
+* **PRK Stencil** (star, radius 2, reported in GFlop/s) and **PRK Transpose** (``B += A.T; A += 1``,
+  in GB/s), written like the Parallel Research Kernels' Python versions.
+
+Ways: **NumPy** in one process (this driver, BLAS limited to one thread like every rank);
+**nbmpi** on P ranks with latency hiding; **nbmpi** without it (``evaluate(latency_hiding=False)``:
+blocking exchange first, then compute). For each: the first call (kernel compilation and plan
+building, with a fresh kernel cache unless ``NBMPI_DISTARRAY_CACHE`` is set) apart from the
+steady state (best of interleaved rounds), the speedup over NumPy and each rank's wait % (from
+the gathered trace of the measured rounds). Every distributed result of the first call is
+checked against NumPy's. Beside the stencil: a hand-written mpi4py + numba halo-exchange version
+of the same program (ghost rows, Isend/Irecv, interior while the halos fly) and ``dask.array``
+on a 2-worker LocalCluster (the same program, with the persist/setitem that dask's immutable
+arrays need).
+
+Targets (issue 13, on 2 ranks, computed from the measured numbers): stencil wait % with hiding
+<= 10 % and at least 3x lower than without; stencil within 1.25x of the hand-written version;
+at least 10x faster than dask.array. Results: ``benchmarks/results/distarray.json`` / ``.md``
+(``distarray_quick`` with ``--quick``).
+"""
+from __future__ import annotations
+
+import os
+
+for _v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_v, "1")
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import numpy  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+FULL = dict(stencil=(4000, 10), jacobi=(4000, 10), blackscholes=(4_000_000, 3), lbm=((1000, 600), 5),
+            nbody=(2000, 2), knn=(2000, 3), prk_stencil=(4000, 10), prk_transpose=(4000, 10),
+            rounds=3, dask_iters=3, ranks=(2, 3))
+QUICK = dict(stencil=(96, 2), jacobi=(64, 2), blackscholes=(5000, 2), lbm=((40, 24), 2), nbody=(48, 2),
+             knn=(48, 2), prk_stencil=(64, 2), prk_transpose=(64, 2), rounds=1, dask_iters=2, ranks=(2,))
+PROGRAMS = ("stencil", "jacobi", "blackscholes", "lbm", "nbody", "knn", "prk_stencil", "prk_transpose")
+TITLES = dict(stencil="Jacobi stencil (Fig. 10)", jacobi="Jacobi, matrix-vector", blackscholes="Black-Scholes (Fig. 9)",
+              lbm="Lattice Boltzmann D2Q9", nbody="N-body", knn="kNN", prk_stencil="PRK Stencil (star r=2)",
+              prk_transpose="PRK Transpose")
+
+
+# =========================================================================== the programs (unchanged NumPy source)
+def jacobi_stencil(np, full, iters):
+    delta = 0.0
+    for it in range(iters):
+        center = full[1:-1, 1:-1]
+        north = full[0:-2, 1:-1]
+        south = full[2:, 1:-1]
+        west = full[1:-1, 0:-2]
+        east = full[1:-1, 2:]
+        work = 0.2 * (center + north + south + east + west)
+        delta = float(np.sum(np.abs(center - work)))
+        center[:] = work
+    return delta
+
+
+def jacobi(np, R, b, d, iters):
+    x = np.zeros_like(b)
+    delta = 0.0
+    for it in range(iters):
+        x_new = (b - R @ x) / d
+        delta = float(np.max(np.abs(x_new - x)))
+        x = x_new
+    return delta
+
+
+def cnd(np, x):
+    a1, a2, a3, a4, a5 = 0.31938153, -0.356563782, 1.781477937, -1.821255978, 1.330274429
+    L = np.abs(x)
+    K = 1.0 / (1.0 + 0.2316419 * L)
+    w = 1.0 - 1.0 / np.sqrt(2 * np.pi) * np.exp(-L * L / 2.) * (a1 * K + a2 * K * K + a3 * K ** 3 + a4 * K ** 4 +
+                                                                  a5 * K ** 5)
+    return np.where(x < 0, 1.0 - w, w)
+
+
+def black_scholes(np, S, X, T, r, v, iters):
+    total = 0.0
+    for it in range(iters):
+        d1 = (np.log(S / X) + (r + v * v / 2.) * T) / (v * np.sqrt(T))
+        d2 = d1 - v * np.sqrt(T)
+        call = S * cnd(np, d1) - X * np.exp(-r * T) * cnd(np, d2)
+        put = X * np.exp(-r * T) * cnd(np, -d2) - S * cnd(np, -d1)
+        total = float(np.sum(call) + np.sum(put))
+    return total
+
+
+LBM_C = ((0, 0), (1, 0), (0, 1), (-1, 0), (0, -1), (1, 1), (-1, 1), (-1, -1), (1, -1))
+LBM_W = (4 / 9, 1 / 9, 1 / 9, 1 / 9, 1 / 9, 1 / 36, 1 / 36, 1 / 36, 1 / 36)
+LBM_OPP = (0, 3, 4, 1, 2, 7, 8, 5, 6)
+
+
+def lattice_boltzmann(np, fin, obstacle, omega, iters):
+    mass = 0.0
+    for it in range(iters):
+        rho = fin[0] + fin[1] + fin[2] + fin[3] + fin[4] + fin[5] + fin[6] + fin[7] + fin[8]
+        ux = (fin[1] + fin[5] + fin[8] - fin[3] - fin[6] - fin[7]) / rho
+        uy = (fin[2] + fin[5] + fin[6] - fin[4] - fin[7] - fin[8]) / rho
+        usqr = 1.5 * (ux * ux + uy * uy)
+        fout = []
+        for i in range(9):
+            cx, cy = LBM_C[i]
+            cu = 3.0 * (cx * ux + cy * uy)
+            feq = rho * LBM_W[i] * (1.0 + cu + 0.5 * cu * cu - usqr)
+            fout.append(np.where(obstacle, fin[LBM_OPP[i]], fin[i] - omega * (fin[i] - feq)))
+        for i in range(9):
+            cx, cy = LBM_C[i]
+            fin[i] = np.roll(np.roll(fout[i], cx, axis=0), cy, axis=1)
+        mass = float(np.sum(rho))
+    return mass
+
+
+def nbody(np, x, y, z, vx, vy, vz, m, dt, iters):
+    for it in range(iters):
+        dx = x[None, :] - x[:, None]
+        dy = y[None, :] - y[:, None]
+        dz = z[None, :] - z[:, None]
+        r2 = dx * dx + dy * dy + dz * dz + 0.01
+        inv = m[None, :] / (r2 * np.sqrt(r2))
+        vx += dt * np.sum(dx * inv, axis=1)
+        vy += dt * np.sum(dy * inv, axis=1)
+        vz += dt * np.sum(dz * inv, axis=1)
+        x += dt * vx
+        y += dt * vy
+        z += dt * vz
+    return float(np.sum(x * x + y * y + z * z))
+
+
+def knn(np, x, y, k, iters):
+    total = 0.0
+    for it in range(iters):
+        d = (x[:, None] - x[None, :]) ** 2 + (y[:, None] - y[None, :]) ** 2
+        d = np.where(d == 0.0, np.inf, d)
+        for j in range(k):
+            m = np.min(d, axis=1)
+            d = np.where(d == m[:, None], np.inf, d)
+        total = float(np.sum(np.sqrt(m)))
+    return total
+
+
+def prk_stencil(np, A, B, W, r, iters):
+    n = A.shape[0]
+    b = n - r
+    for it in range(iters):
+        B[r:b, r:b] += W[r, r] * A[r:b, r:b]
+        for s in range(1, r + 1):
+            B[r:b, r:b] += W[r, r - s] * A[r:b, r - s:b - s] + W[r, r + s] * A[r:b, r + s:b + s] \
+                + W[r - s, r] * A[r - s:b - s, r:b] + W[r + s, r] * A[r + s:b + s, r:b]
+        A += 1.0
+    return float(np.sum(np.abs(B)))
+
+
+def prk_transpose(np, A, B, iters):
+    for it in range(iters):
+        B += A.T
+        A += 1.0
+    return float(np.sum(B))
+
+
+# =========================================================================== inputs (same values for every way)
+def make_inputs(name: str, size, seed: int = 2024) -> dict:
+    """NumPy inputs of program ``name`` (every rank and the driver build the same ones)."""
+    rng = numpy.random.default_rng(seed)
+    if name == "stencil":
+        return dict(full=rng.random((size, size)))
+    if name == "jacobi":
+        n = size
+        R = rng.random((n, n)) / n
+        return dict(R=R, b=rng.random(n), d=2.0 + rng.random(n))
+    if name == "blackscholes":
+        n = size
+        return dict(S=rng.uniform(10, 50, n), X=rng.uniform(10, 50, n), T=rng.uniform(0.1, 2.0, n), r=0.02, v=0.3)
+    if name == "lbm":
+        nx, ny = size
+        u0 = 0.04
+        fin = []
+        for i in range(9):
+            cx, cy = LBM_C[i]
+            cu = 3.0 * cx * u0
+            fin.append(LBM_W[i] * (1.0 + cu + 0.5 * cu * cu - 1.5 * u0 * u0) * (1.0 + 0.01 * rng.random((nx, ny))))
+        xx, yy = numpy.meshgrid(numpy.arange(nx), numpy.arange(ny), indexing="ij")
+        obstacle = (xx - nx / 4) ** 2 + (yy - ny / 2) ** 2 < (ny / 9) ** 2
+        return dict(fin=fin, obstacle=obstacle, omega=1.0 / (3 * 0.02 + 0.5))
+    if name == "nbody":
+        n = size
+        return dict(x=rng.random(n), y=rng.random(n), z=rng.random(n), vx=numpy.zeros(n), vy=numpy.zeros(n),
+                    vz=numpy.zeros(n), m=rng.uniform(0.5, 1.0, n) / n, dt=1e-4)
+    if name == "knn":
+        n = size
+        return dict(x=rng.random(n), y=rng.random(n), k=4)
+    if name == "prk_stencil":
+        n, r = size, 2
+        W = numpy.zeros((2 * r + 1, 2 * r + 1))
+        for s in range(1, r + 1):
+            W[r, r + s] = W[r + s, r] = 1.0 / (2 * s * r)
+            W[r, r - s] = W[r - s, r] = -1.0 / (2 * s * r)
+        ii, jj = numpy.meshgrid(numpy.arange(n), numpy.arange(n), indexing="ij")
+        return dict(A=(ii + jj).astype(numpy.float64), B=numpy.zeros((n, n)), W=W, r=r)
+    if name == "prk_transpose":
+        n = size
+        return dict(A=numpy.arange(n * n, dtype=numpy.float64).reshape(n, n), B=numpy.zeros((n, n)))
+    raise ValueError(name)
+
+
+def run_program(name: str, np, arrays: dict, iters: int):
+    """Run program ``name`` on namespace ``np`` with ``arrays`` (already converted)."""
+    a = arrays
+    if name == "stencil":
+        return jacobi_stencil(np, a["full"], iters)
+    if name == "jacobi":
+        return jacobi(np, a["R"], a["b"], a["d"], iters)
+    if name == "blackscholes":
+        return black_scholes(np, a["S"], a["X"], a["T"], a["r"], a["v"], iters)
+    if name == "lbm":
+        return lattice_boltzmann(np, a["fin"], a["obstacle"], a["omega"], iters)
+    if name == "nbody":
+        return nbody(np, a["x"], a["y"], a["z"], a["vx"], a["vy"], a["vz"], a["m"], a["dt"], iters)
+    if name == "knn":
+        return knn(np, a["x"], a["y"], a["k"], iters)
+    if name == "prk_stencil":
+        return prk_stencil(np, a["A"], a["B"], a["W"], a["r"], iters)
+    return prk_transpose(np, a["A"], a["B"], iters)
+
+
+def work_units(name: str, size, iters: int) -> float:
+    """Flops (PRK Stencil) or bytes (PRK Transpose) of ``iters`` iterations, as the PRK count them."""
+    if name == "prk_stencil":
+        n, r = size, 2
+        return (2 * (4 * r + 1) + 1) * (n - 2 * r) ** 2 * iters
+    if name == "prk_transpose":
+        return 2.0 * 8 * size * size * iters
+    return 0.0
+
+
+def copy_inputs(inp: dict) -> dict:
+    return {k: ([x.copy() for x in v] if isinstance(v, list) else v.copy() if isinstance(v, numpy.ndarray) else v)
+            for k, v in inp.items()}
+
+
+# =========================================================================== NumPy in one process
+def bench_numpy(cfg: dict, rounds: int) -> dict:
+    out = {}
+    for name in PROGRAMS:
+        size, iters = cfg[name]
+        inp = make_inputs(name, size)
+        arrays = copy_inputs(inp)
+        t0 = time.perf_counter()
+        check = run_program(name, numpy, arrays, 1)
+        first = time.perf_counter() - t0
+        best = float("inf")
+        for _ in range(rounds):
+            arrays = copy_inputs(inp)
+            t0 = time.perf_counter()
+            run_program(name, numpy, arrays, iters)
+            best = min(best, (time.perf_counter() - t0) / iters)
+        out[name] = dict(first_s=first, per_iter_s=best, check=check, iters=iters, size=size)
+    return out
+
+
+# =========================================================================== dask.array (2 local workers)
+def dask_stencil(da, full, iters):
+    """The stencil on dask arrays: dask arrays are immutable graphs, so the views are re-sliced each step,
+    ``center[:] = work`` becomes an assignment into ``full``, and results are persisted (without that,
+    every step would recompute the whole history)."""
+    delta = 0.0
+    for it in range(iters):
+        center = full[1:-1, 1:-1]
+        north = full[0:-2, 1:-1]
+        south = full[2:, 1:-1]
+        west = full[1:-1, 0:-2]
+        east = full[1:-1, 2:]
+        work = (0.2 * (center + north + south + east + west)).persist()
+        delta = float(da.sum(da.abs(center - work)))
+        full[1:-1, 1:-1] = work
+        full = full.persist()
+    return delta, full
+
+
+def _stencil_rows(size: int, lo: int, hi: int, seed: int = 2024):
+    """Rows [lo, hi) of ``make_inputs('stencil', size)['full']``, generated where they are needed (the
+    PCG64 stream jumped ahead), so dask workers build their chunks without shipping the array."""
+    bg = numpy.random.PCG64(seed)
+    bg.advance(lo * size)
+    return numpy.random.Generator(bg).random((hi - lo, size))
+
+
+def bench_dask(cfg: dict, rounds: int) -> dict:
+    import dask
+    import dask.array as da
+    from dask.distributed import Client, LocalCluster, wait
+
+    size, _ = cfg["stencil"]
+    iters = cfg["dask_iters"]
+    half = -(-size // 2)
+
+    def dask_input():
+        blocks = [da.from_delayed(dask.delayed(_stencil_rows)(size, lo, min(size, lo + half)),
+                                  shape=(min(size, lo + half) - lo, size), dtype=numpy.float64)
+                  for lo in range(0, size, half)]
+        return da.concatenate(blocks, axis=0).persist()
+
+    t_start = time.perf_counter()
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, \
+            Client(cluster) as client:
+        startup = time.perf_counter() - t_start
+        client.wait_for_workers(2)
+        full = dask_input()
+        t0 = time.perf_counter()
+        check, full = dask_stencil(da, full, 1)
+        first = time.perf_counter() - t0
+        best = float("inf")
+        for _ in range(rounds):
+            full = dask_input()
+            wait(full)
+            t0 = time.perf_counter()
+            dask_stencil(da, full, iters)
+            best = min(best, (time.perf_counter() - t0) / iters)
+    return dict(first_s=first, per_iter_s=best, check=check, iters=iters, workers=2, cluster_start_s=startup)
+
+
+# =========================================================================== MPI part (runs on every rank)
+def _hw_kernels():
+    import numba
+
+    @numba.njit(nogil=True, cache=True)
+    def rows(u, v, lo, hi):  # pragma: no cover - compiled
+        d = 0.0
+        m = u.shape[1]
+        for i in range(lo, hi):
+            for j in range(1, m - 1):
+                w = 0.2 * (u[i, j] + u[i - 1, j] + u[i + 1, j] + u[i, j + 1] + u[i, j - 1])
+                v[i, j] = w
+                d += abs(u[i, j] - w)
+        return d
+
+    return rows
+
+
+def handwritten_stencil(comm, u, v, first_row: int, n: int, iters: int, kernel):
+    """The same Jacobi stencil written by hand with mpi4py + numba on a block distribution: ``u`` and ``v``
+    hold this rank's rows plus one ghost row above and below (double buffering). Each step posts the halo
+    receives and sends, updates the rows that need no ghost while they fly, waits, updates the two edge
+    rows, sums the deltas with one Allreduce and swaps the buffers (no copy back)."""
+    from mpi4py import MPI
+
+    rank, size = comm.Get_rank(), comm.Get_size()
+    nloc = u.shape[0] - 2
+    # buffer row b holds global row first_row + b - 1; the updated rows are global 1 .. n-2
+    r_lo = max(1, 2 - first_row)
+    r_hi = min(nloc, n - 1 - first_row)
+    in_lo, in_hi = max(r_lo, 2), min(r_hi, nloc - 1) + 1  # rows that need no ghost
+    edges = [b for b in sorted({1, nloc}) if r_lo <= b <= r_hi and not in_lo <= b < in_hi]
+    sbuf, rbuf = numpy.zeros(1), numpy.zeros(1)
+    delta = 0.0
+    for it in range(iters):
+        reqs = []
+        if rank > 0:
+            reqs += [comm.Irecv(u[0], source=rank - 1, tag=7), comm.Isend(u[1], dest=rank - 1, tag=8)]
+        if rank < size - 1:
+            reqs += [comm.Irecv(u[nloc + 1], source=rank + 1, tag=8), comm.Isend(u[nloc], dest=rank + 1, tag=7)]
+        d = kernel(u, v, in_lo, in_hi) if in_hi > in_lo else 0.0
+        MPI.Request.Waitall(reqs)
+        for b in edges:
+            d += kernel(u, v, b, b + 1)
+        sbuf[0] = d
+        comm.Allreduce(sbuf, rbuf)
+        delta = float(rbuf[0])
+        u, v = v, u
+    return delta, u
+
+
+def mpi_main(a) -> int:
+    import nbmpi.workers.distarray as dnp
+    from nbmpi.workers import gather_trace, get_tracer, world
+    from nbmpi.workers.runtime import MPI as _MPI
+
+    MPI = _MPI()
+    comm = world()
+    rank, size = comm.Get_rank(), comm.Get_size()
+    cfg = dict(QUICK if a.quick else FULL)
+    rounds = a.rounds or cfg["rounds"]
+    tracer = get_tracer()
+
+    def timed(fn):
+        comm.Barrier()
+        t0 = time.perf_counter()
+        res = fn()
+        dt = numpy.array([time.perf_counter() - t0])
+        out = numpy.empty(1)
+        comm.Allreduce(dt, out, op=MPI.MAX)
+        return res, float(out[0])
+
+    def dist_inputs(inp: dict) -> dict:
+        out = {}
+        for k, v in inp.items():
+            if isinstance(v, list):
+                out[k] = [dnp.from_numpy(x) for x in v]
+            elif isinstance(v, numpy.ndarray) and k != "W":
+                out[k] = dnp.from_numpy(v)
+            else:
+                out[k] = v
+        return out
+
+    def handwritten_vs_nbmpi() -> dict:
+        """The hand-written mpi4py + numba stencil, interleaved round by round with nbmpi's."""
+        size_, iters = cfg["stencil"]
+        x = make_inputs("stencil", size_)["full"]
+        d = dnp.Distribution("block", size_, size)
+        lo, hi = d.block_range(rank)
+        kernel = _hw_kernels()
+
+        def hw_arrays():
+            u = numpy.zeros((hi - lo + 2, size_))
+            u[1:-1] = x[lo:hi]
+            return u, u.copy()
+
+        u, v = hw_arrays()
+        (hw_check, _), hw_first = timed(lambda: handwritten_stencil(comm, u, v, lo, size_, 1, kernel))
+        hw_best = dn_best = float("inf")
+        for r in range(rounds if a.quick else max(rounds, 6)):  # the 1.25x target: more interleaved rounds
+            u, v = hw_arrays()
+            handwritten_stencil(comm, u, v, lo, size_, 2, kernel)  # warm, like nbmpi's
+            _, t = timed(lambda: handwritten_stencil(comm, u, v, lo, size_, iters, kernel))
+            hw_best = min(hw_best, t / iters)
+            full = dnp.from_numpy(x)
+            jacobi_stencil(dnp, full, 2)
+            _, t = timed(lambda: jacobi_stencil(dnp, full, iters))
+            dn_best = min(dn_best, t / iters)
+        return dict(first_s=hw_first, per_iter_s=hw_best, check=hw_check, nbmpi_per_iter_s=dn_best, size=size_,
+                    iters=iters)
+
+    results = {}
+    for name in PROGRAMS:
+        size_, iters = cfg[name]
+        inp = make_inputs(name, size_)
+        arrays = dist_inputs(inp)
+        # first call: kernels compiled (fresh cache) and plans built; its result is checked against NumPy
+        check, first = timed(lambda: run_program(name, dnp, arrays, 1))
+        row = dict(size=size_, iters=iters, first_s=first, check=check)
+        modes = {"hiding": True, "blocking": False}
+        best = {m: float("inf") for m in modes}
+        waits = {m: [] for m in modes}
+        times = {m: [] for m in modes}
+        for r in range(rounds):
+            order = list(modes) if r % 2 == 0 else list(modes)[::-1]
+            for m in order:
+                dnp.configure(latency_hiding=modes[m])
+                arrays = dist_inputs(inp)
+                run_program(name, dnp, arrays, 2)  # warm: a second step has the copy-back and reuses buffers
+                mark = tracer.mark()
+                _, t = timed(lambda: run_program(name, dnp, arrays, iters))
+                tr = gather_trace(since=mark)
+                if rank == 0:
+                    waits[m].append([rr["wait_frac"] * 100 for rr in tr.summary()["ranks"]])
+                tracer.clear()
+                best[m] = min(best[m], t / iters)
+                times[m].append(t / iters)
+        dnp.configure(latency_hiding=True)
+        for m in modes:
+            if rank == 0 and waits[m]:
+                k = int(numpy.argmin(times[m]))
+                w, wmean = waits[m][k], numpy.mean(numpy.array(waits[m]), axis=0).tolist()
+            else:
+                w, wmean = [], []
+            row[m] = dict(per_iter_s=best[m], wait_pct=w, wait_pct_mean=wmean, rounds_s=times[m])
+        results[name] = row
+        if name == "stencil":  # measured right after the stencil's own rows, under the same machine load
+            results["handwritten_stencil"] = handwritten_vs_nbmpi()
+        if rank == 0:
+            print(f"[{size} ranks] {name}: first {first:.3f} s, hiding {best['hiding'] * 1e3:.2f} ms/it, "
+                  f"blocking {best['blocking'] * 1e3:.2f} ms/it", flush=True)
+    st = dnp.stats()
+    results["stats_rank0"] = {k: st[k] for k in ("flushes", "recorded", "inlined", "swapped", "plans_built",
+                                                 "plan_hits", "messages_sent", "bytes_sent", "buffers_allocated",
+                                                 "buffers_reused")}
+    results["stats_rank0"]["kernels"] = st["kernels"]
+    if rank == 0:
+        Path(a.mpi_part).write_text(json.dumps(results))
+    return 0
+
+
+# =========================================================================== driver and report
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="tiny sizes, one round (smoke test)")
+    p.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 3, quick 1)")
+    p.add_argument("--ranks", default=None, help="comma-separated rank counts (default 2,3; quick 2)")
+    p.add_argument("--out-dir", default=None, help="where to write the JSON/markdown (default benchmarks/results)")
+    p.add_argument("--mpi-part", default=None, help=argparse.SUPPRESS)
+    a = p.parse_args(argv)
+    if a.mpi_part:
+        return mpi_main(a)
+    from nbmpi.workers.launcher import run
+    from reporting import machine
+
+    cfg = dict(QUICK if a.quick else FULL)
+    rounds = a.rounds or cfg["rounds"]
+    ranks = [int(r) for r in a.ranks.split(",")] if a.ranks else list(cfg["ranks"])
+    load0 = os.getloadavg()
+    t_all = time.time()
+    print("NumPy, one process ...", flush=True)
+    np_res = bench_numpy(cfg, rounds)
+    print("dask.array, 2 local workers ...", flush=True)
+    dask_res = bench_dask(cfg, rounds)
+    mpi = {}
+    fresh_cache = "NBMPI_DISTARRAY_CACHE" not in os.environ
+    with tempfile.TemporaryDirectory(prefix="nbmpi-distarray-bench-") as tmp:
+        for n in ranks:
+            part = Path(tmp) / f"part{n}.json"
+            env = dict(os.environ)
+            if fresh_cache:
+                env["NBMPI_DISTARRAY_CACHE"] = str(Path(tmp) / f"kernels{n}")  # cold: first calls compile
+            args = [str(Path(__file__).resolve()), "--mpi-part", str(part)] + (["--quick"] if a.quick else []) + \
+                (["--rounds", str(a.rounds)] if a.rounds else [])
+            print(f"nbmpi on {n} ranks ...", flush=True)
+            old = dict(os.environ)
+            os.environ.update(env)
+            try:
+                code = run(n, args)
+            finally:
+                os.environ.clear()
+                os.environ.update(old)
+            if code != 0:
+                print(f"the {n}-rank part failed with exit code {code}", file=sys.stderr)
+                return code
+            mpi[str(n)] = json.loads(part.read_text())
+    report(cfg, rounds, ranks, np_res, dask_res, mpi, a.quick, a.out_dir, fresh_cache,
+           dict(load_start=load0, load_end=os.getloadavg(), wall_seconds=time.time() - t_all), machine())
+    return 0
+
+
+def report(cfg, rounds, ranks, np_res, dask_res, mpi, quick, out_dir, fresh_cache, run_info, mach) -> None:
+    from reporting import md_table, target, targets_table, write_results
+
+    two = mpi.get("2")
+    rows_by_ranks = {}
+    for n, res in mpi.items():
+        rows = []
+        for name in PROGRAMS:
+            r = res[name]
+            npr = np_res[name]
+            ok = bool(numpy.isclose(r["check"], npr["check"], rtol=1e-8, atol=1e-12))
+            r["verified"] = ok
+            for m in ("hiding", "blocking"):
+                r[m]["speedup_vs_numpy"] = npr["per_iter_s"] / r[m]["per_iter_s"]
+            wu = work_units(name, npr["size"], 1)
+            if wu:
+                unit = 1e9
+                r["rate"] = dict(numpy=wu / npr["per_iter_s"] / unit, hiding=wu / r["hiding"]["per_iter_s"] / unit,
+                                 blocking=wu / r["blocking"]["per_iter_s"] / unit,
+                                 unit="GFlop/s" if name == "prk_stencil" else "GB/s")
+            rows.append([TITLES[name], str(npr["size"]), npr["per_iter_s"] * 1e3, r["hiding"]["per_iter_s"] * 1e3,
+                         r["blocking"]["per_iter_s"] * 1e3, r["hiding"]["speedup_vs_numpy"],
+                         r["blocking"]["speedup_vs_numpy"],
+                         " / ".join(f"{w:.1f}" for w in r["hiding"]["wait_pct"]),
+                         " / ".join(f"{w:.1f}" for w in r["blocking"]["wait_pct"]), r["first_s"], ok])
+        rows_by_ranks[n] = rows
+    targets = []
+    if two is not None:
+        st = two["stencil"]
+        wh = max(st["hiding"]["wait_pct"]) if st["hiding"]["wait_pct"] else float("nan")
+        wb = max(st["blocking"]["wait_pct"]) if st["blocking"]["wait_pct"] else float("nan")
+        hw = two["handwritten_stencil"]
+        targets = [
+            target("stencil wait % with latency hiding, worst rank, 2 ranks", wh, 10.0, higher_is_better=False),
+            target("stencil wait % without / with latency hiding (worst ranks), 2 ranks", wb / wh if wh > 0 else
+                   float("inf"), 3.0),
+            target("stencil time nbmpi / hand-written mpi4py+numba (same run, interleaved), 2 ranks",
+                   hw["nbmpi_per_iter_s"] / hw["per_iter_s"], 1.25, higher_is_better=False),
+            target("stencil speedup of nbmpi (2 ranks) over dask.array (2 workers)",
+                   dask_res["per_iter_s"] / st["hiding"]["per_iter_s"], 10.0),
+            target("every nbmpi result (first call) equals NumPy's",
+                   float(all(r[k]["verified"] for r in mpi.values() for k in PROGRAMS)), 1.0),
+            target("hand-written stencil's first delta equals NumPy's",
+                   float(numpy.isclose(hw["check"], np_res["stencil"]["check"], rtol=1e-10)), 1.0),
+        ]
+    data = dict(benchmark="distarray", quick=quick, config={k: v for k, v in cfg.items()}, rounds=rounds,
+                ranks=ranks, run=run_info, numpy=np_res, dask=dask_res, mpi=mpi, targets=targets,
+                fresh_kernel_cache=fresh_cache, machine=mach)
+    md = [f"Best of {rounds} interleaved rounds (hiding / blocking alternate); time per iteration in ms "
+          f"(max over ranks); speedup over NumPy in one process; wait % per rank from the gathered trace of the "
+          f"fastest round (the JSON also has the mean over rounds). First call: the first iteration on fresh arrays, including numba "
+          f"compilation ({'fresh kernel cache' if fresh_cache else 'kernel cache from NBMPI_DISTARRAY_CACHE'}) and "
+          f"plan building. BLAS limited to 1 thread everywhere. Programs run one after the other on a machine "
+          f"shared with other work, so rows measured minutes apart saw different loads; comparisons that matter "
+          f"are interleaved within one row (hiding / blocking) or one table (the stencil's peers). Load average at "
+          f"start "
+          f"{tuple(round(x, 2) for x in run_info['load_start'])}, at end "
+          f"{tuple(round(x, 2) for x in run_info['load_end'])}.", "",
+          f"**This machine has {mach['cpus']} cores**: 2 ranks is the most real parallelism it has, so a speedup "
+          "over NumPy above 2x comes from fusion (one pass over memory instead of one per operation, no "
+          "temporaries), not from more cores; 3 ranks oversubscribe the cores (each rank gets 2/3 of a core and "
+          "waits for the others' time slices), and transfers are shared-memory copies (microseconds), so "
+          "network latency, the thing the seed hides, is nearly absent here.", ""]
+    header = ["program", "size", "NumPy ms", "nbmpi hiding ms", "nbmpi blocking ms", "speedup hiding",
+              "speedup blocking", "wait % hiding (per rank)", "wait % blocking (per rank)", "first call s",
+              "equals NumPy"]
+    for n, rows in rows_by_ranks.items():
+        md += [f"## {n} ranks", "", md_table(header, rows), ""]
+        prk = [(TITLES[k], mpi[n][k]["rate"]) for k in ("prk_stencil", "prk_transpose")]
+        md += [md_table(["PRK kernel", "unit", "NumPy", "nbmpi hiding", "nbmpi blocking"],
+                        [[t, r["unit"], r["numpy"], r["hiding"], r["blocking"]] for t, r in prk]), ""]
+    if two is not None:
+        hw = two["handwritten_stencil"]
+        md += ["## Jacobi stencil against its peers (2 ranks)", "",
+               md_table(["implementation", "ms per iteration", "first call s"],
+                        [["NumPy, one process", np_res["stencil"]["per_iter_s"] * 1e3, np_res["stencil"]["first_s"]],
+                         ["nbmpi distarray, 2 ranks (interleaved with the next row)", hw["nbmpi_per_iter_s"] * 1e3,
+                          two["stencil"]["first_s"]],
+                         ["hand-written mpi4py + numba halo exchange, 2 ranks", hw["per_iter_s"] * 1e3,
+                          hw["first_s"]],
+                         [f"dask.array, LocalCluster 2 workers x 1 thread ({dask_res['iters']} iterations)",
+                          dask_res["per_iter_s"] * 1e3, dask_res["first_s"]]]), "",
+               "dask arrays are immutable graphs: the dask version re-slices the views each step, assigns `work` "
+               "into `full` and persists both (otherwise each step recomputes the whole history); its cluster "
+               f"took {dask_res['cluster_start_s']:.1f} s to start (not counted).", ""]
+        s0 = two["stats_rank0"]
+        md += [f"nbmpi counters on rank 0 (2 ranks, whole run): {s0['flushes']} force points, {s0['recorded']} "
+               f"recorded operations of which {s0['inlined']} fused away, {s0['swapped']} copy-backs done as buffer "
+               f"swaps, {s0['plans_built']} plans built and {s0['plan_hits']} reused, {s0['messages_sent']} messages "
+               f"({s0['bytes_sent'] / 2**20:.1f} MiB), kernels: {s0['kernels']}.", ""]
+    md += ["## Targets", "", targets_table(targets) if targets else "(no 2-rank run)"]
+    name = "distarray_quick" if quick else "distarray"
+    path = write_results(name, data, "\n".join(md), Path(out_dir) if out_dir else None)
+    print("\n".join(md))
+    print(f"\nwrote {path}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

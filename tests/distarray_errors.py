@@ -1,0 +1,87 @@
+"""Error cases of the distributed arrays, run SPMD by tests/test_distarray.py (2 and 3 ranks, NBMPI_TIMEOUT=2).
+Every case must raise the expected error on every rank (each rank prints `rank R raised CASE: ...`), and
+after each one the arrays stay usable. The last case (a rank late beyond the timeout) must end with a
+DistArrayTimeout on every rank instead of a hang."""
+import time
+
+import numpy as np
+
+import nbmpi.workers.distarray as dnp
+from nbmpi.workers import world
+
+comm = world()
+rank, size = comm.Get_rank(), comm.Get_size()
+
+
+def expect(name, exc, fn, contains=()):
+    try:
+        fn()
+    except exc as e:
+        msg = str(e)
+        for c in contains:
+            assert c in msg, f"{name}: {c!r} not in the message {msg!r}"
+        print(f"rank {rank} raised {name}: {type(e).__name__}: {msg[:300]}", flush=True)
+        return
+    raise AssertionError(f"{name}: no {exc.__name__} raised on rank {rank}")
+
+
+a = dnp.zeros((13, 7))
+b = dnp.zeros((13, 5), dist="cyclic")
+expect("shapes", dnp.ShapeError, lambda: a + b, ["add", "(13, 7)", "(13, 5)", "broadcast"])
+expect("assignment shape", dnp.ShapeError, lambda: a.__setitem__(slice(0, 2), a[0:3]),
+       ["could not broadcast", "(3, 7)", "(2, 7)"])
+other = dnp.zeros((13, 7), comm=comm.Dup())
+expect("distributions on different communicators", dnp.DistributionError, lambda: a + other,
+       ["add", "different communicators"])
+expect("unknown distribution", dnp.DistributionError, lambda: dnp.zeros(5, dist="diagonal"),
+       ["unknown distribution 'diagonal'", "block-cyclic"])
+expect("block size", dnp.DistributionError, lambda: dnp.zeros(5, dist=("block-cyclic", 0)), ["block size"])
+expect("unsupported operator", dnp.UnsupportedOperation, lambda: a // 2, ["floor_divide"])
+expect("unsupported ufunc", dnp.UnsupportedOperation, lambda: np.fmod(a, 2), ["'fmod'", "supported:"])
+expect("fancy index", dnp.UnsupportedOperation, lambda: a[[1, 2]], ["index arrays"])
+expect("numpy function", dnp.UnsupportedOperation, lambda: np.sort(a), ["numpy.sort"])
+expect("reshape", dnp.UnsupportedOperation, lambda: a.reshape(7, 13), ["reshape"])
+expect("matmul shapes", dnp.ShapeError, lambda: a @ dnp.zeros(5), ["matmul", "size 5 is different from 7"])
+assert float(dnp.sum(a + 1)) == 91.0  # still usable
+
+c = dnp.ones(20)
+
+
+def diverge_ops():
+    d = c + 1 if rank == 0 else c * 2
+    return float(dnp.sum(d))
+
+
+expect("divergence (different operations)", dnp.DistArrayDivergence, diverge_ops,
+       ["rank 0 recorded", "rank 1 recorded", "add(", "multiply(", "float()"])
+
+
+def diverge_count():
+    d = c + 1
+    if rank == size - 1:
+        d = d + 1
+    return float(dnp.sum(d))
+
+
+expect("divergence (an extra operation on one rank)", dnp.DistArrayDivergence, diverge_count,
+       ["operation 2 since the previous force point", "sum(", f"rank {size - 1} recorded array#10 = add("])
+
+
+def diverge_shape():
+    e = dnp.from_numpy(np.zeros(10 + rank))
+    return float(dnp.sum(e))
+
+
+expect("divergence (shapes differ)", dnp.DistArrayDivergence, diverge_shape, ["operation 1"])
+assert float(dnp.sum(c * 3)) == 60.0  # usable again after a divergence
+
+
+def late_rank():
+    if rank == size - 1:
+        time.sleep(4.5)  # longer than NBMPI_TIMEOUT=2: the others give up; then this rank finds them gone
+    return float(dnp.sum(c))
+
+
+t0 = time.monotonic()
+expect("a rank late beyond NBMPI_TIMEOUT", dnp.DistArrayTimeout, late_rank, ["timed out", "force point"])
+print(f"rank {rank} done after {time.monotonic() - t0:.1f} s", flush=True)

@@ -1,0 +1,122 @@
+"""Distributed arrays with automatic latency hiding (seed 002, DistNumPy): a NumPy-like namespace.
+
+``import nbmpi.workers.distarray as dnp``, then write NumPy code on ``dnp`` arrays; run it SPMD
+on every rank (``nbmpi run``, ``%%distributed`` cells, controller jobs)::
+
+    a = dnp.zeros((4000, 4000), dist="block")        # or "cyclic", ("block-cyclic", 64)
+    full = a
+    center = full[1:-1, 1:-1]; north = full[0:-2, 1:-1]; south = full[2:, 1:-1]   # views, no copies
+    west = full[1:-1, 0:-2]; east = full[1:-1, 2:]
+    work = 0.2 * (center + north + south + east + west)     # recorded, not computed
+    delta = float(dnp.sum(dnp.abs(center - work)))          # force point: everything runs now
+    center[:] = work
+
+Operations are recorded lazily and evaluated at force points (``float()``, ``print``,
+``to_numpy()``, ``.local``, :func:`evaluate`, or a threshold of recorded operations). At a
+force point every transfer starts first, blocks whose operands are local are computed while
+they fly, and a rank waits only when nothing else is ready (:mod:`.scheduler`); chains of
+elementwise operations run as one numba kernel each (:mod:`.fusion`,
+:mod:`.fused_kernels`). ``NBMPI_LATENCY_HIDING=0`` (or ``evaluate(latency_hiding=False)``,
+:func:`configure`) exchanges first and computes afterwards, for comparison.
+
+Modules: :mod:`.distribution` (block, cyclic, block-cyclic, replicated), :mod:`.indexing`
+(views), :mod:`.array` (DistArray), :mod:`.graph` (recorded tasks), :mod:`.elementwise`,
+:mod:`.reductions`, :mod:`.linalg` (recording), :mod:`.fusion`, :mod:`.plans`,
+:mod:`.scheduler` (evaluation), :mod:`.fused_kernels` (code generation), :mod:`.engine`
+(per-communicator state), :mod:`.creation` and :mod:`.random` (constructors).
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, Optional
+
+import numpy as _np
+from numpy import (absolute, add, arctan2, bitwise_and, bitwise_or, bitwise_xor, bool_, ceil, cos, divide, e,
+                   equal, exp, float32, float64, floor, greater, greater_equal, inf, int32, int64, isfinite, isnan,
+                   less, less_equal, log, log10, logical_and, logical_not, logical_or, maximum, minimum, multiply,
+                   nan, negative, newaxis, not_equal, pi, positive, power, sin, sqrt, square, subtract, tan, tanh,
+                   true_divide)
+
+from . import random
+from .array import DistArray, _reduce, matmul, roll, transpose, where
+from .creation import (arange, array, asarray, empty, empty_like, from_numpy, full, full_like, ones, ones_like, zeros,
+                       zeros_like)
+from .distribution import Distribution
+from .engine import configure, engine_for
+from .errors import (DistArrayDivergence, DistArrayError, DistArrayTimeout, DistributionError, ShapeError,
+                     UnsupportedOperation)
+from .fused_kernels import kernel_stats
+
+abs = absolute  # noqa: A001 - the numpy-like namespace
+dot = matmul
+
+
+def sum(a: Any, axis: Optional[int] = None) -> Any:  # noqa: A001
+    """Sum over all elements (``axis=None``) or one axis (recorded; a 0-d result forces on ``float()``)."""
+    return _reduce(a, "sum", axis)
+
+
+def mean(a: Any, axis: Optional[int] = None) -> Any:
+    """Mean over all elements or one axis (recorded)."""
+    return _reduce(a, "mean", axis)
+
+
+def min(a: Any, axis: Optional[int] = None) -> Any:  # noqa: A001
+    """Minimum (NaN propagates, as in NumPy) over all elements or one axis (recorded)."""
+    return _reduce(a, "min", axis)
+
+
+def max(a: Any, axis: Optional[int] = None) -> Any:  # noqa: A001
+    """Maximum (NaN propagates) over all elements or one axis (recorded)."""
+    return _reduce(a, "max", axis)
+
+
+amin, amax = min, max
+
+
+def any(a: Any, axis: Optional[int] = None) -> Any:  # noqa: A001
+    """True where any element is true (recorded)."""
+    return _reduce(a, "any", axis)
+
+
+def all(a: Any, axis: Optional[int] = None) -> Any:  # noqa: A001
+    """True where every element is true (recorded)."""
+    return _reduce(a, "all", axis)
+
+
+def evaluate(comm=None, latency_hiding: Optional[bool] = None) -> None:
+    """Run every operation recorded on ``comm`` (default ``COMM_WORLD``) now: a force point.
+    Collective. ``latency_hiding`` overrides the setting for this evaluation only."""
+    engine_for(comm).flush("evaluate()", latency_hiding=latency_hiding)
+
+
+def stats(comm=None) -> Dict[str, Any]:
+    """Counters of this rank (local): evaluations, recorded/fused/dropped operations, plans built and
+    reused, blocks computed, messages and bytes sent, time waited, local buffers of at least 64 KiB
+    allocated (lazily, for results actually stored) and reused, and the compiled kernels
+    (``kernels``: ``compiled``/``loaded``/``signatures``). ``last`` describes the last evaluation."""
+    eng = engine_for(comm)
+    out: Dict[str, Any] = dict(eng.stats)
+    out["pending"] = len(eng.pending)
+    out["buffers_allocated"] = eng.buffers.allocated
+    out["buffers_reused"] = eng.buffers.reused
+    out["kernels"] = kernel_stats()
+    out["last"] = dict(eng.last)
+    out["settings"] = dict(latency_hiding=eng.latency_hiding, threshold=eng.threshold,
+                           chunk_elems=eng.chunk_elems, timeout=eng.timeout)
+    return out
+
+
+__all__ = [
+    "DistArray", "Distribution", "DistArrayError", "DistArrayDivergence", "DistArrayTimeout", "DistributionError",
+    "ShapeError", "UnsupportedOperation",
+    "zeros", "ones", "empty", "full", "arange", "from_numpy", "array", "asarray", "zeros_like", "ones_like",
+    "empty_like", "full_like", "random",
+    "sum", "mean", "min", "max", "amin", "amax", "any", "all", "where", "dot", "matmul", "transpose", "roll",
+    "evaluate", "configure", "stats",
+    "add", "subtract", "multiply", "divide", "true_divide", "power", "negative", "positive", "absolute", "abs",
+    "square", "sqrt", "exp", "log", "log10", "sin", "cos", "tan", "tanh", "floor", "ceil", "isnan", "isfinite",
+    "maximum", "minimum", "less", "less_equal", "greater", "greater_equal", "equal", "not_equal", "logical_and",
+    "logical_or", "logical_not", "bitwise_and", "bitwise_or", "bitwise_xor", "arctan2",
+    "pi", "e", "inf", "nan", "newaxis", "float64", "float32", "int64", "int32", "bool_",
+]
+_ = _np

@@ -1,0 +1,562 @@
+"""The user-facing distributed array: a NumPy-like view of a base distributed over the ranks.
+
+A :class:`DistArray` is a view (:class:`~.indexing.View`) of a :class:`~.graph.Base`. Slicing
+returns another view of the same base without copying (as in NumPy and DistNumPy).
+Arithmetic, ufuncs (``__array_ufunc__``), comparisons, ``where``, assignment ``v[...] = x``,
+reductions and ``@`` only *record* work; it runs at a force point, on every rank at once:
+
+* ``float(a)``, ``int(a)``, ``bool(a)``, ``a.item()``, ``a[i, j]`` (a scalar), ``print(a)``,
+  ``repr(a)``, ``a.to_numpy()``, ``numpy.asarray(a)``, ``a.local``, ``a.evaluate()`` /
+  :func:`nbmpi.workers.distarray.evaluate`;
+* or when the number of recorded operations reaches the threshold (``NBMPI_DISTARRAY_THRESHOLD``).
+
+Every force point is collective over the array's communicator: SPMD programs reach it on
+every rank with the same recorded operations (checked; a difference raises
+:class:`~.errors.DistArrayDivergence` on every rank).
+"""
+from __future__ import annotations
+
+import operator
+from typing import Any, Iterator, Optional, Tuple
+
+import numpy as np
+
+from . import elementwise, linalg, reductions
+from .distribution import Distribution
+from .engine import Engine
+from .errors import ShapeError, UnsupportedOperation
+from .graph import Base, Leaf
+from .indexing import View
+from .plans import _my_rows_fast, selector
+
+__all__ = ["DistArray", "wrap"]
+
+_REDUCE_UFUNCS = {"add": "sum", "minimum": "min", "maximum": "max", "logical_or": "any", "logical_and": "all"}
+
+
+def wrap(leaf: Leaf) -> "DistArray":
+    """The DistArray showing ``leaf`` (then the threshold of recorded operations is checked)."""
+    d = DistArray(leaf.base, leaf.view)
+    d._base.engine.maybe_flush()
+    return d
+
+
+class DistArray:
+    """A distributed (or replicated) N-d array (see the module doc).
+
+    Attributes follow NumPy: ``shape``, ``dtype``, ``ndim``, ``size``, ``T``. ``dist`` is the
+    :class:`~.distribution.Distribution` of the base's rows; ``local`` is this rank's part.
+    """
+
+    __slots__ = ("_base", "_view", "__weakref__")
+    __array_priority__ = 100.0
+    __hash__ = None  # type: ignore[assignment] - mutable and compared elementwise, like ndarray
+
+    def __init__(self, base: Base, view: View):
+        self._base = base
+        self._view = view
+        base.nviews += 1
+
+    def __del__(self) -> None:
+        try:
+            self._base.nviews -= 1
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+    # -- description ------------------------------------------------------------------
+    @property
+    def shape(self) -> Tuple[int, ...]:
+        return self._view.shape
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self._base.dtype
+
+    @property
+    def ndim(self) -> int:
+        return len(self._view.shape)
+
+    @property
+    def size(self) -> int:
+        return self._view.size
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the whole (global) array."""
+        return self.size * self.dtype.itemsize
+
+    @property
+    def dist(self) -> Distribution:
+        """How the rows (axis 0) of the base array are spread over the ranks; ``str()`` of it says
+        where every row lives. For a view, :meth:`describe` also names the view."""
+        return self._base.dist
+
+    @property
+    def comm(self):
+        """The communicator the array lives on."""
+        return self._base.engine.comm
+
+    @property
+    def engine(self) -> Engine:
+        return self._base.engine
+
+    def describe(self) -> str:
+        """A readable description: shape, dtype, distribution, and the view of the base if any."""
+        b = self._base
+        head = f"{self.shape} {self.dtype}, {b.dist.describe()}"
+        if self._view.is_full:
+            return head
+        return f"{head}; a view {self._view.text()} of the base {b.shape}"
+
+    @property
+    def base_shape(self) -> Tuple[int, ...]:
+        """Shape of the base this array views."""
+        return self._base.shape
+
+    def _leaf(self) -> Leaf:
+        return Leaf(self._base, self._view)
+
+    # -- force points -----------------------------------------------------------------
+    def evaluate(self) -> "DistArray":
+        """Run every recorded operation of this array's communicator now (collective). Returns self."""
+        self.engine.flush("evaluate()")
+        return self
+
+    def to_numpy(self, root: Optional[int] = None, _reason: str = "to_numpy()") -> Optional[np.ndarray]:
+        """Gather the array into a NumPy array: on every rank (``root=None``, an allgather) or on
+        ``root`` only (the others get None). Collective; a force point. Returns a new array."""
+        eng = self.engine
+        if self._base.replicated:
+            eng.flush(_reason)
+            if root is not None and eng.rank != root:
+                return None
+            return np.array(self._base.ensure()[self._view.numpy_index()], copy=True)
+        if root is not None and not 0 <= root < eng.size:
+            raise ValueError(f"to_numpy: root {root} is not a rank of the communicator (0..{eng.size - 1})")
+        rep = elementwise.replicate_leaf(eng, self._leaf(), "to_numpy()" if root is None else
+                                         f"to_numpy(root={root})", root=root)
+        keep = DistArray(rep.base, rep.view)  # read below: it must not look dead to the fusion pass
+        eng.flush(_reason)
+        del keep
+        if root is not None and eng.rank != root:
+            return None
+        return np.array(rep.base.ensure()[rep.view.numpy_index()], copy=True)
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        out = self.to_numpy()
+        return out if dtype is None else out.astype(dtype)
+
+    def _scalar(self, what: str):
+        if self.size != 1:
+            raise TypeError(f"only arrays of size 1 can be converted to Python scalars ({what} of shape "
+                            f"{self.shape})")
+        return self.to_numpy(_reason=what).reshape(())[()]
+
+    def item(self):
+        """The single element as a Python scalar (force point, collective)."""
+        return self._scalar("item()").item()
+
+    def __float__(self) -> float:
+        return float(self._scalar("float()"))
+
+    def __int__(self) -> int:
+        return int(self._scalar("int()"))
+
+    def __index__(self) -> int:
+        if self.dtype.kind not in "iu":
+            raise TypeError("only integer arrays can be used as an index")
+        return int(self._scalar("index"))
+
+    def __bool__(self) -> bool:
+        if self.size != 1:
+            raise ValueError("The truth value of an array with more than one element is ambiguous. "
+                             "Use a.any() or a.all()")
+        return bool(self._scalar("bool()"))
+
+    def tolist(self):
+        return self.to_numpy().tolist()
+
+    @property
+    def local(self) -> np.ndarray:
+        """This rank's part of the array as a NumPy array (a force point if operations are pending:
+        collective). For a view keeping axis 0 it holds this rank's rows of the view, in order
+        (:attr:`local_rows` gives their indices); it is a view of the local buffer (writes go to
+        the array) unless the rows are not evenly spaced locally (then a copy). A replicated array
+        gives all of it. Once taken, the base's buffer is never exchanged by fusion."""
+        eng = self.engine
+        eng.flush(".local")
+        b, v = self._base, self._view
+        b.exported = True
+        loc = b.ensure()
+        if b.replicated:
+            return loc[v.numpy_index()]
+        if v.is_full:
+            return loc
+        s, t, n = v.row_params
+        _, lidx = _my_rows_fast(b.dist, s, t, n, eng.rank)
+        if not v.row_kept and len(lidx) == 0:
+            return np.empty((0,) + self.shape, dtype=self.dtype)
+        sel = selector(lidx) if v.row_kept else int(lidx[0])
+        return loc[v.numpy_index(row_sel=sel)]
+
+    @property
+    def local_rows(self) -> np.ndarray:
+        """Indices along axis 0 (of this view) of the rows in :attr:`local`. Local, no force point."""
+        b, v = self._base, self._view
+        if b.replicated:
+            return np.arange(self.shape[0] if self.shape else 1, dtype=np.int64)
+        s, t, n = v.row_params
+        i, _ = _my_rows_fast(b.dist, s, t, n, self.engine.rank)
+        return i
+
+    # -- printing -----------------------------------------------------------------------
+    def _printable(self) -> np.ndarray:
+        """The array, or for large arrays an array of the edge elements that NumPy prints the same
+        way (each long axis shortened to edge + 1 + edge elements). Collective."""
+        opts = np.get_printoptions()
+        edge = int(opts["edgeitems"])
+        if self.size <= opts["threshold"] or self.ndim == 0:
+            return self.to_numpy()
+        n0 = self.shape[0]
+        if n0 > 2 * edge:
+            head = elementwise.replicate_leaf(self.engine, DistArray(self._base, self._view.index(slice(0, edge)))
+                                              ._leaf(), "print")
+            tail = elementwise.replicate_leaf(self.engine, DistArray(self._base, self._view.index(
+                slice(n0 - edge, n0)))._leaf(), "print")
+            held = (DistArray(head.base, head.view), DistArray(tail.base, tail.view))  # read below
+            self.engine.flush("print")
+            assert held
+            h = head.base.ensure()[head.view.numpy_index()]
+            tl = tail.base.ensure()[tail.view.numpy_index()]
+            arr = np.concatenate([h, h[:1], tl], axis=0)
+        else:
+            arr = self.to_numpy()
+        for ax in range(1, arr.ndim):
+            m = arr.shape[ax]
+            if m > 2 * edge:
+                idx = list(range(edge)) + [0] + list(range(m - edge, m))
+                arr = np.take(arr, idx, axis=ax)
+        return arr
+
+    def __str__(self) -> str:
+        arr = self._printable()
+        with np.printoptions(threshold=0 if arr.size != self.size else np.get_printoptions()["threshold"]):
+            return str(arr)
+
+    def __repr__(self) -> str:
+        arr = self._printable()
+        with np.printoptions(threshold=0 if arr.size != self.size else np.get_printoptions()["threshold"]):
+            body = np.array2string(arr, separator=", ", prefix="DistArray(")
+        return f"DistArray({body}, dtype={self.dtype}, dist={self.dist.kind!r})"
+
+    def __format__(self, spec: str) -> str:
+        if self.size == 1 and spec:
+            return format(self._scalar("format()"), spec)
+        return str(self)
+
+    # -- indexing -----------------------------------------------------------------------
+    def __len__(self) -> int:
+        if not self.shape:
+            raise TypeError("len() of unsized object")
+        return self.shape[0]
+
+    def __iter__(self) -> Iterator["DistArray"]:
+        if not self.shape:
+            raise TypeError("iteration over a 0-d array")
+        for i in range(self.shape[0]):
+            yield self[i]
+
+    def __getitem__(self, key: Any):
+        if isinstance(key, DistArray):
+            raise UnsupportedOperation("indexing with a distributed array (mask or index array) is not supported; "
+                                       "use where(mask, x, y)")
+        view = self._view.index(key)
+        sub = DistArray(self._base, view)
+        if view.ndim == 0:
+            return sub.to_numpy(_reason=f"a[{key}]")[()]
+        return sub
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        eng = self.engine
+        if isinstance(key, (DistArray, np.ndarray)) and key.dtype == np.bool_:
+            # a[mask] = value with a mask of a's shape is where(mask, value, a), in place
+            if key.shape != self.shape:
+                raise ShapeError(f"boolean mask of shape {key.shape} does not match the array's shape {self.shape}")
+            if isinstance(value, DistArray) or np.ndim(value) != 0:
+                raise UnsupportedOperation("a[mask] = x is supported for a scalar x; for arrays write "
+                                           "a[...] = where(mask, x, a)")
+            val = value
+            mk = key._leaf() if isinstance(key, DistArray) else key
+            res = elementwise.record_where(eng, mk, val, self._leaf())
+            elementwise.record_assign(eng, self._leaf(), res)
+            eng.maybe_flush()
+            return
+        target = Leaf(self._base, self._view.index(key))
+        val = value._leaf() if isinstance(value, DistArray) else value
+        elementwise.record_assign(eng, target, val)
+        eng.maybe_flush()
+
+    def fill(self, value: Any) -> None:
+        """Set every element to ``value`` (recorded)."""
+        self[...] = value
+
+    # -- NumPy protocols -------------------------------------------------------------------
+    def __array_ufunc__(self, ufunc: np.ufunc, method: str, *inputs: Any, **kwargs: Any):
+        name = ufunc.__name__
+        eng = self._engine_of(inputs, kwargs.get("out"))
+        if method == "reduce" and name in _REDUCE_UFUNCS and len(inputs) == 1:
+            axis = kwargs.get("axis", 0)
+            return _reduce(inputs[0], _REDUCE_UFUNCS[name], axis)
+        if method != "__call__":
+            raise UnsupportedOperation(f"{name}.{method} is not supported on distributed arrays")
+        if name == "matmul":
+            return matmul(*inputs)
+        extra = {k: v for k, v in kwargs.items() if k != "out" and v is not None}
+        if extra and not (set(extra) <= {"casting"} and extra.get("casting") == "same_kind"):
+            raise UnsupportedOperation(f"{name}: keyword arguments {sorted(extra)} are not supported on distributed "
+                                       "arrays")
+        out = kwargs.get("out")
+        out_leaf = None
+        if out is not None:
+            if isinstance(out, tuple):
+                if len(out) != 1:
+                    raise UnsupportedOperation(f"{name}: only one output is supported")
+                out = out[0]
+            if not isinstance(out, DistArray):
+                raise UnsupportedOperation(f"{name}: out= must be a DistArray (got {type(out).__name__}); gather "
+                                           "with to_numpy() for NumPy results")
+            out_leaf = out._leaf()
+        args = [x._leaf() if isinstance(x, DistArray) else x for x in inputs]
+        res = elementwise.record_ufunc(eng, ufunc, args, out=out_leaf)
+        if out is not None:
+            eng.maybe_flush()
+            return out
+        return wrap(res)
+
+    def __array_function__(self, func, types, args, kwargs):
+        impl = _FUNCTIONS.get(func)
+        if impl is None:
+            raise UnsupportedOperation(
+                f"numpy.{getattr(func, '__name__', func)} is not supported on distributed arrays; use the functions "
+                "of nbmpi.workers.distarray, or gather with to_numpy() first")
+        return impl(*args, **kwargs)
+
+    @staticmethod
+    def _engine_of(inputs, out=None) -> Engine:
+        for x in list(inputs) + (list(out) if isinstance(out, tuple) else [out]):
+            if isinstance(x, DistArray):
+                return x.engine
+        raise TypeError("no distributed operand")  # pragma: no cover - numpy only calls us with one
+
+    # -- arithmetic (recorded) -------------------------------------------------------------
+    def _u(self, ufunc: np.ufunc, *inputs: Any) -> "DistArray":
+        for x in inputs:
+            if not isinstance(x, (DistArray, np.ndarray, np.generic, int, float, bool, list, tuple)):
+                return NotImplemented
+        args = [x._leaf() if isinstance(x, DistArray) else x for x in inputs]
+        return wrap(elementwise.record_ufunc(self.engine, ufunc, args))
+
+    def _iu(self, ufunc: np.ufunc, other: Any) -> "DistArray":
+        o = other._leaf() if isinstance(other, DistArray) else other
+        elementwise.record_ufunc(self.engine, ufunc, [self._leaf(), o], out=self._leaf())
+        self.engine.maybe_flush()
+        return self
+
+    def __add__(self, o): return self._u(np.add, self, o)
+    def __radd__(self, o): return self._u(np.add, o, self)
+    def __sub__(self, o): return self._u(np.subtract, self, o)
+    def __rsub__(self, o): return self._u(np.subtract, o, self)
+    def __mul__(self, o): return self._u(np.multiply, self, o)
+    def __rmul__(self, o): return self._u(np.multiply, o, self)
+    def __truediv__(self, o): return self._u(np.true_divide, self, o)
+    def __rtruediv__(self, o): return self._u(np.true_divide, o, self)
+    def __pow__(self, o): return self._u(np.power, self, o)
+    def __rpow__(self, o): return self._u(np.power, o, self)
+    def __and__(self, o): return self._u(np.bitwise_and, self, o)
+    def __rand__(self, o): return self._u(np.bitwise_and, o, self)
+    def __or__(self, o): return self._u(np.bitwise_or, self, o)
+    def __ror__(self, o): return self._u(np.bitwise_or, o, self)
+    def __xor__(self, o): return self._u(np.bitwise_xor, self, o)
+    def __rxor__(self, o): return self._u(np.bitwise_xor, o, self)
+    def __lt__(self, o): return self._u(np.less, self, o)
+    def __le__(self, o): return self._u(np.less_equal, self, o)
+    def __gt__(self, o): return self._u(np.greater, self, o)
+    def __ge__(self, o): return self._u(np.greater_equal, self, o)
+    def __eq__(self, o): return self._u(np.equal, self, o)  # type: ignore[override]
+    def __ne__(self, o): return self._u(np.not_equal, self, o)  # type: ignore[override]
+    def __neg__(self): return self._u(np.negative, self)
+    def __pos__(self): return self._u(np.positive, self)
+    def __abs__(self): return self._u(np.absolute, self)
+    def __invert__(self):
+        if self.dtype != np.bool_:
+            raise UnsupportedOperation("~ is supported on boolean arrays only (logical not)")
+        return self._u(np.logical_not, self)
+    def __iadd__(self, o): return self._iu(np.add, o)
+    def __isub__(self, o): return self._iu(np.subtract, o)
+    def __imul__(self, o): return self._iu(np.multiply, o)
+    def __itruediv__(self, o): return self._iu(np.true_divide, o)
+    def __ipow__(self, o): return self._iu(np.power, o)
+    def __matmul__(self, o): return matmul(self, o)
+    def __rmatmul__(self, o): return matmul(o, self)
+
+    def __floordiv__(self, o):
+        raise UnsupportedOperation("// (floor_divide) is not supported on distributed arrays yet; use "
+                                   "floor(a / b)")
+
+    __rfloordiv__ = __floordiv__
+
+    def __mod__(self, o):
+        raise UnsupportedOperation("% (remainder) is not supported on distributed arrays yet")
+
+    __rmod__ = __mod__
+
+    # -- methods -------------------------------------------------------------------------
+    def astype(self, dtype: Any, copy: bool = True) -> "DistArray":
+        """A new array of ``dtype`` (recorded)."""
+        if not copy and np.dtype(dtype) == self.dtype:
+            return self
+        return wrap(elementwise.record_cast(self.engine, self._leaf(), dtype))
+
+    def copy(self) -> "DistArray":
+        """A new array with the same values, laid out like this one (recorded)."""
+        return wrap(elementwise.record_cast(self.engine, self._leaf(), self.dtype))
+
+    def sum(self, axis=None) -> "DistArray":
+        return _reduce(self, "sum", axis)
+
+    def mean(self, axis=None) -> "DistArray":
+        return _reduce(self, "mean", axis)
+
+    def min(self, axis=None) -> "DistArray":
+        return _reduce(self, "min", axis)
+
+    def max(self, axis=None) -> "DistArray":
+        return _reduce(self, "max", axis)
+
+    def any(self, axis=None) -> "DistArray":
+        return _reduce(self, "any", axis)
+
+    def all(self, axis=None) -> "DistArray":
+        return _reduce(self, "all", axis)
+
+    def dot(self, other: Any) -> "DistArray":
+        return matmul(self, other)
+
+    @property
+    def T(self) -> "DistArray":
+        return transpose(self)
+
+    def transpose(self) -> "DistArray":
+        return transpose(self)
+
+    def reshape(self, *shape: Any) -> "DistArray":
+        if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+            shape = tuple(shape[0])
+        if tuple(shape) == self.shape:
+            return self
+        raise UnsupportedOperation("reshape of distributed arrays is not supported (it would move data between "
+                                   "ranks); create the array in the shape you need")
+
+
+# --------------------------------------------------------------------------- functions
+def _engine_from(*xs: Any) -> Engine:
+    for x in xs:
+        if isinstance(x, DistArray):
+            return x.engine
+    from .engine import engine_for
+
+    return engine_for()
+
+
+def _reduce(a: Any, op: str, axis: Any = None) -> Any:
+    if not isinstance(a, DistArray):
+        return getattr(np, {"sum": "sum", "mean": "mean", "min": "min", "max": "max", "any": "any",
+                            "all": "all"}[op])(a, axis=axis)
+    return wrap(reductions.record_reduce(a.engine, a._leaf(), op, axis))
+
+
+def matmul(a: Any, b: Any) -> Any:
+    """``a @ b`` (recorded); see :mod:`~.linalg` for what is supported."""
+    if not isinstance(a, DistArray) and not isinstance(b, DistArray):
+        return np.matmul(a, b)
+    eng = _engine_from(a, b)
+    la = a._leaf() if isinstance(a, DistArray) else a
+    lb = b._leaf() if isinstance(b, DistArray) else b
+    return wrap(linalg.record_matmul(eng, la, lb))
+
+
+def transpose(a: Any, axes: Any = None) -> Any:
+    """``a.T`` (recorded) for 1-D and 2-D arrays."""
+    if not isinstance(a, DistArray):
+        return np.transpose(a, axes)
+    if axes is not None and tuple(axes) != tuple(range(a.ndim))[::-1]:
+        raise UnsupportedOperation("transpose with explicit axes is not supported")
+    res = linalg.record_transpose(a.engine, a._leaf())
+    return a if res.base is a._base and res.view == a._view else wrap(res)
+
+
+def where(cond: Any, x: Any = None, y: Any = None) -> Any:
+    """``x`` where ``cond`` is true, else ``y`` (recorded, elementwise, NumPy's dtype rules)."""
+    if x is None or y is None:
+        raise UnsupportedOperation("where(cond) with one argument (nonzero) is not supported on distributed arrays")
+    if not any(isinstance(v, DistArray) for v in (cond, x, y)):
+        return np.where(cond, x, y)
+    eng = _engine_from(cond, x, y)
+    args = [v._leaf() if isinstance(v, DistArray) else v for v in (cond, x, y)]
+    return wrap(elementwise.record_where(eng, *args))
+
+
+def roll(a: Any, shift: Any, axis: Any = None) -> Any:
+    """``numpy.roll`` along one axis or several (recorded as copies into a new array)."""
+    if not isinstance(a, DistArray):
+        return np.roll(a, shift, axis)
+    if axis is None:
+        raise UnsupportedOperation("roll without axis (of the flattened array) is not supported; give axis=")
+    shifts = shift if isinstance(shift, (tuple, list)) else (shift,)
+    axes = axis if isinstance(axis, (tuple, list)) else (axis,)
+    if len(shifts) != len(axes):
+        raise ValueError("'shift' and 'axis' should be scalars or 1D sequences of the same length")
+    cur = a
+    for s, ax in zip(shifts, axes):
+        ax = operator.index(ax)
+        nd = cur.ndim
+        if not -nd <= ax < nd:
+            raise np.exceptions.AxisError(ax, nd)
+        ax %= nd
+        n = cur.shape[ax]
+        k = operator.index(s) % n if n else 0
+        out = wrap(elementwise.result_leaf(cur.engine, [cur._leaf()], cur.shape, cur.dtype))
+        pre = (slice(None),) * ax
+        if k == 0:
+            out[...] = cur
+        else:
+            out[pre + (slice(k, None),)] = cur[pre + (slice(0, n - k),)]
+            out[pre + (slice(0, k),)] = cur[pre + (slice(n - k, n),)]
+        cur = out
+    return cur
+
+
+def _copyto(dst, src, casting="same_kind", where=None):
+    if where is not None:
+        raise UnsupportedOperation("copyto(where=) is not supported; use dst[...] = where(mask, src, dst)")
+    dst[...] = src
+
+
+_FUNCTIONS = {
+    np.sum: lambda a, axis=None, **kw: _reduce(a, "sum", axis),
+    np.mean: lambda a, axis=None, **kw: _reduce(a, "mean", axis),
+    np.min: lambda a, axis=None, **kw: _reduce(a, "min", axis),
+    np.max: lambda a, axis=None, **kw: _reduce(a, "max", axis),
+    np.amin: lambda a, axis=None, **kw: _reduce(a, "min", axis),
+    np.amax: lambda a, axis=None, **kw: _reduce(a, "max", axis),
+    np.any: lambda a, axis=None, **kw: _reduce(a, "any", axis),
+    np.all: lambda a, axis=None, **kw: _reduce(a, "all", axis),
+    np.where: where,
+    np.dot: lambda a, b, out=None: matmul(a, b),
+    np.transpose: transpose,
+    np.roll: roll,
+    np.copyto: _copyto,
+    np.shape: lambda a: a.shape,
+    np.ndim: lambda a: a.ndim,
+    np.size: lambda a, axis=None: a.size if axis is None else a.shape[axis],
+}

@@ -1,0 +1,221 @@
+"""Constructors of distributed arrays: ``zeros``, ``ones``, ``empty``, ``full``, ``arange``, ``from_numpy``, ``*_like``.
+
+Every constructor takes ``dist=`` (``"block"`` by default, ``"cyclic"``,
+``("block-cyclic", b)``, ``"replicated"`` or a Distribution) and ``comm=`` (default
+``COMM_WORLD``). They are local: each rank fills only the rows it owns, from the same
+arguments, without communicating (``from_numpy(x, root=r)`` is the exception: a collective
+scatter from ``r``). Call them on every rank with the same arguments (SPMD).
+"""
+from __future__ import annotations
+
+import operator
+from typing import Any, Optional, Tuple
+
+import numpy as np
+
+from .. import runtime, tracing, waiting
+from .array import _FUNCTIONS, DistArray
+from .distribution import make_distribution
+from .engine import engine_for
+from .errors import DistArrayTimeout, UnsupportedOperation
+from .graph import Base
+from .indexing import View
+
+__all__ = ["zeros", "ones", "empty", "full", "arange", "from_numpy", "array", "asarray", "zeros_like", "ones_like",
+           "empty_like", "full_like"]
+
+K_SCATTER = tracing.register_kind("distarray_scatter")
+
+
+def _shape(shape: Any) -> Tuple[int, ...]:
+    if isinstance(shape, (int, np.integer)):
+        shape = (shape,)
+    out = tuple(operator.index(s) for s in shape)
+    if any(s < 0 for s in out):
+        raise ValueError(f"negative dimensions are not allowed: {out}")
+    return out
+
+
+def _dtype(dtype: Any) -> np.dtype:
+    dt = np.dtype(dtype)
+    if dt.kind not in "biuf":
+        raise UnsupportedOperation(f"dtype {dt} is not supported by distributed arrays; use bool, integer or "
+                                   "floating-point dtypes")
+    return dt
+
+
+def _new(shape, dtype, dist, comm, origin: str) -> Tuple[Base, Any]:
+    eng = engine_for(comm)
+    shape = _shape(shape)
+    dt = _dtype(dtype)
+    spec = "replicated" if not shape else dist
+    d = make_distribution(spec, shape[0] if shape else 1, eng.size)
+    return Base(eng, shape, dt, d, origin=origin), eng
+
+
+def _filled(shape, dtype, dist, comm, fill) -> DistArray:
+    b, _ = _new(shape, dtype, dist, comm, "")
+    b.set_local(fill(b.local_shape(), b.dtype))
+    return DistArray(b, View.full(b.shape))
+
+
+def zeros(shape, dtype=np.float64, dist="block", comm=None) -> DistArray:
+    """A new array of zeros. Local (no communication)."""
+    return _filled(shape, dtype, dist, comm, lambda s, d: np.zeros(s, dtype=d))
+
+
+def ones(shape, dtype=np.float64, dist="block", comm=None) -> DistArray:
+    """A new array of ones. Local."""
+    return _filled(shape, dtype, dist, comm, lambda s, d: np.ones(s, dtype=d))
+
+
+def empty(shape, dtype=np.float64, dist="block", comm=None) -> DistArray:
+    """A new uninitialized array. Local."""
+    return _filled(shape, dtype, dist, comm, lambda s, d: np.empty(s, dtype=d))
+
+
+def full(shape, fill_value, dtype=None, dist="block", comm=None) -> DistArray:
+    """A new array filled with ``fill_value`` (dtype as ``numpy.full``). Local."""
+    dt = np.asarray(fill_value).dtype if dtype is None else dtype
+    if dtype is None and isinstance(fill_value, float):
+        dt = np.float64
+    return _filled(shape, dt, dist, comm, lambda s, d: np.full(s, fill_value, dtype=d))
+
+
+def arange(start, stop=None, step=1, dtype=None, dist="block", comm=None) -> DistArray:
+    """Evenly spaced values in ``[start, stop)`` like ``numpy.arange`` (1-D). Local."""
+    if stop is None:
+        start, stop = 0, start
+    if step == 0:
+        raise ValueError("arange: step must not be zero")
+    n = max(0, int(np.ceil((stop - start) / step)))
+    probe = np.arange(start, start + step * min(n, 2), step, dtype=dtype)
+    dt = _dtype(probe.dtype)
+    b, eng = _new((n,), dt, dist, comm, f"arange({start!r},{stop!r},{step!r})")
+    g = b.dist.global_rows(eng.rank)
+    if dt.kind in "iub":
+        vals = (np.int64(start) + g.astype(np.int64) * np.int64(step)).astype(dt)
+    else:
+        delta = float((start + step) - start)
+        vals = (float(start) + g.astype(np.float64) * delta).astype(dt)
+    b.set_local(np.ascontiguousarray(vals))
+    return DistArray(b, View.full((n,)))
+
+
+def from_numpy(x: Any, dist="block", comm=None, root: Optional[int] = None) -> DistArray:
+    """A distributed array with the values of the NumPy array ``x``.
+
+    ``root=None`` (default): every rank passes the same ``x`` and keeps its own rows (local, no
+    communication). ``root=r``: only rank ``r``'s ``x`` matters (the others may pass None); its
+    rows are scattered (collective, non-blocking scatter waited with ``NBMPI_TIMEOUT``).
+    """
+    eng = engine_for(comm)
+    if root is None:
+        a = np.asarray(x)
+        b, _ = _new(a.shape, a.dtype, dist, comm, "")
+        if b.replicated:
+            b.set_local(np.array(a, copy=True, order="C"))
+        elif b.dist.kind == "block":
+            lo, hi = b.dist.block_range(eng.rank)
+            b.set_local(np.array(a[lo:hi], copy=True, order="C"))
+        else:
+            b.set_local(np.ascontiguousarray(a[b.dist.global_rows(eng.rank)]))
+        return DistArray(b, View.full(b.shape))
+    return _scatter(eng, x, dist, comm, root)
+
+
+def _scatter(eng, x, dist, comm, root: int) -> DistArray:
+    MPI = runtime.MPI()
+    eng.ensure_comm()
+    tr = tracing.get_tracer()
+    rank, size = eng.rank, eng.size
+    if not 0 <= root < size:
+        raise ValueError(f"from_numpy: root {root} is not a rank of the communicator (0..{size - 1})")
+    hdr = np.zeros(34, dtype=np.int64)
+    if rank == root:
+        a = np.ascontiguousarray(np.asarray(x))
+        _dtype(a.dtype)
+        if a.ndim > 30:
+            raise UnsupportedOperation("from_numpy: at most 30 dimensions")
+        code = np.frombuffer(a.dtype.str.encode().ljust(8, b" "), dtype=np.int64)[0]
+        hdr[0], hdr[1], hdr[2:2 + a.ndim] = a.ndim, code, a.shape
+    t0 = time_ns()
+    req = eng.dcomm.Ibcast(hdr, root=root)
+    waiting.wait(req, eng.timeout, rank, root, f"from_numpy(root={root}): header", DistArrayTimeout,
+                 cancellable=False)
+    nd = int(hdr[0])
+    shape = tuple(int(s) for s in hdr[2:2 + nd])
+    dt = np.dtype(np.array([hdr[1]], dtype=np.int64).tobytes().decode().strip())
+    b, _ = _new(shape, dt, dist, comm, "")
+    local = np.empty(b.local_shape(), dtype=dt)
+    row_elems = int(np.prod(shape[1:], dtype=np.int64)) if nd else 1
+    if b.replicated:
+        if rank == root:
+            local[...] = a
+        req = eng.dcomm.Ibcast([local, MPI.BYTE], root=root)
+    else:
+        counts = np.array([b.dist.local_count(r) * row_elems * dt.itemsize for r in range(size)], dtype=np.int64)
+        displs = np.zeros(size, dtype=np.int64)
+        displs[1:] = np.cumsum(counts)[:-1]
+        sendbuf = None
+        if rank == root:
+            parts = [a[b.dist.global_rows(r)].reshape(-1) for r in range(size)]
+            sendbuf = [np.concatenate(parts).view(np.uint8) if parts else np.empty(0, np.uint8), (counts, displs),
+                       MPI.BYTE]
+        req = eng.dcomm.Iscatterv(sendbuf, [local.reshape(-1).view(np.uint8), MPI.BYTE], root=root)
+    waiting.wait(req, eng.timeout, rank, root, f"from_numpy(root={root}): scatter", DistArrayTimeout,
+                 cancellable=False)
+    t1 = time_ns()
+    if tr.enabled:
+        tr.record(K_SCATTER, tracing.DIR_NONE, -1, 0, local.nbytes, t0, t1, wait=-1, seq=eng.flush_no,
+                  chan=eng.chan, count=size)
+    b.set_local(local)
+    return DistArray(b, View.full(shape))
+
+
+def time_ns() -> int:
+    import time
+
+    return time.perf_counter_ns()
+
+
+def array(x: Any, dtype=None, dist="block", comm=None) -> DistArray:
+    """``from_numpy(numpy.asarray(x, dtype), dist)`` (every rank passes the same data)."""
+    return from_numpy(np.asarray(x, dtype=dtype), dist=dist, comm=comm)
+
+
+def asarray(x: Any, dist="block", comm=None) -> DistArray:
+    """``x`` itself if it is a DistArray, else :func:`array` of it."""
+    if isinstance(x, DistArray):
+        return x
+    return array(x, dist=dist, comm=comm)
+
+
+def _like_dist(a: DistArray, dist):
+    return a.dist if dist is None else dist
+
+
+def zeros_like(a: DistArray, dtype=None, dist=None) -> DistArray:
+    """Zeros with ``a``'s shape, dtype and kind of distribution. Local."""
+    return zeros(a.shape, a.dtype if dtype is None else dtype, _like_dist(a, dist), a.comm)
+
+
+def ones_like(a: DistArray, dtype=None, dist=None) -> DistArray:
+    """Ones with ``a``'s shape, dtype and kind of distribution. Local."""
+    return ones(a.shape, a.dtype if dtype is None else dtype, _like_dist(a, dist), a.comm)
+
+
+def empty_like(a: DistArray, dtype=None, dist=None) -> DistArray:
+    """An uninitialized array like ``a``. Local."""
+    return empty(a.shape, a.dtype if dtype is None else dtype, _like_dist(a, dist), a.comm)
+
+
+def full_like(a: DistArray, fill_value, dtype=None, dist=None) -> DistArray:
+    """An array like ``a`` filled with ``fill_value``. Local."""
+    return full(a.shape, fill_value, a.dtype if dtype is None else dtype, _like_dist(a, dist), a.comm)
+
+
+# NumPy's *_like functions dispatch here through DistArray.__array_function__ (registered from this
+# module, which the package always imports, so the array module need not import its constructors)
+_FUNCTIONS.update({np.zeros_like: zeros_like, np.ones_like: ones_like, np.empty_like: empty_like,
+                   np.full_like: full_like})

@@ -1,0 +1,235 @@
+"""Per-communicator state of the distributed arrays: recorded operations, settings, plan cache, counters.
+
+One :class:`Engine` exists per communicator (``COMM_WORLD`` unless an array is created with
+``comm=``). It owns the list of operations recorded since the last force point and the
+settings that govern evaluation:
+
+* ``latency_hiding`` (env ``NBMPI_LATENCY_HIDING``, default on; ``0``/``off`` turns it off):
+  start every transfer first and compute what is local while they fly, or (off) exchange
+  with blocking waits first and compute afterwards, task by task;
+* ``threshold`` (env ``NBMPI_DISTARRAY_THRESHOLD``, default 1000): number of recorded
+  operations that forces an evaluation by itself;
+* ``chunk_elems`` (env ``NBMPI_DISTARRAY_CHUNK``, default 262144): elements per block of
+  work, i.e. how often a rank polls for arrived messages while it computes;
+* ``timeout`` (env ``NBMPI_TIMEOUT``): bound of every blocking wait of a force point.
+
+Creating an engine does not communicate; the first force point duplicates the communicator
+(so array traffic never mixes with the user's messages) and agrees on a tracer channel id,
+both collective, which every rank reaches at the same point of an SPMD program.
+"""
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+from typing import Any, Callable, Dict, List, Optional
+
+from .. import runtime
+from .errors import DistArrayError
+from .graph import Task
+
+__all__ = ["Engine", "engine_for", "configure", "env_latency_hiding"]
+
+DEFAULT_THRESHOLD = 1000
+DEFAULT_CHUNK = 1 << 18
+MAX_PLANS = 512
+FIRST_TAG = 1000
+
+
+def env_latency_hiding() -> bool:
+    """``NBMPI_LATENCY_HIDING`` as a bool (default True)."""
+    raw = os.environ.get("NBMPI_LATENCY_HIDING", "1").strip().lower()
+    return raw not in ("0", "off", "false", "no")
+
+
+def _env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise DistArrayError(f"{name}={raw!r} is not an integer; set it to e.g. {default} or unset it") from None
+    if value < 1:
+        raise DistArrayError(f"{name}={raw!r} must be at least 1")
+    return value
+
+
+class Engine:
+    """The distributed-array state of one communicator (see the module doc). Not thread-safe:
+    only the main thread records and evaluates (MPI thread level ``funneled``)."""
+
+    def __init__(self, comm):
+        self.comm = comm
+        self.rank = comm.Get_rank()
+        self.size = comm.Get_size()
+        self.dcomm = None
+        self.chan = 0
+        self.tracer_ranks: List[int] = list(range(self.size))
+        self.pending: List[Task] = []
+        self._serial = 0
+        self._tag = FIRST_TAG
+        self._tag_ub = 32767
+        self.flush_no = 0
+        self.latency_hiding = env_latency_hiding()
+        self.threshold = _env_int("NBMPI_DISTARRAY_THRESHOLD", DEFAULT_THRESHOLD)
+        self.chunk_elems = _env_int("NBMPI_DISTARRAY_CHUNK", DEFAULT_CHUNK)
+        self.timeout: Optional[float] = runtime.default_timeout()
+        self.plans: "OrderedDict[Any, Any]" = OrderedDict()
+        self.stats: Dict[str, int] = dict(flushes=0, recorded=0, groups=0, inlined=0, dropped=0, swapped=0,
+                                          plans_built=0, plan_hits=0, blocks=0, messages_sent=0, bytes_sent=0,
+                                          messages_received=0, wait_ns=0, flush_ns=0, collectives=0)
+        self.last: Dict[str, Any] = {}
+        self.in_flush = False
+        self.buffers = BufferPool()
+
+    # -- identities agreed by construction ----------------------------------------
+    def next_serial(self) -> int:
+        """Serial number of a new base (same on every rank of an SPMD program)."""
+        self._serial += 1
+        return self._serial
+
+    def next_tag(self) -> int:
+        """MPI tag of a new plan instance (plans are built in the same order on every rank)."""
+        self._tag += 1
+        if self._tag >= self._tag_ub:
+            self._tag = FIRST_TAG
+        return self._tag
+
+    def ensure_comm(self) -> None:
+        """Duplicate the communicator and agree on the tracer channel. Collective, first call only."""
+        if self.dcomm is not None:
+            return
+        from .. import tracing
+
+        MPI = runtime.MPI()
+        self.dcomm = self.comm.Dup()
+        ub = self.dcomm.Get_attr(MPI.TAG_UB)
+        self._tag_ub = int(ub) if ub else 32767
+        tr = tracing.get_tracer()
+        self.chan = tr.new_channel_id(self.comm)
+        try:
+            if tr.comm is not self.comm:
+                self.tracer_ranks = list(MPI.Group.Translate_ranks(self.comm.Get_group(), list(range(self.size)),
+                                                                   tr.comm.Get_group()))
+        except Exception:  # noqa: BLE001 - different worlds: keep this communicator's ranks
+            pass
+
+    # -- recording and forcing --------------------------------------------------------
+    def record(self, task: Task) -> None:
+        """Append ``task`` to the pending list. Local."""
+        self.pending.append(task)
+        self.stats["recorded"] += 1
+
+    def maybe_flush(self) -> None:
+        """Evaluate everything if the threshold of recorded operations is reached. Called by the
+        user-level operations once their results are held by DistArray objects (so the fusion pass
+        does not mistake them for dead temporaries). Collective when it evaluates."""
+        if len(self.pending) >= self.threshold and not self.in_flush:
+            self.flush("threshold")
+
+    def flush(self, reason: str, latency_hiding: Optional[bool] = None) -> None:
+        """Evaluate every pending operation. Collective over the engine's communicator: every rank
+        must reach the same force point with the same recorded operations."""
+        if not self.pending or self.in_flush:
+            return
+        from .scheduler import run_flush
+
+        tasks, self.pending = self.pending, []
+        self.in_flush = True
+        try:
+            run_flush(self, tasks, reason, self.latency_hiding if latency_hiding is None else bool(latency_hiding))
+        finally:
+            self.in_flush = False
+
+    # -- plan cache -----------------------------------------------------------------
+    def plan(self, key: Any, build: Callable[[], Any]) -> Any:
+        """The cached plan for ``key`` (built by ``build()`` on a miss; least recently used plans are
+        evicted, identically on every rank)."""
+        p = self.plans.get(key)
+        if p is not None:
+            self.plans.move_to_end(key)
+            self.stats["plan_hits"] += 1
+            return p
+        p = build()
+        self.stats["plans_built"] += 1
+        self.plans[key] = p
+        while len(self.plans) > MAX_PLANS:
+            _, old = self.plans.popitem(last=False)
+            old.free()
+        return p
+
+
+class BufferPool:
+    """Local buffers of bases that died, kept for the next base of the same shape and dtype (the
+    seed's lazy de-allocation: a time loop that makes a new temporary each step reuses the
+    same memory instead of faulting in fresh pages). At most ``max_bytes`` are kept; the
+    oldest go first. Only buffers never handed to the user (``.local``) come here, and only of at
+    least ``min_bytes`` (64 KiB; smaller ones are cheap to allocate). ``allocated`` counts fresh
+    allocations of at least ``min_bytes``, ``reused`` the allocations served from the pool."""
+
+    def __init__(self, max_bytes: int = 1 << 30, min_bytes: int = 1 << 16):
+        self.max_bytes = max_bytes
+        self.min_bytes = min_bytes
+        self.bytes = 0
+        self.free: "OrderedDict[int, Any]" = OrderedDict()
+        self.reused = 0
+        self.allocated = 0
+
+    def give(self, arr) -> None:
+        if arr.nbytes < self.min_bytes or arr.nbytes > self.max_bytes:
+            return
+        self.free[id(arr)] = arr
+        self.bytes += arr.nbytes
+        while self.bytes > self.max_bytes and self.free:
+            _, old = self.free.popitem(last=False)
+            self.bytes -= old.nbytes
+
+    def take(self, shape, dtype):
+        for k, arr in reversed(self.free.items()):
+            if arr.shape == tuple(shape) and arr.dtype == dtype:
+                del self.free[k]
+                self.bytes -= arr.nbytes
+                self.reused += 1
+                return arr
+        return None
+
+
+_ENGINES: Dict[Any, Engine] = {}
+
+
+def engine_for(comm=None) -> Engine:
+    """The engine of ``comm`` (default ``COMM_WORLD``), created on first use. Local."""
+    if comm is None:
+        comm = runtime.world()
+    key = comm.py2f() if hasattr(comm, "py2f") else id(comm)
+    eng = _ENGINES.get(key)
+    if eng is None or eng.comm != comm:
+        eng = _ENGINES[key] = Engine(comm)
+    return eng
+
+
+_UNCHANGED: Any = object()
+
+
+def configure(latency_hiding: Optional[bool] = None, threshold: Optional[int] = None,
+              chunk_elems: Optional[int] = None, timeout: Any = _UNCHANGED, comm=None) -> Dict[str, Any]:
+    """Change the evaluation settings of the engine of ``comm`` (default ``COMM_WORLD``); arguments
+    left out keep their value (``timeout``: seconds, or None to wait forever). Local; call it on
+    every rank with the same values. Returns the settings now in force."""
+    eng = engine_for(comm)
+    if latency_hiding is not None:
+        eng.latency_hiding = bool(latency_hiding)
+    if threshold is not None:
+        if threshold < 1:
+            raise DistArrayError(f"threshold must be at least 1 recorded operation, got {threshold}")
+        eng.threshold = int(threshold)
+    if chunk_elems is not None:
+        if chunk_elems < 1:
+            raise DistArrayError(f"chunk_elems must be at least 1, got {chunk_elems}")
+        eng.chunk_elems = int(chunk_elems)
+    if timeout is not _UNCHANGED:
+        if timeout is not None and timeout <= 0:
+            raise DistArrayError(f"timeout must be a positive number of seconds or None, got {timeout!r}")
+        eng.timeout = timeout
+    return dict(latency_hiding=eng.latency_hiding, threshold=eng.threshold, chunk_elems=eng.chunk_elems,
+                timeout=eng.timeout)

@@ -1,0 +1,58 @@
+"""Errors of the distributed arrays (:mod:`nbmpi.workers.distarray`): what was wrong, what was expected.
+
+Every class derives from :class:`nbmpi.workers.errors.NbmpiError`. Errors found while
+recording an operation (shapes, distributions, unsupported operations) are raised on the
+rank that records it, before anything is communicated; since every rank records the same
+program (SPMD), every rank raises the same error. Errors found at a force point
+(divergence, timeout) are raised on every rank that takes part in it.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+from ..errors import CommTimeout, NbmpiError, SPMDDivergence
+
+__all__ = ["DistArrayError", "ShapeError", "DistributionError", "UnsupportedOperation",
+           "DistArrayDivergence", "DistArrayTimeout"]
+
+
+class DistArrayError(NbmpiError):
+    """Base class of the distributed-array errors."""
+
+
+class ShapeError(DistArrayError, ValueError):
+    """Operand shapes that do not broadcast together (as in NumPy), or an assignment whose
+    value does not broadcast to the target's shape."""
+
+
+class DistributionError(DistArrayError, ValueError):
+    """A distribution that is invalid (unknown kind, block size < 1) or arrays whose
+    distributions cannot be combined (arrays on different communicators)."""
+
+
+class UnsupportedOperation(DistArrayError, NotImplementedError):
+    """An operation the distributed arrays do not implement (yet); the message says what is
+    supported instead."""
+
+
+class DistArrayDivergence(DistArrayError, SPMDDivergence):
+    """The ranks reached a force point with different recorded operations.
+
+    Raised on every rank. Attributes: ``rank``, ``op`` (the force point), ``detail`` (the
+    first differing operation as each rank recorded it; the same text on every rank).
+    """
+
+    def __init__(self, rank: int, op: str, detail: str):
+        self.rank, self.op, self.detail = rank, op, detail
+        NbmpiError.__init__(
+            self,
+            f"rank {rank}: {op}: the ranks recorded different distributed-array operations, so no "
+            f"result can be trusted ({detail}). Every rank must run the same array operations in the "
+            "same order (SPMD): make rank-dependent branches act on .local data, not on whole arrays")
+
+
+class DistArrayTimeout(CommTimeout, DistArrayError):
+    """A blocking wait of a distributed-array force point exceeded ``NBMPI_TIMEOUT``."""
+
+    def __init__(self, rank: int, peer: Optional[int], op: str, waited: float, detail: str = ""):
+        super().__init__(rank, peer, op, waited, detail)

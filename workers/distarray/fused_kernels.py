@@ -1,0 +1,370 @@
+"""The fused kernel compiler: one numba-compiled loop nest per chain of elementwise operations.
+
+A recorded chain such as ``0.2 * (c + n + s + e + w)`` (and reductions and stores fused with
+it) becomes ONE generated Python function, compiled by numba, that reads every operand once
+per element, keeps intermediate values in registers and writes only the results: no
+temporary array per operation. Kernels are cached by the *shape* of the expression (the
+operations, dtypes, which operand axes broadcast, which strides are unit), never by values:
+scalars and strides are arguments, so the second time step of a program compiles nothing.
+
+Every array argument is passed as ``(flat C-contiguous buffer, element offset, strides...)``:
+the plan computes offsets and strides from the views by arithmetic, and an innermost unit
+stride is known at compile time (so LLVM sees a unit-stride inner loop and vectorizes it).
+Indexes are cast to unsigned integers, which spares numba's negative-index test on every
+access (measured: 2.5x slower without it on the 5-point stencil).
+
+Generated sources are written to a cache directory (``NBMPI_DISTARRAY_CACHE``, default
+``~/.cache/nbmpi/distarray-kernels-<versions>``; ``off`` keeps them in memory only) and
+compiled with ``numba.njit(cache=True)``, so a later process loads the machine code instead
+of compiling it. :func:`kernel_stats` counts signatures compiled and loaded.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import sys
+import threading
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import numba
+import numpy as np
+
+__all__ = ["UNARY", "BINARY", "SUPPORTED_UFUNCS", "KernelSpec", "get_kernel", "kernel_stats", "transpose_copy",
+           "cache_dir"]
+
+# ufunc name -> numba expression template ({0}, {1}: the arguments, already cast to the loop dtypes)
+UNARY: Dict[str, str] = {
+    "negative": "(-{0})", "positive": "(+{0})", "absolute": "abs({0})", "square": "({0} * {0})",
+    "sqrt": "np.sqrt({0})", "exp": "np.exp({0})", "log": "np.log({0})", "sin": "np.sin({0})",
+    "cos": "np.cos({0})", "tan": "np.tan({0})", "log10": "np.log10({0})", "tanh": "np.tanh({0})",
+    "floor": "np.floor({0})", "ceil": "np.ceil({0})", "isnan": "np.isnan({0})", "isfinite": "np.isfinite({0})",
+    "logical_not": "(not {0})", "cast": "{0}",
+}
+BINARY: Dict[str, str] = {
+    "add": "({0} + {1})", "subtract": "({0} - {1})", "multiply": "({0} * {1})", "divide": "({0} / {1})",
+    "true_divide": "({0} / {1})", "power": "({0} ** {1})",
+    "less": "({0} < {1})", "less_equal": "({0} <= {1})", "greater": "({0} > {1})",
+    "greater_equal": "({0} >= {1})", "equal": "({0} == {1})", "not_equal": "({0} != {1})",
+    "logical_and": "({0} and {1})", "logical_or": "({0} or {1})", "bitwise_and": "({0} & {1})",
+    "bitwise_or": "({0} | {1})", "bitwise_xor": "({0} ^ {1})", "arctan2": "np.arctan2({0}, {1})",
+    "maximum": "max", "minimum": "min",  # NaN-propagating forms generated below
+}
+#: Every ufunc name the fused kernels implement (plus ``where``).
+SUPPORTED_UFUNCS = tuple(sorted(set(UNARY) - {"cast"} | set(BINARY)))
+_LOGICAL = ("logical_and", "logical_or", "logical_not")
+
+_lock = threading.Lock()
+_KERNELS: Dict[Any, Any] = {}
+_STATS = dict(generated=0, memory_hits=0)
+
+
+def cache_dir() -> Optional[str]:
+    """Where generated kernel sources (and numba's machine code next to them) are kept; None when
+    ``NBMPI_DISTARRAY_CACHE=off`` or the directory cannot be created."""
+    raw = os.environ.get("NBMPI_DISTARRAY_CACHE", "").strip()
+    if raw.lower() in ("off", "0", "no", "false"):
+        return None
+    if not raw:
+        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        raw = os.path.join(base, "nbmpi", f"distarray-kernels-py{sys.version_info[0]}{sys.version_info[1]}-"
+                                          f"numba{numba.__version__}-np{np.__version__}")
+    try:
+        os.makedirs(raw, exist_ok=True)
+    except OSError:
+        return None
+    return raw if os.access(raw, os.W_OK) else None
+
+
+def _np_name(dt: np.dtype) -> str:
+    return "bool_" if dt.kind == "b" else dt.name
+
+
+def _cast(expr: str, frm: np.dtype, to: np.dtype) -> str:
+    """``expr`` (of dtype ``frm``) converted to ``to`` in numba code."""
+    if frm == to:
+        return expr
+    if to.kind == "b":
+        return f"({expr} != 0)"
+    return f"np.{_np_name(to)}({expr})"
+
+
+def _identity(op: str, dt: np.dtype) -> str:
+    """The identity of reduction ``op`` in dtype ``dt`` as a numba literal expression."""
+    if op in ("sum", "mean"):
+        return "False" if dt.kind == "b" else f"np.{_np_name(dt)}(0)"
+    if op == "any":
+        return "False"
+    if op == "all":
+        return "True"
+    big = op == "min"
+    if dt.kind == "b":
+        return "True" if big else "False"
+    if dt.kind == "f":
+        return f"np.{_np_name(dt)}({'np.inf' if big else '-np.inf'})"
+    info = np.iinfo(dt)
+    return f"np.{_np_name(dt)}({info.max if big else info.min})"
+
+
+def _combine(op: str, acc: str, v: str, dt: np.dtype) -> str:
+    """The expression combining accumulator ``acc`` with value ``v`` (both of dtype ``dt``)."""
+    if op in ("sum", "mean"):
+        return f"({acc} + {v})"
+    if op == "any":
+        return f"({acc} or {v})"
+    if op == "all":
+        return f"({acc} and {v})"
+    cmp = "<" if op == "min" else ">"
+    if dt.kind == "f":
+        return f"({v} if ({v} {cmp} {acc} or {v} != {v}) else {acc})"
+    return f"({v} if {v} {cmp} {acc} else {acc})"
+
+
+class KernelSpec:
+    """Everything that determines a generated kernel's source (hashable; the cache key).
+
+    * ``ndim``: loop nest depth (the iteration's internal shape);
+    * ``arrays``: per array argument ``(dtype str, bcast flags per axis, unit inner stride)``;
+    * ``nscalars``: scalar arguments;
+    * ``stmts``: ``('ld', var, array)``, ``('sc', var, scalar)``,
+      ``('op', var, name, argvars, argdtypes, in_dtypes, out_dtype)``,
+      ``('st', array, var, var_dtype)``, ``('rd', reduction, var, var_dtype)``;
+    * ``reductions``: per reduction ``(op, axis, acc dtype str, target array)``; ``axis`` None
+      accumulates everything into one element, else the target is indexed by the other axes.
+    """
+
+    __slots__ = ("ndim", "arrays", "nscalars", "stmts", "reductions", "key", "_src", "_argplan")
+
+    def __init__(self, ndim: int, arrays: Sequence[Tuple], nscalars: int, stmts: Sequence[Tuple],
+                 reductions: Sequence[Tuple]):
+        self.ndim = ndim
+        self.arrays = tuple(arrays)
+        self.nscalars = nscalars
+        self.stmts = tuple(stmts)
+        self.reductions = tuple(reductions)
+        self.key = (ndim, self.arrays, nscalars, self.stmts, self.reductions)
+        self._src: Optional[str] = None
+        # per array: which stride arguments are passed (not broadcast, not a unit inner stride)
+        self._argplan = tuple(tuple(k for k in range(ndim) if not bc[k] and not (k == ndim - 1 and unit))
+                              for (_, bc, unit) in self.arrays)
+
+    def stride_args(self, a: int) -> Tuple[int, ...]:
+        """The axes whose stride is passed as an argument for array ``a``."""
+        return self._argplan[a]
+
+    # -- code generation ------------------------------------------------------------
+    def _index(self, a: int) -> str:
+        _, bc, unit = self.arrays[a]
+        terms = [f"o{a}"]
+        for k in range(self.ndim):
+            if bc[k]:
+                continue
+            if k == self.ndim - 1 and unit:
+                terms.append(f"i{k}")
+            else:
+                terms.append(f"i{k} * s{a}_{k}")
+        # an unsigned index: numba then skips the negative-index wraparound test on every access
+        return "np.uint64(" + " + ".join(terms) + ")"
+
+    def source(self, name: str) -> str:
+        """The Python source of the kernel function ``name``."""
+        if self._src is not None:
+            return self._src.replace("def __KERNEL__", f"def {name}")
+        d = self.ndim
+        params = [f"n{k}" for k in range(d)]
+        for a in range(len(self.arrays)):
+            params += [f"b{a}", f"o{a}"] + [f"s{a}_{k}" for k in self._argplan[a]]
+        params += [f"c{s}" for s in range(self.nscalars)]
+        lines: List[str] = [f"def __KERNEL__({', '.join(params)}):"]
+        ind = "    "
+        red_scalar_outer: List[int] = []   # accumulate everything into a scalar
+        red_scalar_inner: List[int] = []   # innermost-axis reduction: scalar per outer position
+        red_inplace: List[int] = []        # accumulate in place into the target array
+        for r, (op, axis, adt, tgt) in enumerate(self.reductions):
+            dt = np.dtype(adt)
+            if axis is None:
+                red_scalar_outer.append(r)
+                lines.append(f"{ind}r{r} = {_identity(op, dt)}")
+            elif axis == d - 1 and d >= 2:
+                red_scalar_inner.append(r)
+            else:
+                red_inplace.append(r)
+                lines += self._init_loops(tgt, _identity(op, dt), ind)
+        body_ind = ind
+        for k in range(d):
+            if k == d - 1:
+                for r in red_scalar_inner:
+                    op, _, adt, _ = self.reductions[r]
+                    lines.append(f"{body_ind}r{r} = {_identity(op, np.dtype(adt))}")
+            lines.append(f"{body_ind}for i{k} in range(n{k}):")
+            body_ind += ind
+        for st in self.stmts:
+            tag = st[0]
+            if tag == "ld":
+                _, v, a = st
+                lines.append(f"{body_ind}v{v} = b{a}[{self._index(a)}]")
+            elif tag == "sc":
+                _, v, s = st
+                lines.append(f"{body_ind}v{v} = c{s}")
+            elif tag == "op":
+                _, v, name, argv, argdt, indt, outdt = st
+                lines.append(f"{body_ind}v{v} = {self._op_expr(name, argv, argdt, indt, outdt)}")
+            elif tag == "st":
+                _, a, v, vdt = st
+                adt = np.dtype(self.arrays[a][0])
+                lines.append(f"{body_ind}b{a}[{self._index(a)}] = {_cast(f'v{v}', np.dtype(vdt), adt)}")
+            elif tag == "rd":
+                _, r, v, vdt = st
+                op, axis, adt, tgt = self.reductions[r]
+                dt = np.dtype(adt)
+                val = _cast(f"v{v}", np.dtype(vdt), dt)
+                if r in red_inplace:
+                    idx = self._index(tgt)
+                    lines.append(f"{body_ind}b{tgt}[{idx}] = {_combine(op, f'b{tgt}[{idx}]', val, dt)}")
+                else:
+                    lines.append(f"{body_ind}r{r} = {_combine(op, f'r{r}', val, dt)}")
+        # after the innermost loop (inside the next-to-innermost one): innermost-axis reductions
+        if red_scalar_inner:
+            after = ind * d  # indentation of the body of loop d-2
+            for r in red_scalar_inner:
+                op, _, adt, tgt = self.reductions[r]
+                val = f"r{r}"
+                if op == "mean":
+                    val = f"r{r} / n{d - 1}"
+                lines.append(f"{after}b{tgt}[{self._index(tgt)}] = {_cast(val, np.dtype(np.float64) if op == 'mean' else np.dtype(adt), np.dtype(self.arrays[tgt][0]))}")
+        for r in red_scalar_outer:
+            tgt = self.reductions[r][3]
+            lines.append(f"{ind}b{tgt}[o{tgt}] = r{r}")
+        for r in red_inplace:
+            op, axis, adt, tgt = self.reductions[r]
+            if op == "mean" and axis is not None and axis > 0:
+                lines += self._init_loops(tgt, None, ind, divide=f"n{axis}")
+        lines.append(f"{ind}return 0")
+        self._src = "\n".join(lines) + "\n"
+        return self._src.replace("def __KERNEL__", f"def {name}")
+
+    def _init_loops(self, a: int, value: Optional[str], ind: str, divide: Optional[str] = None) -> List[str]:
+        """Loops over the non-broadcast axes of array ``a`` setting every element to ``value``
+        (or dividing it by ``divide``)."""
+        _, bc, _ = self.arrays[a]
+        out: List[str] = []
+        cur = ind
+        for k in range(self.ndim):
+            if bc[k]:
+                out.append(f"{cur}i{k} = 0")
+                continue
+            out.append(f"{cur}for i{k} in range(n{k}):")
+            cur += "    "
+        idx = self._index(a)
+        if divide is None:
+            out.append(f"{cur}b{a}[{idx}] = {value}")
+        else:
+            out.append(f"{cur}b{a}[{idx}] = b{a}[{idx}] / {divide}")
+        return out
+
+    @staticmethod
+    def _op_expr(name: str, argv, argdt, indt, outdt) -> str:
+        outdt = np.dtype(outdt)
+        if name in _LOGICAL:
+            args = [_cast(f"v{v}", np.dtype(dt), np.dtype(np.bool_)) for v, dt in zip(argv, argdt)]
+        else:
+            args = [_cast(f"v{v}", np.dtype(dt), np.dtype(it)) for v, dt, it in zip(argv, argdt, indt)]
+        if name == "where":
+            c = _cast(f"v{argv[0]}", np.dtype(argdt[0]), np.dtype(np.bool_))
+            return f"({args[1]} if {c} else {args[2]})"
+        if name in ("maximum", "minimum"):
+            cmp = ">=" if name == "maximum" else "<="
+            a, b = args
+            if np.dtype(indt[0]).kind == "f":
+                expr = f"({a} if ({a} {cmp} {b} or {a} != {a}) else {b})"
+            else:
+                expr = f"({a} if {a} {cmp} {b} else {b})"
+            return _cast(expr, np.dtype(indt[0]), outdt)
+        tmpl = UNARY.get(name) or BINARY[name]
+        expr = tmpl.format(*args)
+        natural = np.dtype(np.bool_) if name in ("less", "less_equal", "greater", "greater_equal", "equal",
+                                                 "not_equal", "isnan", "isfinite") or name in _LOGICAL \
+            else None
+        if natural is not None:
+            return _cast(expr, natural, outdt)
+        # arithmetic: numba may widen (int32 + int32 -> int64); cast back to NumPy's result dtype
+        return f"np.{_np_name(outdt)}({expr})" if outdt.kind != "b" else f"(({expr}) != 0)"
+
+
+def _load_module(name: str, src: str):
+    """Compile ``src`` as module ``name``: from a file in the cache directory (numba's on-disk cache
+    works there) or, without one, in memory."""
+    d = cache_dir()
+    header = "import numpy as np\nimport numba\n\n"
+    if d is not None:
+        path = os.path.join(d, f"{name}.py")
+        full = header + src
+        try:
+            if not os.path.exists(path):
+                tmp = f"{path}.{os.getpid()}.tmp"
+                with open(tmp, "w") as f:
+                    f.write(full)
+                os.replace(tmp, path)
+            spec = importlib.util.spec_from_file_location(f"nbmpi_distarray_kernels_{name}", path)
+            mod = importlib.util.module_from_spec(spec)
+            sys.modules[spec.name] = mod
+            spec.loader.exec_module(mod)
+            return mod, True
+        except OSError:
+            pass
+    import types
+
+    mod = types.ModuleType(f"nbmpi_distarray_kernels_{name}")
+    exec(compile(header + src, f"<nbmpi distarray kernel {name}>", "exec"), mod.__dict__)  # noqa: S102
+    return mod, False
+
+
+def get_kernel(spec: KernelSpec):
+    """The compiled kernel (a numba dispatcher) for ``spec``; generated and compiled on first use,
+    then cached in memory (and on disk, see the module doc). Local, no communication."""
+    k = _KERNELS.get(spec.key)
+    if k is not None:
+        _STATS["memory_hits"] += 1
+        return k
+    with _lock:
+        k = _KERNELS.get(spec.key)
+        if k is not None:
+            return k
+        raw = spec.source("__KERNEL__")
+        digest = hashlib.blake2b(raw.encode(), digest_size=10).hexdigest()
+        name = f"k_{digest}"
+        src = spec.source(name).replace(f"def {name}", f"@numba.njit(cache=True, nogil=True, error_model='numpy')\ndef {name}")
+        mod, on_disk = _load_module(name, src)
+        k = getattr(mod, name)
+        if not on_disk:
+            k = numba.njit(nogil=True, error_model="numpy")(k.py_func)
+        _KERNELS[spec.key] = k
+        _STATS["generated"] += 1
+        return k
+
+
+def kernel_stats() -> Dict[str, int]:
+    """Counters of this process: ``kernels`` (distinct expression shapes generated), ``signatures``
+    (compiled or loaded type signatures), ``compiled`` (numba compilations), ``loaded`` (signatures
+    loaded from the on-disk cache), ``memory_hits`` (lookups answered from memory)."""
+    sigs = compiled = loaded = 0
+    for k in list(_KERNELS.values()):
+        sigs += len(k.signatures)
+        st = k.stats
+        compiled += sum(st.cache_misses.values()) if st.cache_path else len(k.signatures)
+        loaded += sum(st.cache_hits.values())
+    return dict(kernels=len(_KERNELS), signatures=sigs, compiled=compiled, loaded=loaded,
+                memory_hits=_STATS["memory_hits"])
+
+
+@numba.njit(cache=True, nogil=True)
+def transpose_copy(dst, src):  # pragma: no cover - compiled
+    """``dst[:, :] = src.T`` in 32x32 tiles (both 2-D, any strides)."""
+    n0, n1 = dst.shape
+    for i0 in range(0, n0, 32):
+        e0 = min(i0 + 32, n0)
+        for i1 in range(0, n1, 32):
+            e1 = min(i1 + 32, n1)
+            for a in range(i0, e0):
+                for b in range(i1, e1):
+                    dst[a, b] = src[b, a]

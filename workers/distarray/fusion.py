@@ -1,0 +1,325 @@
+"""The fusion pass of a force point: what is computed by one kernel and what is never stored.
+
+Input: the tasks recorded since the last force point, in program order. Output: a list of
+groups, each executed as one unit of the flush. Every rewrite is local and checked against
+the data hazards of the recorded order; ranks apply the same rewrites to the same tasks, so
+they agree on the result without communicating.
+
+1. **Hoisting**: a gather of a misaligned operand (:class:`~.graph.Replicate`) moves up
+   past tasks that do not write its source, so elementwise tasks around it become adjacent.
+2. **Inlining** (vertical fusion): ``t = a + b; c = t * 2`` where the user no longer holds
+   ``t`` (``Base.nviews == 0``) and ``t`` has exactly one reading task: ``t``'s expression is
+   substituted into the reader and ``t`` is never allocated. Chains of temporaries collapse
+   into one expression.
+3. **Dead tasks**: a task whose results nobody can read any more is dropped.
+4. **Swap**: ``x[v] = t[v]`` where the dying temporary ``t`` has ``x``'s shape, dtype and
+   distribution (the copy-back of a Jacobi step, ``center[:] = work``) becomes a
+   :class:`~.graph.Swap`: the few elements of ``x`` outside ``v`` are copied into ``t``'s buffer
+   and the buffers are exchanged, instead of copying the whole view.
+5. **Grouping** (horizontal fusion): adjacent elementwise tasks over the same rows and
+   iteration shape (``Assign`` and ``Reduce``) run in one loop nest if no task reads or
+   writes, at a different view, what an earlier one in the group writes. A value stored by
+   one task and read by a later one at the same view is reused from a register.
+
+An :class:`ElementwiseGroup` also builds its kernel program (the statements of a
+:class:`~.fused_kernels.KernelSpec` without the per-block stride facts).
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any, Dict, List, Optional, Tuple
+
+from .graph import Assign, Const, Leaf, Op, Reduce, Replicate, RowSpace, Swap, Task, leaves, substitute
+
+__all__ = ["ElementwiseGroup", "TaskGroup", "optimize", "MAX_GROUP_TASKS"]
+
+#: Upper bound of tasks fused into one loop nest (keeps generated kernels small).
+MAX_GROUP_TASKS = 12
+#: Upper bound of statements in one kernel.
+MAX_GROUP_STMTS = 400
+
+
+def _dead(base) -> bool:
+    """True if the user can no longer see ``base`` (no DistArray on it, no exported local view)."""
+    return base.nviews == 0 and not base.exported
+
+
+class TaskGroup:
+    """A single non-elementwise task (matmul, transpose, replicate, swap) run as one unit."""
+
+    kind = "task"
+
+    def __init__(self, task: Task):
+        self.task = task
+        self.tasks = [task]
+        self.desc = task.desc
+
+
+class ElementwiseGroup:
+    """Adjacent Assign/Reduce tasks over one row space, fused into one loop nest.
+
+    After :meth:`build`: ``arrays`` lists the kernel's array arguments as ``(role, object)``
+    with role ``'out'`` (an Assign target Leaf), ``'red'`` (a Reduce task's target) or
+    ``'leaf'`` (an operand Leaf); ``consts`` the scalar arguments; ``stmts``/``reductions``
+    the program; ``program_key`` identifies the program's shape (no values).
+    """
+
+    kind = "elementwise"
+
+    def __init__(self, first: Task):
+        self.tasks: List[Task] = [first]
+        self.space: RowSpace = first.space
+        self.desc = first.desc
+        self.arrays: List[Tuple[str, Any]] = []
+        self.consts: List[Const] = []
+        self.stmts: List[Tuple] = []
+        self.reductions: List[Tuple] = []
+        self.program_key: Tuple = ()
+
+    # -- grouping rules ---------------------------------------------------------------
+    @staticmethod
+    def _loop_writes(t: Task) -> List[Tuple[Any, Any, bool]]:
+        """(base, view, is_reduction) written inside the loop by ``t``."""
+        if isinstance(t, Assign):
+            return [(t.out.base, t.out.view, False)]
+        return [(t.out.base, t.out.view, True)]
+
+    def accepts(self, n: Task) -> bool:
+        """True if ``n`` can join this group (same rows and shape, no hazard with the group)."""
+        if not isinstance(n, (Assign, Reduce)) or n.space.key != self.space.key:
+            return False
+        if len(self.tasks) >= MAX_GROUP_TASKS:
+            return False
+        n_reads = n.reads()
+        n_writes = self._loop_writes(n)
+        for e in self.tasks:
+            e_reads = e.reads()
+            for (b, v, red) in self._loop_writes(e):
+                for l in n_reads:
+                    if l.base is b and (red or l.view != v):
+                        return False
+                for (b2, v2, red2) in n_writes:
+                    if b2 is b and (red or red2 or v2 != v):
+                        return False
+            for (b, v, red) in n_writes:
+                for l in e_reads:
+                    if l.base is b and (red or l.view != v):
+                        return False
+        return True
+
+    # -- the kernel program ---------------------------------------------------------------
+    def build(self) -> None:
+        """Build ``arrays``, ``consts``, ``stmts``, ``reductions`` and ``program_key``."""
+        arrays: List[Tuple[str, Any]] = []
+        consts: List[Const] = []
+        stmts: List[Tuple] = []
+        reductions: List[Tuple] = []
+        written: Dict[Any, Tuple[int, str]] = {}
+        loaded: Dict[Any, Tuple[int, str]] = {}
+        counter = [0]
+
+        def new_var() -> int:
+            counter[0] += 1
+            return counter[0]
+
+        def emit(node, memo) -> Tuple[int, str]:
+            got = memo.get(id(node))
+            if got is not None:
+                return got
+            if isinstance(node, Leaf):
+                k = node.key
+                if k in written:
+                    res = written[k]
+                elif k in loaded:
+                    res = loaded[k]
+                else:
+                    a = len(arrays)
+                    arrays.append(("leaf", node))
+                    v = new_var()
+                    stmts.append(("ld", v, a))
+                    res = loaded[k] = (v, node.dtype.str)
+            elif isinstance(node, Const):
+                s = len(consts)
+                consts.append(node)
+                v = new_var()
+                stmts.append(("sc", v, s))
+                res = (v, node.dtype.str)
+            else:
+                args = [emit(a, memo) for a in node.args]
+                v = new_var()
+                stmts.append(("op", v, node.name, tuple(x[0] for x in args), tuple(x[1] for x in args),
+                              tuple(d.str for d in node.in_dtypes), node.dtype.str))
+                res = (v, node.dtype.str)
+            memo[id(node)] = res
+            return res
+
+        for t in self.tasks:
+            memo: Dict[int, Tuple[int, str]] = {}
+            v, dt = emit(t.expr, memo)
+            if isinstance(t, Assign):
+                a = len(arrays)
+                arrays.append(("out", t.out))
+                stmts.append(("st", a, v, dt))
+                odt = t.out.dtype.str
+                if dt != odt:
+                    v2 = new_var()
+                    stmts.append(("op", v2, "cast", (v,), (dt,), (dt,), odt))
+                    written[t.out.key] = (v2, odt)
+                else:
+                    written[t.out.key] = (v, dt)
+            else:
+                a = len(arrays)
+                arrays.append(("red", t))
+                r = len(reductions)
+                reductions.append((t.op, t.axis, t.acc_dtype.str, a))
+                stmts.append(("rd", r, v, dt))
+        self.arrays, self.consts, self.stmts, self.reductions = arrays, consts, stmts, reductions
+        self.program_key = (len(self.space.shape), tuple(self.array_dtype(a) for a in range(len(arrays))),
+                            tuple(r[0] for r in arrays), tuple(stmts), tuple(reductions))
+
+    def array_dtype(self, a: int) -> str:
+        """dtype (``.str``) of kernel array ``a``."""
+        role, obj = self.arrays[a]
+        if role == "red":
+            if obj.axis is None or obj.axis == 0:
+                return obj.acc_dtype.str
+            return obj.out.dtype.str
+        return obj.dtype.str
+
+    def stmt_count(self) -> int:
+        return sum(_count_nodes(t.expr) for t in self.tasks)
+
+
+def _count_nodes(node) -> int:
+    n, stack, seen = 0, [node], set()
+    while stack:
+        x = stack.pop()
+        if id(x) in seen:
+            continue
+        seen.add(id(x))
+        n += 1
+        if isinstance(x, Op):
+            stack.extend(x.args)
+    return n
+
+
+# --------------------------------------------------------------------------- the pass
+def _hoist_replicates(tasks: List[Task]) -> List[Task]:
+    out: List[Task] = []
+    for t in tasks:
+        if isinstance(t, Replicate):
+            src = t.src.base
+            j = len(out)
+            while j > 0 and not any(w.base is src for w in out[j - 1].writes()):
+                j -= 1
+            out.insert(j, t)
+        else:
+            out.append(t)
+    return out
+
+
+def optimize(tasks: List[Task]) -> Tuple[List[Any], Dict[str, int]]:
+    """Rewrite the recorded ``tasks`` (see the module doc) into groups. Local, deterministic."""
+    tasks = _hoist_replicates(list(tasks))
+    n = len(tasks)
+    alive = [True] * n
+    stats = dict(recorded=n, inlined=0, dropped=0, swapped=0)
+    readers: Dict[int, set] = defaultdict(set)
+    writers: Dict[int, set] = defaultdict(set)
+    for k, t in enumerate(tasks):
+        for l in t.reads():
+            readers[l.base.serial].add(k)
+        for w in t.writes():
+            writers[w.base.serial].add(k)
+
+    # 2. inlining of dying temporaries with one reader
+    for idx, t in enumerate(tasks):
+        if not alive[idx] or not isinstance(t, Assign):
+            continue
+        b = t.out.base
+        if not _dead(b) or writers[b.serial] != {idx} or t.expr.shape != t.out.view.shape:
+            continue
+        rd = sorted(k for k in readers[b.serial] if alive[k] and k > idx)
+        if len(rd) != 1 or any(k < idx for k in readers[b.serial] if alive[k] and k != idx):
+            continue
+        r = rd[0]
+        rt = tasks[r]
+        if not isinstance(rt, (Assign, Reduce)) or rt.space.rep != t.space.rep:
+            continue
+        if any(l.view != t.out.view for l in rt.reads() if l.base is b):
+            continue
+        src_serials = {l.base.serial for l in leaves(t.expr)}
+        if any(alive[k] and idx < k < r for s in src_serials for k in writers[s]):
+            continue
+        hazard = False
+        for w in rt.writes():
+            for l in leaves(t.expr):
+                if l.base is w.base and l.view != w.view:
+                    hazard = True
+        if hazard:
+            continue
+        repl = t.expr
+        if repl.dtype != b.dtype:
+            repl = Op("cast", (repl,), b.dtype, (repl.dtype,), repl.shape)
+        rt.expr = substitute(rt.expr, lambda l, _b=b, _r=repl: _r if l.base is _b else None)
+        alive[idx] = False
+        stats["inlined"] += 1
+        for s in src_serials:
+            readers[s].discard(idx)
+            readers[s].add(r)
+        readers[b.serial].discard(r)
+
+    # 3. dead tasks (reverse pass: a result is dead if nobody alive reads it later)
+    live_readers: Dict[int, int] = defaultdict(int)
+    for idx in range(n - 1, -1, -1):
+        if not alive[idx]:
+            continue
+        t = tasks[idx]
+        ws = t.writes()
+        if ws and all(_dead(w.base) and live_readers[w.base.serial] == 0 for w in ws):
+            alive[idx] = False
+            stats["dropped"] += 1
+            continue
+        for l in t.reads():
+            live_readers[l.base.serial] += 1
+
+    # 4. copy-back out of a dying temporary laid out like the target: swap buffers
+    for idx, t in enumerate(tasks):
+        if not alive[idx] or not isinstance(t, Assign) or not isinstance(t.expr, Leaf):
+            continue
+        s, x = t.expr.base, t.out.base
+        if s is x or not _dead(s) or x.exported or s.exported:
+            continue
+        if s.shape != x.shape or s.dtype != x.dtype or s.dist != x.dist or s.engine is not x.engine:
+            continue
+        if t.expr.view != t.out.view:
+            continue
+        box = t.out.view.box()
+        if box is None:
+            continue
+        later = [k for k in (readers[s.serial] | writers[s.serial]) if alive[k] and k > idx]
+        if later:
+            continue
+        tasks[idx] = Swap(t.out, t.expr, box, t)
+        stats["swapped"] += 1
+
+    # 5. grouping of adjacent elementwise tasks
+    groups: List[Any] = []
+    cur: Optional[ElementwiseGroup] = None
+    for idx, t in enumerate(tasks):
+        if not alive[idx]:
+            continue
+        if isinstance(t, (Assign, Reduce)):
+            if cur is not None and cur.accepts(t) and cur.stmt_count() + _count_nodes(t.expr) < MAX_GROUP_STMTS:
+                cur.tasks.append(t)
+                continue
+            cur = ElementwiseGroup(t)
+            groups.append(cur)
+        else:
+            cur = None
+            groups.append(TaskGroup(t))
+    for g in groups:
+        if isinstance(g, ElementwiseGroup):
+            g.build()
+    stats["groups"] = len(groups)
+    return groups, stats

@@ -1,0 +1,474 @@
+"""The lazy graph: base arrays, elementwise expression nodes and the recorded tasks.
+
+Nothing here computes. Recording an operation on distributed arrays appends a task to the
+engine's pending list (:meth:`Engine.record`); a force point hands the list to the
+scheduler. Tasks refer to :class:`Base` objects and :class:`~.indexing.View` objects, never
+to the user's DistArray objects, so a temporary array the user no longer holds can be
+recognized at the force point (``Base.nviews == 0``) and fused away instead of stored.
+
+* :class:`Base`: a whole distributed (or replicated) array: shape, dtype, distribution and,
+  once needed, this rank's local buffer;
+* expression nodes: :class:`Leaf` (a view of a base), :class:`Const` (a Python or NumPy
+  scalar), :class:`Op` (a ufunc, ``where`` or a cast applied to nodes);
+* tasks: :class:`Assign` (``out[view] = expr``), :class:`Reduce`, :class:`Matmul`,
+  :class:`Transpose`, :class:`Replicate` (gather a view to every rank), :class:`Swap`
+  (made by fusion from a copy out of a dying temporary).
+
+Each task has ``sig``, a canonical form of what was recorded (nested tuples of numbers: bases
+by serial number, distributions, views, dtypes, scalar values), hashed at the force point to
+detect ranks that diverge, and ``desc``, the human-readable form used in error messages;
+both are computed only when needed.
+"""
+from __future__ import annotations
+
+import struct
+import zlib
+from typing import Any, Dict, Iterator, List, Optional, Tuple
+
+import numpy as np
+
+from .distribution import Distribution
+from .indexing import View
+
+__all__ = ["Base", "Leaf", "Const", "Op", "Node", "RowSpace", "Task", "Assign", "Reduce", "Matmul",
+           "Transpose", "Replicate", "Swap", "leaves", "substitute", "node_sig", "node_desc"]
+
+
+class Base:
+    """A whole array: global ``shape``, ``dtype``, ``dist`` over axis 0, and this rank's local buffer.
+
+    ``local`` is allocated on first use (:meth:`ensure`); a temporary that is fused away is
+    never allocated. ``nviews`` counts the user's DistArray objects on this base (a base with
+    ``nviews == 0`` at a force point is dead for the user). ``exported`` is set once the
+    user got a NumPy view of the local buffer (``.local``): such a base is never swapped.
+    """
+
+    __slots__ = ("engine", "serial", "shape", "dtype", "dist", "local", "flat", "nviews", "exported",
+                 "temp", "origin", "origin_code", "__weakref__")
+
+    def __init__(self, engine, shape: Tuple[int, ...], dtype: np.dtype, dist: Distribution, temp: bool = False,
+                 origin: str = ""):
+        self.engine = engine
+        self.serial = engine.next_serial()
+        self.shape = tuple(int(s) for s in shape)
+        self.dtype = np.dtype(dtype)
+        self.dist = dist
+        self.local: Optional[np.ndarray] = None
+        self.flat: Optional[np.ndarray] = None
+        self.nviews = 0
+        self.exported = False
+        self.temp = temp
+        self.origin = origin
+        self.origin_code = zlib.crc32(origin.encode()) if origin else 0
+
+    @property
+    def replicated(self) -> bool:
+        return self.dist.replicated
+
+    def local_shape(self) -> Tuple[int, ...]:
+        """Shape of this rank's local buffer."""
+        if self.replicated or not self.shape:
+            return self.shape
+        return (self.dist.local_count(self.engine.rank),) + self.shape[1:]
+
+    def ensure(self) -> np.ndarray:
+        """This rank's local buffer, allocated (uninitialized) on first use; a buffer of the same
+        shape and dtype left by a base that died is reused (no fresh pages to fault in)."""
+        if self.local is None:
+            shape = self.local_shape()
+            arr = self.engine.buffers.take(shape, self.dtype)
+            if arr is None:
+                arr = np.empty(shape, dtype=self.dtype)
+                if arr.nbytes >= self.engine.buffers.min_bytes:
+                    self.engine.buffers.allocated += 1
+            self.set_local(arr)
+        return self.local
+
+    def __del__(self) -> None:
+        try:
+            if self.local is not None and not self.exported:
+                self.engine.buffers.give(self.local)
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+    def set_local(self, arr: np.ndarray) -> None:
+        """Install ``arr`` (C-contiguous, local shape, dtype) as the local buffer."""
+        self.local = arr
+        self.flat = arr.reshape(-1)
+
+    def name(self) -> str:
+        return f"array#{self.serial}"
+
+
+# --------------------------------------------------------------------------- expression nodes
+class Leaf:
+    """A read (or the target) of a base through a view."""
+
+    __slots__ = ("base", "view", "shape", "dtype")
+
+    def __init__(self, base: Base, view: View):
+        self.base, self.view = base, view
+        self.shape = view.shape
+        self.dtype = base.dtype
+
+    @property
+    def key(self) -> Tuple[int, Any]:
+        return (self.base.serial, self.view.key)
+
+    @property
+    def rep(self) -> bool:
+        return self.base.replicated
+
+
+class Const:
+    """A scalar operand: a Python scalar (weakly typed, as in NumPy 2) or a NumPy scalar."""
+
+    __slots__ = ("value", "dtype", "weak", "shape")
+
+    def __init__(self, value: Any):
+        if isinstance(value, np.generic):
+            self.value, self.dtype, self.weak = value, value.dtype, False
+        else:
+            self.value, self.weak = value, True
+            self.dtype = np.dtype(np.bool_ if isinstance(value, bool) else
+                                  np.int64 if isinstance(value, int) else np.float64)
+        self.shape = ()
+
+    @property
+    def spec(self) -> Any:
+        """What ``ufunc.resolve_dtypes`` takes for this operand (a Python type when weak)."""
+        return type(self.value) if self.weak else self.dtype
+
+
+class Op:
+    """``name(*args)``: ``name`` is a ufunc name, ``'where'`` or ``'cast'``; ``in_dtypes`` are the
+    dtypes the arguments are cast to before the operation, ``dtype`` the result's."""
+
+    __slots__ = ("name", "args", "dtype", "in_dtypes", "shape")
+
+    def __init__(self, name: str, args: Tuple["Node", ...], dtype: np.dtype, in_dtypes: Tuple[np.dtype, ...],
+                 shape: Tuple[int, ...]):
+        self.name, self.args, self.dtype, self.in_dtypes, self.shape = name, tuple(args), np.dtype(dtype), \
+            tuple(np.dtype(d) for d in in_dtypes), tuple(shape)
+
+
+Node = Any  # Leaf | Const | Op
+
+
+def leaves(node: Node) -> Iterator[Leaf]:
+    """Every Leaf of ``node`` (depth first, repeats included)."""
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        if isinstance(n, Leaf):
+            yield n
+        elif isinstance(n, Op):
+            stack.extend(reversed(n.args))
+
+
+def substitute(node: Node, fn) -> Node:
+    """``node`` with every Leaf ``l`` replaced by ``fn(l)`` (``fn`` returns a node or None to keep it).
+    Shared sub-nodes stay shared."""
+    memo: Dict[int, Node] = {}
+
+    def go(n: Node) -> Node:
+        got = memo.get(id(n))
+        if got is not None:
+            return got
+        if isinstance(n, Leaf):
+            r = fn(n)
+            out = n if r is None else r
+        elif isinstance(n, Op):
+            args = tuple(go(a) for a in n.args)
+            out = n if all(a is b for a, b in zip(args, n.args)) else Op(n.name, args, n.dtype, n.in_dtypes, n.shape)
+        else:
+            out = n
+        memo[id(n)] = out
+        return out
+
+    return go(node)
+
+
+_KIND_CODE = {"block": 1, "cyclic": 2, "block-cyclic": 3, "replicated": 4}
+_ENTRY_CODE = {"s": 0, "i": 1, "n": 2}
+_NAME_CODES: Dict[str, int] = {}
+
+
+def _name_code(name: str) -> int:
+    """A stable integer for an operation name (the same on every rank: derived from the text)."""
+    c = _NAME_CODES.get(name)
+    if c is None:
+        c = _NAME_CODES[name] = zlib.crc32(name.encode())
+    return c
+
+
+def _view_sig(v: View) -> Tuple[int, ...]:
+    out: List[int] = list(v.base_shape)
+    out.append(-1)
+    for e in v.entries:
+        out.append(_ENTRY_CODE[e[0]])
+        out.extend(e[1:])
+    return tuple(out)
+
+
+def node_sig(node: Node) -> Tuple:
+    """Canonical form of an expression as nested tuples of numbers (bases by serial number), equal on
+    every rank that recorded the same thing; ``hash()`` of it is the same in every process (no strings,
+    no None, so no per-process hash randomization)."""
+    if isinstance(node, Leaf):
+        b = node.base
+        d = b.dist
+        return (0, b.serial, _KIND_CODE[d.kind], d.nrows, d.block, b.dtype.num, b.origin_code, _view_sig(node.view))
+    if isinstance(node, Const):
+        v = node.value
+        if isinstance(v, (bool, np.bool_, int, np.integer)):
+            return (1, int(node.weak), node.dtype.num, int(v))
+        # floats by their bits: hash(nan) differs between processes, and 0.0 == -0.0 must not match
+        return (1, int(node.weak), node.dtype.num, struct.unpack("<q", struct.pack("<d", float(v)))[0])
+    return (2, _name_code(node.name), node.dtype.num) + tuple(node_sig(a) for a in node.args)
+
+
+def node_desc(node: Node) -> str:
+    """Readable text of an expression for error messages, e.g. ``add(array#3[1:3999], 0.2)``."""
+    if isinstance(node, Leaf):
+        b = node.base
+        if node.view.is_full:
+            return f"{b.name()}{b.shape}"
+        return f"{b.name()}{node.view.text()}"
+    if isinstance(node, Const):
+        return repr(node.value)
+    return f"{node.name}(" + ", ".join(node_desc(a) for a in node.args) + ")"
+
+
+def array_fingerprint(arr: np.ndarray) -> str:
+    """A short fingerprint of a NumPy operand's content for the divergence check (CRC32 of the bytes
+    up to 1 MiB; larger arrays are compared by shape and dtype only)."""
+    if arr.nbytes <= 1 << 20:
+        return f"crc{zlib.crc32(np.ascontiguousarray(arr).view(np.uint8).reshape(-1)):08x}"
+    return "large"
+
+
+# --------------------------------------------------------------------------- row spaces
+class RowSpace:
+    """The rows an elementwise computation runs over and who computes each.
+
+    ``kind='dist'``: row ``i`` of the iteration is base row ``start + i*step`` of a base
+    distributed by ``dist``, computed by that row's owner; ``kept`` says whether the row is a
+    user axis (False: a single fixed row, computed by its owner). ``kind='rep'``: every rank
+    computes every row (replicated results). ``shape``: the iteration's internal shape,
+    axis 0 being the rows.
+    """
+
+    __slots__ = ("kind", "dist", "start", "step", "count", "kept", "shape", "user_ndim", "key", "layout")
+
+    def __init__(self, kind: str, dist: Optional[Distribution], start: int, step: int, count: int, kept: bool,
+                 shape: Tuple[int, ...], user_ndim: int):
+        self.kind, self.dist, self.start, self.step, self.count, self.kept = kind, dist, start, step, count, kept
+        self.shape = tuple(shape)
+        self.user_ndim = user_ndim
+        self.layout = (kind, dist.key if dist is not None else None, start, step, count, kept)
+        self.key = (self.layout, self.shape, user_ndim)
+
+    @classmethod
+    def of_leaf(cls, leaf: Leaf, shape: Tuple[int, ...]) -> "RowSpace":
+        """The row space of computing into (or aligned with) ``leaf`` over the user shape ``shape``."""
+        b, v = leaf.base, leaf.view
+        u = len(shape)
+        if b.replicated:
+            internal = tuple(shape) if shape else (1,)
+            return cls("rep", None, 0, 1, internal[0], True, internal, u)
+        s, st, c = v.row_params
+        if v.row_kept:
+            return cls("dist", b.dist, s, st, c, True, tuple(shape), u)
+        return cls("dist", b.dist, s, 1, 1, False, (1,) + tuple(shape), u)
+
+    @property
+    def rep(self) -> bool:
+        return self.kind == "rep"
+
+
+# --------------------------------------------------------------------------- tasks
+class Task:
+    """A recorded operation. ``sig`` (computed on first use): canonical nested tuple of numbers of what was
+    recorded, hashed at the force point to detect diverging ranks; ``desc``: readable text for errors."""
+
+    __slots__ = ("_sig", "_desc", "_desc_fn")
+    kind = "task"
+
+    def _init_text(self, desc_fn) -> None:
+        self._sig = None
+        self._desc = None
+        self._desc_fn = desc_fn
+
+    @property
+    def sig(self) -> Tuple:
+        if self._sig is None:
+            self._sig = self._make_sig()
+        return self._sig
+
+    @property
+    def desc(self) -> str:
+        if self._desc is None:
+            self._desc = self._desc_fn()
+        return self._desc
+
+    def _make_sig(self) -> Tuple:  # pragma: no cover - every task kind overrides it
+        raise NotImplementedError
+
+    def reads(self) -> List[Leaf]:
+        return []
+
+    def writes(self) -> List[Leaf]:
+        return []
+
+
+class Assign(Task):
+    """``out[...] = expr`` elementwise, over the row space of ``out`` (``space``)."""
+
+    __slots__ = ("out", "_expr", "space", "_reads")
+    kind = "assign"
+
+    def __init__(self, out: Leaf, expr: Node, op_desc: Any = ""):
+        self.out, self.expr = out, expr
+        self.space = RowSpace.of_leaf(out, out.shape)
+        self._init_text(lambda: ((op_desc() if callable(op_desc) else op_desc) or
+                                 f"{node_desc(out)} = {node_desc(expr)}") + f" -> {out.dtype} {out.shape}")
+
+    @property
+    def expr(self) -> Node:
+        return self._expr
+
+    @expr.setter
+    def expr(self, node: Node) -> None:
+        self._expr = node
+        self._reads = None
+
+    def _make_sig(self) -> Tuple:
+        return (10, node_sig(self.out), node_sig(self.expr))
+
+    def reads(self) -> List[Leaf]:
+        if self._reads is None:
+            self._reads = list(leaves(self._expr))
+        return self._reads
+
+    def writes(self) -> List[Leaf]:
+        return [self.out]
+
+
+class Reduce(Task):
+    """``out = op(expr, axis)``. ``axis`` is an internal axis of ``space`` (0 = the rows) or None
+    (everything). ``out`` is a replicated 0-d / trailing-shaped base for ``axis`` None or 0, and
+    a base aligned with the rows for other axes. ``count``: elements per result (for mean)."""
+
+    __slots__ = ("_expr", "op", "axis", "out", "space", "count", "acc_dtype", "_reads")
+    kind = "reduce"
+
+    def __init__(self, expr: Node, op: str, axis: Optional[int], out: Leaf, space: RowSpace, count: int,
+                 acc_dtype: np.dtype, op_desc: str):
+        self.expr, self.op, self.axis, self.out, self.space, self.count = expr, op, axis, out, space, count
+        self.acc_dtype = np.dtype(acc_dtype)
+        self._init_text(lambda: f"{op_desc} -> {out.dtype} {out.shape}")
+
+    @property
+    def expr(self) -> Node:
+        return self._expr
+
+    @expr.setter
+    def expr(self, node: Node) -> None:
+        self._expr = node
+        self._reads = None
+
+    def _make_sig(self) -> Tuple:
+        return (11, _name_code(self.op), -1 if self.axis is None else self.axis, node_sig(self.out),
+                node_sig(self.expr))
+
+    def reads(self) -> List[Leaf]:
+        if self._reads is None:
+            self._reads = list(leaves(self._expr))
+        return self._reads
+
+    def writes(self) -> List[Leaf]:
+        return [self.out]
+
+
+class Matmul(Task):
+    """``out = a @ b``: ``a`` 2-D with distributed rows, ``b`` 1-D or 2-D (distributed rows or
+    replicated); ``out`` aligned with ``a``'s rows."""
+
+    __slots__ = ("a", "b", "out")
+    kind = "matmul"
+
+    def __init__(self, a: Leaf, b: Leaf, out: Leaf):
+        self.a, self.b, self.out = a, b, out
+        self._init_text(lambda: f"{node_desc(out)} = {node_desc(a)} @ {node_desc(b)}")
+
+    def _make_sig(self) -> Tuple:
+        return (12, node_sig(self.out), node_sig(self.a), node_sig(self.b))
+
+    def reads(self) -> List[Leaf]:
+        return [self.a, self.b]
+
+    def writes(self) -> List[Leaf]:
+        return [self.out]
+
+
+class Transpose(Task):
+    """``out = src.T`` for a 2-D ``src`` with distributed rows; ``out`` is distributed by rows too."""
+
+    __slots__ = ("src", "out")
+    kind = "transpose"
+
+    def __init__(self, src: Leaf, out: Leaf):
+        self.src, self.out = src, out
+        self._init_text(lambda: f"{node_desc(out)} = {node_desc(src)}.T")
+
+    def _make_sig(self) -> Tuple:
+        return (13, node_sig(self.out), node_sig(self.src))
+
+    def reads(self) -> List[Leaf]:
+        return [self.src]
+
+    def writes(self) -> List[Leaf]:
+        return [self.out]
+
+
+class Replicate(Task):
+    """``out = src`` gathered: ``out`` is a replicated base holding the view ``src`` packed
+    (shape ``(rows, *packed trailing)``), on every rank (``root`` None) or on ``root`` only."""
+
+    __slots__ = ("src", "out", "root")
+    kind = "replicate"
+
+    def __init__(self, src: Leaf, out: Leaf, root: Optional[int] = None, why: str = ""):
+        self.src, self.out, self.root = src, out, root
+        self._init_text(lambda: why or f"gather {node_desc(src)}" + ("" if root is None else f" to rank {root}"))
+
+    def _make_sig(self) -> Tuple:
+        return (14, -1 if self.root is None else self.root, node_sig(self.out), node_sig(self.src))
+
+    def reads(self) -> List[Leaf]:
+        return [self.src]
+
+    def writes(self) -> List[Leaf]:
+        return [self.out]
+
+
+class Swap(Task):
+    """Made by fusion from ``target[view] = source[view]`` when ``source`` is a dying temporary laid
+    out exactly like ``target``: the elements of ``target`` outside the view are copied into
+    ``source``'s buffer, then the two local buffers are exchanged (no full copy)."""
+
+    __slots__ = ("target", "source", "box")
+    kind = "swap"
+
+    def __init__(self, target: Leaf, source: Leaf, box, origin: Task):
+        self.target, self.source, self.box = target, source, box
+        self._init_text(lambda: origin.desc)
+        self._sig = origin.sig
+
+    def reads(self) -> List[Leaf]:
+        return [self.source, Leaf(self.target.base, View.full(self.target.base.shape))]
+
+    def writes(self) -> List[Leaf]:
+        return [Leaf(self.target.base, View.full(self.target.base.shape)),
+                Leaf(self.source.base, View.full(self.source.base.shape))]

@@ -1,0 +1,305 @@
+"""Basic-slicing views of a distributed base array: index normalization and view composition.
+
+A :class:`View` says which elements of a base array a DistArray shows, one entry per base
+axis in base order, with inserted axes between them:
+
+* ``('s', start, step, count)``: a sliced base axis (a user-visible axis);
+* ``('i', index)``: a base axis fixed by an integer (not user-visible);
+* ``('n',)``: a new axis of length 1 (``None`` in the index; user-visible).
+
+Views compose (``a[1:-1][::2]`` is one View of the base), never copy, and are hashable so
+transfer plans can be cached by them. Axis 0 of the base is the distributed axis; a view
+whose row entry is ``'s'`` and comes first keeps the distributed axis as its user axis 0.
+Only basic indexing (integers, slices, ``None``, ``...``) is a view, as in NumPy; index
+arrays and boolean masks raise :class:`UnsupportedOperation`.
+"""
+from __future__ import annotations
+
+import math
+import operator
+from typing import Any, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from .errors import UnsupportedOperation
+
+__all__ = ["View", "Entry", "c_strides"]
+
+Entry = Tuple[Any, ...]
+
+
+def c_strides(shape: Sequence[int]) -> Tuple[int, ...]:
+    """C-order strides of ``shape`` in elements."""
+    out = [1] * len(shape)
+    acc = 1
+    for j in range(len(shape) - 1, -1, -1):
+        out[j] = acc
+        acc *= int(shape[j])
+    return tuple(out)
+
+
+def _slice_of(start: int, step: int, count: int) -> slice:
+    """The Python slice selecting ``count`` items from ``start`` by ``step``."""
+    if count <= 0:
+        return slice(0, 0)
+    stop = start + step * count
+    if stop < 0:
+        stop = None
+    return slice(start, stop, step)
+
+
+class View:
+    """Which elements of a base of shape ``base_shape`` are visible (see the module doc). Immutable."""
+
+    __slots__ = ("base_shape", "entries", "shape", "key", "_row")
+
+    def __init__(self, base_shape: Tuple[int, ...], entries: Tuple[Entry, ...]):
+        self.base_shape = tuple(int(s) for s in base_shape)
+        self.entries = tuple(entries)
+        self.shape = tuple(e[3] if e[0] == "s" else 1 for e in self.entries if e[0] != "i")
+        self.key = (self.base_shape, self.entries)
+        self._row = next((k for k, e in enumerate(self.entries) if e[0] != "n"), None)
+
+    @classmethod
+    def full(cls, base_shape: Tuple[int, ...]) -> "View":
+        """The view of the whole base."""
+        return cls(base_shape, tuple(("s", 0, 1, int(n)) for n in base_shape))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, View) and other.key == self.key
+
+    def __hash__(self) -> int:
+        return hash(self.key)
+
+    def __repr__(self) -> str:
+        return f"View{self.text()}"
+
+    # -- properties -------------------------------------------------------------------
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def is_full(self) -> bool:
+        """True if the view shows the whole base unchanged."""
+        return self.entries == View.full(self.base_shape).entries
+
+    @property
+    def row_entry(self) -> Optional[Entry]:
+        """The entry of base axis 0 (None for a 0-d base)."""
+        return None if self._row is None else self.entries[self._row]
+
+    @property
+    def row_kept(self) -> bool:
+        """True if base axis 0 is a user axis (sliced, not fixed by an integer)."""
+        e = self.row_entry
+        return e is not None and e[0] == "s"
+
+    @property
+    def row_pos(self) -> Optional[int]:
+        """User axis of the distributed (row) axis, None if it is fixed by an integer."""
+        return self._row if self.row_kept else None
+
+    @property
+    def row_params(self) -> Tuple[int, int, int]:
+        """``(start, step, count)`` of the base rows shown; a fixed row gives ``(index, 1, 1)``."""
+        e = self.row_entry
+        if e is None:
+            return (0, 1, 1)
+        if e[0] == "s":
+            return (e[1], e[2], e[3])
+        return (e[1], 1, 1)
+
+    def after_row(self) -> Tuple[Entry, ...]:
+        """Entries after the row entry (base axes 1.. and new axes among them)."""
+        return () if self._row is None else self.entries[self._row + 1:]
+
+    def lead_new(self) -> int:
+        """Number of new axes before the row entry."""
+        return 0 if self._row is None else self._row
+
+    # -- indexing -------------------------------------------------------------------
+    def index(self, key: Any) -> "View":
+        """The view ``self[key]`` for a basic index (ints, slices, None, Ellipsis).
+
+        Raises IndexError for out-of-range integers or too many indices (as NumPy), and
+        :class:`UnsupportedOperation` for index arrays, lists and booleans.
+        """
+        if not isinstance(key, tuple):
+            key = (key,)
+        items: List[Any] = []
+        for it in key:
+            if it is None or it is Ellipsis or isinstance(it, slice):
+                items.append(it)
+            elif isinstance(it, (bool, np.bool_)):
+                raise UnsupportedOperation("indexing a distributed array with a boolean is not supported; "
+                                           "use where(mask, x, y) for masked selection")
+            elif isinstance(it, (int, np.integer)):
+                items.append(operator.index(it))
+            else:
+                raise UnsupportedOperation(
+                    f"index {type(it).__name__} is not supported: distributed arrays take basic indexes only "
+                    "(integers, slices, None, ...); index arrays and boolean masks are not supported yet. "
+                    "Use where(mask, x, y) instead of a[mask] = x, or gather with to_numpy() first")
+        consumers = sum(1 for it in items if it is not None and it is not Ellipsis)
+        if sum(1 for it in items if it is Ellipsis) > 1:
+            raise IndexError("an index can only have a single ellipsis ('...')")
+        if consumers > self.ndim:
+            raise IndexError(f"too many indices for array: array is {self.ndim}-dimensional, "
+                             f"but {consumers} were indexed")
+        expanded: List[Any] = []
+        for it in items:
+            if it is Ellipsis:
+                expanded.extend([slice(None)] * (self.ndim - consumers))
+            else:
+                expanded.append(it)
+        if Ellipsis not in items:
+            expanded.extend([slice(None)] * (self.ndim - consumers))
+        out: List[Entry] = []
+        ents = self.entries
+        p = 0
+        for it in expanded:
+            if it is None:
+                out.append(("n",))
+                continue
+            while p < len(ents) and ents[p][0] == "i":
+                out.append(ents[p])
+                p += 1
+            e = ents[p]
+            p += 1
+            if e[0] == "s":
+                _, start, step, count = e
+                if isinstance(it, slice):
+                    s2, e2, st2 = it.indices(count)
+                    c2 = len(range(s2, e2, st2))
+                    out.append(("s", start + s2 * step if c2 else 0, step * st2 if c2 else 1, c2))
+                else:
+                    k = it + count if it < 0 else it
+                    if not 0 <= k < count:
+                        raise IndexError(f"index {it} is out of bounds for axis with size {count}")
+                    out.append(("i", start + k * step))
+            else:  # a new axis of length 1
+                if isinstance(it, slice):
+                    if len(range(1)[it]) != 1:
+                        raise UnsupportedOperation("an empty slice of a new axis is not supported")
+                    out.append(e)
+                elif it not in (0, -1):
+                    raise IndexError(f"index {it} is out of bounds for axis with size 1")
+        out.extend(ents[p:])
+        return View(self.base_shape, tuple(out))
+
+    # -- index tuples for NumPy arrays ------------------------------------------------
+    def numpy_index(self, row_sel: Any = None) -> Tuple[Any, ...]:
+        """The NumPy index of this view into an array of the base's shape (replicated data), or,
+        with ``row_sel``, into a local buffer whose axis 0 is selected by ``row_sel`` instead."""
+        out: List[Any] = []
+        for k, e in enumerate(self.entries):
+            if e[0] == "n":
+                out.append(None)
+            elif k == self._row and row_sel is not None:
+                out.append(row_sel)
+            elif e[0] == "s":
+                out.append(_slice_of(e[1], e[2], e[3]))
+            else:
+                out.append(e[1])
+        return tuple(out)
+
+    def trail_items(self) -> Tuple[Any, ...]:
+        """Index items for base axes 1.. (slices and ints, no new axes): what packing applies."""
+        out = []
+        for e in self.after_row():
+            if e[0] == "s":
+                out.append(_slice_of(e[1], e[2], e[3]))
+            elif e[0] == "i":
+                out.append(e[1])
+        return tuple(out)
+
+    def packed_trail_shape(self) -> Tuple[int, ...]:
+        """Shape of one packed row: the sliced base axes 1.. (ints dropped, no new axes)."""
+        return tuple(e[3] for e in self.after_row() if e[0] == "s")
+
+    # -- strides for the fused kernels (elements of a flat C-order buffer) ------------
+    def trail_strides(self, buf_trail_shape: Tuple[int, ...]) -> Tuple[int, Tuple[int, ...]]:
+        """``(offset, strides)`` of the user axes after the row entry over a local buffer
+        ``(rows, *buf_trail_shape)`` in C order, per row (the row term is added by the caller)."""
+        es = c_strides(buf_trail_shape)
+        off = 0
+        strides: List[int] = []
+        j = 0
+        for e in self.after_row():
+            if e[0] == "n":
+                strides.append(0)
+                continue
+            if e[0] == "s":
+                off += e[1] * es[j]
+                strides.append(e[2] * es[j])
+            else:
+                off += e[1] * es[j]
+            j += 1
+        return off, tuple(strides)
+
+    def packed_strides(self) -> Tuple[int, ...]:
+        """Strides of the user axes after the row entry over packed rows (:meth:`trail_items` applied)."""
+        pes = c_strides(self.packed_trail_shape())
+        strides: List[int] = []
+        j = 0
+        for e in self.after_row():
+            if e[0] == "n":
+                strides.append(0)
+            elif e[0] == "s":
+                strides.append(pes[j])
+                j += 1
+        return tuple(strides)
+
+    def full_strides(self) -> Tuple[int, Tuple[int, ...]]:
+        """``(offset, strides)`` of all user axes over a C-order buffer of the base's shape."""
+        es = c_strides(self.base_shape)
+        off = 0
+        strides: List[int] = []
+        j = 0
+        for e in self.entries:
+            if e[0] == "n":
+                strides.append(0)
+                continue
+            if e[0] == "s":
+                off += e[1] * es[j]
+                strides.append(e[2] * es[j])
+            else:
+                off += e[1] * es[j]
+            j += 1
+        return off, tuple(strides)
+
+    def box(self) -> Optional[Tuple[Tuple[int, int], ...]]:
+        """``((start, stop), ...)`` per base axis if the view is a contiguous box (all axes sliced with
+        step 1, no new axes), else None."""
+        out = []
+        for e in self.entries:
+            if e[0] != "s" or (e[2] != 1 and e[3] > 1):
+                return None
+            out.append((e[1], e[1] + e[3]))
+        return tuple(out)
+
+    # -- text ------------------------------------------------------------------------
+    def text(self) -> str:
+        """The view as an index expression of its base, e.g. ``[1:3999, 1:3999]``."""
+        parts = []
+        for e in self.entries:
+            if e[0] == "n":
+                parts.append("None")
+            elif e[0] == "i":
+                parts.append(str(e[1]))
+            else:
+                _, s, st, c = e
+                if c == 0:
+                    parts.append("0:0")
+                    continue
+                stop = s + st * c
+                if st == 1:
+                    parts.append(f"{s}:{stop}")
+                else:
+                    parts.append(f"{s}:{'' if stop < 0 else stop}:{st}")
+        return "[" + ", ".join(parts) + "]"
