@@ -83,6 +83,12 @@ def all(a: Any, axis: Optional[int] = None) -> Any:  # noqa: A001
     return _reduce(a, "all", axis)
 
 
+def redistribute(a: DistArray, dist: Any) -> DistArray:
+    """``a.redistribute(dist)``: a copy of ``a`` with its rows spread by ``dist`` (recorded; see
+    :meth:`DistArray.redistribute`)."""
+    return a.redistribute(dist)
+
+
 def evaluate(comm=None, latency_hiding: Optional[bool] = None) -> None:
     """Run every operation recorded on ``comm`` (default ``COMM_WORLD``) now: a force point.
     Collective. ``latency_hiding`` overrides the setting for this evaluation only."""
@@ -112,7 +118,7 @@ __all__ = [
     "zeros", "ones", "empty", "full", "arange", "from_numpy", "array", "asarray", "zeros_like", "ones_like",
     "empty_like", "full_like", "random",
     "sum", "mean", "min", "max", "amin", "amax", "any", "all", "where", "dot", "matmul", "transpose", "roll",
-    "evaluate", "configure", "stats",
+    "evaluate", "configure", "stats", "redistribute",
     "add", "subtract", "multiply", "divide", "true_divide", "power", "negative", "positive", "absolute", "abs",
     "square", "sqrt", "exp", "log", "log10", "sin", "cos", "tan", "tanh", "floor", "ceil", "isnan", "isfinite",
     "maximum", "minimum", "less", "less_equal", "greater", "greater_equal", "equal", "not_equal", "logical_and",

@@ -22,7 +22,7 @@ from typing import Any, Iterator, Optional, Tuple
 import numpy as np
 
 from . import elementwise, linalg, reductions
-from .distribution import Distribution
+from .distribution import Distribution, make_distribution
 from .engine import Engine
 from .errors import ShapeError, UnsupportedOperation
 from .graph import Base, Leaf
@@ -416,6 +416,27 @@ class DistArray:
         if not copy and np.dtype(dtype) == self.dtype:
             return self
         return wrap(elementwise.record_cast(self.engine, self._leaf(), dtype))
+
+    def redistribute(self, dist: Any) -> "DistArray":
+        """A new array with this array's values and shape, its rows spread over the ranks by ``dist``
+        (``"block"``, ``"cyclic"``, ``("block-cyclic", b)``, ``"replicated"`` or a
+        :class:`~.distribution.Distribution` whose kind and block size are used).
+
+        Copy semantics: the result always has its own base and buffers, even if ``dist`` places the
+        rows as they are now (then the copy needs no communication); for a view, the result holds the
+        view's elements, compacted (shape ``self.shape``). Later writes to either array do not show in
+        the other. Lazy like every operation: recorded on every rank (SPMD) and run at the next force
+        point as one aggregated transfer with at most one message per peer (:mod:`~.redistribution`);
+        collective at that force point. Same as ``b = dnp.empty(a.shape, a.dtype, dist=dist); b[...] = a``.
+        """
+        if self.ndim == 0:
+            raise UnsupportedOperation("redistribute of a 0-d array: it has no rows to distribute")
+        eng = self.engine
+        d = make_distribution(dist, self.shape[0], eng.size)
+        base = Base(eng, self.shape, self.dtype, d, origin=f"redistribute:{d.kind}:{d.block}")
+        target = Leaf(base, View.full(self.shape))
+        elementwise.record_assign(eng, target, self._leaf())
+        return wrap(target)
 
     def copy(self) -> "DistArray":
         """A new array with the same values, laid out like this one (recorded)."""

@@ -1,0 +1,345 @@
+"""Packing kernels: numba loops that copy strided element sets of local blocks into message buffers and back.
+
+A distributed array's local block is a C-contiguous buffer of ``rows x row_elems`` elements.
+The elements a message carries are described once per plan, in two parts:
+
+* **runs of rows**: the local rows, in message order, as maximal arithmetic progressions
+  ``(start, step, count)`` (an ``int64`` array of shape ``(runs, 3)``), found by
+  :func:`ap_runs` in one compiled pass. A block-to-cyclic transfer is one run per peer,
+  block-cyclic transfers one run per block;
+* **a row pattern** (:class:`RowPattern`): which elements of each row, in the user's C order:
+  ``outer`` element offsets (one per combination of the trailing user axes but the last),
+  each followed by ``inner`` elements ``inner_stride`` apart. Axes of length 1 are dropped
+  and axes that are contiguous over each other are merged, so a whole row of a 2-D block is
+  one offset and one contiguous inner run.
+
+:func:`pack` (local block -> message), :func:`unpack` (message -> local block) and
+:func:`copy_rows` (local block -> local block, two patterns at once, for the part of a
+transfer that stays on the rank) run these descriptions with no Python loop per element,
+per row or per run; whole contiguous rows are copied as one block per run. Unpacking and
+copying cast to the destination's dtype as NumPy's ``setitem`` does (``unsafe`` casting).
+Every kernel is compiled once per dtype combination and cached on disk (``cache=True``).
+"""
+from __future__ import annotations
+
+from typing import List, Sequence, Tuple
+
+import numba
+import numpy as np
+
+from .indexing import View
+
+__all__ = ["RowPattern", "row_pattern", "joint_patterns", "ap_runs", "joint_runs", "pack", "unpack", "copy_rows",
+           "contiguous_range"]
+
+
+class RowPattern:
+    """The elements of one row of a local block, in C order of the view's trailing user axes.
+
+    ``offsets`` (int64): start of each inner run relative to the row's first element;
+    ``inner``: elements per inner run; ``stride``: distance between them; ``count``:
+    ``len(offsets) * inner`` elements per row; ``row_elems``: elements per row of the buffer.
+    """
+
+    __slots__ = ("offsets", "inner", "stride", "count", "row_elems")
+
+    def __init__(self, offsets: np.ndarray, inner: int, stride: int, row_elems: int):
+        self.offsets = np.ascontiguousarray(offsets, dtype=np.int64)
+        self.inner, self.stride, self.row_elems = int(inner), int(stride), int(row_elems)
+        self.count = len(self.offsets) * self.inner
+
+    @property
+    def whole_row(self) -> bool:
+        """True if the pattern is every element of the row, in storage order."""
+        return (len(self.offsets) == 1 and int(self.offsets[0]) == 0 and self.stride == 1
+                and self.inner == self.row_elems)
+
+    def is_contiguous(self) -> bool:
+        """True if the row's elements form one contiguous range in storage order."""
+        if self.inner > 1 and self.stride != 1:
+            return False
+        return len(self.offsets) == 1 or bool(np.all(np.diff(self.offsets) == self.inner))
+
+    def __repr__(self) -> str:
+        return (f"RowPattern({len(self.offsets)} x {self.inner} elements, stride {self.stride}, "
+                f"row of {self.row_elems})")
+
+
+def _axes(view: View, trail_shape: Sequence[int]) -> Tuple[int, List[Tuple[int, int]]]:
+    """``(offset, [(extent, stride), ...])`` of the user axes after the row entry of ``view`` over a
+    local buffer whose rows have shape ``trail_shape`` (new axes have extent 1 and stride 0)."""
+    off, strides = view.trail_strides(tuple(int(s) for s in trail_shape))
+    ext = [e[3] if e[0] == "s" else 1 for e in view.after_row() if e[0] != "i"]
+    return off, list(zip(ext, strides))
+
+
+def _offsets(off: int, axes: List[Tuple[int, int]]) -> np.ndarray:
+    out = np.array([off], dtype=np.int64)
+    for ext, st in axes:
+        out = (out[:, None] + np.arange(ext, dtype=np.int64)[None, :] * st).reshape(-1)
+    return out
+
+
+def _build(off: int, axes: List[Tuple[int, int]], keep: List[bool], row_elems: int) -> RowPattern:
+    """The pattern of ``axes`` where axis ``j`` is merged into ``j + 1`` when ``keep[j]`` is False."""
+    merged: List[Tuple[int, int]] = []
+    for j, (ext, st) in enumerate(axes):
+        if merged and not keep[j - 1]:
+            pext, _ = merged[-1]
+            merged[-1] = (pext * ext, st)
+        else:
+            merged.append((ext, st))
+    if not merged:
+        return RowPattern(np.array([off], dtype=np.int64), 1, 1, row_elems)
+    inner, stride = merged[-1]
+    return RowPattern(_offsets(off, merged[:-1]), inner, stride if inner > 1 else 1, row_elems)
+
+
+def _mergeable(axes: List[Tuple[int, int]]) -> List[bool]:
+    """``m[j]``: axis ``j`` steps over exactly one run of axis ``j + 1`` (they can be one axis)."""
+    return [axes[j][1] == axes[j + 1][1] * axes[j + 1][0] for j in range(len(axes) - 1)]
+
+
+def row_pattern(view: View, trail_shape: Sequence[int]) -> RowPattern:
+    """The :class:`RowPattern` of ``view``'s rows over a local buffer with rows of ``trail_shape``."""
+    off, axes = _axes(view, trail_shape)
+    axes = [a for a in axes if a[0] != 1]
+    row_elems = int(np.prod(trail_shape, dtype=np.int64)) if len(trail_shape) else 1
+    m = _mergeable(axes)
+    return _build(off, axes, [not x for x in m], row_elems)
+
+
+def joint_patterns(src: View, src_trail: Sequence[int], dst: View, dst_trail: Sequence[int]
+                   ) -> Tuple[RowPattern, RowPattern]:
+    """Patterns of two views with the same trailing user shape that share ``inner`` (and the number of
+    offsets), so :func:`copy_rows` can walk both at once: axes are merged only where both allow it."""
+    so, sa = _axes(src, src_trail)
+    do, da = _axes(dst, dst_trail)
+    if [e for e, _ in sa] != [e for e, _ in da]:
+        raise ValueError(f"trailing shapes differ: {[e for e, _ in sa]} vs {[e for e, _ in da]}")
+    keep_axes = [k for k, (e, _) in enumerate(sa) if e != 1]
+    sa = [sa[k] for k in keep_axes]
+    da = [da[k] for k in keep_axes]
+    ms, md = _mergeable(sa), _mergeable(da)
+    keep = [not (a and b) for a, b in zip(ms, md)]
+    s_row = int(np.prod(src_trail, dtype=np.int64)) if len(src_trail) else 1
+    d_row = int(np.prod(dst_trail, dtype=np.int64)) if len(dst_trail) else 1
+    return _build(so, sa, keep, s_row), _build(do, da, keep, d_row)
+
+
+# --------------------------------------------------------------------------- runs of rows
+@numba.njit(cache=True, nogil=True)
+def _ap_runs(seq, out):  # pragma: no cover - compiled
+    n = seq.shape[0]
+    i = 0
+    nr = 0
+    while i < n:
+        if i + 1 < n:
+            d = seq[i + 1] - seq[i]
+            j = i + 2
+            while j < n and seq[j] - seq[j - 1] == d:
+                j += 1
+        else:
+            d = 1
+            j = i + 1
+        out[nr, 0] = seq[i]
+        out[nr, 1] = d
+        out[nr, 2] = j - i
+        nr += 1
+        i = j
+    return nr
+
+
+@numba.njit(cache=True, nogil=True)
+def _joint_runs(a, b, out):  # pragma: no cover - compiled
+    n = a.shape[0]
+    i = 0
+    nr = 0
+    while i < n:
+        if i + 1 < n:
+            da = a[i + 1] - a[i]
+            db = b[i + 1] - b[i]
+            j = i + 2
+            while j < n and a[j] - a[j - 1] == da and b[j] - b[j - 1] == db:
+                j += 1
+        else:
+            da = 1
+            db = 1
+            j = i + 1
+        out[nr, 0] = a[i]
+        out[nr, 1] = da
+        out[nr, 2] = b[i]
+        out[nr, 3] = db
+        out[nr, 4] = j - i
+        nr += 1
+        i = j
+    return nr
+
+
+def ap_runs(seq: np.ndarray) -> np.ndarray:
+    """Maximal arithmetic progressions of ``seq`` (greedy, left to right) as ``(start, step, count)`` rows
+    of an int64 array. One compiled pass; called once per plan."""
+    seq = np.ascontiguousarray(seq, dtype=np.int64)
+    out = np.empty((max(1, len(seq)), 3), dtype=np.int64)
+    n = _ap_runs(seq, out)
+    return out[:n].copy()
+
+
+def joint_runs(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Maximal runs where ``a`` and ``b`` are both arithmetic progressions, as ``(a0, da, b0, db, count)``."""
+    a = np.ascontiguousarray(a, dtype=np.int64)
+    b = np.ascontiguousarray(b, dtype=np.int64)
+    out = np.empty((max(1, len(a)), 5), dtype=np.int64)
+    n = _joint_runs(a, b, out)
+    return out[:n].copy()
+
+
+def contiguous_range(runs: np.ndarray, pat: RowPattern) -> Tuple[int, int] | None:
+    """``(first, stop)`` element range of the local buffer if the rows ``runs`` with pattern ``pat`` are one
+    contiguous range in message order (then the buffer can be sent or received in place), else None."""
+    if len(runs) != 1 or not pat.is_contiguous():
+        return None
+    start, step, count = (int(x) for x in runs[0])
+    first = start * pat.row_elems + int(pat.offsets[0])
+    if count == 1:
+        return first, first + pat.count
+    if step == 1 and pat.whole_row:
+        return first, first + count * pat.row_elems
+    return None
+
+
+# --------------------------------------------------------------------------- the copy kernels
+@numba.njit(cache=True, nogil=True)
+def _pack(src, row_elems, runs, offs, inner, stride, out, pos0):  # pragma: no cover - compiled
+    pos = np.uint64(pos0)
+    nout = offs.shape[0]
+    whole = nout == 1 and offs[0] == 0 and stride == 1 and inner == row_elems
+    rel = np.uint64(row_elems)
+    uinner = np.uint64(inner)
+    for r in range(runs.shape[0]):
+        start = runs[r, 0]
+        step = runs[r, 1]
+        cnt = runs[r, 2]
+        if whole and (step == 1 or cnt == 1):
+            b = np.uint64(start) * rel
+            n = np.uint64(cnt) * rel
+            for k in range(n):
+                out[pos + k] = src[b + k]
+            pos += n
+        elif inner == 1 and nout == 1:
+            o = offs[0]
+            for c in range(cnt):
+                out[pos] = src[np.uint64((start + c * step) * row_elems + o)]
+                pos += np.uint64(1)
+        else:
+            for c in range(cnt):
+                base = (start + c * step) * row_elems
+                for q in range(nout):
+                    b = base + offs[q]
+                    if stride == 1:
+                        ub = np.uint64(b)
+                        for j in range(uinner):
+                            out[pos + j] = src[ub + j]
+                    else:
+                        for j in range(inner):
+                            out[pos + np.uint64(j)] = src[np.uint64(b + j * stride)]
+                    pos += uinner
+    return pos
+
+
+@numba.njit(cache=True, nogil=True)
+def _unpack(dst, row_elems, runs, offs, inner, stride, inp, pos0):  # pragma: no cover - compiled
+    pos = np.uint64(pos0)
+    nout = offs.shape[0]
+    whole = nout == 1 and offs[0] == 0 and stride == 1 and inner == row_elems
+    rel = np.uint64(row_elems)
+    uinner = np.uint64(inner)
+    for r in range(runs.shape[0]):
+        start = runs[r, 0]
+        step = runs[r, 1]
+        cnt = runs[r, 2]
+        if whole and (step == 1 or cnt == 1):
+            b = np.uint64(start) * rel
+            n = np.uint64(cnt) * rel
+            for k in range(n):
+                dst[b + k] = inp[pos + k]
+            pos += n
+        elif inner == 1 and nout == 1:
+            o = offs[0]
+            for c in range(cnt):
+                dst[np.uint64((start + c * step) * row_elems + o)] = inp[pos]
+                pos += np.uint64(1)
+        else:
+            for c in range(cnt):
+                base = (start + c * step) * row_elems
+                for q in range(nout):
+                    b = base + offs[q]
+                    if stride == 1:
+                        ub = np.uint64(b)
+                        for j in range(uinner):
+                            dst[ub + j] = inp[pos + j]
+                    else:
+                        for j in range(inner):
+                            dst[np.uint64(b + j * stride)] = inp[pos + np.uint64(j)]
+                    pos += uinner
+    return pos
+
+
+@numba.njit(cache=True, nogil=True)
+def _copy_rows(dst, d_row, d_offs, d_stride, src, s_row, s_offs, s_stride, inner, runs):  # pragma: no cover
+    nout = s_offs.shape[0]
+    whole = (nout == 1 and s_offs[0] == 0 and d_offs[0] == 0 and s_stride == 1 and d_stride == 1
+             and inner == s_row and inner == d_row)
+    for r in range(runs.shape[0]):
+        s0 = runs[r, 0]
+        ds = runs[r, 1]
+        t0 = runs[r, 2]
+        dt = runs[r, 3]
+        cnt = runs[r, 4]
+        if whole and ((ds == 1 and dt == 1) or cnt == 1):
+            sb = np.uint64(s0 * s_row)
+            tb = np.uint64(t0 * d_row)
+            for k in range(np.uint64(cnt * s_row)):
+                dst[tb + k] = src[sb + k]
+        elif inner == 1 and nout == 1:
+            so = s_offs[0]
+            do = d_offs[0]
+            for c in range(cnt):
+                dst[np.uint64((t0 + c * dt) * d_row + do)] = src[np.uint64((s0 + c * ds) * s_row + so)]
+        else:
+            for c in range(cnt):
+                sbase = (s0 + c * ds) * s_row
+                tbase = (t0 + c * dt) * d_row
+                for q in range(nout):
+                    sb = sbase + s_offs[q]
+                    tb = tbase + d_offs[q]
+                    if s_stride == 1 and d_stride == 1:
+                        usb = np.uint64(sb)
+                        utb = np.uint64(tb)
+                        for j in range(np.uint64(inner)):
+                            dst[utb + j] = src[usb + j]
+                    else:
+                        for j in range(inner):
+                            dst[np.uint64(tb + j * d_stride)] = src[np.uint64(sb + j * s_stride)]
+
+
+def pack(src_flat: np.ndarray, runs: np.ndarray, pat: RowPattern, out_flat: np.ndarray, pos: int = 0) -> int:
+    """Copy the elements of rows ``runs`` (pattern ``pat``) of the flat local block ``src_flat`` into
+    ``out_flat`` from element ``pos`` on, in message order; return the element after the last written.
+    Local, no communication; ``out_flat`` must have ``src_flat``'s dtype."""
+    return int(_pack(src_flat, pat.row_elems, runs, pat.offsets, pat.inner, pat.stride, out_flat, pos))
+
+
+def unpack(dst_flat: np.ndarray, runs: np.ndarray, pat: RowPattern, in_flat: np.ndarray, pos: int = 0) -> int:
+    """The inverse of :func:`pack`: write ``in_flat[pos:]`` into rows ``runs`` (pattern ``pat``) of the flat
+    local block ``dst_flat``, casting to its dtype; return the element after the last read. Local."""
+    return int(_unpack(dst_flat, pat.row_elems, runs, pat.offsets, pat.inner, pat.stride, in_flat, pos))
+
+
+def copy_rows(dst_flat: np.ndarray, dst_pat: RowPattern, src_flat: np.ndarray, src_pat: RowPattern,
+              runs: np.ndarray) -> None:
+    """``dst[rows b] = src[rows a]`` for the joint runs ``(a0, da, b0, db, count)`` of :func:`joint_runs`,
+    with patterns from :func:`joint_patterns` (same ``inner`` and offset count), casting like NumPy's
+    ``setitem``. Local."""
+    _copy_rows(dst_flat, dst_pat.row_elems, dst_pat.offsets, dst_pat.stride, src_flat, src_pat.row_elems,
+               src_pat.offsets, src_pat.stride, src_pat.inner, runs)
