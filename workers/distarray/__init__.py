@@ -42,7 +42,7 @@ from .creation import (arange, array, asarray, empty, empty_like, from_numpy, fu
                        zeros_like)
 from .distribution import Distribution
 from .engine import configure, engine_for
-from .errors import (DistArrayDivergence, DistArrayError, DistArrayTimeout, DistributionError, ShapeError,
+from .errors import (DistArrayDivergence, DistArrayError, DistArrayTimeout, DistributionError, IndexOutOfBounds, ShapeError,
                      UnsupportedOperation)
 from .fused_kernels import kernel_stats
 
@@ -114,7 +114,7 @@ def stats(comm=None) -> Dict[str, Any]:
 
 __all__ = [
     "DistArray", "Distribution", "DistArrayError", "DistArrayDivergence", "DistArrayTimeout", "DistributionError",
-    "ShapeError", "UnsupportedOperation",
+    "ShapeError", "UnsupportedOperation", "IndexOutOfBounds",
     "zeros", "ones", "empty", "full", "arange", "from_numpy", "array", "asarray", "zeros_like", "ones_like",
     "empty_like", "full_like", "random",
     "sum", "mean", "min", "max", "amin", "amax", "any", "all", "where", "dot", "matmul", "transpose", "roll",

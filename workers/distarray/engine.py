@@ -82,6 +82,8 @@ class Engine:
         self.last: Dict[str, Any] = {}
         self.in_flush = False
         self.buffers = BufferPool()
+        #: Aggregators of the irregular copies (:mod:`~.irregular`), per role and item type, reused.
+        self.aggregators: Dict[Any, Any] = {}
 
     # -- identities agreed by construction ----------------------------------------
     def next_serial(self) -> int:

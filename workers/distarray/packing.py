@@ -209,131 +209,138 @@ def contiguous_range(runs: np.ndarray, pat: RowPattern) -> Tuple[int, int] | Non
 
 
 # --------------------------------------------------------------------------- the copy kernels
-@numba.njit(cache=True, nogil=True)
-def _pack(src, row_elems, runs, offs, inner, stride, out, pos0):  # pragma: no cover - compiled
-    pos = np.uint64(pos0)
+# One run of rows each; ``whole``: rows are copied whole and contiguously (the pattern is the full row).
+@numba.njit(cache=True, nogil=True, inline="always")
+def _gather_run(src, row_elems, start, step, cnt, offs, inner, stride, whole, out, pos):  # pragma: no cover
+    """out[pos:] = elements of rows start, start+step, ... of src; returns the next position."""
     nout = offs.shape[0]
-    whole = nout == 1 and offs[0] == 0 and stride == 1 and inner == row_elems
-    rel = np.uint64(row_elems)
+    if whole and (step == 1 or cnt == 1):
+        b = np.uint64(start * row_elems)
+        n = np.uint64(cnt * row_elems)
+        for k in range(n):
+            out[pos + k] = src[b + k]
+        return pos + n
+    if inner == 1 and nout == 1:
+        o = offs[0]
+        for c in range(cnt):
+            out[pos + np.uint64(c)] = src[np.uint64((start + c * step) * row_elems + o)]
+        return pos + np.uint64(cnt)
     uinner = np.uint64(inner)
-    for r in range(runs.shape[0]):
-        start = runs[r, 0]
-        step = runs[r, 1]
-        cnt = runs[r, 2]
-        if whole and (step == 1 or cnt == 1):
-            b = np.uint64(start) * rel
-            n = np.uint64(cnt) * rel
-            for k in range(n):
-                out[pos + k] = src[b + k]
-            pos += n
-        elif inner == 1 and nout == 1:
-            o = offs[0]
-            for c in range(cnt):
-                out[pos] = src[np.uint64((start + c * step) * row_elems + o)]
-                pos += np.uint64(1)
-        else:
-            for c in range(cnt):
-                base = (start + c * step) * row_elems
-                for q in range(nout):
-                    b = base + offs[q]
-                    if stride == 1:
-                        ub = np.uint64(b)
-                        for j in range(uinner):
-                            out[pos + j] = src[ub + j]
-                    else:
-                        for j in range(inner):
-                            out[pos + np.uint64(j)] = src[np.uint64(b + j * stride)]
-                    pos += uinner
+    for c in range(cnt):
+        base = (start + c * step) * row_elems
+        for q in range(nout):
+            b = base + offs[q]
+            if stride == 1:
+                ub = np.uint64(b)
+                for j in range(uinner):
+                    out[pos + j] = src[ub + j]
+            else:
+                for j in range(inner):
+                    out[pos + np.uint64(j)] = src[np.uint64(b + j * stride)]
+            pos += uinner
     return pos
 
 
-@numba.njit(cache=True, nogil=True)
-def _unpack(dst, row_elems, runs, offs, inner, stride, inp, pos0):  # pragma: no cover - compiled
-    pos = np.uint64(pos0)
+@numba.njit(cache=True, nogil=True, inline="always")
+def _scatter_run(dst, row_elems, start, step, cnt, offs, inner, stride, whole, inp, pos):  # pragma: no cover
+    """Elements of rows start, start+step, ... of dst = inp[pos:] (cast); returns the next position."""
     nout = offs.shape[0]
-    whole = nout == 1 and offs[0] == 0 and stride == 1 and inner == row_elems
-    rel = np.uint64(row_elems)
+    if whole and (step == 1 or cnt == 1):
+        b = np.uint64(start * row_elems)
+        n = np.uint64(cnt * row_elems)
+        for k in range(n):
+            dst[b + k] = inp[pos + k]
+        return pos + n
+    if inner == 1 and nout == 1:
+        o = offs[0]
+        for c in range(cnt):
+            dst[np.uint64((start + c * step) * row_elems + o)] = inp[pos + np.uint64(c)]
+        return pos + np.uint64(cnt)
     uinner = np.uint64(inner)
-    for r in range(runs.shape[0]):
-        start = runs[r, 0]
-        step = runs[r, 1]
-        cnt = runs[r, 2]
-        if whole and (step == 1 or cnt == 1):
-            b = np.uint64(start) * rel
-            n = np.uint64(cnt) * rel
-            for k in range(n):
-                dst[b + k] = inp[pos + k]
-            pos += n
-        elif inner == 1 and nout == 1:
-            o = offs[0]
-            for c in range(cnt):
-                dst[np.uint64((start + c * step) * row_elems + o)] = inp[pos]
-                pos += np.uint64(1)
-        else:
-            for c in range(cnt):
-                base = (start + c * step) * row_elems
-                for q in range(nout):
-                    b = base + offs[q]
-                    if stride == 1:
-                        ub = np.uint64(b)
-                        for j in range(uinner):
-                            dst[ub + j] = inp[pos + j]
-                    else:
-                        for j in range(inner):
-                            dst[np.uint64(b + j * stride)] = inp[pos + np.uint64(j)]
-                    pos += uinner
+    for c in range(cnt):
+        base = (start + c * step) * row_elems
+        for q in range(nout):
+            b = base + offs[q]
+            if stride == 1:
+                ub = np.uint64(b)
+                for j in range(uinner):
+                    dst[ub + j] = inp[pos + j]
+            else:
+                for j in range(inner):
+                    dst[np.uint64(b + j * stride)] = inp[pos + np.uint64(j)]
+            pos += uinner
     return pos
 
 
-@numba.njit(cache=True, nogil=True)
-def _copy_rows(dst, d_row, d_offs, d_stride, src, s_row, s_offs, s_stride, inner, runs):  # pragma: no cover
+@numba.njit(cache=True, nogil=True, inline="always")
+def _copy_run(dst, d_row, d_offs, d_stride, src, s_row, s_offs, s_stride, inner, whole,
+              s0, ds, t0, dt, cnt):  # pragma: no cover - compiled
+    """Rows t0, t0+dt, ... of dst = rows s0, s0+ds, ... of src (joint patterns: same inner, same count)."""
     nout = s_offs.shape[0]
-    whole = (nout == 1 and s_offs[0] == 0 and d_offs[0] == 0 and s_stride == 1 and d_stride == 1
-             and inner == s_row and inner == d_row)
+    if whole and ((ds == 1 and dt == 1) or cnt == 1):
+        sb = np.uint64(s0 * s_row)
+        tb = np.uint64(t0 * d_row)
+        for k in range(np.uint64(cnt * s_row)):
+            dst[tb + k] = src[sb + k]
+        return
+    if inner == 1 and nout == 1:
+        so = s_offs[0]
+        do = d_offs[0]
+        for c in range(cnt):
+            dst[np.uint64((t0 + c * dt) * d_row + do)] = src[np.uint64((s0 + c * ds) * s_row + so)]
+        return
+    for c in range(cnt):
+        sbase = (s0 + c * ds) * s_row
+        tbase = (t0 + c * dt) * d_row
+        for q in range(nout):
+            sb = sbase + s_offs[q]
+            tb = tbase + d_offs[q]
+            if s_stride == 1 and d_stride == 1:
+                usb = np.uint64(sb)
+                utb = np.uint64(tb)
+                for j in range(np.uint64(inner)):
+                    dst[utb + j] = src[usb + j]
+            else:
+                for j in range(inner):
+                    dst[np.uint64(tb + j * d_stride)] = src[np.uint64(sb + j * s_stride)]
+
+
+@numba.njit(cache=True, nogil=True)
+def _pack(src, row_elems, runs, offs, inner, stride, whole, out, pos0):  # pragma: no cover - compiled
+    pos = np.uint64(pos0)
     for r in range(runs.shape[0]):
-        s0 = runs[r, 0]
-        ds = runs[r, 1]
-        t0 = runs[r, 2]
-        dt = runs[r, 3]
-        cnt = runs[r, 4]
-        if whole and ((ds == 1 and dt == 1) or cnt == 1):
-            sb = np.uint64(s0 * s_row)
-            tb = np.uint64(t0 * d_row)
-            for k in range(np.uint64(cnt * s_row)):
-                dst[tb + k] = src[sb + k]
-        elif inner == 1 and nout == 1:
-            so = s_offs[0]
-            do = d_offs[0]
-            for c in range(cnt):
-                dst[np.uint64((t0 + c * dt) * d_row + do)] = src[np.uint64((s0 + c * ds) * s_row + so)]
-        else:
-            for c in range(cnt):
-                sbase = (s0 + c * ds) * s_row
-                tbase = (t0 + c * dt) * d_row
-                for q in range(nout):
-                    sb = sbase + s_offs[q]
-                    tb = tbase + d_offs[q]
-                    if s_stride == 1 and d_stride == 1:
-                        usb = np.uint64(sb)
-                        utb = np.uint64(tb)
-                        for j in range(np.uint64(inner)):
-                            dst[utb + j] = src[usb + j]
-                    else:
-                        for j in range(inner):
-                            dst[np.uint64(tb + j * d_stride)] = src[np.uint64(sb + j * s_stride)]
+        pos = _gather_run(src, row_elems, runs[r, 0], runs[r, 1], runs[r, 2], offs, inner, stride, whole, out, pos)
+    return pos
+
+
+@numba.njit(cache=True, nogil=True)
+def _unpack(dst, row_elems, runs, offs, inner, stride, whole, inp, pos0):  # pragma: no cover - compiled
+    pos = np.uint64(pos0)
+    for r in range(runs.shape[0]):
+        pos = _scatter_run(dst, row_elems, runs[r, 0], runs[r, 1], runs[r, 2], offs, inner, stride, whole, inp, pos)
+    return pos
+
+
+@numba.njit(cache=True, nogil=True)
+def _copy_rows(dst, d_row, d_offs, d_stride, src, s_row, s_offs, s_stride, inner, whole, runs):  # pragma: no cover
+    for r in range(runs.shape[0]):
+        _copy_run(dst, d_row, d_offs, d_stride, src, s_row, s_offs, s_stride, inner, whole,
+                  runs[r, 0], runs[r, 1], runs[r, 2], runs[r, 3], runs[r, 4])
 
 
 def pack(src_flat: np.ndarray, runs: np.ndarray, pat: RowPattern, out_flat: np.ndarray, pos: int = 0) -> int:
     """Copy the elements of rows ``runs`` (pattern ``pat``) of the flat local block ``src_flat`` into
     ``out_flat`` from element ``pos`` on, in message order; return the element after the last written.
     Local, no communication; ``out_flat`` must have ``src_flat``'s dtype."""
-    return int(_pack(src_flat, pat.row_elems, runs, pat.offsets, pat.inner, pat.stride, out_flat, pos))
+    return int(_pack(src_flat, pat.row_elems, runs, pat.offsets, pat.inner, pat.stride, pat.whole_row, out_flat,
+                     pos))
 
 
 def unpack(dst_flat: np.ndarray, runs: np.ndarray, pat: RowPattern, in_flat: np.ndarray, pos: int = 0) -> int:
     """The inverse of :func:`pack`: write ``in_flat[pos:]`` into rows ``runs`` (pattern ``pat``) of the flat
     local block ``dst_flat``, casting to its dtype; return the element after the last read. Local."""
-    return int(_unpack(dst_flat, pat.row_elems, runs, pat.offsets, pat.inner, pat.stride, in_flat, pos))
+    return int(_unpack(dst_flat, pat.row_elems, runs, pat.offsets, pat.inner, pat.stride, pat.whole_row, in_flat,
+                       pos))
 
 
 def copy_rows(dst_flat: np.ndarray, dst_pat: RowPattern, src_flat: np.ndarray, src_pat: RowPattern,
@@ -342,4 +349,4 @@ def copy_rows(dst_flat: np.ndarray, dst_pat: RowPattern, src_flat: np.ndarray, s
     with patterns from :func:`joint_patterns` (same ``inner`` and offset count), casting like NumPy's
     ``setitem``. Local."""
     _copy_rows(dst_flat, dst_pat.row_elems, dst_pat.offsets, dst_pat.stride, src_flat, src_pat.row_elems,
-               src_pat.offsets, src_pat.stride, src_pat.inner, runs)
+               src_pat.offsets, src_pat.stride, src_pat.inner, src_pat.whole_row and dst_pat.whole_row, runs)

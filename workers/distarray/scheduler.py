@@ -44,7 +44,9 @@ import numpy as np
 from .. import runtime, tracing, waiting
 from .errors import DistArrayDivergence, DistArrayError, DistArrayTimeout
 from .fusion import ElementwiseGroup, optimize
-from .graph import Matmul, Redistribute, Replicate, Swap, Transpose
+from . import irregular
+from .fusion import TaskGroup
+from .graph import IndexedCopy, Matmul, Redistribute, Replicate, Swap, Transpose
 from .packing import copy_rows, pack, unpack
 from .plans import ElementwisePlan, MatmulPlan, ReplicatePlan, TransposePlan, selector
 from .redistribution import RedistributionPlan
@@ -288,8 +290,13 @@ class _Flush:
 
     # -- building the units ----------------------------------------------------------------
     def build(self, groups: List[Any]) -> None:
+        """Build the units of ``groups`` (one segment of the flush: a previous segment, if any, has been
+        executed completely)."""
         eng = self.eng
         flush_no = eng.flush_no
+        self.runs = []
+        self.prev_coll = None
+        self.nunits = self.ndone = 0
         for g in groups:
             if isinstance(g, ElementwiseGroup):
                 run = self._elementwise(g, flush_no)
@@ -963,8 +970,19 @@ def run_flush(engine, tasks, reason: str, hiding: bool) -> None:
         agr.wait()  # blocking: agree first
     groups, fstats = optimize(tasks)
     try:
-        fl.build(groups)
-        fl.execute()
+        # irregular copies (Aggregator) are barriers: the groups before one run to completion first
+        segment: List[Any] = []
+        for g in groups + [None]:
+            if g is not None and not (isinstance(g, TaskGroup) and isinstance(g.task, IndexedCopy)):
+                segment.append(g)
+                continue
+            if segment:
+                fl.build(segment)
+                fl.execute()
+                segment = []
+            if g is not None:
+                agr.wait()  # the ranks agreed on the recorded operations before this collective step
+                irregular.execute(engine, g.task, fl.op_name(g.task.kind))
     except BaseException as err:
         fl.abort()
         if not agr.verified and not isinstance(err, (DistArrayTimeout, KeyboardInterrupt)):
