@@ -30,7 +30,7 @@ import numpy as np
 from .indexing import View
 
 __all__ = ["RowPattern", "row_pattern", "joint_patterns", "ap_runs", "joint_runs", "pack", "unpack", "copy_rows",
-           "contiguous_range", "Interleave", "OP_PACK", "OP_COPY", "OP_UNPACK"]
+           "contiguous_range", "group_by", "Interleave", "OP_PACK", "OP_COPY", "OP_UNPACK"]
 
 #: Stream operations of an :class:`Interleave`.
 OP_PACK, OP_COPY, OP_UNPACK = 0, 1, 2
@@ -177,6 +177,29 @@ def _joint_runs(a, b, out):  # pragma: no cover - compiled
         nr += 1
         i = j
     return nr
+
+
+@numba.njit(cache=True, nogil=True)
+def _group(keys, nkeys, order, bounds):  # pragma: no cover - compiled
+    for i in range(keys.shape[0]):
+        bounds[keys[i] + 1] += 1
+    for q in range(nkeys):
+        bounds[q + 1] += bounds[q]
+    pos = bounds[:-1].copy()
+    for i in range(keys.shape[0]):
+        q = keys[i]
+        order[pos[q]] = i
+        pos[q] += 1
+
+
+def group_by(keys: np.ndarray, nkeys: int) -> Tuple[np.ndarray, np.ndarray]:
+    """Stable grouping of ``keys`` (integers in ``0..nkeys-1``): ``(order, bounds)`` with the positions of key
+    ``q`` in ``order[bounds[q]:bounds[q + 1]]``, increasing. A counting sort, one compiled pass."""
+    keys = np.ascontiguousarray(keys, dtype=np.int64)
+    order = np.empty(len(keys), dtype=np.int64)
+    bounds = np.zeros(nkeys + 1, dtype=np.int64)
+    _group(keys, nkeys, order, bounds)
+    return order, bounds
 
 
 def ap_runs(seq: np.ndarray) -> np.ndarray:

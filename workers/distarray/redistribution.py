@@ -32,8 +32,8 @@ from typing import Any, List, Optional, Tuple
 import numpy as np
 
 from .graph import Leaf, Op
-from .packing import (OP_COPY, OP_PACK, OP_UNPACK, Interleave, RowPattern, ap_runs, contiguous_range, joint_patterns,
-                      joint_runs, row_pattern)
+from .packing import (OP_COPY, OP_PACK, OP_UNPACK, Interleave, RowPattern, ap_runs, contiguous_range, group_by,
+                      joint_patterns, joint_runs, row_pattern)
 from .plans import PartSpec, Plan, _hull, _my_rows_fast, arena_layout
 
 __all__ = ["RedistributionPlan", "copy_source"]
@@ -109,16 +109,12 @@ class RedistributionPlan(Plan):
         same_dtype = self.src_dtype == self.out_dtype
         # -- what leaves this rank: view rows whose source row is here, grouped by the target row's owner
         i_s, ls = _my_rows_fast(sd, ss, st, n, rank)
-        dest = td.owner(ts + i_s * tt)
-        order = np.argsort(dest, kind="stable")
-        dsorted = dest[order]
-        cuts = np.flatnonzero(np.diff(dsorted)) + 1
-        bounds = np.concatenate([[0], cuts, [len(order)]]).astype(np.int64)
+        order, bounds = group_by(td.owner(ts + i_s * tt), nranks)
         send_parts = {}
-        for a, b in zip(bounds[:-1], bounds[1:]):
+        for q in range(nranks):
+            a, b = int(bounds[q]), int(bounds[q + 1])
             if b <= a:
                 continue
-            q = int(dsorted[a])
             sel = order[a:b]
             rows = ls[sel]
             if q == rank:
@@ -139,17 +135,11 @@ class RedistributionPlan(Plan):
                 self.send_hulls.append(hull)
         # -- what arrives: view rows whose target row is here, grouped by the source row's owner
         i_t, lt_all = _my_rows_fast(td, ts, tt, n, rank)
-        srcq = sd.owner(ss + i_t * st)
-        order = np.argsort(srcq, kind="stable")
-        qsorted = srcq[order]
-        cuts = np.flatnonzero(np.diff(qsorted)) + 1
-        bounds = np.concatenate([[0], cuts, [len(order)]]).astype(np.int64)
+        order, bounds = group_by(sd.owner(ss + i_t * st), nranks)
         recv_parts = {}
-        for a, b in zip(bounds[:-1], bounds[1:]):
-            if b <= a:
-                continue
-            q = int(qsorted[a])
-            if q == rank:
+        for q in range(nranks):
+            a, b = int(bounds[q]), int(bounds[q + 1])
+            if b <= a or q == rank:
                 continue
             rows = lt_all[order[a:b]]
             runs = ap_runs(rows)
