@@ -68,6 +68,26 @@ for d1 in DISTS:
         B[...] = A                                    # with a cast, as NumPy's setitem
         check(f"b[...] = a 2-D cast {d1}->{d2}", B, x2.astype(np.float32))
         check(f"redistribute 2-D {d1}->{d2}", dnp.redistribute(A, d2), x2)
+# dependent redistributions in one force point, with and without latency hiding (in-place messages and
+# the units around them are ordered by the rows they touch)
+for hiding in (True, False):
+    dnp.configure(latency_hiding=hiding)
+    for d1, d2 in (("block", "cyclic"), ("cyclic", ("block-cyclic", 2)), (("block-cyclic", 3), "block")):
+        a = dnp.from_numpy(x2, dist=d1)
+        b = dnp.zeros(shape2, dist=d2)
+        y, z = x2.copy(), np.zeros(shape2)
+        b[...] = a
+        z[...] = y
+        a[...] = b * 2 + 1
+        y[...] = z * 2 + 1
+        b[::-1] = a
+        z[::-1] = y
+        c = b.redistribute(d1)
+        a[1:] = c[:-1]
+        y[1:] = z[:-1]
+        check(f"dependent chain hiding={hiding} {d1}->{d2} (a)", a, y)
+        check(f"dependent chain hiding={hiding} {d1}->{d2} (c)", c, z)
+dnp.configure(latency_hiding=True)
 # copy semantics: the result is independent of the source
 a = dnp.from_numpy(x1, dist="block")
 r = a.redistribute("block")

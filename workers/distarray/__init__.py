@@ -19,10 +19,15 @@ elementwise operations run as one numba kernel each (:mod:`.fusion`,
 :mod:`.fused_kernels`). ``NBMPI_LATENCY_HIDING=0`` (or ``evaluate(latency_hiding=False)``,
 :func:`configure`) exchanges first and computes afterwards, for comparison.
 
+Copies between layouts (``b[...] = a``, ``a.redistribute(dist)``) are one aggregated transfer with
+at most one message per peer (:mod:`.redistribution`, kernels in :mod:`.packing`); ``b[idx] = a`` and
+``a[idx]`` with index arrays go through the Aggregator (:mod:`.irregular`).
+
 Modules: :mod:`.distribution` (block, cyclic, block-cyclic, replicated), :mod:`.indexing`
 (views), :mod:`.array` (DistArray), :mod:`.graph` (recorded tasks), :mod:`.elementwise`,
 :mod:`.reductions`, :mod:`.linalg` (recording), :mod:`.fusion`, :mod:`.plans`,
-:mod:`.scheduler` (evaluation), :mod:`.fused_kernels` (code generation), :mod:`.engine`
+:mod:`.redistribution` and :mod:`.packing` (copies between layouts), :mod:`.irregular` (index
+arrays), :mod:`.scheduler` (evaluation), :mod:`.fused_kernels` (code generation), :mod:`.engine`
 (per-communicator state), :mod:`.creation` and :mod:`.random` (constructors).
 """
 from __future__ import annotations
