@@ -555,6 +555,21 @@ class Aggregator:
             for b in path + [self]:
                 b._cyclic = True
 
+    def set_state(self, state: Any) -> None:
+        """Replace the ``state`` object passed to every later handler call. Local, no communication.
+
+        For an aggregator reused over several phases whose handler works on different arrays (the
+        distributed arrays' irregular copies keep one aggregator per item type and point it at each
+        call's arrays). Call it while nothing pushed is unhandled on this rank (before pushing, or
+        after a ``flush``). ``state`` should have the numba type the handler was compiled for; a new
+        type compiles the handler again on first use.
+        """
+        self._usable("set_state")
+        self.state = state
+        self._handler_state = state
+        self._handler_fast = (_entry_point(self.handler, (self._pool_rec[0, :0], state))
+                              if not self._has_reply and _fixed_type(state) else self.handler)
+
     def _group(self) -> List["Aggregator"]:
         """This aggregator and every one reachable through reply links (flush covers them all)."""
         group, a = [], self

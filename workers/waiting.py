@@ -17,12 +17,16 @@ While a rank is blocked, :data:`current` describes what it is waiting for
 """
 from __future__ import annotations
 
+import os
 import time
 from typing import Callable, Optional
 
 from .errors import CommTimeout
 
 _POLLS_BETWEEN_CLOCK_CHECKS = 256
+# a blocked wait gives its core away every _POLLS_BETWEEN_CLOCK_CHECKS polls: when the ranks share the cores with
+# other processes, a rank that only spins would keep the peer it waits for off the core for a whole time slice
+_yield = getattr(os, "sched_yield", lambda: None)
 
 #: What this rank is blocked in right now: ``(op, peer, t_start_ns)`` or None.
 current: Optional[tuple] = None
@@ -82,6 +86,7 @@ def wait(
             for _ in range(_POLLS_BETWEEN_CLOCK_CHECKS):
                 if test():
                     return
+            _yield()
             if check is not None:
                 try:
                     check()
@@ -149,6 +154,7 @@ def wait_each(reqs, timeout: Optional[float], rank: int, peers, op: str,
                 polls += 1
                 if polls >= _POLLS_BETWEEN_CLOCK_CHECKS:
                     polls = 0
+                    _yield()
                     if deadline is not None and time.monotonic() > deadline:
                         _abandon([reqs[i] for i in pending], on_abandon, cancellable)
                         raise error(rank, peers[pending[0]], op, time.monotonic() - t0)

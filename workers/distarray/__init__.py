@@ -19,10 +19,15 @@ elementwise operations run as one numba kernel each (:mod:`.fusion`,
 :mod:`.fused_kernels`). ``NBMPI_LATENCY_HIDING=0`` (or ``evaluate(latency_hiding=False)``,
 :func:`configure`) exchanges first and computes afterwards, for comparison.
 
+Copies between layouts (``b[...] = a``, ``a.redistribute(dist)``) are one aggregated transfer with
+at most one message per peer (:mod:`.redistribution`, kernels in :mod:`.packing`); ``b[idx] = a`` and
+``a[idx]`` with index arrays go through the Aggregator (:mod:`.irregular`).
+
 Modules: :mod:`.distribution` (block, cyclic, block-cyclic, replicated), :mod:`.indexing`
 (views), :mod:`.array` (DistArray), :mod:`.graph` (recorded tasks), :mod:`.elementwise`,
 :mod:`.reductions`, :mod:`.linalg` (recording), :mod:`.fusion`, :mod:`.plans`,
-:mod:`.scheduler` (evaluation), :mod:`.fused_kernels` (code generation), :mod:`.engine`
+:mod:`.redistribution` and :mod:`.packing` (copies between layouts), :mod:`.irregular` (index
+arrays), :mod:`.scheduler` (evaluation), :mod:`.fused_kernels` (code generation), :mod:`.engine`
 (per-communicator state), :mod:`.creation` and :mod:`.random` (constructors).
 """
 from __future__ import annotations
@@ -42,7 +47,7 @@ from .creation import (arange, array, asarray, empty, empty_like, from_numpy, fu
                        zeros_like)
 from .distribution import Distribution
 from .engine import configure, engine_for
-from .errors import (DistArrayDivergence, DistArrayError, DistArrayTimeout, DistributionError, ShapeError,
+from .errors import (DistArrayDivergence, DistArrayError, DistArrayTimeout, DistributionError, IndexOutOfBounds, ShapeError,
                      UnsupportedOperation)
 from .fused_kernels import kernel_stats
 
@@ -83,6 +88,12 @@ def all(a: Any, axis: Optional[int] = None) -> Any:  # noqa: A001
     return _reduce(a, "all", axis)
 
 
+def redistribute(a: DistArray, dist: Any) -> DistArray:
+    """``a.redistribute(dist)``: a copy of ``a`` with its rows spread by ``dist`` (recorded; see
+    :meth:`DistArray.redistribute`)."""
+    return a.redistribute(dist)
+
+
 def evaluate(comm=None, latency_hiding: Optional[bool] = None) -> None:
     """Run every operation recorded on ``comm`` (default ``COMM_WORLD``) now: a force point.
     Collective. ``latency_hiding`` overrides the setting for this evaluation only."""
@@ -108,11 +119,11 @@ def stats(comm=None) -> Dict[str, Any]:
 
 __all__ = [
     "DistArray", "Distribution", "DistArrayError", "DistArrayDivergence", "DistArrayTimeout", "DistributionError",
-    "ShapeError", "UnsupportedOperation",
+    "ShapeError", "UnsupportedOperation", "IndexOutOfBounds",
     "zeros", "ones", "empty", "full", "arange", "from_numpy", "array", "asarray", "zeros_like", "ones_like",
     "empty_like", "full_like", "random",
     "sum", "mean", "min", "max", "amin", "amax", "any", "all", "where", "dot", "matmul", "transpose", "roll",
-    "evaluate", "configure", "stats",
+    "evaluate", "configure", "stats", "redistribute",
     "add", "subtract", "multiply", "divide", "true_divide", "power", "negative", "positive", "absolute", "abs",
     "square", "sqrt", "exp", "log", "log10", "sin", "cos", "tan", "tanh", "floor", "ceil", "isnan", "isfinite",
     "maximum", "minimum", "less", "less_equal", "greater", "greater_equal", "equal", "not_equal", "logical_and",

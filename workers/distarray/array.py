@@ -21,10 +21,10 @@ from typing import Any, Iterator, Optional, Tuple
 
 import numpy as np
 
-from . import elementwise, linalg, reductions
-from .distribution import Distribution
+from . import elementwise, irregular, linalg, reductions
+from .distribution import Distribution, make_distribution
 from .engine import Engine
-from .errors import ShapeError, UnsupportedOperation
+from .errors import DistributionError, ShapeError, UnsupportedOperation
 from .graph import Base, Leaf
 from .indexing import View
 from .plans import _my_rows_fast, selector
@@ -266,10 +266,79 @@ class DistArray:
         for i in range(self.shape[0]):
             yield self[i]
 
-    def __getitem__(self, key: Any):
+    def _index_key(self, key: Any) -> Any:
+        """The index array ``key`` selects rows with (an int64 NumPy array, or a DistArray of integers), or None
+        for a basic index (integers, slices, None, ...). See :mod:`~.irregular`."""
         if isinstance(key, DistArray):
-            raise UnsupportedOperation("indexing with a distributed array (mask or index array) is not supported; "
-                                       "use where(mask, x, y)")
+            if key.dtype.kind not in "iu":
+                raise UnsupportedOperation(
+                    f"indexing with a distributed {key.dtype} array is not supported: distributed index arrays must "
+                    "be integers (a[idx], b[idx] = a); for a distributed mask use where(mask, x, y), or select "
+                    "rows with a NumPy boolean mask")
+            if key.ndim != 1:
+                raise UnsupportedOperation(f"a distributed index array must be 1-D, got shape {key.shape}")
+            if key.engine is not self.engine:
+                raise DistributionError("the index array lives on another communicator than the indexed array; "
+                                        "create both with the same comm=")
+            return key if key._view.is_full else key.redistribute(key.dist)
+        if isinstance(key, tuple):
+            if any(isinstance(k, (list, np.ndarray, DistArray)) for k in key):
+                raise UnsupportedOperation("index arrays are supported alone, selecting along axis 0 (a[idx], "
+                                           "b[idx] = a); combine them with slices in two steps: a[idx][:, 1:]")
+            return None
+        return irregular.numpy_index(key, self.shape[0] if self.shape else 0)
+
+    def _take(self, idx: Any) -> "DistArray":
+        """``self[idx]`` with an index array: a new array (a force point, collective)."""
+        eng = self.engine
+        if self.ndim == 0:
+            raise IndexError("too many indices for array: array is 0-dimensional, but 1 were indexed")
+        if self._base.replicated:
+            ix = idx.to_numpy() if isinstance(idx, DistArray) else idx
+            return wrap(elementwise.rep_base_from_numpy(eng, self.to_numpy()[ix]))
+        out = irregular.record_take(eng, self._leaf(), idx._leaf() if isinstance(idx, DistArray) else idx)
+        res = DistArray(out.base, out.view)
+        eng.flush("a[idx]")
+        return res
+
+    def _put(self, idx: Any, value: Any) -> None:
+        """``self[idx] = value`` with an index array (a force point, collective)."""
+        eng = self.engine
+        irregular.check_rows_view(self._leaf(), "b[idx] = a")
+        m = idx.shape[0] if isinstance(idx, DistArray) else len(idx)
+        want = (m,) + tuple(self.shape[1:])
+        if isinstance(value, DistArray):
+            if value.engine is not eng:
+                raise DistributionError("b[idx] = a: a lives on another communicator than b; create both with the "
+                                        "same comm=")
+            if value.shape != want:
+                raise ShapeError(f"b[idx] = a: a has shape {value.shape}, expected {want} (one row of b's shape "
+                                 f"{tuple(self.shape[1:])} per index; only a scalar is broadcast)")
+            v = value
+            if isinstance(idx, DistArray) and not (value._view.is_full and value.dist == idx.dist):
+                v = value.redistribute(idx.dist)   # aligned with the index: each rank holds a[k] with idx[k]
+        else:
+            arr = np.asarray(value)
+            if arr.dtype.kind not in "biuf":
+                raise UnsupportedOperation(f"b[idx] = a: values of dtype {arr.dtype} are not supported")
+            try:
+                arr = np.broadcast_to(arr, want)
+            except ValueError:
+                raise ShapeError(f"b[idx] = a: could not broadcast a of shape {arr.shape} to {want}") from None
+            if isinstance(idx, DistArray):
+                d = idx.dist
+                base = Base(eng, want, arr.dtype, d, temp=True)
+                base.set_local(np.ascontiguousarray(arr[d.global_rows(eng.rank)]))
+                v = DistArray(base, View.full(want))
+            else:
+                v = wrap(elementwise.rep_base_from_numpy(eng, arr))
+        irregular.record_put(eng, self._leaf(), idx._leaf() if isinstance(idx, DistArray) else idx, v._leaf())
+        eng.flush("b[idx] = a")
+
+    def __getitem__(self, key: Any):
+        idx = self._index_key(key)
+        if idx is not None:
+            return self._take(idx)
         view = self._view.index(key)
         sub = DistArray(self._base, view)
         if view.ndim == 0:
@@ -278,7 +347,8 @@ class DistArray:
 
     def __setitem__(self, key: Any, value: Any) -> None:
         eng = self.engine
-        if isinstance(key, (DistArray, np.ndarray)) and key.dtype == np.bool_:
+        if isinstance(key, (DistArray, np.ndarray)) and key.dtype == np.bool_ and (
+                isinstance(key, DistArray) or key.shape == self.shape and np.ndim(value) == 0):
             # a[mask] = value with a mask of a's shape is where(mask, value, a), in place
             if key.shape != self.shape:
                 raise ShapeError(f"boolean mask of shape {key.shape} does not match the array's shape {self.shape}")
@@ -290,6 +360,10 @@ class DistArray:
             res = elementwise.record_where(eng, mk, val, self._leaf())
             elementwise.record_assign(eng, self._leaf(), res)
             eng.maybe_flush()
+            return
+        idx = self._index_key(key)
+        if idx is not None:
+            self._put(idx, value)
             return
         target = Leaf(self._base, self._view.index(key))
         val = value._leaf() if isinstance(value, DistArray) else value
@@ -416,6 +490,27 @@ class DistArray:
         if not copy and np.dtype(dtype) == self.dtype:
             return self
         return wrap(elementwise.record_cast(self.engine, self._leaf(), dtype))
+
+    def redistribute(self, dist: Any) -> "DistArray":
+        """A new array with this array's values and shape, its rows spread over the ranks by ``dist``
+        (``"block"``, ``"cyclic"``, ``("block-cyclic", b)``, ``"replicated"`` or a
+        :class:`~.distribution.Distribution` whose kind and block size are used).
+
+        Copy semantics: the result always has its own base and buffers, even if ``dist`` places the
+        rows as they are now (then the copy needs no communication); for a view, the result holds the
+        view's elements, compacted (shape ``self.shape``). Later writes to either array do not show in
+        the other. Lazy like every operation: recorded on every rank (SPMD) and run at the next force
+        point as one aggregated transfer with at most one message per peer (:mod:`~.redistribution`);
+        collective at that force point. Same as ``b = dnp.empty(a.shape, a.dtype, dist=dist); b[...] = a``.
+        """
+        if self.ndim == 0:
+            raise UnsupportedOperation("redistribute of a 0-d array: it has no rows to distribute")
+        eng = self.engine
+        d = make_distribution(dist, self.shape[0], eng.size)
+        base = Base(eng, self.shape, self.dtype, d, origin=f"redistribute:{d.kind}:{d.block}")
+        target = Leaf(base, View.full(self.shape))
+        elementwise.record_assign(eng, target, self._leaf())
+        return wrap(target)
 
     def copy(self) -> "DistArray":
         """A new array with the same values, laid out like this one (recorded)."""

@@ -89,6 +89,9 @@ def arange(start, stop=None, step=1, dtype=None, dist="block", comm=None) -> Dis
     if step == 0:
         raise ValueError("arange: step must not be zero")
     n = max(0, int(np.ceil((stop - start) / step)))
+    # NumPy's result dtype comes from start, stop and step together (arange(12.0) is float64)
+    if dtype is None:
+        dtype = np.result_type(*(np.asarray(v) for v in (start, stop, step)))
     probe = np.arange(start, start + step * min(n, 2), step, dtype=dtype)
     dt = _dtype(probe.dtype)
     b, eng = _new((n,), dt, dist, comm, f"arange({start!r},{stop!r},{step!r})")

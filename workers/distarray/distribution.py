@@ -102,6 +102,12 @@ class Distribution:
         b, p = self.block, self.nranks
         return (rows // b // p) * b + rows % b
 
+    @property
+    def offsets(self) -> np.ndarray:
+        """For ``block``: the first global row of each rank, then the number of rows (``nranks + 1``
+        entries, a copy); for other kinds an empty array."""
+        return np.empty(0, dtype=np.int64) if self._offsets is None else self._offsets.copy()
+
     def owner_of(self, row: int) -> int:
         """Rank owning global row ``row`` (-1 for replicated)."""
         return int(self.owner(np.array([row]))[0])

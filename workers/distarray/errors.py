@@ -13,7 +13,7 @@ from typing import Optional
 from ..errors import CommTimeout, NbmpiError, SPMDDivergence
 
 __all__ = ["DistArrayError", "ShapeError", "DistributionError", "UnsupportedOperation",
-           "DistArrayDivergence", "DistArrayTimeout"]
+           "DistArrayDivergence", "DistArrayTimeout", "IndexOutOfBounds"]
 
 
 class DistArrayError(NbmpiError):
@@ -33,6 +33,21 @@ class DistributionError(DistArrayError, ValueError):
 class UnsupportedOperation(DistArrayError, NotImplementedError):
     """An operation the distributed arrays do not implement (yet); the message says what is
     supported instead."""
+
+
+class IndexOutOfBounds(DistArrayError, IndexError):
+    """An index array holds an index outside ``-n .. n-1`` for an axis of length ``n`` (as NumPy's
+    IndexError). Raised on every rank of the force point, even if only one rank holds the bad index.
+    Attributes: ``index`` (the bad value), ``position`` (where it sits in the index array), ``holder``
+    (the first rank that found it), ``size`` (the axis length)."""
+
+    def __init__(self, rank: int, what: str, index: int, position: int, holder: int, size: int):
+        self.index, self.position, self.holder, self.size = index, position, holder, size
+        NbmpiError.__init__(
+            self,
+            f"rank {rank}: {what}: index {index} is out of bounds for axis 0 with size {size} (position {position} "
+            f"of the index array, found by rank {holder}); valid indices are {-size}..{size - 1}. Nothing was "
+            "written; fix the index array and repeat the operation")
 
 
 class DistArrayDivergence(DistArrayError, SPMDDivergence):

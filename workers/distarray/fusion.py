@@ -16,7 +16,10 @@ they agree on the result without communicating.
    distribution (the copy-back of a Jacobi step, ``center[:] = work``) becomes a
    :class:`~.graph.Swap`: the few elements of ``x`` outside ``v`` are copied into ``t``'s buffer
    and the buffers are exchanged, instead of copying the whole view.
-5. **Grouping** (horizontal fusion): adjacent elementwise tasks over the same rows and
+5. **Redistribution**: a remaining plain copy ``b[v] = a[w]`` between two distributed bases whose
+   rows are laid out differently becomes a :class:`~.graph.Redistribute` (one aggregated
+   transfer, :mod:`~.redistribution`) instead of an elementwise task.
+6. **Grouping** (horizontal fusion): adjacent elementwise tasks over the same rows and
    iteration shape (``Assign`` and ``Reduce``) run in one loop nest if no task reads or
    writes, at a different view, what an earlier one in the group writes. A value stored by
    one task and read by a later one at the same view is reused from a register.
@@ -29,7 +32,8 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any, Dict, List, Optional, Tuple
 
-from .graph import Assign, Const, Leaf, Op, Reduce, Replicate, RowSpace, Swap, Task, leaves, substitute
+from .graph import Assign, Const, Leaf, Op, Redistribute, Reduce, Replicate, RowSpace, Swap, Task, leaves, substitute
+from .redistribution import copy_source
 
 __all__ = ["ElementwiseGroup", "TaskGroup", "optimize", "MAX_GROUP_TASKS"]
 
@@ -223,7 +227,7 @@ def optimize(tasks: List[Task]) -> Tuple[List[Any], Dict[str, int]]:
     tasks = _hoist_replicates(list(tasks))
     n = len(tasks)
     alive = [True] * n
-    stats = dict(recorded=n, inlined=0, dropped=0, swapped=0)
+    stats = dict(recorded=n, inlined=0, dropped=0, swapped=0, redistributed=0)
     readers: Dict[int, set] = defaultdict(set)
     writers: Dict[int, set] = defaultdict(set)
     for k, t in enumerate(tasks):
@@ -303,7 +307,15 @@ def optimize(tasks: List[Task]) -> Tuple[List[Any], Dict[str, int]]:
         tasks[idx] = Swap(t.out, t.expr, box, t)
         stats["swapped"] += 1
 
-    # 5. grouping of adjacent elementwise tasks
+    # 5. copies between different row layouts: one aggregated transfer each
+    for idx, t in enumerate(tasks):
+        if alive[idx] and isinstance(t, Assign):
+            src = copy_source(t)
+            if src is not None:
+                tasks[idx] = Redistribute(t.out, src, t)
+                stats["redistributed"] += 1
+
+    # 6. grouping of adjacent elementwise tasks
     groups: List[Any] = []
     cur: Optional[ElementwiseGroup] = None
     for idx, t in enumerate(tasks):

@@ -12,7 +12,9 @@ recognized at the force point (``Base.nviews == 0``) and fused away instead of s
   scalar), :class:`Op` (a ufunc, ``where`` or a cast applied to nodes);
 * tasks: :class:`Assign` (``out[view] = expr``), :class:`Reduce`, :class:`Matmul`,
   :class:`Transpose`, :class:`Replicate` (gather a view to every rank), :class:`Swap`
-  (made by fusion from a copy out of a dying temporary).
+  (made by fusion from a copy out of a dying temporary), :class:`Redistribute` (made by fusion
+  from a copy between different row layouts), :class:`IndexedCopy` (``b[idx] = a`` and
+  ``a[idx]`` with an index array).
 
 Each task has ``sig``, a canonical form of what was recorded (nested tuples of numbers: bases
 by serial number, distributions, views, dtypes, scalar values), hashed at the force point to
@@ -31,7 +33,8 @@ from .distribution import Distribution
 from .indexing import View
 
 __all__ = ["Base", "Leaf", "Const", "Op", "Node", "RowSpace", "Task", "Assign", "Reduce", "Matmul",
-           "Transpose", "Replicate", "Swap", "leaves", "substitute", "node_sig", "node_desc"]
+           "Transpose", "Replicate", "Swap", "Redistribute", "IndexedCopy", "leaves", "substitute", "node_sig",
+           "node_desc"]
 
 
 class Base:
@@ -472,3 +475,51 @@ class Swap(Task):
     def writes(self) -> List[Leaf]:
         return [Leaf(self.target.base, View.full(self.target.base.shape)),
                 Leaf(self.source.base, View.full(self.source.base.shape))]
+
+
+class Redistribute(Task):
+    """Made by fusion from ``out[view] = src[view]`` (a plain copy, cast to ``out``'s dtype if they differ)
+    between two distributed bases whose rows are laid out differently (another distribution, block
+    size, start or step): run as one aggregated transfer, at most one message per peer
+    (:mod:`~.redistribution`)."""
+
+    __slots__ = ("out", "src")
+    kind = "redistribute"
+
+    def __init__(self, out: Leaf, src: Leaf, origin: Task):
+        self.out, self.src = out, src
+        self._init_text(lambda: origin.desc)
+        self._sig = origin.sig
+
+    def reads(self) -> List[Leaf]:
+        return [self.src]
+
+    def writes(self) -> List[Leaf]:
+        return [self.out]
+
+
+class IndexedCopy(Task):
+    """An irregular copy through an index array, run through the project's Aggregator
+    (:mod:`~.irregular`): ``mode='scatter'``: ``out[idx[k]] = src[k]``; ``mode='gather'``:
+    ``out[k] = src[idx[k]]``. ``idx`` is a Leaf of a distributed integer array aligned with the
+    rows of ``src`` (scatter) or ``out`` (gather), or a replicated NumPy array (``idx_array``,
+    identified by ``idx_digest``)."""
+
+    __slots__ = ("mode", "out", "src", "idx", "idx_array", "idx_digest")
+    kind = "indexed"
+
+    def __init__(self, mode: str, out: Leaf, src: Leaf, idx: Optional[Leaf], idx_array: Optional[np.ndarray],
+                 idx_digest: int, desc: str):
+        self.mode, self.out, self.src, self.idx = mode, out, src, idx
+        self.idx_array, self.idx_digest = idx_array, int(idx_digest)
+        self._init_text(lambda: desc)
+
+    def _make_sig(self) -> Tuple:
+        idx = node_sig(self.idx) if self.idx is not None else (3, self.idx_digest, len(self.idx_array))
+        return (15, 1 if self.mode == "scatter" else 2, node_sig(self.out), node_sig(self.src), idx)
+
+    def reads(self) -> List[Leaf]:
+        return [self.src] + ([self.idx] if self.idx is not None else [])
+
+    def writes(self) -> List[Leaf]:
+        return [self.out]

@@ -10,8 +10,9 @@ axis in base order, with inserted axes between them:
 Views compose (``a[1:-1][::2]`` is one View of the base), never copy, and are hashable so
 transfer plans can be cached by them. Axis 0 of the base is the distributed axis; a view
 whose row entry is ``'s'`` and comes first keeps the distributed axis as its user axis 0.
-Only basic indexing (integers, slices, ``None``, ``...``) is a view, as in NumPy; index
-arrays and boolean masks raise :class:`UnsupportedOperation`.
+Only basic indexing (integers, slices, ``None``, ``...``) is a view, as in NumPy; :meth:`View.index`
+raises :class:`UnsupportedOperation` for index arrays and boolean masks (a DistArray handles an index
+array along axis 0 as a copy, :mod:`~.irregular`, before it gets here).
 """
 from __future__ import annotations
 

@@ -29,7 +29,7 @@ from .fused_kernels import KernelSpec, get_kernel, transpose_copy
 from .graph import Leaf
 from .indexing import _slice_of, c_strides
 
-__all__ = ["PartSpec", "MsgSpec", "Instance", "Plan", "ElementwisePlan", "MatmulPlan", "TransposePlan",
+__all__ = ["PartSpec", "MsgSpec", "Instance", "arena_layout", "Plan", "ElementwisePlan", "MatmulPlan", "TransposePlan",
            "ReplicatePlan", "BlockSpec", "ap_of", "selector"]
 
 Access = Tuple[int, int, int, str]   # (array slot, lo, hi, mode) with mode R / W / A
@@ -106,15 +106,28 @@ class MsgSpec:
         self.nbytes = off
 
 
+def arena_layout(msgs: List["MsgSpec"]) -> Tuple[List[int], int]:
+    """Byte offset of each message of ``msgs`` in an instance's arena (64-byte aligned) and the arena's size."""
+    offsets = []
+    total = 0
+    for m in msgs:
+        offsets.append(total)
+        total += (max(m.nbytes, 8) + 63) & ~63
+    return offsets, total
+
+
 class Instance:
     """The buffers and persistent requests of one use of a plan within a flush.
 
     Created collectively in effect (every rank creates the instances of the same plans in the
-    same order, so the tag agrees); each instance is reused by later flushes.
+    same order, so the tag agrees); each instance is reused by later flushes. The receive buffers
+    of all incoming messages are slices of one arena (``recv_arena``, bytes), those of all outgoing
+    messages of another (``send_arena``), each message starting at a 64-byte boundary
+    (``recv_offsets`` / ``send_offsets``), so a kernel can fill or drain every message in one call.
     """
 
     __slots__ = ("plan", "tag", "recv_bufs", "send_bufs", "recv_reqs", "send_reqs", "recv_parts", "send_parts",
-                 "extra", "flush_no", "uses", "broken")
+                 "recv_arena", "send_arena", "recv_offsets", "send_offsets", "extra", "flush_no", "uses", "broken")
 
     def __init__(self, plan: "Plan", engine):
         from .. import runtime
@@ -123,24 +136,27 @@ class Instance:
         comm = engine.dcomm
         self.plan = plan
         self.tag = engine.next_tag()
-        self.recv_bufs, self.recv_reqs, self.recv_parts = [], [], []
-        for m in plan.msgs_in:
-            buf = np.empty(max(m.nbytes, 8), dtype=np.uint8)
-            self.recv_bufs.append(buf)
-            self.recv_reqs.append(comm.Recv_init([buf[:m.nbytes], MPI.BYTE], source=m.peer, tag=self.tag))
-            self.recv_parts.append([buf[p.offset:p.offset + p.nbytes].view(p.dtype).reshape(p.shape)
-                                    for p in m.parts])
-        self.send_bufs, self.send_reqs, self.send_parts = [], [], []
-        for m in plan.msgs_out:
-            buf = np.empty(max(m.nbytes, 8), dtype=np.uint8)
-            self.send_bufs.append(buf)
-            self.send_reqs.append(comm.Send_init([buf[:m.nbytes], MPI.BYTE], dest=m.peer, tag=self.tag))
-            self.send_parts.append([buf[p.offset:p.offset + p.nbytes].view(p.dtype).reshape(p.shape)
-                                    for p in m.parts])
+        self.recv_arena, self.recv_offsets, self.recv_bufs = self._arena(plan.msgs_in)
+        self.recv_reqs = [comm.Recv_init([buf[:m.nbytes], MPI.BYTE], source=m.peer, tag=self.tag)
+                          for m, buf in zip(plan.msgs_in, self.recv_bufs)]
+        self.recv_parts = [[buf[p.offset:p.offset + p.nbytes].view(p.dtype).reshape(p.shape) for p in m.parts]
+                           for m, buf in zip(plan.msgs_in, self.recv_bufs)]
+        self.send_arena, self.send_offsets, self.send_bufs = self._arena(plan.msgs_out)
+        self.send_reqs = [comm.Send_init([buf[:m.nbytes], MPI.BYTE], dest=m.peer, tag=self.tag)
+                          for m, buf in zip(plan.msgs_out, self.send_bufs)]
+        self.send_parts = [[buf[p.offset:p.offset + p.nbytes].view(p.dtype).reshape(p.shape) for p in m.parts]
+                           for m, buf in zip(plan.msgs_out, self.send_bufs)]
         self.extra = plan.extra_buffers()
         self.flush_no = -1
         self.uses = 0
         self.broken = False
+
+    @staticmethod
+    def _arena(msgs: List["MsgSpec"]) -> Tuple[np.ndarray, List[int], List[np.ndarray]]:
+        """One byte buffer for ``msgs``: (arena, byte offset of each message, each message's slice)."""
+        offsets, total = arena_layout(msgs)
+        arena = np.empty(max(total, 64), dtype=np.uint8)
+        return arena, offsets, [arena[o:o + max(m.nbytes, 8)] for o, m in zip(offsets, msgs)]
 
     def free(self) -> None:
         """Free the persistent requests (they must be inactive)."""
@@ -265,6 +281,8 @@ def _segments(m: int, srcs: List[np.ndarray], seqs: List[np.ndarray]) -> List[Tu
 def _my_rows_fast(dist, s: int, t: int, n: int, rank: int) -> Tuple[np.ndarray, np.ndarray]:
     """(row numbers i of the view owned by ``rank``, their local indices), increasing i."""
     g = dist.global_rows(rank)
+    if t == 1 and s == 0 and n == dist.nrows:  # the whole base: every local row, in order
+        return g, np.arange(len(g), dtype=np.int64)
     rel = g - s
     q = rel // t
     ok = (rel % t == 0) & (q >= 0) & (q < n)

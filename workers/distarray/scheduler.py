@@ -44,8 +44,12 @@ import numpy as np
 from .. import runtime, tracing, waiting
 from .errors import DistArrayDivergence, DistArrayError, DistArrayTimeout
 from .fusion import ElementwiseGroup, optimize
-from .graph import Matmul, Replicate, Swap, Transpose
+from . import irregular
+from .fusion import TaskGroup
+from .graph import IndexedCopy, Matmul, Redistribute, Replicate, Swap, Transpose
+from .packing import copy_rows, pack, unpack
 from .plans import ElementwisePlan, MatmulPlan, ReplicatePlan, TransposePlan, selector
+from .redistribution import RedistributionPlan
 from .reductions import combine_partials, identity_array
 
 __all__ = ["run_flush"]
@@ -286,8 +290,13 @@ class _Flush:
 
     # -- building the units ----------------------------------------------------------------
     def build(self, groups: List[Any]) -> None:
+        """Build the units of ``groups`` (one segment of the flush: a previous segment, if any, has been
+        executed completely)."""
         eng = self.eng
         flush_no = eng.flush_no
+        self.runs = []
+        self.prev_coll = None
+        self.nunits = self.ndone = 0
         for g in groups:
             if isinstance(g, ElementwiseGroup):
                 run = self._elementwise(g, flush_no)
@@ -301,6 +310,8 @@ class _Flush:
                     run = self._transpose(t, flush_no)
                 elif isinstance(t, Replicate):
                     run = self._replicate(t, flush_no)
+                elif isinstance(t, Redistribute):
+                    run = self._redistribute(t, flush_no)
                 else:  # pragma: no cover - every task kind is handled above
                     raise DistArrayError(f"internal error: no executor for task {type(t).__name__}")
             self.runs.append(run)
@@ -617,6 +628,127 @@ class _Flush:
                 run.computes.append(u)
         return run
 
+    def _redistribute(self, t: Redistribute, flush_no: int) -> _GroupRun:
+        """One aggregated transfer (:mod:`~.redistribution`): at most one message per peer and direction.
+        Packed messages: pack kernel + persistent send; persistent receive + unpack kernel (for the streams
+        of a cyclic exchange, all packs, or all unpacks, with the local copy in one interleaved pass).
+        In-place messages: the send (or receive) is started from (into) the local block by a communication
+        unit that waits for the earlier units touching those rows, and a no-op unit holding the rows until
+        the request completes orders the later ones. The rows that stay here are copied meanwhile."""
+        eng = self.eng
+        src, out = t.src, t.out
+        key = ("rd", src.base.dist.key, src.view.key, src.dtype.str, out.base.dist.key, out.view.key,
+               out.dtype.str)
+        plan: RedistributionPlan = eng.plan(key, lambda: RedistributionPlan(src, out, self.rank, self.size))
+        inst = plan.acquire(eng, flush_no)
+        inst.uses += 1
+        run = _GroupRun(t.desc)
+        run.inst = inst
+        self._recvs(run, plan, inst, t.desc)
+        sb, ob = src.base, out.base
+        sflat, rflat, sarena, rarena = plan.flat_parts(inst)
+        MPI, comm = self.MPI, eng.dcomm
+
+        def flat(b) -> np.ndarray:
+            if b.flat is None:
+                b.ensure()
+            return b.flat
+
+        def span(hulls) -> Tuple[int, int]:
+            hulls = [h for h in hulls if h[1] > h[0]]
+            return (min(h[0] for h in hulls), max(h[1] for h in hulls)) if hulls else (0, 0)
+
+        if plan.send_group is not None and plan.msgs_out:
+            def pack_all_and_send(group=plan.send_group) -> None:
+                t0 = _now()
+                group.run(flat(sb), flat(ob), sarena, rarena)
+                t1 = _now()
+                for k, m in enumerate(plan.msgs_out):
+                    req = inst.send_reqs[k]
+                    req.Start()
+                    self.msgs_sent += 1
+                    self.bytes_sent += m.nbytes
+                    self._rec(K_SEND, tracing.DIR_SEND, m.peer, inst.tag, m.nbytes, t0 if k == 0 else t1, _now(), 0,
+                              inst.uses)
+                    self._start(Waitable(req, "send", m.peer, inst.tag, m.nbytes, inst.uses,
+                                         f"send for {t.desc} to rank {m.peer}", inst))
+
+            acc = [(sb.serial,) + span(plan.send_hulls + ([plan.local_src_hull] if plan.send_group_local else []))
+                   + ("R",)]
+            if plan.send_group_local:
+                acc.append((ob.serial,) + plan.local_out_hull + ("W",))
+            run.sends.append(Unit("send", pack_all_and_send, f"pack and send {t.desc}", tuple(acc)))
+        else:
+            for k in range(len(plan.msgs_out)):
+                def pk(k=k) -> None:
+                    pack(flat(sb), plan.send_runs[k], plan.spat, sflat[k])
+
+                u = self._send_unit(plan, inst, k, None, None, t.desc, pack=pk)
+                h = plan.send_hulls[k]
+                u.access = ((sb.serial, h[0], h[1], "R"),)
+                run.sends.append(u)
+        if plan.recv_group is not None and plan.msgs_in:
+            def unpack_all(group=plan.recv_group) -> None:
+                group.run(flat(sb), flat(ob), sarena, rarena)
+
+            acc = [(ob.serial,) + span(plan.recv_hulls + ([plan.local_out_hull] if plan.recv_group_local else []))
+                   + ("W",)]
+            if plan.recv_group_local:
+                acc.append((sb.serial,) + plan.local_src_hull + ("R",))
+            u = Unit("compute", unpack_all, t.desc, tuple(acc))
+            u.ndeps = len(plan.msgs_in)
+            for w in run.recvs:
+                w.units.append(u)
+            run.computes.append(u)
+        else:
+            for k in range(len(plan.msgs_in)):
+                def unp(k=k) -> None:
+                    unpack(flat(ob), plan.recv_runs[k], plan.tpat, rflat[k])
+
+                h = plan.recv_hulls[k]
+                u = Unit("compute", unp, t.desc, ((ob.serial, h[0], h[1], "W"),))
+                u.ndeps = 1
+                run.recvs[k].units.append(u)
+                run.computes.append(u)
+
+        def in_place(base, peer: int, lo: int, hi: int, rlo: int, rhi: int, sending: bool) -> None:
+            mode = "R" if sending else "W"
+            nbytes = (hi - lo) * base.dtype.itemsize
+            what = f"{'send' if sending else 'receive'} for {t.desc} {'to' if sending else 'from'} rank {peer}"
+            held = Unit("compute", lambda: None, t.desc, ((base.serial, rlo, rhi, mode),))
+            held.ndeps = 1
+
+            def start() -> None:
+                t0 = _now()
+                mem = flat(base)[lo:hi].view(np.uint8)
+                if sending:
+                    req = comm.Isend([mem, MPI.BYTE], dest=peer, tag=inst.tag)
+                    self.msgs_sent += 1
+                    self.bytes_sent += nbytes
+                    self._rec(K_SEND, tracing.DIR_SEND, peer, inst.tag, nbytes, t0, _now(), 0, inst.uses)
+                    w = Waitable(req, "send", peer, inst.tag, nbytes, inst.uses, what, inst)
+                else:
+                    req = comm.Irecv([mem, MPI.BYTE], source=peer, tag=inst.tag)
+                    w = Waitable(req, "recv", peer, inst.tag, nbytes, inst.uses, what, inst)
+                w.units.append(held)
+                self._start(w)
+
+            run.sends.append(Unit("send", start, what, ((base.serial, rlo, rhi, mode),)))
+            run.computes.append(held)
+
+        for (peer, lo, hi, rlo, rhi) in plan.direct_in:
+            in_place(ob, peer, lo, hi, rlo, rhi, False)
+        for (peer, lo, hi, rlo, rhi) in plan.direct_out:
+            in_place(sb, peer, lo, hi, rlo, rhi, True)
+        if len(plan.local_runs) and not plan.send_group_local and not plan.recv_group_local:
+            def local_fn() -> None:
+                copy_rows(flat(ob), plan.ltpat, flat(sb), plan.lspat, plan.local_runs)
+
+            sh, oh = plan.local_src_hull, plan.local_out_hull
+            run.computes.append(Unit("compute", local_fn, t.desc, ((sb.serial, sh[0], sh[1], "R"),
+                                                                   (ob.serial, oh[0], oh[1], "W"))))
+        return run
+
     # -- dependencies between groups (latency hiding only) ---------------------------------
     def _dependencies(self) -> None:
         """Make each unit wait for the earlier groups' units it conflicts with (same base, overlapping
@@ -877,8 +1009,19 @@ def run_flush(engine, tasks, reason: str, hiding: bool) -> None:
         agr.wait()  # blocking: agree first
     groups, fstats = optimize(tasks)
     try:
-        fl.build(groups)
-        fl.execute()
+        # irregular copies (Aggregator) are barriers: the groups before one run to completion first
+        segment: List[Any] = []
+        for g in groups + [None]:
+            if g is not None and not (isinstance(g, TaskGroup) and isinstance(g.task, IndexedCopy)):
+                segment.append(g)
+                continue
+            if segment:
+                fl.build(segment)
+                fl.execute()
+                segment = []
+            if g is not None:
+                agr.wait()  # the ranks agreed on the recorded operations before this collective step
+                irregular.execute(engine, g.task, fl.op_name(g.task.kind))
     except BaseException as err:
         fl.abort()
         if not agr.verified and not isinstance(err, (DistArrayTimeout, KeyboardInterrupt)):
@@ -892,6 +1035,7 @@ def run_flush(engine, tasks, reason: str, hiding: bool) -> None:
     st["inlined"] += fstats["inlined"]
     st["dropped"] += fstats["dropped"]
     st["swapped"] += fstats["swapped"]
+    st["redistributed"] += fstats["redistributed"]
     st["blocks"] += fl.blocks
     st["messages_sent"] += fl.msgs_sent
     st["bytes_sent"] += fl.bytes_sent
