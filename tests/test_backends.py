@@ -12,6 +12,7 @@ import pytest
 from nbmpi.server.backends import BackendError, JobSpec, PoolSpec, make_backend
 from nbmpi.server.backends.local import LocalBackend
 from nbmpi.server.ledger import RankLedger
+from liveness import running
 
 
 def spec(tmp_path: Path, code: str, ranks: int = 2, job_id: int = 1, **kw) -> JobSpec:
@@ -71,7 +72,7 @@ def test_local_job_failure_and_cancel_end_every_rank(tmp_path):
     assert b.poll(s2, state).phase == "running"
     st = b.cancel(s2, state)
     assert st.outcome == "cancelled" and st.exit_code == 130
-    assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids)
+    assert not any(running(p) for p in pids)
 
 
 def test_local_recover_ends_a_job_it_cannot_follow(tmp_path):
@@ -85,7 +86,7 @@ def test_local_recover_ends_a_job_it_cannot_follow(tmp_path):
     pid = int((s.log_dir / "rank-0.stdout").read_text())
     # a new backend (as after a restart of the service) cannot follow it: it ends it and says so
     assert LocalBackend().recover(s, json.loads(json.dumps(state))) is False
-    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    assert not running(pid)
     first.cancel(s, state)  # reaps the mpiexec child of this test process
 
 
@@ -111,7 +112,7 @@ def test_local_pool_start_stop_and_recover(tmp_path):
     finally:
         b.stop_pool(pool, state)
     ranks = state["pids"]["ranks"]
-    assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in ranks)
+    assert not any(running(p) for p in ranks)
     assert b.recover_pool(conn, state) is None  # nothing answers any more
 
 

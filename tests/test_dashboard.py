@@ -21,6 +21,7 @@ import psutil
 import pytest
 
 from conftest import REPO
+from liveness import running
 from test_server import BOB_TOKEN, CHANNEL_JOB, SLEEP_JOB, Server, job_processes, submit, wait_state
 
 #: Which of the timeline's renderers draw with WebGL (BokehJS renderer views' has_webgl).
@@ -141,7 +142,7 @@ class Browser:
         deadline = time.monotonic() + 10
         left = pids
         while left and time.monotonic() < deadline:
-            left = [p for p in left if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+            left = [p for p in left if running(p)]
             time.sleep(0.1)
         for p in left:   # a renderer that outlived quit(): ours, by pid
             try:
@@ -427,7 +428,7 @@ def test_demo_keep_leaves_the_controller_and_prints_the_dashboard(tmp_path):
     finally:
         os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + 30
-    while psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+    while running(pid):
         assert time.monotonic() < deadline, "the kept controller did not stop on SIGTERM"
         time.sleep(0.1)
     assert job_processes(data) == []

@@ -14,6 +14,7 @@ import psutil
 import pytest
 
 from conftest import REPO
+from liveness import running
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
@@ -201,4 +202,4 @@ def test_controller_pool_notebook(tmp_path):
                   "log of rank 1: job rank 1 of 2: sum of rank+1 = 3\n", job
     assert stop == "pool 'shared-pool' disconnected\npool state after disconnecting: running\n" \
                    f"pool state after delete_pool: stopped\ncontroller (pid {pid}) ended, return code -15\n", stop
-    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    assert not running(pid)

@@ -16,6 +16,8 @@ import httpx
 import psutil
 import pytest
 
+from liveness import running
+
 REPO = Path(__file__).resolve().parent.parent
 BOB_TOKEN = "bob-token-0123456789abcdefghijklmnop"
 
@@ -228,7 +230,7 @@ def test_cancel_leaves_no_process(server):
         r = c.delete(f"/api/v1/jobs/{job['id']}")
         assert r.status_code == 200 and r.json()["state"] == "cancelled"
         for p in pids.values():
-            assert not psutil.pid_exists(p) or psutil.Process(p).status() == psutil.STATUS_ZOMBIE
+            assert not running(p)
         assert job_processes(server.data_dir) == []
         job = c.get(f"/api/v1/jobs/{job['id']}").json()
         assert job["state"] == "cancelled" and job["exit_code"] == 130
@@ -242,7 +244,7 @@ def test_timeout(server):
         pids = pids_from_logs(c, job["id"], 2)
         job = wait_state(c, job["id"], ("timed_out", "succeeded", "failed"))
         assert job["state"] == "timed_out" and job["exit_code"] == 124
-        assert not any(psutil.pid_exists(p) for p in pids.values())
+        assert not any(running(p) for p in pids.values())
         assert job_processes(server.data_dir) == []
 
 
@@ -392,7 +394,7 @@ def test_restart_marks_running_job_lost(tmp_path):
                 job = c.get(f"/api/v1/jobs/{job['id']}").json()
                 assert job["state"] == "lost" and job["finished_at"] is not None
             for p in pids:
-                assert not psutil.pid_exists(p) or psutil.Process(p).status() == psutil.STATUS_ZOMBIE
+                assert not running(p)
             assert c.get(f"/api/v1/jobs/{done['id']}").json()["state"] == "succeeded"
             assert c.get(f"/api/v1/jobs/{done['id']}/logs").text == "done\n"
             for i, q in enumerate(queued):
