@@ -58,7 +58,7 @@ class Tracer:
     """
 
     __slots__ = ("comm", "rank", "size", "enabled", "max_events", "buf", "cap", "n", "dropped",
-                 "offset_ns", "offset_err_ns", "_next_chan", "_lock", "pend")
+                 "offset_ns", "offset_err_ns", "_next_chan", "_lock")
 
     def __init__(self, comm, enabled: bool = True, capacity: int = 1 << 14, max_events: int = 1 << 22):
         self.comm = comm
@@ -75,10 +75,6 @@ class Tracer:
         self.offset_err_ns = 0
         self._next_chan = 1
         self._lock = threading.Lock()
-        # Always 0. Read (never written) by the fused-reductions core compiled from
-        # workers/_fused_core.c, which predates record() being the only way in; remove it
-        # together with that file.
-        self.pend = 0
 
     # -- recording -------------------------------------------------------------
     def record(self, kind: int, direction: int, peer: int, tag: int, nbytes: int,
