@@ -380,8 +380,8 @@ def test_restart_marks_running_job_lost(tmp_path):
         with srv.client() as c:
             done = submit(c, "print('done')", ranks=1)
             wait_state(c, done["id"], ("succeeded",))
-            running = [submit(c, SLEEP_JOB.format(seconds=120), ranks=1) for _ in range(2)]
-            pids = [pid for job in running for pid in pids_from_logs(c, job["id"], 1).values()]
+            sleeping = [submit(c, SLEEP_JOB.format(seconds=120), ranks=1) for _ in range(2)]
+            pids = [pid for job in sleeping for pid in pids_from_logs(c, job["id"], 1).values()]
             queued = [submit(c, f"import sys\nprint('after restart', {i})", ranks=1) for i in range(20)]
             assert {c.get(f"/api/v1/jobs/{q['id']}").json()["state"] for q in queued} == {"queued"}
         srv.proc.send_signal(signal.SIGKILL)
@@ -390,7 +390,7 @@ def test_restart_marks_running_job_lost(tmp_path):
         srv.stop()
         srv = Server(tmp_path / "data").start()
         with srv.client() as c:
-            for job in running:
+            for job in sleeping:
                 job = c.get(f"/api/v1/jobs/{job['id']}").json()
                 assert job["state"] == "lost" and job["finished_at"] is not None
             for p in pids:
