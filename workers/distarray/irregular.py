@@ -82,19 +82,34 @@ def write_dtype(dtype: np.dtype, elems: int, stamped: bool) -> np.dtype:
 
 
 # --------------------------------------------------------------------------- numba kernels and handlers
+@numba.njit(cache=True, nogil=True, inline="always")
+def _row_to_item(src, base, offs, inner, stride, v):  # pragma: no cover - compiled
+    """v = the elements (pattern ``offs``, ``inner``, ``stride``) of the row of flat ``src`` starting at ``base``."""
+    k = 0
+    for q in range(offs.shape[0]):
+        b = base + offs[q]
+        for j in range(inner):
+            v[k] = src[b + j * stride]
+            k += 1
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _item_to_row(dst, base, offs, inner, stride, v):  # pragma: no cover - compiled
+    """The elements (pattern ``offs``, ``inner``, ``stride``) of the row of flat ``dst`` starting at ``base`` = v
+    (cast to ``dst``'s dtype)."""
+    k = 0
+    for q in range(offs.shape[0]):
+        b = base + offs[q]
+        for j in range(inner):
+            dst[b + j * stride] = v[k]
+            k += 1
+
+
 @numba.njit(cache=True, nogil=True)
 def _fill_rows(items, src, row_elems, offs, inner, stride, rows):  # pragma: no cover - compiled
     """items[i].val = the elements (pattern) of local row rows[i] of src."""
-    nout = offs.shape[0]
     for i in range(rows.shape[0]):
-        v = items[i]["val"]
-        base = rows[i] * row_elems
-        k = 0
-        for q in range(nout):
-            b = base + offs[q]
-            for j in range(inner):
-                v[k] = src[b + j * stride]
-                k += 1
+        _row_to_item(src, rows[i] * row_elems, offs, inner, stride, items[i]["val"])
 
 
 @numba.njit(cache=True, nogil=True)
@@ -102,16 +117,8 @@ def write_rows(items, state):  # pragma: no cover - compiled
     """Aggregator handler: write each item's row into the local block (``state`` = (block, row_elems,
     offsets, inner, stride)); casts to the block's dtype."""
     dst, row_elems, offs, inner, stride = state
-    nout = offs.shape[0]
     for i in range(items.shape[0]):
-        v = items[i]["val"]
-        base = items[i]["pos"] * row_elems
-        k = 0
-        for q in range(nout):
-            b = base + offs[q]
-            for j in range(inner):
-                dst[b + j * stride] = v[k]
-                k += 1
+        _item_to_row(dst, items[i]["pos"] * row_elems, offs, inner, stride, items[i]["val"])
 
 
 @numba.njit(cache=True, nogil=True)
@@ -119,21 +126,13 @@ def write_rows_last(items, state):  # pragma: no cover - compiled
     """Aggregator handler for duplicates: like :func:`write_rows`, but a row is written only if the item's
     ``epoch + k`` exceeds the row's stamp (``state`` adds (stamp, epoch)): the largest ``k`` wins."""
     dst, row_elems, offs, inner, stride, stamp, epoch = state
-    nout = offs.shape[0]
     for i in range(items.shape[0]):
         p = items[i]["pos"]
         key = epoch + items[i]["k"]
         if key <= stamp[p]:
             continue
         stamp[p] = key
-        v = items[i]["val"]
-        base = p * row_elems
-        k = 0
-        for q in range(nout):
-            b = base + offs[q]
-            for j in range(inner):
-                dst[b + j * stride] = v[k]
-                k += 1
+        _item_to_row(dst, p * row_elems, offs, inner, stride, items[i]["val"])
 
 
 @numba.njit(cache=True, nogil=True)
@@ -141,19 +140,11 @@ def serve_rows(items, state, src, out_dests, out_items):  # pragma: no cover - c
     """Aggregator reply handler of a gather: answer each request ``(pos, row)`` from rank ``src`` with the
     row's elements (``state`` = (block, row_elems, offsets, inner, stride)). Returns the rows written."""
     a, row_elems, offs, inner, stride = state
-    nout = offs.shape[0]
     n = items.shape[0]
     for i in range(n):
         out_dests[i] = src
         out_items[i]["pos"] = items[i]["pos"]
-        v = out_items[i]["val"]
-        base = items[i]["row"] * row_elems
-        k = 0
-        for q in range(nout):
-            b = base + offs[q]
-            for j in range(inner):
-                v[k] = a[b + j * stride]
-                k += 1
+        _row_to_item(a, items[i]["row"] * row_elems, offs, inner, stride, out_items[i]["val"])
     return n
 
 
