@@ -38,6 +38,15 @@ def run_mpi(tmp_path):
     return _run
 
 
+@pytest.fixture(scope="module")
+def kernel_cache() -> str:
+    """The on-disk numba kernel cache of the distributed arrays that users get (``fused_kernels.cache_dir()``,
+    "" if none), to pass on as ``NBMPI_DISTARRAY_CACHE`` so every run of a module compiles each kernel once."""
+    from nbmpi.workers.distarray.fused_kernels import cache_dir
+
+    return cache_dir() or ""
+
+
 def assert_ok(proc) -> None:
     """Fail with the program's output if it did not exit 0."""
     assert proc.returncode == 0, f"exit {proc.returncode}\nSTDOUT:\n{proc.stdout}\nSTDERR:\n{proc.stderr}"
