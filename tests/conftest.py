@@ -10,18 +10,21 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+TESTS = REPO / "tests"
 
 
 def nbmpi_run(tmp_path: Path, code: str, n: int = 2, timeout: float = 120, env=None, args=()):
     """Write ``code`` (dedented) to a script and run it with ``nbmpi run -n n``.
 
     Returns the CompletedProcess (text stdout/stderr). The launcher kills the
-    whole process group on failure, so nothing is left behind.
+    whole process group on failure, so nothing is left behind. The program finds
+    the helper modules of this folder (``spmd_checks``) through ``PYTHONPATH``.
     """
     script = tmp_path / f"prog_{abs(hash(code)) % 10**8}_{n}.py"
     script.write_text(textwrap.dedent(code))
     full_env = dict(os.environ)
     full_env.setdefault("NBMPI_TIMEOUT", "60")
+    full_env["PYTHONPATH"] = os.pathsep.join(p for p in (str(TESTS), os.environ.get("PYTHONPATH", "")) if p)
     if env:
         full_env.update(env)
     cmd = [sys.executable, "-m", "nbmpi.workers.cli", "run", "-n", str(n), "--timeout", str(timeout),
