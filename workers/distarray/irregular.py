@@ -408,6 +408,18 @@ def _flat(base: Base) -> np.ndarray:
     return base.flat
 
 
+def _push_rows(engine, plan, src, role: str, handler, state) -> None:
+    """Push step of a plan whose sources know the destinations (a NumPy index, or ``b[ix] = a``): fill
+    ``plan.items`` with this rank's source rows (``plan.rows``, pattern ``plan.spat``) and send them to
+    ``plan.dests`` through the ``role`` aggregator, whose numba ``handler`` writes them into ``state`` on the
+    destination. Collective (the flush returns when every item is written)."""
+    if len(plan.rows):
+        _fill_rows(plan.items, _flat(src.base), *_pattern_args(plan.spat), plan.rows)
+    agg = _aggregator(engine, role, plan.items.dtype, handler, state)
+    agg.push_many(plan.dests, plan.items)
+    agg.flush()
+
+
 def execute(engine, task: IndexedCopy, op: str) -> None:
     """Run ``task`` now (see the module doc). Collective over the engine's communicator; called by the
     scheduler at a force point, after the ranks agreed on the recorded operations."""
@@ -431,12 +443,7 @@ def _execute(engine, task: IndexedCopy, op: str) -> None:
         _agree(engine, plan.bad, what, size, op)
         if plan.elems == 0:
             return
-        if len(plan.rows):
-            _fill_rows(plan.items, _flat(src.base), *_pattern_args(plan.spat), plan.rows)
-        agg = _aggregator(engine, "write", plan.items.dtype, write_rows,
-                          (_flat(out.base),) + _pattern_args(plan.tpat))
-        agg.push_many(plan.dests, plan.items)
-        agg.flush()
+        _push_rows(engine, plan, src, "write", write_rows, (_flat(out.base),) + _pattern_args(plan.tpat))
         return
     idx_flat = _flat(task.idx.base)
     if task.mode == "scatter":
@@ -448,12 +455,8 @@ def _execute(engine, task: IndexedCopy, op: str) -> None:
         _agree(engine, None if bad_at < 0 else (int(plan.ks[bad_at]), int(idx_flat[bad_at])), what, nt, op)
         if plan.elems == 0:
             return
-        if len(plan.rows):
-            _fill_rows(plan.items, _flat(src.base), *_pattern_args(plan.spat), plan.rows)
         state = (_flat(out.base),) + _pattern_args(plan.tpat) + (plan.stamp, plan.next_epoch())
-        agg = _aggregator(engine, "write-last", plan.items.dtype, write_rows_last, state)
-        agg.push_many(plan.dests, plan.items)
-        agg.flush()
+        _push_rows(engine, plan, src, "write-last", write_rows_last, state)
         return
     plan = engine.plan(("ixd",) + layout + (task.idx.base.dist.key, task.idx.dtype.str),
                        lambda: DistGatherPlan(task, rank))
