@@ -408,6 +408,16 @@ def _flat(base: Base) -> np.ndarray:
     return base.flat
 
 
+def _locate_agreed(engine, plan, arr, idx_flat: np.ndarray, locs: np.ndarray, what: str, op: str) -> None:
+    """Resolve this rank's part of a distributed index against the rows of ``arr`` (the array it indexes):
+    owners into ``plan.dests``, local rows into ``locs``; then the ranks agree on the first bad value
+    (``_agree``: IndexOutOfBounds on every rank if any rank found one). Collective."""
+    start, step, n = arr.view.row_params
+    bad_at = _locate(idx_flat, n, start, step, *_dist_args(arr.base.dist), plan.dests, locs) \
+        if len(idx_flat) else -1
+    _agree(engine, None if bad_at < 0 else (int(plan.ks[bad_at]), int(idx_flat[bad_at])), what, n, op)
+
+
 def _push_rows(engine, plan, src, role: str, handler, state) -> None:
     """Push step of a plan whose sources know the destinations (a NumPy index, or ``b[ix] = a``): fill
     ``plan.items`` with this rank's source rows (``plan.rows``, pattern ``plan.spat``) and send them to
@@ -449,10 +459,7 @@ def _execute(engine, task: IndexedCopy, op: str) -> None:
     if task.mode == "scatter":
         plan = engine.plan(("ixd",) + layout + (task.idx.base.dist.key, task.idx.dtype.str),
                            lambda: DistScatterPlan(task, rank))
-        ts, tt, nt = out.view.row_params
-        bad_at = _locate(idx_flat, nt, ts, tt, *_dist_args(out.base.dist), plan.dests, plan.items["pos"]) \
-            if len(idx_flat) else -1
-        _agree(engine, None if bad_at < 0 else (int(plan.ks[bad_at]), int(idx_flat[bad_at])), what, nt, op)
+        _locate_agreed(engine, plan, out, idx_flat, plan.items["pos"], what, op)
         if plan.elems == 0:
             return
         state = (_flat(out.base),) + _pattern_args(plan.tpat) + (plan.stamp, plan.next_epoch())
@@ -460,10 +467,7 @@ def _execute(engine, task: IndexedCopy, op: str) -> None:
         return
     plan = engine.plan(("ixd",) + layout + (task.idx.base.dist.key, task.idx.dtype.str),
                        lambda: DistGatherPlan(task, rank))
-    ss, st, ns = src.view.row_params
-    bad_at = _locate(idx_flat, ns, ss, st, *_dist_args(src.base.dist), plan.dests, plan.requests["row"]) \
-        if len(idx_flat) else -1
-    _agree(engine, None if bad_at < 0 else (int(plan.ks[bad_at]), int(idx_flat[bad_at])), what, ns, op)
+    _locate_agreed(engine, plan, src, idx_flat, plan.requests["row"], what, op)
     if plan.elems == 0:
         return
     wdt = write_dtype(src.dtype, plan.elems, False)
