@@ -52,6 +52,8 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+from mpi_part import slowest_rank  # noqa: E402
+
 TAG_UPD, TAG_DONE, TAG_REQ, TAG_REP = 21, 22, 23, 24
 
 FULL = dict(updates=4_000_000, naive_updates=100_000, table=4096, round_items=1 << 16, buffer_items=8192,
@@ -130,14 +132,7 @@ class Bench:
 
     # -- helpers -------------------------------------------------------------
     def timed(self, fn) -> float:
-        comm = self.comm
-        comm.Barrier()
-        t0 = time.perf_counter()
-        fn()
-        dt = np.array([time.perf_counter() - t0])
-        out = np.empty(1)
-        comm.Allreduce(dt, out, op=self.MPI.MAX)
-        return float(out[0])
+        return slowest_rank(self.comm, fn)[1]
 
     def updates(self, rank: int, n: int) -> np.ndarray:
         return np.random.default_rng(self.seed + rank).integers(0, self.cfg["table"] * self.size, n)

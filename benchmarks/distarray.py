@@ -395,9 +395,8 @@ def handwritten_stencil(comm, u, v, first_row: int, n: int, iters: int, kernel):
 def mpi_main(a) -> int:
     import nbmpi.workers.distarray as dnp
     from nbmpi.workers import gather_trace, get_tracer, world
-    from nbmpi.workers.runtime import MPI as _MPI
+    from mpi_part import slowest_rank
 
-    MPI = _MPI()
     comm = world()
     rank, size = comm.Get_rank(), comm.Get_size()
     cfg = dict(QUICK if a.quick else FULL)
@@ -405,13 +404,7 @@ def mpi_main(a) -> int:
     tracer = get_tracer()
 
     def timed(fn):
-        comm.Barrier()
-        t0 = time.perf_counter()
-        res = fn()
-        dt = numpy.array([time.perf_counter() - t0])
-        out = numpy.empty(1)
-        comm.Allreduce(dt, out, op=MPI.MAX)
-        return res, float(out[0])
+        return slowest_rank(comm, fn)
 
     def dist_inputs(inp: dict) -> dict:
         out = {}
@@ -513,7 +506,7 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     if a.mpi_part:
         return mpi_main(a)
-    from nbmpi.workers.launcher import run
+    from mpi_part import run_part
     from reporting import machine
 
     cfg = dict(QUICK if a.quick else FULL)
@@ -529,24 +522,14 @@ def main(argv=None) -> int:
     fresh_cache = "NBMPI_DISTARRAY_CACHE" not in os.environ
     with tempfile.TemporaryDirectory(prefix="nbmpi-distarray-bench-") as tmp:
         for n in ranks:
-            part = Path(tmp) / f"part{n}.json"
-            env = dict(os.environ)
+            env = {}
             if fresh_cache:
                 env["NBMPI_DISTARRAY_CACHE"] = str(Path(tmp) / f"kernels{n}")  # cold: first calls compile
-            args = [str(Path(__file__).resolve()), "--mpi-part", str(part)] + (["--quick"] if a.quick else []) + \
-                (["--rounds", str(a.rounds)] if a.rounds else [])
+            args = (["--quick"] if a.quick else []) + (["--rounds", str(a.rounds)] if a.rounds else [])
             print(f"nbmpi on {n} ranks ...", flush=True)
-            old = dict(os.environ)
-            os.environ.update(env)
-            try:
-                code = run(n, args)
-            finally:
-                os.environ.clear()
-                os.environ.update(old)
+            code, mpi[str(n)] = run_part(n, str(Path(__file__).resolve()), Path(tmp) / f"part{n}.json", args, env)
             if code != 0:
-                print(f"the {n}-rank part failed with exit code {code}", file=sys.stderr)
                 return code
-            mpi[str(n)] = json.loads(part.read_text())
     report(cfg, rounds, ranks, np_res, dask_res, mpi, a.quick, a.out_dir, fresh_cache,
            dict(load_start=load0, load_end=os.getloadavg(), wall_seconds=time.time() - t_all), machine())
     return 0

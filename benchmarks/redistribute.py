@@ -72,6 +72,7 @@ def mpi_main(a) -> int:
     import nbmpi.workers.distarray as dnp
     from nbmpi.workers import gather_trace, get_tracer, world
     from nbmpi.workers.runtime import MPI as _MPI
+    from mpi_part import slowest_rank
 
     MPI = _MPI()
     comm = world()
@@ -81,14 +82,7 @@ def mpi_main(a) -> int:
     tracer = get_tracer()
 
     def timed(fn, reps=1):
-        comm.Barrier()
-        t0 = time.perf_counter()
-        for _ in range(reps):
-            fn()
-        dt = numpy.array([(time.perf_counter() - t0) / reps])
-        out = numpy.empty(1)
-        comm.Allreduce(dt, out, op=MPI.MAX)
-        return float(out[0])
+        return slowest_rank(comm, fn, reps)[1]
 
     def all_true(flag: bool) -> bool:
         return bool(comm.allreduce(int(bool(flag)), op=MPI.MIN))
@@ -377,23 +371,19 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     if a.mpi_part:
         return mpi_main(a)
-    from nbmpi.workers.launcher import run
+    from mpi_part import run_part
     from reporting import machine
 
     cfg = dict(QUICK if a.quick else FULL)
     load0 = os.getloadavg()
     t_all = time.time()
     with tempfile.TemporaryDirectory(prefix="nbmpi-redistribute-bench-") as tmp:
-        part = Path(tmp) / "part.json"
-        args = [str(Path(__file__).resolve()), "--mpi-part", str(part), "--per-element-max",
-                str(a.per_element_max)] + (["--quick"] if a.quick else []) + \
+        args = ["--per-element-max", str(a.per_element_max)] + (["--quick"] if a.quick else []) + \
             (["--rounds", str(a.rounds)] if a.rounds else [])
         print(f"nbmpi on {cfg['ranks']} ranks ...", flush=True)
-        code = run(cfg["ranks"], args)
+        code, res = run_part(cfg["ranks"], str(Path(__file__).resolve()), Path(tmp) / "part.json", args)
         if code != 0:
-            print(f"the MPI part failed with exit code {code}", file=sys.stderr)
             return code
-        res = json.loads(part.read_text())
     report(cfg, a, res, dict(load_start=load0, load_end=os.getloadavg(), wall_seconds=time.time() - t_all),
            machine())
     return 0

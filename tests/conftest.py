@@ -10,18 +10,21 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+TESTS = REPO / "tests"
 
 
 def nbmpi_run(tmp_path: Path, code: str, n: int = 2, timeout: float = 120, env=None, args=()):
     """Write ``code`` (dedented) to a script and run it with ``nbmpi run -n n``.
 
     Returns the CompletedProcess (text stdout/stderr). The launcher kills the
-    whole process group on failure, so nothing is left behind.
+    whole process group on failure, so nothing is left behind. The program finds
+    the helper modules of this folder (``spmd_checks``) through ``PYTHONPATH``.
     """
     script = tmp_path / f"prog_{abs(hash(code)) % 10**8}_{n}.py"
     script.write_text(textwrap.dedent(code))
     full_env = dict(os.environ)
     full_env.setdefault("NBMPI_TIMEOUT", "60")
+    full_env["PYTHONPATH"] = os.pathsep.join(p for p in (str(TESTS), os.environ.get("PYTHONPATH", "")) if p)
     if env:
         full_env.update(env)
     cmd = [sys.executable, "-m", "nbmpi.workers.cli", "run", "-n", str(n), "--timeout", str(timeout),
@@ -36,6 +39,15 @@ def run_mpi(tmp_path):
     def _run(code: str, n: int = 2, timeout: float = 120, env=None, args=()):
         return nbmpi_run(tmp_path, code, n=n, timeout=timeout, env=env, args=args)
     return _run
+
+
+@pytest.fixture(scope="module")
+def kernel_cache() -> str:
+    """The on-disk numba kernel cache of the distributed arrays that users get (``fused_kernels.cache_dir()``,
+    "" if none), to pass on as ``NBMPI_DISTARRAY_CACHE`` so every run of a module compiles each kernel once."""
+    from nbmpi.workers.distarray.fused_kernels import cache_dir
+
+    return cache_dir() or ""
 
 
 def assert_ok(proc) -> None:

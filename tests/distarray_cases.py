@@ -7,6 +7,7 @@ import numpy as np
 
 import nbmpi.workers.distarray as dnp
 from nbmpi.workers import gather_trace, get_tracer, world
+from spmd_checks import section
 
 comm = world()
 rank, size = comm.Get_rank(), comm.Get_size()
@@ -31,12 +32,6 @@ def check(name, got, want, exact=False, rtol=1e-12, dtype=True):
         bad = np.argwhere(~np.isclose(g, w, rtol=rtol, equal_nan=True)) if w.dtype.kind == "f" else None
         raise AssertionError(f"{name} (rank {rank}/{size}): differs from NumPy\n got {g}\nwant {w}\nfirst bad {bad[:5] if bad is not None else ''}")
     count[0] += 1
-
-
-def section(name):
-    comm.Barrier()
-    if rank == 0:
-        print("ok", name, flush=True)
 
 
 # ------------------------------------------------------------------ constructors, gather, local, dist

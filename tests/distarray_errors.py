@@ -8,21 +8,10 @@ import numpy as np
 
 import nbmpi.workers.distarray as dnp
 from nbmpi.workers import world
+from spmd_checks import expect
 
 comm = world()
 rank, size = comm.Get_rank(), comm.Get_size()
-
-
-def expect(name, exc, fn, contains=()):
-    try:
-        fn()
-    except exc as e:
-        msg = str(e)
-        for c in contains:
-            assert c in msg, f"{name}: {c!r} not in the message {msg!r}"
-        print(f"rank {rank} raised {name}: {type(e).__name__}: {msg[:300]}", flush=True)
-        return
-    raise AssertionError(f"{name}: no {exc.__name__} raised on rank {rank}")
 
 
 a = dnp.zeros((13, 7))

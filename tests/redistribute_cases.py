@@ -7,6 +7,7 @@ import numpy as np
 
 import nbmpi.workers.distarray as dnp
 from nbmpi.workers import gather_trace, get_tracer, world
+from spmd_checks import expect, section
 
 comm = world()
 rank, size = comm.Get_rank(), comm.Get_size()
@@ -22,13 +23,6 @@ def check(name, got, want):
     assert g.dtype == w.dtype, f"{name}: dtype {g.dtype} != NumPy's {w.dtype}"
     assert np.array_equal(g, w), f"{name} (rank {rank}/{size}): differs from NumPy\n got {g}\nwant {w}"
     count[0] += 1
-
-
-def section(name):
-    comm.Barrier()
-    if rank == 0:
-        print("ok", name, flush=True)
-    comm.Barrier()  # no other rank prints while rank 0 writes its line
 
 
 def sends_per_peer(fn):
@@ -254,18 +248,6 @@ if rank == 0:
 section("irregular b[idx] = a and a[idx] through the Aggregator")
 
 # ------------------------------------------------------------------ errors on every rank, never a hang
-
-
-def expect(name, exc, fn, contains=()):
-    try:
-        fn()
-    except exc as e:
-        msg = str(e)
-        for c in contains:
-            assert c in msg, f"{name}: {c!r} not in the message {msg!r}"
-        print(f"rank {rank} raised {name}: {type(e).__name__}: {msg[:240]}", flush=True)
-        return
-    raise AssertionError(f"{name}: no {exc.__name__} raised on rank {rank}")
 
 
 a = dnp.from_numpy(np.arange(20.0), dist="block")

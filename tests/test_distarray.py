@@ -15,6 +15,7 @@ import sys
 import pytest
 
 from conftest import REPO, assert_ok
+from notebook_outputs import notebook_outputs
 
 SECTIONS = ["constructors, to_numpy, from_numpy(root), .local, .dist",
             "views and elementwise work across rank boundaries", "ufuncs, operators, where, dtypes",
@@ -25,13 +26,6 @@ ERROR_CASES = ["shapes", "assignment shape", "distributions on different communi
                "block size", "unsupported operator", "unsupported ufunc", "fancy index", "numpy function", "reshape",
                "matmul shapes", "divergence (different operations)", "divergence (an extra operation on one rank)",
                "divergence (shapes differ)", "a rank late beyond NBMPI_TIMEOUT"]
-
-
-@pytest.fixture(scope="module")
-def kernel_cache() -> str:
-    from nbmpi.workers.distarray.fused_kernels import cache_dir
-
-    return cache_dir() or ""
 
 
 @pytest.mark.parametrize("n", [2, 3])
@@ -86,20 +80,8 @@ def test_distributed_cell_in_a_real_kernel(kernel_cache, monkeypatch):
 
 
 def test_distributed_arrays_notebook_runs_top_to_bottom(tmp_path, kernel_cache, monkeypatch):
-    import nbformat
-    from jupyter_client.manager import KernelManager
-    from nbclient import NotebookClient
-
     monkeypatch.setenv("NBMPI_DISTARRAY_CACHE", kernel_cache)
-    nb = nbformat.read(REPO / "notebooks" / "02-distributed-arrays.ipynb", as_version=4)
-    km = KernelManager(kernel_cmd=[sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"])
-    NotebookClient(nb, km=km, timeout=240, resources={"metadata": {"path": str(tmp_path)}}).execute()
-    texts = []
-    for cell in nb.cells:
-        for o in cell.get("outputs", []):
-            assert o.get("output_type") != "error", o
-            texts.append(o.get("text", "") + json.dumps(o.get("data", {})))
-    out = "\n".join(texts)
+    out = notebook_outputs("02-distributed-arrays.ipynb", tmp_path)
     assert "cyclic over axis 0, 10 rows on 2 ranks" in out
     assert "[rank 0]" in out and "holds rows [0, 2, 4, 6, 8]" in out and "holds rows [1, 3, 5, 7, 9]" in out
     assert "view [1:9:2] of the base (10,)" in out and "[10. 30. 50. 70.]" in out

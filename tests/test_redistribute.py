@@ -16,6 +16,7 @@ import sys
 import pytest
 
 from conftest import REPO, assert_ok
+from notebook_outputs import notebook_outputs
 
 SECTIONS = ["every pair of distributions, 1-D and 2-D, b[...] = a and redistribute()",
             "strided and reversed views, 1-D and 2-D", "one message per peer per redistribution (trace)",
@@ -24,13 +25,6 @@ SECTIONS = ["every pair of distributions, 1-D and 2-D, b[...] = a and redistribu
 ERROR_CASES = ["shape mismatch", "unknown distribution", "block size", "index out of range (NumPy index)",
                "index out of range on one rank (distributed index)", "index out of range on one rank (gather)",
                "value shape", "2-D index array", "distributed mask", "float index"]
-
-
-@pytest.fixture(scope="module")
-def kernel_cache() -> str:
-    from nbmpi.workers.distarray.fused_kernels import cache_dir
-
-    return cache_dir() or ""
 
 
 @pytest.mark.parametrize("n", [2, 3])
@@ -57,20 +51,8 @@ def test_redistribution_and_irregular_copies_equal_numpy(run_mpi, kernel_cache, 
 
 
 def test_redistribution_notebook_runs_top_to_bottom(tmp_path, kernel_cache, monkeypatch):
-    import nbformat
-    from jupyter_client.manager import KernelManager
-    from nbclient import NotebookClient
-
     monkeypatch.setenv("NBMPI_DISTARRAY_CACHE", kernel_cache)
-    nb = nbformat.read(REPO / "notebooks" / "04-redistribution.ipynb", as_version=4)
-    km = KernelManager(kernel_cmd=[sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"])
-    NotebookClient(nb, km=km, timeout=240, resources={"metadata": {"path": str(tmp_path)}}).execute()
-    texts = []
-    for cell in nb.cells:
-        for o in cell.get("outputs", []):
-            assert o.get("output_type") != "error", o
-            texts.append(o.get("text", "") + json.dumps(o.get("data", {})))
-    out = "\n".join(texts)
+    out = notebook_outputs("04-redistribution.ipynb", tmp_path)
     assert "cyclic over axis 0, 12 rows on 2 ranks" in out
     assert "rank 0 block rows [0, 1, 2, 3, 4, 5] -> cyclic rows [0, 2, 4, 6, 8, 10]" in out
     assert "rank 1 block rows [6, 7, 8, 9, 10, 11] -> cyclic rows [1, 3, 5, 7, 9, 11]" in out

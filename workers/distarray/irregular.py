@@ -82,19 +82,34 @@ def write_dtype(dtype: np.dtype, elems: int, stamped: bool) -> np.dtype:
 
 
 # --------------------------------------------------------------------------- numba kernels and handlers
+@numba.njit(cache=True, nogil=True, inline="always")
+def _row_to_item(src, base, offs, inner, stride, v):  # pragma: no cover - compiled
+    """v = the elements (pattern ``offs``, ``inner``, ``stride``) of the row of flat ``src`` starting at ``base``."""
+    k = 0
+    for q in range(offs.shape[0]):
+        b = base + offs[q]
+        for j in range(inner):
+            v[k] = src[b + j * stride]
+            k += 1
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _item_to_row(dst, base, offs, inner, stride, v):  # pragma: no cover - compiled
+    """The elements (pattern ``offs``, ``inner``, ``stride``) of the row of flat ``dst`` starting at ``base`` = v
+    (cast to ``dst``'s dtype)."""
+    k = 0
+    for q in range(offs.shape[0]):
+        b = base + offs[q]
+        for j in range(inner):
+            dst[b + j * stride] = v[k]
+            k += 1
+
+
 @numba.njit(cache=True, nogil=True)
 def _fill_rows(items, src, row_elems, offs, inner, stride, rows):  # pragma: no cover - compiled
     """items[i].val = the elements (pattern) of local row rows[i] of src."""
-    nout = offs.shape[0]
     for i in range(rows.shape[0]):
-        v = items[i]["val"]
-        base = rows[i] * row_elems
-        k = 0
-        for q in range(nout):
-            b = base + offs[q]
-            for j in range(inner):
-                v[k] = src[b + j * stride]
-                k += 1
+        _row_to_item(src, rows[i] * row_elems, offs, inner, stride, items[i]["val"])
 
 
 @numba.njit(cache=True, nogil=True)
@@ -102,16 +117,8 @@ def write_rows(items, state):  # pragma: no cover - compiled
     """Aggregator handler: write each item's row into the local block (``state`` = (block, row_elems,
     offsets, inner, stride)); casts to the block's dtype."""
     dst, row_elems, offs, inner, stride = state
-    nout = offs.shape[0]
     for i in range(items.shape[0]):
-        v = items[i]["val"]
-        base = items[i]["pos"] * row_elems
-        k = 0
-        for q in range(nout):
-            b = base + offs[q]
-            for j in range(inner):
-                dst[b + j * stride] = v[k]
-                k += 1
+        _item_to_row(dst, items[i]["pos"] * row_elems, offs, inner, stride, items[i]["val"])
 
 
 @numba.njit(cache=True, nogil=True)
@@ -119,21 +126,13 @@ def write_rows_last(items, state):  # pragma: no cover - compiled
     """Aggregator handler for duplicates: like :func:`write_rows`, but a row is written only if the item's
     ``epoch + k`` exceeds the row's stamp (``state`` adds (stamp, epoch)): the largest ``k`` wins."""
     dst, row_elems, offs, inner, stride, stamp, epoch = state
-    nout = offs.shape[0]
     for i in range(items.shape[0]):
         p = items[i]["pos"]
         key = epoch + items[i]["k"]
         if key <= stamp[p]:
             continue
         stamp[p] = key
-        v = items[i]["val"]
-        base = p * row_elems
-        k = 0
-        for q in range(nout):
-            b = base + offs[q]
-            for j in range(inner):
-                dst[b + j * stride] = v[k]
-                k += 1
+        _item_to_row(dst, p * row_elems, offs, inner, stride, items[i]["val"])
 
 
 @numba.njit(cache=True, nogil=True)
@@ -141,19 +140,11 @@ def serve_rows(items, state, src, out_dests, out_items):  # pragma: no cover - c
     """Aggregator reply handler of a gather: answer each request ``(pos, row)`` from rank ``src`` with the
     row's elements (``state`` = (block, row_elems, offsets, inner, stride)). Returns the rows written."""
     a, row_elems, offs, inner, stride = state
-    nout = offs.shape[0]
     n = items.shape[0]
     for i in range(n):
         out_dests[i] = src
         out_items[i]["pos"] = items[i]["pos"]
-        v = out_items[i]["val"]
-        base = items[i]["row"] * row_elems
-        k = 0
-        for q in range(nout):
-            b = base + offs[q]
-            for j in range(inner):
-                v[k] = a[b + j * stride]
-                k += 1
+        _row_to_item(a, items[i]["row"] * row_elems, offs, inner, stride, out_items[i]["val"])
     return n
 
 
@@ -417,6 +408,28 @@ def _flat(base: Base) -> np.ndarray:
     return base.flat
 
 
+def _locate_agreed(engine, plan, arr, idx_flat: np.ndarray, locs: np.ndarray, what: str, op: str) -> None:
+    """Resolve this rank's part of a distributed index against the rows of ``arr`` (the array it indexes):
+    owners into ``plan.dests``, local rows into ``locs``; then the ranks agree on the first bad value
+    (``_agree``: IndexOutOfBounds on every rank if any rank found one). Collective."""
+    start, step, n = arr.view.row_params
+    bad_at = _locate(idx_flat, n, start, step, *_dist_args(arr.base.dist), plan.dests, locs) \
+        if len(idx_flat) else -1
+    _agree(engine, None if bad_at < 0 else (int(plan.ks[bad_at]), int(idx_flat[bad_at])), what, n, op)
+
+
+def _push_rows(engine, plan, src, role: str, handler, state) -> None:
+    """Push step of a plan whose sources know the destinations (a NumPy index, or ``b[ix] = a``): fill
+    ``plan.items`` with this rank's source rows (``plan.rows``, pattern ``plan.spat``) and send them to
+    ``plan.dests`` through the ``role`` aggregator, whose numba ``handler`` writes them into ``state`` on the
+    destination. Collective (the flush returns when every item is written)."""
+    if len(plan.rows):
+        _fill_rows(plan.items, _flat(src.base), *_pattern_args(plan.spat), plan.rows)
+    agg = _aggregator(engine, role, plan.items.dtype, handler, state)
+    agg.push_many(plan.dests, plan.items)
+    agg.flush()
+
+
 def execute(engine, task: IndexedCopy, op: str) -> None:
     """Run ``task`` now (see the module doc). Collective over the engine's communicator; called by the
     scheduler at a force point, after the ranks agreed on the recorded operations."""
@@ -440,36 +453,21 @@ def _execute(engine, task: IndexedCopy, op: str) -> None:
         _agree(engine, plan.bad, what, size, op)
         if plan.elems == 0:
             return
-        if len(plan.rows):
-            _fill_rows(plan.items, _flat(src.base), *_pattern_args(plan.spat), plan.rows)
-        agg = _aggregator(engine, "write", plan.items.dtype, write_rows,
-                          (_flat(out.base),) + _pattern_args(plan.tpat))
-        agg.push_many(plan.dests, plan.items)
-        agg.flush()
+        _push_rows(engine, plan, src, "write", write_rows, (_flat(out.base),) + _pattern_args(plan.tpat))
         return
     idx_flat = _flat(task.idx.base)
     if task.mode == "scatter":
         plan = engine.plan(("ixd",) + layout + (task.idx.base.dist.key, task.idx.dtype.str),
                            lambda: DistScatterPlan(task, rank))
-        ts, tt, nt = out.view.row_params
-        bad_at = _locate(idx_flat, nt, ts, tt, *_dist_args(out.base.dist), plan.dests, plan.items["pos"]) \
-            if len(idx_flat) else -1
-        _agree(engine, None if bad_at < 0 else (int(plan.ks[bad_at]), int(idx_flat[bad_at])), what, nt, op)
+        _locate_agreed(engine, plan, out, idx_flat, plan.items["pos"], what, op)
         if plan.elems == 0:
             return
-        if len(plan.rows):
-            _fill_rows(plan.items, _flat(src.base), *_pattern_args(plan.spat), plan.rows)
         state = (_flat(out.base),) + _pattern_args(plan.tpat) + (plan.stamp, plan.next_epoch())
-        agg = _aggregator(engine, "write-last", plan.items.dtype, write_rows_last, state)
-        agg.push_many(plan.dests, plan.items)
-        agg.flush()
+        _push_rows(engine, plan, src, "write-last", write_rows_last, state)
         return
     plan = engine.plan(("ixd",) + layout + (task.idx.base.dist.key, task.idx.dtype.str),
                        lambda: DistGatherPlan(task, rank))
-    ss, st, ns = src.view.row_params
-    bad_at = _locate(idx_flat, ns, ss, st, *_dist_args(src.base.dist), plan.dests, plan.requests["row"]) \
-        if len(idx_flat) else -1
-    _agree(engine, None if bad_at < 0 else (int(plan.ks[bad_at]), int(idx_flat[bad_at])), what, ns, op)
+    _locate_agreed(engine, plan, src, idx_flat, plan.requests["row"], what, op)
     if plan.elems == 0:
         return
     wdt = write_dtype(src.dtype, plan.elems, False)

@@ -98,6 +98,11 @@ def _build(off: int, axes: List[Tuple[int, int]], keep: List[bool], row_elems: i
     return RowPattern(_offsets(off, merged[:-1]), inner, stride if inner > 1 else 1, row_elems)
 
 
+def _row_elems(trail_shape: Sequence[int]) -> int:
+    """Elements per row of a local buffer whose rows have shape ``trail_shape`` (1 for a 1-D buffer)."""
+    return int(np.prod(trail_shape, dtype=np.int64)) if len(trail_shape) else 1
+
+
 def _mergeable(axes: List[Tuple[int, int]]) -> List[bool]:
     """``m[j]``: axis ``j`` steps over exactly one run of axis ``j + 1`` (they can be one axis)."""
     return [axes[j][1] == axes[j + 1][1] * axes[j + 1][0] for j in range(len(axes) - 1)]
@@ -107,9 +112,8 @@ def row_pattern(view: View, trail_shape: Sequence[int]) -> RowPattern:
     """The :class:`RowPattern` of ``view``'s rows over a local buffer with rows of ``trail_shape``."""
     off, axes = _axes(view, trail_shape)
     axes = [a for a in axes if a[0] != 1]
-    row_elems = int(np.prod(trail_shape, dtype=np.int64)) if len(trail_shape) else 1
     m = _mergeable(axes)
-    return _build(off, axes, [not x for x in m], row_elems)
+    return _build(off, axes, [not x for x in m], _row_elems(trail_shape))
 
 
 def joint_patterns(src: View, src_trail: Sequence[int], dst: View, dst_trail: Sequence[int]
@@ -125,9 +129,7 @@ def joint_patterns(src: View, src_trail: Sequence[int], dst: View, dst_trail: Se
     da = [da[k] for k in keep_axes]
     ms, md = _mergeable(sa), _mergeable(da)
     keep = [not (a and b) for a, b in zip(ms, md)]
-    s_row = int(np.prod(src_trail, dtype=np.int64)) if len(src_trail) else 1
-    d_row = int(np.prod(dst_trail, dtype=np.int64)) if len(dst_trail) else 1
-    return _build(so, sa, keep, s_row), _build(do, da, keep, d_row)
+    return _build(so, sa, keep, _row_elems(src_trail)), _build(do, da, keep, _row_elems(dst_trail))
 
 
 # --------------------------------------------------------------------------- runs of rows

@@ -1,0 +1,36 @@
+"""What the SPMD case programs under tests/ (``distarray_cases.py``, ``distarray_errors.py``,
+``redistribute_cases.py``) share: a section's ``ok`` line and the check that an error is raised on this rank.
+They run under ``nbmpi run`` (every rank), which finds this module through the ``PYTHONPATH`` that
+``conftest.nbmpi_run`` gives its programs."""
+from __future__ import annotations
+
+from typing import Callable, Sequence, Type
+
+from nbmpi.workers import world
+
+comm = world()
+rank, size = comm.Get_rank(), comm.Get_size()
+
+
+def section(name: str) -> None:
+    """Collective over the world: rank 0 prints ``ok NAME`` once every rank has finished the section; no rank
+    goes on (and prints) before that line is written."""
+    comm.Barrier()
+    if rank == 0:
+        print("ok", name, flush=True)
+    comm.Barrier()
+
+
+def expect(name: str, exc: Type[BaseException], fn: Callable[[], object], contains: Sequence[str] = ()) -> None:
+    """Call ``fn()`` on this rank: it must raise ``exc`` whose message holds every string of ``contains``; prints
+    ``rank R raised NAME: TYPE: MESSAGE`` (the message cut at 300 characters). Raises AssertionError if it
+    returns or a piece is missing; any other exception propagates. Local (``fn`` may be collective)."""
+    try:
+        fn()
+    except exc as e:
+        msg = str(e)
+        for c in contains:
+            assert c in msg, f"{name}: {c!r} not in the message {msg!r}"
+        print(f"rank {rank} raised {name}: {type(e).__name__}: {msg[:300]}", flush=True)
+        return
+    raise AssertionError(f"{name}: no {exc.__name__} raised on rank {rank}")
