@@ -165,13 +165,55 @@ def _bucket(dests, words, start, stop, pool, pos, lim, free, meta, ready):  # pr
     to ``ready[meta[1]] = (dest, buffer, rows)``. Stops at ``stop``, when a
     destination needs a buffer and none is free, or when ``ready`` is full.
     Returns the index of the first row not placed.
+
+    Hot loop: rows go in blocks short enough that no current buffer can fill
+    within one (so a row costs a load, a store and no limit check), two rows per
+    step (the second row's slot is found without waiting for the first row's
+    ``pos`` store: the per-row store-to-load chain through ``pos`` was the cost,
+    4.4 ns per row against 2.4-2.9 now, measured on 4M rows of 8 bytes to 2
+    destinations). A row that needs a new buffer or fills one takes the full path.
     """
     cap = pool.shape[0] // free.shape[0]
     w = pool.shape[1]
     nready = meta[1]
     maxready = ready.shape[0]
+    size = pos.shape[0]
     i = start
     while i < stop:
+        # the block: rows that fit in the current buffers whatever their destinations
+        m = stop - i
+        for d in range(size):
+            p = pos[d]
+            if p >= 0 and lim[d] - p - 1 < m:
+                m = lim[d] - p - 1
+        end = i + m
+        if w == 1:  # one machine word per item (e.g. one int64 field): no inner loop
+            while i + 1 < end:
+                d0 = dests[i]
+                d1 = dests[i + 1]
+                p0 = pos[d0]
+                p1 = pos[d1]
+                if p0 < 0 or p1 < 0:
+                    break
+                if d0 == d1:
+                    p1 = p0 + 1
+                pool[p0, 0] = words[i, 0]
+                pool[p1, 0] = words[i + 1, 0]
+                pos[d0] = p0 + 1
+                pos[d1] = p1 + 1
+                i += 2
+        while i < end:
+            d = dests[i]
+            p = pos[d]
+            if p < 0:
+                break
+            for j in range(w):
+                pool[p, j] = words[i, j]
+            pos[d] = p + 1
+            i += 1
+        if i >= stop:
+            break
+        # one row by the full rule: its destination needs a buffer, or its buffer fills
         d = dests[i]
         p = pos[d]
         if p < 0:
@@ -182,11 +224,8 @@ def _bucket(dests, words, start, stop, pool, pos, lim, free, meta, ready):  # pr
             meta[0] = nf
             p = free[nf] * cap
             lim[d] = p + cap
-        if w == 1:  # one machine word per item (e.g. one int64 field): no inner loop
-            pool[p, 0] = words[i, 0]
-        else:
-            for j in range(w):
-                pool[p, j] = words[i, j]
+        for j in range(w):
+            pool[p, j] = words[i, j]
         p += 1
         i += 1
         if p == lim[d]:
