@@ -905,10 +905,11 @@ class Aggregator:
             free, meta, sbufs = self._free, self._meta, self._sbufs
             k, n = 0, len(sreqs)
             while k < n and sreqs[k].Test():  # the oldest first: sends to one peer complete in order
-                free[meta[0]] = sbufs[k]
-                meta[0] += 1
                 k += 1
             if k:
+                nf = int(meta[0])
+                free[nf:nf + k] = sbufs[:k]
+                meta[0] = nf + k
                 del sreqs[:k], sbufs[:k], self._sdests[:k]
             elif full and n > 1 and self._testsome_skip <= 0:
                 # the oldest is held up: look at all of them, but not at every poll (Testsome over
