@@ -11,9 +11,10 @@ Same-node put/take: a channel of at least ``NBMPI_SHM_MIN_BYTES`` (default 1
 byte, i.e. every non-empty channel; ``off`` disables) keeps its buffers in shared memory
 (:mod:`nbmpi.workers.node_shared_memory`). Between two ranks on one node,
 ``put``/``take`` then move the data with ONE copy instead of MPI's two (sender
--> shared bounce buffer -> receiver), done by both ranks together in pieces
-that whichever rank is running claims, so a rank that is descheduled does not
-stall the transfer; the rendezvous is two flags in shared memory
+-> shared bounce buffer -> receiver); above 256 KiB both ranks do it together in
+pieces that whichever rank is running claims, so a rank that is descheduled does
+not stall the transfer (up to 256 KiB the rank that gets there first copies it all,
+which is faster at those sizes: see ``_shm_chunk``); the rendezvous is two flags in shared memory
 (:mod:`nbmpi.workers._node_copy`, compiled; without it, or without shared
 memory, channels use MPI messages: :data:`SAME_NODE_COPY` and
 ``ch.same_node_how`` say which). ``ch.same_node_peers`` lists the partners
