@@ -5,7 +5,9 @@ Used by :class:`~nbmpi.workers.channels.ArrayChannel` between two ranks of one
 node whose buffers live in :class:`~nbmpi.workers.node_shared_memory.NodeSegments`
 (each rank has mapped the other's buffer). One transfer moves the sender's
 whole buffer into the receiver's with ONE copy (MPI needs two: sender -> bounce
-buffer -> receiver), and both ranks do that copy together.
+buffer -> receiver). A transfer cut into several pieces (the caller chooses the
+piece size: one piece up to 256 KiB, see ``channels._shm_chunk``) is copied by
+both ranks together.
 
 Protocol of the k-th transfer (k = 1, 2, ...) on one directed pair, all in a
 :data:`CONTROL_BYTES` control block in shared memory whose four counters only
