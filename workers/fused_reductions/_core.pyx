@@ -26,7 +26,8 @@ MPI: the force point starts and tests its persistent request through a
 :class:`Runner`: this module's calls mpi4py's ``Start``/``Test`` methods; the
 one in ``_direct_mpi`` (built against mpi4py's C API, loaded once MPI is
 initialised) calls ``MPI_Start``/``MPI_Test`` on the request's handle. Trace
-events go through the tracer's public ``record`` call. Importing this module
+events go through the tracer's public ``record`` call (its C entry
+``TracerCore.record_c`` when the tracer is the compiled one). Importing this module
 does not initialise MPI.
 """
 cimport cython
@@ -36,6 +37,8 @@ from cpython.object cimport PyObject
 from libc.string cimport memset
 from libc.string cimport memcpy
 from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
+
+from .._tracer_core cimport TracerCore
 
 import zlib
 
@@ -996,7 +999,10 @@ cdef int finish(object engine, BatchBase b, Py_ssize_t L, long long t0, long lon
     cdef double *w = res.data.as_doubles
     st.seq += 1
     tr = g_get_tracer()
-    if tr.enabled:
+    if isinstance(tr, TracerCore):   # the compiled record buffer: record's C entry
+        if (<TracerCore>tr).enabled:
+            (<TracerCore>tr).record_c(g_kind_fused, 0, -1, tag, L * 8, t0, t1, -1, seq, g_chan, b.nvars)
+    elif tr.enabled:
         tr.record(g_kind_fused, 0, -1, tag, L * 8, t0, t1, -1, seq, g_chan, b.nvars)
     if g_size <= 64:   # exact in float64 below 2**53
         same = (P * w[1] == w[0] * w[0]) and (P * w[3] == w[2] * w[2])
