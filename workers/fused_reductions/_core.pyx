@@ -150,6 +150,7 @@ cdef Runner g_runner = None                 # set_runner(); None: mpi4py's metho
 
 cdef enum:
     HEADER_WORDS = 4                        # wire.HEADER: the signature words
+    CREATED = 5                             # wire.CREATED: low bits of a creation's log key
     LAYOUT_FIXED = 5                        # kernels.LAYOUT_FIXED: (nlay, L, n_f8, n_i8, nseg)
     M20A = (1 << 20) - 3
     M20B = (1 << 20) - 5
@@ -231,7 +232,8 @@ cdef class BatchBase:
     """Fields of a fusion batch (subclassed by fused_reductions.pending._Batch; see _PyBatchBase)."""
 
     cdef public object f8, f8_nonsum, i8, i8_ops, arrs, sig, nseg, words, allsum, log, kmap, res, error, folded
-    cdef public Py_ssize_t room, nvars
+    cdef public Py_ssize_t room, nvars, cpos
+    cdef public long long cnext
     cdef public bint done
 
     def __init__(self, Py_ssize_t threshold_words):
@@ -266,6 +268,8 @@ cdef int batch_fill(BatchBase b, Py_ssize_t threshold) except -1:
     b.room = threshold - 1
     b.nvars = 0
     b.done = False
+    b.cnext = -1
+    b.cpos = -1
     return 0
 
 
@@ -278,6 +282,20 @@ cdef double batch_word(BatchBase b, object i) except? -1.0:
         if 0 <= k < len(<array>r0):
             return (<array>r0).data.as_doubles[k]
     return r0[i]
+
+
+cdef int note_created(BatchBase b, long long vid, object value) except -1:
+    """_Batch.note_created: the creation of float64 scalar variable vid with the float value
+    (not NaN): ``vid << 3 | CREATED`` then the value, only the value in a run of creations."""
+    cdef list log = b.log
+    if vid != b.cnext or len(log) != b.cpos:
+        log.append((vid << 3) | CREATED)
+    log.append(value)
+    b.cnext = vid + 1
+    b.cpos = len(log)
+    if b.cpos >= g_log_cap:
+        b.fold()
+    return 0
 
 
 cdef int note_step(BatchBase b, object step) except -1:
@@ -605,7 +623,7 @@ cdef inline object var_id(VarBase v):
 cdef inline object var_ksum(VarBase v):
     """v._ksum: the signature step ``id << 3`` of a float64 sum, made once."""
     if v._ksumobj is None:
-        v._ksumobj = var_id(v) << 3
+        v._ksumobj = (v._cid1 - 1) << 3 if v._cid1 else var_id(v) << 3
     return v._ksumobj
 
 
@@ -817,8 +835,7 @@ def shared(value, name=None):
         vid = st.next_id
         st.next_id = vid + 1
         v = <VarBase>new_instance(g_shared_t, k_noargs)
-        v._cid1 = vid + 1
-        idobj = v._idobj = vid
+        v._cid1 = vid + 1          # the id becomes a Python int only when read (var_id)
         v.name = name
         v.dtype = g_f8
         v.shape = ()
@@ -828,7 +845,10 @@ def shared(value, name=None):
         v._sf = True
         v._cast = float
         v._init = value
-        note_step(g_batch, (-8, idobj, value if value == value else g_nan_key))
+        if <double>value == <double>value:
+            note_created(g_batch, vid, value)
+        else:
+            note_step(g_batch, (-8, vid, g_nan_key))
         return v
     return g_new_var(value, name=name)
 
