@@ -18,7 +18,9 @@ constructors (``VarBase`` under ``SharedVar``, ``BatchBase`` under ``_Batch``,
 
 with exactly the data structures of the Python code (entries tuples
 ``(op, batch, block, index, extra)``, slot references ``(base, batch, index)``,
-lazy ``Derived`` nodes, the batch's word list and signature log). Every other
+lazy ``Derived`` nodes, the batch's word list and signature log); the one
+difference: a variable's single pending float64 sum is kept as two fields and
+becomes its entries tuple only when Python code reads ``_entries``. Every other
 case calls the Python implementation given to :func:`bind`, so both paths
 share one set of semantics (the tests run both).
 
@@ -298,6 +300,14 @@ cdef int note_created(BatchBase b, long long vid, object value) except -1:
     return 0
 
 
+cdef double batch_word_at(BatchBase b, Py_ssize_t k) except? -1.0:
+    """Reduced word k of a resolved batch: b.res[0][k]."""
+    cdef object r0 = b.res[0]
+    if type(r0) is array and 0 <= k < len(<array>r0):
+        return (<array>r0).data.as_doubles[k]
+    return r0[k]
+
+
 cdef int note_step(BatchBase b, object step) except -1:
     """_Batch.note: one step of the signature log (folded into sig past the cap)."""
     cdef list log = b.log
@@ -475,7 +485,13 @@ cdef int entry_value(double base, tuple ent, double *out) except -1:
 cdef class VarBase:
     """Fields and compiled hot-path operators of a shared variable (base of SharedVar)."""
 
-    cdef public object dtype, shape, _base, _entries, _ob, _init, _cast, _lastb, name
+    cdef public object dtype, shape, _base, _ob, _init, _cast, _lastb, name
+    # _entries (a property): the pending entries, program order. One pending float64 sum
+    # word, the common case, is kept as (_e1b, _e1i) with _ents == () and becomes the
+    # tuple ((0, _e1b, 0, _e1i, None),) only when Python code reads _entries (var_entries)
+    cdef object _ents
+    cdef BatchBase _e1b
+    cdef Py_ssize_t _e1i
     cdef public Py_ssize_t _oi
     cdef public int _oop, _oblk, _kind
     cdef public bint _sf
@@ -491,6 +507,16 @@ cdef class VarBase:
     def _id(self, v):
         self._idobj = v
         self._cid1 = (<long long>v) + 1 if type(v) is int else 0
+
+    @property
+    def _entries(self):
+        """The pending entries ``(op, batch, block, index, extra)``, program order (a tuple)."""
+        return var_entries(self)
+
+    @_entries.setter
+    def _entries(self, v):
+        self._ents = v
+        self._e1b = None
 
     @property
     def _ksum(self):
@@ -550,18 +576,27 @@ cdef class VarBase:
         pending contributions of this variable are dropped from its value."""
         if value is None and g_bound and self._init is not None:
             self._base = self._init
-            if self._entries:
-                self._entries = ()
+            if self._e1b is not None or self._ents:
+                self._ents = ()
+                self._e1b = None
                 self._ob = None
             return self
         return g_reset(self, value)
 
     # -- reading ---------------------------------------------------------------------
     def __float__(self):
-        cdef object ents = self._entries, base = self._base, ent, v
+        cdef object ents, base = self._base, ent, v
         cdef Py_ssize_t ne
         cdef double x
-        cdef BatchBase b
+        cdef BatchBase b = self._e1b
+        if b is not None and g_bound and type(base) is float:   # one float64 sum: base + the reduced word
+            if not b.done:
+                force_batch(b)
+            v = <double>base + batch_word_at(b, self._e1i)
+            self._base = v
+            self._e1b = None
+            return v
+        ents = var_entries(self)
         if g_bound and type(ents) is tuple:
             ne = len(<tuple>ents)
             if ne == 0:
@@ -581,12 +616,12 @@ cdef class VarBase:
                         force_batch(b)
                     v = <double>base + batch_word(b, (<tuple>ent)[3])
                     self._base = v
-                    self._entries = ()
+                    self._ents = ()
                     return v
                 if type(ent) is tuple and entry_value(<double>base, <tuple>ent, &x) == 0:
                     v = x
                     self._base = v
-                    self._entries = ()
+                    self._ents = ()
                     self._ob = None
                     return v
         return g_float(self)
@@ -609,6 +644,14 @@ cdef class VarBase:
 
 
 slot_wrappers(VarBase)
+
+
+cdef object var_entries(VarBase v):
+    """v._entries: the one pending sum word (_e1b, _e1i) made the tuple the Python code reads."""
+    if v._e1b is not None:
+        v._ents = ((0, v._e1b, 0, v._e1i, None),)
+        v._e1b = None
+    return v._ents
 
 
 cdef inline object var_id(VarBase v):
@@ -675,15 +718,26 @@ cdef object fast_sum(VarBase self, double a, object aobj):
         return self
     i = len(f8)
     f8.append(aobj if aobj is not None else a)
-    ents = self._entries
-    if len(ents) == 1 and type(self._base) is float:
-        old = ents[0]
-        if (len(old) == 5 and old[0] is k_zero and old[2] is k_zero and isinstance(old[1], BatchBase)
-                and (<BatchBase>old[1]).done):
-            # a resolved sum nobody read yet: fold it into the base (entries stay bounded)
-            self._base = <double>self._base + batch_word(<BatchBase>old[1], old[3])
-            ents = ()
-    self._entries = ((0, b, 0, i, None),) if not ents else ents + ((0, b, 0, i, None),)
+    ob = self._e1b
+    if ob is not None and ob.done and type(self._base) is float:
+        # a resolved sum nobody read yet: fold it into the base (entries stay bounded)
+        self._base = <double>self._base + batch_word_at(ob, self._e1i)
+        self._e1b = None
+        ents = ()
+    else:
+        ents = var_entries(self)
+        if len(ents) == 1 and type(self._base) is float:
+            old = ents[0]
+            if (len(old) == 5 and old[0] is k_zero and old[2] is k_zero and isinstance(old[1], BatchBase)
+                    and (<BatchBase>old[1]).done):
+                self._base = <double>self._base + batch_word(<BatchBase>old[1], old[3])
+                ents = ()
+    if not ents:   # the one pending sum word, kept without a tuple (var_entries)
+        self._ents = ()
+        self._e1b = b
+        self._e1i = i
+    else:
+        self._ents = ents + ((0, b, 0, i, None),)
     self._ob = b
     self._oi = i
     self._oop = 0
@@ -723,7 +777,7 @@ cdef object contribute_f8(VarBase self, int op, double a):
         b.f8_nonsum = {}
     b.f8_nonsum[i] = op
     b.allsum = False
-    self._entries = self._entries + ((op, b, 0, i, None),)
+    self._ents = var_entries(self) + ((op, b, 0, i, None),)
     self._ob = b
     self._oi = i
     self._oop = op
@@ -761,8 +815,12 @@ cdef object f8_operand(object x, bint is_shared, int code, bint *resolved):
         resolved[0] = True
         return x
     v = <VarBase>x      # callers pass a VarBase as a shared operand
-    e = v._entries
     base = v._base
+    if v._e1b is not None and type(base) is float:   # one sum word: a slot reference
+        v._ob = None
+        resolved[0] = False
+        return (base, v._e1b, v._e1i)
+    e = var_entries(v)
     if not e:
         resolved[0] = type(base) is float
         return base
@@ -782,7 +840,7 @@ cdef VarBase new_lazy(object base):
     st.next_id += 1
     r._cid1 = st.next_id
     r._base = base
-    r._entries = ()
+    r._ents = ()
     r._sf = True
     r.dtype = g_f8
     r.shape = ()
@@ -840,7 +898,7 @@ def shared(value, name=None):
         v.dtype = g_f8
         v.shape = ()
         v._base = value
-        v._entries = ()
+        v._ents = ()
         v._oop = -1
         v._sf = True
         v._cast = float
@@ -875,7 +933,7 @@ cdef object shared_array(object value, object name):
     v.shape = copy.shape
     v._kind = 2 if dtype.kind == "c" else (0 if dtype.kind == "f" else 1)
     v._base = copy
-    v._entries = ()
+    v._ents = ()
     v._oop = -1
     v._cast = cast
     v._init = copy
@@ -904,7 +962,7 @@ cdef object contribute_array(VarBase self, int op, object a):
     if kind != 0 or (op != 0 and op != 4):
         b.allsum = False
     w = acc.size * (2 if kind == 2 else 1)
-    self._entries = self._entries + ((op, b, 2, i, None),)
+    self._ents = var_entries(self) + ((op, b, 2, i, None),)
     if op != 4:
         self._ob = b
         self._oi = i
@@ -942,7 +1000,7 @@ def consume_f8(VarBase pool, request, floor):
     fl = float(floor)
     if not r >= 0.0 or r == float("inf"):
         return None
-    ents = pool._entries
+    ents = var_entries(pool)
     if not ents:
         before = pool._base
     else:
@@ -954,7 +1012,7 @@ def consume_f8(VarBase pool, request, floor):
     flo = fl
     note_step(b, (-9, flo if fl == fl else g_nan_key))
     grant = g_grant_t(before, b, 0, i, r, flo, ())
-    pool._entries = ents + ((4, b, 0, i, flo),)
+    pool._ents = ents + ((4, b, 0, i, flo),)
     pool._ob = None
     if pool._lastb is not b:
         pool._lastb = b
