@@ -208,7 +208,15 @@ cdef inline Py_ssize_t refcnt(PyObject *o) noexcept:
 
 
 cdef inline bint is_fast_type(object t):
-    return t is float or t is int or t in g_fast_types
+    """t is one of the types taken as real numbers (by identity: ``t in tuple`` would call
+    the types' rich comparison for every item before the match)."""
+    cdef Py_ssize_t k
+    if t is float or t is int:
+        return True
+    for k in range(len(g_fast_types)):
+        if (<PyObject *>t) == (<PyObject *>(<tuple>g_fast_types)[k]):
+            return True
+    return False
 
 
 cdef inline long long floor_mod(long long a, long long m) noexcept:
