@@ -6,7 +6,8 @@ one preallocated ``int64`` record buffer (:data:`FIELDS` columns per event,
 layout in :mod:`~nbmpi.workers.trace_records`) and an event is one row written
 in C (:mod:`~nbmpi.workers._tracer_core`, the compiled base of :class:`Tracer`,
 tens of ns; compiled components call its C entry directly) or, when that
-extension is not built, by one ``struct.pack_into`` call (about 0.2 us); no
+extension is not built or ``NBMPI_PURE_PYTHON=1``, by one ``struct.pack_into``
+call (about 0.2 us); no
 Python object is kept per event. The buffer
 doubles when full, up to ``max_events`` (then events are counted as dropped,
 never silently lost). Tracing can be switched off (``NBMPI_TRACE=0`` or
@@ -25,6 +26,7 @@ matching (late sender / late receiver / last arrival at a collective).
 """
 from __future__ import annotations
 
+import os
 import struct
 import threading
 import time
@@ -78,10 +80,14 @@ class _PyTracerCore:
         self.n = n + 1
 
 
-try:   # the compiled record buffer (built by pip install with Cython); same fields and record()
-    from ._tracer_core import TracerCore as _TracerCore
-except ImportError:
-    _TracerCore = _PyTracerCore
+#: ``NBMPI_PURE_PYTHON=1`` (the switch of :mod:`~nbmpi.workers.fused_reductions.implementation`)
+#: selects the pure-Python record buffer too
+_TracerCore = _PyTracerCore
+if os.environ.get("NBMPI_PURE_PYTHON", "").strip() in ("", "0"):
+    try:   # the compiled record buffer (built by pip install with Cython); same fields and record()
+        from ._tracer_core import TracerCore as _TracerCore
+    except ImportError:   # not built: the pure-Python one
+        pass
 
 
 class Tracer(_TracerCore):  # type: ignore[misc, valid-type]
