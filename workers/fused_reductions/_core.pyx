@@ -35,6 +35,8 @@ does not initialise MPI.
 cimport cython
 from cpython.array cimport array, clone
 from cpython.buffer cimport PyBUF_ANY_CONTIGUOUS, PyBuffer_Release, PyObject_GetBuffer
+from cpython.float cimport PyFloat_AsDouble
+from cpython.long cimport PyLong_AsDouble, PyLong_CheckExact
 from cpython.object cimport PyObject
 from libc.string cimport memset
 from libc.string cimport memcpy
@@ -217,6 +219,15 @@ cdef inline bint is_fast_type(object t):
         if (<PyObject *>t) == (<PyObject *>(<tuple>g_fast_types)[k]):
             return True
     return False
+
+
+cdef inline double as_double(object a) except? -1.0:
+    """float(a) of a real number without a temporary float object: a float (or subclass,
+    e.g. numpy.float64) is read directly, an int converted by PyLong_AsDouble (OverflowError
+    as float(a)), anything else through its __float__ (PyFloat_AsDouble)."""
+    if PyLong_CheckExact(a):
+        return PyLong_AsDouble(a)
+    return PyFloat_AsDouble(a)
 
 
 cdef inline long long floor_mod(long long a, long long m) noexcept:
@@ -408,7 +419,7 @@ cdef int operand_value(object a, double *out) except -1:
         out[0] = <double>a
         return 0
     if type(a) is int:
-        out[0] = <double>a
+        out[0] = as_double(a)
         return 0
     if type(a) is tuple and len(<tuple>a) == 3:   # (base, batch, index)
         base = (<tuple>a)[0]
@@ -543,7 +554,7 @@ cdef class VarBase:
                 if t is float:
                     return fast_sum(self, <double>a, a)
                 if is_fast_type(t):
-                    return fast_sum(self, float(a), None)
+                    return fast_sum(self, as_double(a), None)
             elif t is ndarray:
                 r = contribute_array(self, 0, a)
                 if r is not None:
@@ -552,24 +563,24 @@ cdef class VarBase:
 
     def __isub__(self, a):
         if g_bound and self._sf and is_fast_type(type(a)):
-            return fast_sum(self, -float(a), None)
+            return fast_sum(self, -as_double(a), None)
         return g_isub(self, a)
 
     def __imul__(self, a):
         if g_bound and self._sf and is_fast_type(type(a)):
-            return contribute_f8(self, 1, float(a))
+            return contribute_f8(self, 1, as_double(a))
         return g_imul(self, a)
 
     def min_with(self, a):
         """``x = min(x, min over ranks of a)`` (a rank-local) or elementwise min with shared ``a``. Lazy."""
         if g_bound and self._sf and is_fast_type(type(a)):
-            return contribute_f8(self, 2, float(a))
+            return contribute_f8(self, 2, as_double(a))
         return g_min_with(self, a)
 
     def max_with(self, a):
         """``x = max(x, max over ranks of a)`` (a rank-local) or elementwise max with shared ``a``. Lazy."""
         if g_bound and self._sf and is_fast_type(type(a)):
-            return contribute_f8(self, 3, float(a))
+            return contribute_f8(self, 3, as_double(a))
         return g_max_with(self, a)
 
     def _fast_sum(self, a):
@@ -1004,8 +1015,8 @@ def consume_f8(VarBase pool, request, floor):
     cdef Py_ssize_t i
     if not (g_bound and pool._sf and is_fast_type(type(request)) and is_fast_type(type(floor))):
         return None
-    r = float(request)
-    fl = float(floor)
+    r = as_double(request)
+    fl = as_double(floor)
     if not r >= 0.0 or r == float("inf"):
         return None
     ents = var_entries(pool)
