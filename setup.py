@@ -6,6 +6,8 @@
   compiled against the MPI headers of the ``mpich`` wheel (or of ``$MPICC``/``mpicc``).
   Without them the pure-Python implementation, with the same semantics, is used
   (``nbmpi.workers.fused_reductions.IMPLEMENTATION`` says which).
+* ``nbmpi.workers._tracer_core`` (Cython): the tracer's record buffer (``Tracer.record``
+  in C, and its C entry for the fused-reductions core, which needs it).
 * ``nbmpi.workers._node_copy`` (Cython) is the same-node put/take of
   :class:`~nbmpi.workers.channels.ArrayChannel`; without it channels move every
   message with MPI (``nbmpi.workers.channels.SAME_NODE_COPY`` says which).
@@ -63,6 +65,8 @@ def cython_include() -> str:
         (d / "__init__.pxd").touch()
     for pxd in Path(PKG).glob("*.pxd"):
         shutil.copyfile(pxd, pkg / pxd.name)
+    for pxd in Path("workers").glob("*.pxd"):   # nbmpi.workers._tracer_core
+        shutil.copyfile(pxd, root / "nbmpi" / "workers" / pxd.name)
     return str(root)
 
 
@@ -71,7 +75,9 @@ def extensions():
         from Cython.Build import cythonize
     except ImportError:   # no Cython: pure Python
         return []
-    exts = [Extension("nbmpi.workers.fused_reductions._core", [f"{PKG}/_core.pyx"], extra_compile_args=["-O2"],
+    exts = [Extension("nbmpi.workers._tracer_core", ["workers/_tracer_core.pyx"], extra_compile_args=["-O2"],
+                      optional=True),
+            Extension("nbmpi.workers.fused_reductions._core", [f"{PKG}/_core.pyx"], extra_compile_args=["-O2"],
                       optional=True),
             Extension("nbmpi.workers._node_copy", ["workers/_node_copy.pyx"], extra_compile_args=["-O2"],
                       optional=True)]

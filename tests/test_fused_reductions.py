@@ -166,6 +166,17 @@ try:
 except SPMDDivergence as exc:
     assert "uniform operand" in str(exc) and "write x *= a" in str(exc), str(exc)
     print("UNIFORM", r)
+# a creation value that differs inside a run of creations (logged as bare values after the first)
+first = shared(0.0)
+run = [shared(1.0), shared(2.0), shared(3.0 + r)]
+first += 1.0
+try:
+    float(first)
+except SPMDDivergence as exc:
+    msg = str(exc)
+    assert f"shared variable #{run[2].id} created/reset with value" in msg, msg
+    assert "value 3.0" in msg and "value 4.0" in msg, msg
+    print("CREATED", r)
 # a late rank is not a divergence: rank 0 arrives 1 s after the others, who meanwhile read
 # its size board several times (it has not reached the collective: they keep waiting)
 import pathlib, tempfile, time
@@ -384,7 +395,7 @@ def test_mpi_error_in_force_point(run_mpi, n, impl):
 def test_spmd_divergence_raises_on_every_rank(run_mpi, n, impl):
     proc = run_mpi(DIVERGE, n=n, timeout=90, env=impl_env(impl))
     assert_ok(proc)
-    for word in ("DIVERGED", "AGAIN", "UNIFORM", "SIZES"):
+    for word in ("DIVERGED", "AGAIN", "UNIFORM", "CREATED", "SIZES"):
         assert proc.stdout.count(word) == n, (word, proc.stdout, proc.stderr)
 
 
@@ -530,14 +541,19 @@ def test_rebinding_a_shared_name_to_a_local_value_raises(run_mpi):
 
 def test_signature_log_decoding():
     """The divergence diagnosis reads the log back: contribution keys (kmap, including
-    negative hashes, even ones that look like a tag), float64 scalar keys, and uniform
-    operands logged as a tag followed by their value."""
+    negative hashes, even ones that look like a tag), float64 scalar keys, uniform
+    operands logged as a tag followed by their value, and runs of creations."""
     from nbmpi.workers.fused_reductions import _decode_log, _F8_NUM
     neg, tag_like = -(2 ** 40) - 3, -25
     kmap = {neg: (5, 0, 12, (3,)), tag_like: (6, 1, 12, (2,))}
     log = [neg, (7 << 3) | 2, -16 - 3, 2.0, tag_like, -16 - 4, 7, (-8, 9, 1.5)]
     assert _decode_log(log, kmap) == [(5, 0, 12, (3,)), (7, 2, _F8_NUM, ()), (-7, 3, 2.0), (6, 1, 12, (2,)),
                                       (-7, 4, 7), (-8, 9, 1.5)]
+    # creations of float64 scalars (_Batch.note_created): a key then the value, then only the
+    # values of the next ids; a bare float that does not follow a creation is not one
+    log = [(3 << 3) | 5, 0.0, 1.5, 2.5, (3 << 3) | 0, -16 - 3, 2.0, (9 << 3) | 5, float("inf")]
+    assert _decode_log(log, {}) == [(-8, 3, 0.0), (-8, 4, 1.5), (-8, 5, 2.5), (3, 0, _F8_NUM, ()), (-7, 3, 2.0),
+                                    (-8, 9, float("inf"))]
 
 
 def test_benchmark_quick_writes_json(tmp_path):

@@ -355,13 +355,23 @@ def test_trace_empty_and_fields():
     assert [e for e in t.to_chrome()["traceEvents"] if e["ph"] == "X"] == []
 
 
-def test_record_is_the_one_way_in_and_keeps_every_field(run_mpi):
+@pytest.mark.parametrize("pure", ["0", "1"])
+def test_record_is_the_one_way_in_and_keeps_every_field(run_mpi, pure):
     """Tracer.record (the one public recording call) writes each event at once, in call order, with
     every field and the documented defaults; the buffer grows, then counts drops; mark/events/clear
-    see exactly what was recorded (public API only, real mpiexec)."""
+    see exactly what was recorded (public API only, real mpiexec). Both record buffers: the compiled
+    one and the pure-Python one (NBMPI_PURE_PYTHON=1)."""
     proc = run_mpi(r'''
+import os
 from nbmpi.workers import world
+from nbmpi.workers import tracing
 from nbmpi.workers.tracing import DIR_NONE, DIR_RECV, DIR_SEND, FIELDS, Tracer, register_kind
+
+if os.environ["NBMPI_PURE_PYTHON"] == "1":
+    assert Tracer.__mro__[1] is tracing._PyTracerCore, Tracer.__mro__
+else:
+    from nbmpi.workers._tracer_core import TracerCore
+    assert Tracer.__mro__[1] is TracerCore, Tracer.__mro__
 
 C = {name: i for i, name in enumerate(FIELDS)}
 k = register_kind("test_kind")
@@ -383,7 +393,7 @@ assert tr.mark() == 0 and len(tr.events()) == 0 and tr.dropped == 0
 tr.record(k, DIR_SEND, 0, 1, 1, 80, 81)
 assert tr.events()[:, C["t_start"]].tolist() == [80]
 print("record OK")
-''', n=1)
+''', n=1, env={"NBMPI_PURE_PYTHON": pure})
     assert_ok(proc)
     assert "record OK" in proc.stdout
 

@@ -3,8 +3,12 @@
 One public recording call, :meth:`Tracer.record`, used by every component
 (channels, aggregation, fused reductions). Recording is cheap: each rank owns
 one preallocated ``int64`` record buffer (:data:`FIELDS` columns per event,
-layout in :mod:`~nbmpi.workers.trace_records`) and an event is written by a
-single ``struct.pack_into`` call (about 0.2 us); no Python object is kept per event. The buffer
+layout in :mod:`~nbmpi.workers.trace_records`) and an event is one row written
+in C (:mod:`~nbmpi.workers._tracer_core`, the compiled base of :class:`Tracer`,
+tens of ns; compiled components call its C entry directly) or, when that
+extension is not built or ``NBMPI_PURE_PYTHON=1``, by one ``struct.pack_into``
+call (about 0.2 us); no
+Python object is kept per event. The buffer
 doubles when full, up to ``max_events`` (then events are counted as dropped,
 never silently lost). Tracing can be switched off (``NBMPI_TRACE=0`` or
 ``Tracer.enabled = False``); components check ``tracer.enabled`` before they
@@ -22,6 +26,7 @@ matching (late sender / late receiver / last arrival at a collective).
 """
 from __future__ import annotations
 
+import os
 import struct
 import threading
 import time
@@ -43,40 +48,13 @@ _PACK, _ROW_BYTES = PACK, ROW_BYTES
 _T_START, _T_END = FIELDS.index("t_start"), FIELDS.index("t_end")
 
 
-class Tracer:
-    """The record buffer of one rank. Create with :func:`nbmpi.workers.init` (or :func:`get_tracer`).
+class _PyTracerCore:
+    """The record buffer of a tracer in pure Python: what :mod:`._tracer_core` compiles
+    (the base class of :class:`Tracer` when that extension is not built). Same fields,
+    same :meth:`record`."""
 
-    :meth:`record` is THE way to add an event: runtime components (channels,
-    aggregation, fused reductions) call it after each communication call
-    completes, having checked :attr:`enabled` first (so a disabled tracer costs
-    one attribute read). It never blocks and never communicates. ``seq=-1``
-    on a blocking point-to-point event means "match by order": the k-th such
-    send from s to d on (chan, tag) matches the k-th receive (MPI's
-    non-overtaking rule), which spares the caller a counter. All other
-    attributes are the tracer's own; only :attr:`enabled` may be set from
-    outside (to switch recording off and on).
-    """
+    __slots__ = ("enabled", "buf", "cap", "n", "dropped", "max_events")
 
-    __slots__ = ("comm", "rank", "size", "enabled", "max_events", "buf", "cap", "n", "dropped",
-                 "offset_ns", "offset_err_ns", "_next_chan", "_lock")
-
-    def __init__(self, comm, enabled: bool = True, capacity: int = 1 << 14, max_events: int = 1 << 22):
-        self.comm = comm
-        self.rank = comm.Get_rank()
-        self.size = comm.Get_size()
-        #: Record or not. Components check it before they even read the clock.
-        self.enabled = bool(enabled)
-        self.max_events = int(max_events)
-        self.buf = np.zeros(capacity * NF, dtype=np.int64)
-        self.cap = capacity
-        self.n = 0
-        self.dropped = 0
-        self.offset_ns = 0
-        self.offset_err_ns = 0
-        self._next_chan = 1
-        self._lock = threading.Lock()
-
-    # -- recording -------------------------------------------------------------
     def record(self, kind: int, direction: int, peer: int, tag: int, nbytes: int,
                t_start: int, t_end: int, wait: int = -1, seq: int = 0, chan: int = 0,
                count: int = 0) -> None:
@@ -100,6 +78,49 @@ class Tracer:
         _PACK(self.buf, n * _ROW_BYTES, kind, direction, peer, tag, nbytes, t_start, t_end, wait, seq,
               chan, count)
         self.n = n + 1
+
+
+#: ``NBMPI_PURE_PYTHON=1`` (the switch of :mod:`~nbmpi.workers.fused_reductions.implementation`)
+#: selects the pure-Python record buffer too
+_TracerCore = _PyTracerCore
+if os.environ.get("NBMPI_PURE_PYTHON", "").strip() in ("", "0"):
+    try:   # the compiled record buffer (built by pip install with Cython); same fields and record()
+        from ._tracer_core import TracerCore as _TracerCore
+    except ImportError:   # not built: the pure-Python one
+        pass
+
+
+class Tracer(_TracerCore):  # type: ignore[misc, valid-type]
+    """The record buffer of one rank. Create with :func:`nbmpi.workers.init` (or :func:`get_tracer`).
+
+    :meth:`record` is THE way to add an event: runtime components (channels,
+    aggregation, fused reductions) call it after each communication call
+    completes, having checked :attr:`enabled` first (so a disabled tracer costs
+    one attribute read). It never blocks and never communicates. ``seq=-1``
+    on a blocking point-to-point event means "match by order": the k-th such
+    send from s to d on (chan, tag) matches the k-th receive (MPI's
+    non-overtaking rule), which spares the caller a counter. All other
+    attributes are the tracer's own; only :attr:`enabled` may be set from
+    outside (to switch recording off and on).
+    """
+
+    __slots__ = ("comm", "rank", "size", "offset_ns", "offset_err_ns", "_next_chan", "_lock")
+
+    def __init__(self, comm, enabled: bool = True, capacity: int = 1 << 14, max_events: int = 1 << 22):
+        self.comm = comm
+        self.rank = comm.Get_rank()
+        self.size = comm.Get_size()
+        #: Record or not. Components check it before they even read the clock.
+        self.enabled = bool(enabled)
+        self.max_events = int(max_events)
+        self.buf = np.zeros(capacity * NF, dtype=np.int64)
+        self.cap = capacity
+        self.n = 0
+        self.dropped = 0
+        self.offset_ns = 0
+        self.offset_err_ns = 0
+        self._next_chan = 1
+        self._lock = threading.Lock()
 
     def _grow(self) -> bool:
         if self.cap >= self.max_events:

@@ -18,7 +18,9 @@ constructors (``VarBase`` under ``SharedVar``, ``BatchBase`` under ``_Batch``,
 
 with exactly the data structures of the Python code (entries tuples
 ``(op, batch, block, index, extra)``, slot references ``(base, batch, index)``,
-lazy ``Derived`` nodes, the batch's word list and signature log). Every other
+lazy ``Derived`` nodes, the batch's word list and signature log); the one
+difference: a variable's single pending float64 sum is kept as two fields and
+becomes its entries tuple only when Python code reads ``_entries``. Every other
 case calls the Python implementation given to :func:`bind`, so both paths
 share one set of semantics (the tests run both).
 
@@ -26,16 +28,21 @@ MPI: the force point starts and tests its persistent request through a
 :class:`Runner`: this module's calls mpi4py's ``Start``/``Test`` methods; the
 one in ``_direct_mpi`` (built against mpi4py's C API, loaded once MPI is
 initialised) calls ``MPI_Start``/``MPI_Test`` on the request's handle. Trace
-events go through the tracer's public ``record`` call. Importing this module
+events go through the tracer's public ``record`` call (its C entry
+``TracerCore.record_c`` when the tracer is the compiled one). Importing this module
 does not initialise MPI.
 """
 cimport cython
 from cpython.array cimport array, clone
 from cpython.buffer cimport PyBUF_ANY_CONTIGUOUS, PyBuffer_Release, PyObject_GetBuffer
+from cpython.float cimport PyFloat_AsDouble
+from cpython.long cimport PyLong_AsDouble, PyLong_CheckExact
 from cpython.object cimport PyObject
 from libc.string cimport memset
 from libc.string cimport memcpy
 from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
+
+from .._tracer_core cimport TracerCore
 
 import zlib
 
@@ -147,6 +154,7 @@ cdef Runner g_runner = None                 # set_runner(); None: mpi4py's metho
 
 cdef enum:
     HEADER_WORDS = 4                        # wire.HEADER: the signature words
+    CREATED = 5                             # wire.CREATED: low bits of a creation's log key
     LAYOUT_FIXED = 5                        # kernels.LAYOUT_FIXED: (nlay, L, n_f8, n_i8, nseg)
     M20A = (1 << 20) - 3
     M20B = (1 << 20) - 5
@@ -202,7 +210,24 @@ cdef inline Py_ssize_t refcnt(PyObject *o) noexcept:
 
 
 cdef inline bint is_fast_type(object t):
-    return t is float or t is int or t in g_fast_types
+    """t is one of the types taken as real numbers (by identity: ``t in tuple`` would call
+    the types' rich comparison for every item before the match)."""
+    cdef Py_ssize_t k
+    if t is float or t is int:
+        return True
+    for k in range(len(g_fast_types)):
+        if (<PyObject *>t) == (<PyObject *>(<tuple>g_fast_types)[k]):
+            return True
+    return False
+
+
+cdef inline double as_double(object a) except? -1.0:
+    """float(a) of a real number without a temporary float object: a float (or subclass,
+    e.g. numpy.float64) is read directly, an int converted by PyLong_AsDouble (OverflowError
+    as float(a)), anything else through its __float__ (PyFloat_AsDouble)."""
+    if PyLong_CheckExact(a):
+        return PyLong_AsDouble(a)
+    return PyFloat_AsDouble(a)
 
 
 cdef inline long long floor_mod(long long a, long long m) noexcept:
@@ -228,7 +253,8 @@ cdef class BatchBase:
     """Fields of a fusion batch (subclassed by fused_reductions.pending._Batch; see _PyBatchBase)."""
 
     cdef public object f8, f8_nonsum, i8, i8_ops, arrs, sig, nseg, words, allsum, log, kmap, res, error, folded
-    cdef public Py_ssize_t room, nvars
+    cdef public Py_ssize_t room, nvars, cpos
+    cdef public long long cnext
     cdef public bint done
 
     def __init__(self, Py_ssize_t threshold_words):
@@ -263,6 +289,8 @@ cdef int batch_fill(BatchBase b, Py_ssize_t threshold) except -1:
     b.room = threshold - 1
     b.nvars = 0
     b.done = False
+    b.cnext = -1
+    b.cpos = -1
     return 0
 
 
@@ -275,6 +303,28 @@ cdef double batch_word(BatchBase b, object i) except? -1.0:
         if 0 <= k < len(<array>r0):
             return (<array>r0).data.as_doubles[k]
     return r0[i]
+
+
+cdef int note_created(BatchBase b, long long vid, object value) except -1:
+    """_Batch.note_created: the creation of float64 scalar variable vid with the float value
+    (not NaN): ``vid << 3 | CREATED`` then the value, only the value in a run of creations."""
+    cdef list log = b.log
+    if vid != b.cnext or len(log) != b.cpos:
+        log.append((vid << 3) | CREATED)
+    log.append(value)
+    b.cnext = vid + 1
+    b.cpos = len(log)
+    if b.cpos >= g_log_cap:
+        b.fold()
+    return 0
+
+
+cdef double batch_word_at(BatchBase b, Py_ssize_t k) except? -1.0:
+    """Reduced word k of a resolved batch: b.res[0][k]."""
+    cdef object r0 = b.res[0]
+    if type(r0) is array and 0 <= k < len(<array>r0):
+        return (<array>r0).data.as_doubles[k]
+    return r0[k]
 
 
 cdef int note_step(BatchBase b, object step) except -1:
@@ -369,7 +419,7 @@ cdef int operand_value(object a, double *out) except -1:
         out[0] = <double>a
         return 0
     if type(a) is int:
-        out[0] = <double>a
+        out[0] = as_double(a)
         return 0
     if type(a) is tuple and len(<tuple>a) == 3:   # (base, batch, index)
         base = (<tuple>a)[0]
@@ -454,7 +504,13 @@ cdef int entry_value(double base, tuple ent, double *out) except -1:
 cdef class VarBase:
     """Fields and compiled hot-path operators of a shared variable (base of SharedVar)."""
 
-    cdef public object dtype, shape, _base, _entries, _ob, _init, _cast, _lastb, name
+    cdef public object dtype, shape, _base, _ob, _init, _cast, _lastb, name
+    # _entries (a property): the pending entries, program order. One pending float64 sum
+    # word, the common case, is kept as (_e1b, _e1i) with _ents == () and becomes the
+    # tuple ((0, _e1b, 0, _e1i, None),) only when Python code reads _entries (var_entries)
+    cdef object _ents
+    cdef BatchBase _e1b
+    cdef Py_ssize_t _e1i
     cdef public Py_ssize_t _oi
     cdef public int _oop, _oblk, _kind
     cdef public bint _sf
@@ -470,6 +526,16 @@ cdef class VarBase:
     def _id(self, v):
         self._idobj = v
         self._cid1 = (<long long>v) + 1 if type(v) is int else 0
+
+    @property
+    def _entries(self):
+        """The pending entries ``(op, batch, block, index, extra)``, program order (a tuple)."""
+        return var_entries(self)
+
+    @_entries.setter
+    def _entries(self, v):
+        self._ents = v
+        self._e1b = None
 
     @property
     def _ksum(self):
@@ -488,7 +554,7 @@ cdef class VarBase:
                 if t is float:
                     return fast_sum(self, <double>a, a)
                 if is_fast_type(t):
-                    return fast_sum(self, float(a), None)
+                    return fast_sum(self, as_double(a), None)
             elif t is ndarray:
                 r = contribute_array(self, 0, a)
                 if r is not None:
@@ -497,24 +563,24 @@ cdef class VarBase:
 
     def __isub__(self, a):
         if g_bound and self._sf and is_fast_type(type(a)):
-            return fast_sum(self, -float(a), None)
+            return fast_sum(self, -as_double(a), None)
         return g_isub(self, a)
 
     def __imul__(self, a):
         if g_bound and self._sf and is_fast_type(type(a)):
-            return contribute_f8(self, 1, float(a))
+            return contribute_f8(self, 1, as_double(a))
         return g_imul(self, a)
 
     def min_with(self, a):
         """``x = min(x, min over ranks of a)`` (a rank-local) or elementwise min with shared ``a``. Lazy."""
         if g_bound and self._sf and is_fast_type(type(a)):
-            return contribute_f8(self, 2, float(a))
+            return contribute_f8(self, 2, as_double(a))
         return g_min_with(self, a)
 
     def max_with(self, a):
         """``x = max(x, max over ranks of a)`` (a rank-local) or elementwise max with shared ``a``. Lazy."""
         if g_bound and self._sf and is_fast_type(type(a)):
-            return contribute_f8(self, 3, float(a))
+            return contribute_f8(self, 3, as_double(a))
         return g_max_with(self, a)
 
     def _fast_sum(self, a):
@@ -529,18 +595,27 @@ cdef class VarBase:
         pending contributions of this variable are dropped from its value."""
         if value is None and g_bound and self._init is not None:
             self._base = self._init
-            if self._entries:
-                self._entries = ()
+            if self._e1b is not None or self._ents:
+                self._ents = ()
+                self._e1b = None
                 self._ob = None
             return self
         return g_reset(self, value)
 
     # -- reading ---------------------------------------------------------------------
     def __float__(self):
-        cdef object ents = self._entries, base = self._base, ent, v
+        cdef object ents, base = self._base, ent, v
         cdef Py_ssize_t ne
         cdef double x
-        cdef BatchBase b
+        cdef BatchBase b = self._e1b
+        if b is not None and g_bound and type(base) is float:   # one float64 sum: base + the reduced word
+            if not b.done:
+                force_batch(b)
+            v = <double>base + batch_word_at(b, self._e1i)
+            self._base = v
+            self._e1b = None
+            return v
+        ents = var_entries(self)
         if g_bound and type(ents) is tuple:
             ne = len(<tuple>ents)
             if ne == 0:
@@ -560,12 +635,12 @@ cdef class VarBase:
                         force_batch(b)
                     v = <double>base + batch_word(b, (<tuple>ent)[3])
                     self._base = v
-                    self._entries = ()
+                    self._ents = ()
                     return v
                 if type(ent) is tuple and entry_value(<double>base, <tuple>ent, &x) == 0:
                     v = x
                     self._base = v
-                    self._entries = ()
+                    self._ents = ()
                     self._ob = None
                     return v
         return g_float(self)
@@ -590,6 +665,14 @@ cdef class VarBase:
 slot_wrappers(VarBase)
 
 
+cdef object var_entries(VarBase v):
+    """v._entries: the one pending sum word (_e1b, _e1i) made the tuple the Python code reads."""
+    if v._e1b is not None:
+        v._ents = ((0, v._e1b, 0, v._e1i, None),)
+        v._e1b = None
+    return v._ents
+
+
 cdef inline object var_id(VarBase v):
     """v._id: made a Python int only when read."""
     if v._idobj is None:
@@ -602,7 +685,7 @@ cdef inline object var_id(VarBase v):
 cdef inline object var_ksum(VarBase v):
     """v._ksum: the signature step ``id << 3`` of a float64 sum, made once."""
     if v._ksumobj is None:
-        v._ksumobj = var_id(v) << 3
+        v._ksumobj = (v._cid1 - 1) << 3 if v._cid1 else var_id(v) << 3
     return v._ksumobj
 
 
@@ -654,15 +737,26 @@ cdef object fast_sum(VarBase self, double a, object aobj):
         return self
     i = len(f8)
     f8.append(aobj if aobj is not None else a)
-    ents = self._entries
-    if len(ents) == 1 and type(self._base) is float:
-        old = ents[0]
-        if (len(old) == 5 and old[0] is k_zero and old[2] is k_zero and isinstance(old[1], BatchBase)
-                and (<BatchBase>old[1]).done):
-            # a resolved sum nobody read yet: fold it into the base (entries stay bounded)
-            self._base = <double>self._base + batch_word(<BatchBase>old[1], old[3])
-            ents = ()
-    self._entries = ((0, b, 0, i, None),) if not ents else ents + ((0, b, 0, i, None),)
+    ob = self._e1b
+    if ob is not None and ob.done and type(self._base) is float:
+        # a resolved sum nobody read yet: fold it into the base (entries stay bounded)
+        self._base = <double>self._base + batch_word_at(ob, self._e1i)
+        self._e1b = None
+        ents = ()
+    else:
+        ents = var_entries(self)
+        if len(ents) == 1 and type(self._base) is float:
+            old = ents[0]
+            if (len(old) == 5 and old[0] is k_zero and old[2] is k_zero and isinstance(old[1], BatchBase)
+                    and (<BatchBase>old[1]).done):
+                self._base = <double>self._base + batch_word(<BatchBase>old[1], old[3])
+                ents = ()
+    if not ents:   # the one pending sum word, kept without a tuple (var_entries)
+        self._ents = ()
+        self._e1b = b
+        self._e1i = i
+    else:
+        self._ents = ents + ((0, b, 0, i, None),)
     self._ob = b
     self._oi = i
     self._oop = 0
@@ -702,7 +796,7 @@ cdef object contribute_f8(VarBase self, int op, double a):
         b.f8_nonsum = {}
     b.f8_nonsum[i] = op
     b.allsum = False
-    self._entries = self._entries + ((op, b, 0, i, None),)
+    self._ents = var_entries(self) + ((op, b, 0, i, None),)
     self._ob = b
     self._oi = i
     self._oop = op
@@ -740,8 +834,12 @@ cdef object f8_operand(object x, bint is_shared, int code, bint *resolved):
         resolved[0] = True
         return x
     v = <VarBase>x      # callers pass a VarBase as a shared operand
-    e = v._entries
     base = v._base
+    if v._e1b is not None and type(base) is float:   # one sum word: a slot reference
+        v._ob = None
+        resolved[0] = False
+        return (base, v._e1b, v._e1i)
+    e = var_entries(v)
     if not e:
         resolved[0] = type(base) is float
         return base
@@ -761,7 +859,7 @@ cdef VarBase new_lazy(object base):
     st.next_id += 1
     r._cid1 = st.next_id
     r._base = base
-    r._entries = ()
+    r._ents = ()
     r._sf = True
     r.dtype = g_f8
     r.shape = ()
@@ -814,18 +912,20 @@ def shared(value, name=None):
         vid = st.next_id
         st.next_id = vid + 1
         v = <VarBase>new_instance(g_shared_t, k_noargs)
-        v._cid1 = vid + 1
-        idobj = v._idobj = vid
+        v._cid1 = vid + 1          # the id becomes a Python int only when read (var_id)
         v.name = name
         v.dtype = g_f8
         v.shape = ()
         v._base = value
-        v._entries = ()
+        v._ents = ()
         v._oop = -1
         v._sf = True
         v._cast = float
         v._init = value
-        note_step(g_batch, (-8, idobj, value if value == value else g_nan_key))
+        if <double>value == <double>value:
+            note_created(g_batch, vid, value)
+        else:
+            note_step(g_batch, (-8, vid, g_nan_key))
         return v
     return g_new_var(value, name=name)
 
@@ -852,7 +952,7 @@ cdef object shared_array(object value, object name):
     v.shape = copy.shape
     v._kind = 2 if dtype.kind == "c" else (0 if dtype.kind == "f" else 1)
     v._base = copy
-    v._entries = ()
+    v._ents = ()
     v._oop = -1
     v._cast = cast
     v._init = copy
@@ -881,7 +981,7 @@ cdef object contribute_array(VarBase self, int op, object a):
     if kind != 0 or (op != 0 and op != 4):
         b.allsum = False
     w = acc.size * (2 if kind == 2 else 1)
-    self._entries = self._entries + ((op, b, 2, i, None),)
+    self._ents = var_entries(self) + ((op, b, 2, i, None),)
     if op != 4:
         self._ob = b
         self._oi = i
@@ -915,11 +1015,11 @@ def consume_f8(VarBase pool, request, floor):
     cdef Py_ssize_t i
     if not (g_bound and pool._sf and is_fast_type(type(request)) and is_fast_type(type(floor))):
         return None
-    r = float(request)
-    fl = float(floor)
+    r = as_double(request)
+    fl = as_double(floor)
     if not r >= 0.0 or r == float("inf"):
         return None
-    ents = pool._entries
+    ents = var_entries(pool)
     if not ents:
         before = pool._base
     else:
@@ -931,7 +1031,7 @@ def consume_f8(VarBase pool, request, floor):
     flo = fl
     note_step(b, (-9, flo if fl == fl else g_nan_key))
     grant = g_grant_t(before, b, 0, i, r, flo, ())
-    pool._entries = ents + ((4, b, 0, i, flo),)
+    pool._ents = ents + ((4, b, 0, i, flo),)
     pool._ob = None
     if pool._lastb is not b:
         pool._lastb = b
@@ -996,7 +1096,10 @@ cdef int finish(object engine, BatchBase b, Py_ssize_t L, long long t0, long lon
     cdef double *w = res.data.as_doubles
     st.seq += 1
     tr = g_get_tracer()
-    if tr.enabled:
+    if isinstance(tr, TracerCore):   # the compiled record buffer: record's C entry
+        if (<TracerCore>tr).enabled:
+            (<TracerCore>tr).record_c(g_kind_fused, 0, -1, tag, L * 8, t0, t1, -1, seq, g_chan, b.nvars)
+    elif tr.enabled:
         tr.record(g_kind_fused, 0, -1, tag, L * 8, t0, t1, -1, seq, g_chan, b.nvars)
     if g_size <= 64:   # exact in float64 below 2**53
         same = (P * w[1] == w[0] * w[0]) and (P * w[3] == w[2] * w[2])

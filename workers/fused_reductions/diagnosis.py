@@ -15,23 +15,34 @@ import numpy as np
 
 from .. import waiting
 from ..errors import CommTimeout
-from .wire import _F8_NUM, _FN_NAMES, _LOG_CAP, _NAN_KEY, _UNIFORM_TAGS, OP_NAMES
+from .wire import _F8_NUM, _FN_NAMES, _LOG_CAP, _NAN_KEY, _UNIFORM_TAGS, CREATED, OP_NAMES
 
 
 def _decode_log(log: list, kmap: dict) -> list:
     """The batch's signature log as readable steps: an int is the key of a contribution
-    (``kmap``; a float64 scalar one is ``id << 3 | op``) or the tag ``-16 - code`` of a
-    uniform operand, followed by the operand's key (read as ``(-7, code, key)``); tuples
-    are steps already."""
+    (``kmap``; a float64 scalar one is ``id << 3 | op``), the tag ``-16 - code`` of a
+    uniform operand, followed by the operand's key (read as ``(-7, code, key)``), or
+    ``id << 3 | CREATED`` followed by a creation value (read as ``(-8, id, value)``, as
+    are the floats right after it: the creations of the next ids, ``_Batch.note_created``);
+    tuples are steps already."""
     steps = []
     it = iter(log)
+    created = None   # id of the creation a bare float continues
     for k in it:
+        if type(k) is float and created is not None:
+            created += 1
+            steps.append((-8, created, k))
+            continue
+        created = None
         if type(k) is not int:
             steps.append(k)
         elif k in kmap:
             steps.append(kmap[k])
         elif k in _UNIFORM_TAGS:
             steps.append((-7, -16 - k, next(it, None)))
+        elif k >= 0 and k & 7 == CREATED:
+            created = k >> 3
+            steps.append((-8, created, next(it, None)))
         else:
             steps.append((k >> 3, k & 7, _F8_NUM, ()))
     return steps

@@ -16,7 +16,7 @@ import types
 from typing import Any, List, Optional, Tuple
 
 from .implementation import core as _core
-from .wire import _LOG_CAP, HEADER
+from .wire import _LOG_CAP, CREATED, HEADER
 
 _EMPTY: list = []
 _NOL: tuple = ()                              # "no list yet" of a batch
@@ -27,7 +27,7 @@ class _PyBatchBase:
     """The fields of a batch (the compiled ``BatchBase`` has the same fields and init)."""
 
     __slots__ = ("f8", "f8_nonsum", "i8", "i8_ops", "arrs", "sig", "nseg", "words", "room", "allsum",
-                 "nvars", "log", "kmap", "folded", "done", "res", "error")
+                 "nvars", "log", "kmap", "folded", "done", "res", "error", "cnext", "cpos")
 
     def __init__(self, threshold_words: int) -> None:
         # float64 scalar segments: one word each in f8 (after the header words); their op
@@ -51,6 +51,10 @@ class _PyBatchBase:
         self.res: Optional[Tuple[list, list, list]] = None
         self.error: Optional[BaseException] = None
         self.folded = 0
+        # note_created: the id whose creation may be logged as a bare float, valid while
+        # the log's length is cpos (the last step is the creation of cnext - 1)
+        self.cnext = -1
+        self.cpos = -1
 
 
 class _Batch(_core.BatchBase if _core is not None else _PyBatchBase):  # type: ignore[misc]
@@ -77,6 +81,20 @@ class _Batch(_core.BatchBase if _core is not None else _PyBatchBase):  # type: i
         if len(log) >= _LOG_CAP:
             self.fold()
 
+    def note_created(self, vid: int, value: float) -> None:
+        """Log the creation of float64 scalar variable ``vid`` with the (non-NaN) float
+        ``value``: the key ``vid << 3 | CREATED`` then the value, or only the value when
+        the last step is the creation of ``vid - 1`` (a run of ``shared(c)``: no tuple,
+        no int per variable; :func:`~.diagnosis._decode_log` reads both back)."""
+        log = self.log
+        if vid != self.cnext or len(log) != self.cpos:
+            log.append((vid << 3) | CREATED)
+        log.append(value)
+        self.cnext = vid + 1
+        self.cpos = len(log)
+        if len(log) >= _LOG_CAP:
+            self.fold()
+
     def note_uniform(self, code: int, key: Any) -> None:
         """Append a uniform operand of operation ``code`` (``_FN_CODES``) with value key
         ``key`` as two steps, the tag ``-16 - code`` then the key (no tuple; the compiled
@@ -92,6 +110,7 @@ class _Batch(_core.BatchBase if _core is not None else _PyBatchBase):  # type: i
         self.sig = hash((self.sig, tuple(self.log)))
         self.log = []
         self.folded += 1
+        self.cpos = -1
 
 
 class _Snap:

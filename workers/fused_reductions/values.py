@@ -267,7 +267,10 @@ class SharedVar(_core.VarBase if _core is not None else _PyVarBase):  # type: ig
             self._cast = float
             self._init = value
             if _check:
-                e.batch.note((-8, vid, value if value == value else _NAN_KEY))
+                if value == value:
+                    e.batch.note_created(vid, value)
+                else:
+                    e.batch.note((-8, vid, _NAN_KEY))
             return
         if type(value) is np.ndarray and value.ndim:   # an array: the same steps as below, fewer calls
             dtype = _check_dtype(value.dtype, "shared(ndarray)")

@@ -46,6 +46,10 @@ _NAN_KEY = (-1, -1)
 # operations of shared arithmetic, as logged for uniform operands (-16 - code)
 _FN_NAMES = {1: "+", 2: "-", 3: "*", 4: "/", 5: "//", 6: "%", 7: "**", 8: "min", 9: "max"}
 _UNIFORM_TAGS = range(-31, -15)   # -16 - code for the operation codes 0..15 (_Batch.note_uniform)
+#: the low 3 bits of the log key ``id << 3 | CREATED``: float64 scalar variable ``id`` created with
+#: the value logged next; a float right after a creation step is the creation of the next id
+#: (``_Batch.note_created``: a run of ``shared(c)`` logs one float each, no tuple)
+CREATED = 5
 
 
 def _size_class(words: int) -> int:
