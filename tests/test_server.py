@@ -11,6 +11,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import Optional
 
 import httpx
 import psutil
@@ -125,8 +126,12 @@ def wait_state(c: httpx.Client, job_id: int, states, timeout: float = 90) -> dic
         time.sleep(0.1)
 
 
-def submit(c: httpx.Client, code: str, ranks: int = 2, **kw) -> dict:
-    r = c.post("/api/v1/jobs", json=dict(code=textwrap.dedent(code), ranks=ranks, **kw))
+def submit(c: httpx.Client, code: str, ranks: Optional[int] = 2, **kw) -> dict:
+    """POST a job of ``code`` (dedented) on ``ranks`` ranks (None: the service's default); its record."""
+    body = dict(code=textwrap.dedent(code), **kw)
+    if ranks is not None:
+        body["ranks"] = ranks
+    r = c.post("/api/v1/jobs", json=body)
     assert r.status_code == 201, r.text
     return r.json()
 

@@ -42,32 +42,15 @@ import pytest
 from nbmpi.workers.engine_pool import Pool
 from nbmpi.workers.processes import noted_segments
 
+from liveness import running
+from test_server import CHANNEL_JOB, SLEEP_JOB, submit
+
 REPO = Path(__file__).resolve().parent.parent
 PACKAGES = ("slurmctld", "slurmd", "slurm-client", "munge")
 DAEMONS = {"munged": "munge", "slurmctld": "slurmctld", "slurmd": "slurmd", "sbatch": "slurm-client"}
 PARTITION = "debug"
 
-CHANNEL_JOB = """
-import sys
-import numpy as np
-from nbmpi.workers import ArrayChannel, world
-r = world().Get_rank()
-ch = ArrayChannel((1000,), np.float64)
-ch.fill(r)
-if r == 0:
-    ch.put(1); ch.take(1)
-else:
-    ch.take(0); ch[...] += 1; ch.put(0)
-ch.allreduce("sum")
-print(f"rank {r} of {world().Get_size()} value {ch[0]} args {sys.argv[1:]}")
-print(f"stderr of rank {r}", file=sys.stderr)
-"""
-
-SLEEP_JOB = """
-import os, time
-print("pid", os.getpid(), flush=True)
-time.sleep(600)
-"""
+SLEEP_JOB = SLEEP_JOB.format(seconds=600)
 
 
 # -- the cluster -----------------------------------------------------------------------------------
@@ -347,15 +330,6 @@ class Controller:
             self.proc.stdout.close()
 
 
-def submit(c: httpx.Client, code: str, ranks: Optional[int] = 2, **kw) -> dict:
-    body = dict(code=textwrap.dedent(code), **kw)
-    if ranks is not None:
-        body["ranks"] = ranks
-    r = c.post("/api/v1/jobs", json=body)
-    assert r.status_code == 201, r.text
-    return r.json()
-
-
 def wait_job(c: httpx.Client, job_id: int, cond, what: str, timeout: float = 120) -> dict:
     """Poll the job's record until ``cond(record)``."""
     deadline = time.monotonic() + timeout
@@ -399,13 +373,6 @@ def leftover_shm(status_dir: Path):
     noted = noted_segments(str(status_dir))
     assert noted, f"no rank noted its shared memory in {status_dir}"
     return sorted(p for p in noted if os.path.exists(p))
-
-
-def gone(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
 
 
 @pytest.fixture(scope="module")
@@ -465,7 +432,7 @@ def test_restart_reattaches_to_slurm_jobs(ctl, slurm):
     ctl.proc.wait()
     ctl.stop()
     for pid in (ctl.jobs["limited_pid"], ctl.jobs["sleeper_pid"]):
-        assert not gone(pid)   # the ranks are Slurm's, not the controller's
+        assert running(pid)   # the ranks are Slurm's, not the controller's
     ctl.start()
     with ctl.client() as c:
         for jid in (limited, sleeper):
@@ -486,7 +453,7 @@ def test_cancel_running_job_is_scancel(ctl, slurm):
         assert job["exit_code"] == 130 and job["message"] == f"cancelled by its owner (scancel {sid})"
     # cancel returns once Slurm reports the end: the rank is gone by then, and its MPI shared memory
     assert slurm.job(sid).startswith("CANCELLED")
-    assert gone(ctl.jobs["sleeper_pid"])
+    assert not running(ctl.jobs["sleeper_pid"])
     assert leftover_shm(ctl.data_dir / "jobs" / str(sleeper) / "status") == []
 
 
@@ -551,7 +518,7 @@ def test_time_limit_kill_is_timed_out(ctl, slurm):
     assert job["message"] == (f"Slurm ended job {slurm_id(ctl, limited)} at its time limit (--time=1 min; the "
                               "job's timeout of 20 s rounded up to whole minutes); all ranks were ended")
     assert slurm.job(slurm_id(ctl, limited)) == "TIMEOUT TimeLimit"
-    assert gone(ctl.jobs["limited_pid"])
+    assert not running(ctl.jobs["limited_pid"])
     assert leftover_shm(ctl.data_dir / "jobs" / str(limited) / "status") == []
 
 
@@ -566,7 +533,7 @@ def test_job_end_to_end_logs_exit_codes_trace(ctl, slurm):
         assert job["started_at"] >= job["created_at"]
         for r in (0, 1):
             assert c.get(f"/api/v1/jobs/{waiting}/logs", params={"rank": r}).text == \
-                f"rank {r} of 2 value 2.0 args ['a', 'b c']\n"
+                f"rank {r} value 2.0 args ['a', 'b c']\n"
             assert c.get(f"/api/v1/jobs/{waiting}/logs", params={"rank": r, "stream": "stderr"}).text == \
                 f"stderr of rank {r}\n"
         trace = c.get(f"/api/v1/jobs/{waiting}/trace").json()

@@ -316,7 +316,9 @@ class Task:
         return self._desc
 
     def _make_sig(self) -> Tuple:  # pragma: no cover - every task kind overrides it
-        raise NotImplementedError
+        """The task's signature (its kind, shapes and dtypes): the key of plan and kernel caches."""
+        raise TypeError(f"{type(self).__name__} is a task kind without a signature; "
+                        "every Task subclass defines _make_sig")
 
     def reads(self) -> List[Leaf]:
         return []
