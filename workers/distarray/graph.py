@@ -327,10 +327,34 @@ class Task:
         return []
 
 
-class Assign(Task):
+class ExprTask(Task):
+    """A task computing one expression into ``out``: the expression (``expr``, replaceable by
+    fusion, which forgets the cached leaves it reads) and the leaves it reads and writes."""
+
+    __slots__ = ("out", "_expr", "_reads")
+
+    @property
+    def expr(self) -> Node:
+        return self._expr
+
+    @expr.setter
+    def expr(self, node: Node) -> None:
+        self._expr = node
+        self._reads = None
+
+    def reads(self) -> List[Leaf]:
+        if self._reads is None:
+            self._reads = list(leaves(self._expr))
+        return self._reads
+
+    def writes(self) -> List[Leaf]:
+        return [self.out]
+
+
+class Assign(ExprTask):
     """``out[...] = expr`` elementwise, over the row space of ``out`` (``space``)."""
 
-    __slots__ = ("out", "_expr", "space", "_reads")
+    __slots__ = ("space",)
     kind = "assign"
 
     def __init__(self, out: Leaf, expr: Node, op_desc: Any = ""):
@@ -339,33 +363,16 @@ class Assign(Task):
         self._init_text(lambda: ((op_desc() if callable(op_desc) else op_desc) or
                                  f"{node_desc(out)} = {node_desc(expr)}") + f" -> {out.dtype} {out.shape}")
 
-    @property
-    def expr(self) -> Node:
-        return self._expr
-
-    @expr.setter
-    def expr(self, node: Node) -> None:
-        self._expr = node
-        self._reads = None
-
     def _make_sig(self) -> Tuple:
         return (10, node_sig(self.out), node_sig(self.expr))
 
-    def reads(self) -> List[Leaf]:
-        if self._reads is None:
-            self._reads = list(leaves(self._expr))
-        return self._reads
 
-    def writes(self) -> List[Leaf]:
-        return [self.out]
-
-
-class Reduce(Task):
+class Reduce(ExprTask):
     """``out = op(expr, axis)``. ``axis`` is an internal axis of ``space`` (0 = the rows) or None
     (everything). ``out`` is a replicated 0-d / trailing-shaped base for ``axis`` None or 0, and
     a base aligned with the rows for other axes. ``count``: elements per result (for mean)."""
 
-    __slots__ = ("_expr", "op", "axis", "out", "space", "count", "acc_dtype", "_reads")
+    __slots__ = ("op", "axis", "space", "count", "acc_dtype")
     kind = "reduce"
 
     def __init__(self, expr: Node, op: str, axis: Optional[int], out: Leaf, space: RowSpace, count: int,
@@ -374,26 +381,9 @@ class Reduce(Task):
         self.acc_dtype = np.dtype(acc_dtype)
         self._init_text(lambda: f"{op_desc} -> {out.dtype} {out.shape}")
 
-    @property
-    def expr(self) -> Node:
-        return self._expr
-
-    @expr.setter
-    def expr(self, node: Node) -> None:
-        self._expr = node
-        self._reads = None
-
     def _make_sig(self) -> Tuple:
         return (11, _name_code(self.op), -1 if self.axis is None else self.axis, node_sig(self.out),
                 node_sig(self.expr))
-
-    def reads(self) -> List[Leaf]:
-        if self._reads is None:
-            self._reads = list(leaves(self._expr))
-        return self._reads
-
-    def writes(self) -> List[Leaf]:
-        return [self.out]
 
 
 class Matmul(Task):
