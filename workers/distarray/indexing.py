@@ -49,6 +49,24 @@ def _slice_of(start: int, step: int, count: int) -> slice:
     return slice(start, stop, step)
 
 
+def _offset_strides(entries, es: Sequence[int]) -> Tuple[int, Tuple[int, ...]]:
+    """``(offset, strides)`` in elements of view ``entries`` (``("n",)`` new axis, ``("s", start,
+    step, ...)`` slice, ``("i", index)`` integer) over a C-order buffer whose axes have element
+    strides ``es``, one per non-new entry."""
+    off = 0
+    strides: List[int] = []
+    j = 0
+    for e in entries:
+        if e[0] == "n":
+            strides.append(0)
+            continue
+        off += e[1] * es[j]
+        if e[0] == "s":
+            strides.append(e[2] * es[j])
+        j += 1
+    return off, tuple(strides)
+
+
 class View:
     """Which elements of a base of shape ``base_shape`` are visible (see the module doc). Immutable."""
 
@@ -227,21 +245,7 @@ class View:
     def trail_strides(self, buf_trail_shape: Tuple[int, ...]) -> Tuple[int, Tuple[int, ...]]:
         """``(offset, strides)`` of the user axes after the row entry over a local buffer
         ``(rows, *buf_trail_shape)`` in C order, per row (the row term is added by the caller)."""
-        es = c_strides(buf_trail_shape)
-        off = 0
-        strides: List[int] = []
-        j = 0
-        for e in self.after_row():
-            if e[0] == "n":
-                strides.append(0)
-                continue
-            if e[0] == "s":
-                off += e[1] * es[j]
-                strides.append(e[2] * es[j])
-            else:
-                off += e[1] * es[j]
-            j += 1
-        return off, tuple(strides)
+        return _offset_strides(self.after_row(), c_strides(buf_trail_shape))
 
     def packed_strides(self) -> Tuple[int, ...]:
         """Strides of the user axes after the row entry over packed rows (:meth:`trail_items` applied)."""
@@ -258,21 +262,7 @@ class View:
 
     def full_strides(self) -> Tuple[int, Tuple[int, ...]]:
         """``(offset, strides)`` of all user axes over a C-order buffer of the base's shape."""
-        es = c_strides(self.base_shape)
-        off = 0
-        strides: List[int] = []
-        j = 0
-        for e in self.entries:
-            if e[0] == "n":
-                strides.append(0)
-                continue
-            if e[0] == "s":
-                off += e[1] * es[j]
-                strides.append(e[2] * es[j])
-            else:
-                off += e[1] * es[j]
-            j += 1
-        return off, tuple(strides)
+        return _offset_strides(self.entries, c_strides(self.base_shape))
 
     def box(self) -> Optional[Tuple[Tuple[int, int], ...]]:
         """``((start, stop), ...)`` per base axis if the view is a contiguous box (all axes sliced with
