@@ -605,6 +605,30 @@ def test_demo_main_job(tmp_path):
     assert not [x for x in tmp.iterdir() if x.name.startswith("nbmpi-demo-")], list(tmp.iterdir())
 
 
+@pytest.mark.parametrize("chunks", [[8, 8, 4], [16, 4], [20], [10, 6, 0, 4], [16]])
+def test_capped_log_marks_the_cut_wherever_the_writes_split(tmp_path, chunks):
+    """The truncation marker appears exactly once when output passes the limit, however the
+    pipe reads split it (also when one read ends exactly at the limit), and never when the
+    output fits."""
+    from nbmpi.workers.rank_guard import CappedLog, truncation_marker
+
+    limit = 16
+    log = CappedLog(str(tmp_path / "log"), limit)
+    data = bytes(range(65, 65 + sum(chunks)))
+    at = 0
+    for n in chunks:
+        log.write(data[at:at + n])
+        at += n
+    log.close()
+    written = (tmp_path / "log").read_bytes()
+    if len(data) <= limit:
+        assert written == data
+    else:
+        discarded = len(data) - limit
+        assert written == (data[:limit] + truncation_marker(limit)
+                           + f"[nbmpi: {discarded} more bytes of output were discarded]\n".encode())
+
+
 def test_large_logs_are_complete_or_visibly_cut(tmp_path):
     """A log larger than one response arrives whole through `nbmpi logs` (following offsets), the size
     header is the file's size, and past --max-log-bytes the log ends with a visible truncation line."""

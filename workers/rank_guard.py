@@ -63,18 +63,19 @@ class CappedLog:
         self.discarded = 0
 
     def write(self, data: bytes) -> None:
-        """Append ``data`` (within the limit)."""
+        """Append ``data`` (within the limit).
+
+        The marker is written with the first byte that does not fit, so output that ends
+        exactly at the limit gets none, and output past it always gets one."""
         if self.limit is not None:
             room = self.limit - self.kept
-            if room <= 0:
-                self.discarded += len(data)
-                return
             if len(data) > room:
-                self.discarded += len(data) - room
-                data = data[:room]
-                self._write(data)
-                self.kept += len(data)
-                self._write(truncation_marker(self.limit))
+                if room > 0:
+                    self._write(data[:room])
+                    self.kept += room
+                if not self.discarded:
+                    self._write(truncation_marker(self.limit))
+                self.discarded += len(data) - max(room, 0)
                 return
         self._write(data)
         self.kept += len(data)
