@@ -40,7 +40,6 @@ with ``--quick``); the issue's targets are computed there (PASS/FAIL).
 """
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
@@ -435,10 +434,10 @@ def under_mpi() -> bool:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help="tiny sizes, one round (smoke test)")
+    from reporting import benchmark_parser
+
+    p = benchmark_parser(__doc__, "tiny sizes, one round (smoke test)")
     p.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 5, quick 1)")
-    p.add_argument("--out-dir", default=None, help="where to write the JSON/markdown (default benchmarks/results)")
     p.add_argument("-n", "--nranks", type=int, default=2, help="ranks to launch when not started by mpiexec")
     a = p.parse_args(argv)
     if under_mpi():

@@ -15,7 +15,6 @@ the measured numbers.
 """
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import sys
@@ -23,7 +22,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from reporting import md_table, target, targets_table, write_results  # noqa: E402
+from reporting import benchmark_parser, md_table, target, targets_table, write_results  # noqa: E402
 
 
 def time_ipyparallel_start() -> float:
@@ -43,11 +42,9 @@ def time_ipyparallel_start() -> float:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help="1 round and 20 cells (the test suite)")
+    p = benchmark_parser(__doc__, "1 round and 20 cells (the test suite)")
     p.add_argument("--reps", type=int, default=None, help="empty cells per magic (default 300, quick 20)")
     p.add_argument("--rounds", type=int, default=None, help="start/restart rounds (default 5, quick 1)")
-    p.add_argument("--out-dir", default=None, help="where to write the JSON/markdown (default benchmarks/results)")
     a = p.parse_args(argv)
     reps = a.reps or (20 if a.quick else 300)
     rounds = a.rounds or (1 if a.quick else 5)

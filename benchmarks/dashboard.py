@@ -1,7 +1,7 @@
 """Dashboard timeline on 100,000 events: zoom and pan in a real browser, level of detail vs none,
 WebGL vs canvas, side by side; and the README's screenshot of a real job's page.
 
-One command: ``python benchmarks/dashboard.py [--quick] [--out DIR] [--screenshot PATH]``. It starts a
+One command: ``python benchmarks/dashboard.py [--quick] [--out-dir DIR] [--screenshot PATH]``. It starts a
 real ``nbmpi serve`` (127.0.0.1, free port, temporary data directory), runs
 
 * the demo's example job (1-D heat equation, 2 ranks) and saves a screenshot of its job page
@@ -27,7 +27,6 @@ here from the measured numbers.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import statistics
@@ -39,7 +38,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from reporting import RESULTS, md_table, target, targets_table, write_results  # noqa: E402
+from reporting import RESULTS, benchmark_parser, md_table, target, targets_table, write_results  # noqa: E402
 
 from nbmpi.server.demo import EXAMPLE, start_service, stop_service  # noqa: E402
 
@@ -149,15 +148,13 @@ def pct(xs, q):
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="10,000 events, fewer steps, no screenshot")
-    ap.add_argument("--out", default=None, help="results directory (default benchmarks/results)")
+    ap = benchmark_parser(__doc__, "10,000 events, fewer steps, no screenshot")
     ap.add_argument("--screenshot", default=None, help="where the job page's PNG goes (default "
                     "RESULTS/dashboard.png; none with --quick)")
     args = ap.parse_args()
     rounds = 5000 if args.quick else 25000
     pan_steps, zoom_steps = (10, 4) if args.quick else (30, 8)
-    shot = None if args.quick and not args.screenshot else Path(args.screenshot or (Path(args.out or RESULTS) / "dashboard.png"))
+    shot = None if args.quick and not args.screenshot else Path(args.screenshot or (Path(args.out_dir or RESULTS) / "dashboard.png"))
     tmp = Path(tempfile.mkdtemp(prefix="nbmpi-bench-dash-"))
     proc, url = start_service(tmp / "data", 2, config=tmp / "client.json", echo=False)
     token = next(iter(json.loads((tmp / "data" / "users.json").read_text())))
@@ -252,7 +249,7 @@ def main() -> int:
                       "figure endpoint, repeat s", "window request median s", "rows in the full-view window"],
                      [[s["figure_cold_s"], s["figure_warm_s"], s["window_median_s"], s["lod_rows_full_view"]]])
           + "\n\n## Targets\n\n" + targets_table(targets) + "\n")
-    write_results("dashboard_quick" if args.quick else "dashboard", out, md, Path(args.out) if args.out else None)
+    write_results("dashboard_quick" if args.quick else "dashboard", out, md, Path(args.out_dir) if args.out_dir else None)
     print(md)
     return 0 if all(t["status"] == "PASS" for t in targets) else 1
 

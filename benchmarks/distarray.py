@@ -40,7 +40,6 @@ import os
 for _v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_v, "1")
 
-import argparse  # noqa: E402
 import json  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
@@ -497,12 +496,13 @@ def mpi_main(a) -> int:
 
 # =========================================================================== driver and report
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help="tiny sizes, one round (smoke test)")
+    from mpi_part import add_part_option
+    from reporting import benchmark_parser
+
+    p = benchmark_parser(__doc__, "tiny sizes, one round (smoke test)")
     p.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 3, quick 1)")
     p.add_argument("--ranks", default=None, help="comma-separated rank counts (default 2,3; quick 2)")
-    p.add_argument("--out-dir", default=None, help="where to write the JSON/markdown (default benchmarks/results)")
-    p.add_argument("--mpi-part", default=None, help=argparse.SUPPRESS)
+    add_part_option(p)
     a = p.parse_args(argv)
     if a.mpi_part:
         return mpi_main(a)

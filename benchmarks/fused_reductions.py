@@ -30,8 +30,9 @@ Parts:
   network: each collective costs a stated latency ``D`` more (measured time
   plus collectives x D), and the latency from which lazy wins.
 
-``nbmpi run -n P benchmarks/fused_reductions.py --part-out FILE`` runs one
-part set in the current environment (what the launcher does twice).
+``nbmpi run -n P benchmarks/fused_reductions.py`` runs one part set in the
+current environment and prints its numbers (the launcher runs it twice, compiled
+and pure Python, with the hidden ``--mpi-part FILE``).
 
 Writes ``benchmarks/results/fused_reductions[_quick].json`` and ``.md`` with
 PASS/FAIL of the issues' targets computed from the measured numbers; every
@@ -39,7 +40,6 @@ result records the commit and the load average it was measured at.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -547,32 +547,30 @@ def report(parts: dict, quick: bool, out_dir) -> Path:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help="tiny sizes, 2 rounds (smoke test)")
-    p.add_argument("--out-dir", default=None, help="where to write JSON/markdown (default benchmarks/results)")
+    from mpi_part import add_part_option, run_part
+    from reporting import benchmark_parser
+
+    p = benchmark_parser(__doc__, "tiny sizes, 2 rounds (smoke test)")
     p.add_argument("-n", "--nranks", type=int, default=2, help="ranks of each MPI job")
-    p.add_argument("--part-out", default=None, help="(inside an MPI job) write this implementation's part here")
+    add_part_option(p)
     a = p.parse_args(argv)
     if os.environ.get("NBMPI_STATUS_DIR") or os.environ.get("PMI_RANK") is not None:
         part = mpi_part(a.quick)
-        if part is not None:
-            if a.part_out:
-                Path(a.part_out).write_text(json.dumps(part))
+        if part is not None:   # rank 0
+            if a.mpi_part:
+                Path(a.mpi_part).write_text(json.dumps(part))
             else:   # run by hand under nbmpi run: print this implementation's numbers
                 print(json.dumps(part, indent=2))
         return 0
-    from nbmpi.workers.launcher import run
 
     parts = {}
     with tempfile.TemporaryDirectory(prefix="nbmpi-bench-") as tmp:
         for impl, pure in (("compiled", "0"), ("python", "1")):
-            out = Path(tmp) / f"{impl}.json"
-            args = [__file__, "--part-out", str(out)] + (["--quick"] if a.quick else [])
-            rc = run(a.nranks, args, env={"NBMPI_PURE_PYTHON": pure})
-            if rc != 0 or not out.exists():
-                print(f"the {impl} run failed (exit {rc})", file=sys.stderr)
+            rc, parts[impl] = run_part(a.nranks, __file__, Path(tmp) / f"{impl}.json",
+                                       ["--quick"] if a.quick else [], env={"NBMPI_PURE_PYTHON": pure})
+            if parts[impl] is None:
+                print(f"the {impl} run failed", file=sys.stderr)
                 return rc or 1
-            parts[impl] = json.loads(out.read_text())
     report(parts, a.quick, a.out_dir)
     return 0
 

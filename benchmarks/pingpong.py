@@ -429,17 +429,18 @@ def report(sizes, runs, extras, quick: bool, nruns: int, rounds: int, out_dir=No
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help="2 runs, few sizes and rounds (smoke test)")
+    from mpi_part import add_part_option, run_part
+    from reporting import benchmark_parser
+
+    p = benchmark_parser(__doc__, "2 runs, few sizes and rounds (smoke test)")
     p.add_argument("--runs", type=int, default=None, help="separate MPI launches (default 10, quick 2)")
     p.add_argument("--rounds", type=int, default=None,
                    help="least number of interleaved blocks per method, size and run (default 5, quick 2)")
-    p.add_argument("--out-dir", default=None, help="where to write the JSON/markdown (default benchmarks/results)")
     p.add_argument("--no-dask", action="store_true", help="skip the Dask column")
     p.add_argument("--sizes", default=None, help="comma-separated message sizes in bytes")
     p.add_argument("--contended-runs", type=int, default=None,
                    help="extra runs with one busy process per core (default 3, quick 0)")
-    p.add_argument("--mpi-part", metavar="JSON", help=argparse.SUPPRESS)
+    add_part_option(p)
     p.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--extras", action="store_true", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
@@ -449,8 +450,6 @@ def main(argv=None) -> int:
     if a.mpi_part:
         mpi_part(sizes, rounds, a.mpi_part, a.seed, a.extras)
         return 0
-    from nbmpi.workers.launcher import run
-
     runs, busy_runs = [], []
     nbusy = a.contended_runs if a.contended_runs is not None else (0 if a.quick else 3)
     busy_sizes = [s for s in sizes if s >= TARGET_FROM]
@@ -464,20 +463,20 @@ def main(argv=None) -> int:
             what = "contended run" if contended else "run"
             print(f"{what} {i + 1}/{len(plan)}: ping-pong on 2 ranks, {human(run_sizes[0])}..{human(run_sizes[-1])}",
                   flush=True)
-            argv_i = [__file__, "--mpi-part", out, "--rounds", str(rounds), "--seed", str(i),
+            args_i = ["--rounds", str(rounds), "--seed", str(i),
                       "--sizes", ",".join(map(str, run_sizes))] + (["--extras"] if i == 0 else [])
             hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 1)] \
                 if contended else []
             try:
-                rc = run(2, argv_i)
+                rc, part = run_part(2, __file__, Path(out), args_i)
             finally:
                 for h in hogs:
                     h.kill()
                     h.wait()
-            if rc != 0 or not os.path.exists(out):
-                print(f"MPI part of {what} {i + 1} failed (exit {rc})", file=sys.stderr)
+            if part is None:
+                print(f"MPI part of {what} {i + 1} failed", file=sys.stderr)
                 return rc or 1
-            (busy_runs if contended else runs).append(json.loads(Path(out).read_text()))
+            (busy_runs if contended else runs).append(part)
     extras = {"pickle": {s: float(np.median(v)) for s, v in ((int(k), v) for k, v in runs[0]["pickle"].items())}}
     print("memcpy bound ...", flush=True)
     extras["memcpy"] = memcpy_part(sizes, rounds)

@@ -42,7 +42,6 @@ import os
 for _v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_v, "1")
 
-import argparse  # noqa: E402
 import json  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
@@ -361,13 +360,14 @@ def bench_perm(comm, MPI, dnp, mib, rounds, timed, all_true):
 
 # =========================================================================== driver and report
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help="small sizes, two rounds (smoke test)")
+    from mpi_part import add_part_option
+    from reporting import benchmark_parser
+
+    p = benchmark_parser(__doc__, "small sizes, two rounds (smoke test)")
     p.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 5, quick 2)")
     p.add_argument("--per-element-max", type=int, default=65536,
                    help="remote elements per rank measured by the per-element baseline (beyond: extrapolated)")
-    p.add_argument("--out-dir", default=None, help="where to write the JSON/markdown (default benchmarks/results)")
-    p.add_argument("--mpi-part", default=None, help=argparse.SUPPRESS)
+    add_part_option(p)
     a = p.parse_args(argv)
     if a.mpi_part:
         return mpi_main(a)

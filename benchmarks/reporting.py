@@ -5,10 +5,12 @@ whether it had uncommitted changes) and the load average.
 
 Use: ``write_results("pingpong", data, md_text)``; build tables with
 :func:`md_table`; check targets with :func:`target` (PASS/FAIL computed from
-the measured numbers, never typed in).
+the measured numbers, never typed in). Every benchmark's command line starts
+from :func:`benchmark_parser` (``--quick`` and ``--out-dir``, the same in all).
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -35,6 +37,17 @@ def code_version() -> Dict[str, Any]:
     commit = git("rev-parse", "HEAD")
     status = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)benchmarks/results")
     return dict(commit=commit, commit_short=commit[:10], dirty=bool(status))
+
+
+def benchmark_parser(doc: str, quick_help: str) -> argparse.ArgumentParser:
+    """The command line every benchmark shares: its description is the first paragraph of ``doc``
+    (the module docstring); ``--quick`` (a smoke-test run, described by ``quick_help``) and
+    ``--out-dir`` (default ``benchmarks/results``). The caller adds its own options."""
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help=quick_help)
+    p.add_argument("--out-dir", default=None, metavar="DIR",
+                   help="where to write the JSON/markdown (default benchmarks/results)")
+    return p
 
 
 def machine() -> Dict[str, Any]:

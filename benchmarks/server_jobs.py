@@ -1,6 +1,6 @@
 """Controller jobs: latency against the same launch without the service, and a burst of trivial jobs.
 
-One command: ``python benchmarks/server_jobs.py [--quick] [--burst N] [--out DIR]``. It starts a
+One command: ``python benchmarks/server_jobs.py [--quick] [--burst N] [--out-dir DIR]``. It starts a
 real ``nbmpi serve`` (127.0.0.1, free port, temporary data directory, ``--max-ranks 4``) and measures
 
 * latency of a trivial 2-rank job, side by side and interleaved so all paths see the same load:
@@ -18,7 +18,6 @@ measured numbers.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -31,7 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from reporting import md_table, target, targets_table, write_results  # noqa: E402
+from reporting import benchmark_parser, md_table, target, targets_table, write_results  # noqa: E402
 
 from nbmpi.server.client import ApiError, Client  # noqa: E402
 from nbmpi.server.demo import start_service, stop_service  # noqa: E402
@@ -157,10 +156,8 @@ def burst(url: str, token: str, n: int) -> dict:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="3 latency samples and a burst of 50 (the test suite)")
+    ap = benchmark_parser(__doc__, "3 latency samples and a burst of 50 (the test suite)")
     ap.add_argument("--burst", type=int, default=None, metavar="N", help="jobs in the burst (default 1000)")
-    ap.add_argument("--out", default=None, help="results directory (default benchmarks/results)")
     args = ap.parse_args()
     samples = 3 if args.quick else 10
     burst_n = args.burst or (50 if args.quick else 1000)
@@ -204,7 +201,7 @@ def main() -> int:
           b["total_s"], b["jobs_per_s"], b["health_max_s"], b["load_median"], b["load_max"]]])
     md += "\n\n## Targets\n\n" + targets_table(targets)
     path = write_results(name, dict(quick=args.quick, latency=lat, burst=b, targets=targets), md,
-                         out_dir=Path(args.out) if args.out else None)
+                         out_dir=Path(args.out_dir) if args.out_dir else None)
     print(Path(str(path)[:-5] + ".md").read_text())
     import shutil
 

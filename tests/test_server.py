@@ -468,7 +468,7 @@ def test_read_only_data_directory(tmp_path):
 
 def test_benchmark_quick(tmp_path):
     out = tmp_path / "results"
-    p = subprocess.run([sys.executable, str(REPO / "benchmarks" / "server_jobs.py"), "--quick", "--out", str(out)],
+    p = subprocess.run([sys.executable, str(REPO / "benchmarks" / "server_jobs.py"), "--quick", "--out-dir", str(out)],
                        capture_output=True, text=True, timeout=280)
     assert p.returncode == 0, p.stdout + p.stderr
     data = json.loads((out / "server_jobs_quick.json").read_text())
