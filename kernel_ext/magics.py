@@ -265,7 +265,8 @@ class DistributedMagics(Magics):
                 gets `comm` (COMM_WORLD), `rank`, `size`, `nbmpi` and a started nbmpi
                 runtime (tracer, aligned clocks). The new pool becomes the current one.
           %distributed stop [NAME]      end the pool (current by default): no process is left
-          %distributed restart [NAME]   stop, then start again with the same size and name
+          %distributed restart [NAME]   fresh ranks (new MPI job, empty namespaces), same size and name;
+                the old ranks are killed at once, even if stuck; the pool's controller is kept
           %distributed status           every pool: ranks, hosts, state, uptime
           %distributed use NAME         make NAME the current pool
           %distributed pull VAR [--rank R]

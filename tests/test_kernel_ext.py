@@ -193,9 +193,17 @@ def test_timeline_and_trace_save(kernel, tmp_path):
 def test_restart_stop_and_shutdown_leave_no_process(kernel):
     k, pids = kernel
     assert len(_alive(pids)) >= 4  # controller (+schedulers), mpiexec, 2 engines
+    controller = set()
+    for p in psutil.Process(k.pid).children():
+        if "ipyparallel.controller" in " ".join(p.cmdline()):
+            controller.add(p.pid)
+            controller.update(c.pid for c in p.children(recursive=True))
+    ranks_side = set(pids) - controller
+    assert controller and len(ranks_side) >= 3, (controller, ranks_side)  # mpiexec (+proxy), 2 engines
     r = k.run("%distributed restart")
     assert r["status"] == "ok", r
-    assert not _alive(pids), "processes of the first pool survived restart"
+    assert not _alive(ranks_side), "processes of the first MPI job survived restart"
+    assert sorted(_alive(controller)) == sorted(controller), "restart replaces the ranks, not the controller"
     r = k.run("%%distributed\nprint(rank, size)")
     assert r["stdout"] == "[rank 0] 0 2\n[rank 1] 1 2\n", r
     pids2 = [p.pid for p in psutil.Process(k.pid).children(recursive=True)]

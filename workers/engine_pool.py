@@ -304,14 +304,86 @@ class Pool:
 
     def restart(self, progress: Optional[Callable[[str], None]] = None, timeout: float = 120.0) -> "Pool":
         """Fresh ranks (empty namespaces, a new MPI job) for this pool's name and size; block until
-        they are ready. A new :class:`Pool` is started and this one is killed while it boots (the
-        old ranks may be stuck: no clean shutdown is waited for), so a restart takes about as long
-        as a start. Returns the new pool: keep using it. Owned pools only. Raises :class:`PoolError`.
+        they are ready. Owned pools only. Raises :class:`PoolError`. Returns the pool to keep using.
+
+        While the controller runs, only the ranks are replaced, as ipyparallel restarts engines:
+        the old MPI job is killed at once (SIGKILL: its ranks may be stuck, no clean shutdown is
+        waited for), its engines are unregistered from the controller, and a new MPI job joins
+        the same controller, so a restart costs less than a start (no controller to boot, no
+        client to connect). Returns ``self``. Work that was running on the old ranks fails with
+        ipyparallel's ``EngineError``. If the controller has died, or does not confirm that the
+        old engines are gone within a few seconds, a new pool (new controller) is started while
+        this one is ended, and that new pool is returned.
         """
         if self._attached:
             raise PoolError(f"pool {self.name!r} is attached, not owned; only its owner can restart it")
+        if (self._state == "running" and self._client is not None and self._controller is not None
+                and self._controller.poll() is None and self._mpiexec is not None):
+            if self._restart_ranks(progress or (lambda msg: None), timeout):
+                return self
         fresh = Pool(self.n, name=self.name, env=self.env, bound_to_owner=self.bound_to_owner)
         return fresh.start(progress=progress, timeout=timeout, replacing=self)
+
+    #: How long a restart waits for the controller to drop the old engines before it starts a new pool.
+    UNREGISTER_WAIT_S = 5.0
+
+    def _restart_ranks(self, say: Callable[[str], None], timeout: float) -> bool:
+        """Replace the MPI job, keep the controller and the client (see :meth:`restart`). False
+        (nothing new started, the old ranks ended) if the controller did not drop the old engines."""
+        self._state = "starting"
+        self._started_at = time.time()
+        deadline = time.monotonic() + timeout
+        say(f"pool {self.name!r}: ending the previous ranks (the controller stays)")
+        old = self._mpiexec
+        pids = set(self._descendants) - self._controller_side()
+        segments = noted_segments(self.status_dir)   # read before the new job's guards reuse the directory
+
+        def end_old_job() -> None:
+            end_processes(groups=[old.pid], pids=sorted(pids), grace=0.0, leaders=[old])
+            remove_shm(segments)
+
+        ending = threading.Thread(target=end_old_job, name="nbmpi-pool-ending", daemon=True)
+        ending.start()
+        client = self._client
+        try:
+            # what an engine sends when it leaves; a killed engine cannot, so the pool says it for it
+            # (otherwise the controller keeps their ids for HEARTBEAT_MISSES heartbeats)
+            for eid in sorted(client.ids):
+                client.session.send(client._query_socket, "unregistration_request", content=dict(id=int(eid)))
+            gone_by = time.monotonic() + self.UNREGISTER_WAIT_S
+            while client.ids and time.monotonic() < gone_by:
+                time.sleep(0.005)
+            if client.ids:   # the controller did not answer: the caller starts a whole new pool
+                ending.join()
+                self._mpiexec = None
+                self._state = "running"
+                return False
+            self._mpiexec = None
+            self.rank_info, self.hosts, self._descendants = [], [], []
+            cmd = self._spawn_ranks(rank_environment(self.env), timeout)
+            say(f"pool {self.name!r}: waiting for {self.n} new ranks ({os.path.basename(cmd[0])} -n {self.n})")
+            self._join_ranks(say, deadline, timeout, self._info["client"])
+        except BaseException:
+            self._state = "failed"
+            ending.join()
+            self._terminate()
+            raise
+        finally:
+            ending.join()   # no process of the previous MPI job outlives the restart
+        self._state = "running"
+        say(f"pool {self.name!r}: {self.n} new ranks ready")
+        return True
+
+    def _controller_side(self) -> set:
+        """Pids of the controller and its descendants (ipyparallel's schedulers)."""
+        pids = set()
+        if self._controller is not None:
+            pids.add(self._controller.pid)
+            try:
+                pids.update(c.pid for c in psutil.Process(self._controller.pid).children(recursive=True))
+            except psutil.NoSuchProcess:
+                pass
+        return pids
 
     def _collect_descendants(self, infos) -> List[int]:
         pids = set()
