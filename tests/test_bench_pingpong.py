@@ -16,7 +16,7 @@ def test_pingpong_quick_runs_separate_launches_and_derives_targets(tmp_path):
     assert data["sizes"] == [8, 65536] and data["runs"] == 2 and len(data["raw_runs"]) == 2
     # every run measured every method at every size, cold and warm
     for run in data["raw_runs"]:
-        for m in ("raw", "raw_inplace", "channel", "channel_notrace", "channel_mpi"):
+        for m in ("raw", "raw_inplace", "channel", "channel_notrace", "channel_mpi", "raw_used", "channel_used"):
             for s in ("8", "65536"):
                 st = run["warm"][m][s]
                 assert st["blocks"] >= 2 and 0 < st["min"] <= st["median"] <= st["max"], (m, s, st)
@@ -39,6 +39,11 @@ def test_pingpong_quick_runs_separate_launches_and_derives_targets(tmp_path):
     assert worst["measured"] == spread["min"] and worst["limit"] == 1.0
     inplace = targets["channel/raw (one buffer) throughput at 64 KiB, worst of 2 runs"]
     assert inplace["measured"] == warm["channel_ratio_to_raw_inplace"]["min"]
+    used = targets["channel/raw throughput with the data used at 64 KiB, worst of 2 runs"]
+    assert used["measured"] == min(warm["channel_used_ratio_to_raw_used_per_run"])
+    for i, run in enumerate(data["raw_runs"]):
+        expect = run["warm"]["raw_used"]["65536"]["median"] / run["warm"]["channel_used"]["65536"]["median"]
+        assert abs(warm["channel_used_ratio_to_raw_used_per_run"][i] - expect) < 1e-12 * expect
     for t in data["targets"]:
         ok = t["measured"] >= t["limit"] if t["direction"] == ">=" else t["measured"] <= t["limit"]
         assert t["status"] == ("PASS" if ok else "FAIL"), t

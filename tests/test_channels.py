@@ -567,6 +567,8 @@ from nbmpi.workers import gather_trace, get_tracer
 from nbmpi.workers.channels import SAME_NODE_COPY
 
 shm_on = os.environ.get("NBMPI_SHM_MIN_BYTES") != "off"
+if os.environ.get("TEST_ONE_CPU"):   # both ranks on one core: the running rank copies the other's pieces too
+    os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
 check(SAME_NODE_COPY == "compiled", "the same-node copy is compiled by the install", SAME_NODE_COPY)
 # 70001 float32 = 280004 bytes: above the shared-memory threshold, not a multiple of 64 (nor of
 # a 4096-byte piece: the last piece is partial)
@@ -681,14 +683,16 @@ print(f"[rank {rank}] same-node OK", flush=True)
 '''
 
 
-@pytest.mark.parametrize("n,shm", [(2, "on"), (3, "on"), (2, "4096"), (2, "off")])
+@pytest.mark.parametrize("n,shm", [(2, "on"), (3, "on"), (2, "4096"), (2, "one-cpu"), (2, "off")])
 def test_same_node_shared_memory_put_take(run_mpi, n, shm):
     """Large channels on one node move put/take data through shared memory (one copy shared by
-    both ranks, also in many small pieces with a partial last one); results, tracing and errors
+    both ranks, also in many small pieces with a partial last one, also with both ranks on one
+    core, where the running rank claims its partner's pieces); results, tracing and errors
     are the same as with MPI messages (NBMPI_SHM_MIN_BYTES=off); a late partner, a timeout and
     Ctrl-C behave as documented."""
     env = {"NBMPI_SHM_MIN_BYTES": "off"} if shm == "off" else {"NBMPI_SHM_MIN_BYTES": ""}
     env["NBMPI_SHM_CHUNK"] = shm if shm[0].isdigit() else ""
+    env["TEST_ONE_CPU"] = "1" if shm == "one-cpu" else ""
     proc = run_mpi(SAME_NODE, n=n, env=env)
     assert_ok(proc)
     assert proc.stdout.count("same-node OK") == n

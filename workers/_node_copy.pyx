@@ -5,13 +5,12 @@ Used by :class:`~nbmpi.workers.channels.ArrayChannel` between two ranks of one
 node whose buffers live in :class:`~nbmpi.workers.node_shared_memory.NodeSegments`
 (each rank has mapped the other's buffer). One transfer moves the sender's
 whole buffer into the receiver's with ONE copy (MPI needs two: sender -> bounce
-buffer -> receiver). A transfer cut into several pieces (the caller chooses the
-piece size: one piece up to 256 KiB, see ``channels._shm_chunk``) is copied by
-both ranks together.
+buffer -> receiver), cut into pieces (the caller chooses the piece size, see
+``channels._shm_chunk``) that both ranks copy at the same time.
 
 Protocol of the k-th transfer (k = 1, 2, ...) on one directed pair, all in a
-:data:`CONTROL_BYTES` control block in shared memory whose four counters only
-grow (each on its own cache line; zero when the segment is created):
+:data:`CONTROL_BYTES` control block in shared memory: three counters that only
+grow and one claim word, each on its own cache line, zero when the segment is created:
 
 * ``sready``: the sender stores k on entering its k-th put (its data is final).
   ``rready``: the receiver stores 2k-1 on entering its k-th take (its buffer may
@@ -19,11 +18,18 @@ grow (each on its own cache line; zero when the segment is created):
   to 2k. Until then the receiver may withdraw (:func:`withdraw_take`, back to
   2k-2): that is how a take times out or is interrupted without breaking the
   channel, like a cancelled MPI receive. The receiver waits for ``sready >= k``.
-* ``claim``: the buffer is cut into ``chunk``-byte pieces; whichever side is
-  running claims the next piece with a compare-and-swap and copies it, so a
-  side that is descheduled (another process on its core) does not hold the
-  transfer up: the running side copies the rest alone. Claims of transfer k
-  are ``(k-1)*n .. k*n-1`` for ``n`` pieces, so the counter needs no reset.
+* ``claim``: one word, ``k mod 2**24`` | next piece from the front | end of the
+  unclaimed pieces at the back (20 bits each). The first side to reach transfer
+  k opens it (``k | 0 | n`` for ``n`` pieces, compare-and-swap; the word of
+  transfer k-1 has every piece claimed by then). The ``front`` side (the lower
+  rank of the pair, in both directions) claims pieces from the front, the other
+  from the back, one compare-and-swap per piece, until they meet. So each rank
+  copies the same part of both buffers every time (that part stays in its core's
+  cache: measured on a 2-core machine, a 64 KiB ping-pong one way took 1.2 us
+  this way against 7.5 us with one rank copying, the copy across cores being
+  bound by one core's outstanding cache misses), and a side that is descheduled
+  (another process on its core) does not hold the transfer up: the running side
+  claims the rest.
 * ``done``: pieces copied, added after each copy (release). Both sides return
   when it reaches ``k*n`` (acquire): the data is in the receiver's buffer and
   the sender's buffer is free again.
@@ -170,14 +176,24 @@ cdef int match_receiver(uint64_t *rr, uint64_t k, int64_t deadline, Spin *sp) no
     return 0
 
 
+cdef enum:
+    K_SHIFT = 40     # claim word: transfer number (24 bits) | next front piece (20) | end of the back (20)
+    LO_SHIFT = 20
+
+#: Most pieces one transfer can have (the claim word holds piece indices in 20 bits).
+MAX_PIECES = (1 << 20) - 1
+cdef uint64_t M20 = (1 << 20) - 1
+cdef uint64_t M24 = (1 << 24) - 1
+
+
 cdef int c_transfer(uint64_t *ctl, char *src, char *dst, size_t nbytes, size_t chunk, uint64_t k,
-                    int sender, int64_t budget_ns, Spin *sp) noexcept nogil:
+                    int sender, int front, int64_t budget_ns, Spin *sp) noexcept nogil:
     cdef int64_t t0 = nbmpi_now()
     cdef int64_t deadline = t0 + budget_ns
     cdef uint64_t npieces = (nbytes + chunk - 1) // chunk if nbytes else 0
     cdef uint64_t end = k * npieces
-    cdef uint64_t first = end - npieces
-    cdef uint64_t c
+    cdef uint64_t kf = k & M24
+    cdef uint64_t w, wk, lo, hi, i
     cdef size_t off, n
     if sender:
         if nbmpi_load(ctl + W_SREADY) < k:
@@ -189,17 +205,35 @@ cdef int c_transfer(uint64_t *ctl, char *src, char *dst, size_t nbytes, size_t c
             nbmpi_store(ctl + W_RREADY, 2 * k - 1)
         if wait_ge(ctl + W_SREADY, k, deadline, sp):
             return 1
-    c = nbmpi_load(ctl + W_CLAIM)
-    while c < end:
-        if nbmpi_cas(ctl + W_CLAIM, &c, c + 1):
-            off = <size_t>(c - first) * chunk
+    if npieces:
+        w = nbmpi_load(ctl + W_CLAIM)
+        while True:
+            wk = w >> K_SHIFT
+            if wk != kf:
+                if wk == ((k - 1) & M24):      # transfer k not opened yet: open it (both sides may try)
+                    nbmpi_cas(ctl + W_CLAIM, &w, (kf << K_SHIFT) | npieces)
+                    w = nbmpi_load(ctl + W_CLAIM)
+                    continue
+                break                          # a later transfer is open: every piece of k was copied
+            lo = (w >> LO_SHIFT) & M20
+            hi = w & M20
+            if lo >= hi:
+                break                          # every piece claimed
+            if front:
+                i = lo
+                if not nbmpi_cas(ctl + W_CLAIM, &w, (kf << K_SHIFT) | ((lo + 1) << LO_SHIFT) | hi):
+                    continue                   # w now holds the current word
+            else:
+                i = hi - 1
+                if not nbmpi_cas(ctl + W_CLAIM, &w, (kf << K_SHIFT) | (lo << LO_SHIFT) | (hi - 1)):
+                    continue
+            off = <size_t>i * chunk
             n = nbytes - off if nbytes - off < chunk else chunk
             memcpy(dst + off, src + off, n)
             nbmpi_add(ctl + W_DONE, 1)
-            c = nbmpi_load(ctl + W_CLAIM)
             if nbmpi_now() >= deadline:
                 return 1
-        # on a failed CAS, c now holds the current value: try the next piece
+            w = nbmpi_load(ctl + W_CLAIM)
     return wait_ge(ctl + W_DONE, end, deadline, sp)
 
 
@@ -209,8 +243,9 @@ cdef class Pair:
     ``ctl`` is the address of the pair's control block (:data:`CONTROL_BYTES`,
     zeroed once, in memory both ranks map), ``src``/``dst`` the addresses of the
     sender's and the receiver's buffers of ``nbytes`` each (both mapped here),
-    ``chunk`` the piece size (the same on both sides, > 0), ``sender`` which side
-    this rank is. ``keep`` holds the objects that keep those mappings alive.
+    ``chunk`` the piece size (the same on both sides, > 0, at most :data:`MAX_PIECES`
+    pieces), ``sender`` which side this rank is, ``front`` whether it claims pieces from
+    the front (True on exactly one rank of the pair, the same for both directions). ``keep`` holds the objects that keep those mappings alive.
     The partner rank makes the matching calls on its own Pair. Not thread-safe:
     one thread (the one that calls MPI) uses it.
 
@@ -224,6 +259,7 @@ cdef class Pair:
     cdef readonly size_t nbytes
     cdef readonly size_t chunk
     cdef readonly bint sender
+    cdef readonly bint front
     cdef public uint64_t k
     cdef readonly int64_t t_start
     cdef readonly int64_t t_end
@@ -231,15 +267,19 @@ cdef class Pair:
     cdef Spin spin
 
     def __init__(self, size_t ctl, size_t src, size_t dst, size_t nbytes, size_t chunk, bint sender,
-                 object keep=None):
+                 bint front, object keep=None):
         if chunk == 0 or ctl == 0 or src == 0 or dst == 0:
             raise ValueError("Pair: addresses and chunk must be non-zero")
+        if (nbytes + chunk - 1) // chunk > MAX_PIECES:
+            raise ValueError(f"Pair: {nbytes} bytes in pieces of {chunk} is more than {MAX_PIECES} pieces; "
+                             "use larger pieces")
         self.ctl = <uint64_t *>ctl
         self.src = <char *>src
         self.dst = <char *>dst
         self.nbytes = nbytes
         self.chunk = chunk
         self.sender = sender
+        self.front = front
         self.k = 0
         self.t_start = self.t_end = 0
         self.keep = keep
@@ -262,7 +302,7 @@ cdef class Pair:
         self.k += 1
         self.t_start = nbmpi_now()
         with nogil:
-            st = c_transfer(self.ctl, self.src, self.dst, self.nbytes, self.chunk, self.k, self.sender, b,
+            st = c_transfer(self.ctl, self.src, self.dst, self.nbytes, self.chunk, self.k, self.sender, self.front, b,
                             &self.spin)
         if st == 0:
             self.t_end = nbmpi_now()
@@ -274,7 +314,7 @@ cdef class Pair:
         cdef int64_t b = <int64_t>(budget_s * 1e9)
         self.spin.max_ns = <int64_t>(spin_s * 1e9)
         with nogil:
-            st = c_transfer(self.ctl, self.src, self.dst, self.nbytes, self.chunk, self.k, self.sender, b,
+            st = c_transfer(self.ctl, self.src, self.dst, self.nbytes, self.chunk, self.k, self.sender, self.front, b,
                             &self.spin)
         if st == 0:
             self.t_end = nbmpi_now()

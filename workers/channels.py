@@ -11,10 +11,11 @@ Same-node put/take: a channel of at least ``NBMPI_SHM_MIN_BYTES`` (default 1
 byte, i.e. every non-empty channel; ``off`` disables) keeps its buffers in shared memory
 (:mod:`nbmpi.workers.node_shared_memory`). Between two ranks on one node,
 ``put``/``take`` then move the data with ONE copy instead of MPI's two (sender
--> shared bounce buffer -> receiver); above 256 KiB both ranks do it together in
-pieces that whichever rank is running claims, so a rank that is descheduled does
-not stall the transfer (up to 256 KiB the rank that gets there first copies it all,
-which is faster at those sizes: see ``_shm_chunk``); the rendezvous is two flags in shared memory
+-> shared bounce buffer -> receiver), and both ranks copy at once: the lower rank
+claims pieces from the front, the higher from the back, so each keeps copying the
+same part of both buffers (it stays in its core's cache) and a rank that is
+descheduled does not stall the transfer (the running one claims the rest; piece
+sizes: see ``_shm_chunk``); the rendezvous is two flags in shared memory
 (:mod:`nbmpi.workers._node_copy`, compiled; without it, or without shared
 memory, channels use MPI messages: :data:`SAME_NODE_COPY` and
 ``ch.same_node_how`` say which). ``ch.same_node_peers`` lists the partners
@@ -133,21 +134,25 @@ def _shm_min_bytes() -> Optional[int]:
                            "(e.g. 65536) or 'off'") from None
 
 
-#: Same-node transfers up to this many bytes are copied in one piece (see _shm_chunk).
-_SHM_ONE_PIECE_MAX = 256 << 10
+#: Same-node transfers below this many bytes are copied in one piece (see _shm_chunk).
+_SHM_ONE_PIECE_BELOW = 1 << 10
+#: ... and up to this many bytes in two (one per rank).
+_SHM_TWO_PIECES_MAX = 512 << 10
 
 
 def _shm_chunk(nbytes: int) -> int:
-    """Piece size of a same-node transfer of ``nbytes`` (the two ranks claim pieces as they go).
+    """Piece size of a same-node transfer of ``nbytes``.
 
-    ``NBMPI_SHM_CHUNK`` (bytes) overrides. Default: up to 256 KiB, one piece (the side that
-    gets there first copies it all: measured on this project's 2-core machine, splitting a
-    64 KiB transfer into two 32 KiB pieces took 4.8 us one way against 2.3 us for one piece,
-    and 256 KiB 8.9 us in two pieces against 7.1 us in one: two cores copying halves of so
-    little data pay more in cache-line traffic and handshakes than they save); above,
-    1/8 of the buffer, from 128 KiB to 1 MiB, a multiple of 4 KiB (512 KiB in four 128 KiB
-    pieces: 14 us, in two 256 KiB pieces: 17 us). Checked to be the same on every
-    participant at channel creation.
+    The rank of the pair with the lower rank claims pieces from the front, the other from
+    the back (``_node_copy``), so each rank keeps copying the same part of both buffers and
+    that part stays in its core's cache. ``NBMPI_SHM_CHUNK`` (bytes) overrides. Default:
+    below 1 KiB one piece; up to 512 KiB two pieces split at a cache line (one per rank);
+    above, 1/8 of the buffer, from 128 KiB to 1 MiB, a multiple of 4 KiB (a rank that is
+    descheduled holds up at most one piece: the running one copies the rest). Measured
+    with ``benchmarks/pingpong.py`` on this project's 2-core machine: two pieces against one
+    took 1.0 us against 1.1 us one way at 1 KiB and 1.1 against 2.0 at 32 KiB; at 1 MiB two
+    pieces and eight were within 10%. Checked to be the same on every participant at channel
+    creation.
     """
     v = os.environ.get("NBMPI_SHM_CHUNK", "").strip()
     if v:
@@ -159,8 +164,10 @@ def _shm_chunk(nbytes: int) -> int:
             raise ChannelError(f"NBMPI_SHM_CHUNK={v!r} is not a positive byte count; expected e.g. 65536, "
                                "or unset it")
         return c
-    if nbytes <= _SHM_ONE_PIECE_MAX:
+    if nbytes < _SHM_ONE_PIECE_BELOW:
         return max(nbytes, 1)
+    if nbytes <= _SHM_TWO_PIECES_MAX:
+        return (nbytes + 127) // 128 * 64
     return min(max(nbytes // 8, 128 << 10), 1 << 20) & ~4095
 
 
@@ -500,7 +507,7 @@ class ArrayChannel:
                 hdr, slot, src, dst = seg.header, peer, theirs, mine
             ctl = hdr[slot * _CONTROL_BYTES:(slot + 1) * _CONTROL_BYTES]
             pair = _node_copy.Pair(_address(ctl), _address(src), _address(dst), self.nbytes, self._chunk,
-                                   sending, keep=(ctl, src, dst))
+                                   sending, self._lrank < peer, keep=(ctl, src, dst))
             entry = _Peer(None, pair, wpeer)
         elif sending:
             entry = _Peer(self.comm.Ssend_init([self._bytes, self._byte_type], peer, TAG_PUT), None, wpeer)
