@@ -108,7 +108,13 @@ def test_benchmark_quick_evaluates_its_targets(tmp_path, kernel_cache):
     for name in ("stencil", "jacobi", "blackscholes", "lbm", "nbody", "knn", "prk_stencil", "prk_transpose"):
         assert data["numpy"][name]["per_iter_s"] > 0 and two[name]["verified"], name
         for mode in ("hiding", "blocking"):
-            assert two[name][mode]["per_iter_s"] > 0 and len(two[name][mode]["wait_pct"]) == 2, (name, mode)
+            row = two[name][mode]
+            assert row["per_iter_s"] > 0 and len(row["wait_pct"]) == 2, (name, mode)
+            # the split of the wait (transfers / force points) is part of the total, rank by rank
+            split = row["wait_pct_split"]
+            for r in range(2):
+                part = split["transfers"][r] + split["force_point"][r]
+                assert 0 <= part <= row["wait_pct"][r] + 1e-6, (name, mode, r, split, row["wait_pct"])
     assert two["handwritten_stencil"]["per_iter_s"] > 0 and data["dask"]["per_iter_s"] > 0
     names = [t["target"] for t in data["targets"]]
     for part in ("wait % with latency hiding", "without / with latency hiding", "hand-written mpi4py+numba",
@@ -116,4 +122,4 @@ def test_benchmark_quick_evaluates_its_targets(tmp_path, kernel_cache):
         assert any(part in n for n in names), (part, names)
     assert all(t["status"] in ("PASS", "FAIL") for t in data["targets"])
     md = (tmp_path / "distarray_quick.md").read_text()
-    assert "## 2 ranks" in md and "## Targets" in md and "GFlop/s" in md and "GB/s" in md
+    assert "## 2 ranks" in md and "## Targets" in md and "## Where the wait goes" in md and "GFlop/s" in md and "GB/s" in md
