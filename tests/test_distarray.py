@@ -117,7 +117,8 @@ def test_benchmark_quick_evaluates_its_targets(tmp_path, kernel_cache):
                 assert 0 <= part <= row["wait_pct"][r] + 1e-6, (name, mode, r, split, row["wait_pct"])
     assert two["handwritten_stencil"]["per_iter_s"] > 0 and data["dask"]["per_iter_s"] > 0
     names = [t["target"] for t in data["targets"]]
-    for part in ("wait % with latency hiding", "without / with latency hiding", "hand-written mpi4py+numba",
+    for part in ("wait % with latency hiding", "without / with latency hiding", "stencil transfer wait %",
+                 "hand-written mpi4py+numba",
                  "over dask.array", "equals NumPy's"):
         assert any(part in n for n in names), (part, names)
     assert all(t["status"] in ("PASS", "FAIL") for t in data["targets"])
