@@ -6,9 +6,11 @@
   const KEY = "nbmpi-token";
   const POLL_MS = 1000;
   const LIVE = new Set(["queued", "running"]);
-  // page options in the address: ?backend=canvas (no WebGL) and ?detail=full (no level of detail)
+  // page options in the address: ?backend=webgl (draw with WebGL; the default canvas is faster for the
+  // few thousand bars that the level of detail leaves, and does not depend on a GPU) and ?detail=full
+  // (no level of detail)
   const OPTS = new URLSearchParams(location.search);
-  const BACKEND = OPTS.get("backend") === "canvas" ? "canvas" : "webgl";
+  const BACKEND = OPTS.get("backend") === "webgl" ? "webgl" : "canvas";
   const FULL = OPTS.get("detail") === "full";
   const $ = (id) => document.getElementById(id);
   const S = {

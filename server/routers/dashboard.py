@@ -183,7 +183,7 @@ Width = Query(1200, ge=0, le=20000, description="Plot width in pixels (level of 
 
 @router.get("/jobs/{job_id}/figure", response_model=JobFigure)
 def job_figure(job: Job = Depends(user_job), width: int = Width,
-               backend: Literal["webgl", "canvas"] = Query("webgl", description="How the timeline is drawn")) -> dict:
+               backend: Literal["webgl", "canvas"] = Query("canvas", description="How the timeline is drawn")) -> dict:
     """The job's timeline figure (Bokeh JSON item: ``Bokeh.embed.embed_item``) over the whole run,
     with the data of :func:`job_timeline`; ``available`` false with the ``reason`` when there is no trace."""
     e = CACHE.get(job)
