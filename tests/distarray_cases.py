@@ -308,6 +308,22 @@ assert last["kinds"] == ["swap", "elementwise"], last          # copy-back is a 
 assert last["recorded"] == 9 and last["inlined"] == 6, last    # 4 adds + abs + subtract fused away
 assert s1["inlined"] - s0["inlined"] == 6 and s1["swapped"] - s0["swapped"] == 1
 assert s1["buffers_allocated"] == s0["buffers_allocated"], "a time step allocated a new buffer"
+# buffers are reused because nothing keeps the old ones alive: no reference cycles, so even with the
+# garbage collector off a time step allocates nothing and leaves nothing to collect
+import gc
+gc.collect()
+gc.disable()
+try:
+    s0 = dnp.stats()
+    for _ in range(6):
+        stencil_step(dnp, full_d)
+    s1 = dnp.stats()
+finally:
+    gc.enable()
+assert s1["buffers_allocated"] == s0["buffers_allocated"], (
+    "time steps without the garbage collector allocated buffers (old ones kept alive by reference cycles)",
+    s0["buffers_allocated"], s1["buffers_allocated"])
+assert gc.collect() == 0, "time steps left reference cycles (whose buffers live until the collector runs)"
 # threshold: a long chain evaluates by itself
 dnp.configure(threshold=5)
 t = dnp.from_numpy(x1)

@@ -157,6 +157,15 @@ class ElementwiseGroup:
             memo[id(node)] = res
             return res
 
+        try:
+            self._emit_tasks(emit, new_var, arrays, stmts, reductions, written)
+        finally:   # emit refers to itself through its closure: break that cycle, or the leaves it saw
+            emit = new_var = None  # (and their buffers) would live until the garbage collector runs
+        self.arrays, self.consts, self.stmts, self.reductions = arrays, consts, stmts, reductions
+        self.program_key = (len(self.space.shape), tuple(self.array_dtype(a) for a in range(len(arrays))),
+                            tuple(r[0] for r in arrays), tuple(stmts), tuple(reductions))
+
+    def _emit_tasks(self, emit, new_var, arrays, stmts, reductions, written) -> None:
         for t in self.tasks:
             memo: Dict[int, Tuple[int, str]] = {}
             v, dt = emit(t.expr, memo)
@@ -177,9 +186,6 @@ class ElementwiseGroup:
                 r = len(reductions)
                 reductions.append((t.op, t.axis, t.acc_dtype.str, a))
                 stmts.append(("rd", r, v, dt))
-        self.arrays, self.consts, self.stmts, self.reductions = arrays, consts, stmts, reductions
-        self.program_key = (len(self.space.shape), tuple(self.array_dtype(a) for a in range(len(arrays))),
-                            tuple(r[0] for r in arrays), tuple(stmts), tuple(reductions))
 
     def array_dtype(self, a: int) -> str:
         """dtype (``.str``) of kernel array ``a``."""

@@ -189,7 +189,10 @@ def substitute(node: Node, fn) -> Node:
         memo[id(n)] = out
         return out
 
-    return go(node)
+    try:
+        return go(node)
+    finally:   # go refers to itself through its closure: break that cycle, or the nodes it saw (and
+        go = None  # their buffers) would live until the garbage collector runs
 
 
 _KIND_CODE = {"block": 1, "cyclic": 2, "block-cyclic": 3, "replicated": 4}
