@@ -245,7 +245,8 @@ cdef class Pair:
     sender's and the receiver's buffers of ``nbytes`` each (both mapped here),
     ``chunk`` the piece size (the same on both sides, > 0, at most :data:`MAX_PIECES`
     pieces), ``sender`` which side this rank is, ``front`` whether it claims pieces from
-    the front (True on exactly one rank of the pair, the same for both directions). ``keep`` holds the objects that keep those mappings alive.
+    the front (True on exactly one rank of the pair, the same for both directions).
+    ``keep`` holds the objects that keep those mappings alive.
     The partner rank makes the matching calls on its own Pair. Not thread-safe:
     one thread (the one that calls MPI) uses it.
 
@@ -302,8 +303,8 @@ cdef class Pair:
         self.k += 1
         self.t_start = nbmpi_now()
         with nogil:
-            st = c_transfer(self.ctl, self.src, self.dst, self.nbytes, self.chunk, self.k, self.sender, self.front, b,
-                            &self.spin)
+            st = c_transfer(self.ctl, self.src, self.dst, self.nbytes, self.chunk, self.k, self.sender,
+                            self.front, b, &self.spin)
         if st == 0:
             self.t_end = nbmpi_now()
         return st == 0
@@ -314,8 +315,8 @@ cdef class Pair:
         cdef int64_t b = <int64_t>(budget_s * 1e9)
         self.spin.max_ns = <int64_t>(spin_s * 1e9)
         with nogil:
-            st = c_transfer(self.ctl, self.src, self.dst, self.nbytes, self.chunk, self.k, self.sender, self.front, b,
-                            &self.spin)
+            st = c_transfer(self.ctl, self.src, self.dst, self.nbytes, self.chunk, self.k, self.sender,
+                            self.front, b, &self.spin)
         if st == 0:
             self.t_end = nbmpi_now()
         return st == 0

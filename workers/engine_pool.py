@@ -310,7 +310,7 @@ class Pool:
         the old MPI job is killed at once (SIGKILL: its ranks may be stuck, no clean shutdown is
         waited for), its engines are unregistered from the controller, and a new MPI job joins
         the same controller, so a restart costs less than a start (no controller to boot, no
-        client to connect). Returns ``self``. Work that was running on the old ranks fails with
+        client to connect); that pool is ``self``. Work that was running on the old ranks fails with
         ipyparallel's ``EngineError``. If the controller has died, or does not confirm that the
         old engines are gone within a few seconds, a new pool (new controller) is started while
         this one is ended, and that new pool is returned.
@@ -353,23 +353,20 @@ class Pool:
             gone_by = time.monotonic() + self.UNREGISTER_WAIT_S
             while client.ids and time.monotonic() < gone_by:
                 time.sleep(0.005)
+            self._mpiexec = None
             if client.ids:   # the controller did not answer: the caller starts a whole new pool
-                ending.join()
-                self._mpiexec = None
                 self._state = "running"
                 return False
-            self._mpiexec = None
             self.rank_info, self.hosts, self._descendants = [], [], []
             cmd = self._spawn_ranks(rank_environment(self.env), timeout)
             say(f"pool {self.name!r}: waiting for {self.n} new ranks ({os.path.basename(cmd[0])} -n {self.n})")
             self._join_ranks(say, deadline, timeout, self._info["client"])
         except BaseException:
             self._state = "failed"
-            ending.join()
             self._terminate()
             raise
         finally:
-            ending.join()   # no process of the previous MPI job outlives the restart
+            ending.join()   # no process of the previous MPI job outlives the restart (or its failure)
         self._state = "running"
         say(f"pool {self.name!r}: {self.n} new ranks ready")
         return True

@@ -158,34 +158,31 @@ class ElementwiseGroup:
             return res
 
         try:
-            self._emit_tasks(emit, new_var, arrays, stmts, reductions, written)
+            for t in self.tasks:
+                memo: Dict[int, Tuple[int, str]] = {}
+                v, dt = emit(t.expr, memo)
+                if isinstance(t, Assign):
+                    a = len(arrays)
+                    arrays.append(("out", t.out))
+                    stmts.append(("st", a, v, dt))
+                    odt = t.out.dtype.str
+                    if dt != odt:
+                        v2 = new_var()
+                        stmts.append(("op", v2, "cast", (v,), (dt,), (dt,), odt))
+                        written[t.out.key] = (v2, odt)
+                    else:
+                        written[t.out.key] = (v, dt)
+                else:
+                    a = len(arrays)
+                    arrays.append(("red", t))
+                    r = len(reductions)
+                    reductions.append((t.op, t.axis, t.acc_dtype.str, a))
+                    stmts.append(("rd", r, v, dt))
         finally:   # emit refers to itself through its closure: break that cycle, or the leaves it saw
-            emit = new_var = None  # (and their buffers) would live until the garbage collector runs
+            emit = None  # (and their buffers) would live until the garbage collector runs
         self.arrays, self.consts, self.stmts, self.reductions = arrays, consts, stmts, reductions
         self.program_key = (len(self.space.shape), tuple(self.array_dtype(a) for a in range(len(arrays))),
                             tuple(r[0] for r in arrays), tuple(stmts), tuple(reductions))
-
-    def _emit_tasks(self, emit, new_var, arrays, stmts, reductions, written) -> None:
-        for t in self.tasks:
-            memo: Dict[int, Tuple[int, str]] = {}
-            v, dt = emit(t.expr, memo)
-            if isinstance(t, Assign):
-                a = len(arrays)
-                arrays.append(("out", t.out))
-                stmts.append(("st", a, v, dt))
-                odt = t.out.dtype.str
-                if dt != odt:
-                    v2 = new_var()
-                    stmts.append(("op", v2, "cast", (v,), (dt,), (dt,), odt))
-                    written[t.out.key] = (v2, odt)
-                else:
-                    written[t.out.key] = (v, dt)
-            else:
-                a = len(arrays)
-                arrays.append(("red", t))
-                r = len(reductions)
-                reductions.append((t.op, t.axis, t.acc_dtype.str, a))
-                stmts.append(("rd", r, v, dt))
 
     def array_dtype(self, a: int) -> str:
         """dtype (``.str``) of kernel array ``a``."""
