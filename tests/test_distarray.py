@@ -115,7 +115,11 @@ def test_benchmark_quick_evaluates_its_targets(tmp_path, kernel_cache):
             for r in range(2):
                 part = split["transfers"][r] + split["force_point"][r]
                 assert 0 <= part <= row["wait_pct"][r] + 1e-6, (name, mode, r, split, row["wait_pct"])
-    assert two["handwritten_stencil"]["per_iter_s"] > 0 and data["dask"]["per_iter_s"] > 0
+    hw = two["handwritten_stencil"]
+    assert hw["per_iter_s"] > 0 and data["dask"]["per_iter_s"] > 0
+    # both peers' waits, per round and rank: a share of the loop's time
+    for key in ("wait_pct_rounds", "nbmpi_wait_pct_rounds"):
+        assert hw[key] and all(len(r) == 2 and all(0 <= w <= 100 for w in r) for r in hw[key]), (key, hw[key])
     names = [t["target"] for t in data["targets"]]
     for part in ("wait % with latency hiding", "without / with latency hiding", "stencil transfer wait %",
                  "hand-written mpi4py+numba",
