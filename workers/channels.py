@@ -143,7 +143,7 @@ _SHM_TWO_PIECES_MAX = 512 << 10
 def _shm_chunk(nbytes: int) -> int:
     """Piece size of a same-node transfer of ``nbytes``.
 
-    The rank of the pair with the lower rank claims pieces from the front, the other from
+    The lower rank of the pair claims pieces from the front, the higher one from
     the back (``_node_copy``), so each rank keeps copying the same part of both buffers and
     that part stays in its core's cache. ``NBMPI_SHM_CHUNK`` (bytes) overrides. Default:
     below 1 KiB one piece; up to 512 KiB two pieces split at a cache line (one per rank);
