@@ -227,8 +227,11 @@ def test_timeout_returns_124_and_ends_every_process(tmp_path):
 @pytest.mark.parametrize("form", ["-c", "-m"])
 def test_module_and_code_forms(tmp_path, form):
     if form == "-c":
+        # every rank prints before rank 1 fails (the barrier): the launch ends the others once a rank
+        # has failed, so without it rank 0's line would race rank 1's exit
         argv = ["-c", "from nbmpi.workers import world; import sys; "
-                      "print(f'code rank {world().Get_rank()} {sys.argv[1:]}', flush=True); sys.exit(4 * world().Get_rank())",
+                      "print(f'code rank {world().Get_rank()} {sys.argv[1:]}', flush=True); world().Barrier(); "
+                      "sys.exit(4 * world().Get_rank())",
                 "x"]
         expect = 4
     else:
