@@ -6,11 +6,11 @@
   compiled against the MPI headers of the ``mpich`` wheel (or of ``$MPICC``/``mpicc``).
   Without them the pure-Python implementation, with the same semantics, is used
   (``nbmpi.workers.fused_reductions.IMPLEMENTATION`` says which).
-* ``nbmpi.workers._tracer_core`` (Cython): the tracer's record buffer (``Tracer.record``
+* ``nbmpi.workers.tracing._tracer_core`` (Cython): the tracer's record buffer (``Tracer.record``
   in C, and its C entry for the fused-reductions core, which needs it).
-* ``nbmpi.workers._node_copy`` (Cython) is the same-node put/take of
-  :class:`~nbmpi.workers.channels.ArrayChannel`; without it channels move every
-  message with MPI (``nbmpi.workers.channels.SAME_NODE_COPY`` says which).
+* ``nbmpi.workers.channels._node_copy`` (Cython) is the same-node put/take of
+  :class:`~nbmpi.workers.channels.channel.ArrayChannel`; without it channels move every
+  message with MPI (``nbmpi.workers.channels.channel.SAME_NODE_COPY`` says which).
 
 All are optional: without a C compiler (or Cython) the install still succeeds.
 """
@@ -56,17 +56,19 @@ def mpi_build_paths():
 
 def cython_include() -> str:
     """A directory where ``cimport`` finds the package's ``.pxd`` files under their
-    installed name (``nbmpi/workers/fused_reductions/``; the source tree maps ``workers/``
-    to ``nbmpi.workers``, so Cython would not find ``from ._core cimport ...`` there)."""
+    installed names (``nbmpi/workers/<subpackage>/``; the source tree maps ``workers/``
+    to ``nbmpi.workers``, so Cython would not find ``from ..tracing._tracer_core cimport ...``
+    there)."""
     root = Path("build/cython-include")
-    pkg = root / "nbmpi" / "workers" / "fused_reductions"
-    pkg.mkdir(parents=True, exist_ok=True)
-    for d in (root / "nbmpi", root / "nbmpi" / "workers", pkg):
-        (d / "__init__.pxd").touch()
-    for pxd in Path(PKG).glob("*.pxd"):
-        shutil.copyfile(pxd, pkg / pxd.name)
-    for pxd in Path("workers").glob("*.pxd"):   # nbmpi.workers._tracer_core
-        shutil.copyfile(pxd, root / "nbmpi" / "workers" / pxd.name)
+    base = root / "nbmpi" / "workers"
+    for pxd in Path("workers").rglob("*.pxd"):
+        dest = base / pxd.relative_to("workers")
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        d = dest.parent
+        while d != root:   # every package on the way is a Cython package
+            (d / "__init__.pxd").touch()
+            d = d.parent
+        shutil.copyfile(pxd, dest)
     return str(root)
 
 
@@ -75,11 +77,11 @@ def extensions():
         from Cython.Build import cythonize
     except ImportError:   # no Cython: pure Python
         return []
-    exts = [Extension("nbmpi.workers._tracer_core", ["workers/_tracer_core.pyx"], extra_compile_args=["-O2"],
+    exts = [Extension("nbmpi.workers.tracing._tracer_core", ["workers/tracing/_tracer_core.pyx"], extra_compile_args=["-O2"],
                       optional=True),
             Extension("nbmpi.workers.fused_reductions._core", [f"{PKG}/_core.pyx"], extra_compile_args=["-O2"],
                       optional=True),
-            Extension("nbmpi.workers._node_copy", ["workers/_node_copy.pyx"], extra_compile_args=["-O2"],
+            Extension("nbmpi.workers.channels._node_copy", ["workers/channels/_node_copy.pyx"], extra_compile_args=["-O2"],
                       optional=True)]
     paths = mpi_build_paths()
     if paths is not None:

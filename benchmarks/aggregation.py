@@ -121,7 +121,7 @@ def ig_value(g: np.ndarray) -> np.ndarray:
 class Bench:
     def __init__(self, cfg: dict, seed: int = 12345):
         from nbmpi.workers import world
-        from nbmpi.workers.runtime import MPI
+        from nbmpi.workers.core.runtime import MPI
 
         self.MPI = MPI()
         self.comm = world()
@@ -442,7 +442,7 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     if under_mpi():
         return mpi_main(a)
-    from nbmpi.workers.launcher import run
+    from nbmpi.workers.launch.launcher import run
 
     args = [str(Path(__file__).resolve())] + [x for x in (argv if argv is not None else sys.argv[1:])]
     return run(a.nranks, args)

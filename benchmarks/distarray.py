@@ -87,7 +87,7 @@ def median_per_rank(rounds) -> list:
 
 def wait_split(trace) -> dict:
     """Per rank, the wait % in transfers and in force-point collectives (of the trace's window)."""
-    from nbmpi.workers.timeline import analysis
+    from nbmpi.workers.tracing.timeline import analysis
 
     an = analysis(trace)
     total = an["window_s"] or 1.0

@@ -230,7 +230,7 @@ def plankton(comm, rounds: int, steps: int) -> dict:
 
     from nbmpi.workers import get_tracer, pool, shared
     from nbmpi.workers.fused_reductions import K_FUSED
-    from nbmpi.workers.tracing import DIR_NONE, register_kind
+    from nbmpi.workers.tracing.tracer import DIR_NONE, register_kind
 
     K_ALLREDUCE = register_kind("allreduce")
     rank = comm.Get_rank()

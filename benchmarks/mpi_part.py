@@ -23,10 +23,10 @@ def add_part_option(parser: argparse.ArgumentParser) -> None:
 
 def run_part(nranks: int, script: str, part: Path, args: Sequence[str] = (),
              env: Optional[Dict[str, str]] = None) -> Tuple[int, Optional[Dict[str, Any]]]:
-    """Run ``script --mpi-part PART *args`` on ``nranks`` ranks (``nbmpi.workers.launcher.run``; ``env`` entries
+    """Run ``script --mpi-part PART *args`` on ``nranks`` ranks (``nbmpi.workers.launch.launcher.run``; ``env`` entries
     are added to the ranks' environment). Blocks until every rank has ended. Returns ``(0, the JSON in PART)``,
     or ``(exit code, None)`` after a line on stderr if the part failed or wrote nothing. Called by the main process only."""
-    from nbmpi.workers.launcher import run
+    from nbmpi.workers.launch.launcher import run
 
     code = run(nranks, [str(script), PART_OPTION, str(part), *args], env=env)
     if code != 0:
@@ -43,7 +43,7 @@ def slowest_rank(comm, fn: Callable[[], Any], reps: int = 1) -> Tuple[Any, float
     """Collective over ``comm``: a barrier, then ``fn()`` ``reps`` times on every rank; returns ``(the last
     call's result, seconds per call on the slowest rank)`` (an Allreduce MAX of every rank's mean time)."""
     import numpy
-    from nbmpi.workers.runtime import MPI
+    from nbmpi.workers.core.runtime import MPI
 
     comm.Barrier()
     t0 = time.perf_counter()

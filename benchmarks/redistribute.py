@@ -70,7 +70,7 @@ def size_label(mib: float) -> str:
 def mpi_main(a) -> int:
     import nbmpi.workers.distarray as dnp
     from nbmpi.workers import gather_trace, get_tracer, world
-    from nbmpi.workers.runtime import MPI as _MPI
+    from nbmpi.workers.core.runtime import MPI as _MPI
     from mpi_part import slowest_rank
 
     MPI = _MPI()

@@ -5,7 +5,7 @@ real ``nbmpi serve`` (127.0.0.1, free port, temporary data directory, ``--max-ra
 
 * latency of a trivial 2-rank job, side by side and interleaved so all paths see the same load:
   submit-to-finished through the service (POST, then poll every 20 ms until final), the same
-  launch path without the service (:func:`nbmpi.workers.launcher.run` called in this process:
+  launch path without the service (:func:`nbmpi.workers.launch.launcher.run` called in this process:
   mpiexec, rank guards, rank_entry, trace), and ``nbmpi run -n 2`` as a user types it (which also
   pays for starting the ``nbmpi`` command); the load average is recorded with every sample;
 * a burst: N trivial 1-rank jobs submitted at once (16 concurrent clients; N = 1000, 50 with
@@ -34,7 +34,7 @@ from reporting import benchmark_parser, md_table, target, targets_table, write_r
 
 from nbmpi.server.client import ApiError, Client  # noqa: E402
 from nbmpi.server.demo import start_service, stop_service  # noqa: E402
-from nbmpi.workers import launcher  # noqa: E402
+from nbmpi.workers.launch import launcher# noqa: E402
 
 TRIVIAL = "from nbmpi.workers import world\nprint('rank', world().Get_rank())\n"
 MAX_RANKS = 4

@@ -2,7 +2,7 @@
 
 See :mod:`nbmpi.kernel_ext.magics` for the magics and :mod:`nbmpi.kernel_ext.output`
 for how per-rank output is grouped; the pools themselves are
-:mod:`nbmpi.workers.engine_pool` (shared with the controller).
+:mod:`nbmpi.workers.launch.engine_pool` (shared with the controller).
 Unloading the extension (or the kernel exiting) stops every pool it started.
 """
 from __future__ import annotations

@@ -1,11 +1,11 @@
 """The ``%distributed`` / ``%%distributed`` magics: interactive MPI pools in a notebook.
 
 Execution plane: ipyparallel. A cell is ONE ``execute`` request to the chosen
-engines (engine id == MPI rank, see :mod:`nbmpi.workers.engine_pool`), exactly
+engines (engine id == MPI rank, see :mod:`nbmpi.workers.launch.engine_pool`), exactly
 like ``%%px``; everything else rides on it:
 
 * the per-cell tracer mark is taken by an IPython ``pre_run_cell`` hook on
-  each engine (:mod:`nbmpi.workers.engine_side`), not by an extra request;
+  each engine (:mod:`nbmpi.workers.launch.engine_side`), not by an extra request;
 * output streams while the cell runs into one live display (each line
   labelled ``[rank r]``); when the cell ends the live display is emptied and
   the final, deduplicated view is written once: identical output of several
@@ -45,7 +45,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.display import display
 
-from nbmpi.workers.engine_pool import Pool, PoolError
+from nbmpi.workers.launch.engine_pool import Pool, PoolError
 
 from . import output as _out
 
@@ -158,7 +158,7 @@ def parse_ranks(spec: Optional[str], available: List[int]) -> List[int]:
 
 
 def probe(pool: Pool, ranks: List[int], timeout: float = 1.0) -> Dict[int, Optional[dict]]:
-    """Read the state probe of ``ranks`` (see :mod:`nbmpi.workers.engine_side`); None where no answer."""
+    """Read the state probe of ``ranks`` (see :mod:`nbmpi.workers.launch.engine_side`); None where no answer."""
     addrs = pool.probes()
     out: Dict[int, Optional[dict]] = {}
     for r in ranks:
@@ -188,9 +188,9 @@ def fetch_cell_trace(pool: Pool, ranks: List[int]):
     """
     import numpy as np
 
-    from nbmpi.workers.engine_side import cell_events
-    from nbmpi.workers.trace_analysis import Trace
-    from nbmpi.workers.tracing import NF
+    from nbmpi.workers.launch.engine_side import cell_events
+    from nbmpi.workers.tracing.analysis import Trace
+    from nbmpi.workers.tracing.tracer import NF
 
     parts = pool.client()[ranks].apply_sync(cell_events)
     events = np.concatenate([np.asarray(p["events"], dtype=np.int64).reshape(-1, NF) for p in parts])
@@ -705,7 +705,7 @@ class DistributedMagics(Magics):
             display(rich[rs[0]], raw=True)
 
     def _show_timeline(self, pool: Pool, ranks: List[int]) -> None:
-        from nbmpi.workers.timeline import show
+        from nbmpi.workers.tracing.timeline import show
 
         try:
             trace, window = fetch_cell_trace(pool, ranks)

@@ -90,11 +90,11 @@ def strip_ansi(text: str) -> str:
 
 
 def describe_state(snap: Optional[dict]) -> str:
-    """What a rank was doing, from its probe snapshot (:func:`nbmpi.workers.engine_side.snapshot`):
+    """What a rank was doing, from its probe snapshot (:func:`nbmpi.workers.launch.engine_side.snapshot`):
     ``"take(src=0) waiting 12.0 s at cell line 4 `ch.take(0)`"``, ``"at cell line 3
     `comm.Recv(buf, source=1)`: MPI Recv from rank 1 (10.0 s into the cell)"``, ``"running user code
     (3.1 s)"``, ``"idle"``, or ``"no answer from its probe"`` (the rank holds the GIL in C code or died)."""
-    from nbmpi.workers.rank_location import format_location
+    from nbmpi.workers.launch.rank_location import format_location
 
     if not snap:
         return "no answer from its probe (busy in C code holding the GIL, or the rank died)"

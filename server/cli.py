@@ -1,7 +1,7 @@
-"""The ``nbmpi`` command: ``nbmpi run`` (from :mod:`nbmpi.workers.cli`) and the controller's subcommands.
+"""The ``nbmpi`` command: ``nbmpi run`` (from :mod:`nbmpi.workers.launch.cli`) and the controller's subcommands.
 
 The console script ``nbmpi`` is :func:`main` here, so the runtime package never
-imports the controller; ``python -m nbmpi.workers.cli run`` works without it.
+imports the controller; ``python -m nbmpi.workers.launch.cli run`` works without it.
 
 * ``nbmpi serve [--host 127.0.0.1] [--port 8765] [--max-ranks N] [--db PATH] [--data-dir DIR]
   [--backend local|slurm] [--slurm-partition P] [--slurm-sbatch-arg ARG ...]``:
@@ -285,7 +285,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The parser of the ``nbmpi`` command: ``run`` and the controller's subcommands."""
-    from nbmpi.workers.cli import add_run_command
+    from nbmpi.workers.launch.cli import add_run_command
 
     p = argparse.ArgumentParser(prog="nbmpi", description="nbmpi: interactive distributed computing on MPI.")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
@@ -296,7 +296,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     """Entry point of the ``nbmpi`` console script."""
-    from nbmpi.workers.cli import dispatch
+    from nbmpi.workers.launch.cli import dispatch
 
     return dispatch(build_parser(), argv)
 

@@ -144,12 +144,12 @@ class Client:
         return self._request("GET", f"/api/v1/jobs/{job_id}/trace").json()
 
     def job_trace(self, job_id: int):
-        """Every event the job's ranks streamed so far, as a :class:`~nbmpi.workers.trace_analysis.Trace`
-        (``nbmpi.workers.timeline.show(trace)`` draws it in a notebook); works for running and failed
+        """Every event the job's ranks streamed so far, as a :class:`~nbmpi.workers.tracing.analysis.Trace`
+        (``nbmpi.workers.tracing.timeline.show(trace)`` draws it in a notebook); works for running and failed
         jobs too."""
         import io
 
-        from nbmpi.workers.trace_analysis import Trace
+        from nbmpi.workers.tracing.analysis import Trace
 
         return Trace.load(io.BytesIO(self._request("GET", f"/api/v1/dashboard/jobs/{job_id}/trace.npz").content))
 

@@ -1,6 +1,6 @@
 """Pools of the controller: records, reconciliation, idle stop, and jobs on a pool.
 
-A pool is a :class:`nbmpi.workers.engine_pool.Pool` (ipyparallel engines on the
+A pool is a :class:`nbmpi.workers.launch.engine_pool.Pool` (ipyparallel engines on the
 ranks of one MPI job, the same pools the ``%distributed`` magics use) started
 and ended by the service's backend (:meth:`Backend.start_pool` ...). Its ranks
 are held in the :class:`~nbmpi.server.ledger.RankLedger` while it starts or
@@ -18,7 +18,7 @@ backend (:meth:`Backend.recover_pool`) if all their engines still answer,
 else recorded ``failed`` (the backend ends their leftovers).
 
 Jobs on a pool run the job's program on all engines
-(:func:`nbmpi.workers.engine_side.run_job`: a namespace of its own, as a script); each
+(:func:`nbmpi.workers.launch.engine_side.run_job`: a namespace of its own, as a script); each
 engine's stdout/stderr is appended to ``logs/rank-R.*`` as it arrives; a rank
 whose execution raised gets exit code 1. Cancel or timeout interrupts the
 engines (SIGINT); if they do not stop within :data:`INTERRUPT_GRACE_S` the pool
@@ -36,8 +36,8 @@ from typing import Dict, List, Optional
 from sqlalchemy import select
 from sqlalchemy.orm import sessionmaker
 
-from nbmpi.workers.engine_pool import Pool, PoolError
-from nbmpi.workers.rank_guard import CappedLog
+from nbmpi.workers.launch.engine_pool import Pool, PoolError
+from nbmpi.workers.launch.rank_guard import CappedLog
 
 from .backends import Backend, PoolSpec
 from .errors import RequestError
@@ -202,7 +202,7 @@ class PoolManager:
         lock = self._locks[pool_id]
         self._update(pool_id, last_used_at=time.time())
         log_dir.mkdir(parents=True, exist_ok=True)
-        from nbmpi.workers.engine_side import run_job
+        from nbmpi.workers.launch.engine_side import run_job
         with lock:
             client = pool.client()
             ranks = list(pool.ranks)

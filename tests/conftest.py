@@ -27,7 +27,7 @@ def nbmpi_run(tmp_path: Path, code: str, n: int = 2, timeout: float = 120, env=N
     full_env["PYTHONPATH"] = os.pathsep.join(p for p in (str(TESTS), os.environ.get("PYTHONPATH", "")) if p)
     if env:
         full_env.update(env)
-    cmd = [sys.executable, "-m", "nbmpi.workers.cli", "run", "-n", str(n), "--timeout", str(timeout),
+    cmd = [sys.executable, "-m", "nbmpi.workers.launch.cli", "run", "-n", str(n), "--timeout", str(timeout),
            str(script), *args]
     return subprocess.run(cmd, capture_output=True, text=True, env=full_env, cwd=tmp_path,
                           timeout=timeout + 30)
@@ -71,7 +71,7 @@ def no_shared_memory_left_behind():
     /dev/shm unless a live process still maps it (killed ranks must not leak their segments)."""
     before = _shm_names()
     yield
-    from nbmpi.workers.processes import segments_in_use
+    from nbmpi.workers.launch.processes import segments_in_use
 
     new = {str(SHM / n) for n in _shm_names() - before}
     leaked = sorted(new - segments_in_use(new))

@@ -21,7 +21,7 @@ import json, sys, tracemalloc
 import numba
 import numpy as np
 from nbmpi.workers import (AggregationError, AggregationTimeout, Aggregator, gather_trace, get_tracer, world)
-from nbmpi.workers.runtime import MPI
+from nbmpi.workers.core.runtime import MPI
 
 comm = world()
 rank, size = comm.Get_rank(), comm.Get_size()
@@ -79,7 +79,7 @@ agree("stats_consistent", s["items_pushed"] == 2 * 20000 + 300 and s["rows_dispa
       and moved[0] == moved[1] and moved[2] == moved[3], stats=s)
 # hot-path variants give the same counts: non-persistent sends (too many pool buffers x ranks for
 # persistent requests) and a state object replaced after construction (handler dispatched, not its entry point)
-import nbmpi.workers.aggregation as aggmod
+import nbmpi.workers.aggregation.aggregator as aggmod
 saved, aggmod._MAX_PERSISTENT = aggmod._MAX_PERSISTENT, 0
 t1 = np.zeros(T, np.int64)
 a1 = Aggregator(HIST, count, t1, buffer_items=50, timeout=30, name="no-persistent")

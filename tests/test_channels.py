@@ -437,7 +437,7 @@ check(ch.timeout is None, "NBMPI_TIMEOUT unset -> no default timeout", repr(ch.t
 # -- an interrupt (Ctrl-C / Jupyter interrupt = KeyboardInterrupt) ends a blocked take; the
 #    receive is cancelled and the channel stays usable ------------------------------------------
 import signal
-from nbmpi.workers import waiting
+from nbmpi.workers.core import waiting
 seen = []
 if rank == 1:
     def interrupt(signum, frame):
@@ -564,7 +564,7 @@ SAME_NODE = PRELUDE + r'''
 import os
 from nbmpi.workers import gather_trace, get_tracer
 
-from nbmpi.workers.channels import SAME_NODE_COPY
+from nbmpi.workers.channels.channel import SAME_NODE_COPY
 
 shm_on = os.environ.get("NBMPI_SHM_MIN_BYTES") != "off"
 if os.environ.get("TEST_ONE_CPU"):   # both ranks on one core: the running rank copies the other's pieces too
@@ -702,7 +702,7 @@ def test_node_segments_agree_per_node(run_mpi):
     """If one rank of a node cannot (or will not) share memory, no rank of the node does, so
     every pair decides the same way; segments are mapped both ways and written through."""
     proc = run_mpi(PRELUDE + r'''
-from nbmpi.workers.node_shared_memory import NodeSegments
+from nbmpi.workers.channels.shared_memory import NodeSegments
 
 seg = NodeSegments(comm, 4096, want=True)
 check(seg.enabled and seg.peer_ranks() == [r for r in range(size) if r != rank], "all ranks map each other",

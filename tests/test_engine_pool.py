@@ -9,7 +9,7 @@ import time
 import psutil
 import pytest
 
-from nbmpi.workers.engine_pool import Pool
+from nbmpi.workers.launch.engine_pool import Pool
 
 
 def _pids_of(pool: Pool):

@@ -442,7 +442,7 @@ print("OK", r)
 def test_python_and_compiled_ranks_agree_on_signatures(tmp_path):
     """The compiled force point hashes the pending sequence itself: the value must equal the
     Python reference's hash((sig, L, tuple(log))), checked by a job with one rank of each."""
-    from nbmpi.workers.launcher import find_mpiexec, rank_environment
+    from nbmpi.workers.launch.launcher import find_mpiexec, rank_environment
     prog = tmp_path / "mixed.py"
     prog.write_text(MIXED)
     env = rank_environment({"NBMPI_TIMEOUT": "20"})
@@ -651,7 +651,7 @@ def test_combine_kernels_one_nan_rule_and_fused_layout():
 
     import numpy as np
 
-    from nbmpi.workers import kernels as K
+    from nbmpi.workers.core import kernels as K
     from nbmpi.workers.fused_reductions.wire import layout_words
 
     out = np.empty(3)

@@ -1,4 +1,4 @@
-"""`nbmpi run` (python -m nbmpi.workers.cli run) with the bundled mpiexec: exit codes, failure
+"""`nbmpi run` (python -m nbmpi.workers.launch.cli run) with the bundled mpiexec: exit codes, failure
 and Ctrl-C handling without orphan processes, --timeout, the MPI thread level, bundled MPICH."""
 import os
 import signal
@@ -12,7 +12,7 @@ import uuid
 import psutil
 import pytest
 
-CLI = [sys.executable, "-m", "nbmpi.workers.cli", "run"]
+CLI = [sys.executable, "-m", "nbmpi.workers.launch.cli", "run"]
 
 
 def write_script(tmp_path, code: str):

@@ -95,22 +95,56 @@ def test_workers_imports_have_no_cycle():
 
 
 def test_runtime_tracing_analysis_layering():
-    """trace_records <- trace_analysis <- tracing <- startup, runtime <- tracing: one way only."""
+    """tracing.records <- tracing.analysis <- tracing.tracer <- tracing.startup, core.runtime <-
+    tracing.tracer: one way only."""
     g = workers_import_graph()
-    assert g["trace_records"] == set()
-    assert g["runtime"] == set()
-    assert g["trace_analysis"] <= {"trace_records"}
-    assert g["tracing"] <= {"runtime", "trace_analysis", "trace_records"}
-    assert g["startup"] <= {"runtime", "tracing"}
-    below_startup = ("runtime", "tracing", "trace_analysis", "trace_records")
-    assert not [m for m in below_startup if "startup" in g[m]]
+    assert g["tracing.records"] == set()
+    assert g["core.runtime"] == set()
+    assert g["tracing.analysis"] <= {"tracing.records"}
+    assert g["tracing.tracer"] <= {"core.runtime", "tracing.analysis", "tracing.records"}
+    assert g["tracing.startup"] <= {"core.runtime", "tracing.tracer"}
+    below_startup = ("core.runtime", "tracing.tracer", "tracing.analysis", "tracing.records")
+    assert not [m for m in below_startup if "tracing.startup" in g[m]]
+
+
+#: Subpackage -> the subpackages it may import (the rooms of ``workers/`` and their one-way doors).
+ROOMS = {
+    "core": set(),
+    "tracing": {"core"},
+    "channels": {"core", "tracing"},
+    "fused_reductions": {"core", "tracing"},
+    "aggregation": {"core", "tracing"},
+    "distarray": {"core", "tracing", "aggregation"},
+    "launch": {"core", "tracing", "fused_reductions"},
+}
+
+
+def subpackage_graph(graph: Dict[str, Set[str]]) -> Dict[str, Set[str]]:
+    """Subpackage -> the other subpackages its modules import."""
+    rooms: Dict[str, Set[str]] = {}
+    for mod, deps in graph.items():
+        room = mod.split(".")[0]
+        rooms.setdefault(room, set()).update(d.split(".")[0] for d in deps if d.split(".")[0] != room)
+    return rooms
+
+
+def test_workers_is_cut_into_rooms_that_import_one_way():
+    """Every module of ``workers/`` sits in a subpackage named for its idea, and each subpackage
+    imports only the rooms below it (``ROOMS``)."""
+    g = workers_import_graph()
+    loose = [m for m in g if "." not in m and m not in ROOMS and m != ""]
+    assert not loose, f"modules outside a subpackage of workers/: {loose}"
+    rooms = subpackage_graph(g)
+    bad = {r: sorted(deps - ROOMS.get(r, set())) for r, deps in rooms.items()
+           if r in ROOMS and deps - ROOMS[r]}
+    assert not bad, f"subpackages importing against the layering: {bad}"
 
 
 def test_the_cycle_finder_finds_a_lazy_import_cycle():
     """The check above can fail: a function-level import back into a lower layer is a cycle."""
     g = workers_import_graph()
-    g["runtime"] = g["runtime"] | {"tracing"}          # what runtime.init() used to do lazily
-    assert find_cycle(g), "a runtime -> tracing import must show as a cycle"
+    g["core.runtime"] = g["core.runtime"] | {"tracing.tracer"}          # what runtime.init() used to do lazily
+    assert find_cycle(g), "a core.runtime -> tracing.tracer import must show as a cycle"
 
 
 PRIVATE_TRACER_STATE = {"buf", "cap", "n", "dropped", "offset_ns", "offset_err_ns", "max_events", "_next_chan",
@@ -150,8 +184,8 @@ def test_nothing_outside_the_tracer_writes_its_state():
     """Components record only through Tracer.record (issue 17 point 5)."""
     offenders = []
     for folder in ("workers", "kernel_ext", "server"):
-        offenders += tracer_state_writes(REPO / folder, WORKERS / "tracing.py")
-    assert not offenders, "writes to the tracer's state outside tracing.py:\n" + "\n".join(offenders)
+        offenders += tracer_state_writes(REPO / folder, WORKERS / "tracing" / "tracer.py")
+    assert not offenders, "writes to the tracer's state outside tracing/tracer.py:\n" + "\n".join(offenders)
 
 
 def test_the_state_write_check_sees_the_old_inline_hot_path(tmp_path):

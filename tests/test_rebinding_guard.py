@@ -6,7 +6,7 @@ import subprocess
 import sys
 import textwrap
 
-from nbmpi.workers import rebinding_guard as rg
+from nbmpi.workers.fused_reductions import rebinding_guard as rg
 
 
 def _fn(src: str) -> ast.AST:

@@ -610,7 +610,7 @@ def test_capped_log_marks_the_cut_wherever_the_writes_split(tmp_path, chunks):
     """The truncation marker appears exactly once when output passes the limit, however the
     pipe reads split it (also when one read ends exactly at the limit), and never when the
     output fits."""
-    from nbmpi.workers.rank_guard import CappedLog, truncation_marker
+    from nbmpi.workers.launch.rank_guard import CappedLog, truncation_marker
 
     limit = 16
     log = CappedLog(str(tmp_path / "log"), limit)

@@ -39,8 +39,8 @@ import httpx
 import psutil
 import pytest
 
-from nbmpi.workers.engine_pool import Pool
-from nbmpi.workers.processes import noted_segments
+from nbmpi.workers.launch.engine_pool import Pool
+from nbmpi.workers.launch.processes import noted_segments
 
 from liveness import running
 from test_server import CHANNEL_JOB, SLEEP_JOB, submit

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from nbmpi.workers.timeline import (COLORS, SOURCES, analysis, blocked_sentences, bokeh_item, figure_sources,
+from nbmpi.workers.tracing.timeline import (COLORS, SOURCES, analysis, blocked_sentences, bokeh_item, figure_sources,
                                     notebook_bundle, render_html, straggler, timeline_columns, timeline_data)
-from nbmpi.workers.trace_analysis import STATE_NAMES, Trace
-from nbmpi.workers.tracing import DIR_RECV, DIR_SEND, NF, kind_names, register_kind
+from nbmpi.workers.tracing.analysis import STATE_NAMES, Trace
+from nbmpi.workers.tracing.tracer import DIR_RECV, DIR_SEND, NF, kind_names, register_kind
 
 
 def _ev(kind, d, peer, t0, t1, seq=0):

@@ -4,7 +4,7 @@ gathered trace at the end, and a failed job still leaves its streamed events."""
 import json
 
 from conftest import assert_ok
-from nbmpi.workers.trace_stream import live_path, read_job_trace
+from nbmpi.workers.tracing.stream import live_path, read_job_trace
 
 HANG_THEN_GO = r'''
 import json, os, sys, time

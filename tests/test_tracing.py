@@ -7,15 +7,15 @@ import numpy as np
 import pytest
 
 from conftest import assert_ok
-from nbmpi.workers.trace_analysis import Trace
-from nbmpi.workers.tracing import DIR_NONE, DIR_RECV, DIR_SEND, FIELDS, NF
+from nbmpi.workers.tracing.analysis import Trace
+from nbmpi.workers.tracing.tracer import DIR_NONE, DIR_RECV, DIR_SEND, FIELDS, NF
 
 MAIN = r'''
 import json, sys, time
 import numpy as np
 from nbmpi.workers import ArrayChannel, Trace, gather_trace, get_tracer, world
-from nbmpi.workers import tracing
-from nbmpi.workers.tracing import DIR_SEND, DIR_RECV, FIELDS, Tracer
+from nbmpi.workers.tracing import tracer as tracing
+from nbmpi.workers.tracing.tracer import DIR_SEND, DIR_RECV, FIELDS, Tracer
 
 comm = world()
 rank, size = comm.Get_rank(), comm.Get_size()
@@ -364,13 +364,13 @@ def test_record_is_the_one_way_in_and_keeps_every_field(run_mpi, pure):
     proc = run_mpi(r'''
 import os
 from nbmpi.workers import world
-from nbmpi.workers import tracing
-from nbmpi.workers.tracing import DIR_NONE, DIR_RECV, DIR_SEND, FIELDS, Tracer, register_kind
+from nbmpi.workers.tracing import tracer as tracing
+from nbmpi.workers.tracing.tracer import DIR_NONE, DIR_RECV, DIR_SEND, FIELDS, Tracer, register_kind
 
 if os.environ["NBMPI_PURE_PYTHON"] == "1":
     assert Tracer.__mro__[1] is tracing._PyTracerCore, Tracer.__mro__
 else:
-    from nbmpi.workers._tracer_core import TracerCore
+    from nbmpi.workers.tracing._tracer_core import TracerCore
     assert Tracer.__mro__[1] is TracerCore, Tracer.__mro__
 
 C = {name: i for i, name in enumerate(FIELDS)}
@@ -405,7 +405,7 @@ def test_snapshot_from_another_thread_while_recording(run_mpi):
 import threading
 import numpy as np
 from nbmpi.workers import world
-from nbmpi.workers.tracing import FIELDS, Tracer
+from nbmpi.workers.tracing.tracer import FIELDS, Tracer
 
 C = {name: i for i, name in enumerate(FIELDS)}
 tr = Tracer(world(), enabled=True, capacity=4)

@@ -1,13 +1,13 @@
 """The local backend: jobs and pools run as mpiexec process groups on the controller's own host.
 
-A job is one :func:`nbmpi.workers.launcher.start` (``mpiexec`` in a new
-session, every rank under :mod:`nbmpi.workers.rank_entry`, output to
+A job is one :func:`nbmpi.workers.launch.launcher.start` (``mpiexec`` in a new
+session, every rank under :mod:`nbmpi.workers.launch.rank_entry`, output to
 ``log_dir``, exit codes to ``JOB_DIR/status``, trace to ``trace_dir``), watched
-by the same :class:`~nbmpi.workers.launcher.RankWatch` as ``nbmpi run``: when
+by the same :class:`~nbmpi.workers.launch.launcher.RankWatch` as ``nbmpi run``: when
 a rank fails, the whole group is ended after the others' grace period. Its
 stored state is ``{"pgid": ..., "status_dir": ...}``.
 
-A pool is a :class:`~nbmpi.workers.engine_pool.Pool` started here and not
+A pool is a :class:`~nbmpi.workers.launch.engine_pool.Pool` started here and not
 bound to the service's life (it is re-attached after a restart); its state
 is the pids of its controller, mpiexec and ranks, so a pool that cannot be
 re-attached is ended by pid.
@@ -26,9 +26,9 @@ from typing import Any, Callable, Dict, Optional, Tuple
 
 import psutil
 
-from nbmpi.workers import launcher
-from nbmpi.workers.engine_pool import Pool
-from nbmpi.workers.processes import end_group_of, end_processes, noted_segments, remove_shm
+from nbmpi.workers.launch import launcher
+from nbmpi.workers.launch.engine_pool import Pool
+from nbmpi.workers.launch.processes import end_group_of, end_processes, noted_segments, remove_shm
 
 from . import Backend, BackendError, JobSpec, JobStatus, PoolSpec
 

@@ -8,13 +8,13 @@ controller's host must have Slurm's client commands (``sbatch``, ``squeue``,
 
 Jobs. :meth:`SlurmBackend.submit` writes ``JOB_DIR/job.sbatch`` (one job step:
 ``srun --ntasks=N --mpi=pmi2 --kill-on-bad-exit=1 PYTHON -m
-nbmpi.workers.rank_entry SCRIPT ARGS``; when it fails or Slurm ends the job, the
+nbmpi.workers.launch.rank_entry SCRIPT ARGS``; when it fails or Slurm ends the job, the
 MPI shared memory of the killed ranks is removed with
 :mod:`~nbmpi.server.backends.slurm_allocation` ``clean-shm``) and submits it with ``sbatch
 --ntasks=N [--time=M] [--partition=P] [extra sbatch args]`` and the job's
 environment (``--export=ALL`` of the ranks' environment,
-:func:`nbmpi.workers.launcher.rank_environment`, plus the job's own). Every
-rank runs :mod:`nbmpi.workers.rank_entry`, so, as with the local backend,
+:func:`nbmpi.workers.launch.launcher.rank_environment`, plus the job's own). Every
+rank runs :mod:`nbmpi.workers.launch.rank_entry`, so, as with the local backend,
 rank R writes ``logs/rank-R.stdout``/``.stderr``, its exit code to
 ``JOB_DIR/status`` and, when every rank succeeded, the trace to
 ``JOB_DIR/trace``. The batch script's own output (Slurm's and ``srun``'s
@@ -51,9 +51,9 @@ not cancel them.
 Pools. A pool is one Slurm job of N tasks whose batch script runs
 :mod:`nbmpi.server.backends.slurm_allocation` ``pool`` on the allocation's first node: the
 ipyparallel controller there and the N engines as an ``srun`` job step
-(engine id == MPI rank, :func:`nbmpi.workers.engine_side.setup` on every rank),
+(engine id == MPI rank, :func:`nbmpi.workers.launch.engine_side.setup` on every rank),
 then it writes ``WORK_DIR/connection.json``. The service attaches with
-:meth:`nbmpi.workers.engine_pool.Pool.attach` (:class:`SlurmPool`, alive only
+:meth:`nbmpi.workers.launch.engine_pool.Pool.attach` (:class:`SlurmPool`, alive only
 while Slurm runs its job). Stop or idle timeout asks the batch script to end
 the pool (``scancel --batch --signal=TERM``: engines, controller, shared
 memory) and ``scancel`` s the job if it has not ended within
@@ -78,8 +78,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from nbmpi.workers import launcher
-from nbmpi.workers.engine_pool import Pool, PoolError
+from nbmpi.workers.launch import launcher
+from nbmpi.workers.launch.engine_pool import Pool, PoolError
 
 from . import Backend, BackendError, JobSpec, JobStatus, PoolSpec
 

@@ -4,11 +4,11 @@ Two commands, ``python -m nbmpi.server.backends.slurm_allocation COMMAND``:
 
 ``pool --work-dir DIR --ranks N``: the batch script of a pool of the Slurm
 backend (:mod:`nbmpi.server.backends.slurm`). On the allocation's first node
-it starts a :class:`nbmpi.workers.engine_pool.Pool` whose launcher is ``srun``
+it starts a :class:`nbmpi.workers.launch.engine_pool.Pool` whose launcher is ``srun``
 (``NBMPI_MPIEXEC=srun``, ``SLURM_MPI_TYPE`` from ``--mpi``): the ipyparallel
 controller here, listening on ``--ip``, and the N engines as one job step of
 the allocation, engine id == MPI rank, with
-:func:`nbmpi.workers.engine_side.setup` run on every rank. Once every engine
+:func:`nbmpi.workers.launch.engine_side.setup` run on every rank. Once every engine
 runs it writes ``DIR/connection.json`` (owner-only: it holds the controller's
 key): ``{"slurm_job_id": ..., **Pool.connection_info()}``, which the
 controller attaches to. It then waits. SIGTERM (``scancel --batch
@@ -20,7 +20,7 @@ ended by a signal, 1 when the pool could not start or died.
 
 ``clean-shm --status-dir DIR``: on this node, remove the MPI shared-memory
 segments the ranks noted in their status directory
-(:func:`nbmpi.workers.processes.note_segments`, as under ``nbmpi run``) that no
+(:func:`nbmpi.workers.launch.processes.note_segments`, as under ``nbmpi run``) that no
 live process maps any more. MPICH removes its segment in ``MPI_Finalize``;
 ranks that Slurm ends (``--kill-on-bad-exit`` after another rank failed,
 ``scancel``, the time limit) never get there. The job batch scripts of the
@@ -41,9 +41,9 @@ from typing import List, Optional
 
 import psutil
 
-from nbmpi.workers.engine_pool import Pool, PoolError
-from nbmpi.workers.launcher import MPIEXEC_ENV
-from nbmpi.workers.processes import noted_segments, remove_shm, shm_segments_of
+from nbmpi.workers.launch.engine_pool import Pool, PoolError
+from nbmpi.workers.launch.launcher import MPIEXEC_ENV
+from nbmpi.workers.launch.processes import noted_segments, remove_shm, shm_segments_of
 
 from ..config import write_private
 
@@ -56,7 +56,7 @@ CLEAN_WAIT_S = 5.0
 
 def clean_shm(status_dir: str, job_id: Optional[str] = None, wait: float = CLEAN_WAIT_S) -> List[str]:
     """Remove, on this node, the ``/dev/shm`` segments the ranks noted in ``status_dir``
-    (:func:`nbmpi.workers.processes.note_segments`) that no live process maps; return the paths
+    (:func:`nbmpi.workers.launch.processes.note_segments`) that no live process maps; return the paths
     removed. Segments still mapped by a process of Slurm job ``job_id`` (default
     ``$SLURM_JOB_ID``: ranks Slurm is ending may outlive their ``srun`` briefly) are tried again
     for up to ``wait`` seconds; segments other processes map are left alone. Never raises."""

@@ -16,8 +16,8 @@
   nothing new was streamed; ``GET /api/v1/dashboard/jobs/{id}/trace.npz``: the streamed trace
   itself (:meth:`Trace.load` reads it).
 
-The data come from the ranks' streamed trace files (:mod:`nbmpi.workers.trace_stream`) joined on
-demand and kept per job until they change, drawn by :mod:`nbmpi.workers.timeline` (the figure module
+The data come from the ranks' streamed trace files (:mod:`nbmpi.workers.tracing.stream`) joined on
+demand and kept per job until they change, drawn by :mod:`nbmpi.workers.tracing.timeline` (the figure module
 the notebook uses too). Every data endpoint needs the bearer token; another user's job is 404.
 """
 from __future__ import annotations
@@ -33,7 +33,8 @@ from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 
-from nbmpi.workers import timeline, trace_stream
+from nbmpi.workers.tracing import timeline
+from nbmpi.workers.tracing import stream as trace_stream
 
 from ..dependencies import current_user, user_job
 from ..errors import DOCUMENTED
@@ -212,7 +213,7 @@ def job_timeline(job: Job = Depends(user_job),
             responses={200: {"content": {"application/octet-stream": {}},
                              "description": "The streamed trace (numpy .npz; nbmpi Trace.load reads it)"}})
 def job_trace_npz(job: Job = Depends(user_job)) -> Response:
-    """Every event the job's ranks streamed so far, as a :class:`~nbmpi.workers.trace_analysis.Trace` file."""
+    """Every event the job's ranks streamed so far, as a :class:`~nbmpi.workers.tracing.analysis.Trace` file."""
     e = CACHE.get(job)
     if e is None:
         raise HTTPException(404, f"no trace for job {job.id}: {_no_trace(job)}")

@@ -13,7 +13,9 @@ from typing import Any, Optional, Tuple
 
 import numpy as np
 
-from .. import runtime, tracing, waiting
+from ..core import runtime
+from ..tracing import tracer as tracing
+from ..core import waiting
 from .array import _FUNCTIONS, DistArray
 from .distribution import make_distribution
 from .engine import engine_for

@@ -26,7 +26,7 @@ import os
 from collections import OrderedDict
 from typing import Any, Callable, Dict, List, Optional
 
-from .. import runtime
+from ..core import runtime
 from .errors import DistArrayError
 from .graph import Task
 
@@ -105,7 +105,7 @@ class Engine:
         """Duplicate the communicator and agree on the tracer channel. Collective, first call only."""
         if self.dcomm is not None:
             return
-        from .. import tracing
+        from ..tracing import tracer as tracing
 
         MPI = runtime.MPI()
         self.dcomm = self.comm.Dup()

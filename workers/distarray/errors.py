@@ -1,6 +1,6 @@
 """Errors of the distributed arrays (:mod:`nbmpi.workers.distarray`): what was wrong, what was expected.
 
-Every class derives from :class:`nbmpi.workers.errors.NbmpiError`. Errors found while
+Every class derives from :class:`nbmpi.workers.core.errors.NbmpiError`. Errors found while
 recording an operation (shapes, distributions, unsupported operations) are raised on the
 rank that records it, before anything is communicated; since every rank records the same
 program (SPMD), every rank raises the same error. Errors found at a force point
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ..errors import CommTimeout, NbmpiError, SPMDDivergence
+from ..core.errors import CommTimeout, NbmpiError, SPMDDivergence
 
 __all__ = ["DistArrayError", "ShapeError", "DistributionError", "UnsupportedOperation",
            "DistArrayDivergence", "DistArrayTimeout", "IndexOutOfBounds"]

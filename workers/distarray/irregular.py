@@ -1,5 +1,5 @@
 """Irregular copies through an index array: ``b[idx] = a`` and ``a[idx]`` along axis 0, aggregated per
-destination by the project's :class:`~nbmpi.workers.aggregation.Aggregator` (seed 003).
+destination by the project's :class:`~nbmpi.workers.aggregation.aggregator.Aggregator` (seed 003).
 
 What users write (SPMD, every rank)::
 
@@ -53,9 +53,10 @@ from typing import Any, Optional, Tuple
 import numba
 import numpy as np
 
-from .. import tracing, waiting
-from ..aggregation import Aggregator
-from ..errors import AggregationTimeout
+from ..tracing import tracer as tracing
+from ..core import waiting
+from ..aggregation.aggregator import Aggregator
+from ..core.errors import AggregationTimeout
 from .distribution import Distribution
 from .errors import DistArrayTimeout, IndexOutOfBounds, ShapeError, UnsupportedOperation
 from .graph import Base, IndexedCopy, Leaf, node_desc

@@ -130,7 +130,7 @@ class Instance:
                  "recv_arena", "send_arena", "recv_offsets", "send_offsets", "extra", "flush_no", "uses", "broken")
 
     def __init__(self, plan: "Plan", engine):
-        from .. import runtime
+        from ..core import runtime
 
         MPI = runtime.MPI()
         comm = engine.dcomm

@@ -11,7 +11,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from .. import waiting
+from ..core import waiting
 from .array import DistArray
 from .creation import _new, _shape
 from .engine import engine_for

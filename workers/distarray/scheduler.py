@@ -19,7 +19,7 @@
      writing) are done: per-base access lists, the seed's dependency heuristic;
    * communication units always go first; then one computation unit runs, and
      ``Testsome`` polls the requests in flight before the next one;
-   * only when no unit is ready the rank blocks, in :func:`nbmpi.workers.waiting.wait_each`
+   * only when no unit is ready the rank blocks, in :func:`nbmpi.workers.core.waiting.wait_each`
      (``NBMPI_TIMEOUT``, Ctrl-C), until some request completes.
 
    Without latency hiding (``NBMPI_LATENCY_HIDING=0`` or ``evaluate(latency_hiding=False)``)
@@ -41,7 +41,9 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from .. import runtime, tracing, waiting
+from ..core import runtime
+from ..tracing import tracer as tracing
+from ..core import waiting
 from .errors import DistArrayDivergence, DistArrayError, DistArrayTimeout
 from .fusion import ElementwiseGroup, optimize
 from . import irregular

@@ -52,7 +52,7 @@ Assignment: assigning a purely local value to a shared variable is an error
 (:class:`SharedVariableError`): ``x.value = a``, ``x.assign(a)``, and the
 plain rebinding ``x = a`` in code nbmpi runs (top-level code of
 ``%%distributed`` cells, scripts and ``-c`` code of ``nbmpi run`` and of
-controller jobs), which :mod:`~nbmpi.workers.rebinding_guard` rewrites to
+controller jobs), which :mod:`~nbmpi.workers.fused_reductions.rebinding_guard` rewrites to
 check the old value of the name: at module level every plain name, inside
 a function the names it binds to shared variables or uses as such
 (``x.reset()``...). A function that rebinds a shared variable it got from
@@ -89,9 +89,9 @@ on doubles; otherwise the buffer carries a layout record after the header
 (the op of every scalar word, the segments) and the operation is a
 user-defined MPI operation on one contiguous datatype (MPI never splits it)
 whose combining function is the numba kernel
-:func:`nbmpi.workers.kernels.combine_words`, reading the layout from the
+:func:`nbmpi.workers.core.kernels.combine_words`, reading the layout from the
 buffer itself (min/max propagate NaN, as every nbmpi reduction). After a few
-polls the wait is :func:`nbmpi.workers.waiting.wait` (timeout
+polls the wait is :func:`nbmpi.workers.core.waiting.wait` (timeout
 ``NBMPI_TIMEOUT``, interruptible). ``repr()`` never forces (safe in
 debuggers).
 
@@ -153,7 +153,7 @@ false alarm on load imbalance). An MPI error instead of a hang (e.g.
 truncation in another MPI library) and a timeout (``NBMPI_TIMEOUT`` or
 :func:`configure`) lead to the same diagnosis; if the other ranks do not join
 it (a rank never reached the force point) the original
-:class:`~nbmpi.workers.errors.CommTimeout` or MPI error is raised, after at
+:class:`~nbmpi.workers.core.errors.CommTimeout` or MPI error is raised, after at
 most ``min(NBMPI_TIMEOUT, 10) + 5`` s more. Without a timeout a rank that
 never reaches the force point at all is waited for forever (interruptibly),
 as by any MPI collective. Divergences that keep the size class equal
@@ -179,7 +179,7 @@ from __future__ import annotations
 
 # the public API, and the names tests and benchmarks read (re-exported)
 # flake8: noqa: F401
-from ..errors import SharedVariableError, SPMDDivergence
+from ..core.errors import SharedVariableError, SPMDDivergence
 from .diagnosis import _decode_log
 from .fusion import (DEFAULT_THRESHOLD_BYTES, K_FUSED, THRESHOLD_ENV, FusionEngine, configure, engine, flush,
                      fused)

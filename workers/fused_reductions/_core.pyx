@@ -42,7 +42,7 @@ from libc.string cimport memset
 from libc.string cimport memcpy
 from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
 
-from .._tracer_core cimport TracerCore
+from ..tracing._tracer_core cimport TracerCore
 
 import zlib
 

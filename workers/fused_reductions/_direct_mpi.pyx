@@ -5,7 +5,7 @@
   on the persistent request's handle (``Request.ob_mpi``), no Python call per
   poll; an error code becomes ``mpi4py.MPI.Exception``, as mpi4py raises it.
 * :func:`op_create`: an ``MPI.Op`` whose combining function is a C function
-  (the numba ``cfunc`` of :func:`nbmpi.workers.kernels.combine_words`), so a
+  (the numba ``cfunc`` of :func:`nbmpi.workers.core.kernels.combine_words`), so a
   general fusion combines without entering Python.
 
 Built against the MPI headers of the ``mpich`` wheel; importing it imports

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import operator
 
-from ..tracing import get_tracer
+from ..tracing.tracer import get_tracer
 from .fusion import _SPIN, K_FUSED, engine
 from .grants import Grant
 from .implementation import core as _core

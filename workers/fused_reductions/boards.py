@@ -17,9 +17,9 @@ from typing import Any, Callable, List, Optional
 
 import numpy as np
 
-from .. import waiting
-from ..errors import CommTimeout, NbmpiError
-from ..runtime import MPI
+from ..core import waiting
+from ..core.errors import CommTimeout, NbmpiError
+from ..core.runtime import MPI
 
 # a force point still waiting after _WATCH_START s reads its peers' size boards, then every _WATCH_EVERY s
 _WATCH_START, _WATCH_EVERY = 0.2, 0.2

@@ -13,8 +13,8 @@ from typing import Any, List, Optional
 
 import numpy as np
 
-from .. import waiting
-from ..errors import CommTimeout
+from ..core import waiting
+from ..core.errors import CommTimeout
 from .wire import _F8_NUM, _FN_NAMES, _LOG_CAP, _NAN_KEY, _UNIFORM_TAGS, CREATED, OP_NAMES
 
 

@@ -22,12 +22,12 @@ from typing import Any, Callable, Dict, Iterator, Optional
 
 import numpy as np
 
-from .. import tracing as _tracing
-from .. import waiting
-from ..errors import CommTimeout, NbmpiError, SharedVariableError, SPMDDivergence
-from ..kernels import LAYOUT_FIXED, combine_words, combine_words_mpi_address
-from ..runtime import MPI, default_timeout, world
-from ..tracing import DIR_NONE, get_tracer
+from ..tracing import tracer as _tracing
+from ..core import waiting
+from ..core.errors import CommTimeout, NbmpiError, SharedVariableError, SPMDDivergence
+from ..core.kernels import LAYOUT_FIXED, combine_words, combine_words_mpi_address
+from ..core.runtime import MPI, default_timeout, world
+from ..tracing.tracer import DIR_NONE, get_tracer
 from .boards import SizeBoards, _SizeMismatch
 from .diagnosis import _compare, _decode_log, _first_difference, _size_note, exchange_logs
 from .implementation import DIRECT_MPI_ENV, direct_mpi
@@ -47,7 +47,7 @@ def _user_combine(inbuf, inoutbuf, datatype) -> None:
     """Combining function of the user-defined MPI op of the pure-Python implementation:
     the compiled kernel on copy-free int64 views of MPI's buffers (whose layout record
     says what each word is). The compiled implementation gives MPI the same kernel as a C
-    function instead (:func:`~nbmpi.workers.kernels.combine_words_mpi_address`)."""
+    function instead (:func:`~nbmpi.workers.core.kernels.combine_words_mpi_address`)."""
     combine_words(np.frombuffer(inbuf, np.int64), np.frombuffer(inoutbuf, np.int64))
 
 
@@ -254,7 +254,7 @@ class FusionEngine:
         return req
 
     def _make_op(self):
-        """The commutative MPI operation of general fusions: :func:`~nbmpi.workers.kernels.combine_words`
+        """The commutative MPI operation of general fusions: :func:`~nbmpi.workers.core.kernels.combine_words`
         as a C function given to ``MPI_Op_create`` by the compiled glue, else (pure Python,
         or no glue) the same kernel behind a Python callback (``MPI.Op.Create``)."""
         glue = direct_mpi()

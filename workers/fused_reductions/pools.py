@@ -11,7 +11,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from ..errors import SharedVariableError
+from ..core.errors import SharedVariableError
 from .fusion import engine
 from .grants import Grant
 from .implementation import core as _core

@@ -17,7 +17,7 @@ from typing import Any, Callable, Dict, Optional, Tuple
 
 import numpy as np
 
-from ..errors import SharedVariableError
+from ..core.errors import SharedVariableError
 from . import fusion as _fusion
 from .fusion import FusionEngine, engine
 from .grants import Grant
@@ -170,7 +170,7 @@ class _PyVarBase:
 
     def min_with(self, a) -> "SharedVar":
         """``x = min(x, min over ranks of a)`` (a rank-local) or elementwise min with shared ``a``
-        (NaN wins, as in every reduction: :mod:`nbmpi.workers.kernels`). Lazy, local."""
+        (NaN wins, as in every reduction: :mod:`nbmpi.workers.core.kernels`). Lazy, local."""
         if isinstance(a, SharedVar):
             return self._local_inplace(np.minimum, a)
         self._no_complex("min_with")
@@ -178,7 +178,7 @@ class _PyVarBase:
 
     def max_with(self, a) -> "SharedVar":
         """``x = max(x, max over ranks of a)`` (a rank-local) or elementwise max with shared ``a``
-        (NaN wins, as in every reduction: :mod:`nbmpi.workers.kernels`). Lazy, local."""
+        (NaN wins, as in every reduction: :mod:`nbmpi.workers.core.kernels`). Lazy, local."""
         if isinstance(a, SharedVar):
             return self._local_inplace(np.maximum, a)
         self._no_complex("max_with")

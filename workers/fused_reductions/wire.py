@@ -27,7 +27,7 @@ from typing import Any, Dict, Tuple
 
 import numpy as np
 
-from ..kernels import LAYOUT_FIXED
+from ..core.kernels import LAYOUT_FIXED
 
 # op codes (also the combine kernel's); CONSUME reduces like SUM
 SUM, PROD, MIN, MAX, CONSUME = 0, 1, 2, 3, 4
@@ -127,6 +127,6 @@ def layout_words(n_f8: int, n_i8: int, nseg: int) -> int:
     after the header: the fixed part ``(nlay, L, n_f8, n_i8, nseg)``, the op codes of the
     ``n_f8 + n_i8`` scalar words (one byte each, eight per word) and ``(start, words, op,
     kind)`` per segment; the scalar words follow it. The combine kernel
-    (:func:`nbmpi.workers.kernels.combine_words`, which documents the layout) reads it from
+    (:func:`nbmpi.workers.core.kernels.combine_words`, which documents the layout) reads it from
     the buffer itself, so a compiled MPI operation needs no state beside the buffer."""
     return LAYOUT_FIXED + (n_f8 + n_i8 + 7) // 8 + 4 * nseg

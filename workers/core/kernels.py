@@ -1,6 +1,6 @@
 """Numba-compiled combining kernels: the one set every runtime reduction uses.
 
-Channel reductions (:mod:`nbmpi.workers.channels`) combine whole buffers
+Channel reductions (:mod:`nbmpi.workers.channels.channel`) combine whole buffers
 elementwise with :func:`combine_sum`, :func:`combine_prod`, :func:`combine_min`,
 :func:`combine_max` (``out[i] = op(a[i], b[i])``, flat contiguous 1-D arrays;
 ``out`` may alias ``a``); :func:`combiner` turns an op name or a user binary

@@ -3,7 +3,7 @@
 :func:`setup` (called once per rank by :meth:`Pool.start`, collectively)
 starts the nbmpi runtime, fills the user namespace (``comm``, ``rank``,
 ``size``, ``nbmpi``), registers the per-cell hooks and the shared-variable
-rebinding guard (:mod:`nbmpi.workers.rebinding_guard`) and starts this rank's
+rebinding guard (:mod:`nbmpi.workers.fused_reductions.rebinding_guard`) and starts this rank's
 **state probe**.
 
 Per-cell hooks (IPython ``pre_run_cell`` / ``post_run_cell`` on the engine,
@@ -16,7 +16,7 @@ call is needed, unlike ``gather_trace``).
 
 State probe: a daemon thread serving a TCP socket. Each connection gets one
 JSON line: whether a cell runs, since when, and
-:data:`nbmpi.workers.waiting.current` (the communication call the rank is
+:data:`nbmpi.workers.core.waiting.current` (the communication call the rank is
 blocked in, its peer, since when). The thread makes no MPI call (thread level
 ``funneled`` holds) and reads only Python state, so it answers while the main
 thread is busy in user code or polling a request — that is how a hang is
@@ -56,7 +56,7 @@ _probe_sock: Optional[socket.socket] = None
 
 
 def _pre_run_cell(info=None) -> None:  # noqa: ARG001 - IPython passes ExecutionInfo
-    from . import tracing
+    from ..tracing import tracer as tracing
 
     tr = tracing.get_tracer()
     state.tracer = tr
@@ -80,10 +80,10 @@ def _post_run_cell(result=None) -> None:  # noqa: ARG001
 
 def snapshot() -> Dict[str, Any]:
     """This rank's state now (thread-safe read): cell running?, since when, the nbmpi call it waits in
-    (``op``, ``peer``, ``waiting_s`` from :data:`nbmpi.workers.waiting.current`) and, while a cell
+    (``op``, ``peer``, ``waiting_s`` from :data:`nbmpi.workers.core.waiting.current`) and, while a cell
     runs, ``where``: the main thread's user-code line and the MPI call on it
-    (:func:`nbmpi.workers.rank_location.main_thread_location`), also for raw mpi4py calls."""
-    from . import waiting
+    (:func:`nbmpi.workers.launch.rank_location.main_thread_location`), also for raw mpi4py calls."""
+    from ..core import waiting
     from .rank_location import main_thread_location
 
     now = time.perf_counter_ns()
@@ -179,7 +179,8 @@ def setup() -> Dict[str, Any]:
     import nbmpi
     import nbmpi.workers
 
-    from . import rebinding_guard, runtime
+    from ..fused_reductions import rebinding_guard
+    from ..core import runtime
 
     nbmpi.workers.init()
     comm = runtime.world()
@@ -216,7 +217,7 @@ def cell_events() -> Dict[str, Any]:
     "clock_error_ns", "kinds", "cell_start_ns", "cell_end_ns"}`` (cell times on
     rank 0's clock too). Local; no communication.
     """
-    from . import tracing
+    from ..tracing import tracer as tracing
 
     tr = state.tracer or tracing.get_tracer()
     n = tr.mark()
@@ -246,7 +247,8 @@ def run_job(code: str, argv: List[str], env: Dict[str, str], name: str = "job.py
 
     import nbmpi
 
-    from . import rebinding_guard, runtime
+    from ..fused_reductions import rebinding_guard
+    from ..core import runtime
 
     os.environ.update(env)
     sys.argv = [name, *argv]

@@ -11,7 +11,7 @@ the thread level chosen here:
   ``multiple``), which always wins.
 
 This module imports nothing from nbmpi; the collective start of the runtime
-(tracer, clock alignment) is :func:`nbmpi.workers.startup.init`, above it.
+(tracer, clock alignment) is :func:`nbmpi.workers.tracing.startup.init`, above it.
 """
 from __future__ import annotations
 

@@ -1,16 +1,16 @@
 """Collective start of the nbmpi runtime on a communicator: this rank's tracer, its clock aligned with rank 0's.
 
-Sits above :mod:`~nbmpi.workers.runtime` (MPI start-up, environment) and
-:mod:`~nbmpi.workers.tracing` (the tracer) and imports both; neither imports it.
-``nbmpi run`` (:mod:`~nbmpi.workers.rank_entry`) and the notebook engines call
+Sits above :mod:`~nbmpi.workers.core.runtime` (MPI start-up, environment) and
+:mod:`~nbmpi.workers.tracing.tracer` (the tracer) and imports both; neither imports it.
+``nbmpi run`` (:mod:`~nbmpi.workers.launch.rank_entry`) and the notebook engines call
 :func:`init` once per rank before any user code.
 """
 from __future__ import annotations
 
 from typing import Optional
 
-from .runtime import tracing_enabled_by_env, world
-from .tracing import Tracer, set_tracer
+from ..core.runtime import tracing_enabled_by_env, world
+from .tracer import Tracer, set_tracer
 
 __all__ = ["init"]
 

@@ -97,10 +97,10 @@ Semantics:
   buffer. Each ``flush`` is one collective ``agg_flush`` event.
 * Errors: pushing to a rank outside the communicator, an item or array of the
   wrong dtype, a handler not compiled with numba, use after ``close()``:
-  :class:`~nbmpi.workers.errors.AggregationError` naming the rank and the
+  :class:`~nbmpi.workers.core.errors.AggregationError` naming the rank and the
   operation. Waits time out after ``timeout`` seconds (default
   ``NBMPI_TIMEOUT``, else never) with
-  :class:`~nbmpi.workers.errors.AggregationTimeout`; after a timeout the
+  :class:`~nbmpi.workers.core.errors.AggregationTimeout`; after a timeout the
   aggregator stays USABLE and nothing is lost: a ``push`` that timed out
   did not push its item, a ``push_many`` pushed ``exc.items_placed`` items,
   and a ``flush`` that timed out is resumed by the next ``flush()`` (its
@@ -125,11 +125,11 @@ from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Tuple
 import numba
 import numpy as np
 
-from . import tracing as _tracing
-from . import waiting
-from .errors import AggregationError, AggregationTimeout
-from .kernels import is_jitted
-from .runtime import MPI, default_timeout, world
+from ..tracing import tracer as _tracing
+from ..core import waiting
+from ..core.errors import AggregationError, AggregationTimeout
+from ..core.kernels import is_jitted
+from ..core.runtime import MPI, default_timeout, world
 
 __all__ = ["Aggregator"]
 

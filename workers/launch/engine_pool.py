@@ -5,11 +5,11 @@ local backend, so it lives in the runtime package and imports neither.
 
 :class:`Pool` starts, on this host, an ipyparallel controller and
 ``mpiexec -n N python -m ipyparallel.engine --mpi`` through the project's one
-launch mechanism (:func:`nbmpi.workers.launcher.mpiexec_command`, the ranks'
-environment of :func:`nbmpi.workers.launcher.rank_environment`, thread level
+launch mechanism (:func:`nbmpi.workers.launch.launcher.mpiexec_command`, the ranks'
+environment of :func:`nbmpi.workers.launch.launcher.rank_environment`, thread level
 ``funneled``). With ``--mpi`` every engine requests its ``COMM_WORLD`` rank as
 its engine id, so **engine id == MPI rank** (checked at start). Once all
-engines registered, every rank runs :func:`nbmpi.workers.engine_side.setup`
+engines registered, every rank runs :func:`nbmpi.workers.launch.engine_side.setup`
 (collective): ``nbmpi.workers.init()`` and ``comm``, ``rank``, ``size``,
 ``nbmpi`` in the user namespace.
 
@@ -234,7 +234,7 @@ class Pool:
         cmd = mpiexec_command(self.n, ["-m", "ipyparallel.engine", "--mpi", f"--profile-dir={self.profile_dir}",
                                        f"--file={self._engine_file}", "--log-level=WARN",
                                        f"--IPEngine.wait_for_url_file={max(timeout, 1.0):g}"],
-                              module="nbmpi.workers.rank_guard")
+                              module="nbmpi.workers.launch.rank_guard")
         self._mpiexec = self._popen(cmd, env, "engines")
         return cmd
 
@@ -498,7 +498,7 @@ class Pool:
 
     def describe_dead(self, dead: List[tuple]) -> str:
         """A sentence naming the ranks a signal killed, as their guards reported it
-        (:mod:`nbmpi.workers.rank_guard`), e.g. ``"rank 1 (pid 4242) was killed by SIGKILL; MPI then
+        (:mod:`nbmpi.workers.launch.rank_guard`), e.g. ``"rank 1 (pid 4242) was killed by SIGKILL; MPI then
         ended ranks [0]"``; else which ranks are gone."""
         from .launcher import read_signals
 
@@ -574,7 +574,7 @@ class Pool:
         return self._attached
 
     def probes(self) -> Dict[int, tuple]:
-        """rank -> (host, port) of the rank's state probe (see :mod:`nbmpi.workers.engine_side`)."""
+        """rank -> (host, port) of the rank's state probe (see :mod:`nbmpi.workers.launch.engine_side`)."""
         return {i["rank"]: (i.get("probe_host") or "127.0.0.1", i["probe_port"])
                 for i in self.rank_info if i.get("probe_port")}
 

@@ -2,9 +2,9 @@
 
 :func:`add_run_command` adds the ``run`` subcommand to an argparse parser; the
 ``nbmpi`` console script (:func:`nbmpi.server.cli.main`) uses it next to the
-controller's subcommands. ``python -m nbmpi.workers.cli run -n 2 script.py``
+controller's subcommands. ``python -m nbmpi.workers.launch.cli run -n 2 script.py``
 works on its own, without the controller's dependencies. The launch itself is
-:func:`nbmpi.workers.launcher.run`.
+:func:`nbmpi.workers.launch.launcher.run`.
 """
 from __future__ import annotations
 
@@ -106,7 +106,7 @@ def dispatch(parser: argparse.ArgumentParser, argv: Optional[List[str]] = None) 
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    """Entry point of ``python -m nbmpi.workers.cli``."""
+    """Entry point of ``python -m nbmpi.workers.launch.cli``."""
     return dispatch(build_parser(), argv)
 
 

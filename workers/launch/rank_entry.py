@@ -3,7 +3,7 @@ program like ``python`` would (script path, ``-m module`` or ``-c code``),
 report this rank's exit code to the launcher's status directory.
 
 Not called by users directly: ``nbmpi run -n N script.py`` does it. Scripts and
-``-c`` code run with :mod:`~nbmpi.workers.rebinding_guard` (a module-level
+``-c`` code run with :mod:`~nbmpi.workers.fused_reductions.rebinding_guard` (a module-level
 ``x = a`` that would replace shared variable ``x`` by a rank-local value raises).
 
 Two optional services for the controller's batch jobs (environment variables):
@@ -11,12 +11,12 @@ Two optional services for the controller's batch jobs (environment variables):
 * ``NBMPI_LOG_DIR``: this rank's stdout/stderr go to ``rank-R.stdout`` /
   ``rank-R.stderr`` in that directory, written by the rank's guard with at most
   ``NBMPI_LOG_LIMIT`` bytes per stream and a visible truncation marker
-  (:mod:`~nbmpi.workers.rank_guard`; without the guard, file descriptors 1 and
+  (:mod:`~nbmpi.workers.launch.rank_guard`; without the guard, file descriptors 1 and
   2 are redirected to the files directly). Either way output of C extensions
   and child processes lands there too.
 * ``NBMPI_TRACE_OUT``: while the program runs, a daemon thread of each rank streams
   its new trace events and what it is blocked in to ``rank-R.events`` /
-  ``rank-R.live.json`` there (:mod:`~nbmpi.workers.trace_stream`, every
+  ``rank-R.live.json`` there (:mod:`~nbmpi.workers.tracing.stream`, every
   ``NBMPI_TRACE_STREAM_INTERVAL`` s, default 0.5; no MPI call from that
   thread), so the controller's dashboard shows a running or hung job; the
   stream is completed when the program ends, whatever its outcome. After the
@@ -33,14 +33,15 @@ import runpy
 import sys
 import traceback
 
-from . import rank_guard, rebinding_guard
+from . import rank_guard
+from ..fused_reductions import rebinding_guard
 
 
 def _report(code: int) -> None:
     status_dir = os.environ.get("NBMPI_STATUS_DIR")
     if not status_dir:
         return
-    from .runtime import world
+    from ..core.runtime import world
 
     rank = world().Get_rank()
     tmp = os.path.join(status_dir, f".rank-{rank}.tmp")
@@ -53,7 +54,7 @@ def _rank_from_env() -> str:
     """This rank's number as the launcher's process manager gives it (before MPI starts)."""
     rank = rank_guard.rank_from_env()
     if rank is None:
-        from .runtime import world
+        from ..core.runtime import world
 
         rank = str(world().Get_rank())
     return rank
@@ -102,8 +103,8 @@ def _start_stream():
     out = os.environ.get("NBMPI_TRACE_OUT")
     if not out:
         return None
-    from .trace_stream import DEFAULT_INTERVAL, TraceStreamer
-    from .tracing import get_tracer
+    from ..tracing.stream import DEFAULT_INTERVAL, TraceStreamer
+    from ..tracing.tracer import get_tracer
 
     tracer = get_tracer()
     if not tracer.enabled:
@@ -129,10 +130,10 @@ def _save_trace(code: int) -> None:
 
     import numpy as np
 
-    from .errors import CommTimeout
-    from .runtime import MPI, world
-    from .tracing import get_tracer
-    from .waiting import wait
+    from ..core.errors import CommTimeout
+    from ..core.runtime import MPI, world
+    from ..tracing.tracer import get_tracer
+    from ..core.waiting import wait
 
     comm = world()
     rank = comm.Get_rank()
@@ -161,13 +162,13 @@ def main(argv=None) -> int:
     """Run one rank. Returns (and exits with) the program's exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv:
-        print("usage: python -m nbmpi.workers.rank_entry (script.py | -m module | -c code) [args]",
+        print("usage: python -m nbmpi.workers.launch.rank_entry (script.py | -m module | -c code) [args]",
               file=sys.stderr)
         return 2
     rank_guard.guard()   # the parent stays behind and reports a signal that kills this rank
     _announce()
     _redirect_output()
-    from .startup import init
+    from ..tracing.startup import init
 
     init()
     _note_shared_memory()
@@ -193,7 +194,7 @@ def main(argv=None) -> int:
         if not isinstance(c, (int, type(None))):
             print(c, file=sys.stderr)
     except BaseException:  # noqa: BLE001 - report every failure as this rank's exit code
-        from .runtime import world
+        from ..core.runtime import world
 
         sys.stderr.write(f"[rank {world().Get_rank()}] ")
         traceback.print_exc()

@@ -3,8 +3,8 @@
 One public recording call, :meth:`Tracer.record`, used by every component
 (channels, aggregation, fused reductions). Recording is cheap: each rank owns
 one preallocated ``int64`` record buffer (:data:`FIELDS` columns per event,
-layout in :mod:`~nbmpi.workers.trace_records`) and an event is one row written
-in C (:mod:`~nbmpi.workers._tracer_core`, the compiled base of :class:`Tracer`,
+layout in :mod:`~nbmpi.workers.tracing.records`) and an event is one row written
+in C (:mod:`~nbmpi.workers.tracing._tracer_core`, the compiled base of :class:`Tracer`,
 tens of ns; compiled components call its C entry directly) or, when that
 extension is not built or ``NBMPI_PURE_PYTHON=1``, by one ``struct.pack_into``
 call (about 0.2 us); no
@@ -18,7 +18,7 @@ Times are ``time.perf_counter_ns()`` of the recording rank. :meth:`Tracer.align_
 (collective) estimates each rank's offset to rank 0 (Cristian's method, best
 of several round trips), and :meth:`Tracer.gather` ships the records of all
 ranks to one root in one call, shifted onto rank 0's clock, as a
-:class:`~nbmpi.workers.trace_analysis.Trace`.
+:class:`~nbmpi.workers.tracing.analysis.Trace`.
 
 Waiting time: a component records ``wait=-1`` when it cannot know locally how
 long it waited for its partner; the gathered :class:`Trace` then derives it by
@@ -34,9 +34,9 @@ from typing import Optional
 
 import numpy as np
 
-from .runtime import MPI, tracing_enabled_by_env, world
-from .trace_analysis import Trace
-from .trace_records import DIR_NONE, DIR_RECV, DIR_SEND, FIELDS, NF, kind_names, register_kind
+from ..core.runtime import MPI, tracing_enabled_by_env, world
+from .analysis import Trace
+from .records import DIR_NONE, DIR_RECV, DIR_SEND, FIELDS, NF, kind_names, register_kind
 
 __all__ = ["Tracer", "get_tracer", "set_tracer", "gather_trace", "register_kind", "kind_names",
            "FIELDS", "NF", "DIR_NONE", "DIR_SEND", "DIR_RECV"]
@@ -204,7 +204,7 @@ class Tracer(_TracerCore):  # type: ignore[misc, valid-type]
     def gather(self, root: int = 0, since: int = 0):
         """Collect the events of all ranks (from index ``since``) on ``root``. Collective.
 
-        Returns a :class:`~nbmpi.workers.trace_analysis.Trace` on ``root`` and
+        Returns a :class:`~nbmpi.workers.tracing.analysis.Trace` on ``root`` and
         ``None`` elsewhere. Times are shifted onto rank 0's clock. Buffers only,
         no pickling.
         """
@@ -252,7 +252,7 @@ def set_tracer(tracer: Tracer) -> None:
 def gather_trace(root: int = 0, since: int = 0):
     """Gather every rank's trace to ``root`` (collective on the tracer's communicator).
 
-    One call; returns a :class:`~nbmpi.workers.trace_analysis.Trace` on ``root``,
+    One call; returns a :class:`~nbmpi.workers.tracing.analysis.Trace` on ``root``,
     ``None`` elsewhere.
     """
     return get_tracer().gather(root=root, since=since)

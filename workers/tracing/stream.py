@@ -1,18 +1,18 @@
 """Live per-rank trace files of a controller job: each rank streams its new events to disk while it runs,
-and the controller joins the files into one :class:`~nbmpi.workers.trace_analysis.Trace` at any moment.
+and the controller joins the files into one :class:`~nbmpi.workers.tracing.analysis.Trace` at any moment.
 
-Writer (:class:`TraceStreamer`, started by :mod:`nbmpi.workers.rank_entry` when ``NBMPI_TRACE_OUT``
+Writer (:class:`TraceStreamer`, started by :mod:`nbmpi.workers.launch.rank_entry` when ``NBMPI_TRACE_OUT``
 is set): a daemon thread of each rank wakes every ``interval`` seconds, takes the rows its tracer
 recorded since the last time with :meth:`Tracer.snapshot` (no flush, no write to the tracer, no MPI
 call: the thread level is ``funneled``) and appends them, shifted onto rank 0's clock by the tracer's
 offset, to ``rank-R.events``; then it rewrites ``rank-R.live.json`` (atomically) with what the rank
-is blocked in right now (:data:`nbmpi.workers.waiting.current`). :meth:`TraceStreamer.stop`, called by
+is blocked in right now (:data:`nbmpi.workers.core.waiting.current`). :meth:`TraceStreamer.stop`, called by
 the rank's main thread after the program, writes the rest and marks the
 rank ``done``.
 
 Files, in the job's trace directory, per rank ``R``:
 
-* ``rank-R.events``: append-only rows of :data:`~nbmpi.workers.tracing.FIELDS` (little-endian int64,
+* ``rank-R.events``: append-only rows of :data:`~nbmpi.workers.tracing.tracer.FIELDS` (little-endian int64,
   ``NF`` columns), times in ns on rank 0's clock; a reader ignores a trailing partial row;
 * ``rank-R.live.json``: ``{"rank", "size", "pid", "kinds", "rows", "dropped", "clock_error_ns",
   "start_ns", "now_ns", "time", "waiting", "done"}`` where ``start_ns`` is when the streamer started and
@@ -35,8 +35,8 @@ from typing import Any, Dict, List, Optional
 
 import numpy as np
 
-from . import waiting
-from .tracing import FIELDS, NF, Tracer, kind_names
+from ..core import waiting
+from .tracer import FIELDS, NF, Tracer, kind_names
 
 #: Seconds between two writes of the streaming thread (``NBMPI_TRACE_STREAM_INTERVAL``).
 DEFAULT_INTERVAL = 0.5
@@ -57,7 +57,7 @@ def live_path(out_dir: Path, rank: int) -> Path:
 class TraceStreamer:
     """Streams one rank's tracer to ``out_dir`` from a daemon thread (see the module docstring).
 
-    Create and :meth:`start` it on the rank's main thread after :func:`nbmpi.workers.startup.init`
+    Create and :meth:`start` it on the rank's main thread after :func:`nbmpi.workers.tracing.startup.init`
     (the tracer's clock offset is known then); :meth:`stop` it on the same thread at the end. Local:
     no communication, ever.
     """
@@ -189,7 +189,7 @@ def read_job_trace(trace_dir: os.PathLike, nranks: int) -> Optional[JobTrace]:
     Safe while the ranks write: a partial trailing row is ignored and the live states are replaced
     atomically. Local file reads only.
     """
-    from .trace_analysis import Trace
+    from .analysis import Trace
 
     d = Path(trace_dir)
     if not has_stream(d, nranks):

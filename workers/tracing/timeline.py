@@ -1,7 +1,7 @@
 """The per-rank timeline figure of a trace: its data, its level of detail, its analysis sentence,
 the interactive Bokeh figure and the static SVG, for the notebook and the controller's dashboard alike.
 
-Built only from :class:`~nbmpi.workers.trace_analysis.Trace` data (:meth:`Trace.state_arrays`:
+Built only from :class:`~nbmpi.workers.tracing.analysis.Trace` data (:meth:`Trace.state_arrays`:
 non-overlapping compute / wait / communication intervals per rank; ``Trace.flow_pairs``: matched
 send -> receive; the events' kinds, peers, bytes and waits), so ``%%distributed --timeline`` and the
 dashboard's job page show the same figure from the same code:
@@ -32,8 +32,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .trace_analysis import STATE_NAMES
-from .tracing import DIR_NONE, DIR_SEND, FIELDS
+from .analysis import STATE_NAMES
+from .tracer import DIR_NONE, DIR_SEND, FIELDS
 
 COLORS = {"compute": "#9ccc9c", "comm": "#4a7fc1", "wait": "#e0584f"}
 LABELS = {"compute": "compute", "comm": "communication", "wait": "wait"}
@@ -71,7 +71,7 @@ class TimelineColumns:
     """The whole timeline of a trace as columns (build with :func:`timeline_columns`).
 
     Segments (one row each, lane by lane, in time order): ``lane`` (index into ``ranks``),
-    ``state`` (index into :data:`~nbmpi.workers.trace_analysis.STATE_NAMES`), ``start``/``end``
+    ``state`` (index into :data:`~nbmpi.workers.tracing.analysis.STATE_NAMES`), ``start``/``end``
     (seconds from the window's start), ``event`` (trace event index; -1 compute; ``-2 - k`` the
     k-th entry of ``blocked``). Arrows: ``a_src``/``a_dst`` (lane indices), ``a_t0`` (where the
     send's transfer starts), ``a_t1`` (where the receive ends), ``a_send``/``a_recv`` (event indices).
@@ -260,7 +260,7 @@ def timeline_columns(trace, window: Optional[Tuple[int, int]] = None, ranks: Opt
     the first and after the last event (a notebook cell's span, a job's run); default: the trace's
     own span. ``ranks``: the lanes (default every rank). ``blocked``: waits in progress,
     ``[{"rank", "op", "peer", "since_ns"}]`` (a live job's ranks, see
-    :meth:`nbmpi.workers.trace_stream.JobTrace.waits`): that rank's lane shows a wait from
+    :meth:`nbmpi.workers.tracing.stream.JobTrace.waits`): that rank's lane shows a wait from
     ``since_ns`` to the window's end instead of compute. Vectorised: fast on 10^5 events.
     """
     lanes_ranks = list(range(trace.nranks)) if ranks is None else sorted(int(r) for r in ranks)

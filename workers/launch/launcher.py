@@ -2,7 +2,7 @@
 with the install (the ``mpich`` wheel), and never leave a rank behind.
 
 ``nbmpi run -n N script.py [args]`` is :func:`run`. Each rank runs the script
-through :mod:`nbmpi.workers.rank_entry`, which starts the runtime (tracer,
+through :mod:`nbmpi.workers.launch.rank_entry`, which starts the runtime (tracer,
 clock alignment) and writes the rank's exit code to a status directory. The
 launcher:
 
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence
 
 from .processes import end_group_of, noted_segments, remove_shm, shm_segments_of
-from .runtime import DEFAULT_THREAD_LEVEL, THREAD_LEVEL_ENV
+from ..core.runtime import DEFAULT_THREAD_LEVEL, THREAD_LEVEL_ENV
 
 MPIEXEC_ENV = "NBMPI_MPIEXEC"
 STATUS_DIR_ENV = "NBMPI_STATUS_DIR"
@@ -71,14 +71,14 @@ def rank_environment(extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:
     return env
 
 
-RANK_ENTRY = "nbmpi.workers.rank_entry"
+RANK_ENTRY = "nbmpi.workers.launch.rank_entry"
 
 
 def mpiexec_command(nranks: int, argv: Sequence[str], python: Optional[str] = None,
                     module: str = RANK_ENTRY) -> List[str]:
     """The mpiexec command line running ``python -m MODULE argv`` on ``nranks`` ranks.
 
-    ``module`` is :mod:`nbmpi.workers.rank_entry` for programs (``nbmpi run``,
+    ``module`` is :mod:`nbmpi.workers.launch.rank_entry` for programs (``nbmpi run``,
     controller jobs) and ``ipyparallel.engine`` for the engines of a pool.
     """
     return [find_mpiexec(), "-n", str(nranks), python or sys.executable, "-m", module, *argv]
@@ -131,8 +131,8 @@ class RankWatch:
     """Watches the ranks of one launch through its status directory (the one rank-watch loop step).
 
     Ranks report their pid at start and their exit code at the end there
-    (:mod:`nbmpi.workers.rank_entry`); a rank's guard reports the signal that
-    killed it (:mod:`nbmpi.workers.rank_guard`). Call :meth:`should_end`
+    (:mod:`nbmpi.workers.launch.rank_entry`); a rank's guard reports the signal that
+    killed it (:mod:`nbmpi.workers.launch.rank_guard`). Call :meth:`should_end`
     periodically while mpiexec runs: it becomes True :data:`FAILURE_GRACE_S`
     seconds after the first rank failed or was killed (or at once when every
     rank has reported), which is when the caller ends the whole process group
@@ -194,7 +194,7 @@ class RankWatch:
 
     def killed(self) -> Dict[int, str]:
         """Ranks a signal killed (rank -> signal name, e.g. ``"SIGKILL"``), as their guards reported
-        (:mod:`nbmpi.workers.rank_guard`); ranks the launch ended itself are not among them."""
+        (:mod:`nbmpi.workers.launch.rank_guard`); ranks the launch ended itself are not among them."""
         return read_signals(self.status_dir, self.nranks)
 
     def outcome(self, returncode: Optional[int]) -> RankOutcome:
@@ -287,7 +287,7 @@ def start(nranks: int, argv: Sequence[str], status_dir: str, env: Optional[Dict[
     """Start ``argv`` on ``nranks`` ranks and return at once (non-blocking half of :func:`run`).
 
     mpiexec is started in a new session (its pid is the process group id to
-    end with :func:`nbmpi.workers.processes.end_processes`); ranks report their
+    end with :func:`nbmpi.workers.launch.processes.end_processes`); ranks report their
     exit codes to ``status_dir`` (watch them with :class:`RankWatch`). The
     caller watches the process and must end the group itself.
     """

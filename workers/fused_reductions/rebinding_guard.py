@@ -15,7 +15,7 @@ Module level: every simple assignment ``x = <expr>`` (also ``x = y =
 <expr>``, ``x: T = <expr>`` and ``a, b = <expr>`` with plain names),
 including inside top-level ``for``/``while``/``if``/``with``/``try`` blocks,
 becomes ``x = __nbmpi_rebind__(<expr>, "x")``. At run time that call raises
-:class:`~nbmpi.workers.errors.SharedVariableError` if ``x`` currently holds a
+:class:`~nbmpi.workers.core.errors.SharedVariableError` if ``x`` currently holds a
 :class:`~nbmpi.workers.fused_reductions.SharedVar` (or pool) and the new value
 is not a shared variable; otherwise it returns the value unchanged (one
 Python call, a few hundred ns, per top-level assignment).
@@ -69,7 +69,7 @@ _SharedVar: Any = None
 
 def _shared_type() -> Any:
     global _SharedVar
-    from .fused_reductions import SharedVar
+    from . import SharedVar
 
     _SharedVar = SharedVar
     return SharedVar
@@ -125,8 +125,8 @@ def _rebind_unpack(value: Any, names: Tuple[str, ...]) -> Any:
 
 
 def _error(name: str, old: Any, value: Any) -> Exception:
-    from .errors import SharedVariableError
-    from .runtime import world
+    from ..core.errors import SharedVariableError
+    from ..core.runtime import world
 
     try:
         rank = f"rank {world().Get_rank()}: "

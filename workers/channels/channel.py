@@ -9,14 +9,14 @@ once per (operation, peer) and restarted for each message.
 
 Same-node put/take: a channel of at least ``NBMPI_SHM_MIN_BYTES`` (default 1
 byte, i.e. every non-empty channel; ``off`` disables) keeps its buffers in shared memory
-(:mod:`nbmpi.workers.node_shared_memory`). Between two ranks on one node,
+(:mod:`nbmpi.workers.channels.shared_memory`). Between two ranks on one node,
 ``put``/``take`` then move the data with ONE copy instead of MPI's two (sender
 -> shared bounce buffer -> receiver), and both ranks copy at once: the lower rank
 claims pieces from the front, the higher from the back, so each keeps copying the
 same part of both buffers (it stays in its core's cache) and a rank that is
 descheduled does not stall the transfer (the running one claims the rest; piece
 sizes: see ``_shm_chunk``); the rendezvous is two flags in shared memory
-(:mod:`nbmpi.workers._node_copy`, compiled; without it, or without shared
+(:mod:`nbmpi.workers.channels._node_copy`, compiled; without it, or without shared
 memory, channels use MPI messages: :data:`SAME_NODE_COPY` and
 ``ch.same_node_how`` say which). ``ch.same_node_peers`` lists the partners
 reached this way. Other ranks and all collectives use MPI messages as above.
@@ -43,7 +43,7 @@ Semantics (all ranks given as ranks of the channel's ``comm``):
 Every operation is blocking and collective operations must be called by all
 participants in the same order. Blocking waits honour ``timeout=`` (default:
 the channel's ``timeout``, else ``NBMPI_TIMEOUT``, else forever) and raise
-:class:`~nbmpi.workers.errors.ChannelTimeout` naming the waiting rank, the
+:class:`~nbmpi.workers.core.errors.ChannelTimeout` naming the waiting rank, the
 peer and the operation. They are interruptible (Ctrl-C, Jupyter interrupt):
 a pending receive is cancelled (a same-node take that the sender has not
 reached is withdrawn) and the channel stays usable. A send cannot be cancelled
@@ -65,12 +65,12 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Seque
 
 import numpy as np
 
-from . import tracing as _tracing
-from . import waiting
-from .errors import ChannelError, ChannelTimeout
-from .kernels import combiner, describe_op
-from .node_shared_memory import NodeSegments
-from .runtime import MPI, default_timeout, world
+from ..tracing import tracer as _tracing
+from ..core import waiting
+from ..core.errors import ChannelError, ChannelTimeout
+from ..core.kernels import combiner, describe_op
+from .shared_memory import NodeSegments
+from ..core.runtime import MPI, default_timeout, world
 
 try:
     from . import _node_copy
@@ -85,7 +85,7 @@ TAG_PUT, TAG_REDUCE, TAG_BCAST, TAG_SCATTER, TAG_GATHER = 11, 12, 13, 14, 15
 #: benchmarks/pingpong.py: faster than MPI messages from 8 B up (flags instead of a handshake).
 SHM_MIN_BYTES_DEFAULT = 1
 #: ``"compiled"`` when same-node put/take can use shared memory, else why not.
-SAME_NODE_COPY = "compiled" if _node_copy is not None else "off: nbmpi.workers._node_copy is not compiled"
+SAME_NODE_COPY = "compiled" if _node_copy is not None else "off: nbmpi.workers.channels._node_copy is not compiled"
 _CONTROL_BYTES = _node_copy.CONTROL_BYTES if _node_copy is not None else 0
 #: A same-node transfer works this long per compiled call before Python checks timeout and Ctrl-C.
 _SLICE_S = 0.05

@@ -29,19 +29,19 @@ class CommTimeout(NbmpiError, TimeoutError):
 
 
 class ChannelError(NbmpiError, ValueError):
-    """Wrong use of an :class:`~nbmpi.workers.channels.ArrayChannel`."""
+    """Wrong use of an :class:`~nbmpi.workers.channels.channel.ArrayChannel`."""
 
 
 class ChannelTimeout(CommTimeout, ChannelError):
-    """A blocking :class:`~nbmpi.workers.channels.ArrayChannel` operation timed out."""
+    """A blocking :class:`~nbmpi.workers.channels.channel.ArrayChannel` operation timed out."""
 
 
 class AggregationError(NbmpiError, ValueError):
-    """Wrong use of an :class:`~nbmpi.workers.aggregation.Aggregator`."""
+    """Wrong use of an :class:`~nbmpi.workers.aggregation.aggregator.Aggregator`."""
 
 
 class AggregationTimeout(CommTimeout, AggregationError):
-    """A blocking :class:`~nbmpi.workers.aggregation.Aggregator` wait (free buffer, flush) timed out."""
+    """A blocking :class:`~nbmpi.workers.aggregation.aggregator.Aggregator` wait (free buffer, flush) timed out."""
 
 
 class SPMDDivergence(NbmpiError):

@@ -8,8 +8,8 @@ by name with :func:`register_kind` (components do it at import time, so the
 codes agree on all ranks; a gathered trace carries rank 0's name table anyway).
 
 This module imports nothing from nbmpi: the tracer
-(:mod:`~nbmpi.workers.tracing`) and the analysis
-(:mod:`~nbmpi.workers.trace_analysis`) both build on it, in that direction only.
+(:mod:`~nbmpi.workers.tracing.tracer`) and the analysis
+(:mod:`~nbmpi.workers.tracing.analysis`) both build on it, in that direction only.
 """
 from __future__ import annotations
 

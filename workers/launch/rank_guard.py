@@ -3,8 +3,8 @@
 A rank killed by a signal (``kill -9``, the OOM killer, a segfault) cannot
 report anything itself, and the MPI process manager's banner does not say
 reliably which rank died first. So every rank that nbmpi launches (programs
-under ``nbmpi run`` and controller jobs through :mod:`nbmpi.workers.rank_entry`,
-engines of a pool through ``python -m nbmpi.workers.rank_guard -m
+under ``nbmpi run`` and controller jobs through :mod:`nbmpi.workers.launch.rank_entry`,
+engines of a pool through ``python -m nbmpi.workers.launch.rank_guard -m
 ipyparallel.engine ...``) starts as a guard that forks before MPI starts: the
 child is the rank; the parent waits for it, and if a signal ended it that the
 guard did not pass on itself, writes ``rank-R.signal`` (the signal number) to
@@ -215,12 +215,12 @@ def _copy_output(pipes, log_dir: str, rank: str) -> None:
 
 
 def main(argv: Optional[List[str]] = None) -> None:
-    """``python -m nbmpi.workers.rank_guard -m MODULE [args]``: guard, then run MODULE as ``__main__``."""
+    """``python -m nbmpi.workers.launch.rank_guard -m MODULE [args]``: guard, then run MODULE as ``__main__``."""
     import runpy
 
     argv = list(sys.argv[1:] if argv is None else argv)
     if len(argv) < 2 or argv[0] != "-m":
-        print("usage: python -m nbmpi.workers.rank_guard -m module [args]", file=sys.stderr)
+        print("usage: python -m nbmpi.workers.launch.rank_guard -m module [args]", file=sys.stderr)
         sys.exit(2)
     guard()
     sys.argv = argv[1:]

@@ -1,7 +1,7 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, auto_pickle=False
 """The tracer's record buffer compiled: :meth:`Tracer.record` without the interpreter.
 
-:class:`TracerCore` is the base class of :class:`nbmpi.workers.tracing.Tracer`
+:class:`TracerCore` is the base class of :class:`nbmpi.workers.tracing.tracer.Tracer`
 when this module is built (``pip install`` compiles it with Cython; else the
 tracer's pure-Python ``record`` with the same semantics runs). It owns the
 fields ``record`` writes (``enabled``, ``buf``, ``cap``, ``n``, ``dropped``,
@@ -9,13 +9,13 @@ fields ``record`` writes (``enabled``, ``buf``, ``cap``, ``n``, ``dropped``,
 gathering). Compiled components (the fused-reductions core) cimport it and call
 :meth:`TracerCore.record_c`, the C entry of the same public recording call.
 """
-from .trace_records import NF as _NF
+from .records import NF as _NF
 
 cdef enum:
     NCOLS = 11    # trace_records.NF (checked at import)
 
 if _NF != NCOLS:
-    raise ImportError(f"nbmpi.workers._tracer_core was compiled for {NCOLS} trace fields, "
+    raise ImportError(f"nbmpi.workers.tracing._tracer_core was compiled for {NCOLS} trace fields, "
                       f"trace_records has {_NF}")
 
 

@@ -2,7 +2,7 @@
 
 A rank blocked in a raw mpi4py call (``comm.Recv(buf, source=1)``) sits in C
 with the GIL released, so a helper thread of the same process (the pool's
-state probe, :mod:`nbmpi.workers.engine_side`) can read the main thread's
+state probe, :mod:`nbmpi.workers.launch.engine_side`) can read the main thread's
 Python stack with :func:`sys._current_frames`. :func:`main_thread_location`
 returns the innermost frames of user code (cells, scripts; not nbmpi,
 IPython, ipyparallel or the standard library) and, when the current line
@@ -11,7 +11,7 @@ calls an mpi4py communication method, which call and which peer
 literal or a simple arithmetic of names visible in that frame, never by
 calling anything).
 
-For waits inside nbmpi's own calls, :data:`nbmpi.workers.waiting.current`
+For waits inside nbmpi's own calls, :data:`nbmpi.workers.core.waiting.current`
 already names the operation and the peer; this module covers everything else.
 Read-only and safe to call from any thread at any time.
 """

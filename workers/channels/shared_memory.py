@@ -3,7 +3,7 @@
 Between two MPI processes on one node, MPICH moves a large message with two
 copies (sender -> a shared bounce buffer -> receiver). If the channel buffers
 themselves live in shared memory, the data can move with one copy, done by
-both sides together (see :mod:`nbmpi.workers._node_copy`).
+both sides together (see :mod:`nbmpi.workers.channels._node_copy`).
 
 :class:`NodeSegments` gives each rank of a communicator one shared-memory
 segment and maps the segments of the other ranks on the same node
@@ -36,7 +36,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .runtime import MPI
+from ..core.runtime import MPI
 
 SHM_DIR = "/dev/shm"
 #: The ways to make a segment, in the order tried by default.

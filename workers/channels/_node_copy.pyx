@@ -1,8 +1,8 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
 """Compiled same-node put/take of channel buffers: handshake flags and a copy shared by both sides, in shared memory.
 
-Used by :class:`~nbmpi.workers.channels.ArrayChannel` between two ranks of one
-node whose buffers live in :class:`~nbmpi.workers.node_shared_memory.NodeSegments`
+Used by :class:`~nbmpi.workers.channels.channel.ArrayChannel` between two ranks of one
+node whose buffers live in :class:`~nbmpi.workers.channels.shared_memory.NodeSegments`
 (each rank has mapped the other's buffer). One transfer moves the sender's
 whole buffer into the receiver's with ONE copy (MPI needs two: sender -> bounce
 buffer -> receiver), cut into pieces (the caller chooses the piece size, see

@@ -1,6 +1,6 @@
 """The gathered trace of all ranks: wait attribution, per-rank summary, Chrome trace export.
 
-A :class:`Trace` is what :func:`nbmpi.workers.tracing.gather_trace` returns on
+A :class:`Trace` is what :func:`nbmpi.workers.tracing.tracer.gather_trace` returns on
 the root. It is plain data (numpy arrays), so the notebook timeline and the
 controller's dashboard build their figures from :meth:`Trace.summary` and
 :meth:`Trace.states` rather than re-deriving anything.
@@ -25,7 +25,7 @@ from typing import Any, Dict, List, Optional
 
 import numpy as np
 
-from .trace_records import DIR_NONE, DIR_RECV, DIR_SEND, FIELDS, NF
+from .records import DIR_NONE, DIR_RECV, DIR_SEND, FIELDS, NF
 
 _COL = {name: i for i, name in enumerate(FIELDS)}
 #: Names of the states of :meth:`Trace.states`, indexed by the codes of :meth:`Trace.state_arrays`.
