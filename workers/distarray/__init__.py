@@ -49,7 +49,9 @@ from .distribution import Distribution
 from .engine import configure, engine_for
 from .errors import (DistArrayDivergence, DistArrayError, DistArrayTimeout, DistributionError, IndexOutOfBounds, ShapeError,
                      UnsupportedOperation)
+from .fallback import NumPyFallbackWarning
 from .fused_kernels import kernel_stats
+from . import fallback as _fallback
 
 abs = absolute  # noqa: A001 - the numpy-like namespace
 dot = matmul
@@ -111,6 +113,7 @@ def stats(comm=None) -> Dict[str, Any]:
     out["buffers_allocated"] = eng.buffers.allocated
     out["buffers_reused"] = eng.buffers.reused
     out["kernels"] = kernel_stats()
+    out["fallback"] = _fallback.stats()
     out["last"] = dict(eng.last)
     out["settings"] = dict(latency_hiding=eng.latency_hiding, threshold=eng.threshold,
                            chunk_elems=eng.chunk_elems, timeout=eng.timeout)
@@ -119,7 +122,7 @@ def stats(comm=None) -> Dict[str, Any]:
 
 __all__ = [
     "DistArray", "Distribution", "DistArrayError", "DistArrayDivergence", "DistArrayTimeout", "DistributionError",
-    "ShapeError", "UnsupportedOperation", "IndexOutOfBounds",
+    "ShapeError", "UnsupportedOperation", "IndexOutOfBounds", "NumPyFallbackWarning",
     "zeros", "ones", "empty", "full", "arange", "from_numpy", "array", "asarray", "zeros_like", "ones_like",
     "empty_like", "full_like", "random",
     "sum", "mean", "min", "max", "amin", "amax", "any", "all", "where", "dot", "matmul", "transpose", "roll",
@@ -131,3 +134,18 @@ __all__ = [
     "pi", "e", "inf", "nan", "newaxis", "float64", "float32", "int64", "int32", "bool_",
 ]
 _ = _np
+
+
+def __getattr__(name: str) -> Any:
+    """Any other name NumPy has: its constants and types as they are, its functions through the NumPy
+    fallback (:mod:`.fallback`: distributed operands gathered, NumPy called, the result distributed)."""
+    target = getattr(_np, name, _MISSING)
+    if target is _MISSING:
+        raise AttributeError(f"module 'nbmpi.workers.distarray' has no attribute {name!r}, and neither has numpy")
+    if callable(target) and not isinstance(target, type):
+        target = _fallback.wrap(target, name)
+    globals()[name] = target
+    return target
+
+
+_MISSING = object()

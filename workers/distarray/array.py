@@ -21,7 +21,7 @@ from typing import Any, Iterator, Optional, Tuple
 
 import numpy as np
 
-from . import elementwise, irregular, linalg, reductions
+from . import elementwise, fallback, irregular, linalg, reductions
 from .distribution import Distribution, make_distribution
 from .engine import Engine
 from .errors import DistributionError, ShapeError, UnsupportedOperation
@@ -381,14 +381,14 @@ class DistArray:
         if method == "reduce" and name in _REDUCE_UFUNCS and len(inputs) == 1:
             axis = kwargs.get("axis", 0)
             return _reduce(inputs[0], _REDUCE_UFUNCS[name], axis)
-        if method != "__call__":
-            raise UnsupportedOperation(f"{name}.{method} is not supported on distributed arrays")
-        if name == "matmul":
+        if name == "matmul" and method == "__call__":
             return matmul(*inputs)
         extra = {k: v for k, v in kwargs.items() if k != "out" and v is not None}
-        if extra and not (set(extra) <= {"casting"} and extra.get("casting") == "same_kind"):
-            raise UnsupportedOperation(f"{name}: keyword arguments {sorted(extra)} are not supported on distributed "
-                                       "arrays")
+        if (method != "__call__" or name not in elementwise.SUPPORTED
+                or extra and not (set(extra) <= {"casting"} and extra.get("casting") == "same_kind")):
+            return fallback.call(getattr(ufunc, method), inputs, kwargs, name if method == "__call__"
+                                 else f"{name}.{method}")
+        fallback.note_native(name)
         out = kwargs.get("out")
         out_leaf = None
         if out is not None:
@@ -409,11 +409,17 @@ class DistArray:
 
     def __array_function__(self, func, types, args, kwargs):
         impl = _FUNCTIONS.get(func)
+        name = getattr(func, "__name__", str(func))
         if impl is None:
-            raise UnsupportedOperation(
-                f"numpy.{getattr(func, '__name__', func)} is not supported on distributed arrays; use the functions "
-                "of nbmpi.workers.distarray, or gather with to_numpy() first")
+            return fallback.call(func, args, kwargs, name)
+        fallback.note_native(name)
         return impl(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        # only for names the class lacks: an ndarray method or attribute runs through the NumPy fallback
+        if name.startswith("_") or not hasattr(np.ndarray, name):
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        return fallback.method(self, name)
 
     @staticmethod
     def _engine_of(inputs, out=None) -> Engine:
@@ -428,10 +434,12 @@ class DistArray:
             if not isinstance(x, (DistArray, np.ndarray, np.generic, int, float, bool, list, tuple)):
                 return NotImplemented
         args = [x._leaf() if isinstance(x, DistArray) else x for x in inputs]
+        fallback.note_native(ufunc.__name__)
         return wrap(elementwise.record_ufunc(self.engine, ufunc, args))
 
     def _iu(self, ufunc: np.ufunc, other: Any) -> "DistArray":
         o = other._leaf() if isinstance(other, DistArray) else other
+        fallback.note_native(ufunc.__name__)
         elementwise.record_ufunc(self.engine, ufunc, [self._leaf(), o], out=self._leaf())
         self.engine.maybe_flush()
         return self
@@ -473,16 +481,10 @@ class DistArray:
     def __matmul__(self, o): return matmul(self, o)
     def __rmatmul__(self, o): return matmul(o, self)
 
-    def __floordiv__(self, o):
-        raise UnsupportedOperation("// (floor_divide) is not supported on distributed arrays yet; use "
-                                   "floor(a / b)")
-
-    __rfloordiv__ = __floordiv__
-
-    def __mod__(self, o):
-        raise UnsupportedOperation("% (remainder) is not supported on distributed arrays yet")
-
-    __rmod__ = __mod__
+    def __floordiv__(self, o): return np.floor_divide(self, o)
+    def __rfloordiv__(self, o): return np.floor_divide(o, self)
+    def __mod__(self, o): return np.remainder(self, o)
+    def __rmod__(self, o): return np.remainder(o, self)
 
     # -- methods -------------------------------------------------------------------------
     def astype(self, dtype: Any, copy: bool = True) -> "DistArray":
@@ -549,8 +551,7 @@ class DistArray:
             shape = tuple(shape[0])
         if tuple(shape) == self.shape:
             return self
-        raise UnsupportedOperation("reshape of distributed arrays is not supported (it would move data between "
-                                   "ranks); create the array in the shape you need")
+        return fallback.call(np.reshape, (self, tuple(shape)), {}, "reshape")
 
 
 # --------------------------------------------------------------------------- functions
@@ -567,6 +568,7 @@ def _reduce(a: Any, op: str, axis: Any = None) -> Any:
     if not isinstance(a, DistArray):
         return getattr(np, {"sum": "sum", "mean": "mean", "min": "min", "max": "max", "any": "any",
                             "all": "all"}[op])(a, axis=axis)
+    fallback.note_native(op)
     return wrap(reductions.record_reduce(a.engine, a._leaf(), op, axis))
 
 

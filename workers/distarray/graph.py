@@ -129,12 +129,13 @@ class Const:
     __slots__ = ("value", "dtype", "weak", "shape")
 
     def __init__(self, value: Any):
+        if isinstance(value, bool):       # NumPy types a Python bool as np.bool_ (it is not weak)
+            value = np.bool_(value)
         if isinstance(value, np.generic):
             self.value, self.dtype, self.weak = value, value.dtype, False
         else:
             self.value, self.weak = value, True
-            self.dtype = np.dtype(np.bool_ if isinstance(value, bool) else
-                                  np.int64 if isinstance(value, int) else np.float64)
+            self.dtype = np.dtype(np.int64 if isinstance(value, int) else np.float64)
         self.shape = ()
 
     @property

@@ -1,0 +1,66 @@
+"""The NumPy fallback of the distributed arrays (``nbmpi.workers.distarray.fallback``) under real mpiexec on 1, 2
+and 3 ranks: results equal NumPy's, warnings once per call site, counters, the coverage report at exit, and the
+fallback marked on the timeline."""
+from __future__ import annotations
+
+import pytest
+
+from conftest import REPO, assert_ok
+
+SECTIONS = ["functions, ufuncs, operators and methods fall back to NumPy on every distribution",
+            "Python bool operands follow NumPy's promotion", "every name NumPy has exists",
+            "one warning per call site on rank 0, every call counted"]
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_fallback_equals_numpy(run_mpi, kernel_cache, n):
+    code = (REPO / "tests" / "distarray_fallback.py").read_text()
+    p = run_mpi(code, n=n, timeout=240, env={"NBMPI_DISTARRAY_CACHE": kernel_cache})
+    assert_ok(p)
+    for s in SECTIONS:
+        assert f"ok {s}" in p.stdout, (s, p.stdout)
+    for r in range(n):
+        assert f"rank {r}: ALL OK (" in p.stdout, p.stdout
+
+
+def test_coverage_report_and_timeline(run_mpi, kernel_cache):
+    code = """
+import numpy as np
+import nbmpi.workers.distarray as dnp
+from nbmpi.workers import gather_trace, get_tracer, world
+mark = get_tracer().mark()
+a = dnp.from_numpy(np.arange(10.0))
+b = np.sort(a * 2)                 # a native multiply, a fallback sort
+print("sum", float(dnp.sum(b)), flush=True)
+t = gather_trace(since=mark)
+if world().Get_rank() == 0:
+    kinds = [t.kind_name(int(k)) for k in t.col("kind")]
+    print("fallback events", kinds.count("numpy_fallback"), flush=True)
+"""
+    p = run_mpi(code, n=2, timeout=180, env={"NBMPI_DISTARRAY_CACHE": kernel_cache, "NBMPI_REPORT_COVERAGE": "1"})
+    assert_ok(p)
+    assert "sum 90.0" in p.stdout, p.stdout
+    assert "fallback events 2" in p.stdout, p.stdout      # one per rank
+    report = p.stdout + p.stderr
+    assert "nbmpi distarray coverage:" in report, report
+    assert "native and 1 NumPy-fallback calls" in report, report
+    assert "fallback" in report and "sort" in report and "multiply" in report, report
+
+
+def test_numpy_table_is_current():
+    """The committed table of native and fallback names is what the generator makes now (same NumPy)."""
+    import re
+
+    import numpy as np
+
+    from nbmpi.workers.distarray.numpy_table import classify, markdown
+
+    committed = (REPO / "workers" / "distarray" / "NUMPY_COVERAGE.md").read_text()
+    version = re.search(r"with NumPy (\S+)\.", committed).group(1)
+    if version != np.__version__:
+        pytest.skip(f"the table was generated with NumPy {version}, this is {np.__version__}: regenerate it")
+    assert committed == markdown(), "regenerate: python -m nbmpi.workers.distarray.numpy_table --write " \
+                                    "workers/distarray/NUMPY_COVERAGE.md"
+    functions, methods = classify()
+    assert functions["sum"] == "native" and functions["sort"] == "fallback", functions
+    assert methods["astype"] == "native" and methods["cumsum"] == "fallback", methods

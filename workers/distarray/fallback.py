@@ -1,0 +1,212 @@
+"""NumPy for everything the distributed arrays do not implement: gather, call NumPy, distribute.
+
+Any NumPy function, ufunc method, array method or attribute that has no distributed
+implementation still runs on :class:`~.array.DistArray` operands (as cuNumeric falls back to
+NumPy):
+
+1. every distributed operand is gathered on every rank (``to_numpy()``: a force point, an
+   allgather),
+2. NumPy's own function is called on every rank with the gathered operands (the same inputs on
+   every rank give the same result on every rank),
+3. an array result of a supported dtype (bool, integer, float) with at least one dimension is
+   distributed again with the layout kind of the first distributed operand, each rank keeping
+   its own rows; scalars, 0-d results and other dtypes are returned as NumPy gives them.
+
+Who must call it: every rank of the operands' communicator, in the same order (SPMD), as for any
+collective. Blocking (the gathers are waited with ``NBMPI_TIMEOUT``). Without distributed
+operands a fallback is NumPy's own call, local.
+
+Each fallback call is counted (:func:`stats`, part of ``dnp.stats()["fallback"]``), marked on the
+timeline (event kind ``numpy_fallback``, its bytes the bytes gathered) and warned about once per
+call site of the user's program (:class:`NumPyFallbackWarning`, on rank 0: the function and the
+bytes moved). ``NBMPI_REPORT_COVERAGE=1`` prints at exit, on rank 0, how many calls ran natively
+and how many fell back, with their call sites.
+"""
+from __future__ import annotations
+
+import atexit
+import os
+import sys
+import time
+import warnings
+from collections import Counter
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Tuple
+
+import numpy as np
+
+from ..tracing import tracer as tracing
+
+#: Event kind of one fallback call on the timeline.
+K_FALLBACK = tracing.register_kind("numpy_fallback")
+
+#: ``NBMPI_REPORT_COVERAGE=1``: count native calls too and print the coverage report at exit.
+COVERAGE_ENV = "NBMPI_REPORT_COVERAGE"
+REPORT = os.environ.get(COVERAGE_ENV, "") not in ("", "0")
+
+_PACKAGE_DIR = str(Path(__file__).resolve().parent)
+_NUMPY_DIR = str(Path(np.__file__).resolve().parent)
+_DISTRIBUTABLE = "biuf"   # dtype kinds a DistArray holds
+
+_calls: Counter = Counter()          # function name -> fallback calls
+_bytes: Counter = Counter()          # function name -> bytes gathered
+_sites: Counter = Counter()          # (name, "file:line") -> fallback calls
+_native: Counter = Counter()         # (name, "file:line") -> native calls (only with REPORT)
+_warned: Dict[Any, int] = {}         # warnings registry: once per call site
+
+
+class NumPyFallbackWarning(UserWarning):
+    """A NumPy function ran through the fallback: its operands were gathered on every rank."""
+
+
+def _call_site() -> Tuple[str, int]:
+    """File and line of the innermost frame outside this package and NumPy: the user's call."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        path = frame.f_code.co_filename
+        if not (path.startswith(_PACKAGE_DIR) or path.startswith(_NUMPY_DIR) or path.startswith("<__array_function__")):
+            return path, frame.f_lineno
+        frame = frame.f_back
+    return "<unknown>", 0
+
+
+def note_native(name: str) -> None:
+    """Count one native (distributed) call of ``name`` at the user's call site, for the coverage
+    report. Local; does nothing unless ``NBMPI_REPORT_COVERAGE=1``."""
+    if REPORT:
+        path, line = _call_site()
+        _native[(name, f"{path}:{line}")] += 1
+
+
+def _distarray_type():
+    from .array import DistArray
+    return DistArray
+
+
+def _gather(value: Any, found: List[Any], reason: str) -> Any:
+    """``value`` with every DistArray in it (also inside lists, tuples and dicts) gathered."""
+    DistArray = _distarray_type()
+    if isinstance(value, DistArray):
+        found.append(value)
+        return value.to_numpy(_reason=reason)
+    if isinstance(value, list):
+        return [_gather(v, found, reason) for v in value]
+    if isinstance(value, tuple) and not hasattr(value, "_fields"):
+        return tuple(_gather(v, found, reason) for v in value)
+    if isinstance(value, dict):
+        return {k: _gather(v, found, reason) for k, v in value.items()}
+    return value
+
+
+def _distribute(result: Any, like: Any) -> Any:
+    """``result`` with each array of a distributable dtype and at least one dimension made a
+    DistArray laid out like ``like`` (local: every rank holds the same ``result``)."""
+    if isinstance(result, tuple) and not hasattr(result, "_fields"):
+        return tuple(_distribute(r, like) for r in result)
+    if isinstance(result, list) and result and all(isinstance(r, np.ndarray) for r in result):
+        return [_distribute(r, like) for r in result]
+    if not isinstance(result, np.ndarray) or result.ndim == 0 or result.dtype.kind not in _DISTRIBUTABLE:
+        return result
+    from .creation import from_numpy
+    return from_numpy(result, dist=like.dist, comm=like.comm)   # the same kind (and block size) of layout
+
+
+def _warn(name: str, nbytes: int, site: Tuple[str, int], rank: int) -> None:
+    if rank != 0:
+        return
+    warnings.warn_explicit(
+        f"numpy.{name} has no distributed implementation: its operands ({nbytes} bytes) were gathered on every "
+        "rank and NumPy computed the result (counted in dnp.stats()['fallback'])",
+        NumPyFallbackWarning, site[0], site[1], registry=_warned)
+
+
+def call(func: Callable[..., Any], args: Tuple[Any, ...], kwargs: Dict[str, Any], name: str) -> Any:
+    """Run NumPy's ``func(*args, **kwargs)`` with every DistArray operand gathered, and distribute
+    its array result (see the module docstring). Collective over the operands' communicator when
+    any operand is distributed (SPMD: every rank calls it); without distributed operands it is just
+    ``func(*args, **kwargs)``. ``out=`` may name a DistArray: the result is written into it."""
+    out = kwargs.get("out")
+    DistArray = _distarray_type()
+    out_dist = out if isinstance(out, DistArray) else (
+        out[0] if isinstance(out, tuple) and len(out) == 1 and isinstance(out[0], DistArray) else None)
+    if out_dist is not None:
+        kwargs = {k: v for k, v in kwargs.items() if k != "out"}
+    found: List[Any] = []
+    reason = f"numpy fallback: {name}"
+    t0 = time.perf_counter_ns()
+    gargs = _gather(args, found, reason)
+    gkwargs = _gather(kwargs, found, reason)
+    if not found and out_dist is None:
+        return func(*gargs, **gkwargs)
+    like = found[0] if found else out_dist
+    nbytes = sum(int(d.nbytes) for d in found)
+    result = func(*gargs, **gkwargs)
+    site = _call_site()
+    _calls[name] += 1
+    _bytes[name] += nbytes
+    _sites[(name, f"{site[0]}:{site[1]}")] += 1
+    tr = tracing.get_tracer()
+    if tr.enabled:
+        tr.record(K_FALLBACK, tracing.DIR_NONE, -1, 0, nbytes, t0, time.perf_counter_ns(), wait=-1,
+                  count=len(found))
+    _warn(name, nbytes, site, like.engine.rank)
+    if out_dist is not None:
+        out_dist[...] = result
+        return out_dist
+    return _distribute(result, like)
+
+
+def wrap(func: Callable[..., Any], name: str) -> Callable[..., Any]:
+    """``func`` (a NumPy function or ufunc) as a function of distributed operands through :func:`call`."""
+    def fallback(*args: Any, **kwargs: Any) -> Any:
+        return call(func, args, kwargs, name)
+    fallback.__name__ = getattr(func, "__name__", name)
+    fallback.__qualname__ = fallback.__name__
+    fallback.__doc__ = (f"numpy.{name} on distributed arrays through the NumPy fallback (operands gathered on every "
+                        f"rank, the result distributed; see nbmpi.workers.distarray.fallback).\n\n"
+                        + (getattr(func, "__doc__", None) or ""))
+    fallback.__wrapped__ = func
+    return fallback
+
+
+def method(array: Any, name: str) -> Any:
+    """``array.<name>`` for an ndarray attribute a DistArray does not implement: a bound fallback
+    for a method, the value (through :func:`call`) for a property such as ``real``."""
+    attr = getattr(np.ndarray, name)
+    if callable(attr):
+        def bound(*args: Any, **kwargs: Any) -> Any:
+            return call(attr, (array,) + args, kwargs, f"ndarray.{name}")
+        bound.__name__ = name
+        return bound
+    return call(lambda x: getattr(x, name), (array,), {}, f"ndarray.{name}")
+
+
+def stats() -> Dict[str, Any]:
+    """This rank's fallback counters (local): ``calls``, ``bytes`` (gathered), and per function
+    ``functions`` = {name: {"calls", "bytes"}}."""
+    return {"calls": int(sum(_calls.values())), "bytes": int(sum(_bytes.values())),
+            "functions": {n: {"calls": int(c), "bytes": int(_bytes[n])} for n, c in sorted(_calls.items())}}
+
+
+def coverage_report() -> str:
+    """The coverage report: native and fallback calls, with their call sites (local counts)."""
+    native, fell = sum(_native.values()), sum(_sites.values())
+    total = native + fell
+    share = 100.0 * native / total if total else 100.0
+    lines = [f"nbmpi distarray coverage: {native} native and {fell} NumPy-fallback calls "
+             f"({share:.1f}% native)"]
+    for title, table in (("fallback", _sites), ("native", _native)):
+        for (name, site), n in sorted(table.items(), key=lambda kv: (-kv[1], kv[0])):
+            lines.append(f"  {title:8s} {n:6d}  {name:28s} {site}")
+    return "\n".join(lines)
+
+
+def _report_at_exit() -> None:
+    # MPI may be finalized by now: the launcher's rank variable says which rank this is
+    rank = os.environ.get("PMI_RANK", os.environ.get("SLURM_PROCID", "0"))
+    if rank == "0":
+        print(coverage_report(), file=sys.stderr, flush=True)
+
+
+if REPORT:
+    atexit.register(_report_at_exit)
