@@ -50,6 +50,7 @@ from .engine import configure, engine_for
 from .errors import (DistArrayDivergence, DistArrayError, DistArrayTimeout, DistributionError, IndexOutOfBounds, ShapeError,
                      UnsupportedOperation)
 from .fallback import NumPyFallbackWarning
+from .grids import eye, fromfunction, geomspace, identity, indices, linspace, logspace, meshgrid
 from .fused_kernels import kernel_stats
 from . import fallback as _fallback
 
@@ -90,6 +91,11 @@ def all(a: Any, axis: Optional[int] = None) -> Any:  # noqa: A001
     return _reduce(a, "all", axis)
 
 
+def copy(a: Any) -> Any:
+    """``numpy.copy``: a new array with ``a``'s values (recorded for a DistArray; NumPy's copy otherwise)."""
+    return a.copy() if isinstance(a, DistArray) else _np.copy(a)
+
+
 def redistribute(a: DistArray, dist: Any) -> DistArray:
     """``a.redistribute(dist)``: a copy of ``a`` with its rows spread by ``dist`` (recorded; see
     :meth:`DistArray.redistribute`)."""
@@ -124,7 +130,8 @@ __all__ = [
     "DistArray", "Distribution", "DistArrayError", "DistArrayDivergence", "DistArrayTimeout", "DistributionError",
     "ShapeError", "UnsupportedOperation", "IndexOutOfBounds", "NumPyFallbackWarning",
     "zeros", "ones", "empty", "full", "arange", "from_numpy", "array", "asarray", "zeros_like", "ones_like",
-    "empty_like", "full_like", "random",
+    "empty_like", "full_like", "random", "linspace", "logspace", "geomspace", "meshgrid", "indices", "identity", "eye",
+    "fromfunction", "copy",
     "sum", "mean", "min", "max", "amin", "amax", "any", "all", "where", "dot", "matmul", "transpose", "roll",
     "evaluate", "configure", "stats", "redistribute",
     "add", "subtract", "multiply", "divide", "true_divide", "power", "negative", "positive", "absolute", "abs",

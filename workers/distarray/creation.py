@@ -189,11 +189,12 @@ def array(x: Any, dtype=None, dist="block", comm=None) -> DistArray:
     return from_numpy(np.asarray(x, dtype=dtype), dist=dist, comm=comm)
 
 
-def asarray(x: Any, dist="block", comm=None) -> DistArray:
-    """``x`` itself if it is a DistArray, else :func:`array` of it."""
+def asarray(x: Any, dtype=None, dist="block", comm=None) -> DistArray:
+    """``x`` itself if it is a DistArray of ``dtype`` (or ``dtype`` is None), a recorded ``astype``
+    of it for another dtype, else :func:`array` of it (every rank passes the same data)."""
     if isinstance(x, DistArray):
-        return x
-    return array(x, dist=dist, comm=comm)
+        return x if dtype is None else x.astype(dtype, copy=False)
+    return array(x, dtype=dtype, dist=dist, comm=comm)
 
 
 def _like_dist(a: DistArray, dist):

@@ -1,4 +1,5 @@
-"""The NumPy fallback of the distributed arrays (``nbmpi.workers.distarray.fallback``) under real mpiexec on 1, 2
+"""NumPy breadth of the distributed arrays: the NumPy fallback (``nbmpi.workers.distarray.fallback``) and the grid
+constructors (``grids``), under real mpiexec on 1, 2
 and 3 ranks: results equal NumPy's, warnings once per call site, counters, the coverage report at exit, and the
 fallback marked on the timeline."""
 from __future__ import annotations
@@ -64,3 +65,14 @@ def test_numpy_table_is_current():
     functions, methods = classify()
     assert functions["sum"] == "native" and functions["sort"] == "fallback", functions
     assert methods["astype"] == "native" and methods["cumsum"] == "fallback", methods
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_grid_constructors_equal_numpy(run_mpi, kernel_cache, n):
+    """linspace, logspace, meshgrid (xy and ij, 2 and 3 vectors, distributed vectors), eye, identity, indices,
+    fromfunction, asarray(dtype=), copy: bit-for-bit NumPy's values on block, cyclic and block-cyclic."""
+    code = (REPO / "tests" / "distarray_grids.py").read_text()
+    p = run_mpi(code, n=n, timeout=180, env={"NBMPI_DISTARRAY_CACHE": kernel_cache})
+    assert_ok(p)
+    for r in range(n):
+        assert f"rank {r}: grids OK" in p.stdout, p.stdout

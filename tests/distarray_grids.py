@@ -1,0 +1,28 @@
+"""Grid constructors of the distributed arrays against NumPy, run SPMD by tests/test_distarray_numpy.py."""
+import numpy as np
+import nbmpi.workers.distarray as dnp
+from nbmpi.workers import world
+r = world().Get_rank()
+def same(a, b, w):
+    g = a.to_numpy() if isinstance(a, dnp.DistArray) else a
+    assert g.dtype == b.dtype and np.array_equal(g, b), (w, g, b)
+for dist in ("block", "cyclic", ("block-cyclic", 2)):
+    same(dnp.linspace(0, 1, 11, dist=dist), np.linspace(0, 1, 11), "linspace")
+    same(dnp.linspace(0, 1, 11, endpoint=False, dtype=np.float32, dist=dist), np.linspace(0, 1, 11, endpoint=False, dtype=np.float32), "linspace f32")
+    same(dnp.logspace(0, 3, 7, dist=dist), np.logspace(0, 3, 7), "logspace")
+    x, y = np.linspace(-1, 1, 5), np.linspace(0, 2, 7)
+    for ind in ("xy", "ij"):
+        for g, w in zip(dnp.meshgrid(x, y, indexing=ind, dist=dist), np.meshgrid(x, y, indexing=ind)): same(g, w, "meshgrid " + ind)
+        for g, w in zip(dnp.meshgrid(x, y, x, indexing=ind, dist=dist), np.meshgrid(x, y, x, indexing=ind)): same(g, w, "meshgrid3 " + ind)
+    for g, w in zip(np.meshgrid(dnp.from_numpy(x), y), np.meshgrid(x, y)): same(g, w, "np.meshgrid(dist)")
+    same(dnp.eye(5, 7, k=2, dist=dist), np.eye(5, 7, k=2), "eye")
+    same(dnp.eye(6, k=-1, dtype=int, dist=dist), np.eye(6, k=-1, dtype=int), "eye int")
+    same(dnp.identity(4, dist=dist), np.identity(4), "identity")
+    same(dnp.indices((3, 4), dist=dist), np.indices((3, 4)), "indices")
+    f = lambda i, j: i * 10 + j
+    same(dnp.fromfunction(f, (5, 3), dist=dist), np.fromfunction(f, (5, 3)), "fromfunction")
+    same(dnp.fromfunction(lambda i: i * i, (7,), dtype=int, dist=dist), np.fromfunction(lambda i: i * i, (7,), dtype=int), "fromfunction int")
+    a = dnp.from_numpy(np.arange(6.0), dist=dist)
+    same(dnp.asarray(a, dtype=np.int32), np.arange(6).astype(np.int32), "asarray dtype")
+    same(dnp.copy(a), np.arange(6.0), "copy")
+print(f"rank {r}: grids OK", flush=True)

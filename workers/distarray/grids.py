@@ -1,0 +1,126 @@
+"""Constructors of coordinate grids and special matrices: ``linspace``, ``logspace``, ``geomspace``,
+``meshgrid``, ``indices``, ``identity``, ``eye``, ``fromfunction``, ``copy``, ``asarray(dtype=)``.
+
+Like the constructors of :mod:`.creation` they are local: each rank computes only the rows it
+owns (axis 0), from the same arguments on every rank, without communicating, and the values equal
+NumPy's bit for bit (each rank evaluates NumPy's own formula at its rows). Call them on every rank
+with the same arguments (SPMD); ``dist=`` and ``comm=`` as in :mod:`.creation`.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from .array import _FUNCTIONS, DistArray
+from .creation import _dtype, _new, _shape, from_numpy
+from .indexing import View
+
+__all__ = ["linspace", "logspace", "geomspace", "meshgrid", "indices", "identity", "eye", "fromfunction"]
+
+
+def _from_rows(shape: Any, dtype: Any, dist: Any, comm: Any, fill: Callable[[np.ndarray], np.ndarray],
+               origin: str) -> DistArray:
+    """A new array of ``shape`` whose local block is ``fill(rows)``, ``rows`` the global indices
+    (axis 0) this rank owns. Local."""
+    b, eng = _new(_shape(shape), dtype, dist, comm, origin)
+    rows = b.dist.global_rows(eng.rank) if b.shape else np.zeros(1, dtype=np.int64)
+    local = np.ascontiguousarray(fill(rows), dtype=b.dtype).reshape(b.local_shape())
+    b.set_local(local)
+    return DistArray(b, View.full(b.shape))
+
+
+def _gathered(x: Any) -> np.ndarray:
+    """``x`` as a NumPy array (a DistArray is gathered: collective)."""
+    return x.to_numpy() if isinstance(x, DistArray) else np.asarray(x)
+
+
+def linspace(start: Any, stop: Any, num: int = 50, endpoint: bool = True, retstep: bool = False, dtype: Any = None,
+             axis: int = 0, dist: Any = "block", comm: Any = None) -> Any:
+    """``numpy.linspace`` as a distributed 1-D array (scalar ``start``/``stop``, ``axis=0``). Local.
+    Each rank evaluates NumPy's linspace and keeps its rows: O(num) work per rank, no communication."""
+    full, step = np.linspace(start, stop, num, endpoint=endpoint, retstep=True, dtype=dtype, axis=axis)
+    out = from_numpy(full, dist=dist, comm=comm) if full.ndim else full
+    return (out, step) if retstep else out
+
+
+def logspace(start: Any, stop: Any, num: int = 50, endpoint: bool = True, base: float = 10.0, dtype: Any = None,
+             axis: int = 0, dist: Any = "block", comm: Any = None) -> DistArray:
+    """``numpy.logspace`` as a distributed 1-D array. Local."""
+    return from_numpy(np.logspace(start, stop, num, endpoint=endpoint, base=base, dtype=dtype, axis=axis),
+                      dist=dist, comm=comm)
+
+
+def geomspace(start: Any, stop: Any, num: int = 50, endpoint: bool = True, dtype: Any = None, axis: int = 0,
+              dist: Any = "block", comm: Any = None) -> DistArray:
+    """``numpy.geomspace`` as a distributed 1-D array. Local."""
+    return from_numpy(np.geomspace(start, stop, num, endpoint=endpoint, dtype=dtype, axis=axis), dist=dist, comm=comm)
+
+
+def meshgrid(*xi: Any, indexing: str = "xy", sparse: bool = False, copy: bool = True, dist: Any = "block",
+             comm: Any = None) -> list:
+    """``numpy.meshgrid``: coordinate arrays from 1-D coordinate vectors, each distributed over its
+    axis 0 (for ``indexing="xy"`` with two or more vectors that is the second vector's axis). Local,
+    except that distributed coordinate vectors are gathered first (collective). ``sparse=True``
+    returns NumPy's sparse grids (small, replicated as NumPy arrays)."""
+    if indexing not in ("xy", "ij"):
+        raise ValueError("meshgrid: indexing must be 'xy' or 'ij'")
+    vecs = [_gathered(x).reshape(-1) for x in xi]
+    if sparse or not vecs:
+        return np.meshgrid(*vecs, indexing=indexing, sparse=sparse, copy=copy)
+    lead = 1 if indexing == "xy" and len(vecs) > 1 else 0          # the input that runs along axis 0
+    lens = [len(v) for v in vecs]
+    shape = tuple(lens) if lead == 0 else (lens[1], lens[0], *lens[2:])
+    dt = np.result_type(*vecs)
+    out = []
+    for k in range(len(vecs)):
+        def fill(rows, k=k):
+            part = list(vecs)
+            part[lead] = vecs[lead][rows]
+            return np.meshgrid(*part, indexing=indexing)[k]
+        out.append(_from_rows(shape, dt, dist, comm, fill, f"meshgrid[{k}]"))
+    return out
+
+
+def indices(dimensions: Sequence[int], dtype: Any = int, dist: Any = "block", comm: Any = None) -> DistArray:
+    """``numpy.indices``: the grid of indices of ``dimensions``, shape ``(len(dimensions), *dimensions)``,
+    distributed over its axis 0 (one row per dimension). Local."""
+    dims = tuple(int(d) for d in dimensions)
+    return _from_rows((len(dims),) + dims, dtype, dist, comm, lambda rows: np.indices(dims, dtype=dtype)[rows],
+                      f"indices{dims}")
+
+
+def eye(N: int, M: Any = None, k: int = 0, dtype: Any = float, order: str = "C", dist: Any = "block",
+        comm: Any = None) -> DistArray:
+    """``numpy.eye``: ones on the ``k``-th diagonal of an ``N x M`` matrix. Local."""
+    cols = N if M is None else M
+
+    def fill(rows: np.ndarray) -> np.ndarray:
+        local = np.zeros((len(rows), cols), dtype=_dtype(dtype))
+        c = rows + k
+        keep = (c >= 0) & (c < cols)
+        local[np.flatnonzero(keep), c[keep]] = 1
+        return local
+    return _from_rows((N, cols), dtype, dist, comm, fill, f"eye({N},{cols},{k})")
+
+
+def identity(n: int, dtype: Any = float, dist: Any = "block", comm: Any = None) -> DistArray:
+    """``numpy.identity``: the ``n x n`` identity matrix. Local."""
+    return eye(n, dtype=dtype, dist=dist, comm=comm)
+
+
+def fromfunction(function: Callable[..., Any], shape: Sequence[int], *, dtype: Any = float, dist: Any = "block",
+                 comm: Any = None, **kwargs: Any) -> DistArray:
+    """``numpy.fromfunction``: ``function(*index_grids, **kwargs)`` evaluated on each rank's rows only
+    (``function`` must be elementwise in its index arguments, as NumPy's documentation asks). Local."""
+    shp = _shape(shape)
+
+    def fill(rows: np.ndarray) -> np.ndarray:
+        grids = np.meshgrid(rows.astype(dtype), *[np.arange(n, dtype=dtype) for n in shp[1:]], indexing="ij")
+        return np.broadcast_to(function(*grids, **kwargs), (len(rows),) + shp[1:])
+    probe = np.asarray(function(*[np.zeros(1, dtype=dtype) for _ in shp], **kwargs))
+    return _from_rows(shp, probe.dtype, dist, comm, fill, "fromfunction")
+
+
+# numpy.<name>(distarray, ...) dispatches here through DistArray.__array_function__
+_FUNCTIONS.update({np.meshgrid: meshgrid})
