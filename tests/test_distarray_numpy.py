@@ -76,3 +76,14 @@ def test_grid_constructors_equal_numpy(run_mpi, kernel_cache, n):
     assert_ok(p)
     for r in range(n):
         assert f"rank {r}: grids OK" in p.stdout, p.stdout
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_random_api_equals_numpy(run_mpi, kernel_cache, n):
+    """default_rng's Generator (random/uniform drawn distributed, the other methods per rank) and the legacy
+    functions after seed(s) give NumPy's values; an unseeded default_rng() gives every rank the same stream."""
+    code = (REPO / "tests" / "distarray_random_api.py").read_text()
+    p = run_mpi(code, n=n, timeout=180, env={"NBMPI_DISTARRAY_CACHE": kernel_cache})
+    assert_ok(p)
+    for r in range(n):
+        assert f"rank {r}: random OK" in p.stdout, p.stdout

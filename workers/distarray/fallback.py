@@ -142,9 +142,7 @@ def call(func: Callable[..., Any], args: Tuple[Any, ...], kwargs: Dict[str, Any]
     nbytes = sum(int(d.nbytes) for d in found)
     result = func(*gargs, **gkwargs)
     site = _call_site()
-    _calls[name] += 1
-    _bytes[name] += nbytes
-    _sites[(name, f"{site[0]}:{site[1]}")] += 1
+    count(name, nbytes)
     tr = tracing.get_tracer()
     if tr.enabled:
         tr.record(K_FALLBACK, tracing.DIR_NONE, -1, 0, nbytes, t0, time.perf_counter_ns(), wait=-1,
@@ -154,6 +152,15 @@ def call(func: Callable[..., Any], args: Tuple[Any, ...], kwargs: Dict[str, Any]
         out_dist[...] = result
         return out_dist
     return _distribute(result, like)
+
+
+def count(name: str, nbytes: int) -> None:
+    """Count one fallback call of ``name`` that gathered ``nbytes`` (for callers that do their own
+    NumPy call, e.g. random draws every rank makes whole). Local."""
+    site = _call_site()
+    _calls[name] += 1
+    _bytes[name] += nbytes
+    _sites[(name, f"{site[0]}:{site[1]}")] += 1
 
 
 def wrap(func: Callable[..., Any], name: str) -> Callable[..., Any]:

@@ -1,9 +1,19 @@
 """Random distributed arrays equal to NumPy's for the same seed, whatever the number of ranks.
 
-``random(shape, seed=s)`` has exactly the values of
-``numpy.random.default_rng(s).random(shape)``: each rank jumps the PCG64 stream ahead to its
-first element (``PCG64.advance``; one 64-bit draw per float64) and draws only its own rows.
-So a program gives the same numbers on 1, 2 or 3 ranks, and the same as NumPy.
+* ``random(shape, seed=s)`` has exactly the values of ``numpy.random.default_rng(s).random(shape)``:
+  each rank jumps the PCG64 stream ahead to its first element (``PCG64.advance``; one 64-bit draw
+  per float64) and draws only its own rows. So a program gives the same numbers on 1, 2 or 3
+  ranks, and the same as NumPy.
+* :func:`default_rng` gives a :class:`Generator` with NumPy's ``Generator`` API: ``random`` and
+  ``uniform`` draw distributed (each rank its own part of the one stream, as above); every other
+  method draws NumPy's values on every rank from the same state and keeps each rank's rows
+  (O(size) work per rank, no communication; counted as fallback calls in ``dnp.stats()``).
+* NumPy's legacy functions (``seed``, ``rand``, ``randn``, ``normal``, ...) draw from one
+  ``RandomState`` that every rank holds in the same state (seeded by ``seed(s)``, else from a seed
+  rank 0 draws and broadcasts), their array results distributed: equal to NumPy's after
+  ``numpy.random.seed(s)``.
+
+Every function here is SPMD: call it on every rank in the same order with the same arguments.
 """
 from __future__ import annotations
 
@@ -18,7 +28,7 @@ from .engine import engine_for
 from .errors import DistArrayTimeout, UnsupportedOperation
 from .indexing import View
 
-__all__ = ["random", "uniform"]
+__all__ = ["random", "uniform", "default_rng", "Generator", "seed"]
 
 _MAX_JUMPS = 4096
 
@@ -72,12 +82,15 @@ def _fill_uniform(b, eng, seed: int, low: float, high: float, use_uniform: bool)
     return out
 
 
-def random(size: Any = None, dist="block", seed: Optional[int] = None, dtype=np.float64, comm=None) -> DistArray:
+def random(size: Any = None, dist="block", seed: Optional[int] = None, dtype=np.float64, comm=None) -> Any:
     """Uniform floats in [0, 1), equal to ``numpy.random.default_rng(seed).random(size)``.
 
-    Local when ``seed`` is given; with ``seed=None`` rank 0 draws one and broadcasts it
-    (collective). Only float64 is supported (NumPy's float32 stream differs).
+    Local when ``seed`` is given. With ``seed=None`` this is NumPy's legacy ``numpy.random.random``:
+    the values of the shared legacy ``RandomState`` (see the module docstring; its first use is
+    collective). Only float64 is supported (NumPy's float32 stream differs).
     """
+    if seed is None:
+        return _legacy_call("random", (size,), {}, dist, comm)
     return uniform(0.0, 1.0, size, dist, seed, dtype, comm, _plain=True)
 
 
@@ -92,3 +105,132 @@ def uniform(low: float = 0.0, high: float = 1.0, size: Any = None, dist="block",
     s = _seed(eng, seed)
     b.set_local(_fill_uniform(b, eng, s, low, high, not _plain))
     return DistArray(b, View.full(shape))
+
+
+def _distributed_draw(values: Any, dist: Any, comm: Any) -> Any:
+    """``values`` (the same on every rank) as a DistArray when it is an array of at least one
+    dimension and a supported dtype; else as it is. Local."""
+    if isinstance(values, np.ndarray) and values.ndim and values.dtype.kind in "biuf":
+        from .creation import from_numpy
+        return from_numpy(values, dist=dist, comm=comm)
+    return values
+
+
+class Generator:
+    """NumPy's ``Generator`` API over distributed arrays (from :func:`default_rng`).
+
+    Every rank holds the same PCG64 state. ``random`` and ``uniform`` with a ``size`` draw
+    distributed: each rank jumps to its rows and draws only those, then every rank's state moves
+    past the whole draw; the values equal NumPy's for the same seed. Any other method (``normal``,
+    ``integers``, ``choice``, ``permutation``, ...) draws NumPy's values on every rank and keeps
+    each rank's rows (counted as fallback calls). SPMD: call every method on every rank in the
+    same order with the same arguments. ``dist`` (default ``"block"``) lays out the results."""
+
+    def __init__(self, seed: Any = None, dist: Any = "block", comm: Any = None):
+        self._eng = engine_for(comm)
+        self._comm, self._dist = comm, dist
+        self._bg = np.random.PCG64(_seed(self._eng, seed) if seed is None or isinstance(seed, (int, np.integer))
+                                   else seed)
+        self._np = np.random.Generator(self._bg)
+
+    @property
+    def bit_generator(self) -> Any:
+        """The PCG64 bit generator (the same state on every rank)."""
+        return self._bg
+
+    def _draw_distributed(self, size: Any, low: float, high: float, plain: bool) -> DistArray:
+        shape = _shape(size)
+        b, _ = _new(shape, np.float64, self._dist, self._comm, "random")
+        row = int(np.prod(shape[1:], dtype=np.int64)) if shape else 1
+        out = np.empty(b.local_shape(), dtype=np.float64)
+        flat = out.reshape(-1)
+        rows = b.dist.global_rows(self._eng.rank) if not b.replicated else np.arange(shape[0] if shape else 1)
+        if len(rows):
+            starts = np.flatnonzero(np.diff(rows, prepend=rows[0] - 2) != 1)
+            for s, e in zip(starts, np.append(starts[1:], len(rows))):
+                bg = np.random.PCG64()
+                bg.state = self._bg.state
+                bg.advance(int(rows[s]) * row)
+                g = np.random.Generator(bg)
+                k, pos = int(e - s) * row, int(s) * row
+                flat[pos:pos + k] = g.random(k) if plain else g.uniform(low, high, k)
+        # move past the whole draw; advance() drops a buffered 32-bit half, which NumPy's random() keeps
+        kept = self._bg.state
+        self._bg.advance(int(np.prod(shape, dtype=np.int64)))
+        st = self._bg.state
+        st["has_uint32"], st["uinteger"] = kept["has_uint32"], kept["uinteger"]
+        self._bg.state = st
+        b.set_local(out)
+        return DistArray(b, View.full(shape))
+
+    def random(self, size: Any = None, dtype: Any = np.float64, out: Any = None) -> Any:
+        """Uniform floats in [0, 1), NumPy's values; distributed when ``size`` is given."""
+        if size is None or out is not None or np.dtype(dtype) != np.float64:
+            return self._fallback("random", (size,), {"dtype": dtype, "out": out})
+        return self._draw_distributed(size, 0.0, 1.0, plain=True)
+
+    def uniform(self, low: Any = 0.0, high: Any = 1.0, size: Any = None) -> Any:
+        """Uniform floats in [low, high), NumPy's values; distributed when ``size`` is given and the
+        bounds are scalars."""
+        if size is None or not (np.ndim(low) == 0 and np.ndim(high) == 0):
+            return self._fallback("uniform", (low, high, size), {})
+        return self._draw_distributed(size, float(low), float(high), plain=False)
+
+    def _fallback(self, name: str, args: tuple, kwargs: dict) -> Any:
+        from . import fallback
+        fallback.count(f"random.Generator.{name}", 0)
+        return _distributed_draw(getattr(self._np, name)(*args, **kwargs), self._dist, self._comm)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_") or not hasattr(np.random.Generator, name):
+            raise AttributeError(f"'Generator' object has no attribute {name!r}")
+        attr = getattr(self._np, name)
+        if not callable(attr):
+            return attr
+
+        def method(*args: Any, **kwargs: Any) -> Any:
+            return self._fallback(name, args, kwargs)
+        method.__name__ = name
+        return method
+
+
+def default_rng(seed: Any = None, dist: Any = "block", comm: Any = None) -> Generator:
+    """``numpy.random.default_rng`` over distributed arrays: a :class:`Generator`. With ``seed=None``
+    rank 0 draws a seed and broadcasts it (collective), so every rank holds the same stream."""
+    return Generator(seed, dist=dist, comm=comm)
+
+
+_LEGACY: dict = {}
+
+
+def seed(seed: Any = None) -> None:
+    """``numpy.random.seed``: reseed the legacy ``RandomState`` every rank shares (every rank must
+    pass the same ``seed``; with None, rank 0 draws one and broadcasts it: collective)."""
+    if seed is None:
+        seed = _seed(engine_for(None), None) % (1 << 32)
+    _LEGACY["state"] = np.random.RandomState(seed)
+
+
+def _legacy_call(name: str, args: tuple, kwargs: dict, dist: Any = "block", comm: Any = None) -> Any:
+    """NumPy's legacy ``numpy.random.<name>(*args, **kwargs)`` from the shared ``RandomState`` (seeded
+    on first use if :func:`seed` was not called), array results distributed."""
+    if "state" not in _LEGACY:
+        seed(None)
+    from . import fallback
+    fallback.count(f"random.{name}", 0)
+    return _distributed_draw(getattr(_LEGACY["state"], name)(*args, **kwargs), dist, comm)
+
+
+def __getattr__(name: str) -> Any:
+    """NumPy's other ``numpy.random`` names: legacy functions draw from the shared ``RandomState``
+    (see :func:`_legacy_call`); classes and other attributes are NumPy's own."""
+    target = getattr(np.random, name, None)
+    if target is None:
+        raise AttributeError(f"module 'nbmpi.workers.distarray.random' has no attribute {name!r}, and neither has "
+                             "numpy.random")
+    if callable(target) and not isinstance(target, type) and hasattr(np.random.RandomState, name):
+        def legacy(*args: Any, **kwargs: Any) -> Any:
+            return _legacy_call(name, args, kwargs)
+        legacy.__name__ = name
+        return legacy
+    return target

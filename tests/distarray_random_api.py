@@ -1,0 +1,25 @@
+"""NumPy's random API on distributed arrays against NumPy, run SPMD by tests/test_distarray_numpy.py."""
+import numpy as np
+import nbmpi.workers.distarray as dnp
+from nbmpi.workers import world
+def same(a, b, w):
+    g = a.to_numpy() if isinstance(a, dnp.DistArray) else np.asarray(a)
+    assert g.dtype == np.asarray(b).dtype and np.array_equal(g, b), (w, g, b)
+g, h = dnp.random.default_rng(3), np.random.default_rng(3)
+for dist in ("block", "cyclic"):
+    same(g.random((7, 3)), h.random((7, 3)), "random")
+    same(g.uniform(-1, 2, 10), h.uniform(-1, 2, 10), "uniform")
+    same(g.normal(0, 1, (5, 2)), h.normal(0, 1, (5, 2)), "normal")
+    same(g.integers(0, 10, 9), h.integers(0, 10, 9), "integers")
+    same(g.random(), h.random(), "scalar")
+    same(g.random(4), h.random(4), "after")
+dnp.random.seed(5); np.random.seed(5)
+same(dnp.random.rand(6, 2), np.random.rand(6, 2), "legacy rand")
+same(dnp.random.randn(4), np.random.randn(4), "legacy randn")
+same(dnp.random.random(5), np.random.random(5), "legacy random")
+same(dnp.random.normal(1, 2, size=3), np.random.normal(1, 2, size=3), "legacy normal")
+u = dnp.random.default_rng()
+x = u.random(8).to_numpy()
+allx = world().allgather(x)
+assert all(np.array_equal(allx[0], y) for y in allx)
+print(f"rank {world().Get_rank()}: random OK", flush=True)
