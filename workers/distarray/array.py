@@ -336,7 +336,10 @@ class DistArray:
         eng.flush("b[idx] = a")
 
     def __getitem__(self, key: Any):
-        idx = self._index_key(key)
+        try:
+            idx = self._index_key(key)
+        except UnsupportedOperation:     # e.g. index arrays mixed with slices: NumPy's own indexing
+            return fallback.call(operator.getitem, (self, key), {}, "ndarray.__getitem__")
         if idx is not None:
             return self._take(idx)
         view = self._view.index(key)
@@ -353,15 +356,19 @@ class DistArray:
             if key.shape != self.shape:
                 raise ShapeError(f"boolean mask of shape {key.shape} does not match the array's shape {self.shape}")
             if isinstance(value, DistArray) or np.ndim(value) != 0:
-                raise UnsupportedOperation("a[mask] = x is supported for a scalar x; for arrays write "
-                                           "a[...] = where(mask, x, a)")
+                fallback.setitem(self, key, value)
+                return
             val = value
             mk = key._leaf() if isinstance(key, DistArray) else key
             res = elementwise.record_where(eng, mk, val, self._leaf())
             elementwise.record_assign(eng, self._leaf(), res)
             eng.maybe_flush()
             return
-        idx = self._index_key(key)
+        try:
+            idx = self._index_key(key)
+        except UnsupportedOperation:     # e.g. index arrays mixed with slices: NumPy's own indexing
+            fallback.setitem(self, key, value)
+            return
         if idx is not None:
             self._put(idx, value)
             return
@@ -579,7 +586,10 @@ def matmul(a: Any, b: Any) -> Any:
     eng = _engine_from(a, b)
     la = a._leaf() if isinstance(a, DistArray) else a
     lb = b._leaf() if isinstance(b, DistArray) else b
-    return wrap(linalg.record_matmul(eng, la, lb))
+    try:
+        return wrap(linalg.record_matmul(eng, la, lb))
+    except UnsupportedOperation:         # shapes the distributed matmul lacks (e.g. 1-D @ 2-D): NumPy's
+        return fallback.call(np.matmul, (a, b), {}, "matmul")
 
 
 def transpose(a: Any, axes: Any = None) -> Any:

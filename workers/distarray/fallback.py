@@ -154,6 +154,18 @@ def call(func: Callable[..., Any], args: Tuple[Any, ...], kwargs: Dict[str, Any]
     return _distribute(result, like)
 
 
+def setitem(array: Any, key: Any, value: Any) -> None:
+    """``array[key] = value`` through NumPy, for an index the distributed assignment lacks: the array
+    (and distributed parts of ``key`` and ``value``) gathered, NumPy's assignment on every rank, the
+    result written back in place (each rank its own rows). Collective (SPMD)."""
+    def assign(full: np.ndarray, k: Any, v: Any) -> np.ndarray:
+        full = full.copy()
+        full[k] = v
+        return full
+    updated = call(assign, (array, key, value), {}, "ndarray.__setitem__")
+    array[...] = updated.to_numpy() if isinstance(updated, _distarray_type()) else updated
+
+
 def count(name: str, nbytes: int) -> None:
     """Count one fallback call of ``name`` that gathered ``nbytes`` (for callers that do their own
     NumPy call, e.g. random draws every rank makes whole). Local."""
