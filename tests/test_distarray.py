@@ -95,6 +95,13 @@ def test_distributed_arrays_notebook_runs_top_to_bottom(tmp_path, kernel_cache, 
     assert res < 1e-9
     assert "divergence: operation 1 since the previous force point: rank 0 recorded" in out
     assert "shape error: add: operands could not be broadcast together with shapes (4, 3) (4, 2)" in out
+    assert "smooth equals NumPy's: True" in out and "smooth is a DistArray of block over axis 0, 400 rows on 2 ranks" in out
+    assert "nbmpi distarray coverage:" in out and "NumPy-fallback calls" in out
+    cov = out.split("nbmpi distarray coverage: ")[1].split(" native")[0]
+    assert int(cov) > 0, out
+    assert "fallback calls: {'convolve': {'calls': 1, 'bytes': 3240}}" in out
+    e = out.split("smooth equals NumPy's: True; energy ")[1].split("\n")[0]
+    assert e.split(" vs")[0] == e.split("NumPy's ")[1], e     # the sum's order differs, its 10 digits do not
 
 
 def test_benchmark_quick_evaluates_its_targets(tmp_path, kernel_cache):

@@ -70,6 +70,13 @@ def _call_site() -> Tuple[str, int]:
     return "<unknown>", 0
 
 
+def report_coverage(on: bool = True) -> None:
+    """Count native calls too (from now on, this process), for :func:`coverage_report`; what
+    ``NBMPI_REPORT_COVERAGE=1`` does at import. Local."""
+    global REPORT
+    REPORT = bool(on)
+
+
 def note_native(name: str) -> None:
     """Count one native (distributed) call of ``name`` at the user's call site, for the coverage
     report. Local; does nothing unless ``NBMPI_REPORT_COVERAGE=1``."""
