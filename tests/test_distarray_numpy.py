@@ -87,3 +87,13 @@ def test_random_api_equals_numpy(run_mpi, kernel_cache, n):
     assert_ok(p)
     for r in range(n):
         assert f"rank {r}: random OK" in p.stdout, p.stdout
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_numpy_math_is_identical_to_numpy(run_mpi, kernel_cache, n):
+    code = (REPO / "tests" / "distarray_numpy_math.py").read_text()
+    p = run_mpi(code, n=n, timeout=240, env={"NBMPI_DISTARRAY_CACHE": kernel_cache})
+    assert_ok(p)
+    assert "compiled float32 exp differs from NumPy's on" in p.stdout, p.stdout
+    for r in range(n):
+        assert f"rank {r}: numpy math OK" in p.stdout, p.stdout

@@ -21,7 +21,7 @@ from typing import Any, Iterator, Optional, Tuple
 
 import numpy as np
 
-from . import elementwise, fallback, irregular, linalg, reductions
+from . import elementwise, fallback, irregular, linalg, numpy_math, reductions
 from .distribution import Distribution, make_distribution
 from .engine import Engine
 from .errors import DistributionError, ShapeError, UnsupportedOperation
@@ -396,6 +396,8 @@ class DistArray:
             return fallback.call(getattr(ufunc, method), inputs, kwargs, name if method == "__call__"
                                  else f"{name}.{method}")
         fallback.note_native(name)
+        if numpy_math.applies(name) and kwargs.get("out") is None:
+            return numpy_math.apply(ufunc, inputs)
         out = kwargs.get("out")
         out_leaf = None
         if out is not None:
@@ -440,8 +442,10 @@ class DistArray:
         for x in inputs:
             if not isinstance(x, (DistArray, np.ndarray, np.generic, int, float, bool, list, tuple)):
                 return NotImplemented
-        args = [x._leaf() if isinstance(x, DistArray) else x for x in inputs]
         fallback.note_native(ufunc.__name__)
+        if numpy_math.applies(ufunc.__name__):
+            return numpy_math.apply(ufunc, inputs)
+        args = [x._leaf() if isinstance(x, DistArray) else x for x in inputs]
         return wrap(elementwise.record_ufunc(self.engine, ufunc, args))
 
     def _iu(self, ufunc: np.ufunc, other: Any) -> "DistArray":

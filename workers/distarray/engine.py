@@ -218,10 +218,16 @@ _UNCHANGED: Any = object()
 
 
 def configure(latency_hiding: Optional[bool] = None, threshold: Optional[int] = None,
-              chunk_elems: Optional[int] = None, timeout: Any = _UNCHANGED, comm=None) -> Dict[str, Any]:
+              chunk_elems: Optional[int] = None, timeout: Any = _UNCHANGED, comm=None,
+              numpy_math: Optional[bool] = None) -> Dict[str, Any]:
     """Change the evaluation settings of the engine of ``comm`` (default ``COMM_WORLD``); arguments
-    left out keep their value (``timeout``: seconds, or None to wait forever). Local; call it on
-    every rank with the same values. Returns the settings now in force."""
+    left out keep their value (``timeout``: seconds, or None to wait forever; ``numpy_math``: NumPy's
+    own transcendental functions instead of the compiled ones, for results identical to NumPy's,
+    process-wide, see :mod:`.numpy_math`). Local; call it on every rank with the same values.
+    Returns the settings now in force."""
+    from . import numpy_math as _numpy_math
+    if numpy_math is not None:
+        _numpy_math.set_enabled(numpy_math)
     eng = engine_for(comm)
     if latency_hiding is not None:
         eng.latency_hiding = bool(latency_hiding)
@@ -238,4 +244,4 @@ def configure(latency_hiding: Optional[bool] = None, threshold: Optional[int] = 
             raise DistArrayError(f"timeout must be a positive number of seconds or None, got {timeout!r}")
         eng.timeout = timeout
     return dict(latency_hiding=eng.latency_hiding, threshold=eng.threshold, chunk_elems=eng.chunk_elems,
-                timeout=eng.timeout)
+                timeout=eng.timeout, numpy_math=_numpy_math.enabled())
