@@ -279,3 +279,25 @@ def test_rank_killed_by_a_signal_is_named(tmp_path):
     assert proc.returncode == 128 + signal.SIGKILL, proc.stdout + proc.stderr
     assert "nbmpi run: rank 1 was killed by SIGKILL; ranks [0, 2] were terminated" in proc.stderr, proc.stderr
     assert_no_survivors(script.name)
+
+
+def test_lines_of_two_ranks_never_share_a_line(tmp_path):
+    """Each rank writes whole lines (one write per line), so the merged output of 3 ranks printing at the same
+    time has only whole lines: `print("rank", r, i)` is one line of the output, never cut by another rank's."""
+    script = write_script(tmp_path, r'''
+        import sys
+        from nbmpi.workers import world
+        r = world().Get_rank()
+        world().Barrier()
+        for i in range(400):
+            print("line", "of", "rank", r, "number", i, "end")
+            print("err", "of", "rank", r, "number", i, "end", file=sys.stderr)
+    ''')
+    proc = cli(tmp_path, script, n=3)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    import re
+    for stream, word in ((proc.stdout, "line"), (proc.stderr, "err")):
+        lines = [ln for ln in stream.splitlines() if ln.strip()]
+        bad = [ln for ln in lines if not re.fullmatch(rf"{word} of rank [012] number \d+ end", ln)]
+        assert not bad, bad[:5]
+        assert len(lines) == 1200, len(lines)

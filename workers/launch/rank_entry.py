@@ -98,6 +98,17 @@ def _redirect_output() -> None:
         os.close(target)
 
 
+def _whole_lines() -> None:
+    """Write stdout and stderr a whole line at a time (one ``write`` per line), still at once: the
+    launcher's output of two ranks then never shares a line (``PYTHONUNBUFFERED`` alone writes
+    ``print("a", 1)`` in four pieces that another rank's output can come between)."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.reconfigure(line_buffering=True, write_through=False)
+        except (AttributeError, ValueError):   # replaced by something that is not a text stream
+            pass
+
+
 def _start_stream():
     """If ``$NBMPI_TRACE_OUT`` is set and tracing is on: start this rank's trace streamer."""
     out = os.environ.get("NBMPI_TRACE_OUT")
@@ -168,6 +179,7 @@ def main(argv=None) -> int:
     rank_guard.guard()   # the parent stays behind and reports a signal that kills this rank
     _announce()
     _redirect_output()
+    _whole_lines()
     from ..tracing.startup import init
 
     init()
