@@ -438,3 +438,35 @@ def test_demo_keep_leaves_the_controller_and_prints_the_dashboard(tmp_path):
         assert time.monotonic() < deadline, "the kept controller did not stop on SIGTERM"
         time.sleep(0.1)
     assert job_processes(data) == []
+
+
+# -- the notebook's timeline ----------------------------------------------------------------------
+def test_notebook_timeline_draws_with_bokehjs_loaded_once(browser, tmp_path):
+    """What a notebook shows for ``%%distributed --timeline``: BokehJS once (one script, ~1.5 MB, not twice),
+    then the figure's HTML: in Chromium the interactive figure replaces the static SVG (from a file: no
+    server, no network)."""
+    import numpy as np
+
+    from nbmpi.workers.tracing.analysis import Trace
+    from nbmpi.workers.tracing.records import FIELDS, NF, kind_names
+    from nbmpi.workers.tracing.timeline import bokehjs_html, notebook_bundle
+
+    ms = 1_000_000
+    ev = np.zeros((2, NF), dtype=np.int64)
+    col = {f: i for i, f in enumerate(FIELDS)}
+    kinds = kind_names()
+    for i, (rank, direction) in enumerate(((0, 1), (1, 2))):
+        ev[i, col["kind"]] = kinds.index("put") if direction == 1 else kinds.index("take")
+        ev[i, col["dir"]], ev[i, col["peer"]], ev[i, col["nbytes"]] = direction, 1 - rank, 64
+        ev[i, col["t_start"]], ev[i, col["t_end"]], ev[i, col["wait"]] = ms * (1 + rank), ms * 3, -1
+    trace = Trace(ev, np.array([0, 1]), 2, kinds)
+    script = bokehjs_html()
+    assert script.count("<script") == 1 and 1_000_000 < len(script) < 2_500_000, len(script)
+    bundle = notebook_bundle(trace)
+    assert "<script" in bundle["text/html"] and len(bundle["text/html"]) < 200_000, len(bundle["text/html"])
+    page = tmp_path / "timeline.html"
+    page.write_text(f"<!doctype html><html><body>{script}{bundle['text/html']}</body></html>")
+    browser.driver.get(page.as_uri())
+    browser.wait_for("var s = document.querySelector('.nbmpi-static'); return s && s.style.display === 'none'",
+                     what="the Bokeh figure replacing the static SVG")
+    assert browser.js("return window.Bokeh.documents.length") == 1      # the figure is a live Bokeh document

@@ -181,13 +181,22 @@ def test_timeline_and_trace_save(kernel, tmp_path):
     r = k.run("%%distributed --timeline\nfor i in range(3):\n    if rank == 0:\n        ch.put(1); ch.take(1)\n"
               "    else:\n        ch.take(0); ch.put(0)")
     assert r["status"] == "ok", r
-    html = "".join(r["texts"])
+    bokehjs = [t for t in r["texts"] if "bokeh.min.js" in t]
+    html = "".join(t for t in r["texts"] if "bokeh.min.js" not in t)
     assert html.count("<svg") == 1 and "rank 1" in html and "nbmpi-arrow" in html and "wait " in html
+    # BokehJS (~1.5 MB) is in the first timeline's output once, and in no later one
+    assert len(bokehjs) == 1 and bokehjs[0].count("bokeh.min.js */") == 2, [len(t) for t in bokehjs]
+    assert 1_000_000 < len(html) + len(bokehjs[0]) < 2_000_000, len(html) + len(bokehjs[0])
     path = tmp_path / "cell.json"
     r = k.run(f"%distributed trace save {path}")
     assert r["status"] == "ok", r
     data = json.loads(path.read_text())
     assert sum(1 for e in data["traceEvents"] if e.get("flow_out")) == 6
+    for _ in range(2):
+        r = k.run("%%distributed --timeline\nch.put(1 - rank) if rank == 0 else ch.take(0)")
+        assert r["status"] == "ok", r
+        later = "".join(r["texts"])
+        assert "bokeh.min.js" not in later and later.count("<svg") == 1 and len(later) < 300_000, len(later)
 
 
 def test_restart_stop_and_shutdown_leave_no_process(kernel):

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import html
 import json
+import re
 import uuid
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -795,16 +796,26 @@ def notebook_bundle(trace, window: Optional[Tuple[int, int]] = None, ranks: Opti
 _BOKEHJS_LOADED = False
 
 
+def bokehjs_html() -> str:
+    """BokehJS (from the installed bokeh wheel, inline: no network) as one ``<script>`` element."""
+    from bokeh.resources import Resources
+
+    js = "\n".join(Resources(mode="inline", components=["bokeh", "bokeh-gl"]).js_raw)
+    js = re.sub(r"</(script)", r"<\\/\1", js, flags=re.IGNORECASE)   # nothing may end the script tag early
+    return f'<script type="text/javascript">{js}</script>'
+
+
 def load_bokehjs() -> None:
-    """Put BokehJS (from the installed bokeh wheel, inline: no network) into the notebook once per
-    kernel; :func:`show` calls it. Must run inside an IPython kernel."""
+    """Put BokehJS into the notebook once per kernel, as ONE output holding it once
+    (:func:`bokehjs_html` in ``text/html``; Bokeh's own ``load_notebook`` publishes the 1.5 MB
+    bundle twice, as JavaScript and as its own MIME type); :func:`show` calls it. Must run inside
+    an IPython kernel."""
     global _BOKEHJS_LOADED
     if _BOKEHJS_LOADED:
         return
-    from bokeh.io.notebook import load_notebook
-    from bokeh.resources import Resources
+    from IPython.display import display
 
-    load_notebook(Resources(mode="inline", components=["bokeh", "bokeh-gl"]), hide_banner=True)
+    display({"text/html": bokehjs_html(), "text/plain": "(BokehJS loaded for the nbmpi timelines)"}, raw=True)
     _BOKEHJS_LOADED = True
 
 
