@@ -27,7 +27,7 @@ from .engine import Engine
 from .errors import DistributionError, ShapeError, UnsupportedOperation
 from .graph import Base, Leaf
 from .indexing import View
-from .plans import _my_rows_fast, selector
+from .plans import my_rows, selector
 
 __all__ = ["DistArray", "wrap"]
 
@@ -193,7 +193,7 @@ class DistArray:
         if v.is_full:
             return loc
         s, t, n = v.row_params
-        _, lidx = _my_rows_fast(b.dist, s, t, n, eng.rank)
+        _, lidx = my_rows(b.dist, s, t, n, eng.rank)
         if not v.row_kept and len(lidx) == 0:
             return np.empty((0,) + self.shape, dtype=self.dtype)
         sel = selector(lidx) if v.row_kept else int(lidx[0])
@@ -206,7 +206,7 @@ class DistArray:
         if b.replicated:
             return np.arange(self.shape[0] if self.shape else 1, dtype=np.int64)
         s, t, n = v.row_params
-        i, _ = _my_rows_fast(b.dist, s, t, n, self.engine.rank)
+        i, _ = my_rows(b.dist, s, t, n, self.engine.rank)
         return i
 
     # -- printing -----------------------------------------------------------------------

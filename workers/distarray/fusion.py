@@ -33,7 +33,7 @@ from collections import defaultdict
 from typing import Any, Dict, List, Optional, Tuple
 
 from .graph import Assign, Const, Leaf, Op, Redistribute, Reduce, Replicate, RowSpace, Swap, Task, leaves, substitute
-from .redistribution import copy_source
+from .operations.redistribution import copy_source
 
 __all__ = ["ElementwiseGroup", "TaskGroup", "optimize", "MAX_GROUP_TASKS"]
 
@@ -49,12 +49,12 @@ def _dead(base) -> bool:
 
 
 class TaskGroup:
-    """A single non-elementwise task (matmul, transpose, replicate, swap) run as one unit."""
-
-    kind = "task"
+    """A single non-elementwise task (matmul, transpose, replicate, swap, redistribute, indexed copy) run as
+    one group; its ``kind`` is the task's."""
 
     def __init__(self, task: Task):
         self.task = task
+        self.kind = task.kind
         self.tasks = [task]
         self.desc = task.desc
 
