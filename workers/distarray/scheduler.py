@@ -112,8 +112,9 @@ def _covers(intervals: List[Tuple[int, int]], lo: int, hi: int) -> bool:
 
 
 class _Flush:
-    """One force point on this rank: builds the units of every group (:meth:`build`), runs them
-    (:meth:`execute`) and records every transfer and wait into the tracer."""
+    """One force point on this rank: lowers every group into units through the operation tables
+    (:meth:`build`; it is the :class:`~.units.Lowering` the operations build into), orders them, runs
+    them (:meth:`execute`) and records every transfer and wait into the tracer."""
 
     def __init__(self, engine, reason: str, hiding: bool):
         self.eng = engine

@@ -11,9 +11,9 @@ Nothing here communicates or blocks; the scheduler owns every wait.
 """
 from __future__ import annotations
 
-from typing import Callable, List, Optional, Tuple
+from typing import Any, Callable, List, Optional, Protocol, Tuple
 
-__all__ = ["Waitable", "Unit", "GroupRun", "after", "FULL", "Access"]
+__all__ = ["Waitable", "Unit", "GroupRun", "after", "FULL", "Access", "Lowering"]
 
 #: ``hi`` of an access that covers every local row of a base.
 FULL = 1 << 62
@@ -80,3 +80,28 @@ class GroupRun:
         if self.finish is not None:
             out.append(self.finish)
         return out
+
+
+class Lowering(Protocol):
+    """What an operation's lowering may use of the flush it is lowered into (the scheduler's ``_Flush``).
+
+    Called only while the flush builds its units, on every rank in the same order; nothing here blocks."""
+
+    eng: Any            #: the engine (communicator, plan cache, settings, stats)
+    rank: int
+    size: int
+    MPI: Any            #: the mpi4py MPI module
+    blocks: int         #: kernel blocks run (a block unit adds 1 when it runs)
+
+    def receives(self, run: GroupRun, plan: Any, inst: Any, label: str) -> None:
+        """Add a waitable per incoming message of ``plan`` (its instance's persistent receives) to ``run``."""
+
+    def send_unit(self, plan: Any, inst: Any, k: int, local_of: Optional[Callable[[int], Any]], serial_of: Any,
+                  label: str, pack: Optional[Callable[[], None]] = None) -> Unit:
+        """The unit packing and starting outgoing message ``k`` of ``plan``."""
+
+    def sent(self, req: Any, peer: int, nbytes: int, inst: Any, t0: int, label: str) -> Waitable:
+        """Count, trace and start the waitable of a send just started on ``inst``'s tag."""
+
+    def start(self, w: Waitable) -> None:
+        """Register a started request: polled with the others, its units released when it completes."""

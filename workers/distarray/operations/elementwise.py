@@ -21,7 +21,7 @@ from ..fused_kernels import KernelSpec, get_kernel
 from ..graph import Leaf
 from ..indexing import c_strides
 from ..plans import PartSpec, Plan, hull, my_rows, prod, segments, selector
-from ..units import GroupRun, Unit
+from ..units import GroupRun, Lowering, Unit
 from . import reduction
 
 SlotAccess = Tuple[int, int, int, str]   # (array slot, lo, hi, mode) with mode R / W / A
@@ -380,7 +380,7 @@ def cache_key(g, chunk_elems: int) -> Tuple:
     return ("ew", g.program_key, g.space.key, tuple(descs), chunk_elems)
 
 
-def lower(fl, g, flush_no: int) -> GroupRun:
+def lower(fl: Lowering, g: Any, flush_no: int) -> GroupRun:
     """The units of elementwise group ``g`` in flush ``fl``: receives, one send per outgoing message, one
     kernel call per block (each waiting for the messages it reads), then the reductions' units."""
     eng = fl.eng
@@ -412,8 +412,8 @@ def lower(fl, g, flush_no: int) -> GroupRun:
     return run
 
 
-def _block_fn(fl, blk: BlockSpec, bases: List[Any], recv_flat: List[List[np.ndarray]], slots: Dict[int, np.ndarray],
-              scalars: List[Any]) -> Callable[[], None]:
+def _block_fn(fl: Lowering, blk: BlockSpec, bases: List[Any], recv_flat: List[List[np.ndarray]],
+              slots: Dict[int, np.ndarray], scalars: List[Any]) -> Callable[[], None]:
     """The computation of one block: the kernel on the local buffers, received parts and reduction slots."""
 
     def fn() -> None:

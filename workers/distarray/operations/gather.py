@@ -13,7 +13,7 @@ import numpy as np
 
 from ..graph import Replicate
 from ..plans import PartSpec, Plan, hull, selector
-from ..units import FULL, GroupRun, Unit
+from ..units import FULL, GroupRun, Lowering, Unit
 
 __all__ = ["ReplicatePlan", "cache_key", "lower", "LOWERINGS"]
 
@@ -65,7 +65,7 @@ def cache_key(t: Replicate) -> Tuple:
     return ("rep", src.base.dist.key, src.view.key, src.dtype.str, t.root)
 
 
-def lower(fl, g, flush_no: int) -> GroupRun:
+def lower(fl: Lowering, g: Any, flush_no: int) -> GroupRun:
     """The units of ``g.task`` (a :class:`~..graph.Replicate`) in flush ``fl``: one send per destination;
     on a destination, the copy of its own rows and one unpack per received message."""
     t: Replicate = g.task

@@ -18,7 +18,7 @@ import numpy as np
 from ..fused_kernels import transpose_copy
 from ..graph import Matmul, Transpose
 from ..plans import Instance, PartSpec, Plan, hull, my_rows, segments, selector
-from ..units import FULL, GroupRun, Unit, after
+from ..units import FULL, GroupRun, Lowering, Unit, after
 
 __all__ = ["MatmulPlan", "TransposePlan", "matmul_key", "transpose_key", "lower_matmul", "lower_transpose",
            "LOWERINGS"]
@@ -145,7 +145,7 @@ def matmul_key(t: Matmul) -> Tuple:
             out.base.dist.key, out.view.key, out.dtype.str)
 
 
-def lower_matmul(fl, g, flush_no: int) -> GroupRun:
+def lower_matmul(fl: Lowering, g: Any, flush_no: int) -> GroupRun:
     """The units of ``g.task`` (a :class:`~..graph.Matmul`) in flush ``fl``."""
     t: Matmul = g.task
     eng = fl.eng
@@ -218,7 +218,7 @@ def transpose_key(t: Transpose) -> Tuple:
     return ("tr", src.base.dist.key, src.view.key, src.dtype.str, out.base.dist.key, out.dtype.str)
 
 
-def lower_transpose(fl, g, flush_no: int) -> GroupRun:
+def lower_transpose(fl: Lowering, g: Any, flush_no: int) -> GroupRun:
     """The units of ``g.task`` (a :class:`~..graph.Transpose`) in flush ``fl``."""
     t: Transpose = g.task
     eng = fl.eng

@@ -36,7 +36,7 @@ from ..graph import Leaf, Op, Redistribute
 from ..packing import (OP_COPY, OP_PACK, OP_UNPACK, Interleave, RowPattern, ap_runs, contiguous_range, copy_rows,
                        group_by, joint_patterns, joint_runs, pack, row_pattern, unpack)
 from ..plans import PartSpec, Plan, arena_layout, hull, my_rows
-from ..units import GroupRun, Unit, Waitable
+from ..units import GroupRun, Lowering, Unit, Waitable
 
 _now = time.perf_counter_ns
 
@@ -228,7 +228,7 @@ def _span(hulls) -> Tuple[int, int]:
     return (min(h[0] for h in hulls), max(h[1] for h in hulls)) if hulls else (0, 0)
 
 
-def lower(fl, g, flush_no: int) -> GroupRun:
+def lower(fl: Lowering, g: Any, flush_no: int) -> GroupRun:
     """The units of ``g.task`` (a :class:`~..graph.Redistribute`) in flush ``fl``: one aggregated transfer,
     at most one message per peer and direction.
 
@@ -263,7 +263,7 @@ def lower(fl, g, flush_no: int) -> GroupRun:
     return run
 
 
-def _lower_sends(fl, t: Redistribute, plan: RedistributionPlan, inst, run: GroupRun) -> None:
+def _lower_sends(fl: Lowering, t: Redistribute, plan: RedistributionPlan, inst, run: GroupRun) -> None:
     """The packed sends: one unit packing every message (and maybe the local copy) in one interleaved pass
     and starting them, else one pack-and-send unit per message."""
     sb, ob = t.src.base, t.out.base
@@ -294,7 +294,7 @@ def _lower_sends(fl, t: Redistribute, plan: RedistributionPlan, inst, run: Group
         run.sends.append(u)
 
 
-def _lower_unpacks(fl, t: Redistribute, plan: RedistributionPlan, inst, run: GroupRun) -> None:
+def _lower_unpacks(fl: Lowering, t: Redistribute, plan: RedistributionPlan, inst, run: GroupRun) -> None:
     """The packed receives: one unit unpacking every message (and maybe the local copy) in one interleaved
     pass when all have arrived, else one unpack unit per message."""
     sb, ob = t.src.base, t.out.base
@@ -324,8 +324,8 @@ def _lower_unpacks(fl, t: Redistribute, plan: RedistributionPlan, inst, run: Gro
         run.computes.append(u)
 
 
-def _lower_in_place(fl, t: Redistribute, inst, run: GroupRun, base, peer: int, lo: int, hi: int, rlo: int,
-                    rhi: int, sending: bool) -> None:
+def _lower_in_place(fl: Lowering, t: Redistribute, inst: Any, run: GroupRun, base: Any, peer: int, lo: int,
+                    hi: int, rlo: int, rhi: int, sending: bool) -> None:
     """An in-place message: a communication unit starting the send from (receive into) elements ``[lo, hi)``
     of the local block, and a no-op unit holding local rows ``[rlo, rhi)`` until the request completes."""
     mode = "R" if sending else "W"

@@ -16,12 +16,13 @@ from typing import Any, Callable, Dict, List, Tuple
 import numpy as np
 
 from ..reductions import combine_partials, identity_array
-from ..units import FULL, GroupRun, Unit, Waitable, after
+from ..units import FULL, GroupRun, Lowering, Unit, Waitable, after
 
 __all__ = ["lower_partials"]
 
 
-def lower_partials(fl, g, plan, inst, run: GroupRun, slots: Dict[int, np.ndarray], flush_no: int) -> None:
+def lower_partials(fl: Lowering, g: Any, plan: Any, inst: Any, run: GroupRun, slots: Dict[int, np.ndarray],
+                   flush_no: int) -> None:
     """Add to ``run`` the units that turn the blocks' partial results of ``g``'s reductions into their
     targets (nothing if the group has no reduction over all rows). Called while lowering ``g``, after its
     block units."""
@@ -65,8 +66,9 @@ def _finalizer(g, slot_reds: List[Tuple]) -> Callable[[List[np.ndarray]], None]:
     return finalize
 
 
-def _lower_allgather(fl, g, inst, run: GroupRun, slot_reds: List[Tuple], local_partials: Callable[[], List[Any]],
-                     finalize: Callable[[List[np.ndarray]], None], out_serials: Tuple, flush_no: int) -> None:
+def _lower_allgather(fl: Lowering, g: Any, inst: Any, run: GroupRun, slot_reds: List[Tuple],
+                     local_partials: Callable[[], List[Any]], finalize: Callable[[List[np.ndarray]], None],
+                     out_serials: Tuple, flush_no: int) -> None:
     """Distributed rows: an allgather unit after every block (and after the previous group's allgather,
     see the scheduler), then a finish unit combining every rank's partials when it has completed."""
     size = fl.size

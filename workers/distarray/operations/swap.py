@@ -7,13 +7,13 @@ before the two buffers are exchanged. No communication.
 """
 from __future__ import annotations
 
-from typing import Tuple
+from typing import Any, Tuple
 
 import numpy as np
 
 from ..graph import Swap
 from ..plans import selector
-from ..units import FULL, GroupRun, Unit
+from ..units import FULL, GroupRun, Lowering, Unit
 
 __all__ = ["Complement", "complement", "cache_key", "lower", "LOWERINGS"]
 
@@ -49,7 +49,7 @@ def cache_key(t: Swap) -> Tuple:
     return ("swap", x.dist.key, x.shape, t.box)
 
 
-def lower(fl, g, flush_no: int) -> GroupRun:
+def lower(fl: Lowering, g: Any, flush_no: int) -> GroupRun:
     """The one unit of ``g.task`` (a :class:`~..graph.Swap`): copy the complement, exchange the buffers."""
     t: Swap = g.task
     x, s = t.target.base, t.source.base
