@@ -9,7 +9,8 @@ with constant strides, so the kernel reads them in place. Blocks whose operands 
 while the messages are in flight.
 
 Lowering (:func:`lower`): one send unit per outgoing message, one compute unit per block (waiting
-for the messages it reads), and for reductions the units of :mod:`.reduction`.
+for the messages it reads), and for reductions the units of :mod:`.reduction`. (What records the
+elementwise operations is :mod:`~..elementwise`; what groups them, :mod:`~..fusion`.)
 """
 from __future__ import annotations
 
