@@ -140,6 +140,32 @@ def test_workers_is_cut_into_rooms_that_import_one_way():
     assert not bad, f"subpackages importing against the layering: {bad}"
 
 
+
+def test_distarray_scheduler_knows_no_operation():
+    """The distributed arrays' scheduler only orders and executes units: it reaches the operations through
+    the tables of ``distarray.operations`` and imports no operation module, plan, task class or kernel;
+    no operation module imports the scheduler (the scheduler before issue 24 imported all of these)."""
+    g = workers_import_graph()
+    sched = g["distarray.scheduler"]
+    ops = sorted(m for m in g if m.startswith("distarray.operations."))
+    assert {"distarray.operations.elementwise", "distarray.operations.redistribution"} <= set(ops), ops
+    assert "distarray.operations" in sched
+    leaked = sorted(sched & (set(ops) | {"distarray.plans", "distarray.graph", "distarray.irregular",
+                                         "distarray.packing", "distarray.fused_kernels", "distarray.reductions"}))
+    assert not leaked, f"distarray.scheduler imports operation internals: {leaked}"
+    assert not [m for m in ops if "distarray.scheduler" in g[m]], "an operation module imports the scheduler"
+
+
+def test_distarray_has_no_class_over_500_lines_and_no_function_over_80():
+    too_long = []
+    for path in sorted((WORKERS / "distarray").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                n = node.end_lineno - node.lineno + 1
+                if n > (500 if isinstance(node, ast.ClassDef) else 80):
+                    too_long.append(f"{path.relative_to(WORKERS)}:{node.lineno} {node.name}: {n} lines")
+    assert not too_long, "split these:\n" + "\n".join(too_long)
+
 def test_the_cycle_finder_finds_a_lazy_import_cycle():
     """The check above can fail: a function-level import back into a lower layer is a cycle."""
     g = workers_import_graph()

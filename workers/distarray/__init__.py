@@ -20,15 +20,16 @@ elementwise operations run as one numba kernel each (:mod:`.fusion`,
 :func:`configure`) exchanges first and computes afterwards, for comparison.
 
 Copies between layouts (``b[...] = a``, ``a.redistribute(dist)``) are one aggregated transfer with
-at most one message per peer (:mod:`.redistribution`, kernels in :mod:`.packing`); ``b[idx] = a`` and
-``a[idx]`` with index arrays go through the Aggregator (:mod:`.irregular`).
+at most one message per peer (:mod:`.operations.redistribution`, kernels in :mod:`.packing`);
+``b[idx] = a`` and ``a[idx]`` with index arrays go through the Aggregator (:mod:`.irregular`).
 
-Modules: :mod:`.distribution` (block, cyclic, block-cyclic, replicated), :mod:`.indexing`
+Modules: recording: :mod:`.distribution` (block, cyclic, block-cyclic, replicated), :mod:`.indexing`
 (views), :mod:`.array` (DistArray), :mod:`.graph` (recorded tasks), :mod:`.elementwise`,
-:mod:`.reductions`, :mod:`.linalg` (recording), :mod:`.fusion`, :mod:`.plans`,
-:mod:`.redistribution` and :mod:`.packing` (copies between layouts), :mod:`.irregular` (index
-arrays), :mod:`.scheduler` (evaluation), :mod:`.fused_kernels` (code generation), :mod:`.engine`
-(per-communicator state), :mod:`.creation` and :mod:`.random` (constructors).
+:mod:`.reductions`, :mod:`.linalg`, :mod:`.creation` and :mod:`.random` (constructors);
+evaluation: :mod:`.fusion` (groups), :mod:`.operations` (one module per kind of operation: its
+plan, cache key and lowering into units), :mod:`.plans` (what plans share), :mod:`.units`,
+:mod:`.scheduler` (orders and executes units), :mod:`.packing` (copy kernels), :mod:`.irregular`
+(index arrays), :mod:`.fused_kernels` (code generation), :mod:`.engine` (per-communicator state).
 """
 from __future__ import annotations
 

@@ -27,7 +27,7 @@ from .engine import Engine
 from .errors import DistributionError, ShapeError, UnsupportedOperation
 from .graph import Base, Leaf
 from .indexing import View
-from .plans import _my_rows_fast, selector
+from .plans import my_rows, selector
 
 __all__ = ["DistArray", "wrap"]
 
@@ -193,7 +193,7 @@ class DistArray:
         if v.is_full:
             return loc
         s, t, n = v.row_params
-        _, lidx = _my_rows_fast(b.dist, s, t, n, eng.rank)
+        _, lidx = my_rows(b.dist, s, t, n, eng.rank)
         if not v.row_kept and len(lidx) == 0:
             return np.empty((0,) + self.shape, dtype=self.dtype)
         sel = selector(lidx) if v.row_kept else int(lidx[0])
@@ -206,45 +206,17 @@ class DistArray:
         if b.replicated:
             return np.arange(self.shape[0] if self.shape else 1, dtype=np.int64)
         s, t, n = v.row_params
-        i, _ = _my_rows_fast(b.dist, s, t, n, self.engine.rank)
+        i, _ = my_rows(b.dist, s, t, n, self.engine.rank)
         return i
 
     # -- printing -----------------------------------------------------------------------
-    def _printable(self) -> np.ndarray:
-        """The array, or for large arrays an array of the edge elements that NumPy prints the same
-        way (each long axis shortened to edge + 1 + edge elements). Collective."""
-        opts = np.get_printoptions()
-        edge = int(opts["edgeitems"])
-        if self.size <= opts["threshold"] or self.ndim == 0:
-            return self.to_numpy()
-        n0 = self.shape[0]
-        if n0 > 2 * edge:
-            head = elementwise.replicate_leaf(self.engine, DistArray(self._base, self._view.index(slice(0, edge)))
-                                              ._leaf(), "print")
-            tail = elementwise.replicate_leaf(self.engine, DistArray(self._base, self._view.index(
-                slice(n0 - edge, n0)))._leaf(), "print")
-            held = (DistArray(head.base, head.view), DistArray(tail.base, tail.view))  # read below
-            self.engine.flush("print")
-            assert held
-            h = head.base.ensure()[head.view.numpy_index()]
-            tl = tail.base.ensure()[tail.view.numpy_index()]
-            arr = np.concatenate([h, h[:1], tl], axis=0)
-        else:
-            arr = self.to_numpy()
-        for ax in range(1, arr.ndim):
-            m = arr.shape[ax]
-            if m > 2 * edge:
-                idx = list(range(edge)) + [0] + list(range(m - edge, m))
-                arr = np.take(arr, idx, axis=ax)
-        return arr
-
     def __str__(self) -> str:
-        arr = self._printable()
+        arr = _printable(self)
         with np.printoptions(threshold=0 if arr.size != self.size else np.get_printoptions()["threshold"]):
             return str(arr)
 
     def __repr__(self) -> str:
-        arr = self._printable()
+        arr = _printable(self)
         with np.printoptions(threshold=0 if arr.size != self.size else np.get_printoptions()["threshold"]):
             body = np.array2string(arr, separator=", ", prefix="DistArray(")
         return f"DistArray({body}, dtype={self.dtype}, dist={self.dist.kind!r})"
@@ -513,7 +485,7 @@ class DistArray:
         rows as they are now (then the copy needs no communication); for a view, the result holds the
         view's elements, compacted (shape ``self.shape``). Later writes to either array do not show in
         the other. Lazy like every operation: recorded on every rank (SPMD) and run at the next force
-        point as one aggregated transfer with at most one message per peer (:mod:`~.redistribution`);
+        point as one aggregated transfer with at most one message per peer (:mod:`~.operations.redistribution`);
         collective at that force point. Same as ``b = dnp.empty(a.shape, a.dtype, dist=dist); b[...] = a``.
         """
         if self.ndim == 0:
@@ -671,3 +643,32 @@ _FUNCTIONS = {
     np.ndim: lambda a: a.ndim,
     np.size: lambda a, axis=None: a.size if axis is None else a.shape[axis],
 }
+
+
+def _printable(a: DistArray) -> np.ndarray:
+    """``a``, or for a large array an array of the edge elements that NumPy prints the same
+    way (each long axis shortened to edge + 1 + edge elements). Collective."""
+    opts = np.get_printoptions()
+    edge = int(opts["edgeitems"])
+    if a.size <= opts["threshold"] or a.ndim == 0:
+        return a.to_numpy()
+    n0 = a.shape[0]
+    if n0 > 2 * edge:
+        head = elementwise.replicate_leaf(a.engine, DistArray(a._base, a._view.index(slice(0, edge)))
+                                          ._leaf(), "print")
+        tail = elementwise.replicate_leaf(a.engine, DistArray(a._base, a._view.index(
+            slice(n0 - edge, n0)))._leaf(), "print")
+        held = (DistArray(head.base, head.view), DistArray(tail.base, tail.view))  # read below
+        a.engine.flush("print")
+        assert held
+        h = head.base.ensure()[head.view.numpy_index()]
+        tl = tail.base.ensure()[tail.view.numpy_index()]
+        arr = np.concatenate([h, h[:1], tl], axis=0)
+    else:
+        arr = a.to_numpy()
+    for ax in range(1, arr.ndim):
+        m = arr.shape[ax]
+        if m > 2 * edge:
+            idx = list(range(edge)) + [0] + list(range(m - edge, m))
+            arr = np.take(arr, idx, axis=ax)
+    return arr

@@ -4,7 +4,7 @@ A :class:`Distribution` answers, for any global row, which rank owns it and wher
 sits in the owner's local buffer. Each rank stores the rows it owns contiguously, in
 increasing global order, as one local NumPy array of shape ``(local_rows, *shape[1:])``.
 Everything is vectorized over arrays of rows, so the per-rank transfer plans
-(:mod:`~nbmpi.workers.distarray.plans`) are computed without a Python loop per row.
+(:mod:`~nbmpi.workers.distarray.operations`) are computed without a Python loop per row.
 
 * ``block``: rank ``r`` owns one contiguous run of rows; runs differ by at most one row
   (``n // P`` or ``n // P + 1`` rows, the larger ones first);

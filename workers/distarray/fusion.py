@@ -18,7 +18,7 @@ they agree on the result without communicating.
    and the buffers are exchanged, instead of copying the whole view.
 5. **Redistribution**: a remaining plain copy ``b[v] = a[w]`` between two distributed bases whose
    rows are laid out differently becomes a :class:`~.graph.Redistribute` (one aggregated
-   transfer, :mod:`~.redistribution`) instead of an elementwise task.
+   transfer, :mod:`~.operations.redistribution`) instead of an elementwise task.
 6. **Grouping** (horizontal fusion): adjacent elementwise tasks over the same rows and
    iteration shape (``Assign`` and ``Reduce``) run in one loop nest if no task reads or
    writes, at a different view, what an earlier one in the group writes. A value stored by
@@ -33,7 +33,7 @@ from collections import defaultdict
 from typing import Any, Dict, List, Optional, Tuple
 
 from .graph import Assign, Const, Leaf, Op, Redistribute, Reduce, Replicate, RowSpace, Swap, Task, leaves, substitute
-from .redistribution import copy_source
+from .operations.redistribution import copy_source
 
 __all__ = ["ElementwiseGroup", "TaskGroup", "optimize", "MAX_GROUP_TASKS"]
 
@@ -49,12 +49,12 @@ def _dead(base) -> bool:
 
 
 class TaskGroup:
-    """A single non-elementwise task (matmul, transpose, replicate, swap) run as one unit."""
-
-    kind = "task"
+    """A single non-elementwise task (matmul, transpose, replicate, swap, redistribute, indexed copy) run as
+    one group; its ``kind`` is the task's."""
 
     def __init__(self, task: Task):
         self.task = task
+        self.kind = task.kind
         self.tasks = [task]
         self.desc = task.desc
 
@@ -238,8 +238,18 @@ def optimize(tasks: List[Task]) -> Tuple[List[Any], Dict[str, int]]:
             readers[l.base.serial].add(k)
         for w in t.writes():
             writers[w.base.serial].add(k)
+    stats["inlined"] = _inline(tasks, alive, readers, writers)
+    stats["dropped"] = _drop_dead(tasks, alive)
+    stats["swapped"] = _swap_copy_backs(tasks, alive, readers, writers)
+    stats["redistributed"] = _redistribute_copies(tasks, alive)
+    groups = _group(tasks, alive)
+    stats["groups"] = len(groups)
+    return groups, stats
 
-    # 2. inlining of dying temporaries with one reader
+
+def _inline(tasks: List[Task], alive: List[bool], readers: Dict[int, set], writers: Dict[int, set]) -> int:
+    """2. Inline each dying temporary with one reader into it (``readers`` follow); the number inlined."""
+    count = 0
     for idx, t in enumerate(tasks):
         if not alive[idx] or not isinstance(t, Assign):
             continue
@@ -258,39 +268,42 @@ def optimize(tasks: List[Task]) -> Tuple[List[Any], Dict[str, int]]:
         src_serials = {l.base.serial for l in leaves(t.expr)}
         if any(alive[k] and idx < k < r for s in src_serials for k in writers[s]):
             continue
-        hazard = False
-        for w in rt.writes():
-            for l in leaves(t.expr):
-                if l.base is w.base and l.view != w.view:
-                    hazard = True
-        if hazard:
+        if any(l.base is w.base and l.view != w.view for w in rt.writes() for l in leaves(t.expr)):
             continue
         repl = t.expr
         if repl.dtype != b.dtype:
             repl = Op("cast", (repl,), b.dtype, (repl.dtype,), repl.shape)
         rt.expr = substitute(rt.expr, lambda l, _b=b, _r=repl: _r if l.base is _b else None)
         alive[idx] = False
-        stats["inlined"] += 1
+        count += 1
         for s in src_serials:
             readers[s].discard(idx)
             readers[s].add(r)
         readers[b.serial].discard(r)
+    return count
 
-    # 3. dead tasks (reverse pass: a result is dead if nobody alive reads it later)
+
+def _drop_dead(tasks: List[Task], alive: List[bool]) -> int:
+    """3. Drop the tasks whose results nobody alive reads later (a reverse pass); the number dropped."""
+    count = 0
     live_readers: Dict[int, int] = defaultdict(int)
-    for idx in range(n - 1, -1, -1):
+    for idx in range(len(tasks) - 1, -1, -1):
         if not alive[idx]:
             continue
         t = tasks[idx]
         ws = t.writes()
         if ws and all(_dead(w.base) and live_readers[w.base.serial] == 0 for w in ws):
             alive[idx] = False
-            stats["dropped"] += 1
+            count += 1
             continue
         for l in t.reads():
             live_readers[l.base.serial] += 1
+    return count
 
-    # 4. copy-back out of a dying temporary laid out like the target: swap buffers
+
+def _swap_copy_backs(tasks: List[Task], alive: List[bool], readers: Dict[int, set], writers: Dict[int, set]) -> int:
+    """4. A copy-back out of a dying temporary laid out like the target becomes a Swap; the number rewritten."""
+    count = 0
     for idx, t in enumerate(tasks):
         if not alive[idx] or not isinstance(t, Assign) or not isinstance(t.expr, Leaf):
             continue
@@ -308,17 +321,24 @@ def optimize(tasks: List[Task]) -> Tuple[List[Any], Dict[str, int]]:
         if later:
             continue
         tasks[idx] = Swap(t.out, t.expr, box, t)
-        stats["swapped"] += 1
+        count += 1
+    return count
 
-    # 5. copies between different row layouts: one aggregated transfer each
+
+def _redistribute_copies(tasks: List[Task], alive: List[bool]) -> int:
+    """5. A copy between different row layouts becomes one aggregated transfer; the number rewritten."""
+    count = 0
     for idx, t in enumerate(tasks):
         if alive[idx] and isinstance(t, Assign):
             src = copy_source(t)
             if src is not None:
                 tasks[idx] = Redistribute(t.out, src, t)
-                stats["redistributed"] += 1
+                count += 1
+    return count
 
-    # 6. grouping of adjacent elementwise tasks
+
+def _group(tasks: List[Task], alive: List[bool]) -> List[Any]:
+    """6. Group adjacent elementwise tasks (and build each group's program); every other task alone."""
     groups: List[Any] = []
     cur: Optional[ElementwiseGroup] = None
     for idx, t in enumerate(tasks):
@@ -336,5 +356,4 @@ def optimize(tasks: List[Task]) -> Tuple[List[Any], Dict[str, int]]:
     for g in groups:
         if isinstance(g, ElementwiseGroup):
             g.build()
-    stats["groups"] = len(groups)
-    return groups, stats
+    return groups

@@ -477,7 +477,7 @@ class Redistribute(Task):
     """Made by fusion from ``out[view] = src[view]`` (a plain copy, cast to ``out``'s dtype if they differ)
     between two distributed bases whose rows are laid out differently (another distribution, block
     size, start or step): run as one aggregated transfer, at most one message per peer
-    (:mod:`~.redistribution`)."""
+    (:mod:`~.operations.redistribution`)."""
 
     __slots__ = ("out", "src")
     kind = "redistribute"

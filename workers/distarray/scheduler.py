@@ -7,9 +7,12 @@
    checked before any collective of the flush starts). If it differs, each rank learns the
    first differing operation of every rank and all raise :class:`DistArrayDivergence` with the
    same text; none hangs.
-2. **Fusion** (:mod:`~.fusion`) and **plans** (:mod:`~.plans`, cached): groups of work, each
-   with its messages and blocks.
-3. **Execution**, with latency hiding (the seed's operation flush):
+2. **Fusion** (:mod:`~.fusion`): groups of work, each with a ``kind``.
+3. **Lowering**: each group's kind is looked up in the operation tables (:mod:`~.operations`): a
+   lowering finds the operation's plan (cached by its key) and returns its units (:mod:`~.units`);
+   a barrier kind (irregular copies) runs as a collective step of its own. The scheduler knows
+   no operation: it orders units and executes them.
+4. **Execution**, with latency hiding (the seed's operation flush):
 
    * all receives are started at once (persistent requests on pre-allocated buffers);
    * units are kept in two ready queues: communication (pack + start a send, start a
@@ -33,7 +36,6 @@ timeline draws their arrows.
 """
 from __future__ import annotations
 
-import math
 import time
 from bisect import bisect_left, bisect_right
 from collections import deque
@@ -45,14 +47,9 @@ from ..core import runtime
 from ..tracing import tracer as tracing
 from ..core import waiting
 from .errors import DistArrayDivergence, DistArrayError, DistArrayTimeout
-from .fusion import ElementwiseGroup, optimize
-from . import irregular
-from .fusion import TaskGroup
-from .graph import IndexedCopy, Matmul, Redistribute, Replicate, Swap, Transpose
-from .packing import copy_rows, pack, unpack
-from .plans import ElementwisePlan, MatmulPlan, ReplicatePlan, TransposePlan, selector
-from .redistribution import RedistributionPlan
-from .reductions import combine_partials, identity_array
+from .fusion import optimize
+from .operations import BARRIERS, LOWERINGS
+from .units import GroupRun, Unit, Waitable, after
 
 __all__ = ["run_flush"]
 
@@ -62,65 +59,6 @@ K_COLL = tracing.register_kind("distarray_allgather")
 K_CHECK = tracing.register_kind("distarray_check")
 K_WAIT = tracing.register_kind("distarray_wait")
 _now = time.perf_counter_ns
-_FULL = 1 << 62
-
-
-class Waitable:
-    """A started request and the units that wait for it."""
-
-    __slots__ = ("req", "kind", "peer", "tag", "nbytes", "seq", "units", "label", "inst", "done", "cancellable")
-
-    def __init__(self, req, kind: str, peer: int, tag: int, nbytes: int, seq: int, label: str, inst=None):
-        """``kind``: 'recv', 'send', 'coll' (a reduction's allgather) or 'check' (the agreement)."""
-        self.req, self.kind, self.peer, self.tag, self.nbytes, self.seq = req, kind, peer, tag, nbytes, seq
-        self.units: List["Unit"] = []
-        self.label = label
-        self.inst = inst
-        self.done = False
-        self.cancellable = kind == "recv"
-
-
-class Unit:
-    """A piece of work of a flush: ``kind`` 'send' or 'coll' (communication), 'compute' (everything else)."""
-
-    __slots__ = ("kind", "fn", "ndeps", "dependents", "label", "done", "access")
-
-    def __init__(self, kind: str, fn: Callable[[], None], label: str, access=()):
-        self.kind, self.fn, self.label = kind, fn, label
-        self.ndeps = 0
-        self.dependents: List["Unit"] = []
-        self.done = False
-        self.access = access
-
-
-def _after(u: "Unit", prereq: "Unit") -> None:
-    prereq.dependents.append(u)
-    u.ndeps += 1
-
-
-class _Complement(list):
-    """Index tuples of the local elements of a base outside a box (what a swap copies); a cached plan."""
-
-    def free(self) -> None:
-        pass
-
-
-def _complement(x, box, rank: int) -> _Complement:
-    """The local elements of base ``x`` outside ``box`` (per base axis ``(start, stop)``) as a few
-    NumPy index tuples: the rows outside the box, then per trailing axis the two slabs beside it."""
-    g = x.dist.global_rows(rank) if not x.replicated else np.arange(x.shape[0], dtype=np.int64)
-    r0, r1 = box[0]
-    rows_in = (g >= r0) & (g < r1)
-    out = _Complement()
-    if not rows_in.all():
-        out.append((selector(np.flatnonzero(~rows_in)),))
-    in_rows = selector(np.flatnonzero(rows_in))
-    for k in range(1, len(x.shape)):
-        prefix = [in_rows] + [slice(box[j][0], box[j][1]) for j in range(1, k)]
-        for (lo, hi) in ((0, box[k][0]), (box[k][1], x.shape[k])):
-            if hi > lo:
-                out.append(tuple(prefix + [slice(lo, hi)]))
-    return out
 
 
 class _Record:
@@ -173,25 +111,10 @@ def _covers(intervals: List[Tuple[int, int]], lo: int, hi: int) -> bool:
     return False
 
 
-class _GroupRun:
-    """The units of one group in one flush: receives (started at once), sends, computations, and for
-    a reduction its allgather (``coll``) and the unit that combines the ranks' partials (``finish``)."""
-
-    __slots__ = ("recvs", "sends", "computes", "coll", "finish", "label", "inst")
-
-    def __init__(self, label: str):
-        self.recvs: List[Waitable] = []
-        self.sends: List[Unit] = []
-        self.computes: List[Unit] = []
-        self.coll: Optional[Unit] = None
-        self.finish: Optional[Unit] = None
-        self.label = label
-        self.inst = None
-
-
 class _Flush:
-    """One force point on this rank: builds the units of every group (:meth:`build`), runs them
-    (:meth:`execute`) and records every transfer and wait into the tracer."""
+    """One force point on this rank: lowers every group into units through the operation tables
+    (:meth:`build`; it is the :class:`~.units.Lowering` the operations build into), orders them, runs
+    them (:meth:`execute`) and records every transfer and wait into the tracer."""
 
     def __init__(self, engine, reason: str, hiding: bool):
         self.eng = engine
@@ -207,7 +130,7 @@ class _Flush:
         self.nunits = 0
         self.ndone = 0
         self.wait_ns = 0
-        self.runs: List[_GroupRun] = []
+        self.runs: List[GroupRun] = []
         self.prev_coll: Optional[Unit] = None
         self.msgs_sent = 0
         self.bytes_sent = 0
@@ -274,9 +197,6 @@ class _Flush:
             self._completed(act[i], t, t, 0)
         self.active = [w for i, w in enumerate(act) if i not in done]
 
-    def _start(self, w: Waitable) -> None:
-        self.active.append(w)
-
     # -- unit queues -------------------------------------------------------------------
     def _enqueue(self, u: Unit) -> None:
         (self.ready_comm if u.kind in ("send", "coll") else self.ready_comp).append(u)
@@ -290,44 +210,35 @@ class _Flush:
             if d.ndeps == 0:
                 self._enqueue(d)
 
-    # -- building the units ----------------------------------------------------------------
-    def build(self, groups: List[Any]) -> None:
-        """Build the units of ``groups`` (one segment of the flush: a previous segment, if any, has been
-        executed completely)."""
-        eng = self.eng
-        flush_no = eng.flush_no
-        self.runs = []
-        self.prev_coll = None
-        self.nunits = self.ndone = 0
-        for g in groups:
-            if isinstance(g, ElementwiseGroup):
-                run = self._elementwise(g, flush_no)
-            else:
-                t = g.task
-                if isinstance(t, Swap):
-                    run = self._swap(t)
-                elif isinstance(t, Matmul):
-                    run = self._matmul(t, flush_no)
-                elif isinstance(t, Transpose):
-                    run = self._transpose(t, flush_no)
-                elif isinstance(t, Replicate):
-                    run = self._replicate(t, flush_no)
-                elif isinstance(t, Redistribute):
-                    run = self._redistribute(t, flush_no)
-                else:  # pragma: no cover - every task kind is handled above
-                    raise DistArrayError(f"internal error: no executor for task {type(t).__name__}")
-            self.runs.append(run)
-        if self.hiding:
-            self._dependencies()
+    # -- what a lowering may use (see operations) -----------------------------------------
+    def start(self, w: Waitable) -> None:
+        """Register the started request ``w``: polled with the others in flight, its units released on completion."""
+        self.active.append(w)
 
-    def _recvs(self, run: _GroupRun, plan, inst, label: str) -> None:
+    def sent(self, req, peer: int, nbytes: int, inst, t0: int, label: str) -> Waitable:
+        """A send of ``nbytes`` to ``peer`` on ``inst``'s tag has just been started (``req``, packing began at
+        ``t0``): count it, trace it, and :meth:`start` its waitable, which is returned."""
+        self.msgs_sent += 1
+        self.bytes_sent += nbytes
+        self._rec(K_SEND, tracing.DIR_SEND, peer, inst.tag, nbytes, t0, _now(), 0, inst.uses)
+        w = Waitable(req, "send", peer, inst.tag, nbytes, inst.uses, label, inst)
+        self.start(w)
+        return w
+
+    def receives(self, run: GroupRun, plan, inst, label: str) -> None:
+        """Add to ``run`` a waitable per incoming message of ``plan`` (the instance's persistent receives, which
+        the scheduler starts all at once)."""
         for k, m in enumerate(plan.msgs_in):
             run.recvs.append(Waitable(inst.recv_reqs[k], "recv", m.peer, inst.tag, m.nbytes, inst.uses,
                                       f"receive for {label} from rank {m.peer}", inst))
 
-    def _send_unit(self, plan, inst, k: int, local_of: Callable[[int], np.ndarray], serial_of, label: str,
-                   pack: Optional[Callable[[], None]] = None) -> Unit:
+    def send_unit(self, plan, inst, k: int, local_of: Optional[Callable[[int], np.ndarray]], serial_of, label: str,
+                  pack: Optional[Callable[[], None]] = None) -> Unit:
+        """The unit that packs outgoing message ``k`` of ``plan`` (``plan.pack`` with ``local_of``, or ``pack()``)
+        and starts its persistent send. Its access reads each part's rows (``serial_of(array slot)``; with
+        ``serial_of`` None the caller sets ``access``)."""
         m = plan.msgs_out[k]
+        what = f"send for {label} to rank {m.peer}"
 
         def fn() -> None:
             t0 = _now()
@@ -337,419 +248,28 @@ class _Flush:
                 pack()
             req = inst.send_reqs[k]
             req.Start()
-            t1 = _now()
-            self.msgs_sent += 1
-            self.bytes_sent += m.nbytes
-            self._rec(K_SEND, tracing.DIR_SEND, m.peer, inst.tag, m.nbytes, t0, t1, 0, inst.uses)
-            self._start(Waitable(req, "send", m.peer, inst.tag, m.nbytes, inst.uses,
-                                 f"send for {label} to rank {m.peer}", inst))
+            self.sent(req, m.peer, m.nbytes, inst, t0, what)
 
         access = () if serial_of is None else tuple((serial_of(p.array), p.hull[0], p.hull[1], "R")
                                                     for p in m.parts)
         return Unit("send", fn, f"send to {m.peer}", access)
 
-    def _elementwise(self, g: ElementwiseGroup, flush_no: int) -> _GroupRun:
-        eng = self.eng
-        descs = []
-        for role, obj in g.arrays:
-            if role == "red":
-                descs.append((role, obj.op, obj.axis, obj.acc_dtype.str, obj.out.base.dist.key, obj.out.view.key,
-                              obj.out.dtype.str))
-            else:
-                descs.append((role, obj.base.dist.key, obj.view.key, obj.dtype.str))
-        key = ("ew", g.program_key, g.space.key, tuple(descs), eng.chunk_elems)
-        plan: ElementwisePlan = eng.plan(key, lambda: ElementwisePlan(g, self.rank, self.size, eng.chunk_elems))
-        inst = plan.acquire(eng, flush_no)
-        inst.uses += 1
-        bases = [obj.out.base if role == "red" else obj.base for role, obj in g.arrays]
-        scalars = [c.value for c in g.consts]
-        run = _GroupRun(g.desc)
-        run.inst = inst
-        self._recvs(run, plan, inst, g.desc)
-
-        def local_of(a: int) -> np.ndarray:
-            return bases[a].ensure()
-
-        for k in range(len(plan.msgs_out)):
-            run.sends.append(self._send_unit(plan, inst, k, local_of, lambda a: bases[a].serial, g.desc))
-        slots = inst.extra.get("slots", {})
-        recv_flat = [[p.reshape(-1) for p in parts] for parts in inst.recv_parts]
-
-        def block_fn(blk) -> Callable[[], None]:
-            def fn() -> None:
-                args = list(blk.template)
-                for pos, ref in blk.bufrefs:
-                    if ref[0] == "a":
-                        b = bases[ref[1]]
-                        if b.flat is None:
-                            b.ensure()
-                        args[pos] = b.flat
-                    elif ref[0] == "p":
-                        args[pos] = recv_flat[ref[1]][ref[2]]
-                    else:
-                        args[pos] = slots[ref[1]]
-                args.extend(scalars)
-                blk.kernel(*args)
-                self.blocks += 1
-            return fn
-
-        for blk in plan.blocks:
-            u = Unit("compute", block_fn(blk), g.desc,
-                     tuple((bases[a].serial, lo, hi, mode) for (a, lo, hi, mode) in blk.access))
-            u.ndeps = len(blk.needs)
-            for mi in blk.needs:
-                run.recvs[mi].units.append(u)
-            run.computes.append(u)
-        slot_reds = [r for r in plan.reds if r[4] is not None]
-        if slot_reds:
-            nblocks = len(plan.blocks)
-
-            def local_partials() -> List[np.ndarray]:
-                out = []
-                for (a, op, axis, acc, pshape) in slot_reds:
-                    if nblocks == 0:
-                        out.append(identity_array(op, acc, pshape))
-                    else:
-                        sl = slots[a].reshape((-1,) + tuple(pshape))[:nblocks]
-                        out.append(combine_partials(op, sl, acc))
-                return out
-
-            def finalize(parts_per_red: List[np.ndarray]) -> None:
-                for (a, op, axis, acc, pshape), part in zip(slot_reds, parts_per_red):
-                    task = g.arrays[a][1]
-                    res = np.asarray(part)
-                    if op == "mean":
-                        res = res / task.count if task.count else res * np.nan
-                    ob = task.out.base
-                    dst = ob.ensure()
-                    dst[...] = np.asarray(res).astype(ob.dtype, copy=False).reshape(ob.shape)
-
-            out_serials = tuple((g.arrays[a][1].out.base.serial, 0, _FULL, "W") for (a, *_r) in slot_reds)
-            if g.space.rep:
-                fin = Unit("compute", lambda: finalize(local_partials()), g.desc, out_serials)
-                for u in run.computes:
-                    _after(fin, u)
-                run.finish = fin
-            else:
-                layout = []
-                off = 0
-                for (a, op, axis, acc, pshape) in slot_reds:
-                    nb = math.prod(pshape) * np.dtype(acc).itemsize
-                    layout.append((off, nb, np.dtype(acc), tuple(pshape)))
-                    off = (off + nb + 7) & ~7
-                total = max(off, 8)
-                ex = inst.extra
-                if "gsend" not in ex or ex["gsend"].nbytes != total:
-                    ex["gsend"] = np.zeros(total, dtype=np.uint8)
-                    ex["grecv"] = np.zeros(total * self.size, dtype=np.uint8)
-                gsend, grecv = ex["gsend"], ex["grecv"]
-                fin = Unit("compute", lambda: None, g.desc, out_serials)
-
-                def start_coll() -> None:
-                    for (o, nb, dt, ps), part in zip(layout, local_partials()):
-                        gsend[o:o + nb] = np.ascontiguousarray(np.asarray(part, dtype=dt)).view(np.uint8).reshape(-1)
-                    req = eng.dcomm.Iallgather([gsend, self.MPI.BYTE], [grecv, self.MPI.BYTE])
-                    w = Waitable(req, "coll", -1, 0, total, flush_no, f"allgather of the partial results of {g.desc}")
-                    w.units.append(fin)
-                    fin.ndeps += 1
-                    self._start(w)
-
-                def finish() -> None:
-                    allp = grecv.reshape(self.size, total)
-                    parts = []
-                    for (a, op, axis, acc, pshape), (o, nb, dt, ps) in zip(slot_reds, layout):
-                        per_rank = np.ascontiguousarray(allp[:, o:o + nb]).view(dt).reshape((self.size,) + ps)
-                        parts.append(combine_partials(op, per_rank, acc))
-                    finalize(parts)
-
-                fin.fn = finish
-                coll = Unit("coll", start_coll, g.desc)
-                for u in run.computes:
-                    _after(coll, u)
-                _after(fin, coll)
-                run.coll = coll
-                run.finish = fin
-                eng.stats["collectives"] += 1
-        return run
-
-    def _swap(self, t: Swap) -> _GroupRun:
-        x, s = t.target.base, t.source.base
-        idx = self.eng.plan(("swap", x.dist.key, x.shape, t.box), lambda: _complement(x, t.box, self.rank))
-
-        def fn() -> None:
-            xl, sl = x.ensure(), s.ensure()
-            for ix in idx:
-                sl[ix] = xl[ix]
-            x.set_local(sl)
-            s.set_local(xl)
-
-        run = _GroupRun(t.desc)
-        run.computes.append(Unit("compute", fn, t.desc, ((s.serial, 0, _FULL, "W"), (x.serial, 0, _FULL, "W"))))
-        return run
-
-    def _matmul(self, t: Matmul, flush_no: int) -> _GroupRun:
-        eng = self.eng
-        a, b, out = t.a, t.b, t.out
-        key = ("mm", a.base.dist.key, a.view.key, a.dtype.str, b.base.dist.key, b.view.key, b.dtype.str,
-               out.base.dist.key, out.view.key, out.dtype.str)
-        plan: MatmulPlan = eng.plan(key, lambda: MatmulPlan(t, self.rank, self.size))
-        inst = plan.acquire(eng, flush_no)
-        inst.uses += 1
-        run = _GroupRun(t.desc)
-        self._recvs(run, plan, inst, t.desc)
-        bases = {0: a.base, 1: b.base}
-        for k in range(len(plan.msgs_out)):
-            run.sends.append(self._send_unit(plan, inst, k, lambda i: bases[i].ensure(), lambda i: bases[i].serial,
-                                             t.desc))
-        oview = out.view
-        b_items = b.view.trail_items()
-
-        def product(rows_sel, js: np.ndarray, bdata: np.ndarray, accumulate: bool) -> None:
-            al = a.base.ensure()
-            yl = out.base.ensure()
-            ysub = yl[oview.numpy_index(row_sel=rows_sel)]
-            if len(js) == 0:
-                if not accumulate:
-                    ysub[...] = 0
-                return
-            cols = plan.a_cols(js)
-            asub = al[rows_sel, cols] if not (isinstance(rows_sel, np.ndarray) and isinstance(cols, np.ndarray)) \
-                else al[rows_sel][:, cols]
-            prod = asub @ bdata
-            if accumulate:
-                ysub += prod
-            else:
-                ysub[...] = prod
-
-        for (lo, hi) in plan.row_blocks:
-            rows_sel = selector(plan.a_loc[lo:hi])
-            hull = (int(plan.a_loc[lo:hi].min()), int(plan.a_loc[lo:hi].max()) + 1)
-
-            def local_fn(rows_sel=rows_sel) -> None:
-                if plan.b_rep:
-                    bl = b.base.ensure()[b.view.numpy_index()]
-                else:
-                    bl = b.base.ensure()[(plan.local_b_rows,) + b_items]
-                product(rows_sel, plan.local_j, bl, False)
-
-            u0 = Unit("compute", local_fn, t.desc, ((a.base.serial, hull[0], hull[1], "R"),
-                                                    (b.base.serial, 0, _FULL, "R"),
-                                                    (out.base.serial, hull[0], hull[1], "W")))
-            run.computes.append(u0)
-            for k in range(len(plan.msgs_in)):
-                def acc_fn(rows_sel=rows_sel, k=k) -> None:
-                    product(rows_sel, plan.recv_j[k], inst.recv_parts[k][0], True)
-
-                u = Unit("compute", acc_fn, t.desc, ((a.base.serial, hull[0], hull[1], "R"),
-                                                     (out.base.serial, hull[0], hull[1], "A")))
-                u.ndeps = 1
-                run.recvs[k].units.append(u)
-                _after(u, u0)
-                run.computes.append(u)
-        return run
-
-    def _transpose(self, t: Transpose, flush_no: int) -> _GroupRun:
-        eng = self.eng
-        src, out = t.src, t.out
-        key = ("tr", src.base.dist.key, src.view.key, src.dtype.str, out.base.dist.key, out.dtype.str)
-        plan: TransposePlan = eng.plan(key, lambda: TransposePlan(t, self.rank, self.size))
-        inst = plan.acquire(eng, flush_no)
-        inst.uses += 1
-        run = _GroupRun(t.desc)
-        self._recvs(run, plan, inst, t.desc)
-        for k in range(len(plan.msgs_out)):
-            run.sends.append(self._send_unit(
-                plan, inst, k, None, None, t.desc,
-                pack=lambda k=k: plan.pack_transposed(inst, k, src.base.ensure())))
-            run.sends[-1].access = ((src.base.serial, plan.send_hull[0], plan.send_hull[1], "R"),)
-        from .fused_kernels import transpose_copy
-
-        def put(dst_cols, block: np.ndarray, transpose: bool) -> None:
-            """Columns ``dst_cols`` of the local rows of the result = ``block`` (or ``block.T``)."""
-            tl = out.base.ensure()
-            if isinstance(dst_cols, slice):
-                dst = tl[:, dst_cols]
-                if transpose:
-                    transpose_copy(dst, block)
-                else:
-                    np.copyto(dst, block)
-            else:
-                tl[:, dst_cols] = block.T if transpose else block
-
-        def local_fn() -> None:
-            if len(plan.mine) == 0 or out.base.local_shape()[0] == 0:
-                return
-            al = src.base.ensure()
-            if isinstance(plan.a_rows, slice):
-                blk = al[plan.a_rows, plan.local_cols]
-            else:
-                blk = al[plan.a_rows][:, plan.local_cols]
-            put(plan.local_tcols, blk, True)
-
-        nloc = out.base.local_shape()[0]
-        u0 = Unit("compute", local_fn, t.desc, ((src.base.serial, plan.send_hull[0], plan.send_hull[1], "R"),
-                                                (out.base.serial, 0, nloc, "A")))
-        run.computes.append(u0)
-        for k in range(len(plan.msgs_in)):
-            u = Unit("compute", lambda k=k: put(plan.recv_tcols[k], inst.recv_parts[k][0], False), t.desc,
-                     ((out.base.serial, 0, nloc, "A"),))
-            u.ndeps = 1
-            run.recvs[k].units.append(u)
-            run.computes.append(u)
-        return run
-
-    def _replicate(self, t: Replicate, flush_no: int) -> _GroupRun:
-        eng = self.eng
-        src, out = t.src, t.out
-        key = ("rep", src.base.dist.key, src.view.key, src.dtype.str, t.root)
-        plan: ReplicatePlan = eng.plan(key, lambda: ReplicatePlan(t, self.rank, self.size))
-        inst = plan.acquire(eng, flush_no)
-        inst.uses += 1
-        run = _GroupRun(t.desc)
-        self._recvs(run, plan, inst, t.desc)
-        for k in range(len(plan.msgs_out)):
-            run.sends.append(self._send_unit(plan, inst, k, lambda i: src.base.ensure(), lambda i: src.base.serial,
-                                             t.desc))
-        if plan.is_dest:
-            items = plan.items
-
-            def local_fn() -> None:
-                rl = out.base.ensure()
-                sl = src.base.ensure()
-                rl[plan.local_dst] = sl[(plan.local_src,) + items]
-
-            run.computes.append(Unit("compute", local_fn, t.desc, ((src.base.serial, plan.hull[0], plan.hull[1], "R"),
-                                                                   (out.base.serial, 0, _FULL, "A"))))
-            for k in range(len(plan.msgs_in)):
-                def unpack(k=k) -> None:
-                    out.base.ensure()[plan.recv_dst[k]] = inst.recv_parts[k][0]
-
-                u = Unit("compute", unpack, t.desc, ((out.base.serial, 0, _FULL, "A"),))
-                u.ndeps = 1
-                run.recvs[k].units.append(u)
-                run.computes.append(u)
-        return run
-
-    def _redistribute(self, t: Redistribute, flush_no: int) -> _GroupRun:
-        """One aggregated transfer (:mod:`~.redistribution`): at most one message per peer and direction.
-        Packed messages: pack kernel + persistent send; persistent receive + unpack kernel (for the streams
-        of a cyclic exchange, all packs, or all unpacks, with the local copy in one interleaved pass).
-        In-place messages: the send (or receive) is started from (into) the local block by a communication
-        unit that waits for the earlier units touching those rows, and a no-op unit holding the rows until
-        the request completes orders the later ones. The rows that stay here are copied meanwhile."""
-        eng = self.eng
-        src, out = t.src, t.out
-        key = ("rd", src.base.dist.key, src.view.key, src.dtype.str, out.base.dist.key, out.view.key,
-               out.dtype.str)
-        plan: RedistributionPlan = eng.plan(key, lambda: RedistributionPlan(src, out, self.rank, self.size))
-        inst = plan.acquire(eng, flush_no)
-        inst.uses += 1
-        run = _GroupRun(t.desc)
-        run.inst = inst
-        self._recvs(run, plan, inst, t.desc)
-        sb, ob = src.base, out.base
-        sflat, rflat, sarena, rarena = plan.flat_parts(inst)
-        MPI, comm = self.MPI, eng.dcomm
-
-        def flat(b) -> np.ndarray:
-            if b.flat is None:
-                b.ensure()
-            return b.flat
-
-        def span(hulls) -> Tuple[int, int]:
-            hulls = [h for h in hulls if h[1] > h[0]]
-            return (min(h[0] for h in hulls), max(h[1] for h in hulls)) if hulls else (0, 0)
-
-        if plan.send_group is not None and plan.msgs_out:
-            def pack_all_and_send(group=plan.send_group) -> None:
-                t0 = _now()
-                group.run(flat(sb), flat(ob), sarena, rarena)
-                t1 = _now()
-                for k, m in enumerate(plan.msgs_out):
-                    req = inst.send_reqs[k]
-                    req.Start()
-                    self.msgs_sent += 1
-                    self.bytes_sent += m.nbytes
-                    self._rec(K_SEND, tracing.DIR_SEND, m.peer, inst.tag, m.nbytes, t0 if k == 0 else t1, _now(), 0,
-                              inst.uses)
-                    self._start(Waitable(req, "send", m.peer, inst.tag, m.nbytes, inst.uses,
-                                         f"send for {t.desc} to rank {m.peer}", inst))
-
-            acc = [(sb.serial,) + span(plan.send_hulls + ([plan.local_src_hull] if plan.send_group_local else []))
-                   + ("R",)]
-            if plan.send_group_local:
-                acc.append((ob.serial,) + plan.local_out_hull + ("W",))
-            run.sends.append(Unit("send", pack_all_and_send, f"pack and send {t.desc}", tuple(acc)))
-        else:
-            for k in range(len(plan.msgs_out)):
-                def pk(k=k) -> None:
-                    pack(flat(sb), plan.send_runs[k], plan.spat, sflat[k])
-
-                u = self._send_unit(plan, inst, k, None, None, t.desc, pack=pk)
-                h = plan.send_hulls[k]
-                u.access = ((sb.serial, h[0], h[1], "R"),)
-                run.sends.append(u)
-        if plan.recv_group is not None and plan.msgs_in:
-            def unpack_all(group=plan.recv_group) -> None:
-                group.run(flat(sb), flat(ob), sarena, rarena)
-
-            acc = [(ob.serial,) + span(plan.recv_hulls + ([plan.local_out_hull] if plan.recv_group_local else []))
-                   + ("W",)]
-            if plan.recv_group_local:
-                acc.append((sb.serial,) + plan.local_src_hull + ("R",))
-            u = Unit("compute", unpack_all, t.desc, tuple(acc))
-            u.ndeps = len(plan.msgs_in)
-            for w in run.recvs:
-                w.units.append(u)
-            run.computes.append(u)
-        else:
-            for k in range(len(plan.msgs_in)):
-                def unp(k=k) -> None:
-                    unpack(flat(ob), plan.recv_runs[k], plan.tpat, rflat[k])
-
-                h = plan.recv_hulls[k]
-                u = Unit("compute", unp, t.desc, ((ob.serial, h[0], h[1], "W"),))
-                u.ndeps = 1
-                run.recvs[k].units.append(u)
-                run.computes.append(u)
-
-        def in_place(base, peer: int, lo: int, hi: int, rlo: int, rhi: int, sending: bool) -> None:
-            mode = "R" if sending else "W"
-            nbytes = (hi - lo) * base.dtype.itemsize
-            what = f"{'send' if sending else 'receive'} for {t.desc} {'to' if sending else 'from'} rank {peer}"
-            held = Unit("compute", lambda: None, t.desc, ((base.serial, rlo, rhi, mode),))
-            held.ndeps = 1
-
-            def start() -> None:
-                t0 = _now()
-                mem = flat(base)[lo:hi].view(np.uint8)
-                if sending:
-                    req = comm.Isend([mem, MPI.BYTE], dest=peer, tag=inst.tag)
-                    self.msgs_sent += 1
-                    self.bytes_sent += nbytes
-                    self._rec(K_SEND, tracing.DIR_SEND, peer, inst.tag, nbytes, t0, _now(), 0, inst.uses)
-                    w = Waitable(req, "send", peer, inst.tag, nbytes, inst.uses, what, inst)
-                else:
-                    req = comm.Irecv([mem, MPI.BYTE], source=peer, tag=inst.tag)
-                    w = Waitable(req, "recv", peer, inst.tag, nbytes, inst.uses, what, inst)
-                w.units.append(held)
-                self._start(w)
-
-            run.sends.append(Unit("send", start, what, ((base.serial, rlo, rhi, mode),)))
-            run.computes.append(held)
-
-        for (peer, lo, hi, rlo, rhi) in plan.direct_in:
-            in_place(ob, peer, lo, hi, rlo, rhi, False)
-        for (peer, lo, hi, rlo, rhi) in plan.direct_out:
-            in_place(sb, peer, lo, hi, rlo, rhi, True)
-        if len(plan.local_runs) and not plan.send_group_local and not plan.recv_group_local:
-            def local_fn() -> None:
-                copy_rows(flat(ob), plan.ltpat, flat(sb), plan.lspat, plan.local_runs)
-
-            sh, oh = plan.local_src_hull, plan.local_out_hull
-            run.computes.append(Unit("compute", local_fn, t.desc, ((sb.serial, sh[0], sh[1], "R"),
-                                                                   (ob.serial, oh[0], oh[1], "W"))))
-        return run
+    # -- building the units ----------------------------------------------------------------
+    def build(self, groups: List[Any]) -> None:
+        """Lower ``groups`` into units through :data:`~.operations.LOWERINGS` (one segment of the flush: a
+        previous segment, if any, has been executed completely), then, with latency hiding, order the
+        units of different groups by their accesses."""
+        flush_no = self.eng.flush_no
+        self.runs = []
+        self.prev_coll = None
+        self.nunits = self.ndone = 0
+        for g in groups:
+            lower = LOWERINGS.get(g.kind)
+            if lower is None:  # pragma: no cover - every group kind has a lowering
+                raise DistArrayError(f"internal error: no lowering for operations of kind {g.kind!r}")
+            self.runs.append(lower(self, g, flush_no))
+        if self.hiding:
+            self._dependencies()
 
     # -- dependencies between groups (latency hiding only) ---------------------------------
     def _dependencies(self) -> None:
@@ -774,14 +294,14 @@ class _Flush:
                             if id(p) in seen:
                                 continue
                             seen.add(id(p))
-                            _after(u, p)
+                            after(u, p)
                     rec = new.get((serial, mode))
                     if rec is None:
                         rec = new[(serial, mode)] = _Record(mode)
                     rec.add(u, lo, hi)
             if run.coll is not None:
                 if self.prev_coll is not None:
-                    _after(run.coll, self.prev_coll)
+                    after(run.coll, self.prev_coll)
                 self.prev_coll = run.coll
             for (serial, mode), rec in new.items():
                 lst = records.setdefault(serial, [])
@@ -791,14 +311,6 @@ class _Flush:
                 lst.append(rec)
 
     # -- execution -------------------------------------------------------------------
-    def all_units(self, run: _GroupRun) -> List[Unit]:
-        out = run.sends + run.computes
-        if run.coll is not None:
-            out.append(run.coll)
-        if run.finish is not None:
-            out.append(run.finish)
-        return out
-
     def execute(self) -> None:
         if self.hiding:
             self._execute_hiding()
@@ -811,7 +323,7 @@ class _Flush:
         if recvs:
             MPI.Prequest.Startall([w.req for w in recvs])
             self.active.extend(recvs)
-        units = [u for run in self.runs for u in self.all_units(run)]
+        units = [u for run in self.runs for u in run.units()]
         agr = self.agreement
         verify = Unit("compute", agr.verify, "verify the agreement")
         if not agr.waitable.done:
@@ -820,7 +332,7 @@ class _Flush:
             self.active.append(agr.waitable)
         for run in self.runs:
             if run.coll is not None:
-                _after(run.coll, verify)
+                after(run.coll, verify)
         units.append(verify)
         self.nunits = len(units)
         for u in units:
@@ -851,7 +363,7 @@ class _Flush:
     def _execute_blocking(self) -> None:
         MPI = self.MPI
         for run in self.runs:
-            units = self.all_units(run)
+            units = run.units()
             self.nunits += len(units)
             if run.recvs:
                 MPI.Prequest.Startall([w.req for w in run.recvs])
@@ -883,7 +395,7 @@ class _Flush:
         for run in self.runs:
             for w in run.recvs:
                 w.units = []
-            for u in self.all_units(run):
+            for u in run.units():
                 u.fn = None
                 u.dependents = []
         if self.agreement is not None:
@@ -1011,10 +523,10 @@ def run_flush(engine, tasks, reason: str, hiding: bool) -> None:
         agr.wait()  # blocking: agree first
     groups, fstats = optimize(tasks)
     try:
-        # irregular copies (Aggregator) are barriers: the groups before one run to completion first
+        # barriers (irregular copies through the Aggregator): the groups before one run to completion first
         segment: List[Any] = []
         for g in groups + [None]:
-            if g is not None and not (isinstance(g, TaskGroup) and isinstance(g.task, IndexedCopy)):
+            if g is not None and g.kind not in BARRIERS:
                 segment.append(g)
                 continue
             if segment:
@@ -1023,7 +535,7 @@ def run_flush(engine, tasks, reason: str, hiding: bool) -> None:
                 segment = []
             if g is not None:
                 agr.wait()  # the ranks agreed on the recorded operations before this collective step
-                irregular.execute(engine, g.task, fl.op_name(g.task.kind))
+                BARRIERS[g.kind](engine, g.task, fl.op_name(g.kind))
     except BaseException as err:
         fl.abort()
         if not agr.verified and not isinstance(err, (DistArrayTimeout, KeyboardInterrupt)):
@@ -1046,6 +558,6 @@ def run_flush(engine, tasks, reason: str, hiding: bool) -> None:
     dt = _now() - t_start
     st["flush_ns"] += dt
     engine.last = dict(reason=reason, latency_hiding=hiding, tasks=len(tasks),
-                       kinds=[g.kind if isinstance(g, ElementwiseGroup) else g.task.kind for g in groups],
+                       kinds=[g.kind for g in groups],
                        blocks=fl.blocks, messages_sent=fl.msgs_sent, bytes_sent=fl.bytes_sent,
                        messages_received=fl.msgs_recv, wait_ns=fl.wait_ns, flush_ns=dt, **fstats)

@@ -1,42 +1,46 @@
-"""Redistribution between distributions (seed 004): ``b[...] = a`` and ``a.redistribute(dist)`` as ONE
+"""Redistribution between distributions: ``b[...] = a`` and ``a.redistribute(dist)`` as ONE
 aggregated transfer, at most one message per peer, packed and unpacked by numba kernels.
 
 The seed's baseline assigns a Block array to a Cyclic one element by element, one message per
 remote element; aggregating the transfer per destination is up to 1000x faster. Here every
 copy ``out[view] = src[view]`` between two distributed bases whose rows are laid out
 differently (block, cyclic, block-cyclic with any block size, any start and step, negative
-steps, any trailing view) becomes a :class:`~.graph.Redistribute` task (the fusion pass
+steps, any trailing view) becomes a :class:`~..graph.Redistribute` task (the fusion pass
 rewrites the recorded assignment, after inlining, so ``b[...] = a + 1`` still runs as one
-fused kernel) executed by the scheduler from a :class:`RedistributionPlan`:
+fused kernel) lowered into units by :func:`lower` from a :class:`RedistributionPlan`:
 
 * each rank derives, from the two distributions alone and without communicating, which of
   its source rows go to which peer and which of its target rows come from which peer, as
-  runs of rows (:func:`~.packing.ap_runs`) and row patterns (:mod:`~.packing`); this is
+  runs of rows (:func:`~..packing.ap_runs`) and row patterns (:mod:`~..packing`); this is
   vectorized and done once per pair of layouts (the plan is cached by layout, so a time loop
   that redistributes again builds nothing);
 * per peer and direction there is at most ONE message, holding every element that peer
   needs, in view order. A message whose elements are one contiguous range of the local block
   (a block of whole rows) is sent from, or received into, the local block itself; any other
-  is packed by :func:`~.packing.pack` straight from the local block into a pre-allocated send
-  buffer and unpacked by :func:`~.packing.unpack` from a pre-allocated receive buffer straight
-  into the target block, on persistent requests (the plan's :class:`~.plans.Instance`);
-* the rows that stay on the rank are copied by :func:`~.packing.copy_rows` while the messages fly.
+  is packed by :func:`~..packing.pack` straight from the local block into a pre-allocated send
+  buffer and unpacked by :func:`~..packing.unpack` from a pre-allocated receive buffer straight
+  into the target block, on persistent requests (the plan's :class:`~..plans.Instance`);
+* the rows that stay on the rank are copied by :func:`~..packing.copy_rows` while the messages fly.
 
 Nothing is allocated when the same redistribution repeats: plan, buffers and requests are
 reused; the only objects made per call are the request handles of in-place messages.
 """
 from __future__ import annotations
 
+import time
 from typing import Any, List, Optional, Tuple
 
 import numpy as np
 
-from .graph import Leaf, Op
-from .packing import (OP_COPY, OP_PACK, OP_UNPACK, Interleave, RowPattern, ap_runs, contiguous_range, group_by,
-                      joint_patterns, joint_runs, row_pattern)
-from .plans import PartSpec, Plan, _hull, _my_rows_fast, arena_layout
+from ..graph import Leaf, Op, Redistribute
+from ..packing import (OP_COPY, OP_PACK, OP_UNPACK, Interleave, RowPattern, ap_runs, contiguous_range, copy_rows,
+                       group_by, joint_patterns, joint_runs, pack, row_pattern, unpack)
+from ..plans import PartSpec, Plan, arena_layout, hull, my_rows
+from ..units import GroupRun, Lowering, Unit, Waitable
 
-__all__ = ["RedistributionPlan", "copy_source"]
+_now = time.perf_counter_ns
+
+__all__ = ["RedistributionPlan", "copy_source", "cache_key", "lower", "LOWERINGS"]
 
 
 def copy_source(task: Any) -> Optional[Leaf]:
@@ -108,7 +112,7 @@ class RedistributionPlan(Plan):
             return
         same_dtype = self.src_dtype == self.out_dtype
         # -- what leaves this rank: view rows whose source row is here, grouped by the target row's owner
-        i_s, ls = _my_rows_fast(sd, ss, st, n, rank)
+        i_s, ls = my_rows(sd, ss, st, n, rank)
         order, bounds = group_by(td.owner(ts + i_s * tt), nranks)
         send_parts = {}
         for q in range(nranks):
@@ -120,21 +124,21 @@ class RedistributionPlan(Plan):
             if q == rank:
                 lt = td.local_index(ts + i_s[sel] * tt)
                 self.local_runs = joint_runs(rows, lt)
-                self.local_src_hull = _hull(rows)
-                self.local_out_hull = _hull(lt)
+                self.local_src_hull = hull(rows)
+                self.local_out_hull = hull(lt)
                 continue
             runs = ap_runs(rows)
             rng = contiguous_range(runs, self.spat)
-            hull = _hull(rows)
+            h = hull(rows)
             self.rows_moved += len(rows)
             if rng is not None:
-                self.direct_out.append((q, rng[0], rng[1], hull[0], hull[1]))
+                self.direct_out.append((q, rng[0], rng[1], h[0], h[1]))
             else:
-                send_parts[q] = [PartSpec(0, len(rows), self.src_dtype, (elems,), hull=hull)]
+                send_parts[q] = [PartSpec(0, len(rows), self.src_dtype, (elems,), hull=h)]
                 self.send_runs.append(runs)
-                self.send_hulls.append(hull)
+                self.send_hulls.append(h)
         # -- what arrives: view rows whose target row is here, grouped by the source row's owner
-        i_t, lt_all = _my_rows_fast(td, ts, tt, n, rank)
+        i_t, lt_all = my_rows(td, ts, tt, n, rank)
         order, bounds = group_by(sd.owner(ss + i_t * st), nranks)
         recv_parts = {}
         for q in range(nranks):
@@ -144,13 +148,13 @@ class RedistributionPlan(Plan):
             rows = lt_all[order[a:b]]
             runs = ap_runs(rows)
             rng = contiguous_range(runs, self.tpat) if same_dtype else None
-            hull = _hull(rows)
+            h = hull(rows)
             if rng is not None:
-                self.direct_in.append((q, rng[0], rng[1], hull[0], hull[1]))
+                self.direct_in.append((q, rng[0], rng[1], h[0], h[1]))
             else:
-                recv_parts[q] = [PartSpec(0, len(rows), self.src_dtype, (elems,), hull=hull)]
+                recv_parts[q] = [PartSpec(0, len(rows), self.src_dtype, (elems,), hull=h)]
                 self.recv_runs.append(runs)
-                self.recv_hulls.append(hull)
+                self.recv_hulls.append(h)
         self.msgs_out = self._messages(send_parts)
         self.msgs_in = self._messages(recv_parts)
         self._find_groups(elems)
@@ -204,3 +208,147 @@ class RedistributionPlan(Plan):
                 f"{len(self.msgs_in)} packed + {len(self.direct_in)} in-place receives, "
                 f"{int(self.local_runs[:, 4].sum()) if len(self.local_runs) else 0} rows copied locally in "
                 f"{len(self.local_runs)} runs{inter}")
+
+
+# =========================================================================== cache key and lowering
+def cache_key(t: Redistribute) -> Tuple:
+    """The plan cache key of ``t``: layouts, views and dtypes of source and target."""
+    src, out = t.src, t.out
+    return ("rd", src.base.dist.key, src.view.key, src.dtype.str, out.base.dist.key, out.view.key, out.dtype.str)
+
+
+def _flat(b) -> np.ndarray:
+    if b.flat is None:
+        b.ensure()
+    return b.flat
+
+
+def _span(hulls) -> Tuple[int, int]:
+    hulls = [h for h in hulls if h[1] > h[0]]
+    return (min(h[0] for h in hulls), max(h[1] for h in hulls)) if hulls else (0, 0)
+
+
+def lower(fl: Lowering, g: Any, flush_no: int) -> GroupRun:
+    """The units of ``g.task`` (a :class:`~..graph.Redistribute`) in flush ``fl``: one aggregated transfer,
+    at most one message per peer and direction.
+
+    Packed messages: pack kernel + persistent send; persistent receive + unpack kernel (for the streams
+    of a cyclic exchange, all packs, or all unpacks, with the local copy in one interleaved pass).
+    In-place messages: the send (or receive) is started from (into) the local block by a communication
+    unit that waits for the earlier units touching those rows, and a no-op unit holding the rows until
+    the request completes orders the later ones. The rows that stay here are copied meanwhile."""
+    t: Redistribute = g.task
+    eng = fl.eng
+    src, out = t.src, t.out
+    plan: RedistributionPlan = eng.plan(cache_key(t), lambda: RedistributionPlan(src, out, fl.rank, fl.size))
+    inst = plan.acquire(eng, flush_no)
+    inst.uses += 1
+    run = GroupRun(t.desc)
+    run.inst = inst
+    fl.receives(run, plan, inst, t.desc)
+    sb, ob = src.base, out.base
+    _lower_sends(fl, t, plan, inst, run)
+    _lower_unpacks(fl, t, plan, inst, run)
+    for (peer, lo, hi, rlo, rhi) in plan.direct_in:
+        _lower_in_place(fl, t, inst, run, ob, peer, lo, hi, rlo, rhi, False)
+    for (peer, lo, hi, rlo, rhi) in plan.direct_out:
+        _lower_in_place(fl, t, inst, run, sb, peer, lo, hi, rlo, rhi, True)
+    if len(plan.local_runs) and not plan.send_group_local and not plan.recv_group_local:
+        def local_fn() -> None:
+            copy_rows(_flat(ob), plan.ltpat, _flat(sb), plan.lspat, plan.local_runs)
+
+        sh, oh = plan.local_src_hull, plan.local_out_hull
+        run.computes.append(Unit("compute", local_fn, t.desc, ((sb.serial, sh[0], sh[1], "R"),
+                                                               (ob.serial, oh[0], oh[1], "W"))))
+    return run
+
+
+def _lower_sends(fl: Lowering, t: Redistribute, plan: RedistributionPlan, inst, run: GroupRun) -> None:
+    """The packed sends: one unit packing every message (and maybe the local copy) in one interleaved pass
+    and starting them, else one pack-and-send unit per message."""
+    sb, ob = t.src.base, t.out.base
+    sflat, rflat, sarena, rarena = plan.flat_parts(inst)
+    if plan.send_group is not None and plan.msgs_out:
+        def pack_all_and_send(group=plan.send_group) -> None:
+            t0 = _now()
+            group.run(_flat(sb), _flat(ob), sarena, rarena)
+            t1 = _now()
+            for k, m in enumerate(plan.msgs_out):
+                req = inst.send_reqs[k]
+                req.Start()
+                fl.sent(req, m.peer, m.nbytes, inst, t0 if k == 0 else t1, f"send for {t.desc} to rank {m.peer}")
+
+        acc = [(sb.serial,) + _span(plan.send_hulls + ([plan.local_src_hull] if plan.send_group_local else []))
+               + ("R",)]
+        if plan.send_group_local:
+            acc.append((ob.serial,) + plan.local_out_hull + ("W",))
+        run.sends.append(Unit("send", pack_all_and_send, f"pack and send {t.desc}", tuple(acc)))
+        return
+    for k in range(len(plan.msgs_out)):
+        def pk(k=k) -> None:
+            pack(_flat(sb), plan.send_runs[k], plan.spat, sflat[k])
+
+        u = fl.send_unit(plan, inst, k, None, None, t.desc, pack=pk)
+        h = plan.send_hulls[k]
+        u.access = ((sb.serial, h[0], h[1], "R"),)
+        run.sends.append(u)
+
+
+def _lower_unpacks(fl: Lowering, t: Redistribute, plan: RedistributionPlan, inst, run: GroupRun) -> None:
+    """The packed receives: one unit unpacking every message (and maybe the local copy) in one interleaved
+    pass when all have arrived, else one unpack unit per message."""
+    sb, ob = t.src.base, t.out.base
+    sflat, rflat, sarena, rarena = plan.flat_parts(inst)
+    if plan.recv_group is not None and plan.msgs_in:
+        def unpack_all(group=plan.recv_group) -> None:
+            group.run(_flat(sb), _flat(ob), sarena, rarena)
+
+        acc = [(ob.serial,) + _span(plan.recv_hulls + ([plan.local_out_hull] if plan.recv_group_local else []))
+               + ("W",)]
+        if plan.recv_group_local:
+            acc.append((sb.serial,) + plan.local_src_hull + ("R",))
+        u = Unit("compute", unpack_all, t.desc, tuple(acc))
+        u.ndeps = len(plan.msgs_in)
+        for w in run.recvs:
+            w.units.append(u)
+        run.computes.append(u)
+        return
+    for k in range(len(plan.msgs_in)):
+        def unp(k=k) -> None:
+            unpack(_flat(ob), plan.recv_runs[k], plan.tpat, rflat[k])
+
+        h = plan.recv_hulls[k]
+        u = Unit("compute", unp, t.desc, ((ob.serial, h[0], h[1], "W"),))
+        u.ndeps = 1
+        run.recvs[k].units.append(u)
+        run.computes.append(u)
+
+
+def _lower_in_place(fl: Lowering, t: Redistribute, inst: Any, run: GroupRun, base: Any, peer: int, lo: int,
+                    hi: int, rlo: int, rhi: int, sending: bool) -> None:
+    """An in-place message: a communication unit starting the send from (receive into) elements ``[lo, hi)``
+    of the local block, and a no-op unit holding local rows ``[rlo, rhi)`` until the request completes."""
+    mode = "R" if sending else "W"
+    nbytes = (hi - lo) * base.dtype.itemsize
+    what = f"{'send' if sending else 'receive'} for {t.desc} {'to' if sending else 'from'} rank {peer}"
+    held = Unit("compute", lambda: None, t.desc, ((base.serial, rlo, rhi, mode),))
+    held.ndeps = 1
+    comm, MPI = fl.eng.dcomm, fl.MPI
+
+    def start() -> None:
+        t0 = _now()
+        mem = _flat(base)[lo:hi].view(np.uint8)
+        if sending:
+            req = comm.Isend([mem, MPI.BYTE], dest=peer, tag=inst.tag)
+            w = fl.sent(req, peer, nbytes, inst, t0, what)
+        else:
+            req = comm.Irecv([mem, MPI.BYTE], source=peer, tag=inst.tag)
+            w = Waitable(req, "recv", peer, inst.tag, nbytes, inst.uses, what, inst)
+            fl.start(w)
+        w.units.append(held)
+
+    run.sends.append(Unit("send", start, what, ((base.serial, rlo, rhi, mode),)))
+    run.computes.append(held)
+
+
+LOWERINGS = {"redistribute": lower}

@@ -1,0 +1,438 @@
+"""Elementwise groups: the plan of a fused loop nest on this rank, its cache key and its lowering into units.
+
+A group (:class:`~..fusion.ElementwiseGroup`: adjacent ``Assign`` / ``Reduce`` tasks over one row
+space) runs as one compiled kernel (:mod:`~..fused_kernels`) per block of rows. The
+:class:`ElementwisePlan` says which rows this rank computes, which operand rows it receives from
+whom and sends to whom (one message per peer), and cuts the rows into blocks: a block is a run of
+output rows whose operands each come from one place (the local buffer, or one received message)
+with constant strides, so the kernel reads them in place. Blocks whose operands are all local run
+while the messages are in flight.
+
+Lowering (:func:`lower`): one send unit per outgoing message, one compute unit per block (waiting
+for the messages it reads), and for reductions the units of :mod:`.reduction`. (What records the
+elementwise operations is :mod:`~..elementwise`; what groups them, :mod:`~..fusion`.)
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import numpy as np
+
+from ..fused_kernels import KernelSpec, get_kernel
+from ..graph import Leaf
+from ..indexing import c_strides
+from ..plans import PartSpec, Plan, hull, my_rows, prod, segments, selector
+from ..units import GroupRun, Lowering, Unit
+from . import reduction
+
+SlotAccess = Tuple[int, int, int, str]   # (array slot, lo, hi, mode) with mode R / W / A
+
+__all__ = ["ArrayMeta", "BlockSpec", "ElementwisePlan", "cache_key", "lower", "LOWERINGS"]
+
+
+class ArrayMeta:
+    """How kernel array ``a`` of an elementwise group is addressed (see :class:`ElementwisePlan`)."""
+
+    __slots__ = ("kind", "dtype", "bcast", "trail_off", "trail_strides", "row_elems", "packed_strides",
+                 "packed_row_elems", "rows_full", "off0", "st0", "identical", "slot_elems", "reduced")
+
+    def __init__(self, kind: str, dtype: np.dtype):
+        self.kind, self.dtype = kind, np.dtype(dtype)
+        self.bcast: Tuple[bool, ...] = ()
+        self.trail_off = 0
+        self.trail_strides: Tuple[int, ...] = ()
+        self.row_elems = 0
+        self.packed_strides: Tuple[int, ...] = ()
+        self.packed_row_elems = 0
+        self.rows_full = False
+        self.off0 = 0
+        self.st0 = 0
+        self.identical = True
+        self.slot_elems = 0
+        self.reduced: Optional[int] = None
+
+
+class BlockSpec:
+    """One block: ``cnt`` rows; ``template`` holds the kernel arguments with None where a buffer
+    goes (``bufrefs``: ``(position, ('a', slot) | ('p', msg, part) | ('s', reduction))``);
+    ``needs``: indices of incoming messages it waits for; ``access``: local rows it touches."""
+
+    __slots__ = ("cnt", "template", "bufrefs", "needs", "access", "kernel", "index")
+
+    def __init__(self) -> None:
+        self.cnt = 0
+        self.template: List[Any] = []
+        self.bufrefs: List[Tuple[int, Tuple]] = []
+        self.needs: Tuple[int, ...] = ()
+        self.access: Tuple[SlotAccess, ...] = ()
+        self.kernel = None
+        self.index = 0
+
+
+
+
+class ElementwisePlan(Plan):
+    """The plan of one fused elementwise group on this rank.
+
+    Array kinds: ``'dist'`` (a distributed operand or target aligned with the rows: read from the
+    local buffer or, for rows owned elsewhere, from a received part), ``'repv'`` (a view of a
+    replicated base), ``'slot'`` (a reduction's per-block partial results, in the instance).
+    """
+
+    kind = "elementwise"
+
+    def __init__(self, group, rank: int, nranks: int, chunk_elems: int):
+        super().__init__()
+        self._roles = tuple(role for role, _ in group.arrays)
+        space = group.space
+        self.space = space
+        self.d = len(space.shape)
+        self.shape = space.shape
+        self.rank = rank
+        self.metas: List[ArrayMeta] = []
+        self.reds = []  # (array slot, op, axis, acc dtype, partial shape)
+        for a, (role, obj) in enumerate(group.arrays):
+            self.metas.append(self._meta(role, obj, space))
+            if role == "red":
+                pshape = () if obj.axis is None else tuple(space.shape[1:]) if obj.axis == 0 else None
+                self.reds.append((a, obj.op, obj.axis, obj.acc_dtype, pshape))
+        self.blocks: List[BlockSpec] = []
+        n = space.count
+        trail_elems = prod(space.shape[1:])
+        if prod(space.shape) > 0:
+            max_rows = max(1, chunk_elems // max(1, trail_elems))
+            if space.rep:
+                self._build_rep(n, max_rows)
+            else:
+                self._build_dist(group, rank, nranks, n, max_rows)
+        # one compiled kernel per distinct combination of unit inner strides
+        specs: Dict[Tuple[bool, ...], Any] = {}
+        for blk in self.blocks:
+            units = blk.kernel
+            k = specs.get(units)
+            if k is None:
+                arrays = [(group.array_dtype(a), self.metas[a].bcast, units[a]) for a in range(len(self.metas))]
+                k = specs[units] = get_kernel(KernelSpec(self.d, arrays, len(group.consts), group.stmts,
+                                                         group.reductions))
+            blk.kernel = k
+        self.kernels = list(specs.values())
+
+    # -- array addressing -----------------------------------------------------------
+    def _meta(self, role: str, obj: Any, space) -> ArrayMeta:
+        d = len(space.shape)
+        if role == "red":
+            if obj.axis is None or obj.axis == 0:
+                m = ArrayMeta("slot", obj.acc_dtype)
+                pshape = () if obj.axis is None else tuple(space.shape[1:])
+                m.slot_elems = prod(pshape)
+                bc = [True] * d
+                m.trail_strides = (0,) * (d - 1)
+                if obj.axis == 0:
+                    for k in range(1, d):
+                        bc[k] = False
+                    m.trail_strides = c_strides(pshape)
+                m.bcast = tuple(bc)
+                return m
+            leaf = obj.out
+            m = self._leaf_meta(leaf, space, reduced=obj.axis)
+            return m
+        return self._leaf_meta(obj, space)
+
+    def _leaf_meta(self, leaf: Leaf, space, reduced: Optional[int] = None) -> ArrayMeta:
+        d = len(space.shape)
+        v = leaf.view
+        b = leaf.base
+        if b.replicated:
+            m = ArrayMeta("repv", leaf.dtype)
+            off, st = v.full_strides()
+            ushape = list(v.shape)
+            if reduced is not None:  # a reduction target misses the reduced axis
+                ushape.insert(reduced, 1)
+                st = st[:reduced] + (0,) + st[reduced:]
+            pad = d - len(ushape)
+            ishape = (1,) * pad + tuple(ushape)
+            istr = (0,) * pad + tuple(st)
+            m.off0 = off
+            m.rows_full = ishape[0] == space.shape[0] and space.shape[0] > 1
+            m.st0 = istr[0]
+            m.trail_strides = istr[1:]
+            m.bcast = tuple(ishape[k] == 1 and space.shape[k] > 1 for k in range(d))
+            if reduced is not None:
+                m.bcast = tuple(True if k == reduced else m.bcast[k] for k in range(d))
+            m.reduced = reduced
+            return m
+        m = ArrayMeta("dist", leaf.dtype)
+        trail_shape = b.shape[1:]
+        m.row_elems = prod(trail_shape)
+        toff, tstr = v.trail_strides(trail_shape)
+        pstr = v.packed_strides()
+        lead = (0,) * (v.lead_new() if not v.row_kept else 0)
+        uafter = [e for e in v.after_row() if e[0] != "i"]
+        ushape_after = [1] * len(lead) + [e[3] if e[0] == "s" else 1 for e in uafter]
+        if reduced is not None:
+            ushape_after.insert(reduced - 1, 1)
+            tstr = tstr[:reduced - 1] + (0,) + tstr[reduced - 1:]
+            pstr = pstr[:reduced - 1] + (0,) + pstr[reduced - 1:]
+        pad = (d - 1) - len(ushape_after)
+        m.trail_off = toff
+        m.trail_strides = (0,) * pad + lead + tuple(tstr)
+        m.packed_strides = (0,) * pad + lead + tuple(pstr)
+        m.packed_row_elems = prod(v.packed_trail_shape())
+        ishape = (space.shape[0],) + (1,) * pad + tuple(ushape_after)
+        m.bcast = (False,) + tuple(ishape[k] == 1 and space.shape[k] > 1 for k in range(1, d))
+        if reduced is not None:
+            m.bcast = tuple(True if k == reduced else m.bcast[k] for k in range(d))
+        m.reduced = reduced
+        layout = (b.dist.key, v.row_params, v.row_kept)
+        m.identical = layout == (space.dist.key, (space.start, space.step, space.count), space.kept)
+        return m
+
+    # -- replicated rows: every rank computes everything --------------------------------
+    def _build_rep(self, n: int, max_rows: int) -> None:
+        bi = 0
+        for s in range(0, n, max_rows):
+            cnt = min(max_rows, n - s)
+            blk = BlockSpec()
+            blk.cnt, blk.index = cnt, bi
+            self._fill_block(blk, cnt, row_i0=s, row_di=1, locs=None, parts=None)
+            self.blocks.append(blk)
+            bi += 1
+
+    # -- distributed rows ------------------------------------------------------------
+    def _build_dist(self, group, rank: int, nranks: int, n: int, max_rows: int) -> None:
+        space = self.space
+        sd = space.dist
+        s0, t0 = space.start, space.step
+        nonid = [a for a, m in enumerate(self.metas) if m.kind == "dist" and not m.identical]
+        if not nonid:
+            mine, out_loc = my_rows(sd, s0, t0, n, rank)
+            comp = None
+        else:
+            comp = sd.owner(s0 + np.arange(n, dtype=np.int64) * t0)
+            mine = np.flatnonzero(comp == rank).astype(np.int64)
+            out_loc = sd.local_index(s0 + mine * t0)
+        rows = self._operand_messages(group, nonid, rank, n, mine, comp)
+        self._dist_blocks(nonid, rank, max_rows, mine, out_loc, rows)
+
+    def _operand_messages(self, group, nonid: List[int], rank: int, n: int, mine: np.ndarray,
+                          comp: Optional[np.ndarray]) -> Tuple[Dict, Dict, Dict, Dict]:
+        """Set ``msgs_in`` / ``msgs_out`` for the operands ``nonid`` laid out unlike the rows computed here.
+        Returns, per such operand, the source rank, local index and position in its part of each row
+        computed here, and ``(operand, source) -> (peer, index of the part in that peer's message)``."""
+        i_all = np.arange(n, dtype=np.int64)
+        src_m: Dict[int, np.ndarray] = {}
+        loc_m: Dict[int, np.ndarray] = {}
+        pos_m: Dict[int, np.ndarray] = {}
+        recv_parts: Dict[int, List[PartSpec]] = {}
+        send_parts: Dict[int, List[PartSpec]] = {}
+        part_index: Dict[Tuple[int, int], Tuple[int, int]] = {}
+        for a in nonid:
+            leaf = group.arrays[a][1] if group.arrays[a][0] != "red" else group.arrays[a][1].out
+            v, b = leaf.view, leaf.base
+            ls, lt, _ = v.row_params
+            rows_all = ls + i_all * lt
+            src_all = b.dist.owner(rows_all)
+            loc_all = b.dist.local_index(rows_all)
+            trail = v.packed_trail_shape()
+            # receiving
+            sm = src_all[mine]
+            pos = np.zeros(len(mine), dtype=np.int64)
+            for q in np.unique(sm):
+                q = int(q)
+                if q == rank:
+                    continue
+                mask = sm == q
+                cnt = int(mask.sum())
+                pos[mask] = np.arange(cnt, dtype=np.int64)
+                lst = recv_parts.setdefault(q, [])
+                part_index[(a, q)] = (q, len(lst))
+                lst.append(PartSpec(a, cnt, leaf.dtype, trail))
+            src_m[a], loc_m[a], pos_m[a] = sm, loc_all[mine], pos
+            # sending: rows computed elsewhere whose operand rows live here
+            smask = (src_all == rank) & (comp != rank)
+            if smask.any():
+                dests = comp[smask]
+                rows_i = np.flatnonzero(smask)
+                for c in np.unique(dests):
+                    locs = loc_all[rows_i[dests == c]]
+                    send_parts.setdefault(int(c), []).append(
+                        PartSpec(a, len(locs), leaf.dtype, trail, rows=selector(locs), items=v.trail_items(),
+                                 hull=hull(locs)))
+        self.msgs_in = self._messages(recv_parts)
+        self.msgs_out = self._messages(send_parts)
+        return src_m, loc_m, pos_m, part_index
+
+    def _dist_blocks(self, nonid: List[int], rank: int, max_rows: int, mine: np.ndarray, out_loc: np.ndarray,
+                     rows: Tuple[Dict, Dict, Dict, Dict]) -> None:
+        """Cut the rows computed here into blocks (at most ``max_rows`` rows, each operand from one place
+        with constant strides) and append them to ``blocks``."""
+        src_m, loc_m, pos_m, part_index = rows
+        need_i = any(m.kind == "repv" and m.rows_full for m in self.metas)
+        msg_of_peer = {m.peer: k for k, m in enumerate(self.msgs_in)}
+        srcs = [src_m[a] for a in nonid]
+        seqs = [out_loc] + ([mine] if need_i else [])
+        for a in nonid:
+            seqs.append(np.where(src_m[a] == rank, loc_m[a], pos_m[a]))
+        bi = 0
+        for (s, e) in segments(len(mine), srcs, seqs):
+            for cs in range(s, e, max_rows):
+                ce = min(e, cs + max_rows)
+                cnt = ce - cs
+                blk = BlockSpec()
+                blk.cnt, blk.index = cnt, bi
+                locs = {}
+                parts = {}
+                for a in nonid:
+                    q = int(src_m[a][cs])
+                    if q == rank:
+                        locs[a] = loc_m[a][cs:ce]
+                    else:
+                        peer, pi = part_index[(a, q)]
+                        parts[a] = (msg_of_peer[peer], pi, int(pos_m[a][cs]))
+                di = int(mine[cs + 1] - mine[cs]) if cnt > 1 else 1
+                self._fill_block(blk, cnt, row_i0=int(mine[cs]), row_di=di, locs=locs, parts=parts,
+                                 out_locs=out_loc[cs:ce])
+                self.blocks.append(blk)
+                bi += 1
+
+    def _fill_block(self, blk: BlockSpec, cnt: int, row_i0: int, row_di: int, locs, parts,
+                    out_locs: Optional[np.ndarray] = None) -> None:
+        d = self.d
+        tmpl: List[Any] = [cnt] + [int(x) for x in self.shape[1:]]
+        refs: List[Tuple[int, Tuple]] = []
+        needs = set()
+        access: List[SlotAccess] = []
+        units: List[bool] = []
+        for a, m in enumerate(self.metas):
+            if m.kind == "slot":
+                refs.append((len(tmpl), ("s", a)))
+                tmpl.append(None)
+                tmpl.append(blk.index * m.slot_elems)
+                strides = [0] + list(m.trail_strides)
+                row_stride = 0
+            elif m.kind == "repv":
+                refs.append((len(tmpl), ("a", a)))
+                tmpl.append(None)
+                if m.rows_full:
+                    tmpl.append(m.off0 + row_i0 * m.st0)
+                    row_stride = row_di * m.st0
+                else:
+                    tmpl.append(m.off0)
+                    row_stride = m.st0
+                strides = [row_stride] + list(m.trail_strides)
+                access.append((a, 0, 1 << 62, "W" if self._writes(a) else "R"))
+            else:  # dist
+                if parts is not None and a in parts:
+                    mi, pi, pos0 = parts[a]
+                    needs.add(mi)
+                    refs.append((len(tmpl), ("p", mi, pi)))
+                    tmpl.append(None)
+                    tmpl.append(pos0 * m.packed_row_elems)
+                    row_stride = m.packed_row_elems
+                    strides = [row_stride] + list(m.packed_strides)
+                else:
+                    seq = locs[a] if (locs is not None and a in locs) else out_locs
+                    l0 = int(seq[0])
+                    dl = int(seq[1] - seq[0]) if cnt > 1 else 1
+                    refs.append((len(tmpl), ("a", a)))
+                    tmpl.append(None)
+                    tmpl.append(l0 * m.row_elems + m.trail_off)
+                    row_stride = dl * m.row_elems
+                    strides = [row_stride] + list(m.trail_strides)
+                    lo, hi = (l0, l0 + dl * (cnt - 1) + 1) if dl > 0 else (l0 + dl * (cnt - 1), l0 + 1)
+                    access.append((a, lo, hi, "W" if self._writes(a) else "R"))
+            unit = (not m.bcast[d - 1]) and strides[d - 1] == 1
+            units.append(unit)
+            for k in range(d):
+                if m.bcast[k] or (k == d - 1 and unit):
+                    continue
+                tmpl.append(int(strides[k]))
+        blk.template = tmpl
+        blk.bufrefs = refs
+        blk.needs = tuple(sorted(needs))
+        blk.access = tuple(access)
+        blk.kernel = tuple(units)  # replaced by the compiled kernel at the end of __init__
+
+    def _writes(self, a: int) -> bool:
+        return self._roles[a] in ("out", "red")
+
+    def extra_buffers(self) -> Dict[str, Any]:
+        nb = max(1, len(self.blocks))
+        slots = {}
+        for (a, op, axis, acc, pshape) in self.reds:
+            if pshape is not None:
+                slots[a] = np.zeros((nb,) + tuple(pshape), dtype=acc).reshape(-1)
+        return {"slots": slots}
+
+
+
+
+# =========================================================================== cache key and lowering
+def cache_key(g, chunk_elems: int) -> Tuple:
+    """The plan cache key of group ``g``: the program's shape, the row space, each array's layout and dtype
+    (and each reduction's operator and axis) and the block size; no values, no array identities."""
+    descs = []
+    for role, obj in g.arrays:
+        if role == "red":
+            descs.append((role, obj.op, obj.axis, obj.acc_dtype.str, obj.out.base.dist.key, obj.out.view.key,
+                          obj.out.dtype.str))
+        else:
+            descs.append((role, obj.base.dist.key, obj.view.key, obj.dtype.str))
+    return ("ew", g.program_key, g.space.key, tuple(descs), chunk_elems)
+
+
+def lower(fl: Lowering, g: Any, flush_no: int) -> GroupRun:
+    """The units of elementwise group ``g`` in flush ``fl``: receives, one send per outgoing message, one
+    kernel call per block (each waiting for the messages it reads), then the reductions' units."""
+    eng = fl.eng
+    plan: ElementwisePlan = eng.plan(cache_key(g, eng.chunk_elems),
+                                     lambda: ElementwisePlan(g, fl.rank, fl.size, eng.chunk_elems))
+    inst = plan.acquire(eng, flush_no)
+    inst.uses += 1
+    bases = [obj.out.base if role == "red" else obj.base for role, obj in g.arrays]
+    run = GroupRun(g.desc)
+    run.inst = inst
+    fl.receives(run, plan, inst, g.desc)
+
+    def local_of(a: int) -> np.ndarray:
+        return bases[a].ensure()
+
+    for k in range(len(plan.msgs_out)):
+        run.sends.append(fl.send_unit(plan, inst, k, local_of, lambda a: bases[a].serial, g.desc))
+    slots = inst.extra.get("slots", {})
+    recv_flat = [[p.reshape(-1) for p in parts] for parts in inst.recv_parts]
+    scalars = [c.value for c in g.consts]
+    for blk in plan.blocks:
+        u = Unit("compute", _block_fn(fl, blk, bases, recv_flat, slots, scalars), g.desc,
+                 tuple((bases[a].serial, lo, hi, mode) for (a, lo, hi, mode) in blk.access))
+        u.ndeps = len(blk.needs)
+        for mi in blk.needs:
+            run.recvs[mi].units.append(u)
+        run.computes.append(u)
+    reduction.lower_partials(fl, g, plan, inst, run, slots, flush_no)
+    return run
+
+
+def _block_fn(fl: Lowering, blk: BlockSpec, bases: List[Any], recv_flat: List[List[np.ndarray]],
+              slots: Dict[int, np.ndarray], scalars: List[Any]) -> Callable[[], None]:
+    """The computation of one block: the kernel on the local buffers, received parts and reduction slots."""
+
+    def fn() -> None:
+        args = list(blk.template)
+        for pos, ref in blk.bufrefs:
+            if ref[0] == "a":
+                b = bases[ref[1]]
+                if b.flat is None:
+                    b.ensure()
+                args[pos] = b.flat
+            elif ref[0] == "p":
+                args[pos] = recv_flat[ref[1]][ref[2]]
+            else:
+                args[pos] = slots[ref[1]]
+        args.extend(scalars)
+        blk.kernel(*args)
+        fl.blocks += 1
+    return fn
+
+
+LOWERINGS = {"elementwise": lower}

@@ -1,0 +1,272 @@
+"""Matrix product and transpose: their plans on this rank, cache keys and lowerings into units.
+
+What :mod:`~..linalg` records (:class:`~..graph.Matmul`, :class:`~..graph.Transpose`) is evaluated here.
+
+* ``out = a @ b`` (:class:`MatmulPlan`): ``out``'s rows are ``a``'s rows (aligned); ``b``'s rows come
+  from their owners, one message per peer. Units: per run of local rows, the product with the local
+  part of ``b`` (writes), then one accumulation per received part (waits for that message).
+* ``out = src.T`` (:class:`TransposePlan`): the rows of ``src`` owned here become columns of ``out``
+  everywhere; each message is packed already transposed, and the local block is transposed while
+  the messages fly.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Tuple
+
+import numpy as np
+
+from ..fused_kernels import transpose_copy
+from ..graph import Matmul, Transpose
+from ..plans import Instance, PartSpec, Plan, hull, my_rows, segments, selector
+from ..units import FULL, GroupRun, Lowering, Unit, after
+
+__all__ = ["MatmulPlan", "TransposePlan", "matmul_key", "transpose_key", "lower_matmul", "lower_transpose",
+           "LOWERINGS"]
+
+
+class MatmulPlan(Plan):
+    """``out = a @ b`` on this rank: ``out``'s rows are ``a``'s rows (aligned); ``b``'s rows come
+    from their owners (one message per peer, sent to every rank that has rows of ``a``). Units:
+    the product with the local part of ``b`` (writes), then one accumulation per received part."""
+
+    kind = "matmul"
+
+    def __init__(self, task, rank: int, nranks: int):
+        super().__init__()
+        a, b = task.a, task.b
+        va = a.view
+        s, t, n = va.row_params
+        self.mine, self.a_loc = my_rows(a.base.dist, s, t, n, rank)
+        self.row_blocks = [(lo, hi) for lo, hi in segments(len(self.mine), [], [self.a_loc])]
+        col = va.after_row()[0]
+        self.a_col = (col[1], col[2])
+        self.a_items_after = va.after_row()
+        k = b.view.shape[0]
+        self.b_rep = b.base.replicated
+        self.b_trail = b.view.packed_trail_shape()
+        self.local_j: Optional[np.ndarray] = None
+        self.local_b_rows: Any = None
+        self.recv_j: List[np.ndarray] = []
+        if self.b_rep:
+            self.local_j = np.arange(k, dtype=np.int64)
+            return
+        bs, bt, _ = b.view.row_params
+        rows_b = bs + np.arange(k, dtype=np.int64) * bt
+        src = b.base.dist.owner(rows_b)
+        loc = b.base.dist.local_index(rows_b)
+        comp_ranks = set(int(x) for x in np.unique(a.base.dist.owner(s + np.arange(n, dtype=np.int64) * t)))
+        items = b.view.trail_items()
+        mine_j = np.flatnonzero(src == rank)
+        self.local_j = mine_j
+        self.local_b_rows = selector(loc[mine_j])
+        send: Dict[int, List[PartSpec]] = {}
+        if len(mine_j):
+            for c in sorted(comp_ranks):
+                if c != rank:
+                    send[c] = [PartSpec(1, len(mine_j), b.dtype, self.b_trail, rows=selector(loc[mine_j]),
+                                        items=items, hull=hull(loc[mine_j]))]
+        recv: Dict[int, List[PartSpec]] = {}
+        if len(self.mine):
+            for q in range(nranks):
+                if q == rank:
+                    continue
+                jq = np.flatnonzero(src == q)
+                if len(jq):
+                    recv[q] = [PartSpec(1, len(jq), b.dtype, self.b_trail)]
+                    self.recv_j.append(jq)
+        self.msgs_in = self._messages(recv)
+        self.msgs_out = self._messages(send)
+
+    def a_cols(self, js: np.ndarray) -> Any:
+        c0, ct = self.a_col
+        return selector(c0 + js * ct)
+
+
+class TransposePlan(Plan):
+    """``out = src.T``: ``src`` rows owned here become columns of ``out`` everywhere. Message r->c
+    holds ``src[rows of r, columns that are rows of c]`` already transposed; the local block is
+    transposed in place while the messages fly."""
+
+    kind = "transpose"
+
+    def __init__(self, task, rank: int, nranks: int):
+        super().__init__()
+        src, out = task.src, task.out
+        vs = src.view
+        s, t, n = vs.row_params
+        col = vs.after_row()[0]
+        c0, ct = col[1], col[2]
+        self.mine, self.a_loc = my_rows(src.base.dist, s, t, n, rank)
+        self.a_rows = selector(self.a_loc)
+        od = out.base.dist
+        self.t_rows: Dict[int, np.ndarray] = {}
+        for c in range(nranks):
+            self.t_rows[c] = od.global_rows(c)  # out rows j owned by c (out is a full fresh base)
+        my_j = self.t_rows[rank]
+        self.t_loc_sel = selector(np.arange(len(my_j), dtype=np.int64))
+        self.local_cols = selector(c0 + my_j * ct)
+        self.local_tcols = selector(self.mine)
+        send: Dict[int, List[PartSpec]] = {}
+        recv: Dict[int, List[PartSpec]] = {}
+        self.send_cols: Dict[int, Any] = {}
+        if len(self.mine):
+            for c in range(nranks):
+                jc = self.t_rows[c]
+                if c != rank and len(jc):
+                    send[c] = [PartSpec(0, len(jc), src.dtype, (len(self.mine),))]
+                    self.send_cols[c] = selector(c0 + jc * ct)
+        self.recv_tcols: List[Any] = []
+        src_owner = src.base.dist.owner(s + np.arange(n, dtype=np.int64) * t)
+        if len(my_j):
+            for q in range(nranks):
+                iq = np.flatnonzero(src_owner == q)
+                if q != rank and len(iq):
+                    recv[q] = [PartSpec(0, len(my_j), src.dtype, (len(iq),))]
+                    self.recv_tcols.append(selector(iq))
+        self.msgs_in = self._messages(recv)
+        self.msgs_out = self._messages(send)
+        self.send_hull = hull(self.a_loc)
+
+    def pack_transposed(self, inst: Instance, k: int, local: np.ndarray) -> None:
+        c = self.msgs_out[k].peer
+        dst = inst.send_parts[k][0]
+        blk = local[self.a_rows][:, self.send_cols[c]] if not isinstance(self.a_rows, slice) else \
+            local[self.a_rows, self.send_cols[c]]
+        transpose_copy(dst, blk)
+
+
+
+
+# =========================================================================== cache keys and lowerings
+def matmul_key(t: Matmul) -> Tuple:
+    """The plan cache key of ``t``: layouts, views and dtypes of ``a``, ``b`` and ``out``."""
+    a, b, out = t.a, t.b, t.out
+    return ("mm", a.base.dist.key, a.view.key, a.dtype.str, b.base.dist.key, b.view.key, b.dtype.str,
+            out.base.dist.key, out.view.key, out.dtype.str)
+
+
+def lower_matmul(fl: Lowering, g: Any, flush_no: int) -> GroupRun:
+    """The units of ``g.task`` (a :class:`~..graph.Matmul`) in flush ``fl``."""
+    t: Matmul = g.task
+    eng = fl.eng
+    a, b, out = t.a, t.b, t.out
+    plan: MatmulPlan = eng.plan(matmul_key(t), lambda: MatmulPlan(t, fl.rank, fl.size))
+    inst = plan.acquire(eng, flush_no)
+    inst.uses += 1
+    run = GroupRun(t.desc)
+    fl.receives(run, plan, inst, t.desc)
+    bases = {0: a.base, 1: b.base}
+    for k in range(len(plan.msgs_out)):
+        run.sends.append(fl.send_unit(plan, inst, k, lambda i: bases[i].ensure(), lambda i: bases[i].serial,
+                                      t.desc))
+    product = _product(t, plan)
+    b_items = b.view.trail_items()
+    for (lo, hi) in plan.row_blocks:
+        rows_sel = selector(plan.a_loc[lo:hi])
+        rlo, rhi = int(plan.a_loc[lo:hi].min()), int(plan.a_loc[lo:hi].max()) + 1
+
+        def local_fn(rows_sel=rows_sel) -> None:
+            if plan.b_rep:
+                bl = b.base.ensure()[b.view.numpy_index()]
+            else:
+                bl = b.base.ensure()[(plan.local_b_rows,) + b_items]
+            product(rows_sel, plan.local_j, bl, False)
+
+        u0 = Unit("compute", local_fn, t.desc, ((a.base.serial, rlo, rhi, "R"), (b.base.serial, 0, FULL, "R"),
+                                                (out.base.serial, rlo, rhi, "W")))
+        run.computes.append(u0)
+        for k in range(len(plan.msgs_in)):
+            def acc_fn(rows_sel=rows_sel, k=k) -> None:
+                product(rows_sel, plan.recv_j[k], inst.recv_parts[k][0], True)
+
+            u = Unit("compute", acc_fn, t.desc, ((a.base.serial, rlo, rhi, "R"), (out.base.serial, rlo, rhi, "A")))
+            u.ndeps = 1
+            run.recvs[k].units.append(u)
+            after(u, u0)
+            run.computes.append(u)
+    return run
+
+
+def _product(t: Matmul, plan: MatmulPlan):
+    """``product(rows_sel, js, bdata, accumulate)``: rows ``rows_sel`` of the result (=, or +=) the columns
+    ``js`` of ``a`` times ``bdata`` (the rows ``js`` of ``b``)."""
+    a, out = t.a, t.out
+    oview = out.view
+
+    def product(rows_sel, js: np.ndarray, bdata: np.ndarray, accumulate: bool) -> None:
+        al = a.base.ensure()
+        yl = out.base.ensure()
+        ysub = yl[oview.numpy_index(row_sel=rows_sel)]
+        if len(js) == 0:
+            if not accumulate:
+                ysub[...] = 0
+            return
+        cols = plan.a_cols(js)
+        asub = al[rows_sel, cols] if not (isinstance(rows_sel, np.ndarray) and isinstance(cols, np.ndarray)) \
+            else al[rows_sel][:, cols]
+        prod = asub @ bdata
+        if accumulate:
+            ysub += prod
+        else:
+            ysub[...] = prod
+    return product
+
+
+def transpose_key(t: Transpose) -> Tuple:
+    """The plan cache key of ``t``: layouts, views and dtypes of ``src`` and ``out``."""
+    src, out = t.src, t.out
+    return ("tr", src.base.dist.key, src.view.key, src.dtype.str, out.base.dist.key, out.dtype.str)
+
+
+def lower_transpose(fl: Lowering, g: Any, flush_no: int) -> GroupRun:
+    """The units of ``g.task`` (a :class:`~..graph.Transpose`) in flush ``fl``."""
+    t: Transpose = g.task
+    eng = fl.eng
+    src, out = t.src, t.out
+    plan: TransposePlan = eng.plan(transpose_key(t), lambda: TransposePlan(t, fl.rank, fl.size))
+    inst = plan.acquire(eng, flush_no)
+    inst.uses += 1
+    run = GroupRun(t.desc)
+    fl.receives(run, plan, inst, t.desc)
+    for k in range(len(plan.msgs_out)):
+        run.sends.append(fl.send_unit(
+            plan, inst, k, None, None, t.desc,
+            pack=lambda k=k: plan.pack_transposed(inst, k, src.base.ensure())))
+        run.sends[-1].access = ((src.base.serial, plan.send_hull[0], plan.send_hull[1], "R"),)
+
+    def put(dst_cols, block: np.ndarray, transpose: bool) -> None:
+        """Columns ``dst_cols`` of the local rows of the result = ``block`` (or ``block.T``)."""
+        tl = out.base.ensure()
+        if isinstance(dst_cols, slice):
+            dst = tl[:, dst_cols]
+            if transpose:
+                transpose_copy(dst, block)
+            else:
+                np.copyto(dst, block)
+        else:
+            tl[:, dst_cols] = block.T if transpose else block
+
+    def local_fn() -> None:
+        if len(plan.mine) == 0 or out.base.local_shape()[0] == 0:
+            return
+        al = src.base.ensure()
+        if isinstance(plan.a_rows, slice):
+            blk = al[plan.a_rows, plan.local_cols]
+        else:
+            blk = al[plan.a_rows][:, plan.local_cols]
+        put(plan.local_tcols, blk, True)
+
+    nloc = out.base.local_shape()[0]
+    u0 = Unit("compute", local_fn, t.desc, ((src.base.serial, plan.send_hull[0], plan.send_hull[1], "R"),
+                                            (out.base.serial, 0, nloc, "A")))
+    run.computes.append(u0)
+    for k in range(len(plan.msgs_in)):
+        u = Unit("compute", lambda k=k: put(plan.recv_tcols[k], inst.recv_parts[k][0], False), t.desc,
+                 ((out.base.serial, 0, nloc, "A"),))
+        u.ndeps = 1
+        run.recvs[k].units.append(u)
+        run.computes.append(u)
+    return run
+
+
+LOWERINGS = {"matmul": lower_matmul, "transpose": lower_transpose}

@@ -1,0 +1,107 @@
+"""The executable units of a force point: what an operation is lowered into, and what the scheduler runs.
+
+An operation module (:mod:`~.operations`) lowers one group of the flush into a :class:`GroupRun`:
+receives (:class:`Waitable`, started all at once by the scheduler), sends and computations
+(:class:`Unit`), and for a reduction over distributed rows an allgather unit and the unit that
+combines the ranks' partial results. A unit declares the local rows it touches (``access``) and
+its prerequisites (``ndeps`` / :func:`after`); the scheduler (:mod:`~.scheduler`) orders units of
+different groups by those accesses and runs each one when it is ready.
+
+Nothing here communicates or blocks; the scheduler owns every wait.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, List, Optional, Protocol, Tuple
+
+__all__ = ["Waitable", "Unit", "GroupRun", "after", "FULL", "Access", "Lowering"]
+
+#: ``hi`` of an access that covers every local row of a base.
+FULL = 1 << 62
+
+#: ``(base serial, lo, hi, mode)``: local rows ``[lo, hi)`` of a base, mode ``'R'`` (read), ``'W'``
+#: (write) or ``'A'`` (accumulate: units accumulating into the same rows need no order among them).
+Access = Tuple[int, int, int, str]
+
+
+class Waitable:
+    """A started request and the units that wait for it."""
+
+    __slots__ = ("req", "kind", "peer", "tag", "nbytes", "seq", "units", "label", "inst", "done", "cancellable")
+
+    def __init__(self, req, kind: str, peer: int, tag: int, nbytes: int, seq: int, label: str, inst=None):
+        """``kind``: 'recv', 'send', 'coll' (a reduction's allgather) or 'check' (the agreement)."""
+        self.req, self.kind, self.peer, self.tag, self.nbytes, self.seq = req, kind, peer, tag, nbytes, seq
+        self.units: List["Unit"] = []
+        self.label = label
+        self.inst = inst
+        self.done = False
+        self.cancellable = kind == "recv"
+
+
+class Unit:
+    """A piece of work of a flush: ``kind`` 'send' or 'coll' (communication), 'compute' (everything else)."""
+
+    __slots__ = ("kind", "fn", "ndeps", "dependents", "label", "done", "access")
+
+    def __init__(self, kind: str, fn: Callable[[], None], label: str, access: Tuple[Access, ...] = ()):
+        self.kind, self.fn, self.label = kind, fn, label
+        self.ndeps = 0
+        self.dependents: List["Unit"] = []
+        self.done = False
+        self.access = access
+
+
+def after(u: Unit, prereq: Unit) -> None:
+    """Make ``u`` wait until ``prereq`` has run."""
+    prereq.dependents.append(u)
+    u.ndeps += 1
+
+
+class GroupRun:
+    """The units of one group in one flush: receives (started at once), sends, computations, and for
+    a reduction its allgather (``coll``) and the unit that combines the ranks' partials (``finish``)."""
+
+    __slots__ = ("recvs", "sends", "computes", "coll", "finish", "label", "inst")
+
+    def __init__(self, label: str):
+        self.recvs: List[Waitable] = []
+        self.sends: List[Unit] = []
+        self.computes: List[Unit] = []
+        self.coll: Optional[Unit] = None
+        self.finish: Optional[Unit] = None
+        self.label = label
+        self.inst = None
+
+    def units(self) -> List[Unit]:
+        """Every unit of the group: sends, computations, then the allgather and the finish, if any."""
+        out = self.sends + self.computes
+        if self.coll is not None:
+            out.append(self.coll)
+        if self.finish is not None:
+            out.append(self.finish)
+        return out
+
+
+class Lowering(Protocol):
+    """What an operation's lowering may use of the flush it is lowered into (the scheduler's ``_Flush``).
+
+    Called only while the flush builds its units, on every rank in the same order; nothing here blocks."""
+
+    eng: Any            #: the engine (communicator, plan cache, settings, stats)
+    rank: int
+    size: int
+    MPI: Any            #: the mpi4py MPI module
+    blocks: int         #: kernel blocks run (a block unit adds 1 when it runs)
+
+    def receives(self, run: GroupRun, plan: Any, inst: Any, label: str) -> None:
+        """Add a waitable per incoming message of ``plan`` (its instance's persistent receives) to ``run``."""
+
+    def send_unit(self, plan: Any, inst: Any, k: int, local_of: Optional[Callable[[int], Any]], serial_of: Any,
+                  label: str, pack: Optional[Callable[[], None]] = None) -> Unit:
+        """The unit packing and starting outgoing message ``k`` of ``plan``."""
+
+    def sent(self, req: Any, peer: int, nbytes: int, inst: Any, t0: int, label: str) -> Waitable:
+        """Count, trace and start the waitable of a send just started on ``inst``'s tag."""
+
+    def start(self, w: Waitable) -> None:
+        """Register a started request: polled with the others, its units released when it completes."""
