@@ -16,6 +16,7 @@ import numpy as np
 from ..core import runtime
 from ..tracing import tracer as tracing
 from ..core import waiting
+from . import fallback
 from .array import _FUNCTIONS, DistArray
 from .distribution import make_distribution
 from .engine import engine_for
@@ -178,6 +179,14 @@ def _scatter(eng, x, dist, comm, root: int) -> DistArray:
     return DistArray(b, View.full(shape))
 
 
+def from_local(local: np.ndarray, like: DistArray) -> DistArray:
+    """A new array of ``like``'s shape and layout whose rows on this rank are ``local`` (this rank's
+    block, e.g. computed from ``like.local``; its dtype is the result's). Local."""
+    b, _ = _new(like.shape, local.dtype, like.dist, like.comm, "local blocks")
+    b.set_local(np.ascontiguousarray(local).reshape(b.local_shape()))
+    return DistArray(b, View.full(like.shape))
+
+
 def time_ns() -> int:
     import time
 
@@ -223,5 +232,6 @@ def full_like(a: DistArray, fill_value, dtype=None, dist=None) -> DistArray:
 
 # NumPy's *_like functions dispatch here through DistArray.__array_function__ (registered from this
 # module, which the package always imports, so the array module need not import its constructors)
+fallback.register(from_numpy=from_numpy, from_local=from_local)
 _FUNCTIONS.update({np.zeros_like: zeros_like, np.ones_like: ones_like, np.empty_like: empty_like,
                    np.full_like: full_like})

@@ -217,6 +217,12 @@ def engine_for(comm=None) -> Engine:
 _UNCHANGED: Any = object()
 
 
+#: Environment switch of NumPy math (:mod:`.numpy_math`; default off: the fused kernels are faster).
+NUMPY_MATH_ENV = "NBMPI_DISTARRAY_NUMPY_MATH"
+#: Whether NumPy math is on in this process (``configure(numpy_math=...)`` changes it).
+NUMPY_MATH = {"on": os.environ.get(NUMPY_MATH_ENV, "") not in ("", "0")}
+
+
 def configure(latency_hiding: Optional[bool] = None, threshold: Optional[int] = None,
               chunk_elems: Optional[int] = None, timeout: Any = _UNCHANGED, comm=None,
               numpy_math: Optional[bool] = None) -> Dict[str, Any]:
@@ -225,9 +231,8 @@ def configure(latency_hiding: Optional[bool] = None, threshold: Optional[int] = 
     own transcendental functions instead of the compiled ones, for results identical to NumPy's,
     process-wide, see :mod:`.numpy_math`). Local; call it on every rank with the same values.
     Returns the settings now in force."""
-    from . import numpy_math as _numpy_math
     if numpy_math is not None:
-        _numpy_math.set_enabled(numpy_math)
+        NUMPY_MATH["on"] = bool(numpy_math)
     eng = engine_for(comm)
     if latency_hiding is not None:
         eng.latency_hiding = bool(latency_hiding)
@@ -244,4 +249,4 @@ def configure(latency_hiding: Optional[bool] = None, threshold: Optional[int] = 
             raise DistArrayError(f"timeout must be a positive number of seconds or None, got {timeout!r}")
         eng.timeout = timeout
     return dict(latency_hiding=eng.latency_hiding, threshold=eng.threshold, chunk_elems=eng.chunk_elems,
-                timeout=eng.timeout, numpy_math=_numpy_math.enabled())
+                timeout=eng.timeout, numpy_math=NUMPY_MATH["on"])

@@ -85,9 +85,18 @@ def note_native(name: str) -> None:
         _native[(name, f"{path}:{line}")] += 1
 
 
+#: The DistArray class and the constructors this module uses, registered by the modules that
+#: define them (``array``, ``creation``): they import this module, so it imports neither.
+REGISTRY: Dict[str, Any] = {}
+
+
+def register(**items: Any) -> None:
+    """Register ``DistArray``, ``from_numpy`` or ``from_local`` (at import of their modules)."""
+    REGISTRY.update(items)
+
+
 def _distarray_type():
-    from .array import DistArray
-    return DistArray
+    return REGISTRY["DistArray"]
 
 
 def _gather(value: Any, found: List[Any], reason: str) -> Any:
@@ -114,8 +123,7 @@ def _distribute(result: Any, like: Any) -> Any:
         return [_distribute(r, like) for r in result]
     if not isinstance(result, np.ndarray) or result.ndim == 0 or result.dtype.kind not in _DISTRIBUTABLE:
         return result
-    from .creation import from_numpy
-    return from_numpy(result, dist=like.dist, comm=like.comm)   # the same kind (and block size) of layout
+    return REGISTRY["from_numpy"](result, dist=like.dist, comm=like.comm)   # the same kind (and block size) of layout
 
 
 def _warn(name: str, nbytes: int, site: Tuple[str, int], rank: int) -> None:

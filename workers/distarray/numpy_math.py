@@ -14,54 +14,43 @@ well. Call it SPMD, like every recorded operation.
 """
 from __future__ import annotations
 
-import os
 from typing import Any, Sequence
 
 import numpy as np
 
+from .engine import NUMPY_MATH
+
 #: The ufuncs whose compiled and NumPy implementations can differ in the last bit.
 TRANSCENDENTAL = frozenset({"exp", "log", "log10", "sin", "cos", "tan", "tanh", "arctan2", "power"})
 
-#: Environment switch of NumPy math (default off: the fused kernels are faster).
-NUMPY_MATH_ENV = "NBMPI_DISTARRAY_NUMPY_MATH"
-
-_state = {"on": os.environ.get(NUMPY_MATH_ENV, "") not in ("", "0")}
-
-
 def enabled() -> bool:
     """Whether NumPy math is on in this process."""
-    return _state["on"]
+    return NUMPY_MATH["on"]
 
 
 def set_enabled(on: bool) -> None:
     """Turn NumPy math on or off in this process (local; do it on every rank alike)."""
-    _state["on"] = bool(on)
+    NUMPY_MATH["on"] = bool(on)
 
 
 def applies(name: str) -> bool:
     """Whether ufunc ``name`` runs through NumPy math now."""
-    return _state["on"] and name in TRANSCENDENTAL
+    return NUMPY_MATH["on"] and name in TRANSCENDENTAL
 
 
 def apply(ufunc: np.ufunc, inputs: Sequence[Any]) -> Any:
     """``ufunc(*inputs)`` with NumPy's own implementation on each rank's rows: a new DistArray laid
     out like the first distributed operand. Collective (a force point)."""
     from . import fallback
-    from .array import DistArray
-    from .creation import _new
 
+    DistArray = fallback.REGISTRY["DistArray"]
     arrays = [x for x in inputs if isinstance(x, DistArray)]
     first = arrays[0]
     if (any(x.shape != first.shape for x in arrays) or first.ndim == 0 or first.dist.replicated
             or any(not isinstance(x, DistArray) and np.ndim(x) != 0 for x in inputs)):
         return fallback.call(ufunc, tuple(inputs), {}, ufunc.__name__)
     src = first if first._view.is_full else first.copy()
-    ops = [x if x is first else x for x in inputs]
-    ops = [src if x is first else x for x in ops]
+    ops = [src if x is first else x for x in inputs]
     ops = [x.redistribute(src.dist) if isinstance(x, DistArray) and x is not src else x for x in ops]
     locals_ = [x.local if isinstance(x, DistArray) else x for x in ops]     # a force point
-    result = ufunc(*locals_)
-    base, _ = _new(src.shape, result.dtype, src.dist, src.comm, f"numpy {ufunc.__name__}")
-    base.set_local(np.ascontiguousarray(result))
-    from .indexing import View
-    return DistArray(base, View.full(src.shape))
+    return fallback.REGISTRY["from_local"](ufunc(*locals_), src)
