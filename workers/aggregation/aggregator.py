@@ -130,7 +130,6 @@ import numba
 import numpy as np
 
 from ..tracing import tracer as _tracing
-from ..core import waiting
 from ..core.errors import AggregationError, AggregationTimeout
 from ..core.kernels import is_jitted
 from ..core.runtime import MPI, default_timeout, world
@@ -596,38 +595,6 @@ class Aggregator(_Buffers, _Progress, _Termination):
         if self._broken is None:
             self.flush()
         self._discard()
-
-    def _discard(self) -> None:
-        """Local release: cancel the posted receives, free what can be freed."""
-        if self._closed:
-            return
-        self._closed = True
-        if self in _live:
-            _live.remove(self)
-        reqs = getattr(self, "_rreqs", [])
-        for i, r in enumerate(reqs):
-            if not any(p[0] == i for p in self._pending):
-                waiting.cancel(r)
-            try:
-                r.Free()
-            except Exception:  # noqa: BLE001 - a request that could not be cancelled
-                pass
-        self._rreqs = []
-        inflight = {id(r) for r in getattr(self, "_sreqs", [])}
-        for r in getattr(self, "_psend", None) or []:
-            if r is not None and id(r) not in inflight:
-                try:
-                    r.Free()
-                except Exception:  # noqa: BLE001
-                    pass
-        self._psend = None
-        wave = getattr(self, "_wave", None)
-        wave_pending = wave is not None and wave[0] is not None
-        if self._broken is None and not self._sreqs and not wave_pending and hasattr(self, "comm"):
-            try:
-                self.comm.Free()
-            except Exception:  # noqa: BLE001
-                pass
 
     def __enter__(self) -> "Aggregator":
         return self

@@ -1,5 +1,6 @@
 """The aggregators' send side: per-destination buffers in one fixed pool,
-bucketing pushed rows into them, sending full and partial buffers.
+bucketing pushed rows into them, sending full and partial buffers, and the
+local release of the persistent requests (``_discard``).
 
 Bounded memory: ``pool_buffers`` send buffers (at least ``size + 1``: one
 current buffer per destination plus in-flight ones), ``recv_buffers``
@@ -28,7 +29,8 @@ import numpy as np
 from ..tracing import tracer as _tracing
 from ..core.errors import AggregationError
 from .bucketing import _bucket, _entry_point, _word_dtype
-from .progress import _progress_all
+from ..core import waiting
+from .progress import _live, _progress_all
 
 __all__: list = []
 
@@ -282,3 +284,36 @@ class _Buffers:
             else:
                 self._free[self._meta[0]] = b
                 self._meta[0] += 1
+
+    def _discard(self) -> None:
+        """Local release (``close``, leaving a ``with`` block by an exception, interpreter exit): cancel the
+        posted receives, free the persistent requests and, if nothing is in flight, the communicator."""
+        if self._closed:
+            return
+        self._closed = True
+        if self in _live:
+            _live.remove(self)
+        reqs = getattr(self, "_rreqs", [])
+        for i, r in enumerate(reqs):
+            if not any(p[0] == i for p in self._pending):
+                waiting.cancel(r)
+            try:
+                r.Free()
+            except Exception:  # noqa: BLE001 - a request that could not be cancelled
+                pass
+        self._rreqs = []
+        inflight = {id(r) for r in getattr(self, "_sreqs", [])}
+        for r in getattr(self, "_psend", None) or []:
+            if r is not None and id(r) not in inflight:
+                try:
+                    r.Free()
+                except Exception:  # noqa: BLE001
+                    pass
+        self._psend = None
+        wave = getattr(self, "_wave", None)
+        wave_pending = wave is not None and wave[0] is not None
+        if self._broken is None and not self._sreqs and not wave_pending and hasattr(self, "comm"):
+            try:
+                self.comm.Free()
+            except Exception:  # noqa: BLE001
+                pass
