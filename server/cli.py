@@ -303,6 +303,12 @@ def main(argv=None) -> int:
 
 def register(sub) -> None:
     """Add the controller's subcommands to the ``nbmpi`` argparse subparsers ``sub``."""
+    _register_serve(sub)
+    _register_client_commands(sub)
+
+
+def _register_serve(sub) -> None:
+    """Add ``serve`` (the controller service, its backends' options) to the subparsers ``sub``."""
     s = sub.add_parser("serve", help="run the nbmpi controller (pools and jobs over HTTP)",
                        description="Run the controller service. Binds to 127.0.0.1 unless --host says otherwise.")
     s.add_argument("--host", default=config.DEFAULT_HOST)
@@ -340,6 +346,10 @@ def register(sub) -> None:
     s.add_argument("--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"])
     s.set_defaults(func=_cmd_serve)
 
+
+def _register_client_commands(sub) -> None:
+    """Add the commands that talk to a running controller (``submit``, ``jobs``, ``logs``, ``cancel``,
+    ``pools``) and ``demo`` to the subparsers ``sub``."""
     p = sub.add_parser("submit", help="submit a script as a job to the controller")
     p.add_argument("script", help="the program (.py)")
     p.add_argument("-n", type=int, default=None, metavar="N", help="number of ranks (required without --pool)")

@@ -52,6 +52,11 @@ interrupted ``put`` (and a same-node ``take`` caught in the middle of its copy)
 makes the channel unusable: further calls raise :class:`ChannelError` saying
 why; create a new channel. Same-node transfers check their timeout and Ctrl-C
 every 50 ms.
+
+Layout: this module holds the channel (construction, its buffer, checks,
+put/take over MPI or shared memory, closing); the collective algorithms are
+mixins of :class:`ArrayChannel` in their own modules: :mod:`.collectives`
+(reduce, allreduce, bcast) and :mod:`.regions` (scatter, gather, regions).
 """
 from __future__ import annotations
 
@@ -61,16 +66,17 @@ import time
 import warnings
 import weakref
 import zlib
-from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
 from ..tracing import tracer as _tracing
 from ..core import waiting
 from ..core.errors import ChannelError, ChannelTimeout
-from ..core.kernels import combiner, describe_op
 from .shared_memory import NodeSegments
 from ..core.runtime import MPI, default_timeout, world
+from .collectives import _UNSET, _Collectives
+from .regions import _Regions
 
 try:
     from . import _node_copy
@@ -79,7 +85,7 @@ except ImportError:  # not compiled (no C compiler at install): channels use MPI
 
 __all__ = ["ArrayChannel"]
 
-TAG_PUT, TAG_REDUCE, TAG_BCAST, TAG_SCATTER, TAG_GATHER = 11, 12, 13, 14, 15
+TAG_PUT = 11   # reduce/bcast: 12, 13 (.collectives); scatter/gather: 14, 15 (.regions)
 #: Channels of at least this many bytes move put/take data through shared memory
 #: between ranks of one node (env ``NBMPI_SHM_MIN_BYTES``; ``off`` disables). Measured in
 #: benchmarks/pingpong.py: faster than MPI messages from 8 B up (flags instead of a handshake).
@@ -93,23 +99,14 @@ _SLICE_S = 0.05
 _SPIN_S = 100e-6
 K_PUT = _tracing.register_kind("put")
 K_TAKE = _tracing.register_kind("take")
-K_REDUCE = _tracing.register_kind("reduce")
-K_BCAST = _tracing.register_kind("bcast")
-K_SCATTER = _tracing.register_kind("scatter")
-K_GATHER = _tracing.register_kind("gather")
 _SEND, _RECV = _tracing.DIR_SEND, _tracing.DIR_RECV
 _now = time.perf_counter_ns
 _get_tracer = _tracing.get_tracer
-_UNSET: Any = object()
 _HALF_DONE = "a same-node transfer cannot be undone halfway (the partner may be copying)"
 _MAX_DIMS = 8
 
-Box = Tuple[Tuple[int, int], ...]
-RegionSpec = Union[slice, range, Tuple[int, int], Tuple[slice, ...]]
 
 _open_channels: "weakref.WeakSet[ArrayChannel]" = weakref.WeakSet()
-#: (kernel id, dtype) pairs already compiled and tried once (see ArrayChannel._kernel).
-_CHECKED_KERNELS: set = set()
 
 
 def _close_all() -> None:
@@ -187,7 +184,7 @@ class _Peer:
         self.wpeer = wpeer      # the peer's rank in the tracer's communicator
 
 
-class ArrayChannel:
+class ArrayChannel(_Collectives, _Regions):
     """A channel whose participants each own one persistent buffer of ``shape`` and ``dtype``.
 
     Collective constructor: every participant (and only participants) must
@@ -559,30 +556,7 @@ class ArrayChannel:
         waiting.wait(req, self._timeout(timeout), self.rank, other, op, ChannelTimeout, self._abandoned(op),
                      cancellable=cancellable)
 
-    # -- traced step helpers for the collective algorithms ---------------------------------
-    def _send_step(self, kind: int, tag: int, buf: np.ndarray, role: str, peer: int, timeout, op: str,
-                   synchronous: bool = False) -> None:
-        key = (role, peer)
-        req = self._reqs.get(key)
-        if req is None:
-            init = self.comm.Ssend_init if synchronous else self.comm.Send_init
-            req = self._reqs[key] = init([buf.reshape(-1).view(np.uint8), self._byte_type], peer, tag)
-        t0 = _now()
-        req.Start()
-        self._wait(req, timeout, peer, op, sending=True)
-        self._trace_p2p(kind, _SEND, peer, tag, buf.nbytes, t0)
-
-    def _recv_step(self, kind: int, tag: int, buf: np.ndarray, role: str, peer: int, timeout, op: str) -> None:
-        key = (role, peer)
-        req = self._reqs.get(key)
-        if req is None:
-            req = self._reqs[key] = self.comm.Recv_init([buf.reshape(-1).view(np.uint8), self._byte_type],
-                                                        peer, tag)
-        t0 = _now()
-        req.Start()
-        self._wait(req, timeout, peer, op)
-        self._trace_p2p(kind, _RECV, peer, tag, buf.nbytes, t0)
-
+    # -- one trace event per step of the collectives (.collectives, .regions) ----------------------
     def _trace_p2p(self, kind: int, direction: int, peer: int, tag: int, nbytes: int, t0: int,
                    t1: Optional[int] = None) -> None:
         tr = _get_tracer()
@@ -593,292 +567,6 @@ class ArrayChannel:
         seqs[peer] = seq + 1
         tr.record(kind, direction, self._tracer_rank_of[peer], tag, nbytes, t0,
                   _now() if t1 is None else t1, -1, seq, self.chan_id)
-
-    # -- reductions ------------------------------------------------------------------------------
-    def _kernel(self, op, opname: str):
-        if self.dtype.kind not in "biufc" or self.dtype.fields is not None:
-            raise ChannelError(f"rank {self.rank}: {opname} on {self.name}: dtype {self.dtype} cannot be "
-                               "reduced; reductions need a numeric dtype")
-        if isinstance(op, str) and op in ("min", "max") and self.dtype.kind == "c":
-            raise ChannelError(f"rank {self.rank}: {opname} on {self.name}: op {op!r} is not defined for "
-                               f"complex dtype {self.dtype} (complex numbers are unordered); use 'sum', "
-                               "'prod' or a numba.njit function that compares e.g. abs()")
-        try:
-            kernel = combiner(op)
-        except ValueError as exc:
-            raise ChannelError(f"rank {self.rank}: {opname} on {self.name}: {exc}") from None
-        key = (id(kernel), self.dtype.str)
-        if key not in _CHECKED_KERNELS:
-            # Compile and run it on one element BEFORE communicating: a user function that
-            # does not type for this dtype fails here on every rank, not mid-tree on some.
-            one = np.ones(1, dtype=self.dtype)
-            try:
-                kernel(np.empty_like(one), one, one.copy())
-            except Exception as exc:  # noqa: BLE001 - numba typing/lowering errors
-                first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-                raise ChannelError(
-                    f"rank {self.rank}: {opname} on {self.name}: op {describe_op(op)!r} cannot combine "
-                    f"elements of dtype {self.dtype} ({type(exc).__name__}: {first}); it must be a binary "
-                    "function f(a, b) of two scalars of the channel's dtype returning one") from exc
-            _CHECKED_KERNELS.add(key)
-        return kernel
-
-    def _scratch_bufs(self) -> Tuple[np.ndarray, np.ndarray]:
-        if self._scratch is None:
-            self._scratch = (np.empty_like(self._flat), np.empty_like(self._flat))
-        return self._scratch
-
-    def reduce(self, op: Union[str, Callable] = "sum", root: int = 0,
-               timeout: Optional[float] = _UNSET) -> Optional[np.ndarray]:
-        """Combine all participants' buffers with ``op`` into ``root``'s buffer, in place.
-
-        Collective over the participants; blocking until this rank's part of
-        the binomial tree is done. ``op``: ``'sum'``, ``'prod'``, ``'min'``,
-        ``'max'`` or a ``numba.njit`` binary function ``f(a, b) -> value``
-        (assumed associative and commutative). Only ``root``'s buffer changes.
-        Returns the buffer on ``root``, ``None`` elsewhere.
-        """
-        opname = f"reduce(op={describe_op(op)}, root={root})"
-        self._usable(opname)
-        lroot = self._root(root, opname)
-        kernel = self._kernel(op, opname)
-        self._reduce_tree(kernel, lroot, self._timeout(timeout), opname)
-        return self._buffer if self._lrank == lroot else None
-
-    def _reduce_tree(self, kernel, lroot: int, timeout, opname: str) -> None:
-        n, me = self._n, self._lrank
-        vrank = (me - lroot) % n
-        acc_is_buffer = vrank == 0
-        have_acc = acc_is_buffer
-        acc = self._flat
-        mask = 1
-        while mask < n:
-            if vrank & mask == 0:
-                vsrc = vrank | mask
-                if vsrc < n:
-                    src = (vsrc + lroot) % n
-                    acc_s, recv_s = self._scratch_bufs()
-                    self._recv_step(K_REDUCE, TAG_REDUCE, recv_s, "reduce-recv", src, timeout, opname)
-                    if have_acc:
-                        kernel(acc, acc, recv_s)
-                    else:
-                        kernel(acc_s, self._flat, recv_s)
-                        acc, have_acc = acc_s, True
-            else:
-                dst = ((vrank & ~mask) + lroot) % n
-                role = "reduce-send-buf" if acc is self._flat else "reduce-send-acc"
-                self._send_step(K_REDUCE, TAG_REDUCE, acc, role, dst, timeout, opname)
-                break
-            mask <<= 1
-
-    def bcast(self, root: int = 0, timeout: Optional[float] = _UNSET) -> np.ndarray:
-        """Copy ``root``'s buffer into every participant's buffer (binomial tree). Collective, blocking.
-
-        Returns this rank's buffer.
-        """
-        opname = f"bcast(root={root})"
-        self._usable(opname)
-        self._bcast_tree(self._root(root, opname), self._timeout(timeout), opname)
-        return self._buffer
-
-    def _bcast_tree(self, lroot: int, timeout, opname: str) -> None:
-        n, me = self._n, self._lrank
-        vrank = (me - lroot) % n
-        mask = 1
-        while mask < n:
-            if vrank & mask:
-                src = ((vrank - mask) + lroot) % n
-                self._recv_step(K_BCAST, TAG_BCAST, self._flat, "bcast-recv", src, timeout, opname)
-                break
-            mask <<= 1
-        mask >>= 1
-        while mask > 0:
-            if vrank + mask < n:
-                dst = ((vrank + mask) + lroot) % n
-                self._send_step(K_BCAST, TAG_BCAST, self._flat, "bcast-send", dst, timeout, opname)
-            mask >>= 1
-
-    def allreduce(self, op: Union[str, Callable] = "sum", timeout: Optional[float] = _UNSET) -> np.ndarray:
-        """Combine all buffers with ``op``; the result is in place in every participant's buffer.
-
-        Collective, blocking. Reduce to the first participant, then bcast.
-        """
-        opname = f"allreduce(op={describe_op(op)})"
-        self._usable(opname)
-        kernel = self._kernel(op, opname)
-        t = self._timeout(timeout)
-        self._reduce_tree(kernel, 0, t, opname)
-        self._bcast_tree(0, t, opname)
-        return self._buffer
-
-    # -- scatter / gather -------------------------------------------------------------------------
-    def regions(self, axis: int = 0, regions: Optional[Union[Mapping[int, RegionSpec],
-                                                            Callable[[int], RegionSpec]]] = None
-                ) -> Dict[int, Tuple[slice, ...]]:
-        """The region (tuple of slices) of each participant for scatter/gather (local, no communication).
-
-        Without ``regions``: ``axis`` is split into nearly equal contiguous
-        blocks in participant order (``numpy.array_split`` sizes). With
-        ``regions``: a mapping or callable ``rank -> spec``, where spec is a
-        slice or ``(start, stop)`` along ``axis``, or a tuple of slices (one per
-        dimension). Regions must be in bounds, have step 1 and be disjoint.
-        """
-        boxes = self._boxes(axis, regions, "regions")
-        return {self.participants[i]: tuple(slice(a, b) for a, b in box) for i, box in boxes.items()}
-
-    def _boxes(self, axis: int, regions, opname: str) -> Dict[int, Box]:
-        nd = len(self.shape)
-        if nd == 0:
-            raise ChannelError(f"rank {self.rank}: {opname} on {self.name}: a 0-d buffer has no regions")
-        if not -nd <= axis < nd:
-            raise ChannelError(f"rank {self.rank}: {opname} on {self.name}: axis {axis} out of range "
-                               f"for shape {self.shape}")
-        axis %= nd
-        full = [(0, s) for s in self.shape]
-        boxes: Dict[int, Box] = {}
-        if regions is None:
-            edges = np.cumsum([0] + [len(c) for c in np.array_split(np.arange(self.shape[axis]), self._n)])
-            for i in range(self._n):
-                b = list(full)
-                b[axis] = (int(edges[i]), int(edges[i + 1]))
-                boxes[i] = tuple(b)
-            return boxes
-        getter = regions if callable(regions) else (lambda p: regions.get(p))
-        if not callable(regions):
-            extra = [p for p in regions if p not in self._local_of]
-            if extra:
-                raise ChannelError(f"rank {self.rank}: {opname} on {self.name}: regions given for "
-                                   f"non-participants {extra} (participants: {self.participants})")
-        for i, p in enumerate(self.participants):
-            spec = getter(p)
-            if spec is None:
-                continue
-            boxes[i] = self._box(spec, axis, full, p, opname)
-        items = list(boxes.items())
-        for x in range(len(items)):
-            for y in range(x + 1, len(items)):
-                (i, bi), (j, bj) = items[x], items[y]
-                if all(max(a0, b0) < min(a1, b1) for (a0, a1), (b0, b1) in zip(bi, bj)) and \
-                        all(a1 > a0 for a0, a1 in bi) and all(b1 > b0 for b0, b1 in bj):
-                    raise ChannelError(
-                        f"rank {self.rank}: {opname} on {self.name}: regions of ranks {self.participants[i]} "
-                        f"{bi} and {self.participants[j]} {bj} overlap; regions must be disjoint")
-        return boxes
-
-    def _box(self, spec, axis: int, full: List[Tuple[int, int]], p: int, opname: str) -> Box:
-        def one(s, extent: int, dim: int) -> Tuple[int, int]:
-            if isinstance(s, range):
-                s = slice(s.start, s.stop, s.step)
-            if isinstance(s, tuple) and len(s) == 2 and all(isinstance(v, (int, np.integer)) for v in s):
-                s = slice(int(s[0]), int(s[1]))
-            if not isinstance(s, slice):
-                raise ChannelError(f"rank {self.rank}: {opname} on {self.name}: region of rank {p} is "
-                                   f"{spec!r}; expected a slice, range or (start, stop) along the axis, "
-                                   "or a tuple of slices")
-            if s.step not in (None, 1):
-                raise ChannelError(f"rank {self.rank}: {opname} on {self.name}: region of rank {p} has step "
-                                   f"{s.step}; only contiguous ranges (step 1) are supported")
-            a = 0 if s.start is None else int(s.start)
-            b = extent if s.stop is None else int(s.stop)
-            if not 0 <= a <= b <= extent:
-                raise ChannelError(f"rank {self.rank}: {opname} on {self.name}: region of rank {p} "
-                                   f"[{a}:{b}] is out of bounds for dimension {dim} of extent {extent}")
-            return a, b
-
-        if isinstance(spec, tuple) and spec and all(isinstance(s, slice) for s in spec):
-            if len(spec) > len(full):
-                raise ChannelError(f"rank {self.rank}: {opname} on {self.name}: region of rank {p} has "
-                                   f"{len(spec)} slices for a {len(full)}-d buffer")
-            box = [one(s, full[d][1], d) for d, s in enumerate(spec)] + full[len(spec):]
-            return tuple(box)
-        box = list(full)
-        box[axis] = one(spec, full[axis][1], axis)
-        return tuple(box)
-
-    def _region_type(self, box: Box):
-        t = self._types.get(box)
-        if t is None:
-            m = MPI()
-            elem = m.BYTE.Create_contiguous(self.dtype.itemsize)
-            t = elem.Create_subarray(list(self.shape), [b - a for a, b in box], [a for a, _ in box],
-                                     order=m.ORDER_C).Commit()
-            elem.Free()
-            self._types[box] = t
-        return t
-
-    def scatter(self, root: int = 0, axis: int = 0, regions=None,
-                timeout: Optional[float] = _UNSET) -> np.ndarray:
-        """Send each participant its region of ``root``'s buffer, into the same region of its own buffer.
-
-        Collective over the participants (same ``axis``/``regions`` everywhere),
-        blocking: root returns when every region was received. Returns this
-        rank's region of its buffer (a view).
-        """
-        return self._scatter_gather(root, axis, regions, timeout, scatter=True)
-
-    def gather(self, root: int = 0, axis: int = 0, regions=None,
-               timeout: Optional[float] = _UNSET) -> np.ndarray:
-        """Collect each participant's region of its buffer into the same region of ``root``'s buffer.
-
-        Collective over the participants, blocking. Returns root's whole
-        buffer on root and this rank's region elsewhere.
-        """
-        return self._scatter_gather(root, axis, regions, timeout, scatter=False)
-
-    def _scatter_gather(self, root: int, axis: int, regions, timeout, scatter: bool) -> np.ndarray:
-        what = "scatter" if scatter else "gather"
-        opname = f"{what}(root={root})"
-        self._usable(opname)
-        lroot = self._root(root, opname)
-        boxes = self._boxes(axis, regions, opname)
-        t = self._timeout(timeout)
-        kind, tag = (K_SCATTER, TAG_SCATTER) if scatter else (K_GATHER, TAG_GATHER)
-        me = self._lrank
-        mine = boxes.get(me)
-        if me == lroot:
-            peers, reqs = [], []
-            for i, box in boxes.items():
-                if i == me or any(b <= a for a, b in box):
-                    continue
-                key = (what, i, box)
-                dtype = self._region_type(box)
-                if scatter:
-                    req = self._req(key, lambda: self.comm.Ssend_init([self._bytes, 1, dtype], i, tag))
-                else:
-                    req = self._req(key, lambda: self.comm.Recv_init([self._bytes, 1, dtype], i, tag))
-                peers.append(i)
-                reqs.append(req)
-            t0 = _now()
-            for req in reqs:
-                req.Start()
-            prev = t0
-            direction = _SEND if scatter else _RECV
-            for k in waiting.wait_each(reqs, t, self.rank, [self.participants[i] for i in peers], opname,
-                                       ChannelTimeout, self._abandoned(opname), cancellable=not scatter):
-                i = peers[k]
-                nb = int(np.prod([b - a for a, b in boxes[i]])) * self.dtype.itemsize
-                t1 = _now()
-                self._trace_p2p(kind, direction, i, tag, nb, prev, t1)
-                prev = t1
-            return self._buffer if not scatter else self._region_view(mine)
-        if mine is not None and all(b > a for a, b in mine):
-            dtype = self._region_type(mine)
-            key = (what, lroot, mine)
-            if scatter:
-                req = self._req(key, lambda: self.comm.Recv_init([self._bytes, 1, dtype], lroot, tag))
-            else:
-                req = self._req(key, lambda: self.comm.Ssend_init([self._bytes, 1, dtype], lroot, tag))
-            t0 = _now()
-            req.Start()
-            self._wait(req, t, lroot, opname, sending=not scatter)
-            nb = int(np.prod([b - a for a, b in mine])) * self.dtype.itemsize
-            self._trace_p2p(kind, _RECV if scatter else _SEND, lroot, tag, nb, t0)
-        return self._region_view(mine)
-
-    def _region_view(self, box: Optional[Box]) -> np.ndarray:
-        if box is None:
-            return self._buffer[tuple(slice(0, 0) for _ in self.shape)]
-        return self._buffer[tuple(slice(a, b) for a, b in box)]
 
     # -- lifetime ----------------------------------------------------------------------------------
     def close(self) -> None:

@@ -21,6 +21,9 @@ own). When the pool is started from the main thread, the controller and
 mpiexec also get ``PR_SET_PDEATHSIG`` (Linux), so a kernel that is killed
 without running its exit handlers does not leave them behind either.
 
+Its liveness checks and status record (``alive``, ``dead_ranks``, ``describe_dead``, ``status``) are
+a mixin in :mod:`nbmpi.workers.launch.pool_health`.
+
 This module does not import IPython (the engines do); the FastAPI controller uses it as well.
 """
 from __future__ import annotations
@@ -31,7 +34,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -43,6 +45,7 @@ from typing import Any, Callable, Dict, List, Optional
 import psutil
 
 from .launcher import STATUS_DIR_ENV, mpiexec_command, rank_environment
+from .pool_health import _PoolHealth
 from .processes import end_processes, noted_segments, remove_shm
 
 __all__ = ["Pool", "PoolError"]
@@ -81,7 +84,7 @@ def _stop_all() -> None:
 atexit.register(_stop_all)
 
 
-class Pool:
+class Pool(_PoolHealth):
     """N MPI ranks serving as ipyparallel engines (engine id == rank).
 
     Create, then :meth:`start` (blocking). Not thread-safe: one owner drives
@@ -462,66 +465,6 @@ class Pool:
             shutil.rmtree(self.work_dir, ignore_errors=True)
 
     # -- state --------------------------------------------------------------------------------
-    def alive(self) -> bool:
-        """True if the controller answers and all N engines are registered and their processes run."""
-        if self._client is None or self._state != "running":
-            return False
-        if not self._attached:
-            for p in (self._controller, self._mpiexec):
-                if p is None or p.poll() is not None:
-                    return False
-        for i in self.rank_info:
-            if i.get("host") == socket.gethostname() and not psutil.pid_exists(i["pid"]):
-                return False
-        try:
-            return sorted(self._client.ids) == self.ranks
-        except Exception:  # noqa: BLE001 - controller gone
-            return False
-
-    def dead_ranks(self) -> List[tuple]:
-        """``[(rank, pid), ...]`` of ranks on this host whose process is gone (or a zombie). Local, cheap
-        (no request to the engines); ranks on other hosts are not checked here."""
-        here = socket.gethostname()
-        dead = []
-        for i in self.rank_info:
-            if i.get("host") != here or i.get("pid", -1) <= 0:
-                continue
-            try:
-                gone = psutil.Process(i["pid"]).status() == psutil.STATUS_ZOMBIE
-            except psutil.NoSuchProcess:
-                gone = True
-            except psutil.Error:
-                gone = False
-            if gone:
-                dead.append((i["rank"], i["pid"]))
-        return dead
-
-    def describe_dead(self, dead: List[tuple]) -> str:
-        """A sentence naming the ranks a signal killed, as their guards reported it
-        (:mod:`nbmpi.workers.launch.rank_guard`), e.g. ``"rank 1 (pid 4242) was killed by SIGKILL; MPI then
-        ended ranks [0]"``; else which ranks are gone."""
-        from .launcher import read_signals
-
-        killed = read_signals(self.status_dir, self.n) if not self._attached else {}
-        pids = dict(dead)
-        if killed:
-            first = ", ".join(f"rank {r} (pid {pids.get(r, '?')}) was killed by {sig}" for r, sig in killed.items())
-            rest = [r for r, _ in dead if r not in killed]
-            return first + (f"; MPI then ended ranks {rest}" if rest else "")
-        return ", ".join(f"rank {r} (pid {pid}) died" for r, pid in dead)
-
-    def status(self) -> Dict[str, Any]:
-        """``{"name", "ranks", "hosts", "state", "uptime_s", "pids"}`` (a failed pool says "failed")."""
-        state = self._state
-        if state == "running" and not self.alive():
-            state = "failed"
-        uptime = time.time() - self._started_at if self._started_at and state in ("starting", "running") else 0.0
-        pids = dict(controller=self._controller.pid if self._controller else None,
-                    mpiexec=self._mpiexec.pid if self._mpiexec else None,
-                    ranks=[i["pid"] for i in self.rank_info])
-        return dict(name=self.name, ranks=list(self.ranks), hosts=list(self.hosts), state=state,
-                    uptime_s=round(uptime, 3), pids=pids)
-
     def connection_info(self) -> Dict[str, Any]:
         """JSON-serialisable connection data for :meth:`attach` or ``ipyparallel.Client(**info["client"])``.
 

@@ -151,76 +151,92 @@ class TimelineColumns:
             big, small = idx, idx[:0]
         seg: Dict[str, list] = {k: [] for k in ("left", "right", "bottom", "top", "rank", "state", "color", "call",
                                                "peer", "bytes", "duration", "count")}
-
-        def add(left, right, lane, state, event, count, dur_s, nbytes=None, call=None):
-            seg["left"].append(float(left))
-            seg["right"].append(float(right))
-            seg["bottom"].append(lane - LANE_HALF)
-            seg["top"].append(lane + LANE_HALF)
-            seg["rank"].append(self.ranks[lane])
-            name = STATE_NAMES[state]
-            seg["state"].append(LABELS[name])
-            seg["color"].append(COLORS[name])
-            peer, b = self._peer_bytes(int(event))
-            seg["call"].append(call if call is not None else self.label(int(event)))
-            seg["peer"].append(peer)
-            seg["bytes"].append(_fmt_bytes(b if nbytes is None else nbytes) if (b or nbytes) else "")
-            seg["duration"].append(_fmt_s(dur_s))
-            seg["count"].append(int(count))
-
         if len(small):
             merged = True
-            lanes = self.lane[small]
-            st = self.state[small]
-            mid = 0.5 * (self.start[small] + self.end[small])
-            b = np.clip(((mid - s0) / px).astype(np.int64), 0, width - 1)
-            key = lanes * width + b
-            uniq, inv = np.unique(key, return_inverse=True)
-            d = self.end[small] - self.start[small]
-            per_state = np.zeros((len(uniq), len(STATE_NAMES)))
-            np.add.at(per_state, (inv, st), d)
-            counts = np.bincount(inv, minlength=len(uniq))
-            lo = np.full(len(uniq), np.inf)
-            hi = np.full(len(uniq), -np.inf)
-            np.minimum.at(lo, inv, self.start[small])
-            np.maximum.at(hi, inv, self.end[small])
-            ev_nbytes = np.zeros(len(uniq), np.int64)
-            comm_rows = (st == 2) & (self.event[small] >= 0)
-            if comm_rows.any():
-                nb = self.trace.events[self.event[small][comm_rows], _COL["nbytes"]]
-                np.add.at(ev_nbytes, inv[comm_rows], nb)
-            dom = per_state.argmax(axis=1)
-            # the calls of each bin (its first few distinct events, in time order) name it in the hover
-            calls: Dict[int, List[int]] = {}
-            has_ev = self.event[small] >= 0
-            if has_ev.any():
-                pairs = np.unique(np.stack([inv[has_ev], self.event[small][has_ev]], axis=1), axis=0)
-                for k, ev in pairs.tolist():
-                    lst = calls.setdefault(k, [])
-                    if len(lst) <= CALLS_NAMED:
-                        lst.append(ev)
-            for k in range(len(uniq)):
-                lane = int(uniq[k] // width)
-                shares = per_state[k] / max(per_state[k].sum(), 1e-300)
-                parts = ", ".join(f"{100 * shares[j]:.0f}% {LABELS[STATE_NAMES[j]]}"
-                                  for j in range(len(STATE_NAMES)) if shares[j] >= 0.005)
-                evs = calls.get(k, [])
-                named = ", ".join(self.label(e) for e in evs[:CALLS_NAMED]) + (" ..." if len(evs) > CALLS_NAMED else "")
-                n = int(counts[k])
-                call = (f"{n} interval{'s' if n != 1 else ''} ({parts})" + (f": {named}" if named else "")
-                        + "; zoom in for each")
-                add(lo[k], max(hi[k], lo[k] + px), lane, int(dom[k]), -1, counts[k], hi[k] - lo[k],
-                    nbytes=int(ev_nbytes[k]), call=call)
+            self._merge_small(seg, small, s0, px, width)
         for i in big.tolist():
-            add(self.start[i], self.end[i], int(self.lane[i]), int(self.state[i]), int(self.event[i]), 1,
-                self.end[i] - self.start[i])
-        # arrows crossing the window
+            self._add_segment(seg, self.start[i], self.end[i], int(self.lane[i]), int(self.state[i]),
+                              int(self.event[i]), 1, self.end[i] - self.start[i])
+        arrows, heads, a_in, thinned = self._window_arrows(s0, s1, max_arrows)
+        merged = merged or thinned
+        meta = dict(start_s=s0, end_s=s1, duration_s=self.duration_s, width=int(width or 0), in_window=int(len(idx)),
+                    shown=len(seg["left"]), arrows_in_window=int(a_in), arrows_shown=len(arrows["x0"]),
+                    merged=merged, ranks=list(self.ranks), events=int(len(self.trace)))
+        return dict(segments=seg, arrows=arrows, heads=heads, meta=meta)
+
+    def _add_segment(self, seg: Dict[str, list], left, right, lane: int, state: int, event: int, count, dur_s,
+                     nbytes=None, call=None) -> None:
+        """Append one row to the view's segment columns ``seg`` (hover text from ``event``, or ``call``)."""
+        seg["left"].append(float(left))
+        seg["right"].append(float(right))
+        seg["bottom"].append(lane - LANE_HALF)
+        seg["top"].append(lane + LANE_HALF)
+        seg["rank"].append(self.ranks[lane])
+        name = STATE_NAMES[state]
+        seg["state"].append(LABELS[name])
+        seg["color"].append(COLORS[name])
+        peer, b = self._peer_bytes(int(event))
+        seg["call"].append(call if call is not None else self.label(int(event)))
+        seg["peer"].append(peer)
+        seg["bytes"].append(_fmt_bytes(b if nbytes is None else nbytes) if (b or nbytes) else "")
+        seg["duration"].append(_fmt_s(dur_s))
+        seg["count"].append(int(count))
+
+    def _merge_small(self, seg: Dict[str, list], small: np.ndarray, s0: float, px: float, width: int) -> None:
+        """Merge the segments ``small`` (narrower than a pixel of ``px`` seconds) per lane and pixel into
+        rows of ``seg``: the dominant state, the count and the shares and first calls in the hover."""
+        lanes = self.lane[small]
+        st = self.state[small]
+        mid = 0.5 * (self.start[small] + self.end[small])
+        b = np.clip(((mid - s0) / px).astype(np.int64), 0, width - 1)
+        key = lanes * width + b
+        uniq, inv = np.unique(key, return_inverse=True)
+        d = self.end[small] - self.start[small]
+        per_state = np.zeros((len(uniq), len(STATE_NAMES)))
+        np.add.at(per_state, (inv, st), d)
+        counts = np.bincount(inv, minlength=len(uniq))
+        lo = np.full(len(uniq), np.inf)
+        hi = np.full(len(uniq), -np.inf)
+        np.minimum.at(lo, inv, self.start[small])
+        np.maximum.at(hi, inv, self.end[small])
+        ev_nbytes = np.zeros(len(uniq), np.int64)
+        comm_rows = (st == 2) & (self.event[small] >= 0)
+        if comm_rows.any():
+            nb = self.trace.events[self.event[small][comm_rows], _COL["nbytes"]]
+            np.add.at(ev_nbytes, inv[comm_rows], nb)
+        dom = per_state.argmax(axis=1)
+        # the calls of each bin (its first few distinct events, in time order) name it in the hover
+        calls: Dict[int, List[int]] = {}
+        has_ev = self.event[small] >= 0
+        if has_ev.any():
+            pairs = np.unique(np.stack([inv[has_ev], self.event[small][has_ev]], axis=1), axis=0)
+            for k, ev in pairs.tolist():
+                lst = calls.setdefault(k, [])
+                if len(lst) <= CALLS_NAMED:
+                    lst.append(ev)
+        for k in range(len(uniq)):
+            lane = int(uniq[k] // width)
+            shares = per_state[k] / max(per_state[k].sum(), 1e-300)
+            parts = ", ".join(f"{100 * shares[j]:.0f}% {LABELS[STATE_NAMES[j]]}"
+                              for j in range(len(STATE_NAMES)) if shares[j] >= 0.005)
+            evs = calls.get(k, [])
+            named = ", ".join(self.label(e) for e in evs[:CALLS_NAMED]) + (" ..." if len(evs) > CALLS_NAMED else "")
+            n = int(counts[k])
+            call = (f"{n} interval{'s' if n != 1 else ''} ({parts})" + (f": {named}" if named else "")
+                    + "; zoom in for each")
+            self._add_segment(seg, lo[k], max(hi[k], lo[k] + px), lane, int(dom[k]), -1, counts[k],
+                              hi[k] - lo[k], nbytes=int(ev_nbytes[k]), call=call)
+
+    def _window_arrows(self, s0: float, s1: float, max_arrows: int
+                       ) -> Tuple[Dict[str, list], Dict[str, list], int, bool]:
+        """The arrows crossing ``[s0, s1]`` as line and head columns, thinned to about ``max_arrows``
+        (per sender/receiver pair and time bin; 0: all); returns ``(arrows, heads, in window, thinned)``."""
         a_lo = np.minimum(self.a_t0, self.a_t1)
         a_hi = np.maximum(self.a_t0, self.a_t1)
         aidx = np.nonzero((a_hi >= s0) & (a_lo <= s1))[0]
         a_in = len(aidx)
-        if max_arrows and a_in > max_arrows:
-            merged = True
+        thinned = bool(max_arrows and a_in > max_arrows)
+        if thinned:
             pairs = self.a_src[aidx] * len(self.ranks) + self.a_dst[aidx]
             npairs = max(len(np.unique(pairs)), 1)
             bins_per_pair = max(max_arrows // npairs, 1)
@@ -247,10 +263,7 @@ class TimelineColumns:
             nbytes = int(self.trace.events[send, _COL["nbytes"]])
             heads["call"].append(f"{self.trace.op_label(send)} -> {self.trace.op_label(recv)}, "
                                  f"{_fmt_bytes(nbytes)}, {_fmt_s(max(x1 - x0, 0.0))} from send to receive end")
-        meta = dict(start_s=s0, end_s=s1, duration_s=self.duration_s, width=int(width or 0), in_window=int(len(idx)),
-                    shown=len(seg["left"]), arrows_in_window=int(a_in), arrows_shown=len(arrows["x0"]),
-                    merged=merged, ranks=list(self.ranks), events=int(len(self.trace)))
-        return dict(segments=seg, arrows=arrows, heads=heads, meta=meta)
+        return arrows, heads, a_in, thinned
 
 
 def timeline_columns(trace, window: Optional[Tuple[int, int]] = None, ranks: Optional[Sequence[int]] = None,
@@ -267,6 +280,21 @@ def timeline_columns(trace, window: Optional[Tuple[int, int]] = None, ranks: Opt
     lanes_ranks = list(range(trace.nranks)) if ranks is None else sorted(int(r) for r in ranks)
     lane_of = np.full(max(trace.nranks, max(lanes_ranks, default=0) + 1), -1, np.int64)
     lane_of[lanes_ranks] = np.arange(len(lanes_ranks))
+    blocked = [dict(b) for b in (blocked or []) if int(b["rank"]) in lanes_ranks]
+    t0, w0, w1 = _span_ns(trace, window, blocked)
+    span = max(w1 - w0, 1) / 1e9
+    cols = _state_segments(trace, lane_of, t0 - w0)
+    cols = _with_blocked(cols, blocked, lane_of, w0, span)
+    st, s, e, ev, ln = _fill_compute(cols, len(lanes_ranks), span)
+    sp, rp, src, dst, a_t0, a_t1 = _flow_arrows(trace, lane_of, st, s, e, ev)
+    return TimelineColumns(trace=trace, ranks=lanes_ranks, duration_s=span, lane=ln, state=st, start=s, end=e,
+                           event=ev, a_src=src, a_dst=dst, a_t0=a_t0, a_t1=a_t1, a_send=sp, a_recv=rp,
+                           blocked=blocked, origin_ns=w0)
+
+
+def _span_ns(trace, window: Optional[Tuple[int, int]], blocked: List[Dict[str, Any]]) -> Tuple[int, int, int]:
+    """``(t0, w0, w1)``: the trace's first event time and the timeline's span on the trace's clock
+    (the trace's own span, widened to ``window`` and to the start of every wait in ``blocked``)."""
     has_events = len(trace) > 0
     t0 = trace.t0 if has_events else 0
     t1 = trace.t1 if has_events else 0
@@ -277,13 +305,18 @@ def timeline_columns(trace, window: Optional[Tuple[int, int]] = None, ranks: Opt
         w0, w1 = min(w0, t0), max(w1, t1)
     else:
         w0, w1 = t0, t1
-    blocked = [dict(b) for b in (blocked or []) if int(b["rank"]) in lanes_ranks]
     for b in blocked:
         w1 = max(w1, int(b["since_ns"]))
-    span_ns = max(w1 - w0, 1)
-    span = span_ns / 1e9
-    shift = t0 - w0
-    if has_events:
+    return t0, w0, w1
+
+
+_Cols = Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]   # state, start, end, event, lane
+
+
+def _state_segments(trace, lane_of: np.ndarray, shift: int) -> _Cols:
+    """The trace's state intervals of the ranks shown (``lane_of[rank] >= 0``), in seconds from the
+    timeline's start (``shift`` ns after the trace's first event); zero-length compute dropped."""
+    if len(trace) > 0:
         a = trace.state_arrays()
         keep = lane_of[a["rank"]] >= 0
         st = a["state"][keep]
@@ -296,7 +329,13 @@ def timeline_columns(trace, window: Optional[Tuple[int, int]] = None, ranks: Opt
     else:
         st = s = e = ev = ln = np.empty(0)
         st, ev, ln = st.astype(np.int64), ev.astype(np.int64), ln.astype(np.int64)
-    # waits in progress: that lane computes until the wait began, then waits until the end
+    return st, s, e, ev, ln
+
+
+def _with_blocked(cols: _Cols, blocked: List[Dict[str, Any]], lane_of: np.ndarray, w0: int, span: float) -> _Cols:
+    """Waits in progress: the lane of each ``blocked`` rank computes until its wait began, then waits
+    until the end (event ``-2 - k`` for the k-th wait)."""
+    st, s, e, ev, ln = cols
     extra_ln, extra_st, extra_s, extra_e, extra_ev = [], [], [], [], []
     for k, b in enumerate(blocked):
         lane = lane_of[int(b["rank"])]
@@ -313,11 +352,17 @@ def timeline_columns(trace, window: Optional[Tuple[int, int]] = None, ranks: Opt
         e = np.concatenate([e, extra_e])
         ev = np.concatenate([ev, extra_ev]).astype(np.int64)
         ln = np.concatenate([ln, extra_ln]).astype(np.int64)
+    return st, s, e, ev, ln
+
+
+def _fill_compute(cols: _Cols, nlanes: int, span: float) -> _Cols:
+    """The segments sorted lane by lane in time order, with compute wherever a lane has nothing
+    (before its first, between and after its last segment, up to ``span`` seconds)."""
+    st, s, e, ev, ln = cols
     order = np.lexsort((s, ln))
     st, s, e, ev, ln = st[order], s[order], e[order], ev[order], ln[order]
-    # compute wherever a lane has nothing (before its first, between and after its last segment)
     fill_ln, fill_s, fill_e = [], [], []
-    for lane in range(len(lanes_ranks)):
+    for lane in range(nlanes):
         m = np.nonzero(ln == lane)[0]
         if len(m) == 0:
             fill_ln.append(lane), fill_s.append(0.0), fill_e.append(span)
@@ -338,14 +383,20 @@ def timeline_columns(trace, window: Optional[Tuple[int, int]] = None, ranks: Opt
         ev = np.concatenate([ev, np.full(len(fill_ln), -1, np.int64)])
         order = np.lexsort((s, ln))
         st, s, e, ev, ln = st[order], s[order], e[order], ev[order], ln[order]
-    # arrows: from where the send's transfer starts to where the matching receive ends
+    return st, s, e, ev, ln
+
+
+def _flow_arrows(trace, lane_of: np.ndarray, st: np.ndarray, s: np.ndarray, e: np.ndarray, ev: np.ndarray
+                 ) -> Tuple[np.ndarray, ...]:
+    """``(send events, receive events, source lanes, destination lanes, t0, t1)`` of the arrows: from
+    where each send's transfer starts to where the matching receive ends, in order of t0."""
     comm = (st == 2) & (ev >= 0)
     n = len(trace)
     c_start = np.full(n, np.nan)
     c_end = np.full(n, np.nan)
     c_start[ev[comm]] = s[comm]
     c_end[ev[comm]] = e[comm]
-    if has_events and len(trace.flow_pairs):
+    if n > 0 and len(trace.flow_pairs):
         sp, rp = trace.flow_pairs[:, 0], trace.flow_pairs[:, 1]
         src, dst = lane_of[trace.ranks[sp]], lane_of[trace.ranks[rp]]
         ok = (src >= 0) & (dst >= 0) & ~np.isnan(c_start[sp]) & ~np.isnan(c_end[rp])
@@ -356,9 +407,7 @@ def timeline_columns(trace, window: Optional[Tuple[int, int]] = None, ranks: Opt
     else:
         sp = rp = src = dst = np.empty(0, np.int64)
         a_t0 = a_t1 = np.empty(0)
-    return TimelineColumns(trace=trace, ranks=lanes_ranks, duration_s=span, lane=ln, state=st, start=s, end=e,
-                           event=ev, a_src=src, a_dst=dst, a_t0=a_t0, a_t1=a_t1, a_send=sp, a_recv=rp,
-                           blocked=blocked, origin_ns=w0)
+    return sp, rp, src, dst, a_t0, a_t1
 
 
 # -- analysis ---------------------------------------------------------------------------------
@@ -535,12 +584,23 @@ def bokeh_figure(view: Dict[str, Any], an: Dict[str, Any], title: Optional[str] 
     window's detail then; in a notebook they do nothing).
     """
     from bokeh.layouts import column, row
-    from bokeh.models import (ColumnDataSource, CustomJS, FixedTicker, HoverTool, LabelSet, Legend, LegendItem,
-                              Range1d)
-    from bokeh.plotting import figure
+    from bokeh.models import ColumnDataSource
 
     src = figure_sources(view, an)
     cds = {name: ColumnDataSource(data=src[name], name=name) for name in SOURCES}
+    tl = _timeline_figure(cds, view, title, width, x_label, backend)
+    mx, mwidth, cell = _matrix_figure(cds, an)
+    fr = _fractions_figure(cds, an, width, mwidth, cell)
+    return column(tl, row(mx, fr, sizing_mode="stretch_width"), sizing_mode="stretch_width", name="nbmpi_figure")
+
+
+def _timeline_figure(cds: Dict[str, Any], view: Dict[str, Any], title: Optional[str], width: int, x_label: str,
+                     backend: str):
+    """The timeline panel of :func:`bokeh_figure` (lanes, arrows, hovers, legend, range hooks) on the
+    named sources ``cds``."""
+    from bokeh.models import CustomJS, FixedTicker, HoverTool, Legend, LegendItem, Range1d
+    from bokeh.plotting import figure
+
     ranks = view["meta"]["ranks"]
     n = len(ranks)
     meta = view["meta"]
@@ -576,6 +636,13 @@ def bokeh_figure(view: Dict[str, Any], an: Dict[str, Any], title: Optional[str] 
     x_range.js_on_change("start", hook)
     x_range.js_on_change("end", hook)
     tl.js_on_event("reset", CustomJS(code="if (window.nbmpiReset) window.nbmpiReset()"))
+    return tl
+
+
+def _matrix_figure(cds: Dict[str, Any], an: Dict[str, Any]) -> Tuple[Any, int, int]:
+    """The sender x receiver panel of :func:`bokeh_figure`; returns ``(figure, its width, cell size)``."""
+    from bokeh.models import HoverTool, LabelSet
+    from bokeh.plotting import figure
 
     names = [str(i) for i in range(an["nranks"])]
     cell = 70 if an["nranks"] <= 8 else max(600 // an["nranks"], 8)
@@ -591,6 +658,15 @@ def bokeh_figure(view: Dict[str, Any], an: Dict[str, Any], title: Optional[str] 
     mx.add_tools(HoverTool(renderers=[cells], tooltips=[("from rank", "@sender"), ("to rank", "@receiver"),
                                                         ("bytes", "@bytes"), ("messages", "@messages")]))
     mx.grid.grid_line_color = None
+    return mx, mwidth, cell
+
+
+def _fractions_figure(cds: Dict[str, Any], an: Dict[str, Any], width: int, mwidth: int, cell: int):
+    """The per-rank compute / communication / wait panel of :func:`bokeh_figure`, beside the matrix
+    (``mwidth`` pixels, ``cell`` pixels a rank)."""
+    from bokeh.models import HoverTool, LabelSet, Range1d
+    from bokeh.plotting import figure
+
     lanes = [str(r["rank"]) for r in an["ranks"]]
     fr = figure(title="time per rank (%)", y_range=list(reversed(lanes)), x_range=Range1d(0, 118),
                 width=max(width - mwidth - 40, 360), height=90 + max(cell * an["nranks"], 120),
@@ -602,7 +678,7 @@ def bokeh_figure(view: Dict[str, Any], an: Dict[str, Any], title: Optional[str] 
     fr.add_layout(LabelSet(x=100, y="rank", text="wait_text", source=cds["nbmpi_fractions"], text_align="left",
                            text_baseline="middle", x_offset=4, text_font_size="11px"))
     fr.ygrid.grid_line_color = None
-    return column(tl, row(mx, fr, sizing_mode="stretch_width"), sizing_mode="stretch_width", name="nbmpi_figure")
+    return fr
 
 
 def bokeh_item(view: Dict[str, Any], an: Dict[str, Any], **kw) -> Dict[str, Any]:
