@@ -108,7 +108,7 @@ class FusionEngine:
     def _sync_core(self) -> None:
         """Give the compiled force point the buffer, requests, threshold and communicator facts."""
         if _core is not None:
-            _core.set_state(self._buf, self._preq, self.threshold_words, self.chan, max(self.size, 1))
+            _core.state.sync(self._buf, self._preq, self.threshold_words, self.chan, max(self.size, 1))
 
     @property
     def batch(self) -> "_Batch":
@@ -121,7 +121,7 @@ class FusionEngine:
 
     if _core is not None:
         # the compiled hot path appends to the current batch and starts the next one itself
-        batch = property(lambda self: _core.current_batch(), lambda self, b: _core.set_batch(b),  # noqa: F811
+        batch = property(lambda self: _core.state.batch, lambda self, b: setattr(_core.state, "batch", b),  # noqa: F811
                          doc="The pending contributions (the current fusion).")
 
     # -- setup ----------------------------------------------------------------
@@ -148,7 +148,7 @@ class FusionEngine:
             # the compiled force point calls MPI_Start/MPI_Test itself (no Python call per poll)
             glue = direct_mpi()
             self.direct_mpi = glue is not None and os.environ.get(DIRECT_MPI_ENV, "").strip() != "0"
-            _core.set_runner(glue.DirectRunner() if self.direct_mpi else None)
+            _core.state.runner = glue.DirectRunner() if self.direct_mpi else None
         self._ready = not self._strict
 
     def _abandoned(self, what: str) -> Callable[[], None]:
@@ -489,7 +489,7 @@ def engine() -> FusionEngine:
     if _ENGINE is None:
         _ENGINE = FusionEngine()
         if _core is not None:
-            _core.set_engine(_ENGINE)
+            _core.state.engine = _ENGINE
     return _ENGINE
 
 
