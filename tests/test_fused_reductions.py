@@ -136,6 +136,16 @@ gb = p4.consume(np.array([1.0, 1.0]))
 assert np.allclose(ga.value, [1.0, 1.0 / P if P > 1 else 1.0])
 assert np.allclose(p4.value, [10.0 - 2 * P, 0.0])
 assert np.allclose(gb.value, [1.0, 0.0])
+# contributing a grant still pending reads it (a force point) and lands in the batch after it
+p5 = pool(10.0); got = shared(0.0); arr = shared(np.zeros(2))
+got *= 1.0                                          # pending in the batch the grant's read resolves
+gc = p5.consume(1.0 + r)
+got += gc
+gd = p5.consume(1.0)
+arr += gd
+assert float(got) == tot, (float(got), tot)
+assert np.array_equal(arr.value, [P, P]), arr.value
+assert float(p5) == 10.0 - tot - P
 print("OK", r)
 """
 
