@@ -227,7 +227,8 @@ cdef object fast_sum(VarBase self, double a, object aobj):
     """x += a for a float64 scalar x (the reference: _PyVarBase._fast_sum); aobj: a as an exact float, or None."""
     cdef BatchBase b = st.batch
     if b is None:
-        raise RuntimeError("nbmpi fused reductions: no current batch (set_batch)")
+        raise RuntimeError("nbmpi fused reductions: the engine has no current batch yet; call "
+                           "nbmpi.workers.fused_reductions.engine() first")
     cdef list f8 = b.f8
     cdef Py_ssize_t i, j
     cdef tuple ents, old
@@ -276,7 +277,8 @@ cdef object contribute_f8(VarBase self, int op, double a):
     reference: SharedVar._contribute then _new_slot)."""
     cdef BatchBase b = st.batch
     if b is None:
-        raise RuntimeError("nbmpi fused reductions: no current batch (set_batch)")
+        raise RuntimeError("nbmpi fused reductions: the engine has no current batch yet; call "
+                           "nbmpi.workers.fused_reductions.engine() first")
     cdef list f8 = b.f8
     cdef Py_ssize_t i
     cdef double cur
