@@ -30,7 +30,8 @@ cdef class Bindings:
     # the reference methods of a shared variable the compiled operators fall back to
     # (values._PyVarBase's, called as plain functions)
     cdef readonly object reset, iadd, isub, imul, min_with, max_with, float_
-    cdef readonly tuple ops                 # __add__ __radd__ __sub__ __rsub__ __mul__ __rmul__ __truediv__ __rtruediv__
+    # ops: the reference's __add__ __radd__ __sub__ __rsub__ __mul__ __rmul__ __truediv__ __rtruediv__
+    cdef readonly tuple ops
     # the rest of the reference: lazy._force, lazy._eval, SharedVar (general creation),
     # fusion.engine (creates the engine), tracing's get_tracer, wire._same_signature
     cdef readonly object force, eval_, new_var, make_engine, get_tracer, same_signature
