@@ -136,6 +136,16 @@ gb = p4.consume(np.array([1.0, 1.0]))
 assert np.allclose(ga.value, [1.0, 1.0 / P if P > 1 else 1.0])
 assert np.allclose(p4.value, [10.0 - 2 * P, 0.0])
 assert np.allclose(gb.value, [1.0, 0.0])
+# contributing a grant still pending reads it (a force point) and lands in the batch after it
+p5 = pool(10.0); got = shared(0.0); arr = shared(np.zeros(2))
+got *= 1.0                                          # pending in the batch the grant's read resolves
+gc = p5.consume(1.0 + r)
+got += gc
+gd = p5.consume(1.0)
+arr += gd
+assert float(got) == tot, (float(got), tot)
+assert np.array_equal(arr.value, [P, P]), arr.value
+assert float(p5) == 10.0 - tot - P
 print("OK", r)
 """
 
@@ -604,6 +614,52 @@ def test_compiled_hot_path_is_built():
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "compiled", ("nbmpi.workers.fused_reductions._core was not built: install a C compiler "
                                                "and the Python headers, then reinstall nbmpi")
+
+
+BOUND_CORE = """
+import operator
+from nbmpi.workers import fused_reductions as f
+from nbmpi.workers.fused_reductions import _core, binding, engine
+from nbmpi.workers.fused_reductions.pending import _Batch, _Snap
+from nbmpi.workers.fused_reductions.values import SharedVar, _LazyF8
+b = _core.bindings()
+assert b.bound and b.tuplehash in (True, False)
+assert (b.shared_type, b.lazy_type, b.batch_type, b.snap_type) == (SharedVar, _LazyF8, _Batch, _Snap)
+assert b.make_engine is engine and b.div is operator.truediv and len(b.ops) == 8
+# no setters beside the typed interface: the engine state is one EngineState
+assert not any(hasattr(_core, n) for n in ("set_state", "set_engine", "set_runner", "set_batch", "current_batch"))
+e = engine()
+assert _core.state.engine is e and _core.state.batch is e.batch and isinstance(e.batch, _Batch)
+try:
+    b.spin = 1
+except AttributeError:
+    pass
+else:
+    raise AssertionError("Bindings attributes must be read-only")
+try:
+    _core.Bindings(**{**{n: getattr(b, n) for n in ("reset", "iadd", "isub", "imul", "min_with", "max_with",
+                   "float_", "force", "eval_", "new_var", "make_engine", "get_tracer", "same_signature", "add",
+                   "sub", "mul", "div", "shared_type", "lazy_type", "batch_type", "snap_type", "grant_type",
+                   "fast_types", "work", "casters", "f8", "nan_key", "nod", "nol", "empty", "log_cap",
+                   "kind_fused", "spin")}, "ops": b.ops[:7]})
+except TypeError as exc:
+    assert "8 reference operators" in str(exc), exc
+else:
+    raise AssertionError("Bindings() accepted 7 operators")
+binding.bind()                       # binding again: a new Bindings, the same types
+assert _core.bindings() is not b and _core.bindings().batch_type is _Batch
+x = f.shared(1.5); x += 2.0
+assert type(x) is SharedVar and x.pending and repr(x)
+print("BOUND")
+"""
+
+
+def test_compiled_core_is_bound_through_one_typed_interface():
+    """The compiled core reads the Python reference only through its typed ``Bindings`` (read-only,
+    checked when built) and shares the engine's state through one ``EngineState``. No MPI."""
+    proc = subprocess.run([sys.executable, "-c", BOUND_CORE], capture_output=True, text=True, timeout=60,
+                          env={**__import__("os").environ, "NBMPI_PURE_PYTHON": "0"})
+    assert proc.returncode == 0 and proc.stdout.strip() == "BOUND", proc.stdout + proc.stderr
 
 
 GENERAL = PRELUDE + """

@@ -42,7 +42,7 @@ def test_rewrite_keeps_future_flags_and_line_numbers(tmp_path):
     prog = tmp_path / "p.py"
     prog.write_text("from nbmpi.workers import shared\ndef f():\n    s = shared(0.0)\n    s = (1.0 +\n"
                     "         2.0)\nf()\n")
-    proc = subprocess.run([sys.executable, "-c", "from nbmpi.workers import rebinding_guard as g; "
+    proc = subprocess.run([sys.executable, "-c", "from nbmpi.workers.fused_reductions import rebinding_guard as g; "
                            f"g.run_path({str(prog)!r})"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1 and "SharedVariableError" in proc.stderr, proc.stderr
     assert 'p.py", line 4, in f' in proc.stderr, proc.stderr

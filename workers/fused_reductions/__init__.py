@@ -1,4 +1,4 @@
-"""Lazy fused reductions on shared variables (the CFL idea of seed 001, extended).
+"""Lazy fused reductions on shared variables (the CFL idea, extended).
 
 A *shared variable* (:func:`shared`, :class:`SharedVar`) holds the same value
 on every rank of ``COMM_WORLD``. SPMD code updates it with rank-local values
@@ -171,9 +171,11 @@ persistent requests, force points, :func:`flush`, :func:`fused`,
 (divergence diagnosis), :mod:`.lazy` (forcing and evaluating lazy values),
 :mod:`.values` (shared variables and their arithmetic), :mod:`.grants` and
 :mod:`.pools` (bounded reductions), :mod:`.implementation` (compiled or pure
-Python), :mod:`.binding` (what the compiled core falls back to); the compiled
-core itself is Cython: ``_core.pyx`` (hot paths) and ``_direct_mpi.pyx`` (MPI
-through mpi4py's C API).
+Python), :mod:`.binding` (what the compiled core falls back to, handed over as
+one typed ``_core.Bindings``); the compiled core itself is Cython:
+``_core.pyx`` (hot paths; its typed interface in ``_core.pxd``, its code in
+``_core_*.pxi`` by idea) and ``_direct_mpi.pyx`` (MPI through mpi4py's C
+API).
 """
 from __future__ import annotations
 

@@ -108,7 +108,7 @@ class FusionEngine:
     def _sync_core(self) -> None:
         """Give the compiled force point the buffer, requests, threshold and communicator facts."""
         if _core is not None:
-            _core.set_state(self._buf, self._preq, self.threshold_words, self.chan, max(self.size, 1))
+            _core.state.sync(self._buf, self._preq, self.threshold_words, self.chan, max(self.size, 1))
 
     @property
     def batch(self) -> "_Batch":
@@ -121,7 +121,7 @@ class FusionEngine:
 
     if _core is not None:
         # the compiled hot path appends to the current batch and starts the next one itself
-        batch = property(lambda self: _core.current_batch(), lambda self, b: _core.set_batch(b),  # noqa: F811
+        batch = property(lambda self: _core.state.batch, lambda self, b: setattr(_core.state, "batch", b),  # noqa: F811
                          doc="The pending contributions (the current fusion).")
 
     # -- setup ----------------------------------------------------------------
@@ -148,7 +148,7 @@ class FusionEngine:
             # the compiled force point calls MPI_Start/MPI_Test itself (no Python call per poll)
             glue = direct_mpi()
             self.direct_mpi = glue is not None and os.environ.get(DIRECT_MPI_ENV, "").strip() != "0"
-            _core.set_runner(glue.DirectRunner() if self.direct_mpi else None)
+            _core.state.runner = glue.DirectRunner() if self.direct_mpi else None
         self._ready = not self._strict
 
     def _abandoned(self, what: str) -> Callable[[], None]:
@@ -363,16 +363,55 @@ class FusionEngine:
         ``MPI_SUM``; otherwise the buffer carries a layout record after the header (the op
         of every scalar word, the segments; :mod:`.wire`) and the user-defined operation's
         kernel combines each word with its op."""
-        f8 = b.f8
-        n1, n2, arrs = len(f8), len(b.i8), b.arrs
+        n1, n2 = len(b.f8), len(b.i8)
         nf = n1 - HEADER                                  # float64 scalar words
         allsum = b.allsum
-        nlay = 0 if allsum else layout_words(nf, n2, len(arrs))
+        nlay = 0 if allsum else layout_words(nf, n2, len(b.arrs))
         d = HEADER + nlay                                 # where the scalar words start
         words = n1 + nlay + b.words
         L = 16 if words <= 16 else _size_class(words)
         if self._buf.size < L:
             self._grow(L)
+        places = self._pack_general(b, L, d, nlay)
+        req = self._preq.get(L if allsum else (L, False))
+        if req is None:
+            req = self._persistent(L, allsum)
+        t0 = time.perf_counter_ns()
+        try:
+            self._run(req, b, L)
+        except self._mpi.Exception as exc:   # e.g. truncation: the ranks passed different sizes
+            if self._broken:   # already diagnosed (by _wait)
+                raise
+            self._abandoned(f"#{self.seq}")()
+            err = self._failed(b, L, exc)
+            if err is exc:
+                raise
+            raise err from exc
+        t1 = time.perf_counter_ns()
+        seq = self.seq
+        self.seq = seq + 1
+        tr = get_tracer()
+        if tr.enabled:
+            tr.record(K_FUSED, DIR_NONE, -1, 0 if allsum else 1, L * 8, t0, t1, -1, seq, self.chan, b.nvars)
+        fb = self._buf
+        if allsum:
+            res = fb[:n1].tolist()
+        else:
+            res = fb[:d + nf].tolist()
+            del res[HEADER:d]                             # indices as in b.f8
+        if not _same_signature(self.size, res):
+            raise self._divergence(b, L)
+        ib = fb.view(np.int64)
+        b.res = (res, ib[d + nf:d + nf + n2].tolist() if n2 else [], self._segment_results(places))
+        b.done = True
+
+    def _pack_general(self, b: _Batch, L: int, d: int, nlay: int) -> list:
+        """Fill the fusion buffer for :meth:`_reduce`: the signature words, the layout record
+        (``nlay`` words; 0: ``MPI_SUM``, none), the float64 words from word ``d``, the int64
+        words, the array segments, zero padding up to ``L``. Returns each segment's
+        ``(start, words, kind)``."""
+        f8, arrs, allsum = b.f8, b.arrs, b.allsum
+        n1, n2, nf = len(f8), len(b.i8), len(f8) - HEADER
         fb = self._buf
         ib = fb.view(np.int64)
         f8[:HEADER] = signature_words(hash((b.sig, L, tuple(b.log))))
@@ -408,43 +447,21 @@ class FusionEngine:
             pos += w
         if pos < L:
             fb[pos:L] = 0.0
-        req = self._preq.get(L if allsum else (L, False))
-        if req is None:
-            req = self._persistent(L, allsum)
-        t0 = time.perf_counter_ns()
-        try:
-            self._run(req, b, L)
-        except self._mpi.Exception as exc:   # e.g. truncation: the ranks passed different sizes
-            if self._broken:   # already diagnosed (by _wait)
-                raise
-            self._abandoned(f"#{self.seq}")()
-            err = self._failed(b, L, exc)
-            if err is exc:
-                raise
-            raise err from exc
-        t1 = time.perf_counter_ns()
-        seq = self.seq
-        self.seq = seq + 1
-        tr = get_tracer()
-        if tr.enabled:
-            tr.record(K_FUSED, DIR_NONE, -1, 0 if allsum else 1, L * 8, t0, t1, -1, seq, self.chan, b.nvars)
-        if allsum:
-            res = fb[:n1].tolist()
-        else:
-            res = fb[:d + nf].tolist()
-            del res[HEADER:d]                             # indices as in b.f8
-        if not _same_signature(self.size, res):
-            raise self._divergence(b, L)
-        res_arrs = []
+        return places
+
+    def _segment_results(self, places: list) -> list:
+        """Copies of the reduced array segments at ``places`` (from :meth:`_pack_general`),
+        each in its working dtype."""
+        fb = self._buf
+        out = []
         for st, w, kind in places:
             if kind == W_I8:
-                res_arrs.append(ib[st:st + w].copy())
+                out.append(fb.view(np.int64)[st:st + w].copy())
             elif kind == W_C16:
-                res_arrs.append(fb[st:st + w].copy().view(np.complex128))
+                out.append(fb[st:st + w].copy().view(np.complex128))
             else:
-                res_arrs.append(fb[st:st + w].copy())
-        b.res = (res, ib[d + nf:d + nf + n2].tolist() if n2 else [], res_arrs)
-        b.done = True
+                out.append(fb[st:st + w].copy())
+        return out
 
     def _divergence(self, b: _Batch, words: int) -> SPMDDivergence:
         """Error path after a completed collective whose signatures differ: exchange the
@@ -489,7 +506,7 @@ def engine() -> FusionEngine:
     if _ENGINE is None:
         _ENGINE = FusionEngine()
         if _core is not None:
-            _core.set_engine(_ENGINE)
+            _core.state.engine = _ENGINE
     return _ENGINE
 
 

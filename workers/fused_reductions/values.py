@@ -501,86 +501,93 @@ class SharedVar(_core.VarBase if _core is not None else _PyVarBase):  # type: ig
 
     # -- contributions ---------------------------------------------------------------------
     def _contribute(self, op: int, a: Any) -> "SharedVar":
+        """Contribute the rank-local ``a`` with operation ``op`` to this variable: appended
+        to the engine's current batch (or accumulated into this variable's last segment of
+        the same op). Local; a force point only when the batch passes the threshold."""
+        if isinstance(a, Grant):
+            a = a.value
         e = engine()
-        b = e.batch
-        kind = self._kind
         if self.shape == ():
-            if isinstance(a, Grant):
-                a = a.value
-            if not isinstance(a, _NUM_TYPES):
-                arr = np.asarray(a)
-                if arr.shape != ():
-                    raise SharedVariableError(
-                        f"{OP_NAMES[op]} contribution of shape {arr.shape} to scalar shared variable "
-                        f"#{self._id}; expected a scalar (create the variable from an array for array "
-                        "reductions)")
-                a = arr[()]
-            if kind == W_F8 and isinstance(a, (float, int)):
-                a = float(a)
-                adt = None
+            return self._contribute_scalar(e, e.batch, op, self._scalar_operand(op, a))
+        return self._contribute_array(e, e.batch, op, a)
+
+    def _scalar_operand(self, op: int, a: Any) -> Any:
+        """``a`` as a contribution to this scalar variable: a float, int or complex of its
+        word kind; :class:`SharedVariableError` names what does not fit."""
+        kind = self._kind
+        if not isinstance(a, _NUM_TYPES):
+            arr = np.asarray(a)
+            if arr.shape != ():
+                raise SharedVariableError(
+                    f"{OP_NAMES[op]} contribution of shape {arr.shape} to scalar shared variable "
+                    f"#{self._id}; expected a scalar (create the variable from an array for array "
+                    "reductions)")
+            a = arr[()]
+        if kind == W_F8 and isinstance(a, (float, int)):
+            return float(a)
+        adt = np.asarray(a).dtype if not isinstance(a, (int, float, bool)) else None
+        if kind == W_F8:
+            if isinstance(a, complex) or (adt is not None and adt.kind == "c"):
+                raise SharedVariableError(f"complex contribution to real shared variable #{self._id} "
+                                          f"({self.dtype}); create it from a complex value")
+            return float(a)
+        if kind == W_I8:
+            if isinstance(a, float) or (adt is not None and adt.kind not in "biu"):
+                raise SharedVariableError(
+                    f"{OP_NAMES[op]} contribution of a non-integer value ({a!r}) to integer shared "
+                    f"variable #{self._id} ({self.dtype}); create the variable from a float value")
+            return int(a)
+        return complex(a)
+
+    def _contribute_scalar(self, e: FusionEngine, b: _Batch, op: int, a: Any) -> "SharedVar":
+        """:meth:`_contribute` of the scalar ``a`` (already of this variable's word kind)."""
+        kind = self._kind
+        if self._ob is b and self._oop == op:
+            lst = b.f8 if self._oblk == 0 else (b.i8 if self._oblk == 1 else None)
+            i = self._oi
+            if lst is not None:
+                lst[i] = _acc(op, lst[i], a)
             else:
-                adt = np.asarray(a).dtype if not isinstance(a, (int, float, bool)) else None
-            if adt is None and kind == W_F8:
-                pass
-            elif kind == W_F8:
-                if isinstance(a, complex) or (adt is not None and adt.kind == "c"):
-                    raise SharedVariableError(f"complex contribution to real shared variable #{self._id} "
-                                              f"({self.dtype}); create it from a complex value")
-                a = float(a)
-            elif kind == W_I8:
-                if isinstance(a, float) or (adt is not None and adt.kind not in "biu"):
-                    raise SharedVariableError(
-                        f"{OP_NAMES[op]} contribution of a non-integer value ({a!r}) to integer shared "
-                        f"variable #{self._id} ({self.dtype}); create the variable from a float value")
-                a = int(a)
-            else:
-                a = complex(a)
-            if self._ob is b and self._oop == op:
-                lst = b.f8 if self._oblk == 0 else (b.i8 if self._oblk == 1 else None)
-                i = self._oi
-                if lst is not None:
-                    lst[i] = _acc(op, lst[i], a)
-                else:
-                    acc = b.arrs[i][0]
-                    acc[0] = _acc(op, complex(acc[0]), a)
-                return self
-            if kind == W_F8:
-                i = len(b.f8)
-                b.f8.append(a)
-                if op != SUM:
-                    if b.f8_nonsum is _NOD:
-                        b.f8_nonsum = {}
-                    b.f8_nonsum[i] = op
-                blk, w = 0, 1
-            elif kind == W_I8:
-                if b.i8 is _NOL:
-                    b.i8, b.i8_ops = [], []
-                b.i8.append(a)
-                b.i8_ops.append(op)
-                blk, i, w = 1, len(b.i8) - 1, 1
-                b.allsum = False
-            else:
-                if b.arrs is _NOL:
-                    b.arrs = []
-                b.arrs.append([np.array([a], dtype=np.complex128), op, W_C16])
-                blk, i, w = 2, len(b.arrs) - 1, 2
-                b.allsum = False
+                acc = b.arrs[i][0]
+                acc[0] = _acc(op, complex(acc[0]), a)
+            return self
+        if kind == W_F8:
+            i = len(b.f8)
+            b.f8.append(a)
+            if op != SUM:
+                if b.f8_nonsum is _NOD:
+                    b.f8_nonsum = {}
+                b.f8_nonsum[i] = op
+            blk, w = 0, 1
+        elif kind == W_I8:
+            if b.i8 is _NOL:
+                b.i8, b.i8_ops = [], []
+            b.i8.append(a)
+            b.i8_ops.append(op)
+            blk, i, w = 1, len(b.i8) - 1, 1
+            b.allsum = False
         else:
-            if isinstance(a, Grant):
-                a = a.value
-            work = _WORK_DTYPE[kind]
-            if type(a) is np.ndarray and a.shape == self.shape and a.dtype == work:
-                # the common case (an array of the variable's shape and working dtype): no checks needed
-                if self._ob is b and self._oop == op:
-                    _acc_array(op, b.arrs[self._oi][0].reshape(self.shape), a)
-                    return self
-                acc = a.flatten()
-                if b.arrs is _NOL:
-                    b.arrs = []
-                b.arrs.append([acc, op, kind])
-                if kind != W_F8 or (op != SUM and op != CONSUME):
-                    b.allsum = False
-                return self._new_slot(e, b, op, 2, len(b.arrs) - 1, acc.size * (2 if kind == W_C16 else 1), None)
+            if b.arrs is _NOL:
+                b.arrs = []
+            b.arrs.append([np.array([a], dtype=np.complex128), op, W_C16])
+            blk, i, w = 2, len(b.arrs) - 1, 2
+            b.allsum = False
+        if op != SUM and op != CONSUME:
+            b.allsum = False
+        return self._new_slot(e, b, op, blk, i, w, None)
+
+    def _contribute_array(self, e: FusionEngine, b: _Batch, op: int, a: Any) -> "SharedVar":
+        """:meth:`_contribute` to this shared array: ``a`` an array broadcastable to its shape
+        and castable to its dtype (else :class:`SharedVariableError`), or a scalar."""
+        kind = self._kind
+        work = _WORK_DTYPE[kind]
+        if type(a) is np.ndarray and a.shape == self.shape and a.dtype == work:
+            # the common case (an array of the variable's shape and working dtype): no checks needed
+            if self._ob is b and self._oop == op:
+                _acc_array(op, b.arrs[self._oi][0].reshape(self.shape), a)
+                return self
+            acc = a.flatten()
+        else:
             arr = np.asarray(a)
             if not np.can_cast(arr.dtype, work, "same_kind"):
                 raise SharedVariableError(
@@ -593,20 +600,15 @@ class SharedVar(_core.VarBase if _core is not None else _PyVarBase):  # type: ig
                     f"{OP_NAMES[op]} contribution of shape {arr.shape} to shared array #{self._id} of shape "
                     f"{self.shape}; expected a scalar or an array broadcastable to {self.shape}") from None
             if self._ob is b and self._oop == op:
-                acc = b.arrs[self._oi][0].reshape(self.shape)
-                _acc_array(op, acc, arr)
+                _acc_array(op, b.arrs[self._oi][0].reshape(self.shape), arr)
                 return self
-            acc = np.array(arr, dtype=_WORK_DTYPE[kind], copy=True).reshape(-1)
-            if b.arrs is _NOL:
-                b.arrs = []
-            b.arrs.append([acc, op, kind])
-            blk, i = 2, len(b.arrs) - 1
-            w = acc.size * (2 if kind == W_C16 else 1)
-            if kind != W_F8:
-                b.allsum = False
-        if op != SUM and op != CONSUME:
+            acc = np.array(arr, dtype=work, copy=True).reshape(-1)
+        if b.arrs is _NOL:
+            b.arrs = []
+        b.arrs.append([acc, op, kind])
+        if kind != W_F8 or (op != SUM and op != CONSUME):
             b.allsum = False
-        return self._new_slot(e, b, op, blk, i, w, None)
+        return self._new_slot(e, b, op, 2, len(b.arrs) - 1, acc.size * (2 if kind == W_C16 else 1), None)
 
     def _new_slot(self, e: FusionEngine, b: _Batch, op: int, blk: int, i: int, w: int, extra) -> "SharedVar":
         self._entries += ((op, b, blk, i, extra),)
