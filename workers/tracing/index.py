@@ -14,7 +14,8 @@ controller runs when a job ends, whatever its outcome): joins the ranks' stream 
   ``state.npy``, ``event.npy``, ``cum.npy`` (``(n, 3)``: time the lane spent in each state before the
   segment), so the time per state between any two instants is two binary searches;
 * per message arrow, sorted by ``t0``: ``a_src``, ``a_dst``, ``a_t0``, ``a_t1``, ``a_send``, ``a_recv``;
-* ``events.npy``: the events with their attributed waits (labels of what a view shows);
+* ``events.npy`` / ``ranks.npy``: the events with their attributed waits and who recorded them
+  (labels of what a view shows; :meth:`TraceIndex.save_npz`);
 * with ``--chrome``, when the ranks did not write them (a failed, cancelled or timed-out job):
   ``trace.json`` (Chrome/Perfetto, streamed to disk, open waits as ``wait`` slices up to the end) and
   ``summary.json`` next to the index.
@@ -116,10 +117,12 @@ def _write_index(out: Path, jt) -> Dict[str, Any]:
         np.save(out / f"{k}.npy", v)
     span = float(np.abs(a_t1 - a_t0).max()) if len(a_t0) else 0.0
     np.save(out / "events.npy", trace.events)
+    np.save(out / "ranks.npy", trace.ranks)
     return dict(format=FORMAT, state="ok", reason=None, nranks=trace.nranks, kinds=list(trace.kinds), events=n,
                 segments=lane_off[-1], lane_off=lane_off, duration_s=duration, origin_ns=int(origin),
                 version=int(jt.version), waits=waits, analysis=an, arrows=int(len(sp)), arrow_span_s=span,
-                done=bool(jt.done), built_at=time.time())
+                done=bool(jt.done), dropped=[int(x) for x in trace.dropped],
+                clock_error_ns=[int(x) for x in trace.clock_error_ns], built_at=time.time())
 
 
 def _write_chrome(trace_dir: Path, jt) -> None:
@@ -262,6 +265,13 @@ class TraceIndex:
     def table(self) -> EventTable:
         """The events for labels (memory-mapped)."""
         return EventTable(self.a("events"), self.meta["kinds"])
+
+    def save_npz(self, path: os.PathLike) -> None:
+        """Write the indexed trace as a :meth:`Trace.save` file (uncompressed; :meth:`Trace.load` reads
+        it), copying the memory-mapped columns in chunks."""
+        np.savez(path, events=self.a("events"), ranks=self.a("ranks"), nranks=self.meta["nranks"],
+                 kinds=np.array(self.meta["kinds"]), dropped=np.array(self.meta["dropped"], np.int64),
+                 clock_error_ns=np.array(self.meta["clock_error_ns"], np.int64))
 
     def view(self, start_s: Optional[float] = None, end_s: Optional[float] = None, width: int = 1200,
              max_arrows: int = 2000) -> Dict[str, Any]:
