@@ -20,6 +20,8 @@ from ..dependencies import current_user, get_scheduler, user_job
 from ..errors import DOCUMENTED
 from ..records import FINAL_JOB_STATES, Job
 from ..scheduler import Scheduler
+from nbmpi.workers.tracing.index import CHROME_EVENTS_LIMIT
+
 from ..trace_index import INDEXER
 from ..schemas import (ARG_SCHEMA, ENV_NAME, MAX_ID, MAX_RANKS, SCRIPT_NAME, Cancelled, ErrorBody, JobCreate, JobInfo, JobList,
                        JobState)
@@ -167,6 +169,9 @@ async def _trace_file(job: Job, which: str) -> Response:
             why = "jobs on a pool are not traced by the controller"
         elif ix is not None and not ix.readable:
             why = f"trace unreadable: {ix.reason}"
+        elif ix is not None and ix.meta.get("events", 0) > CHROME_EVENTS_LIMIT:
+            why = (f"its trace has {ix.meta['events']:,} events, more than a Chrome trace viewer opens; "
+                   "the dashboard's trace.npz (nbmpi Trace.load) holds them all")
         else:
             why = "its ranks streamed no trace (tracing off, or they ended before they started)"
         raise HTTPException(404, f"no {which} for job {job.id}: {why}")

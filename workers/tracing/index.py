@@ -16,7 +16,8 @@ controller runs when a job ends, whatever its outcome): joins the ranks' stream 
 * per message arrow, sorted by ``t0``: ``a_src``, ``a_dst``, ``a_t0``, ``a_t1``, ``a_send``, ``a_recv``;
 * ``events.npy`` / ``ranks.npy``: the events with their attributed waits and who recorded them
   (labels of what a view shows; :meth:`TraceIndex.save_npz`);
-* with ``--chrome``, when the ranks did not write them (a failed, cancelled or timed-out job):
+* with ``--chrome``, when the ranks did not write them (a failed, cancelled or timed-out job) and
+  there are at most :data:`CHROME_EVENTS_LIMIT` events:
   ``trace.json`` (Chrome/Perfetto, streamed to disk, open waits as ``wait`` slices up to the end) and
   ``summary.json`` next to the index.
 
@@ -49,6 +50,8 @@ FORMAT = 1
 INDEX_DIR = "index"
 #: Largest window drawn from its segments one by one (more: one row per lane and pixel).
 EXACT_ROWS = 40_000
+#: A Chrome trace is written for at most this many events (Perfetto's JSON import gives up beyond).
+CHROME_EVENTS_LIMIT = 1_000_000
 #: Exit status of the build when the files are unreadable.
 UNREADABLE_EXIT = 3
 _COL = {name: i for i, name in enumerate(FIELDS)}
@@ -173,7 +176,11 @@ def build(trace_dir: os.PathLike, nranks: int, chrome: bool = False) -> Optional
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     if chrome and jt is not None and meta["state"] == "ok" and not (trace_dir / "trace.json").exists():
-        _write_chrome(trace_dir, jt)
+        if len(jt.trace) <= CHROME_EVENTS_LIMIT:
+            _write_chrome(trace_dir, jt)
+        else:
+            print(f"no trace.json: {len(jt.trace)} events is more than a Chrome trace viewer opens "
+                  f"({CHROME_EVENTS_LIMIT}); the dashboard's trace.npz holds them all", file=sys.stderr)
     return meta
 
 
