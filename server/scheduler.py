@@ -15,7 +15,9 @@ Semantics (the same whichever backend runs the jobs):
   then ``running``; at the end one of the final states with per-rank exit codes.
   One follower thread per job polls the backend, ends the job at its timeout
   (``timed_out``, exit code 124) or on cancel (``cancelled``, 130). When every
-  rank succeeded and the ranks wrote a trace, its paths are recorded.
+  rank succeeded and the ranks wrote a trace, its paths are recorded. Then, whatever the
+  outcome, the streamed trace is indexed once (:mod:`~nbmpi.server.trace_index`) and the
+  Chrome trace and summary of what was recorded up to the end are recorded too.
 * A job on a pool runs the code on the pool's engines
   (:meth:`~nbmpi.server.pool_manager.PoolManager.run_job`).
 * Restart (:meth:`Scheduler.recover`): for each job a previous service left
@@ -45,6 +47,7 @@ from .errors import RequestError
 from .ledger import RankLedger
 from .records import FINAL_JOB_STATES, Job
 from .schemas import JobCreate
+from .trace_index import INDEXER
 
 #: Exit codes given to jobs ended by the service (same as ``nbmpi run``).
 TIMEOUT_EXIT, CANCEL_EXIT = 124, 130
@@ -317,6 +320,27 @@ class Scheduler:
         finally:
             self.ledger.release(("job", job.id))
             self._unfollow(f)
+        self._index_trace(job)
+
+    def _index_trace(self, job: Job) -> None:
+        """Index the ended job's streamed trace once (whatever its outcome; in a child process, see
+        :mod:`~nbmpi.server.trace_index`) and record the Chrome trace and summary the ranks or the
+        build wrote. Called by the job's follower thread after the job's end is recorded."""
+        trace_dir = Path(job.job_dir) / "trace"
+        try:
+            INDEXER.build_blocking(trace_dir, job.ranks)
+        except Exception as exc:  # noqa: BLE001 - the job's record is final; the dashboard says what is missing
+            print(f"nbmpi serve: indexing the trace of job {job.id} failed: {exc!r}", flush=True)
+            return
+        trace, summary = trace_dir / "trace.json", trace_dir / "summary.json"
+        if not trace.exists():
+            return
+        def write():
+            with self.sessions.begin() as s:
+                row = s.get(Job, job.id)
+                row.trace_path = str(trace)
+                row.summary_path = str(summary) if summary.exists() else None
+        self._durably(f"the trace of job {job.id}", write)
 
     def _went_running(self, f: _Followed, job: Job) -> None:
         limit = job.timeout

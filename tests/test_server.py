@@ -224,7 +224,8 @@ def test_failing_rank(server):
         assert job["state"] == "failed" and job["exit_code"] == 3
         assert job["rank_exit_codes"][1] == 3 and job["rank_exit_codes"][0] is None
         assert "rank 1 exited 3" in job["message"]
-        assert c.get(f"/api/v1/jobs/{job['id']}/trace").status_code == 404
+        trace = c.get(f"/api/v1/jobs/{job['id']}/trace")   # what was recorded up to the end
+        assert trace.status_code == 200 and {"rank 0", "rank 1"} <= {e["args"]["name"] for e in trace.json()["traceEvents"] if e["name"] == "process_name"}
 
 
 def test_cancel_leaves_no_process(server):

@@ -235,7 +235,7 @@
     dl.classList.toggle("disabled", !j.trace_available);
     $("download-note").textContent = j.trace_available
       ? "(Chrome trace JSON: open it in Perfetto, ui.perfetto.dev, or chrome://tracing)"
-      : (LIVE.has(j.state) ? "(available when the job has succeeded)" : "(written only when every rank succeeds)");
+      : (LIVE.has(j.state) ? "(available when the job has ended)" : "(being written from what the ranks recorded, or none was recorded)");
   }
 
   async function downloadTrace(ev) {
@@ -373,8 +373,11 @@
       `&backend=${BACKEND}`)).json();
     if (!a.available) {
       $("figure-note").textContent = `No timeline: ${a.reason}.`;
+      $("figure-note").classList.toggle("unreadable", /^trace unreadable/.test(a.reason || ""));
+      if (/being indexed/.test(a.reason || "")) S.figureTried = false;   // ask again at the next refresh
       return false;
     }
+    $("figure-note").textContent = "";
     const views = await window.Bokeh.embed.embed_item(a.item, "figure");
     S.doc = (views && views[0] && views[0].model && views[0].model.document) || window.Bokeh.documents[window.Bokeh.documents.length - 1];
     S.version = a.version;
@@ -420,7 +423,9 @@
       $("figure-note").textContent = e.status === 404 ? `Job ${S.jobId} not found (or not yours).` : `Refresh failed: ${e.message}`;
       if (e.status === 404) return;
     }
-    if (live) S.timer = setTimeout(refreshJob, POLL_MS);
+    // a job just ended: its trace index and Chrome trace are written after its record (a few polls)
+    const settling = !live && (!S.figureTried || (S.job && !S.job.trace_available)) && (S.settle = (S.settle || 0) + 1) <= 40;
+    if (live || settling) S.timer = setTimeout(refreshJob, POLL_MS);
   }
 
   // -- routing ------------------------------------------------------------------------------------

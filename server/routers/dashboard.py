@@ -16,9 +16,14 @@
   nothing new was streamed; ``GET /api/v1/dashboard/jobs/{id}/trace.npz``: the streamed trace
   itself (:meth:`Trace.load` reads it).
 
-The data come from the ranks' streamed trace files (:mod:`nbmpi.workers.tracing.stream`) joined on
-demand and kept per job until they change, drawn by :mod:`nbmpi.workers.tracing.timeline` (the figure module
-the notebook uses too). Every data endpoint needs the bearer token; another user's job is 404.
+The data of a running job come from the ranks' streamed trace files (:mod:`nbmpi.workers.tracing.stream`)
+joined on demand and kept per job until they change (up to :data:`LIVE_EVENTS_LIMIT` events); a finished
+job's from its trace index (:mod:`nbmpi.workers.tracing.index`, built once when it ended, windows read
+through memory maps); both drawn by :mod:`nbmpi.workers.tracing.timeline` (the figure module the notebook
+uses too). The work runs on the trace threads of :data:`~nbmpi.server.trace_index.INDEXER`, never on the
+event loop or the pool other routes use. Trace files that are not what the ranks write are answered
+``available: false`` with a reason starting ``trace unreadable:``. Every data endpoint needs the bearer
+token; another user's job is 404.
 """
 from __future__ import annotations
 
@@ -27,10 +32,10 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Optional, Tuple
+from typing import Callable, Literal, Optional, Tuple
 
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query
-from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 
 from nbmpi.workers.tracing import timeline
@@ -40,6 +45,7 @@ from ..dependencies import current_user, user_job
 from ..errors import DOCUMENTED
 from ..records import FINAL_JOB_STATES, Job
 from ..schemas import JobFigure, Me, TimelineWindow
+from ..trace_index import INDEXER
 
 ASSETS = Path(__file__).resolve().parent.parent / "dashboard_assets"
 #: Where BokehJS is served from (the page's script tags point there).
@@ -104,7 +110,12 @@ def me(user: str = Depends(current_user)) -> Me:
     return Me(user=user)
 
 
-# -- the joined trace of a job, kept until its files change -------------------------------------
+# -- the joined trace of a running job, kept until its files change ------------------------------
+#: A running job whose stream files hold more events than this is not joined in the controller
+#: (its timeline is drawn from the index built when it ends); where its ranks wait is still said.
+LIVE_EVENTS_LIMIT = 1_000_000
+
+
 @dataclass
 class _Entry:
     sig: tuple
@@ -114,7 +125,8 @@ class _Entry:
 
 
 class TraceCache:
-    """The last joined trace, columns and analysis of a few jobs (thread-safe, least recently used out)."""
+    """The last joined trace, columns and analysis of a few running jobs (thread-safe, least
+    recently used out)."""
 
     def __init__(self, size: int = 4):
         self.size = size
@@ -122,7 +134,8 @@ class TraceCache:
         self._entries: "OrderedDict[str, _Entry]" = OrderedDict()
 
     def get(self, job: Job) -> Optional[_Entry]:
-        """The entry of ``job`` (rebuilt if a rank wrote since); None when nothing was streamed."""
+        """The entry of ``job`` (rebuilt if a rank wrote since); None when nothing was streamed.
+        Raises :class:`~nbmpi.workers.tracing.stream.TraceUnreadable` for files the ranks did not write."""
         trace_dir = Path(job.job_dir) / "trace"
         key = str(trace_dir)
         sig = trace_stream.signature(trace_dir, job.ranks)
@@ -135,8 +148,9 @@ class TraceCache:
         if jt is None:
             return None
         window = (jt.start_ns, jt.now_ns)
-        cols = timeline.timeline_columns(jt.trace, window=window, blocked=jt.waits())
-        e = _Entry(sig, jt, cols, timeline.analysis(jt.trace, window=window))
+        waits = jt.waits()
+        cols = timeline.timeline_columns(jt.trace, window=window, blocked=waits)
+        e = _Entry(sig, jt, cols, timeline.analysis(jt.trace, window=window, open_waits=waits))
         with self._lock:
             self._entries[key] = e
             self._entries.move_to_end(key)
@@ -146,6 +160,15 @@ class TraceCache:
 
 
 CACHE = TraceCache()
+
+
+@dataclass
+class _Source:
+    """What a window is drawn from: a running job's joined trace or a finished job's index."""
+    version: int
+    view: Callable[..., dict]
+    waits: list
+    an: dict
 
 
 def _no_trace(job: Job) -> str:
@@ -158,67 +181,147 @@ def _no_trace(job: Job) -> str:
     return "no trace was streamed for this job (tracing off, or the ranks ended before they started)"
 
 
-def _window(job: Job, e: Optional[_Entry], start: Optional[float], end: Optional[float], width: int,
-            since: Optional[int]) -> Tuple[dict, Optional[dict]]:
+def _unreadable(reason: str) -> str:
+    return f"trace unreadable: {reason}"
+
+
+def _live_rows(trace_dir: Path, nranks: int) -> int:
+    rows = 0
+    for r in range(nranks):
+        try:
+            rows += trace_stream.events_path(trace_dir, r).stat().st_size // (8 * trace_stream.NF)
+        except FileNotFoundError:
+            pass
+    return rows
+
+
+def _live_source(job: Job) -> Tuple[Optional[_Source], Optional[str]]:
+    """A running job's source (on the trace threads), or None and why there is none."""
+    trace_dir = Path(job.job_dir) / "trace"
+    rows = _live_rows(trace_dir, job.ranks)
+    if rows > LIVE_EVENTS_LIMIT:
+        return None, (f"the job has streamed {rows:,} events: too many to draw while it runs; its timeline "
+                      "is drawn from an index when it ends")
+    try:
+        e = CACHE.get(job)
+    except trace_stream.TraceUnreadable as exc:
+        return None, _unreadable(str(exc))
+    if e is None:
+        return None, _no_trace(job)
+    return _Source(e.jt.version, e.cols.view, e.jt.waits(), e.an), None
+
+
+async def _source(job: Job, wait_s: float = 20.0) -> Tuple[Optional[_Source], Optional[str]]:
+    """Where ``job``'s windows come from, or None and the reason. The work runs on the trace threads."""
+    if job.pool_id is not None or job.state == "queued":
+        return None, _no_trace(job)
+    if job.state not in FINAL_JOB_STATES:
+        return await INDEXER.call(_live_source, job)
+    trace_dir = Path(job.job_dir) / "trace"
+    ix = await INDEXER.index(trace_dir, job.ranks, wait_s)
+    if ix is None:
+        if INDEXER.building(trace_dir):
+            return None, "the trace is being indexed; the page asks again in a moment"
+        return None, _no_trace(job)
+    if not ix.readable:
+        return None, _unreadable(ix.reason or "unknown reason")
+    return _Source(ix.version, ix.view, ix.waits, ix.analysis), None
+
+
+def _window(job: Job, src: Optional[_Source], why: Optional[str], start: Optional[float], end: Optional[float],
+            width: int, since: Optional[int]) -> Tuple[dict, Optional[dict]]:
     """The answer about one window of ``job`` (and the view it was made of, None if none was made)."""
     live = job.state not in FINAL_JOB_STATES
     base: dict = dict(job=job.id, state=job.state, live=live)
-    if e is None:
-        return dict(base, available=False, reason=_no_trace(job)), None
-    base.update(available=True, version=e.jt.version)
-    if since is not None and since == e.jt.version:
+    if src is None:
+        return dict(base, available=False, reason=why), None
+    base.update(available=True, version=src.version)
+    if since is not None and since == src.version:
         return dict(base, unchanged=True), None
-    view = e.cols.view(start, end, width=width)
-    waits = e.jt.waits()
+    view = src.view(start, end, width=width)
+    waits = src.waits
     blocked = timeline.blocked_sentences(waits, job.ranks)
     if not live and blocked:
         blocked = [f"when the job ended, {s}" for s in blocked]
-    an = {k: v for k, v in e.an.items() if k != "straggler"}
-    return dict(base, meta=view["meta"], sources=timeline.figure_sources(view, e.an),
-                sentence=e.an["straggler"]["sentence"], straggler=e.an["straggler"], blocked=blocked, waits=waits,
+    an = {k: v for k, v in src.an.items() if k != "straggler"}
+    return dict(base, meta=view["meta"], sources=timeline.figure_sources(view, src.an),
+                sentence=src.an["straggler"]["sentence"], straggler=src.an["straggler"], blocked=blocked, waits=waits,
                 analysis=an), view
 
 
 Width = Query(1200, ge=0, le=20000, description="Plot width in pixels (level of detail); 0 merges nothing")
 
 
-@router.get("/jobs/{job_id}/figure", response_model=JobFigure)
-def job_figure(job: Job = Depends(user_job), width: int = Width,
-               backend: Literal["webgl", "canvas"] = Query("canvas", description="How the timeline is drawn")) -> dict:
-    """The job's timeline figure (Bokeh JSON item: ``Bokeh.embed.embed_item``) over the whole run,
-    with the data of :func:`job_timeline`; ``available`` false with the ``reason`` when there is no trace."""
-    e = CACHE.get(job)
-    out, view = _window(job, e, None, None, width, None)
+def _figure(job: Job, src: Optional[_Source], why: Optional[str], width: int, backend: str) -> dict:
+    out, view = _window(job, src, why, None, None, width, None)
     if view is not None:
-        out["item"] = timeline.bokeh_item(view, e.an, width=max(width, 600), backend=backend,
+        out["item"] = timeline.bokeh_item(view, src.an, width=max(width, 600), backend=backend,
                                           x_label="seconds since the job's ranks started")
     return out
 
 
+@router.get("/jobs/{job_id}/figure", response_model=JobFigure)
+async def job_figure(job: Job = Depends(user_job), width: int = Width,
+                     backend: Literal["webgl", "canvas"] = Query("canvas", description="How the timeline is drawn")
+                     ) -> dict:
+    """The job's timeline figure (Bokeh JSON item: ``Bokeh.embed.embed_item``) over the whole run,
+    with the data of :func:`job_timeline`; ``available`` false with the ``reason`` when there is no
+    trace (``trace unreadable: ...`` when its files are not what the ranks write). A finished job's
+    figure comes from its trace index (built once when it ended)."""
+    src, why = await _source(job)
+    return await INDEXER.call(_figure, job, src, why, width, backend)
+
+
 @router.get("/jobs/{job_id}/timeline", response_model=TimelineWindow)
-def job_timeline(job: Job = Depends(user_job),
-                 start: Optional[float] = Query(None, ge=0, le=1e9, allow_inf_nan=False,
-                                                description="Window start, seconds from the job's start"),
-                 end: Optional[float] = Query(None, ge=0, le=1e9, allow_inf_nan=False,
-                                              description="Window end, seconds from the job's start"),
-                 width: int = Width,
-                 since: Optional[int] = Query(None, ge=0, le=2**32, description="The version the page has: "
-                                              "answered unchanged while it is current")) -> dict:
+async def job_timeline(job: Job = Depends(user_job),
+                       start: Optional[float] = Query(None, ge=0, le=1e9, allow_inf_nan=False,
+                                                      description="Window start, seconds from the job's start"),
+                       end: Optional[float] = Query(None, ge=0, le=1e9, allow_inf_nan=False,
+                                                    description="Window end, seconds from the job's start"),
+                       width: int = Width,
+                       since: Optional[int] = Query(None, ge=0, le=2**32, description="The version the page has: "
+                                                    "answered unchanged while it is current")) -> dict:
     """One window ``[start, end]`` of the job's timeline (default the whole run) at ``width`` pixels:
-    the columns of the figure's sources, the analysis, and where the ranks wait now."""
-    return _window(job, CACHE.get(job), start, end, width, since)[0]
+    the columns of the figure's sources, the analysis (waits still open counted up to now, or up to
+    the job's end), and where the ranks wait now."""
+    src, why = await _source(job)
+    return (await INDEXER.call(_window, job, src, why, start, end, width, since))[0]
+
+
+def _npz(job: Job) -> Tuple[object, int, int]:
+    """The trace file (a path, or bytes for a running job) and its window (ns)."""
+    trace_dir = Path(job.job_dir) / "trace"
+    if job.state in FINAL_JOB_STATES:
+        ix = INDEXER.open(trace_dir)
+        if ix is None or not ix.readable:
+            raise HTTPException(404, f"no trace for job {job.id}: " + (
+                _unreadable(ix.reason or "") if ix is not None else _no_trace(job)))
+        path = ix.path / "trace.npz"
+        if not path.exists():
+            tmp = ix.path / f".trace.{threading.get_ident()}.npz"
+            ix.save_npz(tmp)
+            tmp.replace(path)
+        origin = int(ix.meta["origin_ns"])
+        return path, origin, origin + int(round(float(ix.meta["duration_s"]) * 1e9))
+    src, why = _live_source(job)
+    if src is None:
+        raise HTTPException(404, f"no trace for job {job.id}: {why}")
+    e = CACHE.get(job)
+    buf = io.BytesIO()
+    e.jt.trace.save(buf)
+    return buf.getvalue(), e.jt.start_ns, e.jt.now_ns
 
 
 @router.get("/jobs/{job_id}/trace.npz",
             responses={200: {"content": {"application/octet-stream": {}},
                              "description": "The streamed trace (numpy .npz; nbmpi Trace.load reads it)"}})
-def job_trace_npz(job: Job = Depends(user_job)) -> Response:
+async def job_trace_npz(job: Job = Depends(user_job)) -> Response:
     """Every event the job's ranks streamed so far, as a :class:`~nbmpi.workers.tracing.analysis.Trace` file."""
-    e = CACHE.get(job)
-    if e is None:
-        raise HTTPException(404, f"no trace for job {job.id}: {_no_trace(job)}")
-    buf = io.BytesIO()
-    e.jt.trace.save(buf)
-    return Response(buf.getvalue(), media_type="application/octet-stream",
-                    headers={"Content-Disposition": f'attachment; filename="nbmpi-job-{job.id}.npz"',
-                             "X-Window-Start-Ns": str(e.jt.start_ns), "X-Window-End-Ns": str(e.jt.now_ns)})
+    if job.state in FINAL_JOB_STATES and job.pool_id is None:
+        await INDEXER.index(Path(job.job_dir) / "trace", job.ranks, 60.0)
+    data, t0, t1 = await INDEXER.call(_npz, job)
+    headers = {"Content-Disposition": f'attachment; filename="nbmpi-job-{job.id}.npz"',
+               "X-Window-Start-Ns": str(t0), "X-Window-End-Ns": str(t1)}
+    if isinstance(data, Path):
+        return FileResponse(data, media_type="application/octet-stream", headers=headers)
+    return Response(data, media_type="application/octet-stream", headers=headers)

@@ -5,20 +5,24 @@ user's id is answered 404 like an id that does not exist).
 """
 from __future__ import annotations
 
+import asyncio
 import os
 from pathlib import Path
 from typing import List, Literal, Optional
 
 from fastapi import APIRouter, Depends, File, Form, HTTPException, Query, UploadFile
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import Response
+from fastapi.responses import FileResponse, Response
 from pydantic import ValidationError
 
 from ..config import MAX_CODE_BYTES
 from ..dependencies import current_user, get_scheduler, user_job
 from ..errors import DOCUMENTED
-from ..records import Job
+from ..records import FINAL_JOB_STATES, Job
 from ..scheduler import Scheduler
+from nbmpi.workers.tracing.index import CHROME_EVENTS_LIMIT
+
+from ..trace_index import INDEXER
 from ..schemas import (ARG_SCHEMA, ENV_NAME, MAX_ID, MAX_RANKS, SCRIPT_NAME, Cancelled, ErrorBody, JobCreate, JobInfo, JobList,
                        JobState)
 
@@ -143,25 +147,50 @@ def job_logs(job: Job = Depends(user_job), rank: int = Query(0, ge=0, le=1 << 20
                     headers={"X-Log-Size": str(size), "X-Log-Next-Offset": str(min(offset, size) + len(data))})
 
 
-def _trace_file(job: Job, which: str) -> Response:
-    path = job.trace_path if which == "trace" else job.summary_path
-    if not path or not Path(path).exists():
-        why = ("the job has not finished" if job.state in ("queued", "running") else
-               f"the job ended {job.state}; a trace is written only when every rank succeeds")
+async def _trace_file(job: Job, which: str) -> Response:
+    """The job's ``trace.json`` / ``summary.json``: written by the ranks when every rank succeeded,
+    else from what they streamed up to the end (by the trace index build, awaited here)."""
+    trace_dir = Path(job.job_dir) / "trace"
+    recorded = job.trace_path if which == "trace" else job.summary_path
+    path = Path(recorded) if recorded else trace_dir / f"{which}.json"
+    final = job.state in FINAL_JOB_STATES
+    if final and job.pool_id is None and not path.exists():
+        fut = INDEXER.ensure(trace_dir, job.ranks)
+        try:
+            await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(fut)), 60)
+        except asyncio.TimeoutError:
+            raise HTTPException(404, f"no {which} for job {job.id} yet: its trace is still being written; "
+                                     "try again in a minute") from None
+    if not path.exists():
+        ix = INDEXER.open(trace_dir) if final else None
+        if job.state in ("queued", "running"):
+            why = "the job has not finished (the dashboard shows its live timeline)"
+        elif job.pool_id is not None:
+            why = "jobs on a pool are not traced by the controller"
+        elif ix is not None and not ix.readable:
+            why = f"trace unreadable: {ix.reason}"
+        elif ix is not None and ix.meta.get("events", 0) > CHROME_EVENTS_LIMIT:
+            why = (f"its trace has {ix.meta['events']:,} events, more than a Chrome trace viewer opens; "
+                   "the dashboard's trace.npz (nbmpi Trace.load) holds them all")
+        else:
+            why = "its ranks streamed no trace (tracing off, or they ended before they started)"
         raise HTTPException(404, f"no {which} for job {job.id}: {why}")
-    return Response(Path(path).read_bytes(), media_type="application/json")
+    return FileResponse(path, media_type="application/json")
 
 
 @router.get("/{job_id:int}/trace",
             responses={200: {"content": {"application/json": {}}, "description": "Chrome/Perfetto trace JSON"}})
-def job_trace(job: Job = Depends(user_job)) -> Response:
-    """The job's gathered trace as Chrome Trace Event JSON (open in https://ui.perfetto.dev)."""
-    return _trace_file(job, "trace")
+async def job_trace(job: Job = Depends(user_job)) -> Response:
+    """The job's trace as Chrome Trace Event JSON (open in https://ui.perfetto.dev), whatever its
+    outcome: a failed, cancelled or timed-out job's holds what its ranks recorded up to the end
+    (waits still open then as ``wait`` slices up to the end)."""
+    return await _trace_file(job, "trace")
 
 
 @router.get("/{job_id:int}/summary",
             responses={200: {"content": {"application/json": {}},
                              "description": "Per-rank compute/comm/wait and bytes matrix"}})
-def job_summary(job: Job = Depends(user_job)) -> Response:
-    """Per-rank compute / communication / wait seconds and the bytes and messages matrices."""
-    return _trace_file(job, "summary")
+async def job_summary(job: Job = Depends(user_job)) -> Response:
+    """Per-rank compute / communication / wait seconds and the bytes and messages matrices (of what
+    was recorded up to the end when a rank did not succeed, with the waits open then)."""
+    return await _trace_file(job, "summary")

@@ -32,6 +32,20 @@ _COL = {name: i for i, name in enumerate(FIELDS)}
 STATE_NAMES = ("compute", "wait", "comm")
 
 
+def op_label(row, kinds: List[str]) -> str:
+    """Human label of one event row (columns :data:`FIELDS`), e.g. ``take(src=0)``; ``kinds`` the
+    trace's kind names (an unknown code reads ``kindN``)."""
+    code = int(row[_COL["kind"]])
+    kind = kinds[code] if 0 <= code < len(kinds) else f"kind{code}"
+    peer, d = int(row[_COL["peer"]]), int(row[_COL["dir"]])
+    if d == DIR_SEND:
+        return f"{kind}(dest={peer})"
+    if d == DIR_RECV:
+        return f"{kind}(src={peer})"
+    count = int(row[_COL["count"]])
+    return f"{kind}[{count}]" if count else kind
+
+
 def _keys(cols: List[np.ndarray]) -> np.ndarray:
     """Rows of int64 columns as one void scalar each (for exact matching)."""
     stacked = np.ascontiguousarray(np.stack(cols, axis=1).astype(np.int64))
@@ -72,15 +86,7 @@ class Trace:
 
     def op_label(self, i: int) -> str:
         """Human label of event ``i``, e.g. ``take(src=0)``."""
-        e = self.events[i]
-        kind = self.kind_name(int(e[_COL["kind"]]))
-        peer, d = int(e[_COL["peer"]]), int(e[_COL["dir"]])
-        if d == DIR_SEND:
-            return f"{kind}(dest={peer})"
-        if d == DIR_RECV:
-            return f"{kind}(src={peer})"
-        count = int(e[_COL["count"]])
-        return f"{kind}[{count}]" if count else kind
+        return op_label(self.events[i], self.kinds)
 
     # -- wait attribution ------------------------------------------------------------
     def _number_by_order(self) -> None:
@@ -150,17 +156,17 @@ class Trace:
         idx = np.nonzero(self.ranks == rank)[0]
         return idx[np.argsort(self.col("t_start")[idx], kind="stable")]
 
-    def state_arrays(self) -> Dict[str, np.ndarray]:
+    def state_arrays(self, ranks: Optional[List[int]] = None) -> Dict[str, np.ndarray]:
         """:meth:`states` as columns (vectorised; the timeline figure uses this on large traces).
 
         Keys ``rank``, ``state`` (index into :data:`STATE_NAMES`), ``start``, ``end`` (ns from
         :attr:`t0`), ``event`` (index or -1), all int64 of one length, in the order of :meth:`states`
-        (rank by rank, each rank's intervals in time order).
+        (rank by rank, each rank's intervals in time order); only those of ``ranks`` when given.
         """
         cols: Dict[str, List[np.ndarray]] = {k: [] for k in ("rank", "state", "start", "end", "event")}
         t0, t1 = self.t0, self.t1
         start_all, end_all, wait_all = self.col("t_start"), self.col("t_end"), self.col("wait")
-        for r in range(self.nranks):
+        for r in (range(self.nranks) if ranks is None else ranks):
             idx = self.rank_order(r)
             st, en, wt = start_all[idx], end_all[idx], wait_all[idx]
             cursor = np.maximum.accumulate(np.maximum(np.maximum(st, en), t0)) if len(idx) else np.empty(0, np.int64)
@@ -247,6 +253,37 @@ class Trace:
                     clock_error_us=(self.clock_error_ns / 1e3).tolist())
 
     # -- export ------------------------------------------------------------------------
+    def iter_chrome(self, extra: Optional[List[Dict[str, Any]]] = None):
+        """The Chrome Trace Event objects of :meth:`to_chrome`, one at a time (rank by rank, in time
+        order), then ``extra`` (more events in the same form, e.g. waits still open at the end).
+        Holds one rank's state columns at a time, never a list of every slice."""
+        for r in range(self.nranks):
+            yield dict(ph="M", name="process_name", pid=r, tid=0, args=dict(name=f"rank {r}"))
+            yield dict(ph="M", name="process_sort_index", pid=r, tid=0, args=dict(sort_index=r))
+            yield dict(ph="M", name="thread_name", pid=r, tid=0, args=dict(name="state"))
+            yield dict(ph="M", name="thread_sort_index", pid=r, tid=0, args=dict(sort_index=0))
+        flow_out = dict(zip(self.flow_pairs[:, 0].tolist(), range(1, len(self.flow_pairs) + 1)))
+        flow_in = dict(zip(self.flow_pairs[:, 1].tolist(), range(1, len(self.flow_pairs) + 1)))
+        a = self.state_arrays()
+        c = self.events
+        labels: Dict[int, str] = {}
+        for r, k, s, e, i in zip(a["rank"].tolist(), a["state"].tolist(), a["start"].tolist(), a["end"].tolist(),
+                                 a["event"].tolist()):
+            state = STATE_NAMES[k]
+            label = "compute" if i < 0 else labels.get(i) or labels.setdefault(i, self.op_label(i))
+            ev: Dict[str, Any] = dict(ph="X", name=label if state != "wait" else f"wait: {label}", cat=state, pid=r,
+                                      tid=0, ts=s / 1e3, dur=max(e - s, 0) / 1e3)
+            if i >= 0:
+                row = c[i]
+                ev["args"] = dict(op=label, bytes=int(row[_COL["nbytes"]]), peer=int(row[_COL["peer"]]),
+                                  tag=int(row[_COL["tag"]]), seq=int(row[_COL["seq"]]), count=int(row[_COL["count"]]),
+                                  wait_us=int(row[_COL["wait"]]) / 1e3)
+                if state == "comm" and (i in flow_out or i in flow_in):
+                    ev["bind_id"] = flow_out[i] if i in flow_out else flow_in[i]
+                    ev["flow_out" if i in flow_out else "flow_in"] = True
+            yield ev
+        yield from extra or []
+
     def to_chrome(self) -> Dict[str, Any]:
         """Chrome Trace Event JSON (object form) that Perfetto and chrome://tracing open.
 
@@ -256,39 +293,18 @@ class Trace:
         (``bind_id`` with ``flow_out`` on the send, ``flow_in`` on the receive)
         for every matched message.
         """
-        out: List[Dict[str, Any]] = []
-        for r in range(self.nranks):
-            out.append(dict(ph="M", name="process_name", pid=r, tid=0, args=dict(name=f"rank {r}")))
-            out.append(dict(ph="M", name="process_sort_index", pid=r, tid=0, args=dict(sort_index=r)))
-            out.append(dict(ph="M", name="thread_name", pid=r, tid=0, args=dict(name="state")))
-            out.append(dict(ph="M", name="thread_sort_index", pid=r, tid=0, args=dict(sort_index=0)))
-        flow_of: Dict[int, tuple] = {}
-        for fid, (s, rr) in enumerate(self.flow_pairs.tolist(), start=1):
-            flow_of[s] = (fid, "flow_out")
-            flow_of[rr] = (fid, "flow_in")
-        c = self.events
-        for st in self.states():
-            ev: Dict[str, Any] = dict(ph="X", name=st["label"] if st["state"] != "wait" else f"wait: {st['label']}",
-                                      cat=st["state"], pid=st["rank"], tid=0,
-                                      ts=st["start"] / 1e3, dur=max(st["end"] - st["start"], 0) / 1e3)
-            i = st["event"]
-            if i >= 0:
-                e = c[i]
-                ev["args"] = dict(op=st["label"], bytes=int(e[_COL["nbytes"]]), peer=int(e[_COL["peer"]]),
-                                  tag=int(e[_COL["tag"]]), seq=int(e[_COL["seq"]]), count=int(e[_COL["count"]]),
-                                  wait_us=int(e[_COL["wait"]]) / 1e3)
-                if st["state"] == "comm" and i in flow_of:
-                    fid, direction = flow_of[i]
-                    ev["bind_id"] = fid
-                    ev[direction] = True
-            out.append(ev)
-        return dict(traceEvents=out, displayTimeUnit="ns",
+        return dict(traceEvents=list(self.iter_chrome()), displayTimeUnit="ns",
                     otherData=dict(generator="nbmpi", nranks=self.nranks, unmatched=self.unmatched))
 
-    def save_chrome(self, path: str) -> None:
-        """Write :meth:`to_chrome` as JSON to ``path``."""
+    def save_chrome(self, path: str, extra: Optional[List[Dict[str, Any]]] = None) -> None:
+        """Write :meth:`to_chrome` (plus ``extra`` events, see :meth:`iter_chrome`) as JSON to ``path``,
+        streamed: one event in memory at a time."""
         with open(path, "w") as f:
-            json.dump(self.to_chrome(), f)
+            f.write('{"traceEvents": [')
+            for k, ev in enumerate(self.iter_chrome(extra)):
+                f.write((",\n" if k else "\n") + json.dumps(ev))
+            f.write('\n], "displayTimeUnit": "ns", "otherData": ')
+            f.write(json.dumps(dict(generator="nbmpi", nranks=self.nranks, unmatched=self.unmatched)) + "}")
 
     def save(self, path: str) -> None:
         """Save the raw trace (``.npz``) for later analysis with :meth:`load`."""

@@ -20,7 +20,8 @@ Files, in the job's trace directory, per rank ``R``:
   ``waiting`` ``{"op", "peer", "since_ns"}`` or null.
 
 Reader (:func:`read_job_trace`): the ranks' files as a :class:`JobTrace` (the trace, each rank's live
-state, a version that changes whenever anything new was written).
+state, a version that changes whenever anything new was written); files that are not what the ranks
+write raise :class:`TraceUnreadable`.
 """
 from __future__ import annotations
 
@@ -165,6 +166,64 @@ class JobTrace:
         return out
 
 
+class TraceUnreadable(ValueError):
+    """A job's trace files are not what the ranks write (garbage, a foreign format, a truncated
+    state file): the message says which file and what is wrong."""
+
+
+#: Largest plausible span of one job's trace (ns): 60 days.
+MAX_SPAN_NS = 60 * 86400 * 10**9
+_C = {name: i for i, name in enumerate(FIELDS)}
+
+
+def check_rows(rows: np.ndarray, rank: int, what: str) -> None:
+    """Raise :class:`TraceUnreadable` unless ``rows`` (``(n, NF)`` int64 of ``rank``) look like
+    tracer records: a known direction, kind and peer in range, ``t_end >= t_start``, sizes not
+    negative, a plausible span. Vectorised, reads each column once; ``what`` names the file."""
+    if not len(rows):
+        return
+    d, k, p = rows[:, _C["dir"]], rows[:, _C["kind"]], rows[:, _C["peer"]]
+    t0, t1 = rows[:, _C["t_start"]], rows[:, _C["t_end"]]
+    bad = []
+    if ((d < 0) | (d > 2)).any():
+        bad.append("a direction other than 0, 1, 2")
+    if ((k < 0) | (k >= 1 << 16)).any():
+        bad.append("an event kind out of range")
+    if ((p < -1) | (p >= 1 << 24)).any():
+        bad.append("a peer rank out of range")
+    if (t1 < t0).any():
+        bad.append("events that end before they start")
+    if (rows[:, _C["nbytes"]] < 0).any():
+        bad.append("negative sizes")
+    if not bad and int(t1.max()) - int(t0.min()) > MAX_SPAN_NS:
+        bad.append("times spread over more than 60 days")
+    if bad:
+        raise TraceUnreadable(f"{what} of rank {rank} is not a trace the ranks wrote: it holds {', '.join(bad)}")
+
+
+def load_state(path: Path, rank: int) -> Optional[Dict[str, Any]]:
+    """The live state of ``rank`` from ``path``; None when the file does not exist. Raises
+    :class:`TraceUnreadable` when it is not the JSON object :class:`TraceStreamer` writes."""
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    try:
+        state = json.loads(raw)
+        ok = (isinstance(state, dict) and state.get("rank") == rank
+              and all(isinstance(state.get(k), int) for k in ("start_ns", "now_ns", "rows"))
+              and isinstance(state.get("kinds", []), list)
+              and all(isinstance(x, str) for x in state.get("kinds", []))
+              and (state.get("waiting") is None or (isinstance(state["waiting"], dict)
+                                                    and isinstance(state["waiting"].get("since_ns"), int))))
+    except (ValueError, RecursionError):
+        ok = False
+    if not ok:
+        raise TraceUnreadable(f"{path.name} is not the live state file of rank {rank} "
+                              f"(not the JSON object the trace streamer writes)")
+    return state
+
+
 def signature(trace_dir: os.PathLike, nranks: int) -> tuple:
     """Sizes and modification times of the job's stream files (changes whenever a rank writes)."""
     sig = []
@@ -187,7 +246,9 @@ def read_job_trace(trace_dir: os.PathLike, nranks: int) -> Optional[JobTrace]:
     """The job's streamed events joined into one :class:`JobTrace`; None when no rank has streamed.
 
     Safe while the ranks write: a partial trailing row is ignored and the live states are replaced
-    atomically. Local file reads only.
+    atomically. Local file reads only; the whole trace in memory (the controller serves a finished
+    job from its index, :mod:`~nbmpi.workers.tracing.index`). Raises :class:`TraceUnreadable` when a
+    file is not what the ranks write.
     """
     from .analysis import Trace
 
@@ -201,17 +262,16 @@ def read_job_trace(trace_dir: os.PathLike, nranks: int) -> Optional[JobTrace]:
     clock_err = np.zeros(nranks, np.int64)
     marks: List[list] = []
     for r in range(nranks):
-        try:
-            state = json.loads(live_path(d, r).read_text())
-        except (FileNotFoundError, ValueError):
-            state = None
+        state = load_state(live_path(d, r), r)
         live.append(state)
         try:
-            raw = events_path(d, r).read_bytes()
+            with open(events_path(d, r), "rb") as f:   # whole rows only: a trailing partial one is ignored
+                n = os.fstat(f.fileno()).st_size // _ROW_BYTES
+                flat = np.fromfile(f, dtype="<i8", count=n * NF).astype(np.int64, copy=False)
+                rows = flat[: len(flat) - len(flat) % NF].reshape(-1, NF)
         except FileNotFoundError:
-            raw = b""
-        raw = raw[: len(raw) - len(raw) % _ROW_BYTES]
-        rows = np.frombuffer(raw, dtype="<i8").astype(np.int64).reshape(-1, NF)
+            rows = np.empty((0, NF), np.int64)
+        check_rows(rows, r, events_path(d, r).name)
         chunks.append(rows)
         owners.append(np.full(len(rows), r, np.int64))
         if state:

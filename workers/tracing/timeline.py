@@ -283,7 +283,7 @@ def timeline_columns(trace, window: Optional[Tuple[int, int]] = None, ranks: Opt
     blocked = [dict(b) for b in (blocked or []) if int(b["rank"]) in lanes_ranks]
     t0, w0, w1 = _span_ns(trace, window, blocked)
     span = max(w1 - w0, 1) / 1e9
-    cols = _state_segments(trace, lane_of, t0 - w0)
+    cols = _state_segments(trace, lane_of, t0 - w0, lanes_ranks if ranks is not None else None)
     cols = _with_blocked(cols, blocked, lane_of, w0, span)
     st, s, e, ev, ln = _fill_compute(cols, len(lanes_ranks), span)
     sp, rp, src, dst, a_t0, a_t1 = _flow_arrows(trace, lane_of, st, s, e, ev)
@@ -313,11 +313,12 @@ def _span_ns(trace, window: Optional[Tuple[int, int]], blocked: List[Dict[str, A
 _Cols = Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]   # state, start, end, event, lane
 
 
-def _state_segments(trace, lane_of: np.ndarray, shift: int) -> _Cols:
-    """The trace's state intervals of the ranks shown (``lane_of[rank] >= 0``), in seconds from the
-    timeline's start (``shift`` ns after the trace's first event); zero-length compute dropped."""
+def _state_segments(trace, lane_of: np.ndarray, shift: int, ranks: Optional[List[int]] = None) -> _Cols:
+    """The trace's state intervals of the ranks shown (``lane_of[rank] >= 0``; ``ranks``: only
+    those are analysed, default all), in seconds from the timeline's start (``shift`` ns after the
+    trace's first event); zero-length compute dropped."""
     if len(trace) > 0:
-        a = trace.state_arrays()
+        a = trace.state_arrays(ranks=ranks)
         keep = lane_of[a["rank"]] >= 0
         st = a["state"][keep]
         s = (a["start"][keep] + shift) / 1e9
@@ -411,15 +412,18 @@ def _flow_arrows(trace, lane_of: np.ndarray, st: np.ndarray, s: np.ndarray, e: n
 
 
 # -- analysis ---------------------------------------------------------------------------------
-def analysis(trace, window: Optional[Tuple[int, int]] = None) -> Dict[str, Any]:
+def analysis(trace, window: Optional[Tuple[int, int]] = None,
+             open_waits: Optional[Sequence[Dict[str, Any]]] = None) -> Dict[str, Any]:
     """Per-rank time split, waits per call kind, traffic matrices and the straggler sentence.
 
     Over ``window`` = (start_ns, end_ns) (default: the trace's span, as
     :meth:`Trace.summary`): ``wait`` is time spent waiting for a partner, ``comm`` the rest of the
     time inside communication calls, ``compute`` everything else. Returns ``{"nranks",
     "window_s", "ranks": [{"rank", "compute_s", "comm_s", "wait_s", "compute_frac", "comm_frac",
-    "wait_frac", "events", "wait_by_kind": {kind: s}}], "bytes", "messages", "unmatched",
-    "straggler": straggler(...)}``.
+    "wait_frac", "events", "wait_by_kind": {kind: s}}], "bytes", "messages", "unmatched", "events",
+    "open_waits", "straggler": straggler(...)}``. ``open_waits``: calls the ranks are blocked in at the
+    window's end (a live job's, or a job ended while they waited: :meth:`JobTrace.waits`), counted as
+    wait up to the window's end (:func:`add_open_waits`), as the timeline draws them.
     """
     n = trace.nranks
     has = len(trace) > 0
@@ -454,9 +458,42 @@ def analysis(trace, window: Optional[Tuple[int, int]] = None) -> Dict[str, Any]:
         np.add.at(nbytes, (trace.ranks[sends][ok], peer[ok]), trace.col("nbytes")[sends][ok])
         np.add.at(msgs, (trace.ranks[sends][ok], peer[ok]), 1)
     out = dict(nranks=n, window_s=total, ranks=ranks, bytes=nbytes.tolist(), messages=msgs.tolist(),
-               unmatched=int(trace.unmatched) if has else 0, events=int(len(trace)))
+               unmatched=int(trace.unmatched) if has else 0, events=int(len(trace)), open_waits=0)
+    if open_waits:
+        add_open_waits(out, open_waits, t1)
     out["straggler"] = straggler(out)
     return out
+
+
+def add_open_waits(an: Dict[str, Any], waits: Sequence[Dict[str, Any]], end_ns: int) -> Dict[str, Any]:
+    """Count waits still open at ``end_ns`` into an :func:`analysis` (in place; returns it).
+
+    ``waits``: ``[{"rank", "op", "peer", "since_ns"}]`` (:meth:`JobTrace.waits`), ``end_ns`` the
+    end of the analysis' window on the same clock. Each open wait adds ``end_ns - since_ns``
+    (clipped to the window) to that rank's ``wait_s`` and to ``wait_by_kind`` under the call's kind
+    (``take`` for ``take(src=0)``), taken from its compute time; the fractions follow and
+    ``open_waits`` counts them. The straggler sentence is not recomputed (call :func:`straggler`).
+    """
+    total = an["window_s"]
+    start_ns = int(end_ns) - int(round(total * 1e9))
+    for w in waits:
+        r = int(w["rank"])
+        if not 0 <= r < len(an["ranks"]):
+            continue
+        since = min(max(int(w["since_ns"]), start_ns), int(end_ns))
+        add = (int(end_ns) - since) / 1e9
+        row = an["ranks"][r]
+        add = min(add, row["compute_s"])    # never more than the time the lane shows as not communicating
+        kind = str(w["op"]).split("(", 1)[0].split("[", 1)[0] or str(w["op"])
+        row["wait_s"] += add
+        row["compute_s"] -= add
+        row["wait_by_kind"][kind] = row["wait_by_kind"].get(kind, 0.0) + add
+        if total:
+            row["wait_frac"] = row["wait_s"] / total
+            row["compute_frac"] = row["compute_s"] / total
+        an["open_waits"] = an.get("open_waits", 0) + 1
+        an.setdefault("blocked_ranks", []).append(r)
+    return an
 
 
 def straggler(an: Dict[str, Any], ratio_at_least: float = 1.2, wait_at_least: float = 0.05) -> Dict[str, Any]:
@@ -472,7 +509,7 @@ def straggler(an: Dict[str, Any], ratio_at_least: float = 1.2, wait_at_least: fl
     ranks = an["ranks"]
     n = len(ranks)
     none = dict(rank=None, ratio=None, others_wait_frac=None, kind=None)
-    if an.get("events", 1) == 0:
+    if an.get("events", 1) == 0 and not an.get("open_waits"):
         return dict(none, sentence="no communication was recorded")
     if n < 2:
         return dict(none, sentence="one rank: no other rank to wait for")
@@ -489,7 +526,15 @@ def straggler(an: Dict[str, Any], ratio_at_least: float = 1.2, wait_at_least: fl
             by_kind[k] = by_kind.get(k, 0.0) + v
     kind = max(by_kind, key=by_kind.get) if by_kind else None
     who = f"rank {others[0]} waits" if n == 2 else "the others wait"
-    if ratio >= ratio_at_least and others_wait >= wait_at_least:
+    blocked = set(an.get("blocked_ranks") or [])
+    if blocked and len(blocked) == n:   # nobody computes: say so before any straggler arithmetic
+        w = int(wait_frac.argmax())
+        wk = ranks[w]["wait_by_kind"]
+        k = max(wk, key=wk.get) if wk else None
+        sentence = (f"every rank is blocked in a communication call (see below); rank {w} waits most, "
+                    f"{100 * wait_frac[w]:.0f}% of the time" + (f" in {k}" if k else ""))
+        return dict(none, others_wait_frac=others_wait, kind=k, sentence=sentence)
+    if ratio >= ratio_at_least and others_wait >= wait_at_least and s not in blocked:
         how = f"{ratio:.1f}x longer" if np.isfinite(ratio) else f"{compute[s]:.3g} s while the others compute nothing"
         sentence = f"rank {s} computes {how}; {who} {100 * others_wait:.0f}% of the time" + (
             f" in {kind}" if kind else "")

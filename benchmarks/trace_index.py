@@ -1,0 +1,91 @@
+"""Trace index benchmark: a real `nbmpi serve` serves a finished job's 4 M-event trace (written by the real
+tracer and streamer in a real 2-rank job) from its index; figure and window latencies, the controller's
+RSS, /api/health latency meanwhile, and how long the one-time index build took.
+
+Targets (issue 25.6): figure and window <= 1 s, controller RSS <= 200 MB, health <= 100 ms.
+Run: ``python benchmarks/trace_index.py`` (``--quick``: 400 k events).
+"""
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from reporting import benchmark_parser, md_table, target, targets_table, write_results  # noqa: E402
+from test_server import Server, submit, wait_state  # noqa: E402
+from test_trace_index import BIG_JOB, ENV, HealthProbe  # noqa: E402
+
+
+def timed(c: httpx.Client, url: str, **params):
+    t = time.perf_counter()
+    r = c.get(url, params=params)
+    return time.perf_counter() - t, r
+
+
+def main() -> None:
+    p = benchmark_parser(__doc__, "400 k events instead of 4 M")
+    args = p.parse_args()
+    events = 400_000 if args.quick else 4_000_000
+    import tempfile
+
+    tmp = Path(tempfile.mkdtemp(prefix="nbmpi-bench-tix-"))
+    srv = Server(tmp / "data", max_ranks=2).start()
+    try:
+        with srv.client() as c:
+            job = submit(c, BIG_JOB, args=[str(events // 2)], env=ENV)
+            job = wait_state(c, job["id"], ("failed", "succeeded"), timeout=900)
+            jid = job["id"]
+            ended = time.perf_counter()
+            with HealthProbe(srv.url) as probe:
+                while True:   # the index is built once, after the job's end
+                    build_s, r = timed(c, f"/api/v1/dashboard/jobs/{jid}/figure", width=1200)
+                    if r.json()["available"]:
+                        break
+                build_s = time.perf_counter() - ended
+                figure = [timed(c, f"/api/v1/dashboard/jobs/{jid}/figure", width=1200)[0] for _ in range(5)]
+                fig = r.json()
+                seg = fig["sources"]["nbmpi_segments"]
+                busy = next(left for left, n in zip(seg["left"], seg["count"]) if n > 1)
+                windows = []
+                for span in (None, 0.5, 0.05, 0.001, 1e-5):
+                    q = dict(width=1200) if span is None else dict(start=busy, end=busy + span, width=1200)
+                    windows += [timed(c, f"/api/v1/dashboard/jobs/{jid}/timeline", **q)[0] for _ in range(3)]
+                rss = psutil.Process(srv.proc.pid).memory_info().rss / 2**20
+            health = sorted(s for _, s in probe.samples)
+    finally:
+        srv.stop()
+    p99 = health[min(len(health) - 1, int(0.99 * len(health)))] if health else float("nan")
+    data = dict(events=events, index_ready_after_job_end_s=build_s, figure_s=figure, window_s=windows,
+                figure_max_s=max(figure), window_max_s=max(windows), rss_mb=rss, health_samples=len(health),
+                health_errors=len(probe.errors), health_median_s=statistics.median(health) if health else None,
+                health_p99_s=p99, health_max_s=max(health) if health else None)
+    targets = [target("figure max (s)", max(figure), 1.0, higher_is_better=False),
+               target("window max (s)", max(windows), 1.0, higher_is_better=False),
+               target("controller RSS (MB)", rss, 200, higher_is_better=False),
+               target("health p99 (s)", p99, 0.1, higher_is_better=False)]
+    data["targets"] = targets
+    md = (f"# Trace index: {events:,} events, 2 ranks\n\n"
+          + md_table(["measure", "value"], [
+              ["index ready after the job ended (s)", f"{build_s:.1f}"],
+              ["figure (s), 5 requests: median / max", f"{statistics.median(figure):.3f} / {max(figure):.3f}"],
+              ["window (s), 15 requests: median / max", f"{statistics.median(windows):.3f} / {max(windows):.3f}"],
+              ["controller RSS after (MB)", f"{rss:.0f}"],
+              ["health during build and requests: n / median / p99 / max (ms)",
+               f"{len(health)} / {1e3 * data['health_median_s']:.1f} / {1e3 * p99:.1f} / {1e3 * data['health_max_s']:.1f}"],
+              ["health errors", len(probe.errors)]])
+          + "\n\n" + targets_table(targets) + "\n")
+    path = write_results("trace_index" + ("_quick" if args.quick else ""), data, md,
+                         Path(args.out_dir) if args.out_dir else None)
+    print(md)
+    print(path)
+
+
+if __name__ == "__main__":
+    main()

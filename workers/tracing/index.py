@@ -1,0 +1,419 @@
+"""The index of a finished job's streamed trace: built once, in its own process, when the job ends;
+any window of the timeline is then read from memory-mapped files in time independent of the trace's size.
+
+Build (:func:`build`, or ``python -m nbmpi.workers.tracing.index TRACE_DIR NRANKS [--chrome]``, what the
+controller runs when a job ends, whatever its outcome): joins the ranks' stream files
+(:mod:`~nbmpi.workers.tracing.stream`), attributes waits, and writes ``TRACE_DIR/index/``:
+
+* ``meta.json``: ``{"format", "state": "ok" | "unreadable", "reason", "nranks", "kinds", "events",
+  "segments", "lane_off", "duration_s", "origin_ns", "version", "waits", "analysis", "arrows",
+  "arrow_span_s", "done"}``; written last (a directory without it is not an index);
+* per segment of the timeline (lane by lane, in time order; what
+  :func:`~nbmpi.workers.tracing.timeline.timeline_columns` makes): ``start.npy`` / ``end.npy`` (s from
+  the job's start), ``endmax.npy`` (running maximum of ``end`` within the lane: binary-searchable),
+  ``state.npy``, ``event.npy``, ``cum.npy`` (``(n, 3)``: time the lane spent in each state before the
+  segment), so the time per state between any two instants is two binary searches;
+* per message arrow, sorted by ``t0``: ``a_src``, ``a_dst``, ``a_t0``, ``a_t1``, ``a_send``, ``a_recv``;
+* ``events.npy`` / ``ranks.npy``: the events with their attributed waits and who recorded them
+  (labels of what a view shows; :meth:`TraceIndex.save_npz`);
+* with ``--chrome``, when the ranks did not write them (a failed, cancelled or timed-out job) and
+  there are at most :data:`CHROME_EVENTS_LIMIT` events:
+  ``trace.json`` (Chrome/Perfetto, streamed to disk, open waits as ``wait`` slices up to the end) and
+  ``summary.json`` next to the index.
+
+Files that are not what the ranks write give ``state: "unreadable"`` with the reason (exit status 3).
+
+Read (:class:`TraceIndex`): :meth:`TraceIndex.view` answers what
+:meth:`~nbmpi.workers.tracing.timeline.TimelineColumns.view` answers, reading only the window's rows
+(at most a few per lane and pixel) through ``numpy`` memory maps.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence
+
+import numpy as np
+
+from . import timeline
+from .analysis import STATE_NAMES, op_label
+from .records import FIELDS, NF
+from .stream import TraceUnreadable, read_job_trace
+
+__all__ = ["FORMAT", "INDEX_DIR", "build", "index_dir", "TraceIndex", "EventTable", "main"]
+
+FORMAT = 1
+INDEX_DIR = "index"
+#: Largest window drawn from its segments one by one (more: one row per lane and pixel).
+EXACT_ROWS = 40_000
+#: A Chrome trace is written for at most this many events (Perfetto's JSON import gives up beyond).
+CHROME_EVENTS_LIMIT = 1_000_000
+#: Exit status of the build when the files are unreadable.
+UNREADABLE_EXIT = 3
+_COL = {name: i for i, name in enumerate(FIELDS)}
+_SEG = ("start", "end", "endmax", "state", "event", "cum")
+_ARR = ("a_src", "a_dst", "a_t0", "a_t1", "a_send", "a_recv")
+
+
+def index_dir(trace_dir: os.PathLike) -> Path:
+    """Where the index of the trace in ``trace_dir`` lives."""
+    return Path(trace_dir) / INDEX_DIR
+
+
+# -- build ---------------------------------------------------------------------------------------------
+def _lane_arrays(cols: "timeline.TimelineColumns") -> Dict[str, np.ndarray]:
+    """One lane's segment files (see the module docstring) from its :class:`TimelineColumns`."""
+    dur = np.maximum(cols.end - cols.start, 0.0)
+    per_state = np.zeros((len(dur), len(STATE_NAMES)))
+    per_state[np.arange(len(dur)), cols.state] = dur
+    cum = np.zeros_like(per_state)
+    if len(dur):
+        cum[1:] = np.cumsum(per_state, axis=0)[:-1]
+    endmax = np.maximum.accumulate(cols.end) if len(dur) else cols.end
+    return dict(start=cols.start.astype(np.float64), end=cols.end.astype(np.float64),
+                endmax=endmax.astype(np.float64), state=cols.state.astype(np.int8),
+                event=cols.event.astype(np.int64), cum=cum)
+
+
+def _write_index(out: Path, jt) -> Dict[str, Any]:
+    """Write the index files of the :class:`JobTrace` ``jt`` into ``out``; returns the meta (unwritten)."""
+    trace = jt.trace
+    waits = jt.waits()
+    window = (jt.start_ns, jt.now_ns)
+    an = timeline.analysis(trace, window=window, open_waits=waits)
+    parts: Dict[str, List[np.ndarray]] = {k: [] for k in _SEG}
+    lane_off = [0]
+    n = len(trace)
+    c_start = np.full(n, np.nan)
+    c_end = np.full(n, np.nan)
+    duration, origin = 0.0, jt.start_ns
+    for r in range(trace.nranks):   # lane by lane: one rank's intervals in memory at a time
+        cols = timeline.timeline_columns(trace, window=window, ranks=[r], blocked=waits)
+        duration, origin = cols.duration_s, cols.origin_ns
+        mine = np.array([k for k, w in enumerate(waits) if int(w["rank"]) == r] or [0], np.int64)
+        open_rows = cols.event <= -2      # the lane's own open waits: numbered in the whole list
+        cols.event[open_rows] = -2 - mine[-2 - cols.event[open_rows]]
+        comm = (cols.state == 2) & (cols.event >= 0)
+        c_start[cols.event[comm]] = cols.start[comm]
+        c_end[cols.event[comm]] = cols.end[comm]
+        for k, v in _lane_arrays(cols).items():
+            parts[k].append(v)
+        lane_off.append(lane_off[-1] + len(cols.start))
+        del cols
+    for k in _SEG:
+        np.save(out / f"{k}.npy", np.concatenate(parts[k]) if parts[k] else np.empty(0))
+        parts[k] = []
+    # arrows: from where the send's transfer starts to where the matching receive ends
+    sp, rp = (trace.flow_pairs[:, 0], trace.flow_pairs[:, 1]) if n else (np.empty(0, np.int64),) * 2
+    ok = ~np.isnan(c_start[sp]) & ~np.isnan(c_end[rp]) if n else np.empty(0, bool)
+    sp, rp = sp[ok], rp[ok]
+    order = np.argsort(c_start[sp], kind="stable")
+    sp, rp = sp[order], rp[order]
+    a_t0, a_t1 = c_start[sp], c_end[rp]
+    arrays = dict(a_src=trace.ranks[sp].astype(np.int32), a_dst=trace.ranks[rp].astype(np.int32), a_t0=a_t0,
+                  a_t1=a_t1, a_send=sp.astype(np.int64), a_recv=rp.astype(np.int64))
+    for k, v in arrays.items():
+        np.save(out / f"{k}.npy", v)
+    span = float(np.abs(a_t1 - a_t0).max()) if len(a_t0) else 0.0
+    np.save(out / "events.npy", trace.events)
+    np.save(out / "ranks.npy", trace.ranks)
+    return dict(format=FORMAT, state="ok", reason=None, nranks=trace.nranks, kinds=list(trace.kinds), events=n,
+                segments=lane_off[-1], lane_off=lane_off, duration_s=duration, origin_ns=int(origin),
+                version=int(jt.version), waits=waits, analysis=an, arrows=int(len(sp)), arrow_span_s=span,
+                done=bool(jt.done), dropped=[int(x) for x in trace.dropped],
+                clock_error_ns=[int(x) for x in trace.clock_error_ns], built_at=time.time())
+
+
+def _write_chrome(trace_dir: Path, jt) -> None:
+    """``trace.json`` and ``summary.json`` of a job whose ranks did not write them (see the module
+    docstring), each written to a temporary name and renamed."""
+    trace = jt.trace
+    origin = trace.t0 if len(trace) else jt.start_ns
+    extra = [dict(ph="X", name=f"wait: {w['op']} (still blocked at the end)", cat="wait", pid=int(w["rank"]), tid=0,
+                  ts=(int(w["since_ns"]) - origin) / 1e3, dur=max(int(jt.now_ns) - int(w["since_ns"]), 0) / 1e3,
+                  args=dict(op=w["op"], peer=w["peer"], open=True)) for w in jt.waits()]
+    tmp = trace_dir / ".trace.json.tmp"
+    trace.save_chrome(str(tmp), extra=extra)
+    os.replace(tmp, trace_dir / "trace.json")
+    summary = trace.summary()
+    summary["open_waits"] = jt.waits()
+    tmp = trace_dir / ".summary.json.tmp"
+    tmp.write_text(json.dumps(summary))
+    os.replace(tmp, trace_dir / "summary.json")
+
+
+def build(trace_dir: os.PathLike, nranks: int, chrome: bool = False) -> Optional[Dict[str, Any]]:
+    """Build the index of the streamed trace in ``trace_dir`` (``nranks`` ranks), replacing any
+    older one; with ``chrome``, also ``trace.json`` / ``summary.json`` when they do not exist.
+    Returns the meta (``state`` ``"unreadable"`` with the ``reason`` when the files are not what
+    the ranks write), or None when no rank streamed. Local files only; the joined trace is in
+    memory while it runs, so run it in its own process (the controller does, :func:`main`)."""
+    trace_dir = Path(trace_dir)
+    final = index_dir(trace_dir)
+    tmp = trace_dir / f".{INDEX_DIR}.tmp.{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    jt = None
+    try:
+        try:
+            jt = read_job_trace(trace_dir, nranks)
+            if jt is None:
+                shutil.rmtree(tmp, ignore_errors=True)
+                return None
+            meta = _write_index(tmp, jt)
+        except TraceUnreadable as exc:
+            meta = dict(format=FORMAT, state="unreadable", reason=str(exc), nranks=nranks, built_at=time.time())
+        except (ValueError, IndexError, OverflowError, MemoryError) as exc:   # garbage that passed the checks
+            meta = dict(format=FORMAT, state="unreadable", nranks=nranks, built_at=time.time(),
+                        reason=f"the trace files could not be joined ({type(exc).__name__}: {exc})")
+        (tmp / "meta.json").write_text(json.dumps(meta))
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    if chrome and jt is not None and meta["state"] == "ok" and not (trace_dir / "trace.json").exists():
+        if len(jt.trace) <= CHROME_EVENTS_LIMIT:
+            _write_chrome(trace_dir, jt)
+        else:
+            print(f"no trace.json: {len(jt.trace)} events is more than a Chrome trace viewer opens "
+                  f"({CHROME_EVENTS_LIMIT}); the dashboard's trace.npz holds them all", file=sys.stderr)
+    return meta
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """``python -m nbmpi.workers.tracing.index TRACE_DIR NRANKS [--chrome]``: :func:`build`; prints
+    the state in one line. Exit 0 (built, or nothing streamed), 3 (unreadable), 2 (usage)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    chrome = "--chrome" in args
+    args = [a for a in args if a != "--chrome"]
+    if len(args) != 2 or not args[1].isdigit():
+        print("usage: python -m nbmpi.workers.tracing.index TRACE_DIR NRANKS [--chrome]", file=sys.stderr)
+        return 2
+    meta = build(args[0], int(args[1]), chrome=chrome)
+    if meta is None:
+        print("no rank streamed a trace")
+        return 0
+    print(f"{meta['state']}: {meta.get('events', 0)} events" if meta["state"] == "ok"
+          else f"unreadable: {meta['reason']}")
+    return 0 if meta["state"] == "ok" else UNREADABLE_EXIT
+
+
+# -- read ----------------------------------------------------------------------------------------------
+class EventTable:
+    """The indexed events (memory-mapped) with what a timeline view asks of a trace: ``events``
+    rows, ``len()``, :meth:`op_label`."""
+
+    def __init__(self, events: np.ndarray, kinds: List[str]):
+        self.events = events
+        self.kinds = kinds
+
+    def __len__(self) -> int:
+        return int(self.events.shape[0])
+
+    def op_label(self, i: int) -> str:
+        """Human label of event ``i``, e.g. ``take(src=0)``."""
+        return op_label(self.events[int(i)], self.kinds)
+
+
+class TraceIndex:
+    """A built index, opened read-only (:meth:`open`). Thread-safe: it only reads."""
+
+    def __init__(self, path: Path, meta: Dict[str, Any]):
+        self.path = path
+        self.meta = meta
+        self._arrays: Dict[str, np.ndarray] = {}
+
+    @classmethod
+    def open(cls, trace_dir: os.PathLike) -> Optional["TraceIndex"]:
+        """The index of ``trace_dir``; None when none was built (or it is of another format)."""
+        path = index_dir(trace_dir)
+        try:
+            meta = json.loads((path / "meta.json").read_text())
+        except (FileNotFoundError, ValueError):
+            return None
+        return cls(path, meta) if isinstance(meta, dict) and meta.get("format") == FORMAT else None
+
+    @property
+    def readable(self) -> bool:
+        """False when the trace files were not what the ranks write (see :attr:`reason`)."""
+        return self.meta.get("state") == "ok"
+
+    @property
+    def reason(self) -> Optional[str]:
+        """Why the trace is unreadable (None when it is readable)."""
+        return self.meta.get("reason")
+
+    @property
+    def analysis(self) -> Dict[str, Any]:
+        """:func:`~nbmpi.workers.tracing.timeline.analysis` of the whole run, open waits counted."""
+        return self.meta["analysis"]
+
+    @property
+    def waits(self) -> List[Dict[str, Any]]:
+        """The waits open when the job ended (:meth:`JobTrace.waits`)."""
+        return self.meta["waits"]
+
+    @property
+    def version(self) -> int:
+        """The version of the trace that was indexed."""
+        return int(self.meta["version"])
+
+    def a(self, name: str) -> np.ndarray:
+        """The memory-mapped array ``name`` (opened once)."""
+        arr = self._arrays.get(name)
+        if arr is None:
+            arr = self._arrays[name] = np.load(self.path / f"{name}.npy", mmap_mode="r")
+        return arr
+
+    def table(self) -> EventTable:
+        """The events for labels (memory-mapped)."""
+        return EventTable(self.a("events"), self.meta["kinds"])
+
+    def save_npz(self, path: os.PathLike) -> None:
+        """Write the indexed trace as a :meth:`Trace.save` file (uncompressed; :meth:`Trace.load` reads
+        it), copying the memory-mapped columns in chunks."""
+        np.savez(path, events=self.a("events"), ranks=self.a("ranks"), nranks=self.meta["nranks"],
+                 kinds=np.array(self.meta["kinds"]), dropped=np.array(self.meta["dropped"], np.int64),
+                 clock_error_ns=np.array(self.meta["clock_error_ns"], np.int64))
+
+    def view(self, start_s: Optional[float] = None, end_s: Optional[float] = None, width: int = 1200,
+             max_arrows: int = 2000) -> Dict[str, Any]:
+        """What :meth:`TimelineColumns.view` answers for the window ``[start_s, end_s]`` (default the
+        whole run) at ``width`` pixels, reading only that window's rows: a window of at most
+        :data:`EXACT_ROWS` segments is passed to that very method; a larger one gets one row per lane
+        and pixel (a pixel inside one segment shows that segment, a pixel over several shows their
+        dominant state, shares and first calls), ``width=0`` then meaning 20,000 pixels."""
+        dur = float(self.meta["duration_s"])
+        s0 = 0.0 if start_s is None else float(start_s)
+        s1 = dur if end_s is None else float(end_s)
+        if s1 <= s0:
+            s1 = s0 + 1e-9
+        off = self.meta["lane_off"]
+        start, endmax = self.a("start"), self.a("endmax")
+        spans = []
+        for lane in range(len(off) - 1):
+            a, b = off[lane], off[lane + 1]
+            i0 = a + int(np.searchsorted(endmax[a:b], s0, "left"))
+            i1 = a + int(np.searchsorted(start[a:b], s1, "right"))
+            spans.append((i0, max(i1, i0)))
+        rows = sum(i1 - i0 for i0, i1 in spans)
+        if rows <= EXACT_ROWS:
+            return self._exact_view(spans, s0, s1, width, max_arrows)
+        return self._binned_view(spans, s0, s1, width or 20_000, max_arrows, rows)
+
+    def _columns(self, spans, arrows: np.ndarray) -> "timeline.TimelineColumns":
+        lane = np.concatenate([np.full(i1 - i0, k, np.int64) for k, (i0, i1) in enumerate(spans)])
+        take = np.concatenate([np.arange(i0, i1) for i0, i1 in spans]).astype(np.int64)
+        blocked = [dict(w) for w in self.meta["waits"]]
+        return timeline.TimelineColumns(
+            trace=self.table(), ranks=list(range(self.meta["nranks"])), duration_s=float(self.meta["duration_s"]),
+            lane=lane, state=self.a("state")[take].astype(np.int64), start=self.a("start")[take],
+            end=self.a("end")[take], event=self.a("event")[take], a_src=self.a("a_src")[arrows].astype(np.int64),
+            a_dst=self.a("a_dst")[arrows].astype(np.int64), a_t0=self.a("a_t0")[arrows],
+            a_t1=self.a("a_t1")[arrows], a_send=self.a("a_send")[arrows], a_recv=self.a("a_recv")[arrows],
+            blocked=blocked, origin_ns=int(self.meta["origin_ns"]))
+
+    def _arrow_rows(self, s0: float, s1: float, limit: int) -> np.ndarray:
+        """Indices of the arrows crossing ``[s0, s1]``; about ``4 * limit`` evenly spread ones when
+        more start in it (0: no limit). Sets ``self._arrows_in`` (how many cross it, when not spread)."""
+        t0 = self.a("a_t0")
+        lo = int(np.searchsorted(t0, s0 - float(self.meta["arrow_span_s"]), "left"))
+        hi = int(np.searchsorted(t0, s1, "right"))
+        idx = np.arange(lo, hi)
+        self._arrows_in = len(idx)
+        if limit and len(idx) > 4 * limit:
+            idx = np.unique(np.linspace(lo, hi - 1, 4 * limit).astype(np.int64))
+        t1 = self.a("a_t1")[idx]
+        out = idx[np.maximum(t0[idx], t1) >= s0]
+        if len(idx) == self._arrows_in:
+            self._arrows_in = len(out)
+        return out
+
+    def _exact_view(self, spans, s0, s1, width, max_arrows) -> Dict[str, Any]:
+        cols = self._columns(spans, self._arrow_rows(s0, s1, max_arrows))
+        view = cols.view(s0, s1, width=width, max_arrows=max_arrows)
+        view["meta"]["arrows_in_window"] = int(self._arrows_in)
+        return view
+
+    def _binned_view(self, spans, s0, s1, width, max_arrows, rows) -> Dict[str, Any]:
+        px = (s1 - s0) / width
+        edges = s0 + px * np.arange(width + 1)
+        off = self.meta["lane_off"]
+        start, end, endmax, state = self.a("start"), self.a("end"), self.a("endmax"), self.a("state")
+        event, cum = self.a("event"), self.a("cum")
+        table = self.table()
+        cols = self._columns([(0, 0)] * len(spans), np.empty(0, np.int64))
+        seg: Dict[str, list] = {k: [] for k in ("left", "right", "bottom", "top", "rank", "state", "color", "call",
+                                               "peer", "bytes", "duration", "count")}
+        for lane in range(len(off) - 1):
+            a, b = off[lane], off[lane + 1]
+            if b == a:
+                continue
+            first = a + np.minimum(np.searchsorted(endmax[a:b], edges[:-1], "right"), b - a - 1)
+            last = a + np.maximum(np.searchsorted(start[a:b], edges[1:], "left") - 1, 0)
+            at = a + np.minimum(np.searchsorted(endmax[a:b], edges, "left"), b - a - 1)
+            # time spent in each state up to each edge: before segment `at`, plus its part before the edge
+            c = np.array(cum[at])
+            inside = np.clip(np.minimum(edges, end[at]) - start[at], 0, None)
+            c[np.arange(len(at)), state[at].astype(np.int64)] += inside
+            per = np.maximum(np.diff(c, axis=0), 0)
+            shown = -1
+            for k in range(width):
+                f, g = int(first[k]), int(last[k])
+                if g < f:
+                    continue
+                if g == f:      # the pixel lies in one segment: that segment, once
+                    if f != shown:
+                        shown = f
+                        self._add_segment(seg, cols, lane, f, start, end, state, event)
+                    continue
+                self._add_bin(seg, cols, table, lane, edges[k], px, per[k], g - f + 1, event[f:f + timeline.CALLS_NAMED + 1])
+        arrows = self._arrow_rows(s0, s1, max_arrows)
+        view = self._columns([(0, 0)] * len(spans), arrows).view(s0, s1, width=0, max_arrows=max_arrows)
+        view["segments"] = seg
+        view["meta"].update(in_window=int(rows), shown=len(seg["left"]), merged=True, width=int(width),
+                            arrows_in_window=int(self._arrows_in))
+        return view
+
+    @staticmethod
+    def _add_segment(seg, cols, lane, i, start, end, state, event) -> None:
+        ev = int(event[i])
+        peer, nbytes = cols._peer_bytes(ev)
+        st = STATE_NAMES[int(state[i])]
+        _append(seg, float(start[i]), float(end[i]), lane, cols.ranks[lane], st, cols.label(ev), peer,
+                timeline._fmt_bytes(nbytes) if nbytes else "", float(end[i] - start[i]), 1)
+
+    @staticmethod
+    def _add_bin(seg, cols, table, lane, left, px, per, count, events) -> None:
+        total = max(float(per.sum()), 1e-300)
+        parts = ", ".join(f"{100 * per[j] / total:.0f}% {timeline.LABELS[STATE_NAMES[j]]}"
+                          for j in range(len(STATE_NAMES)) if per[j] / total >= 0.005)
+        evs = [int(e) for e in dict.fromkeys(np.asarray(events).tolist()) if e >= 0]
+        named = ", ".join(cols.label(e) for e in evs[:timeline.CALLS_NAMED]) + (
+            " ..." if len(evs) > timeline.CALLS_NAMED else "")
+        call = f"{count} intervals ({parts})" + (f": {named}" if named else "") + "; zoom in for each"
+        _append(seg, float(left), float(left + px), lane, cols.ranks[lane], STATE_NAMES[int(per.argmax())], call, "",
+                "", total, count)
+
+
+def _append(seg, left, right, lane, rank, state, call, peer, nbytes, dur_s, count) -> None:
+    seg["left"].append(left)
+    seg["right"].append(right)
+    seg["bottom"].append(lane - timeline.LANE_HALF)
+    seg["top"].append(lane + timeline.LANE_HALF)
+    seg["rank"].append(rank)
+    seg["state"].append(timeline.LABELS[state])
+    seg["color"].append(timeline.COLORS[state])
+    seg["call"].append(call)
+    seg["peer"].append(peer)
+    seg["bytes"].append(nbytes)
+    seg["duration"].append(timeline._fmt_s(dur_s))
+    seg["count"].append(int(count))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
