@@ -130,6 +130,7 @@ import numba
 import numpy as np
 
 from ..tracing import tracer as _tracing
+from ..core import spmd
 from ..core.errors import AggregationError, AggregationTimeout
 from ..core.kernels import is_jitted
 from ..core.runtime import MPI, default_timeout, world
@@ -303,26 +304,20 @@ class Aggregator(_Buffers, _Progress, _Termination):
             return f"{type(value).__name__} (not a type numba supports)"
 
     def _translate_to(self, other_comm) -> List[int]:
-        m = MPI()
-        ranks = m.Group.Translate_ranks(self._parent.Get_group(), list(range(self.size)), other_comm.Get_group())
-        return [(-1 if r == m.UNDEFINED else int(r)) for r in ranks]
+        return spmd.translate_ranks(self._parent, range(self.size), other_comm)
 
     def _check_same_everywhere(self, comm) -> None:
-        sig = np.array([self.itemsize, self.buffer_items, self.pool_buffers, self.recv_buffers,
-                        zlib.crc32(repr(self.item_dtype.descr).encode()),
-                        -1 if self.reply_dtype is None else self.reply_dtype.itemsize], dtype=np.int64)
-        allsig = np.empty((self.size, sig.size), dtype=np.int64)
-        comm.Allgather(sig, allsig)
-        keys = [allsig[i].tobytes() for i in range(self.size)]
-        if all(k == keys[0] for k in keys):
+        sig = tuple(int(v) for v in (self.itemsize, self.buffer_items, self.pool_buffers, self.recv_buffers,
+                                     zlib.crc32(repr(self.item_dtype.descr).encode()),
+                                     -1 if self.reply_dtype is None else self.reply_dtype.itemsize))
+        d = spmd.agree(comm, sig, timeout=self.timeout, rank=self.rank, error=AggregationTimeout,
+                       op=f"creating {self.name} (checking that every rank creates it alike)")
+        if d is None:
             return
-        ref = max(keys, key=lambda k: (keys.count(k), -keys.index(k)))
-        differ = [i for i in range(self.size) if keys[i] != ref]
         raise AggregationError(
-            f"rank {self.rank}: {self.name} created differently on rank(s) {differ} (itemsize, buffer_items, "
-            f"pool_buffers, recv_buffers, dtype hash, reply itemsize = {allsig[differ[0]].tolist()} vs "
-            f"{np.frombuffer(ref, dtype=np.int64).tolist()}); every rank must use the same item_dtype, "
-            "buffer sizes and reply structure")
+            f"rank {self.rank}: {self.name} created differently on rank(s) {list(d.differing)} (itemsize, "
+            f"buffer_items, pool_buffers, recv_buffers, dtype hash, reply itemsize = {list(d.items[d.differing[0]])} "
+            f"vs {list(d.reference)}); every rank must use the same item_dtype, buffer sizes and reply structure")
 
     # ------------------------------------------------------------------ checks
     def _usable(self, op: str) -> None:

@@ -65,13 +65,13 @@ import os
 import time
 import warnings
 import weakref
-import zlib
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
 from ..tracing import tracer as _tracing
 from ..core import waiting
+from ..core import spmd
 from ..core.errors import ChannelError, ChannelTimeout
 from .shared_memory import NodeSegments
 from ..core.runtime import MPI, default_timeout, world
@@ -273,51 +273,41 @@ class ArrayChannel(_Collectives, _Regions):
 
     # -- setup helpers ---------------------------------------------------------------
     def _translate_to(self, other_comm) -> List[int]:
-        m = MPI()
-        ranks = m.Group.Translate_ranks(self._parent.Get_group(), self.participants, other_comm.Get_group())
-        return [(-1 if r == m.UNDEFINED else int(r)) for r in ranks]
+        return spmd.translate_ranks(self._parent, self.participants, other_comm)
 
     def _check_same_everywhere(self) -> None:
-        sig = np.zeros(5 + _MAX_DIMS, dtype=np.int64)
-        sig[-1] = self._chunk  # compared apart (below): it comes from the environment
-        sig[0] = len(self.shape)
-        sig[1] = self.dtype.itemsize
-        sig[2] = zlib.crc32(self.dtype.str.encode() + repr(self.dtype.descr).encode())
-        code = self.dtype.str.encode()  # e.g. b'<f8', shown in the message when it fits
-        sig[3] = int.from_bytes(code.ljust(8, b"\0"), "little", signed=True) if len(code) <= 8 else 0
-        sig[4: 4 + len(self.shape)] = self.shape
-        allsig = np.empty((self._n, sig.size), dtype=np.int64)
-        self.comm.Allgather(sig, allsig)
-        chunks = allsig[:, -1]
-        allsig = allsig[:, :-1]
-        if all(np.array_equal(allsig[i], allsig[0]) for i in range(1, self._n)):
-            if (chunks != chunks[0]).any():
-                raise ChannelError(
-                    f"rank {self.rank}: {self.name}: NBMPI_SHM_CHUNK differs between participants (piece sizes "
-                    f"{dict(zip(self.participants, chunks.tolist()))} bytes); set it to the same value on every "
-                    "rank, or unset it")
+        # the piece size is compared apart (below): it comes from the environment
+        sig = (self.shape, self.dtype.str, repr(self.dtype.descr))
+        diff = spmd.agree(self.comm, (sig, self._chunk), timeout=self.timeout, rank=self.rank,
+                          op=f"creating {self.name} (checking that every participant creates it alike)",
+                          error=ChannelTimeout)
+        if diff is None:
             return
         # The reference is the signature most participants used (ties: the lowest rank's),
         # so the message names the rank(s) that differ, identically on every participant.
-        keys = [allsig[i].tobytes() for i in range(self._n)]
-        ref_key = max(keys, key=lambda k: (keys.count(k), -keys.index(k)))
-        ref = allsig[keys.index(ref_key)]
-        same = [self.participants[i] for i in range(self._n) if keys[i] == ref_key]
-        differ = [i for i in range(self._n) if keys[i] != ref_key]
-        detail = "; ".join(f"rank {self.participants[i]} created it with {self._describe_sig(allsig[i])}"
-                           for i in differ)
+        d = spmd.first_difference([[s] for s, _ in diff.items])
+        if d is None:
+            chunks = [c for _, c in diff.items]
+            raise ChannelError(
+                f"rank {self.rank}: {self.name}: NBMPI_SHM_CHUNK differs between participants (piece sizes "
+                f"{dict(zip(self.participants, chunks))} bytes); set it to the same value on every "
+                "rank, or unset it")
+        detail = "; ".join(f"rank {self.participants[i]} created it with {self._describe_sig(d.items[i])}"
+                           for i in d.differing)
         raise ChannelError(
-            f"rank {self.rank}: {self.name} mismatch: {detail}, but rank(s) {same} with "
-            f"{self._describe_sig(ref)}; every participant must create the channel with the same "
-            "shape and dtype"
+            f"rank {self.rank}: {self.name} mismatch: {detail}, but rank(s) "
+            f"{[self.participants[i] for i in d.agreeing]} with {self._describe_sig(d.reference)}; every "
+            "participant must create the channel with the same shape and dtype"
         )
 
     @staticmethod
-    def _describe_sig(sig: np.ndarray) -> str:
-        nd = int(sig[0])
-        code = int(sig[3]).to_bytes(8, "little", signed=True).rstrip(b"\0").decode(errors="replace")
-        dtype = f"dtype {np.dtype(code)}" if code else f"a dtype of itemsize {int(sig[1])}"
-        return f"shape {tuple(int(s) for s in sig[4:4 + nd])} {dtype}"
+    def _describe_sig(sig: tuple) -> str:
+        shape, code, descr = sig
+        try:
+            dtype = f"dtype {np.dtype(code)}"
+        except TypeError:
+            dtype = f"dtype {descr}"
+        return f"shape {tuple(shape)} {dtype}"
 
     # -- user-facing buffer ------------------------------------------------------------
     @property

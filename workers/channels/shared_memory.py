@@ -36,6 +36,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from ..core import spmd
 from ..core.runtime import MPI
 
 SHM_DIR = "/dev/shm"
@@ -118,20 +119,16 @@ class NodeSegments:
         self.how = "not wanted" if not want else "no shared memory: " + "; ".join(reasons)
 
     def _agree(self, node, ok: bool) -> bool:
-        mine = np.array([1 if ok else 0], dtype=np.int64)
-        out = np.zeros(1, dtype=np.int64)
-        node.Allreduce(mine, out, op=MPI().MIN)
-        return bool(out[0])
+        return spmd.all_ok(node, ok, op="setting up node shared memory (every node peer mapped the segments?)")
 
     def _exchange(self, comm, node, handle: str, size: int, attach) -> Tuple[bool, str]:
         """Allgather the handles, map every peer's segment with ``attach(handle)``, agree."""
-        m = MPI()
         names = np.zeros((node.Get_size(), _NAME_BYTES), dtype=np.uint8)
         mine = np.zeros(_NAME_BYTES, dtype=np.uint8)
         mine[: len(handle)] = np.frombuffer(handle.encode(), dtype=np.uint8)
         node.Allgather(mine, names)
         node_ranks = list(range(node.Get_size()))
-        comm_ranks = m.Group.Translate_ranks(node.Get_group(), node_ranks, comm.Get_group())
+        comm_ranks = spmd.translate_ranks(node, node_ranks, comm)
         me = node.Get_rank()
         peers: Dict[int, np.ndarray] = {}
         why = ""

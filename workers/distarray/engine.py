@@ -27,6 +27,7 @@ from collections import OrderedDict
 from typing import Any, Callable, Dict, List, Optional
 
 from ..core import runtime
+from ..core import spmd
 from .errors import DistArrayError
 from .graph import Task
 
@@ -115,8 +116,7 @@ class Engine:
         self.chan = tr.new_channel_id(self.comm)
         try:
             if tr.comm is not self.comm:
-                self.tracer_ranks = list(MPI.Group.Translate_ranks(self.comm.Get_group(), list(range(self.size)),
-                                                                   tr.comm.Get_group()))
+                self.tracer_ranks = spmd.translate_ranks(self.comm, range(self.size), tr.comm)
         except Exception:  # noqa: BLE001 - different worlds: keep this communicator's ranks
             pass
 

@@ -54,7 +54,7 @@ import numba
 import numpy as np
 
 from ..tracing import tracer as tracing
-from ..core import waiting
+from ..core import spmd
 from ..aggregation.aggregator import Aggregator
 from ..core.errors import AggregationTimeout
 from .distribution import Distribution
@@ -369,22 +369,21 @@ class DistGatherPlan(_Plan):
 
 # --------------------------------------------------------------------------- execution
 def _agree(engine, bad: Optional[Tuple[int, int]], what: str, size: int, op: str) -> None:
-    """Collective: every rank learns whether any rank found a bad index; all raise the same error if so."""
-    mine = np.array([0, 0, 0] if bad is None else [1, bad[0], bad[1]], dtype=np.int64)
-    allv = np.empty(3 * engine.size, dtype=np.int64)
+    """Collective: every rank learns whether any rank found a bad index; all raise the same error if so
+    (the lowest such rank's ``bad = (position, value)``)."""
     t0 = _now()
-    req = engine.dcomm.Iallgather(mine, allv)
-    waiting.wait(req, engine.timeout, engine.rank, None, op + ": agreeing on the index check", DistArrayTimeout,
-                 cancellable=False)
+    ok = spmd.all_ok(engine.dcomm, bad is None, timeout=engine.timeout, rank=engine.rank,
+                     op=op + ": agreeing on the index check", error=DistArrayTimeout)
     tr = tracing.get_tracer()
     if tr.enabled:
-        tr.record(K_CHECK, tracing.DIR_NONE, -1, 0, mine.nbytes, t0, _now(), wait=-1, seq=engine.flush_no,
+        tr.record(K_CHECK, tracing.DIR_NONE, -1, 0, 8, t0, _now(), wait=-1, seq=engine.flush_no,
                   chan=engine.chan, count=engine.size)
-    rows = allv.reshape(engine.size, 3)
-    flagged = np.flatnonzero(rows[:, 0])
-    if len(flagged):
-        r = int(flagged[0])
-        raise IndexOutOfBounds(engine.rank, what, int(rows[r, 2]), int(rows[r, 1]), r, size)
+    if ok:
+        return
+    bads = spmd.gather(engine.dcomm, bad, timeout=engine.timeout, rank=engine.rank,
+                       op=op + ": naming the bad index", error=DistArrayTimeout)
+    r = next(i for i, b in enumerate(bads) if b is not None)
+    raise IndexOutOfBounds(engine.rank, what, int(bads[r][1]), int(bads[r][0]), r, size)
 
 
 def _aggregator(engine, role: str, item_dtype: np.dtype, handler, state, reply=None) -> Aggregator:

@@ -46,6 +46,7 @@ import numpy as np
 from ..core import runtime
 from ..tracing import tracer as tracing
 from ..core import waiting
+from ..core import spmd
 from .errors import DistArrayDivergence, DistArrayError, DistArrayTimeout
 from .fusion import optimize
 from .operations import BARRIERS, LOWERINGS
@@ -425,9 +426,8 @@ class _Flush:
 def _hash_tasks(tasks) -> Tuple[int, np.ndarray]:
     """Per-task hashes and their combination (Python's ``hash`` of tuples of numbers: the same in every
     process), reduced to 62 bits so that ``-h`` never overflows."""
-    per = [hash(t.sig) >> 2 for t in tasks]
-    total = hash(tuple(per)) >> 2
-    return total, np.array(per, dtype=np.int64)
+    per = [spmd.number_key(t.sig) for t in tasks]
+    return spmd.number_key(tuple(per)), np.array(per, dtype=np.int64)
 
 
 class _Agreement:
@@ -439,18 +439,17 @@ class _Agreement:
         self.fl, self.tasks = fl, tasks
         eng = fl.eng
         total, self.per = _hash_tasks(tasks)
-        self.mine = np.array([total, -total, len(tasks), -len(tasks)], dtype=np.int64)
-        self.got = np.empty(4, dtype=np.int64)
         self.t0 = _now()
-        self.req = eng.dcomm.Iallreduce(self.mine, self.got, op=fl.MPI.MAX)
+        self.check = spmd.KeyCheck(eng.dcomm, total, len(tasks))
+        self.req = self.check.req
         self.waitable = Waitable(self.req, "check", -1, 0, 32, eng.flush_no, "agreeing on the recorded operations")
         self.verified = False
 
     def wait(self) -> None:
         """Block until the check completed (if it has not), then :meth:`verify`."""
         if not self.waitable.done:
-            waiting.wait(self.req, self.fl.eng.timeout, self.fl.rank, None,
-                         self.fl.op_name("agreeing on the recorded operations"), DistArrayTimeout, cancellable=False)
+            self.check.wait(self.fl.eng.timeout, self.fl.rank, self.fl.op_name("agreeing on the recorded operations"),
+                            DistArrayTimeout)
             self.waitable.done = True
             self.fl._rec(K_CHECK, tracing.DIR_NONE, -1, 0, 32, self.t0, _now(), -1, self.fl.eng.flush_no,
                          count=self.fl.size)
@@ -461,8 +460,7 @@ class _Agreement:
         if self.verified:
             return
         self.verified = True
-        got = self.got
-        if got[0] == -got[1] and got[2] == -got[3]:
+        if self.check.agreed:
             return
         _diagnose(self.fl, self.tasks, self.per)
 
@@ -471,34 +469,11 @@ def _diagnose(fl: _Flush, tasks, per: np.ndarray) -> None:
     """The ranks' hashes differ: find the first differing operation and raise on every rank."""
     eng, MPI = fl.eng, fl.MPI
     # diagnosis: every rank's per-operation hashes, then the first differing operation's text
-    counts = np.empty(eng.size, dtype=np.int64)
-    req = eng.dcomm.Iallgather(np.array([len(tasks)], dtype=np.int64), counts)
-    waiting.wait(req, eng.timeout, eng.rank, None, fl.op_name("diagnosing a divergence"), DistArrayTimeout,
-                 cancellable=False)
-    allh = np.empty(int(counts.sum()), dtype=np.int64)
-    displs = np.zeros(eng.size, dtype=np.int64)
-    displs[1:] = np.cumsum(counts)[:-1]
-    req = eng.dcomm.Iallgatherv(per, [allh, (counts, displs), MPI.INT64_T])
-    waiting.wait(req, eng.timeout, eng.rank, None, fl.op_name("diagnosing a divergence"), DistArrayTimeout,
-                 cancellable=False)
-    lists = [allh[displs[r]:displs[r] + counts[r]] for r in range(eng.size)]
-    k = 0
-    while True:
-        vals = [lst[k] if k < len(lst) else None for lst in lists]
-        if any(v != vals[0] for v in vals):
-            break
-        k += 1
+    how = dict(timeout=eng.timeout, rank=eng.rank, op=fl.op_name("diagnosing a divergence"), error=DistArrayTimeout)
+    diff = spmd.first_difference(spmd.gather(eng.dcomm, per.tolist(), **how))
+    k = len(tasks) if diff is None else diff.index
     mine_text = tasks[k].desc if k < len(tasks) else f"nothing (this rank recorded only {len(tasks)} operations)"
-    width = 400
-    buf = np.zeros(width, dtype=np.uint8)
-    raw = mine_text.encode("utf-8", "replace")[:width]
-    buf[:len(raw)] = np.frombuffer(raw, dtype=np.uint8)
-    texts = np.empty(width * eng.size, dtype=np.uint8)
-    req = eng.dcomm.Iallgather(buf, texts)
-    waiting.wait(req, eng.timeout, eng.rank, None, fl.op_name("diagnosing a divergence"), DistArrayTimeout,
-                 cancellable=False)
-    descs = [bytes(texts[r * width:(r + 1) * width]).rstrip(b"\0").decode("utf-8", "replace")
-             for r in range(eng.size)]
+    descs = spmd.gather(eng.dcomm, mine_text[:400], **how)
     detail = f"operation {k + 1} since the previous force point: " + "; ".join(
         f"rank {r} recorded {d}" for r, d in enumerate(descs))
     # the ranks may have created different numbers of arrays: agree on the serial numbers of the

@@ -8,12 +8,11 @@ the same text on every rank.
 """
 from __future__ import annotations
 
-import pickle
 from typing import Any, List, Optional
 
 import numpy as np
 
-from ..core import waiting
+from ..core import spmd
 from ..core.errors import CommTimeout
 from .wire import _F8_NUM, _FN_NAMES, _LOG_CAP, _NAN_KEY, _UNIFORM_TAGS, CREATED, OP_NAMES
 
@@ -52,21 +51,11 @@ def exchange_logs(comm, rank: int, size: int, steps: list, folded: int, words: i
                   timeout: Optional[float]) -> Optional[list]:
     """Every rank's ``(steps, folded, words)`` over the diagnosis communicator ``comm``
     (collective on it; error paths only; pickled); None if that exchange timed out."""
-    mine = np.frombuffer(pickle.dumps((steps, folded, words)), dtype=np.uint8)
-    sizes = np.zeros(size, dtype=np.int64)
     try:
-        req = comm.Iallgather(np.array([mine.size], dtype=np.int64), sizes)
-        waiting.wait(req, timeout, rank, None, "SPMD divergence diagnosis (sizes)", cancellable=False)
-        allb = np.empty(int(sizes.sum()), dtype=np.uint8)
-        req = comm.Iallgatherv(mine, [allb, sizes])
-        waiting.wait(req, timeout, rank, None, "SPMD divergence diagnosis (logs)", cancellable=False)
+        return spmd.gather(comm, (steps, folded, words), timeout=timeout, rank=rank,
+                           op="SPMD divergence diagnosis (logs)")
     except CommTimeout:
         return None
-    logs, off = [], 0
-    for s in sizes.tolist():
-        logs.append(pickle.loads(allb[off:off + s].tobytes()))
-        off += s
-    return logs
 
 
 def _size_note(logs: list) -> str:
@@ -128,17 +117,15 @@ def _dtype_name(num: int) -> str:
 
 
 def _first_difference(logs: List[List[tuple]], truncated: bool) -> str:
-    n = max(len(lg) for lg in logs)
-    for i in range(n):
-        items = [lg[i] if i < len(lg) else None for lg in logs]
-        if any(it != items[0] for it in items[1:]):
-            parts = "; ".join(f"rank {r}: {_describe(it)}" for r, it in enumerate(items))
-            hint = ""
-            if any(it is not None and it[0] == -7 for it in items):
-                hint = (". A uniform operand (c in x * c, x / c, ...) scales every rank's copy and must be the "
-                        "same on every rank; for the product of every rank's a write x *= a, for local "
-                        "arithmetic read the value first (float(x) * a)")
-            return f"first difference at pending step {i}: {parts}{hint}"
+    d = spmd.first_difference(logs)
+    if d is not None:
+        parts = "; ".join(f"rank {r}: {_describe(it)}" for r, it in enumerate(d.items))
+        hint = ""
+        if any(it is not None and it[0] == -7 for it in d.items):
+            hint = (". A uniform operand (c in x * c, x / c, ...) scales every rank's copy and must be the "
+                    "same on every rank; for the product of every rank's a write x *= a, for local "
+                    "arithmetic read the value first (float(x) * a)")
+        return f"first difference at pending step {d.index}: {parts}{hint}"
     if truncated:
         return (f"the sequences differ within earlier pending steps that were folded away (more than "
                 f"{_LOG_CAP} steps without a force point); force more often (flush()) to locate it")
