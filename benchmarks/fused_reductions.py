@@ -9,7 +9,7 @@ compiled core (what ``pip install`` builds) and with the pure-Python reference
 (``NBMPI_PURE_PYTHON=1``), so the compiled part shows what it earns. Inside a
 job every method of a part is interleaved each round, in a fresh order per
 round; times are the best round (slowest rank), and the first call of each
-method (cold: the engine's first force point connects it) is reported apart.
+method (cold: the fuser's first force point connects it) is reported apart.
 
 Parts:
 
@@ -392,7 +392,7 @@ def plankton(comm, rounds: int, steps: int) -> dict:
 def mpi_part(quick: bool) -> dict:
     """Every part with the implementation this process runs; the dict on rank 0, None elsewhere."""
     from nbmpi.workers import world
-    from nbmpi.workers.fused_reductions import IMPLEMENTATION, engine
+    from nbmpi.workers.fused_reductions import IMPLEMENTATION, fuser
 
     comm = world()
     rank, P = comm.Get_rank(), comm.Get_size()
@@ -425,7 +425,7 @@ def mpi_part(quick: bool) -> dict:
                   separate_over_create=s64["separate"] / s64["create"],
                   create_over_lazy=s64["create"] / s64["lazy"], lazy_over_packed=s64["lazy"] / s64["packed"],
                   separate_over_python_floor=s64["separate"] / s64["python_floor"])
-    e = engine()
+    e = fuser()
     return dict(implementation=IMPLEMENTATION, direct_mpi=e.direct_mpi, compiled_op=e.compiled_op, nranks=P,
                 variance=vrows, scalars64=s64row, plankton=pk, loadavg_start=load_start, loadavg_end=_loadavg())
 

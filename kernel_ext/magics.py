@@ -45,7 +45,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.display import display
 
-from nbmpi.workers.launch.engine_pool import Pool, PoolError
+from nbmpi.workers.launch.engine_pool import EnginePool, EnginePoolError
 
 from . import output as _out
 
@@ -157,7 +157,7 @@ def parse_ranks(spec: Optional[str], available: List[int]) -> List[int]:
     return ranks
 
 
-def probe(pool: Pool, ranks: List[int], timeout: float = 1.0) -> Dict[int, Optional[dict]]:
+def probe(pool: EnginePool, ranks: List[int], timeout: float = 1.0) -> Dict[int, Optional[dict]]:
     """Read the state probe of ``ranks`` (see :mod:`nbmpi.workers.launch.engine_side`); None where no answer."""
     addrs = pool.probes()
     out: Dict[int, Optional[dict]] = {}
@@ -180,7 +180,7 @@ def probe(pool: Pool, ranks: List[int], timeout: float = 1.0) -> Dict[int, Optio
     return out
 
 
-def fetch_cell_trace(pool: Pool, ranks: List[int]):
+def fetch_cell_trace(pool: EnginePool, ranks: List[int]):
     """The last cell's :class:`~nbmpi.workers.Trace` from ``ranks`` and its window (ns, rank 0 clock).
 
     One apply request to the ranks (no MPI collective, so it works after
@@ -247,7 +247,7 @@ class DistributedMagics(Magics):
 
     def __init__(self, shell=None):
         super().__init__(shell)
-        self.pools: Dict[str, Pool] = {}
+        self.pools: Dict[str, EnginePool] = {}
         self.current: Optional[str] = None
         self.last_cell: Optional[tuple] = None
         #: pool name -> why it was ended (a wedged or dead rank); the next cell starts it again
@@ -315,7 +315,7 @@ class DistributedMagics(Magics):
         return getattr(self, f"_cmd_{args.cmd}")(args)
 
     # -- pools -------------------------------------------------------------------------------------
-    def _pool(self, name: Optional[str] = None) -> Pool:
+    def _pool(self, name: Optional[str] = None) -> EnginePool:
         name = name or self.current
         if name is None:
             raise UsageError("%distributed: no pool; start one with `%distributed start -n 2`")
@@ -328,7 +328,7 @@ class DistributedMagics(Magics):
         if name in self.pools and self.pools[name].status()["state"] in ("running", "starting"):
             raise UsageError(f"%distributed start: pool {name!r} is already running; stop it first or pick "
                              "another --name")
-        pool = Pool(args.n, name=name)
+        pool = EnginePool(args.n, name=name)
         self._start(pool, args.timeout)
 
     def _free_name(self) -> str:
@@ -337,12 +337,12 @@ class DistributedMagics(Magics):
             k += 1
         return f"pool{k}"
 
-    def _start(self, pool: Pool, timeout: float) -> None:
+    def _start(self, pool: EnginePool, timeout: float) -> None:
         self._bring_up(pool, "starting", "start", lambda progress: pool.start(progress=progress, timeout=timeout))
 
-    def _bring_up(self, pool: Pool, doing: str, verb: str, fn) -> Pool:
+    def _bring_up(self, pool: EnginePool, doing: str, verb: str, fn) -> EnginePool:
         """Run ``fn(progress)`` (a pool start or restart) with one live progress line; the pool it
-        returns becomes the current one. A PoolError becomes a one-line UsageError."""
+        returns becomes the current one. An EnginePoolError becomes a one-line UsageError."""
         handle = display({"text/plain": f"{doing} pool {pool.name!r} ({pool.n} ranks)..."}, raw=True,
                          display_id=True)
         t0 = time.monotonic()
@@ -352,7 +352,7 @@ class DistributedMagics(Magics):
 
         try:
             ready = fn(progress)
-        except PoolError as e:
+        except EnginePoolError as e:
             self.pools.pop(pool.name, None)
             handle.update({"text/plain": f"pool {pool.name!r} failed to {verb}"}, raw=True)
             raise UsageError(str(e)) from None
@@ -382,7 +382,7 @@ class DistributedMagics(Magics):
             self.last_cell = None
         if self.broken.pop(pool.name, None) is not None:   # already ended: start it anew
             del self.pools[pool.name]
-            self._start(Pool(pool.n, name=pool.name, env=pool.env), 120.0)
+            self._start(EnginePool(pool.n, name=pool.name, env=pool.env), 120.0)
             return
         self._bring_up(pool, "restarting", "restart", lambda progress: pool.restart(progress=progress))
 
@@ -460,8 +460,8 @@ class DistributedMagics(Magics):
             raise UsageError(f"%distributed connect: pool {pinfo.get('id')} is {pinfo.get('state')!r} and has no "
                              "connection info yet; wait until it is running")
         try:
-            pool = Pool.attach(conn)
-        except PoolError as e:
+            pool = EnginePool.attach(conn)
+        except EnginePoolError as e:
             raise UsageError(str(e)) from None
         name = args.name or pool.name
         pool.name = name
@@ -480,7 +480,7 @@ class DistributedMagics(Magics):
         self.current = None
 
     # -- cells -------------------------------------------------------------------------------------
-    def _ready(self, pool: Pool) -> Pool:
+    def _ready(self, pool: EnginePool) -> EnginePool:
         """The pool a cell may run on: a broken pool is started again first (saying so); a pool
         with a dead rank is ended and the cell refused (naming the rank)."""
         name = pool.name
@@ -491,7 +491,7 @@ class DistributedMagics(Magics):
                                  "stop it there, create a new one and `%distributed connect` again")
             print(f"pool {name!r} was ended ({why}); starting it again with {pool.n} ranks "
                   "(the ranks' variables are lost)", file=sys.stderr, flush=True)
-            fresh = Pool(pool.n, name=name, env=pool.env)
+            fresh = EnginePool(pool.n, name=name, env=pool.env)
             del self.pools[name]
             self._start(fresh, 120.0)
             return fresh
@@ -503,7 +503,7 @@ class DistributedMagics(Magics):
                              "again to start a fresh pool (the ranks' variables are lost), or `%distributed restart`")
         return pool
 
-    def _break(self, pool: Pool, why: str) -> None:
+    def _break(self, pool: EnginePool, why: str) -> None:
         """End ``pool`` at once (owned) or drop it (attached) and remember why; the next cell restarts it."""
         self.broken[pool.name] = why
         if not pool.attached:
@@ -573,7 +573,7 @@ class DistributedMagics(Magics):
             raise _out.DistributedInterrupt(described, note) from None
         self._finish(pool, ar, by_rank, args, live, others, quick=pool.name in self.broken)
 
-    def _stop_pending(self, pool: Pool, ar, by_rank, pending: List[int], ranks: List[int]):
+    def _stop_pending(self, pool: EnginePool, ar, by_rank, pending: List[int], ranks: List[int]):
         """Probe, then interrupt the ``pending`` ranks (a timeout or a kernel interrupt); end the pool
         if some do not stop. Returns (what each rank was doing, a note about a wedged pool or "")."""
         states = probe(pool, pending)
@@ -584,7 +584,7 @@ class DistributedMagics(Magics):
                 described[r] = self._outcome(ar, by_rank[r])
         return described, (self._wedged(pool, stuck, states) if stuck else "")
 
-    def _wedged(self, pool: Pool, stuck: List[int], states: Dict[int, Optional[dict]]) -> str:
+    def _wedged(self, pool: EnginePool, stuck: List[int], states: Dict[int, Optional[dict]]) -> str:
         """End a pool whose ranks ``stuck`` ignored SIGINT; the note says so and what happens next."""
         where = "; ".join(f"rank {r}: {_out.describe_state(states.get(r))}" for r in stuck)
         who = f"rank{'s' if len(stuck) > 1 else ''} {_out.format_ranks(stuck)}"
@@ -619,7 +619,7 @@ class DistributedMagics(Magics):
             out[r] = (md.get("stdout") or "") + (md.get("stderr") or "")
         return out
 
-    def _interrupt(self, pool: Pool, ar, by_rank: Dict[int, int], pending: List[int]) -> List[int]:
+    def _interrupt(self, pool: EnginePool, ar, by_rank: Dict[int, int], pending: List[int]) -> List[int]:
         """SIGINT the pending ranks (again every second); return those still running after INTERRUPT_GRACE s."""
         client = pool.client()
         end = time.monotonic() + INTERRUPT_GRACE
@@ -635,7 +635,7 @@ class DistributedMagics(Magics):
                 pass
             ar.wait(min(1.0, max(end - time.monotonic(), 0.01)))
 
-    def _finish(self, pool: Pool, ar, by_rank: Dict[int, int], args, live: _Live,
+    def _finish(self, pool: EnginePool, ar, by_rank: Dict[int, int], args, live: _Live,
                 others: Optional[Dict[int, str]] = None, raise_errors: bool = True, quick: bool = False) -> None:
         try:
             ar.wait_for_output(0.5 if quick else 5.0)   # quick: the pool was ended, no more output comes
@@ -704,7 +704,7 @@ class DistributedMagics(Magics):
             display({"text/plain": _out.rank_label(rs)}, raw=True)
             display(rich[rs[0]], raw=True)
 
-    def _show_timeline(self, pool: Pool, ranks: List[int]) -> None:
+    def _show_timeline(self, pool: EnginePool, ranks: List[int]) -> None:
         from nbmpi.workers.tracing.timeline import show
 
         try:

@@ -19,7 +19,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from .auth import Authenticator
 from .pool_manager import PoolManager
-from .records import Job, Pool as PoolRow
+from .records import Job, PoolRow
 from .scheduler import Scheduler
 from .schemas import MAX_ID
 

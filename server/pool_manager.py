@@ -1,6 +1,6 @@
 """Pools of the controller: records, reconciliation, idle stop, and jobs on a pool.
 
-A pool is a :class:`nbmpi.workers.launch.engine_pool.Pool` (ipyparallel engines on the
+A pool is a :class:`nbmpi.workers.launch.engine_pool.EnginePool` (ipyparallel engines on the
 ranks of one MPI job, the same pools the ``%distributed`` magics use) started
 and ended by the service's backend (:meth:`Backend.start_pool` ...). Its ranks
 are held in the :class:`~nbmpi.server.ledger.RankLedger` while it starts or
@@ -36,13 +36,13 @@ from typing import Dict, List, Optional
 from sqlalchemy import select
 from sqlalchemy.orm import sessionmaker
 
-from nbmpi.workers.launch.engine_pool import Pool, PoolError
+from nbmpi.workers.launch.engine_pool import EnginePool, EnginePoolError
 from nbmpi.workers.launch.rank_guard import CappedLog
 
 from .backends import Backend, PoolSpec
 from .errors import RequestError
 from .ledger import RankLedger
-from .records import Pool as PoolRow
+from .records import PoolRow
 from .schemas import PoolCreate, PoolInfo
 
 RECONCILE_S = 2.0
@@ -79,7 +79,7 @@ class PoolManager:
         self.ledger = ledger
         self.max_ranks = max_ranks
         self._lock = threading.RLock()
-        self._live: Dict[int, Pool] = {}
+        self._live: Dict[int, EnginePool] = {}
         self._locks: Dict[int, threading.RLock] = {}
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
@@ -166,7 +166,7 @@ class PoolManager:
         try:
             pool, state = self.backend.start_pool(spec)
             conn = pool.connection_info()
-        except Exception as exc:  # noqa: BLE001 - PoolError, BackendError or anything else: the record says why
+        except Exception as exc:  # noqa: BLE001 - EnginePoolError, BackendError or anything else: the record says why
             self.ledger.release(("pool", pool_id))
             self._update(pool_id, state="failed", stopped_at=time.time(), message=f"start failed: {exc}")
             return pool_info(self.get(owner, pool_id))
@@ -198,7 +198,7 @@ class PoolManager:
         bytes per stream, then a truncation marker). Called by the scheduler's job thread."""
         pool = self._live.get(pool_id)
         if pool is None:
-            raise PoolError(f"pool {pool_id} is not running")
+            raise EnginePoolError(f"pool {pool_id} is not running")
         lock = self._locks[pool_id]
         self._update(pool_id, last_used_at=time.time())
         log_dir.mkdir(parents=True, exist_ok=True)
@@ -222,13 +222,13 @@ class PoolManager:
                         client.send_signal(signal.SIGINT, targets=ranks, block=False)
                         interrupted_at = now
                     if interrupted_at is not None and now - interrupted_at > INTERRUPT_GRACE_S:
-                        raise PoolError("the engines did not stop after an interrupt")
+                        raise EnginePoolError("the engines did not stop after an interrupt")
                     if now - last_check > 1.0:
                         last_check = now
                         if not pool.alive():
-                            raise PoolError("the pool's engines died during the job")
+                            raise EnginePoolError("the pool's engines died during the job")
                     ar.wait(0.1)
-            except PoolError as exc:
+            except EnginePoolError as exc:
                 for log in logs.values():
                     log.close()
                 self._end(pool_id, "failed", f"{exc}; the pool was ended")

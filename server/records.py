@@ -63,7 +63,7 @@ class Job(Base):
     message: Mapped[Optional[str]] = mapped_column(Text, nullable=True)
 
 
-class Pool(Base):
+class PoolRow(Base):
     """One MPI pool (ipyparallel engines on MPI ranks) started by the controller."""
     __tablename__ = "pools"
 

@@ -155,7 +155,7 @@ for it in range(2):                                  # the first builds the plan
     c.evaluate()
 del c
 s0 = dnp.stats()
-ninst = sum(len(p.instances) for p in dnp.engine_for().plans.values())
+ninst = sum(len(p.instances) for p in dnp.context_for().plans.values())
 tracemalloc.start()
 base, _ = tracemalloc.get_traced_memory()
 for it in range(6):                                  # a time loop: block -> cyclic -> block, and a new array each step
@@ -171,7 +171,7 @@ assert s1["plans_built"] == s0["plans_built"], ("a repeated redistribution built
                                                 s1["plans_built"])
 assert s1["buffers_allocated"] == s0["buffers_allocated"], "a repeated redistribution allocated a buffer"
 assert s1["buffers_reused"] > s0["buffers_reused"], "the new arrays of redistribute() take their buffers from the pool"
-assert sum(len(p.instances) for p in dnp.engine_for().plans.values()) == ninst, "a repeated redistribution added buffers"
+assert sum(len(p.instances) for p in dnp.context_for().plans.values()) == ninst, "a repeated redistribution added buffers"
 assert peak - base < (1 << 20), f"the time loop allocated {peak - base} bytes at its peak (the arrays hold 16 MiB)"
 assert s1["redistributed"] - s0["redistributed"] == 18
 check("values after the loop", b[::4097], a.to_numpy()[::4097])
@@ -232,7 +232,7 @@ a = dnp.from_numpy(x)
 b = dnp.zeros(n, dist="cyclic")
 a.evaluate()
 b.evaluate()
-writer = [agg for key, agg in dnp.engine_for().aggregators.items() if key[0] == "write"][0]
+writer = [agg for key, agg in dnp.context_for().aggregators.items() if key[0] == "write"][0]
 st0 = writer.stats()
 b[perm] = a
 st1 = writer.stats()

@@ -1,4 +1,4 @@
-"""Pool restart on real processes: only the MPI job is replaced while the controller runs (work stuck
+"""EnginePool restart on real processes: only the MPI job is replaced while the controller runs (work stuck
 on the old ranks does not hold it up), and a pool whose controller died is started anew."""
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import time
 import psutil
 import pytest
 
-from nbmpi.workers.launch.engine_pool import Pool
+from nbmpi.workers.launch.engine_pool import EnginePool
 
 
-def _pids_of(pool: Pool):
+def _pids_of(pool: EnginePool):
     return pool.client()[pool.ranks].apply_sync(os.getpid)
 
 
@@ -27,7 +27,7 @@ def _gone(pids, within: float = 10.0) -> bool:
 
 @pytest.fixture
 def pool():
-    p = Pool(2, name="restart-test")
+    p = EnginePool(2, name="restart-test")
     p.start(timeout=90)
     holder = {"pool": p}
     yield holder

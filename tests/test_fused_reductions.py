@@ -15,7 +15,7 @@ PRELUDE = """
 import numpy as np
 from mpi4py import MPI
 from nbmpi.workers import shared, pool, flush, fused, get_tracer, SPMDDivergence, SharedVariableError
-from nbmpi.workers.fused_reductions import engine, configure, K_FUSED
+from nbmpi.workers.fused_reductions import fuser, configure, K_FUSED
 comm = MPI.COMM_WORLD
 r, P = comm.Get_rank(), comm.Get_size()
 R = np.arange(P, dtype=float)
@@ -219,7 +219,7 @@ except SPMDDivergence as exc:
     assert "first difference at pending step 0" in msg and "shape (5000,)" in msg, msg
     assert "rank 1: shared variable #" in msg and "with value 0.0" in msg, msg
     assert "differed in size" in msg, msg
-    dets = comm.allgather(exc.detail)      # COMM_WORLD is unaffected (the engine has its own)
+    dets = comm.allgather(exc.detail)      # COMM_WORLD is unaffected (the fuser has its own)
     assert len(set(dets)) == 1, dets       # the same text on every rank
     print("SIZES", r)
 """
@@ -297,7 +297,7 @@ for k in range(30):
     assert float(other) == k * P
 assert float(kept) == 2.0 * S and float(k0) == S
 # the compiled force point calls the MPI library directly unless NBMPI_DIRECT_MPI=0
-assert engine().direct_mpi == (_want == "compiled" and os.environ.get("NBMPI_DIRECT_MPI") != "0")
+assert fuser().direct_mpi == (_want == "compiled" and os.environ.get("NBMPI_DIRECT_MPI") != "0")
 print("OK", r)
 """
 
@@ -331,7 +331,7 @@ from nbmpi.workers import CommTimeout
 configure(timeout=1)
 x = shared(0.0)
 x += 1.0
-flush()                       # every rank: the engine is connected
+flush()                       # every rank: the fuser is connected
 x += 1.0
 if r == 0:
     try:
@@ -342,7 +342,7 @@ if r == 0:
     try:
         x += 1.0
         flush()
-    except Exception as exc:   # the engine refuses further use after an abandoned collective
+    except Exception as exc:   # the fuser refuses further use after an abandoned collective
         assert "unusable" in str(exc), str(exc)
         print("UNUSABLE", r)
 comm.Barrier()
@@ -357,10 +357,10 @@ def test_absent_rank_is_a_timeout_not_a_divergence(run_mpi):
 
 MPI_ERROR = PRELUDE + """
 # a real MPI error in the force point's MPI_Start (compiled: called directly in C, else through
-# mpi4py): the request of this size class is made active behind the engine's back, so MPI
+# mpi4py): the request of this size class is made active behind the fuser's back, so MPI
 # refuses to start it again; the error reaches the caller on every rank as mpi4py's exception
 from nbmpi.workers import NbmpiError
-e = engine()
+e = fuser()
 x = shared(0.0)
 for k in range(2):        # the first force point makes the persistent request, the second reuses it
     x += 1.0
@@ -426,9 +426,9 @@ for i in range(50):
     got = float((s2 - s1 * s1 / N) / (N - 1) + u * 3)
     S1 = sum(q + i for q in range(P)); S2 = P * (2.0 - i % 3)
     assert abs(got - ((S2 - S1 * S1 / N) / (N - 1) + 7.5)) < 1e-9, (i, got)
-assert fr.engine().collectives == 50, fr.engine().collectives   # one per read (creation checks ride along)
+assert fr.fuser().collectives == 50, fr.fuser().collectives   # one per read (creation checks ride along)
 # rank 1 really ran the compiled force point (only a new buffer size takes the Python path)
-assert fr.engine().compiled_collectives == (0 if r == 0 else 49), fr.engine().compiled_collectives
+assert fr.fuser().compiled_collectives == (0 if r == 0 else 49), fr.fuser().compiled_collectives
 # general fusions: the Python rank combines through mpi4py's Python callback, the compiled
 # rank through the C operation; both read the same layout record
 for i in range(5):
@@ -619,17 +619,17 @@ def test_compiled_hot_path_is_built():
 BOUND_CORE = """
 import operator
 from nbmpi.workers import fused_reductions as f
-from nbmpi.workers.fused_reductions import _core, binding, engine
+from nbmpi.workers.fused_reductions import _core, binding, fuser
 from nbmpi.workers.fused_reductions.pending import _Batch, _Snap
 from nbmpi.workers.fused_reductions.values import SharedVar, _LazyF8
 b = _core.bindings()
 assert b.bound and b.tuplehash in (True, False)
 assert (b.shared_type, b.lazy_type, b.batch_type, b.snap_type) == (SharedVar, _LazyF8, _Batch, _Snap)
-assert b.make_engine is engine and b.div is operator.truediv and len(b.ops) == 8
-# no setters beside the typed interface: the engine state is one EngineState
+assert b.make_fuser is fuser and b.div is operator.truediv and len(b.ops) == 8
+# no setters beside the typed interface: the fuser state is one FuserState
 assert not any(hasattr(_core, n) for n in ("set_state", "set_engine", "set_runner", "set_batch", "current_batch"))
-e = engine()
-assert _core.state.engine is e and _core.state.batch is e.batch and isinstance(e.batch, _Batch)
+e = fuser()
+assert _core.state.fuser is e and _core.state.batch is e.batch and isinstance(e.batch, _Batch)
 try:
     b.spin = 1
 except AttributeError:
@@ -638,7 +638,7 @@ else:
     raise AssertionError("Bindings attributes must be read-only")
 try:
     _core.Bindings(**{**{n: getattr(b, n) for n in ("reset", "iadd", "isub", "imul", "min_with", "max_with",
-                   "float_", "force", "eval_", "new_var", "make_engine", "get_tracer", "same_signature", "add",
+                   "float_", "force", "eval_", "new_var", "make_fuser", "get_tracer", "same_signature", "add",
                    "sub", "mul", "div", "shared_type", "lazy_type", "batch_type", "snap_type", "grant_type",
                    "fast_types", "work", "casters", "f8", "nan_key", "nod", "nol", "empty", "log_cap",
                    "kind_fused", "spin")}, "ops": b.ops[:7]})
@@ -656,7 +656,7 @@ print("BOUND")
 
 def test_compiled_core_is_bound_through_one_typed_interface():
     """The compiled core reads the Python reference only through its typed ``Bindings`` (read-only,
-    checked when built) and shares the engine's state through one ``EngineState``. No MPI."""
+    checked when built) and shares the fuser's state through one ``FuserState``. No MPI."""
     proc = subprocess.run([sys.executable, "-c", BOUND_CORE], capture_output=True, text=True, timeout=60,
                           env={**__import__("os").environ, "NBMPI_PURE_PYTHON": "0"})
     assert proc.returncode == 0 and proc.stdout.strip() == "BOUND", proc.stdout + proc.stderr
@@ -665,7 +665,7 @@ def test_compiled_core_is_bound_through_one_typed_interface():
 GENERAL = PRELUDE + """
 # the general force point (arrays, min/max/prod/consume, int64) in a loop: variables created in
 # the loop as users write it; compiled: every fusion after the first of its size runs in C
-e = engine()
+e = fuser()
 S = float(sum(range(P)))
 p = pool(1e6)
 for it in range(20):

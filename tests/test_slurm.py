@@ -39,7 +39,7 @@ import httpx
 import psutil
 import pytest
 
-from nbmpi.workers.launch.engine_pool import Pool
+from nbmpi.workers.launch.engine_pool import EnginePool
 from nbmpi.workers.launch.processes import noted_segments
 
 from liveness import running
@@ -647,7 +647,7 @@ def test_session_script_controller_and_pool_in_one_allocation(slurm, tmp_path):
         (pool,) = c.get("/api/v1/pools").json()["pools"]
         assert pool["state"] == "running" and pool["ranks"] == 2
         # what %distributed connect does: attach to the pool the controller reports
-        attached = Pool.attach(c.get(f"/api/v1/pools/{pool['id']}").json()["connection"])
+        attached = EnginePool.attach(c.get(f"/api/v1/pools/{pool['id']}").json()["connection"])
         try:
             view = attached.client()[:]
             view.execute("import os; where = (rank, size, os.environ['SLURM_JOB_ID'])", block=True)

@@ -20,7 +20,7 @@ returned from :meth:`Backend.submit`, stored opaquely in the job's record):
   recorded as submitted is still known (the controller then follows it again)
   or not (the backend has ended whatever was left; the record becomes ``lost``).
 
-Pools (ipyparallel engines on MPI ranks, :class:`nbmpi.workers.launch.engine_pool.Pool`):
+Pools (ipyparallel engines on MPI ranks, :class:`nbmpi.workers.launch.engine_pool.EnginePool`):
 :meth:`~Backend.start_pool`, :meth:`~Backend.stop_pool`,
 :meth:`~Backend.recover_pool`.
 """
@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Dict, List, Literal, Optional, Tuple
 
 if TYPE_CHECKING:  # pragma: no cover
-    from nbmpi.workers.launch.engine_pool import Pool
+    from nbmpi.workers.launch.engine_pool import EnginePool
 
 #: Job outcomes a backend reports when a job has ended.
 Outcome = Literal["succeeded", "failed", "timed_out", "cancelled"]
@@ -132,16 +132,16 @@ class Backend(abc.ABC):
     # -- pools -----------------------------------------------------------------------------
     @abc.abstractmethod
     def start_pool(self, spec: PoolSpec,
-                   progress: Optional[Callable[[str], None]] = None) -> Tuple["Pool", Dict[str, Any]]:
+                   progress: Optional[Callable[[str], None]] = None) -> Tuple["EnginePool", Dict[str, Any]]:
         """Start a pool; block until every engine runs. Returns the pool (owned or attached) and
-        the state to store. Raises :class:`BackendError` or :class:`~nbmpi.workers.launch.engine_pool.PoolError`."""
+        the state to store. Raises :class:`BackendError` or :class:`~nbmpi.workers.launch.engine_pool.EnginePoolError`."""
 
     @abc.abstractmethod
-    def stop_pool(self, pool: Optional["Pool"], state: Dict[str, Any]) -> None:
+    def stop_pool(self, pool: Optional["EnginePool"], state: Dict[str, Any]) -> None:
         """End a pool and every process of it (``pool`` may be None when only the record is left)."""
 
     @abc.abstractmethod
-    def recover_pool(self, connection: Dict[str, Any], state: Dict[str, Any]) -> Optional["Pool"]:
+    def recover_pool(self, connection: Dict[str, Any], state: Dict[str, Any]) -> Optional["EnginePool"]:
         """After a restart: the pool re-attached if all its engines answer, else None (its leftovers ended)."""
 
     def close(self) -> None:

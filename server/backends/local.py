@@ -7,7 +7,7 @@ by the same :class:`~nbmpi.workers.launch.launcher.RankWatch` as ``nbmpi run``: 
 a rank fails, the whole group is ended after the others' grace period. Its
 stored state is ``{"pgid": ..., "status_dir": ...}``.
 
-A pool is a :class:`~nbmpi.workers.launch.engine_pool.Pool` started here and not
+A pool is a :class:`~nbmpi.workers.launch.engine_pool.EnginePool` started here and not
 bound to the service's life (it is re-attached after a restart); its state
 is the pids of its controller, mpiexec and ranks, so a pool that cannot be
 re-attached is ended by pid.
@@ -27,7 +27,7 @@ from typing import Any, Callable, Dict, Optional, Tuple
 import psutil
 
 from nbmpi.workers.launch import launcher
-from nbmpi.workers.launch.engine_pool import Pool
+from nbmpi.workers.launch.engine_pool import EnginePool
 from nbmpi.workers.launch.processes import end_group_of, end_processes, noted_segments, remove_shm
 
 from . import Backend, BackendError, JobSpec, JobStatus, PoolSpec
@@ -132,9 +132,9 @@ class LocalBackend(Backend):
 
     # -- pools -------------------------------------------------------------------------------
     def start_pool(self, spec: PoolSpec,
-                   progress: Optional[Callable[[str], None]] = None) -> Tuple[Pool, Dict[str, Any]]:
+                   progress: Optional[Callable[[str], None]] = None) -> Tuple[EnginePool, Dict[str, Any]]:
         os.makedirs(spec.work_dir, exist_ok=True)
-        pool = Pool(spec.ranks, name=spec.name, work_dir=str(spec.work_dir),
+        pool = EnginePool(spec.ranks, name=spec.name, work_dir=str(spec.work_dir),
                     bound_to_owner=False)  # pools outlive a service restart (re-attached)
         try:
             pool.start(progress=progress, timeout=spec.timeout)
@@ -143,7 +143,7 @@ class LocalBackend(Backend):
             raise
         return pool, {"pids": pool.status()["pids"], "status_dir": pool.status_dir}
 
-    def stop_pool(self, pool: Optional[Pool], state: Dict[str, Any]) -> None:
+    def stop_pool(self, pool: Optional[EnginePool], state: Dict[str, Any]) -> None:
         if pool is not None:
             pool.stop()
             if not pool.attached:
@@ -154,10 +154,10 @@ class LocalBackend(Backend):
         if (state or {}).get("status_dir"):   # MPI's shared memory of engines that were killed
             remove_shm(noted_segments(state["status_dir"]))
 
-    def recover_pool(self, connection: Dict[str, Any], state: Dict[str, Any]) -> Optional[Pool]:
+    def recover_pool(self, connection: Dict[str, Any], state: Dict[str, Any]) -> Optional[EnginePool]:
         pool = None
         try:
-            pool = Pool.attach(connection)
+            pool = EnginePool.attach(connection)
             if pool.alive():
                 return pool
         except Exception:  # noqa: BLE001 - unreachable: ended below

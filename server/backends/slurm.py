@@ -53,7 +53,7 @@ Pools. A pool is one Slurm job of N tasks whose batch script runs
 ipyparallel controller there and the N engines as an ``srun`` job step
 (engine id == MPI rank, :func:`nbmpi.workers.launch.engine_side.setup` on every rank),
 then it writes ``WORK_DIR/connection.json``. The service attaches with
-:meth:`nbmpi.workers.launch.engine_pool.Pool.attach` (:class:`SlurmPool`, alive only
+:meth:`nbmpi.workers.launch.engine_pool.EnginePool.attach` (:class:`SlurmPool`, alive only
 while Slurm runs its job). Stop or idle timeout asks the batch script to end
 the pool (``scancel --batch --signal=TERM``: engines, controller, shared
 memory) and ``scancel`` s the job if it has not ended within
@@ -79,7 +79,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from nbmpi.workers.launch import launcher
-from nbmpi.workers.launch.engine_pool import Pool, PoolError
+from nbmpi.workers.launch.engine_pool import EnginePool, EnginePoolError
 
 from . import Backend, BackendError, JobSpec, JobStatus, PoolSpec
 
@@ -98,7 +98,7 @@ COMMAND_TIMEOUT_S = 60.0
 CANCEL_WAIT_S = 90.0
 #: Seconds to wait for exit-code files still missing when Slurm already reports the end (NFS caches).
 STATUS_GRACE_S = 2.0
-#: File the pool's batch job writes once every engine runs (JSON: ``slurm_job_id`` + Pool.connection_info()).
+#: File the pool's batch job writes once every engine runs (JSON: ``slurm_job_id`` + EnginePool.connection_info()).
 POOL_CONNECTION_FILE = "connection.json"
 #: Module the job and pool batch scripts run inside the allocation (pool; shared-memory cleanup).
 SLURM_ALLOCATION = "nbmpi.server.backends.slurm_allocation"
@@ -232,9 +232,9 @@ class SlurmQueue:
         return found
 
 
-class SlurmPool(Pool):
+class SlurmPool(EnginePool):
     """A pool attached to engines in a Slurm allocation: alive only while Slurm runs its job
-    and every engine answers (:meth:`Pool.alive`)."""
+    and every engine answers (:meth:`EnginePool.alive`)."""
 
     _slurm: Optional[Tuple["SlurmBackend", str]] = None
 
@@ -521,7 +521,7 @@ class SlurmBackend(Backend):
 
     # -- pools -------------------------------------------------------------------------------------
     def start_pool(self, spec: PoolSpec,
-                   progress: Optional[Callable[[str], None]] = None) -> Tuple[Pool, Dict[str, Any]]:
+                   progress: Optional[Callable[[str], None]] = None) -> Tuple[EnginePool, Dict[str, Any]]:
         say = progress or (lambda msg: None)
         work = Path(spec.work_dir)
         work.mkdir(parents=True, exist_ok=True)
@@ -552,7 +552,7 @@ class SlurmBackend(Backend):
                 job = self.slurm_job(job_id)
                 if job is None or job.final:
                     out = _tail(work / f"slurm-{job_id}.out")
-                    raise PoolError(f"the pool's Slurm job {job_id} ended "
+                    raise EnginePoolError(f"the pool's Slurm job {job_id} ended "
                                     f"({job.state if job else 'unknown to Slurm'}) before its engines ran"
                                     f"{': ' + out if out else ''}")
                 text = f"Slurm job {job_id}: {job.state.lower()}" + (f" ({job.reason})" if job.reason else "")
@@ -560,7 +560,7 @@ class SlurmBackend(Backend):
                     shown = text
                     say(f"pool {spec.name!r}: {text}")
                 if time.monotonic() > deadline:
-                    raise PoolError(f"the pool did not start within {spec.timeout:.0f} s: {text}; its Slurm job "
+                    raise EnginePoolError(f"the pool did not start within {spec.timeout:.0f} s: {text}; its Slurm job "
                                     "was cancelled (the cluster may be busy: try again later or ask for fewer ranks)")
                 time.sleep(0.2)
             pool = SlurmPool.attach(info)
@@ -582,7 +582,7 @@ class SlurmBackend(Backend):
             return None
         return info if str(info.get("slurm_job_id")) == str(job_id) else None
 
-    def stop_pool(self, pool: Optional[Pool], state: Dict[str, Any]) -> None:
+    def stop_pool(self, pool: Optional[EnginePool], state: Dict[str, Any]) -> None:
         """Disconnect, ask the pool's batch job to end itself (TERM to its batch script only: it ends
         the engines and controller and frees their shared memory), and ``scancel`` it if it has not
         ended within :data:`POOL_STOP_GRACE_S`. Blocks until Slurm reports the job ended."""
@@ -600,7 +600,7 @@ class SlurmBackend(Backend):
             time.sleep(0.2)
         self._cancel_and_wait(job_id, "pool stopped")
 
-    def recover_pool(self, connection: Dict[str, Any], state: Dict[str, Any]) -> Optional[Pool]:
+    def recover_pool(self, connection: Dict[str, Any], state: Dict[str, Any]) -> Optional[EnginePool]:
         job_id = str((state or {}).get("job_id") or connection.get("slurm_job_id") or "")
         pool = None
         try:

@@ -4,16 +4,16 @@ Two commands, ``python -m nbmpi.server.backends.slurm_allocation COMMAND``:
 
 ``pool --work-dir DIR --ranks N``: the batch script of a pool of the Slurm
 backend (:mod:`nbmpi.server.backends.slurm`). On the allocation's first node
-it starts a :class:`nbmpi.workers.launch.engine_pool.Pool` whose launcher is ``srun``
+it starts a :class:`nbmpi.workers.launch.engine_pool.EnginePool` whose launcher is ``srun``
 (``NBMPI_MPIEXEC=srun``, ``SLURM_MPI_TYPE`` from ``--mpi``): the ipyparallel
 controller here, listening on ``--ip``, and the N engines as one job step of
 the allocation, engine id == MPI rank, with
 :func:`nbmpi.workers.launch.engine_side.setup` run on every rank. Once every engine
 runs it writes ``DIR/connection.json`` (owner-only: it holds the controller's
-key): ``{"slurm_job_id": ..., **Pool.connection_info()}``, which the
+key): ``{"slurm_job_id": ..., **EnginePool.connection_info()}``, which the
 controller attaches to. It then waits. SIGTERM (``scancel --batch
 --signal=TERM``, ``scancel``, the time limit) or the death of the engines or
-the controller ends the pool (:meth:`Pool.stop`, which also frees the shared
+the controller ends the pool (:meth:`EnginePool.stop`, which also frees the shared
 memory of killed engines on this node; ``clean-shm`` on the other nodes) and
 this program, which ends the allocation. Exit status 0 when
 ended by a signal, 1 when the pool could not start or died.
@@ -41,7 +41,7 @@ from typing import List, Optional
 
 import psutil
 
-from nbmpi.workers.launch.engine_pool import Pool, PoolError
+from nbmpi.workers.launch.engine_pool import EnginePool, EnginePoolError
 from nbmpi.workers.launch.launcher import MPIEXEC_ENV
 from nbmpi.workers.launch.processes import noted_segments, remove_shm, shm_segments_of
 
@@ -118,7 +118,7 @@ def run_pool(args: argparse.Namespace) -> int:
     os.environ["SLURM_KILL_BAD_EXIT"] = "1"   # one engine dying ends the step: the pool is seen dead at once
     for s in (signal.SIGTERM, signal.SIGINT):
         signal.signal(s, _on_signal)
-    pool = Pool(args.ranks, name=args.name, work_dir=str(work), bound_to_owner=False, ip=args.ip)
+    pool = EnginePool(args.ranks, name=args.name, work_dir=str(work), bound_to_owner=False, ip=args.ip)
     code = 0
     try:
         pool.start(progress=lambda msg: print(msg, flush=True), timeout=args.start_timeout)
@@ -132,7 +132,7 @@ def run_pool(args: argparse.Namespace) -> int:
         code = 1
     except _Stop as stop:
         print(f"slurm_allocation: {stop.args[0]} received; ending the pool", flush=True)
-    except PoolError as exc:
+    except EnginePoolError as exc:
         print(f"slurm_allocation: {exc}", file=sys.stderr, flush=True)
         code = 1
     finally:

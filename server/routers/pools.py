@@ -10,7 +10,7 @@ from fastapi import APIRouter, Depends
 from ..dependencies import current_user, get_pools, user_pool
 from ..errors import DOCUMENTED
 from ..pool_manager import PoolManager
-from ..records import Pool as PoolRow
+from ..records import PoolRow
 from ..schemas import ErrorBody, PoolCreate, PoolInfo, PoolList
 router = APIRouter(prefix="/api/v1/pools", tags=["pools"],
                    responses={**DOCUMENTED, 501: {"model": ErrorBody, "description": "Pools are disabled on "

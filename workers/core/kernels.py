@@ -230,7 +230,7 @@ _MPI_COMBINE: Optional[Callable] = None
 
 def combine_words_mpi_address() -> int:
     """Address of :func:`combine_words` as a C ``MPI_User_function``
-    (``void f(void *in, void *inout, int *len, MPI_Datatype *type)``; the engine reduces one
+    (``void f(void *in, void *inout, int *len, MPI_Datatype *type)``; MPI reduces one
     element, a whole fused buffer, whose own layout says its size), compiled on the first call with
     ``numba.cfunc``. For an MPI operation made in compiled code (MPI calls it directly,
     no Python in the combine)."""

@@ -29,7 +29,7 @@ Modules: recording: :mod:`.distribution` (block, cyclic, block-cyclic, replicate
 evaluation: :mod:`.fusion` (groups), :mod:`.operations` (one module per kind of operation: its
 plan, cache key and lowering into units), :mod:`.plans` (what plans share), :mod:`.units`,
 :mod:`.scheduler` (orders and executes units), :mod:`.packing` (copy kernels), :mod:`.irregular`
-(index arrays), :mod:`.fused_kernels` (code generation), :mod:`.engine` (per-communicator state).
+(index arrays), :mod:`.fused_kernels` (code generation), :mod:`.context` (per-communicator state).
 """
 from __future__ import annotations
 
@@ -47,7 +47,8 @@ from .array import DistArray, _reduce, matmul, roll, transpose, where
 from .creation import (arange, array, asarray, empty, empty_like, from_numpy, full, full_like, ones, ones_like, zeros,
                        zeros_like)
 from .distribution import Distribution
-from .engine import configure, engine_for
+from .context import configure, context_for
+engine_for = context_for  # the former name, kept
 from .errors import (DistArrayDivergence, DistArrayError, DistArrayTimeout, DistributionError, IndexOutOfBounds, ShapeError,
                      UnsupportedOperation)
 from .fallback import NumPyFallbackWarning
@@ -106,7 +107,7 @@ def redistribute(a: DistArray, dist: Any) -> DistArray:
 def evaluate(comm=None, latency_hiding: Optional[bool] = None) -> None:
     """Run every operation recorded on ``comm`` (default ``COMM_WORLD``) now: a force point.
     Collective. ``latency_hiding`` overrides the setting for this evaluation only."""
-    engine_for(comm).flush("evaluate()", latency_hiding=latency_hiding)
+    context_for(comm).flush("evaluate()", latency_hiding=latency_hiding)
 
 
 def stats(comm=None) -> Dict[str, Any]:
@@ -114,16 +115,16 @@ def stats(comm=None) -> Dict[str, Any]:
     reused, blocks computed, messages and bytes sent, time waited, local buffers of at least 64 KiB
     allocated (lazily, for results actually stored) and reused, and the compiled kernels
     (``kernels``: ``compiled``/``loaded``/``signatures``). ``last`` describes the last evaluation."""
-    eng = engine_for(comm)
-    out: Dict[str, Any] = dict(eng.stats)
-    out["pending"] = len(eng.pending)
-    out["buffers_allocated"] = eng.buffers.allocated
-    out["buffers_reused"] = eng.buffers.reused
+    ctx = context_for(comm)
+    out: Dict[str, Any] = dict(ctx.stats)
+    out["pending"] = len(ctx.pending)
+    out["buffers_allocated"] = ctx.buffers.allocated
+    out["buffers_reused"] = ctx.buffers.reused
     out["kernels"] = kernel_stats()
     out["fallback"] = _fallback.stats()
-    out["last"] = dict(eng.last)
-    out["settings"] = dict(latency_hiding=eng.latency_hiding, threshold=eng.threshold,
-                           chunk_elems=eng.chunk_elems, timeout=eng.timeout)
+    out["last"] = dict(ctx.last)
+    out["settings"] = dict(latency_hiding=ctx.latency_hiding, threshold=ctx.threshold,
+                           chunk_elems=ctx.chunk_elems, timeout=ctx.timeout)
     return out
 
 

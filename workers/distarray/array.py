@@ -23,7 +23,7 @@ import numpy as np
 
 from . import elementwise, fallback, irregular, linalg, numpy_math, reductions
 from .distribution import Distribution, make_distribution
-from .engine import Engine
+from .context import ArrayContext
 from .errors import DistributionError, ShapeError, UnsupportedOperation
 from .graph import Base, Leaf
 from .indexing import View
@@ -37,7 +37,7 @@ _REDUCE_UFUNCS = {"add": "sum", "minimum": "min", "maximum": "max", "logical_or"
 def wrap(leaf: Leaf) -> "DistArray":
     """The DistArray showing ``leaf`` (then the threshold of recorded operations is checked)."""
     d = DistArray(leaf.base, leaf.view)
-    d._base.engine.maybe_flush()
+    d._base.context.maybe_flush()
     return d
 
 
@@ -94,11 +94,11 @@ class DistArray:
     @property
     def comm(self):
         """The communicator the array lives on."""
-        return self._base.engine.comm
+        return self._base.context.comm
 
     @property
-    def engine(self) -> Engine:
-        return self._base.engine
+    def context(self) -> ArrayContext:
+        return self._base.context
 
     def describe(self) -> str:
         """A readable description: shape, dtype, distribution, and the view of the base if any."""
@@ -119,26 +119,26 @@ class DistArray:
     # -- force points -----------------------------------------------------------------
     def evaluate(self) -> "DistArray":
         """Run every recorded operation of this array's communicator now (collective). Returns self."""
-        self.engine.flush("evaluate()")
+        self.context.flush("evaluate()")
         return self
 
     def to_numpy(self, root: Optional[int] = None, _reason: str = "to_numpy()") -> Optional[np.ndarray]:
         """Gather the array into a NumPy array: on every rank (``root=None``, an allgather) or on
         ``root`` only (the others get None). Collective; a force point. Returns a new array."""
-        eng = self.engine
+        ctx = self.context
         if self._base.replicated:
-            eng.flush(_reason)
-            if root is not None and eng.rank != root:
+            ctx.flush(_reason)
+            if root is not None and ctx.rank != root:
                 return None
             return np.array(self._base.ensure()[self._view.numpy_index()], copy=True)
-        if root is not None and not 0 <= root < eng.size:
-            raise ValueError(f"to_numpy: root {root} is not a rank of the communicator (0..{eng.size - 1})")
-        rep = elementwise.replicate_leaf(eng, self._leaf(), "to_numpy()" if root is None else
+        if root is not None and not 0 <= root < ctx.size:
+            raise ValueError(f"to_numpy: root {root} is not a rank of the communicator (0..{ctx.size - 1})")
+        rep = elementwise.replicate_leaf(ctx, self._leaf(), "to_numpy()" if root is None else
                                          f"to_numpy(root={root})", root=root)
         keep = DistArray(rep.base, rep.view)  # read below: it must not look dead to the fusion pass
-        eng.flush(_reason)
+        ctx.flush(_reason)
         del keep
-        if root is not None and eng.rank != root:
+        if root is not None and ctx.rank != root:
             return None
         return np.array(rep.base.ensure()[rep.view.numpy_index()], copy=True)
 
@@ -183,8 +183,8 @@ class DistArray:
         (:attr:`local_rows` gives their indices); it is a view of the local buffer (writes go to
         the array) unless the rows are not evenly spaced locally (then a copy). A replicated array
         gives all of it. Once taken, the base's buffer is never exchanged by fusion."""
-        eng = self.engine
-        eng.flush(".local")
+        ctx = self.context
+        ctx.flush(".local")
         b, v = self._base, self._view
         b.exported = True
         loc = b.ensure()
@@ -193,7 +193,7 @@ class DistArray:
         if v.is_full:
             return loc
         s, t, n = v.row_params
-        _, lidx = my_rows(b.dist, s, t, n, eng.rank)
+        _, lidx = my_rows(b.dist, s, t, n, ctx.rank)
         if not v.row_kept and len(lidx) == 0:
             return np.empty((0,) + self.shape, dtype=self.dtype)
         sel = selector(lidx) if v.row_kept else int(lidx[0])
@@ -206,7 +206,7 @@ class DistArray:
         if b.replicated:
             return np.arange(self.shape[0] if self.shape else 1, dtype=np.int64)
         s, t, n = v.row_params
-        i, _ = my_rows(b.dist, s, t, n, self.engine.rank)
+        i, _ = my_rows(b.dist, s, t, n, self.context.rank)
         return i
 
     # -- printing -----------------------------------------------------------------------
@@ -249,7 +249,7 @@ class DistArray:
                     "rows with a NumPy boolean mask")
             if key.ndim != 1:
                 raise UnsupportedOperation(f"a distributed index array must be 1-D, got shape {key.shape}")
-            if key.engine is not self.engine:
+            if key.context is not self.context:
                 raise DistributionError("the index array lives on another communicator than the indexed array; "
                                         "create both with the same comm=")
             return key if key._view.is_full else key.redistribute(key.dist)
@@ -262,25 +262,25 @@ class DistArray:
 
     def _take(self, idx: Any) -> "DistArray":
         """``self[idx]`` with an index array: a new array (a force point, collective)."""
-        eng = self.engine
+        ctx = self.context
         if self.ndim == 0:
             raise IndexError("too many indices for array: array is 0-dimensional, but 1 were indexed")
         if self._base.replicated:
             ix = idx.to_numpy() if isinstance(idx, DistArray) else idx
-            return wrap(elementwise.rep_base_from_numpy(eng, self.to_numpy()[ix]))
-        out = irregular.record_take(eng, self._leaf(), idx._leaf() if isinstance(idx, DistArray) else idx)
+            return wrap(elementwise.rep_base_from_numpy(ctx, self.to_numpy()[ix]))
+        out = irregular.record_take(ctx, self._leaf(), idx._leaf() if isinstance(idx, DistArray) else idx)
         res = DistArray(out.base, out.view)
-        eng.flush("a[idx]")
+        ctx.flush("a[idx]")
         return res
 
     def _put(self, idx: Any, value: Any) -> None:
         """``self[idx] = value`` with an index array (a force point, collective)."""
-        eng = self.engine
+        ctx = self.context
         irregular.check_rows_view(self._leaf(), "b[idx] = a")
         m = idx.shape[0] if isinstance(idx, DistArray) else len(idx)
         want = (m,) + tuple(self.shape[1:])
         if isinstance(value, DistArray):
-            if value.engine is not eng:
+            if value.context is not ctx:
                 raise DistributionError("b[idx] = a: a lives on another communicator than b; create both with the "
                                         "same comm=")
             if value.shape != want:
@@ -299,13 +299,13 @@ class DistArray:
                 raise ShapeError(f"b[idx] = a: could not broadcast a of shape {arr.shape} to {want}") from None
             if isinstance(idx, DistArray):
                 d = idx.dist
-                base = Base(eng, want, arr.dtype, d, temp=True)
-                base.set_local(np.ascontiguousarray(arr[d.global_rows(eng.rank)]))
+                base = Base(ctx, want, arr.dtype, d, temp=True)
+                base.set_local(np.ascontiguousarray(arr[d.global_rows(ctx.rank)]))
                 v = DistArray(base, View.full(want))
             else:
-                v = wrap(elementwise.rep_base_from_numpy(eng, arr))
-        irregular.record_put(eng, self._leaf(), idx._leaf() if isinstance(idx, DistArray) else idx, v._leaf())
-        eng.flush("b[idx] = a")
+                v = wrap(elementwise.rep_base_from_numpy(ctx, arr))
+        irregular.record_put(ctx, self._leaf(), idx._leaf() if isinstance(idx, DistArray) else idx, v._leaf())
+        ctx.flush("b[idx] = a")
 
     def __getitem__(self, key: Any):
         try:
@@ -321,7 +321,7 @@ class DistArray:
         return sub
 
     def __setitem__(self, key: Any, value: Any) -> None:
-        eng = self.engine
+        ctx = self.context
         if isinstance(key, (DistArray, np.ndarray)) and key.dtype == np.bool_ and (
                 isinstance(key, DistArray) or key.shape == self.shape and np.ndim(value) == 0):
             # a[mask] = value with a mask of a's shape is where(mask, value, a), in place
@@ -332,9 +332,9 @@ class DistArray:
                 return
             val = value
             mk = key._leaf() if isinstance(key, DistArray) else key
-            res = elementwise.record_where(eng, mk, val, self._leaf())
-            elementwise.record_assign(eng, self._leaf(), res)
-            eng.maybe_flush()
+            res = elementwise.record_where(ctx, mk, val, self._leaf())
+            elementwise.record_assign(ctx, self._leaf(), res)
+            ctx.maybe_flush()
             return
         try:
             idx = self._index_key(key)
@@ -346,8 +346,8 @@ class DistArray:
             return
         target = Leaf(self._base, self._view.index(key))
         val = value._leaf() if isinstance(value, DistArray) else value
-        elementwise.record_assign(eng, target, val)
-        eng.maybe_flush()
+        elementwise.record_assign(ctx, target, val)
+        ctx.maybe_flush()
 
     def fill(self, value: Any) -> None:
         """Set every element to ``value`` (recorded)."""
@@ -356,7 +356,7 @@ class DistArray:
     # -- NumPy protocols -------------------------------------------------------------------
     def __array_ufunc__(self, ufunc: np.ufunc, method: str, *inputs: Any, **kwargs: Any):
         name = ufunc.__name__
-        eng = self._engine_of(inputs, kwargs.get("out"))
+        ctx = self._context_of(inputs, kwargs.get("out"))
         if method == "reduce" and name in _REDUCE_UFUNCS and len(inputs) == 1:
             axis = kwargs.get("axis", 0)
             return _reduce(inputs[0], _REDUCE_UFUNCS[name], axis)
@@ -382,9 +382,9 @@ class DistArray:
                                            "with to_numpy() for NumPy results")
             out_leaf = out._leaf()
         args = [x._leaf() if isinstance(x, DistArray) else x for x in inputs]
-        res = elementwise.record_ufunc(eng, ufunc, args, out=out_leaf)
+        res = elementwise.record_ufunc(ctx, ufunc, args, out=out_leaf)
         if out is not None:
-            eng.maybe_flush()
+            ctx.maybe_flush()
             return out
         return wrap(res)
 
@@ -403,10 +403,10 @@ class DistArray:
         return fallback.method(self, name)
 
     @staticmethod
-    def _engine_of(inputs, out=None) -> Engine:
+    def _context_of(inputs, out=None) -> ArrayContext:
         for x in list(inputs) + (list(out) if isinstance(out, tuple) else [out]):
             if isinstance(x, DistArray):
-                return x.engine
+                return x.context
         raise TypeError("no distributed operand")  # pragma: no cover - numpy only calls us with one
 
     # -- arithmetic (recorded) -------------------------------------------------------------
@@ -418,13 +418,13 @@ class DistArray:
         if numpy_math.applies(ufunc.__name__):
             return numpy_math.apply(ufunc, inputs)
         args = [x._leaf() if isinstance(x, DistArray) else x for x in inputs]
-        return wrap(elementwise.record_ufunc(self.engine, ufunc, args))
+        return wrap(elementwise.record_ufunc(self.context, ufunc, args))
 
     def _iu(self, ufunc: np.ufunc, other: Any) -> "DistArray":
         o = other._leaf() if isinstance(other, DistArray) else other
         fallback.note_native(ufunc.__name__)
-        elementwise.record_ufunc(self.engine, ufunc, [self._leaf(), o], out=self._leaf())
-        self.engine.maybe_flush()
+        elementwise.record_ufunc(self.context, ufunc, [self._leaf(), o], out=self._leaf())
+        self.context.maybe_flush()
         return self
 
     def __add__(self, o): return self._u(np.add, self, o)
@@ -474,7 +474,7 @@ class DistArray:
         """A new array of ``dtype`` (recorded)."""
         if not copy and np.dtype(dtype) == self.dtype:
             return self
-        return wrap(elementwise.record_cast(self.engine, self._leaf(), dtype))
+        return wrap(elementwise.record_cast(self.context, self._leaf(), dtype))
 
     def redistribute(self, dist: Any) -> "DistArray":
         """A new array with this array's values and shape, its rows spread over the ranks by ``dist``
@@ -490,16 +490,16 @@ class DistArray:
         """
         if self.ndim == 0:
             raise UnsupportedOperation("redistribute of a 0-d array: it has no rows to distribute")
-        eng = self.engine
-        d = make_distribution(dist, self.shape[0], eng.size)
-        base = Base(eng, self.shape, self.dtype, d, origin=f"redistribute:{d.kind}:{d.block}")
+        ctx = self.context
+        d = make_distribution(dist, self.shape[0], ctx.size)
+        base = Base(ctx, self.shape, self.dtype, d, origin=f"redistribute:{d.kind}:{d.block}")
         target = Leaf(base, View.full(self.shape))
-        elementwise.record_assign(eng, target, self._leaf())
+        elementwise.record_assign(ctx, target, self._leaf())
         return wrap(target)
 
     def copy(self) -> "DistArray":
         """A new array with the same values, laid out like this one (recorded)."""
-        return wrap(elementwise.record_cast(self.engine, self._leaf(), self.dtype))
+        return wrap(elementwise.record_cast(self.context, self._leaf(), self.dtype))
 
     def sum(self, axis=None) -> "DistArray":
         return _reduce(self, "sum", axis)
@@ -538,13 +538,13 @@ class DistArray:
 
 
 # --------------------------------------------------------------------------- functions
-def _engine_from(*xs: Any) -> Engine:
+def _context_from(*xs: Any) -> ArrayContext:
     for x in xs:
         if isinstance(x, DistArray):
-            return x.engine
-    from .engine import engine_for
+            return x.context
+    from .context import context_for
 
-    return engine_for()
+    return context_for()
 
 
 def _reduce(a: Any, op: str, axis: Any = None) -> Any:
@@ -552,18 +552,18 @@ def _reduce(a: Any, op: str, axis: Any = None) -> Any:
         return getattr(np, {"sum": "sum", "mean": "mean", "min": "min", "max": "max", "any": "any",
                             "all": "all"}[op])(a, axis=axis)
     fallback.note_native(op)
-    return wrap(reductions.record_reduce(a.engine, a._leaf(), op, axis))
+    return wrap(reductions.record_reduce(a.context, a._leaf(), op, axis))
 
 
 def matmul(a: Any, b: Any) -> Any:
     """``a @ b`` (recorded); see :mod:`~.linalg` for what is supported."""
     if not isinstance(a, DistArray) and not isinstance(b, DistArray):
         return np.matmul(a, b)
-    eng = _engine_from(a, b)
+    ctx = _context_from(a, b)
     la = a._leaf() if isinstance(a, DistArray) else a
     lb = b._leaf() if isinstance(b, DistArray) else b
     try:
-        return wrap(linalg.record_matmul(eng, la, lb))
+        return wrap(linalg.record_matmul(ctx, la, lb))
     except UnsupportedOperation:         # shapes the distributed matmul lacks (e.g. 1-D @ 2-D): NumPy's
         return fallback.call(np.matmul, (a, b), {}, "matmul")
 
@@ -574,7 +574,7 @@ def transpose(a: Any, axes: Any = None) -> Any:
         return np.transpose(a, axes)
     if axes is not None and tuple(axes) != tuple(range(a.ndim))[::-1]:
         raise UnsupportedOperation("transpose with explicit axes is not supported")
-    res = linalg.record_transpose(a.engine, a._leaf())
+    res = linalg.record_transpose(a.context, a._leaf())
     return a if res.base is a._base and res.view == a._view else wrap(res)
 
 
@@ -584,9 +584,9 @@ def where(cond: Any, x: Any = None, y: Any = None) -> Any:
         raise UnsupportedOperation("where(cond) with one argument (nonzero) is not supported on distributed arrays")
     if not any(isinstance(v, DistArray) for v in (cond, x, y)):
         return np.where(cond, x, y)
-    eng = _engine_from(cond, x, y)
+    ctx = _context_from(cond, x, y)
     args = [v._leaf() if isinstance(v, DistArray) else v for v in (cond, x, y)]
-    return wrap(elementwise.record_where(eng, *args))
+    return wrap(elementwise.record_where(ctx, *args))
 
 
 def roll(a: Any, shift: Any, axis: Any = None) -> Any:
@@ -608,7 +608,7 @@ def roll(a: Any, shift: Any, axis: Any = None) -> Any:
         ax %= nd
         n = cur.shape[ax]
         k = operator.index(s) % n if n else 0
-        out = wrap(elementwise.result_leaf(cur.engine, [cur._leaf()], cur.shape, cur.dtype))
+        out = wrap(elementwise.result_leaf(cur.context, [cur._leaf()], cur.shape, cur.dtype))
         pre = (slice(None),) * ax
         if k == 0:
             out[...] = cur
@@ -654,12 +654,12 @@ def _printable(a: DistArray) -> np.ndarray:
         return a.to_numpy()
     n0 = a.shape[0]
     if n0 > 2 * edge:
-        head = elementwise.replicate_leaf(a.engine, DistArray(a._base, a._view.index(slice(0, edge)))
+        head = elementwise.replicate_leaf(a.context, DistArray(a._base, a._view.index(slice(0, edge)))
                                           ._leaf(), "print")
-        tail = elementwise.replicate_leaf(a.engine, DistArray(a._base, a._view.index(
+        tail = elementwise.replicate_leaf(a.context, DistArray(a._base, a._view.index(
             slice(n0 - edge, n0)))._leaf(), "print")
         held = (DistArray(head.base, head.view), DistArray(tail.base, tail.view))  # read below
-        a.engine.flush("print")
+        a.context.flush("print")
         assert held
         h = head.base.ensure()[head.view.numpy_index()]
         tl = tail.base.ensure()[tail.view.numpy_index()]

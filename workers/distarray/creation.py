@@ -19,7 +19,7 @@ from ..core import waiting
 from . import fallback
 from .array import _FUNCTIONS, DistArray
 from .distribution import make_distribution
-from .engine import engine_for
+from .context import context_for
 from .errors import DistArrayTimeout, UnsupportedOperation
 from .graph import Base
 from .indexing import View
@@ -48,12 +48,12 @@ def _dtype(dtype: Any) -> np.dtype:
 
 
 def _new(shape, dtype, dist, comm, origin: str) -> Tuple[Base, Any]:
-    eng = engine_for(comm)
+    ctx = context_for(comm)
     shape = _shape(shape)
     dt = _dtype(dtype)
     spec = "replicated" if not shape else dist
-    d = make_distribution(spec, shape[0] if shape else 1, eng.size)
-    return Base(eng, shape, dt, d, origin=origin), eng
+    d = make_distribution(spec, shape[0] if shape else 1, ctx.size)
+    return Base(ctx, shape, dt, d, origin=origin), ctx
 
 
 def _filled(shape, dtype, dist, comm, fill) -> DistArray:
@@ -97,8 +97,8 @@ def arange(start, stop=None, step=1, dtype=None, dist="block", comm=None) -> Dis
         dtype = np.result_type(*(np.asarray(v) for v in (start, stop, step)))
     probe = np.arange(start, start + step * min(n, 2), step, dtype=dtype)
     dt = _dtype(probe.dtype)
-    b, eng = _new((n,), dt, dist, comm, f"arange({start!r},{stop!r},{step!r})")
-    g = b.dist.global_rows(eng.rank)
+    b, ctx = _new((n,), dt, dist, comm, f"arange({start!r},{stop!r},{step!r})")
+    g = b.dist.global_rows(ctx.rank)
     if dt.kind in "iub":
         vals = (np.int64(start) + g.astype(np.int64) * np.int64(step)).astype(dt)
     else:
@@ -115,26 +115,26 @@ def from_numpy(x: Any, dist="block", comm=None, root: Optional[int] = None) -> D
     communication). ``root=r``: only rank ``r``'s ``x`` matters (the others may pass None); its
     rows are scattered (collective, non-blocking scatter waited with ``NBMPI_TIMEOUT``).
     """
-    eng = engine_for(comm)
+    ctx = context_for(comm)
     if root is None:
         a = np.asarray(x)
         b, _ = _new(a.shape, a.dtype, dist, comm, "")
         if b.replicated:
             b.set_local(np.array(a, copy=True, order="C"))
         elif b.dist.kind == "block":
-            lo, hi = b.dist.block_range(eng.rank)
+            lo, hi = b.dist.block_range(ctx.rank)
             b.set_local(np.array(a[lo:hi], copy=True, order="C"))
         else:
-            b.set_local(np.ascontiguousarray(a[b.dist.global_rows(eng.rank)]))
+            b.set_local(np.ascontiguousarray(a[b.dist.global_rows(ctx.rank)]))
         return DistArray(b, View.full(b.shape))
-    return _scatter(eng, x, dist, comm, root)
+    return _scatter(ctx, x, dist, comm, root)
 
 
-def _scatter(eng, x, dist, comm, root: int) -> DistArray:
+def _scatter(ctx, x, dist, comm, root: int) -> DistArray:
     MPI = runtime.MPI()
-    eng.ensure_comm()
+    ctx.ensure_comm()
     tr = tracing.get_tracer()
-    rank, size = eng.rank, eng.size
+    rank, size = ctx.rank, ctx.size
     if not 0 <= root < size:
         raise ValueError(f"from_numpy: root {root} is not a rank of the communicator (0..{size - 1})")
     hdr = np.zeros(34, dtype=np.int64)
@@ -146,8 +146,8 @@ def _scatter(eng, x, dist, comm, root: int) -> DistArray:
         code = np.frombuffer(a.dtype.str.encode().ljust(8, b" "), dtype=np.int64)[0]
         hdr[0], hdr[1], hdr[2:2 + a.ndim] = a.ndim, code, a.shape
     t0 = time_ns()
-    req = eng.dcomm.Ibcast(hdr, root=root)
-    waiting.wait(req, eng.timeout, rank, root, f"from_numpy(root={root}): header", DistArrayTimeout,
+    req = ctx.dcomm.Ibcast(hdr, root=root)
+    waiting.wait(req, ctx.timeout, rank, root, f"from_numpy(root={root}): header", DistArrayTimeout,
                  cancellable=False)
     nd = int(hdr[0])
     shape = tuple(int(s) for s in hdr[2:2 + nd])
@@ -158,7 +158,7 @@ def _scatter(eng, x, dist, comm, root: int) -> DistArray:
     if b.replicated:
         if rank == root:
             local[...] = a
-        req = eng.dcomm.Ibcast([local, MPI.BYTE], root=root)
+        req = ctx.dcomm.Ibcast([local, MPI.BYTE], root=root)
     else:
         counts = np.array([b.dist.local_count(r) * row_elems * dt.itemsize for r in range(size)], dtype=np.int64)
         displs = np.zeros(size, dtype=np.int64)
@@ -168,13 +168,13 @@ def _scatter(eng, x, dist, comm, root: int) -> DistArray:
             parts = [a[b.dist.global_rows(r)].reshape(-1) for r in range(size)]
             sendbuf = [np.concatenate(parts).view(np.uint8) if parts else np.empty(0, np.uint8), (counts, displs),
                        MPI.BYTE]
-        req = eng.dcomm.Iscatterv(sendbuf, [local.reshape(-1).view(np.uint8), MPI.BYTE], root=root)
-    waiting.wait(req, eng.timeout, rank, root, f"from_numpy(root={root}): scatter", DistArrayTimeout,
+        req = ctx.dcomm.Iscatterv(sendbuf, [local.reshape(-1).view(np.uint8), MPI.BYTE], root=root)
+    waiting.wait(req, ctx.timeout, rank, root, f"from_numpy(root={root}): scatter", DistArrayTimeout,
                  cancellable=False)
     t1 = time_ns()
     if tr.enabled:
-        tr.record(K_SCATTER, tracing.DIR_NONE, -1, 0, local.nbytes, t0, t1, wait=-1, seq=eng.flush_no,
-                  chan=eng.chan, count=size)
+        tr.record(K_SCATTER, tracing.DIR_NONE, -1, 0, local.nbytes, t0, t1, wait=-1, seq=ctx.flush_no,
+                  chan=ctx.chan, count=size)
     b.set_local(local)
     return DistArray(b, View.full(shape))
 

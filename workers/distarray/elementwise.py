@@ -37,19 +37,19 @@ SUPPORTED = frozenset(SUPPORTED_UFUNCS)
 _RESOLVED: dict = {}
 
 
-def rep_base_from_numpy(engine, arr: np.ndarray) -> Leaf:
+def rep_base_from_numpy(context, arr: np.ndarray) -> Leaf:
     """A replicated base holding a copy of ``arr`` (every rank passes its own, equal, array)."""
     a = np.array(arr, copy=True, order="C")
     if a.dtype.kind not in "biuf":
         raise UnsupportedOperation(f"NumPy operands of dtype {a.dtype} are not supported; use bool, integer or "
                                    "floating-point arrays")
-    b = Base(engine, a.shape, a.dtype, Distribution("replicated", a.shape[0] if a.shape else 1, engine.size),
+    b = Base(context, a.shape, a.dtype, Distribution("replicated", a.shape[0] if a.shape else 1, context.size),
              temp=True, origin=f"numpy{a.shape}{array_fingerprint(a)}")
     b.set_local(a)
     return Leaf(b, View.full(a.shape))
 
 
-def as_node(engine, x: Any) -> Node:
+def as_node(context, x: Any) -> Node:
     """``x`` (a Leaf, a NumPy array or scalar, a Python scalar) as an expression node."""
     if isinstance(x, (Leaf, Op, Const)):
         return x
@@ -64,7 +64,7 @@ def as_node(engine, x: Any) -> Node:
         if a.dtype.kind not in "biuf":
             raise UnsupportedOperation(f"scalar of dtype {a.dtype} is not supported")
         return Const(a[()])
-    return rep_base_from_numpy(engine, a)
+    return rep_base_from_numpy(context, a)
 
 
 def aligned(leaf: Leaf, space: RowSpace) -> bool:
@@ -79,14 +79,14 @@ def aligned(leaf: Leaf, space: RowSpace) -> bool:
             and v.shape[0] == space.count)
 
 
-def replicate_leaf(engine, leaf: Leaf, why: str, root: Optional[int] = None) -> Leaf:
+def replicate_leaf(context, leaf: Leaf, why: str, root: Optional[int] = None) -> Leaf:
     """Record the gathering of ``leaf`` (a view of a distributed base) to every rank (or ``root``);
     return a Leaf of the replicated copy with the same user shape."""
     v = leaf.view
     s, t, c = v.row_params
     packed = (c,) + v.packed_trail_shape()
-    rb = Base(engine, packed, leaf.dtype, Distribution("replicated", packed[0], engine.size), temp=True)
-    engine.record(Replicate(leaf, Leaf(rb, View.full(packed)), root, why))
+    rb = Base(context, packed, leaf.dtype, Distribution("replicated", packed[0], context.size), temp=True)
+    context.record(Replicate(leaf, Leaf(rb, View.full(packed)), root, why))
     ents = []
     for k, e in enumerate(v.entries):
         if e[0] == "n":
@@ -98,7 +98,7 @@ def replicate_leaf(engine, leaf: Leaf, why: str, root: Optional[int] = None) -> 
     return Leaf(rb, View(packed, tuple(ents)))
 
 
-def result_leaf(engine, nodes: Sequence[Node], shape: Tuple[int, ...], dtype: np.dtype) -> Leaf:
+def result_leaf(context, nodes: Sequence[Node], shape: Tuple[int, ...], dtype: np.dtype) -> Leaf:
     """Where a new elementwise result of ``shape`` lives (see the module doc); allocates nothing."""
     dist_leaves = [l for n in nodes for l in leaves(n) if not l.rep]
     lead = None
@@ -115,26 +115,26 @@ def result_leaf(engine, nodes: Sequence[Node], shape: Tuple[int, ...], dtype: np
         if (lv.ndim == len(b.shape) and all(e[0] == "s" for e in lv.entries) and 2 * lv.size >= math.prod(b.shape)
                 and lv.shape == tuple(shape)):
             # laid out exactly like the leading operand's base (a copy back into it can swap buffers)
-            base = Base(engine, b.shape, dtype, b.dist, temp=True)
+            base = Base(context, b.shape, dtype, b.dist, temp=True)
             return Leaf(base, View(base.shape, lv.entries))
         if 2 * c >= nb:
-            base = Base(engine, (nb,) + tuple(shape[1:]), dtype, b.dist, temp=True)
+            base = Base(context, (nb,) + tuple(shape[1:]), dtype, b.dist, temp=True)
             ents = (("s", s, t, c),) + tuple(("s", 0, 1, n) for n in shape[1:])
             return Leaf(base, View(base.shape, ents))
-        base = Base(engine, shape, dtype, b.dist.with_rows(shape[0]), temp=True)
+        base = Base(context, shape, dtype, b.dist.with_rows(shape[0]), temp=True)
         return Leaf(base, View.full(shape))
     if dist_leaves and shape:
         d0 = dist_leaves[0].base.dist
-        base = Base(engine, shape, dtype, d0.with_rows(shape[0]) if not d0.replicated else d0, temp=True)
+        base = Base(context, shape, dtype, d0.with_rows(shape[0]) if not d0.replicated else d0, temp=True)
         return Leaf(base, View.full(shape))
-    base = Base(engine, shape, dtype, Distribution("replicated", shape[0] if shape else 1, engine.size), temp=True)
+    base = Base(context, shape, dtype, Distribution("replicated", shape[0] if shape else 1, context.size), temp=True)
     return Leaf(base, View.full(shape))
 
 
-def _check_engines(engine, nodes: Sequence[Node], what: str) -> None:
+def _check_contexts(context, nodes: Sequence[Node], what: str) -> None:
     for n in nodes:
         for l in leaves(n):
-            if l.base.engine is not engine:
+            if l.base.context is not context:
                 raise DistributionError(
                     f"{what}: the operands live on different communicators ({l.base.name()} is on another "
                     "communicator than the first distributed operand); create every array of one computation "
@@ -150,51 +150,51 @@ def _broadcast(name: str, shapes: List[Tuple[int, ...]]) -> Tuple[int, ...]:
                          "the right, sizes must be equal or 1)") from None
 
 
-def _align_operands(engine, nodes: List[Node], space: RowSpace, what: str) -> List[Node]:
+def _align_operands(context, nodes: List[Node], space: RowSpace, what: str) -> List[Node]:
     out = []
     for n in nodes:
         if isinstance(n, Leaf) and not n.rep and not aligned(n, space):
-            n = replicate_leaf(engine, n, f"gather {node_desc(n)} to every rank for {what} (its rows do not "
+            n = replicate_leaf(context, n, f"gather {node_desc(n)} to every rank for {what} (its rows do not "
                                           "line up with the result's rows)")
         elif isinstance(n, Op):
-            n = _realign(engine, n, space, what)
+            n = _realign(context, n, space, what)
         out.append(n)
     return out
 
 
-def _realign(engine, node: Op, space: RowSpace, what: str) -> Node:
+def _realign(context, node: Op, space: RowSpace, what: str) -> Node:
     from .graph import substitute
 
     return substitute(node, lambda l: None if (l.rep or aligned(l, space)) else
-                      replicate_leaf(engine, l, f"gather {node_desc(l)} to every rank for {what}"))
+                      replicate_leaf(context, l, f"gather {node_desc(l)} to every rank for {what}"))
 
 
 def _needs_gather(expr: Node, space: RowSpace) -> bool:
     return any(not l.rep and not aligned(l, space) for l in leaves(expr))
 
 
-def _record(engine, target: Leaf, expr: Node, desc) -> Leaf:
+def _record(context, target: Leaf, expr: Node, desc) -> Leaf:
     """Record ``target = expr``, through a temporary if ``expr`` reads the target's base elsewhere.
     ``desc``: a callable giving the text of the operation (computed only for error messages)."""
     space = RowSpace.of_leaf(target, target.shape)
     if any(l.base is target.base and l.view != target.view for l in leaves(expr)):
-        tmp = result_leaf(engine, [expr], expr.shape, expr.dtype)
+        tmp = result_leaf(context, [expr], expr.shape, expr.dtype)
         tspace = RowSpace.of_leaf(tmp, tmp.shape)
         if _needs_gather(expr, tspace):
-            expr = _realign(engine, expr, tspace, desc()) if isinstance(expr, Op) else \
-                _align_operands(engine, [expr], tspace, desc())[0]
-        engine.record(Assign(tmp, expr, lambda: desc() + " (into a temporary: the value overlaps the target)"))
+            expr = _realign(context, expr, tspace, desc()) if isinstance(expr, Op) else \
+                _align_operands(context, [expr], tspace, desc())[0]
+        context.record(Assign(tmp, expr, lambda: desc() + " (into a temporary: the value overlaps the target)"))
         expr = tmp
     if _needs_gather(expr, space):
         if isinstance(expr, Op):
-            expr = _realign(engine, expr, space, desc())
+            expr = _realign(context, expr, space, desc())
         else:
-            expr = _align_operands(engine, [expr], space, desc())[0]
-    engine.record(Assign(target, expr, desc))
+            expr = _align_operands(context, [expr], space, desc())[0]
+    context.record(Assign(target, expr, desc))
     return target
 
 
-def record_ufunc(engine, ufunc: np.ufunc, inputs: Sequence[Any], out: Optional[Leaf] = None) -> Leaf:
+def record_ufunc(context, ufunc: np.ufunc, inputs: Sequence[Any], out: Optional[Leaf] = None) -> Leaf:
     """Record ``ufunc(*inputs[, out=out])``; return the result (``out`` if given)."""
     name = ufunc.__name__
     if name not in SUPPORTED:
@@ -203,17 +203,17 @@ def record_ufunc(engine, ufunc: np.ufunc, inputs: Sequence[Any], out: Optional[L
             "and where()")
     if ufunc.nin != len(inputs):
         raise TypeError(f"{name}() takes {ufunc.nin} operands, got {len(inputs)}")
-    nodes = [as_node(engine, x) for x in inputs]
-    _check_engines(engine, nodes, name)
+    nodes = [as_node(context, x) for x in inputs]
+    _check_contexts(context, nodes, name)
     if name == "power" and isinstance(nodes[1], Const) and not isinstance(nodes[0], Const) \
             and nodes[0].dtype.kind == "f" and nodes[1].dtype.kind in "iuf":
         # NumPy's own fast paths for float arrays (the same results as NumPy, and no pow() call):
         # a ** 2 is square(a), a ** 0.5 is sqrt(a)
         e = nodes[1].value
         if e == 2:
-            return record_ufunc(engine, np.square, [inputs[0]], out)
+            return record_ufunc(context, np.square, [inputs[0]], out)
         if e == 0.5:
-            return record_ufunc(engine, np.sqrt, [inputs[0]], out)
+            return record_ufunc(context, np.sqrt, [inputs[0]], out)
     shape = _broadcast(name, [n.shape for n in nodes])
     specs = tuple(n.spec if isinstance(n, Const) else n.dtype for n in nodes)
     dts = _RESOLVED.get((name, specs))
@@ -232,47 +232,47 @@ def record_ufunc(engine, ufunc: np.ufunc, inputs: Sequence[Any], out: Optional[L
         return f"{name}(" + ", ".join(node_desc(n) for n in nodes) + ")"
 
     if out is not None:
-        _check_engines(engine, [out], name)
+        _check_contexts(context, [out], name)
         if _broadcast(name, [shape, out.shape]) != out.shape:
             raise ShapeError(f"{name}: non-broadcastable output operand with shape {out.shape} doesn't match the "
                              f"broadcast shape {shape}")
         if not np.can_cast(out_dt, out.dtype, casting="same_kind"):
             raise TypeError(f"Cannot cast ufunc {name!r} output from {np.dtype(out_dt)!r} to {out.dtype!r} with "
                             "casting rule 'same_kind'")
-        return _record(engine, out, expr, lambda: f"{node_desc(out)} = {desc()}")
-    target = result_leaf(engine, nodes, shape, out_dt)
-    return _record(engine, target, expr, lambda: f"{target.base.name()} = {desc()}")
+        return _record(context, out, expr, lambda: f"{node_desc(out)} = {desc()}")
+    target = result_leaf(context, nodes, shape, out_dt)
+    return _record(context, target, expr, lambda: f"{target.base.name()} = {desc()}")
 
 
-def record_where(engine, cond: Any, x: Any, y: Any) -> Leaf:
+def record_where(context, cond: Any, x: Any, y: Any) -> Leaf:
     """Record ``where(cond, x, y)`` into a new array."""
-    nodes = [as_node(engine, v) for v in (cond, x, y)]
-    _check_engines(engine, nodes, "where")
+    nodes = [as_node(context, v) for v in (cond, x, y)]
+    _check_contexts(context, nodes, "where")
     shape = _broadcast("where", [n.shape for n in nodes])
     vals = [n.value if (isinstance(n, Const) and n.weak) else np.empty((), n.dtype) for n in nodes[1:]]
     dt = np.result_type(*vals)
     if dt.kind not in "biuf":
         raise UnsupportedOperation(f"where: result dtype {dt} is not supported")
     expr = Op("where", tuple(nodes), dt, (np.dtype(np.bool_), dt, dt), shape)
-    target = result_leaf(engine, nodes, shape, dt)
-    return _record(engine, target, expr, lambda: f"{target.base.name()} = where(" +
+    target = result_leaf(context, nodes, shape, dt)
+    return _record(context, target, expr, lambda: f"{target.base.name()} = where(" +
                    ", ".join(node_desc(n) for n in nodes) + ")")
 
 
-def record_cast(engine, x: Leaf, dtype: Any) -> Leaf:
+def record_cast(context, x: Leaf, dtype: Any) -> Leaf:
     """Record ``x.astype(dtype)`` (also ``x.copy()`` with the same dtype) into a new array."""
     dt = np.dtype(dtype)
     if dt.kind not in "biuf":
         raise UnsupportedOperation(f"astype: dtype {dt} is not supported")
     expr = Op("cast", (x,), dt, (x.dtype,), x.shape)
-    target = result_leaf(engine, [x], x.shape, dt)
-    return _record(engine, target, expr, lambda: f"{target.base.name()} = {node_desc(x)}.astype({dt})")
+    target = result_leaf(context, [x], x.shape, dt)
+    return _record(context, target, expr, lambda: f"{target.base.name()} = {node_desc(x)}.astype({dt})")
 
 
-def record_assign(engine, target: Leaf, value: Any) -> Leaf:
+def record_assign(context, target: Leaf, value: Any) -> Leaf:
     """Record ``target[...] = value`` (value: a Leaf, NumPy data or scalar; cast like NumPy's setitem)."""
-    node = as_node(engine, value)
-    _check_engines(engine, [node, target], "assignment")
+    node = as_node(context, value)
+    _check_contexts(context, [node, target], "assignment")
     if node.shape != target.shape:
         try:
             ok = tuple(np.broadcast_shapes(node.shape, target.shape)) == target.shape
@@ -286,4 +286,4 @@ def record_assign(engine, target: Leaf, value: Any) -> Leaf:
         node = Op("cast", (node,), dt, (np.dtype(type(node.value)) if node.weak else node.dtype,), ())
     elif node.dtype != target.dtype:
         node = Op("cast", (node,), target.dtype, (node.dtype,), node.shape)
-    return _record(engine, target, node, lambda: f"{node_desc(target)} = {node_desc(node)}")
+    return _record(context, target, node, lambda: f"{node_desc(target)} = {node_desc(node)}")

@@ -162,7 +162,7 @@ def call(func: Callable[..., Any], args: Tuple[Any, ...], kwargs: Dict[str, Any]
     if tr.enabled:
         tr.record(K_FALLBACK, tracing.DIR_NONE, -1, 0, nbytes, t0, time.perf_counter_ns(), wait=-1,
                   count=len(found))
-    _warn(name, nbytes, site, like.engine.rank)
+    _warn(name, nbytes, site, like.context.rank)
     if out_dist is not None:
         out_dist[...] = result
         return out_dist

@@ -310,7 +310,7 @@ def _swap_copy_backs(tasks: List[Task], alive: List[bool], readers: Dict[int, se
         s, x = t.expr.base, t.out.base
         if s is x or not _dead(s) or x.exported or s.exported:
             continue
-        if s.shape != x.shape or s.dtype != x.dtype or s.dist != x.dist or s.engine is not x.engine:
+        if s.shape != x.shape or s.dtype != x.dtype or s.dist != x.dist or s.context is not x.context:
             continue
         if t.expr.view != t.out.view:
             continue

@@ -1,7 +1,7 @@
 """The lazy graph: base arrays, elementwise expression nodes and the recorded tasks.
 
 Nothing here computes. Recording an operation on distributed arrays appends a task to the
-engine's pending list (:meth:`Engine.record`); a force point hands the list to the
+context's pending list (:meth:`ArrayContext.record`); a force point hands the list to the
 scheduler. Tasks refer to :class:`Base` objects and :class:`~.indexing.View` objects, never
 to the user's DistArray objects, so a temporary array the user no longer holds can be
 recognized at the force point (``Base.nviews == 0``) and fused away instead of stored.
@@ -46,13 +46,13 @@ class Base:
     user got a NumPy view of the local buffer (``.local``): such a base is never swapped.
     """
 
-    __slots__ = ("engine", "serial", "shape", "dtype", "dist", "local", "flat", "nviews", "exported",
+    __slots__ = ("context", "serial", "shape", "dtype", "dist", "local", "flat", "nviews", "exported",
                  "temp", "origin", "origin_code", "__weakref__")
 
-    def __init__(self, engine, shape: Tuple[int, ...], dtype: np.dtype, dist: Distribution, temp: bool = False,
+    def __init__(self, context, shape: Tuple[int, ...], dtype: np.dtype, dist: Distribution, temp: bool = False,
                  origin: str = ""):
-        self.engine = engine
-        self.serial = engine.next_serial()
+        self.context = context
+        self.serial = context.next_serial()
         self.shape = tuple(int(s) for s in shape)
         self.dtype = np.dtype(dtype)
         self.dist = dist
@@ -72,25 +72,25 @@ class Base:
         """Shape of this rank's local buffer."""
         if self.replicated or not self.shape:
             return self.shape
-        return (self.dist.local_count(self.engine.rank),) + self.shape[1:]
+        return (self.dist.local_count(self.context.rank),) + self.shape[1:]
 
     def ensure(self) -> np.ndarray:
         """This rank's local buffer, allocated (uninitialized) on first use; a buffer of the same
         shape and dtype left by a base that died is reused (no fresh pages to fault in)."""
         if self.local is None:
             shape = self.local_shape()
-            arr = self.engine.buffers.take(shape, self.dtype)
+            arr = self.context.buffers.take(shape, self.dtype)
             if arr is None:
                 arr = np.empty(shape, dtype=self.dtype)
-                if arr.nbytes >= self.engine.buffers.min_bytes:
-                    self.engine.buffers.allocated += 1
+                if arr.nbytes >= self.context.buffers.min_bytes:
+                    self.context.buffers.allocated += 1
             self.set_local(arr)
         return self.local
 
     def __del__(self) -> None:
         try:
             if self.local is not None and not self.exported:
-                self.engine.buffers.give(self.local)
+                self.context.buffers.give(self.local)
         except Exception:  # noqa: BLE001 - interpreter shutdown
             pass
 

@@ -23,8 +23,8 @@ def _from_rows(shape: Any, dtype: Any, dist: Any, comm: Any, fill: Callable[[np.
                origin: str) -> DistArray:
     """A new array of ``shape`` whose local block is ``fill(rows)``, ``rows`` the global indices
     (axis 0) this rank owns. Local."""
-    b, eng = _new(_shape(shape), dtype, dist, comm, origin)
-    rows = b.dist.global_rows(eng.rank) if b.shape else np.zeros(1, dtype=np.int64)
+    b, ctx = _new(_shape(shape), dtype, dist, comm, origin)
+    rows = b.dist.global_rows(ctx.rank) if b.shape else np.zeros(1, dtype=np.int64)
     local = np.ascontiguousarray(fill(rows), dtype=b.dtype).reshape(b.local_shape())
     b.set_local(local)
     return DistArray(b, View.full(b.shape))

@@ -220,7 +220,7 @@ def check_rows_view(leaf: Leaf, what: str) -> None:
                                    "first, then slice the result")
 
 
-def record_take(engine, src: Leaf, idx: Any) -> Leaf:
+def record_take(context, src: Leaf, idx: Any) -> Leaf:
     """Record ``src[idx]`` (see the module doc) and return the result's Leaf; the caller forces it.
     ``idx``: a NumPy int64 array (from :func:`numpy_index`) or a Leaf of a compact 1-D distributed integer
     array."""
@@ -232,18 +232,18 @@ def record_take(engine, src: Leaf, idx: Any) -> Leaf:
     else:
         m = len(idx)
         d = src.base.dist.with_rows(m)
-    base = Base(engine, (m,) + tuple(trail), src.dtype, d, temp=True)
+    base = Base(context, (m,) + tuple(trail), src.dtype, d, temp=True)
     out = Leaf(base, View.full(base.shape))
     desc = f"{base.name()} = {node_desc(src)}[" + (f"{node_desc(idx)}]" if isinstance(idx, Leaf) else
                                                    f"<NumPy index array of {m}>]")
     if isinstance(idx, Leaf):
-        engine.record(IndexedCopy("gather", out, src, idx, None, 0, desc))
+        context.record(IndexedCopy("gather", out, src, idx, None, 0, desc))
     else:
-        engine.record(IndexedCopy("gather", out, src, None, idx, digest(idx), desc))
+        context.record(IndexedCopy("gather", out, src, None, idx, digest(idx), desc))
     return out
 
 
-def record_put(engine, out: Leaf, idx: Any, src: Leaf) -> None:
+def record_put(context, out: Leaf, idx: Any, src: Leaf) -> None:
     """Record ``out[idx] = src`` (see the module doc); the caller forces it. ``src`` has the shape
     ``(len(idx),) + out.shape[1:]``; with a distributed ``idx`` (a Leaf) it is aligned with it."""
     check_rows_view(out, "b[idx] = a")
@@ -258,9 +258,9 @@ def record_put(engine, out: Leaf, idx: Any, src: Leaf) -> None:
     desc = f"{node_desc(out)}[" + (node_desc(idx) if isinstance(idx, Leaf) else f"<NumPy index array of {m}>") + \
         f"] = {node_desc(src)}"
     if isinstance(idx, Leaf):
-        engine.record(IndexedCopy("scatter", out, src, idx, None, 0, desc))
+        context.record(IndexedCopy("scatter", out, src, idx, None, 0, desc))
     else:
-        engine.record(IndexedCopy("scatter", out, src, None, idx, digest(idx), desc))
+        context.record(IndexedCopy("scatter", out, src, None, idx, digest(idx), desc))
 
 
 # --------------------------------------------------------------------------- plans
@@ -277,7 +277,7 @@ class _Plan:
         self.bad: Optional[Tuple[int, int]] = None   # (position, value) of the first bad index here
 
     def free(self) -> None:
-        """Nothing to free (aggregators are kept by the engine)."""
+        """Nothing to free (aggregators are kept by the context)."""
 
 
 class StaticPlan(_Plan):
@@ -368,35 +368,35 @@ class DistGatherPlan(_Plan):
 
 
 # --------------------------------------------------------------------------- execution
-def _agree(engine, bad: Optional[Tuple[int, int]], what: str, size: int, op: str) -> None:
+def _agree(context, bad: Optional[Tuple[int, int]], what: str, size: int, op: str) -> None:
     """Collective: every rank learns whether any rank found a bad index; all raise the same error if so
     (the lowest such rank's ``bad = (position, value)``)."""
     t0 = _now()
-    ok = spmd.all_ok(engine.dcomm, bad is None, timeout=engine.timeout, rank=engine.rank,
+    ok = spmd.all_ok(context.dcomm, bad is None, timeout=context.timeout, rank=context.rank,
                      op=op + ": agreeing on the index check", error=DistArrayTimeout)
     tr = tracing.get_tracer()
     if tr.enabled:
-        tr.record(K_CHECK, tracing.DIR_NONE, -1, 0, 8, t0, _now(), wait=-1, seq=engine.flush_no,
-                  chan=engine.chan, count=engine.size)
+        tr.record(K_CHECK, tracing.DIR_NONE, -1, 0, 8, t0, _now(), wait=-1, seq=context.flush_no,
+                  chan=context.chan, count=context.size)
     if ok:
         return
-    bads = spmd.gather(engine.dcomm, bad, timeout=engine.timeout, rank=engine.rank,
+    bads = spmd.gather(context.dcomm, bad, timeout=context.timeout, rank=context.rank,
                        op=op + ": naming the bad index", error=DistArrayTimeout)
     r = next(i for i, b in enumerate(bads) if b is not None)
-    raise IndexOutOfBounds(engine.rank, what, int(bads[r][1]), int(bads[r][0]), r, size)
+    raise IndexOutOfBounds(context.rank, what, int(bads[r][1]), int(bads[r][0]), r, size)
 
 
-def _aggregator(engine, role: str, item_dtype: np.dtype, handler, state, reply=None) -> Aggregator:
-    """The engine's aggregator for ``role`` and ``item_dtype`` (created collectively on first use, at the same
+def _aggregator(context, role: str, item_dtype: np.dtype, handler, state, reply=None) -> Aggregator:
+    """The context's aggregator for ``role`` and ``item_dtype`` (created collectively on first use, at the same
     point of the same flush on every rank), pointed at ``state``."""
     key = (role, item_dtype.descr.__repr__())
-    agg = engine.aggregators.get(key)
+    agg = context.aggregators.get(key)
     if agg is None:
         items = max(64, BUFFER_BYTES // item_dtype.itemsize)
-        agg = Aggregator(item_dtype, handler, state=state, buffer_items=items, comm=engine.comm, reply=reply,
-                         timeout=engine.timeout if engine.timeout is not None else 0,
+        agg = Aggregator(item_dtype, handler, state=state, buffer_items=items, comm=context.comm, reply=reply,
+                         timeout=context.timeout if context.timeout is not None else 0,
                          name=f"distarray {role} aggregator")
-        engine.aggregators[key] = agg
+        context.aggregators[key] = agg
     else:
         agg.set_state(state)
     return agg
@@ -408,78 +408,78 @@ def _flat(base: Base) -> np.ndarray:
     return base.flat
 
 
-def _locate_agreed(engine, plan, arr, idx_flat: np.ndarray, locs: np.ndarray, what: str, op: str) -> None:
+def _locate_agreed(context, plan, arr, idx_flat: np.ndarray, locs: np.ndarray, what: str, op: str) -> None:
     """Resolve this rank's part of a distributed index against the rows of ``arr`` (the array it indexes):
     owners into ``plan.dests``, local rows into ``locs``; then the ranks agree on the first bad value
     (``_agree``: IndexOutOfBounds on every rank if any rank found one). Collective."""
     start, step, n = arr.view.row_params
     bad_at = _locate(idx_flat, n, start, step, *_dist_args(arr.base.dist), plan.dests, locs) \
         if len(idx_flat) else -1
-    _agree(engine, None if bad_at < 0 else (int(plan.ks[bad_at]), int(idx_flat[bad_at])), what, n, op)
+    _agree(context, None if bad_at < 0 else (int(plan.ks[bad_at]), int(idx_flat[bad_at])), what, n, op)
 
 
-def _push_rows(engine, plan, src, role: str, handler, state) -> None:
+def _push_rows(context, plan, src, role: str, handler, state) -> None:
     """Push step of a plan whose sources know the destinations (a NumPy index, or ``b[ix] = a``): fill
     ``plan.items`` with this rank's source rows (``plan.rows``, pattern ``plan.spat``) and send them to
     ``plan.dests`` through the ``role`` aggregator, whose numba ``handler`` writes them into ``state`` on the
     destination. Collective (the flush returns when every item is written)."""
     if len(plan.rows):
         _fill_rows(plan.items, _flat(src.base), *_pattern_args(plan.spat), plan.rows)
-    agg = _aggregator(engine, role, plan.items.dtype, handler, state)
+    agg = _aggregator(context, role, plan.items.dtype, handler, state)
     agg.push_many(plan.dests, plan.items)
     agg.flush()
 
 
-def execute(engine, task: IndexedCopy, op: str) -> None:
-    """Run ``task`` now (see the module doc). Collective over the engine's communicator; called by the
+def execute(context, task: IndexedCopy, op: str) -> None:
+    """Run ``task`` now (see the module doc). Collective over the context's communicator; called by the
     scheduler at a force point, after the ranks agreed on the recorded operations."""
     try:
-        _execute(engine, task, op)
+        _execute(context, task, op)
     except AggregationTimeout as exc:
-        raise DistArrayTimeout(engine.rank, exc.peer, f"{op}: {task.desc}", exc.waited, str(exc)) from None
-    engine.stats["indexed"] += 1
+        raise DistArrayTimeout(context.rank, exc.peer, f"{op}: {task.desc}", exc.waited, str(exc)) from None
+    context.stats["indexed"] += 1
 
 
-def _execute(engine, task: IndexedCopy, op: str) -> None:
+def _execute(context, task: IndexedCopy, op: str) -> None:
     src, out = task.src, task.out
-    rank = engine.rank
+    rank = context.rank
     what = task.desc
     layout = (task.mode, src.base.dist.key, src.view.key, src.dtype.str, out.base.dist.key, out.view.key,
               out.dtype.str)
     if task.idx is None:
-        plan: Any = engine.plan(("ix",) + layout + (task.idx_digest, len(task.idx_array)),
+        plan: Any = context.plan(("ix",) + layout + (task.idx_digest, len(task.idx_array)),
                                 lambda: StaticPlan(task, rank))
         size = (out.view.shape[0] if task.mode == "scatter" else src.view.shape[0])
-        _agree(engine, plan.bad, what, size, op)
+        _agree(context, plan.bad, what, size, op)
         if plan.elems == 0:
             return
-        _push_rows(engine, plan, src, "write", write_rows, (_flat(out.base),) + _pattern_args(plan.tpat))
+        _push_rows(context, plan, src, "write", write_rows, (_flat(out.base),) + _pattern_args(plan.tpat))
         return
     idx_flat = _flat(task.idx.base)
     if task.mode == "scatter":
-        plan = engine.plan(("ixd",) + layout + (task.idx.base.dist.key, task.idx.dtype.str),
+        plan = context.plan(("ixd",) + layout + (task.idx.base.dist.key, task.idx.dtype.str),
                            lambda: DistScatterPlan(task, rank))
-        _locate_agreed(engine, plan, out, idx_flat, plan.items["pos"], what, op)
+        _locate_agreed(context, plan, out, idx_flat, plan.items["pos"], what, op)
         if plan.elems == 0:
             return
         state = (_flat(out.base),) + _pattern_args(plan.tpat) + (plan.stamp, plan.next_epoch())
-        _push_rows(engine, plan, src, "write-last", write_rows_last, state)
+        _push_rows(context, plan, src, "write-last", write_rows_last, state)
         return
-    plan = engine.plan(("ixd",) + layout + (task.idx.base.dist.key, task.idx.dtype.str),
+    plan = context.plan(("ixd",) + layout + (task.idx.base.dist.key, task.idx.dtype.str),
                        lambda: DistGatherPlan(task, rank))
-    _locate_agreed(engine, plan, src, idx_flat, plan.requests["row"], what, op)
+    _locate_agreed(context, plan, src, idx_flat, plan.requests["row"], what, op)
     if plan.elems == 0:
         return
     wdt = write_dtype(src.dtype, plan.elems, False)
-    writer = _aggregator(engine, "gather-reply", wdt, write_rows, (_flat(out.base),) + _pattern_args(plan.tpat))
+    writer = _aggregator(context, "gather-reply", wdt, write_rows, (_flat(out.base),) + _pattern_args(plan.tpat))
     serve_state = (_flat(src.base),) + _pattern_args(plan.spat)
-    req = engine.aggregators.get(("gather-request", wdt.descr.__repr__()))
+    req = context.aggregators.get(("gather-request", wdt.descr.__repr__()))
     if req is None:
-        req = Aggregator(REQUEST_DTYPE, serve_rows, state=serve_state, comm=engine.comm, reply=writer,
+        req = Aggregator(REQUEST_DTYPE, serve_rows, state=serve_state, comm=context.comm, reply=writer,
                          buffer_items=max(64, BUFFER_BYTES // REQUEST_DTYPE.itemsize),
-                         timeout=engine.timeout if engine.timeout is not None else 0,
+                         timeout=context.timeout if context.timeout is not None else 0,
                          name="distarray gather-request aggregator")
-        engine.aggregators[("gather-request", wdt.descr.__repr__())] = req
+        context.aggregators[("gather-request", wdt.descr.__repr__())] = req
     else:
         req.set_state(serve_state)
     req.push_many(plan.dests, plan.requests)

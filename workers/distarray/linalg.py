@@ -24,22 +24,22 @@ from .indexing import View
 __all__ = ["record_matmul", "record_transpose"]
 
 
-def _as_leaf(engine, x: Any) -> Leaf:
+def _as_leaf(context, x: Any) -> Leaf:
     from .elementwise import as_node
 
-    n = as_node(engine, x)
+    n = as_node(context, x)
     if not isinstance(n, Leaf):
         raise ShapeError("matmul: scalar operands are not allowed, use '*' instead")
     return n
 
 
-def record_matmul(engine, a: Any, b: Any) -> Leaf:
+def record_matmul(context, a: Any, b: Any) -> Leaf:
     """Record ``a @ b``; return the result's Leaf (see the module doc for what is supported)."""
     from .elementwise import record_ufunc, replicate_leaf
     from .reductions import record_reduce
 
-    a, b = _as_leaf(engine, a), _as_leaf(engine, b)
-    if a.base.engine is not engine or b.base.engine is not engine:
+    a, b = _as_leaf(context, a), _as_leaf(context, b)
+    if a.base.context is not context or b.base.context is not context:
         from .errors import DistributionError
 
         raise DistributionError("matmul: the operands live on different communicators")
@@ -50,8 +50,8 @@ def record_matmul(engine, a: Any, b: Any) -> Leaf:
         if a.shape[0] != b.shape[0]:
             raise ShapeError(f"matmul: Input operand 1 has a mismatch in its core dimension 0 (size {b.shape[0]} "
                              f"is different from {a.shape[0]})")
-        prod = record_ufunc(engine, np.multiply, [a, b])
-        return record_reduce(engine, prod, "sum", None, desc_name="dot")
+        prod = record_ufunc(context, np.multiply, [a, b])
+        return record_reduce(context, prod, "sum", None, desc_name="dot")
     if na != 2 or nb > 2:
         raise UnsupportedOperation(
             f"matmul of a {na}-D and a {nb}-D array is not supported; supported: 2-D @ 1-D, 2-D @ 2-D and "
@@ -63,22 +63,22 @@ def record_matmul(engine, a: Any, b: Any) -> Leaf:
     if dt.kind not in "biuf":
         raise UnsupportedOperation(f"matmul: dtype {dt} is not supported")
     if not a.rep and not (a.view.row_kept and a.view.lead_new() == 0):
-        a = replicate_leaf(engine, a, f"gather {node_desc(a)} to every rank for matmul")
+        a = replicate_leaf(context, a, f"gather {node_desc(a)} to every rank for matmul")
     if a.rep and not b.rep:
-        b = replicate_leaf(engine, b, f"gather {node_desc(b)} to every rank for matmul with a replicated matrix")
+        b = replicate_leaf(context, b, f"gather {node_desc(b)} to every rank for matmul with a replicated matrix")
     if not b.rep and not (b.view.row_kept and b.view.lead_new() == 0):
-        b = replicate_leaf(engine, b, f"gather {node_desc(b)} to every rank for matmul")
+        b = replicate_leaf(context, b, f"gather {node_desc(b)} to every rank for matmul")
     oshape = (a.shape[0],) + tuple(b.shape[1:])
     ab = a.base
     s, t, c = a.view.row_params
     # the result's rows are a's rows: same base rows, same distribution (replicated if a is)
-    ob = Base(engine, (ab.shape[0],) + oshape[1:], dt, ab.dist, temp=True)
+    ob = Base(context, (ab.shape[0],) + oshape[1:], dt, ab.dist, temp=True)
     out = Leaf(ob, View(ob.shape, (("s", s, t, c),) + tuple(("s", 0, 1, n) for n in oshape[1:])))
-    engine.record(Matmul(a, b, out))
+    context.record(Matmul(a, b, out))
     return out
 
 
-def record_transpose(engine, a: Leaf) -> Leaf:
+def record_transpose(context, a: Leaf) -> Leaf:
     """Record ``a.T`` for a 2-D ``a`` distributed by rows (1-D: ``a`` itself)."""
     if len(a.shape) < 2:
         return a
@@ -92,7 +92,7 @@ def record_transpose(engine, a: Leaf) -> Leaf:
         raise UnsupportedOperation("transpose of a view that does not keep the distributed axis first is not "
                                    "supported")
     n, m = a.shape
-    ob = Base(engine, (m, n), a.dtype, a.base.dist.with_rows(m), temp=True)
+    ob = Base(context, (m, n), a.dtype, a.base.dist.with_rows(m), temp=True)
     out = Leaf(ob, View.full((m, n)))
-    engine.record(Transpose(a, out))
+    context.record(Transpose(a, out))
     return out

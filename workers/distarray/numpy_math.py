@@ -18,7 +18,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .engine import NUMPY_MATH
+from .context import NUMPY_MATH
 
 #: The ufuncs whose compiled and NumPy implementations can differ in the last bit.
 TRANSCENDENTAL = frozenset({"exp", "log", "log10", "sin", "cos", "tan", "tanh", "arctan2", "power"})

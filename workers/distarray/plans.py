@@ -8,7 +8,7 @@ Every rank knows every distribution, so each rank derives its own part of the pl
 recorded task alone, without asking anyone (the seed's "global knowledge of the data
 distribution"). A plan depends only on layouts (distributions, views, dtypes, shapes) and on
 the program's shape, never on values or array identities, so the plan of a time step is
-found in the engine's cache at the next step and nothing is recomputed.
+found in the context's cache at the next step and nothing is recomputed.
 
 Transfers are aggregated: per task, each rank sends at most ONE message to each peer,
 holding every row that peer needs from it (for every operand), packed into a pre-allocated
@@ -122,13 +122,13 @@ class Instance:
     __slots__ = ("plan", "tag", "recv_bufs", "send_bufs", "recv_reqs", "send_reqs", "recv_parts", "send_parts",
                  "recv_arena", "send_arena", "recv_offsets", "send_offsets", "extra", "flush_no", "uses", "broken")
 
-    def __init__(self, plan: "Plan", engine):
+    def __init__(self, plan: "Plan", context):
         from ..core import runtime
 
         MPI = runtime.MPI()
-        comm = engine.dcomm
+        comm = context.dcomm
         self.plan = plan
-        self.tag = engine.next_tag()
+        self.tag = context.next_tag()
         self.recv_arena, self.recv_offsets, self.recv_bufs = self._arena(plan.msgs_in)
         self.recv_reqs = [comm.Recv_init([buf[:m.nbytes], MPI.BYTE], source=m.peer, tag=self.tag)
                           for m, buf in zip(plan.msgs_in, self.recv_bufs)]
@@ -175,13 +175,13 @@ class Plan:
         """Per-instance scratch buffers (reduction slots...)."""
         return {}
 
-    def acquire(self, engine, flush_no: int) -> Instance:
+    def acquire(self, context, flush_no: int) -> Instance:
         """An instance not yet used in flush ``flush_no`` (created when all are in use)."""
         for inst in self.instances:
             if inst.flush_no != flush_no and not inst.broken:
                 inst.flush_no = flush_no
                 return inst
-        inst = Instance(self, engine)
+        inst = Instance(self, context)
         inst.flush_no = flush_no
         self.instances.append(inst)
         return inst

@@ -24,7 +24,7 @@ import numpy as np
 from ..core import waiting
 from .array import DistArray
 from .creation import _new, _shape
-from .engine import engine_for
+from .context import context_for
 from .errors import DistArrayTimeout, UnsupportedOperation
 from .indexing import View
 
@@ -33,17 +33,17 @@ __all__ = ["random", "uniform", "default_rng", "Generator", "seed"]
 _MAX_JUMPS = 4096
 
 
-def _seed(eng, seed: Optional[int]) -> int:
+def _seed(ctx, seed: Optional[int]) -> int:
     if seed is not None:
         return int(seed)
-    eng.ensure_comm()
+    ctx.ensure_comm()
     buf = np.array([np.random.SeedSequence().entropy % (1 << 62)], dtype=np.int64)
-    req = eng.dcomm.Ibcast(buf, root=0)
-    waiting.wait(req, eng.timeout, eng.rank, 0, "random(): agreeing on a seed", DistArrayTimeout, cancellable=False)
+    req = ctx.dcomm.Ibcast(buf, root=0)
+    waiting.wait(req, ctx.timeout, ctx.rank, 0, "random(): agreeing on a seed", DistArrayTimeout, cancellable=False)
     return int(buf[0])
 
 
-def _fill_uniform(b, eng, seed: int, low: float, high: float, use_uniform: bool) -> np.ndarray:
+def _fill_uniform(b, ctx, seed: int, low: float, high: float, use_uniform: bool) -> np.ndarray:
     shape = b.shape
     row = int(np.prod(shape[1:], dtype=np.int64)) if shape else 1
     out = np.empty(b.local_shape(), dtype=np.float64)
@@ -52,7 +52,7 @@ def _fill_uniform(b, eng, seed: int, low: float, high: float, use_uniform: bool)
         g = np.random.default_rng(seed)
         flat[:] = g.uniform(low, high, flat.size) if use_uniform else g.random(flat.size)
         return out
-    rows = b.dist.global_rows(eng.rank)
+    rows = b.dist.global_rows(ctx.rank)
     if len(rows) == 0:
         return out
     starts = np.flatnonzero(np.diff(rows, prepend=rows[0] - 2) != 1)
@@ -99,11 +99,11 @@ def uniform(low: float = 0.0, high: float = 1.0, size: Any = None, dist="block",
     """Uniform floats in [low, high), equal to ``numpy.random.default_rng(seed).uniform(low, high, size)``."""
     if np.dtype(dtype) != np.float64:
         raise UnsupportedOperation("random numbers are supported in float64 only (NumPy's float32 stream differs)")
-    eng = engine_for(comm)
+    ctx = context_for(comm)
     shape = _shape(() if size is None else size)
     b, _ = _new(shape, np.float64, dist, comm, "random")
-    s = _seed(eng, seed)
-    b.set_local(_fill_uniform(b, eng, s, low, high, not _plain))
+    s = _seed(ctx, seed)
+    b.set_local(_fill_uniform(b, ctx, s, low, high, not _plain))
     return DistArray(b, View.full(shape))
 
 
@@ -127,7 +127,7 @@ class Generator:
     same order with the same arguments. ``dist`` (default ``"block"``) lays out the results."""
 
     def __init__(self, seed: Any = None, dist: Any = "block", comm: Any = None):
-        self._eng = engine_for(comm)
+        self._eng = context_for(comm)
         self._comm, self._dist = comm, dist
         self._bg = np.random.PCG64(_seed(self._eng, seed) if seed is None or isinstance(seed, (int, np.integer))
                                    else seed)
@@ -207,7 +207,7 @@ def seed(seed: Any = None) -> None:
     """``numpy.random.seed``: reseed the legacy ``RandomState`` every rank shares (every rank must
     pass the same ``seed``; with None, rank 0 draws one and broadcasts it: collective)."""
     if seed is None:
-        seed = _seed(engine_for(None), None) % (1 << 32)
+        seed = _seed(context_for(None), None) % (1 << 32)
     _LEGACY["state"] = np.random.RandomState(seed)
 
 

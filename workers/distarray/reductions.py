@@ -71,7 +71,7 @@ def combine_partials(op: str, parts: np.ndarray, acc: np.dtype) -> np.ndarray:
     return f.reduce(parts, axis=0)
 
 
-def record_reduce(engine, leaf: Node, op: str, axis: Optional[int], desc_name: Optional[str] = None) -> Leaf:
+def record_reduce(context, leaf: Node, op: str, axis: Optional[int], desc_name: Optional[str] = None) -> Leaf:
     """Record ``op(leaf, axis)`` and return the Leaf of the (lazy) result.
 
     ``leaf`` is a Leaf of a DistArray (its producing expression is fused at the force point).
@@ -109,22 +109,22 @@ def record_reduce(engine, leaf: Node, op: str, axis: Optional[int], desc_name: O
     if not leaf.rep:
         v = leaf.view
         if not (v.row_kept and v.lead_new() == 0):
-            leaf = replicate_leaf(engine, leaf, f"gather {node_desc(leaf)} to every rank for {name}")
+            leaf = replicate_leaf(context, leaf, f"gather {node_desc(leaf)} to every rank for {name}")
     space = RowSpace.of_leaf(leaf, shape)
     internal = None if ax is None else (ax if space.kept else ax + 1)
     if internal == 0 and len(space.shape) == 1:
         internal = None
     oshape = () if ax is None else tuple(s for k, s in enumerate(shape) if k != ax)
     if space.rep or internal is None or internal == 0:
-        ob = Base(engine, oshape, rdt, Distribution("replicated", oshape[0] if oshape else 1, engine.size),
+        ob = Base(context, oshape, rdt, Distribution("replicated", oshape[0] if oshape else 1, context.size),
                   temp=True)
         out = Leaf(ob, View.full(oshape))
     else:  # a trailing axis: the result is distributed like the input's rows
         b = leaf.base
         s, t, c = leaf.view.row_params
         nb = b.shape[0]
-        ob = Base(engine, (nb,) + oshape[1:], rdt, b.dist, temp=True)
+        ob = Base(context, (nb,) + oshape[1:], rdt, b.dist, temp=True)
         out = Leaf(ob, View(ob.shape, (("s", s, t, c),) + tuple(("s", 0, 1, n) for n in oshape[1:])))
     desc = f"{ob.name()} = {name}({node_desc(leaf)}" + ("" if ax is None else f", axis={ax}") + ")"
-    engine.record(Reduce(leaf, op, internal, out, space, count, acc, desc))
+    context.record(Reduce(leaf, op, internal, out, space, count, acc, desc))
     return out

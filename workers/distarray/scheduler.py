@@ -117,14 +117,14 @@ class _Flush:
     (:meth:`build`; it is the :class:`~.units.Lowering` the operations build into), orders them, runs
     them (:meth:`execute`) and records every transfer and wait into the tracer."""
 
-    def __init__(self, engine, reason: str, hiding: bool):
-        self.eng = engine
+    def __init__(self, context, reason: str, hiding: bool):
+        self.ctx = context
         self.reason = reason
         self.hiding = hiding
         self.MPI = runtime.MPI()
         self.tr = tracing.get_tracer()
         self.trace_on = bool(self.tr.enabled)
-        self.rank, self.size = engine.rank, engine.size
+        self.rank, self.size = context.rank, context.size
         self.active: List[Waitable] = []
         self.ready_comm: deque = deque()
         self.ready_comp: deque = deque()
@@ -143,12 +143,12 @@ class _Flush:
     def _rec(self, kind: int, direction: int, peer: int, tag: int, nbytes: int, t0: int, t1: int, wait: int,
              seq: int, count: int = 0) -> None:
         if self.trace_on:
-            p = self.eng.tracer_ranks[peer] if peer >= 0 else -1
-            self.tr.record(kind, direction, p, tag, nbytes, t0, t1, wait=wait, seq=seq, chan=self.eng.chan,
+            p = self.ctx.tracer_ranks[peer] if peer >= 0 else -1
+            self.tr.record(kind, direction, p, tag, nbytes, t0, t1, wait=wait, seq=seq, chan=self.ctx.chan,
                            count=count)
 
     def op_name(self, what: str) -> str:
-        return f"distributed-array force point ({self.reason}) flush {self.eng.flush_no}: {what}"
+        return f"distributed-array force point ({self.reason}) flush {self.ctx.flush_no}: {what}"
 
     # -- blocking waits (the only place a rank blocks) ----------------------------------
     def _wait_one(self, waitables: List[Waitable], what: str) -> int:
@@ -156,7 +156,7 @@ class _Flush:
         reqs = [w.req for w in waitables]
         peers = [w.peer if w.peer >= 0 else None for w in waitables]
         t0 = _now()
-        gen = waiting.wait_each(reqs, self.eng.timeout, self.rank, peers, self.op_name(what), DistArrayTimeout,
+        gen = waiting.wait_each(reqs, self.ctx.timeout, self.rank, peers, self.op_name(what), DistArrayTimeout,
                                 on_abandon=None, cancellable=False)
         try:
             idx = next(gen)
@@ -260,7 +260,7 @@ class _Flush:
         """Lower ``groups`` into units through :data:`~.operations.LOWERINGS` (one segment of the flush: a
         previous segment, if any, has been executed completely), then, with latency hiding, order the
         units of different groups by their accesses."""
-        flush_no = self.eng.flush_no
+        flush_no = self.ctx.flush_no
         self.runs = []
         self.prev_coll = None
         self.nunits = self.ndone = 0
@@ -437,21 +437,21 @@ class _Agreement:
 
     def __init__(self, fl: _Flush, tasks):
         self.fl, self.tasks = fl, tasks
-        eng = fl.eng
+        ctx = fl.ctx
         total, self.per = _hash_tasks(tasks)
         self.t0 = _now()
-        self.check = spmd.KeyCheck(eng.dcomm, total, len(tasks))
+        self.check = spmd.KeyCheck(ctx.dcomm, total, len(tasks))
         self.req = self.check.req
-        self.waitable = Waitable(self.req, "check", -1, 0, 32, eng.flush_no, "agreeing on the recorded operations")
+        self.waitable = Waitable(self.req, "check", -1, 0, 32, ctx.flush_no, "agreeing on the recorded operations")
         self.verified = False
 
     def wait(self) -> None:
         """Block until the check completed (if it has not), then :meth:`verify`."""
         if not self.waitable.done:
-            self.check.wait(self.fl.eng.timeout, self.fl.rank, self.fl.op_name("agreeing on the recorded operations"),
+            self.check.wait(self.fl.ctx.timeout, self.fl.rank, self.fl.op_name("agreeing on the recorded operations"),
                             DistArrayTimeout)
             self.waitable.done = True
-            self.fl._rec(K_CHECK, tracing.DIR_NONE, -1, 0, 32, self.t0, _now(), -1, self.fl.eng.flush_no,
+            self.fl._rec(K_CHECK, tracing.DIR_NONE, -1, 0, 32, self.t0, _now(), -1, self.fl.ctx.flush_no,
                          count=self.fl.size)
         self.verify()
 
@@ -467,32 +467,32 @@ class _Agreement:
 
 def _diagnose(fl: _Flush, tasks, per: np.ndarray) -> None:
     """The ranks' hashes differ: find the first differing operation and raise on every rank."""
-    eng, MPI = fl.eng, fl.MPI
+    ctx, MPI = fl.ctx, fl.MPI
     # diagnosis: every rank's per-operation hashes, then the first differing operation's text
-    how = dict(timeout=eng.timeout, rank=eng.rank, op=fl.op_name("diagnosing a divergence"), error=DistArrayTimeout)
-    diff = spmd.first_difference(spmd.gather(eng.dcomm, per.tolist(), **how))
+    how = dict(timeout=ctx.timeout, rank=ctx.rank, op=fl.op_name("diagnosing a divergence"), error=DistArrayTimeout)
+    diff = spmd.first_difference(spmd.gather(ctx.dcomm, per.tolist(), **how))
     k = len(tasks) if diff is None else diff.index
     mine_text = tasks[k].desc if k < len(tasks) else f"nothing (this rank recorded only {len(tasks)} operations)"
-    descs = spmd.gather(eng.dcomm, mine_text[:400], **how)
+    descs = spmd.gather(ctx.dcomm, mine_text[:400], **how)
     detail = f"operation {k + 1} since the previous force point: " + "; ".join(
         f"rank {r} recorded {d}" for r, d in enumerate(descs))
     # the ranks may have created different numbers of arrays: agree on the serial numbers of the
     # next ones, so that consistent operations after the error are recognized as equal again
-    ser = np.array([eng._serial], dtype=np.int64)
+    ser = np.array([ctx._serial], dtype=np.int64)
     top = np.empty(1, dtype=np.int64)
-    req = eng.dcomm.Iallreduce(ser, top, op=MPI.MAX)
-    waiting.wait(req, eng.timeout, eng.rank, None, fl.op_name("diagnosing a divergence"), DistArrayTimeout,
+    req = ctx.dcomm.Iallreduce(ser, top, op=MPI.MAX)
+    waiting.wait(req, ctx.timeout, ctx.rank, None, fl.op_name("diagnosing a divergence"), DistArrayTimeout,
                  cancellable=False)
-    eng._serial = int(top[0])
-    raise DistArrayDivergence(eng.rank, f"force point {fl.reason}", detail)
+    ctx._serial = int(top[0])
+    raise DistArrayDivergence(ctx.rank, f"force point {fl.reason}", detail)
 
 
-def run_flush(engine, tasks, reason: str, hiding: bool) -> None:
-    """Evaluate ``tasks`` (see the module doc). Collective over the engine's communicator."""
+def run_flush(context, tasks, reason: str, hiding: bool) -> None:
+    """Evaluate ``tasks`` (see the module doc). Collective over the context's communicator."""
     t_start = _now()
-    engine.ensure_comm()
-    engine.flush_no += 1
-    fl = _Flush(engine, reason, hiding)
+    context.ensure_comm()
+    context.flush_no += 1
+    fl = _Flush(context, reason, hiding)
     agr = fl.agreement = _Agreement(fl, tasks)
     if not hiding:
         agr.wait()  # blocking: agree first
@@ -510,7 +510,7 @@ def run_flush(engine, tasks, reason: str, hiding: bool) -> None:
                 segment = []
             if g is not None:
                 agr.wait()  # the ranks agreed on the recorded operations before this collective step
-                BARRIERS[g.kind](engine, g.task, fl.op_name(g.kind))
+                BARRIERS[g.kind](context, g.task, fl.op_name(g.kind))
     except BaseException as err:
         fl.abort()
         if not agr.verified and not isinstance(err, (DistArrayTimeout, KeyboardInterrupt)):
@@ -518,7 +518,7 @@ def run_flush(engine, tasks, reason: str, hiding: bool) -> None:
         raise
     finally:
         fl.dispose()
-    st = engine.stats
+    st = context.stats
     st["flushes"] += 1
     st["groups"] += len(groups)
     st["inlined"] += fstats["inlined"]
@@ -532,7 +532,7 @@ def run_flush(engine, tasks, reason: str, hiding: bool) -> None:
     st["wait_ns"] += fl.wait_ns
     dt = _now() - t_start
     st["flush_ns"] += dt
-    engine.last = dict(reason=reason, latency_hiding=hiding, tasks=len(tasks),
+    context.last = dict(reason=reason, latency_hiding=hiding, tasks=len(tasks),
                        kinds=[g.kind for g in groups],
                        blocks=fl.blocks, messages_sent=fl.msgs_sent, bytes_sent=fl.bytes_sent,
                        messages_received=fl.msgs_recv, wait_ns=fl.wait_ns, flush_ns=dt, **fstats)

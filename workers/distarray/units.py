@@ -87,7 +87,7 @@ class Lowering(Protocol):
 
     Called only while the flush builds its units, on every rank in the same order; nothing here blocks."""
 
-    eng: Any            #: the engine (communicator, plan cache, settings, stats)
+    ctx: Any            #: the context (communicator, plan cache, settings, stats)
     rank: int
     size: int
     MPI: Any            #: the mpi4py MPI module

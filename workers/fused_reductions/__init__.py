@@ -108,10 +108,10 @@ the optional compiled core is built (Cython: ``_core.pyx``; the default
 install compiles it; :data:`IMPLEMENTATION` says which one runs). The
 compiled force point calls ``MPI_Start``/``MPI_Test`` on the request's handle
 through mpi4py's C API (``_direct_mpi.pyx``, ``from mpi4py cimport MPI,
-libmpi``; no Python call per poll; :attr:`FusionEngine.direct_mpi`;
+libmpi``; no Python call per poll; :attr:`Fuser.direct_mpi`;
 ``NBMPI_DIRECT_MPI=0`` goes through mpi4py's methods instead), and general
 fusions give MPI the combine kernel as a C function
-(:attr:`FusionEngine.compiled_op`). The compiled core works on the same
+(:attr:`Fuser.compiled_op`). The compiled core works on the same
 fields and data structures as the Python modules, which stay the reference
 and handle every other case (other dtypes, errors, diagnosis).
 ``NBMPI_PURE_PYTHON=1`` selects the pure-Python implementation;
@@ -134,7 +134,7 @@ difference a 2**-40 event. On a mismatch the ranks exchange their sequence
 logs over a second private communicator (error path only: two more
 collectives there) and the error names the first difference (that part of
 the message is the same on every rank). Values of a failed fusion are never
-used: reading an affected variable raises the error again, and the engine
+used: reading an affected variable raises the error again, and the fuser
 stays usable if all ranks' fused buffers had the same size.
 
 Ranks whose pending data differ in size class pass different counts to MPI,
@@ -146,7 +146,7 @@ boards every 0.2 s (``MPI_Rget``, never blocking; a read completes once the
 peer is in an MPI call, as a rank stuck in a force point is). A peer
 in the same collective with another size means it can never complete, so the
 rank joins the diagnosis; every rank then raises :class:`SPMDDivergence`
-naming the first difference, and the engine is unusable afterwards (the
+naming the first difference, and the fuser is unusable afterwards (the
 collective is left pending; restart the program). A peer that has not
 reached the collective yet is only late, and the rank keeps waiting (no
 false alarm on load imbalance). An MPI error instead of a hang (e.g.
@@ -161,11 +161,11 @@ as by any MPI collective. Divergences that keep the size class equal
 detected by the signature of the one collective.
 
 Tracing: each fused collective is one event of kind ``fused_allreduce``
-(``DIR_NONE``, per-engine ``seq``, ``count`` = number of variables it
+(``DIR_NONE``, per-fuser ``seq``, ``count`` = number of variables it
 resolved, ``tag`` 0 for ``MPI_SUM``, 1 for the compiled op).
 
 Package layout (one job per module): :mod:`.wire` (wire format, signature),
-:mod:`.pending` (batches, snapshots, lazy nodes), :mod:`.fusion` (the engine:
+:mod:`.pending` (batches, snapshots, lazy nodes), :mod:`.fusion` (the fuser:
 persistent requests, force points, :func:`flush`, :func:`fused`,
 :func:`configure`), :mod:`.boards` (RMA size boards), :mod:`.diagnosis`
 (divergence diagnosis), :mod:`.lazy` (forcing and evaluating lazy values),
@@ -183,7 +183,7 @@ from __future__ import annotations
 # flake8: noqa: F401
 from ..core.errors import SharedVariableError, SPMDDivergence
 from .diagnosis import _decode_log
-from .fusion import (DEFAULT_THRESHOLD_BYTES, K_FUSED, THRESHOLD_ENV, FusionEngine, configure, engine, flush,
+from .fusion import (DEFAULT_THRESHOLD_BYTES, K_FUSED, THRESHOLD_ENV, Fuser, configure, fuser, flush,
                      fused)
 from .grants import Grant
 from .implementation import DIRECT_MPI_ENV, IMPLEMENTATION, PURE_PYTHON_ENV
@@ -195,4 +195,4 @@ from .binding import bind as _bind
 _bind()
 
 __all__ = ["SharedVar", "SharedPool", "Grant", "shared", "pool", "flush", "fused", "configure",
-           "engine", "FusionEngine", "SPMDDivergence", "SharedVariableError"]
+           "fuser", "Fuser", "SPMDDivergence", "SharedVariableError"]

@@ -4,7 +4,7 @@
 #   creates and the constants it shares with it; built once by binding.py
 #   (Bindings(**reference)) and handed over with bind(). The core reads
 #   nothing else of the Python modules.
-# * EngineState: the state of the process's FusionEngine that the compiled
+# * FuserState: the state of the process's Fuser that the compiled
 #   hot paths read and write (counters, current batch, fusion buffer and
 #   persistent requests, runner); one instance, _core.state, which
 #   fusion.py keeps current.
@@ -33,8 +33,8 @@ cdef class Bindings:
     # ops: the reference's __add__ __radd__ __sub__ __rsub__ __mul__ __rmul__ __truediv__ __rtruediv__
     cdef readonly tuple ops
     # the rest of the reference: lazy._force, lazy._eval, SharedVar (general creation),
-    # fusion.engine (creates the engine), tracing's get_tracer, wire._same_signature
-    cdef readonly object force, eval_, new_var, make_engine, get_tracer, same_signature
+    # fusion.fuser (creates the fuser), tracing's get_tracer, wire._same_signature
+    cdef readonly object force, eval_, new_var, make_fuser, get_tracer, same_signature
     # the functions lazy nodes carry: operator.add, sub, mul, truediv
     cdef readonly object add, sub, mul, div
     # the types the core creates or recognises: SharedVar, _LazyF8, _Batch, _Snap, Grant
@@ -52,16 +52,16 @@ cdef class Bindings:
     cdef readonly bint tuplehash            # signature_hash computes hash((sig, L, tuple(log))) itself (bind)
 
 
-cdef class EngineState:
+cdef class FuserState:
     cdef public long long next_id           # id of the next shared variable (creation order)
     cdef public long long seq               # fused collectives run so far
     cdef public long long compiled_fusions  # of those, run by the compiled force points
     cdef public bint ready                  # connected, not broken, not strict: compiled force points may run
-    cdef public object engine               # the FusionEngine (flush, _wait, _fuse_failed, _divergence)
+    cdef public object fuser               # the Fuser (flush, _wait, _fuse_failed, _divergence)
     cdef public BatchBase batch             # its current batch, which the hot paths fill
     cdef public Runner runner               # starts/tests the request; None: mpi4py's methods
     cdef BatchBase spare                    # the batch the last compiled fusion resolved (reused when free)
-    cdef object buf                         # the fusion buffer (engine._buf) ...
+    cdef object buf                         # the fusion buffer (fuser._buf) ...
     cdef double *bufp                       # ... its words ...
     cdef Py_ssize_t buflen                  # ... and their number
     cdef dict preq                          # size class (or (size class, False)) -> persistent request

@@ -27,9 +27,9 @@ case calls the Python implementation, so both paths share one set of semantics
 The interface to the Python modules is typed and declared in ``_core.pxd``:
 a :class:`Bindings` (the reference functions, the types the core creates, the
 shared constants), built once by ``fused_reductions.binding`` and handed over
-with :func:`bind`, and the :class:`EngineState` :data:`state` (counters,
+with :func:`bind`, and the :class:`FuserState` :data:`state` (counters,
 current batch, fusion buffer, persistent requests, runner), which
-``FusionEngine`` keeps current. The code is one extension module in files by
+``Fuser`` keeps current. The code is one extension module in files by
 idea: ``_core_batch.pxi`` (the batch and its signature log),
 ``_core_lazy.pxi`` (lazy nodes and their evaluation), ``_core_var.pxi`` (the
 shared variable type: contributions and reading), ``_core_arith.pxi`` (shared
@@ -171,7 +171,7 @@ cdef class Bindings:
         self.spin = 64
 
     def __init__(self, *, reset, iadd, isub, imul, min_with, max_with, float_, tuple ops, force, eval_,
-                 new_var, make_engine, get_tracer, same_signature, add, sub, mul, div, type shared_type,
+                 new_var, make_fuser, get_tracer, same_signature, add, sub, mul, div, type shared_type,
                  type lazy_type, type batch_type, type snap_type, type grant_type, tuple fast_types,
                  tuple work, dict casters, f8, nan_key, nod, nol, list empty, Py_ssize_t log_cap,
                  long kind_fused, long spin):
@@ -186,7 +186,7 @@ cdef class Bindings:
             raise ValueError(f"Bindings(): log_cap={log_cap}; expected at least 8 steps")
         self.reset, self.iadd, self.isub, self.imul = reset, iadd, isub, imul
         self.min_with, self.max_with, self.float_, self.ops = min_with, max_with, float_, ops
-        self.force, self.eval_, self.new_var, self.make_engine = force, eval_, new_var, make_engine
+        self.force, self.eval_, self.new_var, self.make_fuser = force, eval_, new_var, make_fuser
         self.get_tracer, self.same_signature = get_tracer, same_signature
         self.add, self.sub, self.mul, self.div = add, sub, mul, div
         self.shared_type, self.lazy_type, self.batch_type = shared_type, lazy_type, batch_type
@@ -196,21 +196,21 @@ cdef class Bindings:
         self.log_cap, self.kind_fused, self.spin = log_cap, kind_fused, spin
 
 
-cdef class EngineState:
-    """The state of the process's ``FusionEngine`` that the compiled hot paths read and
-    write (declared in ``_core.pxd``). One instance, :data:`state`: ``FusionEngine``'s
+cdef class FuserState:
+    """The state of the process's ``Fuser`` that the compiled hot paths read and
+    write (declared in ``_core.pxd``). One instance, :data:`state`: ``Fuser``'s
     ``next_id``, ``seq``, ``_ready``, ``batch`` and ``compiled_collectives`` are views of
-    its fields; ``engine`` and ``runner`` are set by ``fusion.py``. Local."""
+    its fields; ``fuser`` and ``runner`` are set by ``fusion.py``. Local."""
 
     def __cinit__(self):
         self.threshold = 1 << 17
         self.size = 1
 
     def sync(self, double[::1] buf, dict preq, long long threshold_words, long long chan, long long size):
-        """sync(buf, preq, threshold_words, chan, size): the engine's fusion buffer (float64,
+        """sync(buf, preq, threshold_words, chan, size): the fuser's fusion buffer (float64,
         contiguous; the core keeps a reference), its persistent requests by size class, the
         threshold in words, the trace channel and the number of ranks. Called by
-        ``FusionEngine._sync_core`` whenever one of them changes. Local."""
+        ``Fuser._sync_core`` whenever one of them changes. Local."""
         self.buf = buf.base if buf.base is not None else buf
         self.bufp = &buf[0] if buf.shape[0] else NULL
         self.buflen = buf.shape[0]
@@ -234,8 +234,8 @@ cdef class Runner:
 
 cdef Runner k_mpi4py = Runner()             # st.runner None: mpi4py's methods
 cdef Bindings ref = Bindings.__new__(Bindings)   # not bound yet (bind() replaces it)
-cdef EngineState st = EngineState()
-#: the engine state the compiled paths share with ``FusionEngine`` (an :class:`EngineState`)
+cdef FuserState st = FuserState()
+#: the fuser state the compiled paths share with ``Fuser`` (an :class:`FuserState`)
 state = st
 
 

@@ -97,8 +97,8 @@ def shared(value, name=None):
     if type(value) is ndarray and ref.bound and (<object>value).ndim:
         return shared_array(value, name)
     if type(value) is float and ref.bound:
-        if st.engine is None:
-            ref.make_engine()
+        if st.fuser is None:
+            ref.make_fuser()
         vid = st.next_id
         st.next_id = vid + 1
         v = <VarBase>new_instance(ref.shared_type, k_noargs)
@@ -129,8 +129,8 @@ cdef object shared_array(object value, object name):
     cast = ref.casters.get(dtype)
     if cast is None:      # a dtype not seen yet (or not supported): the reference decides
         return ref.new_var(value, name=name)
-    if st.engine is None:
-        ref.make_engine()
+    if st.fuser is None:
+        ref.make_fuser()
     copy = value.copy()
     copy.flags.writeable = False
     vid = st.next_id

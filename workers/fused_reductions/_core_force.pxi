@@ -1,5 +1,5 @@
 # The compiled force points: signature, packing, the persistent request, result words
-# (the reference: fusion.FusionEngine.flush and _reduce; included by _core.pyx).
+# (the reference: fusion.Fuser.flush and _reduce; included by _core.pyx).
 
 cdef Py_uhash_t XXPRIME_1 = 11400714785074694791ULL
 cdef Py_uhash_t XXPRIME_2 = 14029467366897019727ULL
@@ -45,7 +45,7 @@ cdef int write_signature(BatchBase b, Py_ssize_t L, double *buf) except -1:
     return 0
 
 
-cdef int finish(object engine, BatchBase b, Py_ssize_t L, long long t0, long long t1, int tag,
+cdef int finish(object fuser, BatchBase b, Py_ssize_t L, long long t0, long long t1, int tag,
                 array res) except -1:
     """After the collective: its trace event (tracer.record), then the signature check on the
     reduced header words res[0..3] (wire._same_signature; a mismatch is diagnosed)."""
@@ -64,25 +64,25 @@ cdef int finish(object engine, BatchBase b, Py_ssize_t L, long long t0, long lon
     else:
         same = ref.same_signature(st.size, res)
     if not same:
-        raise engine._divergence(b, L)
+        raise fuser._divergence(b, L)
     return 0
 
 
-cdef object fuse_failed(object engine, BatchBase b, Py_ssize_t L, object exc):
+cdef object fuse_failed(object fuser, BatchBase b, Py_ssize_t L, object exc):
     """Error of the collective: the Python handling (diagnosis, b.error) decides what to raise."""
-    err = engine._fuse_failed(b, L, exc)
+    err = fuser._fuse_failed(b, L, exc)
     if err is exc:
         raise exc
     raise err from exc
 
 
-cpdef object fuse(object engine, BatchBase b):
-    """FusionEngine.flush's hot path (only float64 scalar sums pending) in C.
+cpdef object fuse(object fuser, BatchBase b):
+    """Fuser.flush's hot path (only float64 scalar sums pending) in C.
 
     Returns the number of variables resolved, or None if the Python path must run
     (no buffer or persistent request of this size class yet). Same steps as the
     Python code: new current batch (the previous fusion's batch when nothing refers
-    to it any more), signature words, pack, Start + Test polls (then engine._wait),
+    to it any more), signature words, pack, Start + Test polls (then fuser._wait),
     trace record, result words, signature check."""
     cdef list f8 = b.f8
     cdef Py_ssize_t n1 = len(f8), L = size_class(n1), i
@@ -106,12 +106,12 @@ cpdef object fuse(object engine, BatchBase b):
         b.error = exc
         raise
     t0 = now_ns()
-    run_request(engine, b, req, L)
+    run_request(fuser, b, req, L)
     t1 = now_ns()
     try:
         res = clone(k_words, n1, False)
         memcpy(res.data.as_doubles, st.bufp, n1 * sizeof(double))
-        finish(engine, b, L, t0, t1, 0, res)
+        finish(fuser, b, L, t0, t1, 0, res)
         b.res = (res, ref.empty, ref.empty)
         b.done = True
     except BaseException as exc:   # b.error = the exception, as the Python path's `except BaseException`
@@ -124,13 +124,13 @@ cpdef object fuse(object engine, BatchBase b):
 
 cdef int force_batch(BatchBase b) except -1:
     """Make batch b resolved (a force point): the compiled force point when b is the current
-    batch and the engine is ready, else the Python _force (which flushes or raises b.error)."""
-    if not b.done and b is st.batch and st.engine is not None and st.ready and b.error is None:
+    batch and the fuser is ready, else the Python _force (which flushes or raises b.error)."""
+    if not b.done and b is st.batch and st.fuser is not None and st.ready and b.error is None:
         if b.nseg == 0 and b.allsum is True:
             if len(b.f8) > HEADER_WORDS:
-                fuse(st.engine, b)
+                fuse(st.fuser, b)
         else:
-            fuse_general(st.engine, b)
+            fuse_general(st.fuser, b)
     if not b.done:
         ref.force(b)
     return 0
@@ -146,13 +146,13 @@ cdef BatchBase next_batch():
     else:
         nb = <BatchBase>new_instance(ref.batch_type, k_noargs)
     batch_fill(nb, st.threshold)
-    st.batch = nb      # engine.batch (a view of state.batch)
+    st.batch = nb      # fuser.batch (a view of state.batch)
     return nb
 
 
-cdef int run_request(object engine, BatchBase b, object req, Py_ssize_t L) except -1:
-    """Start the persistent request, a few Test polls, then the engine's interruptible wait;
-    an error goes through the engine's diagnosis (engine._fuse_failed) and is raised."""
+cdef int run_request(object fuser, BatchBase b, object req, Py_ssize_t L) except -1:
+    """Start the persistent request, a few Test polls, then the fuser's interruptible wait;
+    an error goes through the fuser's diagnosis (fuser._fuse_failed) and is raised."""
     cdef Runner runner = st.runner if st.runner is not None else k_mpi4py
     cdef long k = 0
     cdef long long t0
@@ -165,14 +165,14 @@ cdef int run_request(object engine, BatchBase b, object req, Py_ssize_t L) excep
             k += 1
             if k >= ref.spin and (k & 31) == 0 and now_ns() - t0 > SPIN_NS:
                 break
-        engine._wait(req, b, L)   # raises a diagnosed error
+        fuser._wait(req, b, L)   # raises a diagnosed error
     except BaseException as exc:
-        fuse_failed(engine, b, L, exc)
+        fuse_failed(fuser, b, L, exc)
     return 0
 
 
-cpdef object fuse_general(object engine, BatchBase b):
-    """FusionEngine._reduce in C: any ops on float64/int64 scalars and on arrays (the
+cpdef object fuse_general(object fuser, BatchBase b):
+    """Fuser._reduce in C: any ops on float64/int64 scalars and on arrays (the
     ``MPI_SUM`` request when everything is a float64 sum, else the user-defined operation
     with the layout record after the header; see wire.layout_words).
 
@@ -215,14 +215,14 @@ cpdef object fuse_general(object engine, BatchBase b):
         b.error = exc
         raise
     t0 = now_ns()
-    run_request(engine, b, req, L)
+    run_request(fuser, b, req, L)
     t1 = now_ns()
     try:
         res = clone(k_words, n1, False)
         memcpy(res.data.as_doubles, buf, HEADER_WORDS * sizeof(double))
         if nf:
             memcpy(&res.data.as_doubles[HEADER_WORDS], &buf[d], nf * sizeof(double))
-        finish(engine, b, L, t0, t1, 0 if allsum else 1, res)
+        finish(fuser, b, L, t0, t1, 0 if allsum else 1, res)
         res_i8 = [lw[d + nf + k] for k in range(n2)] if n2 else ref.empty
         b.res = (res, res_i8, segment_results(seg0, pos, places) if nseg else [])
         b.done = True

@@ -227,8 +227,8 @@ cdef object fast_sum(VarBase self, double a, object aobj):
     """x += a for a float64 scalar x (the reference: _PyVarBase._fast_sum); aobj: a as an exact float, or None."""
     cdef BatchBase b = st.batch
     if b is None:
-        raise RuntimeError("nbmpi fused reductions: the engine has no current batch yet; call "
-                           "nbmpi.workers.fused_reductions.engine() first")
+        raise RuntimeError("nbmpi fused reductions: the fuser has no current batch yet; call "
+                           "nbmpi.workers.fused_reductions.fuser() first")
     cdef list f8 = b.f8
     cdef Py_ssize_t i, j
     cdef tuple ents, old
@@ -268,7 +268,7 @@ cdef object fast_sum(VarBase self, double a, object aobj):
         b.nvars += 1
     (<list>b.log).append(var_ksum(self))
     if i > b.room:
-        st.engine.flush()
+        st.fuser.flush()
     return self
 
 
@@ -277,8 +277,8 @@ cdef object contribute_f8(VarBase self, int op, double a):
     reference: SharedVar._contribute then _new_slot)."""
     cdef BatchBase b = st.batch
     if b is None:
-        raise RuntimeError("nbmpi fused reductions: the engine has no current batch yet; call "
-                           "nbmpi.workers.fused_reductions.engine() first")
+        raise RuntimeError("nbmpi fused reductions: the fuser has no current batch yet; call "
+                           "nbmpi.workers.fused_reductions.fuser() first")
     cdef list f8 = b.f8
     cdef Py_ssize_t i
     cdef double cur
@@ -309,7 +309,7 @@ cdef object contribute_f8(VarBase self, int op, double a):
         b.nvars += 1
     note_step(b, (var_id(self) << 3) | op)
     if len(f8) + b.words > st.threshold:
-        st.engine.flush()
+        st.fuser.flush()
     return self
 
 
@@ -356,7 +356,7 @@ cdef object contribute_array(VarBase self, int op, object a):
     b.kmap[k] = step
     note_step(b, k)
     if len(<list>b.f8) + b.words > st.threshold:
-        st.engine.flush()
+        st.fuser.flush()
     return self
 
 
@@ -392,7 +392,7 @@ def consume_f8(VarBase pool, request, floor):
         b.nvars += 1
     note_step(b, (var_id(pool) << 3) | 4)
     if len(<list>f8) + b.words > st.threshold:
-        st.engine.flush()
+        st.fuser.flush()
     return grant
 
 

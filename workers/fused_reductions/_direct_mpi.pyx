@@ -10,8 +10,8 @@
 
 Built against the MPI headers of the ``mpich`` wheel; importing it imports
 ``mpi4py.MPI`` (so MPI is initialised) and checks mpi4py's types, hence the
-engine imports it only at its first force point. Importing it fails (and the
-force point goes through mpi4py: ``FusionEngine.direct_mpi`` is False) when
+fuser imports it only at its first force point. Importing it fails (and the
+force point goes through mpi4py: ``Fuser.direct_mpi`` is False) when
 mpi4py runs on another MPI library than the one it was linked against.
 """
 from mpi4py cimport MPI, libmpi

@@ -13,7 +13,7 @@ from __future__ import annotations
 import operator
 
 from ..tracing.tracer import get_tracer
-from .fusion import _SPIN, K_FUSED, engine
+from .fusion import _SPIN, K_FUSED, fuser
 from .grants import Grant
 from .implementation import core as _core
 from .lazy import _eval, _force
@@ -33,7 +33,7 @@ def bind() -> None:
         max_with=ref.max_with, float_=ref.__float__,
         ops=(ref.__add__, ref.__radd__, ref.__sub__, ref.__rsub__, ref.__mul__, ref.__rmul__,
              ref.__truediv__, ref.__rtruediv__),
-        force=_force, eval_=_eval, new_var=SharedVar, make_engine=engine, get_tracer=get_tracer,
+        force=_force, eval_=_eval, new_var=SharedVar, make_fuser=fuser, get_tracer=get_tracer,
         same_signature=_same_signature,
         add=operator.add, sub=operator.sub, mul=operator.mul, div=operator.truediv,
         shared_type=SharedVar, lazy_type=_LazyF8, batch_type=_Batch, snap_type=_Snap, grant_type=Grant,

@@ -31,7 +31,7 @@ class _SizeMismatch(NbmpiError):
 
 
 class SizeBoards:
-    """This rank's size board and its reads of the peers' boards (one per engine)."""
+    """This rank's size board and its reads of the peers' boards (one per fuser)."""
 
     def __init__(self, mpi, win, board: np.ndarray, rank: int, peers: List[int], addrs: List[int]) -> None:
         self._mpi, self._win, self._board, self._rank = mpi, win, board, rank
@@ -47,7 +47,7 @@ class SizeBoards:
         rank in an RMA window, ``(k, words, k)`` for the fused collective #k this rank is
         stuck in (or diagnosing).
 
-        Collective on ``diag``, right after the engine's two ``Comm_idup`` completed (so
+        Collective on ``diag``, right after the fuser's two ``Comm_idup`` completed (so
         every rank is here). Returns None without RMA support (the window cannot be
         made): a size divergence is then found by the timeout alone."""
         m = MPI()

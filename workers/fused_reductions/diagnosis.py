@@ -2,7 +2,7 @@
 
 Runs only on error paths (signatures differ, a size board shows a mismatch, a
 timeout or an MPI error in a force point): every rank sends its decoded
-sequence log over the engine's diagnosis communicator (:func:`exchange_logs`,
+sequence log over the fuser's diagnosis communicator (:func:`exchange_logs`,
 two collectives there) and :func:`_compare` names the first difference with
 the same text on every rank.
 """

@@ -1,8 +1,8 @@
-"""The fusion engine: one collective per force point, on persistent requests.
+"""The fuser: one collective per force point, on persistent requests.
 
-:class:`FusionEngine` (one per process, :func:`engine`) owns everything
+:class:`Fuser` (one per process, :func:`fuser`) owns everything
 pending (the current :class:`~.pending._Batch`) and resolves it at a force
-point (:meth:`FusionEngine.flush`) with ONE collective on a private duplicate
+point (:meth:`Fuser.flush`) with ONE collective on a private duplicate
 of ``COMM_WORLD``: all segments packed into one buffer of 8-byte words after
 the signature header (:mod:`.wire`), padded to a size class and reduced in
 place by a persistent ``MPI_Allreduce_init`` request made once per size class
@@ -51,10 +51,10 @@ def _user_combine(inbuf, inoutbuf, datatype) -> None:
     combine_words(np.frombuffer(inbuf, np.int64), np.frombuffer(inoutbuf, np.int64))
 
 
-class FusionEngine:
+class Fuser:
     """Pending contributions of this rank and the one-collective resolution.
 
-    One engine per process (:func:`engine`) serves every shared variable; its
+    One fuser per process (:func:`fuser`) serves every shared variable; its
     communicator is a duplicate of ``COMM_WORLD`` made at the first force
     point (``MPI_Comm_idup``, so even that wait can time out).
     """
@@ -160,7 +160,7 @@ class FusionEngine:
 
     @property
     def collectives(self) -> int:
-        """Number of fused collectives this engine has run (local)."""
+        """Number of fused collectives this fuser has run (local)."""
         return self.seq
 
     @property
@@ -182,7 +182,7 @@ class FusionEngine:
 
     def _wait(self, req, b: _Batch, words: int) -> None:
         """The force point's collective is not done after a few polls: the interruptible
-        wait with the timeout (a timeout or interrupt leaves the engine unusable).
+        wait with the timeout (a timeout or interrupt leaves the fuser unusable).
 
         While waiting it watches the peers' size boards (:meth:`SizeBoards.watch`). On a size
         mismatch found there, a timeout or an MPI error the ranks' sequences are compared
@@ -497,17 +497,17 @@ class FusionEngine:
         """This rank's size board says it is in (or diagnosing) collective #seq with ``words``."""
         if self._boards is not None:
             self._boards.publish(seq, words)
-_ENGINE: Optional[FusionEngine] = None
+_FUSER: Optional[Fuser] = None
 
 
-def engine() -> FusionEngine:
-    """This process's fusion engine (created on first use, no communication)."""
-    global _ENGINE
-    if _ENGINE is None:
-        _ENGINE = FusionEngine()
+def fuser() -> Fuser:
+    """This process's fuser (created on first use, no communication)."""
+    global _FUSER
+    if _FUSER is None:
+        _FUSER = Fuser()
         if _core is not None:
-            _core.state.engine = _ENGINE
-    return _ENGINE
+            _core.state.fuser = _FUSER
+    return _FUSER
 
 
 def flush() -> int:
@@ -516,11 +516,11 @@ def flush() -> int:
     Collective (every rank, same program point), blocking. Returns the number
     of variables resolved (0 and no communication if nothing is pending).
     """
-    return engine().flush()
+    return fuser().flush()
 
 
 @contextlib.contextmanager
-def fused(strict: bool = False) -> Iterator[FusionEngine]:
+def fused(strict: bool = False) -> Iterator[Fuser]:
     """Block whose contributions are resolved together when it ends (one collective).
 
     Leaving the block is a force point (collective; skipped if the block
@@ -529,7 +529,7 @@ def fused(strict: bool = False) -> Iterator[FusionEngine]:
     :class:`SharedVariableError`, which guarantees at most one collective for
     the block.
     """
-    e = engine()
+    e = fuser()
     if strict:
         e._strict += 1
         e._ready = False
@@ -546,7 +546,7 @@ def configure(threshold_bytes: Optional[int] = None, timeout: Any = ...) -> None
     """Set the size threshold (pending bytes that force a flush early) and/or the
     timeout (seconds, ``None`` = forever) of force points. Local, but every
     rank must use the same threshold (it decides where collectives happen)."""
-    e = engine()
+    e = fuser()
     if threshold_bytes is not None:
         if int(threshold_bytes) < 8:
             raise ValueError(f"threshold_bytes={threshold_bytes} is too small; expected at least 8 bytes")

@@ -3,8 +3,8 @@
 A shared variable's value is its base (a number, an array, a lazy
 :class:`~.pending._Derived` node or a :class:`~.pending._Snap`) plus pending
 entries ``(op, batch, block, index, extra)``. Reading it forces the batches
-the entries refer to (a force point: :meth:`FusionEngine.flush
-<.fusion.FusionEngine.flush>`, collective) and applies the reduced values in
+the entries refer to (a force point: :meth:`Fuser.flush
+<.fusion.Fuser.flush>`, collective) and applies the reduced values in
 program order (:func:`_apply`); bounded reductions (consume) follow
 :func:`_consume_level` / :func:`_grant_scale`.
 """
@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from .fusion import engine
+from .fusion import fuser
 from .pending import _Batch, _Derived, _Snap
 from .wire import MAX, MIN, PROD, SUM
 
@@ -99,7 +99,7 @@ def _arg(a: Any) -> Any:
 def _force(b: "_Batch") -> None:
     """Make batch ``b`` resolved (a force point) or raise the error that failed it."""
     if b.error is None:
-        engine().flush()
+        fuser().flush()
     if b.error is not None:
         raise b.error
 
@@ -110,7 +110,7 @@ def _ensure_done(entries) -> None:
         if not b.done:
             if b.error is not None:
                 raise b.error
-            engine().flush()
+            fuser().flush()
             if b.error is not None:
                 raise b.error
             return

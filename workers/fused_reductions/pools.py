@@ -12,7 +12,7 @@ from typing import Any, Optional
 import numpy as np
 
 from ..core.errors import SharedVariableError
-from .fusion import engine
+from .fusion import fuser
 from .grants import Grant
 from .implementation import core as _core
 from .pending import _NOL
@@ -47,7 +47,7 @@ class SharedPool(SharedVar):
             grant = _core.consume_f8(self, request, floor)
             if grant is not None:
                 return grant
-        e = engine()
+        e = fuser()
         b = e.batch
         before = _snap(self)
         if self.shape == ():

@@ -2,7 +2,7 @@
 
 :class:`SharedVar` (made by :func:`shared`) holds the same value on every
 rank. Contributions (``x += a``, ``x *= a``, ``min_with``/``max_with``) are
-appended to the engine's current batch and resolved at the next force point;
+appended to the fuser's current batch and resolved at the next force point;
 shared arithmetic (``x * y``, ``s1 * s1 / N``) builds lazy results that are
 themselves shared variables (float64 scalars: :class:`_LazyF8`). The hot
 float64-scalar operators are those of the compiled core when it is built
@@ -19,7 +19,7 @@ import numpy as np
 
 from ..core.errors import SharedVariableError
 from . import fusion as _fusion
-from .fusion import FusionEngine, engine
+from .fusion import Fuser, fuser
 from .grants import Grant
 from .implementation import core as _core
 from .lazy import _apply, _ensure_done, _eval
@@ -109,7 +109,7 @@ class _PyVarBase:
             v = self._init
         else:
             v = self._coerce_uniform(value, "reset")
-            engine().batch.note((-8, self._id, _value_key(v)))
+            fuser().batch.note((-8, self._id, _value_key(v)))
         self._base = v
         self._entries = ()
         self._ob = None
@@ -118,8 +118,8 @@ class _PyVarBase:
     def _fast_sum(self, a: float) -> "SharedVar":
         """``x += a`` for a float64 scalar variable and a real number (the hot path: a few
         attribute writes; the signature step is the int ``id << 3``, decoded on the error
-        path by :meth:`FusionEngine._exchange_logs`)."""
-        e = _fusion._ENGINE
+        path by :meth:`Fuser._exchange_logs`)."""
+        e = _fusion._FUSER
         b = e._batch
         if self._ob is b and self._oop == 0:
             b.f8[self._oi] += a
@@ -247,7 +247,7 @@ class SharedVar(_core.VarBase if _core is not None else _PyVarBase):  # type: ig
     __array_priority__ = 1000
 
     def __init__(self, value: Any, name: Optional[str] = None, _check: bool = True):
-        e = _fusion._ENGINE or engine()
+        e = _fusion._FUSER or fuser()
         vid = self._id = e.next_id
         e.next_id = vid + 1
         self.name = name
@@ -313,7 +313,7 @@ class SharedVar(_core.VarBase if _core is not None else _PyVarBase):  # type: ig
         self._oblk = 0
         self._lastb = None
         self._sf = shape == () and dtype == _F8
-        self._ksum = self._id << 3   # signature step of a float64 scalar sum (decoded in FusionEngine._exchange_logs)
+        self._ksum = self._id << 3   # signature step of a float64 scalar sum (decoded in Fuser._exchange_logs)
         if shape == ():
             self._cast = float if dtype == _F8 else dtype.type
         else:
@@ -322,7 +322,7 @@ class SharedVar(_core.VarBase if _core is not None else _PyVarBase):  # type: ig
     @classmethod
     def _derived(cls, base: Any, dtype: np.dtype, shape: tuple) -> "SharedVar":
         self = SharedVar.__new__(SharedVar)
-        e = engine()
+        e = fuser()
         self._id = e.next_id
         e.next_id += 1
         self.name = None
@@ -502,11 +502,11 @@ class SharedVar(_core.VarBase if _core is not None else _PyVarBase):  # type: ig
     # -- contributions ---------------------------------------------------------------------
     def _contribute(self, op: int, a: Any) -> "SharedVar":
         """Contribute the rank-local ``a`` with operation ``op`` to this variable: appended
-        to the engine's current batch (or accumulated into this variable's last segment of
+        to the fuser's current batch (or accumulated into this variable's last segment of
         the same op). Local; a force point only when the batch passes the threshold."""
         if isinstance(a, Grant):
             a = a.value
-        e = engine()
+        e = fuser()
         if self.shape == ():
             return self._contribute_scalar(e, e.batch, op, self._scalar_operand(op, a))
         return self._contribute_array(e, e.batch, op, a)
@@ -539,7 +539,7 @@ class SharedVar(_core.VarBase if _core is not None else _PyVarBase):  # type: ig
             return int(a)
         return complex(a)
 
-    def _contribute_scalar(self, e: FusionEngine, b: _Batch, op: int, a: Any) -> "SharedVar":
+    def _contribute_scalar(self, e: Fuser, b: _Batch, op: int, a: Any) -> "SharedVar":
         """:meth:`_contribute` of the scalar ``a`` (already of this variable's word kind)."""
         kind = self._kind
         if self._ob is b and self._oop == op:
@@ -576,7 +576,7 @@ class SharedVar(_core.VarBase if _core is not None else _PyVarBase):  # type: ig
             b.allsum = False
         return self._new_slot(e, b, op, blk, i, w, None)
 
-    def _contribute_array(self, e: FusionEngine, b: _Batch, op: int, a: Any) -> "SharedVar":
+    def _contribute_array(self, e: Fuser, b: _Batch, op: int, a: Any) -> "SharedVar":
         """:meth:`_contribute` to this shared array: ``a`` an array broadcastable to its shape
         and castable to its dtype (else :class:`SharedVariableError`), or a scalar."""
         kind = self._kind
@@ -610,7 +610,7 @@ class SharedVar(_core.VarBase if _core is not None else _PyVarBase):  # type: ig
             b.allsum = False
         return self._new_slot(e, b, op, 2, len(b.arrs) - 1, acc.size * (2 if kind == W_C16 else 1), None)
 
-    def _new_slot(self, e: FusionEngine, b: _Batch, op: int, blk: int, i: int, w: int, extra) -> "SharedVar":
+    def _new_slot(self, e: Fuser, b: _Batch, op: int, blk: int, i: int, w: int, extra) -> "SharedVar":
         self._entries += ((op, b, blk, i, extra),)
         if op != CONSUME:
             self._ob, self._oi, self._oop, self._oblk = b, i, op, blk
@@ -622,7 +622,7 @@ class SharedVar(_core.VarBase if _core is not None else _PyVarBase):  # type: ig
         if blk != 0:
             b.add_words(w)
         if self._sf:
-            b.note((self._id << 3) | op)     # float64 scalar: an int key (decoded in FusionEngine._exchange_logs)
+            b.note((self._id << 3) | op)     # float64 scalar: an int key (decoded in Fuser._exchange_logs)
         else:
             k, t = _ckey(self._id, op, self.dtype.num, self.shape)
             if b.kmap is _NOD:
@@ -834,7 +834,7 @@ def _f8_operand(x: Any, is_shared: bool, code: int) -> Tuple[Any, bool]:
             op, bb, blk, i, _ = e[0]
             return ((v, bb, i) if (op == 0 and blk == 0) else _Snap(v, e, float, ())), False
         return _Snap(v, e, float, ()), False
-    _fusion._ENGINE.batch.note_uniform(code, x if x == x else _NAN_KEY)
+    _fusion._FUSER.batch.note_uniform(code, x if x == x else _NAN_KEY)
     return x, True
 
 
@@ -857,7 +857,7 @@ def _f8_binary(fn, code: int, a: Any, b: Any, sa: bool, sb: bool) -> SharedVar:
     else:
         base = _Derived(fn, (va, vb), float)
     res = _LazyF8.__new__(_LazyF8)
-    e = _fusion._ENGINE
+    e = _fusion._FUSER
     vid = e.next_id
     e.next_id = vid + 1
     res._id = vid
@@ -892,7 +892,7 @@ def _binary(fn, a: Any, b: Any) -> SharedVar:
         dtype, shape = _result_meta(fn, a, b)
     for v, s in ((a, sa), (b, sb)):
         if not s:
-            engine().batch.note_uniform(_FN_CODES.get(fn, 0), _value_key(v))
+            fuser().batch.note_uniform(_FN_CODES.get(fn, 0), _value_key(v))
     cast = float if (dtype == _F8 and shape == ()) else (dtype.type if shape == () else _array_caster(dtype))
     if (not sa or _is_concrete(a)) and (not sb or _is_concrete(b)):
         with np.errstate(all="ignore"):

@@ -3,7 +3,7 @@
 Used by both the notebook magics (``%distributed start``) and the controller's
 local backend, so it lives in the runtime package and imports neither.
 
-:class:`Pool` starts, on this host, an ipyparallel controller and
+:class:`EnginePool` starts, on this host, an ipyparallel controller and
 ``mpiexec -n N python -m ipyparallel.engine --mpi`` through the project's one
 launch mechanism (:func:`nbmpi.workers.launch.launcher.mpiexec_command`, the ranks'
 environment of :func:`nbmpi.workers.launch.launcher.rank_environment`, thread level
@@ -14,7 +14,7 @@ engines registered, every rank runs :func:`nbmpi.workers.launch.engine_side.setu
 ``nbmpi`` in the user namespace.
 
 Processes and their end: the controller and mpiexec each run in their own
-session (process group). :meth:`Pool.stop` SIGTERMs both groups, then SIGKILLs
+session (process group). :meth:`EnginePool.stop` SIGTERMs both groups, then SIGKILLs
 whatever is left after a grace period, including every descendant recorded at
 start (ipyparallel's per-engine "nanny" processes run in sessions of their
 own). When the pool is started from the main thread, the controller and
@@ -48,7 +48,7 @@ from .launcher import STATUS_DIR_ENV, mpiexec_command, rank_environment
 from .pool_health import _PoolHealth
 from .processes import end_processes, noted_segments, remove_shm
 
-__all__ = ["Pool", "PoolError"]
+__all__ = ["EnginePool", "EnginePoolError"]
 
 GRACE_SECONDS = 1.0
 #: Heartbeat period of the pool's controller (ms). An engine counts as registered at its first
@@ -56,12 +56,12 @@ GRACE_SECONDS = 1.0
 HEARTBEAT_MS = 500
 #: Missed heartbeats before the controller drops an engine: 60 x 0.5 s keeps ipyparallel's 30 s tolerance.
 HEARTBEAT_MISSES = 60
-#: Environment variable with the default listen address of a pool's controller (see :class:`Pool`).
+#: Environment variable with the default listen address of a pool's controller (see :class:`EnginePool`).
 POOL_IP_ENV = "NBMPI_POOL_IP"
-_live_pools: "List[Pool]" = []
+_live_pools: "List[EnginePool]" = []
 
 
-class PoolError(RuntimeError):
+class EnginePoolError(RuntimeError):
     """A pool could not be started, reached or used; the message says why and what to do."""
 
 
@@ -84,7 +84,7 @@ def _stop_all() -> None:
 atexit.register(_stop_all)
 
 
-class Pool(_PoolHealth):
+class EnginePool(_PoolHealth):
     """N MPI ranks serving as ipyparallel engines (engine id == rank).
 
     Create, then :meth:`start` (blocking). Not thread-safe: one owner drives
@@ -151,19 +151,19 @@ class Pool(_PoolHealth):
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self, progress: Optional[Callable[[str], None]] = None, timeout: float = 120.0,
-              replacing: Optional["Pool"] = None) -> "Pool":
+              replacing: Optional["EnginePool"] = None) -> "EnginePool":
         """Start the controller and the N engine ranks; block until all are ready.
 
         ``progress(message)`` is called at each step. ``replacing``: a pool this one
         replaces (a restart); it is stopped while the new processes boot, so a restart
-        takes about as long as a start. Raises :class:`PoolError` (after stopping
+        takes about as long as a start. Raises :class:`EnginePoolError` (after stopping
         everything it started) if the pool is not ready within ``timeout`` seconds or a
         process died. Returns ``self``.
         """
         if self._attached:
-            raise PoolError(f"pool {self.name!r} is attached, not owned; it can only be started by its owner")
+            raise EnginePoolError(f"pool {self.name!r} is attached, not owned; it can only be started by its owner")
         if self._state in ("starting", "running"):
-            raise PoolError(f"pool {self.name!r} is already {self._state}; stop it first")
+            raise EnginePoolError(f"pool {self.name!r} is already {self._state}; stop it first")
         say = progress or (lambda msg: None)
         self._state = "starting"
         self._started_at = time.time()
@@ -189,7 +189,7 @@ class Pool(_PoolHealth):
                                             else None))
 
     def _start(self, say: Callable[[str], None], deadline: float, timeout: float,
-               replacing: Optional["Pool"] = None) -> None:
+               replacing: Optional["EnginePool"] = None) -> None:
         os.makedirs(self.profile_dir, exist_ok=True)
         engine_file = self._engine_file
         for path in (self._security("client"), self._security("engine"), engine_file):
@@ -275,11 +275,11 @@ class Pool(_PoolHealth):
                 break
             self._check_processes()
             if time.monotonic() > deadline:
-                raise PoolError(f"pool {self.name!r}: only {len(ids)} of {self.n} ranks registered within "
+                raise EnginePoolError(f"pool {self.name!r}: only {len(ids)} of {self.n} ranks registered within "
                                 f"{timeout:.0f} s; engine log:\n{self._log_tail('engines')}")
             time.sleep(0.05)
         if ids != self.ranks:
-            raise PoolError(f"pool {self.name!r}: engine ids {ids} are not the MPI ranks {self.ranks}; "
+            raise EnginePoolError(f"pool {self.name!r}: engine ids {ids} are not the MPI ranks {self.ranks}; "
                             "another engine registered with this controller")
         say(f"pool {self.name!r}: starting the nbmpi runtime on every rank")
         from .engine_side import setup
@@ -289,13 +289,13 @@ class Pool(_PoolHealth):
         while not ar.ready():
             self._check_processes()
             if time.monotonic() > deadline:
-                raise PoolError(f"pool {self.name!r}: the runtime did not start on every rank within "
+                raise EnginePoolError(f"pool {self.name!r}: the runtime did not start on every rank within "
                                 f"{timeout:.0f} s; engine log:\n{self._log_tail('engines')}")
             ar.wait(0.1)
         infos = ar.get()
         bad = [(eid, i["rank"]) for eid, i in zip(self.ranks, infos) if i["rank"] != eid]
         if bad:
-            raise PoolError(f"pool {self.name!r}: engine id != MPI rank for (engine, rank) {bad}")
+            raise EnginePoolError(f"pool {self.name!r}: engine id != MPI rank for (engine, rank) {bad}")
         self.rank_info = list(infos)
         self.hosts = [i["host"] for i in infos]
         self._descendants = self._collect_descendants(infos)
@@ -305,9 +305,9 @@ class Pool(_PoolHealth):
                           hosts=list(self.hosts), pids=[i["pid"] for i in infos],
                           started_at=self._started_at)
 
-    def restart(self, progress: Optional[Callable[[str], None]] = None, timeout: float = 120.0) -> "Pool":
+    def restart(self, progress: Optional[Callable[[str], None]] = None, timeout: float = 120.0) -> "EnginePool":
         """Fresh ranks (empty namespaces, a new MPI job) for this pool's name and size; block until
-        they are ready. Owned pools only. Raises :class:`PoolError`. Returns the pool to keep using.
+        they are ready. Owned pools only. Raises :class:`EnginePoolError`. Returns the pool to keep using.
 
         While the controller runs, only the ranks are replaced, as ipyparallel restarts engines:
         the old MPI job is killed at once (SIGKILL: its ranks may be stuck, no clean shutdown is
@@ -319,12 +319,12 @@ class Pool(_PoolHealth):
         this one is ended, and that new pool is returned.
         """
         if self._attached:
-            raise PoolError(f"pool {self.name!r} is attached, not owned; only its owner can restart it")
+            raise EnginePoolError(f"pool {self.name!r} is attached, not owned; only its owner can restart it")
         if (self._state == "running" and self._client is not None and self._controller is not None
                 and self._controller.poll() is None and self._mpiexec is not None):
             if self._restart_ranks(progress or (lambda msg: None), timeout):
                 return self
-        fresh = Pool(self.n, name=self.name, env=self.env, bound_to_owner=self.bound_to_owner)
+        fresh = EnginePool(self.n, name=self.name, env=self.env, bound_to_owner=self.bound_to_owner)
         return fresh.start(progress=progress, timeout=timeout, replacing=self)
 
     #: How long a restart waits for the controller to drop the old engines before it starts a new pool.
@@ -410,14 +410,14 @@ class Pool(_PoolHealth):
         for what, p in (("controller", self._controller), ("mpiexec", self._mpiexec)):
             if p is not None and p.poll() is not None:
                 log = self._log_tail("engines" if what == "mpiexec" else "controller")
-                raise PoolError(f"pool {self.name!r}: the {what} exited with code {p.returncode} during start; "
+                raise EnginePoolError(f"pool {self.name!r}: the {what} exited with code {p.returncode} during start; "
                                 f"its log ends with:\n{log}")
 
     def _wait_for(self, cond: Callable[[], bool], deadline: float, what: str, timeout: float) -> None:
         while not cond():
             self._check_processes()
             if time.monotonic() > deadline:
-                raise PoolError(f"pool {self.name!r}: timed out after {timeout:.0f} s waiting for {what}")
+                raise EnginePoolError(f"pool {self.name!r}: timed out after {timeout:.0f} s waiting for {what}")
             time.sleep(0.05)
 
     def stop(self, grace: float = GRACE_SECONDS) -> None:
@@ -473,11 +473,11 @@ class Pool(_PoolHealth):
         each rank's state probe), ``pids``, ``started_at``.
         """
         if self._info is None:
-            raise PoolError(f"pool {self.name!r} is {self._state}; connection info exists once it has started")
+            raise EnginePoolError(f"pool {self.name!r} is {self._state}; connection info exists once it has started")
         return json.loads(json.dumps(self._info))
 
     @classmethod
-    def attach(cls, info: Dict[str, Any]) -> "Pool":
+    def attach(cls, info: Dict[str, Any]) -> "EnginePool":
         """Connect to a running pool described by ``info`` (:meth:`connection_info`). Blocking.
 
         :meth:`stop` on the result only disconnects; the owner ends the pool.
@@ -487,7 +487,7 @@ class Pool(_PoolHealth):
         try:
             name, ranks, cinfo = info["name"], list(info["ranks"]), dict(info["client"])
         except (KeyError, TypeError) as e:
-            raise PoolError(f"connection info lacks {e}; expected the dict of Pool.connection_info()") from None
+            raise EnginePoolError(f"connection info lacks {e}; expected the dict of EnginePool.connection_info()") from None
         pool = cls(len(ranks), name=name, work_dir=tempfile.mkdtemp(prefix=f"nbmpi-attach-{name}-"))
         pool._attached = True
         pool._own_dir = True
@@ -495,7 +495,7 @@ class Pool(_PoolHealth):
             pool._client = ipp.Client(cinfo, timeout=10)
             pool._client.wait_for_engines(len(ranks), timeout=30)
         except Exception as e:  # noqa: BLE001
-            raise PoolError(f"cannot connect to pool {name!r}: {e}") from e
+            raise EnginePoolError(f"cannot connect to pool {name!r}: {e}") from e
         pool.ranks = ranks
         pool._info = json.loads(json.dumps(info))
         pool._started_at = info.get("started_at") or time.time()
@@ -524,8 +524,8 @@ class Pool(_PoolHealth):
     def client(self):
         """The ``ipyparallel.Client`` connected to this pool (raises if stopped)."""
         if self._client is None:
-            raise PoolError(f"pool {self.name!r} is {self._state}; start it (or attach) first")
+            raise EnginePoolError(f"pool {self.name!r} is {self._state}; start it (or attach) first")
         return self._client
 
     def __repr__(self) -> str:
-        return f"Pool(name={self.name!r}, n={self.n}, state={self._state!r})"
+        return f"EnginePool(name={self.name!r}, n={self.n}, state={self._state!r})"

@@ -1,6 +1,6 @@
 """What runs inside every engine (MPI rank) of a pool.
 
-:func:`setup` (called once per rank by :meth:`Pool.start`, collectively)
+:func:`setup` (called once per rank by :meth:`EnginePool.start`, collectively)
 starts the nbmpi runtime, fills the user namespace (``comm``, ``rank``,
 ``size``, ``nbmpi``), registers the per-cell hooks and the shared-variable
 rebinding guard (:mod:`nbmpi.workers.fused_reductions.rebinding_guard`) and starts this rank's
@@ -22,7 +22,7 @@ blocked in, its peer, since when). The thread makes no MPI call (thread level
 thread is busy in user code or polling a request — that is how a hang is
 explained without interrupting the rank first.
 
-Owner watchdog: if ``NBMPI_POOL_OWNER_PID`` is set (by :meth:`Pool.start`),
+Owner watchdog: if ``NBMPI_POOL_OWNER_PID`` is set (by :meth:`EnginePool.start`),
 a daemon thread ends this rank (``os._exit``) within a second of that process
 disappearing, so a notebook kernel or controller that is killed outright
 (no exit handlers) leaves no rank behind.
@@ -130,7 +130,7 @@ def _start_probe() -> int:
 
 
 _rank = -1
-#: Environment variable with the pid of the process that owns the pool (set by Pool.start).
+#: Environment variable with the pid of the process that owns the pool (set by EnginePool.start).
 OWNER_ENV = "NBMPI_POOL_OWNER_PID"
 
 

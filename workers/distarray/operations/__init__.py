@@ -5,7 +5,7 @@ The fusion pass (:mod:`~..fusion`) turns the recorded tasks into groups; every g
 never needs to know what the operation does:
 
 * :data:`LOWERINGS`: ``kind -> lower(flush, group, flush_no) -> GroupRun``. A lowering finds
-  (or builds) the operation's per-rank plan in the engine's cache under the operation's key and
+  (or builds) the operation's per-rank plan in the context's cache under the operation's key and
   returns its executable units (:mod:`~..units`): receives, sends, computations, for a reduction
   an allgather and a finish. The scheduler orders the units of all groups by their accesses and
   runs them with latency hiding.
@@ -22,12 +22,12 @@ never needs to know what the operation does:
   redistribute   :mod:`.redistribution`       copy between row layouts, one message per peer
   ============== ============================ =========================================
 
-* :data:`BARRIERS`: ``kind -> execute(engine, task, op)``. Such an operation is a collective
+* :data:`BARRIERS`: ``kind -> execute(context, task, op)``. Such an operation is a collective
   step of its own: the groups before it run to completion first, then it runs, blocking.
   Irregular copies through index arrays (``indexed``, :mod:`~..irregular`, through the Aggregator).
 
 Lowering only builds units: it neither communicates nor blocks. A lowering may use from the
-flush: ``eng``, ``rank``, ``size``, ``MPI``, the counter ``blocks``, and the methods
+flush: ``ctx``, ``rank``, ``size``, ``MPI``, the counter ``blocks``, and the methods
 ``receives``, ``send_unit``, ``sent`` and ``start`` (see :class:`~..scheduler._Flush`).
 """
 from __future__ import annotations
@@ -43,5 +43,5 @@ __all__ = ["LOWERINGS", "BARRIERS"]
 LOWERINGS: Dict[str, Callable[..., Any]] = {
     **elementwise.LOWERINGS, **swap.LOWERINGS, **linalg.LOWERINGS, **gather.LOWERINGS, **redistribution.LOWERINGS}
 
-#: kind of a task run as a collective step of its own -> ``execute(engine, task, op)``.
+#: kind of a task run as a collective step of its own -> ``execute(context, task, op)``.
 BARRIERS: Dict[str, Callable[..., None]] = {"indexed": irregular.execute}

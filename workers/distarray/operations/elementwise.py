@@ -384,10 +384,10 @@ def cache_key(g, chunk_elems: int) -> Tuple:
 def lower(fl: Lowering, g: Any, flush_no: int) -> GroupRun:
     """The units of elementwise group ``g`` in flush ``fl``: receives, one send per outgoing message, one
     kernel call per block (each waiting for the messages it reads), then the reductions' units."""
-    eng = fl.eng
-    plan: ElementwisePlan = eng.plan(cache_key(g, eng.chunk_elems),
-                                     lambda: ElementwisePlan(g, fl.rank, fl.size, eng.chunk_elems))
-    inst = plan.acquire(eng, flush_no)
+    ctx = fl.ctx
+    plan: ElementwisePlan = ctx.plan(cache_key(g, ctx.chunk_elems),
+                                     lambda: ElementwisePlan(g, fl.rank, fl.size, ctx.chunk_elems))
+    inst = plan.acquire(ctx, flush_no)
     inst.uses += 1
     bases = [obj.out.base if role == "red" else obj.base for role, obj in g.arrays]
     run = GroupRun(g.desc)

@@ -69,10 +69,10 @@ def lower(fl: Lowering, g: Any, flush_no: int) -> GroupRun:
     """The units of ``g.task`` (a :class:`~..graph.Replicate`) in flush ``fl``: one send per destination;
     on a destination, the copy of its own rows and one unpack per received message."""
     t: Replicate = g.task
-    eng = fl.eng
+    ctx = fl.ctx
     src, out = t.src, t.out
-    plan: ReplicatePlan = eng.plan(cache_key(t), lambda: ReplicatePlan(t, fl.rank, fl.size))
-    inst = plan.acquire(eng, flush_no)
+    plan: ReplicatePlan = ctx.plan(cache_key(t), lambda: ReplicatePlan(t, fl.rank, fl.size))
+    inst = plan.acquire(ctx, flush_no)
     inst.uses += 1
     run = GroupRun(t.desc)
     fl.receives(run, plan, inst, t.desc)

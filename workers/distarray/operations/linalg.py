@@ -148,10 +148,10 @@ def matmul_key(t: Matmul) -> Tuple:
 def lower_matmul(fl: Lowering, g: Any, flush_no: int) -> GroupRun:
     """The units of ``g.task`` (a :class:`~..graph.Matmul`) in flush ``fl``."""
     t: Matmul = g.task
-    eng = fl.eng
+    ctx = fl.ctx
     a, b, out = t.a, t.b, t.out
-    plan: MatmulPlan = eng.plan(matmul_key(t), lambda: MatmulPlan(t, fl.rank, fl.size))
-    inst = plan.acquire(eng, flush_no)
+    plan: MatmulPlan = ctx.plan(matmul_key(t), lambda: MatmulPlan(t, fl.rank, fl.size))
+    inst = plan.acquire(ctx, flush_no)
     inst.uses += 1
     run = GroupRun(t.desc)
     fl.receives(run, plan, inst, t.desc)
@@ -221,10 +221,10 @@ def transpose_key(t: Transpose) -> Tuple:
 def lower_transpose(fl: Lowering, g: Any, flush_no: int) -> GroupRun:
     """The units of ``g.task`` (a :class:`~..graph.Transpose`) in flush ``fl``."""
     t: Transpose = g.task
-    eng = fl.eng
+    ctx = fl.ctx
     src, out = t.src, t.out
-    plan: TransposePlan = eng.plan(transpose_key(t), lambda: TransposePlan(t, fl.rank, fl.size))
-    inst = plan.acquire(eng, flush_no)
+    plan: TransposePlan = ctx.plan(transpose_key(t), lambda: TransposePlan(t, fl.rank, fl.size))
+    inst = plan.acquire(ctx, flush_no)
     inst.uses += 1
     run = GroupRun(t.desc)
     fl.receives(run, plan, inst, t.desc)

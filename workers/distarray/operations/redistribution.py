@@ -57,7 +57,7 @@ def copy_source(task: Any) -> Optional[Leaf]:
         return None
     out = task.out
     sb, ob = leaf.base, out.base
-    if sb.replicated or ob.replicated or sb is ob or sb.engine is not ob.engine:
+    if sb.replicated or ob.replicated or sb is ob or sb.context is not ob.context:
         return None
     sv, tv = leaf.view, out.view
     if not (sv.row_kept and tv.row_kept) or sv.lead_new() or tv.lead_new():
@@ -238,10 +238,10 @@ def lower(fl: Lowering, g: Any, flush_no: int) -> GroupRun:
     unit that waits for the earlier units touching those rows, and a no-op unit holding the rows until
     the request completes orders the later ones. The rows that stay here are copied meanwhile."""
     t: Redistribute = g.task
-    eng = fl.eng
+    ctx = fl.ctx
     src, out = t.src, t.out
-    plan: RedistributionPlan = eng.plan(cache_key(t), lambda: RedistributionPlan(src, out, fl.rank, fl.size))
-    inst = plan.acquire(eng, flush_no)
+    plan: RedistributionPlan = ctx.plan(cache_key(t), lambda: RedistributionPlan(src, out, fl.rank, fl.size))
+    inst = plan.acquire(ctx, flush_no)
     inst.uses += 1
     run = GroupRun(t.desc)
     run.inst = inst
@@ -333,7 +333,7 @@ def _lower_in_place(fl: Lowering, t: Redistribute, inst: Any, run: GroupRun, bas
     what = f"{'send' if sending else 'receive'} for {t.desc} {'to' if sending else 'from'} rank {peer}"
     held = Unit("compute", lambda: None, t.desc, ((base.serial, rlo, rhi, mode),))
     held.ndeps = 1
-    comm, MPI = fl.eng.dcomm, fl.MPI
+    comm, MPI = fl.ctx.dcomm, fl.MPI
 
     def start() -> None:
         t0 = _now()

@@ -85,12 +85,12 @@ def _lower_allgather(fl: Lowering, g: Any, inst: Any, run: GroupRun, slot_reds: 
         ex["grecv"] = np.zeros(total * size, dtype=np.uint8)
     gsend, grecv = ex["gsend"], ex["grecv"]
     fin = Unit("compute", lambda: None, g.desc, out_serials)
-    eng = fl.eng
+    ctx = fl.ctx
 
     def start_coll() -> None:
         for (o, nb, dt, ps), part in zip(layout, local_partials()):
             gsend[o:o + nb] = np.ascontiguousarray(np.asarray(part, dtype=dt)).view(np.uint8).reshape(-1)
-        req = eng.dcomm.Iallgather([gsend, fl.MPI.BYTE], [grecv, fl.MPI.BYTE])
+        req = ctx.dcomm.Iallgather([gsend, fl.MPI.BYTE], [grecv, fl.MPI.BYTE])
         w = Waitable(req, "coll", -1, 0, total, flush_no, f"allgather of the partial results of {g.desc}")
         w.units.append(fin)
         fin.ndeps += 1
@@ -111,4 +111,4 @@ def _lower_allgather(fl: Lowering, g: Any, inst: Any, run: GroupRun, slot_reds: 
     after(fin, coll)
     run.coll = coll
     run.finish = fin
-    eng.stats["collectives"] += 1
+    ctx.stats["collectives"] += 1

@@ -22,7 +22,7 @@ class Complement(list):
     """Index tuples of the local elements of a base outside a box (what a swap copies); a cached plan."""
 
     def free(self) -> None:
-        """Nothing to free (the engine's plan cache calls it on eviction)."""
+        """Nothing to free (the context's plan cache calls it on eviction)."""
 
 
 def complement(x, box, rank: int) -> Complement:
@@ -53,7 +53,7 @@ def lower(fl: Lowering, g: Any, flush_no: int) -> GroupRun:
     """The one unit of ``g.task`` (a :class:`~..graph.Swap`): copy the complement, exchange the buffers."""
     t: Swap = g.task
     x, s = t.target.base, t.source.base
-    idx = fl.eng.plan(cache_key(t), lambda: complement(x, t.box, fl.rank))
+    idx = fl.ctx.plan(cache_key(t), lambda: complement(x, t.box, fl.rank))
 
     def fn() -> None:
         xl, sl = x.ensure(), s.ensure()

@@ -1,6 +1,6 @@
 """Per-communicator state of the distributed arrays: recorded operations, settings, plan cache, counters.
 
-One :class:`Engine` exists per communicator (``COMM_WORLD`` unless an array is created with
+One :class:`ArrayContext` exists per communicator (``COMM_WORLD`` unless an array is created with
 ``comm=``). It owns the list of operations recorded since the last force point and the
 settings that govern evaluation:
 
@@ -16,7 +16,7 @@ settings that govern evaluation:
   2**18 on this project's 2-rank benchmarks, with the same wait %;
 * ``timeout`` (env ``NBMPI_TIMEOUT``): bound of every blocking wait of a force point.
 
-Creating an engine does not communicate; the first force point duplicates the communicator
+Creating a context does not communicate; the first force point duplicates the communicator
 (so array traffic never mixes with the user's messages) and agrees on a tracer channel id,
 both collective, which every rank reaches at the same point of an SPMD program.
 """
@@ -31,7 +31,7 @@ from ..core import spmd
 from .errors import DistArrayError
 from .graph import Task
 
-__all__ = ["Engine", "engine_for", "configure", "env_latency_hiding"]
+__all__ = ["ArrayContext", "context_for", "configure", "env_latency_hiding"]
 
 DEFAULT_THRESHOLD = 1000
 DEFAULT_CHUNK = 1 << 20
@@ -58,7 +58,7 @@ def _env_int(name: str, default: int) -> int:
     return value
 
 
-class Engine:
+class ArrayContext:
     """The distributed-array state of one communicator (see the module doc). Not thread-safe:
     only the main thread records and evaluates (MPI thread level ``funneled``)."""
 
@@ -85,7 +85,7 @@ class Engine:
                                           messages_received=0, wait_ns=0, flush_ns=0, collectives=0)
         self.last: Dict[str, Any] = {}
         self.in_flush = False
-        self.buffers = BufferPool()
+        self.buffers = BufferCache()
         #: Aggregators of the irregular copies (:mod:`~.irregular`), per role and item type, reused.
         self.aggregators: Dict[Any, Any] = {}
 
@@ -134,7 +134,7 @@ class Engine:
             self.flush("threshold")
 
     def flush(self, reason: str, latency_hiding: Optional[bool] = None) -> None:
-        """Evaluate every pending operation. Collective over the engine's communicator: every rank
+        """Evaluate every pending operation. Collective over the context's communicator: every rank
         must reach the same force point with the same recorded operations."""
         if not self.pending or self.in_flush:
             return
@@ -165,7 +165,7 @@ class Engine:
         return p
 
 
-class BufferPool:
+class BufferCache:
     """Local buffers of bases that died, kept for the next base of the same shape and dtype (the
     seed's lazy de-allocation: a time loop that makes a new temporary each step reuses the
     same memory instead of faulting in fresh pages). At most ``max_bytes`` are kept; the
@@ -200,18 +200,18 @@ class BufferPool:
         return None
 
 
-_ENGINES: Dict[Any, Engine] = {}
+_CONTEXTS: Dict[Any, ArrayContext] = {}
 
 
-def engine_for(comm=None) -> Engine:
-    """The engine of ``comm`` (default ``COMM_WORLD``), created on first use. Local."""
+def context_for(comm=None) -> ArrayContext:
+    """The context of ``comm`` (default ``COMM_WORLD``), created on first use. Local."""
     if comm is None:
         comm = runtime.world()
     key = comm.py2f() if hasattr(comm, "py2f") else id(comm)
-    eng = _ENGINES.get(key)
-    if eng is None or eng.comm != comm:
-        eng = _ENGINES[key] = Engine(comm)
-    return eng
+    ctx = _CONTEXTS.get(key)
+    if ctx is None or ctx.comm != comm:
+        ctx = _CONTEXTS[key] = ArrayContext(comm)
+    return ctx
 
 
 _UNCHANGED: Any = object()
@@ -226,27 +226,27 @@ NUMPY_MATH = {"on": os.environ.get(NUMPY_MATH_ENV, "") not in ("", "0")}
 def configure(latency_hiding: Optional[bool] = None, threshold: Optional[int] = None,
               chunk_elems: Optional[int] = None, timeout: Any = _UNCHANGED, comm=None,
               numpy_math: Optional[bool] = None) -> Dict[str, Any]:
-    """Change the evaluation settings of the engine of ``comm`` (default ``COMM_WORLD``); arguments
+    """Change the evaluation settings of the context of ``comm`` (default ``COMM_WORLD``); arguments
     left out keep their value (``timeout``: seconds, or None to wait forever; ``numpy_math``: NumPy's
     own transcendental functions instead of the compiled ones, for results identical to NumPy's,
     process-wide, see :mod:`.numpy_math`). Local; call it on every rank with the same values.
     Returns the settings now in force."""
     if numpy_math is not None:
         NUMPY_MATH["on"] = bool(numpy_math)
-    eng = engine_for(comm)
+    ctx = context_for(comm)
     if latency_hiding is not None:
-        eng.latency_hiding = bool(latency_hiding)
+        ctx.latency_hiding = bool(latency_hiding)
     if threshold is not None:
         if threshold < 1:
             raise DistArrayError(f"threshold must be at least 1 recorded operation, got {threshold}")
-        eng.threshold = int(threshold)
+        ctx.threshold = int(threshold)
     if chunk_elems is not None:
         if chunk_elems < 1:
             raise DistArrayError(f"chunk_elems must be at least 1, got {chunk_elems}")
-        eng.chunk_elems = int(chunk_elems)
+        ctx.chunk_elems = int(chunk_elems)
     if timeout is not _UNCHANGED:
         if timeout is not None and timeout <= 0:
             raise DistArrayError(f"timeout must be a positive number of seconds or None, got {timeout!r}")
-        eng.timeout = timeout
-    return dict(latency_hiding=eng.latency_hiding, threshold=eng.threshold, chunk_elems=eng.chunk_elems,
-                timeout=eng.timeout, numpy_math=NUMPY_MATH["on"])
+        ctx.timeout = timeout
+    return dict(latency_hiding=ctx.latency_hiding, threshold=ctx.threshold, chunk_elems=ctx.chunk_elems,
+                timeout=ctx.timeout, numpy_math=NUMPY_MATH["on"])
