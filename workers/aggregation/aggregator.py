@@ -1,5 +1,5 @@
 """Aggregation of fine-grained items into per-destination buffers (the Chapel
-Aggregation Library model, seed 003), with numba handlers and termination detection.
+Aggregation Library model), with numba handlers and termination detection.
 
 What users write (every rank, SPMD)::
 

@@ -1,4 +1,4 @@
-"""In-place array channels (the ArrayChannels.jl model, seed 000).
+"""In-place array channels (the ArrayChannels.jl model).
 
 Every participating rank owns ONE persistent buffer (``ch.buffer``) of the
 channel's shape and dtype; every operation (put/take, reduce, allreduce,
@@ -30,12 +30,12 @@ Semantics (all ranks given as ranks of the channel's ``comm``):
 * ``reduce(op, root)``: binomial tree on point-to-point messages. The result
   lands in place in ``root``'s buffer; the other ranks' buffers are NOT
   modified (interior ranks accumulate in the first of two scratch buffers and
-  receive into the second, as the seed describes).
+  receive into the second, as ArrayChannels.jl does).
 * ``allreduce(op)``: reduce to the first participant, then ``bcast``; the
   result is in every rank's buffer.
 * ``bcast(root)``: binomial tree; ``root``'s buffer is copied into all others.
 * ``scatter(root, ...)`` / ``gather(root, ...)``: disjoint regions of the
-  buffer, given by an axis split or a map rank -> index range (the seed's
+  buffer, given by an axis split or a map rank -> index range (ArrayChannels.jl's
   ``dim_map``). After ``scatter`` each rank's region of its buffer equals that
   region of root's; after ``gather`` root's buffer holds every rank's region.
   Non-contiguous regions travel as MPI subarray datatypes (no copies).

@@ -1,4 +1,4 @@
-"""Distributed arrays with automatic latency hiding (seed 002, DistNumPy): a NumPy-like namespace.
+"""Distributed arrays with automatic latency hiding (the DistNumPy model): a NumPy-like namespace.
 
 ``import nbmpi.workers.distarray as dnp``, then write NumPy code on ``dnp`` arrays; run it SPMD
 on every rank (``nbmpi run``, ``%%distributed`` cells, controller jobs)::

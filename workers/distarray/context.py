@@ -166,8 +166,8 @@ class ArrayContext:
 
 
 class BufferCache:
-    """Local buffers of bases that died, kept for the next base of the same shape and dtype (the
-    seed's lazy de-allocation: a time loop that makes a new temporary each step reuses the
+    """Local buffers of bases that died, kept for the next base of the same shape and dtype (DistNumPy's
+    lazy de-allocation: a time loop that makes a new temporary each step reuses the
     same memory instead of faulting in fresh pages). At most ``max_bytes`` are kept; the
     oldest go first. Only buffers never handed to the user (``.local``) come here, and only of at
     least ``min_bytes`` (64 KiB; smaller ones are cheap to allocate). ``allocated`` counts fresh

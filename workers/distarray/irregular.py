@@ -1,5 +1,5 @@
 """Irregular copies through an index array: ``b[idx] = a`` and ``a[idx]`` along axis 0, aggregated per
-destination by the project's :class:`~nbmpi.workers.aggregation.aggregator.Aggregator` (seed 003).
+destination by the project's :class:`~nbmpi.workers.aggregation.aggregator.Aggregator`.
 
 What users write (SPMD, every rank)::
 

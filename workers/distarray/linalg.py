@@ -4,7 +4,7 @@
   rows (aligned with ``A``), so each rank multiplies its own rows. ``x``/``B`` may be
   distributed any way (or a NumPy array): each owner sends its rows of ``x`` once to every
   rank; the product with the local rows of ``x`` is computed while the others fly, then one
-  accumulation per received part (BLAS through NumPy's ``@``). This is the seed's Jacobi
+  accumulation per received part (BLAS through NumPy's ``@``). This is DistNumPy's Jacobi
   (matrix-vector) communication pattern.
 * ``dot(a, b)`` of two 1-D arrays is ``sum(a * b)`` (one fused reduction).
 * ``A.T`` of a 2-D array distributed by rows: a new array distributed by rows in the same

@@ -5,7 +5,7 @@ receives from whom, what it sends, and its blocks of work. Each operation's own 
 with its cache key and its lowering in :mod:`~.operations`; this module holds what they share.
 
 Every rank knows every distribution, so each rank derives its own part of the plan from the
-recorded task alone, without asking anyone (the seed's "global knowledge of the data
+recorded task alone, without asking anyone (DistNumPy's "global knowledge of the data
 distribution"). A plan depends only on layouts (distributions, views, dtypes, shapes) and on
 the program's shape, never on values or array identities, so the plan of a time step is
 found in the context's cache at the next step and nothing is recomputed.

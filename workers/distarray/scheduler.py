@@ -12,14 +12,14 @@
    lowering finds the operation's plan (cached by its key) and returns its units (:mod:`~.units`);
    a barrier kind (irregular copies) runs as a collective step of its own. The scheduler knows
    no operation: it orders units and executes them.
-4. **Execution**, with latency hiding (the seed's operation flush):
+4. **Execution**, with latency hiding (DistNumPy's operation flush):
 
    * all receives are started at once (persistent requests on pre-allocated buffers);
    * units are kept in two ready queues: communication (pack + start a send, start a
      reduction's allgather) and computation (a block of a fused kernel, an unpack, a
      matrix product). A unit is ready when the messages it reads have arrived and the
      earlier units it conflicts with (same base, overlapping local rows, one of them
-     writing) are done: per-base access lists, the seed's dependency heuristic;
+     writing) are done: per-base access lists, DistNumPy's dependency heuristic;
    * communication units always go first; then one computation unit runs, and
      ``Testsome`` polls the requests in flight before the next one;
    * only when no unit is ready the rank blocks, in :func:`nbmpi.workers.core.waiting.wait_each`
@@ -276,7 +276,7 @@ class _Flush:
     def _dependencies(self) -> None:
         """Make each unit wait for the earlier groups' units it conflicts with (same base, overlapping
         local rows, not both reading, not both accumulating): per-base lists of access records, the
-        seed's dependency heuristic, with one record per group and access kind. A record whose rows a
+        DistNumPy's dependency heuristic, with one record per group and access kind. A record whose rows a
         later group overwrites entirely is dropped (anything after depends on the overwriting units,
         which depend on it), so the lists stay short in time loops."""
         records: Dict[int, List["_Record"]] = {}

@@ -1,4 +1,4 @@
-"""Lazy fused reductions on shared variables (the CFL idea, extended).
+"""Lazy fused reductions on shared variables (the Communication Fusion Library's idea, extended).
 
 A *shared variable* (:func:`shared`, :class:`SharedVar`) holds the same value
 on every rank of ``COMM_WORLD``. SPMD code updates it with rank-local values

@@ -1,6 +1,6 @@
 """Make ``x = a`` an error when ``x`` names a shared variable and ``a`` is rank-local.
 
-The CFL seed (C++) makes assigning a purely local value to a shared variable
+CFL (C++) makes assigning a purely local value to a shared variable
 an error through its assignment operator. Python has no such hook: ``x = a``
 just rebinds the name, and afterwards every rank holds its own ``x``. This
 module restores the rule where SPMD program text is run by nbmpi, by

@@ -465,7 +465,7 @@ class SharedVar(_core.VarBase if _core is not None else _PyVarBase):  # type: ig
     # -- assignment ----------------------------------------------------------------------
     def assign(self, other: "SharedVar") -> "SharedVar":
         """Make this variable equal to shared ``other`` (local, lazy). Assigning a
-        rank-local value raises :class:`SharedVariableError`, as in the seed."""
+        rank-local value raises :class:`SharedVariableError`, as in CFL."""
         if not isinstance(other, SharedVar):
             raise SharedVariableError(
                 f"assigning a rank-local value ({type(other).__name__}) to shared variable #{self._id} is "

@@ -1,7 +1,7 @@
-"""Redistribution between distributions: ``b[...] = a`` and ``a.redistribute(dist)`` as ONE
-aggregated transfer, at most one message per peer, packed and unpacked by numba kernels.
+"""Redistribution between distributions (Chapel's data re-allocation by aggregation): ``b[...] = a`` and
+``a.redistribute(dist)`` as ONE aggregated transfer, at most one message per peer, packed and unpacked by numba kernels.
 
-The seed's baseline assigns a Block array to a Cyclic one element by element, one message per
+Chapel's baseline (Sanz et al., SBAC-PAD 2012) assigns a Block array to a Cyclic one element by element, one message per
 remote element; aggregating the transfer per destination is up to 1000x faster. Here every
 copy ``out[view] = src[view]`` between two distributed bases whose rows are laid out
 differently (block, cyclic, block-cyclic with any block size, any start and step, negative
