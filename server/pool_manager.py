@@ -39,6 +39,7 @@ from sqlalchemy.orm import sessionmaker
 from nbmpi.workers.launch.engine_pool import Pool, PoolError
 from nbmpi.workers.launch.rank_guard import CappedLog
 
+from .accounts import AccountError, Accounts
 from .backends import Backend, PoolSpec
 from .errors import RequestError
 from .ledger import RankLedger
@@ -72,8 +73,10 @@ class PoolManager:
     """All pools of one service. Thread-safe; each pool is driven under its own lock."""
 
     def __init__(self, sessions: sessionmaker, data_dir: Path, backend: Backend, ledger: RankLedger,
-                 max_ranks: Optional[int]):
+                 max_ranks: Optional[int], accounts: Optional[Accounts] = None):
         self.sessions = sessions
+        #: Which UNIX account runs each user's pools (None: all as this service).
+        self.accounts = accounts
         self.data_dir = Path(data_dir)
         self.backend = backend
         self.ledger = ledger
@@ -146,6 +149,10 @@ class PoolManager:
         :class:`RequestError` (422 more ranks than the service has, 409 ranks not free)."""
         if self.max_ranks is not None and req.ranks > self.max_ranks:
             raise RequestError(422, f"ranks={req.ranks} exceeds this service's --max-ranks {self.max_ranks}")
+        try:
+            identity = self.accounts.identity(owner) if self.accounts is not None else None
+        except AccountError as exc:
+            raise RequestError(409, str(exc)) from None
         with self.sessions.begin() as s:
             row = PoolRow(owner=owner, name=req.name, ranks=req.ranks, target="running", state="starting",
                           idle_timeout=req.idle_timeout, created_at=time.time(), backend=self.backend.name)
@@ -162,7 +169,7 @@ class PoolManager:
         with self._lock:
             self._locks[pool_id] = threading.RLock()
         spec = PoolSpec(id=pool_id, owner=owner, ranks=req.ranks, name=req.name or f"pool-{pool_id}",
-                        work_dir=Path(work_dir), timeout=START_TIMEOUT_S)
+                        work_dir=Path(work_dir), timeout=START_TIMEOUT_S, identity=identity)
         try:
             pool, state = self.backend.start_pool(spec)
             conn = pool.connection_info()

@@ -151,7 +151,8 @@ def pids_from_logs(c: httpx.Client, job_id: int, ranks: int, timeout: float = 60
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    srv = Server(tmp_path_factory.mktemp("srv") / "data").start()
+    # alice and bob in the service's own account: the unsafe mode (tests/test_isolation.py: one account each)
+    srv = Server(tmp_path_factory.mktemp("srv") / "data", extra_args=["--unsafe-shared-account"]).start()
     srv.add_bob()
     yield srv
     srv.stop()
@@ -160,7 +161,9 @@ def server(tmp_path_factory):
 
 
 def test_open_endpoints_and_tokens(server):
-    assert httpx.get(server.url + "/api/health").json() == {"status": "ok"}
+    health = httpx.get(server.url + "/api/health").json()
+    assert health["status"] == "ok" and health["isolation"] == "shared-account"
+    assert "UNSAFE" in health["warning"] and "UNSAFE" in httpx.get(server.url + "/dashboard").text
     assert httpx.get(server.url + "/api/version").json()["api"] == "v1"
     for path in ("/api/v1/jobs", "/api/v1/jobs/1", "/api/v1/pools"):
         r = httpx.get(server.url + path)
@@ -504,7 +507,7 @@ def wait_pool(c: httpx.Client, pool_id: int, states, timeout: float = 60) -> dic
 
 
 def test_pools(tmp_path):
-    srv = Server(tmp_path / "data").start()
+    srv = Server(tmp_path / "data", extra_args=["--unsafe-shared-account"]).start()
     srv.add_bob()
     try:
         with srv.client() as c:

@@ -14,6 +14,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from pydantic import ValidationError
 
+from ..accounts import open_in_job
 from ..config import MAX_CODE_BYTES
 from ..dependencies import current_user, get_scheduler, user_job
 from ..errors import DOCUMENTED
@@ -131,14 +132,17 @@ def job_logs(job: Job = Depends(user_job), rank: int = Query(0, ge=0, le=1 << 20
     service's ``--max-log-bytes`` ends with a visible ``[nbmpi: output truncated ...]`` line."""
     if rank >= job.ranks:
         raise HTTPException(404, f"job {job.id} has no rank {rank}: its ranks are 0..{job.ranks - 1}")
-    path = Path(job.log_dir) / f"rank-{rank}.{stream}"
-    try:
-        with open(path, "rb") as f:
+    log_dir = Path(job.log_dir)
+    try:   # the job owns its directory: never follow a link it put there (nbmpi.server.accounts)
+        with open(open_in_job(log_dir.parent, log_dir.name, f"rank-{rank}.{stream}"), "rb") as f:
             size = os.fstat(f.fileno()).st_size
             f.seek(min(offset, size))
             data = f.read(min(LOG_CHUNK_BYTES, max(size - offset, 0)))
     except FileNotFoundError:
         size, data = 0, b""
+    except OSError as exc:   # ELOOP: the job replaced its log or log folder by a link
+        raise HTTPException(404, f"job {job.id}: the log of rank {rank} is not a plain file "
+                                 f"({exc.strerror}); nothing is served from it") from None
     return Response(data, media_type="text/plain; charset=utf-8",
                     headers={"X-Log-Size": str(size), "X-Log-Next-Offset": str(min(offset, size) + len(data))})
 

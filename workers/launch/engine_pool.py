@@ -6,7 +6,7 @@ local backend, so it lives in the runtime package and imports neither.
 :class:`Pool` starts, on this host, an ipyparallel controller and
 ``mpiexec -n N python -m ipyparallel.engine --mpi`` through the project's one
 launch mechanism (:func:`nbmpi.workers.launch.launcher.mpiexec_command`, the ranks'
-environment of :func:`nbmpi.workers.launch.launcher.rank_environment`, thread level
+environment of :func:`nbmpi.workers.launch.environment.rank_environment`, thread level
 ``funneled``). With ``--mpi`` every engine requests its ``COMM_WORLD`` rank as
 its engine id, so **engine id == MPI rank** (checked at start). Once all
 engines registered, every rank runs :func:`nbmpi.workers.launch.engine_side.setup`
@@ -42,7 +42,9 @@ from typing import Any, Callable, Dict, List, Optional
 
 import psutil
 
-from .launcher import STATUS_DIR_ENV, mpiexec_command, rank_environment
+from .environment import POOL_IP_ENV, POOL_OWNER_PID_ENV, STATUS_DIR_ENV, rank_environment
+from .identity import Identity, base_environment, popen_options
+from .launcher import mpiexec_command
 from .processes import end_processes, noted_segments, remove_shm
 
 __all__ = ["Pool", "PoolError"]
@@ -53,8 +55,6 @@ GRACE_SECONDS = 1.0
 HEARTBEAT_MS = 500
 #: Missed heartbeats before the controller drops an engine: 60 x 0.5 s keeps ipyparallel's 30 s tolerance.
 HEARTBEAT_MISSES = 60
-#: Environment variable with the default listen address of a pool's controller (see :class:`Pool`).
-POOL_IP_ENV = "NBMPI_POOL_IP"
 _live_pools: "List[Pool]" = []
 
 
@@ -92,11 +92,14 @@ class Pool:
     controller listens on: ``127.0.0.1`` (the default, ``$NBMPI_POOL_IP`` if
     set) when every engine runs on this host, ``*`` or an interface address
     when the launcher (e.g. ``NBMPI_MPIEXEC=srun`` in a Slurm allocation) puts
-    engines on other nodes; they then connect to this host's name.
+    engines on other nodes; they then connect to this host's name. ``identity``: the UNIX
+    account the pool's controller and engines run as (None: this process's own); the
+    pool's ``work_dir`` is then given to that account.
     """
 
     def __init__(self, n: int, name: Optional[str] = None, work_dir: Optional[str] = None,
-                 env: Optional[Dict[str, str]] = None, bound_to_owner: bool = True, ip: Optional[str] = None):
+                 env: Optional[Dict[str, str]] = None, bound_to_owner: bool = True, ip: Optional[str] = None,
+                 identity: Optional[Identity] = None):
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
             raise ValueError(f"a pool needs a whole number of ranks >= 1, got n={n!r}")
         self.n = n
@@ -104,6 +107,7 @@ class Pool:
         self._own_dir = work_dir is None
         self.work_dir = work_dir or tempfile.mkdtemp(prefix=f"nbmpi-{self.name}-")
         self.env = dict(env or {})
+        self.identity = identity
         #: True (notebook): the ranks and controller end when the starting process dies.
         #: False (controller service): the pool outlives its starter, which re-attaches
         #: to it or ends it after a restart.
@@ -180,8 +184,10 @@ class Pool:
         out = open(os.path.join(self.work_dir, f"{log}.log"), "ab")
         self._logs.append(out)
         main = threading.current_thread() is threading.main_thread()
+        if self.identity is not None:   # the account writes its profile, status and connection files
+            self.identity.own(self.work_dir)
         return subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                cwd=self.work_dir, start_new_session=True,
+                                cwd=self.work_dir, start_new_session=True, **popen_options(self.identity),
                                 preexec_fn=(_pdeathsig if self.bound_to_owner and main and sys.platform.startswith("linux")
                                             else None))
 
@@ -192,7 +198,7 @@ class Pool:
         for path in (self._security("client"), self._security("engine"), engine_file):
             if os.path.exists(path):
                 os.remove(path)
-        env = rank_environment(self.env)
+        env = self._environment()
         # The controller and the ranks start at the same time: the engines spend their first seconds
         # importing and then wait (up to the start timeout) for the controller's connection file.
         say(f"pool {self.name!r}: starting the controller and {self.n} ranks")
@@ -216,6 +222,10 @@ class Pool:
             if ending is not None:   # no process of the previous pool outlives the restart
                 ending.join()
 
+    def _environment(self) -> Dict[str, str]:
+        """The environment of the pool's controller and ranks (of its account, when it has one)."""
+        return rank_environment(base_environment(self.identity), self.env)
+
     @property
     def _engine_file(self) -> str:
         return os.path.join(self.work_dir, "engine-connection.json")
@@ -227,9 +237,9 @@ class Pool:
         env = dict(env)
         env["PYTHONUNBUFFERED"] = "1"
         if self.bound_to_owner:
-            env["NBMPI_POOL_OWNER_PID"] = str(os.getpid())  # see engine_side: ranks end if the owner dies
+            env[POOL_OWNER_PID_ENV] = str(os.getpid())  # see engine_side: ranks end if the owner dies
         else:
-            env.pop("NBMPI_POOL_OWNER_PID", None)
+            env.pop(POOL_OWNER_PID_ENV, None)
         env[STATUS_DIR_ENV] = self.status_dir   # each engine's guard reports a signal that kills it
         cmd = mpiexec_command(self.n, ["-m", "ipyparallel.engine", "--mpi", f"--profile-dir={self.profile_dir}",
                                        f"--file={self._engine_file}", "--log-level=WARN",
@@ -321,7 +331,7 @@ class Pool:
                 and self._controller.poll() is None and self._mpiexec is not None):
             if self._restart_ranks(progress or (lambda msg: None), timeout):
                 return self
-        fresh = Pool(self.n, name=self.name, env=self.env, bound_to_owner=self.bound_to_owner)
+        fresh = Pool(self.n, name=self.name, env=self.env, bound_to_owner=self.bound_to_owner, identity=self.identity)
         return fresh.start(progress=progress, timeout=timeout, replacing=self)
 
     #: How long a restart waits for the controller to drop the old engines before it starts a new pool.
@@ -358,7 +368,7 @@ class Pool:
                 self._state = "running"
                 return False
             self.rank_info, self.hosts, self._descendants = [], [], []
-            cmd = self._spawn_ranks(rank_environment(self.env), timeout)
+            cmd = self._spawn_ranks(self._environment(), timeout)
             say(f"pool {self.name!r}: waiting for {self.n} new ranks ({os.path.basename(cmd[0])} -n {self.n})")
             self._join_ranks(say, deadline, timeout, self._info["client"])
         except BaseException:
