@@ -230,7 +230,7 @@ def test_daemon_of_a_job_ends_with_its_cancel(capped_server):
         job = submit(c, DAEMON_JOB.format(after=600), ranks=2)
         daemon = _daemon_pid(c, job["id"])
         try:
-            assert c.post(f"/api/v1/jobs/{job['id']}/cancel").status_code == 200
+            assert c.delete(f"/api/v1/jobs/{job['id']}").status_code == 200
             assert wait_state(c, job["id"], ("cancelled",))["state"] == "cancelled"
             assert _gone(daemon), f"daemon {daemon.pid} outlived the cancel of its job"
         finally:
