@@ -208,6 +208,25 @@ def check_reachable(data_dir: Path) -> None:
                                f"traversable by others; chmod o+x {d} or choose a --data-dir elsewhere")
 
 
+def check_runnable() -> None:
+    """AccountError unless other accounts can run this Python and import nbmpi: the ranks of every
+    user run ``sys.executable -m nbmpi.workers.launch.rank_entry`` as the user's account."""
+    import sys
+
+    import nbmpi.workers
+
+    for what, path, bits in (("the Python interpreter", os.path.realpath(sys.executable), 0o005),
+                             ("the nbmpi package", os.path.realpath(os.path.dirname(nbmpi.workers.__file__)),
+                              0o005)):
+        for d in [*reversed(Path(path).parents), Path(path)]:
+            mode = os.stat(d).st_mode
+            need = bits if d == Path(path) else 0o001
+            if mode & need != need:
+                raise AccountError(f"the users' accounts cannot use {what} {path}: {d} is not readable or "
+                                   f"traversable by others; install nbmpi (and its Python) where every "
+                                   "account can read it, e.g. a virtual environment under /opt")
+
+
 def open_in_job(job_dir: Path, *parts: str) -> int:
     """Open ``job_dir/parts...`` read-only and return the descriptor, never following a symbolic
     link below ``job_dir`` (a job owns its directory and may replace a log or folder by a link to

@@ -96,10 +96,11 @@ def _accounts(data_dir: Path, users_path: Path, db_path: Path, unsafe_shared: bo
     """The service's :class:`~nbmpi.server.accounts.Accounts`; with an account per user, the data
     directory protected from them and files made from now on root's alone (umask 077).
     ValueError (AccountError) saying what to change when the service must not start."""
-    from .accounts import Accounts, protect_data_dir
+    from .accounts import Accounts, check_runnable, protect_data_dir
 
     accounts = Accounts.load(users_path, unsafe_shared_account=unsafe_shared)
     if accounts.mode == "accounts":
+        check_runnable()
         os.umask(0o077)
         (data_dir / "pools").mkdir(exist_ok=True)
         protect_data_dir(data_dir, db_path, users_path)

@@ -80,6 +80,40 @@ def accounts():
             subprocess.run(["userdel", "-r", name], capture_output=True)
 
 
+@pytest.fixture(scope="module")
+def shared_python():
+    """A Python every account can run, with this test run's packages: the ranks of each user run as
+    that user's account, and this run's interpreter may sit in a directory only root can enter
+    (e.g. pyenv under /root). A virtual environment of the system's Python of the same minor
+    version whose ``.pth`` adds this environment's site-packages."""
+    import sysconfig
+
+    here = Path(os.path.realpath(sys.executable))
+    if all(os.stat(d).st_mode & 0o001 for d in here.parents):
+        yield sys.executable, {}
+        return
+    system = shutil.which(f"python{sys.version_info.major}.{sys.version_info.minor}", path="/usr/bin:/usr/local/bin")
+    if system is None or not all(os.stat(d).st_mode & 0o001 for d in Path(os.path.realpath(system)).parents):
+        pytest.skip(f"this Python ({here}) is not reachable by other accounts and no system "
+                    f"python{sys.version_info.major}.{sys.version_info.minor} is")
+    d = Path(tempfile.mkdtemp(prefix="nbmpi-iso-py-"))
+    try:
+        os.chmod(d, 0o755)
+        subprocess.run([system, "-m", "venv", "--without-pip", str(d / "venv")], check=True, capture_output=True)
+        ours = sysconfig.get_paths()["purelib"]
+        theirs = subprocess.run([str(d / "venv" / "bin" / "python"), "-c",
+                                 "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                                check=True, capture_output=True, text=True).stdout.strip()
+        Path(theirs, "nbmpi-test.pth").write_text(f"import site; site.addsitedir({ours!r})\n")
+        for lib in Path(sys.prefix, "lib").iterdir():   # the mpich wheel's libmpi, found under sys.prefix/lib
+            if not lib.name.startswith("python"):
+                os.symlink(lib, d / "venv" / "lib" / lib.name)
+        mpiexec = Path(sys.executable).parent / "mpiexec"   # the mpich wheel's, in this environment
+        yield str(d / "venv" / "bin" / "python"), {"NBMPI_MPIEXEC": str(mpiexec)}
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
 @pytest.fixture()
 def reachable_tmp():
     """A temporary directory other accounts may traverse (their job directories lie inside)."""
@@ -110,17 +144,19 @@ attempt("data-list", lambda: os.listdir({data!r}))
 
 
 @needs_root
-def test_each_user_runs_as_their_own_account(accounts, reachable_tmp):
+def test_each_user_runs_as_their_own_account(accounts, reachable_tmp, shared_python):
     data = reachable_tmp / "data"
     users = data / "users.json"
     _write_users(users, {TOKENS[u]: {"user": u.split("-")[-1], "account": u} for u in (ALICE, BOB)})
-    srv = Server(data).start()
+    srv = Server(data, python=shared_python[0], env=shared_python[1]).start()
     try:
         health = httpx.get(srv.url + "/api/health").json()
         assert health == {"status": "ok", "isolation": "accounts", "warning": None}
         with srv.client(TOKENS[ALICE]) as alice, srv.client(TOKENS[BOB]) as bob:
             a = submit(alice, "print('alice secret')", ranks=1)
-            assert wait_state(alice, a["id"], ("succeeded", "failed"))["state"] == "succeeded"
+            done = wait_state(alice, a["id"], ("succeeded", "failed"))
+            assert done["state"] == "succeeded", (done, alice.get(f"/api/v1/jobs/{a['id']}/logs",
+                                                                  params={"stream": "stderr"}).text)
             alice_dir = data / "jobs" / str(a["id"])
             st = alice_dir.stat()
             assert (st.st_uid, st.st_mode & 0o777) == (accounts[ALICE].pw_uid, 0o700)
@@ -144,7 +180,7 @@ def test_each_user_runs_as_their_own_account(accounts, reachable_tmp):
 
 
 @needs_root
-def test_two_users_in_one_account_are_refused(accounts, reachable_tmp):
+def test_two_users_in_one_account_are_refused(accounts, reachable_tmp, shared_python):
     data = reachable_tmp / "data"
     _write_users(data / "users.json", {TOKENS[ALICE]: {"user": "alice", "account": ALICE},
                                        TOKENS[BOB]: {"user": "bob", "account": ALICE}})
@@ -227,7 +263,7 @@ def test_daemon_of_a_job_ends_with_the_job(capped_server):
 
 def test_daemon_of_a_job_ends_with_its_cancel(capped_server):
     with capped_server.client() as c:
-        job = submit(c, DAEMON_JOB.format(after=600), ranks=2)
+        job = submit(c, DAEMON_JOB.format(after=600), ranks=1)
         daemon = _daemon_pid(c, job["id"])
         try:
             assert c.delete(f"/api/v1/jobs/{job['id']}").status_code == 200

@@ -50,7 +50,10 @@ print("slept", flush=True)
 class Server:
     """A real `nbmpi serve` subprocess on a free port with its own data directory."""
 
-    def __init__(self, data_dir: Path, max_ranks: int = 2, extra_args=()):
+    def __init__(self, data_dir: Path, max_ranks: int = 2, extra_args=(), python: str = sys.executable,
+                 env: Optional[dict] = None):
+        self.python = python
+        self.env = dict(env or {})
         self.data_dir = data_dir
         self.max_ranks = max_ranks
         self.extra_args = list(extra_args)
@@ -58,9 +61,10 @@ class Server:
         self.url = None
 
     def start(self) -> "Server":
-        env = dict(os.environ, NBMPI_CONFIG=str(self.data_dir.parent / "client.json"), NBMPI_TIMEOUT="60")
+        env = dict(os.environ, NBMPI_CONFIG=str(self.data_dir.parent / "client.json"), NBMPI_TIMEOUT="60",
+                   **self.env)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "nbmpi.server.cli", "serve", "--port", "0", "--data-dir", str(self.data_dir),
+            [self.python, "-m", "nbmpi.server.cli", "serve", "--port", "0", "--data-dir", str(self.data_dir),
              "--max-ranks", str(self.max_ranks), *self.extra_args],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
         deadline = time.monotonic() + 60
