@@ -126,6 +126,7 @@ class Accounts:
         self._identities = identities
         self._lock = threading.Lock()
         self._mtime = self._stat()
+        self._problem: Optional[AccountError] = None
 
     @classmethod
     def load(cls, users_path: Path, unsafe_shared_account: bool = False) -> "Accounts":
@@ -150,11 +151,14 @@ class Accounts:
         except OSError:
             return None
 
-    def identity(self, user: str) -> Optional[Identity]:
-        """The account ``user``'s processes run as (None: the service's own). Raises AccountError."""
-        with self._lock:
-            mtime = self._stat()
-            if mtime != self._mtime:
+    def _refresh(self) -> Optional[AccountError]:
+        """Re-read the users file if it changed (caller holds the lock); the reason the service now
+        cannot run its users, or None."""
+        mtime = self._stat()
+        if mtime != self._mtime:
+            self._mtime = mtime
+            self._problem = None
+            try:
                 table = read_accounts(self.path)
                 if self.mode == "accounts":
                     self._identities = _identities(table, self.path)
@@ -164,7 +168,16 @@ class Accounts:
                     raise AccountError(f"the users file {self.path} now names {len(table)} users but this service "
                                        "started with one: restart nbmpi serve so that it isolates them "
                                        "(an account per user, as root) or pass --unsafe-shared-account")
-                self._mtime = mtime
+            except AccountError as exc:
+                self._problem = exc
+        return self._problem
+
+    def identity(self, user: str) -> Optional[Identity]:
+        """The account ``user``'s processes run as (None: the service's own). Raises AccountError."""
+        with self._lock:
+            problem = self._refresh()
+            if problem is not None:
+                raise AccountError(str(problem))
             if self.mode != "accounts":
                 return None
             try:
@@ -180,9 +193,19 @@ class Accounts:
             ident.own(path)
         return ident
 
+    def state(self) -> Tuple[Mode, Optional[str]]:
+        """The mode now (the users file re-read if it changed) and what the service must tell
+        everyone about it (None when nothing): the unsafe shared account, or why users are refused."""
+        with self._lock:
+            problem = self._refresh()
+            mode = self.mode
+        if problem is not None:
+            return mode, f"jobs and pools are refused: {problem}"
+        return mode, SHARED_WARNING if mode == "shared-account" else None
+
     def warning(self) -> Optional[str]:
-        """What the service must tell everyone about its isolation (None when nothing)."""
-        return SHARED_WARNING if self.mode == "shared-account" else None
+        """The second half of :meth:`state`."""
+        return self.state()[1]
 
 
 def protect_data_dir(data_dir: Path, db_path: Path, users_path: Path) -> None:

@@ -576,7 +576,7 @@ def test_pools(tmp_path):
         srv.proc.send_signal(signal.SIGKILL)
         srv.proc.wait()
         srv.stop()
-        srv = Server(tmp_path / "data").start()
+        srv = Server(tmp_path / "data", extra_args=["--unsafe-shared-account"]).start()   # alice and bob
         with srv.client() as c:
             again = c.get(f"/api/v1/pools/{kept['id']}").json()
             assert again["state"] == "running" and "re-attached" in again["message"]

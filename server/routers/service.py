@@ -27,7 +27,8 @@ def health(svc: Service = Depends(service)) -> Health:
     accounts = svc.accounts
     if accounts is None:
         return Health(status="ok")
-    return Health(status="ok", isolation=accounts.mode, warning=accounts.warning())
+    mode, warning = accounts.state()
+    return Health(status="ok", isolation=mode, warning=warning)
 
 
 @router.get("/version", response_model=Version)
