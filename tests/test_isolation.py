@@ -172,6 +172,21 @@ def test_each_user_runs_as_their_own_account(accounts, reachable_tmp, shared_pyt
             assert lines == {"account": BOB, "users-file": "denied", "database": "denied", "alice-list": "denied",
                              "alice-log": "denied", "jobs-list": "denied", "data-list": "denied"}
             assert alice.get(f"/api/v1/jobs/{a['id']}/logs").text == "alice secret\n"
+            # a pool's engines run as its owner's account too (and end with it)
+            r = bob.post("/api/v1/pools", json={"ranks": 2, "name": "bobs"})
+            assert r.status_code == 201 and r.json()["state"] == "running", r.text
+            pool = r.json()
+            try:
+                on_pool = submit(bob, "import os, pwd; print(pwd.getpwuid(os.getuid()).pw_name, rank)",
+                                 ranks=None, pool=pool["id"])
+                done = wait_state(bob, on_pool["id"], ("succeeded", "failed"))
+                assert done["state"] == "succeeded", done
+                for r in (0, 1):
+                    assert bob.get(f"/api/v1/jobs/{on_pool['id']}/logs", params={"rank": r}).text == f"{BOB} {r}\n"
+                pids = bob.get(f"/api/v1/pools/{pool['id']}").json()["connection"]["pids"]
+                assert {psutil.Process(p).uids().real for p in pids} == {accounts[BOB].pw_uid}
+            finally:
+                assert bob.delete(f"/api/v1/pools/{pool['id']}").status_code == 200
         for f in (users, data / "nbmpi.db"):
             assert (f.stat().st_uid, f.stat().st_mode & 0o777) == (0, 0o600), f
     finally:

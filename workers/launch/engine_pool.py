@@ -259,6 +259,8 @@ class Pool:
         tmp = engine_file + ".tmp"
         with open(tmp, "w") as f:
             json.dump(self._read_json(self._security("engine")), f)
+        if self.identity is not None:   # the engines run as the pool's account
+            self.identity.own(tmp, mode=0o600)
         os.replace(tmp, engine_file)
         self._wait_for(lambda: self._read_json(self._security("client")) is not None, deadline,
                        "the controller to write its client connection file", timeout)
