@@ -153,7 +153,12 @@ def _trace_file(job: Job, which: str) -> Response:
         why = ("the job has not finished" if job.state in ("queued", "running") else
                f"the job ended {job.state}; a trace is written only when every rank succeeds")
         raise HTTPException(404, f"no {which} for job {job.id}: {why}")
-    return Response(Path(path).read_bytes(), media_type="application/json")
+    rel = Path(path).relative_to(job.job_dir) if Path(path).is_relative_to(job.job_dir) else None
+    try:   # inside the job's own directory: never through a link the job put there
+        with open(open_in_job(Path(job.job_dir), *rel.parts), "rb") if rel else open(path, "rb") as f:
+            return Response(f.read(), media_type="application/json")
+    except OSError as exc:
+        raise HTTPException(404, f"no {which} for job {job.id}: {exc.strerror or exc}") from None
 
 
 @router.get("/{job_id:int}/trace",
