@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, Dict, Literal, Optional, Tuple
 
 from nbmpi.workers.launch.identity import Identity
+from nbmpi.workers.launch.identity import open_beneath as open_in_job   # noqa: F401 - for the routers
 
 Mode = Literal["single", "accounts", "shared-account"]
 
@@ -248,24 +249,3 @@ def check_runnable() -> None:
                 raise AccountError(f"the users' accounts cannot use {what} {path}: {d} is not readable or "
                                    f"traversable by others; install nbmpi (and its Python) where every "
                                    "account can read it, e.g. a virtual environment under /opt")
-
-
-def open_in_job(job_dir: Path, *parts: str) -> int:
-    """Open ``job_dir/parts...`` read-only and return the descriptor, never following a symbolic
-    link below ``job_dir`` (a job owns its directory and may replace a log or folder by a link to
-    another user's files; the service reading it as root must not follow). Raises
-    FileNotFoundError when it does not exist, OSError (ELOOP) for a link."""
-    fd = os.open(job_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-    try:
-        for i, part in enumerate(parts):
-            if part in ("", ".", "..") or "/" in part:
-                raise ValueError(f"not a plain file name: {part!r}")
-            last = i == len(parts) - 1
-            flags = os.O_RDONLY | os.O_NOFOLLOW | (0 if last else os.O_DIRECTORY)
-            nxt = os.open(part, flags, dir_fd=fd)
-            os.close(fd)
-            fd = nxt
-        return fd
-    except BaseException:
-        os.close(fd)
-        raise

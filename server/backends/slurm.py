@@ -84,7 +84,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 from nbmpi.workers.launch import launcher
 from nbmpi.workers.launch.engine_pool import Pool, PoolError
 from nbmpi.workers.launch.environment import job_environment, rank_environment
-from nbmpi.workers.launch.identity import Identity, base_environment, popen_options
+from nbmpi.workers.launch.identity import Identity, base_environment, open_beneath, popen_options
 
 from . import Backend, BackendError, JobSpec, JobStatus, PoolSpec
 
@@ -584,9 +584,12 @@ class SlurmBackend(Backend):
 
     @staticmethod
     def _read_connection(path: Path, job_id: str) -> Optional[Dict[str, Any]]:
-        try:
-            info = json.loads(path.read_text())
+        try:   # written by the pool's job (its user's account): never through a link it put there
+            with open(open_beneath(path.parent, path.name)) as f:
+                info = json.load(f)
         except (OSError, ValueError):
+            return None
+        if not isinstance(info, dict):
             return None
         return info if str(info.get("slurm_job_id")) == str(job_id) else None
 

@@ -43,7 +43,7 @@ from typing import Any, Callable, Dict, List, Optional
 import psutil
 
 from .environment import POOL_IP_ENV, POOL_OWNER_PID_ENV, STATUS_DIR_ENV, rank_environment
-from .identity import Identity, base_environment, popen_options
+from .identity import Identity, base_environment, open_beneath, popen_options
 from .launcher import mpiexec_command
 from .processes import end_processes, noted_segments, remove_shm
 
@@ -407,10 +407,15 @@ class Pool:
             pids.update(i.get("nanny_pids", []))
         return sorted(pids)
 
-    @staticmethod
-    def _read_json(path: str) -> Optional[dict]:
+    def _read_json(self, path: str) -> Optional[dict]:
+        """The JSON file ``path`` (None while missing or incomplete). A pool of another account
+        owns its work directory: its files are then read without following any link in it."""
         try:
-            with open(path) as f:
+            if self.identity is not None and os.path.commonpath([path, self.work_dir]) == self.work_dir:
+                fd = open_beneath(self.work_dir, *os.path.relpath(path, self.work_dir).split(os.sep))
+            else:
+                fd = os.open(path, os.O_RDONLY)
+            with open(fd) as f:
                 return json.load(f)
         except (OSError, ValueError):
             return None

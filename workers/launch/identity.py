@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import pwd
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Mapping, Optional, Union
@@ -64,20 +65,46 @@ class Identity:
         return env
 
     def own(self, path: Union[str, Path], mode: int = 0o700) -> None:
-        """Give ``path`` (a directory or file this service just made) and, for a directory, what
-        it holds to this account with ``mode`` on the top directory (0700: nobody else may read).
-        Symbolic links are changed themselves, never followed."""
-        path = str(path)
-        _chown(path, self.uid, self.gid)
-        os.chmod(path, mode)
-        if os.path.isdir(path) and not os.path.islink(path):
-            for root, dirs, files in os.walk(path):
-                for name in dirs + files:
-                    _chown(os.path.join(root, name), self.uid, self.gid)
+        """Give ``path`` (a directory or file this service made) and, for a directory, what it holds
+        to this account, with ``mode`` on ``path`` itself (0700: nobody else may read it). Never
+        follows a symbolic link, also when the account changes the tree meanwhile (``os.fwalk``
+        on directory descriptors). Raises OSError when ``path`` itself is a link."""
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            os.fchown(fd, self.uid, self.gid)
+            os.fchmod(fd, mode)
+            is_dir = stat.S_ISDIR(os.fstat(fd).st_mode)
+        finally:
+            os.close(fd)
+        if not is_dir:
+            return
+        for _, dirs, files, dir_fd in os.fwalk(path, follow_symlinks=False):
+            for name in dirs + files:
+                try:
+                    os.chown(name, self.uid, self.gid, dir_fd=dir_fd, follow_symlinks=False)
+                except FileNotFoundError:   # removed meanwhile
+                    pass
 
 
-def _chown(path: str, uid: int, gid: int) -> None:
-    os.chown(path, uid, gid, follow_symlinks=False)
+def open_beneath(root: Union[str, Path], *parts: str) -> int:
+    """Open ``root/parts...`` read-only and return the descriptor, never following a symbolic link
+    at or below ``root``. For files a service running as root reads from a directory it gave to an
+    account (:meth:`Identity.own`): the account may have replaced a file or folder there by a link
+    to another user's files. FileNotFoundError when missing, OSError (ELOOP, ENOTDIR) for a link,
+    ValueError for a part that is not a plain name. The caller closes the descriptor."""
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        for i, part in enumerate(parts):
+            if part in ("", ".", "..") or "/" in part:
+                raise ValueError(f"not a plain file name: {part!r}")
+            last = i == len(parts) - 1
+            nxt = os.open(part, os.O_RDONLY | os.O_NOFOLLOW | (0 if last else os.O_DIRECTORY), dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def popen_options(identity: Optional[Identity]) -> Dict[str, Any]:
