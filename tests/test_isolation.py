@@ -322,3 +322,20 @@ def test_job_files_are_read_without_following_links(tmp_path):
             os.close(open_in_job(job, *parts))
     with pytest.raises(FileNotFoundError):
         open_in_job(job, "logs", "rank-2.stdout")
+
+
+def test_every_nbmpi_variable_is_named_in_the_environment_module():
+    import re
+
+    from nbmpi.workers.launch import environment
+
+    repo = Path(__file__).resolve().parent.parent
+    named = {v for v in vars(environment).values() if isinstance(v, str) and v.startswith("NBMPI_")}
+    named |= set(environment.RUNTIME_VARIABLES)
+    used = {}
+    for folder in ("workers", "server", "kernel_ext"):
+        for path in (repo / folder).rglob("*.py"):
+            for name in re.findall(r"[\"'](NBMPI_[A-Z0-9_]+)[\"']", path.read_text()):
+                used.setdefault(name, str(path.relative_to(repo)))
+    missing = {n: p for n, p in used.items() if n not in named}
+    assert not missing, f"NBMPI_* variables not named in nbmpi.workers.launch.environment: {missing}"

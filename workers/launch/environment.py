@@ -4,8 +4,11 @@ variable of it, named once, and the function that turns a job into a rank enviro
 Launchers (:mod:`~nbmpi.workers.launch.launcher`, the controller's backends ``local`` and
 ``slurm``, :mod:`~nbmpi.workers.launch.engine_pool`) set these variables; the rank side
 (:mod:`~nbmpi.workers.launch.rank_entry`, :mod:`~nbmpi.workers.launch.rank_guard`,
-:mod:`~nbmpi.workers.launch.engine_side`) reads them. The runtime's own tuning variables
-(tracing, channels, fused reductions) stay with the modules they tune.
+:mod:`~nbmpi.workers.launch.engine_side`) reads them. The controller's and the client's own
+variables (data directory, client configuration, server URL, token) are named here too, so a
+launch for another account can leave them out. The runtime's tuning variables are read by the
+module they tune; :data:`RUNTIME_VARIABLES` says which (``tests/test_isolation.py`` checks that
+every ``NBMPI_*`` name in the code is named in this module).
 
 Variables the launcher owns (:data:`LAUNCHER_OWNED`) are never taken from a job's own
 ``env``: :func:`job_environment` removes them from it and then sets them itself, so a job
@@ -43,6 +46,33 @@ POOL_IP_ENV = "NBMPI_POOL_IP"
 POOL_OWNER_PID_ENV = "NBMPI_POOL_OWNER_PID"
 #: Address an engine binds its probe socket to (default 127.0.0.1).
 PROBE_HOST_ENV = "NBMPI_PROBE_HOST"
+
+#: The controller's data directory (``nbmpi serve`` without ``--data-dir``).
+DATA_DIR_ENV = "NBMPI_DATA_DIR"
+#: The client configuration file (``{"url": ..., "token": ...}``).
+CONFIG_ENV = "NBMPI_CONFIG"
+#: The controller URL the client uses.
+SERVER_ENV = "NBMPI_SERVER"
+#: The bearer token the client sends.
+TOKEN_ENV = "NBMPI_TOKEN"
+#: Variables of the service and its clients: never passed to a rank of another account.
+SERVICE_VARIABLES = frozenset({DATA_DIR_ENV, CONFIG_ENV, SERVER_ENV, TOKEN_ENV})
+
+#: The runtime's tuning variables (name -> the module that reads it and documents it).
+RUNTIME_VARIABLES = {
+    "NBMPI_TIMEOUT": "nbmpi.workers.core.runtime",
+    "NBMPI_TRACE": "nbmpi.workers.core.runtime",
+    "NBMPI_PURE_PYTHON": "nbmpi.workers.fused_reductions.implementation, nbmpi.workers.tracing.tracer",
+    "NBMPI_DIRECT_MPI": "nbmpi.workers.fused_reductions.implementation",
+    "NBMPI_FUSE_THRESHOLD": "nbmpi.workers.fused_reductions.fusion",
+    "NBMPI_REBIND_GUARD": "nbmpi.workers.fused_reductions.rebinding_guard",
+    "NBMPI_SHM_MIN_BYTES": "nbmpi.workers.channels.channel",
+    "NBMPI_SHM_CHUNK": "nbmpi.workers.channels.channel",
+    "NBMPI_LATENCY_HIDING": "nbmpi.workers.distarray.engine",
+    "NBMPI_DISTARRAY_THRESHOLD": "nbmpi.workers.distarray.engine",
+    "NBMPI_DISTARRAY_CHUNK": "nbmpi.workers.distarray.engine",
+    "NBMPI_DISTARRAY_CACHE": "nbmpi.workers.distarray.fused_kernels",
+}
 
 #: Variables only the launcher sets: removed from a job's own ``env`` by :func:`job_environment`.
 LAUNCHER_OWNED = frozenset({MPIEXEC_ENV, STATUS_DIR_ENV, GUARD_ENV, LOG_DIR_ENV, LOG_LIMIT_ENV, LOG_GUARDED_ENV,

@@ -20,12 +20,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Mapping, Optional, Union
 
+from .environment import SERVICE_VARIABLES
+
 #: Variables of the launching service that never reach a rank running as another account
-#: (the service's tokens, configuration, data directory, and the root's session).
-SERVICE_ONLY = frozenset({"NBMPI_TOKEN", "NBMPI_SERVER", "NBMPI_CONFIG", "NBMPI_DATA_DIR", "HOME", "USER",
-                          "LOGNAME", "SHELL", "MAIL", "XDG_RUNTIME_DIR", "XDG_CONFIG_HOME", "XDG_DATA_HOME",
-                          "XDG_CACHE_HOME", "XDG_STATE_HOME", "SUDO_USER", "SUDO_UID", "SUDO_GID",
-                          "SUDO_COMMAND", "SSH_AUTH_SOCK", "KRB5CCNAME", "DBUS_SESSION_BUS_ADDRESS"})
+#: (the service's tokens, configuration, data directory, and root's own session).
+SERVICE_ONLY = SERVICE_VARIABLES | frozenset({
+    "HOME", "USER", "LOGNAME", "SHELL", "MAIL", "XDG_RUNTIME_DIR", "XDG_CONFIG_HOME", "XDG_DATA_HOME",
+    "XDG_CACHE_HOME", "XDG_STATE_HOME", "SUDO_USER", "SUDO_UID", "SUDO_GID", "SUDO_COMMAND", "SSH_AUTH_SOCK",
+    "KRB5CCNAME", "DBUS_SESSION_BUS_ADDRESS"})
 
 
 @dataclass(frozen=True)
