@@ -337,10 +337,8 @@ def register(sub) -> None:
     s.add_argument("--db", default=None, metavar="PATH", help="SQLite file (default DATA_DIR/nbmpi.db)")
     s.add_argument("--users", default=None, metavar="FILE",
                    help="users file mapping tokens to user names (default DATA_DIR/users.json)")
-    s.add_argument("--unsafe-shared-account", action="store_true",
-                   help="serve several users although their jobs all run in this service's own UNIX account "
-                        "(a job can then read the other users' files and the tokens); without it, several "
-                        "users need one UNIX account each in the users file and the service run as root")
+    s.add_argument("--unsafe-shared-account", action="store_true", help="serve several users in this service's own "
+                   "account (their jobs can read each other's files); else each needs an account, the service root")
     s.add_argument("--no-pools", action="store_true", help="disable the pool endpoints")
     s.add_argument("--max-log-bytes", type=_size, default=_size(DEFAULT_MAX_LOG), metavar="SIZE",
                    help=f"output kept per rank and stream of a job (e.g. 512M, 2G; 0: no limit; default "

@@ -70,6 +70,20 @@ def _pdeathsig() -> None:  # runs in the child between fork and exec
         pass
 
 
+def _read_json(path: str, owned: Optional[str] = None) -> Optional[dict]:
+    """The JSON file ``path`` (None while missing or incomplete). Below ``owned`` (a work directory
+    given to another account) it is read without following any link in it."""
+    try:
+        if owned is not None and os.path.commonpath([path, owned]) == owned:
+            fd = open_beneath(owned, *os.path.relpath(path, owned).split(os.sep))
+        else:
+            fd = os.open(path, os.O_RDONLY)
+        with open(fd) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
 def _stop_all() -> None:
     for p in list(_live_pools):
         try:
@@ -227,6 +241,11 @@ class Pool:
         return rank_environment(base_environment(self.identity), self.env)
 
     @property
+    def _owned(self) -> Optional[str]:
+        """The work directory when another account owns it (its files are read without links)."""
+        return self.work_dir if self.identity is not None else None
+
+    @property
     def _engine_file(self) -> str:
         return os.path.join(self.work_dir, "engine-connection.json")
 
@@ -254,17 +273,17 @@ class Pool:
         import ipyparallel as ipp   # (in this process, while the new processes import)
 
         # the engines read their file as soon as it exists, so they get a complete copy, renamed into place
-        self._wait_for(lambda: self._read_json(self._security("engine")) is not None, deadline,
+        self._wait_for(lambda: _read_json(self._security("engine"), self._owned) is not None, deadline,
                        "the controller to write its engine connection file", timeout)
         tmp = engine_file + ".tmp"
         with open(tmp, "w") as f:
-            json.dump(self._read_json(self._security("engine")), f)
+            json.dump(_read_json(self._security("engine"), self._owned), f)
         if self.identity is not None:   # the engines run as the pool's account
             self.identity.own(tmp, mode=0o600)
         os.replace(tmp, engine_file)
-        self._wait_for(lambda: self._read_json(self._security("client")) is not None, deadline,
+        self._wait_for(lambda: _read_json(self._security("client"), self._owned) is not None, deadline,
                        "the controller to write its client connection file", timeout)
-        info = self._read_json(self._security("client"))
+        info = _read_json(self._security("client"), self._owned)
         say(f"pool {self.name!r}: controller ready; waiting for {self.n} ranks ({os.path.basename(cmd[0])} -n "
             f"{self.n})")
         self._client = ipp.Client(info, profile_dir=self.profile_dir)
@@ -406,19 +425,6 @@ class Pool:
             pids.add(i["pid"])
             pids.update(i.get("nanny_pids", []))
         return sorted(pids)
-
-    def _read_json(self, path: str) -> Optional[dict]:
-        """The JSON file ``path`` (None while missing or incomplete). A pool of another account
-        owns its work directory: its files are then read without following any link in it."""
-        try:
-            if self.identity is not None and os.path.commonpath([path, self.work_dir]) == self.work_dir:
-                fd = open_beneath(self.work_dir, *os.path.relpath(path, self.work_dir).split(os.sep))
-            else:
-                fd = os.open(path, os.O_RDONLY)
-            with open(fd) as f:
-                return json.load(f)
-        except (OSError, ValueError):
-            return None
 
     def _check_processes(self) -> None:
         for what, p in (("controller", self._controller), ("mpiexec", self._mpiexec)):
