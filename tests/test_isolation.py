@@ -339,3 +339,18 @@ def test_every_nbmpi_variable_is_named_in_the_environment_module():
                 used.setdefault(name, str(path.relative_to(repo)))
     missing = {n: p for n, p in used.items() if n not in named}
     assert not missing, f"NBMPI_* variables not named in nbmpi.workers.launch.environment: {missing}"
+
+
+def test_noted_segments_outside_dev_shm_are_never_removed(tmp_path):
+    from nbmpi.workers.launch.processes import remove_shm
+
+    victim = tmp_path / "victim"
+    victim.write_text("keep")
+    assert remove_shm([f"/dev/shm/../..{victim}", f"/dev/shm/{'../' * 5}{str(victim).lstrip('/')}"]) == []
+    assert victim.read_text() == "keep"
+    mine = Path(f"/dev/shm/nbmpi-test-remove-{os.getpid()}")
+    mine.write_bytes(b"x")
+    try:
+        assert remove_shm([str(mine)]) == [str(mine)] and not mine.exists()
+    finally:
+        mine.unlink(missing_ok=True)
