@@ -26,6 +26,7 @@ is ended and recorded ``failed``.
 """
 from __future__ import annotations
 
+import os
 import signal
 import threading
 import time
@@ -39,7 +40,7 @@ from sqlalchemy.orm import sessionmaker
 from nbmpi.workers.launch.engine_pool import Pool, PoolError
 from nbmpi.workers.launch.rank_guard import CappedLog
 
-from .accounts import AccountError, Accounts
+from .accounts import AccountError, Accounts, open_in_job
 from .backends import Backend, PoolSpec
 from .errors import RequestError
 from .ledger import RankLedger
@@ -216,7 +217,12 @@ class PoolManager:
             view = client[ranks]
             ar = view.apply_async(run_job, code, list(args), dict(env))
             written = {(r, s): 0 for r in range(len(ranks)) for s in ("stdout", "stderr")}
-            logs = {key: CappedLog(str(log_dir / f"rank-{key[0]}.{key[1]}"), log_limit) for key in written}
+            # the job's account owns log_dir: its folder is opened without following links
+            folder = open_in_job(log_dir.parent, log_dir.name)
+            try:
+                logs = {key: CappedLog(f"rank-{key[0]}.{key[1]}", log_limit, dir_fd=folder) for key in written}
+            finally:
+                os.close(folder)
             outcome = "completed"
             interrupted_at: Optional[float] = None
             last_check = time.monotonic()

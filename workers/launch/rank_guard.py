@@ -62,10 +62,11 @@ class CappedLog:
     discards; :meth:`close` adds a last line with that count. Also used by the controller
     for the output of jobs that run on a pool. Not thread-safe (one writer)."""
 
-    def __init__(self, path: str, limit: Optional[int]):
-        # never through a symbolic link: a job may have replaced its log by one, and the
-        # controller (root with several users) also writes the logs of jobs on pools
-        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
+    def __init__(self, path: str, limit: Optional[int], dir_fd: Optional[int] = None):
+        # never through a symbolic link: a job may have replaced its log by one, and the controller
+        # (root with several users) also writes the logs of jobs on pools (``dir_fd``: their folder,
+        # opened without links by the caller, ``path`` a name in it)
+        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600, dir_fd=dir_fd)
         self.limit = limit
         self.kept = 0
         self.discarded = 0
