@@ -34,7 +34,7 @@ import psutil
 from nbmpi.workers.launch import launcher
 from nbmpi.workers.launch.engine_pool import Pool
 from nbmpi.workers.launch.environment import STATUS_DIR_ENV, job_environment
-from nbmpi.workers.launch.identity import base_environment
+from nbmpi.workers.launch.identity import base_environment, open_no_link
 from nbmpi.workers.launch.processes import end_group_of, end_processes, noted_segments, remove_shm
 
 from . import Backend, BackendError, JobSpec, JobStatus, PoolSpec
@@ -90,7 +90,9 @@ class LocalBackend(Backend):
             os.makedirs(status_dir, exist_ok=True)
             if spec.identity is not None:   # its ranks write status, logs and trace there
                 spec.identity.own(spec.job_dir)
-            with open(spec.job_dir / "launcher.out", "wb") as out, open(spec.job_dir / "launcher.err", "wb") as err:
+            # in the job's own directory: never through a link another job of its account put there
+            with open_no_link(spec.job_dir / "launcher.out", "wb") as out, \
+                    open_no_link(spec.job_dir / "launcher.err", "wb") as err:
                 proc = launcher.start(spec.ranks, [str(spec.script_path), *spec.args], status_dir, env=env,
                                       stdout=out, stderr=err, cwd=str(spec.job_dir), full_env=True,
                                       identity=spec.identity)

@@ -84,7 +84,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 from nbmpi.workers.launch import launcher
 from nbmpi.workers.launch.engine_pool import Pool, PoolError
 from nbmpi.workers.launch.environment import job_environment, rank_environment
-from nbmpi.workers.launch.identity import Identity, base_environment, open_beneath, popen_options
+from nbmpi.workers.launch.identity import Identity, base_environment, open_beneath, open_no_link, popen_options
 
 from . import Backend, BackendError, JobSpec, JobStatus, PoolSpec
 
@@ -409,7 +409,8 @@ class SlurmBackend(Backend):
         if time_min is not None:
             options.append(f"--time={time_min}")
         script = spec.job_dir / "job.sbatch"
-        script.write_text(job_script(spec, step, options, self.partition, self.sbatch_args, self.python))
+        with open_no_link(script, "w") as f:   # the job's account owns the folder: never through a link
+            f.write(job_script(spec, step, options, self.partition, self.sbatch_args, self.python))
         job_id = self._sbatch(script, options, env, spec.job_dir, spec.ranks, identity=spec.identity)
         return {"job_id": job_id, "status_dir": str(status_dir), "time_min": time_min}
 
@@ -540,10 +541,11 @@ class SlurmBackend(Backend):
         run = [self.python, "-m", SLURM_ALLOCATION, "pool", "--work-dir", str(work),
                "--ranks", str(spec.ranks), "--name", spec.name, "--ip", self.pool_ip, "--mpi", self.mpi,
                "--start-timeout", str(int(spec.timeout))]
-        script.write_text("#!/bin/bash\n"
-                          f"# nbmpi pool {spec.id} ({spec.owner}): the ipyparallel controller on this node and\n"
-                          f"# {spec.ranks} engines as an srun step; connection info in {POOL_CONNECTION_FILE}.\n"
-                          f"exec {shlex.join(run)}\n")
+        with open_no_link(script, "w") as f:   # the pool's account owns the folder: never through a link
+            f.write("#!/bin/bash\n"
+                    f"# nbmpi pool {spec.id} ({spec.owner}): the ipyparallel controller on this node and\n"
+                    f"# {spec.ranks} engines as an srun step; connection info in {POOL_CONNECTION_FILE}.\n"
+                    f"exec {shlex.join(run)}\n")
         options = [f"--job-name=nbmpi-pool-{spec.id}", f"--ntasks={spec.ranks}", f"--chdir={work}",
                    f"--output={work / 'slurm-%j.out'}", "--export=ALL"]
         env = rank_environment(base_environment(spec.identity))

@@ -43,7 +43,7 @@ from typing import Any, Callable, Dict, List, Optional
 import psutil
 
 from .environment import POOL_IP_ENV, POOL_OWNER_PID_ENV, STATUS_DIR_ENV, rank_environment
-from .identity import Identity, base_environment, open_beneath, popen_options
+from .identity import Identity, base_environment, open_beneath, open_no_link, popen_options
 from .launcher import mpiexec_command
 from .processes import end_processes, noted_segments, remove_shm
 
@@ -157,7 +157,7 @@ class Pool:
     def _log_tail(self, which: str, nbytes: int = 2000) -> str:
         path = os.path.join(self.work_dir, f"{which}.log")
         try:
-            with open(path, "rb") as f:
+            with open_no_link(path, "rb") as f:   # the pool's account may own its work directory
                 f.seek(0, 2)
                 f.seek(max(f.tell() - nbytes, 0))
                 return f.read().decode(errors="replace")
@@ -195,7 +195,7 @@ class Pool:
         return self
 
     def _popen(self, cmd: List[str], env: Dict[str, str], log: str) -> subprocess.Popen:
-        out = open(os.path.join(self.work_dir, f"{log}.log"), "ab")
+        out = open_no_link(os.path.join(self.work_dir, f"{log}.log"), "ab")
         self._logs.append(out)
         main = threading.current_thread() is threading.main_thread()
         if self.identity is not None:   # the account writes its profile, status and connection files
@@ -276,7 +276,7 @@ class Pool:
         self._wait_for(lambda: _read_json(self._security("engine"), self._owned) is not None, deadline,
                        "the controller to write its engine connection file", timeout)
         tmp = engine_file + ".tmp"
-        with open(tmp, "w") as f:
+        with open_no_link(tmp, "w") as f:
             json.dump(_read_json(self._security("engine"), self._owned), f)
         if self.identity is not None:   # the engines run as the pool's account
             self.identity.own(tmp, mode=0o600)

@@ -109,6 +109,15 @@ def open_beneath(root: Union[str, Path], *parts: str) -> int:
         raise
 
 
+def open_no_link(path: Union[str, Path], mode: str = "rb"):
+    """``open(path, mode)`` (``"rb"``, ``"wb"``, ``"ab"``, ``"w"``) that fails (ELOOP) when ``path``
+    is a symbolic link, creating files with mode 0600. For files a service running as root makes
+    or reads directly in a directory it gave to an account, which may have put a link there."""
+    flags = {"r": os.O_RDONLY, "w": os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
+             "a": os.O_WRONLY | os.O_CREAT | os.O_APPEND}[mode[0]]
+    return open(os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600), mode)
+
+
 def popen_options(identity: Optional[Identity]) -> Dict[str, Any]:
     """:meth:`Identity.popen_options`, or nothing for ``None`` (run as this process)."""
     return identity.popen_options() if identity is not None else {}
