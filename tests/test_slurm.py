@@ -731,8 +731,9 @@ def test_jobs_are_submitted_as_their_users_account(slurm, accounts, shared_pytho
         with httpx.Client(base_url=ctl.url, timeout=120, headers={"Authorization": f"Bearer {TOKENS[BOB]}"}) as c:
             job = wait_job(c, submit(c, code, ranks=2)["id"], final, "final")
             assert job["state"] == "succeeded", job
+            # (Slurm keeps ended jobs for MinJobAge s; other controllers of this file used the same name)
             assert slurm.run(["squeue", "--noheader", "--states=all", f"--name=nbmpi-job-{job['id']}",
-                              "--format=%u"]).stdout.split() == [BOB]   # Slurm keeps ended jobs MinJobAge s
+                              f"--user={BOB}", "--format=%u"]).stdout.split() == [BOB]
             for r in (0, 1):
                 assert c.get(f"/api/v1/jobs/{job['id']}/logs", params={"rank": r}).text == \
                     f"{BOB}\nusers file denied\n"
