@@ -24,6 +24,7 @@ from typing import Optional
 from fastapi import FastAPI, Request
 
 from . import errors
+from .accounts import Accounts
 from .auth import Authenticator
 from .backends import make_backend
 from .config import MAX_CODE_BYTES
@@ -41,25 +42,31 @@ MAX_BODY_BYTES = MAX_CODE_BYTES * 2 + 65536
 
 def create_app(data_dir: Path, max_ranks: Optional[int], users_path: Optional[Path] = None,
                db_path: Optional[Path] = None, enable_pools: bool = True, backend: str = "local",
-               backend_options: Optional[dict] = None, max_log_bytes: Optional[int] = None) -> FastAPI:
+               backend_options: Optional[dict] = None, max_log_bytes: Optional[int] = None,
+               accounts: Optional[Accounts] = None) -> FastAPI:
     """The application serving ``data_dir`` (already created) with at most ``max_ranks`` ranks in use.
 
     ``backend`` names where jobs and pools run (:mod:`nbmpi.server.backends`);
     ``max_ranks`` may be None when the backend queues work itself;
-    ``max_log_bytes`` caps the output kept per rank and stream of a job. The
+    ``max_log_bytes`` caps the output kept per rank and stream of a job;
+    ``accounts`` says which UNIX account runs each user's jobs and pools
+    (:meth:`nbmpi.server.accounts.Accounts.load`; default: loaded from the users
+    file, refusing several users in one account). The
     scheduler and the pool manager start with the application's lifespan and
     stop with it: jobs still followed are then ended and recorded ``lost``.
     """
     data_dir = Path(data_dir)
+    users_path = Path(users_path or data_dir / "users.json")
+    accounts = accounts or Accounts.load(users_path)
     engine = make_engine(db_path or data_dir / "nbmpi.db")
     sessions = session_factory(engine)
     runner = make_backend(backend, **(backend_options or {}))
     ledger = RankLedger(runner.capacity(max_ranks))
-    pool_manager = PoolManager(sessions, data_dir, runner, ledger, max_ranks) if enable_pools else None
+    pool_manager = PoolManager(sessions, data_dir, runner, ledger, max_ranks, accounts=accounts) \
+        if enable_pools else None
     scheduler = Scheduler(sessions, data_dir, runner, ledger, max_ranks, pools=pool_manager,
-                          max_log_bytes=max_log_bytes)
-    svc = Service(auth=Authenticator(users_path or data_dir / "users.json"), scheduler=scheduler,
-                  pools=pool_manager)
+                          max_log_bytes=max_log_bytes, accounts=accounts)
+    svc = Service(auth=Authenticator(users_path), scheduler=scheduler, pools=pool_manager, accounts=accounts)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):

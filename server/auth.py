@@ -5,6 +5,10 @@ otherwise) is a JSON object mapping tokens to user names::
 
     {"3q2...": "alice", "Zx9...": "bob"}
 
+or, to run each user's jobs as their own UNIX account (:mod:`nbmpi.server.accounts`)::
+
+    {"3q2...": {"user": "alice", "account": "alice"}, "Zx9...": {"user": "bob", "account": "bob"}}
+
 On first start, if the file does not exist, one token is generated for the
 user running the service, the file is written with mode 0600 (owner only)
 and the token is printed. The file is re-read whenever it changes on disk, so
@@ -22,6 +26,7 @@ import threading
 from pathlib import Path
 from typing import Dict, Optional, Tuple
 
+from .accounts import parse_entry
 from .config import write_private
 
 #: Shortest token accepted in a users file (characters).
@@ -57,14 +62,18 @@ def load_users(path: Path) -> Dict[str, str]:
                          '{"<token>": "<user name>", ...}') from None
     if not isinstance(data, dict):
         raise ValueError(f"users file {path} must hold a JSON object mapping tokens to user names")
-    for tok, user in data.items():
-        if not isinstance(user, str) or not user:
-            raise ValueError(f"users file {path}: the user name for a token must be a non-empty string")
+    users: Dict[str, str] = {}
+    for tok, entry in data.items():
+        try:   # "alice", or {"user": "alice", "account": UNIX_ACCOUNT} (see nbmpi.server.accounts)
+            user, _ = parse_entry(entry)
+        except ValueError as exc:
+            raise ValueError(f"users file {path}: {exc}") from None
+        users[tok] = user
         if len(tok) < MIN_TOKEN_LENGTH:
             raise ValueError(f"users file {path}: token of user {user!r} is shorter than "
                              f"{MIN_TOKEN_LENGTH} characters; generate one with "
                              "python -c 'import secrets; print(secrets.token_urlsafe(32))'")
-    return data
+    return users
 
 
 class Authenticator:

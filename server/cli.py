@@ -92,6 +92,21 @@ def _backend_options(args: argparse.Namespace) -> dict:
     return given
 
 
+def _accounts(data_dir: Path, users_path: Path, db_path: Path, unsafe_shared: bool):
+    """The service's :class:`~nbmpi.server.accounts.Accounts`; with an account per user, the data
+    directory protected from them and files made from now on root's alone (umask 077).
+    ValueError (AccountError) saying what to change when the service must not start."""
+    from .accounts import Accounts, check_runnable, protect_data_dir
+
+    accounts = Accounts.load(users_path, unsafe_shared_account=unsafe_shared)
+    if accounts.mode == "accounts":
+        check_runnable()
+        os.umask(0o077)
+        (data_dir / "pools").mkdir(exist_ok=True)
+        protect_data_dir(data_dir, db_path, users_path)
+    return accounts
+
+
 def _cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -103,6 +118,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     token, created = ensure_users_file(users_path)
     try:
         backend_options = _backend_options(args)
+        accounts = _accounts(data_dir, users_path, Path(args.db) if args.db else data_dir / "nbmpi.db",
+                             args.unsafe_shared_account)
     except ValueError as exc:
         print(f"nbmpi serve: {exc}", file=sys.stderr)
         return 2
@@ -142,7 +159,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     try:
         app = create_app(data_dir, max_ranks, users_path=users_path, db_path=Path(args.db) if args.db else None,
                          enable_pools=not args.no_pools, backend=args.backend, backend_options=backend_options,
-                         max_log_bytes=args.max_log_bytes or None)
+                         max_log_bytes=args.max_log_bytes or None, accounts=accounts)
     except BackendError as exc:
         print(f"nbmpi serve: {exc}", file=sys.stderr)
         return 2
@@ -159,6 +176,10 @@ def _cmd_serve(args: argparse.Namespace) -> int:
               + (f" or {config.client_config_path()}" if client_token else "") + ")", flush=True)
     if cfg_path:
         print(f"nbmpi serve: client configuration written to {cfg_path}", flush=True)
+    if accounts.mode == "accounts":
+        print("nbmpi serve: each user's jobs and pools run as their own UNIX account", flush=True)
+    elif accounts.warning():
+        print(f"nbmpi serve: WARNING: {accounts.warning()}", flush=True)
     if not loopback:
         print(f"nbmpi serve: WARNING: listening on {args.host}, not only on this machine; this service runs "
               "code: use TLS in front of it and keep tokens secret", flush=True)
@@ -322,6 +343,8 @@ def _register_serve(sub) -> None:
     s.add_argument("--db", default=None, metavar="PATH", help="SQLite file (default DATA_DIR/nbmpi.db)")
     s.add_argument("--users", default=None, metavar="FILE",
                    help="users file mapping tokens to user names (default DATA_DIR/users.json)")
+    s.add_argument("--unsafe-shared-account", action="store_true", help="serve several users in this service's own "
+                   "account (their jobs can read each other's files); else each needs an account, the service root")
     s.add_argument("--no-pools", action="store_true", help="disable the pool endpoints")
     s.add_argument("--max-log-bytes", type=_size, default=_size(DEFAULT_MAX_LOG), metavar="SIZE",
                    help=f"output kept per rank and stream of a job (e.g. 512M, 2G; 0: no limit; default "

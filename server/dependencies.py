@@ -17,6 +17,7 @@ from typing import Optional
 from fastapi import Depends, HTTPException, Path as PathParam, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
+from .accounts import Accounts
 from .auth import Authenticator
 from .pool_manager import PoolManager
 from .records import Job, PoolRow
@@ -31,6 +32,8 @@ class Service:
     scheduler: Scheduler
     pools: Optional[PoolManager]
     pools_error: str = "pools are disabled on this service"
+    #: Which UNIX account runs each user's jobs (its mode shows on /api/health and the dashboard).
+    accounts: Optional[Accounts] = None
 
 
 bearer = HTTPBearer(auto_error=False, description="Token from the service's users file")

@@ -42,6 +42,9 @@ from sqlalchemy import select
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import sessionmaker
 
+from nbmpi.workers.launch.identity import Identity
+
+from .accounts import AccountError, Accounts
 from .backends import Backend, BackendError, JobSpec, JobStatus
 from .errors import RequestError
 from .ledger import RankLedger
@@ -67,20 +70,24 @@ class _Followed:
     done: threading.Event = field(default_factory=threading.Event)
 
 
-def job_spec(job: Job, log_limit: Optional[int] = None) -> JobSpec:
-    """The backend's view of a job record."""
+def job_spec(job: Job, log_limit: Optional[int] = None, identity: Optional[Identity] = None) -> JobSpec:
+    """The backend's view of a job record (``identity``: the account its ranks run as)."""
     job_dir = Path(job.job_dir)
     return JobSpec(id=job.id, owner=job.owner, ranks=job.ranks, job_dir=job_dir, script_path=Path(job.script_path),
                    log_dir=Path(job.log_dir), trace_dir=job_dir / "trace", args=list(job.args or []),
-                   env=dict(job.env or {}), timeout=job.timeout, name=job.name, log_limit=log_limit)
+                   env=dict(job.env or {}), timeout=job.timeout, name=job.name, log_limit=log_limit,
+                   identity=identity)
 
 
 class Scheduler:
     """Queue, admission and followers of all jobs of one service. Thread-safe."""
 
     def __init__(self, sessions: sessionmaker, data_dir: Path, backend: Backend, ledger: RankLedger,
-                 max_ranks: Optional[int], pools=None, max_log_bytes: Optional[int] = None):
+                 max_ranks: Optional[int], pools=None, max_log_bytes: Optional[int] = None,
+                 accounts: Optional[Accounts] = None):
         self.max_log_bytes = max_log_bytes
+        #: Which UNIX account runs each user's jobs (None: all as this service, as with one user).
+        self.accounts = accounts
         self.sessions = sessions
         self.data_dir = Path(data_dir)
         self.backend = backend
@@ -105,7 +112,7 @@ class Scheduler:
             known = False
             if job.pool_id is None and job.backend_state is not None:   # jobs on a pool end with the service
                 try:
-                    known = job.backend == self.backend.name and self.backend.recover(job_spec(job, self.max_log_bytes),
+                    known = job.backend == self.backend.name and self.backend.recover(self._spec(job, strict=False),
                                                                                       job.backend_state)
                 except Exception:  # noqa: BLE001 - cannot tell: the job is lost
                     known = False
@@ -137,6 +144,18 @@ class Scheduler:
             f.cancel.set()
         for f in followed:
             f.done.wait(timeout=15)
+
+    def _spec(self, job: Job, strict: bool = True) -> JobSpec:
+        """:func:`job_spec` with the account of the job's owner. When the owner cannot be run
+        isolated: BackendError (the job fails with why) if ``strict``, else no account."""
+        identity = None
+        if self.accounts is not None:
+            try:
+                identity = self.accounts.identity(job.owner)
+            except AccountError as exc:
+                if strict:
+                    raise BackendError(str(exc)) from None
+        return job_spec(job, self.max_log_bytes, identity)
 
     # -- requests ----------------------------------------------------------------------
     def submit(self, owner: str, req: JobCreate, source: Optional[bytes] = None) -> Job:
@@ -176,6 +195,11 @@ class Scheduler:
                     Path(job.script_path).write_bytes(source)
                 else:
                     Path(job.script_path).write_text(req.code)
+                if self.accounts is not None:   # the owner's account alone may read it (0700)
+                    self.accounts.hand_over(job_dir, owner)
+            except AccountError as exc:
+                shutil.rmtree(job_dir, ignore_errors=True)
+                raise RequestError(409, str(exc)) from None
             except OSError:   # the record is rolled back with this transaction: leave no files either
                 shutil.rmtree(job_dir, ignore_errors=True)
                 raise
@@ -251,7 +275,7 @@ class Scheduler:
                     batch_blocked = True
                     continue
                 try:
-                    state = self.backend.submit(job_spec(job, self.max_log_bytes))
+                    state = self.backend.submit(self._spec(job))
                 except BackendError as exc:
                     self.ledger.release(("job", job.id))
                     self._set_final(job.id, "failed", 1, None, str(exc))
@@ -278,7 +302,7 @@ class Scheduler:
 
     # -- followers -------------------------------------------------------------------------
     def _follow_batch(self, f: _Followed, job: Job, message: Optional[str]) -> None:
-        spec, state = job_spec(job, self.max_log_bytes), dict(job.backend_state or {})
+        spec, state = self._spec(job, strict=False), dict(job.backend_state or {})
         status: Optional[JobStatus] = None
         shown: Optional[str] = None
         try:

@@ -149,6 +149,10 @@ class PoolList(BaseModel):
 
 class Health(BaseModel):
     status: Literal["ok"]
+    #: How users are kept apart: "single" (one user), "accounts" (each user's own UNIX account),
+    #: "shared-account" (several users in one account: unsafe, see ``warning``).
+    isolation: Literal["single", "accounts", "shared-account"] = "single"
+    warning: Optional[str] = None
 
 
 class Version(BaseModel):

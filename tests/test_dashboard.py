@@ -65,7 +65,8 @@ else:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    srv = Server(tmp_path_factory.mktemp("dash") / "data", max_ranks=4).start()   # a pool and a job at once
+    srv = Server(tmp_path_factory.mktemp("dash") / "data", max_ranks=4,   # a pool and a job at once
+                 extra_args=["--unsafe-shared-account"]).start()   # alice and bob in one account
     srv.add_bob()
     yield srv
     srv.stop()

@@ -15,6 +15,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, Response
 from pydantic import ValidationError
 
+from ..accounts import open_in_job
 from ..config import MAX_CODE_BYTES
 from ..dependencies import current_user, get_scheduler, user_job
 from ..errors import DOCUMENTED
@@ -135,14 +136,17 @@ def job_logs(job: Job = Depends(user_job), rank: int = Query(0, ge=0, le=1 << 20
     service's ``--max-log-bytes`` ends with a visible ``[nbmpi: output truncated ...]`` line."""
     if rank >= job.ranks:
         raise HTTPException(404, f"job {job.id} has no rank {rank}: its ranks are 0..{job.ranks - 1}")
-    path = Path(job.log_dir) / f"rank-{rank}.{stream}"
-    try:
-        with open(path, "rb") as f:
+    log_dir = Path(job.log_dir)
+    try:   # the job owns its directory: never follow a link it put there (nbmpi.server.accounts)
+        with open(open_in_job(log_dir.parent, log_dir.name, f"rank-{rank}.{stream}"), "rb") as f:
             size = os.fstat(f.fileno()).st_size
             f.seek(min(offset, size))
             data = f.read(min(LOG_CHUNK_BYTES, max(size - offset, 0)))
     except FileNotFoundError:
         size, data = 0, b""
+    except OSError as exc:   # ELOOP: the job replaced its log or log folder by a link
+        raise HTTPException(404, f"job {job.id}: the log of rank {rank} is not a plain file "
+                                 f"({exc.strerror}); nothing is served from it") from None
     return Response(data, media_type="text/plain; charset=utf-8",
                     headers={"X-Log-Size": str(size), "X-Log-Next-Offset": str(min(offset, size) + len(data))})
 
@@ -175,7 +179,12 @@ async def _trace_file(job: Job, which: str) -> Response:
         else:
             why = "its ranks streamed no trace (tracing off, or they ended before they started)"
         raise HTTPException(404, f"no {which} for job {job.id}: {why}")
-    return FileResponse(path, media_type="application/json")
+    rel = Path(path).relative_to(job.job_dir) if Path(path).is_relative_to(job.job_dir) else None
+    try:   # inside the job's own directory: never through a link the job put there
+        with open(open_in_job(Path(job.job_dir), *rel.parts), "rb") if rel else open(path, "rb") as f:
+            return Response(f.read(), media_type="application/json")
+    except OSError as exc:
+        raise HTTPException(404, f"no {which} for job {job.id}: {exc.strerror or exc}") from None
 
 
 @router.get("/{job_id:int}/trace",
