@@ -6,9 +6,11 @@ imports the controller; ``python -m nbmpi.workers.launch.cli run`` works without
 * ``nbmpi serve [--host 127.0.0.1] [--port 8765] [--max-ranks N] [--db PATH] [--data-dir DIR]
   [--backend local|slurm] [--slurm-partition P] [--slurm-sbatch-arg ARG ...]``:
   run the service (uvicorn). Creates the data directory and, on first start,
-  a token (printed, stored mode 0600 in the users file, with a dashboard link
-  that logs a browser tab in); writes the client configuration file (URL +
-  token, mode 0600). The dashboard is at ``URL/dashboard``.
+  a token (printed once with a dashboard link that logs a browser tab in; the
+  users file, mode 0600, keeps only its hash); writes the client configuration
+  file (URL + token, mode 0600). The dashboard is at ``URL/dashboard``.
+* ``nbmpi users add NAME | list | remove NAME [--data-dir DIR] [--users FILE]``: ``add``
+  prints a new token of NAME once and stores its hash (see :mod:`nbmpi.server.auth`).
 * ``nbmpi submit script.py -n 4 [--wait] [--timeout S] [--pool ID] [--args 'A B']``: queue a
   job and print its id; ``--wait`` follows it, prints every rank's output and
   exits with the job's exit code.
@@ -100,7 +102,11 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
     data_dir = config.ensure_data_dir(Path(args.data_dir) if args.data_dir else config.default_data_dir())
     users_path = Path(args.users) if args.users else data_dir / "users.json"
-    token, created = ensure_users_file(users_path)
+    try:
+        token, created = ensure_users_file(users_path)
+    except (ValueError, OSError) as exc:
+        print(f"nbmpi serve: {exc}", file=sys.stderr)
+        return 2
     try:
         backend_options = _backend_options(args)
     except ValueError as exc:
@@ -132,10 +138,10 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     url = f"http://{host}:{port}"
     cfg = config.read_client_config()
     client_token = token
-    from .auth import load_users
+    if not created and cfg.get("token"):   # keep the configured token while it is valid here
+        from .auth import Authenticator
 
-    if cfg.get("token") and cfg.get("token") in load_users(users_path):
-        client_token = cfg["token"]
+        client_token = cfg["token"] if Authenticator(users_path).user_for(cfg["token"]) else None
     cfg_path = config.write_client_config(url, client_token) if client_token else None
     from .backends import BackendError
 
@@ -151,12 +157,15 @@ def _cmd_serve(args: argparse.Namespace) -> int:
           flush=True)
     if created:
         print(f"nbmpi serve: first start: generated token {token}\n"
-              f"nbmpi serve: stored (owner-only) in {users_path}", flush=True)
+              f"nbmpi serve: shown only now: {users_path} keeps only its hash (owner-only); "
+              "`nbmpi users add NAME` makes more", flush=True)
         print(f"nbmpi serve: dashboard at {url}/dashboard; this link logs a browser tab in: "
               f"{url}/dashboard#token={token}", flush=True)
     else:
-        print(f"nbmpi serve: dashboard at {url}/dashboard (log in with your token from {users_path}"
-              + (f" or {config.client_config_path()}" if client_token else "") + ")", flush=True)
+        print(f"nbmpi serve: dashboard at {url}/dashboard (log in with your token"
+              + (f", kept in {config.client_config_path()}" if client_token else
+                 f"; {users_path} holds only hashes: make a new one with `nbmpi users add NAME`") + ")",
+              flush=True)
     if cfg_path:
         print(f"nbmpi serve: client configuration written to {cfg_path}", flush=True)
     if not loopback:
@@ -164,6 +173,40 @@ def _cmd_serve(args: argparse.Namespace) -> int:
               "code: use TLS in front of it and keep tokens secret", flush=True)
     server = uvicorn.Server(uvicorn.Config(app, log_level=args.log_level, access_log=False))
     server.run(sockets=[sock])
+    return 0
+
+
+# -- users ----------------------------------------------------------------------------------------
+def _users_path(args: argparse.Namespace) -> Path:
+    if args.users:
+        return Path(args.users)
+    return config.ensure_data_dir(Path(args.data_dir) if args.data_dir else config.default_data_dir()) / "users.json"
+
+
+def _cmd_users(args: argparse.Namespace) -> int:
+    from .auth import add_token, load_users, remove_user
+
+    if args.action != "list" and not args.name:
+        print(f"nbmpi users {args.action}: name the user, e.g. nbmpi users {args.action} alice", file=sys.stderr)
+        return 2
+    path = _users_path(args)
+    try:
+        if args.action == "add":
+            token = add_token(path, args.name)
+            print(f"nbmpi users: new token of {args.name} (shown only now; {path} keeps only its hash):",
+                  file=sys.stderr)
+            print(token, flush=True)
+        elif args.action == "remove":
+            n = remove_user(path, args.name)
+            print(f"nbmpi users: removed {n} token(s) of {args.name} from {path}")
+            return 0 if n else 1
+        else:
+            users = load_users(path) if path.exists() else {}
+            for name in sorted(set(users.values())):
+                print(f"{name}\t{sum(1 for u in users.values() if u == name)} token(s)")
+    except (ValueError, OSError) as exc:
+        print(f"nbmpi users: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 
@@ -315,7 +358,7 @@ def register(sub) -> None:
                    help=f"state directory (default ${config.DATA_DIR_ENV} or ~/.local/share/nbmpi)")
     s.add_argument("--db", default=None, metavar="PATH", help="SQLite file (default DATA_DIR/nbmpi.db)")
     s.add_argument("--users", default=None, metavar="FILE",
-                   help="users file mapping tokens to user names (default DATA_DIR/users.json)")
+                   help="users file mapping token hashes to user names (default DATA_DIR/users.json)")
     s.add_argument("--no-pools", action="store_true", help="disable the pool endpoints")
     s.add_argument("--max-log-bytes", type=_size, default=_size(DEFAULT_MAX_LOG), metavar="SIZE",
                    help=f"output kept per rank and stream of a job (e.g. 512M, 2G; 0: no limit; default "
@@ -339,6 +382,16 @@ def register(sub) -> None:
                          "engines and this service connect to the node's name)")
     s.add_argument("--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"])
     s.set_defaults(func=_cmd_serve)
+
+    u = sub.add_parser("users", help="add, list or remove users of the controller (their token hashes)",
+                       description="Manage the users file: `add NAME` prints a new token once and stores only its "
+                                   "hash; a running service picks the change up without a restart.")
+    u.add_argument("action", choices=["add", "list", "remove"])
+    u.add_argument("name", nargs="?", default=None, help="user name (for add and remove)")
+    u.add_argument("--data-dir", default=None, metavar="DIR",
+                   help=f"state directory (default ${config.DATA_DIR_ENV} or ~/.local/share/nbmpi)")
+    u.add_argument("--users", default=None, metavar="FILE", help="users file (default DATA_DIR/users.json)")
+    u.set_defaults(func=_cmd_users)
 
     p = sub.add_parser("submit", help="submit a script as a job to the controller")
     p.add_argument("script", help="the program (.py)")
