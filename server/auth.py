@@ -36,6 +36,9 @@ from .config import write_private
 
 #: Shortest plain token accepted in a users file (characters).
 MIN_TOKEN_LENGTH = 16
+#: The detail of every 401 answer.
+UNAUTHORIZED = ("missing or unknown token: send 'Authorization: Bearer TOKEN' with your token (shown once when "
+                "it was made; `nbmpi users add NAME` makes a new one)")
 #: Prefix of a hashed entry of the users file.
 HASH_SCHEME = "sha256"
 
