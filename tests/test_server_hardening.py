@@ -94,3 +94,104 @@ def test_plain_text_users_file_is_migrated_on_load(tmp_path):
         assert all(is_hashed(k) for k in json.loads((data / "users.json").read_text()))
     finally:
         srv.stop()
+
+
+# -- bodies refused before they are read ---------------------------------------------------------------
+def _flood(url: str, path: str, token, chunks: int = 1000, chunk: int = MiB,
+           content_type: str = "application/json", prefix: bytes = b"") -> dict:
+    """POST a chunked body of ``chunks`` x ``chunk`` bytes on a raw socket, reading the answer meanwhile;
+    stops sending when the server closes the connection. Returns the status, the chunks sent before the
+    answer came, and the chunks sent in all."""
+    u = urlsplit(url)
+    sock = socket.create_connection((u.hostname, u.port), timeout=30)
+    head = [f"POST {path} HTTP/1.1", f"Host: {u.netloc}", f"Content-Type: {content_type}",
+            "Transfer-Encoding: chunked"] + ([f"Authorization: Bearer {token}"] if token else [])
+    answer = bytearray()
+    got = threading.Event()
+
+    def read():
+        try:
+            while True:
+                data = sock.recv(65536)
+                if not data:
+                    break
+                answer.extend(data)
+                if b"\r\n\r\n" in answer:
+                    got.set()
+        except OSError:
+            pass
+        got.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    block = f"{chunk:x}\r\n".encode() + b"x" * chunk + b"\r\n"
+    sent = before = 0
+    try:
+        sock.sendall(("\r\n".join(head) + "\r\n\r\n").encode())
+        reader.start()
+        if prefix:
+            sock.sendall(f"{len(prefix):x}\r\n".encode() + prefix + b"\r\n")
+        for _ in range(chunks):
+            if got.is_set() and not before:
+                before = sent
+            sock.sendall(block)
+            sent += 1
+        sock.sendall(b"0\r\n\r\n")
+    except OSError:   # the server closed the connection: nothing more is read
+        pass
+    got.wait(30)
+    sock.close()
+    reader.join(5)
+    status = int(bytes(answer).split(b" ", 2)[1]) if answer.startswith(b"HTTP/1.1 ") else None
+    return dict(status=status, before=before or sent, sent=sent, answer=bytes(answer[:2000]))
+
+
+def test_chunked_flood_is_refused_early_and_memory_stays_flat(server):
+    proc = psutil.Process(server.proc.pid)
+    with server.client() as c:   # warm up every path once, so their imports count in the baseline
+        c.get("/api/v1/jobs")
+        c.post("/api/v1/jobs", json={"code": "x" * 100})
+    rss0 = proc.memory_info().rss
+    peak = [rss0]
+    health = []
+    stop = threading.Event()
+
+    def watch():
+        with httpx.Client(base_url=server.url, timeout=30) as h:
+            while not stop.is_set():
+                peak[0] = max(peak[0], proc.memory_info().rss)
+                t = time.monotonic()
+                health.append((h.get("/api/health").status_code, time.monotonic() - t))
+                time.sleep(0.05)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        anonymous = _flood(server.url, "/api/v1/jobs", None)
+        user = _flood(server.url, "/api/v1/jobs", server.token)
+        upload = _flood(server.url, "/api/v1/jobs/upload", server.token,
+                        content_type="multipart/form-data; boundary=nbmpi-flood",
+                        prefix=b'--nbmpi-flood\r\nContent-Disposition: form-data; name="script"; '
+                               b'filename="a.py"\r\nContent-Type: text/x-python\r\n\r\n')
+    finally:
+        stop.set()
+        watcher.join(30)
+    peak[0] = max(peak[0], proc.memory_info().rss)
+    grown = (peak[0] - rss0) / MiB
+    worst = max(t for _, t in health)
+    print(f"flood: no token {anonymous['status']} after {anonymous['before']} chunks ({anonymous['sent']} sent); "
+          f"with token {user['status']} after {user['before']} ({user['sent']} sent); upload {upload['status']} "
+          f"after {upload['before']}; RSS {rss0 / MiB:.0f} MB -> peak {peak[0] / MiB:.0f} MB (+{grown:.1f}); "
+          f"health {len(health)} answers, slowest {worst * 1000:.0f} ms")
+    assert anonymous["status"] == 401, anonymous["answer"]
+    assert user["status"] == 413 and b"exceeds the limit" in user["answer"], user["answer"]
+    assert upload["status"] == 413, upload["answer"]
+    for f in (anonymous, user, upload):
+        assert f["before"] < 100, f   # answered long before the 1,000 MiB were sent
+    assert grown < 50, f"the controller grew by {grown:.0f} MB during the floods"
+    assert health and all(s == 200 for s, _ in health)
+    u = urlsplit(server.url)   # a declared 1 GiB body: 413 from the headers alone
+    with socket.create_connection((u.hostname, u.port), timeout=30) as sock:
+        sock.sendall(f"POST /api/v1/jobs HTTP/1.1\r\nHost: {u.netloc}\r\nAuthorization: Bearer {server.token}\r\n"
+                     f"Content-Type: application/json\r\nContent-Length: {1 << 30}\r\n\r\n{{".encode())
+        answer = sock.recv(65536)
+    assert answer.startswith(b"HTTP/1.1 413 ") and b"exceeds the limit" in answer, answer
