@@ -11,9 +11,12 @@ once, so a restart of the service finds every record
 jobs that were running).
 
 Older databases are upgraded in place at open (missing columns are added).
+Rows are read whatever they hold: text that is not UTF-8 is decoded with U+FFFD
+and a JSON column that is not JSON reads as None.
 """
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any, List, Optional
@@ -85,13 +88,28 @@ class Pool(Base):
     backend_state: Mapped[Optional[dict]] = mapped_column(JSON, nullable=True)
 
 
+def _text(raw: bytes) -> str:
+    """SQLite text as str; bytes that are not UTF-8 (written by hand or another program) become U+FFFD."""
+    return raw.decode("utf-8", "replace")
+
+
+def _json_or_none(text: str) -> Any:
+    """A JSON column's value; None when the stored text is not JSON (the view shows it as missing)."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
+
+
 def make_engine(path: Path) -> Engine:
     """A SQLAlchemy engine on the SQLite file ``path`` with WAL, a busy timeout and
     foreign-thread use allowed (the service's request threads and its scheduler share it)."""
-    engine = create_engine(f"sqlite:///{Path(path)}", connect_args={"check_same_thread": False, "timeout": 30})
+    engine = create_engine(f"sqlite:///{Path(path)}", connect_args={"check_same_thread": False, "timeout": 30},
+                           json_deserializer=_json_or_none)
 
     @event.listens_for(engine, "connect")
     def _pragmas(dbapi_conn: Any, _record: Any) -> None:
+        dbapi_conn.text_factory = _text   # a row with bytes that are not UTF-8 must still load
         cur = dbapi_conn.cursor()
         cur.execute("PRAGMA journal_mode=WAL")
         cur.execute("PRAGMA synchronous=NORMAL")

@@ -24,7 +24,8 @@ def problem(text: str) -> Optional[str]:
     """Why ``text`` cannot be stored or run (``"contains a NUL character at index 3"``), None if it can."""
     nul = text.find("\x00")
     if nul >= 0:
-        return f"contains a NUL character (at index {nul}), which no file name, argument or environment can hold"
+        return (f"contains a NUL character (at index {nul}), which cannot be stored or run (no file name, "
+                "argument, environment variable or Python source may hold one)")
     m = _SURROGATE.search(text)
     if m:
         return (f"contains a lone surrogate U+{ord(m.group()):04X} (at index {m.start()}), which is not valid "

@@ -195,3 +195,92 @@ def test_chunked_flood_is_refused_early_and_memory_stays_flat(server):
                      f"Content-Type: application/json\r\nContent-Length: {1 << 30}\r\n\r\n{{".encode())
         answer = sock.recv(65536)
     assert answer.startswith(b"HTTP/1.1 413 ") and b"exceeds the limit" in answer, answer
+
+
+# -- strings that cannot be stored or run ------------------------------------------------------------
+ODD_JOBS = [   # (raw JSON body, the field the answer must name)
+    ('{"code": "print(1)", "ranks": 1, "args": ["ok", "\\udfff"]}', "args"),
+    ('{"code": "print(1)", "ranks": 1, "args": ["a\\u0000b"]}', "args"),
+    ('{"code": "print(1)", "ranks": 1, "env": {"A=B": "x"}}', "env"),
+    ('{"code": "print(1)", "ranks": 1, "env": {"A\\u0000": "x"}}', "env"),
+    ('{"code": "print(1)", "ranks": 1, "env": {"A\\n": "x"}}', "env"),
+    ('{"code": "print(1)", "ranks": 1, "env": {"\\udfff": "x"}}', "env"),
+    ('{"code": "print(1)", "ranks": 1, "env": {"A": "x\\u0000"}}', "env"),
+    ('{"code": "print(1)", "ranks": 1, "env": {"A": "\\ud800"}}', "env"),
+    ('{"code": "print(1)", "ranks": 1, "name": "\\udfff"}', "name"),
+    ('{"code": "print(1)", "ranks": 1, "name": "a\\u0000"}', "name"),
+    ('{"code": "print(1)\\u0000", "ranks": 1}', "code"),
+    ('{"code": "print(\'\\udfff\')", "ranks": 1}', "code"),
+    ('{"code": "print(1)", "ranks": 1, "script_name": "a.py\\n"}', "script_name"),
+    ('{"code": "print(1)", "ranks": 1, "\\udfff": 1}', "body"),   # an unknown name: the body is named
+]
+
+
+def test_odd_strings_are_refused_naming_the_field(server):
+    with server.client() as c:
+        for body, field in ODD_JOBS:
+            r = c.post("/api/v1/jobs", content=body.encode(), headers={"Content-Type": "application/json"})
+            assert r.status_code == 422, (body, r.status_code, r.text)
+            err = r.json()
+            assert field in err["detail"] and any(field in [str(x) for x in e["loc"]] for e in err["errors"]), (body, err)
+        r = c.post("/api/v1/pools", content=b'{"ranks": 1, "name": "\\udfff"}',
+                   headers={"Content-Type": "application/json"})
+        assert r.status_code == 422 and "name" in r.json()["detail"]
+        r = c.post("/api/v1/jobs/upload", files={"script": ("a.py", b"print(1)")},
+                   data={"ranks": "1", "name": "a\x00b"})
+        assert r.status_code == 422 and "name" in r.json()["detail"], r.text
+        r = c.post("/api/v1/jobs/upload", files={"script": ("a.py", b"print(1)")},
+                   data={"ranks": "1", "env": "A\x00=1"})
+        assert r.status_code == 422 and "env" in r.json()["detail"], r.text
+        r = c.get("/api/v1/jobs")
+        assert r.status_code == 200 and r.json()["jobs"] == []   # nothing was stored
+
+
+def _insert(db: Path, table: str, rows) -> None:
+    """Store ``rows`` (dicts; bytes values stored as TEXT that is not UTF-8) directly, as an old database
+    or a hand edit might hold them."""
+    con = sqlite3.connect(db, timeout=30)
+    try:
+        for row in rows:
+            cols = ", ".join(row)
+            marks = ", ".join("CAST(? AS TEXT)" if isinstance(v, bytes) else "?" for v in row.values())
+            con.execute(f"INSERT INTO {table} ({cols}) VALUES ({marks})", list(row.values()))
+        con.commit()
+    finally:
+        con.close()
+
+
+def test_stored_odd_strings_never_break_a_list(server):
+    with server.client() as c:
+        user = c.get("/api/v1/dashboard/me").json()["user"]
+        job = dict(owner=user, state="failed", ranks=2, script_name="job.py", args="[]", env="{}", created_at=1.0,
+                   job_dir="/nonexistent", script_path="/nonexistent/job.py", log_dir="/nonexistent/logs")
+        odd = [dict(name=b"\xed\xbf\xbf"),                      # a surrogate as raw bytes: not UTF-8
+               dict(name=b"\xff\xfe\x00name"), dict(message="a\x00b"),
+               dict(args='["\\udfff", "a\\u0000b", 3]'),        # JSON with a lone surrogate escape
+               dict(args="not json"), dict(args='{"a": 1}'), dict(env="[[["),
+               dict(rank_exit_codes='["x", null, 3]'), dict(rank_exit_codes="{"),
+               dict(state="weird\x00"), dict(state=b"\xff"), dict(script_name=b"\xffjob.py"),
+               dict(log_dir=b"/x/\xff"), dict(message=b"\xed\xa0\x80 half a pair"),
+               dict(backend_state="{not json"), dict(owner=user, name="\U0001F600 fine")]
+        _insert(server.data_dir / "nbmpi.db", "jobs", [dict(job, **o) for o in odd])
+        pool = dict(owner=user, ranks=2, target="running", state="running", created_at=1.0, work_dir="/nonexistent")
+        _insert(server.data_dir / "nbmpi.db", "pools",
+                [dict(pool, name=b"\xed\xbf\xbf"), dict(pool, connection='{"k": "\\udfff", "\\ud800": [1]}'),
+                 dict(pool, state="bogus", target="\x00"), dict(pool, connection="]"), dict(pool, message=b"\xff")])
+        r = c.get("/api/v1/jobs")
+        assert r.status_code == 200, r.text
+        jobs = r.json()["jobs"]
+        assert len(jobs) == len(odd)
+        for j in jobs:
+            assert c.get(f"/api/v1/jobs/{j['id']}").status_code == 200
+        assert any(j["args"] == ["\\udfff", "a\x00b", "3"] for j in jobs)
+        assert any(j["state"] == "lost" and "unknown state" in j["message"] for j in jobs)
+        for state in ("failed", "lost"):
+            assert c.get("/api/v1/jobs", params={"state": state}).status_code == 200
+        r = c.get("/api/v1/pools")
+        assert r.status_code == 200, r.text
+        pools = r.json()["pools"]
+        assert len(pools) == 5 and any(p["connection"] == {"k": "\\udfff", "\\ud800": [1]} for p in pools)
+        for p in pools:
+            assert c.get(f"/api/v1/pools/{p['id']}").status_code == 200
