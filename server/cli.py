@@ -11,8 +11,9 @@ imports the controller; ``python -m nbmpi.workers.launch.cli run`` works without
   file (URL + token, mode 0600). The dashboard is at ``URL/dashboard``.
 * ``nbmpi users add NAME | list | remove NAME [--data-dir DIR] [--users FILE]``: ``add``
   prints a new token of NAME once and stores its hash (see :mod:`nbmpi.server.auth`).
-* ``nbmpi submit script.py -n 4 [--wait] [--timeout S] [--pool ID] [--args 'A B']``: queue a
-  job and print its id; ``--wait`` follows it, prints every rank's output and
+* ``nbmpi submit script.py -n 4 [--wait] [--timeout S] [--pool ID] [--args 'A B'] [--idempotency-key K]``:
+  queue a job and print its id (the request carries an ``Idempotency-Key``, and is retried with it when
+  the connection breaks, so it runs once); ``--wait`` follows it, prints every rank's output and
   exits with the job's exit code.
 * ``nbmpi jobs [--state S]``, ``nbmpi logs ID [--rank R] [--stderr]``,
   ``nbmpi cancel ID``, ``nbmpi pools``.
@@ -238,7 +239,8 @@ def _cmd_submit(args: argparse.Namespace) -> int:
     try:
         with _client(args) as c:
             job = c.submit(code, ranks=args.n, script_name=path.name if path.suffix == ".py" else "job.py",
-                           pool=args.pool, timeout=args.timeout, args=prog_args, env=env, name=args.name)
+                           pool=args.pool, timeout=args.timeout, args=prog_args, env=env, name=args.name,
+                           idempotency_key=args.idempotency_key)
             print(job["id"], flush=True)
             if not args.wait:
                 return 0
@@ -403,6 +405,9 @@ def register(sub) -> None:
     p.add_argument("--name", default=None)
     p.add_argument("--args", default="", metavar="'A B ...'",
                    help="arguments of the program, one shell-quoted string (split like a shell would)")
+    p.add_argument("--idempotency-key", default=None, metavar="KEY",
+                   help="sent as Idempotency-Key (default: a fresh UUID; lost connections are retried with it): "
+                        "submitting again with the same KEY returns the first job instead of running another")
     _add_client_options(p)
     p.set_defaults(func=_cmd_submit)
 

@@ -5,7 +5,8 @@ the users file), its state, timestamps (Unix seconds), the paths of its files
 (job directory, logs, trace) and the backend that runs it with that
 backend's opaque state (``backend_state``: a JSON object only the backend
 reads, e.g. a process group for the local backend or a Slurm job id). Exit
-codes per rank are stored as a JSON list. Every state change is committed at
+codes per rank are stored as a JSON list. A job submitted with an
+``Idempotency-Key`` keeps it (unique per owner) with a digest of its request. Every state change is committed at
 once, so a restart of the service finds every record
 (:meth:`nbmpi.server.scheduler.Scheduler.recover` decides what happens to
 jobs that were running).
@@ -64,6 +65,9 @@ class Job(Base):
     trace_path: Mapped[Optional[str]] = mapped_column(Text, nullable=True)
     summary_path: Mapped[Optional[str]] = mapped_column(Text, nullable=True)
     message: Mapped[Optional[str]] = mapped_column(Text, nullable=True)
+    #: The submitter's ``Idempotency-Key`` (unique per owner) and the digest of the request it came with.
+    idempotency_key: Mapped[Optional[str]] = mapped_column(String(255), nullable=True)
+    request_digest: Mapped[Optional[str]] = mapped_column(String(64), nullable=True)
 
 
 class Pool(Base):
@@ -118,6 +122,9 @@ def make_engine(path: Path) -> Engine:
 
     Base.metadata.create_all(engine)
     _add_missing_columns(engine)
+    with engine.begin() as conn:   # one job per owner and key (NULL keys are all distinct)
+        conn.exec_driver_sql("CREATE UNIQUE INDEX IF NOT EXISTS ix_jobs_owner_idempotency_key "
+                             "ON jobs (owner, idempotency_key)")
     return engine
 
 

@@ -284,3 +284,142 @@ def test_stored_odd_strings_never_break_a_list(server):
         assert len(pools) == 5 and any(p["connection"] == {"k": "\\udfff", "\\ud800": [1]} for p in pools)
         for p in pools:
             assert c.get(f"/api/v1/pools/{p['id']}").status_code == 200
+
+
+# -- records tell the truth after a crash; submits are idempotent --------------------------------------
+FINISHING_JOB = """
+import sys, time
+from nbmpi.workers import world
+comm = world()
+r = comm.Get_rank()
+print(f"rank {{r}} started", flush=True)
+time.sleep({seconds})
+comm.Barrier()
+print(f"rank {{r}} done", flush=True)
+if r == 1:
+    time.sleep(1.0)     # rank 0 has ended when rank 1 fails
+    sys.exit({code})
+"""
+
+
+def _job_ranks_gone(data: Path, timeout: float = 90) -> None:
+    deadline = time.monotonic() + timeout
+    while job_processes(data):
+        assert time.monotonic() < deadline, "the job's processes did not end"
+        time.sleep(0.2)
+
+
+def test_job_that_finished_while_the_controller_was_down_keeps_its_exit_codes(tmp_path):
+    data = tmp_path / "data"
+    srv = Server(data, max_ranks=4).start()   # both jobs run at once
+    try:
+        with srv.client() as c:
+            ok = submit(c, FINISHING_JOB.format(seconds=4, code=0), ranks=2)
+            bad = submit(c, FINISHING_JOB.format(seconds=4, code=3), ranks=2)
+            for job in (ok, bad):
+                deadline = time.monotonic() + 90
+                while "started" not in c.get(f"/api/v1/jobs/{job['id']}/logs", params={"rank": 1}).text:
+                    assert time.monotonic() < deadline, "the job did not start"
+                    time.sleep(0.1)
+        srv.proc.send_signal(signal.SIGKILL)   # kill -9 while both jobs run
+        srv.proc.wait()
+        assert job_processes(data), "the jobs must outlive the killed controller"
+        _job_ranks_gone(data)                  # ... and finish on their own
+        srv.stop()
+        srv = Server(data, max_ranks=4).start()
+        with srv.client() as c:
+            ok, bad = (c.get(f"/api/v1/jobs/{j['id']}").json() for j in (ok, bad))
+            assert ok["state"] == "succeeded" and ok["exit_code"] == 0 and ok["rank_exit_codes"] == [0, 0], ok
+            assert "finished while the service was down" in ok["message"]
+            assert bad["state"] == "failed" and bad["exit_code"] == 3 and bad["rank_exit_codes"] == [0, 3], bad
+            assert "rank 1 exited 3" in bad["message"]
+            for job in (ok, bad):
+                for r in (0, 1):
+                    log = c.get(f"/api/v1/jobs/{job['id']}/logs", params={"rank": r}).text
+                    assert log == f"rank {r} started\nrank {r} done\n"
+            assert c.get(f"/api/v1/jobs/{ok['id']}/trace").status_code == 200
+    finally:
+        srv.stop()
+        for p in job_processes(data):
+            p.kill()
+
+
+class DroppingProxy:
+    """A real TCP proxy to ``upstream`` that lets the first request reach the server, reads the server's
+    whole answer and then closes the client's connection without passing it on (a connection lost after
+    the server committed); later connections pass both ways."""
+
+    def __init__(self, upstream: str):
+        u = urlsplit(upstream)
+        self.upstream = (u.hostname, u.port)
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        self.dropped = 0
+        self.conns = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(self.upstream)
+            self.conns += [client, server]
+            drop = self.dropped == 0
+            self.dropped += drop
+            threading.Thread(target=self._pipe, args=(client, server, False), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(server, client, drop), daemon=True).start()
+
+    @staticmethod
+    def _pipe(src, dst, drop):
+        try:
+            while True:
+                data = src.recv(65536)
+                if not data:
+                    break
+                if drop:   # the answer arrived: the client never gets it
+                    dst.shutdown(socket.SHUT_RDWR)
+                    return
+                dst.sendall(data)
+        except OSError:
+            pass
+        try:
+            dst.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+
+    def close(self):
+        self.listener.close()
+        for s in self.conns:
+            s.close()
+
+
+def test_retried_submit_runs_the_job_once(server):
+    from nbmpi.server.client import Client
+
+    proxy = DroppingProxy(server.url)
+    try:
+        with Client(proxy.url, server.token) as c:
+            job = c.submit("print('ran')", ranks=1, name="once")
+        assert proxy.dropped == 1
+    finally:
+        proxy.close()
+    with server.client() as c:
+        jobs = c.get("/api/v1/jobs").json()["jobs"]
+        assert [j["id"] for j in jobs] == [job["id"]], jobs   # the lost answer's job, not a second one
+        assert wait_state(c, job["id"], ("succeeded", "failed"))["state"] == "succeeded"
+        assert c.get(f"/api/v1/jobs/{job['id']}/logs").text == "ran\n"
+        body = {"code": "print('k')", "ranks": 1}
+        first = c.post("/api/v1/jobs", json=body, headers={"Idempotency-Key": "key-1"})
+        again = c.post("/api/v1/jobs", json=body, headers={"Idempotency-Key": "key-1"})
+        assert first.status_code == 201 and again.status_code == 200 and again.json()["id"] == first.json()["id"]
+        other = c.post("/api/v1/jobs", json=dict(body, ranks=2), headers={"Idempotency-Key": "key-1"})
+        assert other.status_code == 409 and "another request" in other.json()["detail"]
+        up = [c.post("/api/v1/jobs/upload", files={"script": ("u.py", b"print('u')")}, data={"ranks": "1"},
+                     headers={"Idempotency-Key": "key-2"}) for _ in range(2)]
+        assert [u.status_code for u in up] == [201, 200] and up[0].json()["id"] == up[1].json()["id"]
+    server.add_bob()
+    with server.client("bob-token-0123456789abcdefghijklmnop") as bob:   # keys are per user
+        r = bob.post("/api/v1/jobs", json=body, headers={"Idempotency-Key": "key-1"})
+        assert r.status_code == 201 and r.json()["id"] != first.json()["id"]

@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 from typing import List, Literal, Optional
 
-from fastapi import APIRouter, Depends, File, Form, HTTPException, Query, UploadFile
+from fastapi import APIRouter, Depends, File, Form, Header, HTTPException, Query, UploadFile
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from pydantic import ValidationError
@@ -54,15 +54,35 @@ def job_info(job: Job) -> JobInfo:
                    log_dir=_text(job.log_dir) or "", trace_available=bool(job.trace_path))
 
 
-_CONFLICT = {409: {"model": ErrorBody, "description": "The pool named is not running"}}
+_CONFLICT = {409: {"model": ErrorBody, "description": "The pool named is not running, or the Idempotency-Key "
+                                                     "was already used for another request"},
+             200: {"model": JobInfo, "description": "The job first submitted with this Idempotency-Key (nothing "
+                                                    "new was queued)"}}
+
+
+def idempotency_key(key: Optional[str] = Header(
+        None, alias="Idempotency-Key", min_length=1, max_length=255, pattern=r"^[!-~]+$",
+        description="Any unique string of printable ASCII (e.g. a UUID). A repeat of the request with the same "
+                    "key returns the job it created (200) instead of queueing another; the same key with a "
+                    "different request is answered 409. Keys are kept per user with the job.")) -> Optional[str]:
+    """The request's ``Idempotency-Key`` header (None without one)."""
+    return key
+
+
+def _submitted(response: Response, job_created) -> JobInfo:
+    job, created = job_created
+    if not created:
+        response.status_code = 200
+    return job_info(job)
 
 
 @router.post("", response_model=JobInfo, status_code=201, responses=_CONFLICT)
-def submit_job(req: JobCreate, user: str = Depends(current_user),
-               scheduler: Scheduler = Depends(get_scheduler)) -> JobInfo:
+def submit_job(req: JobCreate, response: Response, key: Optional[str] = Depends(idempotency_key),
+               user: str = Depends(current_user), scheduler: Scheduler = Depends(get_scheduler)) -> JobInfo:
     """Queue a job. Without ``pool`` it runs as its own traced MPI run of ``ranks`` ranks on the
-    service's backend; with ``pool`` on that pool's engines. Returns the queued record."""
-    return job_info(scheduler.submit(user, req))
+    service's backend; with ``pool`` on that pool's engines. Returns the queued record (201), or with
+    an ``Idempotency-Key`` used before for the same request, the job it created (200)."""
+    return _submitted(response, scheduler.submit_once(user, req, key))
 
 
 @router.post("/upload", response_model=JobInfo, status_code=201, responses=_CONFLICT)
@@ -78,9 +98,11 @@ async def submit_job_upload(script: UploadFile = File(description="The program (
                                                       "pattern": ENV_NAME.pattern[:-1] + "=[^\\x00]*$"}}),
                             name: str = Form(None, max_length=256, description="Free label",
                                              json_schema_extra={"pattern": NO_NUL}),
+                            response: Response = None, key: Optional[str] = Depends(idempotency_key),
                             user: str = Depends(current_user),
                             scheduler: Scheduler = Depends(get_scheduler)) -> JobInfo:
-    """Queue a job from an uploaded script file (multipart form); same semantics as ``POST /api/v1/jobs``.
+    """Queue a job from an uploaded script file (multipart form); same semantics as ``POST /api/v1/jobs``
+    (``Idempotency-Key`` included).
 
     The file is stored as it is and run as the program (Python reads it as it would any script:
     UTF-8 unless the file declares another encoding; an unreadable script makes the job fail
@@ -103,7 +125,7 @@ async def submit_job_upload(script: UploadFile = File(description="The program (
         req = JobCreate(**fields)
     except ValidationError as exc:
         raise RequestValidationError(exc.errors(include_url=False, include_context=False)) from None
-    return job_info(scheduler.submit(user, req, source=raw))
+    return _submitted(response, scheduler.submit_once(user, req, key, source=raw))
 
 
 @router.get("", response_model=JobList)
