@@ -21,7 +21,8 @@ import psutil
 import pytest
 
 from nbmpi.server.auth import hash_token, is_hashed
-from test_server import REPO, Server, job_processes, submit, wait_state
+from test_dashboard import needs_browser
+from test_server import Server, job_processes, submit, wait_state
 
 MiB = 1 << 20
 
@@ -423,3 +424,48 @@ def test_retried_submit_runs_the_job_once(server):
     with server.client("bob-token-0123456789abcdefghijklmnop") as bob:   # keys are per user
         r = bob.post("/api/v1/jobs", json=body, headers={"Idempotency-Key": "key-1"})
         assert r.status_code == 201 and r.json()["id"] != first.json()["id"]
+
+
+# -- pages and method errors --------------------------------------------------------------------------
+def test_security_headers_and_405_allow(server):
+    page = httpx.get(server.url + "/dashboard")
+    csp = page.headers["content-security-policy"]
+    for path in ("/dashboard/static/index.html", "/dashboard/static/dashboard.js", "/dashboard/jobs/1"):
+        r = httpx.get(server.url + path)
+        assert r.status_code == 200, path
+        assert r.headers["content-security-policy"] == csp, path
+        assert r.headers["x-content-type-options"] == "nosniff" and r.headers["referrer-policy"] == "no-referrer"
+    for path in ("/api/health", "/openapi.json", "/api/v1/jobs"):
+        r = httpx.get(server.url + path)
+        assert r.headers["content-security-policy"].startswith("default-src 'none'"), path
+        assert r.headers["x-content-type-options"] == "nosniff"
+    for method, path, allow in (("POST", "/api/health", "GET, HEAD"), ("DELETE", "/dashboard", "GET, HEAD"),
+                                ("PUT", "/docs/static/swagger-ui.css", "GET, HEAD")):
+        r = httpx.request(method, server.url + path)
+        assert r.status_code == 405 and r.headers["allow"] == allow, (path, r.headers)
+        assert r.json()["detail"] == f"method {method} is not allowed on {path}; use GET or HEAD"
+    with server.client() as c:
+        r = c.put("/api/v1/jobs")
+        assert r.status_code == 405 and r.headers["allow"] == "GET, HEAD, POST", r.headers
+        assert r.json()["detail"].endswith("use GET or HEAD or POST")
+    assert httpx.get(server.url + "/redoc").status_code == 404   # it would load from a CDN
+
+
+@needs_browser
+def test_docs_page_loads_nothing_from_outside(server, tmp_path):
+    from test_dashboard import Browser
+
+    page = httpx.get(server.url + "/docs")
+    assert page.status_code == 200 and "http" not in page.text   # only paths of this origin
+    assert "script-src 'self';" in page.headers["content-security-policy"]
+    browser = Browser(tmp_path / "downloads")
+    try:
+        browser.driver.get(server.url + "/docs")
+        n = browser.wait_for("return document.querySelectorAll('.opblock').length", what="Swagger UI's operations")
+        assert n >= 14
+        urls = browser.collect()
+        assert urls and all(u.startswith(server.url) or u.startswith(("data:", "blob:")) for u in urls), urls
+        refused = [e["message"] for e in browser.driver.get_log("browser") if "Content Security Policy" in e["message"]]
+        assert refused == []
+    finally:
+        browser.quit()
