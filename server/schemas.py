@@ -74,8 +74,8 @@ class JobCreate(_Strict):
     Give ``ranks``, ``pool``, or both (then they must agree)."""
     model_config = ConfigDict(extra="forbid", json_schema_extra={"anyOf": RANKS_OR_POOL})
     code: str = Field(min_length=1, max_length=MAX_CODE_BYTES,
-                      description="Python source of the program (what a script file would hold).",
-                      json_schema_extra={"pattern": NO_NUL})
+                      description="Python source of the program (what a script file would hold); UTF-8 text "
+                                  "without NUL characters (Python runs no source with one).")
     script_name: str = Field("job.py", description="File name the code is saved as (ends in .py).",
                              json_schema_extra={"pattern": SCRIPT_NAME.pattern})
     ranks: Optional[int] = Field(None, ge=1, le=MAX_RANKS, description="Number of ranks. Required without a "
