@@ -1,8 +1,9 @@
-"""The API documentation page (``GET /docs``): Swagger UI served from the installed ``swagger-ui-bundle``
-wheel, so the page loads nothing from outside this origin (no CDN).
+"""The API documentation page (``GET /docs``): Swagger UI 5 served from the files of the installed
+``fastapi-offline`` wheel, so the page loads nothing from outside this origin (no CDN).
 
 :func:`mount_docs` adds ``/docs`` (the page), ``/docs/static/`` (Swagger UI's
-files from the wheel) and ``/docs/swagger-init.js`` (this package's start
+files from the wheel: ``swagger-ui-bundle.js``, ``swagger-ui.css``, ``favicon.png``) and
+``/docs/swagger-init.js`` (this package's start
 script: a file, so the page's Content-Security-Policy, :data:`CSP`, needs no
 inline script). The schema itself stays at ``/openapi.json``.
 """
@@ -26,7 +27,7 @@ _PAGE = """<!DOCTYPE html>
 <meta charset="utf-8">
 <title>{title} - API</title>
 <link rel="stylesheet" href="/docs/static/swagger-ui.css">
-<link rel="icon" type="image/png" href="/docs/static/favicon-32x32.png">
+<link rel="icon" type="image/png" href="/docs/static/favicon.png">
 </head>
 <body>
 <div id="swagger-ui"></div>
@@ -39,9 +40,9 @@ _PAGE = """<!DOCTYPE html>
 
 def mount_docs(app: FastAPI) -> None:
     """Serve the docs page and Swagger UI's files on ``app`` (built with ``docs_url=None``)."""
-    from swagger_ui_bundle import swagger_ui_path
+    from importlib.resources import files
 
-    app.mount("/docs/static", StaticFiles(directory=str(swagger_ui_path)), name="swagger-ui")
+    app.mount("/docs/static", StaticFiles(directory=str(files("fastapi_offline") / "static")), name="swagger-ui")
 
     @app.get("/docs", include_in_schema=False)
     def docs() -> HTMLResponse:
