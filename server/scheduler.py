@@ -49,6 +49,7 @@ from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 from sqlalchemy.orm import sessionmaker
 
 from nbmpi.workers.launch.launcher import read_status
+from nbmpi.workers.launch.processes import noted_segments, remove_shm
 
 from .backends import Backend, BackendError, JobSpec, JobStatus
 from .errors import RequestError
@@ -80,6 +81,12 @@ def request_digest(req: JobCreate, source: Optional[bytes] = None) -> str:
     if source is not None:
         h.update(b"\0upload\0" + hashlib.sha256(source).digest())
     return h.hexdigest()
+
+
+def _status_dir(job: Job) -> str:
+    """Where the ranks of a batch job write their pids and exit codes."""
+    given = (job.backend_state or {}).get("status_dir") if isinstance(job.backend_state, dict) else None
+    return given if isinstance(given, str) and given else str(Path(job.job_dir) / "status")
 
 
 def job_spec(job: Job, log_limit: Optional[int] = None) -> JobSpec:
@@ -129,7 +136,10 @@ class Scheduler:
             if known:
                 self.ledger.hold(("job", job.id), job.ranks)
                 self._follow(job, message="re-attached after a restart of the service")
-            elif finished is not None and all(c is not None for c in finished):
+                continue
+            if finished is not None:   # MPI shared memory its ranks noted and no live process maps
+                remove_shm(noted_segments(_status_dir(job)))
+            if finished is not None and all(c is not None for c in finished):
                 self._record_finished_while_down(job, finished)
             else:
                 self._set_final(job.id, "lost", None, finished,
@@ -140,8 +150,8 @@ class Scheduler:
     def _exit_codes(self, job: Job) -> Optional[List[Optional[int]]]:
         """The exit code each rank of ``job`` wrote to its status directory (None for a rank that has
         not), or None when there is no status directory."""
-        status_dir = (job.backend_state or {}).get("status_dir") or str(Path(job.job_dir) / "status")
-        if not isinstance(status_dir, str) or not Path(status_dir).is_dir():
+        status_dir = _status_dir(job)
+        if not Path(status_dir).is_dir():
             return None
         codes = read_status(status_dir, job.ranks)
         return [codes.get(r) for r in range(job.ranks)]
