@@ -223,7 +223,8 @@ def test_odd_strings_are_refused_naming_the_field(server):
             r = c.post("/api/v1/jobs", content=body.encode(), headers={"Content-Type": "application/json"})
             assert r.status_code == 422, (body, r.status_code, r.text)
             err = r.json()
-            assert field in err["detail"] and any(field in [str(x) for x in e["loc"]] for e in err["errors"]), (body, err)
+            named = any(field in [str(x) for x in e["loc"]] for e in err["errors"])
+            assert field in err["detail"] and named, (body, err)
         r = c.post("/api/v1/pools", content=b'{"ranks": 1, "name": "\\udfff"}',
                    headers={"Content-Type": "application/json"})
         assert r.status_code == 422 and "name" in r.json()["detail"]
@@ -289,12 +290,13 @@ def test_stored_odd_strings_never_break_a_list(server):
 
 # -- records tell the truth after a crash; submits are idempotent --------------------------------------
 FINISHING_JOB = """
-import sys, time
+import os, sys, time
 from nbmpi.workers import world
 comm = world()
 r = comm.Get_rank()
 print(f"rank {{r}} started", flush=True)
-time.sleep({seconds})
+while not os.path.exists("go"):   # created in the job's directory by the test, after the kill -9
+    time.sleep(0.05)
 comm.Barrier()
 print(f"rank {{r}} done", flush=True)
 if r == 1:
@@ -315,8 +317,8 @@ def test_job_that_finished_while_the_controller_was_down_keeps_its_exit_codes(tm
     srv = Server(data, max_ranks=4).start()   # both jobs run at once
     try:
         with srv.client() as c:
-            ok = submit(c, FINISHING_JOB.format(seconds=4, code=0), ranks=2)
-            bad = submit(c, FINISHING_JOB.format(seconds=4, code=3), ranks=2)
+            ok = submit(c, FINISHING_JOB.format(code=0), ranks=2)
+            bad = submit(c, FINISHING_JOB.format(code=3), ranks=2)
             for job in (ok, bad):
                 deadline = time.monotonic() + 90
                 while "started" not in c.get(f"/api/v1/jobs/{job['id']}/logs", params={"rank": 1}).text:
@@ -325,6 +327,8 @@ def test_job_that_finished_while_the_controller_was_down_keeps_its_exit_codes(tm
         srv.proc.send_signal(signal.SIGKILL)   # kill -9 while both jobs run
         srv.proc.wait()
         assert job_processes(data), "the jobs must outlive the killed controller"
+        for job in (ok, bad):
+            (data / "jobs" / str(job["id"]) / "go").touch()
         _job_ranks_gone(data)                  # ... and finish on their own
         srv.stop()
         srv = Server(data, max_ranks=4).start()
