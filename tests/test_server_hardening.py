@@ -37,9 +37,20 @@ def server(tmp_path):
 
 
 # -- tokens --------------------------------------------------------------------------------------
+def _start_lines(srv: Server) -> str:
+    """What `nbmpi serve` printed after its "listening on" line, up to the dashboard line."""
+    lines = []
+    while not lines or "dashboard at" not in lines[-1]:
+        lines.append(srv.proc.stdout.readline())
+        assert lines[-1], "nbmpi serve ended"
+    return "".join(lines)
+
+
 def test_users_file_holds_only_hashes_and_the_token_is_shown_once(tmp_path):
     srv = Server(tmp_path / "data").start()
     try:
+        shown = _start_lines(srv)
+        assert f"generated token {srv.token}\n" in shown and "shown only now" in shown
         users = json.loads((srv.data_dir / "users.json").read_text())
         assert len(users) == 1 and all(is_hashed(k) for k in users)
         assert srv.token not in (srv.data_dir / "users.json").read_text()
@@ -64,8 +75,9 @@ def test_users_file_holds_only_hashes_and_the_token_is_shown_once(tmp_path):
             assert c.get("/api/v1/jobs").status_code == 401
     finally:
         srv.stop()
-    srv = Server(tmp_path / "data").start()   # restart: the configured token works on
+    srv = Server(tmp_path / "data").start()   # restart: the configured token works on, none is shown
     try:
+        assert srv.token not in _start_lines(srv)
         with srv.client() as c:
             assert c.get("/api/v1/jobs").status_code == 200
     finally:
