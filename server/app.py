@@ -14,6 +14,9 @@ is answered 401.
 A user only sees their own jobs and pools: another user's id is answered 404,
 exactly like an id that does not exist. Malformed requests are answered 4xx
 with the reason (422 for bad fields or JSON, 413 for oversized bodies).
+The token and the body's size are checked before the body is read
+(:mod:`nbmpi.server.middleware`); every answer carries the security headers.
+``/docs`` is Swagger UI served from this service itself (:mod:`nbmpi.server.docs_page`).
 """
 from __future__ import annotations
 
@@ -21,15 +24,16 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Optional
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI
 
-from . import errors
+from . import docs_page, errors
 from .accounts import Accounts
 from .auth import Authenticator
 from .backends import make_backend
 from .config import MAX_CODE_BYTES
 from .dependencies import Service
 from .ledger import RankLedger
+from .middleware import RequestGuard, SecurityHeaders
 from .pool_manager import PoolManager
 from .records import make_engine, session_factory
 from .routers import dashboard, jobs, pools, service
@@ -83,22 +87,14 @@ def create_app(data_dir: Path, max_ranks: Optional[int], users_path: Optional[Pa
             engine.dispose()
 
     app = FastAPI(title="nbmpi controller", version=service.package_version(), lifespan=lifespan,
+                  docs_url=None, redoc_url=None,
                   description="Pools and jobs on MPI ranks, per user. Authenticate with "
-                              "`Authorization: Bearer TOKEN` (see the users file in the data directory).")
+                              "`Authorization: Bearer TOKEN` (your token, shown once when it was made: "
+                              "`nbmpi serve` on first start or `nbmpi users add NAME`).")
     app.state.service = svc
-
-    @app.middleware("http")
-    async def limit_body(request: Request, call_next):
-        length = request.headers.get("content-length")
-        if length is not None:
-            try:
-                too_big = int(length) > MAX_BODY_BYTES
-            except ValueError:
-                return errors.error(400, f"invalid Content-Length {length!r}")
-            if too_big:
-                return errors.error(413, f"request body of {length} bytes exceeds the limit of "
-                                         f"{MAX_BODY_BYTES} bytes")
-        return await call_next(request)
+    # the last added is the outermost: headers on every answer, the guard before any body is read
+    app.add_middleware(RequestGuard, auth=svc.auth, max_body=MAX_BODY_BYTES)
+    app.add_middleware(SecurityHeaders, policies={"/dashboard": dashboard.CSP, "/docs": docs_page.CSP})
 
     errors.install(app, data_dir)
 
@@ -108,6 +104,7 @@ def create_app(data_dir: Path, max_ranks: Optional[int], users_path: Optional[Pa
     app.include_router(dashboard.router)
     app.include_router(dashboard.pages)
     dashboard.mount_assets(app)
+    docs_page.mount_docs(app)
     _document_limits(app, max_ranks)
     return app
 

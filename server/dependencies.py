@@ -18,7 +18,7 @@ from fastapi import Depends, HTTPException, Path as PathParam, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from .accounts import Accounts
-from .auth import Authenticator
+from .auth import UNAUTHORIZED, Authenticator
 from .pool_manager import PoolManager
 from .records import Job, PoolRow
 from .scheduler import Scheduler
@@ -49,8 +49,7 @@ def current_user(creds: Optional[HTTPAuthorizationCredentials] = Depends(bearer)
     """The user of the request's bearer token; 401 with ``WWW-Authenticate: Bearer`` otherwise."""
     user = svc.auth.user_for(creds.credentials if creds else None)
     if user is None:
-        raise HTTPException(401, "missing or unknown token: send 'Authorization: Bearer TOKEN' with a token "
-                                 "from the service's users file", headers={"WWW-Authenticate": "Bearer"})
+        raise HTTPException(401, UNAUTHORIZED, headers={"WWW-Authenticate": "Bearer"})
     return user
 
 

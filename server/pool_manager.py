@@ -44,8 +44,9 @@ from .accounts import AccountError, Accounts, open_in_job
 from .backends import Backend, PoolSpec
 from .errors import RequestError
 from .ledger import RankLedger
-from .records import PoolRow
+from .records import POOL_STATES, PoolRow
 from .schemas import PoolCreate, PoolInfo
+from .text import printable, printable_json
 
 RECONCILE_S = 2.0
 INTERRUPT_GRACE_S = 10.0
@@ -63,11 +64,23 @@ class PoolJobResult:
 
 
 def pool_info(row: PoolRow) -> PoolInfo:
-    """The API view of a pool record."""
-    return PoolInfo(id=row.id, owner=row.owner, name=row.name, ranks=row.ranks, target=row.target, state=row.state,
-                    idle_timeout=row.idle_timeout, created_at=row.created_at, started_at=row.started_at,
-                    stopped_at=row.stopped_at, last_used_at=row.last_used_at, message=row.message,
-                    connection=row.connection if row.state == "running" else None)
+    """The API view of a pool record; whatever a stored row holds can be answered (strings made
+    :func:`~nbmpi.server.text.printable`, an unknown state shown ``failed``, see ``job_info``)."""
+    def text(v):
+        return None if v is None else printable(str(v))
+
+    def num(v, kind=(int, float)):
+        return v if isinstance(v, kind) and not isinstance(v, bool) else None
+
+    state, message = row.state, text(row.message)
+    if state not in POOL_STATES:
+        state, message = "failed", f"the record holds an unknown state {text(state)!r}"
+    connection = printable_json(row.connection) if state == "running" and isinstance(row.connection, dict) else None
+    return PoolInfo(id=row.id, owner=text(row.owner) or "", name=text(row.name), ranks=num(row.ranks, int) or 0,
+                    target=row.target if row.target in ("running", "stopped") else "stopped", state=state,
+                    idle_timeout=num(row.idle_timeout), created_at=num(row.created_at) or 0.0,
+                    started_at=num(row.started_at), stopped_at=num(row.stopped_at),
+                    last_used_at=num(row.last_used_at), message=message, connection=connection)
 
 
 class PoolManager:

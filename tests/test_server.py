@@ -18,6 +18,7 @@ import psutil
 import pytest
 
 from liveness import running
+from nbmpi.server.auth import hash_token
 
 REPO = Path(__file__).resolve().parent.parent
 BOB_TOKEN = "bob-token-0123456789abcdefghijklmnop"
@@ -83,13 +84,13 @@ class Server:
                 pass
             assert time.monotonic() < deadline, "nbmpi serve did not answer /api/health"
             time.sleep(0.1)
-        users = json.loads((self.data_dir / "users.json").read_text())
-        self.token = next(t for t, u in users.items() if u != "bob")
+        # the users file keeps only hashes: the token is the one `nbmpi serve` wrote to the client config
+        self.token = json.loads((self.data_dir.parent / "client.json").read_text())["token"]
         return self
 
     def add_bob(self) -> None:
         users = json.loads((self.data_dir / "users.json").read_text())
-        users[BOB_TOKEN] = "bob"
+        users[hash_token(BOB_TOKEN)] = "bob"
         (self.data_dir / "users.json").write_text(json.dumps(users))
 
     def client(self, token=None) -> httpx.Client:

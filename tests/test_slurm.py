@@ -312,7 +312,7 @@ class Controller:
                 pass
             assert time.monotonic() < deadline, "nbmpi serve did not answer /api/health"
             time.sleep(0.1)
-        self.token = next(iter(json.loads((self.data_dir / "users.json").read_text())))
+        self.token = json.loads((self.data_dir.parent / "client.json").read_text())["token"]
         return self
 
     def client(self) -> httpx.Client:
