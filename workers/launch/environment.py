@@ -68,10 +68,12 @@ RUNTIME_VARIABLES = {
     "NBMPI_REBIND_GUARD": "nbmpi.workers.fused_reductions.rebinding_guard",
     "NBMPI_SHM_MIN_BYTES": "nbmpi.workers.channels.channel",
     "NBMPI_SHM_CHUNK": "nbmpi.workers.channels.channel",
-    "NBMPI_LATENCY_HIDING": "nbmpi.workers.distarray.engine",
-    "NBMPI_DISTARRAY_THRESHOLD": "nbmpi.workers.distarray.engine",
-    "NBMPI_DISTARRAY_CHUNK": "nbmpi.workers.distarray.engine",
+    "NBMPI_LATENCY_HIDING": "nbmpi.workers.distarray.context",
+    "NBMPI_DISTARRAY_THRESHOLD": "nbmpi.workers.distarray.context",
+    "NBMPI_DISTARRAY_CHUNK": "nbmpi.workers.distarray.context",
     "NBMPI_DISTARRAY_CACHE": "nbmpi.workers.distarray.fused_kernels",
+    "NBMPI_DISTARRAY_NUMPY_MATH": "nbmpi.workers.distarray.context (numpy_math)",
+    "NBMPI_REPORT_COVERAGE": "nbmpi.workers.distarray.fallback",
 }
 
 #: Variables only the launcher sets: removed from a job's own ``env`` by :func:`job_environment`.
