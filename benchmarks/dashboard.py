@@ -157,7 +157,7 @@ def main() -> int:
     shot = None if args.quick and not args.screenshot else Path(args.screenshot or (Path(args.out_dir or RESULTS) / "dashboard.png"))
     tmp = Path(tempfile.mkdtemp(prefix="nbmpi-bench-dash-"))
     proc, url = start_service(tmp / "data", 2, config=tmp / "client.json", echo=False)
-    token = next(iter(json.loads((tmp / "data" / "users.json").read_text())))
+    token = json.loads((tmp / "client.json").read_text())["token"]
     drv = None
     out: dict = dict(events=None, configs={}, server={})
     try:

@@ -167,7 +167,7 @@ def main() -> int:
     script.write_text(TRIVIAL)
     data_dir = tmp / "data"
     proc, url = start_service(data_dir, MAX_RANKS, config=tmp / "client.json", echo=False)
-    token = next(iter(json.loads((data_dir / "users.json").read_text())))
+    token = json.loads((tmp / "client.json").read_text())["token"]
     try:
         with Client(url, token, timeout=120) as c:
             print(f"latency: {samples} samples of each path", flush=True)

@@ -14,6 +14,9 @@ is answered 401.
 A user only sees their own jobs and pools: another user's id is answered 404,
 exactly like an id that does not exist. Malformed requests are answered 4xx
 with the reason (422 for bad fields or JSON, 413 for oversized bodies).
+The token and the body's size are checked before the body is read
+(:mod:`nbmpi.server.middleware`); every answer carries the security headers.
+``/docs`` is Swagger UI served from this service itself (:mod:`nbmpi.server.docs_page`).
 """
 from __future__ import annotations
 
@@ -21,14 +24,16 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Optional
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI
 
-from . import errors
+from . import docs_page, errors
+from .accounts import Accounts
 from .auth import Authenticator
 from .backends import make_backend
 from .config import MAX_CODE_BYTES
 from .dependencies import Service
 from .ledger import RankLedger
+from .middleware import RequestGuard, SecurityHeaders
 from .pool_manager import PoolManager
 from .records import make_engine, session_factory
 from .routers import dashboard, jobs, pools, service
@@ -41,25 +46,31 @@ MAX_BODY_BYTES = MAX_CODE_BYTES * 2 + 65536
 
 def create_app(data_dir: Path, max_ranks: Optional[int], users_path: Optional[Path] = None,
                db_path: Optional[Path] = None, enable_pools: bool = True, backend: str = "local",
-               backend_options: Optional[dict] = None, max_log_bytes: Optional[int] = None) -> FastAPI:
+               backend_options: Optional[dict] = None, max_log_bytes: Optional[int] = None,
+               accounts: Optional[Accounts] = None) -> FastAPI:
     """The application serving ``data_dir`` (already created) with at most ``max_ranks`` ranks in use.
 
     ``backend`` names where jobs and pools run (:mod:`nbmpi.server.backends`);
     ``max_ranks`` may be None when the backend queues work itself;
-    ``max_log_bytes`` caps the output kept per rank and stream of a job. The
+    ``max_log_bytes`` caps the output kept per rank and stream of a job;
+    ``accounts`` says which UNIX account runs each user's jobs and pools
+    (:meth:`nbmpi.server.accounts.Accounts.load`; default: loaded from the users
+    file, refusing several users in one account). The
     scheduler and the pool manager start with the application's lifespan and
     stop with it: jobs still followed are then ended and recorded ``lost``.
     """
     data_dir = Path(data_dir)
+    users_path = Path(users_path or data_dir / "users.json")
+    accounts = accounts or Accounts.load(users_path)
     engine = make_engine(db_path or data_dir / "nbmpi.db")
     sessions = session_factory(engine)
     runner = make_backend(backend, **(backend_options or {}))
     ledger = RankLedger(runner.capacity(max_ranks))
-    pool_manager = PoolManager(sessions, data_dir, runner, ledger, max_ranks) if enable_pools else None
+    pool_manager = PoolManager(sessions, data_dir, runner, ledger, max_ranks, accounts=accounts) \
+        if enable_pools else None
     scheduler = Scheduler(sessions, data_dir, runner, ledger, max_ranks, pools=pool_manager,
-                          max_log_bytes=max_log_bytes)
-    svc = Service(auth=Authenticator(users_path or data_dir / "users.json"), scheduler=scheduler,
-                  pools=pool_manager)
+                          max_log_bytes=max_log_bytes, accounts=accounts)
+    svc = Service(auth=Authenticator(users_path), scheduler=scheduler, pools=pool_manager, accounts=accounts)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -76,22 +87,14 @@ def create_app(data_dir: Path, max_ranks: Optional[int], users_path: Optional[Pa
             engine.dispose()
 
     app = FastAPI(title="nbmpi controller", version=service.package_version(), lifespan=lifespan,
+                  docs_url=None, redoc_url=None,
                   description="Pools and jobs on MPI ranks, per user. Authenticate with "
-                              "`Authorization: Bearer TOKEN` (see the users file in the data directory).")
+                              "`Authorization: Bearer TOKEN` (your token, shown once when it was made: "
+                              "`nbmpi serve` on first start or `nbmpi users add NAME`).")
     app.state.service = svc
-
-    @app.middleware("http")
-    async def limit_body(request: Request, call_next):
-        length = request.headers.get("content-length")
-        if length is not None:
-            try:
-                too_big = int(length) > MAX_BODY_BYTES
-            except ValueError:
-                return errors.error(400, f"invalid Content-Length {length!r}")
-            if too_big:
-                return errors.error(413, f"request body of {length} bytes exceeds the limit of "
-                                         f"{MAX_BODY_BYTES} bytes")
-        return await call_next(request)
+    # the last added is the outermost: headers on every answer, the guard before any body is read
+    app.add_middleware(RequestGuard, auth=svc.auth, max_body=MAX_BODY_BYTES)
+    app.add_middleware(SecurityHeaders, policies={"/dashboard": dashboard.CSP, "/docs": docs_page.CSP})
 
     errors.install(app, data_dir)
 
@@ -101,6 +104,7 @@ def create_app(data_dir: Path, max_ranks: Optional[int], users_path: Optional[Pa
     app.include_router(dashboard.router)
     app.include_router(dashboard.pages)
     dashboard.mount_assets(app)
+    docs_page.mount_docs(app)
     _document_limits(app, max_ranks)
     return app
 

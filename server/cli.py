@@ -6,11 +6,14 @@ imports the controller; ``python -m nbmpi.workers.launch.cli run`` works without
 * ``nbmpi serve [--host 127.0.0.1] [--port 8765] [--max-ranks N] [--db PATH] [--data-dir DIR]
   [--backend local|slurm] [--slurm-partition P] [--slurm-sbatch-arg ARG ...]``:
   run the service (uvicorn). Creates the data directory and, on first start,
-  a token (printed, stored mode 0600 in the users file, with a dashboard link
-  that logs a browser tab in); writes the client configuration file (URL +
-  token, mode 0600). The dashboard is at ``URL/dashboard``.
-* ``nbmpi submit script.py -n 4 [--wait] [--timeout S] [--pool ID] [--args 'A B']``: queue a
-  job and print its id; ``--wait`` follows it, prints every rank's output and
+  a token (printed once with a dashboard link that logs a browser tab in; the
+  users file, mode 0600, keeps only its hash); writes the client configuration
+  file (URL + token, mode 0600). The dashboard is at ``URL/dashboard``.
+* ``nbmpi users add NAME | list | remove NAME [--data-dir DIR] [--users FILE]``: ``add``
+  prints a new token of NAME once and stores its hash (see :mod:`nbmpi.server.auth`).
+* ``nbmpi submit script.py -n 4 [--wait] [--timeout S] [--pool ID] [--args 'A B'] [--idempotency-key K]``:
+  queue a job and print its id (the request carries an ``Idempotency-Key``, and is retried with it when
+  the connection breaks, so it runs once); ``--wait`` follows it, prints every rank's output and
   exits with the job's exit code.
 * ``nbmpi jobs [--state S]``, ``nbmpi logs ID [--rank R] [--stderr]``,
   ``nbmpi cancel ID``, ``nbmpi pools``.
@@ -92,6 +95,21 @@ def _backend_options(args: argparse.Namespace) -> dict:
     return given
 
 
+def _accounts(data_dir: Path, users_path: Path, db_path: Path, unsafe_shared: bool):
+    """The service's :class:`~nbmpi.server.accounts.Accounts`; with an account per user, the data
+    directory protected from them and files made from now on root's alone (umask 077).
+    ValueError (AccountError) saying what to change when the service must not start."""
+    from .accounts import Accounts, check_runnable, protect_data_dir
+
+    accounts = Accounts.load(users_path, unsafe_shared_account=unsafe_shared)
+    if accounts.mode == "accounts":
+        check_runnable()
+        os.umask(0o077)
+        (data_dir / "pools").mkdir(exist_ok=True)
+        protect_data_dir(data_dir, db_path, users_path)
+    return accounts
+
+
 def _cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -100,9 +118,15 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
     data_dir = config.ensure_data_dir(Path(args.data_dir) if args.data_dir else config.default_data_dir())
     users_path = Path(args.users) if args.users else data_dir / "users.json"
-    token, created = ensure_users_file(users_path)
+    try:
+        token, created = ensure_users_file(users_path)
+    except (ValueError, OSError) as exc:
+        print(f"nbmpi serve: {exc}", file=sys.stderr)
+        return 2
     try:
         backend_options = _backend_options(args)
+        accounts = _accounts(data_dir, users_path, Path(args.db) if args.db else data_dir / "nbmpi.db",
+                             args.unsafe_shared_account)
     except ValueError as exc:
         print(f"nbmpi serve: {exc}", file=sys.stderr)
         return 2
@@ -132,17 +156,17 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     url = f"http://{host}:{port}"
     cfg = config.read_client_config()
     client_token = token
-    from .auth import load_users
+    if not created and cfg.get("token"):   # keep the configured token while it is valid here
+        from .auth import Authenticator
 
-    if cfg.get("token") and cfg.get("token") in load_users(users_path):
-        client_token = cfg["token"]
+        client_token = cfg["token"] if Authenticator(users_path).user_for(cfg["token"]) else None
     cfg_path = config.write_client_config(url, client_token) if client_token else None
     from .backends import BackendError
 
     try:
         app = create_app(data_dir, max_ranks, users_path=users_path, db_path=Path(args.db) if args.db else None,
                          enable_pools=not args.no_pools, backend=args.backend, backend_options=backend_options,
-                         max_log_bytes=args.max_log_bytes or None)
+                         max_log_bytes=args.max_log_bytes or None, accounts=accounts)
     except BackendError as exc:
         print(f"nbmpi serve: {exc}", file=sys.stderr)
         return 2
@@ -151,19 +175,60 @@ def _cmd_serve(args: argparse.Namespace) -> int:
           flush=True)
     if created:
         print(f"nbmpi serve: first start: generated token {token}\n"
-              f"nbmpi serve: stored (owner-only) in {users_path}", flush=True)
+              f"nbmpi serve: shown only now: {users_path} keeps only its hash (owner-only); "
+              "`nbmpi users add NAME` makes more", flush=True)
         print(f"nbmpi serve: dashboard at {url}/dashboard; this link logs a browser tab in: "
               f"{url}/dashboard#token={token}", flush=True)
     else:
-        print(f"nbmpi serve: dashboard at {url}/dashboard (log in with your token from {users_path}"
-              + (f" or {config.client_config_path()}" if client_token else "") + ")", flush=True)
+        print(f"nbmpi serve: dashboard at {url}/dashboard (log in with your token"
+              + (f", kept in {config.client_config_path()}" if client_token else
+                 f"; {users_path} holds only hashes: make a new one with `nbmpi users add NAME`") + ")",
+              flush=True)
     if cfg_path:
         print(f"nbmpi serve: client configuration written to {cfg_path}", flush=True)
+    if accounts.mode == "accounts":
+        print("nbmpi serve: each user's jobs and pools run as their own UNIX account", flush=True)
+    elif accounts.warning():
+        print(f"nbmpi serve: WARNING: {accounts.warning()}", flush=True)
     if not loopback:
         print(f"nbmpi serve: WARNING: listening on {args.host}, not only on this machine; this service runs "
               "code: use TLS in front of it and keep tokens secret", flush=True)
     server = uvicorn.Server(uvicorn.Config(app, log_level=args.log_level, access_log=False))
     server.run(sockets=[sock])
+    return 0
+
+
+# -- users ----------------------------------------------------------------------------------------
+def _users_path(args: argparse.Namespace) -> Path:
+    if args.users:
+        return Path(args.users)
+    return config.ensure_data_dir(Path(args.data_dir) if args.data_dir else config.default_data_dir()) / "users.json"
+
+
+def _cmd_users(args: argparse.Namespace) -> int:
+    from .auth import add_token, load_users, remove_user
+
+    if args.action != "list" and not args.name:
+        print(f"nbmpi users {args.action}: name the user, e.g. nbmpi users {args.action} alice", file=sys.stderr)
+        return 2
+    path = _users_path(args)
+    try:
+        if args.action == "add":
+            token = add_token(path, args.name)
+            print(f"nbmpi users: new token of {args.name} (shown only now; {path} keeps only its hash):",
+                  file=sys.stderr)
+            print(token, flush=True)
+        elif args.action == "remove":
+            n = remove_user(path, args.name)
+            print(f"nbmpi users: removed {n} token(s) of {args.name} from {path}")
+            return 0 if n else 1
+        else:
+            users = load_users(path) if path.exists() else {}
+            for name in sorted(set(users.values())):
+                print(f"{name}\t{sum(1 for u in users.values() if u == name)} token(s)")
+    except (ValueError, OSError) as exc:
+        print(f"nbmpi users: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 
@@ -195,7 +260,8 @@ def _cmd_submit(args: argparse.Namespace) -> int:
     try:
         with _client(args) as c:
             job = c.submit(code, ranks=args.n, script_name=path.name if path.suffix == ".py" else "job.py",
-                           pool=args.pool, timeout=args.timeout, args=prog_args, env=env, name=args.name)
+                           pool=args.pool, timeout=args.timeout, args=prog_args, env=env, name=args.name,
+                           idempotency_key=args.idempotency_key)
             print(job["id"], flush=True)
             if not args.wait:
                 return 0
@@ -321,7 +387,9 @@ def _register_serve(sub) -> None:
                    help=f"state directory (default ${config.DATA_DIR_ENV} or ~/.local/share/nbmpi)")
     s.add_argument("--db", default=None, metavar="PATH", help="SQLite file (default DATA_DIR/nbmpi.db)")
     s.add_argument("--users", default=None, metavar="FILE",
-                   help="users file mapping tokens to user names (default DATA_DIR/users.json)")
+                   help="users file mapping token hashes to user names (default DATA_DIR/users.json)")
+    s.add_argument("--unsafe-shared-account", action="store_true", help="serve several users in this service's own "
+                   "account (their jobs can read each other's files); else each needs an account, the service root")
     s.add_argument("--no-pools", action="store_true", help="disable the pool endpoints")
     s.add_argument("--max-log-bytes", type=_size, default=_size(DEFAULT_MAX_LOG), metavar="SIZE",
                    help=f"output kept per rank and stream of a job (e.g. 512M, 2G; 0: no limit; default "
@@ -346,6 +414,16 @@ def _register_serve(sub) -> None:
     s.add_argument("--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"])
     s.set_defaults(func=_cmd_serve)
 
+    u = sub.add_parser("users", help="add, list or remove users of the controller (their token hashes)",
+                       description="Manage the users file: `add NAME` prints a new token once and stores only its "
+                                   "hash; a running service picks the change up without a restart.")
+    u.add_argument("action", choices=["add", "list", "remove"])
+    u.add_argument("name", nargs="?", default=None, help="user name (for add and remove)")
+    u.add_argument("--data-dir", default=None, metavar="DIR",
+                   help=f"state directory (default ${config.DATA_DIR_ENV} or ~/.local/share/nbmpi)")
+    u.add_argument("--users", default=None, metavar="FILE", help="users file (default DATA_DIR/users.json)")
+    u.set_defaults(func=_cmd_users)
+
 
 def _register_client_commands(sub) -> None:
     """Add the commands that talk to a running controller (``submit``, ``jobs``, ``logs``, ``cancel``,
@@ -360,6 +438,9 @@ def _register_client_commands(sub) -> None:
     p.add_argument("--name", default=None)
     p.add_argument("--args", default="", metavar="'A B ...'",
                    help="arguments of the program, one shell-quoted string (split like a shell would)")
+    p.add_argument("--idempotency-key", default=None, metavar="KEY",
+                   help="sent as Idempotency-Key (default: a fresh UUID; lost connections are retried with it): "
+                        "submitting again with the same KEY returns the first job instead of running another")
     _add_client_options(p)
     p.set_defaults(func=_cmd_submit)
 

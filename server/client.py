@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sys
 import time
+import uuid
 from typing import Any, Dict, List, Optional, TextIO
 
 import httpx
@@ -25,10 +26,13 @@ class ApiError(Exception):
 
 
 class Client:
-    """Talks to the controller at ``url`` with bearer ``token``."""
+    """Talks to the controller at ``url`` with bearer ``token``. :meth:`submit` retries for up to
+    ``retry_for`` seconds when the server cannot be reached or the connection breaks, with the same
+    ``Idempotency-Key``, so a retry never runs a job twice."""
 
-    def __init__(self, url: str, token: Optional[str], timeout: float = 60.0):
+    def __init__(self, url: str, token: Optional[str], timeout: float = 60.0, retry_for: float = 30.0):
         self.url = url.rstrip("/")
+        self.retry_for = retry_for
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout)
 
@@ -64,13 +68,29 @@ class Client:
     # -- jobs -------------------------------------------------------------------------------
     def submit(self, code: str, ranks: Optional[int] = None, script_name: str = "job.py",
                pool: Optional[int] = None, timeout: Optional[float] = None, args: Optional[List[str]] = None,
-               env: Optional[Dict[str, str]] = None, name: Optional[str] = None) -> Dict[str, Any]:
-        """Queue a job; returns its record (``id``, ``state`` ...)."""
+               env: Optional[Dict[str, str]] = None, name: Optional[str] = None,
+               idempotency_key: Optional[str] = None) -> Dict[str, Any]:
+        """Queue a job; returns its record (``id``, ``state`` ...). Blocking.
+
+        The request carries an ``Idempotency-Key`` (``idempotency_key``, else a fresh UUID); when the
+        server cannot be reached or the connection breaks before the answer, the same request is sent
+        again with the same key (pauses 0.25 s doubling to 4 s, for at most ``retry_for`` s), so the
+        job runs once even if the first attempt was recorded. Raises :class:`ApiError` (status 0 when
+        the server stayed unreachable)."""
         body: Dict[str, Any] = dict(code=code, script_name=script_name, args=list(args or []), env=dict(env or {}))
         for k, v in (("ranks", ranks), ("pool", pool), ("timeout", timeout), ("name", name)):
             if v is not None:
                 body[k] = v
-        return self._request("POST", "/api/v1/jobs", json=body).json()
+        headers = {"Idempotency-Key": idempotency_key or uuid.uuid4().hex}
+        deadline, pause = time.monotonic() + self.retry_for, 0.25
+        while True:
+            try:
+                return self._request("POST", "/api/v1/jobs", json=body, headers=headers).json()
+            except ApiError as exc:
+                if exc.status != 0 or time.monotonic() + pause > deadline:
+                    raise
+            time.sleep(pause)
+            pause = min(pause * 2, 4.0)
 
     def job(self, job_id: int) -> Dict[str, Any]:
         """One job record."""

@@ -18,10 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Optional
 
-DATA_DIR_ENV = "NBMPI_DATA_DIR"
-CONFIG_ENV = "NBMPI_CONFIG"
-SERVER_ENV = "NBMPI_SERVER"
-TOKEN_ENV = "NBMPI_TOKEN"
+from nbmpi.workers.launch.environment import CONFIG_ENV, DATA_DIR_ENV, SERVER_ENV, TOKEN_ENV  # noqa: F401
+
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8765
 #: Largest accepted job code (bytes of UTF-8).

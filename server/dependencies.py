@@ -17,7 +17,8 @@ from typing import Optional
 from fastapi import Depends, HTTPException, Path as PathParam, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from .auth import Authenticator
+from .accounts import Accounts
+from .auth import UNAUTHORIZED, Authenticator
 from .pool_manager import PoolManager
 from .records import Job, PoolRow
 from .scheduler import Scheduler
@@ -31,6 +32,8 @@ class Service:
     scheduler: Scheduler
     pools: Optional[PoolManager]
     pools_error: str = "pools are disabled on this service"
+    #: Which UNIX account runs each user's jobs (its mode shows on /api/health and the dashboard).
+    accounts: Optional[Accounts] = None
 
 
 bearer = HTTPBearer(auto_error=False, description="Token from the service's users file")
@@ -46,8 +49,7 @@ def current_user(creds: Optional[HTTPAuthorizationCredentials] = Depends(bearer)
     """The user of the request's bearer token; 401 with ``WWW-Authenticate: Bearer`` otherwise."""
     user = svc.auth.user_for(creds.credentials if creds else None)
     if user is None:
-        raise HTTPException(401, "missing or unknown token: send 'Authorization: Bearer TOKEN' with a token "
-                                 "from the service's users file", headers={"WWW-Authenticate": "Bearer"})
+        raise HTTPException(401, UNAUTHORIZED, headers={"WWW-Authenticate": "Bearer"})
     return user
 
 

@@ -19,6 +19,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
 from .schemas import ErrorBody
+from .text import printable
 
 #: Error answers every authenticated route may give (all with the ErrorBody shape).
 DOCUMENTED: Dict[int, Dict[str, Any]] = {
@@ -51,21 +52,37 @@ class RequestError(Exception):
 
 def error(status: int, detail: str, headers: Dict[str, str] = None, errors: List[dict] = None) -> JSONResponse:
     """An error answer of the one documented shape."""
-    body = ErrorBody(detail=detail, errors=errors).model_dump(exclude_none=True)
+    body = ErrorBody(detail=printable(detail), errors=errors).model_dump(exclude_none=True)
     return JSONResponse(body, status_code=status, headers=headers)
 
 
 def _field(err: dict) -> dict:
-    return {"loc": [x if isinstance(x, (str, int)) else str(x) for x in err.get("loc", ())],
-            "msg": str(err.get("msg", "")), "type": str(err.get("type", ""))}
+    return {"loc": [x if isinstance(x, int) else printable(str(x)) for x in err.get("loc", ())],
+            "msg": printable(str(err.get("msg", ""))), "type": str(err.get("type", ""))}
+
+
+#: Methods a 405 answer may name in ``Allow``.
+_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
 
 
 def _allowed(app: FastAPI, request: Request) -> Set[str]:
+    """The methods some route of ``app`` answers on the request's path (tried one by one, since routes
+    of included routers do not list their methods); static file mounts answer GET and HEAD."""
+    from starlette.routing import Mount
+    from starlette.staticfiles import StaticFiles
+
     methods: Set[str] = set()
+    # a fresh scope: the one of the request was rewritten by the routes it went through
+    scope = {"type": "http", "path": request.url.path, "root_path": "", "method": request.method,
+             "headers": [], "query_string": b""}
     for route in app.router.routes:
-        match, _ = route.matches(request.scope)
-        if match in (Match.FULL, Match.PARTIAL):
-            methods |= set(getattr(route, "methods", None) or ())
+        if isinstance(route, Mount) and isinstance(route.app, StaticFiles):
+            if route.matches(scope)[0] == Match.FULL:
+                methods |= {"GET", "HEAD"}
+            continue
+        for method in _METHODS:
+            if method not in methods and route.matches(dict(scope, method=method))[0] == Match.FULL:
+                methods.add(method)
     if "GET" in methods:
         methods.add("HEAD")
     return methods
@@ -99,5 +116,6 @@ def install(app: FastAPI, data_dir=None) -> None:
         if exc.status_code == 405:
             allow = sorted(_allowed(app, request))
             headers["Allow"] = ", ".join(allow)
-            detail = f"method {request.method} is not allowed on {request.url.path}; use {', '.join(allow)}"
+            detail = (f"method {request.method} is not allowed on {printable(request.url.path)}; use "
+                      f"{' or '.join(allow) if allow else 'another path'}")
         return error(exc.status_code, detail, headers=headers or None)

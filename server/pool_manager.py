@@ -26,6 +26,7 @@ is ended and recorded ``failed``.
 """
 from __future__ import annotations
 
+import os
 import signal
 import threading
 import time
@@ -39,11 +40,13 @@ from sqlalchemy.orm import sessionmaker
 from nbmpi.workers.launch.engine_pool import EnginePool, EnginePoolError
 from nbmpi.workers.launch.rank_guard import CappedLog
 
+from .accounts import AccountError, Accounts, open_in_job
 from .backends import Backend, PoolSpec
 from .errors import RequestError
 from .ledger import RankLedger
-from .records import PoolRow
+from .records import POOL_STATES, PoolRow
 from .schemas import PoolCreate, PoolInfo
+from .text import printable, printable_json
 
 RECONCILE_S = 2.0
 INTERRUPT_GRACE_S = 10.0
@@ -61,19 +64,33 @@ class PoolJobResult:
 
 
 def pool_info(row: PoolRow) -> PoolInfo:
-    """The API view of a pool record."""
-    return PoolInfo(id=row.id, owner=row.owner, name=row.name, ranks=row.ranks, target=row.target, state=row.state,
-                    idle_timeout=row.idle_timeout, created_at=row.created_at, started_at=row.started_at,
-                    stopped_at=row.stopped_at, last_used_at=row.last_used_at, message=row.message,
-                    connection=row.connection if row.state == "running" else None)
+    """The API view of a pool record; whatever a stored row holds can be answered (strings made
+    :func:`~nbmpi.server.text.printable`, an unknown state shown ``failed``, see ``job_info``)."""
+    def text(v):
+        return None if v is None else printable(str(v))
+
+    def num(v, kind=(int, float)):
+        return v if isinstance(v, kind) and not isinstance(v, bool) else None
+
+    state, message = row.state, text(row.message)
+    if state not in POOL_STATES:
+        state, message = "failed", f"the record holds an unknown state {text(state)!r}"
+    connection = printable_json(row.connection) if state == "running" and isinstance(row.connection, dict) else None
+    return PoolInfo(id=row.id, owner=text(row.owner) or "", name=text(row.name), ranks=num(row.ranks, int) or 0,
+                    target=row.target if row.target in ("running", "stopped") else "stopped", state=state,
+                    idle_timeout=num(row.idle_timeout), created_at=num(row.created_at) or 0.0,
+                    started_at=num(row.started_at), stopped_at=num(row.stopped_at),
+                    last_used_at=num(row.last_used_at), message=message, connection=connection)
 
 
 class PoolManager:
     """All pools of one service. Thread-safe; each pool is driven under its own lock."""
 
     def __init__(self, sessions: sessionmaker, data_dir: Path, backend: Backend, ledger: RankLedger,
-                 max_ranks: Optional[int]):
+                 max_ranks: Optional[int], accounts: Optional[Accounts] = None):
         self.sessions = sessions
+        #: Which UNIX account runs each user's pools (None: all as this service).
+        self.accounts = accounts
         self.data_dir = Path(data_dir)
         self.backend = backend
         self.ledger = ledger
@@ -146,6 +163,10 @@ class PoolManager:
         :class:`RequestError` (422 more ranks than the service has, 409 ranks not free)."""
         if self.max_ranks is not None and req.ranks > self.max_ranks:
             raise RequestError(422, f"ranks={req.ranks} exceeds this service's --max-ranks {self.max_ranks}")
+        try:
+            identity = self.accounts.identity(owner) if self.accounts is not None else None
+        except AccountError as exc:
+            raise RequestError(409, str(exc)) from None
         with self.sessions.begin() as s:
             row = PoolRow(owner=owner, name=req.name, ranks=req.ranks, target="running", state="starting",
                           idle_timeout=req.idle_timeout, created_at=time.time(), backend=self.backend.name)
@@ -162,7 +183,7 @@ class PoolManager:
         with self._lock:
             self._locks[pool_id] = threading.RLock()
         spec = PoolSpec(id=pool_id, owner=owner, ranks=req.ranks, name=req.name or f"pool-{pool_id}",
-                        work_dir=Path(work_dir), timeout=START_TIMEOUT_S)
+                        work_dir=Path(work_dir), timeout=START_TIMEOUT_S, identity=identity)
         try:
             pool, state = self.backend.start_pool(spec)
             conn = pool.connection_info()
@@ -209,7 +230,12 @@ class PoolManager:
             view = client[ranks]
             ar = view.apply_async(run_job, code, list(args), dict(env))
             written = {(r, s): 0 for r in range(len(ranks)) for s in ("stdout", "stderr")}
-            logs = {key: CappedLog(str(log_dir / f"rank-{key[0]}.{key[1]}"), log_limit) for key in written}
+            # the job's account owns log_dir: its folder is opened without following links
+            folder = open_in_job(log_dir.parent, log_dir.name)
+            try:
+                logs = {key: CappedLog(f"rank-{key[0]}.{key[1]}", log_limit, dir_fd=folder) for key in written}
+            finally:
+                os.close(folder)
             outcome = "completed"
             interrupted_at: Optional[float] = None
             last_check = time.monotonic()

@@ -5,15 +5,19 @@ the users file), its state, timestamps (Unix seconds), the paths of its files
 (job directory, logs, trace) and the backend that runs it with that
 backend's opaque state (``backend_state``: a JSON object only the backend
 reads, e.g. a process group for the local backend or a Slurm job id). Exit
-codes per rank are stored as a JSON list. Every state change is committed at
+codes per rank are stored as a JSON list. A job submitted with an
+``Idempotency-Key`` keeps it (unique per owner) with a digest of its request. Every state change is committed at
 once, so a restart of the service finds every record
 (:meth:`nbmpi.server.scheduler.Scheduler.recover` decides what happens to
 jobs that were running).
 
 Older databases are upgraded in place at open (missing columns are added).
+Rows are read whatever they hold: text that is not UTF-8 is decoded with U+FFFD
+and a JSON column that is not JSON reads as None.
 """
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any, List, Optional
@@ -61,6 +65,9 @@ class Job(Base):
     trace_path: Mapped[Optional[str]] = mapped_column(Text, nullable=True)
     summary_path: Mapped[Optional[str]] = mapped_column(Text, nullable=True)
     message: Mapped[Optional[str]] = mapped_column(Text, nullable=True)
+    #: The submitter's ``Idempotency-Key`` (unique per owner) and the digest of the request it came with.
+    idempotency_key: Mapped[Optional[str]] = mapped_column(String(255), nullable=True)
+    request_digest: Mapped[Optional[str]] = mapped_column(String(64), nullable=True)
 
 
 class PoolRow(Base):
@@ -85,13 +92,28 @@ class PoolRow(Base):
     backend_state: Mapped[Optional[dict]] = mapped_column(JSON, nullable=True)
 
 
+def _text(raw: bytes) -> str:
+    """SQLite text as str; bytes that are not UTF-8 (written by hand or another program) become U+FFFD."""
+    return raw.decode("utf-8", "replace")
+
+
+def _json_or_none(text: str) -> Any:
+    """A JSON column's value; None when the stored text is not JSON (the view shows it as missing)."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
+
+
 def make_engine(path: Path) -> Engine:
     """A SQLAlchemy engine on the SQLite file ``path`` with WAL, a busy timeout and
     foreign-thread use allowed (the service's request threads and its scheduler share it)."""
-    engine = create_engine(f"sqlite:///{Path(path)}", connect_args={"check_same_thread": False, "timeout": 30})
+    engine = create_engine(f"sqlite:///{Path(path)}", connect_args={"check_same_thread": False, "timeout": 30},
+                           json_deserializer=_json_or_none)
 
     @event.listens_for(engine, "connect")
     def _pragmas(dbapi_conn: Any, _record: Any) -> None:
+        dbapi_conn.text_factory = _text   # a row with bytes that are not UTF-8 must still load
         cur = dbapi_conn.cursor()
         cur.execute("PRAGMA journal_mode=WAL")
         cur.execute("PRAGMA synchronous=NORMAL")
@@ -100,6 +122,9 @@ def make_engine(path: Path) -> Engine:
 
     Base.metadata.create_all(engine)
     _add_missing_columns(engine)
+    with engine.begin() as conn:   # one job per owner and key (NULL keys are all distinct)
+        conn.exec_driver_sql("CREATE UNIQUE INDEX IF NOT EXISTS ix_jobs_owner_idempotency_key "
+                             "ON jobs (owner, idempotency_key)")
     return engine
 
 

@@ -22,7 +22,13 @@ Semantics (the same whichever backend runs the jobs):
   (:meth:`~nbmpi.server.pool_manager.PoolManager.run_job`).
 * Restart (:meth:`Scheduler.recover`): for each job a previous service left
   submitted, the backend says whether it still knows it; then it is followed
-  again, else recorded ``lost``. Queued jobs stay queued and are admitted again.
+  again. Else, if every rank had written its exit code to the job's status
+  directory before the restart, the job finished while no service watched it
+  and is recorded with those codes (succeeded or failed); otherwise it is
+  recorded ``lost``. Queued jobs stay queued and are admitted again.
+* Idempotent submits (:meth:`Scheduler.submit_once`): a job submitted with an
+  ``Idempotency-Key`` is stored with it (unique per owner); the same key again
+  returns that job and runs nothing, the same key with another request is 409.
 * Stop (:meth:`Scheduler.stop`): every followed job is ended and recorded
   ``lost`` (the service that watched it is going away), unless the backend's
   jobs outlive the service (``Backend.jobs_outlive_service``, a cluster
@@ -31,17 +37,24 @@ Semantics (the same whichever backend runs the jobs):
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import shutil
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 from sqlalchemy import select
-from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 from sqlalchemy.orm import sessionmaker
 
+from nbmpi.workers.launch.identity import Identity
+from nbmpi.workers.launch.launcher import read_status
+from nbmpi.workers.launch.processes import noted_segments, remove_shm
+
+from .accounts import AccountError, Accounts
 from .backends import Backend, BackendError, JobSpec, JobStatus
 from .errors import RequestError
 from .ledger import RankLedger
@@ -67,20 +80,38 @@ class _Followed:
     done: threading.Event = field(default_factory=threading.Event)
 
 
-def job_spec(job: Job, log_limit: Optional[int] = None) -> JobSpec:
-    """The backend's view of a job record."""
+def request_digest(req: JobCreate, source: Optional[bytes] = None) -> str:
+    """SHA-256 (hex) of a submit request: its fields and the uploaded script's bytes, if any."""
+    h = hashlib.sha256(json.dumps(req.model_dump(mode="json"), sort_keys=True).encode())
+    if source is not None:
+        h.update(b"\0upload\0" + hashlib.sha256(source).digest())
+    return h.hexdigest()
+
+
+def _status_dir(job: Job) -> str:
+    """Where the ranks of a batch job write their pids and exit codes."""
+    given = (job.backend_state or {}).get("status_dir") if isinstance(job.backend_state, dict) else None
+    return given if isinstance(given, str) and given else str(Path(job.job_dir) / "status")
+
+
+def job_spec(job: Job, log_limit: Optional[int] = None, identity: Optional[Identity] = None) -> JobSpec:
+    """The backend's view of a job record (``identity``: the account its ranks run as)."""
     job_dir = Path(job.job_dir)
     return JobSpec(id=job.id, owner=job.owner, ranks=job.ranks, job_dir=job_dir, script_path=Path(job.script_path),
                    log_dir=Path(job.log_dir), trace_dir=job_dir / "trace", args=list(job.args or []),
-                   env=dict(job.env or {}), timeout=job.timeout, name=job.name, log_limit=log_limit)
+                   env=dict(job.env or {}), timeout=job.timeout, name=job.name, log_limit=log_limit,
+                   identity=identity)
 
 
 class Scheduler:
     """Queue, admission and followers of all jobs of one service. Thread-safe."""
 
     def __init__(self, sessions: sessionmaker, data_dir: Path, backend: Backend, ledger: RankLedger,
-                 max_ranks: Optional[int], pools=None, max_log_bytes: Optional[int] = None):
+                 max_ranks: Optional[int], pools=None, max_log_bytes: Optional[int] = None,
+                 accounts: Optional[Accounts] = None):
         self.max_log_bytes = max_log_bytes
+        #: Which UNIX account runs each user's jobs (None: all as this service, as with one user).
+        self.accounts = accounts
         self.sessions = sessions
         self.data_dir = Path(data_dir)
         self.backend = backend
@@ -103,20 +134,49 @@ class Scheduler:
                 (Job.state == "queued") & Job.backend_state.is_not(None))).order_by(Job.id)))
         for job in left:
             known = False
-            if job.pool_id is None and job.backend_state is not None:   # jobs on a pool end with the service
+            finished = None
+            if job.pool_id is None and isinstance(job.backend_state, dict):   # jobs on a pool end with the service
+                finished = self._exit_codes(job)   # read before the backend ends what is left
                 try:
-                    known = job.backend == self.backend.name and self.backend.recover(job_spec(job, self.max_log_bytes),
+                    known = job.backend == self.backend.name and self.backend.recover(self._spec(job, strict=False),
                                                                                       job.backend_state)
                 except Exception:  # noqa: BLE001 - cannot tell: the job is lost
                     known = False
             if known:
                 self.ledger.hold(("job", job.id), job.ranks)
                 self._follow(job, message="re-attached after a restart of the service")
+                continue
+            if finished is not None:   # MPI shared memory its ranks noted and no live process maps
+                remove_shm(noted_segments(_status_dir(job)))
+            if finished is not None and all(c is not None for c in finished):
+                self._record_finished_while_down(job, finished)
             else:
-                self._set_final(job.id, "lost", None, None,
+                self._set_final(job.id, "lost", None, finished,
                                 "the service stopped while the job was running; its ranks were ended")
                 lost.append(job.id)
         return lost
+
+    def _exit_codes(self, job: Job) -> Optional[List[Optional[int]]]:
+        """The exit code each rank of ``job`` wrote to its status directory (None for a rank that has
+        not), or None when there is no status directory."""
+        status_dir = _status_dir(job)
+        if not Path(status_dir).is_dir():
+            return None
+        codes = read_status(status_dir, job.ranks)
+        return [codes.get(r) for r in range(job.ranks)]
+
+    def _record_finished_while_down(self, job: Job, codes: List[int]) -> None:
+        """Record a job every rank of which ended on its own while no service watched it, from the
+        exit codes the ranks wrote (instead of ``lost``)."""
+        note = "finished while the service was down; exit codes read from the ranks' status files"
+        if all(c == 0 for c in codes):
+            trace = Path(job.job_dir) / "trace" / "trace.json"
+            summary = Path(job.job_dir) / "trace" / "summary.json"
+            self._set_final(job.id, "succeeded", 0, codes, note, trace_path=str(trace) if trace.exists() else None,
+                            summary_path=str(summary) if summary.exists() else None)
+        else:
+            failed = ", ".join(f"rank {r} exited {c}" for r, c in enumerate(codes) if c != 0)
+            self._set_final(job.id, "failed", max(codes), codes, f"{failed}; {note}")
 
     def start(self) -> None:
         """Recover, then start admitting queued jobs in a background thread."""
@@ -138,10 +198,49 @@ class Scheduler:
         for f in followed:
             f.done.wait(timeout=15)
 
+    def _spec(self, job: Job, strict: bool = True) -> JobSpec:
+        """:func:`job_spec` with the account of the job's owner. When the owner cannot be run
+        isolated: BackendError (the job fails with why) if ``strict``, else no account."""
+        identity = None
+        if self.accounts is not None:
+            try:
+                identity = self.accounts.identity(job.owner)
+            except AccountError as exc:
+                if strict:
+                    raise BackendError(str(exc)) from None
+        return job_spec(job, self.max_log_bytes, identity)
+
     # -- requests ----------------------------------------------------------------------
-    def submit(self, owner: str, req: JobCreate, source: Optional[bytes] = None) -> Job:
+    def submit_once(self, owner: str, req: JobCreate, key: Optional[str],
+                    source: Optional[bytes] = None) -> Tuple[Job, bool]:
+        """:meth:`submit` unless ``owner`` already submitted with the ``Idempotency-Key`` ``key``:
+        then that job is returned and nothing runs again. Returns ``(job, created)``. The same key
+        with a different request raises :class:`RequestError` 409. Without a key: :meth:`submit`."""
+        if not key:
+            return self.submit(owner, req, source), True
+        digest = request_digest(req, source)
+        for _ in range(2):
+            first = self._keyed(owner, key)
+            if first is not None:
+                if first.request_digest != digest:
+                    raise RequestError(409, f"Idempotency-Key {key!r} was already used for another request "
+                                            f"(job {first.id}); use a new key for a new job")
+                return first, False
+            try:
+                return self.submit(owner, req, source, idempotency=(key, digest)), True
+            except IntegrityError:   # a concurrent request with the same key was recorded first
+                continue
+        raise RequestError(409, f"Idempotency-Key {key!r} is being used by a concurrent request; retry")
+
+    def _keyed(self, owner: str, key: str) -> Optional[Job]:
+        with self.sessions() as s:
+            return s.scalars(select(Job).where(Job.owner == owner, Job.idempotency_key == key)).first()
+
+    def submit(self, owner: str, req: JobCreate, source: Optional[bytes] = None,
+               idempotency: Optional[Tuple[str, str]] = None) -> Job:
         """Record a new queued job for ``owner`` and save its code (``source``, the bytes of an
-        uploaded file, instead of ``req.code`` when given). Raises :class:`RequestError`."""
+        uploaded file, instead of ``req.code`` when given); ``idempotency``: its ``(key, request
+        digest)``. Raises :class:`RequestError` (IntegrityError when the key is taken)."""
         ranks = req.ranks
         if req.pool is not None:
             if self.pools is None:
@@ -163,7 +262,9 @@ class Scheduler:
         with self.sessions.begin() as s:
             job = Job(owner=owner, name=req.name, state="queued", ranks=ranks, pool_id=req.pool,
                       script_name=req.script_name, args=list(req.args), env=dict(req.env),
-                      timeout=req.timeout, created_at=time.time())
+                      timeout=req.timeout, created_at=time.time(),
+                      idempotency_key=idempotency[0] if idempotency else None,
+                      request_digest=idempotency[1] if idempotency else None)
             s.add(job)
             s.flush()
             job_dir = self.data_dir / "jobs" / str(job.id)
@@ -176,6 +277,11 @@ class Scheduler:
                     Path(job.script_path).write_bytes(source)
                 else:
                     Path(job.script_path).write_text(req.code)
+                if self.accounts is not None:   # the owner's account alone may read it (0700)
+                    self.accounts.hand_over(job_dir, owner)
+            except AccountError as exc:
+                shutil.rmtree(job_dir, ignore_errors=True)
+                raise RequestError(409, str(exc)) from None
             except OSError:   # the record is rolled back with this transaction: leave no files either
                 shutil.rmtree(job_dir, ignore_errors=True)
                 raise
@@ -251,7 +357,7 @@ class Scheduler:
                     batch_blocked = True
                     continue
                 try:
-                    state = self.backend.submit(job_spec(job, self.max_log_bytes))
+                    state = self.backend.submit(self._spec(job))
                 except BackendError as exc:
                     self.ledger.release(("job", job.id))
                     self._set_final(job.id, "failed", 1, None, str(exc))
@@ -278,7 +384,7 @@ class Scheduler:
 
     # -- followers -------------------------------------------------------------------------
     def _follow_batch(self, f: _Followed, job: Job, message: Optional[str]) -> None:
-        spec, state = job_spec(job, self.max_log_bytes), dict(job.backend_state or {})
+        spec, state = self._spec(job, strict=False), dict(job.backend_state or {})
         status: Optional[JobStatus] = None
         shown: Optional[str] = None
         try:

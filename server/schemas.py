@@ -1,7 +1,9 @@
 """Request and response bodies of the controller's HTTP API (pydantic v2).
 
-Requests reject unknown fields (``extra="forbid"``) and bound every size, so a
-malformed request is answered 422 with the offending field named, never 500.
+Requests reject unknown fields (``extra="forbid"``), bound every size and refuse
+strings that cannot be stored or run (NUL, lone surrogates: :mod:`nbmpi.server.text`;
+environment names the OS cannot take), so a malformed request is answered 422
+with the offending field named, never 500.
 Limits that depend on the service's configuration (``--max-ranks``) are
 checked by the routes and also answered 422.
 """
@@ -10,16 +12,19 @@ from __future__ import annotations
 import re
 from typing import Any, Dict, List, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from .config import MAX_CODE_BYTES
+from .text import printable, problem
 
 JobState = Literal["queued", "running", "succeeded", "failed", "cancelled", "timed_out", "lost"]
 PoolState = Literal["starting", "running", "stopping", "stopped", "failed"]
 #: A valid environment variable name.
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+#: JSON schema pattern of a string without NUL (request strings also refuse lone surrogates).
+NO_NUL = "^[^\\x00]*$"
 #: The JSON schema of one program argument or environment value (what the validators enforce).
-ARG_SCHEMA = {"type": "string", "maxLength": 4096, "pattern": "^[^\\x00]*$"}
+ARG_SCHEMA = {"type": "string", "maxLength": 4096, "pattern": NO_NUL}
 #: A plain script file name (no directories).
 SCRIPT_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,128}\.py$")
 
@@ -32,8 +37,36 @@ MAX_ID = 2**53 - 1   # exact as a JSON number (a double) as well
 MAX_RANKS = 1 << 20
 
 
+def _where(field: str, key: Any) -> str:
+    return f"{field}[{key!r}]" if isinstance(key, str) else f"{field}[{key}]"
+
+
+def _check_strings(field: str, value: Any) -> None:
+    """Raise ValueError naming ``field`` (and the item) if a string in ``value`` cannot be stored or run."""
+    if isinstance(value, str):
+        why = problem(value)
+        if why:
+            raise ValueError(f"{field} {why}")
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            _check_strings(_where(field, i), item)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            why = problem(key) if isinstance(key, str) else None
+            if why:
+                raise ValueError(f"a name in {field} ({printable(key)!r}) {why}")
+            _check_strings(_where(field, printable(key)), item)
+
+
 class _Strict(BaseModel):
+    """A request body: unknown fields and strings that cannot be stored or run are refused (422)."""
     model_config = ConfigDict(extra="forbid")
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _storable(cls, v: Any, info: ValidationInfo) -> Any:
+        _check_strings(info.field_name, v)
+        return v
 
 
 class JobCreate(_Strict):
@@ -41,7 +74,8 @@ class JobCreate(_Strict):
     Give ``ranks``, ``pool``, or both (then they must agree)."""
     model_config = ConfigDict(extra="forbid", json_schema_extra={"anyOf": RANKS_OR_POOL})
     code: str = Field(min_length=1, max_length=MAX_CODE_BYTES,
-                      description="Python source of the program (what a script file would hold).")
+                      description="Python source of the program (what a script file would hold); UTF-8 text "
+                                  "without NUL characters (Python runs no source with one).")
     script_name: str = Field("job.py", description="File name the code is saved as (ends in .py).",
                              json_schema_extra={"pattern": SCRIPT_NAME.pattern})
     ranks: Optional[int] = Field(None, ge=1, le=MAX_RANKS, description="Number of ranks. Required without a "
@@ -54,7 +88,8 @@ class JobCreate(_Strict):
     env: Dict[str, str] = Field(default_factory=dict, description="Extra environment variables of every rank.",
                                 json_schema_extra={"maxProperties": 256, "additionalProperties": ARG_SCHEMA,
                                                    "propertyNames": {"pattern": ENV_NAME.pattern}})
-    name: Optional[str] = Field(None, max_length=256, description="Free label.")
+    name: Optional[str] = Field(None, max_length=256, description="Free label.",
+                                json_schema_extra={"pattern": NO_NUL})
 
     @field_validator("code")
     @classmethod
@@ -66,7 +101,7 @@ class JobCreate(_Strict):
     @field_validator("script_name")
     @classmethod
     def _script_name(cls, v: str) -> str:
-        if not SCRIPT_NAME.match(v):
+        if not SCRIPT_NAME.fullmatch(v):
             raise ValueError("script_name must be a plain file name ending in .py "
                              "(letters, digits, '_', '-', '.'), e.g. 'train.py'")
         return v
@@ -84,8 +119,9 @@ class JobCreate(_Strict):
         if len(v) > 256:
             raise ValueError("at most 256 environment variables")
         for k, val in v.items():
-            if not ENV_NAME.match(k):
-                raise ValueError(f"environment variable name {k!r} is invalid; use letters, digits and '_'")
+            if not ENV_NAME.fullmatch(k):
+                raise ValueError(f"environment variable name {printable(k)!r} is invalid (the OS takes no '=' or "
+                                 "NUL in a name); use letters, digits and '_', not starting with a digit")
             if len(val) > 4096 or "\x00" in val:
                 raise ValueError(f"value of {k} must be at most 4096 characters without NUL bytes")
         return v
@@ -149,6 +185,10 @@ class PoolList(BaseModel):
 
 class Health(BaseModel):
     status: Literal["ok"]
+    #: How users are kept apart: "single" (one user), "accounts" (each user's own UNIX account),
+    #: "shared-account" (several users in one account: unsafe, see ``warning``).
+    isolation: Literal["single", "accounts", "shared-account"] = "single"
+    warning: Optional[str] = None
 
 
 class Version(BaseModel):

@@ -65,7 +65,8 @@ else:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    srv = Server(tmp_path_factory.mktemp("dash") / "data", max_ranks=4).start()   # a pool and a job at once
+    srv = Server(tmp_path_factory.mktemp("dash") / "data", max_ranks=4,   # a pool and a job at once
+                 extra_args=["--unsafe-shared-account"]).start()   # alice and bob in one account
     srv.add_bob()
     yield srv
     srv.stop()
@@ -422,7 +423,7 @@ def test_demo_keep_leaves_the_controller_and_prints_the_dashboard(tmp_path):
     assert p.returncode == 0, p.stdout + p.stderr
     line = next(x for x in p.stdout.splitlines() if x.startswith("== dashboard: "))
     url = line.split("== dashboard: ")[1].split("/dashboard")[0]
-    token = json.loads((data / "users.json").read_text()).popitem()[0]
+    token = json.loads((data / "client.json").read_text())["token"]   # users.json keeps only its hash
     assert f"{url}/dashboard (log in with the token {token})" in line and f"{url}/dashboard#token={token}" in line
     keep = next(x for x in p.stdout.splitlines() if "keeps running" in x)
     pid = int(keep.split("(pid ")[1].split(",")[0])

@@ -18,6 +18,7 @@ import psutil
 import pytest
 
 from liveness import running
+from nbmpi.server.auth import hash_token
 
 REPO = Path(__file__).resolve().parent.parent
 BOB_TOKEN = "bob-token-0123456789abcdefghijklmnop"
@@ -50,7 +51,10 @@ print("slept", flush=True)
 class Server:
     """A real `nbmpi serve` subprocess on a free port with its own data directory."""
 
-    def __init__(self, data_dir: Path, max_ranks: int = 2, extra_args=()):
+    def __init__(self, data_dir: Path, max_ranks: int = 2, extra_args=(), python: str = sys.executable,
+                 env: Optional[dict] = None):
+        self.python = python
+        self.env = dict(env or {})
         self.data_dir = data_dir
         self.max_ranks = max_ranks
         self.extra_args = list(extra_args)
@@ -58,9 +62,10 @@ class Server:
         self.url = None
 
     def start(self) -> "Server":
-        env = dict(os.environ, NBMPI_CONFIG=str(self.data_dir.parent / "client.json"), NBMPI_TIMEOUT="60")
+        env = dict(os.environ, NBMPI_CONFIG=str(self.data_dir.parent / "client.json"), NBMPI_TIMEOUT="60",
+                   **self.env)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "nbmpi.server.cli", "serve", "--port", "0", "--data-dir", str(self.data_dir),
+            [self.python, "-m", "nbmpi.server.cli", "serve", "--port", "0", "--data-dir", str(self.data_dir),
              "--max-ranks", str(self.max_ranks), *self.extra_args],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
         deadline = time.monotonic() + 60
@@ -79,13 +84,14 @@ class Server:
                 pass
             assert time.monotonic() < deadline, "nbmpi serve did not answer /api/health"
             time.sleep(0.1)
-        users = json.loads((self.data_dir / "users.json").read_text())
-        self.token = next(t for t, u in users.items() if u != "bob")
+        # the users file keeps only hashes: the token is the one `nbmpi serve` wrote to the client config
+        config = self.data_dir.parent / "client.json"   # absent when the test wrote the users file itself
+        self.token = json.loads(config.read_text())["token"] if config.exists() else None
         return self
 
     def add_bob(self) -> None:
         users = json.loads((self.data_dir / "users.json").read_text())
-        users[BOB_TOKEN] = "bob"
+        users[hash_token(BOB_TOKEN)] = "bob"
         (self.data_dir / "users.json").write_text(json.dumps(users))
 
     def client(self, token=None) -> httpx.Client:
@@ -151,7 +157,8 @@ def pids_from_logs(c: httpx.Client, job_id: int, ranks: int, timeout: float = 60
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    srv = Server(tmp_path_factory.mktemp("srv") / "data").start()
+    # alice and bob in the service's own account: the unsafe mode (tests/test_isolation.py: one account each)
+    srv = Server(tmp_path_factory.mktemp("srv") / "data", extra_args=["--unsafe-shared-account"]).start()
     srv.add_bob()
     yield srv
     srv.stop()
@@ -160,7 +167,9 @@ def server(tmp_path_factory):
 
 
 def test_open_endpoints_and_tokens(server):
-    assert httpx.get(server.url + "/api/health").json() == {"status": "ok"}
+    health = httpx.get(server.url + "/api/health").json()
+    assert health["status"] == "ok" and health["isolation"] == "shared-account"
+    assert "UNSAFE" in health["warning"] and "UNSAFE" in httpx.get(server.url + "/dashboard").text
     assert httpx.get(server.url + "/api/version").json()["api"] == "v1"
     for path in ("/api/v1/jobs", "/api/v1/jobs/1", "/api/v1/pools"):
         r = httpx.get(server.url + path)
@@ -505,7 +514,7 @@ def wait_pool(c: httpx.Client, pool_id: int, states, timeout: float = 60) -> dic
 
 
 def test_pools(tmp_path):
-    srv = Server(tmp_path / "data").start()
+    srv = Server(tmp_path / "data", extra_args=["--unsafe-shared-account"]).start()
     srv.add_bob()
     try:
         with srv.client() as c:
@@ -570,7 +579,7 @@ def test_pools(tmp_path):
         srv.proc.send_signal(signal.SIGKILL)
         srv.proc.wait()
         srv.stop()
-        srv = Server(tmp_path / "data").start()
+        srv = Server(tmp_path / "data", extra_args=["--unsafe-shared-account"]).start()   # alice and bob
         with srv.client() as c:
             again = c.get(f"/api/v1/pools/{kept['id']}").json()
             assert again["state"] == "running" and "re-attached" in again["message"]

@@ -43,6 +43,7 @@ from nbmpi.workers.launch.engine_pool import EnginePool
 from nbmpi.workers.launch.processes import noted_segments
 
 from liveness import running
+from test_isolation import accounts, shared_python  # noqa: F401 - fixtures: real UNIX accounts, a Python they run
 from test_server import CHANNEL_JOB, SLEEP_JOB, submit
 
 REPO = Path(__file__).resolve().parent.parent
@@ -311,7 +312,7 @@ class Controller:
                 pass
             assert time.monotonic() < deadline, "nbmpi serve did not answer /api/health"
             time.sleep(0.1)
-        self.token = next(iter(json.loads((self.data_dir / "users.json").read_text())))
+        self.token = json.loads((self.data_dir.parent / "client.json").read_text())["token"]
         return self
 
     def client(self) -> httpx.Client:
@@ -695,3 +696,46 @@ def test_service_unit_and_config_example_start_a_controller(slurm, tmp_path):
         proc.wait(timeout=30)
         proc.stdout.close()
     assert proc.returncode in (0, -signal.SIGTERM)   # uvicorn re-raises the signal after its shutdown
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("useradd") is None,
+                    reason="submitting as other UNIX accounts needs root and useradd")
+def test_jobs_are_submitted_as_their_users_account(slurm, accounts, shared_python):  # noqa: F811
+    """As root with an account per user, the slurm backend submits as the user: Slurm lists the job
+    under bob's account, its ranks run as it and cannot read the users file."""
+    from test_isolation import ALICE, BOB, TOKENS
+
+    base = Path(tempfile.mkdtemp(prefix="ctl-accounts-", dir=slurm.root))
+    base.chmod(0o711)
+    data = base / "data"
+    data.mkdir(mode=0o700)
+    users = data / "users.json"
+    users.write_text(json.dumps({TOKENS[u]: {"user": u.split("-")[-1], "account": u} for u in (ALICE, BOB)}))
+    users.chmod(0o600)
+    ctl = Controller(slurm, data)
+    python, _ = shared_python
+    ctl.command = lambda: [python, "-m", "nbmpi.server.cli", "serve", "--backend", "slurm", "--port", "0",
+                           "--data-dir", str(data)]
+    ctl.start()
+    try:
+        assert httpx.get(ctl.url + "/api/health").json()["isolation"] == "accounts"
+        code = f"""
+            import subprocess
+            print(subprocess.run(["id", "-un"], capture_output=True, text=True).stdout.strip())
+            try:
+                open({str(users)!r}).read()
+                print("users file READ")
+            except PermissionError:
+                print("users file denied")
+            """
+        with httpx.Client(base_url=ctl.url, timeout=120, headers={"Authorization": f"Bearer {TOKENS[BOB]}"}) as c:
+            job = wait_job(c, submit(c, code, ranks=2)["id"], final, "final")
+            assert job["state"] == "succeeded", job
+            # (Slurm keeps ended jobs for MinJobAge s; other controllers of this file used the same name)
+            assert slurm.run(["squeue", "--noheader", "--states=all", f"--name=nbmpi-job-{job['id']}",
+                              f"--user={BOB}", "--format=%u"]).stdout.split() == [BOB]
+            for r in (0, 1):
+                assert c.get(f"/api/v1/jobs/{job['id']}/logs", params={"rank": r}).text == \
+                    f"{BOB}\nusers file denied\n"
+    finally:
+        ctl.stop()

@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Dict, List, Literal, Optional, Tuple
 
+from nbmpi.workers.launch.identity import Identity
+
 if TYPE_CHECKING:  # pragma: no cover
     from nbmpi.workers.launch.engine_pool import EnginePool
 
@@ -63,6 +65,8 @@ class JobSpec:
     name: Optional[str] = None
     #: Bytes kept per rank and stream of output (``nbmpi serve --max-log-bytes``); None: all.
     log_limit: Optional[int] = None
+    #: The UNIX account every process of the job runs as (None: the service's own account).
+    identity: Optional[Identity] = None
 
 
 @dataclass
@@ -92,6 +96,8 @@ class PoolSpec:
     name: str
     work_dir: Path
     timeout: float = 120.0
+    #: The UNIX account every process of the pool runs as (None: the service's own account).
+    identity: Optional[Identity] = None
 
 
 class Backend(abc.ABC):

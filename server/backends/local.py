@@ -1,5 +1,10 @@
 """The local backend: jobs and pools run as mpiexec process groups on the controller's own host.
 
+With a job's or pool's :class:`~nbmpi.workers.launch.identity.Identity` (a controller run by
+root serving several users) mpiexec, every rank and the pool's processes run as that
+account, in a directory given to it; the ranks' environment is
+:func:`~nbmpi.workers.launch.environment.job_environment` of the account's.
+
 A job is one :func:`nbmpi.workers.launch.launcher.start` (``mpiexec`` in a new
 session, every rank under :mod:`nbmpi.workers.launch.rank_entry`, output to
 ``log_dir``, exit codes to ``JOB_DIR/status``, trace to ``trace_dir``), watched
@@ -28,6 +33,8 @@ import psutil
 
 from nbmpi.workers.launch import launcher
 from nbmpi.workers.launch.engine_pool import EnginePool
+from nbmpi.workers.launch.environment import STATUS_DIR_ENV, job_environment
+from nbmpi.workers.launch.identity import base_environment, open_no_link
 from nbmpi.workers.launch.processes import end_group_of, end_processes, noted_segments, remove_shm
 
 from . import Backend, BackendError, JobSpec, JobStatus, PoolSpec
@@ -46,7 +53,7 @@ def _is_job_group(pgid: int, status_dir: str) -> bool:
         env = psutil.Process(pgid).environ()
     except (psutil.Error, OSError):
         return False
-    return env.get(launcher.STATUS_DIR_ENV, "") == status_dir
+    return env.get(STATUS_DIR_ENV, "") == status_dir
 
 
 def _is_pool_process(pid: int) -> bool:
@@ -78,14 +85,17 @@ class LocalBackend(Backend):
     # -- jobs ------------------------------------------------------------------------------
     def submit(self, spec: JobSpec) -> Dict[str, Any]:
         status_dir = str(spec.job_dir / "status")
-        env = dict(spec.env)
-        env.update({"NBMPI_LOG_DIR": str(spec.log_dir), "NBMPI_TRACE_OUT": str(spec.trace_dir)})
-        if spec.log_limit:
-            env["NBMPI_LOG_LIMIT"] = str(spec.log_limit)
+        env = job_environment(spec, status_dir, base_environment(spec.identity))
         try:
-            with open(spec.job_dir / "launcher.out", "wb") as out, open(spec.job_dir / "launcher.err", "wb") as err:
+            os.makedirs(status_dir, exist_ok=True)
+            if spec.identity is not None:   # its ranks write status, logs and trace there
+                spec.identity.own(spec.job_dir)
+            # in the job's own directory: never through a link another job of its account put there
+            with open_no_link(spec.job_dir / "launcher.out", "wb") as out, \
+                    open_no_link(spec.job_dir / "launcher.err", "wb") as err:
                 proc = launcher.start(spec.ranks, [str(spec.script_path), *spec.args], status_dir, env=env,
-                                      stdout=out, stderr=err, cwd=str(spec.job_dir))
+                                      stdout=out, stderr=err, cwd=str(spec.job_dir), full_env=True,
+                                      identity=spec.identity)
         except (OSError, ValueError) as exc:  # e.g. no mpiexec
             raise BackendError(f"could not start mpiexec: {exc}") from exc
         with self._lock:
@@ -134,7 +144,7 @@ class LocalBackend(Backend):
     def start_pool(self, spec: PoolSpec,
                    progress: Optional[Callable[[str], None]] = None) -> Tuple[EnginePool, Dict[str, Any]]:
         os.makedirs(spec.work_dir, exist_ok=True)
-        pool = EnginePool(spec.ranks, name=spec.name, work_dir=str(spec.work_dir),
+        pool = EnginePool(spec.ranks, name=spec.name, work_dir=str(spec.work_dir), identity=spec.identity,
                     bound_to_owner=False)  # pools outlive a service restart (re-attached)
         try:
             pool.start(progress=progress, timeout=spec.timeout)

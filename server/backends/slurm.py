@@ -12,8 +12,11 @@ nbmpi.workers.launch.rank_entry SCRIPT ARGS``; when it fails or Slurm ends the j
 MPI shared memory of the killed ranks is removed with
 :mod:`~nbmpi.server.backends.slurm_allocation` ``clean-shm``) and submits it with ``sbatch
 --ntasks=N [--time=M] [--partition=P] [extra sbatch args]`` and the job's
-environment (``--export=ALL`` of the ranks' environment,
-:func:`nbmpi.workers.launch.launcher.rank_environment`, plus the job's own). Every
+environment (``--export=ALL`` of :func:`nbmpi.workers.launch.environment.job_environment`:
+the ranks' environment, the job's own, the variables the launcher owns). With an
+account per user (:mod:`nbmpi.server.accounts`, the service run by root) ``sbatch``
+runs as the job's account, so Slurm runs the job as that user, and ``squeue`` lists
+every user's jobs. Every
 rank runs :mod:`nbmpi.workers.launch.rank_entry`, so, as with the local backend,
 rank R writes ``logs/rank-R.stdout``/``.stderr``, its exit code to
 ``JOB_DIR/status`` and, when every rank succeeded, the trace to
@@ -80,6 +83,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from nbmpi.workers.launch import launcher
 from nbmpi.workers.launch.engine_pool import EnginePool, EnginePoolError
+from nbmpi.workers.launch.environment import job_environment, rank_environment
+from nbmpi.workers.launch.identity import Identity, base_environment, open_beneath, open_no_link, popen_options
 
 from . import Backend, BackendError, JobSpec, JobStatus, PoolSpec
 
@@ -184,7 +189,9 @@ class SlurmQueue:
 
     def refresh(self) -> None:
         """Query ``squeue`` now. Raises :class:`BackendError` when Slurm does not answer."""
-        out = self._run(["squeue", "--me", "--noheader", "--states=all", "--format=%i|%T|%r|%P"])
+        # root submits as each user's account (nbmpi.server.accounts): then every user's jobs are ours
+        mine = [] if os.geteuid() == 0 else ["--me"]
+        out = self._run(["squeue", *mine, "--noheader", "--states=all", "--format=%i|%T|%r|%P"])
         if out.returncode != 0:
             raise BackendError(f"squeue failed: {(out.stderr or out.stdout).strip()}")
         jobs: Dict[str, SlurmJob] = {}
@@ -298,10 +305,11 @@ class SlurmBackend(Backend):
     # -- Slurm commands ----------------------------------------------------------------------
     @staticmethod
     def _run(cmd: Sequence[str], env: Optional[Dict[str, str]] = None, cwd: Optional[str] = None,
-             timeout: float = COMMAND_TIMEOUT_S) -> subprocess.CompletedProcess:
+             timeout: float = COMMAND_TIMEOUT_S, identity: Optional[Identity] = None) -> subprocess.CompletedProcess:
+        """Run a Slurm command (as ``identity``'s account when given: ``sbatch`` then submits as the user)."""
         try:
             return subprocess.run(list(cmd), capture_output=True, text=True, env=env, cwd=cwd, timeout=timeout,
-                                  stdin=subprocess.DEVNULL)
+                                  stdin=subprocess.DEVNULL, **popen_options(identity))
         except FileNotFoundError:
             raise BackendError(f"{cmd[0]} not found on PATH; load Slurm's client commands") from None
         except subprocess.TimeoutExpired:
@@ -339,15 +347,18 @@ class SlurmBackend(Backend):
                                    f"of scancel; it is {job.state}")
             time.sleep(0.2)
 
-    def _sbatch(self, script: Path, options: List[str], env: Dict[str, str], cwd: Path, tasks: int) -> str:
-        """Submit ``script``; its job id. Raises :class:`BackendError` with sbatch's own error,
-        saying how many tasks the job asked for and, when that is the trouble, how many CPUs
-        the partition has."""
+    def _sbatch(self, script: Path, options: List[str], env: Dict[str, str], cwd: Path, tasks: int,
+                identity: Optional[Identity] = None) -> str:
+        """Submit ``script`` (as ``identity``'s account, which then owns ``cwd``); its job id. Raises
+        :class:`BackendError` with sbatch's own error, saying how many tasks the job asked for and,
+        when that is the trouble, how many CPUs the partition has."""
+        if identity is not None:
+            identity.own(cwd)
         cmd = ["sbatch", "--parsable", *options]
         if self.partition:
             cmd.append(f"--partition={self.partition}")
         cmd += [*self.sbatch_args, str(script)]
-        res = self._run(cmd, env=env, cwd=str(cwd))
+        res = self._run(cmd, env=env, cwd=str(cwd), identity=identity)
         if res.returncode != 0:
             msg = f"sbatch refused the job ({tasks} tasks): {(res.stderr or res.stdout).strip()}"
             try:
@@ -387,11 +398,8 @@ class SlurmBackend(Backend):
         status_dir = spec.job_dir / "status"
         status_dir.mkdir(parents=True, exist_ok=True)
         spec.log_dir.mkdir(parents=True, exist_ok=True)
-        env = launcher.rank_environment(spec.env)
-        env.update({launcher.STATUS_DIR_ENV: str(status_dir), "NBMPI_LOG_DIR": str(spec.log_dir),
-                    "NBMPI_TRACE_OUT": str(spec.trace_dir)})
-        if spec.log_limit:   # each rank's guard keeps at most this much output per stream
-            env["NBMPI_LOG_LIMIT"] = str(spec.log_limit)
+        # each rank's guard keeps at most spec.log_limit bytes of output per stream
+        env = job_environment(spec, str(status_dir), base_environment(spec.identity))
         step = ["srun", f"--ntasks={spec.ranks}", f"--mpi={self.mpi}", "--kill-on-bad-exit=1",
                 self.python, "-m", launcher.RANK_ENTRY, str(spec.script_path), *spec.args]
         options = [f"--job-name=nbmpi-job-{spec.id}", f"--ntasks={spec.ranks}", f"--chdir={spec.job_dir}",
@@ -401,8 +409,9 @@ class SlurmBackend(Backend):
         if time_min is not None:
             options.append(f"--time={time_min}")
         script = spec.job_dir / "job.sbatch"
-        script.write_text(job_script(spec, step, options, self.partition, self.sbatch_args, self.python))
-        job_id = self._sbatch(script, options, env, spec.job_dir, spec.ranks)
+        with open_no_link(script, "w") as f:   # the job's account owns the folder: never through a link
+            f.write(job_script(spec, step, options, self.partition, self.sbatch_args, self.python))
+        job_id = self._sbatch(script, options, env, spec.job_dir, spec.ranks, identity=spec.identity)
         return {"job_id": job_id, "status_dir": str(status_dir), "time_min": time_min}
 
     def poll(self, spec: JobSpec, state: Dict[str, Any]) -> JobStatus:
@@ -532,14 +541,15 @@ class SlurmBackend(Backend):
         run = [self.python, "-m", SLURM_ALLOCATION, "pool", "--work-dir", str(work),
                "--ranks", str(spec.ranks), "--name", spec.name, "--ip", self.pool_ip, "--mpi", self.mpi,
                "--start-timeout", str(int(spec.timeout))]
-        script.write_text("#!/bin/bash\n"
-                          f"# nbmpi pool {spec.id} ({spec.owner}): the ipyparallel controller on this node and\n"
-                          f"# {spec.ranks} engines as an srun step; connection info in {POOL_CONNECTION_FILE}.\n"
-                          f"exec {shlex.join(run)}\n")
+        with open_no_link(script, "w") as f:   # the pool's account owns the folder: never through a link
+            f.write("#!/bin/bash\n"
+                    f"# nbmpi pool {spec.id} ({spec.owner}): the ipyparallel controller on this node and\n"
+                    f"# {spec.ranks} engines as an srun step; connection info in {POOL_CONNECTION_FILE}.\n"
+                    f"exec {shlex.join(run)}\n")
         options = [f"--job-name=nbmpi-pool-{spec.id}", f"--ntasks={spec.ranks}", f"--chdir={work}",
                    f"--output={work / 'slurm-%j.out'}", "--export=ALL"]
-        env = launcher.rank_environment()
-        job_id = self._sbatch(script, options, env, work, spec.ranks)
+        env = rank_environment(base_environment(spec.identity))
+        job_id = self._sbatch(script, options, env, work, spec.ranks, identity=spec.identity)
         state = {"job_id": job_id, "work_dir": str(work)}
         say(f"pool {spec.name!r}: Slurm job {job_id} submitted")
         deadline = time.monotonic() + spec.timeout
@@ -576,9 +586,12 @@ class SlurmBackend(Backend):
 
     @staticmethod
     def _read_connection(path: Path, job_id: str) -> Optional[Dict[str, Any]]:
-        try:
-            info = json.loads(path.read_text())
+        try:   # written by the pool's job (its user's account): never through a link it put there
+            with open(open_beneath(path.parent, path.name)) as f:
+                info = json.load(f)
         except (OSError, ValueError):
+            return None
+        if not isinstance(info, dict):
             return None
         return info if str(info.get("slurm_job_id")) == str(job_id) else None
 

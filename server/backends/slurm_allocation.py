@@ -42,7 +42,7 @@ from typing import List, Optional
 import psutil
 
 from nbmpi.workers.launch.engine_pool import EnginePool, EnginePoolError
-from nbmpi.workers.launch.launcher import MPIEXEC_ENV
+from nbmpi.workers.launch.environment import MPIEXEC_ENV
 from nbmpi.workers.launch.processes import noted_segments, remove_shm, shm_segments_of
 
 from ..config import write_private

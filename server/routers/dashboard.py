@@ -27,6 +27,7 @@ token; another user's job is 404.
 """
 from __future__ import annotations
 
+import html
 import io
 import threading
 from collections import OrderedDict
@@ -34,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Literal, Optional, Tuple
 
-from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query
+from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query, Request
 from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 
@@ -77,12 +78,17 @@ def mount_assets(app: FastAPI) -> None:
 _PAGE: Optional[str] = None
 
 
-def _page() -> HTMLResponse:
+def _page(request: Request) -> HTMLResponse:
+    """The page shell, with the service's isolation warning (an unsafe shared account) on top."""
     global _PAGE
     if _PAGE is None:
         tags = "\n".join(f'<script src="{u}"></script>' for u in bokeh_scripts())
         _PAGE = (ASSETS / "index.html").read_text().replace("<!-- BOKEH -->", tags)
-    return HTMLResponse(_PAGE, headers={"Content-Security-Policy": CSP, "Cache-Control": "no-store",
+    accounts = getattr(request.app.state.service, "accounts", None)
+    warning = accounts.warning() if accounts is not None else None
+    page = _PAGE if not warning else _PAGE.replace(
+        "<main>", f'<main>\n  <p id="isolation-warning" class="error" role="alert">{html.escape(warning)}</p>', 1)
+    return HTMLResponse(page, headers={"Content-Security-Policy": CSP, "Cache-Control": "no-store",
                                         "Referrer-Policy": "no-referrer", "X-Content-Type-Options": "nosniff"})
 
 
@@ -93,15 +99,15 @@ def root() -> RedirectResponse:
 
 
 @pages.get("/dashboard")
-def dashboard() -> HTMLResponse:
+def dashboard(request: Request) -> HTMLResponse:
     """The page shell (pools and jobs); data need the token."""
-    return _page()
+    return _page(request)
 
 
 @pages.get("/dashboard/jobs/{job_id}")
-def dashboard_job(job_id: int) -> HTMLResponse:  # noqa: ARG001 - the page reads the id from its URL
+def dashboard_job(job_id: int, request: Request) -> HTMLResponse:  # noqa: ARG001 - the page reads the id
     """The page shell of one job; data need the token."""
-    return _page()
+    return _page(request)
 
 
 @router.get("/me", response_model=Me)

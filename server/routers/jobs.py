@@ -10,43 +10,84 @@ import os
 from pathlib import Path
 from typing import List, Literal, Optional
 
-from fastapi import APIRouter, Depends, File, Form, HTTPException, Query, UploadFile
+from fastapi import APIRouter, Depends, File, Form, Header, HTTPException, Query, UploadFile
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, Response
 from pydantic import ValidationError
 
+from ..accounts import open_in_job
 from ..config import MAX_CODE_BYTES
 from ..dependencies import current_user, get_scheduler, user_job
 from ..errors import DOCUMENTED
-from ..records import FINAL_JOB_STATES, Job
-from ..scheduler import Scheduler
 from nbmpi.workers.tracing.index import CHROME_EVENTS_LIMIT
 
+from ..records import FINAL_JOB_STATES, JOB_STATES, Job
+from ..scheduler import Scheduler
+from ..schemas import (ARG_SCHEMA, ENV_NAME, MAX_ID, MAX_RANKS, NO_NUL, SCRIPT_NAME, Cancelled, ErrorBody, JobCreate,
+                       JobInfo, JobList, JobState)
+from ..text import printable
 from ..trace_index import INDEXER
-from ..schemas import (ARG_SCHEMA, ENV_NAME, MAX_ID, MAX_RANKS, SCRIPT_NAME, Cancelled, ErrorBody, JobCreate, JobInfo, JobList,
-                       JobState)
 
 router = APIRouter(prefix="/api/v1/jobs", tags=["jobs"], responses=DOCUMENTED)
 
 
+def _text(value) -> Optional[str]:
+    return None if value is None else printable(str(value))
+
+
+def _number(value, kind=int):
+    return value if isinstance(value, kind) and not isinstance(value, bool) else None
+
+
 def job_info(job: Job) -> JobInfo:
-    """The API view of a job record."""
-    return JobInfo(id=job.id, owner=job.owner, name=job.name, state=job.state, ranks=job.ranks, pool=job.pool_id,
-                   script_name=job.script_name, args=list(job.args or []), timeout=job.timeout,
-                   created_at=job.created_at, started_at=job.started_at, finished_at=job.finished_at,
-                   exit_code=job.exit_code, rank_exit_codes=job.rank_exit_codes, message=job.message,
-                   log_dir=job.log_dir, trace_available=bool(job.trace_path))
+    """The API view of a job record. Whatever a stored row holds (a string that is not valid Unicode,
+    JSON of the wrong shape, an unknown state, as an old database may), the view can be answered:
+    strings are :func:`~nbmpi.server.text.printable` and an unknown state is shown ``lost``."""
+    state, message = job.state, _text(job.message)
+    if state not in JOB_STATES:
+        state, message = "lost", (f"the record holds an unknown state {_text(state)!r}"
+                                  + (f": {message}" if message else ""))
+    args = [_text(a) for a in job.args] if isinstance(job.args, list) else []
+    codes = job.rank_exit_codes
+    codes = [_number(c) for c in codes] if isinstance(codes, list) else None
+    real = (int, float)
+    return JobInfo(id=job.id, owner=_text(job.owner) or "", name=_text(job.name), state=state,
+                   ranks=_number(job.ranks) or 0, pool=_number(job.pool_id), script_name=_text(job.script_name) or "",
+                   args=args, timeout=_number(job.timeout, real), created_at=_number(job.created_at, real) or 0.0,
+                   started_at=_number(job.started_at, real), finished_at=_number(job.finished_at, real),
+                   exit_code=_number(job.exit_code), rank_exit_codes=codes, message=message,
+                   log_dir=_text(job.log_dir) or "", trace_available=bool(job.trace_path))
 
 
-_CONFLICT = {409: {"model": ErrorBody, "description": "The pool named is not running"}}
+_CONFLICT = {409: {"model": ErrorBody, "description": "The pool named is not running, or the Idempotency-Key "
+                                                     "was already used for another request"},
+             200: {"model": JobInfo, "description": "The job first submitted with this Idempotency-Key (nothing "
+                                                    "new was queued)"}}
+
+
+def idempotency_key(key: Optional[str] = Header(
+        None, alias="Idempotency-Key", min_length=1, max_length=255, pattern=r"^[!-~]+$",
+        description="Any unique string of printable ASCII (e.g. a UUID). A repeat of the request with the same "
+                    "key returns the job it created (200) instead of queueing another; the same key with a "
+                    "different request is answered 409. Keys are kept per user with the job.")) -> Optional[str]:
+    """The request's ``Idempotency-Key`` header (None without one)."""
+    return key
+
+
+def _submitted(response: Response, job_created) -> JobInfo:
+    job, created = job_created
+    if not created:
+        response.status_code = 200
+    return job_info(job)
 
 
 @router.post("", response_model=JobInfo, status_code=201, responses=_CONFLICT)
-def submit_job(req: JobCreate, user: str = Depends(current_user),
-               scheduler: Scheduler = Depends(get_scheduler)) -> JobInfo:
+def submit_job(req: JobCreate, response: Response, key: Optional[str] = Depends(idempotency_key),
+               user: str = Depends(current_user), scheduler: Scheduler = Depends(get_scheduler)) -> JobInfo:
     """Queue a job. Without ``pool`` it runs as its own traced MPI run of ``ranks`` ranks on the
-    service's backend; with ``pool`` on that pool's engines. Returns the queued record."""
-    return job_info(scheduler.submit(user, req))
+    service's backend; with ``pool`` on that pool's engines. Returns the queued record (201), or with
+    an ``Idempotency-Key`` used before for the same request, the job it created (200)."""
+    return _submitted(response, scheduler.submit_once(user, req, key))
 
 
 @router.post("/upload", response_model=JobInfo, status_code=201, responses=_CONFLICT)
@@ -60,10 +101,13 @@ async def submit_job_upload(script: UploadFile = File(description="The program (
                                                   json_schema_extra={"items": {
                                                       "type": "string", "maxLength": 4096,
                                                       "pattern": ENV_NAME.pattern[:-1] + "=[^\\x00]*$"}}),
-                            name: str = Form(None, max_length=256, description="Free label"),
+                            name: str = Form(None, max_length=256, description="Free label",
+                                             json_schema_extra={"pattern": NO_NUL}),
+                            response: Response = None, key: Optional[str] = Depends(idempotency_key),
                             user: str = Depends(current_user),
                             scheduler: Scheduler = Depends(get_scheduler)) -> JobInfo:
-    """Queue a job from an uploaded script file (multipart form); same semantics as ``POST /api/v1/jobs``.
+    """Queue a job from an uploaded script file (multipart form); same semantics as ``POST /api/v1/jobs``
+    (``Idempotency-Key`` included).
 
     The file is stored as it is and run as the program (Python reads it as it would any script:
     UTF-8 unless the file declares another encoding; an unreadable script makes the job fail
@@ -80,13 +124,13 @@ async def submit_job_upload(script: UploadFile = File(description="The program (
     # the model checks every other field; the script itself is stored as the bytes uploaded
     fields = dict(code="-", ranks=ranks, pool=pool, timeout=timeout, args=args, env=env_obj, name=name)
     base = os.path.basename(script.filename or "")
-    if SCRIPT_NAME.match(base):
+    if SCRIPT_NAME.fullmatch(base):
         fields["script_name"] = base
     try:
         req = JobCreate(**fields)
     except ValidationError as exc:
         raise RequestValidationError(exc.errors(include_url=False, include_context=False)) from None
-    return job_info(scheduler.submit(user, req, source=raw))
+    return _submitted(response, scheduler.submit_once(user, req, key, source=raw))
 
 
 @router.get("", response_model=JobList)
@@ -135,14 +179,17 @@ def job_logs(job: Job = Depends(user_job), rank: int = Query(0, ge=0, le=1 << 20
     service's ``--max-log-bytes`` ends with a visible ``[nbmpi: output truncated ...]`` line."""
     if rank >= job.ranks:
         raise HTTPException(404, f"job {job.id} has no rank {rank}: its ranks are 0..{job.ranks - 1}")
-    path = Path(job.log_dir) / f"rank-{rank}.{stream}"
-    try:
-        with open(path, "rb") as f:
+    log_dir = Path(job.log_dir)
+    try:   # the job owns its directory: never follow a link it put there (nbmpi.server.accounts)
+        with open(open_in_job(log_dir.parent, log_dir.name, f"rank-{rank}.{stream}"), "rb") as f:
             size = os.fstat(f.fileno()).st_size
             f.seek(min(offset, size))
             data = f.read(min(LOG_CHUNK_BYTES, max(size - offset, 0)))
     except FileNotFoundError:
         size, data = 0, b""
+    except OSError as exc:   # ELOOP: the job replaced its log or log folder by a link
+        raise HTTPException(404, f"job {job.id}: the log of rank {rank} is not a plain file "
+                                 f"({exc.strerror}); nothing is served from it") from None
     return Response(data, media_type="text/plain; charset=utf-8",
                     headers={"X-Log-Size": str(size), "X-Log-Next-Offset": str(min(offset, size) + len(data))})
 
@@ -175,7 +222,12 @@ async def _trace_file(job: Job, which: str) -> Response:
         else:
             why = "its ranks streamed no trace (tracing off, or they ended before they started)"
         raise HTTPException(404, f"no {which} for job {job.id}: {why}")
-    return FileResponse(path, media_type="application/json")
+    rel = Path(path).relative_to(job.job_dir) if Path(path).is_relative_to(job.job_dir) else None
+    try:   # inside the job's own directory: never through a link the job put there
+        with open(open_in_job(Path(job.job_dir), *rel.parts), "rb") if rel else open(path, "rb") as f:
+            return Response(f.read(), media_type="application/json")
+    except OSError as exc:
+        raise HTTPException(404, f"no {which} for job {job.id}: {exc.strerror or exc}") from None
 
 
 @router.get("/{job_id:int}/trace",

@@ -1,8 +1,9 @@
 """Routes of the service itself: liveness and version (the only routes without a token)."""
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Depends
 
+from ..dependencies import Service, service
 from ..schemas import Health, Version
 
 API_VERSION = "v1"
@@ -21,9 +22,13 @@ def package_version() -> str:
 
 
 @router.get("/health", response_model=Health)
-def health() -> Health:
-    """Liveness; no token needed."""
-    return Health(status="ok")
+def health(svc: Service = Depends(service)) -> Health:
+    """Liveness and how users are isolated (an unsafe shared account says so); no token needed."""
+    accounts = svc.accounts
+    if accounts is None:
+        return Health(status="ok")
+    mode, warning = accounts.state()
+    return Health(status="ok", isolation=mode, warning=warning)
 
 
 @router.get("/version", response_model=Version)

@@ -6,7 +6,7 @@ local backend, so it lives in the runtime package and imports neither.
 :class:`EnginePool` starts, on this host, an ipyparallel controller and
 ``mpiexec -n N python -m ipyparallel.engine --mpi`` through the project's one
 launch mechanism (:func:`nbmpi.workers.launch.launcher.mpiexec_command`, the ranks'
-environment of :func:`nbmpi.workers.launch.launcher.rank_environment`, thread level
+environment of :func:`nbmpi.workers.launch.environment.rank_environment`, thread level
 ``funneled``). With ``--mpi`` every engine requests its ``COMM_WORLD`` rank as
 its engine id, so **engine id == MPI rank** (checked at start). Once all
 engines registered, every rank runs :func:`nbmpi.workers.launch.engine_side.setup`
@@ -44,7 +44,9 @@ from typing import Any, Callable, Dict, List, Optional
 
 import psutil
 
-from .launcher import STATUS_DIR_ENV, mpiexec_command, rank_environment
+from .environment import POOL_IP_ENV, POOL_OWNER_PID_ENV, STATUS_DIR_ENV, rank_environment
+from .identity import Identity, base_environment, open_beneath, open_no_link, popen_options
+from .launcher import mpiexec_command
 from .pool_health import _PoolHealth
 from .processes import end_processes, noted_segments, remove_shm
 
@@ -56,8 +58,6 @@ GRACE_SECONDS = 1.0
 HEARTBEAT_MS = 500
 #: Missed heartbeats before the controller drops an engine: 60 x 0.5 s keeps ipyparallel's 30 s tolerance.
 HEARTBEAT_MISSES = 60
-#: Environment variable with the default listen address of a pool's controller (see :class:`EnginePool`).
-POOL_IP_ENV = "NBMPI_POOL_IP"
 _live_pools: "List[EnginePool]" = []
 
 
@@ -71,6 +71,20 @@ def _pdeathsig() -> None:  # runs in the child between fork and exec
         libc.prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
     except Exception:  # noqa: BLE001 - not Linux: rely on stop()/atexit
         pass
+
+
+def _read_json(path: str, owned: Optional[str] = None) -> Optional[dict]:
+    """The JSON file ``path`` (None while missing or incomplete). Below ``owned`` (a work directory
+    given to another account) it is read without following any link in it."""
+    try:
+        if owned is not None and os.path.commonpath([path, owned]) == owned:
+            fd = open_beneath(owned, *os.path.relpath(path, owned).split(os.sep))
+        else:
+            fd = os.open(path, os.O_RDONLY)
+        with open(fd) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
 
 
 def _stop_all() -> None:
@@ -95,11 +109,14 @@ class EnginePool(_PoolHealth):
     controller listens on: ``127.0.0.1`` (the default, ``$NBMPI_POOL_IP`` if
     set) when every engine runs on this host, ``*`` or an interface address
     when the launcher (e.g. ``NBMPI_MPIEXEC=srun`` in a Slurm allocation) puts
-    engines on other nodes; they then connect to this host's name.
+    engines on other nodes; they then connect to this host's name. ``identity``: the UNIX
+    account the pool's controller and engines run as (None: this process's own); the
+    pool's ``work_dir`` is then given to that account.
     """
 
     def __init__(self, n: int, name: Optional[str] = None, work_dir: Optional[str] = None,
-                 env: Optional[Dict[str, str]] = None, bound_to_owner: bool = True, ip: Optional[str] = None):
+                 env: Optional[Dict[str, str]] = None, bound_to_owner: bool = True, ip: Optional[str] = None,
+                 identity: Optional[Identity] = None):
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
             raise ValueError(f"a pool needs a whole number of ranks >= 1, got n={n!r}")
         self.n = n
@@ -107,6 +124,7 @@ class EnginePool(_PoolHealth):
         self._own_dir = work_dir is None
         self.work_dir = work_dir or tempfile.mkdtemp(prefix=f"nbmpi-{self.name}-")
         self.env = dict(env or {})
+        self.identity = identity
         #: True (notebook): the ranks and controller end when the starting process dies.
         #: False (controller service): the pool outlives its starter, which re-attaches
         #: to it or ends it after a restart.
@@ -142,7 +160,7 @@ class EnginePool(_PoolHealth):
     def _log_tail(self, which: str, nbytes: int = 2000) -> str:
         path = os.path.join(self.work_dir, f"{which}.log")
         try:
-            with open(path, "rb") as f:
+            with open_no_link(path, "rb") as f:   # the pool's account may own its work directory
                 f.seek(0, 2)
                 f.seek(max(f.tell() - nbytes, 0))
                 return f.read().decode(errors="replace")
@@ -180,11 +198,13 @@ class EnginePool(_PoolHealth):
         return self
 
     def _popen(self, cmd: List[str], env: Dict[str, str], log: str) -> subprocess.Popen:
-        out = open(os.path.join(self.work_dir, f"{log}.log"), "ab")
+        out = open_no_link(os.path.join(self.work_dir, f"{log}.log"), "ab")
         self._logs.append(out)
         main = threading.current_thread() is threading.main_thread()
+        if self.identity is not None:   # the account writes its profile, status and connection files
+            self.identity.own(self.work_dir)
         return subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                cwd=self.work_dir, start_new_session=True,
+                                cwd=self.work_dir, start_new_session=True, **popen_options(self.identity),
                                 preexec_fn=(_pdeathsig if self.bound_to_owner and main and sys.platform.startswith("linux")
                                             else None))
 
@@ -195,7 +215,7 @@ class EnginePool(_PoolHealth):
         for path in (self._security("client"), self._security("engine"), engine_file):
             if os.path.exists(path):
                 os.remove(path)
-        env = rank_environment(self.env)
+        env = self._environment()
         # The controller and the ranks start at the same time: the engines spend their first seconds
         # importing and then wait (up to the start timeout) for the controller's connection file.
         say(f"pool {self.name!r}: starting the controller and {self.n} ranks")
@@ -219,6 +239,15 @@ class EnginePool(_PoolHealth):
             if ending is not None:   # no process of the previous pool outlives the restart
                 ending.join()
 
+    def _environment(self) -> Dict[str, str]:
+        """The environment of the pool's controller and ranks (of its account, when it has one)."""
+        return rank_environment(base_environment(self.identity), self.env)
+
+    @property
+    def _owned(self) -> Optional[str]:
+        """The work directory when another account owns it (its files are read without links)."""
+        return self.work_dir if self.identity is not None else None
+
     @property
     def _engine_file(self) -> str:
         return os.path.join(self.work_dir, "engine-connection.json")
@@ -230,9 +259,9 @@ class EnginePool(_PoolHealth):
         env = dict(env)
         env["PYTHONUNBUFFERED"] = "1"
         if self.bound_to_owner:
-            env["NBMPI_POOL_OWNER_PID"] = str(os.getpid())  # see engine_side: ranks end if the owner dies
+            env[POOL_OWNER_PID_ENV] = str(os.getpid())  # see engine_side: ranks end if the owner dies
         else:
-            env.pop("NBMPI_POOL_OWNER_PID", None)
+            env.pop(POOL_OWNER_PID_ENV, None)
         env[STATUS_DIR_ENV] = self.status_dir   # each engine's guard reports a signal that kills it
         cmd = mpiexec_command(self.n, ["-m", "ipyparallel.engine", "--mpi", f"--profile-dir={self.profile_dir}",
                                        f"--file={self._engine_file}", "--log-level=WARN",
@@ -247,15 +276,17 @@ class EnginePool(_PoolHealth):
         import ipyparallel as ipp   # (in this process, while the new processes import)
 
         # the engines read their file as soon as it exists, so they get a complete copy, renamed into place
-        self._wait_for(lambda: self._read_json(self._security("engine")) is not None, deadline,
+        self._wait_for(lambda: _read_json(self._security("engine"), self._owned) is not None, deadline,
                        "the controller to write its engine connection file", timeout)
         tmp = engine_file + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(self._read_json(self._security("engine")), f)
+        with open_no_link(tmp, "w") as f:
+            json.dump(_read_json(self._security("engine"), self._owned), f)
+        if self.identity is not None:   # the engines run as the pool's account
+            self.identity.own(tmp, mode=0o600)
         os.replace(tmp, engine_file)
-        self._wait_for(lambda: self._read_json(self._security("client")) is not None, deadline,
+        self._wait_for(lambda: _read_json(self._security("client"), self._owned) is not None, deadline,
                        "the controller to write its client connection file", timeout)
-        info = self._read_json(self._security("client"))
+        info = _read_json(self._security("client"), self._owned)
         say(f"pool {self.name!r}: controller ready; waiting for {self.n} ranks ({os.path.basename(cmd[0])} -n "
             f"{self.n})")
         self._client = ipp.Client(info, profile_dir=self.profile_dir)
@@ -324,7 +355,7 @@ class EnginePool(_PoolHealth):
                 and self._controller.poll() is None and self._mpiexec is not None):
             if self._restart_ranks(progress or (lambda msg: None), timeout):
                 return self
-        fresh = EnginePool(self.n, name=self.name, env=self.env, bound_to_owner=self.bound_to_owner)
+        fresh = EnginePool(self.n, name=self.name, env=self.env, bound_to_owner=self.bound_to_owner, identity=self.identity)
         return fresh.start(progress=progress, timeout=timeout, replacing=self)
 
     #: How long a restart waits for the controller to drop the old engines before it starts a new pool.
@@ -361,7 +392,7 @@ class EnginePool(_PoolHealth):
                 self._state = "running"
                 return False
             self.rank_info, self.hosts, self._descendants = [], [], []
-            cmd = self._spawn_ranks(rank_environment(self.env), timeout)
+            cmd = self._spawn_ranks(self._environment(), timeout)
             say(f"pool {self.name!r}: waiting for {self.n} new ranks ({os.path.basename(cmd[0])} -n {self.n})")
             self._join_ranks(say, deadline, timeout, self._info["client"])
         except BaseException:
@@ -397,14 +428,6 @@ class EnginePool(_PoolHealth):
             pids.add(i["pid"])
             pids.update(i.get("nanny_pids", []))
         return sorted(pids)
-
-    @staticmethod
-    def _read_json(path: str) -> Optional[dict]:
-        try:
-            with open(path) as f:
-                return json.load(f)
-        except (OSError, ValueError):
-            return None
 
     def _check_processes(self) -> None:
         for what, p in (("controller", self._controller), ("mpiexec", self._mpiexec)):

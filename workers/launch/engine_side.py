@@ -38,7 +38,8 @@ from typing import Any, Dict, List, Optional
 
 import numpy as np
 
-PROBE_HOST_ENV = "NBMPI_PROBE_HOST"
+from .environment import POOL_OWNER_PID_ENV, PROBE_HOST_ENV, STATUS_DIR_ENV
+
 
 
 class _CellState:
@@ -131,7 +132,7 @@ def _start_probe() -> int:
 
 _rank = -1
 #: Environment variable with the pid of the process that owns the pool (set by EnginePool.start).
-OWNER_ENV = "NBMPI_POOL_OWNER_PID"
+OWNER_ENV = POOL_OWNER_PID_ENV
 
 
 def _watch_owner(pid: int, period: float = 1.0) -> None:
@@ -196,7 +197,7 @@ def setup() -> Dict[str, Any]:
         ip.events.register(event, fn)
     port = _start_probe()
     _start_watchdog()
-    status_dir = os.environ.get("NBMPI_STATUS_DIR")
+    status_dir = os.environ.get(STATUS_DIR_ENV)
     if status_dir:   # so the pool can remove MPI's shared memory if this rank is killed
         from .processes import note_segments
 

@@ -31,11 +31,11 @@ import time
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence
 
+from . import environment
+from .environment import MPIEXEC_ENV, STATUS_DIR_ENV
+from .identity import Identity, popen_options
 from .processes import end_group_of, noted_segments, remove_shm, shm_segments_of
-from ..core.runtime import DEFAULT_THREAD_LEVEL, THREAD_LEVEL_ENV
 
-MPIEXEC_ENV = "NBMPI_MPIEXEC"
-STATUS_DIR_ENV = "NBMPI_STATUS_DIR"
 GRACE_SECONDS = 3.0
 #: Seconds the other ranks get after one rank failed before the whole launch is ended.
 FAILURE_GRACE_S = 0.5
@@ -62,13 +62,9 @@ def find_mpiexec() -> str:
 
 
 def rank_environment(extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:
-    """The environment every rank gets: this one plus funneled threads and unbuffered output."""
-    env = dict(os.environ)
-    env.setdefault(THREAD_LEVEL_ENV, DEFAULT_THREAD_LEVEL)
-    env["PYTHONUNBUFFERED"] = "1"
-    if extra:
-        env.update(extra)
-    return env
+    """The environment every rank of ``nbmpi run`` gets: this process's own plus funneled threads and
+    unbuffered output, then ``extra`` (:func:`nbmpi.workers.launch.environment.rank_environment`)."""
+    return environment.rank_environment(os.environ, extra)
 
 
 RANK_ENTRY = "nbmpi.workers.launch.rank_entry"
@@ -283,18 +279,23 @@ def run(nranks: int, argv: Sequence[str], env: Optional[Dict[str, str]] = None,
 
 
 def start(nranks: int, argv: Sequence[str], status_dir: str, env: Optional[Dict[str, str]] = None,
-          stdout=None, stderr=None, cwd: Optional[str] = None) -> subprocess.Popen:
+          stdout=None, stderr=None, cwd: Optional[str] = None, full_env: bool = False,
+          identity: Optional[Identity] = None) -> subprocess.Popen:
     """Start ``argv`` on ``nranks`` ranks and return at once (non-blocking half of :func:`run`).
 
     mpiexec is started in a new session (its pid is the process group id to
     end with :func:`nbmpi.workers.launch.processes.end_processes`); ranks report their
     exit codes to ``status_dir`` (watch them with :class:`RankWatch`). The
-    caller watches the process and must end the group itself.
+    caller watches the process and must end the group itself. ``env`` is added
+    to :func:`rank_environment`, or with ``full_env`` is the whole environment
+    (the controller's :func:`~nbmpi.workers.launch.environment.job_environment`).
+    ``identity``: the UNIX account mpiexec and every rank run as (None: this
+    process's own); ``status_dir`` must then be writable by it.
     """
     if nranks < 1:
         raise ValueError(f"nranks must be at least 1, got {nranks}")
     os.makedirs(status_dir, exist_ok=True)
-    renv = rank_environment(env)
+    renv = dict(env or {}) if full_env else rank_environment(env)
     renv[STATUS_DIR_ENV] = status_dir
     return subprocess.Popen(mpiexec_command(nranks, argv), env=renv, stdout=stdout, stderr=stderr,
-                            cwd=cwd, start_new_session=True)
+                            cwd=cwd, start_new_session=True, **popen_options(identity))

@@ -1,8 +1,8 @@
-"""Health of an engine pool (:class:`~nbmpi.workers.launch.engine_pool.Pool`):
+"""Health of an engine pool (:class:`~nbmpi.workers.launch.engine_pool.EnginePool`):
 whether its processes and engines are alive, which ranks died and how, and its
 status record.
 
-:class:`_PoolHealth` is a mixin of ``Pool``; its methods read the pool's own
+:class:`_PoolHealth` is a mixin of ``EnginePool``; its methods read the pool's own
 attributes (``_client``, ``_state``, ``_controller``, ``_mpiexec``,
 ``rank_info``, ``status_dir``). Local and non-blocking, except :meth:`alive`,
 which asks the controller for its engine ids. A rank's death is only seen on
@@ -21,7 +21,7 @@ __all__: list = []
 
 
 class _PoolHealth:
-    """Mixin of ``Pool``: liveness of the controller, the MPI job and each rank; the status record."""
+    """Mixin of ``EnginePool``: liveness of the controller, the MPI job and each rank; the status record."""
 
     def alive(self) -> bool:
         """True if the controller answers and all N engines are registered and their processes run."""

@@ -89,8 +89,11 @@ def segments_in_use(paths: Set[str]) -> Set[str]:
 
 
 def remove_shm(paths: Iterable[str]) -> List[str]:
-    """Unlink the ``/dev/shm`` files among ``paths`` that no live process uses; returns those removed."""
-    paths = {p for p in paths if p.startswith(SHM_DIR + "/") and os.path.exists(p)}
+    """Unlink the ``/dev/shm`` files among ``paths`` that no live process uses; returns those removed.
+
+    Only names directly in ``/dev/shm`` count (``/dev/shm/../x`` does not): the paths may come from
+    files a job wrote (:func:`noted_segments`), and the remover may be root."""
+    paths = {p for p in paths if os.path.dirname(os.path.normpath(p)) == SHM_DIR and os.path.lexists(p)}
     if not paths:
         return []
     removed = []

@@ -34,11 +34,13 @@ import sys
 import traceback
 
 from . import rank_guard
+from .environment import (LOG_DIR_ENV, LOG_GUARDED_ENV, STATUS_DIR_ENV, TRACE_AGREE_TIMEOUT_ENV,
+                          TRACE_OUT_ENV, TRACE_STREAM_INTERVAL_ENV)
 from ..fused_reductions import rebinding_guard
 
 
 def _report(code: int) -> None:
-    status_dir = os.environ.get("NBMPI_STATUS_DIR")
+    status_dir = os.environ.get(STATUS_DIR_ENV)
     if not status_dir:
         return
     from ..core.runtime import world
@@ -63,7 +65,7 @@ def _rank_from_env() -> str:
 def _announce() -> None:
     """Write this rank's pid to ``$NBMPI_STATUS_DIR/rank-R.pid`` (the launcher maps a rank that
     dies without reporting, e.g. killed by a signal, back to its rank number)."""
-    status_dir = os.environ.get("NBMPI_STATUS_DIR")
+    status_dir = os.environ.get(STATUS_DIR_ENV)
     if not status_dir:
         return
     rank = _rank_from_env()
@@ -77,7 +79,7 @@ def _note_shared_memory() -> None:
     """Note the ``/dev/shm`` segments this rank maps (after MPI starts and before it exits) in the
     status directory, so the launcher can remove what MPI leaves when a rank ends without
     ``MPI_Finalize`` (a failed rank exits at once, a killed one never finalizes)."""
-    status_dir = os.environ.get("NBMPI_STATUS_DIR")
+    status_dir = os.environ.get(STATUS_DIR_ENV)
     if status_dir:
         from .processes import note_segments
 
@@ -86,8 +88,8 @@ def _note_shared_memory() -> None:
 
 def _redirect_output() -> None:
     """Send fds 1/2 to per-rank files in ``$NBMPI_LOG_DIR`` (rank from the launcher's PMI env)."""
-    log_dir = os.environ.get("NBMPI_LOG_DIR")
-    if not log_dir or os.environ.get(rank_guard.LOGGED_ENV):   # the guard writes the logs (with a cap)
+    log_dir = os.environ.get(LOG_DIR_ENV)
+    if not log_dir or os.environ.get(LOG_GUARDED_ENV):   # the guard writes the logs (with a cap)
         return
     rank = _rank_from_env()
     os.makedirs(log_dir, exist_ok=True)
@@ -111,7 +113,7 @@ def _whole_lines() -> None:
 
 def _start_stream():
     """If ``$NBMPI_TRACE_OUT`` is set and tracing is on: start this rank's trace streamer."""
-    out = os.environ.get("NBMPI_TRACE_OUT")
+    out = os.environ.get(TRACE_OUT_ENV)
     if not out:
         return None
     from ..tracing.stream import DEFAULT_INTERVAL, TraceStreamer
@@ -120,7 +122,7 @@ def _start_stream():
     tracer = get_tracer()
     if not tracer.enabled:
         return None
-    raw = os.environ.get("NBMPI_TRACE_STREAM_INTERVAL", "").strip()
+    raw = os.environ.get(TRACE_STREAM_INTERVAL_ENV, "").strip()
     try:
         interval = float(raw) if raw else DEFAULT_INTERVAL
     except ValueError:
@@ -134,7 +136,7 @@ def _start_stream():
 
 def _save_trace(code: int) -> None:
     """If ``$NBMPI_TRACE_OUT`` is set: agree on success, gather the trace, rank 0 writes it."""
-    out = os.environ.get("NBMPI_TRACE_OUT")
+    out = os.environ.get(TRACE_OUT_ENV)
     if not out:
         return
     import json
@@ -152,7 +154,7 @@ def _save_trace(code: int) -> None:
     mine = np.array([1 if (code or not tracer.enabled) else 0], dtype=np.int64)
     worst = np.zeros(1, dtype=np.int64)
     try:
-        timeout = float(os.environ.get("NBMPI_TRACE_AGREE_TIMEOUT", "30"))
+        timeout = float(os.environ.get(TRACE_AGREE_TIMEOUT_ENV, "30"))
         wait(comm.Iallreduce(mine, worst, op=MPI().MAX), timeout, rank, None, "trace agreement at exit")
     except CommTimeout as exc:
         print(f"[rank {rank}] trace not saved: {exc}", file=sys.stderr)

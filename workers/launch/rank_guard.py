@@ -25,22 +25,28 @@ the rank; a rank ended by a signal the guard received too (the launcher
 ending the job signals the whole process group; the guard waits 0.2 s for its
 own copy) counts as *terminated*, not *killed*. The rank gets
 ``PR_SET_PDEATHSIG`` (Linux) so it never outlives a guard that is killed.
-``NBMPI_RANK_GUARD=0`` turns the guard off. Local; no MPI.
+
+Nothing a rank starts outlives it: the guard is a child subreaper
+(``PR_SET_CHILD_SUBREAPER``), so a process the rank started that daemonised
+itself (double fork, ``setsid``, closed fds) is re-parented to the guard, not
+to init; when the rank has ended, the guard ends every process still below it
+(:func:`end_leftovers`) before it ends itself, and a launcher ending the job
+finds them below the guard too.
+
+``NBMPI_RANK_GUARD=0`` turns the guard off under ``nbmpi run``; the controller
+always sets it on for its jobs, whatever a job's own ``env`` says
+(:func:`nbmpi.workers.launch.environment.job_environment`). Local; no MPI.
 """
 from __future__ import annotations
 
 import os
+import select
 import signal
 import sys
 import time
 from typing import List, Optional
 
-STATUS_DIR_ENV = "NBMPI_STATUS_DIR"
-GUARD_ENV = "NBMPI_RANK_GUARD"
-LOG_DIR_ENV = "NBMPI_LOG_DIR"
-LOG_LIMIT_ENV = "NBMPI_LOG_LIMIT"
-#: Set in the rank when its guard already writes its output to the log directory.
-LOGGED_ENV = "NBMPI_LOG_GUARDED"
+from .environment import LOG_DIR_ENV, LOG_GUARDED_ENV, LOG_LIMIT_ENV, STATUS_DIR_ENV, guard_enabled
 
 
 def truncation_marker(limit: int) -> bytes:
@@ -56,8 +62,11 @@ class CappedLog:
     discards; :meth:`close` adds a last line with that count. Also used by the controller
     for the output of jobs that run on a pool. Not thread-safe (one writer)."""
 
-    def __init__(self, path: str, limit: Optional[int]):
-        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    def __init__(self, path: str, limit: Optional[int], dir_fd: Optional[int] = None):
+        # never through a symbolic link: a job may have replaced its log by one, and the controller
+        # (root with several users) also writes the logs of jobs on pools (``dir_fd``: their folder,
+        # opened without links by the caller, ``path`` a name in it)
+        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600, dir_fd=dir_fd)
         self.limit = limit
         self.kept = 0
         self.discarded = 0
@@ -99,6 +108,11 @@ def _log_limit() -> Optional[int]:
     except ValueError:
         return None
     return value if value > 0 else None
+#: ``prctl`` option making a process the reaper of its orphaned descendants (Linux >= 3.4).
+PR_SET_CHILD_SUBREAPER = 36
+#: Seconds the processes a rank left running get between SIGTERM and SIGKILL.
+LEFTOVER_GRACE_S = 1.0
+
 _PASSED_ON = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 
 
@@ -116,6 +130,42 @@ def _die_with_parent() -> None:
         pass
 
 
+def become_subreaper() -> bool:
+    """Make this process a child subreaper (Linux ``PR_SET_CHILD_SUBREAPER``): every orphaned
+    descendant (a daemon that double-forked and called ``setsid``) is re-parented to it instead of
+    to init, so it stays findable as a descendant and is ended with the rank. True if it worked."""
+    try:
+        import ctypes
+
+        return ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except Exception:  # noqa: BLE001 - not Linux: the launcher still ends the process group
+        return False
+
+
+def end_leftovers(grace: float = LEFTOVER_GRACE_S) -> List[int]:
+    """End every process still descending from this one (SIGTERM, SIGKILL after ``grace`` s) with
+    :func:`nbmpi.workers.launch.processes.end_processes`, then reap them. Called by the guard once
+    its rank has ended: nothing the rank started outlives it. Returns the pids that were ended."""
+    import psutil
+
+    from .processes import end_processes
+
+    try:
+        left = [c.pid for c in psutil.Process().children(recursive=True)]
+    except psutil.Error:
+        left = []
+    if left:
+        end_processes(pids=left, grace=grace, clean_shm=False)
+    while True:   # they were re-parented to this subreaper: reap them
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            break
+        if pid == 0:
+            break
+    return left
+
+
 def guard() -> None:
     """Fork; return in the child (the rank goes on), never return in the parent (the guard).
 
@@ -124,13 +174,14 @@ def guard() -> None:
     """
     status_dir = os.environ.get(STATUS_DIR_ENV)
     rank = rank_from_env()
-    if not status_dir or rank is None or os.environ.get(GUARD_ENV, "1").strip().lower() in ("0", "off", "no"):
+    if not status_dir or rank is None or not guard_enabled(os.environ):
         return
     sys.stdout.flush()
     sys.stderr.flush()
     passed_on = set()
     log_dir = os.environ.get(LOG_DIR_ENV)
     pipes = [os.pipe(), os.pipe()] if log_dir else []
+    become_subreaper()
     child = os.fork()
     if child == 0:
         _die_with_parent()
@@ -139,7 +190,7 @@ def guard() -> None:
             os.close(r)
             os.close(w)
         if pipes:
-            os.environ[LOGGED_ENV] = "1"
+            os.environ[LOG_GUARDED_ENV] = "1"
         return
 
     def pass_on(signum, frame):  # noqa: ARG001
@@ -151,14 +202,60 @@ def guard() -> None:
 
     for s in _PASSED_ON:
         signal.signal(s, pass_on)
+    status = _wait_rank(child, pipes, log_dir, rank)
+    _end_as_child(status, passed_on, status_dir, rank)
+
+
+def _wait_rank(child: int, pipes, log_dir: Optional[str], rank: str) -> int:
+    """Copy the rank's output (if ``pipes``) until the rank has ended and both pipes are closed;
+    end whatever the rank left running as soon as it has ended. Returns the rank's wait status."""
+    logs, open_fds = {}, []
     if pipes:
-        _copy_output(pipes, log_dir, rank)
-    while True:
+        os.makedirs(log_dir, exist_ok=True)
+        limit = _log_limit()
+        for (r, w), stream in zip(pipes, ("stdout", "stderr")):
+            os.close(w)
+            logs[r] = CappedLog(os.path.join(log_dir, f"rank-{rank}.{stream}"), limit)
+        open_fds = list(logs)
+    status: Optional[int] = None
+    while status is None or open_fds:
+        if status is None:
+            status = _reaped(child, block=not open_fds)
+            if status is not None:
+                end_leftovers()   # their copies of the pipes close with them
+        if not open_fds:
+            continue
         try:
-            _, status = os.waitpid(child, 0)
-            break
+            ready, _, _ = select.select(open_fds, [], [], 0.2 if status is None else None)
         except InterruptedError:
             continue
+        for fd in ready:
+            try:
+                data = os.read(fd, 1 << 16)
+            except InterruptedError:
+                continue
+            if data:
+                logs[fd].write(data)
+            else:
+                open_fds.remove(fd)
+                os.close(fd)
+    for log in logs.values():
+        log.close()
+    return status
+
+
+def _reaped(child: int, block: bool) -> Optional[int]:
+    """The wait status of ``child`` once it has ended, else None (never None when ``block``)."""
+    while True:
+        try:
+            pid, status = os.waitpid(child, 0 if block else os.WNOHANG)
+        except InterruptedError:
+            continue
+        return status if pid == child else None
+
+
+def _end_as_child(status: int, passed_on: set, status_dir: str, rank: str) -> None:
+    """Report a signal that killed the rank (unless the guard passed it on), then end like it."""
     if os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status)
         if sig in _PASSED_ON:
@@ -182,36 +279,6 @@ def guard() -> None:
         os.kill(os.getpid(), sig)
         os._exit(128 + sig)   # a signal that does not end a process by default
     os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1)
-
-
-def _copy_output(pipes, log_dir: str, rank: str) -> None:
-    """Copy the rank's stdout/stderr pipes into capped log files until both are closed."""
-    import select
-
-    os.makedirs(log_dir, exist_ok=True)
-    limit = _log_limit()
-    logs = {}
-    for (r, w), stream in zip(pipes, ("stdout", "stderr")):
-        os.close(w)
-        logs[r] = CappedLog(os.path.join(log_dir, f"rank-{rank}.{stream}"), limit)
-    open_fds = list(logs)
-    while open_fds:
-        try:
-            ready, _, _ = select.select(open_fds, [], [])
-        except InterruptedError:
-            continue
-        for fd in ready:
-            try:
-                data = os.read(fd, 1 << 16)
-            except InterruptedError:
-                continue
-            if data:
-                logs[fd].write(data)
-            else:
-                open_fds.remove(fd)
-                os.close(fd)
-    for log in logs.values():
-        log.close()
 
 
 def main(argv: Optional[List[str]] = None) -> None:
