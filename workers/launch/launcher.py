@@ -74,14 +74,47 @@ def rank_environment(extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:
 RANK_ENTRY = "nbmpi.workers.launch.rank_entry"
 
 
+#: ``--hosts`` runs: the program Hydra runs instead of ``ssh`` to start its proxy on a host
+#: (a virtual cluster's stand-in, :mod:`nbmpi.workers.launch.virtual_cluster`); unset: ssh.
+LAUNCHER_EXEC_ENV = "NBMPI_LAUNCHER_EXEC"
+#: ``--hosts`` runs: this host's address as the other hosts reach it (Hydra's ``-localhost``).
+LAUNCHER_LOCALHOST_ENV = "NBMPI_LAUNCHER_LOCALHOST"
+
+
+def placement_args(hosts: Optional[Sequence[str]] = None, hostfile: Optional[str] = None,
+                   env: Optional[Dict[str, str]] = None) -> List[str]:
+    """mpiexec (Hydra) options placing the ranks on ``hosts`` (names or addresses; ``host:N`` gives
+    it N slots) or on the hosts of ``hostfile`` (one ``host[:N]`` a line), filled in order as
+    ``mpiexec -hosts`` / ``-f`` do. Hydra starts its proxies over ssh, or with
+    ``$NBMPI_LAUNCHER_EXEC`` instead of ssh, and they call back to ``$NBMPI_LAUNCHER_LOCALHOST``
+    when set (read from ``env``, default this process's environment). Empty when neither is given
+    (every rank on this host)."""
+    if hosts and hostfile:
+        raise ValueError("give the hosts either as a list (--hosts) or in a file (--hostfile), not both")
+    if not hosts and not hostfile:
+        return []
+    out = ["-launcher", "ssh"]
+    env = os.environ if env is None else env
+    standin = env.get(LAUNCHER_EXEC_ENV)
+    if standin:
+        out += ["-launcher-exec", standin]
+    here = env.get(LAUNCHER_LOCALHOST_ENV)
+    if here:
+        out += ["-localhost", here]
+    return out + (["-hosts", ",".join(hosts)] if hosts else ["-f", str(hostfile)])
+
+
 def mpiexec_command(nranks: int, argv: Sequence[str], python: Optional[str] = None,
-                    module: str = RANK_ENTRY) -> List[str]:
-    """The mpiexec command line running ``python -m MODULE argv`` on ``nranks`` ranks.
+                    module: str = RANK_ENTRY, hosts: Optional[Sequence[str]] = None,
+                    hostfile: Optional[str] = None, env: Optional[Dict[str, str]] = None) -> List[str]:
+    """The mpiexec command line running ``python -m MODULE argv`` on ``nranks`` ranks
+    (placed on ``hosts`` / ``hostfile`` when given: :func:`placement_args`).
 
     ``module`` is :mod:`nbmpi.workers.launch.rank_entry` for programs (``nbmpi run``,
     controller jobs) and ``ipyparallel.engine`` for the engines of a pool.
     """
-    return [find_mpiexec(), "-n", str(nranks), python or sys.executable, "-m", module, *argv]
+    return [find_mpiexec(), *placement_args(hosts, hostfile, env), "-n", str(nranks),
+            python or sys.executable, "-m", module, *argv]
 
 
 def read_status(status_dir: str, nranks: int) -> Dict[int, int]:
@@ -221,9 +254,12 @@ class RankWatch:
 
 
 def run(nranks: int, argv: Sequence[str], env: Optional[Dict[str, str]] = None,
-        stdout=None, stderr=None, timeout: Optional[float] = None, quiet: bool = False) -> int:
+        stdout=None, stderr=None, timeout: Optional[float] = None, quiet: bool = False,
+        hosts: Optional[Sequence[str]] = None, hostfile: Optional[str] = None) -> int:
     """Run ``argv`` (a script path and its arguments, or ``-m module ...`` / ``-c code``) on
-    ``nranks`` ranks. Blocks until every rank has ended; returns the worst exit code.
+    ``nranks`` ranks (on ``hosts`` / ``hostfile`` when given, see :func:`placement_args`; the
+    status directory must then be on a filesystem every host sees). Blocks until every rank has
+    ended; returns the worst exit code.
 
     ``timeout`` (s): terminate all ranks after it and return 124. Ctrl-C or
     SIGTERM terminates all ranks and returns 130. Unless ``quiet``, a final
@@ -249,7 +285,8 @@ def run(nranks: int, argv: Sequence[str], env: Optional[Dict[str, str]] = None,
     proc = None
     watch = RankWatch(status_dir, nranks)
     try:
-        proc = start(nranks, argv, status_dir, env=env, stdout=stdout, stderr=stderr)
+        proc = start(nranks, argv, status_dir, env=env, stdout=stdout, stderr=stderr, hosts=hosts,
+                     hostfile=hostfile)
         t_start = time.monotonic()
         while proc.poll() is None:
             time.sleep(0.05)
@@ -283,8 +320,10 @@ def run(nranks: int, argv: Sequence[str], env: Optional[Dict[str, str]] = None,
 
 
 def start(nranks: int, argv: Sequence[str], status_dir: str, env: Optional[Dict[str, str]] = None,
-          stdout=None, stderr=None, cwd: Optional[str] = None) -> subprocess.Popen:
-    """Start ``argv`` on ``nranks`` ranks and return at once (non-blocking half of :func:`run`).
+          stdout=None, stderr=None, cwd: Optional[str] = None, hosts: Optional[Sequence[str]] = None,
+          hostfile: Optional[str] = None) -> subprocess.Popen:
+    """Start ``argv`` on ``nranks`` ranks (on ``hosts`` / ``hostfile``: :func:`placement_args`) and
+    return at once (non-blocking half of :func:`run`).
 
     mpiexec is started in a new session (its pid is the process group id to
     end with :func:`nbmpi.workers.launch.processes.end_processes`); ranks report their
@@ -296,5 +335,6 @@ def start(nranks: int, argv: Sequence[str], status_dir: str, env: Optional[Dict[
     os.makedirs(status_dir, exist_ok=True)
     renv = rank_environment(env)
     renv[STATUS_DIR_ENV] = status_dir
-    return subprocess.Popen(mpiexec_command(nranks, argv), env=renv, stdout=stdout, stderr=stderr,
+    cmd = mpiexec_command(nranks, argv, hosts=hosts, hostfile=hostfile, env=renv)
+    return subprocess.Popen(cmd, env=renv, stdout=stdout, stderr=stderr,
                             cwd=cwd, start_new_session=True)
