@@ -305,6 +305,10 @@ def run(nranks: int, argv: Sequence[str], env: Optional[Dict[str, str]] = None,
             signal.signal(s, h)
     outcome = watch.outcome(proc.returncode)
     watch.clean_up()
+    if (hosts or hostfile) and (interrupted or timed_out or outcome.exit_code != 0):
+        from .remote_cleanup import clean_hosts, hosts_of   # ranks that never finalized, on the other hosts
+
+        clean_hosts(hosts_of(hosts, hostfile), status_dir, env=rank_environment(env))
     shutil.rmtree(status_dir, ignore_errors=True)
     if interrupted:
         if not quiet:

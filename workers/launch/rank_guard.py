@@ -25,6 +25,9 @@ the rank; a rank ended by a signal the guard received too (the launcher
 ending the job signals the whole process group; the guard waits 0.2 s for its
 own copy) counts as *terminated*, not *killed*. The rank gets
 ``PR_SET_PDEATHSIG`` (Linux) so it never outlives a guard that is killed.
+When the rank ends without success (a signal, a non-zero exit: no ``MPI_Finalize``), the guard
+unlinks the ``/dev/shm`` segments the rank noted that no live process maps any more, on the
+rank's own node, which a launcher on another node cannot reach.
 ``NBMPI_RANK_GUARD=0`` turns the guard off. Local; no MPI.
 """
 from __future__ import annotations
@@ -159,6 +162,8 @@ def guard() -> None:
             break
         except InterruptedError:
             continue
+    if not (os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0):
+        _remove_node_shm(status_dir, rank)
     if os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status)
         if sig in _PASSED_ON:
@@ -182,6 +187,17 @@ def guard() -> None:
         os.kill(os.getpid(), sig)
         os._exit(128 + sig)   # a signal that does not end a process by default
     os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1)
+
+
+def _remove_node_shm(status_dir: str, rank: str) -> None:
+    """After the rank ended without finalizing MPI: unlink the ``/dev/shm`` segments it noted that no
+    live process maps any more. Done here, on the rank's node (a launcher on another node cannot)."""
+    try:
+        from .processes import noted_segments, remove_shm
+
+        remove_shm(noted_segments(status_dir, rank))
+    except Exception:  # noqa: BLE001 - cleanup is best effort; the guard must still report the rank's end
+        pass
 
 
 def _copy_output(pipes, log_dir: str, rank: str) -> None:

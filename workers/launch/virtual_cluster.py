@@ -9,15 +9,17 @@
   used, only inside namespaces created here; ``K`` is a free /24 within it, so several clusters
   can be up at once);
 * a persistent UTS namespace with the node's name as hostname;
+* a persistent mount namespace in which ``/dev/shm`` is the node's own tmpfs, as on a real
+  cluster: what a rank leaves there is on its node only (:meth:`VirtualCluster.shm_files` lists it);
 * both directions of its link capped by ``tc qdisc ... root tbf`` (default 1 Gbit/s; ``rate=None``:
   uncapped).
 
-Nodes share the host's filesystem, ``/dev/shm`` included, and its pid namespace: a path or a
-pid means the same on every node and on the host, so the launcher started on the host watches
-and cleans up ranks on every node as it does on one machine (a real cluster has one ``/dev/shm``
-per node; there, each node's cleanup is that node's business).
+Apart from ``/dev/shm``, nodes share the host's filesystem (a status directory in ``/tmp`` is seen
+by every node, like a shared filesystem on a real cluster) and its pid namespace (the launcher on the
+host sees and ends the processes of every node). Shared memory a killed rank leaves on its node is
+removed on that node, by the rank's guard (:mod:`nbmpi.workers.launch.rank_guard`).
 
-Processes run on a node through ``nsenter --net=... --uts=...`` (:meth:`VirtualCluster.command`).
+Processes run on a node through ``nsenter --net=... --uts=... --mount=...`` (:meth:`VirtualCluster.command`).
 MPI reaches the nodes through Hydra's ssh launcher with a stand-in for ssh
 (:meth:`VirtualCluster.launch_env`: ``nbmpi run --hosts`` then places ranks on nodes as
 ``mpiexec -hosts`` does), with MPICH's ``ofi`` netmod over TCP between nodes; ranks of one
@@ -69,7 +71,7 @@ case "$host" in
 {cases}
   *) echo "ssh stand-in of virtual cluster {cid}: no node '$host' (nodes: {names})" >&2; exit 255 ;;
 esac
-exec nsenter --net="{netns}/$node" --uts="{state}/$node.uts" sh -c "$*"
+exec nsenter --net="{netns}/$node" --uts="{state}/$node.uts" --mount="{state}/$node.mnt" --wd="$PWD" sh -c "$*"
 """
 
 
@@ -144,6 +146,9 @@ class VirtualCluster:
             os.makedirs(self.state_dir)
             self._is_up = True
             try:
+                # the nodes' namespace files are bind mounts in here: a private mount (needed for mount namespaces)
+                _sh("mount", "--bind", self.state_dir, self.state_dir)
+                _sh("mount", "--make-private", self.state_dir)
                 _sh("ip", "link", "add", self.bridge, "type", "bridge")
                 _sh("ip", "addr", "add", f"{self.bridge_address}/24", "dev", self.bridge)
                 _sh("ip", "link", "set", self.bridge, "up")
@@ -180,9 +185,12 @@ class VirtualCluster:
             tbf = ("root", "tbf", "rate", self.rate, "burst", _burst(self.rate), "latency", "50ms")
             _sh("tc", "qdisc", "add", "dev", node.host_link, *tbf)
             _sh(*ns, "tc", "qdisc", "add", "dev", "eth0", *tbf)
-        uts = os.path.join(self.state_dir, f"{name}.uts")
+        uts, mnt = (os.path.join(self.state_dir, f"{name}.{k}") for k in ("uts", "mnt"))
         open(uts, "w").close()
         _sh("unshare", f"--uts={uts}", "hostname", name)
+        open(mnt, "w").close()
+        _sh("unshare", f"--mount={mnt}", "--propagation", "private",
+            "mount", "-t", "tmpfs", "-o", "mode=1777", f"nbmpi-shm-{name}", "/dev/shm")
 
     def _write_standin(self) -> None:
         cases = "\n".join(f"  {n.name}|{n.address}) node={n.name} ;;" for n in self.nodes)
@@ -247,19 +255,26 @@ class VirtualCluster:
                 return n
         raise KeyError(f"no node {which!r} in virtual cluster {self.cid} (nodes: {', '.join(self.names)})")
 
-    def command(self, which, argv: Sequence[str]) -> List[str]:
-        """The command line running ``argv`` on node ``which`` (its network and hostname)."""
+    def command(self, which, argv: Sequence[str], cwd: Optional[str] = None) -> List[str]:
+        """The command line running ``argv`` on node ``which`` (its network, hostname and ``/dev/shm``)
+        in directory ``cwd`` (default: this process's)."""
         n = self.node(which)
-        return ["nsenter", f"--net={NETNS_DIR}/{n.name}",
-                f"--uts={os.path.join(self.state_dir, n.name + '.uts')}", *argv]
+        base = os.path.join(self.state_dir, n.name)
+        return ["nsenter", f"--net={NETNS_DIR}/{n.name}", f"--uts={base}.uts", f"--mount={base}.mnt",
+                f"--wd={os.path.abspath(cwd or os.getcwd())}", *argv]
 
     def run(self, which, argv: Sequence[str], **kwargs) -> subprocess.CompletedProcess:
         """Run ``argv`` on node ``which`` and wait (``kwargs`` go to :func:`subprocess.run`)."""
-        return subprocess.run(self.command(which, argv), **kwargs)
+        return subprocess.run(self.command(which, argv, kwargs.get("cwd")), **kwargs)
 
     def popen(self, which, argv: Sequence[str], **kwargs) -> subprocess.Popen:
         """Start ``argv`` on node ``which`` and return at once; :meth:`down` ends it if still running."""
-        return subprocess.Popen(self.command(which, argv), **kwargs)
+        return subprocess.Popen(self.command(which, argv, kwargs.get("cwd")), **kwargs)
+
+    def shm_files(self, which) -> List[str]:
+        """The names of the files in node ``which``'s own ``/dev/shm`` now."""
+        out = self.run(which, ["ls", "-A", "/dev/shm"], capture_output=True, text=True, check=True).stdout
+        return out.split()
 
     def launch_env(self) -> Dict[str, str]:
         """Environment for ``nbmpi run --hosts`` (and anything else that runs ``mpiexec``) on this
@@ -343,12 +358,18 @@ def _tear_down(cid: str, bridge: str, names: Sequence[str]) -> None:
     if pids:
         end_processes(pids=pids, grace=1.0)
     state = os.path.join(STATE_ROOT, cid)
+    for name in names:   # mount namespaces first: they hold copies of the other namespaces' bind mounts
+        mnt = os.path.join(state, f"{name}.mnt")
+        if os.path.exists(mnt):
+            _sh("umount", mnt, check=False)
     for name in names:
         _sh("ip", "netns", "del", name, check=False)
         uts = os.path.join(state, f"{name}.uts")
         if os.path.exists(uts):
             _sh("umount", uts, check=False)
     _sh("ip", "link", "del", bridge, check=False)
+    if os.path.isdir(state):   # the private bind mount of up() (os.path.ismount misses a same-device bind)
+        _sh("umount", state, check=False)
     shutil.rmtree(state, ignore_errors=True)
 
 
