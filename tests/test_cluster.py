@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from conftest import TESTS, assert_ok
@@ -199,3 +200,73 @@ def test_cluster_command_runs_the_demo_job_and_tears_down():
     assert "done: 3 ranks x 200000 cells" in p.stdout, p.stdout
     assert "3 nodes up" in p.stderr and "torn down" in p.stderr, p.stderr
     assert set(vcm.list_clusters()) == before
+
+
+def _start_cluster_command(*cmd):
+    """`nbmpi cluster run --nodes 2 --rate none -- CMD` in a new session; returns (process, cluster id) once up."""
+    proc = subprocess.Popen([sys.executable, "-m", "nbmpi.workers.launch.cluster_cli", "cluster", "run", "--nodes", "2",
+                             "--rate", "none", "--", *cmd], stderr=subprocess.PIPE, text=True, start_new_session=True)
+    line = proc.stderr.readline()
+    assert "2 nodes up" in line, line
+    return proc, line.split("(nb", 1)[1].split("-node", 1)[0]
+
+
+def _assert_cluster_gone(cid: str) -> None:
+    assert cid not in vcm.list_clusters()
+    netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    assert f"nb{cid}-" not in netns and f"nb{cid}-" not in links, (netns, links)
+
+
+@pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
+def test_cluster_command_tears_down_on_ctrl_c_and_sigterm(how):
+    """Ctrl-C (SIGINT to the terminal's process group) or SIGTERM to `nbmpi cluster run` alone: the command
+    ends, the cluster is torn down, exit code 130; a process running on a node is ended too."""
+    proc, cid = _start_cluster_command("sleep", "600")
+    try:
+        vc = vcm.VirtualCluster.attach(cid)
+        on_node = vc.popen(0, ["sleep", "600"])
+        sleeper = [c.pid for c in psutil.Process(proc.pid).children()]
+        if how == "ctrl-c":
+            os.killpg(proc.pid, signal.SIGINT)
+        else:
+            os.kill(proc.pid, signal.SIGTERM)
+        assert proc.wait(timeout=60) == 130, proc.stderr.read()
+        assert "torn down" in proc.stderr.read()
+        _assert_cluster_gone(cid)
+        assert on_node.wait(timeout=10) != 0
+        time.sleep(0.2)
+        assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+                       for p in sleeper), sleeper
+    finally:
+        if proc.poll() is None:
+            from nbmpi.workers.launch.processes import end_processes
+
+            end_processes(groups=[proc.pid], leaders=[proc])
+
+
+def test_a_cluster_whose_owner_was_killed_is_removed_by_the_next_one():
+    """SIGKILL leaves no chance to tear down: the next cluster brought up on this machine removes it."""
+    proc, cid = _start_cluster_command("sleep", "600")
+    child = [c.pid for c in psutil.Process(proc.pid).children()]
+    try:
+        proc.kill()
+        proc.wait(timeout=10)
+        assert cid in vcm.list_clusters()
+        assert cid in vcm.remove_stale()
+        _assert_cluster_gone(cid)
+    finally:
+        from nbmpi.workers.launch.processes import end_processes
+
+        end_processes(pids=child)
+
+
+def test_refuses_in_one_line_where_it_cannot_run():
+    """Not root: one line saying so, exit code 3, nothing created."""
+    if subprocess.run(["which", "setpriv"], capture_output=True).returncode != 0:
+        pytest.skip("setpriv (util-linux) is needed to run the command as an unprivileged user")
+    p = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-m",
+                        "nbmpi.workers.launch.cluster_cli", "cluster", "run", "--", "true"],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 3, (p.returncode, p.stderr)
+    assert p.stderr.count("\n") == 1 and "needs root" in p.stderr, p.stderr

@@ -3,7 +3,8 @@
 * ``nbmpi cluster run [--nodes 3] [--rate 1gbit|none] -- COMMAND...``: bring a cluster up, run
   COMMAND on this host with the cluster's launch environment (``{hosts}`` in COMMAND becomes
   the nodes' addresses, comma-separated, for ``nbmpi run --hosts``), tear the cluster down when
-  COMMAND ends, on Ctrl-C, SIGTERM or SIGHUP. Exits with COMMAND's code.
+  COMMAND ends, or on Ctrl-C, SIGTERM or SIGHUP (COMMAND gets SIGINT and 10 s to end, then it is
+  killed; exit code 130). Exits with COMMAND's code.
 * ``nbmpi cluster up``: bring one up and leave it up (prints its id and the ``export`` lines
   of its launch environment); ``exec ID NODE -- COMMAND``: run COMMAND on a node;
   ``list``; ``down ID`` / ``down --all``.
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
+import signal
 import subprocess
 import sys
 from typing import List, Optional
@@ -44,8 +46,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
               "-m nbmpi.server.example_job", file=sys.stderr)
         return 2
     vc = vcm.VirtualCluster(args.nodes, args.rate)
+    vc.tear_down_on_exit()
+    for s in (signal.SIGTERM, signal.SIGHUP):   # like Ctrl-C: end COMMAND, then tear down (below)
+        signal.signal(s, _interrupt)
     try:
-        vc.tear_down_on_exit().up()
+        vc.up()
     except vcm.ClusterUnavailable as exc:
         print(f"nbmpi cluster: {exc}", file=sys.stderr)
         return 3
@@ -60,7 +65,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
             return proc.wait()
         except KeyboardInterrupt:
             try:
-                proc.wait(timeout=10)   # it got the Ctrl-C too: let it end its ranks
+                proc.send_signal(signal.SIGINT)   # (again, after a Ctrl-C at the terminal: harmless)
+                proc.wait(timeout=10)   # let it end its ranks
             except subprocess.TimeoutExpired:
                 from .processes import end_processes
 
@@ -69,6 +75,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
     finally:
         vc.down()
         print(f"nbmpi cluster: {vc.cid} torn down", file=sys.stderr)
+
+
+def _interrupt(signum, frame):  # noqa: ARG001
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def _cmd_up(args: argparse.Namespace) -> int:

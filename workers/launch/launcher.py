@@ -308,7 +308,8 @@ def run(nranks: int, argv: Sequence[str], env: Optional[Dict[str, str]] = None,
     if (hosts or hostfile) and (interrupted or timed_out or outcome.exit_code != 0):
         from .remote_cleanup import clean_hosts, hosts_of   # ranks that never finalized, on the other hosts
 
-        clean_hosts(hosts_of(hosts, hostfile), status_dir, env=rank_environment(env))
+        renv = rank_environment(env)
+        clean_hosts(hosts_of(hosts, hostfile), status_dir, shell=renv.get(LAUNCHER_EXEC_ENV) or "ssh", env=renv)
     shutil.rmtree(status_dir, ignore_errors=True)
     if interrupted:
         if not quiet:

@@ -32,14 +32,12 @@ def hosts_of(hosts: Optional[Sequence[str]] = None, hostfile: Optional[str] = No
     return list(dict.fromkeys(e.split(":", 1)[0] for e in entries if e))
 
 
-def clean_hosts(hosts: Sequence[str], status_dir: str, env: Optional[Dict[str, str]] = None) -> Dict[str, str]:
-    """Run the cleanup on each of ``hosts`` through ``ssh`` (or ``$NBMPI_LAUNCHER_EXEC`` in ``env``,
-    default this process's environment). Returns host -> what it reported (removed paths, or why it
-    failed). Blocking; never raises for a host that cannot be reached."""
-    from .launcher import LAUNCHER_EXEC_ENV
-
+def clean_hosts(hosts: Sequence[str], status_dir: str, shell: str = "ssh",
+                env: Optional[Dict[str, str]] = None) -> Dict[str, str]:
+    """Run the cleanup on each of ``hosts`` through ``shell`` (``ssh``, or the launcher's stand-in) with
+    environment ``env`` (default this process's). Returns host -> what it reported (removed paths, or
+    why it failed). Blocking; never raises for a host that cannot be reached."""
     env = dict(os.environ if env is None else env)
-    shell = env.get(LAUNCHER_EXEC_ENV) or "ssh"
     remote = shlex.join([sys.executable, "-m", __name__, status_dir])
     out: Dict[str, str] = {}
     for host in hosts:

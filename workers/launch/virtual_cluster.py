@@ -82,12 +82,12 @@ class ClusterUnavailable(RuntimeError):
 def why_not_available() -> Optional[str]:
     """One line saying why no virtual cluster can run here (not root, a tool missing), or None."""
     if os.name != "posix" or not os.path.isdir("/proc/self/ns"):
-        return "virtual cluster: needs Linux namespaces (/proc/self/ns)"
+        return "a virtual cluster needs Linux namespaces (/proc/self/ns); this system has none"
     if os.geteuid() != 0:
-        return "virtual cluster: needs root (it creates network namespaces, a bridge and veth links)"
+        return "a virtual cluster needs root (it creates network namespaces, a bridge and veth links); run as root"
     missing = [t for t in _TOOLS if shutil.which(t) is None]
     if missing:
-        return (f"virtual cluster: {', '.join(missing)} not found (install iproute2 and util-linux)")
+        return f"a virtual cluster needs {', '.join(missing)}, not found on PATH: install iproute2 and util-linux"
     return None
 
 
