@@ -270,3 +270,25 @@ def test_refuses_in_one_line_where_it_cannot_run():
                        capture_output=True, text=True, timeout=60)
     assert p.returncode == 3, (p.returncode, p.stderr)
     assert p.stderr.count("\n") == 1 and "needs root" in p.stderr, p.stderr
+
+
+def test_benchmark_quick_measures_both_sides_and_evaluates_its_targets(tmp_path):
+    """`benchmarks/cluster.py --quick` on its own 1 Gbit/s cluster: ping-pong channel vs raw between two nodes,
+    the stencil with and without latency hiding on two nodes, verified against NumPy; targets computed."""
+    from conftest import REPO
+
+    p = subprocess.run([sys.executable, str(REPO / "benchmarks" / "cluster.py"), "--quick", "--out-dir", str(tmp_path)],
+                       capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert_ok(p)
+    data = json.loads((tmp_path / "cluster_quick.json").read_text())
+    res = data["results"]["1gbit"]
+    for m in ("raw", "channel"):
+        assert all(t > 0 for t in res["pingpong"][m].values()), res["pingpong"]
+    assert all(h.startswith("no node peers") for h in res["pingpong"]["how"].values()), res["pingpong"]["how"]
+    st = res["stencil_2"]
+    assert st["verified"] is True and len(set(st["hosts"])) == 2, st["hosts"]
+    for m in ("hiding", "blocking"):
+        assert len(st[m]["wait_pct_median"]) == 2 and all(0 <= w <= 100 for w in st[m]["wait_pct_median"])
+    names = [t["target"] for t in data["targets"]]
+    assert any("without / with" in n for n in names) and all(t["status"] in ("PASS", "FAIL") for t in data["targets"])
+    assert "| link | bytes |" in (tmp_path / "cluster_quick.md").read_text()
