@@ -177,6 +177,9 @@ def test_cluster_tears_down_everything(tmp_path):
     try:
         assert vc.subnet is not None and vc.bridge.startswith(f"nb{vc.cid}")
         sleeper = vc.popen(1, ["sleep", "600"])
+        deadline = time.monotonic() + 10   # nsenter enters the namespaces, then execs sleep (same pid)
+        while sleeper.pid not in vc.pids(1) and time.monotonic() < deadline:
+            time.sleep(0.05)
         assert sleeper.pid in vc.pids(1)
         assert "tbf" not in vc.run(0, ["tc", "qdisc", "show", "dev", "eth0"], capture_output=True, text=True).stdout
     finally:
