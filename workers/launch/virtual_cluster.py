@@ -150,6 +150,8 @@ class VirtualCluster:
                 _sh("mount", "--bind", self.state_dir, self.state_dir)
                 _sh("mount", "--make-private", self.state_dir)
                 _sh("ip", "link", "add", self.bridge, "type", "bridge")
+                # where br_netfilter is loaded (Docker hosts), bridged frames would meet the host's iptables
+                _sh("ip", "link", "set", self.bridge, "type", "bridge", "nf_call_iptables", "0", check=False)
                 _sh("ip", "addr", "add", f"{self.bridge_address}/24", "dev", self.bridge)
                 _sh("ip", "link", "set", self.bridge, "up")
                 self._save()
