@@ -145,7 +145,7 @@ def add_cluster_command(sub) -> argparse.ArgumentParser:
         p.set_defaults(func=func)
     p = cs.add_parser("exec", help="run a command on a node of a cluster that is up")
     p.add_argument("id")
-    p.add_argument("node", help="node name or address")
+    p.add_argument("node", help="node name, address or number (1, node1, ...)")
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- COMMAND...")
     p.set_defaults(func=_cmd_exec)
     p = cs.add_parser("down", help="tear down a cluster (or --all)")
@@ -158,9 +158,13 @@ def add_cluster_command(sub) -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    """Entry point of ``python -m nbmpi.workers.launch.cluster_cli`` (the same actions as ``nbmpi cluster``)."""
+    """Entry point of ``python -m nbmpi.workers.launch.cluster_cli [cluster] ACTION ...`` (the actions of
+    ``nbmpi cluster``)."""
     from .cli import dispatch
 
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] != ["cluster"]:
+        argv = ["cluster", *argv]
     p = argparse.ArgumentParser(prog="nbmpi", description="nbmpi: a virtual cluster on this machine.")
     add_cluster_command(p.add_subparsers(dest="command", metavar="COMMAND"))
     return dispatch(p, argv)

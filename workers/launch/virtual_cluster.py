@@ -249,12 +249,15 @@ class VirtualCluster:
         return os.path.join(self.state_dir, "ssh")
 
     def node(self, which) -> Node:
-        """Node by index (0-based), name or address."""
+        """Node by index (an int, 0-based), name, address, or number as a string (``"2"``, ``"node2"``: 1-based)."""
         if isinstance(which, int):
             return self.nodes[which]
         for n in self.nodes:
             if which in (n.name, n.address):
                 return n
+        number = str(which).removeprefix("node")
+        if number.isdigit() and 1 <= int(number) <= len(self.nodes):
+            return self.nodes[int(number) - 1]
         raise KeyError(f"no node {which!r} in virtual cluster {self.cid} (nodes: {', '.join(self.names)})")
 
     def command(self, which, argv: Sequence[str], cwd: Optional[str] = None) -> List[str]:
