@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -209,6 +210,13 @@ def _start_cluster_command(*cmd):
     """`nbmpi cluster run --nodes 2 --rate none -- CMD` in a new session; returns (process, cluster id) once up."""
     proc = subprocess.Popen([sys.executable, "-m", "nbmpi.workers.launch.cluster_cli", "cluster", "run", "--nodes", "2",
                              "--rate", "none", "--", *cmd], stderr=subprocess.PIPE, text=True, start_new_session=True)
+    ready, _, _ = select.select([proc.stderr], [], [], 120)
+    if not ready:
+        from nbmpi.workers.launch.processes import end_processes
+
+        tree = [" ".join(c.cmdline()) for c in psutil.Process(proc.pid).children(recursive=True)]
+        end_processes(groups=[proc.pid], leaders=[proc])
+        pytest.fail(f"`nbmpi cluster run` printed nothing within 120 s; its children were: {tree}")
     line = proc.stderr.readline()
     assert "2 nodes up" in line, line
     return proc, line.split("(nb", 1)[1].split("-node", 1)[0]

@@ -54,6 +54,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
     except vcm.ClusterUnavailable as exc:
         print(f"nbmpi cluster: {exc}", file=sys.stderr)
         return 3
+    except KeyboardInterrupt:   # during set-up: up() removed what it had built
+        return 130
+    proc = None
     try:
         hosts = ",".join(vc.addresses)
         cmd = [c.replace("{hosts}", hosts) for c in cmd]
@@ -61,9 +64,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
         print(f"nbmpi cluster: {len(vc.nodes)} nodes up ({', '.join(f'{n.name} {n.address}' for n in vc.nodes)}; "
               f"links {rate}); running: {shlex.join(cmd)}", file=sys.stderr, flush=True)
         proc = subprocess.Popen(cmd, env={**os.environ, **vc.launch_env()})
-        try:
-            return proc.wait()
-        except KeyboardInterrupt:
+        return proc.wait()
+    except KeyboardInterrupt:   # Ctrl-C, SIGTERM, SIGHUP: whenever it comes
+        if proc is not None and proc.poll() is None:
             try:
                 proc.send_signal(signal.SIGINT)   # (again, after a Ctrl-C at the terminal: harmless)
                 proc.wait(timeout=10)   # let it end its ranks
@@ -71,7 +74,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
                 from .processes import end_processes
 
                 end_processes(pids=[proc.pid], leaders=[proc])
-            return 130
+        return 130
     finally:
         vc.down()
         print(f"nbmpi cluster: {vc.cid} torn down", file=sys.stderr)

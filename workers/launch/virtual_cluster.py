@@ -363,6 +363,11 @@ def _tear_down(cid: str, bridge: str, names: Sequence[str]) -> None:
     if pids:
         end_processes(pids=pids, grace=1.0)
     state = os.path.join(STATE_ROOT, cid)
+    # the links first, explicitly: a namespace's own veth ends go only when the kernel frees it, later
+    links = _sh("ip", "-o", "link", "show", check=False).stdout
+    for word in links.split():
+        if word.startswith(f"nb{cid}-h"):
+            _sh("ip", "link", "del", word.split("@", 1)[0].rstrip(":"), check=False)
     for name in names:   # mount namespaces first: they hold copies of the other namespaces' bind mounts
         mnt = os.path.join(state, f"{name}.mnt")
         if os.path.exists(mnt):
