@@ -47,7 +47,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         return 2
     vc = vcm.VirtualCluster(args.nodes, args.rate)
     vc.tear_down_on_exit()
-    for s in (signal.SIGTERM, signal.SIGHUP):   # like Ctrl-C: end COMMAND, then tear down (below)
+    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):   # all like Ctrl-C: end COMMAND, then tear down
         signal.signal(s, _interrupt)
     try:
         vc.up()
@@ -63,7 +63,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         rate = vc.rate or "uncapped"
         print(f"nbmpi cluster: {len(vc.nodes)} nodes up ({', '.join(f'{n.name} {n.address}' for n in vc.nodes)}; "
               f"links {rate}); running: {shlex.join(cmd)}", file=sys.stderr, flush=True)
-        proc = subprocess.Popen(cmd, env={**os.environ, **vc.launch_env()})
+        with _deferred_interrupts():   # a signal while COMMAND starts must not leave it unknown (orphaned)
+            proc = subprocess.Popen(cmd, env={**os.environ, **vc.launch_env()})
         return proc.wait()
     except KeyboardInterrupt:   # Ctrl-C, SIGTERM, SIGHUP: whenever it comes
         if proc is not None and proc.poll() is None:
@@ -80,8 +81,28 @@ def _cmd_run(args: argparse.Namespace) -> int:
         print(f"nbmpi cluster: {vc.cid} torn down", file=sys.stderr)
 
 
+_DEFER = {"on": False, "pending": None}
+
+
 def _interrupt(signum, frame):  # noqa: ARG001
+    """SIGINT/SIGTERM/SIGHUP during ``nbmpi cluster run``: KeyboardInterrupt, later when deferred."""
+    if _DEFER["on"]:
+        _DEFER["pending"] = signum
+        return
     raise KeyboardInterrupt(f"signal {signum}")
+
+
+class _deferred_interrupts:
+    """Within this block a signal only is noted; it raises KeyboardInterrupt when the block ends."""
+
+    def __enter__(self):
+        _DEFER["on"], _DEFER["pending"] = True, None
+
+    def __exit__(self, *exc):
+        _DEFER["on"] = False
+        if _DEFER["pending"] is not None and exc[0] is None:
+            raise KeyboardInterrupt(f"signal {_DEFER['pending']}")
+        return False
 
 
 def _cmd_up(args: argparse.Namespace) -> int:
