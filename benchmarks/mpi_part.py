@@ -22,13 +22,15 @@ def add_part_option(parser: argparse.ArgumentParser) -> None:
 
 
 def run_part(nranks: int, script: str, part: Path, args: Sequence[str] = (),
-             env: Optional[Dict[str, str]] = None) -> Tuple[int, Optional[Dict[str, Any]]]:
+             env: Optional[Dict[str, str]] = None,
+             hosts: Optional[Sequence[str]] = None) -> Tuple[int, Optional[Dict[str, Any]]]:
     """Run ``script --mpi-part PART *args`` on ``nranks`` ranks (``nbmpi.workers.launch.launcher.run``; ``env`` entries
-    are added to the ranks' environment). Blocks until every rank has ended. Returns ``(0, the JSON in PART)``,
-    or ``(exit code, None)`` after a line on stderr if the part failed or wrote nothing. Called by the main process only."""
+    are added to the ranks' environment; ``hosts``: placed on those hosts, as ``nbmpi run --hosts``). Blocks until
+    every rank has ended. Returns ``(0, the JSON in PART)``, or ``(exit code, None)`` after a line on stderr if the
+    part failed or wrote nothing. Called by the main process only."""
     from nbmpi.workers.launch.launcher import run
 
-    code = run(nranks, [str(script), PART_OPTION, str(part), *args], env=env)
+    code = run(nranks, [str(script), PART_OPTION, str(part), *args], env=env, hosts=hosts)
     if code != 0:
         print(f"the {nranks}-rank MPI part failed with exit code {code}", file=sys.stderr)
         return code, None

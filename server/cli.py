@@ -352,10 +352,12 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     """The parser of the ``nbmpi`` command: ``run`` and the controller's subcommands."""
     from nbmpi.workers.launch.cli import add_run_command
+    from nbmpi.workers.launch.cluster_cli import add_cluster_command
 
     p = argparse.ArgumentParser(prog="nbmpi", description="nbmpi: interactive distributed computing on MPI.")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     add_run_command(sub)
+    add_cluster_command(sub)
     register(sub)
     return p
 

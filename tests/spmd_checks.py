@@ -4,6 +4,7 @@ They run under ``nbmpi run`` (every rank), which finds this module through the `
 ``conftest.nbmpi_run`` gives its programs."""
 from __future__ import annotations
 
+import sys
 from typing import Callable, Sequence, Type
 
 from nbmpi.workers import world
@@ -16,8 +17,9 @@ def section(name: str) -> None:
     """Collective over the world: rank 0 prints ``ok NAME`` once every rank has finished the section; no rank
     goes on (and prints) before that line is written."""
     comm.Barrier()
-    if rank == 0:
-        print("ok", name, flush=True)
+    if rank == 0:   # one write: lines of ranks on other nodes arrive through mpiexec at any moment
+        sys.stdout.write(f"ok {name}\n")
+        sys.stdout.flush()
     comm.Barrier()
 
 

@@ -2,6 +2,7 @@
 one-call gather, send/receive matching, wait attribution, summary, Chrome export, clock
 alignment, buffer growth and dropped events. Plus Trace analysis on hand-made events."""
 import json
+import socket
 
 import numpy as np
 import pytest
@@ -244,7 +245,8 @@ def test_chrome_export(traced_run):
     meta = [e for e in events if e["ph"] == "M"]
     names = {e["pid"]: e["args"]["name"] for e in meta if e["name"] == "process_name"}
     sort = {e["pid"]: e["args"]["sort_index"] for e in meta if e["name"] == "process_sort_index"}
-    assert names == {0: "rank 0", 1: "rank 1", 2: "rank 2"}, names
+    here = socket.gethostname()   # every rank ran on this host: its name labels each lane
+    assert names == {r: f"rank {r} ({here})" for r in range(3)}, names
     assert sort == {0: 0, 1: 1, 2: 2}, sort
     slices = [e for e in events if e["ph"] == "X"]
     assert {e["pid"] for e in slices} == {0, 1, 2}

@@ -71,7 +71,9 @@ class NodeSegments:
         self._peers: Dict[int, Tuple[np.ndarray, np.ndarray]] = {}
         self.mine: Optional[np.ndarray] = None
         self.header: Optional[np.ndarray] = None
-        self.how = "not wanted" if not want else "no node peers"
+        self.how = ("not wanted" if not want else
+                    "no node peers: no other participant runs on this rank's node (MPI_COMM_TYPE_SHARED), "
+                    "so every transfer is an MPI message")
         unknown = [x for x in methods if x not in METHODS]
         if unknown:
             raise ValueError(f"NodeSegments: unknown methods {unknown}; expected some of {METHODS}")

@@ -18,6 +18,10 @@ def _usage_error(args: argparse.Namespace, program: List[str]) -> Optional[str]:
     """Why ``program`` cannot be run on ``args.n`` ranks, found before any rank starts (None: it can)."""
     if args.n < 1:
         return f"-n must be at least 1 (the number of MPI ranks), got {args.n}"
+    if args.hosts and args.hostfile:
+        return "give the hosts either with --hosts or with --hostfile, not both"
+    if args.hostfile and not os.path.isfile(args.hostfile):
+        return f"--hostfile {args.hostfile!r}: no such file (one host[:slots] a line); nothing was started"
     if args.timeout is not None and not args.timeout > 0:
         return f"--timeout must be a positive number of seconds, got {args.timeout}"
     if not program:
@@ -66,7 +70,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if why is not None:
         print(f"nbmpi run: {why}", file=sys.stderr)
         return 2
-    return run(args.n, program, timeout=args.timeout)
+    hosts = [h for h in args.hosts.split(",") if h] if args.hosts else None
+    return run(args.n, program, timeout=args.timeout, hosts=hosts, hostfile=args.hostfile)
 
 
 def add_run_command(sub) -> argparse.ArgumentParser:
@@ -76,6 +81,12 @@ def add_run_command(sub) -> argparse.ArgumentParser:
                                    "Returns the worst rank's exit code; if one rank fails or on Ctrl-C "
                                    "the whole process group is terminated (no orphan ranks).")
     r.add_argument("-n", type=int, default=2, metavar="N", help="number of ranks (default 2)")
+    r.add_argument("--hosts", metavar="H1,H2,...", default=None,
+                   help="place the ranks on these hosts in order, one slot each (`host:N`: N slots), as "
+                        "`mpiexec -hosts` does; started over ssh, or $NBMPI_LAUNCHER_EXEC (a virtual "
+                        "cluster's stand-in: `nbmpi cluster`)")
+    r.add_argument("--hostfile", metavar="FILE", default=None,
+                   help="like --hosts, one host[:N] a line (mpiexec -f)")
     r.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
                    help="terminate all ranks after this many seconds (exit code 124)")
     # -c/-m are options here: argparse's REMAINDER does not accept a leading "-c"/"-m"

@@ -23,6 +23,14 @@ from ..core.runtime import DEFAULT_THREAD_LEVEL, THREAD_LEVEL_ENV
 
 #: The mpiexec the launcher uses instead of the bundled one (read by the launching process only).
 MPIEXEC_ENV = "NBMPI_MPIEXEC"
+#: ``--hosts`` runs: the program Hydra runs instead of ``ssh`` to start its proxy on a host
+#: (a virtual cluster's stand-in, :mod:`nbmpi.workers.launch.virtual_cluster`); unset: ssh.
+LAUNCHER_EXEC_ENV = "NBMPI_LAUNCHER_EXEC"
+#: ``--hosts`` runs: this host's address as the other hosts reach it (Hydra's ``-localhost``).
+LAUNCHER_LOCALHOST_ENV = "NBMPI_LAUNCHER_LOCALHOST"
+#: The nodes' addresses, comma-separated (what ``nbmpi run --hosts`` takes), in a virtual cluster's
+#: environment (:mod:`nbmpi.workers.launch.virtual_cluster`).
+CLUSTER_HOSTS_ENV = "NBMPI_CLUSTER_HOSTS"
 #: Directory where each rank writes ``rank-R.pid`` at start, ``rank-R.exit`` at its end, and its
 #: guard ``rank-R.signal`` when a signal killed it; the launcher watches it.
 STATUS_DIR_ENV = "NBMPI_STATUS_DIR"

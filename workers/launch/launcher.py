@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence
 
 from . import environment
-from .environment import MPIEXEC_ENV, STATUS_DIR_ENV
+from .environment import LAUNCHER_EXEC_ENV, LAUNCHER_LOCALHOST_ENV, MPIEXEC_ENV, STATUS_DIR_ENV
 from .identity import Identity, popen_options
 from .processes import end_group_of, noted_segments, remove_shm, shm_segments_of
 
@@ -70,14 +70,42 @@ def rank_environment(extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:
 RANK_ENTRY = "nbmpi.workers.launch.rank_entry"
 
 
+
+
+def placement_args(hosts: Optional[Sequence[str]] = None, hostfile: Optional[str] = None,
+                   env: Optional[Dict[str, str]] = None) -> List[str]:
+    """mpiexec (Hydra) options placing the ranks on ``hosts`` (names or addresses; ``host:N`` gives
+    it N slots) or on the hosts of ``hostfile`` (one ``host[:N]`` a line), filled in order as
+    ``mpiexec -hosts`` / ``-f`` do. Hydra starts its proxies over ssh, or with
+    ``$NBMPI_LAUNCHER_EXEC`` instead of ssh, and they call back to ``$NBMPI_LAUNCHER_LOCALHOST``
+    when set (read from ``env``, default this process's environment). Empty when neither is given
+    (every rank on this host)."""
+    if hosts and hostfile:
+        raise ValueError("give the hosts either as a list (--hosts) or in a file (--hostfile), not both")
+    if not hosts and not hostfile:
+        return []
+    out = ["-launcher", "ssh"]
+    env = os.environ if env is None else env
+    standin = env.get(LAUNCHER_EXEC_ENV)
+    if standin:
+        out += ["-launcher-exec", standin]
+    here = env.get(LAUNCHER_LOCALHOST_ENV)
+    if here:
+        out += ["-localhost", here]
+    return out + (["-hosts", ",".join(hosts)] if hosts else ["-f", str(hostfile)])
+
+
 def mpiexec_command(nranks: int, argv: Sequence[str], python: Optional[str] = None,
-                    module: str = RANK_ENTRY) -> List[str]:
-    """The mpiexec command line running ``python -m MODULE argv`` on ``nranks`` ranks.
+                    module: str = RANK_ENTRY, hosts: Optional[Sequence[str]] = None,
+                    hostfile: Optional[str] = None, env: Optional[Dict[str, str]] = None) -> List[str]:
+    """The mpiexec command line running ``python -m MODULE argv`` on ``nranks`` ranks
+    (placed on ``hosts`` / ``hostfile`` when given: :func:`placement_args`).
 
     ``module`` is :mod:`nbmpi.workers.launch.rank_entry` for programs (``nbmpi run``,
     controller jobs) and ``ipyparallel.engine`` for the engines of a pool.
     """
-    return [find_mpiexec(), "-n", str(nranks), python or sys.executable, "-m", module, *argv]
+    return [find_mpiexec(), *placement_args(hosts, hostfile, env), "-n", str(nranks),
+            python or sys.executable, "-m", module, *argv]
 
 
 def read_status(status_dir: str, nranks: int) -> Dict[int, int]:
@@ -217,9 +245,12 @@ class RankWatch:
 
 
 def run(nranks: int, argv: Sequence[str], env: Optional[Dict[str, str]] = None,
-        stdout=None, stderr=None, timeout: Optional[float] = None, quiet: bool = False) -> int:
+        stdout=None, stderr=None, timeout: Optional[float] = None, quiet: bool = False,
+        hosts: Optional[Sequence[str]] = None, hostfile: Optional[str] = None) -> int:
     """Run ``argv`` (a script path and its arguments, or ``-m module ...`` / ``-c code``) on
-    ``nranks`` ranks. Blocks until every rank has ended; returns the worst exit code.
+    ``nranks`` ranks (on ``hosts`` / ``hostfile`` when given, see :func:`placement_args`; the
+    status directory must then be on a filesystem every host sees). Blocks until every rank has
+    ended; returns the worst exit code.
 
     ``timeout`` (s): terminate all ranks after it and return 124. Ctrl-C or
     SIGTERM terminates all ranks and returns 130. Unless ``quiet``, a final
@@ -245,7 +276,8 @@ def run(nranks: int, argv: Sequence[str], env: Optional[Dict[str, str]] = None,
     proc = None
     watch = RankWatch(status_dir, nranks)
     try:
-        proc = start(nranks, argv, status_dir, env=env, stdout=stdout, stderr=stderr)
+        proc = start(nranks, argv, status_dir, env=env, stdout=stdout, stderr=stderr, hosts=hosts,
+                     hostfile=hostfile)
         t_start = time.monotonic()
         while proc.poll() is None:
             time.sleep(0.05)
@@ -264,6 +296,11 @@ def run(nranks: int, argv: Sequence[str], env: Optional[Dict[str, str]] = None,
             signal.signal(s, h)
     outcome = watch.outcome(proc.returncode)
     watch.clean_up()
+    if (hosts or hostfile) and (interrupted or timed_out or outcome.exit_code != 0):
+        from .remote_cleanup import clean_hosts, hosts_of   # ranks that never finalized, on the other hosts
+
+        renv = rank_environment(env)
+        clean_hosts(hosts_of(hosts, hostfile), status_dir, shell=renv.get(LAUNCHER_EXEC_ENV) or "ssh", env=renv)
     shutil.rmtree(status_dir, ignore_errors=True)
     if interrupted:
         if not quiet:
@@ -280,8 +317,10 @@ def run(nranks: int, argv: Sequence[str], env: Optional[Dict[str, str]] = None,
 
 def start(nranks: int, argv: Sequence[str], status_dir: str, env: Optional[Dict[str, str]] = None,
           stdout=None, stderr=None, cwd: Optional[str] = None, full_env: bool = False,
-          identity: Optional[Identity] = None) -> subprocess.Popen:
-    """Start ``argv`` on ``nranks`` ranks and return at once (non-blocking half of :func:`run`).
+          identity: Optional[Identity] = None, hosts: Optional[Sequence[str]] = None,
+          hostfile: Optional[str] = None) -> subprocess.Popen:
+    """Start ``argv`` on ``nranks`` ranks (on ``hosts`` / ``hostfile``: :func:`placement_args`) and
+    return at once (non-blocking half of :func:`run`).
 
     mpiexec is started in a new session (its pid is the process group id to
     end with :func:`nbmpi.workers.launch.processes.end_processes`); ranks report their
@@ -297,5 +336,6 @@ def start(nranks: int, argv: Sequence[str], status_dir: str, env: Optional[Dict[
     os.makedirs(status_dir, exist_ok=True)
     renv = dict(env or {}) if full_env else rank_environment(env)
     renv[STATUS_DIR_ENV] = status_dir
-    return subprocess.Popen(mpiexec_command(nranks, argv), env=renv, stdout=stdout, stderr=stderr,
+    cmd = mpiexec_command(nranks, argv, hosts=hosts, hostfile=hostfile, env=renv)
+    return subprocess.Popen(cmd, env=renv, stdout=stdout, stderr=stderr,
                             cwd=cwd, start_new_session=True, **popen_options(identity))

@@ -121,11 +121,12 @@ def note_segments(status_dir: str, rank: str) -> None:
         pass
 
 
-def noted_segments(status_dir: str) -> Set[str]:
-    """Every segment the ranks noted in ``status_dir`` with :func:`note_segments`."""
+def noted_segments(status_dir: str, rank: Optional[str] = None) -> Set[str]:
+    """Every segment the ranks (only rank ``rank`` when given) noted in ``status_dir`` with
+    :func:`note_segments`."""
     found: Set[str] = set()
     try:
-        names = [n for n in os.listdir(status_dir) if n.endswith(".shm")]
+        names = [n for n in os.listdir(status_dir) if n.endswith(".shm") and (rank is None or n == f"rank-{rank}.shm")]
     except OSError:
         return found
     for n in names:

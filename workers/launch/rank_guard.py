@@ -36,6 +36,10 @@ finds them below the guard too.
 ``NBMPI_RANK_GUARD=0`` turns the guard off under ``nbmpi run``; the controller
 always sets it on for its jobs, whatever a job's own ``env`` says
 (:func:`nbmpi.workers.launch.environment.job_environment`). Local; no MPI.
+
+When the rank ends without success (a signal, a non-zero exit: no ``MPI_Finalize``), the guard
+unlinks the ``/dev/shm`` segments the rank noted that no live process maps any more, on the
+rank's own node, which a launcher on another node cannot reach.
 """
 from __future__ import annotations
 
@@ -256,6 +260,8 @@ def _reaped(child: int, block: bool) -> Optional[int]:
 
 def _end_as_child(status: int, passed_on: set, status_dir: str, rank: str) -> None:
     """Report a signal that killed the rank (unless the guard passed it on), then end like it."""
+    if not (os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0):
+        _remove_node_shm(status_dir, rank)
     if os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status)
         if sig in _PASSED_ON:
@@ -279,6 +285,17 @@ def _end_as_child(status: int, passed_on: set, status_dir: str, rank: str) -> No
         os.kill(os.getpid(), sig)
         os._exit(128 + sig)   # a signal that does not end a process by default
     os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1)
+
+
+def _remove_node_shm(status_dir: str, rank: str) -> None:
+    """After the rank ended without finalizing MPI: unlink the ``/dev/shm`` segments it noted that no
+    live process maps any more. Done here, on the rank's node (a launcher on another node cannot)."""
+    try:
+        from .processes import noted_segments, remove_shm
+
+        remove_shm(noted_segments(status_dir, rank))
+    except Exception:  # noqa: BLE001 - cleanup is best effort; the guard must still report the rank's end
+        pass
 
 
 def main(argv: Optional[List[str]] = None) -> None:

@@ -21,7 +21,7 @@ receives, which is exactly MPI's non-overtaking matching rule.
 from __future__ import annotations
 
 import json
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
@@ -56,11 +56,13 @@ class Trace:
     """Events of all ranks on rank 0's clock (ns). Built by ``Tracer.gather``.
 
     ``events`` is an ``(n, NF)`` int64 array with columns :data:`FIELDS`;
-    ``ranks[i]`` is the rank that recorded event ``i``.
+    ``ranks[i]`` is the rank that recorded event ``i``; ``hosts[r]`` the name of the node rank
+    ``r`` ran on ("" where unknown), which names its lane next to the rank number.
     """
 
     def __init__(self, events: np.ndarray, ranks: np.ndarray, nranks: int, kinds: List[str],
-                 dropped: Optional[np.ndarray] = None, clock_error_ns: Optional[np.ndarray] = None):
+                 dropped: Optional[np.ndarray] = None, clock_error_ns: Optional[np.ndarray] = None,
+                 hosts: Optional[Sequence[str]] = None):
         self.events = np.array(events, dtype=np.int64).reshape(-1, NF)
         self.ranks = np.asarray(ranks, dtype=np.int64)
         self.nranks = int(nranks)
@@ -68,9 +70,15 @@ class Trace:
         self.dropped = np.zeros(self.nranks, np.int64) if dropped is None else np.asarray(dropped)
         self.clock_error_ns = (np.zeros(self.nranks, np.int64) if clock_error_ns is None
                                else np.asarray(clock_error_ns))
+        self.hosts = [str(h) for h in hosts] if hosts is not None else [""] * self.nranks
         self.flow_pairs = np.empty((0, 2), dtype=np.int64)  # (send index, recv index)
         self.unmatched = 0
         self._attribute_waits()
+
+    def lane_name(self, r: int) -> str:
+        """The name of rank ``r``'s lane: ``"rank 1 (node2)"``, or ``"rank 1"`` when its host is unknown."""
+        host = self.hosts[r] if 0 <= r < len(self.hosts) else ""
+        return f"rank {r} ({host})" if host else f"rank {r}"
 
     # -- columns --------------------------------------------------------------
     def col(self, name: str) -> np.ndarray:
@@ -235,7 +243,7 @@ class Trace:
             for k, cnt in zip(*np.unique(kinds[m], return_counts=True)):
                 by_kind[self.kind_name(int(k))] = int(cnt)
             ranks.append(dict(
-                rank=r, total_s=total, compute_s=compute, comm_s=comm, wait_s=w,
+                rank=r, host=self.hosts[r] if r < len(self.hosts) else "", total_s=total, compute_s=compute, comm_s=comm, wait_s=w,
                 compute_frac=compute / total if total else 0.0,
                 comm_frac=comm / total if total else 0.0,
                 wait_frac=w / total if total else 0.0,
@@ -258,7 +266,7 @@ class Trace:
         order), then ``extra`` (more events in the same form, e.g. waits still open at the end).
         Holds one rank's state columns at a time, never a list of every slice."""
         for r in range(self.nranks):
-            yield dict(ph="M", name="process_name", pid=r, tid=0, args=dict(name=f"rank {r}"))
+            yield dict(ph="M", name="process_name", pid=r, tid=0, args=dict(name=self.lane_name(r)))
             yield dict(ph="M", name="process_sort_index", pid=r, tid=0, args=dict(sort_index=r))
             yield dict(ph="M", name="thread_name", pid=r, tid=0, args=dict(name="state"))
             yield dict(ph="M", name="thread_sort_index", pid=r, tid=0, args=dict(sort_index=0))
@@ -287,7 +295,7 @@ class Trace:
     def to_chrome(self) -> Dict[str, Any]:
         """Chrome Trace Event JSON (object form) that Perfetto and chrome://tracing open.
 
-        One process per rank (``pid`` = rank, sorted by rank), one state thread
+        One process per rank (``pid`` = rank, sorted by rank, named by :meth:`lane_name`), one state thread
         per rank whose ``ph:"X"`` slices never overlap (compute / wait / comm),
         timestamps in microseconds from :attr:`t0`, and a flow arrow
         (``bind_id`` with ``flow_out`` on the send, ``flow_in`` on the receive)
@@ -310,11 +318,12 @@ class Trace:
         """Save the raw trace (``.npz``) for later analysis with :meth:`load`."""
         np.savez_compressed(path, events=self.events, ranks=self.ranks, nranks=self.nranks,
                             kinds=np.array(self.kinds), dropped=self.dropped,
-                            clock_error_ns=self.clock_error_ns)
+                            clock_error_ns=self.clock_error_ns, hosts=np.array(self.hosts, dtype=str))
 
     @classmethod
     def load(cls, path: str) -> "Trace":
         """Load a trace written by :meth:`save` (waits are already attributed)."""
         z = np.load(path)
         return cls(z["events"], z["ranks"], int(z["nranks"]), [str(k) for k in z["kinds"]],
-                   dropped=z["dropped"], clock_error_ns=z["clock_error_ns"])
+                   dropped=z["dropped"], clock_error_ns=z["clock_error_ns"],
+                   hosts=[str(h) for h in z["hosts"]] if "hosts" in z.files else None)

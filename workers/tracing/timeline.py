@@ -132,7 +132,8 @@ class TimelineColumns:
         ``arrows`` ``x0``, ``y0``, ``x1``, ``y1`` (from the send to the receive) and ``heads`` ``x``,
         ``y``, ``marker``, ``call``
         (the arrow's head at the receive). ``meta``: the window, ``in_window`` segments and
-        ``shown`` rows, ``arrows_in_window`` / ``arrows_shown``, ``merged`` (bool).
+        ``shown`` rows, ``arrows_in_window`` / ``arrows_shown``, ``merged`` (bool), ``lanes`` (each
+        lane's name: ``rank R (HOST)`` where the host is known).
         """
         s0 = 0.0 if start_s is None else float(start_s)
         s1 = self.duration_s if end_s is None else float(end_s)
@@ -161,7 +162,8 @@ class TimelineColumns:
         merged = merged or thinned
         meta = dict(start_s=s0, end_s=s1, duration_s=self.duration_s, width=int(width or 0), in_window=int(len(idx)),
                     shown=len(seg["left"]), arrows_in_window=int(a_in), arrows_shown=len(arrows["x0"]),
-                    merged=merged, ranks=list(self.ranks), events=int(len(self.trace)))
+                    merged=merged, ranks=list(self.ranks), events=int(len(self.trace)),
+                    lanes=[_lane_name(self.trace, int(r)) for r in self.ranks])
         return dict(segments=seg, arrows=arrows, heads=heads, meta=meta)
 
     def _add_segment(self, seg: Dict[str, list], left, right, lane: int, state: int, event: int, count, dur_s,
@@ -264,6 +266,12 @@ class TimelineColumns:
             heads["call"].append(f"{self.trace.op_label(send)} -> {self.trace.op_label(recv)}, "
                                  f"{_fmt_bytes(nbytes)}, {_fmt_s(max(x1 - x0, 0.0))} from send to receive end")
         return arrows, heads, a_in, thinned
+
+
+def _lane_name(trace, r: int) -> str:
+    """``rank R (HOST)`` where the trace knows rank R's host (:meth:`~.analysis.Trace.lane_name`), else ``rank R``."""
+    name = getattr(trace, "lane_name", None)
+    return name(r) if name is not None else f"rank {r}"
 
 
 def timeline_columns(trace, window: Optional[Tuple[int, int]] = None, ranks: Optional[Sequence[int]] = None,
@@ -657,7 +665,8 @@ def _timeline_figure(cds: Dict[str, Any], view: Dict[str, Any], title: Optional[
                 x_axis_label=x_label, toolbar_location="above", lod_threshold=2000, lod_factor=10,
                 lod_interval=300, lod_timeout=500)
     tl.yaxis.ticker = FixedTicker(ticks=list(range(n)))
-    tl.yaxis.major_label_overrides = {k: f"rank {r}" for k, r in enumerate(ranks)}
+    lanes = meta.get("lanes") or [f"rank {r}" for r in ranks]
+    tl.yaxis.major_label_overrides = {k: lanes[k] for k in range(n)}
     tl.ygrid.grid_line_color = None
     tl.xaxis.formatter.use_scientific = False
     quads = tl.quad(left="left", right="right", bottom="bottom", top="top", fill_color="color", line_color=None,

@@ -27,6 +27,7 @@ matching (late sender / late receiver / last arrival at a collective).
 from __future__ import annotations
 
 import os
+import socket
 import struct
 import threading
 import time
@@ -37,6 +38,9 @@ import numpy as np
 from ..core.runtime import MPI, tracing_enabled_by_env, world
 from .analysis import Trace
 from .records import DIR_NONE, DIR_RECV, DIR_SEND, FIELDS, NF, kind_names, register_kind
+
+#: Bytes of a rank's host name kept in a gathered trace (longer names are cut).
+HOST_BYTES = 64
 
 __all__ = ["Tracer", "get_tracer", "set_tracer", "gather_trace", "register_kind", "kind_names",
            "FIELDS", "NF", "DIR_NONE", "DIR_SEND", "DIR_RECV"]
@@ -205,10 +209,15 @@ class Tracer(_TracerCore):  # type: ignore[misc, valid-type]
         """Collect the events of all ranks (from index ``since``) on ``root``. Collective.
 
         Returns a :class:`~nbmpi.workers.tracing.analysis.Trace` on ``root`` and
-        ``None`` elsewhere. Times are shifted onto rank 0's clock. Buffers only,
-        no pickling.
+        ``None`` elsewhere. Times are shifted onto rank 0's clock; each rank's host name
+        (:data:`HOST_BYTES` at most) names its lane. Buffers only, no pickling.
         """
         comm = self.comm
+        host = np.zeros(HOST_BYTES, dtype=np.uint8)
+        name = socket.gethostname().encode()[:HOST_BYTES]
+        host[:len(name)] = np.frombuffer(name, dtype=np.uint8)
+        hosts = np.empty((self.size, HOST_BYTES), dtype=np.uint8) if self.rank == root else None
+        comm.Gather(host, hosts, root=root)
         ev = np.ascontiguousarray(self.events(since)).copy()
         ev[:, _T_START] += self.offset_ns
         ev[:, _T_END] += self.offset_ns
@@ -220,8 +229,9 @@ class Tracer(_TracerCore):  # type: ignore[misc, valid-type]
             allev = np.empty(int(counts.sum()), dtype=np.int64)
             comm.Gatherv(ev.reshape(-1), [allev, counts], root=root)
             ranks = np.repeat(np.arange(self.size, dtype=np.int64), metas[:, 0])
+            names = [bytes(h).rstrip(b"\0").decode(errors="replace") for h in hosts]
             return Trace(allev.reshape(-1, NF), ranks, self.size, kind_names(),
-                         dropped=metas[:, 1].copy(), clock_error_ns=metas[:, 2].copy())
+                         dropped=metas[:, 1].copy(), clock_error_ns=metas[:, 2].copy(), hosts=names)
         comm.Gatherv(ev.reshape(-1), None, root=root)
         return None
 
