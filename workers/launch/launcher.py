@@ -11,7 +11,11 @@ launcher:
 * watches the ranks: as soon as one rank fails, the whole process group of
   mpiexec is terminated (SIGTERM, then SIGKILL after a grace period), so no
   rank is left blocked forever waiting for the dead one;
-* on Ctrl-C / SIGTERM terminates the whole process group likewise;
+* on Ctrl-C / SIGTERM or at ``timeout`` first asks every rank where it is
+  (:func:`~nbmpi.workers.launch.rank_location.request_locations`: operation, peer, user line)
+  and prints one line per rank, then terminates the whole process group likewise; the
+  ranks' guards know it was on purpose (:func:`~nbmpi.workers.launch.rank_guard.mark_ending`)
+  and exit quietly, so MPICH prints no "BAD TERMINATION" banner;
 * returns the worst exit code: the highest code of the ranks that failed on
   their own (ranks killed because another failed do not count), 0 if all
   succeeded, mpiexec's own code if no rank reported.
@@ -32,6 +36,8 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence
 
 from .processes import end_group_of, noted_segments, remove_shm, shm_segments_of
+from .rank_guard import mark_ending
+from .rank_location import describe_snapshot, request_locations
 from ..core.runtime import DEFAULT_THREAD_LEVEL, THREAD_LEVEL_ENV
 
 MPIEXEC_ENV = "NBMPI_MPIEXEC"
@@ -260,6 +266,10 @@ def run(nranks: int, argv: Sequence[str], env: Optional[Dict[str, str]] = None,
                 break
             if watch.should_end():
                 break
+        where = None
+        if (interrupted or timed_out) and proc.poll() is None:
+            where = request_locations(status_dir, sorted(watch.pids()))
+            mark_ending(status_dir)   # the guards of the ranks we end now exit quietly (no MPICH banner)
         end_group_of(proc)  # whatever ended the run, no rank of it survives
     finally:
         if proc is not None and proc.poll() is None:  # an exception in the watch loop
@@ -269,14 +279,14 @@ def run(nranks: int, argv: Sequence[str], env: Optional[Dict[str, str]] = None,
     outcome = watch.outcome(proc.returncode)
     watch.clean_up()
     shutil.rmtree(status_dir, ignore_errors=True)
-    if interrupted:
+    if interrupted or timed_out:
         if not quiet:
-            print("nbmpi run: interrupted; all ranks terminated", file=sys.stderr)
-        return 130
-    if timed_out:
-        if not quiet:
-            print(f"nbmpi run: timed out after {timeout} s; all ranks terminated", file=sys.stderr)
-        return 124
+            what = "interrupted" if interrupted else f"timed out after {timeout} s"
+            print(f"nbmpi run: {what}; all ranks terminated" + ("; where they were:" if where else ""),
+                  file=sys.stderr)
+            for r, snap in sorted((where or {}).items()):
+                print(f"nbmpi run:   rank {r}: {describe_snapshot(snap)}", file=sys.stderr)
+        return 130 if interrupted else 124
     if outcome.message and not quiet:
         print(f"nbmpi run: {outcome.message}", file=sys.stderr)
     return outcome.exit_code
