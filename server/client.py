@@ -24,18 +24,6 @@ class ApiError(Exception):
         self.message = message
 
 
-def _validation_text(detail: Any) -> str:
-    """One line for a validation error answer (FastAPI's list of ``{"loc", "msg"}``): ``"ranks: Input
-    should be greater than or equal to 1"``; other answers as their text."""
-    if isinstance(detail, list) and all(isinstance(d, dict) and "msg" in d for d in detail):
-        parts = []
-        for d in detail:
-            loc = [str(x) for x in d.get("loc", ()) if x not in ("body", "query", "path")]
-            parts.append((".".join(loc) + ": " if loc else "") + str(d["msg"]))
-        return "; ".join(parts)
-    return str(detail)
-
-
 class Client:
     """Talks to the controller at ``url`` with bearer ``token``."""
 
@@ -65,7 +53,7 @@ class Client:
                 detail = r.json().get("detail", r.text)
             except ValueError:
                 detail = r.text
-            raise ApiError(r.status_code, detail if isinstance(detail, str) else _validation_text(detail))
+            raise ApiError(r.status_code, detail if isinstance(detail, str) else str(detail))
         return r
 
     # -- service --------------------------------------------------------------------------

@@ -178,7 +178,7 @@ def test_submit_checks_syntax_and_ranks_before_submitting(server, tmp_path):
 
     with Client(server.url, server.token) as c, pytest.raises(ApiError) as info:
         c.submit("print(1)", ranks=0)
-    assert info.value.status == 422 and info.value.message == "ranks: Input should be greater than or equal to 1"
+    assert str(info.value) == "422: invalid request: body.ranks: Input should be greater than or equal to 1"
 
 
 SLEEPER = """

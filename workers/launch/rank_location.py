@@ -14,6 +14,11 @@ calling anything).
 For waits inside nbmpi's own calls, :data:`nbmpi.workers.core.waiting.current`
 already names the operation and the peer; this module covers everything else.
 Read-only and safe to call from any thread at any time.
+
+Ranks under the launcher (``nbmpi run``) answer the question from outside
+through files: each rank runs :func:`answer_where_requests` (a daemon thread),
+and the launcher, before it ends a launch on purpose (``--timeout``, Ctrl-C),
+calls :func:`request_locations` and prints :func:`describe_snapshot` per rank.
 """
 from __future__ import annotations
 
@@ -150,7 +155,10 @@ def format_location(loc: Optional[Dict[str, Any]]) -> str:
         return ""
     top = loc["stack"][-1]
     fname = top["file"]
-    place = "cell" if "ipykernel_" in fname or fname.startswith("<") else os.path.basename(fname)
+    if fname == "<string>":   # ``nbmpi run -c CODE``
+        place = "-c code"
+    else:
+        place = "cell" if "ipykernel_" in fname or fname.startswith("<") else os.path.basename(fname)
     text = f"{place} line {top['line']}"
     if top.get("code"):
         text += f" `{top['code']}`"
