@@ -245,3 +245,25 @@ def test_pool_cli_and_the_reason_a_queued_job_waits(server, tmp_path):
     assert pool_processes(server.data_dir) == []
     p = nbmpi(server, tmp_path, "pool", "stop", "9999")
     assert p.returncode == 1 and p.stderr.startswith("nbmpi: 404: "), p.stderr
+
+
+def test_remote_traceback_of_code_without_source_has_no_repeated_could_not_get_source():
+    """A real IPython traceback (as the engines format it) through five frames of dynamically compiled
+    code carries IPython's "Could not get source" line five times; the rendered error has none of them
+    and keeps every frame's header."""
+    from IPython.core.ultratb import VerboseTB
+
+    from nbmpi.kernel_ext.output import NO_SOURCE, DistributedCellError
+
+    ns: dict = {}
+    exec(compile("def f(n):\n    if n == 0:\n        raise ValueError('deep')\n    f(n - 1)\n", "<dyn>", "exec"), ns)
+    try:
+        ns["f"](4)
+    except ValueError:
+        tb = VerboseTB(theme_name="nocolor").text(*sys.exc_info())
+    assert tb.count(NO_SOURCE) == 5
+    text = "\n".join(DistributedCellError({0: ("ValueError", "deep", tb), 1: ("ValueError", "deep", tb)}, {})
+                     ._render_traceback_())
+    assert NO_SOURCE not in text and text.count("File <dyn>:4, in f(n=") == 4, text
+    assert text.startswith("[ranks 0-1] remote traceback:") and text.endswith("DistributedCellError: ValueError on "
+                                                                                "ranks 0-1: deep"), text
