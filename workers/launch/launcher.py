@@ -233,7 +233,9 @@ def run(nranks: int, argv: Sequence[str], env: Optional[Dict[str, str]] = None,
 
     ``timeout`` (s): terminate all ranks after it and return 124. Ctrl-C or
     SIGTERM terminates all ranks and returns 130. Unless ``quiet``, a final
-    line on stderr says how the run ended when it did not succeed.
+    line on stderr says how the run ended when it did not succeed; after a
+    timeout or Ctrl-C one more line per rank says where it was (operation,
+    peer, user line; the ranks get up to 1.5 s to answer).
     """
     if nranks < 1:
         raise ValueError(f"-n must be at least 1, got {nranks}")
