@@ -181,9 +181,9 @@ def _cmd_submit(args: argparse.Namespace) -> int:
 
     path = Path(args.script)
     if args.n is not None and args.n < 1:
-        return _usage(f"-n must be at least 1 (the number of MPI ranks), got {args.n}; nothing was submitted")
+        return _submit_usage(f"-n must be at least 1 (the number of MPI ranks), got {args.n}; nothing was submitted")
     if args.timeout is not None and not args.timeout > 0:
-        return _usage(f"--timeout must be a positive number of seconds, got {args.timeout:g}; "
+        return _submit_usage(f"--timeout must be a positive number of seconds, got {args.timeout:g}; "
                       "nothing was submitted")
     try:
         code = path.read_text()
@@ -191,7 +191,7 @@ def _cmd_submit(args: argparse.Namespace) -> int:
         return _fail(f"cannot read {path}: {exc.strerror or exc}; nothing was submitted")
     why = check_syntax(code, str(path))
     if why is not None:
-        return _usage(f"{why.replace('nothing was started', 'nothing was submitted')}")
+        return _submit_usage(f"{why.replace('nothing was started', 'nothing was submitted')}")
     env = {}
     for item in args.env or []:
         if "=" not in item:
@@ -244,7 +244,7 @@ def _interrupted_wait(c, job_id: int, cancel: bool) -> int:
     return 130
 
 
-def _usage(why: str) -> int:
+def _submit_usage(why: str) -> int:
     print(f"nbmpi submit: {why}", file=sys.stderr)
     return 2
 
