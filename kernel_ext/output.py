@@ -123,6 +123,10 @@ class _RenderedError(Exception):
         return self.summary + "\n" + "\n".join(strip_ansi(line) for line in self.lines)
 
 
+#: IPython's text for a traceback frame without readable source.
+NO_SOURCE = "Could not get source, probably due dynamically evaluated source code."
+
+
 class DistributedCellError(_RenderedError):
     """A ``%%distributed`` cell raised on one or more ranks.
 
@@ -136,6 +140,10 @@ class DistributedCellError(_RenderedError):
         lines: List[str] = []
         import re
 
+        # IPython writes this line under every frame whose source it cannot read (compiled or
+        # dynamically evaluated code): five such frames, five copies. The frame's header stays.
+        self.errors = {r: (n, v, "\n".join(line for line in tb.split("\n") if NO_SOURCE not in line))
+                       for r, (n, v, tb) in self.errors.items()}
         # ranks run different numbers of cells (--ranks), so "In[7]" may differ: ignore it when grouping
         norm = {r: re.sub(r"In\[\d+\]", "In[ ]", tb) for r, (_, _, tb) in self.errors.items()}
         for ranks, _ in group_identical(norm):

@@ -14,9 +14,11 @@ imports the controller; ``python -m nbmpi.workers.launch.cli run`` works without
 * ``nbmpi submit script.py -n 4 [--wait] [--timeout S] [--pool ID] [--args 'A B'] [--idempotency-key K]``:
   queue a job and print its id (the request carries an ``Idempotency-Key``, and is retried with it when
   the connection breaks, so it runs once); ``--wait`` follows it, prints every rank's output and
-  exits with the job's exit code.
+  exits with the job's exit code. The script's syntax is checked before anything is submitted;
+  Ctrl-C during ``--wait`` says the job keeps running (``--cancel-on-interrupt``: cancels it).
 * ``nbmpi jobs [--state S]``, ``nbmpi logs ID [--rank R] [--stderr]``,
-  ``nbmpi cancel ID``, ``nbmpi pools``.
+  ``nbmpi cancel ID``, ``nbmpi pools``, ``nbmpi pool start -n N [--name X] [--idle-timeout S]``,
+  ``nbmpi pool stop ID``.
 * ``nbmpi demo [-n N] [--data-dir DIR] [--keep]``: see :mod:`nbmpi.server.demo`.
 
 Client commands take ``--server URL`` and ``--token T``, else ``$NBMPI_SERVER`` /
@@ -240,11 +242,21 @@ def _fmt_time(t: Optional[float]) -> str:
 def _cmd_submit(args: argparse.Namespace) -> int:
     from .client import ApiError
 
+    from nbmpi.workers.launch.cli import check_syntax
+
     path = Path(args.script)
+    if args.n is not None and args.n < 1:
+        return _submit_usage(f"-n must be at least 1 (the number of MPI ranks), got {args.n}; nothing was submitted")
+    if args.timeout is not None and not args.timeout > 0:
+        return _submit_usage(f"--timeout must be a positive number of seconds, got {args.timeout:g}; "
+                      "nothing was submitted")
     try:
         code = path.read_text()
     except OSError as exc:
-        return _fail(f"cannot read {path}: {exc}")
+        return _fail(f"cannot read {path}: {exc.strerror or exc}; nothing was submitted")
+    why = check_syntax(code, str(path))
+    if why is not None:
+        return _submit_usage(f"{why.replace('nothing was started', 'nothing was submitted')}")
     env = {}
     for item in args.env or []:
         if "=" not in item:
@@ -265,7 +277,10 @@ def _cmd_submit(args: argparse.Namespace) -> int:
             print(job["id"], flush=True)
             if not args.wait:
                 return 0
-            job = c.wait(job["id"])
+            try:
+                job = c.wait(job["id"])
+            except KeyboardInterrupt:
+                return _interrupted_wait(c, job["id"], args.cancel_on_interrupt)
     except ApiError as exc:
         return _fail(exc)
     print(f"nbmpi: job {job['id']} {job['state']}" + (f": {job['message']}" if job.get("message") else ""),
@@ -273,6 +288,31 @@ def _cmd_submit(args: argparse.Namespace) -> int:
     if job["state"] == "succeeded":
         return 0
     return job["exit_code"] if job.get("exit_code") else 1
+
+
+def _interrupted_wait(c, job_id: int, cancel: bool) -> int:
+    """Ctrl-C while ``submit --wait`` follows job ``job_id``: cancel it (``cancel``) or say it keeps running
+    and how to cancel it. Returns 130."""
+    from .client import ApiError
+
+    if not cancel:
+        print(f"\nnbmpi: stopped following job {job_id}; it is still running on the controller (cancel it "
+              f"with `nbmpi cancel {job_id}`; `submit --wait --cancel-on-interrupt` cancels on Ctrl-C)",
+              file=sys.stderr)
+        return 130
+    try:
+        r = c.cancel(job_id)
+    except ApiError as exc:
+        print(f"\nnbmpi: interrupted; cancelling job {job_id} failed: {exc} (try `nbmpi cancel {job_id}`)",
+              file=sys.stderr)
+        return 130
+    print(f"\nnbmpi: interrupted; job {job_id} cancelled ({r['state']})", file=sys.stderr)
+    return 130
+
+
+def _submit_usage(why: str) -> int:
+    print(f"nbmpi submit: {why}", file=sys.stderr)
+    return 2
 
 
 def _listing(args: argparse.Namespace, fetch, header: str, row) -> int:
@@ -296,10 +336,11 @@ def _listing(args: argparse.Namespace, fetch, header: str, row) -> int:
 def _cmd_jobs(args: argparse.Namespace) -> int:
     return _listing(
         args, lambda c: c.jobs(args.state),
-        f"{'ID':>5}  {'STATE':<10} {'RANKS':>5} {'POOL':>4} {'EXIT':>4}  {'CREATED':<8} {'FINISHED':<8} SCRIPT",
+        f"{'ID':>5}  {'STATE':<10} {'RANKS':>5} {'POOL':>4} {'EXIT':>4}  {'CREATED':<8} {'FINISHED':<8} "
+        f"{'NAME':<16} SCRIPT",
         lambda j: (f"{j['id']:>5}  {j['state']:<10} {j['ranks']:>5} {j['pool'] or '-':>4} "
                    f"{'-' if j['exit_code'] is None else j['exit_code']:>4}  {_fmt_time(j['created_at']):<8} "
-                   f"{_fmt_time(j['finished_at']):<8} {j['script_name']}"))
+                   f"{_fmt_time(j['finished_at']):<8} {(j.get('name') or '-'):<16} {j['script_name']}"))
 
 
 def _cmd_logs(args: argparse.Namespace) -> int:
@@ -341,6 +382,29 @@ def _cmd_pools(args: argparse.Namespace) -> int:
         f"{'ID':>4}  {'NAME':<16} {'STATE':<9} {'TARGET':<8} {'RANKS':>5}  CREATED",
         lambda p: (f"{p['id']:>4}  {(p['name'] or '-'):<16} {p['state']:<9} {p['target']:<8} {p['ranks']:>5}  "
                    f"{_fmt_time(p['created_at'])}"))
+
+
+def _cmd_pool(args: argparse.Namespace) -> int:
+    from .client import ApiError
+
+    try:
+        with _client(args) as c:
+            if args.action == "start":
+                if args.n < 1:
+                    print(f"nbmpi pool start: -n must be at least 1 (the number of ranks), got {args.n}",
+                          file=sys.stderr)
+                    return 2
+                print(f"nbmpi: starting a pool of {args.n} ranks (blocks until it runs)...", file=sys.stderr,
+                      flush=True)
+                p = c.create_pool(args.n, name=args.name, idle_timeout=args.idle_timeout)
+                print(f"pool {p['id']}: {p['state']}, {p['ranks']} ranks; run a job on it with "
+                      f"`nbmpi submit SCRIPT --pool {p['id']}`; stop it with `nbmpi pool stop {p['id']}`")
+            else:
+                p = c.delete_pool(args.id)
+                print(f"pool {p['id']}: {p['state']}" + (f" ({p['message']})" if p.get("message") else ""))
+    except ApiError as exc:
+        return _fail(exc)
+    return 0
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -434,6 +498,8 @@ def _register_client_commands(sub) -> None:
     p.add_argument("script", help="the program (.py)")
     p.add_argument("-n", type=int, default=None, metavar="N", help="number of ranks (required without --pool)")
     p.add_argument("--wait", action="store_true", help="follow the job, print its output, exit with its code")
+    p.add_argument("--cancel-on-interrupt", action="store_true",
+                   help="with --wait: Ctrl-C cancels the job (default: it keeps running and the command says so)")
     p.add_argument("--pool", type=int, default=None, metavar="ID", help="run on this pool's ranks")
     p.add_argument("--timeout", type=float, default=None, metavar="SECONDS")
     p.add_argument("--env", action="append", metavar="NAME=VALUE", help="environment variable (repeatable)")
@@ -470,6 +536,19 @@ def _register_client_commands(sub) -> None:
     pl.add_argument("--json", action="store_true")
     _add_client_options(pl)
     pl.set_defaults(func=_cmd_pools)
+
+    po = sub.add_parser("pool", help="start or stop a pool (MPI ranks kept running for jobs and notebooks)")
+    pa = po.add_subparsers(dest="action", metavar="ACTION", required=True)
+    ps = pa.add_parser("start", help="start a pool (blocks until it runs) and print its id")
+    ps.add_argument("-n", type=int, required=True, metavar="N", help="number of ranks")
+    ps.add_argument("--name", default=None)
+    ps.add_argument("--idle-timeout", type=float, default=None, metavar="SECONDS",
+                    help="stop the pool after this many seconds without a job")
+    _add_client_options(ps)
+    pst = pa.add_parser("stop", help="stop a pool (its engines end; the record stays, state stopped)")
+    pst.add_argument("id", type=int)
+    _add_client_options(pst)
+    po.set_defaults(func=_cmd_pool)
 
     d = sub.add_parser("demo", help="start the service, run one example job through it, print the results")
     d.add_argument("-n", type=int, default=2, metavar="N", help="ranks of the example job (default 2)")

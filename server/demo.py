@@ -8,8 +8,10 @@ Steps (one command, used as the project's main job):
 2. submit :mod:`nbmpi.server.example_job` (1-D heat equation with ArrayChannel
    halos) on N ranks, follow its state and print every rank's output;
 3. print the per-rank compute / communication / wait summary and the bytes
-   matrix from the job's trace, where the Chrome trace lies, and the
-   dashboard's address with a link that logs the browser tab in;
+   matrix from the job's trace; with ``--keep`` also where the Chrome trace lies and
+   the dashboard's address with a link that logs the browser tab in (without it the
+   controller stops next, so no link to it is printed; with ``--data-dir`` the trace
+   file stays and its path is printed);
 4. stop the service (SIGTERM: nothing is left running) and exit with the job's
    exit code; with ``--keep`` leave it running instead (its pid is printed, and
    ``kill PID`` stops it) so that the dashboard can be opened.
@@ -130,11 +132,13 @@ def main(data_dir: Optional[str] = None, ranks: int = 2, keep: bool = False) -> 
                 for i, row in enumerate(s["bytes"]):
                     print(f"{i:>4} " + " ".join(f"{b:>10}" for b in row))
                 trace = d / "jobs" / str(job["id"]) / "trace" / "trace.json"
-                print(f"== Chrome trace: {trace} (open in https://ui.perfetto.dev), also at "
-                      f"{url}/api/v1/jobs/{job['id']}/trace")
-            print(f"== dashboard: {url}/dashboard (log in with the token {token}); this link logs the browser "
-                  f"tab in: {url}/dashboard#token={token}", flush=True)
-            print(f"== the job's timeline: {url}/dashboard/jobs/{job['id']}", flush=True)
+                if keep or not temporary:   # a temporary directory is removed when the controller stops
+                    print(f"== Chrome trace: {trace} (open in https://ui.perfetto.dev)"
+                          + (f", also at {url}/api/v1/jobs/{job['id']}/trace" if keep else ""))
+            if keep:   # links only to a controller that keeps running
+                print(f"== dashboard: {url}/dashboard (log in with the token {token}); this link logs the "
+                      f"browser tab in: {url}/dashboard#token={token}", flush=True)
+                print(f"== the job's timeline: {url}/dashboard/jobs/{job['id']}", flush=True)
             rc = 0 if job["state"] == "succeeded" else (job["exit_code"] or 1)
     except ApiError as exc:
         print(f"nbmpi demo: {exc}", file=sys.stderr)

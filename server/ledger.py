@@ -54,6 +54,11 @@ class RankLedger:
         with self._lock:
             self._held.pop(key, None)
 
+    def holders(self) -> Dict[Hashable, int]:
+        """A copy of what each key holds now (key -> ranks)."""
+        with self._lock:
+            return dict(self._held)
+
     def holds(self, key: Hashable) -> bool:
         """True while ``key`` holds ranks."""
         with self._lock:

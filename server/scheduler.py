@@ -340,8 +340,8 @@ class Scheduler:
             with self.sessions() as s:
                 queued = list(s.scalars(select(Job).where(Job.state == "queued", Job.backend_state.is_(None))
                                         .order_by(Job.id)))
-            busy_pools = {f.pool_id for f in self._followed.values() if f.pool_id is not None}
-            batch_blocked = False
+            busy_pools = {f.pool_id: f.job_id for f in self._followed.values() if f.pool_id is not None}
+            blocked_by: Optional[int] = None   # the first batch job that waits for ranks
             for job in queued:
                 if self._stop.is_set():
                     return
@@ -349,12 +349,19 @@ class Scheduler:
                     continue
                 if job.pool_id is not None:
                     if job.pool_id in busy_pools:
+                        self._say_waiting(job, f"pool {job.pool_id} is running job {busy_pools[job.pool_id]}; "
+                                               "a pool runs one job at a time")
                         continue
-                    busy_pools.add(job.pool_id)
+                    busy_pools[job.pool_id] = job.id
                     self._follow(job)
                     continue
-                if batch_blocked or not self.ledger.try_hold(("job", job.id), job.ranks):
-                    batch_blocked = True
+                if blocked_by is not None:
+                    self._say_waiting(job, f"job {blocked_by} is ahead of it in the queue (jobs start in "
+                                           "submission order)")
+                    continue
+                if not self.ledger.try_hold(("job", job.id), job.ranks):
+                    blocked_by = job.id
+                    self._say_waiting(job, self._no_ranks_reason(job.ranks))
                     continue
                 try:
                     state = self.backend.submit(self._spec(job))
@@ -373,6 +380,27 @@ class Scheduler:
                 job.backend, job.backend_state = self.backend.name, state
                 self._durably(f"job {job.id} handed to the backend", write)
                 self._follow(job)
+
+    def _no_ranks_reason(self, ranks: int) -> str:
+        """Why ``ranks`` ranks are not free now: what holds them (pools first)."""
+        held = self.ledger.holders()
+        parts = [f"{kind} {key} ({n} rank{'s' if n != 1 else ''})"
+                 for (kind, key), n in sorted(held.items(), key=lambda kv: (kv[0][0] != "pool", kv[0][1]))]
+        free = self.ledger.free()
+        text = f"needs {ranks} ranks, {free} of {self.ledger.capacity} free"
+        if parts:
+            text += "; held by " + ", ".join(parts)
+        if any(kind == "pool" for kind, _ in held):
+            text += " (a pool holds its ranks until it is stopped: `nbmpi pool stop ID`)"
+        return text
+
+    def _say_waiting(self, job: Job, reason: str) -> None:
+        """Record why queued ``job`` does not start (``message`` ``"waiting: REASON"``), when it changed."""
+        text = f"waiting: {reason}"
+        if job.message == text or (job.message and not job.message.startswith("waiting: ")):
+            return
+        job.message = text
+        self._update(job.id, message=text)
 
     def _follow(self, job: Job, message: Optional[str] = None) -> None:
         """Start the follower thread of ``job`` (handed to the backend, or to run on its pool)."""

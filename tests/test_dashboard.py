@@ -305,6 +305,24 @@ def test_browser_login_jobs_timeline_download(server, done_job, browser, tmp_pat
 
 
 @needs_browser
+def test_browser_no_such_job_says_so(server, done_job, browser):
+    d = browser.driver
+    d.get(f"{server.url}/dashboard/jobs/999999#token={server.token}")
+    title = browser.wait_for("const t = document.getElementById('job-title').textContent; "
+                             "return t.startsWith('No such job') && t", what="the no-such-job title")
+    assert title == "No such job: #999999"
+    note = browser.js("return document.getElementById('figure-note').textContent")
+    assert note == "There is no job 999999 among your jobs (it never existed, or it is another user's)."
+    for el in ("download", "job-cancel", "logs-title", "job-facts"):
+        assert not d.find_element("id", el).is_displayed() or not d.find_element("id", el).text, el
+    assert not d.find_element("id", "download").is_displayed() and d.title == "nbmpi: no such job 999999"
+    # an existing job's page still shows its download link
+    d.get(f"{server.url}/dashboard/jobs/{done_job['id']}")
+    browser.wait_for("return document.getElementById('job-title').textContent.startsWith('Job #')",
+                     what="the job's title")
+    assert d.find_element("id", "download").is_displayed() and d.find_element("id", "logs-title").is_displayed()
+
+
 def test_browser_live_job_grows_hangs_and_is_cancelled(server, browser, tmp_path):
     d = browser.driver
     with server.client() as c:

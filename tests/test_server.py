@@ -602,8 +602,10 @@ def test_demo_main_job(tmp_path):
                         str(tmp_path / "demo")], capture_output=True, text=True, timeout=180)
     assert p.returncode == 0, p.stdout + p.stderr
     assert "[rank 0] done: 2 ranks" in p.stdout and "succeeded (exit code 0, per rank [0, 0])" in p.stdout
-    assert "== dashboard: http://127.0.0.1:" in p.stdout and "controller stopped" in p.stdout
-    assert (tmp_path / "demo" / "jobs" / "1" / "trace" / "trace.json").exists()
+    # the controller stops at the end: no link to it is printed, only the trace file that stays
+    assert "controller stopped" in p.stdout and "http://" not in p.stdout.split("== job 1 succeeded")[1], p.stdout
+    trace = tmp_path / "demo" / "jobs" / "1" / "trace" / "trace.json"
+    assert f"== Chrome trace: {trace} (open in https://ui.perfetto.dev)\n" in p.stdout and trace.exists()
     assert job_processes(tmp_path / "demo") == []
     # without --data-dir the demo's temporary data directory (it holds a token) is removed at the end
     tmp = tmp_path / "tmp"
@@ -612,6 +614,7 @@ def test_demo_main_job(tmp_path):
                        timeout=180, env=dict(os.environ, TMPDIR=str(tmp)))
     assert p.returncode == 0, p.stdout + p.stderr
     assert "temporary data directory" in p.stdout and "was removed" in p.stdout
+    assert "== Chrome trace" not in p.stdout and "== dashboard" not in p.stdout, p.stdout
     assert not [x for x in tmp.iterdir() if x.name.startswith("nbmpi-demo-")], list(tmp.iterdir())
 
 

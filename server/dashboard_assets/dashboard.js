@@ -57,6 +57,15 @@
   }
 
   // -- time formatting -------------------------------------------------------------------
+  // a job id that is not one of the user's jobs: say so, and show nothing of a job page
+  function showNoSuchJob() {
+    $("job-title").textContent = `No such job: #${S.jobId}`;
+    document.title = `nbmpi: no such job ${S.jobId}`;
+    $("job-facts").replaceChildren();
+    for (const id of ["job-actions", "logs-title", "logs", "figure", "sentence", "blocked"]) $(id).hidden = true;
+    $("figure-note").textContent = `There is no job ${S.jobId} among your jobs (it never existed, or it is another user's).`;
+  }
+
   const clock = (t) => (t ? new Date(t * 1000).toLocaleTimeString([], { hour12: false }) : "-");
   function span(s) {
     if (s == null || !isFinite(s)) return "-";
@@ -218,6 +227,7 @@
   // -- one job -----------------------------------------------------------------------------------
   function renderFacts(j) {
     $("job-title").textContent = `Job #${j.id}: ${j.name || j.script_name}`;
+    for (const id of ["job-actions", "logs-title", "logs", "figure", "sentence", "blocked"]) $(id).hidden = false;
     document.title = `nbmpi job ${j.id} (${j.state})`;
     const facts = $("job-facts");
     const codes = j.rank_exit_codes ? j.rank_exit_codes.map((c, r) => `rank ${r}: ${c == null ? "-" : c}`).join(", ") : "-";
@@ -420,8 +430,8 @@
       window.nbmpiStats.polls++;
     } catch (e) {
       if (onAuthError(e)) return;
-      $("figure-note").textContent = e.status === 404 ? `Job ${S.jobId} not found (or not yours).` : `Refresh failed: ${e.message}`;
-      if (e.status === 404) return;
+      if (e.status === 404) return showNoSuchJob();
+      $("figure-note").textContent = `Refresh failed: ${e.message}`;
     }
     // a job just ended: its trace index and Chrome trace are written after its record (a few polls)
     const settling = !live && (!S.figureTried || (S.job && !S.job.trace_available)) && (S.settle = (S.settle || 0) + 1) <= 40;

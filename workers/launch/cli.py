@@ -48,6 +48,12 @@ def _usage_error(args: argparse.Namespace, program: List[str]) -> Optional[str]:
     return _syntax_error(source, path)
 
 
+def check_syntax(source, filename: str) -> Optional[str]:
+    """Why ``source`` (str or bytes) cannot run: ``"FILE, line N: MESSAGE (nothing was started)"``, or None.
+    Compiles only (nothing runs); used by ``nbmpi run`` and ``nbmpi submit`` before anything starts."""
+    return _syntax_error(source, filename)
+
+
 def _syntax_error(source, filename: str) -> Optional[str]:
     try:
         compile(source, filename, "exec", dont_inherit=True)

@@ -11,7 +11,11 @@ launcher:
 * watches the ranks: as soon as one rank fails, the whole process group of
   mpiexec is terminated (SIGTERM, then SIGKILL after a grace period), so no
   rank is left blocked forever waiting for the dead one;
-* on Ctrl-C / SIGTERM terminates the whole process group likewise;
+* on Ctrl-C / SIGTERM or at ``timeout`` first asks every rank where it is
+  (:func:`~nbmpi.workers.launch.rank_location.request_locations`: operation, peer, user line)
+  and prints one line per rank, then terminates the whole process group likewise; the
+  ranks' guards know it was on purpose (:func:`~nbmpi.workers.launch.rank_guard.mark_ending`)
+  and exit quietly, so MPICH prints no "BAD TERMINATION" banner;
 * returns the worst exit code: the highest code of the ranks that failed on
   their own (ranks killed because another failed do not count), 0 if all
   succeeded, mpiexec's own code if no rank reported.
@@ -35,6 +39,8 @@ from . import environment
 from .environment import LAUNCHER_EXEC_ENV, LAUNCHER_LOCALHOST_ENV, MPIEXEC_ENV, STATUS_DIR_ENV
 from .identity import Identity, popen_options
 from .processes import end_group_of, noted_segments, remove_shm, shm_segments_of
+from .rank_guard import mark_ending
+from .rank_location import describe_snapshot, request_locations
 
 GRACE_SECONDS = 3.0
 #: Seconds the other ranks get after one rank failed before the whole launch is ended.
@@ -254,7 +260,9 @@ def run(nranks: int, argv: Sequence[str], env: Optional[Dict[str, str]] = None,
 
     ``timeout`` (s): terminate all ranks after it and return 124. Ctrl-C or
     SIGTERM terminates all ranks and returns 130. Unless ``quiet``, a final
-    line on stderr says how the run ended when it did not succeed.
+    line on stderr says how the run ended when it did not succeed; after a
+    timeout or Ctrl-C one more line per rank says where it was (operation,
+    peer, user line; the ranks get up to 1.5 s to answer).
     """
     if nranks < 1:
         raise ValueError(f"-n must be at least 1, got {nranks}")
@@ -288,6 +296,10 @@ def run(nranks: int, argv: Sequence[str], env: Optional[Dict[str, str]] = None,
                 break
             if watch.should_end():
                 break
+        where = None
+        if (interrupted or timed_out) and proc.poll() is None:
+            where = request_locations(status_dir, sorted(watch.pids()))
+            mark_ending(status_dir)   # the guards of the ranks we end now exit quietly (no MPICH banner)
         end_group_of(proc)  # whatever ended the run, no rank of it survives
     finally:
         if proc is not None and proc.poll() is None:  # an exception in the watch loop
@@ -302,14 +314,14 @@ def run(nranks: int, argv: Sequence[str], env: Optional[Dict[str, str]] = None,
         renv = rank_environment(env)
         clean_hosts(hosts_of(hosts, hostfile), status_dir, shell=renv.get(LAUNCHER_EXEC_ENV) or "ssh", env=renv)
     shutil.rmtree(status_dir, ignore_errors=True)
-    if interrupted:
+    if interrupted or timed_out:
         if not quiet:
-            print("nbmpi run: interrupted; all ranks terminated", file=sys.stderr)
-        return 130
-    if timed_out:
-        if not quiet:
-            print(f"nbmpi run: timed out after {timeout} s; all ranks terminated", file=sys.stderr)
-        return 124
+            what = "interrupted" if interrupted else f"timed out after {timeout} s"
+            print(f"nbmpi run: {what}; all ranks terminated" + ("; where they were:" if where else ""),
+                  file=sys.stderr)
+            for r, snap in sorted((where or {}).items()):
+                print(f"nbmpi run:   rank {r}: {describe_snapshot(snap)}", file=sys.stderr)
+        return 130 if interrupted else 124
     if outcome.message and not quiet:
         print(f"nbmpi run: {outcome.message}", file=sys.stderr)
     return outcome.exit_code

@@ -28,6 +28,7 @@ Two optional services for the controller's batch jobs (environment variables):
 """
 from __future__ import annotations
 
+import ast
 import os
 import runpy
 import sys
@@ -111,6 +112,46 @@ def _whole_lines() -> None:
             pass
 
 
+def _answer_where_requests() -> None:
+    """Under the launcher: answer its question where this rank is (asked before it ends a launch on
+    purpose, ``--timeout`` or Ctrl-C) from a daemon thread."""
+    status_dir = os.environ.get("NBMPI_STATUS_DIR")
+    if status_dir:
+        from .rank_location import answer_where_requests
+
+        answer_where_requests(status_dir, _rank_from_env())
+
+
+#: Frames of these files before the first frame of the user's program are the launcher's, not the user's.
+_LAUNCH_FILES = (os.path.dirname(os.path.abspath(__file__)) + os.sep, os.path.abspath(rebinding_guard.__file__),
+                 os.path.abspath(runpy.__file__), os.path.abspath(ast.__file__), "<frozen runpy>")
+
+
+def _user_frames(te: traceback.TracebackException) -> None:
+    """Drop the launcher's leading frames (this module, runpy, the rebinding guard, ast) from ``te``
+    and the exceptions chained to it, in place; the user's frames and what they called stay."""
+    seen = set()
+    while te is not None and id(te) not in seen:
+        seen.add(id(te))
+        frames = list(te.stack)
+        while frames and (frames[0].filename.startswith(_LAUNCH_FILES[0]) or frames[0].filename in _LAUNCH_FILES):
+            frames.pop(0)
+        te.stack = traceback.StackSummary.from_list(frames)
+        te = te.__cause__ or te.__context__
+
+
+def _print_failure(exc: BaseException) -> None:
+    """Print ``exc``'s traceback to stderr with only the user's frames, in one write. Under
+    ``nbmpi run`` (ranks share one terminal) its first line says ``[rank R]``; with per-rank logs
+    (``$NBMPI_LOG_DIR``, controller jobs) nothing is prefixed: the reader names the rank."""
+    te = traceback.TracebackException.from_exception(exc)
+    _user_frames(te)
+    text = "".join(te.format())
+    if not os.environ.get("NBMPI_LOG_DIR"):
+        text = f"[rank {_rank_from_env()}] {text}"
+    sys.stderr.write(text)
+
+
 def _start_stream():
     """If ``$NBMPI_TRACE_OUT`` is set and tracing is on: start this rank's trace streamer."""
     out = os.environ.get(TRACE_OUT_ENV)
@@ -186,6 +227,7 @@ def main(argv=None) -> int:
 
     init()
     _note_shared_memory()
+    _answer_where_requests()
     streamer = _start_stream()
     code = 0
     try:
@@ -194,6 +236,9 @@ def main(argv=None) -> int:
             runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
         elif argv[0] == "-c":
             sys.argv = ["-c", *argv[2:]]
+            import linecache   # tracebacks and the launcher's "where they were" show the lines of -c code
+
+            linecache.cache["<string>"] = (len(argv[1]), None, argv[1].splitlines(True), "<string>")
             exec(rebinding_guard.compile_guarded(argv[1], "<string>"), {"__name__": "__main__"})  # noqa: S102
         else:
             sys.argv = argv
@@ -207,11 +252,8 @@ def main(argv=None) -> int:
         code = 0 if c is None else (c if isinstance(c, int) else 1)
         if not isinstance(c, (int, type(None))):
             print(c, file=sys.stderr)
-    except BaseException:  # noqa: BLE001 - report every failure as this rank's exit code
-        from ..core.runtime import world
-
-        sys.stderr.write(f"[rank {world().Get_rank()}] ")
-        traceback.print_exc()
+    except BaseException as exc:  # noqa: BLE001 - report every failure as this rank's exit code
+        _print_failure(exc)
         code = 1
     sys.stdout.flush()
     sys.stderr.flush()

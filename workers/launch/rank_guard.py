@@ -23,7 +23,9 @@ Output is never lost when the rank dies: the guard drains the pipes first.
 The guard passes SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 on to
 the rank; a rank ended by a signal the guard received too (the launcher
 ending the job signals the whole process group; the guard waits 0.2 s for its
-own copy) counts as *terminated*, not *killed*. The rank gets
+own copy) counts as *terminated*, not *killed*; when the launcher ended the launch on purpose
+(:func:`mark_ending`: ``--timeout``, Ctrl-C) the guard then exits with status 0, so the
+process manager prints no "BAD TERMINATION" banner. The rank gets
 ``PR_SET_PDEATHSIG`` (Linux) so it never outlives a guard that is killed.
 
 Nothing a rank starts outlives it: the guard is a child subreaper
@@ -118,6 +120,18 @@ PR_SET_CHILD_SUBREAPER = 36
 LEFTOVER_GRACE_S = 1.0
 
 _PASSED_ON = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+
+
+#: File in the status directory that says the launcher ends the launch on purpose (timeout, Ctrl-C).
+ENDING_FILE = "ending"
+
+
+def mark_ending(status_dir: str) -> None:
+    """Say that the launcher ends this launch on purpose: the guards of ranks ended by its signal
+    then exit with status 0, so the MPI process manager prints no failure banner (the launcher
+    reports the end itself). Called by the launcher just before it signals the ranks."""
+    with open(os.path.join(status_dir, ENDING_FILE), "w"):
+        pass
 
 
 def rank_from_env() -> Optional[str]:
@@ -278,6 +292,8 @@ def _end_as_child(status: int, passed_on: set, status_dir: str, rank: str) -> No
                 os.replace(tmp, os.path.join(status_dir, f"rank-{rank}.signal"))
             except OSError:
                 pass
+        elif os.path.exists(os.path.join(status_dir, ENDING_FILE)):
+            os._exit(0)   # the launcher ended the job on purpose and says so itself: no MPICH banner
         try:
             signal.signal(sig, signal.SIG_DFL)
         except (OSError, ValueError):   # SIGKILL and SIGSTOP keep their default anyway

@@ -14,6 +14,11 @@ calling anything).
 For waits inside nbmpi's own calls, :data:`nbmpi.workers.core.waiting.current`
 already names the operation and the peer; this module covers everything else.
 Read-only and safe to call from any thread at any time.
+
+Ranks under the launcher (``nbmpi run``) answer the question from outside
+through files: each rank runs :func:`answer_where_requests` (a daemon thread),
+and the launcher, before it ends a launch on purpose (``--timeout``, Ctrl-C),
+calls :func:`request_locations` and prints :func:`describe_snapshot` per rank.
 """
 from __future__ import annotations
 
@@ -150,7 +155,10 @@ def format_location(loc: Optional[Dict[str, Any]]) -> str:
         return ""
     top = loc["stack"][-1]
     fname = top["file"]
-    place = "cell" if "ipykernel_" in fname or fname.startswith("<") else os.path.basename(fname)
+    if fname == "<string>":   # ``nbmpi run -c CODE``
+        place = "-c code"
+    else:
+        place = "cell" if "ipykernel_" in fname or fname.startswith("<") else os.path.basename(fname)
     text = f"{place} line {top['line']}"
     if top.get("code"):
         text += f" `{top['code']}`"
@@ -173,3 +181,97 @@ def describe_call(mpi: Dict[str, Any]) -> str:
     if kind == "collective":
         return f"MPI {call} with every rank of the communicator"
     return f"MPI {call} (completion of earlier requests)"
+
+
+# -- asking the ranks of a launch where they are (``nbmpi run --timeout``, Ctrl-C) ----------------------
+#: File the launcher creates in the status directory to ask every rank where it is.
+WHERE_REQUEST = "where.request"
+
+
+def snapshot_now() -> Dict[str, Any]:
+    """This rank's state now, read from any thread: the nbmpi call it waits in (``op``, ``peer``,
+    ``waiting_s`` from :data:`nbmpi.workers.core.waiting.current`) and ``where`` (the main thread's
+    user-code line and the MPI call on it, :func:`main_thread_location`)."""
+    import time
+
+    from ..core import waiting
+
+    out: Dict[str, Any] = dict(op=None, peer=None, waiting_s=0.0, where=None)
+    cur = waiting.current
+    if cur is not None:
+        op, peer, t0 = cur
+        out.update(op=str(op), peer=None if peer is None else int(peer),
+                   waiting_s=(time.perf_counter_ns() - int(t0)) / 1e9)
+    try:
+        out["where"] = main_thread_location()
+    except Exception as exc:  # noqa: BLE001 - an answer whatever happens
+        out["where"] = {"stack": [], "mpi": None, "error": repr(exc)}
+    return out
+
+
+def answer_where_requests(status_dir: str, rank: str, poll: float = 0.2) -> threading.Thread:
+    """Start a daemon thread that, once ``status_dir/where.request`` exists, writes this rank's
+    :func:`snapshot_now` to ``status_dir/rank-R.where.json`` and ends.
+
+    Called by each rank under the launcher (:mod:`nbmpi.workers.launch.rank_entry`), non-blocking.
+    The thread only checks for the file every ``poll`` s (no MPI call, no signal), so it answers
+    while the main thread is blocked in an MPI call that released the GIL."""
+    import json
+
+    request = os.path.join(status_dir, WHERE_REQUEST)
+    target = os.path.join(status_dir, f"rank-{rank}.where.json")
+
+    def serve() -> None:
+        import time
+
+        while not os.path.exists(request):
+            time.sleep(poll)
+        tmp = target + ".tmp"
+        try:
+            with open(tmp, "w") as f:
+                json.dump(snapshot_now(), f)
+            os.replace(tmp, target)
+        except OSError:
+            pass
+
+    t = threading.Thread(target=serve, name="nbmpi-where", daemon=True)
+    t.start()
+    return t
+
+
+def request_locations(status_dir: str, ranks, timeout: float = 1.5) -> Dict[int, Optional[Dict[str, Any]]]:
+    """Ask the ranks ``ranks`` of a launch where they are; block up to ``timeout`` s for their answers.
+
+    Called by the launcher before it ends a launch on purpose (timeout, Ctrl-C). Returns rank ->
+    :func:`snapshot_now` of that rank, or None for a rank that did not answer in time."""
+    import json
+    import time
+
+    ranks = list(ranks)
+    with open(os.path.join(status_dir, WHERE_REQUEST), "w"):
+        pass
+    got: Dict[int, Optional[Dict[str, Any]]] = {r: None for r in ranks}
+    deadline = time.monotonic() + timeout
+    while True:
+        for r in ranks:
+            if got[r] is None:
+                try:
+                    with open(os.path.join(status_dir, f"rank-{r}.where.json")) as f:
+                        got[r] = json.load(f)
+                except (OSError, ValueError):
+                    pass
+        if all(v is not None for v in got.values()) or time.monotonic() > deadline:
+            return got
+        time.sleep(0.05)
+
+
+def describe_snapshot(snap: Optional[Dict[str, Any]]) -> str:
+    """What a rank was doing, from its :func:`snapshot_now`: ``"take(src=0) waiting 3.0 s at prog.py
+    line 4 `ch.take(0)`"``, ``"at prog.py line 5 `comm.Recv(buf, source=1)`: MPI Recv from rank 1"``,
+    ``"running, outside user code"`` or ``"no answer (busy in C code holding the GIL, or it had ended)"``."""
+    if not snap:
+        return "no answer (busy in C code holding the GIL, or it had ended)"
+    where = format_location(snap.get("where"))
+    if snap.get("op"):
+        return f"{snap['op']} waiting {snap['waiting_s']:.1f} s" + (f" at {where}" if where else "")
+    return f"at {where}" if where else "running, outside user code"
