@@ -124,6 +124,8 @@ class EnginePool(_PoolHealth):
         self._info: Optional[Dict[str, Any]] = None
         self._attached = False
         self._logs: List[Any] = []
+        #: the Dask cluster on this pool (:mod:`nbmpi.workers.launch.dask_on_pool`), if one was started
+        self._dask = None
 
     # -- paths -------------------------------------------------------------------------------
     @property
@@ -333,6 +335,7 @@ class EnginePool(_PoolHealth):
     def _restart_ranks(self, say: Callable[[str], None], timeout: float) -> bool:
         """Replace the MPI job, keep the controller and the client (see :meth:`restart`). False
         (nothing new started, the old ranks ended) if the controller did not drop the old engines."""
+        self._end_dask()   # the workers end with the old ranks; `%distributed dask` starts new ones
         self._state = "starting"
         self._started_at = time.time()
         deadline = time.monotonic() + timeout
@@ -431,7 +434,14 @@ class EnginePool(_PoolHealth):
             self._terminate(grace)
         self._stopped()
 
+    def _end_dask(self) -> None:
+        """Close this pool's Dask client; the scheduler and workers end with the controller and ranks."""
+        d, self._dask = self._dask, None
+        if d is not None:
+            d.close()
+
     def _disconnect(self) -> None:
+        self._end_dask()
         if self._client is not None:
             try:
                 self._client.close(linger=0)
@@ -520,6 +530,15 @@ class EnginePool(_PoolHealth):
         """rank -> (host, port) of the rank's state probe (see :mod:`nbmpi.workers.launch.engine_side`)."""
         return {i["rank"]: (i.get("probe_host") or "127.0.0.1", i["probe_port"])
                 for i in self.rank_info if i.get("probe_port")}
+
+    def dask_client(self, timeout: float = 60.0):
+        """A ``distributed.Client`` whose workers are this pool's ranks (one per rank, in the engine
+        processes; scheduler in the pool's controller); started on the first call (blocking), the same
+        client afterwards. Ended by :meth:`stop` and :meth:`restart`. See
+        :mod:`nbmpi.workers.launch.dask_on_pool` (also for DistArray <-> dask.array)."""
+        from .dask_on_pool import start
+
+        return start(self, timeout=timeout)
 
     def client(self):
         """The ``ipyparallel.Client`` connected to this pool (raises if stopped)."""
