@@ -129,7 +129,7 @@ def start(pool: EnginePool, timeout: float = 60.0) -> "distributed.Client":
     ar = pool.client()[pool.ranks].apply_async(dask_worker.start_worker, scheduler, host,
                                                os.path.join(pool.work_dir, "dask"), timeout)
     infos = _wait(pool, ar, timeout + 5, "start a Dask worker on every rank")
-    client = Client(scheduler, timeout=timeout, set_as_default=False)
+    client = Client(scheduler, timeout=timeout)   # the default: `.compute()` runs on the pool
     try:
         client.wait_for_workers(len(pool.ranks), timeout=timeout)
         port = client.scheduler_info().get("services", {}).get("dashboard")
