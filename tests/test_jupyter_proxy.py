@@ -46,7 +46,7 @@ class JupyterServer:
         self.log = open(self.root / "jupyter.log", "wb")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "jupyter_server", "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={self.port}",
-             "--ServerApp.port_retries=0", f"--IdentityProvider.token={self.token}", "--ServerApp.open_browser=False",
+             "--ServerApp.port_retries=0", "--ServerApp.allow_root=True", f"--IdentityProvider.token={self.token}", "--ServerApp.open_browser=False",
              f"--ServerApp.root_dir={self.root}", "--ServerApp.jpserver_extensions={'jupyter_server_proxy': True}"],
             env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + 60
@@ -96,7 +96,8 @@ def test_dashboard_through_jupyter_server_proxy(stack):
     srv, jup = stack
     cport = urlsplit(srv.url).port
     prefix = f"/proxy/{cport}/"
-    with _login(jup) as web:
+    web = _login(jup)
+    try:
         # the controller's root redirects (relatively) to its page under the proxy's prefix
         r = web.get(prefix)
         assert r.status_code == 200 and str(r.url).endswith(prefix + "dashboard"), r.url
@@ -118,6 +119,8 @@ def test_dashboard_through_jupyter_server_proxy(stack):
         assert me.status_code == 200 and me.json()["user"], me.text
         no = web.get(api + "api/v1/dashboard/me")
         assert no.status_code == 401, no.text
+    finally:
+        web.close()
     # without Jupyter's login the proxy answers nothing of the controller
     anon = httpx.get(jup.url + prefix + "dashboard", timeout=30, follow_redirects=False)
     assert anon.status_code in (302, 403) and "nbmpi-root" not in anon.text
