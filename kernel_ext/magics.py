@@ -481,7 +481,7 @@ class DistributedMagics(Magics):
 
         pool = self._pool()
         try:
-            client = pool.dask_client(timeout=args.timeout)
+            client = dask_on_pool.start(pool, timeout=args.timeout)
         except EnginePoolError as e:
             raise UsageError(f"%distributed dask: {e}") from None
         d = dask_on_pool.running(pool)

@@ -31,6 +31,8 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from nbmpi.workers.launch.jupyter_proxy import proxied_path
+
 from . import config
 from .backends import BACKENDS
 
@@ -157,6 +159,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     else:
         print(f"nbmpi serve: dashboard at {url}/dashboard (log in with your token from {users_path}"
               + (f" or {config.client_config_path()}" if client_token else "") + ")", flush=True)
+    print(f"nbmpi serve: from a Jupyter server on this host (jupyter-server-proxy): "
+          f"{proxied_path(port, 'dashboard')} under Jupyter's address", flush=True)
     if cfg_path:
         print(f"nbmpi serve: client configuration written to {cfg_path}", flush=True)
     if not loopback:

@@ -1,8 +1,7 @@
 """Dask on a pool: the pool's ranks as the workers of a ``distributed`` cluster, and distributed arrays
 as ``dask.array`` s (and back) without gathering them into one process.
 
-Like ipyparallel's ``Client.become_dask()``: :func:`start` (also ``EnginePool.dask_client()`` and
-``%distributed dask``) starts a Dask scheduler inside the pool's ipyparallel controller (its hub: it
+Like ipyparallel's ``Client.become_dask()``: :func:`start` (also ``%distributed dask``) starts a Dask scheduler inside the pool's ipyparallel controller (its hub: it
 ends with the controller) and one Dask worker per rank inside the rank's engine process
 (:mod:`nbmpi.workers.launch.dask_worker`: its own event loop in a thread, one task thread, no MPI
 calls from tasks), and returns a ``distributed.Client`` connected to it from the calling process.
@@ -120,7 +119,11 @@ def start(pool: EnginePool, timeout: float = 60.0) -> "distributed.Client":
     current = pool._dask
     if current is not None and current.client.status == "running":
         return current.client
-    from distributed import Client
+    try:
+        from distributed import Client
+    except ImportError:
+        raise EnginePoolError("Dask on a pool needs the `distributed` and `dask` packages: "
+                              "pip install 'nbmpi[dask]'") from None
 
     from . import dask_worker
 

@@ -124,7 +124,8 @@ class EnginePool(_PoolHealth):
         self._info: Optional[Dict[str, Any]] = None
         self._attached = False
         self._logs: List[Any] = []
-        #: the Dask cluster on this pool (:mod:`nbmpi.workers.launch.dask_on_pool`), if one was started
+        #: the Dask cluster on this pool, if one was started (set by :func:`nbmpi.workers.launch.dask_on_pool.start`;
+        #: closed by stop and restart)
         self._dask = None
 
     # -- paths -------------------------------------------------------------------------------
@@ -530,15 +531,6 @@ class EnginePool(_PoolHealth):
         """rank -> (host, port) of the rank's state probe (see :mod:`nbmpi.workers.launch.engine_side`)."""
         return {i["rank"]: (i.get("probe_host") or "127.0.0.1", i["probe_port"])
                 for i in self.rank_info if i.get("probe_port")}
-
-    def dask_client(self, timeout: float = 60.0):
-        """A ``distributed.Client`` whose workers are this pool's ranks (one per rank, in the engine
-        processes; scheduler in the pool's controller); started on the first call (blocking), the same
-        client afterwards. Ended by :meth:`stop` and :meth:`restart`. See
-        :mod:`nbmpi.workers.launch.dask_on_pool` (also for DistArray <-> dask.array)."""
-        from .dask_on_pool import start
-
-        return start(self, timeout=timeout)
 
     def client(self):
         """The ``ipyparallel.Client`` connected to this pool (raises if stopped)."""
