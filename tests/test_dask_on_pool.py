@@ -153,3 +153,56 @@ def test_dask_notebook(tmp_path):
     assert "[rank 0] rank 0 rows [0, 1, 2, 3, 4] | equal to NumPy: True" in back, back
     assert "[rank 1] rank 1 rows [5, 6, 7, 8, 9] | equal to NumPy: True" in back, back
     assert stop == "pool 'pool0' stopped\nDask client: closed\n", stop
+
+
+def test_dask_from_python_restart_and_dashboard_through_jupyter(tmp_path):
+    """From Python (no magics): start, the scheduler's dashboard through a real jupyter server with
+    jupyter-server-proxy, a restart of the pool ends the Dask client and workers and Dask starts again on the
+    new ranks, stop(pool) ends Dask and keeps the pool, and the pool's stop leaves no process."""
+    import httpx
+
+    from test_jupyter_proxy import JupyterServer
+
+    from nbmpi.workers.launch import dask_on_pool
+    from nbmpi.workers.launch.engine_pool import EnginePool, EnginePoolError
+
+    pool = EnginePool(2, name="dpy")
+    jup = None
+    procs = []
+    try:
+        pool.start()
+        client = dask_on_pool.start(pool)
+        assert dask_on_pool.start(pool) is client
+        d = dask_on_pool.running(pool)
+        assert sorted(w["pid"] for w in d.workers.values()) == sorted(i["pid"] for i in pool.rank_info)
+        assert d.dashboard_port and d.dashboard_path() == f"/proxy/{d.dashboard_port}/status"
+        jup = JupyterServer(tmp_path).start()
+        with httpx.Client(base_url=jup.url, timeout=60, follow_redirects=True) as web:
+            assert web.get("/api/status", params={"token": jup.token}).status_code == 200
+            page = web.get(d.dashboard_path())
+            assert page.status_code == 200 and "Dask" in page.text, page.text[:300]
+            workers = web.get(f"/proxy/{d.dashboard_port}/info/main/workers.html")
+            assert workers.status_code == 200 and "rank-0" in workers.text and "rank-1" in workers.text
+        old_pids = sorted(w["pid"] for w in d.workers.values())
+        assert pool.restart() is pool
+        assert client.status == "closed"
+        with pytest.raises(EnginePoolError, match="Dask is not running on pool 'dpy'"):
+            dask_on_pool.running(pool)
+        client2 = dask_on_pool.start(pool)
+        new = dask_on_pool.running(pool)
+        assert sorted(w["pid"] for w in new.workers.values()) == sorted(i["pid"] for i in pool.rank_info)
+        assert not set(old_pids) & {w["pid"] for w in new.workers.values()}
+        assert client2.submit(lambda: 6 * 7).result(timeout=60) == 42
+        dask_on_pool.stop(pool)
+        assert client2.status == "closed" and pool.status()["state"] == "running"
+        procs = [psutil.Process(p) for p in pool._descendants if running(p)]
+        import os
+        assert pool.client()[:].apply_sync(os.getpid) == [i["pid"] for i in pool.rank_info]   # the ranks go on
+    finally:
+        if jup is not None:
+            jup.stop()
+        pool.stop()
+    deadline = time.monotonic() + 20
+    while [p for p in procs if running(p.pid)] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not [p.pid for p in procs if running(p.pid)]
