@@ -193,8 +193,12 @@ def test_dask_from_python_restart_and_dashboard_through_jupyter(tmp_path):
         assert sorted(w["pid"] for w in new.workers.values()) == sorted(i["pid"] for i in pool.rank_info)
         assert not set(old_pids) & {w["pid"] for w in new.workers.values()}
         assert client2.submit(lambda: 6 * 7).result(timeout=60) == 42
+        host, port = new.scheduler.rsplit("/", 1)[1].rsplit(":", 1)
         dask_on_pool.stop(pool)
         assert client2.status == "closed" and pool.status()["state"] == "running"
+        import socket
+        with pytest.raises(OSError):   # the scheduler no longer listens
+            socket.create_connection((host, int(port)), timeout=5).close()
         procs = [psutil.Process(p) for p in pool._descendants if running(p)]
         import os
         assert pool.client()[:].apply_sync(os.getpid) == [i["pid"] for i in pool.rank_info]   # the ranks go on

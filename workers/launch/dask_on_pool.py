@@ -152,9 +152,13 @@ def stop(pool: EnginePool, timeout: float = 30.0) -> None:
     d, pool._dask = pool._dask, None
     if d is None:
         return
+    try:   # the scheduler ends itself and its workers (the controller's own stop_distributed does not await it)
+        d.client.shutdown()
+    except Exception:  # noqa: BLE001 - already gone
+        pass
     d.close()
     _wait(pool, pool.client()[pool.ranks].apply_async(dask_worker.stop_worker), timeout, "stop the Dask workers")
-    ipc = pool.client()
+    ipc = pool.client()   # the controller forgets its scheduler, so a later start() makes a new one
     ipc._send(ipc._query_stream, "stop_distributed_request").wait(timeout)
 
 
