@@ -479,18 +479,11 @@ class DistributedMagics(Magics):
     def _cmd_dask(self, args) -> None:
         from nbmpi.workers.launch import dask_on_pool
 
-        pool = self._pool()
         try:
-            client = dask_on_pool.start(pool, timeout=args.timeout)
+            self.shell.user_ns["dask_client"] = dask_on_pool.start(self._pool(), timeout=args.timeout)
         except EnginePoolError as e:
             raise UsageError(f"%distributed dask: {e}") from None
-        d = dask_on_pool.running(pool)
-        self.shell.user_ns["dask_client"] = client
-        pids = ", ".join(f"rank {r}: pid {w['pid']}" for r, w in sorted(d.workers.items()))
-        print(f"Dask on pool {pool.name!r}: {len(d.workers)} workers, one per rank ({pids}); scheduler {d.scheduler}; "
-              "the client is `dask_client`")
-        if d.dashboard_path():
-            print(f"Dask dashboard (through Jupyter, jupyter-server-proxy): {d.dashboard_path()}")
+        print(dask_on_pool.running(self._pool()).describe())
 
     def stop_all(self) -> None:
         """Stop (or disconnect) every pool of this kernel."""

@@ -1,8 +1,9 @@
-"""Dask on a pool: the pool's ranks as the workers of a ``distributed`` cluster, and distributed arrays
-as ``dask.array`` s (and back) without gathering them into one process.
+"""Dask on a pool: the pool's ranks as the workers of a ``distributed`` cluster, and distributed
+arrays as ``dask.array`` s (and back) without gathering them into one process.
 
-Like ipyparallel's ``Client.become_dask()``: :func:`start` (also ``%distributed dask``) starts a Dask scheduler inside the pool's ipyparallel controller (its hub: it
-ends with the controller) and one Dask worker per rank inside the rank's engine process
+Like ipyparallel's ``Client.become_dask()``: :func:`start` (also ``%distributed dask``) starts a Dask
+scheduler inside the pool's ipyparallel controller (its hub: it ends with the controller) and one Dask
+worker per rank inside the rank's engine process
 (:mod:`nbmpi.workers.launch.dask_worker`: its own event loop in a thread, one task thread, no MPI
 calls from tasks), and returns a ``distributed.Client`` connected to it from the calling process.
 Worker ``rank-R`` runs in rank R's process, so ``client.run(os.getpid)`` gives the ranks' pids.
@@ -55,6 +56,15 @@ class DaskOnPool:
         from .jupyter_proxy import proxied_path
 
         return None if self.dashboard_port is None else proxied_path(self.dashboard_port, "status")
+
+    def describe(self) -> str:
+        """What ``%distributed dask`` prints: the workers (rank, pid), the scheduler, the dashboard's path."""
+        pids = ", ".join(f"rank {r}: pid {w['pid']}" for r, w in sorted(self.workers.items()))
+        text = (f"Dask on pool {self.pool.name!r}: {len(self.workers)} workers, one per rank ({pids}); "
+                f"scheduler {self.scheduler}; the client is `dask_client`")
+        if self.dashboard_path():
+            text += f"\nDask dashboard (through Jupyter, jupyter-server-proxy): {self.dashboard_path()}"
+        return text
 
     def close(self) -> None:
         """Close the client (the scheduler and workers end with the pool's processes). Idempotent."""

@@ -124,10 +124,10 @@ def _on_loop(fn, what: str):
 
 def put_block(name: str, prefix: str) -> Dict[str, Any]:
     """Put this rank's block of the DistArray ``name`` (a variable of the ranks' namespace) into this
-    rank's Dask worker under the key ``f"{prefix}-r{rank}"``. Collective (every rank of the array calls it): the array is first
-    copied to a ``"block"`` layout (``a.redistribute("block")``: no communication when it already is
-    one), so rank r's chunk is rows ``[offset_r, offset_r + rows_r)`` and later writes to the array do
-    not change the chunk. Returns ``{"rank", "key", "address", "rows", "nbytes", "shape", "dtype"}``."""
+    rank's Dask worker under the key ``f"{prefix}-r{rank}"``. Collective (every rank of the array
+    calls it): the array is first copied to a ``"block"`` layout (``a.redistribute("block")``: no
+    communication when it already is one), so rank r's chunk is rows ``[offset_r, offset_r + rows_r)``
+    and later writes to the array do not change the chunk. Returns ``{"rank", "key", "address", "rows", "nbytes", "shape", "dtype"}``."""
     from ..distarray import DistArray
 
     a = _user_ns().get(name)
@@ -139,8 +139,8 @@ def put_block(name: str, prefix: str) -> Dict[str, Any]:
     block = np.ascontiguousarray(a.redistribute("block").local)
     key = f"{prefix}-r{_rank()}"
     _on_loop(lambda: _running.worker.update_data(data={key: block}), "store the block")
-    return dict(rank=_rank(), key=key, address=_running.worker.address, rows=int(block.shape[0]), nbytes=int(block.nbytes),
-                shape=list(a.shape), dtype=str(a.dtype))
+    return dict(rank=_rank(), key=key, address=_running.worker.address, rows=int(block.shape[0]),
+                nbytes=int(block.nbytes), shape=list(a.shape), dtype=str(a.dtype))
 
 
 def take_block(name: str, keys: Dict[int, str], shape: Tuple[int, ...], dtype: str) -> Dict[str, Any]:
