@@ -130,6 +130,8 @@ def _line_parser() -> _Parser:
     c.add_argument("--token", required=True)
     c.add_argument("--pool", default=None)
     c.add_argument("--name", default=None)
+    dk = sub.add_parser("dask", add_help=False, prog="%distributed dask")
+    dk.add_argument("--timeout", type=_positive_float, default=60.0)
     return p
 
 
@@ -278,6 +280,11 @@ class DistributedMagics(Magics):
           %distributed connect URL --token TOKEN [--pool ID] [--name NAME]
                 use a pool run by the nbmpi controller at URL (default: the newest
                 running pool); stopping it here only disconnects
+          %distributed dask [--timeout S]
+                make the current pool a Dask cluster (one worker per rank, in the ranks'
+                processes): `dask_client` (a distributed.Client) in the notebook; see
+                nbmpi.workers.launch.dask_on_pool (to_dask / from_dask for DistArrays);
+                stopping or restarting the pool ends it
 
         Cells::
 
@@ -306,8 +313,8 @@ class DistributedMagics(Magics):
             raise UsageError(f"%distributed: cannot parse {line!r}: {e}") from None
         if not argv:
             raise UsageError("%distributed: missing subcommand; one of start, stop, restart, status, use, "
-                             "pull, push, trace, connect (see %distributed?)")
-        known = ("start", "stop", "restart", "status", "use", "pull", "push", "trace", "connect")
+                             "pull, push, trace, connect, dask (see %distributed?)")
+        known = ("start", "stop", "restart", "status", "use", "pull", "push", "trace", "connect", "dask")
         if argv[0] not in known:
             raise UsageError(f"%distributed: unknown subcommand {argv[0]!r}; expected one of {', '.join(known)} "
                              "(see %distributed?)")
@@ -468,6 +475,15 @@ class DistributedMagics(Magics):
         self.pools[name] = pool
         self.current = name
         print(f"connected to pool {name!r} ({len(pool.ranks)} ranks) at {url}")
+
+    def _cmd_dask(self, args) -> None:
+        from nbmpi.workers.launch import dask_on_pool
+
+        try:
+            self.shell.user_ns["dask_client"] = dask_on_pool.start(self._pool(), timeout=args.timeout)
+        except EnginePoolError as e:
+            raise UsageError(f"%distributed dask: {e}") from None
+        print(dask_on_pool.running(self._pool()).describe())
 
     def stop_all(self) -> None:
         """Stop (or disconnect) every pool of this kernel."""

@@ -36,6 +36,8 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from nbmpi.workers.launch.jupyter_proxy import proxied_path
+
 from . import config
 from .backends import BACKENDS
 
@@ -186,6 +188,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
               + (f", kept in {config.client_config_path()}" if client_token else
                  f"; {users_path} holds only hashes: make a new one with `nbmpi users add NAME`") + ")",
               flush=True)
+    print(f"nbmpi serve: from a Jupyter server on this host (jupyter-server-proxy): "
+          f"{proxied_path(port, 'dashboard')} under Jupyter's address", flush=True)
     if cfg_path:
         print(f"nbmpi serve: client configuration written to {cfg_path}", flush=True)
     if accounts.mode == "accounts":

@@ -183,7 +183,7 @@ def test_data_endpoints_need_the_token_and_hide_other_users_jobs(server, done_jo
         assert c.get("/api/v1/dashboard/jobs/999999/timeline").status_code == 404
     # the page shell and assets need no token and hold no data
     r = httpx.get(server.url + "/", follow_redirects=False)
-    assert r.status_code in (302, 307) and r.headers["location"] == "/dashboard"
+    assert r.status_code in (302, 307) and r.headers["location"] == "dashboard"   # relative: also right under a proxy prefix
     page = httpx.get(server.url + f"/dashboard/jobs/{jid}")
     assert page.status_code == 200 and "connect-src 'self'" in page.headers["content-security-policy"]
     assert "heat" not in page.text and "rank 0 value" not in page.text and "/dashboard/bokeh/static/js/bokeh.min.js" in page.text

@@ -115,7 +115,7 @@ ROOMS = {
     "fused_reductions": {"core", "tracing"},
     "aggregation": {"core", "tracing"},
     "distarray": {"core", "tracing", "aggregation"},
-    "launch": {"core", "tracing", "fused_reductions"},
+    "launch": {"core", "tracing", "fused_reductions", "distarray"},   # distarray: DistArray <-> dask.array (dask_worker)
 }
 
 

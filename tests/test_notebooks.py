@@ -189,6 +189,7 @@ def test_controller_pool_notebook(tmp_path):
     serve, create, connect, cell, job, stop = (run.text(i) for i in range(6))
     pid = int(_one(r"controller \(pid (\d+)\) at http://127\.0\.0\.1:\d+: ok\n", serve))
     url = _one(r"at (http://127\.0\.0\.1:\d+): ok", serve)
+    assert f"its dashboard through this Jupyter server: /proxy/{url.rsplit(':', 1)[1]}/dashboard\n" in serve, serve
     # the controller and its pool's processes (mpiexec, engines, ipcontroller) ran under the kernel
     assert pid in run.seen and len(run.seen) >= 5, run.seen
     assert create == "pool 1 'shared-pool' running with 2 ranks\npools on the controller: [(1, 'shared-pool', " \

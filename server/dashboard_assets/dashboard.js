@@ -1,6 +1,9 @@
 // The nbmpi dashboard page: log in with a token kept for the tab, list pools and jobs live,
 // show one job (facts, logs, the Bokeh timeline figure that grows while the job runs).
 // Every request goes to this page's own origin with "Authorization: Bearer TOKEN".
+// Every URL is relative to the controller's root, which the page gets from its <meta name="nbmpi-root">
+// (relative to the page's address), so the page also works under a proxy's prefix
+// (jupyter-server-proxy: /proxy/PORT/dashboard/).
 "use strict";
 (function () {
   const KEY = "nbmpi-token";
@@ -13,6 +16,8 @@
   const BACKEND = OPTS.get("backend") === "webgl" ? "webgl" : "canvas";
   const FULL = OPTS.get("detail") === "full";
   const $ = (id) => document.getElementById(id);
+  const ROOT = new URL(document.querySelector('meta[name="nbmpi-root"]').content, location.href).pathname;
+  const at = (path) => ROOT + path.replace(/^\//, "");   // "/api/v1/jobs" -> ROOT + "api/v1/jobs"
   const S = {
     token: null, timer: null, jobId: null, job: null, doc: null, version: null, follow: true,
     applying: 0, seq: 0, figureTried: false, logOffsets: {}, figureWidth: 1200, lastSet: [0, 0],
@@ -46,7 +51,7 @@
   async function api(path, opts) {
     const o = Object.assign({ cache: "no-store" }, opts || {});
     o.headers = Object.assign({ Authorization: "Bearer " + S.token }, o.headers || {});
-    const r = await fetch(path, o);
+    const r = await fetch(at(path), o);
     if (r.status === 401) throw new Unauthorized(await detail(r));
     if (!r.ok) {
       const e = new Error(await detail(r));
@@ -193,7 +198,7 @@
     }
     for (const j of jobs.slice().reverse()) {
       body.append(el("tr", { dataset: { job: j.id } },
-        el("td", {}, el("a", { href: `/dashboard/jobs/${j.id}`, class: "job-link" }, `#${j.id}`)),
+        el("td", {}, el("a", { href: at(`/dashboard/jobs/${j.id}`), class: "job-link" }, `#${j.id}`)),
         el("td", {}, j.name || j.script_name), stateCell(j.state), el("td", {}, j.ranks),
         el("td", {}, clock(j.created_at)), el("td", {}, clock(j.started_at)), el("td", {}, runTime(j)),
         el("td", {}, j.exit_code == null ? "-" : j.exit_code),
@@ -440,7 +445,7 @@
 
   // -- routing ------------------------------------------------------------------------------------
   function route() {
-    const m = /^\/dashboard\/jobs\/(\d+)\/?$/.exec(location.pathname);
+    const m = /\/dashboard\/jobs\/(\d+)\/?$/.exec(location.pathname);
     if (m) {
       S.jobId = Number(m[1]);
       show("job");

@@ -9,6 +9,11 @@
   package's ``dashboard_assets``) and ``/dashboard/bokeh/static/`` (BokehJS from the bokeh wheel),
   see :func:`mount_assets`. The page is served with a Content-Security-Policy allowing only this
   origin.
+* Every URL of the page (assets, REST calls, links) is relative: the page names the controller's
+  root relative to its own address (``<meta name="nbmpi-root" content="../../">`` for
+  ``/dashboard/jobs/7``), so the controller also works under a proxy's prefix, e.g. through the
+  Jupyter server with ``jupyter-server-proxy`` at ``<base_url>proxy/PORT/dashboard``
+  (:mod:`nbmpi.workers.launch.jupyter_proxy`), and the ``/`` redirect is relative too.
 * ``GET /api/v1/dashboard/me``: the token's user (the page's login check);
   ``GET /api/v1/dashboard/jobs/{id}/figure``: the job's Bokeh figure (JSON item) and its data;
   ``GET /api/v1/dashboard/jobs/{id}/timeline``: the data of one time window at one pixel width
@@ -60,11 +65,12 @@ pages = APIRouter(include_in_schema=False)
 router = APIRouter(prefix="/api/v1/dashboard", tags=["dashboard"], responses=DOCUMENTED)
 
 
-def bokeh_scripts() -> list:
-    """URLs of the BokehJS files the page loads (core and WebGL), under :data:`BOKEH_ROOT`."""
+def bokeh_scripts(root: str = "/") -> list:
+    """URLs of the BokehJS files the page loads (core and WebGL), under :data:`BOKEH_ROOT`; ``root``:
+    the controller's root as the page reaches it (``"/"``, or relative, e.g. ``"../"``)."""
     from bokeh.resources import Resources
 
-    return Resources(mode="server", root_url=BOKEH_ROOT, components=["bokeh", "bokeh-gl"]).js_files
+    return Resources(mode="server", root_url=root + BOKEH_ROOT.lstrip("/"), components=["bokeh", "bokeh-gl"]).js_files
 
 
 def mount_assets(app: FastAPI) -> None:
@@ -75,37 +81,52 @@ def mount_assets(app: FastAPI) -> None:
     app.mount(BOKEH_ROOT + "static", StaticFiles(directory=bokehjs_path()), name="bokehjs")
 
 
-_PAGE: Optional[str] = None
+_PAGES: dict = {}
+
+
+def relative_root(request: Request) -> str:
+    """The controller's root relative to the requested page: ``"./"`` for ``/dashboard``, ``"../"``
+    for ``/dashboard/``, ``"../../"`` for ``/dashboard/jobs/7`` (a mount's ``root_path`` excluded)."""
+    path, root_path = request.url.path, request.scope.get("root_path", "")
+    if root_path and path.startswith(root_path):
+        path = path[len(root_path):]
+    depth = path.count("/") - 1
+    return "../" * depth if depth > 0 else "./"
 
 
 def _page(request: Request) -> HTMLResponse:
-    """The page shell, with the service's isolation warning (an unsafe shared account) on top."""
-    global _PAGE
-    if _PAGE is None:
-        tags = "\n".join(f'<script src="{u}"></script>' for u in bokeh_scripts())
-        _PAGE = (ASSETS / "index.html").read_text().replace("<!-- BOKEH -->", tags)
+    """The page shell (its URLs relative to the requested page, so it also works under a proxy's
+    prefix), with the service's isolation warning (an unsafe shared account) on top."""
+    root = relative_root(request)
+    page = _PAGES.get(root)
+    if page is None:
+        tags = "\n".join(f'<script src="{u}"></script>' for u in bokeh_scripts(root))
+        page = _PAGES[root] = ((ASSETS / "index.html").read_text().replace("<!-- BOKEH -->", tags)
+                               .replace("{{ROOT}}", root))
     accounts = getattr(request.app.state.service, "accounts", None)
     warning = accounts.warning() if accounts is not None else None
-    page = _PAGE if not warning else _PAGE.replace(
-        "<main>", f'<main>\n  <p id="isolation-warning" class="error" role="alert">{html.escape(warning)}</p>', 1)
+    if warning:
+        page = page.replace(
+            "<main>", f'<main>\n  <p id="isolation-warning" class="error" role="alert">{html.escape(warning)}</p>', 1)
     return HTMLResponse(page, headers={"Content-Security-Policy": CSP, "Cache-Control": "no-store",
                                         "Referrer-Policy": "no-referrer", "X-Content-Type-Options": "nosniff"})
 
 
 @pages.get("/")
 def root() -> RedirectResponse:
-    """The dashboard."""
-    return RedirectResponse("/dashboard")
+    """The dashboard (a relative redirect, so it also works under a proxy's prefix)."""
+    return RedirectResponse("dashboard")
 
 
 @pages.get("/dashboard")
+@pages.get("/dashboard/")
 def dashboard(request: Request) -> HTMLResponse:
     """The page shell (pools and jobs); data need the token."""
     return _page(request)
 
 
 @pages.get("/dashboard/jobs/{job_id}")
-def dashboard_job(job_id: int, request: Request) -> HTMLResponse:  # noqa: ARG001 - the page reads the id
+def dashboard_job(job_id: int, request: Request) -> HTMLResponse:  # noqa: ARG001 - the page reads the id from its URL
     """The page shell of one job; data need the token."""
     return _page(request)
 

@@ -142,6 +142,9 @@ class EnginePool(_PoolHealth):
         self._info: Optional[Dict[str, Any]] = None
         self._attached = False
         self._logs: List[Any] = []
+        #: the Dask cluster on this pool, if one was started (set by :func:`nbmpi.workers.launch.dask_on_pool.start`;
+        #: closed by stop and restart)
+        self._dask = None
 
     # -- paths -------------------------------------------------------------------------------
     @property
@@ -364,6 +367,7 @@ class EnginePool(_PoolHealth):
     def _restart_ranks(self, say: Callable[[str], None], timeout: float) -> bool:
         """Replace the MPI job, keep the controller and the client (see :meth:`restart`). False
         (nothing new started, the old ranks ended) if the controller did not drop the old engines."""
+        self._end_dask()   # the workers end with the old ranks; `%distributed dask` starts new ones
         self._state = "starting"
         self._started_at = time.time()
         deadline = time.monotonic() + timeout
@@ -454,7 +458,14 @@ class EnginePool(_PoolHealth):
             self._terminate(grace)
         self._stopped()
 
+    def _end_dask(self) -> None:
+        """Close this pool's Dask client; the scheduler and workers end with the controller and ranks."""
+        d, self._dask = self._dask, None
+        if d is not None:
+            d.close()
+
     def _disconnect(self) -> None:
+        self._end_dask()
         if self._client is not None:
             try:
                 self._client.close(linger=0)
