@@ -63,7 +63,9 @@ class TraceStreamer:
     no communication, ever.
     """
 
-    def __init__(self, tracer: Tracer, out_dir: os.PathLike, interval: float = DEFAULT_INTERVAL):
+    def __init__(self, tracer: Tracer, out_dir: os.PathLike, interval: float = DEFAULT_INTERVAL, since: int = 0):
+        """``since``: the first tracer row to stream (``tracer.mark()`` streams only what is recorded
+        from now on, e.g. one job on a pool whose tracer holds earlier cells and jobs)."""
         if interval <= 0:
             raise ValueError(f"interval must be a positive number of seconds, got {interval}")
         self.tracer = tracer
@@ -71,7 +73,7 @@ class TraceStreamer:
         self.size = tracer.size
         self.out_dir = Path(out_dir)
         self.interval = float(interval)
-        self.sent = 0          # rows of the tracer already written
+        self.sent = int(since)  # rows of the tracer already written (or not to be written)
         self.rows = 0          # rows in the file
         self.start_ns = time.perf_counter_ns() + tracer.offset_ns
         self._stop = threading.Event()
@@ -130,6 +132,26 @@ class TraceStreamer:
             tmp = path.with_name(f".{path.name}.tmp")
             tmp.write_text(json.dumps(state))
             os.replace(tmp, path)
+
+
+def start_streaming(out_dir: os.PathLike, from_now: bool = False) -> Optional[TraceStreamer]:
+    """Start a :class:`TraceStreamer` of this rank's tracer into ``out_dir`` (every
+    ``NBMPI_TRACE_STREAM_INTERVAL`` s, default :data:`DEFAULT_INTERVAL`); None when tracing is off.
+    ``from_now``: stream only the events recorded from now on (a job on a pool whose tracer holds
+    earlier cells and jobs). Call it on the rank's main thread; raises ``OSError`` when the files
+    cannot be created."""
+    from .tracer import get_tracer
+
+    tracer = get_tracer()
+    if not tracer.enabled:
+        return None
+    raw = os.environ.get("NBMPI_TRACE_STREAM_INTERVAL", "").strip()
+    try:
+        interval = float(raw) if raw else DEFAULT_INTERVAL
+    except ValueError:
+        interval = DEFAULT_INTERVAL
+    return TraceStreamer(tracer, out_dir, interval=interval if interval > 0 else DEFAULT_INTERVAL,
+                         since=tracer.mark() if from_now else 0).start()
 
 
 @dataclass
