@@ -234,6 +234,37 @@ def cell_events() -> Dict[str, Any]:
                 cell_end_ns=t_end + tr.offset_ns)
 
 
+class _InterruptedWait:
+    """While installed (on the main thread), SIGINT first notes the nbmpi wait the rank is in
+    (:data:`nbmpi.workers.core.waiting.current`, still set then: the wait's own clean-up runs
+    after the KeyboardInterrupt) in :attr:`wait`, then does what the previous handler did."""
+
+    def __init__(self) -> None:
+        import signal
+
+        self.wait: Optional[tuple] = None
+        self._prev = signal.getsignal(signal.SIGINT)
+        signal.signal(signal.SIGINT, self._on_sigint)
+
+    def _on_sigint(self, signum, frame) -> None:
+        import signal
+
+        from ..core import waiting
+
+        if self.wait is None:
+            self.wait = waiting.current
+        if callable(self._prev):
+            self._prev(signum, frame)
+        if self._prev is not signal.SIG_IGN:
+            raise KeyboardInterrupt
+
+    def restore(self) -> None:
+        """Put the previous SIGINT handler back."""
+        import signal
+
+        signal.signal(signal.SIGINT, self._prev)
+
+
 def run_job(code: str, argv: List[str], env: Dict[str, str], name: str = "job.py",
             trace_dir: Optional[str] = None) -> None:
     """Run a controller job's program on this engine, as ``nbmpi run`` runs a script on a rank.
@@ -276,6 +307,8 @@ def run_job(code: str, argv: List[str], env: Dict[str, str], name: str = "job.py
             streamer = start_streaming(trace_dir, from_now=True)
         except OSError as exc:
             print(f"[nbmpi] trace streaming off: {exc}", file=sys.stderr)
+    open_wait = None   # the wait an interrupt (deadline, cancel) ended: it stays open in the trace
+    interrupted = _InterruptedWait()   # on the engine's main thread, as apply requests run
     _pre_run_cell()
     state.kind = "job"
     try:
@@ -285,16 +318,18 @@ def run_job(code: str, argv: List[str], env: Dict[str, str], name: str = "job.py
             print(f"{name} exited with {exc.code!r}", file=sys.stderr, flush=True)
             raise RuntimeError(f"{name} exited with {exc.code!r}") from None
     except BaseException:
+        open_wait = interrupted.wait   # as a killed batch rank's wait stays open
         traceback.print_exc()
         sys.stderr.flush()
         raise
     finally:
         _post_run_cell()
         state.kind = "cell"
+        interrupted.restore()
         sys.stdout.flush()
         if streamer is not None:
             try:
-                streamer.stop()
+                streamer.stop(open_wait)
             except Exception:  # noqa: BLE001 - a trace failure must not change the job's result
                 print("[nbmpi] completing the streamed trace failed:", file=sys.stderr)
                 traceback.print_exc()

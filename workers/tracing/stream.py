@@ -97,15 +97,17 @@ class TraceStreamer:
             except Exception:  # noqa: BLE001 - a full disk must not end the rank; stop() reports
                 pass
 
-    def stop(self) -> None:
+    def stop(self, open_wait: Optional[tuple] = None) -> None:
         """Stop the thread and write everything the tracer holds (call this from the rank's main thread,
-        which owns the tracer); the rank is marked done."""
+        which owns the tracer); the rank is marked done. ``open_wait`` (``(op, peer, t_start_ns)`` as in
+        :data:`nbmpi.workers.core.waiting.interrupted`): the program was interrupted in that wait, so the
+        last state shows it still open up to now, as for a rank that was killed in it (not done)."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=10 * self.interval + 5)
-        self._write(done=True)
+        self._write(done=open_wait is None, cur=open_wait)
 
-    def _write(self, done: bool) -> None:
+    def _write(self, done: bool, cur: Optional[tuple] = None) -> None:
         with self._lock:
             tr = self.tracer
             if tr.n < self.sent:    # the tracer was cleared: its rows start again at 0
@@ -119,7 +121,7 @@ class TraceStreamer:
                     f.write(rows.astype("<i8", copy=False).tobytes())
                 self.sent += len(rows)
                 self.rows += len(rows)
-            cur = waiting.current
+            cur = cur or waiting.current
             if len(self._kinds) != len(kind_names()):
                 self._kinds = kind_names()
             state = dict(rank=self.rank, size=self.size, pid=os.getpid(), kinds=self._kinds, rows=self.rows,
