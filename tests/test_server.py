@@ -603,7 +603,8 @@ def test_pool_jobs_are_traced_like_batch_jobs(tmp_path):
     and the dashboard's figure answer with the ranks' communication, and only the job's own events
     (not an earlier job's on the same ranks). A pool job past its deadline names what each rank was
     doing (operation and peer, the job's line) as a notebook cell does, has a trace of what was
-    recorded up to the end, and leaves the pool usable."""
+    recorded up to the end, and leaves the pool usable; a rank that fails does not leave the others
+    hanging (they are interrupted and named)."""
     srv = Server(tmp_path / "data").start()
     try:
         with srv.client() as c:
@@ -644,6 +645,17 @@ def test_pool_jobs_are_traced_like_batch_jobs(tmp_path):
             assert waits, "the timed-out job's trace lacks rank 1's open take"
             fig = c.get(f"/api/v1/dashboard/jobs/{hung['id']}/timeline", params={"width": 400}).json()
             assert fig["available"], fig
+            # a rank fails while the other waits for it: the other is interrupted, not left hanging
+            failed = wait_state(c, submit(c, """
+                from nbmpi.workers import ArrayChannel
+                ch = ArrayChannel(4)
+                if rank == 1:
+                    raise ValueError("broken on one")
+                ch.take(1)
+                """, ranks=None, pool=pool["id"])["id"], ("succeeded", "failed", "timed_out"), timeout=120)
+            assert failed["state"] == "failed" and failed["rank_exit_codes"] == [1, 1], failed
+            assert "rank 1: ValueError: broken on one" in failed["message"], failed["message"]
+            assert "rank 0 was in take(src=1) waiting" in failed["message"], failed["message"]
             after = wait_state(c, submit(c, "print('after', rank)", ranks=None, pool=pool["id"])["id"],
                                ("succeeded", "failed"))
             assert after["state"] == "succeeded", after
