@@ -229,9 +229,9 @@ class PoolManager:
             finally:
                 for log in logs.values():
                     log.close()
-        if broken:
-            self._end(pool_id, "failed", f"{broken}; the pool was ended")
-        else:
+            if broken:   # under the pool's lock: the reconciler does not end it first with another reason
+                self._end(pool_id, "failed", f"{broken}; the pool was ended")
+        if not broken:
             self._update(pool_id, last_used_at=time.time())
         return self._result(pool_id, run, end)
 

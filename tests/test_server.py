@@ -660,7 +660,23 @@ def test_pool_jobs_are_traced_like_batch_jobs(tmp_path):
                                ("succeeded", "failed"))
             assert after["state"] == "succeeded", after
             assert c.get(f"/api/v1/pools/{pool['id']}").json()["state"] == "running"
-            assert c.delete(f"/api/v1/pools/{pool['id']}").json()["state"] == "stopped"
+            # ranks stuck in C code ignore the interrupt: the pool is ended and the job says where they were
+            wedged = wait_state(c, submit(c, """
+                import time
+                import numpy as np
+                buf = np.zeros(1)
+                if rank == 0:
+                    comm.Recv(buf, source=1)
+                else:
+                    time.sleep(60)
+                """, ranks=None, pool=pool["id"], timeout=3)["id"], ("succeeded", "failed", "timed_out"),
+                timeout=120)
+            assert wedged["state"] == "timed_out", wedged
+            assert "rank 0: at job.py line 6 `comm.Recv(buf, source=1)`: MPI Recv from rank 1" in wedged["message"]
+            assert "did not stop within" in wedged["message"] and "was ended" in wedged["message"], wedged
+            gone = wait_pool(c, pool["id"], ("failed",))
+            assert "did not stop within" in gone["message"], gone
+            assert pool_processes(tmp_path / "data") == []
     finally:
         srv.stop()
         leftovers = pool_processes(tmp_path / "data")
