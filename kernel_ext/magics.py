@@ -24,6 +24,9 @@ like ``%%px``; everything else rides on it:
   communication call it is blocked in, with which peer, since when, and the
   user-code line it is on with the MPI call there, also for raw mpi4py calls),
   the ranks are interrupted as above and the cell fails with that explanation;
+* the polling, deadline, interrupts and liveness checks are
+  :class:`nbmpi.workers.launch.pool_runner.PoolRun`, the same runner the
+  controller's jobs on a pool use;
 * wedged or dead ranks: a rank that does not stop within :data:`INTERRUPT_GRACE`
   seconds of SIGINT, or whose process died between cells, makes the pool
   *broken*: it is ended at once (no later cell can queue behind a stuck rank),
@@ -35,8 +38,6 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
-import signal
-import socket
 import sys
 import time
 from typing import Any, Dict, List, Optional
@@ -46,16 +47,16 @@ from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.display import display
 
 from nbmpi.workers.launch.engine_pool import EnginePool, EnginePoolError
+from nbmpi.workers.launch.pool_runner import ERROR_GRACE, INTERRUPT_GRACE, PoolRun, RunEnd, probe  # noqa: F401
 
 from . import output as _out
 
-#: Seconds the other ranks get to finish after one rank failed, before they are interrupted.
-ERROR_GRACE = 2.0
-#: Seconds interrupted ranks get to stop after SIGINT. A rank still running then is blocked in C
-#: code (a raw ``comm.Recv`` never returns to Python, so it never sees SIGINT): the pool is ended
-#: and the next cell starts it again. So a cell with ``--timeout T`` returns within about
-#: ``T + INTERRUPT_GRACE + 2`` seconds (the last part is ending the pool's processes).
-INTERRUPT_GRACE = 3.0
+# ERROR_GRACE: seconds the other ranks get to finish after one rank failed, before they are
+# interrupted. INTERRUPT_GRACE: seconds interrupted ranks get to stop after SIGINT. A rank still
+# running then is blocked in C code (a raw ``comm.Recv`` never returns to Python, so it never sees
+# SIGINT): the pool is ended and the next cell starts it again. So a cell with ``--timeout T``
+# returns within about ``T + INTERRUPT_GRACE + 2`` seconds (the last part is ending the pool's
+# processes). Both belong to :mod:`nbmpi.workers.launch.pool_runner`, which runs every cell.
 #: A cell shorter than this never shows the live output display.
 LIVE_AFTER = 0.3
 LIVE_EVERY = 0.25
@@ -159,29 +160,6 @@ def parse_ranks(spec: Optional[str], available: List[int]) -> List[int]:
     return ranks
 
 
-def probe(pool: EnginePool, ranks: List[int], timeout: float = 1.0) -> Dict[int, Optional[dict]]:
-    """Read the state probe of ``ranks`` (see :mod:`nbmpi.workers.launch.engine_side`); None where no answer."""
-    addrs = pool.probes()
-    out: Dict[int, Optional[dict]] = {}
-    for r in ranks:
-        out[r] = None
-        if r not in addrs:
-            continue
-        try:
-            with socket.create_connection(addrs[r], timeout=timeout) as s:
-                s.settimeout(timeout)
-                data = b""
-                while not data.endswith(b"\n"):
-                    chunk = s.recv(65536)
-                    if not chunk:
-                        break
-                    data += chunk
-            out[r] = json.loads(data.decode())
-        except (OSError, ValueError):
-            pass
-    return out
-
-
 def fetch_cell_trace(pool: EnginePool, ranks: List[int]):
     """The last cell's :class:`~nbmpi.workers.Trace` from ``ranks`` and its window (ns, rank 0 clock).
 
@@ -205,11 +183,6 @@ def fetch_cell_trace(pool: EnginePool, ranks: List[int]):
     kinds = max((p["kinds"] for p in parts), key=len)
     window = (min(p["cell_start_ns"] for p in parts), max(p["cell_end_ns"] for p in parts))
     return Trace(events, owner, pool.n, kinds, dropped=dropped, clock_error_ns=err), window
-
-
-def _pending(ar, by_rank: Dict[int, int]) -> List[int]:
-    """Ranks whose reply to the cell's request has not arrived yet."""
-    return [r for r, i in by_rank.items() if not ar._children[i].done()]
 
 
 class _Live:
@@ -536,75 +509,33 @@ class DistributedMagics(Magics):
         args = _cell_parser().parse_args(argv)
         pool = self._ready(self._pool())
         ranks = parse_ranks(args.ranks, pool.ranks)
-        client = pool.client()
-        ar = client[ranks].execute(cell, silent=False, block=False)
-        by_rank = {r: i for i, r in enumerate(ranks)}  # rank -> index in ar's requests
+        run = PoolRun(pool, ranks, lambda view: view.execute(cell, silent=False, block=False))
         self.last_cell = (pool, ranks)
         live = _Live(not args.quiet)
-        t0 = time.monotonic()
-        deadline = None if args.timeout is None else t0 + args.timeout
+        deadline = None if args.timeout is None else time.monotonic() + args.timeout
+        end = run.wait(deadline, tick=lambda r: live.update(self._live_text(r)))
+        note = self._wedged(pool, end) if end.stuck else ""
+        if end.reason == "dead":
+            self._break(pool, end.dead)
+            live.close()
+            raise UsageError(f"%%distributed: {end.dead} while the cell ran; pool {pool.name!r} was ended. "
+                             "The next cell starts a fresh pool (the ranks' variables are lost)")
+        if end.reason == "timed_out":
+            self._finish(pool, run, args, live, raise_errors=False, quick=bool(note))
+            raise _out.DistributedTimeout(args.timeout, end.described, note)
+        if end.reason == "interrupted":
+            self._finish(pool, run, args, live, raise_errors=False, quick=bool(note))
+            raise _out.DistributedInterrupt(end.described, note) from None
         others: Dict[int, str] = {}
-        try:
-            ar.wait(LIVE_AFTER if deadline is None else min(LIVE_AFTER, args.timeout))
-            first_error_at = None
-            next_dead_check = t0 + 1.0
-            while not ar.ready():
-                pending = _pending(ar, by_rank)
-                now = time.monotonic()
-                if deadline is not None and now >= deadline:
-                    described, note = self._stop_pending(pool, ar, by_rank, pending, ranks)
-                    self._finish(pool, ar, by_rank, args, live, raise_errors=False, quick=bool(note))
-                    raise _out.DistributedTimeout(args.timeout, described, note)
-                if first_error_at is None and self._failed(ar, by_rank):
-                    first_error_at = now
-                if first_error_at is not None and now - first_error_at > ERROR_GRACE:
-                    states = probe(pool, pending)
-                    stuck = self._interrupt(pool, ar, by_rank, pending)
-                    for r in pending:
-                        others[r] = (f"was in {_out.describe_state(states[r])} when another rank failed; "
-                                     "interrupted")
-                    if stuck:
-                        note = self._wedged(pool, stuck, states)
-                        for r in stuck:
-                            others[r] += f"; {note}"
-                    break
-                if now >= next_dead_check:   # a rank process that died never answers: do not wait for it
-                    next_dead_check = now + 0.5
-                    dead = pool.dead_ranks()
-                    if dead:
-                        why = pool.describe_dead(dead)
-                        self._break(pool, why)
-                        live.close()
-                        raise UsageError(f"%%distributed: {why} while the cell ran; pool {pool.name!r} was ended. "
-                                         "The next cell starts a fresh pool (the ranks' variables are lost)")
-                live.update(self._live_text(ar, by_rank))
-                wait = 0.1
-                if deadline is not None:
-                    wait = max(min(wait, deadline - now), 0.001)
-                ar.wait(wait)
-        except KeyboardInterrupt:
-            pending = _pending(ar, by_rank)
-            described, note = self._stop_pending(pool, ar, by_rank, pending, ranks)
-            self._finish(pool, ar, by_rank, args, live, raise_errors=False, quick=bool(note))
-            raise _out.DistributedInterrupt(described, note) from None
-        self._finish(pool, ar, by_rank, args, live, others, quick=pool.name in self.broken)
+        for r in end.stopped:   # reason "error": the ranks still running when another rank failed
+            others[r] = f"was in {end.described[r]} when another rank failed; interrupted"
+            if r in end.stuck:
+                others[r] += f"; {note}"
+        self._finish(pool, run, args, live, others, quick=pool.name in self.broken)
 
-    def _stop_pending(self, pool: EnginePool, ar, by_rank, pending: List[int], ranks: List[int]):
-        """Probe, then interrupt the ``pending`` ranks (a timeout or a kernel interrupt); end the pool
-        if some do not stop. Returns (what each rank was doing, a note about a wedged pool or "")."""
-        states = probe(pool, pending)
-        described = {r: _out.describe_state(states[r]) for r in pending}
-        stuck = self._interrupt(pool, ar, by_rank, pending)
-        for r in ranks:
-            if r not in pending:
-                described[r] = self._outcome(ar, by_rank[r])
-        return described, (self._wedged(pool, stuck, states) if stuck else "")
-
-    def _wedged(self, pool: EnginePool, stuck: List[int], states: Dict[int, Optional[dict]]) -> str:
-        """End a pool whose ranks ``stuck`` ignored SIGINT; the note says so and what happens next."""
-        where = "; ".join(f"rank {r}: {_out.describe_state(states.get(r))}" for r in stuck)
-        who = f"rank{'s' if len(stuck) > 1 else ''} {_out.format_ranks(stuck)}"
-        why = f"{who} did not stop within {INTERRUPT_GRACE:g} s of SIGINT, blocked in C code ({where})"
+    def _wedged(self, pool: EnginePool, end: RunEnd) -> str:
+        """End a pool whose ranks ``end.stuck`` ignored SIGINT; the note says so and what happens next."""
+        why = end.wedged
         self._break(pool, why)
         if pool.attached:
             return (f"{why}; the pool is run by the controller, so it was left as it is: stop it there and "
@@ -613,52 +544,18 @@ class DistributedMagics(Magics):
                 "starts it again (the ranks' variables are lost)")
 
     @staticmethod
-    def _failed(ar, by_rank) -> bool:
-        for i in by_rank.values():
-            if ar._children[i].done() and ar._metadata[i].get("status") == "error":
-                return True
-        return False
-
-    @staticmethod
-    def _outcome(ar, i: int) -> str:
-        md = ar._metadata[i]
-        err = md.get("error")
-        if md.get("status") == "error" and err is not None:
-            return f"raised {getattr(err, 'ename', 'an error')} before the interrupt"
-        return "had completed the cell"
-
-    @staticmethod
-    def _live_text(ar, by_rank) -> Dict[int, str]:
+    def _live_text(run: PoolRun) -> Dict[int, str]:
         out = {}
-        for r, i in by_rank.items():
-            md = ar._metadata[i]
+        for r in run.ranks:
+            md = run.metadata(r)
             out[r] = (md.get("stdout") or "") + (md.get("stderr") or "")
         return out
 
-    def _interrupt(self, pool: EnginePool, ar, by_rank: Dict[int, int], pending: List[int]) -> List[int]:
-        """SIGINT the pending ranks (again every second); return those still running after INTERRUPT_GRACE s."""
-        client = pool.client()
-        end = time.monotonic() + INTERRUPT_GRACE
-        while True:
-            pending = [r for r in _pending(ar, by_rank) if r in pending]
-            if not pending:
-                return []
-            if time.monotonic() >= end:
-                return pending
-            try:
-                client.send_signal(signal.SIGINT, targets=pending, block=False)
-            except Exception:  # noqa: BLE001 - a nanny that is gone: the rank is reported stuck
-                pass
-            ar.wait(min(1.0, max(end - time.monotonic(), 0.01)))
-
-    def _finish(self, pool: EnginePool, ar, by_rank: Dict[int, int], args, live: _Live,
+    def _finish(self, pool: EnginePool, run: PoolRun, args, live: _Live,
                 others: Optional[Dict[int, str]] = None, raise_errors: bool = True, quick: bool = False) -> None:
-        try:
-            ar.wait_for_output(0.5 if quick else 5.0)   # quick: the pool was ended, no more output comes
-        except Exception:  # noqa: BLE001 - output of a rank that died
-            pass
+        run.drain(0.5 if quick else 5.0)   # quick: the pool was ended, no more output comes
         live.close()
-        mds = {r: ar._metadata[i] for r, i in by_rank.items()}
+        mds = {r: run.metadata(r) for r in run.ranks}
         if not args.quiet:
             text = _out.render_groups({r: md.get("stdout") for r, md in mds.items()})
             if text:
@@ -671,7 +568,7 @@ class DistributedMagics(Magics):
             self._show_displays(mds)
             self._show_results(mds)
         if args.timeline:
-            self._show_timeline(pool, list(by_rank))
+            self._show_timeline(pool, list(run.ranks))
         errors = {}
         for r, md in mds.items():
             err = md.get("error")
@@ -680,7 +577,7 @@ class DistributedMagics(Magics):
                              getattr(err, "traceback", None) or str(err))
         if errors and raise_errors:
             rest = dict(others or {})
-            for r in by_rank:
+            for r in run.ranks:
                 if r not in errors and r not in rest:
                     rest[r] = "completed the cell"
             raise _out.DistributedCellError(errors, rest)

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
+from nbmpi.workers.launch.pool_runner import describe_state  # noqa: F401 - one wording for notebook and controller
+
 Group = Tuple[List[int], str]
 
 
@@ -87,25 +89,6 @@ def strip_ansi(text: str) -> str:
     import re
 
     return re.sub(r"\x1b\[[0-9;]*[A-Za-z]", "", text)
-
-
-def describe_state(snap: Optional[dict]) -> str:
-    """What a rank was doing, from its probe snapshot (:func:`nbmpi.workers.launch.engine_side.snapshot`):
-    ``"take(src=0) waiting 12.0 s at cell line 4 `ch.take(0)`"``, ``"at cell line 3
-    `comm.Recv(buf, source=1)`: MPI Recv from rank 1 (10.0 s into the cell)"``, ``"running user code
-    (3.1 s)"``, ``"idle"``, or ``"no answer from its probe"`` (the rank holds the GIL in C code or died)."""
-    from nbmpi.workers.launch.rank_location import format_location
-
-    if not snap:
-        return "no answer from its probe (busy in C code holding the GIL, or the rank died)"
-    where = format_location(snap.get("where"))
-    if snap.get("op"):
-        return f"{snap['op']} waiting {snap['waiting_s']:.1f} s" + (f" at {where}" if where else "")
-    if snap.get("running"):
-        if where:
-            return f"at {where} ({snap['running_s']:.1f} s into the cell)"
-        return f"running user code ({snap['running_s']:.1f} s)"
-    return "idle"
 
 
 class _RenderedError(Exception):

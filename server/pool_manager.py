@@ -18,11 +18,14 @@ backend (:meth:`Backend.recover_pool`) if all their engines still answer,
 else recorded ``failed`` (the backend ends their leftovers).
 
 Jobs on a pool run the job's program on all engines
-(:func:`nbmpi.workers.launch.engine_side.run_job`: a namespace of its own, as a script); each
-engine's stdout/stderr is appended to ``logs/rank-R.*`` as it arrives; a rank
-whose execution raised gets exit code 1. Cancel or timeout interrupts the
-engines (SIGINT); if they do not stop within :data:`INTERRUPT_GRACE_S` the pool
-is ended and recorded ``failed``.
+(:func:`nbmpi.workers.launch.engine_side.run_job`: a namespace of its own, as a script) through
+:class:`nbmpi.workers.launch.pool_runner.PoolRun`, the runner of notebook cells too; each
+engine's stdout/stderr is appended to ``logs/rank-R.*`` as it arrives and its trace events are
+streamed to the job's ``trace`` directory as a batch job's are (so the dashboard and the trace
+endpoints serve pool jobs alike); a rank whose execution raised gets exit code 1. Cancel or
+timeout probes the engines (what each was doing, named in the job's message) and interrupts them
+(SIGINT); if they do not stop within :data:`INTERRUPT_GRACE_S`, or a rank dies, the pool is ended
+and recorded ``failed``.
 """
 from __future__ import annotations
 
@@ -38,6 +41,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import sessionmaker
 
 from nbmpi.workers.launch.engine_pool import EnginePool, EnginePoolError
+from nbmpi.workers.launch.pool_runner import ERROR_GRACE, PoolRun, RunEnd
 from nbmpi.workers.launch.rank_guard import CappedLog
 
 from .accounts import AccountError, Accounts, open_in_job
@@ -213,10 +217,16 @@ class PoolManager:
     # -- jobs ----------------------------------------------------------------------------------------
     def run_job(self, pool_id: int, code: str, args: List[str], env: Dict[str, str], log_dir: Path,
                 cancel: threading.Event, deadline: Optional[float],
-                log_limit: Optional[int] = None) -> PoolJobResult:
+                log_limit: Optional[int] = None, trace_dir: Optional[Path] = None) -> PoolJobResult:
         """Execute ``code`` on every engine of the pool; block until done, cancelled or past
         ``deadline`` (monotonic). Each rank's output goes to ``log_dir`` (at most ``log_limit``
-        bytes per stream, then a truncation marker). Called by the scheduler's job thread."""
+        bytes per stream, then a truncation marker); with ``trace_dir`` each rank streams its
+        trace there as a batch job's ranks do. Called by the scheduler's job thread.
+
+        Runs through :class:`~nbmpi.workers.launch.pool_runner.PoolRun`, as notebook cells do: at the
+        deadline or on cancel the ranks are probed and interrupted, and the message says what each
+        was doing; ranks still running :data:`ERROR_GRACE` s after another failed are interrupted
+        too. A pool whose ranks ignore SIGINT or died is ended and recorded ``failed``."""
         pool = self._live.get(pool_id)
         if pool is None:
             raise EnginePoolError(f"pool {pool_id} is not running")
@@ -225,62 +235,68 @@ class PoolManager:
         log_dir.mkdir(parents=True, exist_ok=True)
         from nbmpi.workers.launch.engine_side import run_job
         with lock:
-            client = pool.client()
             ranks = list(pool.ranks)
-            view = client[ranks]
-            ar = view.apply_async(run_job, code, list(args), dict(env))
-            written = {(r, s): 0 for r in range(len(ranks)) for s in ("stdout", "stderr")}
+            written = {(r, s): 0 for r in ranks for s in ("stdout", "stderr")}
             # the job's account owns log_dir: its folder is opened without following links
             folder = open_in_job(log_dir.parent, log_dir.name)
             try:
                 logs = {key: CappedLog(f"rank-{key[0]}.{key[1]}", log_limit, dir_fd=folder) for key in written}
             finally:
                 os.close(folder)
-            outcome = "completed"
-            interrupted_at: Optional[float] = None
-            last_check = time.monotonic()
             try:
-                while not ar.ready():
-                    self._append_output(ar, logs, written)
-                    now = time.monotonic()
-                    if interrupted_at is None and (cancel.is_set() or (deadline is not None and now > deadline)):
-                        outcome = "cancelled" if cancel.is_set() else "timed_out"
-                        client.send_signal(signal.SIGINT, targets=ranks, block=False)
-                        interrupted_at = now
-                    if interrupted_at is not None and now - interrupted_at > INTERRUPT_GRACE_S:
-                        raise EnginePoolError("the engines did not stop after an interrupt")
-                    if now - last_check > 1.0:
-                        last_check = now
-                        if not pool.alive():
-                            raise EnginePoolError("the pool's engines died during the job")
-                    ar.wait(0.1)
-            except EnginePoolError as exc:
+                run = PoolRun(pool, ranks, lambda view: view.apply_async(
+                    run_job, code, list(args), dict(env), "job.py", str(trace_dir) if trace_dir else None))
+                end = run.wait(deadline, cancel, tick=lambda r: self._append_output(r, logs, written),
+                               error_grace=ERROR_GRACE, interrupt_grace=INTERRUPT_GRACE_S)
+                broken = end.wedged or end.dead
+                # the result can arrive before the last output messages (another channel): wait for
+                # the engines' output to be complete so no printed line is lost from the logs
+                run.drain(1.0 if broken else OUTPUT_WAIT_S)
+                self._append_output(run, logs, written)
+            finally:
                 for log in logs.values():
                     log.close()
-                self._end(pool_id, "failed", f"{exc}; the pool was ended")
-                return PoolJobResult("cancelled" if outcome == "cancelled" else "completed",
-                                     [None] * len(ranks), f"{exc}; pool {pool_id} was ended")
-            # the result can arrive before the last output messages (another channel): wait for
-            # the engines' output to be complete so no printed line is lost from the logs
-            ar.wait_for_output(OUTPUT_WAIT_S)
-            self._append_output(ar, logs, written)
-            for log in logs.values():
-                log.close()
-            codes: List[Optional[int]] = []
-            errors: List[str] = []
-            for r, md in enumerate(ar.metadata):
-                ok = md.get("status") == "ok"
-                codes.append(0 if ok else 1)
-                if not ok:
-                    err = md.get("error")
-                    errors.append(f"rank {r}: {getattr(err, 'ename', 'error')}: {getattr(err, 'evalue', '')}")
-        self._update(pool_id, last_used_at=time.time())
-        return PoolJobResult(outcome, codes, "; ".join(errors) or None)
+            if broken:   # under the pool's lock: the reconciler does not end it first with another reason
+                self._end(pool_id, "failed", f"{broken}; the pool was ended")
+        if not broken:
+            self._update(pool_id, last_used_at=time.time())
+        return self._result(pool_id, run, end)
 
     @staticmethod
-    def _append_output(ar, logs: Dict, written: Dict) -> None:
-        for stream, per_rank in (("stdout", ar.stdout), ("stderr", ar.stderr)):
-            for r, text in enumerate(per_rank):
+    def _result(pool_id: int, run: PoolRun, end: RunEnd) -> PoolJobResult:
+        """The job's outcome, per-rank codes (None: the rank never answered) and one message."""
+        outcome = {"interrupted": "cancelled", "timed_out": "timed_out"}.get(end.reason, "completed")
+        codes: List[Optional[int]] = []
+        errors: List[str] = []
+        for r in run.ranks:
+            md = run.metadata(r)
+            if r in run.pending():
+                codes.append(None)
+            elif md.get("status") == "ok":
+                codes.append(0)
+            else:
+                codes.append(1)
+                if r not in end.stopped:
+                    err = md.get("error")
+                    errors.append(f"rank {r}: {getattr(err, 'ename', 'error')}: {getattr(err, 'evalue', '')}")
+        parts = list(errors)
+        if end.reason in ("timed_out", "interrupted"):
+            parts = [f"what each rank was doing then: {end.explain()}"]
+        elif end.reason == "error" and end.stopped:
+            parts += [f"rank {r} was in {end.described[r]} when another rank failed; interrupted"
+                      for r in end.stopped]
+        if end.reason == "dead":
+            parts.append(f"{end.dead} during the job; pool {pool_id} was ended")
+        elif end.wedged:
+            parts.append(f"{end.wedged}; pool {pool_id} was ended")
+        return PoolJobResult(outcome, codes, "; ".join(parts) or None)
+
+    @staticmethod
+    def _append_output(run: PoolRun, logs: Dict, written: Dict) -> None:
+        for r in run.ranks:
+            md = run.metadata(r)
+            for stream in ("stdout", "stderr"):
+                text = md.get(stream)
                 done = written[(r, stream)]
                 if text and len(text) > done:
                     logs[(r, stream)].write(text[done:].encode())

@@ -19,7 +19,8 @@ Semantics (the same whichever backend runs the jobs):
   outcome, the streamed trace is indexed once (:mod:`~nbmpi.server.trace_index`) and the
   Chrome trace and summary of what was recorded up to the end are recorded too.
 * A job on a pool runs the code on the pool's engines
-  (:meth:`~nbmpi.server.pool_manager.PoolManager.run_job`).
+  (:meth:`~nbmpi.server.pool_manager.PoolManager.run_job`); its ranks stream their trace to the
+  job's ``trace`` directory like a batch job's, indexed the same way when it ends.
 * Restart (:meth:`Scheduler.recover`): for each job a previous service left
   submitted, the backend says whether it still knows it; then it is followed
   again. Else, if every rank had written its exit code to the job's status
@@ -518,13 +519,14 @@ class Scheduler:
                 f.deadline = time.monotonic() + job.timeout
             code = Path(job.script_path).read_text()
             result = self.pools.run_job(job.pool_id, code, job.args, job.env, Path(job.log_dir), f.cancel, f.deadline,
-                                        log_limit=self.max_log_bytes)
+                                        log_limit=self.max_log_bytes, trace_dir=Path(job.job_dir) / "trace")
+            said = f". {result.message}" if result.message else ""
             if result.outcome == "cancelled":
                 self._set_final(job.id, "lost" if self._stop.is_set() else "cancelled", CANCEL_EXIT,
-                                result.codes, "cancelled by its owner; the engines were interrupted")
+                                result.codes, f"cancelled by its owner; the engines were interrupted{said}")
             elif result.outcome == "timed_out":
                 self._set_final(job.id, "timed_out", TIMEOUT_EXIT, result.codes,
-                                f"timed out after {job.timeout} s; the engines were interrupted")
+                                f"timed out after {job.timeout} s; the engines were interrupted{said}")
             elif all(c == 0 for c in result.codes):
                 self._set_final(job.id, "succeeded", 0, result.codes, None)
             else:
@@ -533,6 +535,7 @@ class Scheduler:
             self._set_final(job.id, "failed", 1, None, f"running on pool {job.pool_id} failed: {exc}")
         finally:
             self._unfollow(f)
+        self._index_trace(job)
 
     def _unfollow(self, f: _Followed) -> None:
         with self._lock:

@@ -25,7 +25,6 @@ expect("distributions on different communicators", dnp.DistributionError, lambda
 expect("unknown distribution", dnp.DistributionError, lambda: dnp.zeros(5, dist="diagonal"),
        ["unknown distribution 'diagonal'", "block-cyclic"])
 expect("block size", dnp.DistributionError, lambda: dnp.zeros(5, dist=("block-cyclic", 0)), ["block size"])
-expect("fancy index", dnp.UnsupportedOperation, lambda: a[[1, 2], 3], ["index arrays are supported alone"])
 expect("matmul shapes", dnp.ShapeError, lambda: a @ dnp.zeros(5), ["matmul", "size 5 is different from 7"])
 assert float(dnp.sum(a + 1)) == 91.0  # still usable
 

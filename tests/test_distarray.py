@@ -23,7 +23,7 @@ SECTIONS = ["constructors, to_numpy, from_numpy(root), .local, .dist",
             "reductions sum/min/max/mean/any/all, axis None/0/1", "matmul, dot, transpose, roll",
             "seed stencil, fusion, kernel and plan caching, threshold, tracing", "printing"]
 ERROR_CASES = ["shapes", "assignment shape", "distributions on different communicators", "unknown distribution",
-               "block size", "fancy index", "matmul shapes", "divergence (different operations)", "divergence (an extra operation on one rank)",
+               "block size", "matmul shapes", "divergence (different operations)", "divergence (an extra operation on one rank)",
                "divergence (shapes differ)", "a rank late beyond NBMPI_TIMEOUT"]
 
 

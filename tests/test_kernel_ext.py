@@ -336,6 +336,49 @@ def test_connect_to_controller_pool(tmp_path):
         srv.stop()
 
 
+def test_notebook_and_controller_run_code_on_a_pool_the_same_way(tmp_path):
+    """The same hanging program on the same controller pool, once as a `%%distributed --timeout` cell
+    and once as a controller job with a timeout: both go through one runner
+    (:mod:`nbmpi.workers.launch.pool_runner`), so both name each rank's operation, peer and line in
+    the same words; the pool is usable after each."""
+    import re
+
+    from test_server import HANG_JOB, Server, submit, wait_state
+
+    srv = Server(tmp_path / "data").start()
+    k = None
+    try:
+        with srv.client() as c:
+            pool = c.post("/api/v1/pools", json={"ranks": 2, "name": "shared"}).json()
+            assert pool["state"] == "running", pool
+            k = Kernel()
+            r = k.run(f"%load_ext nbmpi.kernel_ext\n%distributed connect {srv.url} --token {srv.token}")
+            assert r["status"] == "ok", r
+            cell = k.run("%%distributed --timeout 3\n" + HANG_JOB)
+            assert cell["status"] == "error" and cell["ename"] == "DistributedTimeout", cell
+            job = wait_state(c, submit(c, HANG_JOB, ranks=None, pool=pool["id"], timeout=3)["id"],
+                             ("succeeded", "failed", "timed_out"), timeout=120)
+            assert job["state"] == "timed_out", job
+
+            def said(text: str, rank: int) -> str:
+                m = re.search(rf"rank {rank}: (.*?)(?:;|\n|$)", text)
+                assert m, (rank, text)
+                return re.sub(r"\d+\.\d s", "T s", m.group(1))
+
+            assert said(cell["tb"], 1) == "take(src=0) waiting T s at cell line 5 `ch.take(0)`", cell["tb"]
+            assert said(job["message"], 1) == "take(src=0) waiting T s at job.py line 5 `ch.take(0)`", job
+            assert said(cell["tb"], 0) == "at cell line 7 `time.sleep(60)` (T s into the cell)", cell["tb"]
+            assert said(job["message"], 0) == "at job.py line 7 `time.sleep(60)` (T s into the job)", job
+            r = k.run("%%distributed\nprint('still', rank)")
+            assert r["status"] == "ok" and r["stdout"] == "[rank 0] still 0\n[rank 1] still 1\n", r
+            k.run("%distributed stop")
+            c.delete(f"/api/v1/pools/{pool['id']}")
+    finally:
+        if k is not None:
+            k.shutdown()
+        srv.stop()
+
+
 def test_killed_kernel_leaves_no_rank():
     """A kernel killed outright (SIGKILL, no exit handlers) while its ranks spin in a raw MPI receive
     still leaves no engine or mpiexec behind (the owner watchdog and the parent-death signal; about a

@@ -597,6 +597,103 @@ def test_pools(tmp_path):
     assert leftovers == []
 
 
+HANG_JOB = """from nbmpi.workers import ArrayChannel
+ch = ArrayChannel(4)
+import time
+if rank == 1:
+    ch.take(0)
+else:
+    time.sleep(60)
+"""
+
+
+def test_pool_jobs_are_traced_like_batch_jobs(tmp_path):
+    """A job on a pool streams its ranks' trace as a batch job does: the trace and summary endpoints
+    and the dashboard's figure answer with the ranks' communication, and only the job's own events
+    (not an earlier job's on the same ranks). A pool job past its deadline names what each rank was
+    doing (operation and peer, the job's line) as a notebook cell does, has a trace of what was
+    recorded up to the end, and leaves the pool usable; a rank that fails does not leave the others
+    hanging (they are interrupted and named)."""
+    srv = Server(tmp_path / "data").start()
+    try:
+        with srv.client() as c:
+            pool = c.post("/api/v1/pools", json={"ranks": 2, "name": "traced"}).json()
+            assert pool["state"] == "running", pool
+            job = wait_state(c, submit(c, CHANNEL_JOB, ranks=None, pool=pool["id"], args=["a"])["id"],
+                             ("succeeded", "failed"))
+            assert job["state"] == "succeeded", job
+            assert c.get(f"/api/v1/jobs/{job['id']}/logs", params={"rank": 1}).text == "rank 1 value 2.0 args ['a']\n"
+            r = c.get(f"/api/v1/jobs/{job['id']}/trace")
+            assert r.status_code == 200, r.text
+            slices = [e for e in r.json()["traceEvents"] if e.get("ph") == "X"]
+            assert {e["pid"] for e in slices} == {0, 1}
+            assert {"put(dest=1)", "take(src=0)", "put(dest=0)", "take(src=1)"} <= {e["name"] for e in slices}
+            summary = c.get(f"/api/v1/jobs/{job['id']}/summary").json()
+            assert summary["bytes"][0][1] >= 8000 and summary["bytes"][1][0] >= 8000, summary["bytes"]
+            fig = c.get(f"/api/v1/dashboard/jobs/{job['id']}/figure", params={"width": 800}).json()
+            assert fig["available"] and fig["item"]["doc"] and fig["meta"]["ranks"] == [0, 1], fig.get("reason")
+            arrows = fig["sources"]["nbmpi_arrows"]
+            assert len(arrows["x0"]) >= 2, arrows   # the two messages between the ranks
+            # the next job's trace holds its own events only (the pool's tracer keeps the earlier ones)
+            quiet = wait_state(c, submit(c, "print(rank)", ranks=None, pool=pool["id"])["id"], ("succeeded", "failed"))
+            assert quiet["state"] == "succeeded", quiet
+            names = {e["name"] for e in c.get(f"/api/v1/jobs/{quiet['id']}/trace").json()["traceEvents"]
+                     if e.get("ph") == "X"}
+            assert not {n for n in names if n.startswith(("put(", "take("))}, names
+            # a deadline: each rank's state, as the notebook says it
+            hung = wait_state(c, submit(c, HANG_JOB, ranks=None, pool=pool["id"], timeout=4)["id"],
+                              ("succeeded", "failed", "timed_out"), timeout=120)
+            assert hung["state"] == "timed_out", hung
+            assert "rank 1: take(src=0) waiting " in hung["message"], hung["message"]
+            assert "rank 0: at job.py line 7 `time.sleep(60)`" in hung["message"], hung["message"]
+            assert hung["rank_exit_codes"] == [1, 1], hung
+            r = c.get(f"/api/v1/jobs/{hung['id']}/trace")
+            assert r.status_code == 200, r.text
+            waits = [e for e in r.json()["traceEvents"] if e.get("ph") == "X" and e.get("pid") == 1
+                     and "take(src=0)" in e["name"]]
+            assert waits, "the timed-out job's trace lacks rank 1's open take"
+            fig = c.get(f"/api/v1/dashboard/jobs/{hung['id']}/timeline", params={"width": 400}).json()
+            assert fig["available"], fig
+            # a rank fails while the other waits for it: the other is interrupted, not left hanging
+            failed = wait_state(c, submit(c, """
+                from nbmpi.workers import ArrayChannel
+                ch = ArrayChannel(4)
+                if rank == 1:
+                    raise ValueError("broken on one")
+                ch.take(1)
+                """, ranks=None, pool=pool["id"])["id"], ("succeeded", "failed", "timed_out"), timeout=120)
+            assert failed["state"] == "failed" and failed["rank_exit_codes"] == [1, 1], failed
+            assert "rank 1: ValueError: broken on one" in failed["message"], failed["message"]
+            assert "rank 0 was in take(src=1) waiting" in failed["message"], failed["message"]
+            after = wait_state(c, submit(c, "print('after', rank)", ranks=None, pool=pool["id"])["id"],
+                               ("succeeded", "failed"))
+            assert after["state"] == "succeeded", after
+            assert c.get(f"/api/v1/pools/{pool['id']}").json()["state"] == "running"
+            # ranks stuck in C code ignore the interrupt: the pool is ended and the job says where they were
+            wedged = wait_state(c, submit(c, """
+                import time
+                import numpy as np
+                buf = np.zeros(1)
+                if rank == 0:
+                    comm.Recv(buf, source=1)
+                else:
+                    time.sleep(60)
+                """, ranks=None, pool=pool["id"], timeout=3)["id"], ("succeeded", "failed", "timed_out"),
+                timeout=120)
+            assert wedged["state"] == "timed_out", wedged
+            assert "rank 0: at job.py line 6 `comm.Recv(buf, source=1)`: MPI Recv from rank 1" in wedged["message"]
+            assert "did not stop within" in wedged["message"] and "was ended" in wedged["message"], wedged
+            gone = wait_pool(c, pool["id"], ("failed",))
+            assert "did not stop within" in gone["message"], gone
+            assert pool_processes(tmp_path / "data") == []
+    finally:
+        srv.stop()
+        leftovers = pool_processes(tmp_path / "data")
+        for p in leftovers:
+            p.kill()
+    assert leftovers == []
+
+
 def test_demo_main_job(tmp_path):
     p = subprocess.run([sys.executable, "-m", "nbmpi.server.cli", "demo", "-n", "2", "--data-dir",
                         str(tmp_path / "demo")], capture_output=True, text=True, timeout=180)

@@ -199,8 +199,6 @@ class _Source:
 
 
 def _no_trace(job: Job) -> str:
-    if job.pool_id is not None:
-        return "jobs on a pool are not traced by the controller (use %%distributed --timeline in the notebook)"
     if job.state == "queued":
         return "the job has not started yet"
     if job.state == "running":
@@ -240,7 +238,7 @@ def _live_source(job: Job) -> Tuple[Optional[_Source], Optional[str]]:
 
 async def _source(job: Job, wait_s: float = 20.0) -> Tuple[Optional[_Source], Optional[str]]:
     """Where ``job``'s windows come from, or None and the reason. The work runs on the trace threads."""
-    if job.pool_id is not None or job.state == "queued":
+    if job.state == "queued":
         return None, _no_trace(job)
     if job.state not in FINAL_JOB_STATES:
         return await INDEXER.call(_live_source, job)
@@ -344,7 +342,7 @@ def _npz(job: Job) -> Tuple[object, int, int]:
                              "description": "The streamed trace (numpy .npz; nbmpi Trace.load reads it)"}})
 async def job_trace_npz(job: Job = Depends(user_job)) -> Response:
     """Every event the job's ranks streamed so far, as a :class:`~nbmpi.workers.tracing.analysis.Trace` file."""
-    if job.state in FINAL_JOB_STATES and job.pool_id is None:
+    if job.state in FINAL_JOB_STATES:
         await INDEXER.index(Path(job.job_dir) / "trace", job.ranks, 60.0)
     data, t0, t1 = await INDEXER.call(_npz, job)
     headers = {"Content-Disposition": f'attachment; filename="nbmpi-job-{job.id}.npz"',

@@ -201,7 +201,7 @@ async def _trace_file(job: Job, which: str) -> Response:
     recorded = job.trace_path if which == "trace" else job.summary_path
     path = Path(recorded) if recorded else trace_dir / f"{which}.json"
     final = job.state in FINAL_JOB_STATES
-    if final and job.pool_id is None and not path.exists():
+    if final and not path.exists():
         fut = INDEXER.ensure(trace_dir, job.ranks)
         try:
             await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(fut)), 60)
@@ -212,8 +212,6 @@ async def _trace_file(job: Job, which: str) -> Response:
         ix = INDEXER.open(trace_dir) if final else None
         if job.state in ("queued", "running"):
             why = "the job has not finished (the dashboard shows its live timeline)"
-        elif job.pool_id is not None:
-            why = "jobs on a pool are not traced by the controller"
         elif ix is not None and not ix.readable:
             why = f"trace unreadable: {ix.reason}"
         elif ix is not None and ix.meta.get("events", 0) > CHROME_EVENTS_LIMIT:

@@ -43,6 +43,7 @@ from .environment import POOL_OWNER_PID_ENV, PROBE_HOST_ENV, STATUS_DIR_ENV
 
 
 class _CellState:
+    kind = "cell"      # what runs: a notebook "cell", or a controller "job" (run_job)
     running = False
     cell = 0
     t_start_ns = 0
@@ -80,16 +81,17 @@ def _post_run_cell(result=None) -> None:  # noqa: ARG001
 
 
 def snapshot() -> Dict[str, Any]:
-    """This rank's state now (thread-safe read): cell running?, since when, the nbmpi call it waits in
-    (``op``, ``peer``, ``waiting_s`` from :data:`nbmpi.workers.core.waiting.current`) and, while a cell
-    runs, ``where``: the main thread's user-code line and the MPI call on it
+    """This rank's state now (thread-safe read): a cell (or a controller job, ``kind``) running?, since
+    when, the nbmpi call it waits in (``op``, ``peer``, ``waiting_s`` from
+    :data:`nbmpi.workers.core.waiting.current`) and, while a cell or job runs, ``where``: the main
+    thread's user-code line and the MPI call on it
     (:func:`nbmpi.workers.launch.rank_location.main_thread_location`), also for raw mpi4py calls."""
     from ..core import waiting
     from .rank_location import main_thread_location
 
     now = time.perf_counter_ns()
     cur = waiting.current
-    out: Dict[str, Any] = dict(rank=_rank, pid=os.getpid(), running=state.running, cell=state.cell,
+    out: Dict[str, Any] = dict(rank=_rank, pid=os.getpid(), running=state.running, kind=state.kind, cell=state.cell,
                                running_s=(now - state.t_start_ns) / 1e9 if state.running else 0.0,
                                op=None, peer=None, waiting_s=0.0, where=None)
     if cur is not None:
@@ -233,16 +235,56 @@ def cell_events() -> Dict[str, Any]:
                 cell_end_ns=t_end + tr.offset_ns)
 
 
-def run_job(code: str, argv: List[str], env: Dict[str, str], name: str = "job.py") -> None:
+class _InterruptedWait:
+    """While installed (on the main thread), SIGINT first notes the nbmpi wait the rank is in
+    (:data:`nbmpi.workers.core.waiting.current`, still set then: the wait's own clean-up runs
+    after the KeyboardInterrupt) in :attr:`wait`, then does what the previous handler did."""
+
+    def __init__(self) -> None:
+        import signal
+
+        self.wait: Optional[tuple] = None
+        self._prev = signal.getsignal(signal.SIGINT)
+        signal.signal(signal.SIGINT, self._on_sigint)
+
+    def _on_sigint(self, signum, frame) -> None:
+        import signal
+
+        from ..core import waiting
+
+        if self.wait is None:
+            self.wait = waiting.current
+        if callable(self._prev):
+            self._prev(signum, frame)
+        if self._prev is not signal.SIG_IGN:
+            raise KeyboardInterrupt
+
+    def restore(self) -> None:
+        """Put the previous SIGINT handler back."""
+        import signal
+
+        signal.signal(signal.SIGINT, self._prev)
+
+
+def run_job(code: str, argv: List[str], env: Dict[str, str], name: str = "job.py",
+            trace_dir: Optional[str] = None) -> None:
     """Run a controller job's program on this engine, as ``nbmpi run`` runs a script on a rank.
 
-    Called on every engine of a pool by the controller (one ``apply`` per job). The program runs
+    Called on every engine of a pool by the controller (one ``apply`` per job, through
+    :class:`~nbmpi.workers.launch.pool_runner.PoolRun`). The program runs
     as ``__main__`` in a namespace of its own (not the notebook's: it neither sees nor changes the
     variables of cells or of earlier jobs), with ``comm``, ``rank``, ``size`` and ``nbmpi``
     predefined, ``sys.argv = [name, *argv]``, ``env`` added to ``os.environ`` and the
     shared-variable rebinding guard. A failure prints its traceback to the rank's stderr (the
     job's log) and is raised again; ``sys.exit(0)`` is success, another code an error.
+
+    While it runs the rank's state probe reports it as running (with its line in ``name``), as
+    for a cell, so a deadline or an interrupt names what each rank was doing. With
+    ``trace_dir``, the events the rank records during the job are streamed there
+    (:mod:`~nbmpi.workers.tracing.stream`, as a batch job's ranks do) and completed at the end,
+    whatever the outcome.
     """
+    import linecache
     import sys
     import traceback
 
@@ -256,6 +298,20 @@ def run_job(code: str, argv: List[str], env: Dict[str, str], name: str = "job.py
     comm = runtime.world()
     ns: Dict[str, Any] = {"__name__": "__main__", "__file__": name, "comm": comm, "rank": comm.Get_rank(),
                           "size": comm.Get_size(), "nbmpi": nbmpi}
+    # the probe and tracebacks show the job's lines (the code is not a file on this host)
+    linecache.cache[name] = (len(code), None, code.splitlines(True), name)
+    streamer = None
+    if trace_dir:
+        from ..tracing.stream import start_streaming
+
+        try:
+            streamer = start_streaming(trace_dir, from_now=True)
+        except OSError as exc:
+            print(f"[nbmpi] trace streaming off: {exc}", file=sys.stderr)
+    open_wait = None   # the wait an interrupt (deadline, cancel) ended: it stays open in the trace
+    interrupted = _InterruptedWait()   # on the engine's main thread, as apply requests run
+    _pre_run_cell()
+    state.kind = "job"
     try:
         exec(rebinding_guard.compile_guarded(code, name), ns)  # noqa: S102 - running the job is the point
     except SystemExit as exc:
@@ -263,8 +319,18 @@ def run_job(code: str, argv: List[str], env: Dict[str, str], name: str = "job.py
             print(f"{name} exited with {exc.code!r}", file=sys.stderr, flush=True)
             raise RuntimeError(f"{name} exited with {exc.code!r}") from None
     except BaseException:
+        open_wait = interrupted.wait   # as a killed batch rank's wait stays open
         traceback.print_exc()
         sys.stderr.flush()
         raise
     finally:
+        _post_run_cell()
+        state.kind = "cell"
+        interrupted.restore()
         sys.stdout.flush()
+        if streamer is not None:
+            try:
+                streamer.stop(open_wait)
+            except Exception:  # noqa: BLE001 - a trace failure must not change the job's result
+                print("[nbmpi] completing the streamed trace failed:", file=sys.stderr)
+                traceback.print_exc()

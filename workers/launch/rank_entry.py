@@ -157,19 +157,10 @@ def _start_stream():
     out = os.environ.get(TRACE_OUT_ENV)
     if not out:
         return None
-    from ..tracing.stream import DEFAULT_INTERVAL, TraceStreamer
-    from ..tracing.tracer import get_tracer
+    from ..tracing.stream import start_streaming
 
-    tracer = get_tracer()
-    if not tracer.enabled:
-        return None
-    raw = os.environ.get(TRACE_STREAM_INTERVAL_ENV, "").strip()
     try:
-        interval = float(raw) if raw else DEFAULT_INTERVAL
-    except ValueError:
-        interval = DEFAULT_INTERVAL
-    try:
-        return TraceStreamer(tracer, out, interval=interval if interval > 0 else DEFAULT_INTERVAL).start()
+        return start_streaming(out)
     except OSError as exc:
         print(f"[nbmpi] trace streaming off: {exc}", file=sys.stderr)
         return None

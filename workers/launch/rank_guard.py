@@ -220,13 +220,15 @@ def guard() -> None:
 
     for s in _PASSED_ON:
         signal.signal(s, pass_on)
-    status = _wait_rank(child, pipes, log_dir, rank)
+    status = _wait_rank(child, pipes, log_dir, rank,
+                        on_end=lambda st: _report_signal(st, passed_on, status_dir, rank))
     _end_as_child(status, passed_on, status_dir, rank)
 
 
-def _wait_rank(child: int, pipes, log_dir: Optional[str], rank: str) -> int:
+def _wait_rank(child: int, pipes, log_dir: Optional[str], rank: str, on_end=None) -> int:
     """Copy the rank's output (if ``pipes``) until the rank has ended and both pipes are closed;
-    end whatever the rank left running as soon as it has ended. Returns the rank's wait status."""
+    as soon as it has ended, call ``on_end(status)`` (the report) and end whatever the rank left
+    running. Returns the rank's wait status."""
     logs, open_fds = {}, []
     if pipes:
         os.makedirs(log_dir, exist_ok=True)
@@ -240,6 +242,8 @@ def _wait_rank(child: int, pipes, log_dir: Optional[str], rank: str) -> int:
         if status is None:
             status = _reaped(child, block=not open_fds)
             if status is not None:
+                if on_end is not None:
+                    on_end(status)    # first: whoever watches the status directory waits for it
                 end_leftovers()   # their copies of the pipes close with them
         if not open_fds:
             continue
@@ -272,27 +276,35 @@ def _reaped(child: int, block: bool) -> Optional[int]:
         return status if pid == child else None
 
 
+def _report_signal(status: int, passed_on: set, status_dir: str, rank: str) -> None:
+    """Write ``rank-R.signal`` when a signal the guard did not pass on killed the rank."""
+    if not os.WIFSIGNALED(status):
+        return
+    sig = os.WTERMSIG(status)
+    if sig in _PASSED_ON:
+        # a launcher ending the job signals the guard's whole process group: the rank may die of it
+        # a moment before the guard's own copy arrives. Give it that moment before calling it a kill.
+        end = time.monotonic() + 0.2
+        while sig not in passed_on and time.monotonic() < end:
+            time.sleep(0.01)
+    if sig not in passed_on:
+        try:
+            tmp = os.path.join(status_dir, f".rank-{rank}.signal.tmp")
+            with open(tmp, "w") as f:
+                f.write(str(sig))
+            os.replace(tmp, os.path.join(status_dir, f"rank-{rank}.signal"))
+        except OSError:
+            pass
+
+
 def _end_as_child(status: int, passed_on: set, status_dir: str, rank: str) -> None:
-    """Report a signal that killed the rank (unless the guard passed it on), then end like it."""
-    if not (os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0):
-        _remove_node_shm(status_dir, rank)
+    """End like the rank (it was reported by :func:`_report_signal`), after removing the shared
+    memory a failed rank left on this node."""
+    failed = not (os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0)
     if os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status)
-        if sig in _PASSED_ON:
-            # a launcher ending the job signals the guard's whole process group: the rank may die of it
-            # a moment before the guard's own copy arrives. Give it that moment before calling it a kill.
-            end = time.monotonic() + 0.2
-            while sig not in passed_on and time.monotonic() < end:
-                time.sleep(0.01)
-        if sig not in passed_on:
-            try:
-                tmp = os.path.join(status_dir, f".rank-{rank}.signal.tmp")
-                with open(tmp, "w") as f:
-                    f.write(str(sig))
-                os.replace(tmp, os.path.join(status_dir, f"rank-{rank}.signal"))
-            except OSError:
-                pass
-        elif os.path.exists(os.path.join(status_dir, ENDING_FILE)):
+        _remove_node_shm(status_dir, rank)
+        if sig in passed_on and os.path.exists(os.path.join(status_dir, ENDING_FILE)):
             os._exit(0)   # the launcher ended the job on purpose and says so itself: no MPICH banner
         try:
             signal.signal(sig, signal.SIG_DFL)
@@ -300,6 +312,8 @@ def _end_as_child(status: int, passed_on: set, status_dir: str, rank: str) -> No
             pass
         os.kill(os.getpid(), sig)
         os._exit(128 + sig)   # a signal that does not end a process by default
+    if failed:
+        _remove_node_shm(status_dir, rank)
     os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1)
 
 

@@ -63,7 +63,9 @@ class TraceStreamer:
     no communication, ever.
     """
 
-    def __init__(self, tracer: Tracer, out_dir: os.PathLike, interval: float = DEFAULT_INTERVAL):
+    def __init__(self, tracer: Tracer, out_dir: os.PathLike, interval: float = DEFAULT_INTERVAL, since: int = 0):
+        """``since``: the first tracer row to stream (``tracer.mark()`` streams only what is recorded
+        from now on, e.g. one job on a pool whose tracer holds earlier cells and jobs)."""
         if interval <= 0:
             raise ValueError(f"interval must be a positive number of seconds, got {interval}")
         self.tracer = tracer
@@ -71,7 +73,7 @@ class TraceStreamer:
         self.size = tracer.size
         self.out_dir = Path(out_dir)
         self.interval = float(interval)
-        self.sent = 0          # rows of the tracer already written
+        self.sent = int(since)  # rows of the tracer already written (or not to be written)
         self.rows = 0          # rows in the file
         self.start_ns = time.perf_counter_ns() + tracer.offset_ns
         self._stop = threading.Event()
@@ -95,15 +97,17 @@ class TraceStreamer:
             except Exception:  # noqa: BLE001 - a full disk must not end the rank; stop() reports
                 pass
 
-    def stop(self) -> None:
+    def stop(self, open_wait: Optional[tuple] = None) -> None:
         """Stop the thread and write everything the tracer holds (call this from the rank's main thread,
-        which owns the tracer); the rank is marked done."""
+        which owns the tracer); the rank is marked done. ``open_wait`` (``(op, peer, t_start_ns)`` as in
+        :data:`nbmpi.workers.core.waiting.interrupted`): the program was interrupted in that wait, so the
+        last state shows it still open up to now, as for a rank that was killed in it (not done)."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=10 * self.interval + 5)
-        self._write(done=True)
+        self._write(done=open_wait is None, cur=open_wait)
 
-    def _write(self, done: bool) -> None:
+    def _write(self, done: bool, cur: Optional[tuple] = None) -> None:
         with self._lock:
             tr = self.tracer
             if tr.n < self.sent:    # the tracer was cleared: its rows start again at 0
@@ -117,7 +121,7 @@ class TraceStreamer:
                     f.write(rows.astype("<i8", copy=False).tobytes())
                 self.sent += len(rows)
                 self.rows += len(rows)
-            cur = waiting.current
+            cur = cur or waiting.current
             if len(self._kinds) != len(kind_names()):
                 self._kinds = kind_names()
             state = dict(rank=self.rank, size=self.size, pid=os.getpid(), kinds=self._kinds, rows=self.rows,
@@ -130,6 +134,26 @@ class TraceStreamer:
             tmp = path.with_name(f".{path.name}.tmp")
             tmp.write_text(json.dumps(state))
             os.replace(tmp, path)
+
+
+def start_streaming(out_dir: os.PathLike, from_now: bool = False) -> Optional[TraceStreamer]:
+    """Start a :class:`TraceStreamer` of this rank's tracer into ``out_dir`` (every
+    ``NBMPI_TRACE_STREAM_INTERVAL`` s, default :data:`DEFAULT_INTERVAL`); None when tracing is off.
+    ``from_now``: stream only the events recorded from now on (a job on a pool whose tracer holds
+    earlier cells and jobs). Call it on the rank's main thread; raises ``OSError`` when the files
+    cannot be created."""
+    from .tracer import get_tracer
+
+    tracer = get_tracer()
+    if not tracer.enabled:
+        return None
+    raw = os.environ.get("NBMPI_TRACE_STREAM_INTERVAL", "").strip()
+    try:
+        interval = float(raw) if raw else DEFAULT_INTERVAL
+    except ValueError:
+        interval = DEFAULT_INTERVAL
+    return TraceStreamer(tracer, out_dir, interval=interval if interval > 0 else DEFAULT_INTERVAL,
+                         since=tracer.mark() if from_now else 0).start()
 
 
 @dataclass
