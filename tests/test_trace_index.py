@@ -14,7 +14,8 @@ import pytest
 from test_server import Server, job_processes, submit, wait_state
 
 #: Each rank records this many events with the real tracer (no MPI traffic: put/take pairs on a fake
-#: clock 1 us apart), the real streamer writes them; rank 1 then fails (the ranks gather nothing).
+#: clock 1 us apart), the real streamer writes them; rank 1 then fails, once rank 0 has streamed all
+#: its events and ended (the ranks gather nothing).
 BIG_JOB = """
 import sys, time
 from nbmpi.workers.tracing.tracer import DIR_RECV, DIR_SEND, get_tracer, register_kind
@@ -32,6 +33,13 @@ for i in range(n // 2):
         rec(take, DIR_RECV, peer, 7, 800, b + 100, b + 400, -1, -1, 1)
         rec(put, DIR_SEND, peer, 7, 800, b + 600, b + 700, -1, -1, 1)
 print("recorded", tr.n, "dropped", tr.dropped, flush=True)
+if r == 1:   # fail only once rank 0 streamed everything and ended (else mpiexec ends it early)
+    import json, os
+    done = os.path.join(os.environ["NBMPI_TRACE_OUT"], "rank-0.live.json")
+    deadline = time.monotonic() + 600
+    while not json.load(open(done)).get("done") and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(2.0)
 sys.exit(5 if r == 1 else 0)
 """
 GARBAGE_JOB = """
@@ -119,8 +127,6 @@ class HealthProbe:
         self._thread.join(timeout=60)
 
 
-@pytest.mark.xfail(strict=True, reason="open: the controller measured 1068 MB RSS after serving the 4 M-event "
-                   "figure (bound 200 MB); where it is held is not found yet")
 def test_four_million_events_from_the_index(server):
     events = 4_000_000
     with server.client() as c:

@@ -45,7 +45,7 @@ import numpy as np
 
 from . import timeline
 from .analysis import STATE_NAMES, op_label
-from .npy_column import BLOCK_BYTES, NpyColumn, save_with_skeleton
+from .npy_column import BLOCK_BYTES, NpyAppender, NpyColumn, save_with_skeleton
 from .records import FIELDS, NF
 from .stream import TraceUnreadable, read_job_trace
 
@@ -92,7 +92,7 @@ def _write_index(out: Path, jt) -> Dict[str, Any]:
     waits = jt.waits()
     window = (jt.start_ns, jt.now_ns)
     an = timeline.analysis(trace, window=window, open_waits=waits)
-    parts: Dict[str, List[np.ndarray]] = {k: [] for k in _SEG}
+    files = {k: NpyAppender(out / f"{k}.npy", skeleton=k in _SORTED) for k in _SEG}   # lane by lane, to disk
     lane_off = [0]
     n = len(trace)
     c_start = np.full(n, np.nan)
@@ -108,14 +108,11 @@ def _write_index(out: Path, jt) -> Dict[str, Any]:
         c_start[cols.event[comm]] = cols.start[comm]
         c_end[cols.event[comm]] = cols.end[comm]
         for k, v in _lane_arrays(cols).items():
-            parts[k].append(v)
+            files[k].add(v)
         lane_off.append(lane_off[-1] + len(cols.start))
         del cols
-    for k in _SEG:
-        values = np.concatenate(parts[k]) if parts[k] else np.empty(0)
-        (save_with_skeleton if k in _SORTED else np.save)(out / f"{k}.npy", values)
-        parts[k] = []
-        del values
+    for f in files.values():
+        f.finish()
     # arrows: from where the send's transfer starts to where the matching receive ends
     sp, rp = (trace.flow_pairs[:, 0], trace.flow_pairs[:, 1]) if n else (np.empty(0, np.int64),) * 2
     ok = ~np.isnan(c_start[sp]) & ~np.isnan(c_end[rp]) if n else np.empty(0, bool)

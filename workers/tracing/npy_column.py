@@ -12,7 +12,10 @@ Reads (all thread-safe, blocking on local disk only): :meth:`NpyColumn.read` (a 
 ``column[i]`` / ``column[i, j]`` / ``column[idx, j]`` / ``column[a:b]``, and
 :meth:`NpyColumn.searchsorted` for a sorted 1-D column: a binary search on its in-memory
 skeleton (every :data:`SKELETON_STRIDE`-th value, ``NAME.skel.npy``, written by
-:func:`save_with_skeleton`) and one block read per key.
+:func:`save_with_skeleton` or :class:`NpyAppender`) and one block read per key.
+
+Writes: :func:`save_with_skeleton` (an array in memory), :class:`NpyAppender` (a file written piece
+by piece, e.g. lane by lane, without the whole of it in memory).
 """
 from __future__ import annotations
 
@@ -22,7 +25,7 @@ from typing import Optional, Tuple, Union
 
 import numpy as np
 
-__all__ = ["NpyColumn", "save_with_skeleton", "SKELETON_STRIDE", "BLOCK_BYTES", "GAP_BYTES"]
+__all__ = ["NpyColumn", "NpyAppender", "save_with_skeleton", "SKELETON_STRIDE", "BLOCK_BYTES", "GAP_BYTES"]
 
 #: One value of a sorted column's skeleton per this many rows.
 SKELETON_STRIDE = 1024
@@ -181,3 +184,51 @@ class NpyColumn:
             block = self.read(s, int(stops[m].max()))
             out[m] = s + np.searchsorted(block, flat[m], side)
         return out.reshape(keys.shape)
+
+
+class NpyAppender:
+    """Writes one ``.npy`` file piece by piece, never holding more than a piece: the pieces go to
+    ``PATH.raw`` as they come, :meth:`finish` writes ``PATH`` (header, then the rows copied in
+    blocks of :data:`BLOCK_BYTES`) and, with ``skeleton`` (a sorted column), its skeleton (see
+    :func:`save_with_skeleton`). One writer; not thread-safe."""
+
+    def __init__(self, path: os.PathLike, skeleton: bool = False):
+        self.path = Path(path)
+        self.skeleton = skeleton
+        self.n = 0
+        self.dtype: Optional[np.dtype] = None
+        self.row_shape: Tuple[int, ...] = ()
+        self._raw = open(self.path.with_name(self.path.name + ".raw"), "wb")
+        self._skeleton: list = []
+
+    def add(self, values: np.ndarray) -> None:
+        """Append the rows ``values`` (every piece of one dtype and row shape)."""
+        values = np.ascontiguousarray(values)
+        if self.dtype is None:
+            self.dtype, self.row_shape = values.dtype, values.shape[1:]
+        elif values.dtype != self.dtype or values.shape[1:] != self.row_shape:
+            raise ValueError(f"{self.path.name}: a piece of {values.dtype}{values.shape[1:]} after "
+                             f"{self.dtype}{self.row_shape} pieces")
+        if self.skeleton:
+            self._skeleton.append(values[(-self.n) % SKELETON_STRIDE::SKELETON_STRIDE].copy())
+        self._raw.write(memoryview(values).cast("B"))
+        self.n += len(values)
+
+    def finish(self) -> None:
+        """Write the ``.npy`` file (and skeleton) and remove the pieces."""
+        raw = Path(self._raw.name)
+        self._raw.close()
+        dtype = self.dtype if self.dtype is not None else np.dtype(np.float64)
+        header = dict(descr=np.lib.format.dtype_to_descr(dtype), fortran_order=False,
+                      shape=(self.n,) + tuple(self.row_shape))
+        with open(self.path, "wb") as out, open(raw, "rb") as src:
+            np.lib.format.write_array_header_2_0(out, header)
+            while True:
+                block = src.read(BLOCK_BYTES)
+                if not block:
+                    break
+                out.write(block)
+        raw.unlink()
+        if self.skeleton:
+            skel = np.concatenate(self._skeleton) if self._skeleton else np.empty(0, dtype)
+            np.save(_skeleton_path(self.path), skel)
