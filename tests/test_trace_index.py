@@ -147,7 +147,9 @@ def test_four_million_events_from_the_index(server):
         assert meta["events"] == events and an["events"] == events
         assert [r["events"] for r in an["ranks"]] == [events // 2, events // 2]
         assert meta["merged"] and meta["shown"] <= 2 * 1200 * 2      # at most two rows per lane and pixel
-        assert 0 < an["ranks"][0]["wait_s"] and an["ranks"][0]["wait_by_kind"].keys() <= {"put", "take"}
+        # each rank records on its own time base, so which rank waits depends on which one started first
+        assert 0 < sum(r["wait_s"] for r in an["ranks"])
+        assert all(r["wait_by_kind"].keys() <= {"put", "take"} for r in an["ranks"])
         assert an["messages"] == [[0, events // 4], [events // 4, 0]]
         assert fig["item"] and fig["sources"]["nbmpi_matrix"]["messages"] == [0, events // 4, events // 4, 0]
         # a window of 10 us holds exact segments, labelled with their calls

@@ -376,12 +376,13 @@ class TraceIndex:
     def _arrow_rows(self, s0: float, s1: float, limit: int) -> Tuple[np.ndarray, int]:
         """Indices of the arrows crossing ``[s0, s1]`` (about ``4 * limit`` evenly spread ones when
         more start in it; 0: no limit) and how many cross it (those starting in it, when spread)."""
-        t0 = self.a("a_t0")
-        lo = int(t0.searchsorted(s0 - float(self.meta["arrow_span_s"]), "left"))
-        hi = int(t0.searchsorted(s1, "right"))
+        t0, span = self.a("a_t0"), float(self.meta["arrow_span_s"])   # |t1 - t0| <= span for every arrow
+        lo = int(t0.searchsorted(s0 - span, "left"))
+        hi = int(t0.searchsorted(s1 + span, "right"))
         spread = bool(limit and hi - lo > 4 * limit)
         idx = np.unique(np.linspace(lo, hi - 1, 4 * limit).astype(np.int64)) if spread else np.arange(lo, hi)
-        out = idx[np.maximum(t0[idx], self.a("a_t1")[idx]) >= s0]
+        a0, a1 = t0[idx], self.a("a_t1")[idx]
+        out = idx[(np.maximum(a0, a1) >= s0) & (np.minimum(a0, a1) <= s1)]   # as TimelineColumns.view
         return out, (hi - lo if spread else len(out))
 
     def _exact_view(self, spans, s0, s1, width, max_arrows) -> Dict[str, Any]:
