@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from reporting import benchmark_parser, md_table, target, targets_table, write_results  # noqa: E402
 from test_server import Server, submit, wait_state  # noqa: E402
-from test_trace_index import BIG_JOB, ENV, HealthProbe  # noqa: E402
+from test_trace_index import BIG_JOB, ENV, HealthProbe, _busy  # noqa: E402
 
 
 def timed(c: httpx.Client, url: str, **params):
@@ -52,7 +52,7 @@ def main() -> None:
                 figure = [timed(c, f"/api/v1/dashboard/jobs/{jid}/figure", width=1200)[0] for _ in range(5)]
                 fig = r.json()
                 seg = fig["sources"]["nbmpi_segments"]
-                busy = next(left for left, n in zip(seg["left"], seg["count"]) if n > 1)
+                busy = _busy(seg)
                 windows = []
                 for span in (None, 0.5, 0.05, 0.001, 1e-5):
                     q = dict(width=1200) if span is None else dict(start=busy, end=busy + span, width=1200)

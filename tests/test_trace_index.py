@@ -99,6 +99,14 @@ def _available(c: httpx.Client, jid: int, what: str = "figure", timeout: float =
         assert time.monotonic() < deadline, f"job {jid}'s trace still being indexed after {timeout} s"
 
 
+def _busy(seg: dict) -> float:
+    """A time inside the events: the start of the middle one of the figure's pixels that merge several
+    intervals (the first such pixel may hold events only at its right end)."""
+    lefts = [left for left, n in zip(seg["left"], seg["count"]) if n > 1]
+    assert lefts, "the figure merged nothing"
+    return sorted(lefts)[len(lefts) // 2]
+
+
 class HealthProbe:
     """Asks /api/health every 50 ms from a thread; keeps each answer's status and latency."""
 
@@ -136,7 +144,7 @@ def test_four_million_events_from_the_index(server):
         with HealthProbe(server.url) as probe:
             fig = _available(c, job["id"], width=1200)
             seg = fig["sources"]["nbmpi_segments"]
-            busy = next(l for l, n in zip(seg["left"], seg["count"]) if n > 1)   # where the events are
+            busy = _busy(seg)
             windows = [c.get(f"/api/v1/dashboard/jobs/{job['id']}/timeline",
                              params=dict(start=busy, end=busy + span, width=1200)).json() for span in (0.1, 1e-5)]
             rss = psutil.Process(server.proc.pid).memory_info().rss
@@ -152,10 +160,11 @@ def test_four_million_events_from_the_index(server):
         assert all(r["wait_by_kind"].keys() <= {"put", "take"} for r in an["ranks"])
         assert an["messages"] == [[0, events // 4], [events // 4, 0]]
         assert fig["item"] and fig["sources"]["nbmpi_matrix"]["messages"] == [0, events // 4, events // 4, 0]
-        # a window of 10 us holds exact segments, labelled with their calls
+        # a window of 10 us holds a few segments, labelled with their calls (one narrower than its
+        # 8 ns pixel, e.g. a wait of a few ns where the ranks' time bases meet, is merged alone)
         tiny = windows[1]
         calls = set(tiny["sources"]["nbmpi_segments"]["call"])
-        assert not tiny["meta"]["merged"] and {"put(dest=1)", "take(src=1)"} & calls, calls
+        assert tiny["meta"]["in_window"] < 100 and {"put(dest=1)", "take(src=1)"} & calls, calls
         assert windows[0]["meta"]["end_s"] == pytest.approx(busy + 0.1) and windows[0]["meta"]["in_window"] > 10**5
         # the whole trace as a file Trace.load reads
         r = c.get(f"/api/v1/dashboard/jobs/{job['id']}/trace.npz")
