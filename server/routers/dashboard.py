@@ -21,8 +21,8 @@ joined on demand and kept per job until they change (up to :data:`LIVE_EVENTS_LI
 job's from its trace index (:mod:`nbmpi.workers.tracing.index`, built once when it ended, each window's
 rows read in bounded pieces, never memory-mapped, so the controller holds what a window shows, not the
 index); both drawn by :mod:`nbmpi.workers.tracing.timeline` (the figure module the notebook uses too;
-the last few figures' Bokeh items are kept, :data:`ITEMS`). The work runs on the trace threads of :data:`~nbmpi.server.trace_index.INDEXER`, never on the
-event loop or the pool other routes use. Trace files that are not what the ranks write are answered
+the last few figures' Bokeh items are kept, :data:`ITEMS`). The work runs on the trace threads of
+:data:`~nbmpi.server.trace_index.INDEXER`, never on the event loop or the pool other routes use. Trace files that are not what the ranks write are answered
 ``available: false`` with a reason starting ``trace unreadable:``. Every data endpoint needs the bearer
 token; another user's job is 404.
 """
