@@ -48,7 +48,7 @@ def op_label(row, kinds: List[str]) -> str:
 
 def _keys(cols: List[np.ndarray]) -> np.ndarray:
     """Rows of int64 columns as one void scalar each (for exact matching)."""
-    stacked = np.ascontiguousarray(np.stack(cols, axis=1).astype(np.int64))
+    stacked = np.ascontiguousarray(np.stack(cols, axis=1).astype(np.int64, copy=False))
     return stacked.view(np.dtype((np.void, 8 * len(cols)))).ravel()
 
 
