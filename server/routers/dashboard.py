@@ -23,10 +23,11 @@
 
 The data of a running job come from the ranks' streamed trace files (:mod:`nbmpi.workers.tracing.stream`)
 joined on demand and kept per job until they change (up to :data:`LIVE_EVENTS_LIMIT` events); a finished
-job's from its trace index (:mod:`nbmpi.workers.tracing.index`, built once when it ended, windows read
-through memory maps); both drawn by :mod:`nbmpi.workers.tracing.timeline` (the figure module the notebook
-uses too). The work runs on the trace threads of :data:`~nbmpi.server.trace_index.INDEXER`, never on the
-event loop or the pool other routes use. Trace files that are not what the ranks write are answered
+job's from its trace index (:mod:`nbmpi.workers.tracing.index`, built once when it ended, each window's
+rows read in bounded pieces, never memory-mapped, so the controller holds what a window shows, not the
+index); both drawn by :mod:`nbmpi.workers.tracing.timeline` (the figure module the notebook uses too;
+the last few figures' Bokeh items are kept, :data:`ITEMS`). The work runs on the trace threads of
+:data:`~nbmpi.server.trace_index.INDEXER`, never on the event loop or the pool other routes use. Trace files that are not what the ranks write are answered
 ``available: false`` with a reason starting ``trace unreadable:``. Every data endpoint needs the bearer
 token; another user's job is 404.
 """
@@ -277,11 +278,39 @@ def _window(job: Job, src: Optional[_Source], why: Optional[str], start: Optiona
 Width = Query(1200, ge=0, le=20000, description="Plot width in pixels (level of detail); 0 merges nothing")
 
 
+class _Items:
+    """The last few figures' Bokeh items, by job, trace version, width and backend (making one
+    costs Bokeh most of a second; a finished job's never changes). Thread-safe, least recently used out."""
+
+    def __init__(self, size: int = 4):
+        self.size = size
+        self._lock = threading.Lock()
+        self._items: "OrderedDict[tuple, dict]" = OrderedDict()
+
+    def get(self, key: tuple, make: Callable[[], dict]) -> dict:
+        """The item of ``key``, made with ``make()`` (outside the lock) when it is not kept."""
+        with self._lock:
+            item = self._items.get(key)
+            if item is not None:
+                self._items.move_to_end(key)
+                return item
+        item = make()
+        with self._lock:
+            self._items[key] = item
+            while len(self._items) > self.size:
+                self._items.popitem(last=False)
+        return item
+
+
+ITEMS = _Items()
+
+
 def _figure(job: Job, src: Optional[_Source], why: Optional[str], width: int, backend: str) -> dict:
     out, view = _window(job, src, why, None, None, width, None)
     if view is not None:
-        out["item"] = timeline.bokeh_item(view, src.an, width=max(width, 600), backend=backend,
-                                          x_label="seconds since the job's ranks started")
+        key = (job.id, job.state, src.version, width, backend)
+        out["item"] = ITEMS.get(key, lambda: timeline.bokeh_item(view, src.an, width=max(width, 600), backend=backend,
+                                                                 x_label="seconds since the job's ranks started"))
     return out
 
 

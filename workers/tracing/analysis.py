@@ -48,22 +48,24 @@ def op_label(row, kinds: List[str]) -> str:
 
 def _keys(cols: List[np.ndarray]) -> np.ndarray:
     """Rows of int64 columns as one void scalar each (for exact matching)."""
-    stacked = np.ascontiguousarray(np.stack(cols, axis=1).astype(np.int64))
+    stacked = np.ascontiguousarray(np.stack(cols, axis=1).astype(np.int64, copy=False))
     return stacked.view(np.dtype((np.void, 8 * len(cols)))).ravel()
 
 
 class Trace:
     """Events of all ranks on rank 0's clock (ns). Built by ``Tracer.gather``.
 
-    ``events`` is an ``(n, NF)`` int64 array with columns :data:`FIELDS`;
+    ``events`` is an ``(n, NF)`` int64 array with columns :data:`FIELDS` (copied, unless
+    ``copy=False``: then an int64 array is used, and changed, in place);
     ``ranks[i]`` is the rank that recorded event ``i``; ``hosts[r]`` the name of the node rank
     ``r`` ran on ("" where unknown), which names its lane next to the rank number.
     """
 
     def __init__(self, events: np.ndarray, ranks: np.ndarray, nranks: int, kinds: List[str],
                  dropped: Optional[np.ndarray] = None, clock_error_ns: Optional[np.ndarray] = None,
-                 hosts: Optional[Sequence[str]] = None):
-        self.events = np.array(events, dtype=np.int64).reshape(-1, NF)
+                 hosts: Optional[Sequence[str]] = None, copy: bool = True):
+        # copy=False: ``events`` (an int64 array the caller gives away) gets its waits in place
+        self.events = np.array(events, dtype=np.int64, copy=copy or None).reshape(-1, NF)
         self.ranks = np.asarray(ranks, dtype=np.int64)
         self.nranks = int(nranks)
         self.kinds = list(kinds)

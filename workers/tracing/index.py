@@ -1,5 +1,5 @@
 """The index of a finished job's streamed trace: built once, in its own process, when the job ends;
-any window of the timeline is then read from memory-mapped files in time independent of the trace's size.
+any window of the timeline is then read from its files in time and memory independent of the trace's size.
 
 Build (:func:`build`, or ``python -m nbmpi.workers.tracing.index TRACE_DIR NRANKS [--chrome]``, what the
 controller runs when a job ends, whatever its outcome): joins the ranks' stream files
@@ -14,6 +14,8 @@ controller runs when a job ends, whatever its outcome): joins the ranks' stream 
   ``state.npy``, ``event.npy``, ``cum.npy`` (``(n, 3)``: time the lane spent in each state before the
   segment), so the time per state between any two instants is two binary searches;
 * per message arrow, sorted by ``t0``: ``a_src``, ``a_dst``, ``a_t0``, ``a_t1``, ``a_send``, ``a_recv``;
+* ``start.skel.npy``, ``endmax.skel.npy``, ``a_t0.skel.npy``: every 1024th value of those sorted
+  files (:func:`~.npy_column.save_with_skeleton`), so a search reads one small block per key;
 * ``events.npy`` / ``ranks.npy``: the events with their attributed waits and who recorded them
   (labels of what a view shows; :meth:`TraceIndex.save_npz`);
 * with ``--chrome``, when the ranks did not write them (a failed, cancelled or timed-out job) and
@@ -25,7 +27,8 @@ Files that are not what the ranks write give ``state: "unreadable"`` with the re
 
 Read (:class:`TraceIndex`): :meth:`TraceIndex.view` answers what
 :meth:`~nbmpi.workers.tracing.timeline.TimelineColumns.view` answers, reading only the window's rows
-(at most a few per lane and pixel) through ``numpy`` memory maps.
+(at most a few per lane and pixel) with bounded ``pread`` calls (:mod:`.npy_column`), never a memory
+map: a long-lived reader holds what it asked for, not the pages of the files it touched.
 """
 from __future__ import annotations
 
@@ -34,13 +37,15 @@ import os
 import shutil
 import sys
 import time
+import zipfile
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from . import timeline
 from .analysis import STATE_NAMES, op_label
+from .npy_column import BLOCK_BYTES, NpyAppender, NpyColumn, save_with_skeleton
 from .records import FIELDS, NF
 from .stream import TraceUnreadable, read_job_trace
 
@@ -57,6 +62,8 @@ UNREADABLE_EXIT = 3
 _COL = {name: i for i, name in enumerate(FIELDS)}
 _SEG = ("start", "end", "endmax", "state", "event", "cum")
 _ARR = ("a_src", "a_dst", "a_t0", "a_t1", "a_send", "a_recv")
+#: Files sorted (within each lane) and searched: written with a skeleton (:mod:`.npy_column`).
+_SORTED = ("start", "endmax", "a_t0")
 
 
 def index_dir(trace_dir: os.PathLike) -> Path:
@@ -85,7 +92,7 @@ def _write_index(out: Path, jt) -> Dict[str, Any]:
     waits = jt.waits()
     window = (jt.start_ns, jt.now_ns)
     an = timeline.analysis(trace, window=window, open_waits=waits)
-    parts: Dict[str, List[np.ndarray]] = {k: [] for k in _SEG}
+    files = {k: NpyAppender(out / f"{k}.npy", skeleton=k in _SORTED) for k in _SEG}   # lane by lane, to disk
     lane_off = [0]
     n = len(trace)
     c_start = np.full(n, np.nan)
@@ -101,12 +108,11 @@ def _write_index(out: Path, jt) -> Dict[str, Any]:
         c_start[cols.event[comm]] = cols.start[comm]
         c_end[cols.event[comm]] = cols.end[comm]
         for k, v in _lane_arrays(cols).items():
-            parts[k].append(v)
+            files[k].add(v)
         lane_off.append(lane_off[-1] + len(cols.start))
         del cols
-    for k in _SEG:
-        np.save(out / f"{k}.npy", np.concatenate(parts[k]) if parts[k] else np.empty(0))
-        parts[k] = []
+    for f in files.values():
+        f.finish()
     # arrows: from where the send's transfer starts to where the matching receive ends
     sp, rp = (trace.flow_pairs[:, 0], trace.flow_pairs[:, 1]) if n else (np.empty(0, np.int64),) * 2
     ok = ~np.isnan(c_start[sp]) & ~np.isnan(c_end[rp]) if n else np.empty(0, bool)
@@ -117,7 +123,7 @@ def _write_index(out: Path, jt) -> Dict[str, Any]:
     arrays = dict(a_src=trace.ranks[sp].astype(np.int32), a_dst=trace.ranks[rp].astype(np.int32), a_t0=a_t0,
                   a_t1=a_t1, a_send=sp.astype(np.int64), a_recv=rp.astype(np.int64))
     for k, v in arrays.items():
-        np.save(out / f"{k}.npy", v)
+        (save_with_skeleton if k in _SORTED else np.save)(out / f"{k}.npy", v)
     span = float(np.abs(a_t1 - a_t0).max()) if len(a_t0) else 0.0
     np.save(out / "events.npy", trace.events)
     np.save(out / "ranks.npy", trace.ranks)
@@ -203,12 +209,42 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 # -- read ----------------------------------------------------------------------------------------------
-class EventTable:
-    """The indexed events (memory-mapped) with what a timeline view asks of a trace: ``events``
-    rows, ``len()``, :meth:`op_label`."""
+class _CachedRows:
+    """The rows of an events file read for one view, each once (a view asks one row for its label,
+    its peer and its size): ``rows[i]``, ``rows[i, j]``, ``rows[idx, j]``, :meth:`prefetch`."""
 
-    def __init__(self, events: np.ndarray, kinds: List[str]):
-        self.events = events
+    def __init__(self, col: NpyColumn):
+        self.col = col
+        self.shape = col.shape
+        self._rows: Dict[int, np.ndarray] = {}
+
+    def __len__(self) -> int:
+        return len(self.col)
+
+    def prefetch(self, idx) -> None:
+        """Read the rows ``idx`` (not yet read) together."""
+        want = [i for i in np.unique(np.asarray(idx, np.int64)).tolist() if i not in self._rows]
+        if want:
+            self._rows.update(zip(want, self.col.take(np.array(want, np.int64))))
+
+    def __getitem__(self, key):
+        if isinstance(key, tuple) and len(key) == 2 and isinstance(key[0], (int, np.integer)):
+            return self[key[0]][key[1]]
+        if isinstance(key, (int, np.integer)):
+            i = int(key) + (len(self.col) if int(key) < 0 else 0)
+            row = self._rows.get(i)
+            if row is None:
+                row = self._rows[i] = self.col[i]
+            return row
+        return self.col[key]
+
+
+class EventTable:
+    """The indexed events (an :class:`~.npy_column.NpyColumn`: rows read when asked for) with what a
+    timeline view asks of a trace: ``events`` rows, ``len()``, :meth:`op_label`."""
+
+    def __init__(self, events: NpyColumn, kinds: List[str]):
+        self.events = _CachedRows(events)
         self.kinds = kinds
 
     def __len__(self) -> int:
@@ -262,23 +298,41 @@ class TraceIndex:
         """The version of the trace that was indexed."""
         return int(self.meta["version"])
 
-    def a(self, name: str) -> np.ndarray:
-        """The memory-mapped array ``name`` (opened once)."""
-        arr = self._arrays.get(name)
-        if arr is None:
-            arr = self._arrays[name] = np.load(self.path / f"{name}.npy", mmap_mode="r")
-        return arr
+    def a(self, name: str) -> NpyColumn:
+        """The index file ``name`` (opened once; read in bounded pieces, never mapped)."""
+        col = self._arrays.get(name)
+        if col is None:
+            col = self._arrays.setdefault(name, NpyColumn(self.path / f"{name}.npy"))
+        return col
+
+    def close(self) -> None:
+        """Close the index's files (idempotent; the object answers again after, reopening them)."""
+        cols, self._arrays = self._arrays, {}
+        for col in cols.values():
+            col.close()
 
     def table(self) -> EventTable:
-        """The events for labels (memory-mapped)."""
+        """The events for labels (rows read when asked for)."""
         return EventTable(self.a("events"), self.meta["kinds"])
 
     def save_npz(self, path: os.PathLike) -> None:
         """Write the indexed trace as a :meth:`Trace.save` file (uncompressed; :meth:`Trace.load` reads
-        it), copying the memory-mapped columns in chunks."""
-        np.savez(path, events=self.a("events"), ranks=self.a("ranks"), nranks=self.meta["nranks"],
-                 kinds=np.array(self.meta["kinds"]), dropped=np.array(self.meta["dropped"], np.int64),
-                 clock_error_ns=np.array(self.meta["clock_error_ns"], np.int64))
+        it), copying the event columns in blocks of at most :data:`~.npy_column.BLOCK_BYTES`."""
+        small = dict(nranks=np.asarray(self.meta["nranks"]), kinds=np.array(self.meta["kinds"]),
+                     dropped=np.array(self.meta["dropped"], np.int64),
+                     clock_error_ns=np.array(self.meta["clock_error_ns"], np.int64))
+        with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED, allowZip64=True) as zf:
+            for name in ("events", "ranks"):
+                col = self.a(name)
+                with zf.open(f"{name}.npy", "w", force_zip64=True) as f:
+                    np.lib.format.write_array_header_2_0(f, dict(descr=np.lib.format.dtype_to_descr(col.dtype),
+                                                                 fortran_order=False, shape=col.shape))
+                    step = max(BLOCK_BYTES // max(col.row_bytes, 1), 1)
+                    for i in range(0, len(col), step):
+                        f.write(col.read(i, i + step).tobytes())
+            for name, value in small.items():
+                with zf.open(f"{name}.npy", "w") as f:
+                    np.lib.format.write_array(f, value, allow_pickle=False)
 
     def view(self, start_s: Optional[float] = None, end_s: Optional[float] = None, width: int = 1200,
              max_arrows: int = 2000) -> Dict[str, Any]:
@@ -286,7 +340,8 @@ class TraceIndex:
         whole run) at ``width`` pixels, reading only that window's rows: a window of at most
         :data:`EXACT_ROWS` segments is passed to that very method; a larger one gets one row per lane
         and pixel (a pixel inside one segment shows that segment, a pixel over several shows their
-        dominant state, shares and first calls), ``width=0`` then meaning 20,000 pixels."""
+        dominant state, shares and first calls), ``width=0`` then meaning 20,000 pixels. Blocking
+        (local reads); what it holds is proportional to the window's rows shown, not to the trace."""
         dur = float(self.meta["duration_s"])
         s0 = 0.0 if start_s is None else float(start_s)
         s1 = dur if end_s is None else float(end_s)
@@ -297,8 +352,8 @@ class TraceIndex:
         spans = []
         for lane in range(len(off) - 1):
             a, b = off[lane], off[lane + 1]
-            i0 = a + int(np.searchsorted(endmax[a:b], s0, "left"))
-            i1 = a + int(np.searchsorted(start[a:b], s1, "right"))
+            i0 = int(endmax.searchsorted(s0, "left", a, b))
+            i1 = int(start.searchsorted(s1, "right", a, b))
             spans.append((i0, max(i1, i0)))
         rows = sum(i1 - i0 for i0, i1 in spans)
         if rows <= EXACT_ROWS:
@@ -309,83 +364,90 @@ class TraceIndex:
         lane = np.concatenate([np.full(i1 - i0, k, np.int64) for k, (i0, i1) in enumerate(spans)])
         take = np.concatenate([np.arange(i0, i1) for i0, i1 in spans]).astype(np.int64)
         blocked = [dict(w) for w in self.meta["waits"]]
+        a = self.a
         return timeline.TimelineColumns(
             trace=self.table(), ranks=list(range(self.meta["nranks"])), duration_s=float(self.meta["duration_s"]),
-            lane=lane, state=self.a("state")[take].astype(np.int64), start=self.a("start")[take],
-            end=self.a("end")[take], event=self.a("event")[take], a_src=self.a("a_src")[arrows].astype(np.int64),
-            a_dst=self.a("a_dst")[arrows].astype(np.int64), a_t0=self.a("a_t0")[arrows],
-            a_t1=self.a("a_t1")[arrows], a_send=self.a("a_send")[arrows], a_recv=self.a("a_recv")[arrows],
-            blocked=blocked, origin_ns=int(self.meta["origin_ns"]))
+            lane=lane, state=a("state")[take].astype(np.int64), start=a("start")[take], end=a("end")[take],
+            event=a("event")[take], a_src=a("a_src")[arrows].astype(np.int64),
+            a_dst=a("a_dst")[arrows].astype(np.int64), a_t0=a("a_t0")[arrows], a_t1=a("a_t1")[arrows],
+            a_send=a("a_send")[arrows], a_recv=a("a_recv")[arrows], blocked=blocked,
+            origin_ns=int(self.meta["origin_ns"]))
 
-    def _arrow_rows(self, s0: float, s1: float, limit: int) -> np.ndarray:
-        """Indices of the arrows crossing ``[s0, s1]``; about ``4 * limit`` evenly spread ones when
-        more start in it (0: no limit). Sets ``self._arrows_in`` (how many cross it, when not spread)."""
-        t0 = self.a("a_t0")
-        lo = int(np.searchsorted(t0, s0 - float(self.meta["arrow_span_s"]), "left"))
-        hi = int(np.searchsorted(t0, s1, "right"))
-        idx = np.arange(lo, hi)
-        self._arrows_in = len(idx)
-        if limit and len(idx) > 4 * limit:
-            idx = np.unique(np.linspace(lo, hi - 1, 4 * limit).astype(np.int64))
-        t1 = self.a("a_t1")[idx]
-        out = idx[np.maximum(t0[idx], t1) >= s0]
-        if len(idx) == self._arrows_in:
-            self._arrows_in = len(out)
-        return out
+    def _arrow_rows(self, s0: float, s1: float, limit: int) -> Tuple[np.ndarray, int]:
+        """Indices of the arrows crossing ``[s0, s1]`` (about ``4 * limit`` evenly spread ones when
+        more start in it; 0: no limit) and how many cross it (those starting in it, when spread)."""
+        t0, span = self.a("a_t0"), float(self.meta["arrow_span_s"])   # |t1 - t0| <= span for every arrow
+        lo = int(t0.searchsorted(s0 - span, "left"))
+        hi = int(t0.searchsorted(s1 + span, "right"))
+        spread = bool(limit and hi - lo > 4 * limit)
+        idx = np.unique(np.linspace(lo, hi - 1, 4 * limit).astype(np.int64)) if spread else np.arange(lo, hi)
+        a0, a1 = t0[idx], self.a("a_t1")[idx]
+        out = idx[(np.maximum(a0, a1) >= s0) & (np.minimum(a0, a1) <= s1)]   # as TimelineColumns.view
+        return out, (hi - lo if spread else len(out))
 
     def _exact_view(self, spans, s0, s1, width, max_arrows) -> Dict[str, Any]:
-        cols = self._columns(spans, self._arrow_rows(s0, s1, max_arrows))
-        view = cols.view(s0, s1, width=width, max_arrows=max_arrows)
-        view["meta"]["arrows_in_window"] = int(self._arrows_in)
+        arrows, n_in = self._arrow_rows(s0, s1, max_arrows)
+        view = self._columns(spans, arrows).view(s0, s1, width=width, max_arrows=max_arrows)
+        view["meta"]["arrows_in_window"] = int(n_in)
         return view
 
     def _binned_view(self, spans, s0, s1, width, max_arrows, rows) -> Dict[str, Any]:
         px = (s1 - s0) / width
         edges = s0 + px * np.arange(width + 1)
         off = self.meta["lane_off"]
-        start, end, endmax, state = self.a("start"), self.a("end"), self.a("endmax"), self.a("state")
-        event, cum = self.a("event"), self.a("cum")
-        table = self.table()
         cols = self._columns([(0, 0)] * len(spans), np.empty(0, np.int64))
         seg: Dict[str, list] = {k: [] for k in ("left", "right", "bottom", "top", "rank", "state", "color", "call",
                                                "peer", "bytes", "duration", "count")}
         for lane in range(len(off) - 1):
-            a, b = off[lane], off[lane + 1]
-            if b == a:
-                continue
-            first = a + np.minimum(np.searchsorted(endmax[a:b], edges[:-1], "right"), b - a - 1)
-            last = a + np.maximum(np.searchsorted(start[a:b], edges[1:], "left") - 1, 0)
-            at = a + np.minimum(np.searchsorted(endmax[a:b], edges, "left"), b - a - 1)
-            # time spent in each state up to each edge: before segment `at`, plus its part before the edge
-            c = np.array(cum[at])
-            inside = np.clip(np.minimum(edges, end[at]) - start[at], 0, None)
-            c[np.arange(len(at)), state[at].astype(np.int64)] += inside
-            per = np.maximum(np.diff(c, axis=0), 0)
-            shown = -1
-            for k in range(width):
-                f, g = int(first[k]), int(last[k])
-                if g < f:
-                    continue
-                if g == f:      # the pixel lies in one segment: that segment, once
-                    if f != shown:
-                        shown = f
-                        self._add_segment(seg, cols, lane, f, start, end, state, event)
-                    continue
-                self._add_bin(seg, cols, table, lane, edges[k], px, per[k], g - f + 1, event[f:f + timeline.CALLS_NAMED + 1])
-        arrows = self._arrow_rows(s0, s1, max_arrows)
+            if off[lane + 1] > off[lane]:
+                self._binned_lane(seg, cols, lane, off[lane], off[lane + 1], edges, px)
+        arrows, n_in = self._arrow_rows(s0, s1, max_arrows)
         view = self._columns([(0, 0)] * len(spans), arrows).view(s0, s1, width=0, max_arrows=max_arrows)
         view["segments"] = seg
         view["meta"].update(in_window=int(rows), shown=len(seg["left"]), merged=True, width=int(width),
-                            arrows_in_window=int(self._arrows_in))
+                            arrows_in_window=int(n_in))
         return view
 
+    def _binned_lane(self, seg, cols, lane: int, a: int, b: int, edges: np.ndarray, px: float) -> None:
+        """The rows of lane ``lane`` (segments ``[a, b)``) for the pixels between ``edges``: one
+        read per column of the few rows each pixel starts at."""
+        start, end, endmax, state = self.a("start"), self.a("end"), self.a("endmax"), self.a("state")
+        event, cum = self.a("event"), self.a("cum")
+        width = len(edges) - 1
+        first = np.minimum(endmax.searchsorted(edges[:-1], "right", a, b), b - 1)
+        last = np.maximum(start.searchsorted(edges[1:], "left", a, b) - 1, a)
+        at = np.minimum(endmax.searchsorted(edges, "left", a, b), b - 1)
+        # time spent in each state up to each edge: before segment `at`, plus its part before the edge
+        c = cum[at]
+        st_at = state[at].astype(np.int64)
+        inside = np.clip(np.minimum(edges, end[at]) - start[at], 0, None)
+        c[np.arange(len(at)), st_at] += inside
+        per = np.maximum(np.diff(c, axis=0), 0)
+        # the rows each pixel names: its first segment and the next few (their calls)
+        near = np.minimum(first[:, None] + np.arange(timeline.CALLS_NAMED + 1), b - 1)
+        ev_near = event[near]
+        cols.trace.events.prefetch(ev_near[ev_near >= 0])
+        f_start, f_end, f_state = start[first], end[first], state[first]
+        table = cols.trace
+        shown = -1
+        for k in range(width):
+            f, g = int(first[k]), int(last[k])
+            if g < f:
+                continue
+            if g == f:      # the pixel lies in one segment: that segment, once
+                if f != shown:
+                    shown = f
+                    self._add_segment(seg, cols, lane, f_start[k], f_end[k], f_state[k], ev_near[k, 0])
+                continue
+            self._add_bin(seg, cols, table, lane, edges[k], px, per[k], g - f + 1, ev_near[k, :g - f + 1])
+
     @staticmethod
-    def _add_segment(seg, cols, lane, i, start, end, state, event) -> None:
-        ev = int(event[i])
+    def _add_segment(seg, cols, lane, left, right, state, ev) -> None:
+        ev = int(ev)
         peer, nbytes = cols._peer_bytes(ev)
-        st = STATE_NAMES[int(state[i])]
-        _append(seg, float(start[i]), float(end[i]), lane, cols.ranks[lane], st, cols.label(ev), peer,
-                timeline._fmt_bytes(nbytes) if nbytes else "", float(end[i] - start[i]), 1)
+        st = STATE_NAMES[int(state)]
+        _append(seg, float(left), float(right), lane, cols.ranks[lane], st, cols.label(ev), peer,
+                timeline._fmt_bytes(nbytes) if nbytes else "", float(right - left), 1)
 
     @staticmethod
     def _add_bin(seg, cols, table, lane, left, px, per, count, events) -> None:

@@ -280,24 +280,31 @@ def read_job_trace(trace_dir: os.PathLike, nranks: int) -> Optional[JobTrace]:
     if not has_stream(d, nranks):
         return None
     live: List[Optional[Dict[str, Any]]] = []
-    chunks, owners = [], []
     kinds: List[str] = []
     dropped = np.zeros(nranks, np.int64)
     clock_err = np.zeros(nranks, np.int64)
     marks: List[list] = []
+    counts = []
+    for r in range(nranks):   # whole rows only: a trailing partial one is ignored
+        try:
+            counts.append(events_path(d, r).stat().st_size // _ROW_BYTES)
+        except FileNotFoundError:
+            counts.append(0)
+    off = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    events = np.empty((int(off[-1]), NF), np.int64)   # each rank's rows read straight into their place
+    owners = np.repeat(np.arange(nranks, dtype=np.int64), counts)
     for r in range(nranks):
         state = load_state(live_path(d, r), r)
         live.append(state)
-        try:
-            with open(events_path(d, r), "rb") as f:   # whole rows only: a trailing partial one is ignored
-                n = os.fstat(f.fileno()).st_size // _ROW_BYTES
-                flat = np.fromfile(f, dtype="<i8", count=n * NF).astype(np.int64, copy=False)
-                rows = flat[: len(flat) - len(flat) % NF].reshape(-1, NF)
-        except FileNotFoundError:
-            rows = np.empty((0, NF), np.int64)
+        rows = events[off[r]:off[r + 1]]
+        if len(rows):
+            with open(events_path(d, r), "rb") as f:
+                got = f.readinto(memoryview(rows).cast("B"))
+            if got != rows.nbytes:
+                raise TraceUnreadable(f"{events_path(d, r).name} of rank {r} shrank while it was read")
+            if np.dtype("<i8") != np.dtype(np.int64):
+                rows.byteswap(inplace=True)
         check_rows(rows, r, events_path(d, r).name)
-        chunks.append(rows)
-        owners.append(np.full(len(rows), r, np.int64))
         if state:
             if len(state.get("kinds", [])) > len(kinds):
                 kinds = list(state["kinds"])
@@ -306,9 +313,8 @@ def read_job_trace(trace_dir: os.PathLike, nranks: int) -> Optional[JobTrace]:
         done = bool(state and state.get("done"))
         marks.append([len(rows), state.get("waiting") if state else None, done,
                       state.get("now_ns") if state and not done else None])
-    events = np.concatenate(chunks) if chunks else np.empty((0, NF), np.int64)
-    trace = Trace(events, np.concatenate(owners), nranks, kinds or kind_names(), dropped=dropped,
-                  clock_error_ns=clock_err)
+    trace = Trace(events, owners, nranks, kinds or kind_names(), dropped=dropped, clock_error_ns=clock_err,
+                  copy=False)
     starts = [int(s["start_ns"]) for s in live if s]
     nows = [int(s["now_ns"]) for s in live if s]
     start_ns = min(starts + ([trace.t0] if len(trace) else []), default=0)
