@@ -574,6 +574,8 @@ def transpose(a: Any, axes: Any = None) -> Any:
         return np.transpose(a, axes)
     if axes is not None and tuple(axes) != tuple(range(a.ndim))[::-1]:
         raise UnsupportedOperation("transpose with explicit axes is not supported")
+    if a._base.replicated and a.ndim == 2:     # every rank holds all of it: transposed locally (a force point)
+        return wrap(elementwise.rep_base_from_numpy(a.context, a.to_numpy(_reason="transpose").T))
     res = matmul_recording.record_transpose(a.context, a._leaf())
     return a if res.base is a._base and res.view == a._view else wrap(res)
 
