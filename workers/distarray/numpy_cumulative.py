@@ -26,6 +26,7 @@ from .distribution import Distribution, make_distribution
 from .elementwise import rep_base_from_numpy
 from .graph import Base
 from .indexing import View
+from .plans import my_rows, selector
 
 __all__ = ["cumsum", "cumprod"]
 
@@ -39,12 +40,28 @@ def _new_like(ctx: Any, shape, dtype, dist: Distribution, local: np.ndarray, ori
     return DistArray(b, View.full(b.shape))
 
 
+def _compact(a: DistArray) -> DistArray:
+    """``a``, or for a view a block-distributed copy with its own base. The view is copied first
+    (``copy()`` keeps its rows in place) and evaluated, then redistributed (collective): recorded in one
+    flush, a copy of a float32 view sliced along a trailing axis of a cyclic 3-D base followed by its
+    ``redistribute()`` mis-sizes a message today (an engine bug of the redistribution plans)."""
+    if a._view.is_full:
+        return a
+    c = a.copy()
+    if c._view.is_full:
+        return c
+    c.evaluate()
+    return c.redistribute("block")
+
+
 def _scan_rows(a: DistArray, op: str, dt: np.dtype) -> DistArray:
     """The scan of ``a`` along axis 0 as a new block-distributed array (the module doc). Collective."""
     scan, ufunc, ident = _NP[op]
     ctx = a.context
     block = Distribution("block", a.shape[0], ctx.size)
-    src = a if (a._view.is_full and a.dist.kind == "block") else a.redistribute(block)
+    src = _compact(a)
+    if src.dist.kind != "block":
+        src = src.redistribute(block)
     local = scan(src.local, axis=0, dtype=dt)
     rest = tuple(a.shape[1:])
     total = local[-1] if len(local) else np.full(rest, ident, dtype=dt)
@@ -58,11 +75,23 @@ def _scan_rows(a: DistArray, op: str, dt: np.dtype) -> DistArray:
 
 
 def _scan_local(a: DistArray, op: str, dt: np.dtype, ax: int) -> DistArray:
-    """The scan of ``a`` along a non-distributed axis ``ax``: each rank its own rows. Collective
-    (a force point)."""
+    """The scan of ``a`` along a non-distributed axis ``ax``: a copy in ``dt`` (its rows stay where they
+    are, no communication), then each rank scans its own rows of it in place. Collective (a force point)."""
     scan = _NP[op][0]
-    src = a if a._view.is_full else a.redistribute(a.dist)
-    return _new_like(a.context, a.shape, dt, src.dist, scan(src.local, axis=ax, dtype=dt), f"cum{op}")
+    c = a.astype(dt, copy=True)
+    c.evaluate()
+    b, v = c._base, c._view
+    if not v.row_kept or any(e[0] != "s" for e in v.entries):   # not a plain strided view: a compact copy
+        src = _compact(c)
+        return _new_like(a.context, a.shape, dt, src.dist, scan(src.local, axis=ax), f"cum{op}")
+    b.exported = True                     # written below, outside the recorded operations
+    loc = b.ensure()
+    s, t, n = v.row_params
+    _, lidx = my_rows(b.dist, s, t, n, a.context.rank)
+    if len(lidx):
+        idx = v.numpy_index(row_sel=selector(lidx))
+        loc[idx] = scan(loc[idx], axis=ax, dtype=dt)
+    return c
 
 
 def _cumulative(op: str):
