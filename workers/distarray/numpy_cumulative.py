@@ -2,16 +2,17 @@
 ``out``), natively, without gathering the array.
 
 * Along axis 0 (the distributed axis) a distributed scan: the array is copied into a block
-  distribution (one aggregated transfer, none if it is block-distributed already), each rank scans
-  its rows locally, the ranks' totals (one row each) are allgathered, and each rank combines its
-  rows with the exclusive scan of the totals of the ranks before it.
+  distribution (one aggregated transfer, none if it is block-distributed already) and each rank
+  scans its rows locally. Integers and booleans: the ranks' totals (one row each) are allgathered
+  and each rank combines its rows with the exclusive scan of the totals of the ranks before it.
+  Floats: the running value (one row) is carried from rank to rank instead (``size - 1``
+  allgathers of one row), so that the rounding is NumPy's, bit for bit.
 * Along another axis each rank scans its own rows (a compacted copy of a view first).
 * ``axis=None`` of a 1-D array is axis 0; of an N-d array (NumPy flattens it) it goes through the
   NumPy fallback.
 
-Both are force points (collective): the recorded operations producing the input run first. Integer
-results equal NumPy's exactly; float results equal them to rounding (the scan adds the ranks' totals
-in a different order than NumPy's running sum). Call them SPMD on every rank with the same arguments.
+Both are force points (collective): the recorded operations producing the input run first. Results
+equal NumPy's bit for bit. Call them SPMD on every rank with the same arguments.
 """
 from __future__ import annotations
 
@@ -54,6 +55,14 @@ def _compact(a: DistArray) -> DistArray:
     return c.redistribute("block")
 
 
+def _allgather_row(ctx: Any, row: np.ndarray, dt: np.dtype, what: str) -> np.ndarray:
+    """Every rank's ``row`` stacked in rank order (an array with one row per rank, gathered through the
+    recorded operations, with their timeout). Collective."""
+    one_each = Distribution("block", ctx.size, ctx.size)
+    rows = _new_like(ctx, (ctx.size,) + row.shape, dt, one_each, row[None], what)
+    return rows.to_numpy(_reason=what)
+
+
 def _scan_rows(a: DistArray, op: str, dt: np.dtype) -> DistArray:
     """The scan of ``a`` along axis 0 as a new block-distributed array (the module doc). Collective."""
     scan, ufunc, ident = _NP[op]
@@ -62,15 +71,25 @@ def _scan_rows(a: DistArray, op: str, dt: np.dtype) -> DistArray:
     src = _compact(a)
     if src.dist.kind != "block":
         src = src.redistribute(block)
-    local = scan(src.local, axis=0, dtype=dt)
+    rows = src.local
+    local = scan(rows, axis=0, dtype=dt)
     rest = tuple(a.shape[1:])
-    total = local[-1] if len(local) else np.full(rest, ident, dtype=dt)
-    one_each = Distribution("block", ctx.size, ctx.size)      # one row per rank: the ranks' totals
-    totals = _new_like(ctx, (ctx.size,) + rest, dt, one_each, total[None], f"{op}-scan totals")
-    every = totals.to_numpy(_reason=f"cum{op} along axis 0 (the ranks' totals)")
-    if ctx.rank > 0 and len(local):
-        offset = ufunc.reduce(every[:ctx.rank], axis=0, dtype=dt)
-        local = ufunc(offset, local, dtype=dt)
+    if dt.kind not in "fc":
+        # exact arithmetic: each rank adds the exclusive scan of the ranks' totals (one allgather)
+        total = local[-1] if len(local) else np.full(rest, ident, dtype=dt)
+        every = _allgather_row(ctx, total, dt, f"cum{op} along axis 0 (the ranks' totals)")
+        if ctx.rank > 0 and len(local):
+            local = ufunc(ufunc.reduce(every[:ctx.rank], axis=0, dtype=dt), local, dtype=dt)
+    else:
+        # rounding depends on the order: the running value is carried from rank to rank, so every element is
+        # NumPy's own sequential sum (size - 1 allgathers of one row; a block distribution leaves only the last
+        # ranks empty, and nothing follows them)
+        for k in range(1, ctx.size):
+            last = local[-1] if len(local) else np.full(rest, ident, dtype=dt)
+            every = _allgather_row(ctx, last, dt, f"cum{op} along axis 0 (the running value of rank {k - 1})")
+            if ctx.rank == k and len(rows):
+                local = scan(np.concatenate([every[k - 1][None], rows.astype(dt, copy=False)]), axis=0,
+                             dtype=dt)[1:]
     return _new_like(ctx, a.shape, dt, block, local, f"cum{op}")
 
 
