@@ -105,11 +105,11 @@ def _simple(op: str):
                   where: Any = True, **kwargs: Any) -> Any:
         if not isinstance(a, DistArray) or kwargs.get("initial") is not None or (
                 op in ("min", "max") and where is not True):
-            nm = {"min": "min", "max": "max"}.get(op, op)
-            return fallback.call(getattr(np, nm), (a,), dict(axis=axis, out=out, keepdims=keepdims,
-                                                          **({} if op in ("min", "max") else {"dtype": dtype}),
-                                                          **({} if where is True else {"where": where}), **kwargs),
-                                 nm)
+            kw = dict(axis=axis, out=out, keepdims=keepdims, **({"dtype": dtype} if op in ("sum", "prod") else {}),
+                      **({} if where is True else {"where": where}), **kwargs)
+            if not isinstance(a, DistArray) and not isinstance(out, DistArray):
+                return getattr(np, op)(a, **kw)          # NumPy data: NumPy's own reduction
+            return fallback.call(getattr(np, op), (a,), kw, op)
         axes = normalize_axes(axis, a.ndim)
         x = _prepare(a, dtype, where, _IDENTITY.get(op))
         res = _over(x, op, axes)
