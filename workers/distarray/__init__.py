@@ -25,7 +25,8 @@ at most one message per peer (:mod:`.operations.redistribution`, kernels in :mod
 
 Modules: recording: :mod:`.distribution` (block, cyclic, block-cyclic, replicated), :mod:`.indexing`
 (views), :mod:`.array` (DistArray), :mod:`.graph` (recorded tasks), :mod:`.elementwise`,
-:mod:`.reductions`, :mod:`.linalg`, :mod:`.creation` and :mod:`.random` (constructors);
+:mod:`.reductions`, :mod:`.matmul_recording`, :mod:`.numpy_reductions`,
+:mod:`.numpy_cumulative`, :mod:`.numpy_shapes`, :mod:`.linalg` (NumPy's API on top), :mod:`.creation` and :mod:`.random` (constructors);
 evaluation: :mod:`.fusion` (groups), :mod:`.operations` (one module per kind of operation: its
 plan, cache key and lowering into units), :mod:`.plans` (what plans share), :mod:`.units`,
 :mod:`.scheduler` (orders and executes units), :mod:`.packing` (copy kernels), :mod:`.irregular`
@@ -52,45 +53,17 @@ engine_for = context_for  # the former name, kept
 from .errors import (DistArrayDivergence, DistArrayError, DistArrayTimeout, DistributionError, IndexOutOfBounds, ShapeError,
                      UnsupportedOperation)
 from .fallback import NumPyFallbackWarning
+from .numpy_reductions import (all, amax, amin, any, argmax, argmin, count_nonzero, max, mean, min, nanmax,
+                               nanmean, nanmin, nanprod, nanstd, nansum, nanvar, prod, std, sum, var)
+from .numpy_cumulative import cumprod, cumsum
+from .numpy_shapes import around, clip, diagonal, expand_dims, flip, outer, round, squeeze, swapaxes, trace
+from . import linalg
 from .grids import eye, fromfunction, geomspace, identity, indices, linspace, logspace, meshgrid
 from .fused_kernels import kernel_stats
 from . import fallback as _fallback
 
 abs = absolute  # noqa: A001 - the numpy-like namespace
 dot = matmul
-
-
-def sum(a: Any, axis: Optional[int] = None) -> Any:  # noqa: A001
-    """Sum over all elements (``axis=None``) or one axis (recorded; a 0-d result forces on ``float()``)."""
-    return _reduce(a, "sum", axis)
-
-
-def mean(a: Any, axis: Optional[int] = None) -> Any:
-    """Mean over all elements or one axis (recorded)."""
-    return _reduce(a, "mean", axis)
-
-
-def min(a: Any, axis: Optional[int] = None) -> Any:  # noqa: A001
-    """Minimum (NaN propagates, as in NumPy) over all elements or one axis (recorded)."""
-    return _reduce(a, "min", axis)
-
-
-def max(a: Any, axis: Optional[int] = None) -> Any:  # noqa: A001
-    """Maximum (NaN propagates) over all elements or one axis (recorded)."""
-    return _reduce(a, "max", axis)
-
-
-amin, amax = min, max
-
-
-def any(a: Any, axis: Optional[int] = None) -> Any:  # noqa: A001
-    """True where any element is true (recorded)."""
-    return _reduce(a, "any", axis)
-
-
-def all(a: Any, axis: Optional[int] = None) -> Any:  # noqa: A001
-    """True where every element is true (recorded)."""
-    return _reduce(a, "all", axis)
 
 
 def copy(a: Any) -> Any:
@@ -134,7 +107,10 @@ __all__ = [
     "zeros", "ones", "empty", "full", "arange", "from_numpy", "array", "asarray", "zeros_like", "ones_like",
     "empty_like", "full_like", "random", "linspace", "logspace", "geomspace", "meshgrid", "indices", "identity", "eye",
     "fromfunction", "copy",
-    "sum", "mean", "min", "max", "amin", "amax", "any", "all", "where", "dot", "matmul", "transpose", "roll",
+    "sum", "prod", "mean", "std", "var", "min", "max", "amin", "amax", "any", "all", "argmin", "argmax",
+    "count_nonzero", "nansum", "nanprod", "nanmean", "nanstd", "nanvar", "nanmin", "nanmax", "cumsum", "cumprod",
+    "expand_dims", "squeeze", "flip", "swapaxes", "clip", "round", "around", "outer", "diagonal", "trace", "linalg",
+    "where", "dot", "matmul", "transpose", "roll",
     "evaluate", "configure", "stats", "redistribute",
     "add", "subtract", "multiply", "divide", "true_divide", "power", "negative", "positive", "absolute", "abs",
     "square", "sqrt", "exp", "log", "log10", "sin", "cos", "tan", "tanh", "floor", "ceil", "isnan", "isfinite",

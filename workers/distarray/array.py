@@ -17,11 +17,11 @@ every rank with the same recorded operations (checked; a difference raises
 from __future__ import annotations
 
 import operator
-from typing import Any, Iterator, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, Optional, Tuple
 
 import numpy as np
 
-from . import elementwise, fallback, irregular, linalg, numpy_math, reductions
+from . import elementwise, fallback, irregular, matmul_recording, numpy_math, reductions
 from .distribution import Distribution, make_distribution
 from .context import ArrayContext
 from .errors import DistributionError, ShapeError, UnsupportedOperation
@@ -31,7 +31,14 @@ from .plans import my_rows, selector
 
 __all__ = ["DistArray", "wrap"]
 
-_REDUCE_UFUNCS = {"add": "sum", "minimum": "min", "maximum": "max", "logical_or": "any", "logical_and": "all"}
+_REDUCE_UFUNCS = {"add": "sum", "multiply": "prod", "minimum": "min", "maximum": "max", "logical_or": "any",
+                  "logical_and": "all"}
+
+#: Array methods implemented natively by other modules of this package (``sum``, ``cumsum``, ``clip``,
+#: ``diagonal``, ...), registered by them at import (they import this module, so it cannot import them):
+#: ``a.<name>(...)`` calls ``_METHODS[name](a, ...)``. Names neither here nor in the class go through the
+#: NumPy fallback (:meth:`DistArray.__getattr__`).
+_METHODS: Dict[str, Callable[..., Any]] = {}
 
 
 def wrap(leaf: Leaf) -> "DistArray":
@@ -357,9 +364,13 @@ class DistArray:
     def __array_ufunc__(self, ufunc: np.ufunc, method: str, *inputs: Any, **kwargs: Any):
         name = ufunc.__name__
         ctx = self._context_of(inputs, kwargs.get("out"))
-        if method == "reduce" and name in _REDUCE_UFUNCS and len(inputs) == 1:
-            axis = kwargs.get("axis", 0)
-            return _reduce(inputs[0], _REDUCE_UFUNCS[name], axis)
+        if (method == "reduce" and name in _REDUCE_UFUNCS and len(inputs) == 1
+                and isinstance(inputs[0], DistArray) and kwargs.get("initial") is None):
+            kw = {k: v for k, v in kwargs.items() if k != "initial"}
+            kw.setdefault("axis", 0)
+            if isinstance(kw.get("out"), tuple):
+                kw["out"] = kw["out"][0]
+            return _METHODS[_REDUCE_UFUNCS[name]](inputs[0], **kw)
         if name == "matmul" and method == "__call__":
             return matmul(*inputs)
         extra = {k: v for k, v in kwargs.items() if k != "out" and v is not None}
@@ -400,6 +411,14 @@ class DistArray:
         # only for names the class lacks: an ndarray method or attribute runs through the NumPy fallback
         if name.startswith("_") or not hasattr(np.ndarray, name):
             raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        impl = _METHODS.get(name)
+        if impl is not None:
+            def bound(*args: Any, **kwargs: Any) -> Any:
+                fallback.note_native(f"ndarray.{name}")
+                return impl(self, *args, **kwargs)
+            bound.__name__ = name
+            bound.__doc__ = impl.__doc__
+            return bound
         return fallback.method(self, name)
 
     @staticmethod
@@ -501,24 +520,6 @@ class DistArray:
         """A new array with the same values, laid out like this one (recorded)."""
         return wrap(elementwise.record_cast(self.context, self._leaf(), self.dtype))
 
-    def sum(self, axis=None) -> "DistArray":
-        return _reduce(self, "sum", axis)
-
-    def mean(self, axis=None) -> "DistArray":
-        return _reduce(self, "mean", axis)
-
-    def min(self, axis=None) -> "DistArray":
-        return _reduce(self, "min", axis)
-
-    def max(self, axis=None) -> "DistArray":
-        return _reduce(self, "max", axis)
-
-    def any(self, axis=None) -> "DistArray":
-        return _reduce(self, "any", axis)
-
-    def all(self, axis=None) -> "DistArray":
-        return _reduce(self, "all", axis)
-
     def dot(self, other: Any) -> "DistArray":
         return matmul(self, other)
 
@@ -549,21 +550,20 @@ def _context_from(*xs: Any) -> ArrayContext:
 
 def _reduce(a: Any, op: str, axis: Any = None) -> Any:
     if not isinstance(a, DistArray):
-        return getattr(np, {"sum": "sum", "mean": "mean", "min": "min", "max": "max", "any": "any",
-                            "all": "all"}[op])(a, axis=axis)
+        return getattr(np, op)(a, axis=axis)
     fallback.note_native(op)
     return wrap(reductions.record_reduce(a.context, a._leaf(), op, axis))
 
 
 def matmul(a: Any, b: Any) -> Any:
-    """``a @ b`` (recorded); see :mod:`~.linalg` for what is supported."""
+    """``a @ b`` (recorded); see :mod:`~.matmul_recording` for what is supported."""
     if not isinstance(a, DistArray) and not isinstance(b, DistArray):
         return np.matmul(a, b)
     ctx = _context_from(a, b)
     la = a._leaf() if isinstance(a, DistArray) else a
     lb = b._leaf() if isinstance(b, DistArray) else b
     try:
-        return wrap(linalg.record_matmul(ctx, la, lb))
+        return wrap(matmul_recording.record_matmul(ctx, la, lb))
     except UnsupportedOperation:         # shapes the distributed matmul lacks (e.g. 1-D @ 2-D): NumPy's
         return fallback.call(np.matmul, (a, b), {}, "matmul")
 
@@ -574,7 +574,9 @@ def transpose(a: Any, axes: Any = None) -> Any:
         return np.transpose(a, axes)
     if axes is not None and tuple(axes) != tuple(range(a.ndim))[::-1]:
         raise UnsupportedOperation("transpose with explicit axes is not supported")
-    res = linalg.record_transpose(a.context, a._leaf())
+    if a._base.replicated and a.ndim == 2:     # every rank holds all of it: transposed locally (a force point)
+        return wrap(elementwise.rep_base_from_numpy(a.context, a.to_numpy(_reason="transpose").T))
+    res = matmul_recording.record_transpose(a.context, a._leaf())
     return a if res.base is a._base and res.view == a._view else wrap(res)
 
 
@@ -626,14 +628,6 @@ def _copyto(dst, src, casting="same_kind", where=None):
 
 
 _FUNCTIONS = {
-    np.sum: lambda a, axis=None, **kw: _reduce(a, "sum", axis),
-    np.mean: lambda a, axis=None, **kw: _reduce(a, "mean", axis),
-    np.min: lambda a, axis=None, **kw: _reduce(a, "min", axis),
-    np.max: lambda a, axis=None, **kw: _reduce(a, "max", axis),
-    np.amin: lambda a, axis=None, **kw: _reduce(a, "min", axis),
-    np.amax: lambda a, axis=None, **kw: _reduce(a, "max", axis),
-    np.any: lambda a, axis=None, **kw: _reduce(a, "any", axis),
-    np.all: lambda a, axis=None, **kw: _reduce(a, "all", axis),
     np.where: where,
     np.dot: lambda a, b, out=None: matmul(a, b),
     np.transpose: transpose,

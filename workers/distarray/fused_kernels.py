@@ -38,7 +38,7 @@ UNARY: Dict[str, str] = {
     "negative": "(-{0})", "positive": "(+{0})", "absolute": "abs({0})", "square": "({0} * {0})",
     "sqrt": "np.sqrt({0})", "exp": "np.exp({0})", "log": "np.log({0})", "sin": "np.sin({0})",
     "cos": "np.cos({0})", "tan": "np.tan({0})", "log10": "np.log10({0})", "tanh": "np.tanh({0})",
-    "floor": "np.floor({0})", "ceil": "np.ceil({0})", "isnan": "np.isnan({0})", "isfinite": "np.isfinite({0})",
+    "floor": "np.floor({0})", "ceil": "np.ceil({0})", "rint": "np.rint({0})", "isnan": "np.isnan({0})", "isfinite": "np.isfinite({0})",
     "logical_not": "(not {0})", "cast": "{0}",
 }
 BINARY: Dict[str, str] = {
@@ -93,6 +93,8 @@ def _identity(op: str, dt: np.dtype) -> str:
     """The identity of reduction ``op`` in dtype ``dt`` as a numba literal expression."""
     if op in ("sum", "mean"):
         return "False" if dt.kind == "b" else f"np.{_np_name(dt)}(0)"
+    if op == "prod":
+        return "True" if dt.kind == "b" else f"np.{_np_name(dt)}(1)"
     if op == "any":
         return "False"
     if op == "all":
@@ -110,6 +112,8 @@ def _combine(op: str, acc: str, v: str, dt: np.dtype) -> str:
     """The expression combining accumulator ``acc`` with value ``v`` (both of dtype ``dt``)."""
     if op in ("sum", "mean"):
         return f"({acc} + {v})"
+    if op == "prod":
+        return f"({acc} * {v})"
     if op == "any":
         return f"({acc} or {v})"
     if op == "all":

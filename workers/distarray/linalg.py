@@ -1,15 +1,12 @@
-"""Matrix products and transposition of distributed arrays: ``a @ b``, ``dot``, ``a.T``.
+"""``nbmpi.workers.distarray.linalg``: NumPy's ``numpy.linalg`` for distributed arrays.
 
-* ``A @ x`` / ``A @ B`` with ``A`` 2-D distributed by rows: the result's rows are ``A``'s
-  rows (aligned with ``A``), so each rank multiplies its own rows. ``x``/``B`` may be
-  distributed any way (or a NumPy array): each owner sends its rows of ``x`` once to every
-  rank; the product with the local rows of ``x`` is computed while the others fly, then one
-  accumulation per received part (BLAS through NumPy's ``@``). This is DistNumPy's Jacobi
-  (matrix-vector) communication pattern.
-* ``dot(a, b)`` of two 1-D arrays is ``sum(a * b)`` (one fused reduction).
-* ``A.T`` of a 2-D array distributed by rows: a new array distributed by rows in the same
-  kind of distribution; each rank sends every other rank one message with the block it
-  needs, transposed, and transposes its own block while they fly.
+``norm`` runs natively (recorded reductions, nothing gathered) for vectors (1-D, or ``axis`` an int) with
+``ord`` None, 2, 1, inf, -inf, 0 or any other number, and for matrices (2-D with ``axis`` None or a pair)
+with ``ord`` None, ``'fro'``, 1, -1, inf, -inf; ``keepdims`` as NumPy. Every other name of
+``numpy.linalg`` (``solve``, ``inv``, ``eig``, ``svd``, ``norm(ord=2)`` of a matrix, ...) runs through the
+NumPy fallback (:mod:`.fallback`: operands gathered on every rank, NumPy called, the result
+distributed). Call SPMD on every rank with the same arguments. The recording of ``a @ b`` is in
+:mod:`.matmul_recording`.
 """
 from __future__ import annotations
 
@@ -17,82 +14,78 @@ from typing import Any
 
 import numpy as np
 
-from .errors import ShapeError, UnsupportedOperation
-from .graph import Base, Leaf, Matmul, Transpose, node_desc
-from .indexing import View
+from . import fallback
+from .array import _FUNCTIONS, DistArray
+from .numpy_reductions import count_nonzero, keep_dims, max as _max, min as _min, normalize_axes, sum as _sum
 
-__all__ = ["record_matmul", "record_transpose"]
-
-
-def _as_leaf(context, x: Any) -> Leaf:
-    from .elementwise import as_node
-
-    n = as_node(context, x)
-    if not isinstance(n, Leaf):
-        raise ShapeError("matmul: scalar operands are not allowed, use '*' instead")
-    return n
+__all__ = ["norm"]
 
 
-def record_matmul(context, a: Any, b: Any) -> Leaf:
-    """Record ``a @ b``; return the result's Leaf (see the module doc for what is supported)."""
-    from .elementwise import record_ufunc, replicate_leaf
-    from .reductions import record_reduce
-
-    a, b = _as_leaf(context, a), _as_leaf(context, b)
-    if a.base.context is not context or b.base.context is not context:
-        from .errors import DistributionError
-
-        raise DistributionError("matmul: the operands live on different communicators")
-    na, nb = len(a.shape), len(b.shape)
-    if na == 0 or nb == 0:
-        raise ShapeError("matmul: Input operand does not have enough dimensions (scalars: use '*')")
-    if na == 1 and nb == 1:
-        if a.shape[0] != b.shape[0]:
-            raise ShapeError(f"matmul: Input operand 1 has a mismatch in its core dimension 0 (size {b.shape[0]} "
-                             f"is different from {a.shape[0]})")
-        prod = record_ufunc(context, np.multiply, [a, b])
-        return record_reduce(context, prod, "sum", None, desc_name="dot")
-    if na != 2 or nb > 2:
-        raise UnsupportedOperation(
-            f"matmul of a {na}-D and a {nb}-D array is not supported; supported: 2-D @ 1-D, 2-D @ 2-D and "
-            "1-D @ 1-D")
-    if a.shape[1] != b.shape[0]:
-        raise ShapeError(f"matmul: Input operand 1 has a mismatch in its core dimension 0, with gufunc signature "
-                         f"(n?,k),(k,m?)->(n?,m?) (size {b.shape[0]} is different from {a.shape[1]})")
-    dt = np.result_type(a.dtype, b.dtype)
-    if dt.kind not in "biuf":
-        raise UnsupportedOperation(f"matmul: dtype {dt} is not supported")
-    if not a.rep and not (a.view.row_kept and a.view.lead_new() == 0):
-        a = replicate_leaf(context, a, f"gather {node_desc(a)} to every rank for matmul")
-    if a.rep and not b.rep:
-        b = replicate_leaf(context, b, f"gather {node_desc(b)} to every rank for matmul with a replicated matrix")
-    if not b.rep and not (b.view.row_kept and b.view.lead_new() == 0):
-        b = replicate_leaf(context, b, f"gather {node_desc(b)} to every rank for matmul")
-    oshape = (a.shape[0],) + tuple(b.shape[1:])
-    ab = a.base
-    s, t, c = a.view.row_params
-    # the result's rows are a's rows: same base rows, same distribution (replicated if a is)
-    ob = Base(context, (ab.shape[0],) + oshape[1:], dt, ab.dist, temp=True)
-    out = Leaf(ob, View(ob.shape, (("s", s, t, c),) + tuple(("s", 0, 1, n) for n in oshape[1:])))
-    context.record(Matmul(a, b, out))
-    return out
+def _vector_norm(x: DistArray, ord: Any, axis: Any, keepdims: bool) -> Any:
+    """The vector norm of ``x`` along ``axis`` (an int, or None for a 1-D ``x``)."""
+    ax = np.absolute(x)
+    if ord is None or ord == 2:
+        return np.sqrt(_sum(ax * ax if x.dtype.kind == "f" else (ax * ax).astype(np.float64), axis=axis,
+                            keepdims=keepdims))
+    if ord == np.inf:
+        return _max(ax, axis=axis, keepdims=keepdims)
+    if ord == -np.inf:
+        return _min(ax, axis=axis, keepdims=keepdims)
+    if ord == 0:
+        return count_nonzero(x, axis=axis, keepdims=keepdims).astype(x.dtype if x.dtype.kind == "f" else np.float64)
+    if ord == 1:
+        return _sum(ax if x.dtype.kind == "f" else ax.astype(np.float64), axis=axis, keepdims=keepdims)
+    p = float(ord)
+    fx = ax if x.dtype.kind == "f" else ax.astype(np.float64)
+    return _sum(fx ** p, axis=axis, keepdims=keepdims) ** (1.0 / p)
 
 
-def record_transpose(context, a: Leaf) -> Leaf:
-    """Record ``a.T`` for a 2-D ``a`` distributed by rows (1-D: ``a`` itself)."""
-    if len(a.shape) < 2:
-        return a
-    if len(a.shape) > 2:
-        raise UnsupportedOperation("transpose of arrays with more than 2 dimensions is not supported")
-    if a.rep:
-        raise UnsupportedOperation("transpose of a replicated array is not supported; use "
-                                   "numpy.transpose(x.to_numpy())")
-    v = a.view
-    if not (v.row_kept and v.lead_new() == 0):
-        raise UnsupportedOperation("transpose of a view that does not keep the distributed axis first is not "
-                                   "supported")
-    n, m = a.shape
-    ob = Base(context, (m, n), a.dtype, a.base.dist.with_rows(m), temp=True)
-    out = Leaf(ob, View.full((m, n)))
-    context.record(Transpose(a, out))
-    return out
+def norm(x: Any, ord: Any = None, axis: Any = None, keepdims: bool = False) -> Any:
+    """``numpy.linalg.norm`` of a DistArray (recorded; see the module doc for what runs natively). SPMD."""
+    native = isinstance(x, DistArray) and x.dtype.kind in "biuf" and x.ndim >= 1
+    if native:
+        axes = normalize_axes(axis, x.ndim) if axis is not None else None
+        vector = (axis is None and x.ndim == 1) or (axes is not None and len(axes) == 1)
+        matrix = (axis is None and x.ndim == 2) or (axes is not None and len(axes) == 2 and x.ndim == 2)
+        if axis is None and ord is None:
+            fallback.note_native("linalg.norm")
+            r = _vector_norm(x, None, None, False)
+            return keep_dims(r, None, x.ndim) if keepdims else r
+        if vector and not isinstance(ord, str):
+            fallback.note_native("linalg.norm")
+            return _vector_norm(x, ord, None if axes is None else axes[0], keepdims)
+        if matrix and ord in ("fro", 1, -1, np.inf, -np.inf):
+            fallback.note_native("linalg.norm")
+            return _matrix_norm(x, ord, keepdims)
+    return fallback.call(np.linalg.norm, (x,), dict(ord=ord, axis=axis, keepdims=keepdims), "linalg.norm")
+
+
+def _matrix_norm(x: DistArray, ord: Any, keepdims: bool) -> Any:
+    """Frobenius, 1, -1, inf and -inf norms of a 2-D ``x`` (axes (0, 1))."""
+    ax = np.absolute(x)
+    if x.dtype.kind != "f":
+        ax = ax.astype(np.float64)
+    if ord == "fro":
+        r = np.sqrt(_sum(ax * ax))
+    elif ord in (1, -1):
+        r = (_max if ord == 1 else _min)(_sum(ax, axis=0))
+    else:
+        r = (_max if ord == np.inf else _min)(_sum(ax, axis=1))
+    return keep_dims(r, None, 2) if keepdims else r
+
+
+def __getattr__(name: str) -> Any:
+    """Every other name of ``numpy.linalg``: its functions through the NumPy fallback, its other objects
+    (exceptions such as ``LinAlgError``) as they are."""
+    target = getattr(np.linalg, name, None)
+    if target is None or name.startswith("__"):
+        raise AttributeError(f"module 'nbmpi.workers.distarray.linalg' has no attribute {name!r}, and neither has "
+                             "numpy.linalg")
+    if callable(target) and not isinstance(target, type):
+        target = fallback.wrap(target, f"linalg.{name}")
+    globals()[name] = target
+    return target
+
+
+# numpy.linalg.norm(distarray) dispatches here through DistArray.__array_function__
+_FUNCTIONS[np.linalg.norm] = norm

@@ -17,7 +17,7 @@ def classify() -> Tuple[Dict[str, str], Dict[str, str]]:
     """(functions, methods): each public NumPy function or ufunc name, and each public ndarray
     method or attribute, mapped to ``"native"`` or ``"fallback"``."""
     from . import __dict__ as namespace
-    from .array import DistArray
+    from .array import _METHODS, DistArray
     from .elementwise import SUPPORTED
 
     functions: Dict[str, str] = {}
@@ -32,7 +32,7 @@ def classify() -> Tuple[Dict[str, str], Dict[str, str]]:
         else:
             native = ours is not None and not wrapped
         functions[name] = "native" if native else "fallback"
-    methods = {name: "native" if name in DistArray.__dict__ or any(name in c.__dict__ for c in DistArray.__mro__[1:-1])
+    methods = {name: "native" if name in DistArray.__dict__ or name in _METHODS or any(name in c.__dict__ for c in DistArray.__mro__[1:-1])
                else "fallback"
                for name in sorted(n for n in dir(np.ndarray) if not n.startswith("_"))}
     return functions, methods

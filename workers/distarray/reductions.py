@@ -1,4 +1,4 @@
-"""Reductions (``sum``, ``min``, ``max``, ``mean``, ``any``, ``all``) over all axes, axis 0 or a trailing axis.
+"""Reductions (``sum``, ``prod``, ``min``, ``max``, ``mean``, ``any``, ``all``) over all axes, axis 0 or a trailing axis.
 
 Recording: :func:`record_reduce` records one :class:`~.graph.Reduce` task whose input is an
 elementwise expression; at the force point it is fused with the tasks producing its input
@@ -29,16 +29,16 @@ from .indexing import View
 
 __all__ = ["OPS", "record_reduce", "combine_partials", "identity_array", "result_dtype"]
 
-OPS = ("sum", "min", "max", "mean", "any", "all")
-_NP = dict(sum=np.add, mean=np.add, min=np.minimum, max=np.maximum, any=np.logical_or, all=np.logical_and)
+OPS = ("sum", "prod", "min", "max", "mean", "any", "all")
+_NP = dict(sum=np.add, prod=np.multiply, mean=np.add, min=np.minimum, max=np.maximum, any=np.logical_or, all=np.logical_and)
 
 
 def result_dtype(op: str, dt: np.dtype) -> Tuple[np.dtype, np.dtype]:
     """``(accumulator dtype, result dtype)`` of reduction ``op`` over dtype ``dt`` (NumPy's)."""
     dt = np.dtype(dt)
     one = np.ones(1, dtype=dt)
-    if op == "sum":
-        r = np.sum(one).dtype
+    if op in ("sum", "prod"):
+        r = (np.sum(one) if op == "sum" else np.prod(one)).dtype
         return r, r
     if op == "mean":
         r = np.mean(one).dtype
@@ -53,7 +53,7 @@ def identity_array(op: str, acc: np.dtype, shape: Tuple[int, ...]) -> np.ndarray
     acc = np.dtype(acc)
     if op in ("sum", "mean", "any"):
         return np.zeros(shape, dtype=acc)
-    if op == "all":
+    if op in ("all", "prod"):
         return np.ones(shape, dtype=acc)
     if acc.kind == "b":
         return np.full(shape, op == "min", dtype=acc)
@@ -66,7 +66,7 @@ def identity_array(op: str, acc: np.dtype, shape: Tuple[int, ...]) -> np.ndarray
 def combine_partials(op: str, parts: np.ndarray, acc: np.dtype) -> np.ndarray:
     """Combine partial results stacked along axis 0 (block order or rank order) with ``op``."""
     f = _NP[op]
-    if op in ("sum", "mean"):
+    if op in ("sum", "mean", "prod"):
         return f.reduce(parts, axis=0, dtype=acc)
     return f.reduce(parts, axis=0)
 

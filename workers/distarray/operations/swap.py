@@ -27,7 +27,10 @@ class Complement(list):
 
 def complement(x, box, rank: int) -> Complement:
     """The local elements of base ``x`` outside ``box`` (per base axis ``(start, stop)``) as a few
-    NumPy index tuples: the rows outside the box, then per trailing axis the two slabs beside it."""
+    NumPy index tuples: the rows outside the box, then per trailing axis the two slabs beside it.
+    A 0-d base has nothing outside its (whole) box."""
+    if not x.shape:
+        return Complement()
     g = x.dist.global_rows(rank) if not x.replicated else np.arange(x.shape[0], dtype=np.int64)
     r0, r1 = box[0]
     rows_in = (g >= r0) & (g < r1)

@@ -1,0 +1,98 @@
+"""Matrix products and transposition of distributed arrays: ``a @ b``, ``dot``, ``a.T``.
+
+* ``A @ x`` / ``A @ B`` with ``A`` 2-D distributed by rows: the result's rows are ``A``'s
+  rows (aligned with ``A``), so each rank multiplies its own rows. ``x``/``B`` may be
+  distributed any way (or a NumPy array): each owner sends its rows of ``x`` once to every
+  rank; the product with the local rows of ``x`` is computed while the others fly, then one
+  accumulation per received part (BLAS through NumPy's ``@``). This is DistNumPy's Jacobi
+  (matrix-vector) communication pattern.
+* ``dot(a, b)`` of two 1-D arrays is ``sum(a * b)`` (one fused reduction).
+* ``A.T`` of a 2-D array distributed by rows: a new array distributed by rows in the same
+  kind of distribution; each rank sends every other rank one message with the block it
+  needs, transposed, and transposes its own block while they fly.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .errors import ShapeError, UnsupportedOperation
+from .graph import Base, Leaf, Matmul, Transpose, node_desc
+from .indexing import View
+
+__all__ = ["record_matmul", "record_transpose"]
+
+
+def _as_leaf(context, x: Any) -> Leaf:
+    from .elementwise import as_node
+
+    n = as_node(context, x)
+    if not isinstance(n, Leaf):
+        raise ShapeError("matmul: scalar operands are not allowed, use '*' instead")
+    return n
+
+
+def record_matmul(context, a: Any, b: Any) -> Leaf:
+    """Record ``a @ b``; return the result's Leaf (see the module doc for what is supported)."""
+    from .elementwise import record_ufunc, replicate_leaf
+    from .reductions import record_reduce
+
+    a, b = _as_leaf(context, a), _as_leaf(context, b)
+    if a.base.context is not context or b.base.context is not context:
+        from .errors import DistributionError
+
+        raise DistributionError("matmul: the operands live on different communicators")
+    na, nb = len(a.shape), len(b.shape)
+    if na == 0 or nb == 0:
+        raise ShapeError("matmul: Input operand does not have enough dimensions (scalars: use '*')")
+    if na == 1 and nb == 1:
+        if a.shape[0] != b.shape[0]:
+            raise ShapeError(f"matmul: Input operand 1 has a mismatch in its core dimension 0 (size {b.shape[0]} "
+                             f"is different from {a.shape[0]})")
+        prod = record_ufunc(context, np.multiply, [a, b])
+        return record_reduce(context, prod, "sum", None, desc_name="dot")
+    if na != 2 or nb > 2:
+        raise UnsupportedOperation(
+            f"matmul of a {na}-D and a {nb}-D array is not supported; supported: 2-D @ 1-D, 2-D @ 2-D and "
+            "1-D @ 1-D")
+    if a.shape[1] != b.shape[0]:
+        raise ShapeError(f"matmul: Input operand 1 has a mismatch in its core dimension 0, with gufunc signature "
+                         f"(n?,k),(k,m?)->(n?,m?) (size {b.shape[0]} is different from {a.shape[1]})")
+    dt = np.result_type(a.dtype, b.dtype)
+    if dt.kind not in "biuf":
+        raise UnsupportedOperation(f"matmul: dtype {dt} is not supported")
+    if not a.rep and not (a.view.row_kept and a.view.lead_new() == 0):
+        a = replicate_leaf(context, a, f"gather {node_desc(a)} to every rank for matmul")
+    if a.rep and not b.rep:
+        b = replicate_leaf(context, b, f"gather {node_desc(b)} to every rank for matmul with a replicated matrix")
+    if not b.rep and not (b.view.row_kept and b.view.lead_new() == 0):
+        b = replicate_leaf(context, b, f"gather {node_desc(b)} to every rank for matmul")
+    oshape = (a.shape[0],) + tuple(b.shape[1:])
+    ab = a.base
+    s, t, c = a.view.row_params
+    # the result's rows are a's rows: same base rows, same distribution (replicated if a is)
+    ob = Base(context, (ab.shape[0],) + oshape[1:], dt, ab.dist, temp=True)
+    out = Leaf(ob, View(ob.shape, (("s", s, t, c),) + tuple(("s", 0, 1, n) for n in oshape[1:])))
+    context.record(Matmul(a, b, out))
+    return out
+
+
+def record_transpose(context, a: Leaf) -> Leaf:
+    """Record ``a.T`` for a 2-D ``a`` distributed by rows (1-D: ``a`` itself)."""
+    if len(a.shape) < 2:
+        return a
+    if len(a.shape) > 2:
+        raise UnsupportedOperation("transpose of arrays with more than 2 dimensions is not supported")
+    if a.rep:
+        raise UnsupportedOperation("transpose of a replicated array is not supported; use "
+                                   "numpy.transpose(x.to_numpy())")
+    v = a.view
+    if not (v.row_kept and v.lead_new() == 0):
+        raise UnsupportedOperation("transpose of a view that does not keep the distributed axis first is not "
+                                   "supported")
+    n, m = a.shape
+    ob = Base(context, (m, n), a.dtype, a.base.dist.with_rows(m), temp=True)
+    out = Leaf(ob, View.full((m, n)))
+    context.record(Transpose(a, out))
+    return out

@@ -1,0 +1,303 @@
+"""NumPy's reduction functions on distributed arrays, natively: ``axis`` (None, an int, a tuple, negative),
+``keepdims``, ``dtype``, ``out`` and ``where`` for ``sum``, ``prod``, ``mean``, ``std``, ``var``, ``min``,
+``max``, ``argmin``, ``argmax``, ``any``, ``all``, ``count_nonzero`` and the ``nan*`` family.
+
+Each is composed of the recorded primitives (:func:`~.array._reduce` over one axis or all of them,
+elementwise ufuncs, :func:`~.array.where`, views): nothing is gathered, everything is recorded lazily
+and runs at the next force point. A tuple of axes is reduced one axis at a time, the last first;
+``keepdims`` inserts length-1 axes as a view; ``where`` replaces the masked-out elements by the
+operation's identity; ``dtype`` casts the input first (as NumPy's accumulator does). ``argmin`` and
+``argmax`` find the first position equal to the minimum (or the first NaN, as NumPy) with a second
+reduction over an index grid laid out like the input. ``nanmin``/``nanmax`` of an all-NaN slice give
+NaN without NumPy's ``RuntimeWarning``. Float results equal NumPy's to rounding (the order of
+summation differs: blocks, then ranks); integer and boolean results are exact.
+
+Call them SPMD on every rank with the same arguments. The array methods (``a.sum(...)``) and
+``numpy.<name>(distarray)`` dispatch here (registered in :mod:`.array`).
+"""
+from __future__ import annotations
+
+import builtins as _builtins
+import math
+import operator
+from typing import Any, Optional, Tuple
+
+import numpy as np
+
+from . import fallback
+from .array import _FUNCTIONS, _METHODS, DistArray, _reduce, where
+from .creation import full_like
+
+__all__ = ["sum", "prod", "mean", "std", "var", "min", "max", "amin", "amax", "argmin", "argmax", "any", "all", "count_nonzero",
+           "nansum", "nanprod", "nanmean", "nanstd", "nanvar", "nanmin", "nanmax", "normalize_axes", "keep_dims"]
+
+_IDENTITY = {"sum": 0, "prod": 1, "any": False, "all": True}
+
+
+def normalize_axes(axis: Any, ndim: int) -> Optional[Tuple[int, ...]]:
+    """``axis`` (None, an int or a tuple of ints, negative counting from the end) as sorted non-negative
+    axes, or None for all of them. Raises ``numpy.exceptions.AxisError`` / ValueError as NumPy."""
+    if axis is None:
+        return None
+    axes = axis if isinstance(axis, (tuple, list)) else (axis,)
+    out = []
+    for ax in axes:
+        ax = operator.index(ax)
+        if not -ndim <= ax < _builtins.max(ndim, 1) or (ndim == 0 and ax not in (0, -1)):
+            raise np.exceptions.AxisError(ax, ndim)
+        out.append(ax % _builtins.max(ndim, 1))
+    if len(set(out)) != len(out):
+        raise ValueError("duplicate value in 'axis'")
+    return tuple(sorted(out))
+
+
+def keep_dims(res: Any, axes: Optional[Tuple[int, ...]], ndim: int) -> Any:
+    """``res`` (reduced over ``axes`` of an ``ndim``-d array) with a length-1 axis in place of each
+    reduced one: a view, nothing recorded."""
+    gone = set(range(ndim)) if axes is None else set(axes)
+    if not isinstance(res, DistArray):
+        return np.expand_dims(res, tuple(sorted(gone))) if gone else res
+    key = tuple(None if k in gone else slice(None) for k in range(ndim))
+    return res[key] if key else res
+
+
+def _count(a: DistArray, axes: Optional[Tuple[int, ...]]) -> int:
+    """Elements per reduced slice."""
+    return math.prod(a.shape) if axes is None else math.prod(a.shape[k] for k in axes)
+
+
+def _over(a: DistArray, op: str, axes: Optional[Tuple[int, ...]]) -> Any:
+    """``op`` (a primitive of :mod:`.reductions`) over ``axes``: all at once for None (or every axis),
+    else one axis at a time, the last first (so the remaining axes keep their numbers)."""
+    if axes is None or a.ndim <= 1 or len(axes) == a.ndim:
+        return _reduce(a, op, None)
+    res = a
+    for ax in reversed(axes):
+        res = _reduce(res, op, ax)
+    return res
+
+
+def _finish(res: Any, a: DistArray, axes, keepdims: bool, out: Any, dtype: Any = None) -> Any:
+    """Apply ``dtype``, ``keepdims`` and ``out`` to a reduction result."""
+    if dtype is not None and isinstance(res, DistArray) and res.dtype != np.dtype(dtype):
+        res = res.astype(dtype)
+    if keepdims:
+        res = keep_dims(res, axes, a.ndim)
+    if out is None:
+        return res
+    if isinstance(out, tuple):
+        out = out[0]
+    out[...] = res if isinstance(out, DistArray) else np.asarray(res)
+    return out
+
+
+def _prepare(a: DistArray, dtype: Any, mask: Any, fill: Any) -> DistArray:
+    """``a`` cast to ``dtype`` and with ``fill`` where ``mask`` is false (both recorded)."""
+    if dtype is not None and np.dtype(dtype) != a.dtype:
+        a = a.astype(dtype)
+    if mask is not None and mask is not True:
+        a = where(mask, a, np.asarray(fill, dtype=a.dtype))
+    return a
+
+
+def _simple(op: str):
+    def reduction(a: Any, axis: Any = None, dtype: Any = None, out: Any = None, keepdims: bool = False,
+                  where: Any = True, **kwargs: Any) -> Any:
+        if not isinstance(a, DistArray) or kwargs.get("initial") is not None or (
+                op in ("min", "max") and where is not True):
+            kw = dict(axis=axis, out=out, keepdims=keepdims, **({"dtype": dtype} if op in ("sum", "prod") else {}),
+                      **({} if where is True else {"where": where}), **kwargs)
+            if not isinstance(a, DistArray) and not isinstance(out, DistArray):
+                return getattr(np, op)(a, **kw)          # NumPy data: NumPy's own reduction
+            return fallback.call(getattr(np, op), (a,), kw, op)
+        axes = normalize_axes(axis, a.ndim)
+        x = _prepare(a, dtype, where, _IDENTITY.get(op))
+        res = _over(x, op, axes)
+        return _finish(res, a, axes, keepdims, out, dtype if op in ("sum", "prod") else None)
+    reduction.__name__ = op
+    reduction.__qualname__ = op
+    reduction.__doc__ = (f"``numpy.{op}`` of a DistArray over ``axis`` (None, int, tuple), with ``dtype``, ``out``, "
+                         f"``keepdims`` and ``where`` (recorded; a 0-d result forces on ``float()``). "
+                         f"{'``where`` needs ``initial``, which goes through the NumPy fallback. ' if op in ('min', 'max') else ''}"
+                         "SPMD: call on every rank.")
+    return reduction
+
+
+sum = _simple("sum")  # noqa: A001 - NumPy's names
+prod = _simple("prod")
+min = _simple("min")  # noqa: A001
+max = _simple("max")  # noqa: A001
+amin, amax = min, max
+any = _simple("any")  # noqa: A001
+all = _simple("all")  # noqa: A001
+
+
+def _mask_count(a: DistArray, mask: Any, axes) -> Any:
+    """Number of selected elements per reduced slice (``where=mask``): an int, or a recorded array."""
+    if mask is None or mask is True:
+        return _count(a, axes)
+    return _over(where(mask, 1, 0) + full_like(a, 0, dtype=np.intp), "sum", axes)
+
+
+def mean(a: Any, axis: Any = None, dtype: Any = None, out: Any = None, keepdims: bool = False,
+         where: Any = True) -> Any:
+    """``numpy.mean`` of a DistArray (recorded): the sum in float64 for integers (``dtype`` otherwise)
+    divided by the number of selected elements. SPMD."""
+    if not isinstance(a, DistArray):
+        return np.mean(a, axis=axis, dtype=dtype, out=out, keepdims=keepdims, where=where)
+    axes = normalize_axes(axis, a.ndim)
+    rdt = np.dtype(dtype) if dtype is not None else np.mean(np.ones(1, dtype=a.dtype)).dtype
+    if where is True and dtype is None:
+        return _finish(_over(a, "mean", axes), a, axes, keepdims, out)
+    x = _prepare(a, np.float64 if rdt.kind == "f" else rdt, where, 0)
+    res = _over(x, "sum", axes) / _mask_count(a, where, axes)
+    return _finish(res, a, axes, keepdims, out, rdt)
+
+
+def var(a: Any, axis: Any = None, dtype: Any = None, out: Any = None, ddof: float = 0, keepdims: bool = False,
+        where: Any = True, mean: Any = None, correction: Any = None) -> Any:
+    """``numpy.var`` of a DistArray (recorded): the mean of the squared deviations from the mean, divided
+    by ``n - ddof`` (NaN or inf where that is not positive, as NumPy). SPMD."""
+    if not isinstance(a, DistArray) or mean is not None or a.dtype.kind == "c":
+        return fallback.call(np.var, (a,), dict(axis=axis, dtype=dtype, out=out, ddof=ddof, keepdims=keepdims,
+                                                where=where, **({} if mean is None else {"mean": mean})), "var")
+    if correction is not None:
+        ddof = correction
+    axes = normalize_axes(axis, a.ndim)
+    rdt = np.dtype(dtype) if dtype is not None else np.var(np.ones(2, dtype=a.dtype)).dtype
+    m = _mean_kd(a, axes, where)
+    x = a - m
+    x = _prepare(x * x, None, where, 0)
+    n = _mask_count(a, where, axes)
+    res = _over(x, "sum", axes) / _positive(n - ddof)
+    return _finish(res, a, axes, keepdims, out, rdt)
+
+
+def std(a: Any, axis: Any = None, dtype: Any = None, out: Any = None, ddof: float = 0, keepdims: bool = False,
+        where: Any = True, mean: Any = None, correction: Any = None) -> Any:
+    """``numpy.std`` of a DistArray: the square root of :func:`var` (recorded). SPMD."""
+    if not isinstance(a, DistArray) or mean is not None or a.dtype.kind == "c":
+        return fallback.call(np.std, (a,), dict(axis=axis, dtype=dtype, out=out, ddof=ddof, keepdims=keepdims,
+                                                where=where, **({} if mean is None else {"mean": mean})), "std")
+    res = np.sqrt(var(a, axis=axis, dtype=dtype, ddof=ddof, keepdims=keepdims, where=where, correction=correction))
+    return _finish(res, a, None, False, out)
+
+
+def _positive(n: Any) -> Any:
+    """``n`` where positive, else 0 (a division by it then gives inf or NaN, as NumPy)."""
+    if isinstance(n, DistArray):
+        return np.maximum(n, 0).astype(np.float64)
+    return float(n) if n > 0 else 0.0
+
+
+def _mean_kd(a: DistArray, axes, mask: Any) -> Any:
+    """The mean over ``axes`` with kept dimensions (float64 for integer input)."""
+    if mask is None or mask is True:
+        return keep_dims(_over(a if a.dtype.kind == "f" else a.astype(np.float64), "mean", axes), axes, a.ndim)
+    x = _prepare(a if a.dtype.kind == "f" else a.astype(np.float64), None, mask, 0)
+    return keep_dims(_over(x, "sum", axes) / _mask_count(a, mask, axes), axes, a.ndim)
+
+
+def count_nonzero(a: Any, axis: Any = None, *, keepdims: bool = False) -> Any:
+    """``numpy.count_nonzero`` of a DistArray (recorded; an intp result). SPMD."""
+    if not isinstance(a, DistArray):
+        return np.count_nonzero(a, axis=axis, keepdims=keepdims)
+    axes = normalize_axes(axis, a.ndim)
+    nz = a if a.dtype == np.bool_ else a != 0
+    return _finish(_over(nz, "sum", axes), a, axes, keepdims, None, np.intp)
+
+
+def _position(a: DistArray, ax: Optional[int]) -> DistArray:
+    """An intp array of ``a``'s shape holding each element's flat index (``ax`` None) or its index along
+    ``ax``, laid out like ``a`` (each rank fills its own rows; nothing recorded but the view)."""
+    from .grids import fromfunction
+
+    shape = a.shape
+    strides = [math.prod(shape[k + 1:]) for k in range(len(shape))]
+    dist = a.dist if a._view.is_full and not a._base.replicated else "block"
+    if ax is None:
+        return fromfunction(lambda *ix: _np_sum_products(ix, strides), shape, dtype=np.intp, dist=dist,
+                            comm=a.comm)
+    return fromfunction(lambda *ix: ix[ax] + 0 * ix[0], shape, dtype=np.intp, dist=dist, comm=a.comm)
+
+
+def _np_sum_products(ix, strides) -> np.ndarray:
+    out = 0
+    for i, s in zip(ix, strides):
+        out = out + i * s
+    return out
+
+
+def _arg(op: str):
+    def arg(a: Any, axis: Any = None, out: Any = None, *, keepdims: bool = False) -> Any:
+        if not isinstance(a, DistArray) or a.dtype.kind == "c" or a.ndim == 0:
+            return fallback.call(getattr(np, f"arg{op}"), (a,), dict(axis=axis, out=out, keepdims=keepdims),
+                                 f"arg{op}")
+        if a.size == 0:
+            raise ValueError(f"attempt to get arg{op} of an empty sequence")
+        axes = normalize_axes(axis, a.ndim)
+        ax = None if axes is None else axes[0]
+        m = keep_dims(_reduce(a, op, ax), None if ax is None else (ax,), a.ndim)
+        hit = a == m
+        if a.dtype.kind == "f":
+            hit = hit | (np.isnan(a) & np.isnan(m))
+        big = np.iinfo(np.intp).max
+        res = _reduce(where(hit, _position(a, ax), big), "min", ax)
+        return _finish(res, a, None if ax is None else (ax,), keepdims, out)
+    arg.__name__ = arg.__qualname__ = f"arg{op}"
+    arg.__doc__ = (f"``numpy.arg{op}`` of a DistArray (recorded): the first index of the {op}imum (of the first "
+                   "NaN, as NumPy) over all elements (a flat index) or along one axis. SPMD.")
+    return arg
+
+
+argmin = _arg("min")
+argmax = _arg("max")
+
+
+def _nan(op: str, base: Any, fill: Any):
+    def nanred(a: Any, axis: Any = None, dtype: Any = None, out: Any = None, keepdims: bool = False,
+               where: Any = True, **kwargs: Any) -> Any:
+        if not isinstance(a, DistArray) or kwargs.get("initial") is not None or a.dtype.kind == "c":
+            return fallback.call(getattr(np, f"nan{op}"), (a,), dict(axis=axis, out=out, keepdims=keepdims,
+                                                                    **({"dtype": dtype} if dtype is not None else {}),
+                                                                    **({} if where is True else {"where": where}),
+                                                                    **kwargs), f"nan{op}")
+        kw = dict(axis=axis, out=out, keepdims=keepdims, where=where)
+        if dtype is not None:
+            kw["dtype"] = dtype
+        if a.dtype.kind != "f":          # no NaN in integers and booleans: NumPy's plain reduction
+            return base(a, **kw, **kwargs)
+        nan = np.isnan(a)
+        if op in ("min", "max"):
+            res = base(where_(nan, fill, a), axis=axis, keepdims=keepdims)
+            allnan = all(nan, axis=axis, keepdims=keepdims)
+            return _finish(where_(allnan, np.nan, res), a, None, False, out)
+        if op in ("mean", "var", "std"):
+            mask = ~nan if where is True or where is None else (~nan) & where
+            kw["where"] = mask
+            return base(a, **kw, **kwargs)
+        return base(where_(nan, fill, a), **kw, **kwargs)
+    nanred.__name__ = nanred.__qualname__ = f"nan{op}"
+    nanred.__doc__ = (f"``numpy.nan{op}`` of a DistArray (recorded): ``{op}`` ignoring NaNs (same arguments). "
+                      "SPMD.")
+    return nanred
+
+
+where_ = where
+nansum = _nan("sum", sum, 0)
+nanprod = _nan("prod", prod, 1)
+nanmin = _nan("min", min, np.inf)
+nanmax = _nan("max", max, -np.inf)
+nanmean = _nan("mean", mean, 0)
+nanvar = _nan("var", var, 0)
+nanstd = _nan("std", std, 0)
+
+_ALL = dict(sum=sum, prod=prod, mean=mean, std=std, var=var, min=min, max=max, argmin=argmin, argmax=argmax,
+            any=any, all=all, count_nonzero=count_nonzero, nansum=nansum, nanprod=nanprod, nanmean=nanmean,
+            nanstd=nanstd, nanvar=nanvar, nanmin=nanmin, nanmax=nanmax, amin=min, amax=max)
+
+
+# numpy.<name>(distarray, ...) dispatches here through DistArray.__array_function__, a.<name>(...) too
+_FUNCTIONS.update({getattr(np, n): f for n, f in _ALL.items()})
+_METHODS.update({n: _ALL[n] for n in ("sum", "prod", "mean", "std", "var", "min", "max", "argmin", "argmax",
+                                      "any", "all")})
