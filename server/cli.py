@@ -177,12 +177,25 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     limit = max_ranks if max_ranks is not None else "per job: the backend's queue decides"
     print(f"nbmpi serve: listening on {url} (backend {args.backend}, max ranks {limit}, data {data_dir})",
           flush=True)
-    if created:
-        print(f"nbmpi serve: first start: generated token {token}\n"
+    _announce(url, port, token if created else None, client_token, users_path, cfg_path, accounts)
+    if not loopback:
+        print(f"nbmpi serve: WARNING: listening on {args.host}, not only on this machine; this service runs "
+              "code: use TLS in front of it and keep tokens secret", flush=True)
+    server = uvicorn.Server(uvicorn.Config(app, log_level=args.log_level, access_log=False))
+    server.run(sockets=[sock])
+    return 0
+
+
+def _announce(url: str, port: int, new_token: Optional[str], client_token: Optional[str], users_path: Path,
+              cfg_path: Optional[Path], accounts) -> None:
+    """What ``nbmpi serve`` tells the operator at start: the dashboard's links (a new token once),
+    the path through a Jupyter server, the client configuration, the users' isolation."""
+    if new_token:
+        print(f"nbmpi serve: first start: generated token {new_token}\n"
               f"nbmpi serve: shown only now: {users_path} keeps only its hash (owner-only); "
               "`nbmpi users add NAME` makes more", flush=True)
         print(f"nbmpi serve: dashboard at {url}/dashboard; this link logs a browser tab in: "
-              f"{url}/dashboard#token={token}", flush=True)
+              f"{url}/dashboard#token={new_token}", flush=True)
     else:
         print(f"nbmpi serve: dashboard at {url}/dashboard (log in with your token"
               + (f", kept in {config.client_config_path()}" if client_token else
@@ -196,12 +209,6 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         print("nbmpi serve: each user's jobs and pools run as their own UNIX account", flush=True)
     elif accounts.warning():
         print(f"nbmpi serve: WARNING: {accounts.warning()}", flush=True)
-    if not loopback:
-        print(f"nbmpi serve: WARNING: listening on {args.host}, not only on this machine; this service runs "
-              "code: use TLS in front of it and keep tokens secret", flush=True)
-    server = uvicorn.Server(uvicorn.Config(app, log_level=args.log_level, access_log=False))
-    server.run(sockets=[sock])
-    return 0
 
 
 # -- users ----------------------------------------------------------------------------------------
