@@ -232,21 +232,21 @@ def test_module_and_code_forms(tmp_path, form):
         argv = ["-c", "from nbmpi.workers import world; import sys; "
                       "print(f'code rank {world().Get_rank()} {sys.argv[1:]}', flush=True); world().Barrier(); "
                       "sys.exit(4 * world().Get_rank())",
-                "x"]
+                "x", "--flag"]
         expect = 4
     else:
         (tmp_path / "nbmpi_mod_probe.py").write_text(
             "import sys\nfrom nbmpi.workers import world\nprint(f'module rank {world().Get_rank()} {sys.argv[1:]}', flush=True)\n")
-        argv = ["-m", "nbmpi_mod_probe", "y"]
+        argv = ["-m", "nbmpi_mod_probe", "--opt", "-n", "5"]  # the module's options, not nbmpi run's
         expect = 0
     env = base_env(PYTHONPATH=f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
     proc = subprocess.run([*CLI, "-n", "2", "--timeout", "60", *argv], capture_output=True, text=True,
                           env=env, cwd=tmp_path, timeout=120)
     assert proc.returncode == expect, proc.stdout + proc.stderr
     word = "code" if form == "-c" else "module"
-    arg = "x" if form == "-c" else "y"
+    args = "['x', '--flag']" if form == "-c" else "['--opt', '-n', '5']"
     for r in range(2):
-        assert f"{word} rank {r} ['{arg}']" in proc.stdout, proc.stdout + proc.stderr
+        assert f"{word} rank {r} {args}" in proc.stdout, proc.stdout + proc.stderr
 
 
 def test_usage_errors_before_any_rank_starts(tmp_path):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 
 def _usage_error(args: argparse.Namespace, program: List[str]) -> Optional[str]:
@@ -112,10 +112,40 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+#: ``nbmpi run`` options that take a value (their value is never read as ``-m``/``-c``).
+_RUN_VALUED = frozenset({"-n", "--hosts", "--hostfile", "--timeout"})
+
+
+def split_program_args(argv: List[str]) -> Tuple[List[str], List[str]]:
+    """Split ``nbmpi run ... -m MODULE ARGS...`` (or ``-c CODE ARGS...``) into what argparse parses and the
+    program's own arguments ``ARGS`` (returned untouched, options included, as ``python -m`` passes them).
+
+    argparse would read an option of the program (``-m mod --opt``) as one of ``nbmpi run``'s. Only the
+    ``run`` subcommand is split, and only when ``-m``/``-c`` comes before any script name; otherwise
+    ``(argv, [])``. Pure function."""
+    command = next((i for i, tok in enumerate(argv) if not tok.startswith("-")), None)
+    if command is None or argv[command] != "run":
+        return argv, []
+    i = command + 1
+    while i < len(argv):
+        tok = argv[i]
+        if tok in ("-m", "-c"):
+            return argv[:i + 2], argv[i + 2:]
+        if tok.startswith(("-m", "-c")) and not tok.startswith("--"):  # -mmodule, -cCODE
+            return argv[:i + 1], argv[i + 1:]
+        if tok == "--" or not tok.startswith("-"):
+            break  # a script: argparse's REMAINDER keeps its arguments
+        i += 2 if tok in _RUN_VALUED else 1
+    return argv, []
+
+
 def dispatch(parser: argparse.ArgumentParser, argv: Optional[List[str]] = None) -> int:
     """Parse ``argv`` with ``parser`` and run the chosen subcommand; its exit code (2 and the help
     when no subcommand was given)."""
-    args = parser.parse_args(argv)
+    head, program_args = split_program_args(sys.argv[1:] if argv is None else list(argv))
+    args = parser.parse_args(head)
+    if program_args:
+        args.program = [*getattr(args, "program", []), *program_args]
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
