@@ -147,15 +147,63 @@ def pct(xs, q):
     return xs[min(int(q * len(xs)), len(xs) - 1)] if xs else None
 
 
-def main() -> int:
-    ap = benchmark_parser(__doc__, "10,000 events, fewer steps, no screenshot")
-    ap.add_argument("--screenshot", default=None, help="where the job page's PNG goes (default "
-                    "RESULTS/dashboard.png; none with --quick)")
-    args = ap.parse_args()
-    rounds = 5000 if args.quick else 25000
-    pan_steps, zoom_steps = (10, 4) if args.quick else (30, 8)
-    shot = None if args.quick and not args.screenshot else Path(args.screenshot or (Path(args.out_dir or RESULTS) / "dashboard.png"))
-    tmp = Path(tempfile.mkdtemp(prefix="nbmpi-bench-dash-"))
+def take_screenshot(drv, c: httpx.Client, url: str, shot: Path) -> None:
+    """Run the demo's example job and save a screenshot of its job page to ``shot``."""
+    heat = run_job(c, EXAMPLE.read_text(), script_name=EXAMPLE.name, args=["--steps", "200"], name="heat (demo)")
+    drv.get(f"{url}/dashboard/jobs/{heat['id']}")
+    wait_for(drv, FIGURE_READY)
+    time.sleep(1.0)
+    shot.parent.mkdir(parents=True, exist_ok=True)
+    drv.save_screenshot(str(shot))
+
+
+def measure_server(c: httpx.Client, job_id) -> tuple:
+    """The figure endpoint's first call and a repeat, and 10 window requests (each half the last one's span).
+    Returns ``(the first figure's meta, the server figures)``."""
+    t0 = time.perf_counter()
+    first = c.get(f"/api/v1/dashboard/jobs/{job_id}/figure", params={"width": 1200}).json()
+    cold = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    c.get(f"/api/v1/dashboard/jobs/{job_id}/figure", params={"width": 1200})
+    warm = time.perf_counter() - t0
+    d = first["meta"]["duration_s"]
+    win = []
+    for k in range(10):
+        t0 = time.perf_counter()
+        c.get(f"/api/v1/dashboard/jobs/{job_id}/timeline",
+              params={"width": 1200, "start": d * 0.3, "end": d * (0.3 + 0.5 ** k)})
+        win.append(time.perf_counter() - t0)
+    return first["meta"], dict(figure_cold_s=cold, figure_warm_s=warm, window_median_s=statistics.median(win),
+                               lod_rows_full_view=first["meta"]["shown"])
+
+
+def measure_config(drv, url: str, job_id, name: str, query: str, pan_steps: int, zoom_steps: int) -> dict:
+    """Open the job page one way (``query``), wait for the first figure, then pan and zoom in the page;
+    returns that way's figures (raises RuntimeError naming the way if the page's measurement failed)."""
+    drv.get(f"{url}/dashboard/jobs/{job_id}{query}")
+    u0 = wait_for(drv, FIGURE_READY, timeout=300)
+    webgl = drv.execute_script(WEBGL_IN_USE)
+    steps = pan_steps if name.startswith("LOD") else min(pan_steps, 10)   # all segments: seconds a frame
+    drv.execute_script(MEASURE.replace("PAN_STEPS", str(steps)).replace("ZOOM_STEPS", str(zoom_steps)))
+    m = wait_for(drv, "return window.nbmpiBench", timeout=1800)
+    if "error" in m:
+        raise RuntimeError(f"{name}: {m['error']}")
+    zoom = m["zoom"]
+    return dict(
+        first_figure_ms=u0["at"], first_rows=u0["shown"], webgl=webgl,
+        pan_frame_median_ms=statistics.median(m["pan"]), pan_frame_p95_ms=pct(m["pan"], 0.95),
+        zoom_frame_median_ms=statistics.median(z["frame_ms"] for z in zoom),
+        refine_median_ms=pct([z["refined_ms"] for z in zoom], 0.5),
+        refine_max_ms=max((z["refined_ms"] for z in zoom if z["refined_ms"] is not None), default=None),
+        refine_fetch_median_ms=pct([z["fetch_ms"] for z in zoom], 0.5),
+        refine_apply_median_ms=pct([z["apply_ms"] for z in zoom], 0.5),
+        refined=sum(z["refined_ms"] is not None for z in zoom), zoom_steps=len(zoom),
+        raw=m)
+
+
+def measure(tmp: Path, rounds: int, pan_steps: int, zoom_steps: int, shot) -> dict:
+    """Start the service and the browser in ``tmp``, take the screenshot (unless ``shot`` is None), run the
+    ping-pong job and measure the server and every way of drawing; stops both and removes ``tmp`` after."""
     proc, url = start_service(tmp / "data", 2, config=tmp / "client.json", echo=False)
     token = json.loads((tmp / "client.json").read_text())["token"]
     drv = None
@@ -166,63 +214,27 @@ def main() -> int:
         drv.get(f"{url}/dashboard#token={token}")
         wait_for(drv, "return document.getElementById('jobs') && !document.getElementById('overview').hidden")
         if shot is not None:
-            heat = run_job(c, EXAMPLE.read_text(), script_name=EXAMPLE.name, args=["--steps", "200"], name="heat (demo)")
-            drv.get(f"{url}/dashboard/jobs/{heat['id']}")
-            wait_for(drv, FIGURE_READY)
-            time.sleep(1.0)
-            shot.parent.mkdir(parents=True, exist_ok=True)
-            drv.save_screenshot(str(shot))
+            take_screenshot(drv, c, url, shot)
             out["screenshot"] = str(shot)
         big = run_job(c, PINGPONG.format(n=rounds), name=f"ping-pong x{rounds}")
-        t0 = time.perf_counter()
-        first = c.get(f"/api/v1/dashboard/jobs/{big['id']}/figure", params={"width": 1200}).json()
-        cold = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        c.get(f"/api/v1/dashboard/jobs/{big['id']}/figure", params={"width": 1200})
-        warm = time.perf_counter() - t0
-        d = first["meta"]["duration_s"]
-        win = []
-        for k in range(10):
-            t0 = time.perf_counter()
-            c.get(f"/api/v1/dashboard/jobs/{big['id']}/timeline",
-                  params={"width": 1200, "start": d * 0.3, "end": d * (0.3 + 0.5 ** k)})
-            win.append(time.perf_counter() - t0)
-        out["events"] = first["meta"]["events"]
-        out["segments"] = first["meta"]["in_window"]
-        out["server"] = dict(figure_cold_s=cold, figure_warm_s=warm, window_median_s=statistics.median(win),
-                             lod_rows_full_view=first["meta"]["shown"])
+        meta, out["server"] = measure_server(c, big["id"])
+        out["events"] = meta["events"]
+        out["segments"] = meta["in_window"]
         for name, query in CONFIGS:
-            drv.get(f"{url}/dashboard/jobs/{big['id']}{query}")
-            u0 = wait_for(drv, FIGURE_READY, timeout=300)
-            webgl = drv.execute_script(WEBGL_IN_USE)
-            steps = pan_steps if name.startswith("LOD") else min(pan_steps, 10)   # all segments: seconds a frame
-            drv.execute_script(MEASURE.replace("PAN_STEPS", str(steps)).replace("ZOOM_STEPS", str(zoom_steps)))
-            m = wait_for(drv, "return window.nbmpiBench", timeout=1800)
-            if "error" in m:
-                raise RuntimeError(f"{name}: {m['error']}")
-            zoom = m["zoom"]
-            out["configs"][name] = dict(
-                first_figure_ms=u0["at"], first_rows=u0["shown"], webgl=webgl,
-                pan_frame_median_ms=statistics.median(m["pan"]), pan_frame_p95_ms=pct(m["pan"], 0.95),
-                zoom_frame_median_ms=statistics.median(z["frame_ms"] for z in zoom),
-                refine_median_ms=pct([z["refined_ms"] for z in zoom], 0.5),
-                refine_max_ms=max((z["refined_ms"] for z in zoom if z["refined_ms"] is not None), default=None),
-                refine_fetch_median_ms=pct([z["fetch_ms"] for z in zoom], 0.5),
-                refine_apply_median_ms=pct([z["apply_ms"] for z in zoom], 0.5),
-                refined=sum(z["refined_ms"] is not None for z in zoom), zoom_steps=len(zoom),
-                raw=m)
+            out["configs"][name] = measure_config(drv, url, big["id"], name, query, pan_steps, zoom_steps)
     finally:
         if drv is not None:
             drv.quit()
         stop_service(proc)
         shutil.rmtree(tmp, ignore_errors=True)
+    return out
 
+
+def evaluate_targets(out: dict, rounds: int) -> list:
+    """The targets, computed from the measured figures ``out``."""
     cf = out["configs"]
     ship, full = cf["LOD + canvas"], cf["all + canvas"]
-    rows = [[name, v["webgl"], v["first_rows"], v["first_figure_ms"], v["pan_frame_median_ms"], v["pan_frame_p95_ms"],
-             v["zoom_frame_median_ms"], v["refine_median_ms"], v["refine_max_ms"], v["refine_fetch_median_ms"],
-             v["refine_apply_median_ms"]] for name, v in cf.items()]
-    targets = [
+    return [
         target("as shipped (LOD + canvas): pan frame, median ms (smooth: >= 20 frames/s)",
                ship["pan_frame_median_ms"], 50.0, False),
         target("as shipped (LOD + canvas): zoom step to refined window drawn, median ms", ship["refine_median_ms"],
@@ -232,25 +244,49 @@ def main() -> int:
                full["pan_frame_median_ms"] / ship["pan_frame_median_ms"], 3.0),
         target("events in the trace", out["events"], rounds * 4),
     ]
-    out["targets"] = targets
+
+
+def markdown(out: dict, rounds: int, pan_steps: int, zoom_steps: int) -> str:
+    """The markdown report: the browser table, the server table, the targets."""
+    rows = [[name, v["webgl"], v["first_rows"], v["first_figure_ms"], v["pan_frame_median_ms"], v["pan_frame_p95_ms"],
+             v["zoom_frame_median_ms"], v["refine_median_ms"], v["refine_max_ms"], v["refine_fetch_median_ms"],
+             v["refine_apply_median_ms"]] for name, v in out["configs"].items()]
     s = out["server"]
-    md = (f"Job: 2-rank ArrayChannel ping-pong, {rounds} round trips: {out['events']} trace events, "
-          f"{out['segments']} timeline segments (compute / wait / communication). Headless Chromium "
-          f"{'(WebGL in software, SwiftShader)'}, plot about 1,300 px wide.\n\n"
-          "## In the browser\n\n"
-          + md_table(["timeline", "WebGL used", "rows drawn (full view)", "first figure ms (page load to drawn)",
-                      "pan frame median ms", "pan frame p95 ms", "zoom: first frame median ms",
-                      "zoom: refined window drawn, median ms", "max ms", "fetch median ms", "apply+2 frames median ms"],
-                     rows)
-          + f"\n\nPan: {pan_steps} steps (10 for 'all') of 1% of the full view, one animation frame each "
-            f"(60 Hz: 16.7 ms at best). Zoom: {zoom_steps} steps halving the window; "
-            "'refined' = from the range change to the new window's data "
-            "drawn (includes the page's 120 ms debounce).\n\n"
-          "## Server (cold and warm)\n\n"
-          + md_table(["figure endpoint, first call s (join files, columns, Bokeh document)",
-                      "figure endpoint, repeat s", "window request median s", "rows in the full-view window"],
-                     [[s["figure_cold_s"], s["figure_warm_s"], s["window_median_s"], s["lod_rows_full_view"]]])
-          + "\n\n## Targets\n\n" + targets_table(targets) + "\n")
+    return (f"Job: 2-rank ArrayChannel ping-pong, {rounds} round trips: {out['events']} trace events, "
+            f"{out['segments']} timeline segments (compute / wait / communication). Headless Chromium "
+            f"{'(WebGL in software, SwiftShader)'}, plot about 1,300 px wide.\n\n"
+            "## In the browser\n\n"
+            + md_table(["timeline", "WebGL used", "rows drawn (full view)", "first figure ms (page load to drawn)",
+                        "pan frame median ms", "pan frame p95 ms", "zoom: first frame median ms",
+                        "zoom: refined window drawn, median ms", "max ms", "fetch median ms",
+                        "apply+2 frames median ms"],
+                       rows)
+            + f"\n\nPan: {pan_steps} steps (10 for 'all') of 1% of the full view, one animation frame each "
+              f"(60 Hz: 16.7 ms at best). Zoom: {zoom_steps} steps halving the window; "
+              "'refined' = from the range change to the new window's data "
+              "drawn (includes the page's 120 ms debounce).\n\n"
+            "## Server (cold and warm)\n\n"
+            + md_table(["figure endpoint, first call s (join files, columns, Bokeh document)",
+                        "figure endpoint, repeat s", "window request median s", "rows in the full-view window"],
+                       [[s["figure_cold_s"], s["figure_warm_s"], s["window_median_s"], s["lod_rows_full_view"]]])
+            + "\n\n## Targets\n\n" + targets_table(out["targets"]) + "\n")
+
+
+def main() -> int:
+    """The command: measure, evaluate the targets, write ``dashboard[_quick].json`` and ``.md``. Returns 0 iff
+    every target passes."""
+    ap = benchmark_parser(__doc__, "10,000 events, fewer steps, no screenshot")
+    ap.add_argument("--screenshot", default=None, help="where the job page's PNG goes (default "
+                    "RESULTS/dashboard.png; none with --quick)")
+    args = ap.parse_args()
+    rounds = 5000 if args.quick else 25000
+    pan_steps, zoom_steps = (10, 4) if args.quick else (30, 8)
+    shot = None if args.quick and not args.screenshot else Path(args.screenshot or (Path(args.out_dir or RESULTS) / "dashboard.png"))
+    tmp = Path(tempfile.mkdtemp(prefix="nbmpi-bench-dash-"))
+    out = measure(tmp, rounds, pan_steps, zoom_steps, shot)
+    targets = evaluate_targets(out, rounds)
+    out["targets"] = targets
+    md = markdown(out, rounds, pan_steps, zoom_steps)
     write_results("dashboard_quick" if args.quick else "dashboard", out, md, Path(args.out_dir) if args.out_dir else None)
     print(md)
     return 0 if all(t["status"] == "PASS" for t in targets) else 1

@@ -225,27 +225,75 @@ def scalars64(comm, rounds: int, iters: int):
 LAYERS = 64
 
 
-def plankton(comm, rounds: int, steps: int) -> dict:
-    from mpi4py import MPI
+PLANKTON_SUMS_MOVE = ("biomass", "sdepth", "sdepth2", "moved")
+PLANKTON_SUMS_ENERGY = ("tlight", "photo", "resp")
+PLANKTON_SUMS_NUT = ("n1", "n2", "n3", "n4")
+PLANKTON_SUMS_EVOLVE = ("births", "deaths", "msize", "pop")
 
-    from nbmpi.workers import get_tracer, pool, shared
-    from nbmpi.workers.fused_reductions import K_FUSED
-    from nbmpi.workers.tracing.tracer import DIR_NONE, register_kind
 
-    K_ALLREDUCE = register_kind("allreduce")
-    rank = comm.Get_rank()
-    rng = np.random.default_rng(7 + rank)
-    npart = 2000
-    depth = rng.random(npart) * LAYERS
-    mass = rng.random(npart)
-    results = {}
+class _Reducer:
+    """The original method's reductions: one ``Allreduce`` each, recorded in the trace when ``traced``
+    (so that its collectives are counted like the lazy method's)."""
 
-    # 27 local quantities per step, computed identically by both methods
-    def quantities(step):
-        d = (depth + 0.01 * step) % LAYERS
+    def __init__(self, comm, traced: bool, kind: int) -> None:
+        from mpi4py import MPI
+
+        from nbmpi.workers import get_tracer
+        from nbmpi.workers.tracing.tracer import DIR_NONE
+
+        self.SUM, self.MIN, self.MAX, self.PROD = MPI.SUM, MPI.MIN, MPI.MAX, MPI.PROD
+        self.dir_none = DIR_NONE
+        self.comm, self.traced, self.kind, self.tr = comm, traced, kind, get_tracer()
+        self.one, self.res = np.empty(1), np.empty(1)
+        self.arr_res = np.empty(LAYERS)
+
+    def allreduce(self, x, out, op) -> None:
+        """Collective: ``Allreduce(x, out, op)``, traced if asked."""
+        if not self.traced:
+            self.comm.Allreduce(x, out, op=op)
+            return
+        t0 = time.perf_counter_ns()
+        self.comm.Allreduce(x, out, op=op)
+        self.tr.record(self.kind, self.dir_none, -1, 0, out.nbytes, t0, time.perf_counter_ns(), -1, 0, 0, 1)
+
+    def red(self, x: float, op=None) -> float:
+        """Collective: the reduction (``op``, default sum) of one float."""
+        self.one[0] = x
+        self.allreduce(self.one, self.res, self.SUM if op is None else op)
+        return float(self.res[0])
+
+    def red_arr(self, x):
+        """Collective: the sum over ranks of a per-layer array (a copy)."""
+        self.allreduce(x, self.arr_res, self.SUM)
+        return self.arr_res.copy()
+
+
+class _Plankton:
+    """The synthetic plankton step on one rank: its particles and both methods (``original``: one collective
+    per reduction; ``lazy``: shared variables), each storing its reads per step in ``results``."""
+
+    def __init__(self, comm, steps: int) -> None:
+        from nbmpi.workers import pool, shared
+        from nbmpi.workers.tracing.tracer import register_kind
+
+        self.pool, self.shared = pool, shared
+        self.k_allreduce = register_kind("allreduce")
+        self.comm = comm
+        self.rank = comm.Get_rank()
+        rng = np.random.default_rng(7 + self.rank)
+        self.npart = 2000
+        self.depth = rng.random(self.npart) * LAYERS
+        self.mass = rng.random(self.npart)
+        self.nsteps = steps
+        self.results = {}
+
+    def quantities(self, step: int) -> dict:
+        """The 27 local quantities of ``step``, computed identically by both methods."""
+        rank, mass, npart = self.rank, self.mass, self.npart
+        d = (self.depth + 0.01 * step) % LAYERS
         lay = np.minimum(d.astype(np.int64), LAYERS - 1)
         counts = np.bincount(lay, minlength=LAYERS).astype(np.float64)
-        q = dict(
+        return dict(
             # Move (7): counts per layer, biomass, sum depth, sum depth^2, min depth, max depth, moved
             counts=counts, biomass=float(mass.sum()), sdepth=float(d.sum()), sdepth2=float(d @ d),
             mindepth=float(d.min()), maxdepth=float(d.max()), moved=float(npart),
@@ -260,128 +308,125 @@ def plankton(comm, rounds: int, steps: int) -> dict:
             births=float(rank + 1), deaths=float(rank), maxage=float(step + rank), minage=float(step),
             msize=float(mass.mean()), pop=float(npart),
         )
-        return q
 
-    SUMS_MOVE = ("biomass", "sdepth", "sdepth2", "moved")
-    SUMS_ENERGY = ("tlight", "photo", "resp")
-    SUMS_NUT = ("n1", "n2", "n3", "n4")
-    SUMS_EVOLVE = ("births", "deaths", "msize", "pop")
-    nsteps = steps
-
-    def original(traced: bool = False):
+    def original(self, traced: bool = False) -> None:
+        """Collective: every step with one ``Allreduce`` per reduction (traced if asked)."""
+        reducer = _Reducer(self.comm, traced, self.k_allreduce)
         outs = []
-        one, res = np.empty(1), np.empty(1)
-        arr_res = np.empty(LAYERS)
         nutrient = 1000.0
-        tr = get_tracer()
+        for step in range(self.nsteps):
+            reads, nutrient = self._original_step(self.quantities(step), reducer, nutrient)
+            outs.append(reads)
+        self.results["original"] = outs
 
-        def allreduce(x, out, op):
-            if not traced:
-                comm.Allreduce(x, out, op=op)
-                return
-            t0 = time.perf_counter_ns()
-            comm.Allreduce(x, out, op=op)
-            tr.record(K_ALLREDUCE, DIR_NONE, -1, 0, out.nbytes, t0, time.perf_counter_ns(), -1, 0, 0, 1)
+    @staticmethod
+    def _original_step(q: dict, r: _Reducer, nutrient: float):
+        """Collective: one step of the original method; returns ``((read 1, read 2, read 3), nutrient left)``."""
+        g = {}
+        # Move
+        g["counts"] = r.red_arr(q["counts"])
+        for k in PLANKTON_SUMS_MOVE:
+            g[k] = r.red(q[k])
+        g["mindepth"] = r.red(q["mindepth"], r.MIN)
+        g["maxdepth"] = r.red(q["maxdepth"], r.MAX)
+        # Energy
+        g["light"] = r.red_arr(q["light"])
+        for k in PLANKTON_SUMS_ENERGY:
+            g[k] = r.red(q[k])
+        g["maxlight"] = r.red(q["maxlight"], r.MAX)
+        g["survival"] = r.red(q["survival"], r.PROD)
+        r1 = g["tlight"] * g["survival"]  # read 1
+        # Nutrients
+        total = r.red(q["request"])
+        avail = max(nutrient - 0.0, 0.0)
+        scale = 1.0 if total <= avail else avail / total
+        grant = q["request"] * scale
+        nutrient = nutrient - total if total <= avail else 0.0
+        g["uptake"] = r.red_arr(q["uptake"])
+        for k in PLANKTON_SUMS_NUT:
+            g[k] = r.red(q[k])
+        g["n5"] = r.red(q["n5"], r.MIN)
+        g["n6"] = r.red(q["n6"], r.MAX)
+        r2 = nutrient + grant + g["n4"]  # read 2
+        # Evolve
+        for k in PLANKTON_SUMS_EVOLVE:
+            g[k] = r.red(q[k])
+        g["maxage"] = r.red(q["maxage"], r.MAX)
+        g["minage"] = r.red(q["minage"], r.MIN)
+        r3 = g["births"] - g["deaths"] + g["maxage"] + float(g["counts"].sum())  # read 3
+        return (r1, r2, r3), nutrient
 
-        for step in range(nsteps):
-            q = quantities(step)
-            g = {}
-
-            def red(x, op=MPI.SUM):
-                one[0] = x
-                allreduce(one, res, op)
-                return float(res[0])
-
-            def red_arr(x):
-                allreduce(x, arr_res, MPI.SUM)
-                return arr_res.copy()
-
-            # Move
-            g["counts"] = red_arr(q["counts"])
-            for k in SUMS_MOVE:
-                g[k] = red(q[k])
-            g["mindepth"] = red(q["mindepth"], MPI.MIN)
-            g["maxdepth"] = red(q["maxdepth"], MPI.MAX)
-            # Energy
-            g["light"] = red_arr(q["light"])
-            for k in SUMS_ENERGY:
-                g[k] = red(q[k])
-            g["maxlight"] = red(q["maxlight"], MPI.MAX)
-            g["survival"] = red(q["survival"], MPI.PROD)
-            r1 = g["tlight"] * g["survival"]  # read 1
-            # Nutrients
-            total = red(q["request"])
-            avail = max(nutrient - 0.0, 0.0)
-            scale = 1.0 if total <= avail else avail / total
-            grant = q["request"] * scale
-            nutrient = nutrient - total if total <= avail else 0.0
-            g["uptake"] = red_arr(q["uptake"])
-            for k in SUMS_NUT:
-                g[k] = red(q[k])
-            g["n5"] = red(q["n5"], MPI.MIN)
-            g["n6"] = red(q["n6"], MPI.MAX)
-            r2 = nutrient + grant + g["n4"]  # read 2
-            # Evolve
-            for k in SUMS_EVOLVE:
-                g[k] = red(q[k])
-            g["maxage"] = red(q["maxage"], MPI.MAX)
-            g["minage"] = red(q["minage"], MPI.MIN)
-            r3 = g["births"] - g["deaths"] + g["maxage"] + float(g["counts"].sum())  # read 3
-            outs.append((r1, r2, r3))
-        results["original"] = outs
-
-    def lazy():
+    def lazy(self) -> None:
+        """Collective: every step with shared variables created in the step (a nutrient pool across steps)."""
         outs = []
-        nutrient = pool(1000.0)
-        for step in range(nsteps):
-            q = quantities(step)
-            g = {k: shared(0.0) for k in SUMS_MOVE + SUMS_ENERGY + SUMS_NUT + SUMS_EVOLVE}
-            counts, light, uptake = shared(np.zeros(LAYERS)), shared(np.zeros(LAYERS)), shared(np.zeros(LAYERS))
-            mind, maxd, maxl = shared(np.inf), shared(-np.inf), shared(-np.inf)
-            surv, n5, n6 = shared(1.0), shared(np.inf), shared(-np.inf)
-            maxage, minage = shared(-np.inf), shared(np.inf)
-            # Move
-            counts += q["counts"]
-            for k in SUMS_MOVE:
-                g[k] += q[k]
-            mind.min_with(q["mindepth"])
-            maxd.max_with(q["maxdepth"])
-            # Energy
-            light += q["light"]
-            for k in SUMS_ENERGY:
-                g[k] += q[k]
-            maxl.max_with(q["maxlight"])
-            surv *= q["survival"]
-            r1 = float(g["tlight"] * surv)  # read 1
-            # Nutrients
-            grant = nutrient.consume(q["request"], floor=0.0)
-            uptake += q["uptake"]
-            for k in SUMS_NUT:
-                g[k] += q[k]
-            n5.min_with(q["n5"])
-            n6.max_with(q["n6"])
-            r2 = float(nutrient) + float(grant) + float(g["n4"])  # read 2
-            # Evolve
-            for k in SUMS_EVOLVE:
-                g[k] += q[k]
-            maxage.max_with(q["maxage"])
-            minage.min_with(q["minage"])
-            r3 = float(g["births"] - g["deaths"] + maxage) + float(np.asarray(counts).sum())  # read 3
-            outs.append((r1, r2, r3))
-        results["lazy"] = outs
+        nutrient = self.pool(1000.0)
+        for step in range(self.nsteps):
+            outs.append(self._lazy_step(self.quantities(step), nutrient))
+        self.results["lazy"] = outs
 
-    best, first = _interleaved(comm, dict(original=original, lazy=lazy), dict(original=1, lazy=1), rounds, 27)
-    if not np.allclose(np.array(results["original"]), np.array(results["lazy"]), rtol=1e-12):
-        raise SystemExit("plankton: lazy results differ from the original")
-    # collectives per step, both counted from the trace (an extra run of each, not timed)
-    tr = get_tracer()
-    counted = {}
-    for name, run, kind in (("original", lambda: original(traced=True), K_ALLREDUCE), ("lazy", lazy, K_FUSED)):
+    def _lazy_step(self, q: dict, nutrient):
+        """Collective: one step of the lazy method; returns ``(read 1, read 2, read 3)``."""
+        shared = self.shared
+        g = {k: shared(0.0) for k in PLANKTON_SUMS_MOVE + PLANKTON_SUMS_ENERGY + PLANKTON_SUMS_NUT
+             + PLANKTON_SUMS_EVOLVE}
+        counts, light, uptake = shared(np.zeros(LAYERS)), shared(np.zeros(LAYERS)), shared(np.zeros(LAYERS))
+        mind, maxd, maxl = shared(np.inf), shared(-np.inf), shared(-np.inf)
+        surv, n5, n6 = shared(1.0), shared(np.inf), shared(-np.inf)
+        maxage, minage = shared(-np.inf), shared(np.inf)
+        # Move
+        counts += q["counts"]
+        for k in PLANKTON_SUMS_MOVE:
+            g[k] += q[k]
+        mind.min_with(q["mindepth"])
+        maxd.max_with(q["maxdepth"])
+        # Energy
+        light += q["light"]
+        for k in PLANKTON_SUMS_ENERGY:
+            g[k] += q[k]
+        maxl.max_with(q["maxlight"])
+        surv *= q["survival"]
+        r1 = float(g["tlight"] * surv)  # read 1
+        # Nutrients
+        grant = nutrient.consume(q["request"], floor=0.0)
+        uptake += q["uptake"]
+        for k in PLANKTON_SUMS_NUT:
+            g[k] += q[k]
+        n5.min_with(q["n5"])
+        n6.max_with(q["n6"])
+        r2 = float(nutrient) + float(grant) + float(g["n4"])  # read 2
+        # Evolve
+        for k in PLANKTON_SUMS_EVOLVE:
+            g[k] += q[k]
+        maxage.max_with(q["maxage"])
+        minage.min_with(q["minage"])
+        return r1, r2, float(g["births"] - g["deaths"] + maxage) + float(np.asarray(counts).sum())  # read 3
+
+    def count_collectives(self) -> dict:
+        """Collective: collectives per step of each method, counted from the trace (an extra untimed run each)."""
+        from nbmpi.workers import get_tracer
+        from nbmpi.workers.fused_reductions import K_FUSED
+
+        tr = get_tracer()
+        counted = {}
+        for name, run, kind in (("original", lambda: self.original(traced=True), self.k_allreduce),
+                                ("lazy", self.lazy, K_FUSED)):
+            tr.clear()
+            self.comm.Barrier()
+            run()
+            counted[name] = int(np.sum(tr.events()[:, 0] == kind)) / self.nsteps
         tr.clear()
-        comm.Barrier()
-        run()
-        counted[name] = int(np.sum(tr.events()[:, 0] == kind)) / nsteps
-    tr.clear()
+        return counted
+
+
+def plankton(comm, rounds: int, steps: int) -> dict:
+    """Collective: the synthetic plankton step, original and lazy interleaved over ``rounds`` (``steps`` steps
+    a call), results checked equal, collectives per step counted from the trace. Returns the figures."""
+    pk = _Plankton(comm, steps)
+    best, first = _interleaved(comm, dict(original=pk.original, lazy=pk.lazy), dict(original=1, lazy=1), rounds, 27)
+    if not np.allclose(np.array(pk.results["original"]), np.array(pk.results["lazy"]), rtol=1e-12):
+        raise SystemExit("plankton: lazy results differ from the original")
+    counted = pk.count_collectives()
+    nsteps = steps
     return dict(original_s_per_step=best["original"] / nsteps, lazy_s_per_step=best["lazy"] / nsteps,
                 original_first_s_per_step=first["original"] / nsteps, lazy_first_s_per_step=first["lazy"] / nsteps,
                 original_collectives_per_step=counted["original"], lazy_collectives_per_step=counted["lazy"],
@@ -450,17 +495,13 @@ def _break_even_us(pk: dict) -> float:
     return gap / fewer * 1e6 if fewer > 0 else float("inf")
 
 
-def report(parts: dict, quick: bool, out_dir) -> Path:
-    from reporting import md_table, target, targets_table, write_results
+def evaluate_targets(c: dict, p: dict, speedup: float) -> list:
+    """The issues' targets, computed from the compiled run ``c`` (and ``speedup``: pure Python / compiled)."""
+    from reporting import target
 
-    c, p = parts["compiled"], parts["python"]
-    P = c["nranks"]
-    big_c, big_p = c["variance"][-1], p["variance"][-1]
-    sc, sp = c["scalars64"], p["scalars64"]
-    pkc, pkp = c["plankton"], p["plankton"]
+    big_c, sc, pkc = c["variance"][-1], c["scalars64"], c["plankton"]
     built = c["implementation"] == "compiled"
-    speedup = sp["lazy_us"] / sc["lazy_us"]
-    checks = [
+    return [
         target("64 scalars, reused (reset): separate Allreduce time / lazy time", sc["separate_over_lazy"], 5.0),
         target("64 scalars, created in the loop: separate Allreduce time / lazy time", sc["separate_over_create"],
                5.0),
@@ -475,7 +516,14 @@ def report(parts: dict, quick: bool, out_dir) -> Path:
         target("synthetic step: lazy time / original time (this machine)",
                pkc["lazy_s_per_step"] / pkc["original_s_per_step"], 1.0, higher_is_better=False),
     ]
-    same = [  # the same ratios with the pure-Python implementation (information, not targets)
+
+
+def same_ratio_rows(c: dict, p: dict) -> list:
+    """The targets' ratios with both implementations (information, not targets), one row each."""
+    big_c, big_p = c["variance"][-1], p["variance"][-1]
+    sc, sp = c["scalars64"], p["scalars64"]
+    pkc, pkp = c["plankton"], p["plankton"]
+    return [
         ["64 scalars reused: separate / lazy", sc["separate_over_lazy"], sp["separate_over_lazy"]],
         ["64 scalars created in the loop: separate / lazy", sc["separate_over_create"], sp["separate_over_create"]],
         ["64 scalars: created in the loop / reused", sc["create_over_lazy"], sp["create_over_lazy"]],
@@ -483,10 +531,19 @@ def report(parts: dict, quick: bool, out_dir) -> Path:
         ["synthetic step: lazy / original", pkc["lazy_s_per_step"] / pkc["original_s_per_step"],
          pkp["lazy_s_per_step"] / pkp["original_s_per_step"]],
     ]
+
+
+def variance_rows(c: dict, p: dict) -> list:
+    """The variance table: one row per N = M, both implementations."""
     vtable = []
     for rc, rp in zip(c["variance"], p["variance"]):
         vtable.append([rc["N"], rc["original_s"], rc["hand_s"], rc["lazy_s"], rc["lazy_over_hand"], rp["lazy_s"],
                        rp["lazy_over_hand"], rp["lazy_s"] / rc["lazy_s"]])
+    return vtable
+
+
+def scalars_rows(sc: dict, sp: dict) -> list:
+    """The 64-scalars table: one row per method, compiled, pure Python and their ratio."""
     s64t = [[name, s[f"{k}_us"] if f"{k}_us" in s else None, t[f"{k}_us"] if f"{k}_us" in t else None]
             for name, k, s, t in (("64 x Allreduce", "separate", sc, sp), ("1 packed Allreduce", "packed", sc, sp),
                                   ("lazy, reused (reset)", "lazy", sc, sp),
@@ -497,49 +554,74 @@ def report(parts: dict, quick: bool, out_dir) -> Path:
                                   ("lazy, created: first call", "create_first", sc, sp))]
     for row in s64t:
         row.append(row[2] / row[1] if row[1] else None)
-    model_c = _model(pkc)
+    return s64t
+
+
+def plankton_rows(pkc: dict, pkp: dict) -> list:
+    """The plankton table: original and lazy, collectives and times per step."""
+    return [["original (1 collective per reduction)", pkc["original_collectives_per_step"],
+             pkc["original_s_per_step"] * 1e3, pkp["original_s_per_step"] * 1e3,
+             pkc["original_first_s_per_step"] * 1e3],
+            ["lazy (shared variables)", pkc["lazy_collectives_per_step"], pkc["lazy_s_per_step"] * 1e3,
+             pkp["lazy_s_per_step"] * 1e3, pkc["lazy_first_s_per_step"] * 1e3]]
+
+
+def markdown(c: dict, p: dict, checks: list, model_c: list, quick: bool) -> str:
+    """The markdown report: how it ran, the targets, the ratio, 64-scalars, variance, plankton and model tables."""
+    from reporting import md_table, targets_table
+
+    sc, pkc = c["scalars64"], c["plankton"]
     cols = ["method", "collectives / step (trace)", "compiled: time / step (ms)", "pure Python: time / step (ms)",
             "compiled: first step (ms)"]
-    pk_rows = [["original (1 collective per reduction)", pkc["original_collectives_per_step"],
-                pkc["original_s_per_step"] * 1e3, pkp["original_s_per_step"] * 1e3,
-                pkc["original_first_s_per_step"] * 1e3],
-               ["lazy (shared variables)", pkc["lazy_collectives_per_step"], pkc["lazy_s_per_step"] * 1e3,
-                pkp["lazy_s_per_step"] * 1e3, pkc["lazy_first_s_per_step"] * 1e3]]
     impl_line = (f"compiled run: implementation `{c['implementation']}`, force point calls MPI_Start/MPI_Test "
                  f"{'directly' if c['direct_mpi'] else 'through mpi4py'}, general fusions combine "
                  f"{'in C (numba cfunc MPI operation)' if c['compiled_op'] else 'through a Python callback'}; "
                  f"pure-Python run: implementation `{p['implementation']}`.")
-    md = (f"P = {P} ranks. Each implementation ran in its own MPI job; inside a job the methods of a part are "
-          f"interleaved, times are the best of {'2' if quick else '5'} rounds (slowest rank), first calls apart. "
-          + impl_line + f" Load average at the start / end of each run: compiled {c['loadavg_start']} / "
-          f"{c['loadavg_end']}, pure Python {p['loadavg_start']} / {p['loadavg_end']}."
-          "\n\n## Targets\n\n" + targets_table(checks)
-          + "\n\nThe same ratios with the pure-Python implementation (information, not targets):\n\n"
-          + md_table(["ratio", "compiled", "pure Python"], same)
-          + "\n\n## 64 scalar reductions (us per round of 64)\n\n"
-          + md_table(["method", "compiled", "pure Python", "pure Python / compiled"], s64t)
-          + "\n\nPython floor: the same loop's calls (`reset()`, `+=`, `float()` on 64 objects; created: "
-            "making the 64 objects too) on Python objects whose methods do nothing, no communication. "
-            f"64 x Allreduce / floor: reused {sc['separate_over_python_floor']:.2f}x, created "
-            f"{sc['separate_over_python_floor_create']:.2f}x (compiled run), the ratio the loop would reach if each "
-            "shared variable cost what an empty Python object costs. Created in the loop: "
-            "`xs = [shared(0.0) for _ in range(64)]; xs[k] += v; float(x)` each round."
-          + "\n\n## Variance (seed Table 1 shape), seconds for the whole N x M program\n\n"
-          + md_table(["N=M", "original", "hand-fused", "lazy (compiled)", "lazy / hand (compiled)",
-                      "lazy (pure Python)", "lazy / hand (pure Python)", "pure Python / compiled"], vtable)
-          + "\n\n## Synthetic plankton step (4 modules, 27 reductions, 3 reads)\n\n"
-          + md_table(cols, pk_rows)
-          + "\n\n### Modelled network (a model, not a measurement)\n\nEach collective costs a stated latency D "
-            "more than on this machine (shared memory): time per step = measured time + collectives per step "
-            "x D, compiled run. D is stated, not measured: about 1-5 us for a small allreduce on "
-            "InfiniBand/Slingshot at small node counts, tens of us over TCP/Ethernet or across many nodes.\n\n"
-          + md_table(["D (us, stated)", "original (ms)", "lazy (ms)", "lazy / original"],
-                     [[r["latency_us"], r["original_ms"], r["lazy_ms"], r["lazy_over_original"]] for r in model_c])
-          + f"\n\nLazy is faster from D = {_break_even_us(pkc):.2f} us per collective on (0: already on this "
-            "machine).")
-    data = dict(benchmark="fused_reductions", quick=quick, nranks=P, compiled=c, python=p,
+    return (f"P = {c['nranks']} ranks. Each implementation ran in its own MPI job; inside a job the methods of a "
+            f"part are interleaved, times are the best of {'2' if quick else '5'} rounds (slowest rank), first calls "
+            f"apart. " + impl_line + f" Load average at the start / end of each run: compiled {c['loadavg_start']} / "
+            f"{c['loadavg_end']}, pure Python {p['loadavg_start']} / {p['loadavg_end']}."
+            "\n\n## Targets\n\n" + targets_table(checks)
+            + "\n\nThe same ratios with the pure-Python implementation (information, not targets):\n\n"
+            + md_table(["ratio", "compiled", "pure Python"], same_ratio_rows(c, p))
+            + "\n\n## 64 scalar reductions (us per round of 64)\n\n"
+            + md_table(["method", "compiled", "pure Python", "pure Python / compiled"],
+                       scalars_rows(sc, p["scalars64"]))
+            + "\n\nPython floor: the same loop's calls (`reset()`, `+=`, `float()` on 64 objects; created: "
+              "making the 64 objects too) on Python objects whose methods do nothing, no communication. "
+              f"64 x Allreduce / floor: reused {sc['separate_over_python_floor']:.2f}x, created "
+              f"{sc['separate_over_python_floor_create']:.2f}x (compiled run), the ratio the loop would reach if "
+              "each shared variable cost what an empty Python object costs. Created in the loop: "
+              "`xs = [shared(0.0) for _ in range(64)]; xs[k] += v; float(x)` each round."
+            + "\n\n## Variance (seed Table 1 shape), seconds for the whole N x M program\n\n"
+            + md_table(["N=M", "original", "hand-fused", "lazy (compiled)", "lazy / hand (compiled)",
+                        "lazy (pure Python)", "lazy / hand (pure Python)", "pure Python / compiled"],
+                       variance_rows(c, p))
+            + "\n\n## Synthetic plankton step (4 modules, 27 reductions, 3 reads)\n\n"
+            + md_table(cols, plankton_rows(pkc, p["plankton"]))
+            + "\n\n### Modelled network (a model, not a measurement)\n\nEach collective costs a stated latency D "
+              "more than on this machine (shared memory): time per step = measured time + collectives per step "
+              "x D, compiled run. D is stated, not measured: about 1-5 us for a small allreduce on "
+              "InfiniBand/Slingshot at small node counts, tens of us over TCP/Ethernet or across many nodes.\n\n"
+            + md_table(["D (us, stated)", "original (ms)", "lazy (ms)", "lazy / original"],
+                       [[r["latency_us"], r["original_ms"], r["lazy_ms"], r["lazy_over_original"]] for r in model_c])
+            + f"\n\nLazy is faster from D = {_break_even_us(pkc):.2f} us per collective on (0: already on this "
+              "machine).")
+
+
+def report(parts: dict, quick: bool, out_dir) -> Path:
+    """Evaluate the targets of both runs, write ``fused_reductions[_quick].json`` and ``.md`` and print the
+    markdown. Returns the JSON file's path."""
+    from reporting import write_results
+
+    c, p = parts["compiled"], parts["python"]
+    speedup = p["scalars64"]["lazy_us"] / c["scalars64"]["lazy_us"]
+    checks = evaluate_targets(c, p, speedup)
+    model_c = _model(c["plankton"])
+    md = markdown(c, p, checks, model_c, quick)
+    data = dict(benchmark="fused_reductions", quick=quick, nranks=c["nranks"], compiled=c, python=p,
                 pure_python_over_compiled_64=speedup, plankton_model=model_c,
-                plankton_break_even_us=_break_even_us(pkc), targets=checks)
+                plankton_break_even_us=_break_even_us(c["plankton"]), targets=checks)
     path = write_results("fused_reductions_quick" if quick else "fused_reductions", data, md, out_dir)
     print(md)
     print(f"\nwrote {path} and {path.with_suffix('.md')}")

@@ -88,156 +88,219 @@ def blocks(nbytes: int, minimum: int) -> int:
 
 
 # --------------------------------------------------------------------------- MPI part (2 ranks)
-def mpi_part(sizes: List[int], rounds: int, out: str, seed: int, extras: bool) -> None:
-    from mpi4py import MPI
+class _Pair:
+    """The two ranks of the MPI part: rank, peer, tracer and the timing steps both ranks run together."""
 
-    from nbmpi.workers import ArrayChannel, get_tracer, world
+    def __init__(self, comm, tracer) -> None:
+        from mpi4py import MPI
+
+        self.max_op = MPI.MAX
+        self.comm = comm
+        self.rank = comm.Get_rank()
+        self.peer = 1 - self.rank
+        self.tracer = tracer
+
+    def slowest(self, dt: float) -> float:
+        """Collective: both ranks agree on the slower rank's time ``dt``."""
+        return self.comm.allreduce(dt, op=self.max_op)
+
+    def ping(self, send, recv) -> None:
+        """One round trip: rank 0 sends then receives, rank 1 receives then sends."""
+        if self.rank == 0:
+            send()
+            recv()
+        else:
+            recv()
+            send()
+
+    def batch(self, send, recv, k: int):
+        """A function running ``k`` round trips of ``send``/``recv`` (rank 0 sends first)."""
+        def run():
+            if self.rank == 0:
+                for _ in range(k):
+                    send()
+                    recv()
+            else:
+                for _ in range(k):
+                    recv()
+                    send()
+        return run
+
+
+def measure_cold(pair: _Pair, nbytes: int, n: int, seed: int):
+    """Create the raw buffers and the channel and time ONE round trip each (order alternates by run).
+    Returns ``(cold figures, sbuf, rbuf, channel)``."""
+    from nbmpi.workers import ArrayChannel
+
+    comm, peer, now = pair.comm, pair.peer, time.perf_counter
+    cold = {}
+    steps = ["raw", "channel"] if seed % 2 == 0 else ["channel", "raw"]
+    for what in steps:
+        comm.Barrier()
+        if what == "raw":
+            t0 = now()
+            sbuf, rbuf = np.ones(n), np.empty(n)
+            cold["create_raw_s"] = pair.slowest(now() - t0)
+            comm.Barrier()
+            t0 = now()
+            pair.ping(lambda: comm.Send(sbuf, peer, 1), lambda: comm.Recv(rbuf, peer, 1))
+            cold["first_raw_s"] = pair.slowest(now() - t0)
+        else:
+            t0 = now()
+            ch = ArrayChannel(n, np.float64, name=f"pingpong-{nbytes}")
+            cold["create_channel_s"] = pair.slowest(now() - t0)
+            comm.Barrier()
+            t0 = now()
+            pair.ping(lambda: ch.put(peer), lambda: ch.take(peer))
+            cold["first_channel_s"] = pair.slowest(now() - t0)
+    return cold, sbuf, rbuf, ch
+
+
+def mpi_only_channel(n: int, nbytes: int):
+    """Collective: an ArrayChannel on MPI messages only (``NBMPI_SHM_MIN_BYTES=off`` while it is created,
+    the environment restored after), filled with ones."""
+    from nbmpi.workers import ArrayChannel
+
+    saved = os.environ.get("NBMPI_SHM_MIN_BYTES")
+    os.environ["NBMPI_SHM_MIN_BYTES"] = "off"  # same on both ranks: a channel on MPI messages only
+    ch_mpi = ArrayChannel(n, np.float64, name=f"pingpong-mpi-{nbytes}")
+    if saved is None:
+        del os.environ["NBMPI_SHM_MIN_BYTES"]
+    else:
+        os.environ["NBMPI_SHM_MIN_BYTES"] = saved
+    ch_mpi.fill(1.0)
+    return ch_mpi
+
+
+def _produce(b) -> None:
+    """The sender computes the data it sends: reads and writes the whole buffer."""
+    np.add(b, 1.0, out=b)
+
+
+def _consume(b) -> None:
+    """The receiver reads what it received."""
+    b.sum()
+
+
+def warm_runs(pair: _Pair, sbuf, rbuf, ch, ch_mpi, iters: int) -> dict:
+    """Per warm method: a function running ``iters`` round trips of that method."""
+    comm, peer, buf = pair.comm, pair.peer, ch.buffer
+    batch = pair.batch
+    return dict(
+        raw=batch(lambda: comm.Send(sbuf, peer, 1), lambda: comm.Recv(rbuf, peer, 1), iters),
+        raw_used=batch(lambda: (_produce(sbuf), comm.Send(sbuf, peer, 4)),
+                       lambda: (comm.Recv(rbuf, peer, 4), _consume(rbuf)), iters),
+        channel_used=batch(lambda: (_produce(buf), ch.put(peer)), lambda: (ch.take(peer), _consume(buf)), iters),
+        raw_inplace=batch(lambda: comm.Send(sbuf, peer, 2), lambda: comm.Recv(sbuf, peer, 2), iters),
+        channel=batch(lambda: ch.put(peer), lambda: ch.take(peer), iters),
+        channel_notrace=batch(lambda: ch.put(peer), lambda: ch.take(peer), iters),
+        channel_mpi=batch(lambda: ch_mpi.put(peer), lambda: ch_mpi.take(peer), iters),
+    )
+
+
+def measure_warm(pair: _Pair, runs: dict, nbytes: int, iters: int, rounds: int, seed: int) -> Dict[str, list]:
+    """Warm up every method, then time interleaved blocks in a random order per block (the same on both
+    ranks). Returns per method the one-way time of each block."""
+    tracer, comm, now = pair.tracer, pair.comm, time.perf_counter
+    for m in WARM_METHODS:  # warm-up: persistent requests, first touch, caches
+        tracer.enabled = m != "channel_notrace"
+        runs[m]()
+    times = {m: [] for m in WARM_METHODS}
+    order_rng = np.random.default_rng([seed, nbytes])  # same permutations on both ranks
+    for _ in range(blocks(nbytes, rounds)):
+        for m in order_rng.permutation(WARM_METHODS):
+            tracer.enabled = m != "channel_notrace"
+            comm.Barrier()
+            t0 = now()
+            runs[m]()
+            times[m].append(pair.slowest(now() - t0) / iters / 2)  # one-way time
+        tracer.clear()
+    tracer.enabled = True
+    return times
+
+
+def measure_paired_tracing(pair: _Pair, ch, nbytes: int, iters: int) -> List[float]:
+    """Tracing cost, paired: round trips alternate traced / untraced within one batch (both ranks switch
+    together), each timed on its own; returns the medians ``[traced, untraced]``, which compare like with
+    like whatever the load does between batches."""
+    tracer, peer, now = pair.tracer, pair.peer, time.perf_counter
+    k2 = min(4000, 2 * max(iters, int(0.1 / round_trip_estimate(nbytes))))  # ~0.2 s of round trips
+    rts = np.zeros(k2)
+    pair.comm.Barrier()
+    for i in range(k2):
+        tracer.enabled = i % 2 == 0
+        t0 = now()
+        pair.ping(lambda: ch.put(peer), lambda: ch.take(peer))
+        rts[i] = now() - t0
+    tracer.enabled = True
+    tracer.clear()
+    return [float(np.median(rts[0::2])), float(np.median(rts[1::2]))]
+
+
+def measure_pickle(pair: _Pair, sbuf, iters: int, rounds: int) -> List[float]:
+    """Pickle, the eager model (a new buffer per message): one-way times of ``max(2, rounds // 2)`` blocks
+    of mpi4py ``send``/``recv`` round trips of the array."""
+    comm, peer, rank, now = pair.comm, pair.peer, pair.rank, time.perf_counter
+    k = max(1, iters // 8)
+    obj = sbuf
+
+    def pk():
+        nonlocal obj
+        if rank == 0:
+            comm.send(obj, peer, 3)
+            obj = comm.recv(source=peer, tag=3)
+        else:
+            obj = comm.recv(source=peer, tag=3)
+            comm.send(obj, peer, 3)
+
+    pk()
+    pt = []
+    for _ in range(max(2, rounds // 2)):
+        comm.Barrier()
+        t0 = now()
+        for _ in range(k):
+            pk()
+        pt.append(pair.slowest(now() - t0) / k / 2)
+    return pt
+
+
+def measure_size(pair: _Pair, result: dict, nbytes: int, rounds: int, seed: int, extras: bool) -> None:
+    """Every measurement of one message size, in order (cold, warm, paired tracing, pickle if ``extras``),
+    stored into ``result``; the channels are closed after."""
+    n = max(1, nbytes // 8)
+    cold, sbuf, rbuf, ch = measure_cold(pair, nbytes, n, seed)
+    result["cold"][nbytes] = cold
+    result["how"][nbytes] = ch.same_node_how
+    ch_mpi = mpi_only_channel(n, nbytes)
+    iters = iterations(nbytes)
+    runs = warm_runs(pair, sbuf, rbuf, ch, ch_mpi, iters)
+    times = measure_warm(pair, runs, nbytes, iters, rounds, seed)
+    for m in WARM_METHODS:
+        result["warm"][m][nbytes] = times[m]
+    result["paired"][nbytes] = measure_paired_tracing(pair, ch, nbytes, iters)
+    if extras:  # once per benchmark
+        result["pickle"][nbytes] = measure_pickle(pair, sbuf, iters, rounds)
+    ch.close()
+    ch_mpi.close()
+
+
+def mpi_part(sizes: List[int], rounds: int, out: str, seed: int, extras: bool) -> None:
+    """The MPI part, on exactly 2 ranks (both call it): every size measured in turn; rank 0 writes the
+    JSON of the run to ``out``."""
+    from nbmpi.workers import get_tracer, world
 
     comm = world()
-    rank = comm.Get_rank()
     if comm.Get_size() != 2:
         raise SystemExit("the ping-pong MPI part needs exactly 2 ranks")
-    peer = 1 - rank
-    tracer = get_tracer()
-    now = time.perf_counter
+    pair = _Pair(comm, get_tracer())
     result: Dict[str, dict] = dict(cold={}, warm={m: {} for m in WARM_METHODS}, pickle={}, how={}, paired={},
                                    load_start=os.getloadavg())
-
-    def slowest(dt: float) -> float:  # both ranks agree: the slower rank's time
-        return comm.allreduce(dt, op=MPI.MAX)
-
-    def ping(send, recv):
-        if rank == 0:
-            send()
-            recv()
-        else:
-            recv()
-            send()
-
     for nbytes in sizes:
-        n = max(1, nbytes // 8)
-        # ---- cold: create, then ONE round trip (raw and channel; order alternates by run)
-        cold = {}
-        steps = ["raw", "channel"] if seed % 2 == 0 else ["channel", "raw"]
-        for what in steps:
-            comm.Barrier()
-            if what == "raw":
-                t0 = now()
-                sbuf, rbuf = np.ones(n), np.empty(n)
-                cold["create_raw_s"] = slowest(now() - t0)
-                comm.Barrier()
-                t0 = now()
-                ping(lambda: comm.Send(sbuf, peer, 1), lambda: comm.Recv(rbuf, peer, 1))
-                cold["first_raw_s"] = slowest(now() - t0)
-            else:
-                t0 = now()
-                ch = ArrayChannel(n, np.float64, name=f"pingpong-{nbytes}")
-                cold["create_channel_s"] = slowest(now() - t0)
-                comm.Barrier()
-                t0 = now()
-                ping(lambda: ch.put(peer), lambda: ch.take(peer))
-                cold["first_channel_s"] = slowest(now() - t0)
-        result["cold"][nbytes] = cold
-        result["how"][nbytes] = ch.same_node_how
-        saved = os.environ.get("NBMPI_SHM_MIN_BYTES")
-        os.environ["NBMPI_SHM_MIN_BYTES"] = "off"  # same on both ranks: a channel on MPI messages only
-        ch_mpi = ArrayChannel(n, np.float64, name=f"pingpong-mpi-{nbytes}")
-        if saved is None:
-            del os.environ["NBMPI_SHM_MIN_BYTES"]
-        else:
-            os.environ["NBMPI_SHM_MIN_BYTES"] = saved
-        ch_mpi.fill(1.0)
-        iters = iterations(nbytes)
-
-        def batch(send, recv, k=iters):
-            def run():
-                if rank == 0:
-                    for _ in range(k):
-                        send()
-                        recv()
-                else:
-                    for _ in range(k):
-                        recv()
-                        send()
-            return run
-
-        buf = ch.buffer
-
-        def produce(b):   # the sender computes the data it sends: reads and writes the whole buffer
-            np.add(b, 1.0, out=b)
-
-        def consume(b):   # the receiver reads what it received
-            b.sum()
-
-        runs = dict(
-            raw=batch(lambda: comm.Send(sbuf, peer, 1), lambda: comm.Recv(rbuf, peer, 1)),
-            raw_used=batch(lambda: (produce(sbuf), comm.Send(sbuf, peer, 4)),
-                           lambda: (comm.Recv(rbuf, peer, 4), consume(rbuf))),
-            channel_used=batch(lambda: (produce(buf), ch.put(peer)), lambda: (ch.take(peer), consume(buf))),
-            raw_inplace=batch(lambda: comm.Send(sbuf, peer, 2), lambda: comm.Recv(sbuf, peer, 2)),
-            channel=batch(lambda: ch.put(peer), lambda: ch.take(peer)),
-            channel_notrace=batch(lambda: ch.put(peer), lambda: ch.take(peer)),
-            channel_mpi=batch(lambda: ch_mpi.put(peer), lambda: ch_mpi.take(peer)),
-        )
-        for m in WARM_METHODS:  # warm-up: persistent requests, first touch, caches
-            tracer.enabled = m != "channel_notrace"
-            runs[m]()
-        times = {m: [] for m in WARM_METHODS}
-        order_rng = np.random.default_rng([seed, nbytes])  # same permutations on both ranks
-        for _ in range(blocks(nbytes, rounds)):
-            for m in order_rng.permutation(WARM_METHODS):
-                tracer.enabled = m != "channel_notrace"
-                comm.Barrier()
-                t0 = now()
-                runs[m]()
-                times[m].append(slowest(now() - t0) / iters / 2)  # one-way time
-            tracer.clear()
-        tracer.enabled = True
-        for m in WARM_METHODS:
-            result["warm"][m][nbytes] = times[m]
-        # tracing cost, paired: round trips alternate traced / untraced within one batch (both ranks
-        # switch together), each timed on rank 0; the medians of the two halves compare like with
-        # like, whatever the load does between batches
-        k2 = min(4000, 2 * max(iters, int(0.1 / round_trip_estimate(nbytes))))  # ~0.2 s of round trips
-        rts = np.zeros(k2)
-        comm.Barrier()
-        for i in range(k2):
-            tracer.enabled = i % 2 == 0
-            t0 = now()
-            ping(lambda: ch.put(peer), lambda: ch.take(peer))
-            rts[i] = now() - t0
-        tracer.enabled = True
-        tracer.clear()
-        result["paired"][nbytes] = [float(np.median(rts[0::2])), float(np.median(rts[1::2]))]
-        if extras:  # pickle: the eager model (a new buffer per message); once per benchmark
-            k = max(1, iters // 8)
-            obj = sbuf
-
-            def pk():
-                nonlocal obj
-                if rank == 0:
-                    comm.send(obj, peer, 3)
-                    obj = comm.recv(source=peer, tag=3)
-                else:
-                    obj = comm.recv(source=peer, tag=3)
-                    comm.send(obj, peer, 3)
-
-            pk()
-            pt = []
-            for _ in range(max(2, rounds // 2)):
-                comm.Barrier()
-                t0 = now()
-                for _ in range(k):
-                    pk()
-                pt.append(slowest(now() - t0) / k / 2)
-            result["pickle"][nbytes] = pt
-        ch.close()
-        ch_mpi.close()
-        del sbuf, rbuf
-        if rank == 0:
+        measure_size(pair, result, nbytes, rounds, seed, extras)
+        if pair.rank == 0:
             print(f"  run {seed}: {nbytes} B", file=sys.stderr, flush=True)
     result["load_end"] = os.getloadavg()
-    if rank == 0:
+    if pair.rank == 0:
         Path(out).write_text(json.dumps(result))
 
 
@@ -368,11 +431,8 @@ def analyse(sizes: List[int], runs: List[dict], extras: dict) -> dict:
     return out
 
 
-def report(sizes, runs, extras, quick: bool, nruns: int, rounds: int, out_dir=None, busy_runs=()) -> dict:
-    from reporting import md_table, target, targets_table, write_results
-
-    a = analyse(sizes, runs, extras)
-    busy = contended_part(sizes, list(busy_runs))
+def table_rows(sizes, a: dict):
+    """The rows of the warm, cold and peers tables, one per size, from the analysis ``a``."""
     warm_rows, cold_rows, other_rows = [], [], []
     for s in sizes:
         w, c, x = a["warm"][s], a["cold"][s], a["extras"][s]
@@ -390,6 +450,13 @@ def report(sizes, runs, extras, quick: bool, nruns: int, rounds: int, out_dir=No
             t = x[m]
             cells.append(f"{t * 1e6:.1f} us ({raw_med / t:.2f}x)" if t else "-")
         other_rows.append(cells)
+    return warm_rows, cold_rows, other_rows
+
+
+def evaluate_targets(sizes, a: dict, busy: dict, nruns: int, nbusy: int) -> list:
+    """The targets, each computed from the analysis ``a`` and the contended analysis ``busy``."""
+    from reporting import target
+
     checks = []
     for s in sizes:
         if TARGET_FROM <= s <= TARGET_TO:
@@ -402,7 +469,7 @@ def report(sizes, runs, extras, quick: bool, nruns: int, rounds: int, out_dir=No
                                  w["channel_used_ratio_to_raw_used"]["min"], 1.0))
     for s, b in busy.items():
         if TARGET_FROM <= s <= TARGET_TO:
-            checks.append(target(f"channel/raw throughput at {human(s)}, contended, worst of {len(busy_runs)} runs",
+            checks.append(target(f"channel/raw throughput at {human(s)}, contended, worst of {nbusy} runs",
                                  b["ratio"]["min"], 1.0))
     small = sizes[0]
     checks.append(target(f"channel/raw {human(small)} latency (median of runs)",
@@ -415,29 +482,48 @@ def report(sizes, runs, extras, quick: bool, nruns: int, rounds: int, out_dir=No
     if mib in sizes:
         checks.append(target("tracing cost at 1 MiB (traced / untraced round trip - 1, paired, median of runs)",
                              a["warm"][mib]["tracing_cost"]["median"], 0.03, higher_is_better=False))
+    return checks
+
+
+def markdown(sizes, a: dict, busy: dict, runs, checks: list, nruns: int, rounds: int) -> str:
+    """The markdown report: how it was measured, the warm, contended, cold and peers tables, the targets."""
+    from reporting import md_table, targets_table
+
+    warm_rows, cold_rows, other_rows = table_rows(sizes, a)
     loads = [r["load_start"][0] for r in runs] + [r["load_end"][0] for r in runs]
-    md = (f"{nruns} runs (separate `mpiexec` launches), 2 ranks, each rank ONE send and ONE receive buffer reused "
-          f"(the user's harness); per run and size, interleaved blocks of ~{BLOCK_S * 1e3:.0f} ms per method (up to "
-          f"50, at least {rounds}), a run's figure = median of its blocks. "
-          f"Ratios = raw time / channel time (> 1: the channel is faster; 'data used': raw_used / channel_used, "
-          f"the sender computes its buffer before each send and the receiver reads it after each receive), "
-          f"given as **min / median / max over the runs**. 1-min load average during the runs: "
-          f"{min(loads):.2f} .. {max(loads):.2f}.\n\n"
-          "## Warm (buffers reused)\n\n"
-          + md_table(["size", "raw one-way us (median)", "channel one-way us (median)", "channel/raw",
-                      "channel/raw one buffer", "channel/raw, data used", "channel over MPI/raw", "tracing cost"],
-                     warm_rows)
-          + (("\n\n## Contended (one busy process per core beside the ranks)\n\n"
-              + md_table(["size", "raw one-way us (median)", "channel one-way us (median)", "channel/raw"],
-                         [[human(s), f"{b['raw_one_way_s']['median'] * 1e6:.2f}",
-                           f"{b['channel_one_way_s']['median'] * 1e6:.2f}", fmt_spread(b["ratio"])]
-                          for s, b in busy.items()])) if busy else "")
-          + "\n\n## Cold (created, then the first round trip)\n\n"
-          + md_table(["size", "raw first round trip us", "channel first round trip us", "channel/raw first trip",
-                      "raw buffers created us", "channel created us", "channel path"], cold_rows)
-          + "\n\n## Peers measured once (median one-way time, ratio to raw)\n\n"
-          + md_table(["size", "raw MB/s", "channel MB/s", "pickle", "dask", "memcpy"], other_rows)
-          + "\n\n## Targets\n\n" + targets_table(checks))
+    return (f"{nruns} runs (separate `mpiexec` launches), 2 ranks, each rank ONE send and ONE receive buffer reused "
+            f"(the user's harness); per run and size, interleaved blocks of ~{BLOCK_S * 1e3:.0f} ms per method (up to "
+            f"50, at least {rounds}), a run's figure = median of its blocks. "
+            f"Ratios = raw time / channel time (> 1: the channel is faster; 'data used': raw_used / channel_used, "
+            f"the sender computes its buffer before each send and the receiver reads it after each receive), "
+            f"given as **min / median / max over the runs**. 1-min load average during the runs: "
+            f"{min(loads):.2f} .. {max(loads):.2f}.\n\n"
+            "## Warm (buffers reused)\n\n"
+            + md_table(["size", "raw one-way us (median)", "channel one-way us (median)", "channel/raw",
+                        "channel/raw one buffer", "channel/raw, data used", "channel over MPI/raw", "tracing cost"],
+                       warm_rows)
+            + (("\n\n## Contended (one busy process per core beside the ranks)\n\n"
+                + md_table(["size", "raw one-way us (median)", "channel one-way us (median)", "channel/raw"],
+                           [[human(s), f"{b['raw_one_way_s']['median'] * 1e6:.2f}",
+                             f"{b['channel_one_way_s']['median'] * 1e6:.2f}", fmt_spread(b["ratio"])]
+                            for s, b in busy.items()])) if busy else "")
+            + "\n\n## Cold (created, then the first round trip)\n\n"
+            + md_table(["size", "raw first round trip us", "channel first round trip us", "channel/raw first trip",
+                        "raw buffers created us", "channel created us", "channel path"], cold_rows)
+            + "\n\n## Peers measured once (median one-way time, ratio to raw)\n\n"
+            + md_table(["size", "raw MB/s", "channel MB/s", "pickle", "dask", "memcpy"], other_rows)
+            + "\n\n## Targets\n\n" + targets_table(checks))
+
+
+def report(sizes, runs, extras, quick: bool, nruns: int, rounds: int, out_dir=None, busy_runs=()) -> dict:
+    """Analyse the runs, evaluate the targets, write ``pingpong[_quick].json`` and ``.md`` and print the
+    markdown. Returns the JSON data."""
+    from reporting import write_results
+
+    a = analyse(sizes, runs, extras)
+    busy = contended_part(sizes, list(busy_runs))
+    checks = evaluate_targets(sizes, a, busy, nruns, len(busy_runs))
+    md = markdown(sizes, a, busy, runs, checks, nruns, rounds)
     data = dict(benchmark="pingpong", quick=quick, sizes=sizes, runs=nruns, rounds=rounds,
                 methods=list(WARM_METHODS) + ["pickle", "dask", "memcpy"], analysis=a,
                 raw_runs=[compact_run(r) for r in runs],

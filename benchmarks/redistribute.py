@@ -67,140 +67,209 @@ def size_label(mib: float) -> str:
 
 
 # =========================================================================== MPI part (runs on every rank)
-def mpi_main(a) -> int:
-    import nbmpi.workers.distarray as dnp
-    from nbmpi.workers import gather_trace, get_tracer, world
-    from nbmpi.workers.core.runtime import MPI as _MPI
-    from mpi_part import slowest_rank
+class _Ranks:
+    """What every measurement of the MPI part shares: the communicator, MPI, the distributed-array module,
+    the tracer, and the slowest-rank timing and agreement steps."""
 
-    MPI = _MPI()
-    comm = world()
-    rank, P = comm.Get_rank(), comm.Get_size()
+    def __init__(self) -> None:
+        import nbmpi.workers.distarray as dnp
+        from nbmpi.workers import get_tracer, world
+        from nbmpi.workers.core.runtime import MPI as _MPI
+        from mpi_part import slowest_rank
+
+        self.slowest_rank = slowest_rank
+        self.dnp = dnp
+        self.MPI = _MPI()
+        self.comm = world()
+        self.rank, self.P = self.comm.Get_rank(), self.comm.Get_size()
+        self.tracer = get_tracer()
+        self.first_call = None   # the first redistribution of the process (numba kernels compiled or loaded)
+
+    def timed(self, fn, reps=1) -> float:
+        """Collective: seconds per call of ``fn`` on the slowest rank."""
+        return self.slowest_rank(self.comm, fn, reps)[1]
+
+    def all_true(self, flag: bool) -> bool:
+        """Collective: whether ``flag`` holds on every rank."""
+        return bool(self.comm.allreduce(int(bool(flag)), op=self.MPI.MIN))
+
+    def time_first_redistribution(self, d_src: str, d_dst: str) -> None:
+        """Collective, once per process: time the first redistribution (a 64-element array), which compiles
+        or loads the numba kernels."""
+        if self.first_call is not None:
+            return
+        dnp = self.dnp
+        small_a = dnp.arange(64.0, dist=d_src)
+        small_b = dnp.zeros(64, dist=d_dst)
+
+        def first():
+            small_b[...] = small_a
+            dnp.evaluate()
+        self.first_call = self.timed(first)
+
+
+class _Direction:
+    """One size and direction of the MPI part: the arrays of every method and the measurements, in the
+    order they are taken (:meth:`measure` runs them all)."""
+
+    def __init__(self, ctx: _Ranks, x, d_src: str, d_dst: str, reps: int) -> None:
+        dnp, rank, P, n = ctx.dnp, ctx.rank, ctx.P, len(x)
+        self.ctx, self.x, self.d_dst, self.reps = ctx, x, d_dst, reps
+        self.ds = dnp.Distribution(d_src, n, P)
+        self.dd = dnp.Distribution(d_dst, n, P)
+        self.my_src_rows, self.my_dst_rows = self.ds.global_rows(rank), self.dd.global_rows(rank)
+        self.want = x[self.my_dst_rows]
+        self.row = {m: dict(warm=[]) for m in METHODS}
+        self.A = dnp.from_numpy(x, dist=d_src)
+        self.B = dnp.zeros(n, dist=d_dst)
+        self.A.evaluate()
+        self.B.evaluate()
+
+    def nb(self) -> None:
+        """nbmpi: ``B[...] = A``."""
+        self.B[...] = self.A
+        self.ctx.dnp.evaluate()
+
+    def nb_new(self) -> None:
+        """nbmpi: ``C = A.redistribute(d_dst)``, the result created in the call."""
+        C = self.A.redistribute(self.d_dst)
+        C.evaluate()
+
+    def mc(self) -> None:
+        """The memcpy bound: every rank copies the bytes it holds."""
+        numpy.copyto(self.mc_dst, self.src_local)
+
+    def whole(self) -> None:
+        """The memcpy bound, one process: rank 0 copies the whole array."""
+        if self.ctx.rank == 0:
+            numpy.copyto(self.whole_dst, self.whole_src)
+
+    def messages(self) -> dict:
+        """Collective: one warm ``nb()`` traced; on rank 0 the messages per peer pair read from the trace
+        (None on the other ranks)."""
+        from nbmpi.workers import gather_trace
+
+        mark = self.ctx.tracer.mark()
+        self.nb()
+        tr = gather_trace(since=mark)
+        if self.ctx.rank != 0:
+            return None
+        kinds = tr.col("kind")
+        sends = [i for i in range(len(tr)) if tr.kind_name(int(kinds[i])) == "distarray_send"]
+        per_pair = {}
+        for i in sends:
+            key = (int(tr.ranks[i]), int(tr.col("peer")[i]))
+            per_pair[key] = per_pair.get(key, 0) + 1
+        return dict(max_per_peer=max(per_pair.values()) if per_pair else 0,
+                    pairs={f"{r}->{q}": c for (r, q), c in sorted(per_pair.items())})
+
+    def cold_nbmpi(self) -> None:
+        """Collective: nbmpi's cold calls (the plan built), checked, and the message count from the trace."""
+        ctx, row = self.ctx, self.row
+        self.st0 = ctx.dnp.stats()
+        row["nbmpi"]["cold"] = ctx.timed(self.nb)
+        self.st1 = ctx.dnp.stats()
+        self.ok_nb = numpy.array_equal(self.B.local, self.want)
+        self.msgs = self.messages()
+        row["nbmpi_new"]["cold"] = ctx.timed(self.nb_new)
+        self.st1b = ctx.dnp.stats()
+
+    def cold_others(self, per_element_max: int) -> None:
+        """Collective: the cold calls of Alltoallw (datatypes built), per-element messaging and memcpy."""
+        ctx, row = self.ctx, self.row
+        self.src_local = self.x[self.my_src_rows].copy()
+        dst_local = numpy.zeros(len(self.my_dst_rows))
+        t0 = time.perf_counter()
+        self.a2w = Alltoallw(ctx.comm, ctx.MPI, self.ds, self.dd, self.src_local, dst_local)
+        build = time.perf_counter() - t0
+        row["alltoallw"]["cold"] = ctx.timed(self.a2w.run) + build
+        self.ok_a2w = numpy.array_equal(dst_local, self.want)
+        pe_dst = numpy.zeros(len(self.my_dst_rows))
+        self.pe = PerElement(ctx.comm, ctx.MPI, self.ds, self.dd, self.src_local, pe_dst, per_element_max)
+        row["per_element"]["cold"] = ctx.timed(self.pe.run)
+        self.ok_pe = numpy.array_equal(pe_dst[self.pe.checked], self.want[self.pe.checked])
+        self.mc_dst = numpy.empty_like(self.src_local)
+        self.whole_src, self.whole_dst = (self.x, numpy.empty_like(self.x)) if ctx.rank == 0 else (None, None)
+        row["memcpy"]["cold"] = ctx.timed(self.mc)
+
+    def warm(self, rounds: int) -> list:
+        """Collective: ``rounds`` warm rounds, the methods in a rotated order each round, then the whole-array
+        copy; returns the whole-array copy's times."""
+        ctx, row, reps = self.ctx, self.row, self.reps
+        whole_t = []
+        order = ["nbmpi", "nbmpi_new", "alltoallw", "memcpy", "per_element"]
+        fns = dict(nbmpi=self.nb, nbmpi_new=self.nb_new, alltoallw=self.a2w.run, memcpy=self.mc,
+                   per_element=self.pe.run)
+        for r in range(rounds):
+            rot = order[r % len(order):] + order[:r % len(order)]
+            for m in rot:
+                row[m]["warm"].append(ctx.timed(fns[m], 1 if m == "per_element" else reps))
+            whole_t.append(ctx.timed(self.whole, reps))
+        return whole_t
+
+    def summary(self, whole_t: list, st2: dict) -> dict:
+        """Collective (the checks are agreed): the row of this size and direction, from the measurements."""
+        ctx, row, pe = self.ctx, self.row, self.pe
+        ok_nb = self.ok_nb and numpy.array_equal(self.B.local, self.want)
+        for m in METHODS:
+            w = row[m]["warm"]
+            row[m].update(min=min(w), median=float(numpy.median(w)), max=max(w))
+        row["per_element"].update(measured_remote=pe.measured, total_remote=pe.total,
+                                  extrapolated=pe.measured < pe.total, factor=pe.factor)
+        for key in ("cold", "min", "median", "max"):
+            row["per_element"][key + "_total_est"] = row["per_element"][key] * pe.factor
+        row["memcpy_whole_array_one_process"] = dict(min=min(whole_t), median=float(numpy.median(whole_t)))
+        row["verified"] = dict(nbmpi=ctx.all_true(ok_nb), alltoallw=ctx.all_true(self.ok_a2w),
+                               per_element=ctx.all_true(self.ok_pe))
+        row["messages"] = self.msgs
+        st0, st1, st1b = self.st0, self.st1, self.st1b
+        row["nbmpi_stats"] = dict(plans_built_cold=st1["plans_built"] - st0["plans_built"],
+                                  plans_built_warm=st2["plans_built"] - st1b["plans_built"],
+                                  buffers_allocated_warm=st2["buffers_allocated"] - st1b["buffers_allocated"],
+                                  buffers_reused_warm=st2["buffers_reused"] - st1b["buffers_reused"])
+        row["reps_per_sample"] = self.reps
+        return row
+
+    def measure(self, rounds: int, per_element_max: int) -> dict:
+        """Collective: every measurement of this size and direction in order (after the process's first
+        redistribution was timed); returns its row."""
+        self.cold_nbmpi()
+        self.cold_others(per_element_max)
+        whole_t = self.warm(rounds)
+        return self.summary(whole_t, self.ctx.dnp.stats())
+
+
+def measure_size(ctx: _Ranks, mib: float, rounds: int, per_element_max: int) -> dict:
+    """Collective: both directions at one array size; prints a line per direction on rank 0."""
+    n = int(mib * 2 ** 20) // 8
+    x = numpy.random.default_rng(11).random(n)
+    reps = max(1, int(round(2.0 / max(mib, 1 / 16))))     # ~2 MiB moved per timing sample at least
+    per_size = {}
+    for d_src, d_dst in DIRECTIONS:
+        d = _Direction(ctx, x, d_src, d_dst, reps)
+        ctx.time_first_redistribution(d_src, d_dst)
+        per_size[f"{d_src}->{d_dst}"] = d.measure(rounds, per_element_max)
+        del d
+    if ctx.rank == 0:
+        for k, r in per_size.items():
+            print(f"[{size_label(mib)} {k}] nbmpi {r['nbmpi']['min'] * 1e3:.3f} ms, alltoallw "
+                  f"{r['alltoallw']['min'] * 1e3:.3f} ms, memcpy {r['memcpy']['min'] * 1e3:.3f} ms, per-element "
+                  f"{r['per_element']['min_total_est'] * 1e3:.1f} ms", flush=True)
+    return dict(n=n, bytes=n * 8, directions=per_size)
+
+
+def mpi_main(a) -> int:
+    """The MPI part (every rank calls it): every size and direction, then the permutation; rank 0 writes the
+    results to ``a.mpi_part``."""
+    ctx = _Ranks()
     cfg = dict(QUICK if a.quick else FULL)
     rounds = a.rounds or cfg["rounds"]
-    tracer = get_tracer()
-
-    def timed(fn, reps=1):
-        return slowest_rank(comm, fn, reps)[1]
-
-    def all_true(flag: bool) -> bool:
-        return bool(comm.allreduce(int(bool(flag)), op=MPI.MIN))
-
     results = {"sizes": {}, "perm": None}
-    first_call = None
     for mib in cfg["sizes_mib"]:
-        n = int(mib * 2 ** 20) // 8
-        x = numpy.random.default_rng(11).random(n)
-        reps = max(1, int(round(2.0 / max(mib, 1 / 16))))     # ~2 MiB moved per timing sample at least
-        per_size = {}
-        for d_src, d_dst in DIRECTIONS:
-            ds = dnp.Distribution(d_src, n, P)
-            dd = dnp.Distribution(d_dst, n, P)
-            my_src_rows, my_dst_rows = ds.global_rows(rank), dd.global_rows(rank)
-            want = x[my_dst_rows]
-            row = {m: dict(warm=[]) for m in METHODS}
-            # -- nbmpi: cold (first call with this layout: plan built) -------------------------------
-            A = dnp.from_numpy(x, dist=d_src)
-            B = dnp.zeros(n, dist=d_dst)
-            A.evaluate()
-            B.evaluate()
-            if first_call is None:  # the first redistribution of the process: numba kernels compiled or loaded
-                small_a = dnp.arange(64.0, dist=d_src)
-                small_b = dnp.zeros(64, dist=d_dst)
-
-                def first():
-                    small_b[...] = small_a
-                    dnp.evaluate()
-                first_call = timed(first)
-            st0 = dnp.stats()
-
-            def nb():
-                B[...] = A
-                dnp.evaluate()
-            row["nbmpi"]["cold"] = timed(nb)
-            st1 = dnp.stats()
-            ok_nb = numpy.array_equal(B.local, want)
-            # messages per peer of one warm redistribution, from the trace
-            mark = tracer.mark()
-            nb()
-            tr = gather_trace(since=mark)
-            msgs = None
-            if rank == 0:
-                kinds = tr.col("kind")
-                sends = [i for i in range(len(tr)) if tr.kind_name(int(kinds[i])) == "distarray_send"]
-                per_pair = {}
-                for i in sends:
-                    key = (int(tr.ranks[i]), int(tr.col("peer")[i]))
-                    per_pair[key] = per_pair.get(key, 0) + 1
-                msgs = dict(max_per_peer=max(per_pair.values()) if per_pair else 0,
-                            pairs={f"{r}->{q}": c for (r, q), c in sorted(per_pair.items())})
-
-            def nb_new():
-                C = A.redistribute(d_dst)
-                C.evaluate()
-            row["nbmpi_new"]["cold"] = timed(nb_new)
-            st1b = dnp.stats()
-            # -- Alltoallw with derived datatypes ------------------------------------------------------------
-            src_local = x[my_src_rows].copy()
-            dst_local = numpy.zeros(len(my_dst_rows))
-            t0 = time.perf_counter()
-            a2w = Alltoallw(comm, MPI, ds, dd, src_local, dst_local)
-            build = time.perf_counter() - t0
-            row["alltoallw"]["cold"] = timed(a2w.run) + build
-            ok_a2w = numpy.array_equal(dst_local, want)
-            # -- per-element messaging ------------------------------------------------------------------------
-            pe_dst = numpy.zeros(len(my_dst_rows))
-            pe = PerElement(comm, MPI, ds, dd, src_local, pe_dst, a.per_element_max)
-            row["per_element"]["cold"] = timed(pe.run)
-            ok_pe = numpy.array_equal(pe_dst[pe.checked], want[pe.checked])
-            # -- memcpy bound ------------------------------------------------------------------------------------
-            mc_dst = numpy.empty_like(src_local)
-            whole_src, whole_dst = (x, numpy.empty_like(x)) if rank == 0 else (None, None)
-
-            def mc():
-                numpy.copyto(mc_dst, src_local)
-
-            def whole():
-                if rank == 0:
-                    numpy.copyto(whole_dst, whole_src)
-            row["memcpy"]["cold"] = timed(mc)
-            whole_t = []
-            # -- warm rounds, interleaved --------------------------------------------------------------------
-            order = ["nbmpi", "nbmpi_new", "alltoallw", "memcpy", "per_element"]
-            fns = dict(nbmpi=nb, nbmpi_new=nb_new, alltoallw=a2w.run, memcpy=mc, per_element=pe.run)
-            for r in range(rounds):
-                rot = order[r % len(order):] + order[:r % len(order)]
-                for m in rot:
-                    row[m]["warm"].append(timed(fns[m], 1 if m == "per_element" else reps))
-                whole_t.append(timed(whole, reps))
-            st2 = dnp.stats()
-            ok_nb = ok_nb and numpy.array_equal(B.local, want)
-            for m in METHODS:
-                w = row[m]["warm"]
-                row[m].update(min=min(w), median=float(numpy.median(w)), max=max(w))
-            row["per_element"].update(measured_remote=pe.measured, total_remote=pe.total,
-                                      extrapolated=pe.measured < pe.total, factor=pe.factor)
-            for key in ("cold", "min", "median", "max"):
-                row["per_element"][key + "_total_est"] = row["per_element"][key] * pe.factor
-            row["memcpy_whole_array_one_process"] = dict(min=min(whole_t), median=float(numpy.median(whole_t)))
-            row["verified"] = dict(nbmpi=all_true(ok_nb), alltoallw=all_true(ok_a2w), per_element=all_true(ok_pe))
-            row["messages"] = msgs
-            row["nbmpi_stats"] = dict(plans_built_cold=st1["plans_built"] - st0["plans_built"],
-                                      plans_built_warm=st2["plans_built"] - st1b["plans_built"],
-                                      buffers_allocated_warm=st2["buffers_allocated"] - st1b["buffers_allocated"],
-                                      buffers_reused_warm=st2["buffers_reused"] - st1b["buffers_reused"])
-            row["reps_per_sample"] = reps
-            per_size[f"{d_src}->{d_dst}"] = row
-            del A, B
-        results["sizes"][str(mib)] = dict(n=n, bytes=n * 8, directions=per_size)
-        if rank == 0:
-            for k, r in per_size.items():
-                print(f"[{size_label(mib)} {k}] nbmpi {r['nbmpi']['min'] * 1e3:.3f} ms, alltoallw "
-                      f"{r['alltoallw']['min'] * 1e3:.3f} ms, memcpy {r['memcpy']['min'] * 1e3:.3f} ms, per-element "
-                      f"{r['per_element']['min_total_est'] * 1e3:.1f} ms", flush=True)
-    results["first_redistribution_s"] = first_call
-    results["perm"] = bench_perm(comm, MPI, dnp, cfg["perm_mib"], rounds, timed, all_true)
-    if rank == 0:
+        results["sizes"][str(mib)] = measure_size(ctx, mib, rounds, a.per_element_max)
+    results["first_redistribution_s"] = ctx.first_call
+    results["perm"] = bench_perm(ctx.comm, ctx.MPI, ctx.dnp, cfg["perm_mib"], rounds, ctx.timed, ctx.all_true)
+    if ctx.rank == 0:
         Path(a.mpi_part).write_text(json.dumps(results))
     return 0
 
@@ -389,11 +458,95 @@ def main(argv=None) -> int:
     return 0
 
 
+def method_row(key: str, m: str, r: dict, nb: float) -> list:
+    """The table row of method ``m`` in direction ``key`` (``r``: the direction's results, ``nb``: nbmpi's
+    warm min)."""
+    x = r[m]
+    if m == "per_element":
+        cold, wmin, wmed = x["cold_total_est"], x["min_total_est"], x["median_total_est"]
+        note = (f"extrapolated: {x['measured_remote']} of {x['total_remote']} remote elements per rank "
+                f"measured, x{x['factor']:.1f}" if x["extrapolated"] else "measured in full")
+    else:
+        cold, wmin, wmed = x["cold"], x["min"], x["median"]
+        note = ""
+    if m == "nbmpi":
+        mm = r["messages"] or {}
+        note = (f"max {mm.get('max_per_peer')} message per peer (trace: {mm.get('pairs')}); plans built "
+                f"warm: {r['nbmpi_stats']['plans_built_warm']}, buffers allocated warm: "
+                f"{r['nbmpi_stats']['buffers_allocated_warm']}")
+    if m == "memcpy":
+        w = r["memcpy_whole_array_one_process"]
+        note = f"one process copying the whole array: {w['min'] * 1e3:.3f} ms"
+    ratio = wmin / nb if nb > 0 else float("nan")
+    return [key, TITLES[m], cold * 1e3, wmin * 1e3, wmed * 1e3, ratio, note]
+
+
+def size_rows(s: dict) -> list:
+    """The table rows of one size, every direction and method; stores each direction's ``ratios`` (to
+    nbmpi's warm min) into ``s``."""
+    rows = []
+    for key, r in s["directions"].items():
+        nb = r["nbmpi"]["min"]
+        for m in METHODS:
+            rows.append(method_row(key, m, r, nb))
+        r["ratios"] = dict(per_element=r["per_element"]["min_total_est"] / nb,
+                           alltoallw=r["alltoallw"]["min"] / nb, memcpy=r["memcpy"]["min"] / nb,
+                           memcpy_whole_array=r["memcpy_whole_array_one_process"]["min"] / nb)
+    return rows
+
+
+def size_targets(mib: float, s: dict) -> list:
+    """The targets of one size (after :func:`size_rows`): results verified, Alltoallw ratio, messages per peer."""
+    from reporting import target
+
+    verified = [all(r["verified"].values()) for r in s["directions"].values()]
+    return [target(f"every method's result equals NumPy's at {size_label(mib)}", float(all(verified)), 1.0),
+            target(f"nbmpi aggregated vs Alltoallw at {size_label(mib)}: Alltoallw time / nbmpi time, "
+                   "worse direction", min(r["ratios"]["alltoallw"] for r in s["directions"].values()), 1.0),
+            target(f"messages per peer of one nbmpi redistribution at {size_label(mib)} (trace), worse "
+                   "direction", float(max((r["messages"] or {}).get("max_per_peer", 99)
+                                          for r in s["directions"].values())), 1.0,
+                   higher_is_better=False)]
+
+
+def headline_targets(sizes, res: dict) -> list:
+    """The issue's targets (after :func:`size_rows`): speedup over per-element messaging at the smallest size,
+    the two readings of the memcpy bound at the largest."""
+    from reporting import target
+
+    ds, dl = res["sizes"][str(sizes[0])]["directions"], res["sizes"][str(sizes[-1])]["directions"]
+    return [target(f"nbmpi aggregated vs per-element messaging at {size_label(sizes[0])}: speedup, worse "
+                   "direction", min(r["ratios"]["per_element"] for r in ds.values()), 100.0),
+            target(f"nbmpi aggregated vs the memcpy bound at {size_label(sizes[-1])}: numpy.copyto of the "
+                   "same bytes (the whole array, one process) / nbmpi time, worse direction",
+                   min(r["ratios"]["memcpy_whole_array"] for r in dl.values()), 0.5),
+            target(f"nbmpi aggregated vs the memcpy bound at {size_label(sizes[-1])}, stricter: every rank "
+                   "copying the bytes it holds at the same time / nbmpi time, worse direction",
+                   min(r["ratios"]["memcpy"] for r in dl.values()), 0.5)]
+
+
+def perm_section(cfg: dict, pm: dict) -> list:
+    """The markdown lines of the random permutation."""
+    from reporting import md_table
+
+    return [f"## Random permutation b[perm] = a ({size_label(cfg['perm_mib'])}, block -> block)", "",
+            md_table(["method", "cold ms", "warm ms (min)", "warm ms (median)", "its time / nbmpi NumPy-index time"],
+                     [[t, pm[k]["cold"] * 1e3, pm[k]["min"] * 1e3, pm[k]["median"] * 1e3,
+                       pm[k]["min"] / pm["numpy_index"]["min"]]
+                      for k, t in (("numpy_index", "nbmpi, perm a NumPy array (Aggregator)"),
+                                   ("dist_index", "nbmpi, perm a distributed array (Aggregator, last-write order)"),
+                                   ("alltoallv", "hand-written Alltoallv (plan computed once)"))]), "",
+            "The irregular path moves each element as an item (destination row + value, plus its position with a "
+            "distributed index) through the Aggregator's per-destination buffers and a numba handler; the "
+            "hand-written version sends values only, with positions exchanged once. No target is set for it.", ""]
+
+
 def report(cfg, a, res, run_info, mach) -> None:
+    """Tables and targets from the MPI part's results ``res``; writes ``redistribute[_quick].json`` and ``.md``
+    and prints the markdown."""
     from reporting import md_table, target, targets_table, write_results
 
     sizes = cfg["sizes_mib"]
-    small, large = str(sizes[0]), str(sizes[-1])
     rounds = a.rounds or cfg["rounds"]
     md = [f"{cfg['ranks']} ranks, 1-D float64 arrays; every method measured in the same run, round by round "
           f"interleaved ({rounds} rounds; a sample is the mean of several calls for small sizes); times are the max "
@@ -406,61 +559,13 @@ def report(cfg, a, res, run_info, mach) -> None:
     for mib in sizes:
         s = res["sizes"][str(mib)]
         md += [f"## {size_label(mib)} ({s['n']} elements)", ""]
-        rows = []
-        for key, r in s["directions"].items():
-            nb = r["nbmpi"]["min"]
-            for m in METHODS:
-                x = r[m]
-                if m == "per_element":
-                    cold, wmin, wmed = x["cold_total_est"], x["min_total_est"], x["median_total_est"]
-                    note = (f"extrapolated: {x['measured_remote']} of {x['total_remote']} remote elements per rank "
-                            f"measured, x{x['factor']:.1f}" if x["extrapolated"] else "measured in full")
-                else:
-                    cold, wmin, wmed = x["cold"], x["min"], x["median"]
-                    note = ""
-                if m == "nbmpi":
-                    mm = r["messages"] or {}
-                    note = (f"max {mm.get('max_per_peer')} message per peer (trace: {mm.get('pairs')}); plans built "
-                            f"warm: {r['nbmpi_stats']['plans_built_warm']}, buffers allocated warm: "
-                            f"{r['nbmpi_stats']['buffers_allocated_warm']}")
-                if m == "memcpy":
-                    w = r["memcpy_whole_array_one_process"]
-                    note = f"one process copying the whole array: {w['min'] * 1e3:.3f} ms"
-                ratio = wmin / nb if nb > 0 else float("nan")
-                rows.append([key, TITLES[m], cold * 1e3, wmin * 1e3, wmed * 1e3, ratio, note])
-            r["ratios"] = dict(per_element=r["per_element"]["min_total_est"] / nb,
-                               alltoallw=r["alltoallw"]["min"] / nb, memcpy=r["memcpy"]["min"] / nb,
-                               memcpy_whole_array=r["memcpy_whole_array_one_process"]["min"] / nb)
+        rows = size_rows(s)
         md += [md_table(["direction", "method", "cold ms", "warm ms (min)", "warm ms (median)",
                          "its time / nbmpi's (warm min)", "notes"], rows), ""]
-        verified = [all(r["verified"].values()) for r in s["directions"].values()]
-        targets.append(target(f"every method's result equals NumPy's at {size_label(mib)}", float(all(verified)), 1.0))
-        targets.append(target(f"nbmpi aggregated vs Alltoallw at {size_label(mib)}: Alltoallw time / nbmpi time, "
-                              "worse direction", min(r["ratios"]["alltoallw"] for r in s["directions"].values()), 1.0))
-        targets.append(target(f"messages per peer of one nbmpi redistribution at {size_label(mib)} (trace), worse "
-                              "direction", float(max((r["messages"] or {}).get("max_per_peer", 99)
-                                                     for r in s["directions"].values())), 1.0,
-                              higher_is_better=False))
-    ds, dl = res["sizes"][small]["directions"], res["sizes"][large]["directions"]
-    targets.insert(0, target(f"nbmpi aggregated vs per-element messaging at {size_label(sizes[0])}: speedup, worse "
-                             "direction", min(r["ratios"]["per_element"] for r in ds.values()), 100.0))
-    targets.insert(1, target(f"nbmpi aggregated vs the memcpy bound at {size_label(sizes[-1])}: numpy.copyto of the "
-                             "same bytes (the whole array, one process) / nbmpi time, worse direction",
-                             min(r["ratios"]["memcpy_whole_array"] for r in dl.values()), 0.5))
-    targets.insert(2, target(f"nbmpi aggregated vs the memcpy bound at {size_label(sizes[-1])}, stricter: every rank "
-                             "copying the bytes it holds at the same time / nbmpi time, worse direction",
-                             min(r["ratios"]["memcpy"] for r in dl.values()), 0.5))
+        targets += size_targets(mib, s)
+    targets = headline_targets(sizes, res) + targets
     pm = res["perm"]
-    md += [f"## Random permutation b[perm] = a ({size_label(cfg['perm_mib'])}, block -> block)", "",
-           md_table(["method", "cold ms", "warm ms (min)", "warm ms (median)", "its time / nbmpi NumPy-index time"],
-                    [[t, pm[k]["cold"] * 1e3, pm[k]["min"] * 1e3, pm[k]["median"] * 1e3,
-                      pm[k]["min"] / pm["numpy_index"]["min"]]
-                     for k, t in (("numpy_index", "nbmpi, perm a NumPy array (Aggregator)"),
-                                  ("dist_index", "nbmpi, perm a distributed array (Aggregator, last-write order)"),
-                                  ("alltoallv", "hand-written Alltoallv (plan computed once)"))]), "",
-           "The irregular path moves each element as an item (destination row + value, plus its position with a "
-           "distributed index) through the Aggregator's per-destination buffers and a numba handler; the "
-           "hand-written version sends values only, with positions exchanged once. No target is set for it.", ""]
+    md += perm_section(cfg, pm)
     targets.append(target(f"permutation results equal NumPy's ({size_label(cfg['perm_mib'])})",
                           float(pm["verified"]), 1.0))
     md += ["## Targets", "", targets_table(targets)]

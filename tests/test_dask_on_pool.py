@@ -47,87 +47,103 @@ def test_proxied_paths(monkeypatch):
         proxied_path(0)
 
 
+def _rank_pids(k: Kernel, pool_pids: list) -> list:
+    """The pids of the pool's two ranks (asked from the ranks), checked to be the kernel's children."""
+    _ok(k, "%%distributed\nimport os\nmy_pid = os.getpid()")
+    r = _ok(k, "%distributed pull my_pid\nimport json\nprint('rank_pids=' + json.dumps(my_pid))")
+    rank_pids = _lines(r)["rank_pids"]
+    assert len(set(rank_pids)) == 2 and all(p in pool_pids for p in rank_pids), (rank_pids, pool_pids)
+    return rank_pids
+
+
+def _check_dask_runs_on_the_ranks(k: Kernel, rank_pids: list) -> None:
+    """`%distributed dask` starts one worker per rank in the ranks' processes, a computation runs there,
+    and a second `%distributed dask` keeps the same cluster."""
+    r = _ok(k, "%distributed dask")
+    assert "Dask on pool 'dk': 2 workers, one per rank" in r["stdout"], r
+    assert f"rank 0: pid {rank_pids[0]}, rank 1: pid {rank_pids[1]}" in r["stdout"], r
+    assert "/proxy/" in r["stdout"] and "/status" in r["stdout"], r
+    r = _ok(k, "import os\n"
+               "print('worker_pids=' + json.dumps(sorted(dask_client.run(os.getpid).values())))\n"
+               "res = dask_client.gather(dask_client.map(lambda i: (os.getpid(), i * i), range(8)))\n"
+               "print('task_pids=' + json.dumps(sorted({p for p, _ in res})))\n"
+               "print('squares=' + json.dumps([v for _, v in res]))\n"
+               "print('kernel_pid=' + json.dumps(os.getpid()))")
+    got = _lines(r)
+    assert got["worker_pids"] == sorted(rank_pids)
+    assert set(got["task_pids"]) <= set(rank_pids) and got["squares"] == [i * i for i in range(8)]
+    assert got["kernel_pid"] not in got["task_pids"]
+    r = _ok(k, "%distributed dask\nprint('n_workers=' + json.dumps(len(dask_client.scheduler_info()['workers'])))")
+    assert _lines(r)["n_workers"] == 2
+
+
+def _check_distarray_to_dask_and_back(k: Kernel) -> None:
+    """DistArray -> dask.array (chunk r held by rank r's worker) -> DistArray equal to NumPy, also with a
+    rank holding no rows."""
+    _ok(k, "%%distributed\nimport numpy as np\nimport nbmpi.workers.distarray as dnp\n"
+           "x = np.arange(7 * 5, dtype=np.float64).reshape(7, 5)\n"
+           "a = dnp.from_numpy(x, dist='cyclic')\nt = dnp.from_numpy(np.arange(3.0).reshape(1, 3))")
+    r = _ok(k, "from nbmpi.workers.launch.dask_on_pool import to_dask, from_dask\n"
+               "d = to_dask('a')\n"
+               "print('chunks=' + json.dumps(d.chunks))\n"
+               "held = dask_client.run(lambda dask_worker: sorted(str(key) for key in dask_worker.data "
+               "if str(key).startswith('nbmpi-a-')))\n"
+               "print('held=' + json.dumps({str(dask_client.scheduler_info()['workers'][w]['name']): v "
+               "for w, v in held.items()}))\n"
+               "y = (d * 2 + 1).T.T\n"
+               "print('y=' + json.dumps(y.compute().tolist()))\n"
+               "from_dask(y, 'b')\n"
+               "dt = to_dask('t')\nprint('t_chunks=' + json.dumps(dt.chunks))\nfrom_dask(dt[:, ::-1], 'u')")
+    got = _lines(r)
+    x = np.arange(35.0).reshape(7, 5)
+    assert got["chunks"] == [[4, 3], [5]]
+    assert [len(got["held"][f"rank-{i}"]) for i in (0, 1)] == [1, 1], got["held"]
+    assert got["held"]["rank-0"][0].endswith("-r0") and got["held"]["rank-1"][0].endswith("-r1")
+    assert np.array_equal(np.array(got["y"]), 2 * x + 1)
+    assert got["t_chunks"] == [[1], [3]]   # rank 1 holds no row of t: no chunk
+    r = _ok(k, "%%distributed\nimport json\n"
+               "print('b=' + json.dumps([b.dist.kind, b.local_rows.tolist(), b.local.tolist(), "
+               "b.to_numpy().tolist()]))\n"
+               "print('u=' + json.dumps([u.shape, u.local.tolist(), u.to_numpy().tolist()]))")
+    per_rank = r["stdout"].split("[rank 1]")
+    assert len(per_rank) == 2, r["stdout"]
+    b0, b1 = (_lines(dict(stdout=s)) for s in per_rank)
+    assert b0["b"][0] == "block" and b0["b"][1] == [0, 1, 2, 3] and b1["b"][1] == [4, 5, 6]
+    assert np.array_equal(np.array(b0["b"][2]), 2 * x[:4] + 1)
+    assert np.array_equal(np.array(b1["b"][2]), 2 * x[4:] + 1)
+    assert np.array_equal(np.array(b0["b"][3]), 2 * x + 1) and b0["b"][3] == b1["b"][3]
+    assert b0["u"] == [[1, 3], [[2.0, 1.0, 0.0]], [[2.0, 1.0, 0.0]]] and b1["u"][1] == []
+
+
+def _check_stop_leaves_nothing(k: Kernel) -> None:
+    """`%distributed stop` closes the Dask client and ends every process of the pool; Dask is then gone."""
+    alive_before = [p for p in psutil.Process(k.pid).children(recursive=True)]
+    assert len(alive_before) >= 4, alive_before
+    r = _ok(k, "%distributed stop dk\nprint('status=' + json.dumps(dask_client.status))")
+    assert _lines(r)["status"] == "closed"
+    deadline = time.monotonic() + 20
+    while [p for p in alive_before if running(p.pid)] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = [" ".join(p.cmdline()) for p in alive_before if running(p.pid)]
+    assert not left, f"the pool left processes: {left}"
+    assert not [c for c in psutil.Process(k.pid).children(recursive=True) if running(c.pid)]
+    r = k.run("to_dask('a')")
+    assert r["status"] == "error" and "Dask is not running" in r["tb"], r
+
+
 def test_dask_on_pool_through_a_kernel():
     k = Kernel()
     pool_pids = []
     try:
         _ok(k, "%load_ext nbmpi.kernel_ext\n%distributed start -n 2 --name dk")
         pool_pids = [p.pid for p in psutil.Process(k.pid).children(recursive=True)]
-        r = _ok(k, "%%distributed\nimport os\nmy_pid = os.getpid()")
-        r = _ok(k, "%distributed pull my_pid\nimport json\nprint('rank_pids=' + json.dumps(my_pid))")
-        rank_pids = _lines(r)["rank_pids"]
-        assert len(set(rank_pids)) == 2 and all(p in pool_pids for p in rank_pids), (rank_pids, pool_pids)
-
-        r = _ok(k, "%distributed dask")
-        assert "Dask on pool 'dk': 2 workers, one per rank" in r["stdout"], r
-        assert f"rank 0: pid {rank_pids[0]}, rank 1: pid {rank_pids[1]}" in r["stdout"], r
-        assert "/proxy/" in r["stdout"] and "/status" in r["stdout"], r
-        # the workers are the ranks' processes; a Dask computation runs there
-        r = _ok(k, "import os\n"
-                   "print('worker_pids=' + json.dumps(sorted(dask_client.run(os.getpid).values())))\n"
-                   "res = dask_client.gather(dask_client.map(lambda i: (os.getpid(), i * i), range(8)))\n"
-                   "print('task_pids=' + json.dumps(sorted({p for p, _ in res})))\n"
-                   "print('squares=' + json.dumps([v for _, v in res]))\n"
-                   "print('kernel_pid=' + json.dumps(os.getpid()))")
-        got = _lines(r)
-        assert got["worker_pids"] == sorted(rank_pids)
-        assert set(got["task_pids"]) <= set(rank_pids) and got["squares"] == [i * i for i in range(8)]
-        assert got["kernel_pid"] not in got["task_pids"]
-        # a second `%distributed dask` keeps the same cluster
-        r = _ok(k, "%distributed dask\nprint('n_workers=' + json.dumps(len(dask_client.scheduler_info()['workers'])))")
-        assert _lines(r)["n_workers"] == 2
-
-        # DistArray -> dask.array (chunks held by the ranks' own workers) -> DistArray
-        _ok(k, "%%distributed\nimport numpy as np\nimport nbmpi.workers.distarray as dnp\n"
-               "x = np.arange(7 * 5, dtype=np.float64).reshape(7, 5)\n"
-               "a = dnp.from_numpy(x, dist='cyclic')\nt = dnp.from_numpy(np.arange(3.0).reshape(1, 3))")
-        r = _ok(k, "from nbmpi.workers.launch.dask_on_pool import to_dask, from_dask\n"
-                   "d = to_dask('a')\n"
-                   "print('chunks=' + json.dumps(d.chunks))\n"
-                   "held = dask_client.run(lambda dask_worker: sorted(str(key) for key in dask_worker.data "
-                   "if str(key).startswith('nbmpi-a-')))\n"
-                   "print('held=' + json.dumps({str(dask_client.scheduler_info()['workers'][w]['name']): v "
-                   "for w, v in held.items()}))\n"
-                   "y = (d * 2 + 1).T.T\n"
-                   "print('y=' + json.dumps(y.compute().tolist()))\n"
-                   "from_dask(y, 'b')\n"
-                   "dt = to_dask('t')\nprint('t_chunks=' + json.dumps(dt.chunks))\nfrom_dask(dt[:, ::-1], 'u')")
-        got = _lines(r)
-        x = np.arange(35.0).reshape(7, 5)
-        assert got["chunks"] == [[4, 3], [5]]
-        assert [len(got["held"][f"rank-{i}"]) for i in (0, 1)] == [1, 1], got["held"]
-        assert got["held"]["rank-0"][0].endswith("-r0") and got["held"]["rank-1"][0].endswith("-r1")
-        assert np.array_equal(np.array(got["y"]), 2 * x + 1)
-        assert got["t_chunks"] == [[1], [3]]   # rank 1 holds no row of t: no chunk
-        r = _ok(k, "%%distributed\nimport json\n"
-                   "print('b=' + json.dumps([b.dist.kind, b.local_rows.tolist(), b.local.tolist(), "
-                   "b.to_numpy().tolist()]))\n"
-                   "print('u=' + json.dumps([u.shape, u.local.tolist(), u.to_numpy().tolist()]))")
-        per_rank = r["stdout"].split("[rank 1]")
-        assert len(per_rank) == 2, r["stdout"]
-        b0, b1 = (_lines(dict(stdout=s)) for s in per_rank)
-        assert b0["b"][0] == "block" and b0["b"][1] == [0, 1, 2, 3] and b1["b"][1] == [4, 5, 6]
-        assert np.array_equal(np.array(b0["b"][2]), 2 * x[:4] + 1)
-        assert np.array_equal(np.array(b1["b"][2]), 2 * x[4:] + 1)
-        assert np.array_equal(np.array(b0["b"][3]), 2 * x + 1) and b0["b"][3] == b1["b"][3]
-        assert b0["u"] == [[1, 3], [[2.0, 1.0, 0.0]], [[2.0, 1.0, 0.0]]] and b1["u"][1] == []
-
+        rank_pids = _rank_pids(k, pool_pids)
+        _check_dask_runs_on_the_ranks(k, rank_pids)
+        _check_distarray_to_dask_and_back(k)
         # a name that is not a DistArray: one clear error, the pool and Dask stay usable
         r = k.run("to_dask('my_pid')")
         assert r["status"] == "error" and "is int, not a DistArray" in r["tb"], r
-
-        alive_before = [p for p in psutil.Process(k.pid).children(recursive=True)]
-        assert len(alive_before) >= 4, alive_before
-        r = _ok(k, "%distributed stop dk\nprint('status=' + json.dumps(dask_client.status))")
-        assert _lines(r)["status"] == "closed"
-        deadline = time.monotonic() + 20
-        while [p for p in alive_before if running(p.pid)] and time.monotonic() < deadline:
-            time.sleep(0.2)
-        left = [" ".join(p.cmdline()) for p in alive_before if running(p.pid)]
-        assert not left, f"the pool left processes: {left}"
-        assert not [c for c in psutil.Process(k.pid).children(recursive=True) if running(c.pid)]
-        r = k.run("to_dask('a')")
-        assert r["status"] == "error" and "Dask is not running" in r["tb"], r
+        _check_stop_leaves_nothing(k)
     finally:
         if [p for p in pool_pids if running(p)]:
             k.run("%distributed stop dk")   # the pool's own end (its shared memory too), also after a failure

@@ -513,66 +513,88 @@ def wait_pool(c: httpx.Client, pool_id: int, states, timeout: float = 60) -> dic
         time.sleep(0.2)
 
 
+def _start_pool_holding_all_ranks(c: httpx.Client) -> tuple:
+    """Start a 2-rank pool (all ranks): it is listed, a second pool is refused and a batch job waits.
+    Returns ``(the pool, the waiting batch job)``."""
+    r = c.post("/api/v1/pools", json={"ranks": 2, "name": "p1"})
+    assert r.status_code == 201, r.text
+    pool = r.json()
+    assert pool["state"] == "running" and pool["target"] == "running", pool
+    got = c.get(f"/api/v1/pools/{pool['id']}").json()
+    assert got["connection"]["ranks"] == [0, 1] and "client" in got["connection"]
+    assert [p["id"] for p in c.get("/api/v1/pools").json()["pools"]] == [pool["id"]]
+    # all ranks are held by the pool: a new pool is refused, a batch job waits
+    assert c.post("/api/v1/pools", json={"ranks": 1}).status_code == 409
+    batch = submit(c, "print('batch')", ranks=1)
+    return pool, batch
+
+
+def _check_jobs_on_pool(c: httpx.Client, pool_id: int) -> None:
+    """Jobs on the pool: one succeeds with its logs and args, one fails with its traceback, and each job runs
+    in a namespace of its own."""
+    job = submit(c, """
+        import sys
+        import numpy as np
+        x = np.full(3, rank + 1.0)
+        comm.Allreduce(np.full(3, rank + 1.0), x)
+        print("rank", rank, "of", size, x.tolist(), sys.argv[1:])
+        """, ranks=None, pool=pool_id, args=["q"])
+    job = wait_state(c, job["id"], ("succeeded", "failed"))
+    assert job["state"] == "succeeded" and job["rank_exit_codes"] == [0, 0], job
+    for r in (0, 1):
+        assert c.get(f"/api/v1/jobs/{job['id']}/logs", params={"rank": r}).text == \
+            f"rank {r} of 2 [3.0, 3.0, 3.0] ['q']\n"
+    bad = wait_state(c, submit(c, "raise ValueError('boom')", ranks=None, pool=pool_id)["id"],
+                     ("succeeded", "failed"))
+    assert bad["state"] == "failed" and bad["rank_exit_codes"] == [1, 1] and "boom" in bad["message"]
+    err = c.get(f"/api/v1/jobs/{bad['id']}/logs", params={"rank": 1, "stream": "stderr"}).text
+    assert "Traceback" in err and "ValueError: boom" in err, err   # the job's log shows why
+    # each job runs in a namespace of its own, like a script (not the previous job's or a cell's)
+    first = wait_state(c, submit(c, "leaked = 1", ranks=None, pool=pool_id)["id"], ("succeeded", "failed"))
+    second = wait_state(c, submit(c, "print('leaked' in globals())", ranks=None, pool=pool_id)["id"],
+                        ("succeeded", "failed"))
+    assert first["state"] == second["state"] == "succeeded", (first, second)
+    assert c.get(f"/api/v1/jobs/{second['id']}/logs").text == "False\n"
+
+
+def _check_cancel_and_other_user(srv: Server, c: httpx.Client, pool_id: int, batch_id: int) -> None:
+    """A running pool job is cancelled (the batch job still waits); another user sees no pool."""
+    long = submit(c, "import time\nprint('sleeping', flush=True)\ntime.sleep(120)", ranks=None, pool=pool_id)
+    wait_state(c, long["id"], ("running",))
+    time.sleep(1)
+    assert c.delete(f"/api/v1/jobs/{long['id']}").json()["state"] == "cancelled"
+    assert c.get(f"/api/v1/jobs/{batch_id}").json()["state"] == "queued"
+    with srv.client(BOB_TOKEN) as bob:
+        assert bob.get(f"/api/v1/pools/{pool_id}").status_code == 404
+        assert bob.delete(f"/api/v1/pools/{pool_id}").status_code == 404
+        assert bob.post("/api/v1/jobs", json={"code": "print(1)", "pool": pool_id}).status_code == 404
+
+
+def _check_engine_death_and_idle_timeout(c: httpx.Client, data_dir: Path, pool_id: int, batch_id: int) -> None:
+    """An engine killed: the pool is failed, its ranks freed (the batch job runs), no process left; a pool
+    without a job stops after its idle timeout."""
+    engine = c.get(f"/api/v1/pools/{pool_id}").json()["connection"]["pids"][1]
+    os.kill(engine, signal.SIGKILL)
+    failed = wait_pool(c, pool_id, ("failed",))
+    assert failed["connection"] is None and "died" in failed["message"]
+    assert wait_state(c, batch_id, ("succeeded", "failed"))["state"] == "succeeded"
+    assert pool_processes(data_dir) == []
+    idle = c.post("/api/v1/pools", json={"ranks": 1, "idle_timeout": 1}).json()
+    assert idle["state"] == "running"
+    stopped = wait_pool(c, idle["id"], ("stopped", "failed"))
+    assert stopped["state"] == "stopped" and "without a job" in stopped["message"]
+
+
 def test_pools(tmp_path):
     srv = Server(tmp_path / "data", extra_args=["--unsafe-shared-account"]).start()
     srv.add_bob()
     try:
         with srv.client() as c:
-            r = c.post("/api/v1/pools", json={"ranks": 2, "name": "p1"})
-            assert r.status_code == 201, r.text
-            pool = r.json()
-            assert pool["state"] == "running" and pool["target"] == "running", pool
-            got = c.get(f"/api/v1/pools/{pool['id']}").json()
-            assert got["connection"]["ranks"] == [0, 1] and "client" in got["connection"]
-            assert [p["id"] for p in c.get("/api/v1/pools").json()["pools"]] == [pool["id"]]
-            # all ranks are held by the pool: a new pool is refused, a batch job waits
-            assert c.post("/api/v1/pools", json={"ranks": 1}).status_code == 409
-            batch = submit(c, "print('batch')", ranks=1)
-            job = submit(c, """
-                import sys
-                import numpy as np
-                x = np.full(3, rank + 1.0)
-                comm.Allreduce(np.full(3, rank + 1.0), x)
-                print("rank", rank, "of", size, x.tolist(), sys.argv[1:])
-                """, ranks=None, pool=pool["id"], args=["q"])
-            job = wait_state(c, job["id"], ("succeeded", "failed"))
-            assert job["state"] == "succeeded" and job["rank_exit_codes"] == [0, 0], job
-            for r in (0, 1):
-                assert c.get(f"/api/v1/jobs/{job['id']}/logs", params={"rank": r}).text == \
-                    f"rank {r} of 2 [3.0, 3.0, 3.0] ['q']\n"
-            bad = wait_state(c, submit(c, "raise ValueError('boom')", ranks=None, pool=pool["id"])["id"],
-                             ("succeeded", "failed"))
-            assert bad["state"] == "failed" and bad["rank_exit_codes"] == [1, 1] and "boom" in bad["message"]
-            err = c.get(f"/api/v1/jobs/{bad['id']}/logs", params={"rank": 1, "stream": "stderr"}).text
-            assert "Traceback" in err and "ValueError: boom" in err, err   # the job's log shows why
-            # each job runs in a namespace of its own, like a script (not the previous job's or a cell's)
-            first = wait_state(c, submit(c, "leaked = 1", ranks=None, pool=pool["id"])["id"], ("succeeded", "failed"))
-            second = wait_state(c, submit(c, "print('leaked' in globals())", ranks=None, pool=pool["id"])["id"],
-                                ("succeeded", "failed"))
-            assert first["state"] == second["state"] == "succeeded", (first, second)
-            assert c.get(f"/api/v1/jobs/{second['id']}/logs").text == "False\n"
-            long = submit(c, "import time\nprint('sleeping', flush=True)\ntime.sleep(120)", ranks=None,
-                          pool=pool["id"])
-            wait_state(c, long["id"], ("running",))
-            time.sleep(1)
-            assert c.delete(f"/api/v1/jobs/{long['id']}").json()["state"] == "cancelled"
-            assert c.get(f"/api/v1/jobs/{batch['id']}").json()["state"] == "queued"
-            with srv.client(BOB_TOKEN) as bob:
-                assert bob.get(f"/api/v1/pools/{pool['id']}").status_code == 404
-                assert bob.delete(f"/api/v1/pools/{pool['id']}").status_code == 404
-                assert bob.post("/api/v1/jobs", json={"code": "print(1)", "pool": pool["id"]}).status_code == 404
-            # an engine dies: the pool is reported failed, not running, and its ranks are freed
-            engine = c.get(f"/api/v1/pools/{pool['id']}").json()["connection"]["pids"][1]
-            os.kill(engine, signal.SIGKILL)
-            failed = wait_pool(c, pool["id"], ("failed",))
-            assert failed["connection"] is None and "died" in failed["message"]
-            assert wait_state(c, batch["id"], ("succeeded", "failed"))["state"] == "succeeded"
-            assert pool_processes(tmp_path / "data") == []
-            # idle timeout
-            idle = c.post("/api/v1/pools", json={"ranks": 1, "idle_timeout": 1}).json()
-            assert idle["state"] == "running"
-            stopped = wait_pool(c, idle["id"], ("stopped", "failed"))
-            assert stopped["state"] == "stopped" and "without a job" in stopped["message"]
+            pool, batch = _start_pool_holding_all_ranks(c)
+            _check_jobs_on_pool(c, pool["id"])
+            _check_cancel_and_other_user(srv, c, pool["id"], batch["id"])
+            # an engine dies: the pool is reported failed, not running, and its ranks are freed; idle timeout
+            _check_engine_death_and_idle_timeout(c, tmp_path / "data", pool["id"], batch["id"])
             # a pool survives a killed service and is re-attached after the restart
             kept = c.post("/api/v1/pools", json={"ranks": 2}).json()
             assert kept["state"] == "running"
@@ -607,6 +629,89 @@ else:
 """
 
 
+def _check_pool_job_trace(c: httpx.Client, pool_id: int) -> None:
+    """A channel job on the pool has its trace, summary and dashboard figure; the next job's trace holds
+    its own events only."""
+    job = wait_state(c, submit(c, CHANNEL_JOB, ranks=None, pool=pool_id, args=["a"])["id"],
+                     ("succeeded", "failed"))
+    assert job["state"] == "succeeded", job
+    assert c.get(f"/api/v1/jobs/{job['id']}/logs", params={"rank": 1}).text == "rank 1 value 2.0 args ['a']\n"
+    r = c.get(f"/api/v1/jobs/{job['id']}/trace")
+    assert r.status_code == 200, r.text
+    slices = [e for e in r.json()["traceEvents"] if e.get("ph") == "X"]
+    assert {e["pid"] for e in slices} == {0, 1}
+    assert {"put(dest=1)", "take(src=0)", "put(dest=0)", "take(src=1)"} <= {e["name"] for e in slices}
+    summary = c.get(f"/api/v1/jobs/{job['id']}/summary").json()
+    assert summary["bytes"][0][1] >= 8000 and summary["bytes"][1][0] >= 8000, summary["bytes"]
+    fig = c.get(f"/api/v1/dashboard/jobs/{job['id']}/figure", params={"width": 800}).json()
+    assert fig["available"] and fig["item"]["doc"] and fig["meta"]["ranks"] == [0, 1], fig.get("reason")
+    arrows = fig["sources"]["nbmpi_arrows"]
+    assert len(arrows["x0"]) >= 2, arrows   # the two messages between the ranks
+    # the next job's trace holds its own events only (the pool's tracer keeps the earlier ones)
+    quiet = wait_state(c, submit(c, "print(rank)", ranks=None, pool=pool_id)["id"], ("succeeded", "failed"))
+    assert quiet["state"] == "succeeded", quiet
+    names = {e["name"] for e in c.get(f"/api/v1/jobs/{quiet['id']}/trace").json()["traceEvents"]
+             if e.get("ph") == "X"}
+    assert not {n for n in names if n.startswith(("put(", "take("))}, names
+
+
+def _check_pool_job_deadline(c: httpx.Client, pool_id: int) -> None:
+    """A pool job past its deadline names each rank's state, as the notebook says it, and has the trace of
+    what was recorded up to the end."""
+    hung = wait_state(c, submit(c, HANG_JOB, ranks=None, pool=pool_id, timeout=4)["id"],
+                      ("succeeded", "failed", "timed_out"), timeout=120)
+    assert hung["state"] == "timed_out", hung
+    assert "rank 1: take(src=0) waiting " in hung["message"], hung["message"]
+    assert "rank 0: at job.py line 7 `time.sleep(60)`" in hung["message"], hung["message"]
+    assert hung["rank_exit_codes"] == [1, 1], hung
+    r = c.get(f"/api/v1/jobs/{hung['id']}/trace")
+    assert r.status_code == 200, r.text
+    waits = [e for e in r.json()["traceEvents"] if e.get("ph") == "X" and e.get("pid") == 1
+             and "take(src=0)" in e["name"]]
+    assert waits, "the timed-out job's trace lacks rank 1's open take"
+    fig = c.get(f"/api/v1/dashboard/jobs/{hung['id']}/timeline", params={"width": 400}).json()
+    assert fig["available"], fig
+
+
+def _check_failing_rank_interrupts_the_other(c: httpx.Client, pool_id: int) -> None:
+    """A rank fails while the other waits for it: the other is interrupted and named, the pool stays usable."""
+    failed = wait_state(c, submit(c, """
+        from nbmpi.workers import ArrayChannel
+        ch = ArrayChannel(4)
+        if rank == 1:
+            raise ValueError("broken on one")
+        ch.take(1)
+        """, ranks=None, pool=pool_id)["id"], ("succeeded", "failed", "timed_out"), timeout=120)
+    assert failed["state"] == "failed" and failed["rank_exit_codes"] == [1, 1], failed
+    assert "rank 1: ValueError: broken on one" in failed["message"], failed["message"]
+    assert "rank 0 was in take(src=1) waiting" in failed["message"], failed["message"]
+    after = wait_state(c, submit(c, "print('after', rank)", ranks=None, pool=pool_id)["id"],
+                       ("succeeded", "failed"))
+    assert after["state"] == "succeeded", after
+    assert c.get(f"/api/v1/pools/{pool_id}").json()["state"] == "running"
+
+
+def _check_wedged_ranks_end_the_pool(c: httpx.Client, data_dir: Path, pool_id: int) -> None:
+    """Ranks stuck in C code ignore the interrupt: the pool is ended, no process left, and the job says where
+    they were."""
+    wedged = wait_state(c, submit(c, """
+        import time
+        import numpy as np
+        buf = np.zeros(1)
+        if rank == 0:
+            comm.Recv(buf, source=1)
+        else:
+            time.sleep(60)
+        """, ranks=None, pool=pool_id, timeout=3)["id"], ("succeeded", "failed", "timed_out"),
+        timeout=120)
+    assert wedged["state"] == "timed_out", wedged
+    assert "rank 0: at job.py line 6 `comm.Recv(buf, source=1)`: MPI Recv from rank 1" in wedged["message"]
+    assert "did not stop within" in wedged["message"] and "was ended" in wedged["message"], wedged
+    gone = wait_pool(c, pool_id, ("failed",))
+    assert "did not stop within" in gone["message"], gone
+    assert pool_processes(data_dir) == []
+
+
 def test_pool_jobs_are_traced_like_batch_jobs(tmp_path):
     """A job on a pool streams its ranks' trace as a batch job does: the trace and summary endpoints
     and the dashboard's figure answer with the ranks' communication, and only the job's own events
@@ -619,73 +724,10 @@ def test_pool_jobs_are_traced_like_batch_jobs(tmp_path):
         with srv.client() as c:
             pool = c.post("/api/v1/pools", json={"ranks": 2, "name": "traced"}).json()
             assert pool["state"] == "running", pool
-            job = wait_state(c, submit(c, CHANNEL_JOB, ranks=None, pool=pool["id"], args=["a"])["id"],
-                             ("succeeded", "failed"))
-            assert job["state"] == "succeeded", job
-            assert c.get(f"/api/v1/jobs/{job['id']}/logs", params={"rank": 1}).text == "rank 1 value 2.0 args ['a']\n"
-            r = c.get(f"/api/v1/jobs/{job['id']}/trace")
-            assert r.status_code == 200, r.text
-            slices = [e for e in r.json()["traceEvents"] if e.get("ph") == "X"]
-            assert {e["pid"] for e in slices} == {0, 1}
-            assert {"put(dest=1)", "take(src=0)", "put(dest=0)", "take(src=1)"} <= {e["name"] for e in slices}
-            summary = c.get(f"/api/v1/jobs/{job['id']}/summary").json()
-            assert summary["bytes"][0][1] >= 8000 and summary["bytes"][1][0] >= 8000, summary["bytes"]
-            fig = c.get(f"/api/v1/dashboard/jobs/{job['id']}/figure", params={"width": 800}).json()
-            assert fig["available"] and fig["item"]["doc"] and fig["meta"]["ranks"] == [0, 1], fig.get("reason")
-            arrows = fig["sources"]["nbmpi_arrows"]
-            assert len(arrows["x0"]) >= 2, arrows   # the two messages between the ranks
-            # the next job's trace holds its own events only (the pool's tracer keeps the earlier ones)
-            quiet = wait_state(c, submit(c, "print(rank)", ranks=None, pool=pool["id"])["id"], ("succeeded", "failed"))
-            assert quiet["state"] == "succeeded", quiet
-            names = {e["name"] for e in c.get(f"/api/v1/jobs/{quiet['id']}/trace").json()["traceEvents"]
-                     if e.get("ph") == "X"}
-            assert not {n for n in names if n.startswith(("put(", "take("))}, names
-            # a deadline: each rank's state, as the notebook says it
-            hung = wait_state(c, submit(c, HANG_JOB, ranks=None, pool=pool["id"], timeout=4)["id"],
-                              ("succeeded", "failed", "timed_out"), timeout=120)
-            assert hung["state"] == "timed_out", hung
-            assert "rank 1: take(src=0) waiting " in hung["message"], hung["message"]
-            assert "rank 0: at job.py line 7 `time.sleep(60)`" in hung["message"], hung["message"]
-            assert hung["rank_exit_codes"] == [1, 1], hung
-            r = c.get(f"/api/v1/jobs/{hung['id']}/trace")
-            assert r.status_code == 200, r.text
-            waits = [e for e in r.json()["traceEvents"] if e.get("ph") == "X" and e.get("pid") == 1
-                     and "take(src=0)" in e["name"]]
-            assert waits, "the timed-out job's trace lacks rank 1's open take"
-            fig = c.get(f"/api/v1/dashboard/jobs/{hung['id']}/timeline", params={"width": 400}).json()
-            assert fig["available"], fig
-            # a rank fails while the other waits for it: the other is interrupted, not left hanging
-            failed = wait_state(c, submit(c, """
-                from nbmpi.workers import ArrayChannel
-                ch = ArrayChannel(4)
-                if rank == 1:
-                    raise ValueError("broken on one")
-                ch.take(1)
-                """, ranks=None, pool=pool["id"])["id"], ("succeeded", "failed", "timed_out"), timeout=120)
-            assert failed["state"] == "failed" and failed["rank_exit_codes"] == [1, 1], failed
-            assert "rank 1: ValueError: broken on one" in failed["message"], failed["message"]
-            assert "rank 0 was in take(src=1) waiting" in failed["message"], failed["message"]
-            after = wait_state(c, submit(c, "print('after', rank)", ranks=None, pool=pool["id"])["id"],
-                               ("succeeded", "failed"))
-            assert after["state"] == "succeeded", after
-            assert c.get(f"/api/v1/pools/{pool['id']}").json()["state"] == "running"
-            # ranks stuck in C code ignore the interrupt: the pool is ended and the job says where they were
-            wedged = wait_state(c, submit(c, """
-                import time
-                import numpy as np
-                buf = np.zeros(1)
-                if rank == 0:
-                    comm.Recv(buf, source=1)
-                else:
-                    time.sleep(60)
-                """, ranks=None, pool=pool["id"], timeout=3)["id"], ("succeeded", "failed", "timed_out"),
-                timeout=120)
-            assert wedged["state"] == "timed_out", wedged
-            assert "rank 0: at job.py line 6 `comm.Recv(buf, source=1)`: MPI Recv from rank 1" in wedged["message"]
-            assert "did not stop within" in wedged["message"] and "was ended" in wedged["message"], wedged
-            gone = wait_pool(c, pool["id"], ("failed",))
-            assert "did not stop within" in gone["message"], gone
-            assert pool_processes(tmp_path / "data") == []
+            _check_pool_job_trace(c, pool["id"])
+            _check_pool_job_deadline(c, pool["id"])
+            _check_failing_rank_interrupts_the_other(c, pool["id"])
+            _check_wedged_ranks_end_the_pool(c, tmp_path / "data", pool["id"])
     finally:
         srv.stop()
         leftovers = pool_processes(tmp_path / "data")
