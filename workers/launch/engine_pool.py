@@ -227,7 +227,8 @@ class EnginePool(_PoolHealth):
         say(f"pool {self.name!r}: starting the controller and {self.n} ranks")
         self._controller = self._popen(
             [sys.executable, "-m", "ipyparallel.controller", f"--profile-dir={self.profile_dir}",
-             f"--ip={self.ip}", *([f"--location={self.location}"] if self.location else []), "--log-level=WARN", f"--HeartMonitor.period={HEARTBEAT_MS}",
+             f"--ip={self.ip}", *([f"--location={self.location}"] if self.location else []), "--log-level=WARN",
+             f"--HeartMonitor.period={HEARTBEAT_MS}",
              f"--HeartMonitor.max_heartmonitor_misses={HEARTBEAT_MISSES}"], env, "controller")
         cmd = self._spawn_ranks(env, timeout)
         ending = None

@@ -127,7 +127,8 @@ class TraceStreamer:
             cur = cur or waiting.current
             if len(self._kinds) != len(kind_names()):
                 self._kinds = kind_names()
-            state = dict(rank=self.rank, size=self.size, pid=os.getpid(), host=self.host, kinds=self._kinds, rows=self.rows,
+            state = dict(rank=self.rank, size=self.size, pid=os.getpid(), host=self.host, kinds=self._kinds,
+                         rows=self.rows,
                          dropped=int(tr.dropped), clock_error_ns=int(tr.offset_err_ns), start_ns=self.start_ns,
                          now_ns=time.perf_counter_ns() + tr.offset_ns, time=time.time(),
                          waiting=None if cur is None or done else dict(op=str(cur[0]), peer=cur[1],
