@@ -4,11 +4,15 @@ A real controller (``nbmpi serve``, local backend) started with the cluster's la
 (:meth:`~nbmpi.workers.launch.virtual_cluster.VirtualCluster.launch_env`: Hydra's ssh launcher replaced
 by the cluster's stand-in) and ``--hosts`` = the 3 nodes' addresses runs a job with one rank on each
 node (hostnames, trace lanes and the dashboard's timeline named by rank and node), and the cancel of
-a job with two ranks per node leaves no process and no shared memory on any node. Skips (one line)
-where no virtual cluster can run (not root, ``ip``/``nsenter`` missing).
+a job with two ranks per node leaves no process and no shared memory on any node; those tests skip
+(one line) where no virtual cluster can run (not root, ``ip``/``nsenter`` missing). The options' bad
+cases are checked everywhere.
 """
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -19,8 +23,6 @@ from nbmpi.workers.launch import virtual_cluster as vcm
 from test_server import SLEEP_JOB, Server, job_processes, pids_from_logs, submit, wait_state
 
 NODES = 3
-WHY = vcm.why_not_available()
-pytestmark = pytest.mark.skipif(WHY is not None, reason=WHY or "")
 
 #: Every rank says where it runs and takes part in a collective (so the trace has communication).
 WHERE_JOB = """
@@ -36,6 +38,9 @@ print(f"rank {r} of {n} on {socket.gethostname()} sum {ch[0]}")
 
 @pytest.fixture(scope="module")
 def cluster():
+    why = vcm.why_not_available()
+    if why:
+        pytest.skip(why)
     vc = vcm.VirtualCluster(NODES)
     try:
         vc.up()
@@ -98,3 +103,20 @@ def test_cancel_of_a_job_on_every_node_leaves_nothing_there(server, cluster):
         assert r.status_code == 200 and r.json()["state"] == "cancelled", r.text
     _nothing_left(cluster)
     assert not job_processes(Path(server.data_dir))
+
+
+def test_hosts_options_bad_cases(tmp_path):
+    """Both --hosts and --hostfile, a missing hostfile, --hosts with the slurm backend: exit 2, one line."""
+    base = [sys.executable, "-m", "nbmpi.server.cli", "serve", "--port", "0", "--data-dir", str(tmp_path / "d")]
+    env = dict(os.environ, NBMPI_CONFIG=str(tmp_path / "client.json"))
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("a\nb\n")
+    cases = {("--hosts", "a,b", "--hostfile", str(hostfile)):
+             "nbmpi serve: give the hosts either as a list (--hosts) or in a file (--hostfile), not both",
+             ("--hostfile", str(tmp_path / "nosuch")):
+             f"nbmpi serve: --hostfile {tmp_path / 'nosuch'}: no such file; give one host[:slots] a line",
+             ("--backend", "slurm", "--hosts", "a"):
+             "nbmpi serve: --hosts: only for --backend local (this service uses --backend slurm)"}
+    for args, message in cases.items():
+        p = subprocess.run(base + list(args), capture_output=True, text=True, env=env, timeout=60)
+        assert p.returncode == 2 and p.stderr.strip().endswith(message), (args, p.returncode, p.stderr)
