@@ -4,7 +4,7 @@ The console script ``nbmpi`` is :func:`main` here, so the runtime package never
 imports the controller; ``python -m nbmpi.workers.launch.cli run`` works without it.
 
 * ``nbmpi serve [--host 127.0.0.1] [--port 8765] [--max-ranks N] [--db PATH] [--data-dir DIR]
-  [--backend local|slurm] [--slurm-partition P] [--slurm-sbatch-arg ARG ...]``:
+  [--backend local|slurm] [--hosts H1,H2 | --hostfile F] [--slurm-partition P] [--slurm-sbatch-arg ARG ...]``:
   run the service (uvicorn). Creates the data directory and, on first start,
   a token (printed once with a dashboard link that logs a browser tab in; the
   users file, mode 0600, keeps only its hash); writes the client configuration
@@ -84,18 +84,27 @@ def _fail(exc) -> int:
 
 
 # -- serve --------------------------------------------------------------------------------------
-#: ``nbmpi serve`` option -> SlurmBackend keyword (see :class:`nbmpi.server.backends.slurm.SlurmBackend`).
-_SLURM_OPTIONS = {"slurm_partition": "partition", "slurm_sbatch_arg": "sbatch_args",
-                  "slurm_poll_interval": "poll_interval", "slurm_mpi": "mpi", "slurm_pool_ip": "pool_ip"}
+#: ``nbmpi serve`` option -> backend keyword, per backend (see :class:`nbmpi.server.backends.local.LocalBackend`
+#: and :class:`nbmpi.server.backends.slurm.SlurmBackend`).
+_BACKEND_OPTIONS = {
+    "local": {"hosts": "hosts", "hostfile": "hostfile"},
+    "slurm": {"slurm_partition": "partition", "slurm_sbatch_arg": "sbatch_args",
+              "slurm_poll_interval": "poll_interval", "slurm_mpi": "mpi", "slurm_pool_ip": "pool_ip"},
+}
 
 
 def _backend_options(args: argparse.Namespace) -> dict:
-    """The backend's keyword options from the ``--slurm-*`` options given. Raises ValueError when
-    they are given to another backend."""
-    given = {key: getattr(args, opt) for opt, key in _SLURM_OPTIONS.items() if getattr(args, opt) is not None}
-    if given and args.backend != "slurm":
-        flags = ", ".join("--" + o.replace("_", "-") for o in _SLURM_OPTIONS if getattr(args, o) is not None)
-        raise ValueError(f"{flags}: only for --backend slurm (this service uses --backend {args.backend})")
+    """The backend's keyword options from the backend options given (``--slurm-*``; ``--hosts``,
+    ``--hostfile``). Raises ValueError when they are given to another backend."""
+    for backend, options in _BACKEND_OPTIONS.items():
+        wrong = [o for o in options if getattr(args, o, None) is not None]
+        if wrong and args.backend != backend:
+            flags = ", ".join("--" + o.replace("_", "-") for o in wrong)
+            raise ValueError(f"{flags}: only for --backend {backend} (this service uses --backend {args.backend})")
+    options = _BACKEND_OPTIONS.get(args.backend, {})
+    given = {key: getattr(args, opt) for opt, key in options.items() if getattr(args, opt, None) is not None}
+    if "hosts" in given:
+        given["hosts"] = [h for h in given["hosts"].split(",") if h.strip()]
     return given
 
 
@@ -474,6 +483,12 @@ def _register_serve(sub) -> None:
     s.add_argument("--backend", default="local", choices=sorted(BACKENDS),
                    help="where jobs and pools run (default local: mpiexec on this host; slurm: sbatch "
                         "jobs and Slurm allocations for pools, see deploy/slurm/)")
+    lo = s.add_argument_group("local backend", "options of --backend local (the default)")
+    lo.add_argument("--hosts", default=None, metavar="H1,H2[:N],...",
+                    help="run every job's ranks on these hosts, filled in order as mpiexec -hosts does (ssh, or "
+                         "$NBMPI_LAUNCHER_EXEC; the data directory must be shared with them); pools stay here")
+    lo.add_argument("--hostfile", default=None, metavar="FILE",
+                    help="as --hosts, with the hosts in FILE (one host[:N] a line)")
     sl = s.add_argument_group("slurm backend", "options of --backend slurm (the data directory must be on a "
                                                 "filesystem the cluster's nodes share)")
     sl.add_argument("--slurm-partition", default=None, metavar="NAME",
@@ -487,7 +502,7 @@ def _register_serve(sub) -> None:
                     help="srun --mpi plugin (default pmi2, which the bundled MPICH speaks; pmix for some site MPIs)")
     sl.add_argument("--slurm-pool-ip", default=None, metavar="ADDR",
                     help="address a pool's ipyparallel controller listens on in its allocation (default *: "
-                         "engines and this service connect to the node's name)")
+                         "engines and this service connect to the node's NodeAddr)")
     s.add_argument("--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"])
     s.set_defaults(func=_cmd_serve)
 

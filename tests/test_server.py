@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -234,7 +235,9 @@ def test_failing_rank(server):
         assert job["rank_exit_codes"][1] == 3 and job["rank_exit_codes"][0] is None
         assert "rank 1 exited 3" in job["message"]
         trace = c.get(f"/api/v1/jobs/{job['id']}/trace")   # what was recorded up to the end
-        assert trace.status_code == 200 and {"rank 0", "rank 1"} <= {e["args"]["name"] for e in trace.json()["traceEvents"] if e["name"] == "process_name"}
+        lanes = {f"rank {r} ({socket.gethostname()})" for r in (0, 1)}   # the streamed trace knows each rank's host
+        assert trace.status_code == 200 and lanes <= {e["args"]["name"] for e in trace.json()["traceEvents"]
+                                                      if e["name"] == "process_name"}
 
 
 def test_cancel_leaves_no_process(server):

@@ -17,6 +17,14 @@ bound to the service's life (it is re-attached after a restart); its state
 is the pids of its controller, mpiexec and ranks, so a pool that cannot be
 re-attached is ended by pid.
 
+With ``hosts`` (``nbmpi serve --hosts``) or ``hostfile`` (``--hostfile``) a job's ranks are placed on
+those hosts as ``nbmpi run --hosts`` places them (:func:`nbmpi.workers.launch.launcher.placement_args`:
+Hydra's ssh launcher, or ``$NBMPI_LAUNCHER_EXEC`` and ``$NBMPI_LAUNCHER_LOCALHOST`` from the service's
+environment, e.g. a virtual cluster's :meth:`~nbmpi.workers.launch.virtual_cluster.VirtualCluster.launch_env`);
+the data directory must then be on a filesystem every host sees. When such a job did not
+succeed, the shared memory its killed ranks left on the other hosts is removed there
+(:func:`nbmpi.workers.launch.remote_cleanup.clean_hosts`). Pools stay on this host.
+
 After a restart a job that was running cannot be followed (its mpiexec was
 this process's child): :meth:`LocalBackend.recover` ends what is left of it
 and the record becomes ``lost``.
@@ -27,13 +35,13 @@ import os
 import subprocess
 import threading
 from pathlib import Path
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import psutil
 
 from nbmpi.workers.launch import launcher
 from nbmpi.workers.launch.engine_pool import EnginePool
-from nbmpi.workers.launch.environment import STATUS_DIR_ENV, job_environment
+from nbmpi.workers.launch.environment import LAUNCHER_EXEC_ENV, STATUS_DIR_ENV, job_environment
 from nbmpi.workers.launch.identity import base_environment, open_no_link
 from nbmpi.workers.launch.processes import end_group_of, end_processes, noted_segments, remove_shm
 
@@ -66,19 +74,27 @@ def _is_pool_process(pid: int) -> bool:
 
 
 class _Launch:
-    """A job started by this service: its mpiexec and the watch of its ranks."""
+    """A job started by this service: its mpiexec, the watch of its ranks, its environment."""
 
-    def __init__(self, proc: subprocess.Popen, watch: launcher.RankWatch):
+    def __init__(self, proc: subprocess.Popen, watch: launcher.RankWatch, env: Dict[str, str]):
         self.proc = proc
         self.watch = watch
+        self.env = env
 
 
 class LocalBackend(Backend):
-    """Jobs and pools on this host with the bundled (or ``NBMPI_MPIEXEC``) mpiexec."""
+    """Jobs and pools on this host with the bundled (or ``NBMPI_MPIEXEC``) mpiexec; jobs on ``hosts``
+    (``host[:slots]`` entries) or the hosts of ``hostfile`` when given (see the module)."""
 
     name = "local"
 
-    def __init__(self) -> None:
+    def __init__(self, hosts: Optional[Sequence[str]] = None, hostfile: Optional[str] = None) -> None:
+        if hosts and hostfile:
+            raise BackendError("give the hosts either as a list (--hosts) or in a file (--hostfile), not both")
+        if hostfile and not os.path.isfile(hostfile):
+            raise BackendError(f"--hostfile {hostfile}: no such file; give one host[:slots] a line")
+        self.hosts: Optional[List[str]] = list(hosts) if hosts else None
+        self.hostfile = hostfile
         self._launches: Dict[int, _Launch] = {}
         self._lock = threading.Lock()
 
@@ -95,11 +111,11 @@ class LocalBackend(Backend):
                     open_no_link(spec.job_dir / "launcher.err", "wb") as err:
                 proc = launcher.start(spec.ranks, [str(spec.script_path), *spec.args], status_dir, env=env,
                                       stdout=out, stderr=err, cwd=str(spec.job_dir), full_env=True,
-                                      identity=spec.identity)
+                                      identity=spec.identity, hosts=self.hosts, hostfile=self.hostfile)
         except (OSError, ValueError) as exc:  # e.g. no mpiexec
             raise BackendError(f"could not start mpiexec: {exc}") from exc
         with self._lock:
-            self._launches[spec.id] = _Launch(proc, launcher.RankWatch(status_dir, spec.ranks))
+            self._launches[spec.id] = _Launch(proc, launcher.RankWatch(status_dir, spec.ranks), env)
         return {"pgid": proc.pid, "status_dir": status_dir}
 
     def poll(self, spec: JobSpec, state: Dict[str, Any]) -> JobStatus:
@@ -124,6 +140,11 @@ class LocalBackend(Backend):
             self._launches.pop(spec.id, None)
         out = launch.watch.outcome(launch.proc.returncode)
         launch.watch.clean_up()
+        if (self.hosts or self.hostfile) and (cancelled or out.exit_code != 0):
+            from nbmpi.workers.launch.remote_cleanup import clean_hosts, hosts_of   # killed ranks' segments there
+
+            clean_hosts(hosts_of(self.hosts, self.hostfile), launch.watch.status_dir,
+                        shell=launch.env.get(LAUNCHER_EXEC_ENV) or "ssh", env=launch.env)
         if cancelled:
             return JobStatus("ended", outcome="cancelled", exit_code=130, codes=out.codes,
                              message="cancelled by its owner")

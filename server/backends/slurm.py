@@ -266,7 +266,8 @@ class SlurmBackend(Backend):
     pool, e.g. ``["--account=proj"]``), ``poll_interval`` (seconds one
     ``squeue`` answer is reused), ``mpi`` (``srun --mpi`` plugin, default
     ``pmi2``), ``pool_ip`` (address a pool's ipyparallel controller listens on,
-    default ``*``: engines on other nodes connect to it), ``python`` (the
+    default ``*``: engines on other nodes and this service connect to it at its node's
+    ``NodeAddr``), ``python`` (the
     interpreter the ranks run, default this one; the cluster's nodes must have it
     at the same path). Raises :class:`BackendError` at construction when
     ``sbatch`` is not on PATH, Slurm does not answer, or ``partition`` does not exist.

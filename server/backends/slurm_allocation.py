@@ -8,7 +8,9 @@ it starts a :class:`nbmpi.workers.launch.engine_pool.EnginePool` whose launcher 
 (``NBMPI_MPIEXEC=srun``, ``SLURM_MPI_TYPE`` from ``--mpi``): the ipyparallel
 controller here, listening on ``--ip``, and the N engines as one job step of
 the allocation, engine id == MPI rank, with
-:func:`nbmpi.workers.launch.engine_side.setup` run on every rank. Once every engine
+:func:`nbmpi.workers.launch.engine_side.setup` run on every rank. The engines on the other
+nodes and the service reach the controller at this node's ``NodeAddr`` as Slurm knows it
+(:func:`node_address`; the hostname when Slurm does not say). Once every engine
 runs it writes ``DIR/connection.json`` (owner-only: it holds the controller's
 key): ``{"slurm_job_id": ..., **EnginePool.connection_info()}``, which the
 controller attaches to. It then waits. SIGTERM (``scancel --batch
@@ -95,6 +97,24 @@ def clean_shm_everywhere(status_dir: str, python: str = sys.executable) -> None:
                        stdin=subprocess.DEVNULL, timeout=120, check=False)
 
 
+def node_address() -> Optional[str]:
+    """This node's ``NodeAddr`` in Slurm's configuration (``scontrol show node $SLURMD_NODENAME``):
+    where the other nodes of the allocation and the service reach it. None when Slurm does not
+    say (then ipyparallel uses the hostname). Blocking (one scontrol call, at most 30 s)."""
+    name = os.environ.get("SLURMD_NODENAME")
+    if not name:
+        return None
+    try:
+        out = subprocess.run(["scontrol", "show", "node", "--oneliner", name], capture_output=True, text=True,
+                             timeout=30, stdin=subprocess.DEVNULL).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    for word in out.split():
+        if word.startswith("NodeAddr="):
+            return word.split("=", 1)[1] or None
+    return None
+
+
 class _Stop(BaseException):
     """Raised in the main thread by SIGTERM/SIGINT: end the pool."""
 
@@ -118,7 +138,8 @@ def run_pool(args: argparse.Namespace) -> int:
     os.environ["SLURM_KILL_BAD_EXIT"] = "1"   # one engine dying ends the step: the pool is seen dead at once
     for s in (signal.SIGTERM, signal.SIGINT):
         signal.signal(s, _on_signal)
-    pool = EnginePool(args.ranks, name=args.name, work_dir=str(work), bound_to_owner=False, ip=args.ip)
+    pool = EnginePool(args.ranks, name=args.name, work_dir=str(work), bound_to_owner=False, ip=args.ip,
+                      location=node_address() if args.ip in ("*", "0.0.0.0") else None)
     code = 0
     try:
         pool.start(progress=lambda msg: print(msg, flush=True), timeout=args.start_timeout)

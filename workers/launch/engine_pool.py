@@ -109,14 +109,16 @@ class EnginePool(_PoolHealth):
     controller listens on: ``127.0.0.1`` (the default, ``$NBMPI_POOL_IP`` if
     set) when every engine runs on this host, ``*`` or an interface address
     when the launcher (e.g. ``NBMPI_MPIEXEC=srun`` in a Slurm allocation) puts
-    engines on other nodes; they then connect to this host's name. ``identity``: the UNIX
+    engines on other nodes; they then connect to ``location``: this host's address or name as
+    the engines and clients reach it (default: its hostname, which must then resolve on every
+    node and client, as ipyparallel's ``--location``). ``identity``: the UNIX
     account the pool's controller and engines run as (None: this process's own); the
     pool's ``work_dir`` is then given to that account.
     """
 
     def __init__(self, n: int, name: Optional[str] = None, work_dir: Optional[str] = None,
                  env: Optional[Dict[str, str]] = None, bound_to_owner: bool = True, ip: Optional[str] = None,
-                 identity: Optional[Identity] = None):
+                 identity: Optional[Identity] = None, location: Optional[str] = None):
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
             raise ValueError(f"a pool needs a whole number of ranks >= 1, got n={n!r}")
         self.n = n
@@ -130,6 +132,7 @@ class EnginePool(_PoolHealth):
         #: to it or ends it after a restart.
         self.bound_to_owner = bool(bound_to_owner)
         self.ip = ip or os.environ.get(POOL_IP_ENV) or "127.0.0.1"
+        self.location = location
         self.ranks = list(range(n))
         self.hosts: List[str] = []
         self.rank_info: List[Dict[str, Any]] = []
@@ -224,7 +227,8 @@ class EnginePool(_PoolHealth):
         say(f"pool {self.name!r}: starting the controller and {self.n} ranks")
         self._controller = self._popen(
             [sys.executable, "-m", "ipyparallel.controller", f"--profile-dir={self.profile_dir}",
-             f"--ip={self.ip}", "--log-level=WARN", f"--HeartMonitor.period={HEARTBEAT_MS}",
+             f"--ip={self.ip}", *([f"--location={self.location}"] if self.location else []), "--log-level=WARN",
+             f"--HeartMonitor.period={HEARTBEAT_MS}",
              f"--HeartMonitor.max_heartmonitor_misses={HEARTBEAT_MISSES}"], env, "controller")
         cmd = self._spawn_ranks(env, timeout)
         ending = None

@@ -7,7 +7,8 @@ controller runs when a job ends, whatever its outcome): joins the ranks' stream 
 
 * ``meta.json``: ``{"format", "state": "ok" | "unreadable", "reason", "nranks", "kinds", "events",
   "segments", "lane_off", "duration_s", "origin_ns", "version", "waits", "analysis", "arrows",
-  "arrow_span_s", "done"}``; written last (a directory without it is not an index);
+  "arrow_span_s", "done", "hosts"}`` (``hosts[r]``: rank r's hostname, for the lane names); written
+  last (a directory without it is not an index);
 * per segment of the timeline (lane by lane, in time order; what
   :func:`~nbmpi.workers.tracing.timeline.timeline_columns` makes): ``start.npy`` / ``end.npy`` (s from
   the job's start), ``endmax.npy`` (running maximum of ``end`` within the lane: binary-searchable),
@@ -44,7 +45,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from . import timeline
-from .analysis import STATE_NAMES, op_label
+from .analysis import STATE_NAMES, Trace, op_label
 from .npy_column import BLOCK_BYTES, NpyAppender, NpyColumn, save_with_skeleton
 from .records import FIELDS, NF
 from .stream import TraceUnreadable, read_job_trace
@@ -131,7 +132,7 @@ def _write_index(out: Path, jt) -> Dict[str, Any]:
                 segments=lane_off[-1], lane_off=lane_off, duration_s=duration, origin_ns=int(origin),
                 version=int(jt.version), waits=waits, analysis=an, arrows=int(len(sp)), arrow_span_s=span,
                 done=bool(jt.done), dropped=[int(x) for x in trace.dropped],
-                clock_error_ns=[int(x) for x in trace.clock_error_ns], built_at=time.time())
+                clock_error_ns=[int(x) for x in trace.clock_error_ns], hosts=list(trace.hosts), built_at=time.time())
 
 
 def _write_chrome(trace_dir: Path, jt) -> None:
@@ -243,9 +244,10 @@ class EventTable:
     """The indexed events (an :class:`~.npy_column.NpyColumn`: rows read when asked for) with what a
     timeline view asks of a trace: ``events`` rows, ``len()``, :meth:`op_label`."""
 
-    def __init__(self, events: NpyColumn, kinds: List[str]):
+    def __init__(self, events: NpyColumn, kinds: List[str], hosts: Optional[List[str]] = None):
         self.events = _CachedRows(events)
         self.kinds = kinds
+        self.hosts = list(hosts or [])
 
     def __len__(self) -> int:
         return int(self.events.shape[0])
@@ -253,6 +255,9 @@ class EventTable:
     def op_label(self, i: int) -> str:
         """Human label of event ``i``, e.g. ``take(src=0)``."""
         return op_label(self.events[int(i)], self.kinds)
+
+    #: Rank ``r``'s lane name from :attr:`hosts` (``rank R (HOST)``), the trace's own method.
+    lane_name = Trace.lane_name
 
 
 class TraceIndex:
@@ -313,14 +318,15 @@ class TraceIndex:
 
     def table(self) -> EventTable:
         """The events for labels (rows read when asked for)."""
-        return EventTable(self.a("events"), self.meta["kinds"])
+        return EventTable(self.a("events"), self.meta["kinds"], self.meta.get("hosts"))
 
     def save_npz(self, path: os.PathLike) -> None:
         """Write the indexed trace as a :meth:`Trace.save` file (uncompressed; :meth:`Trace.load` reads
         it), copying the event columns in blocks of at most :data:`~.npy_column.BLOCK_BYTES`."""
         small = dict(nranks=np.asarray(self.meta["nranks"]), kinds=np.array(self.meta["kinds"]),
                      dropped=np.array(self.meta["dropped"], np.int64),
-                     clock_error_ns=np.array(self.meta["clock_error_ns"], np.int64))
+                     clock_error_ns=np.array(self.meta["clock_error_ns"], np.int64),
+                     hosts=np.array(self.meta.get("hosts") or [""] * int(self.meta["nranks"]), dtype=str))
         with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED, allowZip64=True) as zf:
             for name in ("events", "ranks"):
                 col = self.a(name)

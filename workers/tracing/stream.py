@@ -14,9 +14,10 @@ Files, in the job's trace directory, per rank ``R``:
 
 * ``rank-R.events``: append-only rows of :data:`~nbmpi.workers.tracing.tracer.FIELDS` (little-endian int64,
   ``NF`` columns), times in ns on rank 0's clock; a reader ignores a trailing partial row;
-* ``rank-R.live.json``: ``{"rank", "size", "pid", "kinds", "rows", "dropped", "clock_error_ns",
+* ``rank-R.live.json``: ``{"rank", "size", "pid", "host", "kinds", "rows", "dropped", "clock_error_ns",
   "start_ns", "now_ns", "time", "waiting", "done"}`` where ``start_ns`` is when the streamer started and
-  ``now_ns`` the time of this write (both rank 0's clock), ``time`` the Unix time of this write and
+  ``now_ns`` the time of this write (both rank 0's clock), ``host`` the rank's hostname (the trace's lane
+  names: ``rank R (HOST)``), ``time`` the Unix time of this write and
   ``waiting`` ``{"op", "peer", "since_ns"}`` or null.
 
 Reader (:func:`read_job_trace`): the ranks' files as a :class:`JobTrace` (the trace, each rank's live
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import threading
 import time
 import zlib
@@ -80,6 +82,7 @@ class TraceStreamer:
         self._thread: Optional[threading.Thread] = None
         self._lock = threading.Lock()   # one writer at a time (thread, then stop())
         self._kinds: List[str] = []
+        self.host = socket.gethostname()
 
     def start(self) -> "TraceStreamer":
         """Create the files and start the thread. Returns self."""
@@ -124,7 +127,8 @@ class TraceStreamer:
             cur = cur or waiting.current
             if len(self._kinds) != len(kind_names()):
                 self._kinds = kind_names()
-            state = dict(rank=self.rank, size=self.size, pid=os.getpid(), kinds=self._kinds, rows=self.rows,
+            state = dict(rank=self.rank, size=self.size, pid=os.getpid(), host=self.host, kinds=self._kinds,
+                         rows=self.rows,
                          dropped=int(tr.dropped), clock_error_ns=int(tr.offset_err_ns), start_ns=self.start_ns,
                          now_ns=time.perf_counter_ns() + tr.offset_ns, time=time.time(),
                          waiting=None if cur is None or done else dict(op=str(cur[0]), peer=cur[1],
@@ -313,8 +317,9 @@ def read_job_trace(trace_dir: os.PathLike, nranks: int) -> Optional[JobTrace]:
         done = bool(state and state.get("done"))
         marks.append([len(rows), state.get("waiting") if state else None, done,
                       state.get("now_ns") if state and not done else None])
+    hosts = [str(s.get("host", "")) if s else "" for s in live]
     trace = Trace(events, owners, nranks, kinds or kind_names(), dropped=dropped, clock_error_ns=clock_err,
-                  copy=False)
+                  hosts=hosts, copy=False)
     starts = [int(s["start_ns"]) for s in live if s]
     nows = [int(s["now_ns"]) for s in live if s]
     start_ns = min(starts + ([trace.t0] if len(trace) else []), default=0)
