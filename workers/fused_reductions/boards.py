@@ -12,6 +12,7 @@ yet is only late.
 """
 from __future__ import annotations
 
+import atexit
 import time
 from typing import Any, Callable, List, Optional
 
@@ -33,8 +34,9 @@ class _SizeMismatch(NbmpiError):
 class SizeBoards:
     """This rank's size board and its reads of the peers' boards (one per fuser)."""
 
-    def __init__(self, mpi, win, board: np.ndarray, rank: int, peers: List[int], addrs: List[int]) -> None:
-        self._mpi, self._win, self._board, self._rank = mpi, win, board, rank
+    def __init__(self, mpi, win, board: np.ndarray, rank: int, peers: List[int], addrs: List[int],
+                 diag=None) -> None:
+        self._mpi, self._win, self._board, self._rank, self._diag = mpi, win, board, rank, diag
         self._peers = peers
         self._addrs = addrs
         self._seen = np.full((max(len(peers), 1), 3), -1, dtype=np.int64)
@@ -53,8 +55,7 @@ class SizeBoards:
         m = MPI()
         board = np.full(3, -1, dtype=np.int64)
         try:
-            # a dynamic window over our own array: no collective is needed to release it at
-            # exit (a window from Win.Allocate must be freed collectively, or UCX complains)
+            # a dynamic window over our own array; freed at exit by close() (collective, with a timeout)
             win = m.Win.Create_dynamic(comm=diag)
             win.Attach(board)
             addrs = np.zeros(size, dtype=np.int64)
@@ -65,7 +66,32 @@ class SizeBoards:
         except m.Exception:   # pragma: no cover - every MPI-3 library has passive-target RMA
             return None
         peers = [p for p in range(size) if p != rank]
-        return cls(m, win, board, rank, peers, [int(addrs[p]) for p in peers])
+        boards = cls(m, win, board, rank, peers, [int(addrs[p]) for p in peers], diag)
+        atexit.register(boards.close)   # after mpi4py's own exit handler was registered: runs before it
+        return boards
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Free the window before ``MPI_Finalize``. Called at exit on every rank (registered by :meth:`open`);
+        idempotent. Blocks until every rank of the diagnosis communicator is here too (an ``Ibarrier``, at
+        most ``timeout`` s), then ends the passive-target epoch, detaches the board and frees the window
+        (``MPI_Win_free`` is collective). When a peer does not arrive in time (it failed or is stuck) the
+        window is left to ``MPI_Finalize``, which never hangs on it. Without the free, MPICH's ofi netmod
+        fails to close its fabric at finalize across nodes ("fabricclose failed ... Device or resource busy")."""
+        win, self._win = self._win, None
+        m = self._mpi
+        if win is None or m.Is_finalized():
+            return
+        try:
+            waiting.wait(self._diag.Ibarrier(), timeout, self._rank, None,
+                         "fused reductions: freeing the size boards at exit", CommTimeout, None, cancellable=False)
+        except (CommTimeout, m.Exception):
+            return
+        try:
+            win.Unlock_all()
+            win.Detach(self._board)
+            win.Free()
+        except m.Exception:   # pragma: no cover - MPI_Finalize releases it then
+            pass
 
     def publish(self, seq: int, words: int) -> None:
         """Write ``(seq, words, seq)`` to this rank's board (a reader takes it only when the
