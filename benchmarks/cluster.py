@@ -130,6 +130,7 @@ def stencil_part(shape, iters: int, rounds: int) -> dict:
     for m in modes:
         res[m]["wait_pct_median"] = median_per_rank(res[m]["wait_pct"])
         res[m]["transfer_pct_median"] = median_per_rank([s["transfers"] for s in res[m]["split"]])
+        res[m]["force_point_pct_median"] = median_per_rank([s["force_point"] for s in res[m]["split"]])
         res[m]["per_iter_median_s"] = float(numpy.median(res[m]["per_iter_s"]))
     res["verified"] = bool(numpy.isclose(delta, want, rtol=1e-9))
     res["hosts"] = comm.allgather(__import__("socket").gethostname())
@@ -164,6 +165,10 @@ def mpi_main(a) -> int:
 
     if a.part_kind == "pingpong":
         out = pingpong_part(json.loads(a.sizes), a.blocks, a.seed)
+    elif a.part_kind == "moves":
+        from cluster_moves import moves_part
+
+        out = moves_part(json.loads(a.stencil))
     else:
         cfg = json.loads(a.stencil)
         out = stencil_part(tuple(cfg["shape"]), cfg["iters"], cfg["rounds"])
@@ -180,7 +185,7 @@ def measure_rate(rate: str, a, cfg: dict, nodes: List[int], tmp: Path, script: s
     from nbmpi.workers.launch.virtual_cluster import VirtualCluster
 
     out: dict = {}
-    with VirtualCluster(max(nodes + [2]), rate) as vc:
+    with VirtualCluster(max(nodes + [cfg["moves_nodes"], 2]), rate) as vc:
         env = {**vc.launch_env(), "NBMPI_DISTARRAY_CACHE": str(tmp / "kernels"), "NBMPI_TIMEOUT": "300"}
         print(f"[{rate}] ping-pong between {vc.names[0]} and {vc.names[1]} ...", flush=True)
         args = ["--part-kind", "pingpong", "--sizes", json.dumps(cfg["ping_sizes"]), "--blocks", str(cfg["blocks"])]
@@ -194,6 +199,12 @@ def measure_rate(rate: str, a, cfg: dict, nodes: List[int], tmp: Path, script: s
                                                  hosts=vc.addresses[:p])
             if code:
                 raise RuntimeError(f"the stencil on {p} nodes at {rate} failed with exit code {code}")
+        p = cfg["moves_nodes"]
+        print(f"[{rate}] aggregation histogram and Block->Cyclic redistribution on {p} nodes ...", flush=True)
+        args = ["--part-kind", "moves", "--stencil", json.dumps(cfg["moves"])]
+        code, out["moves"] = run_part(p, script, tmp / f"moves-{rate}.json", args, env, hosts=vc.addresses[:p])
+        if code:
+            raise RuntimeError(f"the histogram / redistribution on {p} nodes at {rate} failed with exit code {code}")
     return out
 
 
@@ -204,7 +215,7 @@ def main(argv=None) -> int:
 
     p = benchmark_parser(__doc__, "1 Gbit/s only, small sizes, one round (smoke test)")
     p.add_argument("--rates", default=None, help="comma-separated tc rates (default 100mbit,1gbit,10gbit)")
-    p.add_argument("--nodes", default=None, help="comma-separated node counts of the stencil (default 2,3)")
+    p.add_argument("--nodes", default=None, help="comma-separated node counts of the stencil (default 1,2,3)")
     p.add_argument("--rounds", type=int, default=None, help="interleaved stencil rounds (default 5)")
     p.add_argument("--shape", default=None, metavar="ROWSxCOLS", help="the stencil's grid (default 2000x2000)")
     p.add_argument("--iters", type=int, default=None, help="stencil steps per timed loop (default 10)")
@@ -228,10 +239,12 @@ def main(argv=None) -> int:
         stencil["shape"] = tuple(int(v) for v in a.shape.lower().split("x"))
     if a.iters:
         stencil["iters"] = a.iters
+    from cluster_moves import FULL as MOVES, QUICK as QUICK_MOVES
+
     cfg = dict(ping_sizes=QUICK_PING_SIZES if a.quick else PING_SIZES, blocks=2 if a.quick else a.blocks,
-               stencil=stencil)
+               stencil=stencil, moves=QUICK_MOVES if a.quick else MOVES, moves_nodes=2 if a.quick else 3)
     rates = a.rates.split(",") if a.rates else (["1gbit"] if a.quick else list(RATES))
-    nodes = [int(n) for n in a.nodes.split(",")] if a.nodes else ([2] if a.quick else [2, 3])
+    nodes = [int(n) for n in a.nodes.split(",")] if a.nodes else ([1, 2] if a.quick else [1, 2, 3])
     load0, t_all = os.getloadavg(), time.time()
     results = {}
     with tempfile.TemporaryDirectory(prefix="nbmpi-cluster-bench-") as tmp:
@@ -246,27 +259,26 @@ def _worst(values) -> float:
     return max(values) if values else float("nan")
 
 
-def report(cfg, rates, nodes, results, quick, out_dir, run_info, mach) -> None:
-    from distarray import ratio_of
-    from reporting import md_table, target, targets_table, write_results
+def _per_rank(values) -> str:
+    return " / ".join(f"{w:.1f}" for w in values)
 
-    ping_rows = []
+
+def stencil_section(cfg, rates, nodes, results):
+    """The stencil's wait table (2 and more nodes) and its targets: ``(markdown lines, targets)``."""
+    from distarray import ratio_of
+    from reporting import md_table, target
+
+    rows, targets = [], []
     for rate in rates:
-        pp = results[rate]["pingpong"]
-        for nb in cfg["ping_sizes"]:
-            raw, chan = pp["raw"][str(nb)], pp["channel"][str(nb)]
-            ping_rows.append([rate, nb, raw * 1e6, chan * 1e6, nb / raw / 1e6, nb / chan / 1e6, raw / chan])
-    st_rows, targets = [], []
-    for rate in rates:
-        for p in nodes:
+        for p in [n for n in nodes if n > 1]:
             st = results[rate][f"stencil_{p}"]
-            wh, wb = _worst(st["hiding"]["wait_pct_median"]), _worst(st["blocking"]["wait_pct_median"])
-            th, tb = _worst(st["hiding"]["transfer_pct_median"]), _worst(st["blocking"]["transfer_pct_median"])
-            st_rows.append([rate, p, st["hiding"]["per_iter_median_s"] * 1e3, st["blocking"]["per_iter_median_s"] * 1e3,
-                            " / ".join(f"{w:.1f}" for w in st["hiding"]["wait_pct_median"]),
-                            " / ".join(f"{w:.1f}" for w in st["blocking"]["wait_pct_median"]),
-                            f"{th:.1f} / {tb:.1f}", ratio_of(wb, wh),
-                            " / ".join(f"{w:.1f}" for w in st["handwritten"]["wait_pct_median"]), st["verified"]])
+            h, b = st["hiding"], st["blocking"]
+            wh, wb = _worst(h["wait_pct_median"]), _worst(b["wait_pct_median"])
+            rows.append([rate, p, h["per_iter_median_s"] * 1e3, b["per_iter_median_s"] * 1e3,
+                         _per_rank(h["wait_pct_median"]), _per_rank(h["transfer_pct_median"]),
+                         _per_rank(h.get("force_point_pct_median", [])), _per_rank(b["wait_pct_median"]),
+                         _per_rank(b["transfer_pct_median"]), ratio_of(wb, wh),
+                         _per_rank(st["handwritten"]["wait_pct_median"]), st["verified"]])
             if p == 2:
                 targets.append(target(f"stencil wait % with latency hiding, worst rank, 2 nodes, {rate}", wh, 10.0,
                                       higher_is_better=False))
@@ -276,24 +288,75 @@ def report(cfg, rates, nodes, results, quick, out_dir, run_info, mach) -> None:
     targets.append(target("every stencil result equals NumPy's",
                           float(all(results[r][f"stencil_{p}"]["verified"] for r in rates for p in nodes)), 1.0))
     shape, iters = cfg["stencil"]["shape"], cfg["stencil"]["iters"]
+    md = [f"\n## The seed's Jacobi stencil: wait with and without latency hiding\n\n"
+          f"Problem size: a {shape[0]} x {shape[1]} float64 grid (block rows), {iters} steps per timed loop, "
+          f"median over {cfg['stencil']['rounds']} interleaved rounds: the seed's square grid scaled to this "
+          "machine (2 cores, one rank per node), so that a step's compute per rank stays in the tens of ms as "
+          "on the seed's nodes. Time per step in ms (slowest rank); wait % per rank (rank 0 / 1 / ...) from the "
+          "gathered traces, split into transfers (halo receives and waits) and force points (the per-step "
+          "`float(sum(...))`: an allreduce, where a rank waits for the slowest one). The seed's table (16 "
+          "cores, Gigabit Ethernet): Jacobi stencil 62 % without, 9 % with latency hiding; Jacobi 54 % -> 2 %. "
+          "Hand-written: the mpi4py + numba version of benchmarks/distarray.py (halos fly while the interior "
+          "is computed), its time in Waitall and Allreduce: the floor of the wait on these links under this "
+          "load.\n",
+          md_table(["link", "nodes", "hiding ms/step", "blocking ms/step", "wait % hiding", "of which transfers",
+                    "of which force points", "wait % blocking", "of which transfers", "without / with (worst)",
+                    "hand-written wait %", "equals NumPy"], rows)]
+    return md, targets
+
+
+def scaling_section(rates, nodes, results):
+    """Strong scaling of the stencil, nbmpi (latency hiding) beside the hand-written mpi4py + numba version:
+    ``(markdown lines, rows as dicts)``; speed-up against the same program on 1 node of the same cluster."""
+    from reporting import md_table
+
+    if 1 not in nodes:
+        return [], []
+    rows, data = [], []
+    for rate in rates:
+        t1 = results[rate]["stencil_1"]
+        base = dict(nbmpi=t1["hiding"]["per_iter_median_s"], handwritten=t1["handwritten"]["per_iter_median_s"])
+        for p in nodes:
+            st = results[rate][f"stencil_{p}"]
+            t = dict(nbmpi=st["hiding"]["per_iter_median_s"], handwritten=st["handwritten"]["per_iter_median_s"])
+            d = dict(rate=rate, nodes=p, **{f"{k}_ms": v * 1e3 for k, v in t.items()},
+                     **{f"{k}_speedup": base[k] / t[k] for k in t}, **{f"{k}_efficiency": base[k] / t[k] / p for k in t})
+            data.append(d)
+            rows.append([rate, p, d["nbmpi_ms"], d["nbmpi_speedup"], d["nbmpi_efficiency"], d["handwritten_ms"],
+                         d["handwritten_speedup"], d["handwritten_efficiency"], t["nbmpi"] / t["handwritten"]])
+    md = ["\n## Strong scaling of the stencil, 1 to 3 nodes\n\nThe same grid on 1, 2 and 3 nodes (one rank "
+          "each), ms per step (median of the rounds, slowest rank); speed-up = time on 1 node / time on p nodes "
+          "of the same program, efficiency = speed-up / p. nbmpi with latency hiding; hand-written = mpi4py + "
+          "numba (one fused loop per step, no temporaries, so faster per step on 1 node).\n",
+          md_table(["link", "nodes", "nbmpi ms/step", "nbmpi speed-up", "nbmpi efficiency", "hand-written ms/step",
+                    "hand-written speed-up", "hand-written efficiency", "nbmpi / hand-written time"], rows)]
+    return md, data
+
+
+def report(cfg, rates, nodes, results, quick, out_dir, run_info, mach) -> None:
+    from cluster_moves import moves_section
+    from reporting import md_table, targets_table, write_results
+
+    ping_rows = []
+    for rate in rates:
+        pp = results[rate]["pingpong"]
+        for nb in cfg["ping_sizes"]:
+            raw, chan = pp["raw"][str(nb)], pp["channel"][str(nb)]
+            ping_rows.append([rate, nb, raw * 1e6, chan * 1e6, nb / raw / 1e6, nb / chan / 1e6, raw / chan])
+    st_md, targets = stencil_section(cfg, rates, nodes, results)
+    sc_md, scaling = scaling_section(rates, nodes, results)
+    mv_md, mv_targets = moves_section(cfg, rates, results)
     md = [f"One rank per node of a virtual cluster (network namespaces on this machine, links capped with tc tbf at "
           f"each rate, MPICH ofi/tcp between nodes). Ping-pong: one-way time, median of {cfg['blocks']} interleaved "
           "blocks; throughput in MB/s; ratio = channel throughput / raw.\n",
           md_table(["link", "bytes", "raw us", "channel us", "raw MB/s", "channel MB/s", "channel / raw"], ping_rows),
-          f"\nThe seed's Jacobi stencil on a {shape[0]} x {shape[1]} grid (float64, block rows), {iters} steps per "
-          f"timed loop, median over {cfg['stencil']['rounds']} interleaved rounds; time per step in ms (slowest "
-          "rank); wait % per rank from the gathered traces; the seed (Gigabit Ethernet): 54 % without, 2 % with. "
-          "Hand-written: the mpi4py + numba version of benchmarks/distarray.py (halos fly while the interior is "
-          "computed), its time in Waitall and Allreduce: the floor of the wait on these links under this load.\n",
-          md_table(["link", "nodes", "hiding ms/step", "blocking ms/step", "wait % hiding (per rank)",
-                    "wait % blocking (per rank)", "transfer wait % worst hiding / blocking", "without / with",
-                    "hand-written wait % (per rank)", "equals NumPy"], st_rows),
-          "\n## Targets\n", targets_table(targets),
+          *st_md, *sc_md, *mv_md,
+          "\n## Targets\n", targets_table(targets + mv_targets),
           f"\nCommand: `python benchmarks/cluster.py{' --quick' if quick else ''}` (as root); wall time "
           f"{run_info['wall_seconds']:.0f} s; load average {run_info['load_start'][0]:.2f} at the start, "
           f"{run_info['load_end'][0]:.2f} at the end (the machine is shared)."]
     data = dict(benchmark="cluster", quick=quick, config=cfg, rates=rates, nodes=nodes, results=results,
-                targets=targets, run=run_info, machine=mach)
+                scaling=scaling, targets=targets + mv_targets, run=run_info, machine=mach)
     path = write_results("cluster_quick" if quick else "cluster", data, "\n".join(md), Path(out_dir) if out_dir else None)
     print("\n".join(md))
     print(f"written: {path}")
