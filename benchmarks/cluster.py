@@ -3,11 +3,11 @@
 One command (it brings up a 3-node virtual cluster per link rate, launches the MPI ranks on its
 nodes itself with ``nbmpi run --hosts`` and tears the cluster down)::
 
-    python benchmarks/cluster.py              # 100 Mbit/s, 1 Gbit/s, 10 Gbit/s; 2 and 3 nodes
-    python benchmarks/cluster.py --quick      # 1 Gbit/s, small sizes (smoke test)
+    python benchmarks/cluster.py              # 100 Mbit/s, 1 Gbit/s, 10 Gbit/s; 1, 2 and 3 nodes
+    python benchmarks/cluster.py --quick      # 1 Gbit/s, small sizes, 1 and 2 nodes (smoke test)
 
-Two measurements per link rate, both with one rank per node and MPICH's ofi netmod over TCP
-between the nodes (:mod:`nbmpi.workers.launch.virtual_cluster`):
+Per link rate, with one rank per node and MPICH's ofi netmod over TCP between the nodes
+(:mod:`nbmpi.workers.launch.virtual_cluster`):
 
 * **ping-pong** between two nodes: ArrayChannel ``put``/``take`` (tracing on) against raw mpi4py
   ``Send``/``Recv`` on separate buffers, interleaved in blocks (a new random order per block, the
@@ -17,10 +17,15 @@ between the nodes (:mod:`nbmpi.workers.launch.virtual_cluster`):
   source) on 2 and 3 nodes, with latency hiding and without (``dnp.configure(latency_hiding=False)``:
   blocking exchange first, then compute), interleaved rounds; each rank's wait % from the gathered
   trace (the median over the rounds), split into transfers and force-point collectives as in
-  ``benchmarks/distarray.py``. The seed ran on Gigabit Ethernet, where its wait fell from 54 % to
-  2 %. The problem is the seed's square grid scaled to this machine: :data:`STENCIL` rows and
-  columns, so that at 1 Gbit/s a step's halo transfer costs about as much as its compute, as in
-  the seed's setting.
+  ``benchmarks/distarray.py``, and each rank's share of the loop on a CPU and preempted (kept off
+  the cores by other processes). The seed (Gigabit Ethernet, 16 cores): the stencil's wait fell
+  from 62 % to 9 %, the Jacobi solver's from 54 % to 2 %. The problem: the seed's square grid,
+  :data:`STENCIL` rows and columns on this 2-core machine (the report states the sizes per step);
+* **strong scaling** of the stencil from 1 to 3 nodes (speed-up, efficiency), nbmpi with latency
+  hiding beside the hand-written mpi4py + numba version, each against itself on 1 node;
+* **data movement across 3 nodes** (:mod:`cluster_moves`): the aggregation histogram (per-update
+  messages, ``Alltoallv`` rounds, the Aggregator) and a Block->Cyclic redistribution (nbmpi against
+  ``Alltoallw`` with derived datatypes), with the code of ``aggregation.py`` and ``redistribute.py``.
 
 Targets (computed from the measured numbers): at 1 Gbit/s on 2 nodes, stencil wait % without /
 with latency hiding >= 3 (worst ranks); with hiding, the wait <= 10 % at every rate (worst rank,
@@ -98,11 +103,33 @@ def pingpong_part(sizes: List[int], blocks: int, seed: int) -> Dict[str, dict]:
     return out
 
 
+def cpu_clock() -> tuple:
+    """This thread's ``(ns on a CPU, ns runnable but waiting for a CPU)`` so far (``/proc/thread-self/schedstat``;
+    zeros where the kernel has no schedstat). The second is the time other processes held the cores."""
+    try:
+        with open("/proc/thread-self/schedstat") as f:
+            on_cpu, waiting_for_cpu = f.read().split()[:2]
+        return int(on_cpu), int(waiting_for_cpu)
+    except (OSError, ValueError):
+        return 0, 0
+
+
+def timed_share(comm, fn) -> tuple:
+    """``slowest_rank(comm, fn)`` plus, gathered to every rank, each rank's % of the wall time its thread ran
+    on a CPU and % it was runnable but kept off the cores (preempted): ``(result, seconds, [(cpu %, queued %)])``."""
+    from mpi_part import slowest_rank
+
+    c0, q0, w0 = *cpu_clock(), time.perf_counter_ns()
+    res, t = slowest_rank(comm, fn)
+    c1, q1, w1 = *cpu_clock(), time.perf_counter_ns()
+    wall = max(w1 - w0, 1)
+    return res, t, comm.allgather((100 * (c1 - c0) / wall, 100 * (q1 - q0) / wall))
+
+
 def stencil_part(shape, iters: int, rounds: int) -> dict:
     """P ranks: the seed's stencil with and without latency hiding, interleaved rounds; per-rank wait %."""
     import nbmpi.workers.distarray as dnp
     from distarray import jacobi_stencil, median_per_rank, wait_split
-    from mpi_part import slowest_rank
     from nbmpi.workers import gather_trace, get_tracer, world
 
     comm = world()
@@ -110,17 +137,19 @@ def stencil_part(shape, iters: int, rounds: int) -> dict:
     tracer = get_tracer()
     x = numpy.random.default_rng(2024).random(shape)
     modes = {"hiding": True, "blocking": False}
-    res = {m: dict(per_iter_s=[], wait_pct=[], split=[]) for m in modes}
+    res = {m: dict(per_iter_s=[], wait_pct=[], split=[], cpu_pct=[], queued_pct=[]) for m in modes}
     for r in range(rounds):
         for m in (list(modes) if r % 2 == 0 else list(modes)[::-1]):
             dnp.configure(latency_hiding=modes[m])
             full = dnp.from_numpy(x)
             jacobi_stencil(dnp, full, 2)   # warm: kernels, plans, buffers
             mark = tracer.mark()
-            delta, t = slowest_rank(comm, lambda: jacobi_stencil(dnp, full, iters))
+            delta, t, share = timed_share(comm, lambda: jacobi_stencil(dnp, full, iters))
             tr = gather_trace(since=mark)
             tracer.clear()
             res[m]["per_iter_s"].append(t / iters)
+            res[m]["cpu_pct"].append([c for c, _ in share])
+            res[m]["queued_pct"].append([q for _, q in share])
             if rank == 0:
                 res[m]["wait_pct"].append([rr["wait_frac"] * 100 for rr in tr.summary()["ranks"]])
                 res[m]["split"].append(wait_split(tr))
@@ -131,6 +160,8 @@ def stencil_part(shape, iters: int, rounds: int) -> dict:
         res[m]["wait_pct_median"] = median_per_rank(res[m]["wait_pct"])
         res[m]["transfer_pct_median"] = median_per_rank([s["transfers"] for s in res[m]["split"]])
         res[m]["force_point_pct_median"] = median_per_rank([s["force_point"] for s in res[m]["split"]])
+        res[m]["cpu_pct_median"] = median_per_rank(res[m]["cpu_pct"])
+        res[m]["queued_pct_median"] = median_per_rank(res[m]["queued_pct"])
         res[m]["per_iter_median_s"] = float(numpy.median(res[m]["per_iter_s"]))
     res["verified"] = bool(numpy.isclose(delta, want, rtol=1e-9))
     res["hosts"] = comm.allgather(__import__("socket").gethostname())
@@ -143,21 +174,23 @@ def handwritten_waits(comm, x, iters: int, rounds: int) -> dict:
     the floor of the program's wait on these links and this machine's load."""
     import nbmpi.workers.distarray as dnp
     from distarray import _hw_kernels, handwritten_stencil, median_per_rank
-    from mpi_part import slowest_rank
 
     rank, size = comm.Get_rank(), comm.Get_size()
     lo, hi = dnp.Distribution("block", x.shape[0], size).block_range(rank)
     kernel = _hw_kernels()
-    waits, per_iter = [], []
+    waits, per_iter, cpu, queued = [], [], [], []
     for _ in range(rounds):
         u = numpy.zeros((hi - lo + 2, x.shape[1]))
         u[1:-1] = x[lo:hi]
         v = u.copy()
         handwritten_stencil(comm, u, v, lo, x.shape[0], 2, kernel)   # warm
-        res, t = slowest_rank(comm, lambda: handwritten_stencil(comm, u, v, lo, x.shape[0], iters, kernel))
+        res, t, share = timed_share(comm, lambda: handwritten_stencil(comm, u, v, lo, x.shape[0], iters, kernel))
         waits.append(comm.allgather(100 * res[2] / t))
         per_iter.append(t / iters)
-    return dict(wait_pct_median=median_per_rank(waits), per_iter_median_s=float(numpy.median(per_iter)))
+        cpu.append([c for c, _ in share])
+        queued.append([q for _, q in share])
+    return dict(wait_pct_median=median_per_rank(waits), per_iter_median_s=float(numpy.median(per_iter)),
+                cpu_pct_median=median_per_rank(cpu), queued_pct_median=median_per_rank(queued))
 
 
 def mpi_main(a) -> int:
@@ -278,7 +311,9 @@ def stencil_section(cfg, rates, nodes, results):
                          _per_rank(h["wait_pct_median"]), _per_rank(h["transfer_pct_median"]),
                          _per_rank(h.get("force_point_pct_median", [])), _per_rank(b["wait_pct_median"]),
                          _per_rank(b["transfer_pct_median"]), ratio_of(wb, wh),
-                         _per_rank(st["handwritten"]["wait_pct_median"]), st["verified"]])
+                         _per_rank(st["handwritten"]["wait_pct_median"]),
+                         _per_rank(h.get("cpu_pct_median", [])) + " / " + _per_rank(h.get("queued_pct_median", [])),
+                         st["verified"]])
             if p == 2:
                 targets.append(target(f"stencil wait % with latency hiding, worst rank, 2 nodes, {rate}", wh, 10.0,
                                       higher_is_better=False))
@@ -290,18 +325,23 @@ def stencil_section(cfg, rates, nodes, results):
     shape, iters = cfg["stencil"]["shape"], cfg["stencil"]["iters"]
     md = [f"\n## The seed's Jacobi stencil: wait with and without latency hiding\n\n"
           f"Problem size: a {shape[0]} x {shape[1]} float64 grid (block rows), {iters} steps per timed loop, "
-          f"median over {cfg['stencil']['rounds']} interleaved rounds: the seed's square grid scaled to this "
-          "machine (2 cores, one rank per node), so that a step's compute per rank stays in the tens of ms as "
-          "on the seed's nodes. Time per step in ms (slowest rank); wait % per rank (rank 0 / 1 / ...) from the "
+          f"median over {cfg['stencil']['rounds']} interleaved rounds: the seed's program (its Fig. 10, a square "
+          "2-D grid; the paper does not state its size) scaled to this 2-core machine with one rank per node: "
+          f"{shape[0] * shape[1] * 8 / 2**20:.0f} MiB, per rank and step a 5-point update of 1/p of the rows "
+          f"(tens of ms of NumPy here) and one {shape[1] * 8 // 1024} KiB halo row per neighbour (about 0.13 ms "
+          "at 1 Gbit/s). Time per step in ms (slowest rank); wait % per rank (rank 0 / 1 / ...) from the "
           "gathered traces, split into transfers (halo receives and waits) and force points (the per-step "
           "`float(sum(...))`: an allreduce, where a rank waits for the slowest one). The seed's table (16 "
           "cores, Gigabit Ethernet): Jacobi stencil 62 % without, 9 % with latency hiding; Jacobi 54 % -> 2 %. "
           "Hand-written: the mpi4py + numba version of benchmarks/distarray.py (halos fly while the interior "
           "is computed), its time in Waitall and Allreduce: the floor of the wait on these links under this "
-          "load.\n",
+          "load. On a CPU % / preempted %: the share of the timed loop each rank's thread ran on a core, then "
+          "the share it was runnable but kept off the cores by other processes (/proc/thread-self/schedstat); "
+          "a rank kept off the cores delays its peers, who then wait in transfers and at force points.\n",
           md_table(["link", "nodes", "hiding ms/step", "blocking ms/step", "wait % hiding", "of which transfers",
                     "of which force points", "wait % blocking", "of which transfers", "without / with (worst)",
-                    "hand-written wait %", "equals NumPy"], rows)]
+                    "hand-written wait %", "hiding: on a CPU % (per rank) / preempted % (per rank)",
+                    "equals NumPy"], rows)]
     return md, targets
 
 

@@ -323,7 +323,8 @@ def test_refuses_in_one_line_where_it_cannot_run():
 
 def test_benchmark_quick_measures_both_sides_and_evaluates_its_targets(tmp_path):
     """`benchmarks/cluster.py --quick` on its own 1 Gbit/s cluster: ping-pong channel vs raw between two nodes,
-    the stencil with and without latency hiding on two nodes, verified against NumPy; targets computed."""
+    the stencil with and without latency hiding on two nodes and on one (scaling), verified against NumPy; the
+    histogram and the redistribution across two nodes, verified; targets computed."""
     from conftest import REPO
 
     p = subprocess.run([sys.executable, str(REPO / "benchmarks" / "cluster.py"), "--quick", "--out-dir", str(tmp_path)],
@@ -338,6 +339,13 @@ def test_benchmark_quick_measures_both_sides_and_evaluates_its_targets(tmp_path)
     assert st["verified"] is True and len(set(st["hosts"])) == 2, st["hosts"]
     for m in ("hiding", "blocking"):
         assert len(st[m]["wait_pct_median"]) == 2 and all(0 <= w <= 100 for w in st[m]["wait_pct_median"])
+    one = res["stencil_1"]   # strong scaling's base, the same program on one node
+    assert one["verified"] is True and one["hiding"]["per_iter_median_s"] > 0, one
+    assert len(st["hiding"]["cpu_pct_median"]) == 2 and all(0 <= c <= 110 for c in st["hiding"]["cpu_pct_median"])
+    mv = res["moves"]
+    assert len(set(mv["hosts"])) == 2 and mv["redistribution"]["verified"] is True, mv
+    assert all(m["verified"] for m in mv["histogram"].values()), mv["histogram"]
+    assert [d["nodes"] for d in data["scaling"]] == [1, 2] and data["scaling"][0]["nbmpi_speedup"] == 1.0
     names = [t["target"] for t in data["targets"]]
     assert any("without / with" in n for n in names) and all(t["status"] in ("PASS", "FAIL") for t in data["targets"])
     assert "| link | bytes |" in (tmp_path / "cluster_quick.md").read_text()

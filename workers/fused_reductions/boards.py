@@ -12,7 +12,6 @@ yet is only late.
 """
 from __future__ import annotations
 
-import atexit
 import time
 from typing import Any, Callable, List, Optional
 
@@ -66,25 +65,28 @@ class SizeBoards:
         except m.Exception:   # pragma: no cover - every MPI-3 library has passive-target RMA
             return None
         peers = [p for p in range(size) if p != rank]
-        boards = cls(m, win, board, rank, peers, [int(addrs[p]) for p in peers], diag)
-        atexit.register(boards.close)   # after mpi4py's own exit handler was registered: runs before it
-        return boards
+        return cls(m, win, board, rank, peers, [int(addrs[p]) for p in peers], diag)
 
-    def close(self, timeout: float = 10.0) -> None:
-        """Free the window before ``MPI_Finalize``. Called at exit on every rank (registered by :meth:`open`);
-        idempotent. Blocks until every rank of the diagnosis communicator is here too (an ``Ibarrier``, at
-        most ``timeout`` s), then ends the passive-target epoch, detaches the board and frees the window
-        (``MPI_Win_free`` is collective). When a peer does not arrive in time (it failed or is stuck) the
-        window is left to ``MPI_Finalize``, which never hangs on it. Without the free, MPICH's ofi netmod
-        fails to close its fabric at finalize across nodes ("fabricclose failed ... Device or resource busy")."""
+    def close(self, usable: bool, timeout: float = 10.0) -> None:
+        """Free the window before ``MPI_Finalize``; the fuser calls it at exit on every rank (``usable``: this
+        rank's fuser was never abandoned). Idempotent. Blocks until every rank of the diagnosis communicator
+        is here too and agrees that all were usable (an ``Iallreduce``, at most ``timeout`` s); then ends
+        the passive-target epoch, detaches the board and frees the window (``MPI_Win_free`` is collective).
+        When a peer does not arrive in time (it failed or is stuck) or some rank abandoned a collective (a
+        read or a collective may still be pending), the window is left to ``MPI_Finalize``, which never
+        hangs on it. Without the free, MPICH's ofi netmod fails to close its fabric at finalize across
+        nodes ("fabricclose failed ... Device or resource busy")."""
         win, self._win = self._win, None
         m = self._mpi
         if win is None or m.Is_finalized():
             return
+        mine, worst = np.array([0 if usable else 1], np.int64), np.zeros(1, np.int64)
         try:
-            waiting.wait(self._diag.Ibarrier(), timeout, self._rank, None,
+            waiting.wait(self._diag.Iallreduce(mine, worst, op=m.MAX), timeout, self._rank, None,
                          "fused reductions: freeing the size boards at exit", CommTimeout, None, cancellable=False)
         except (CommTimeout, m.Exception):
+            return
+        if worst[0]:
             return
         try:
             win.Unlock_all()
