@@ -17,6 +17,12 @@ Sends are matched with receives on ``(chan, src, dst, tag, seq)``. Events
 recorded with ``seq == -1`` (blocking point-to-point) get their seq from their
 order: the k-th such send from s to d on (chan, tag) is number k, likewise for
 receives, which is exactly MPI's non-overtaking matching rule.
+
+Clocks: before waits are attributed, each rank's times are shifted within its clock error
+(``clock_error_ns``, from ``Tracer.align_clocks``) so that no matched receive ends before its send
+starts (``clock_shift_ns``); pairs that still do are counted in ``summary()["clock_violations"]``.
+A rank's slices may overlap (a root's messages in flight together); :meth:`Trace.states` and the
+summary count overlapping time once.
 """
 from __future__ import annotations
 
