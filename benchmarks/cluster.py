@@ -312,7 +312,7 @@ def stencil_section(cfg, rates, nodes, results):
                          _per_rank(h.get("force_point_pct_median", [])), _per_rank(b["wait_pct_median"]),
                          _per_rank(b["transfer_pct_median"]), ratio_of(wb, wh),
                          _per_rank(st["handwritten"]["wait_pct_median"]),
-                         _per_rank(h.get("cpu_pct_median", [])) + " / " + _per_rank(h.get("queued_pct_median", [])),
+                         _per_rank(h.get("cpu_pct_median", [])), _per_rank(h.get("queued_pct_median", [])),
                          st["verified"]])
             if p == 2:
                 targets.append(target(f"stencil wait % with latency hiding, worst rank, 2 nodes, {rate}", wh, 10.0,
@@ -335,12 +335,12 @@ def stencil_section(cfg, rates, nodes, results):
           "cores, Gigabit Ethernet): Jacobi stencil 62 % without, 9 % with latency hiding; Jacobi 54 % -> 2 %. "
           "Hand-written: the mpi4py + numba version of benchmarks/distarray.py (halos fly while the interior "
           "is computed), its time in Waitall and Allreduce: the floor of the wait on these links under this "
-          "load. On a CPU % / preempted %: the share of the timed loop each rank's thread ran on a core, then "
+          "load. On a CPU %, preempted %: the share of the timed loop each rank's thread ran on a core, then "
           "the share it was runnable but kept off the cores by other processes (/proc/thread-self/schedstat); "
           "a rank kept off the cores delays its peers, who then wait in transfers and at force points.\n",
           md_table(["link", "nodes", "hiding ms/step", "blocking ms/step", "wait % hiding", "of which transfers",
                     "of which force points", "wait % blocking", "of which transfers", "without / with (worst)",
-                    "hand-written wait %", "hiding: on a CPU % (per rank) / preempted % (per rank)",
+                    "hand-written wait %", "hiding: on a CPU %", "hiding: preempted %",
                     "equals NumPy"], rows)]
     return md, targets
 
