@@ -156,9 +156,10 @@ class Fuser:
 
     def _close_boards(self) -> None:
         """At exit (every rank): free the size boards' RMA window before ``MPI_Finalize`` if no rank's fuser
-        was abandoned (:meth:`SizeBoards.close`)."""
+        was abandoned (:meth:`SizeBoards.close`), waiting at most 10 s (less with a shorter timeout) for the
+        other ranks to exit too."""
         if self._boards is not None:
-            self._boards.close(self._broken is None and not self._diag_broken, self.timeout or 10.0)
+            self._boards.close(self._broken is None and not self._diag_broken, min(self.timeout or 10.0, 10.0))
 
     def _abandoned(self, what: str) -> Callable[[], None]:
         def mark() -> None:
