@@ -3,11 +3,11 @@
 One command (it brings up a 3-node virtual cluster per link rate, launches the MPI ranks on its
 nodes itself with ``nbmpi run --hosts`` and tears the cluster down)::
 
-    python benchmarks/cluster.py              # 100 Mbit/s, 1 Gbit/s, 10 Gbit/s; 2 and 3 nodes
-    python benchmarks/cluster.py --quick      # 1 Gbit/s, small sizes (smoke test)
+    python benchmarks/cluster.py              # 100 Mbit/s, 1 Gbit/s, 10 Gbit/s; 1, 2 and 3 nodes
+    python benchmarks/cluster.py --quick      # 1 Gbit/s, small sizes, 1 and 2 nodes (smoke test)
 
-Two measurements per link rate, both with one rank per node and MPICH's ofi netmod over TCP
-between the nodes (:mod:`nbmpi.workers.launch.virtual_cluster`):
+Per link rate, with one rank per node and MPICH's ofi netmod over TCP between the nodes
+(:mod:`nbmpi.workers.launch.virtual_cluster`):
 
 * **ping-pong** between two nodes: ArrayChannel ``put``/``take`` (tracing on) against raw mpi4py
   ``Send``/``Recv`` on separate buffers, interleaved in blocks (a new random order per block, the
@@ -17,10 +17,15 @@ between the nodes (:mod:`nbmpi.workers.launch.virtual_cluster`):
   source) on 2 and 3 nodes, with latency hiding and without (``dnp.configure(latency_hiding=False)``:
   blocking exchange first, then compute), interleaved rounds; each rank's wait % from the gathered
   trace (the median over the rounds), split into transfers and force-point collectives as in
-  ``benchmarks/distarray.py``. The seed ran on Gigabit Ethernet, where its wait fell from 54 % to
-  2 %. The problem is the seed's square grid scaled to this machine: :data:`STENCIL` rows and
-  columns, so that at 1 Gbit/s a step's halo transfer costs about as much as its compute, as in
-  the seed's setting.
+  ``benchmarks/distarray.py``, and each rank's share of the loop on a CPU and preempted (kept off
+  the cores by other processes). The seed (Gigabit Ethernet, 16 cores): the stencil's wait fell
+  from 62 % to 9 %, the Jacobi solver's from 54 % to 2 %. The problem: the seed's square grid,
+  :data:`STENCIL` rows and columns on this 2-core machine (the report states the sizes per step);
+* **strong scaling** of the stencil from 1 to 3 nodes (speed-up, efficiency), nbmpi with latency
+  hiding beside the hand-written mpi4py + numba version, each against itself on 1 node;
+* **data movement across 3 nodes** (:mod:`cluster_moves`): the aggregation histogram (per-update
+  messages, ``Alltoallv`` rounds, the Aggregator) and a Block->Cyclic redistribution (nbmpi against
+  ``Alltoallw`` with derived datatypes), with the code of ``aggregation.py`` and ``redistribute.py``.
 
 Targets (computed from the measured numbers): at 1 Gbit/s on 2 nodes, stencil wait % without /
 with latency hiding >= 3 (worst ranks); with hiding, the wait <= 10 % at every rate (worst rank,
@@ -98,11 +103,33 @@ def pingpong_part(sizes: List[int], blocks: int, seed: int) -> Dict[str, dict]:
     return out
 
 
+def cpu_clock() -> tuple:
+    """This thread's ``(ns on a CPU, ns runnable but waiting for a CPU)`` so far (``/proc/thread-self/schedstat``;
+    zeros where the kernel has no schedstat). The second is the time other processes held the cores."""
+    try:
+        with open("/proc/thread-self/schedstat") as f:
+            on_cpu, waiting_for_cpu = f.read().split()[:2]
+        return int(on_cpu), int(waiting_for_cpu)
+    except (OSError, ValueError):
+        return 0, 0
+
+
+def timed_share(comm, fn) -> tuple:
+    """``slowest_rank(comm, fn)`` plus, gathered to every rank, each rank's % of the wall time its thread ran
+    on a CPU and % it was runnable but kept off the cores (preempted): ``(result, seconds, [(cpu %, queued %)])``."""
+    from mpi_part import slowest_rank
+
+    c0, q0, w0 = *cpu_clock(), time.perf_counter_ns()
+    res, t = slowest_rank(comm, fn)
+    c1, q1, w1 = *cpu_clock(), time.perf_counter_ns()
+    wall = max(w1 - w0, 1)
+    return res, t, comm.allgather((100 * (c1 - c0) / wall, 100 * (q1 - q0) / wall))
+
+
 def stencil_part(shape, iters: int, rounds: int) -> dict:
     """P ranks: the seed's stencil with and without latency hiding, interleaved rounds; per-rank wait %."""
     import nbmpi.workers.distarray as dnp
     from distarray import jacobi_stencil, median_per_rank, wait_split
-    from mpi_part import slowest_rank
     from nbmpi.workers import gather_trace, get_tracer, world
 
     comm = world()
@@ -110,17 +137,19 @@ def stencil_part(shape, iters: int, rounds: int) -> dict:
     tracer = get_tracer()
     x = numpy.random.default_rng(2024).random(shape)
     modes = {"hiding": True, "blocking": False}
-    res = {m: dict(per_iter_s=[], wait_pct=[], split=[]) for m in modes}
+    res = {m: dict(per_iter_s=[], wait_pct=[], split=[], cpu_pct=[], queued_pct=[]) for m in modes}
     for r in range(rounds):
         for m in (list(modes) if r % 2 == 0 else list(modes)[::-1]):
             dnp.configure(latency_hiding=modes[m])
             full = dnp.from_numpy(x)
             jacobi_stencil(dnp, full, 2)   # warm: kernels, plans, buffers
             mark = tracer.mark()
-            delta, t = slowest_rank(comm, lambda: jacobi_stencil(dnp, full, iters))
+            delta, t, share = timed_share(comm, lambda: jacobi_stencil(dnp, full, iters))
             tr = gather_trace(since=mark)
             tracer.clear()
             res[m]["per_iter_s"].append(t / iters)
+            res[m]["cpu_pct"].append([c for c, _ in share])
+            res[m]["queued_pct"].append([q for _, q in share])
             if rank == 0:
                 res[m]["wait_pct"].append([rr["wait_frac"] * 100 for rr in tr.summary()["ranks"]])
                 res[m]["split"].append(wait_split(tr))
@@ -130,6 +159,9 @@ def stencil_part(shape, iters: int, rounds: int) -> dict:
     for m in modes:
         res[m]["wait_pct_median"] = median_per_rank(res[m]["wait_pct"])
         res[m]["transfer_pct_median"] = median_per_rank([s["transfers"] for s in res[m]["split"]])
+        res[m]["force_point_pct_median"] = median_per_rank([s["force_point"] for s in res[m]["split"]])
+        res[m]["cpu_pct_median"] = median_per_rank(res[m]["cpu_pct"])
+        res[m]["queued_pct_median"] = median_per_rank(res[m]["queued_pct"])
         res[m]["per_iter_median_s"] = float(numpy.median(res[m]["per_iter_s"]))
     res["verified"] = bool(numpy.isclose(delta, want, rtol=1e-9))
     res["hosts"] = comm.allgather(__import__("socket").gethostname())
@@ -142,21 +174,23 @@ def handwritten_waits(comm, x, iters: int, rounds: int) -> dict:
     the floor of the program's wait on these links and this machine's load."""
     import nbmpi.workers.distarray as dnp
     from distarray import _hw_kernels, handwritten_stencil, median_per_rank
-    from mpi_part import slowest_rank
 
     rank, size = comm.Get_rank(), comm.Get_size()
     lo, hi = dnp.Distribution("block", x.shape[0], size).block_range(rank)
     kernel = _hw_kernels()
-    waits, per_iter = [], []
+    waits, per_iter, cpu, queued = [], [], [], []
     for _ in range(rounds):
         u = numpy.zeros((hi - lo + 2, x.shape[1]))
         u[1:-1] = x[lo:hi]
         v = u.copy()
         handwritten_stencil(comm, u, v, lo, x.shape[0], 2, kernel)   # warm
-        res, t = slowest_rank(comm, lambda: handwritten_stencil(comm, u, v, lo, x.shape[0], iters, kernel))
+        res, t, share = timed_share(comm, lambda: handwritten_stencil(comm, u, v, lo, x.shape[0], iters, kernel))
         waits.append(comm.allgather(100 * res[2] / t))
         per_iter.append(t / iters)
-    return dict(wait_pct_median=median_per_rank(waits), per_iter_median_s=float(numpy.median(per_iter)))
+        cpu.append([c for c, _ in share])
+        queued.append([q for _, q in share])
+    return dict(wait_pct_median=median_per_rank(waits), per_iter_median_s=float(numpy.median(per_iter)),
+                cpu_pct_median=median_per_rank(cpu), queued_pct_median=median_per_rank(queued))
 
 
 def mpi_main(a) -> int:
@@ -164,6 +198,10 @@ def mpi_main(a) -> int:
 
     if a.part_kind == "pingpong":
         out = pingpong_part(json.loads(a.sizes), a.blocks, a.seed)
+    elif a.part_kind == "moves":
+        from cluster_moves import moves_part
+
+        out = moves_part(json.loads(a.stencil))
     else:
         cfg = json.loads(a.stencil)
         out = stencil_part(tuple(cfg["shape"]), cfg["iters"], cfg["rounds"])
@@ -180,7 +218,7 @@ def measure_rate(rate: str, a, cfg: dict, nodes: List[int], tmp: Path, script: s
     from nbmpi.workers.launch.virtual_cluster import VirtualCluster
 
     out: dict = {}
-    with VirtualCluster(max(nodes + [2]), rate) as vc:
+    with VirtualCluster(max(nodes + [cfg["moves_nodes"], 2]), rate) as vc:
         env = {**vc.launch_env(), "NBMPI_DISTARRAY_CACHE": str(tmp / "kernels"), "NBMPI_TIMEOUT": "300"}
         print(f"[{rate}] ping-pong between {vc.names[0]} and {vc.names[1]} ...", flush=True)
         args = ["--part-kind", "pingpong", "--sizes", json.dumps(cfg["ping_sizes"]), "--blocks", str(cfg["blocks"])]
@@ -194,6 +232,12 @@ def measure_rate(rate: str, a, cfg: dict, nodes: List[int], tmp: Path, script: s
                                                  hosts=vc.addresses[:p])
             if code:
                 raise RuntimeError(f"the stencil on {p} nodes at {rate} failed with exit code {code}")
+        p = cfg["moves_nodes"]
+        print(f"[{rate}] aggregation histogram and Block->Cyclic redistribution on {p} nodes ...", flush=True)
+        args = ["--part-kind", "moves", "--stencil", json.dumps(cfg["moves"])]
+        code, out["moves"] = run_part(p, script, tmp / f"moves-{rate}.json", args, env, hosts=vc.addresses[:p])
+        if code:
+            raise RuntimeError(f"the histogram / redistribution on {p} nodes at {rate} failed with exit code {code}")
     return out
 
 
@@ -204,7 +248,7 @@ def main(argv=None) -> int:
 
     p = benchmark_parser(__doc__, "1 Gbit/s only, small sizes, one round (smoke test)")
     p.add_argument("--rates", default=None, help="comma-separated tc rates (default 100mbit,1gbit,10gbit)")
-    p.add_argument("--nodes", default=None, help="comma-separated node counts of the stencil (default 2,3)")
+    p.add_argument("--nodes", default=None, help="comma-separated node counts of the stencil (default 1,2,3)")
     p.add_argument("--rounds", type=int, default=None, help="interleaved stencil rounds (default 5)")
     p.add_argument("--shape", default=None, metavar="ROWSxCOLS", help="the stencil's grid (default 2000x2000)")
     p.add_argument("--iters", type=int, default=None, help="stencil steps per timed loop (default 10)")
@@ -228,10 +272,12 @@ def main(argv=None) -> int:
         stencil["shape"] = tuple(int(v) for v in a.shape.lower().split("x"))
     if a.iters:
         stencil["iters"] = a.iters
+    from cluster_moves import FULL as MOVES, QUICK as QUICK_MOVES
+
     cfg = dict(ping_sizes=QUICK_PING_SIZES if a.quick else PING_SIZES, blocks=2 if a.quick else a.blocks,
-               stencil=stencil)
+               stencil=stencil, moves=QUICK_MOVES if a.quick else MOVES, moves_nodes=2 if a.quick else 3)
     rates = a.rates.split(",") if a.rates else (["1gbit"] if a.quick else list(RATES))
-    nodes = [int(n) for n in a.nodes.split(",")] if a.nodes else ([2] if a.quick else [2, 3])
+    nodes = [int(n) for n in a.nodes.split(",")] if a.nodes else ([1, 2] if a.quick else [1, 2, 3])
     load0, t_all = os.getloadavg(), time.time()
     results = {}
     with tempfile.TemporaryDirectory(prefix="nbmpi-cluster-bench-") as tmp:
@@ -246,27 +292,28 @@ def _worst(values) -> float:
     return max(values) if values else float("nan")
 
 
-def report(cfg, rates, nodes, results, quick, out_dir, run_info, mach) -> None:
-    from distarray import ratio_of
-    from reporting import md_table, target, targets_table, write_results
+def _per_rank(values) -> str:
+    return " / ".join(f"{w:.1f}" for w in values)
 
-    ping_rows = []
+
+def stencil_section(cfg, rates, nodes, results):
+    """The stencil's wait table (2 and more nodes) and its targets: ``(markdown lines, targets)``."""
+    from distarray import ratio_of
+    from reporting import md_table, target
+
+    rows, targets = [], []
     for rate in rates:
-        pp = results[rate]["pingpong"]
-        for nb in cfg["ping_sizes"]:
-            raw, chan = pp["raw"][str(nb)], pp["channel"][str(nb)]
-            ping_rows.append([rate, nb, raw * 1e6, chan * 1e6, nb / raw / 1e6, nb / chan / 1e6, raw / chan])
-    st_rows, targets = [], []
-    for rate in rates:
-        for p in nodes:
+        for p in [n for n in nodes if n > 1]:
             st = results[rate][f"stencil_{p}"]
-            wh, wb = _worst(st["hiding"]["wait_pct_median"]), _worst(st["blocking"]["wait_pct_median"])
-            th, tb = _worst(st["hiding"]["transfer_pct_median"]), _worst(st["blocking"]["transfer_pct_median"])
-            st_rows.append([rate, p, st["hiding"]["per_iter_median_s"] * 1e3, st["blocking"]["per_iter_median_s"] * 1e3,
-                            " / ".join(f"{w:.1f}" for w in st["hiding"]["wait_pct_median"]),
-                            " / ".join(f"{w:.1f}" for w in st["blocking"]["wait_pct_median"]),
-                            f"{th:.1f} / {tb:.1f}", ratio_of(wb, wh),
-                            " / ".join(f"{w:.1f}" for w in st["handwritten"]["wait_pct_median"]), st["verified"]])
+            h, b = st["hiding"], st["blocking"]
+            wh, wb = _worst(h["wait_pct_median"]), _worst(b["wait_pct_median"])
+            rows.append([rate, p, h["per_iter_median_s"] * 1e3, b["per_iter_median_s"] * 1e3,
+                         _per_rank(h["wait_pct_median"]), _per_rank(h["transfer_pct_median"]),
+                         _per_rank(h.get("force_point_pct_median", [])), _per_rank(b["wait_pct_median"]),
+                         _per_rank(b["transfer_pct_median"]), ratio_of(wb, wh),
+                         _per_rank(st["handwritten"]["wait_pct_median"]),
+                         _per_rank(h.get("cpu_pct_median", [])), _per_rank(h.get("queued_pct_median", [])),
+                         st["verified"]])
             if p == 2:
                 targets.append(target(f"stencil wait % with latency hiding, worst rank, 2 nodes, {rate}", wh, 10.0,
                                       higher_is_better=False))
@@ -276,24 +323,80 @@ def report(cfg, rates, nodes, results, quick, out_dir, run_info, mach) -> None:
     targets.append(target("every stencil result equals NumPy's",
                           float(all(results[r][f"stencil_{p}"]["verified"] for r in rates for p in nodes)), 1.0))
     shape, iters = cfg["stencil"]["shape"], cfg["stencil"]["iters"]
+    md = [f"\n## The seed's Jacobi stencil: wait with and without latency hiding\n\n"
+          f"Problem size: a {shape[0]} x {shape[1]} float64 grid (block rows), {iters} steps per timed loop, "
+          f"median over {cfg['stencil']['rounds']} interleaved rounds: the seed's program (its Fig. 10, a square "
+          "2-D grid; the paper does not state its size) scaled to this 2-core machine with one rank per node: "
+          f"{shape[0] * shape[1] * 8 / 2**20:.0f} MiB, per rank and step a 5-point update of 1/p of the rows "
+          f"(tens of ms of NumPy here) and one {shape[1] * 8 // 1024} KiB halo row per neighbour (about 0.13 ms "
+          "at 1 Gbit/s). Time per step in ms (slowest rank); wait % per rank (rank 0 / 1 / ...) from the "
+          "gathered traces, split into transfers (halo receives and waits) and force points (the per-step "
+          "`float(sum(...))`: an allreduce, where a rank waits for the slowest one). The seed's table (16 "
+          "cores, Gigabit Ethernet): Jacobi stencil 62 % without, 9 % with latency hiding; Jacobi 54 % -> 2 %. "
+          "Hand-written: the mpi4py + numba version of benchmarks/distarray.py (halos fly while the interior "
+          "is computed), its time in Waitall and Allreduce: the floor of the wait on these links under this "
+          "load. On a CPU %, preempted %: the share of the timed loop each rank's thread ran on a core, then "
+          "the share it was runnable but kept off the cores by other processes (/proc/thread-self/schedstat); "
+          "a rank kept off the cores delays its peers, who then wait in transfers and at force points.\n",
+          md_table(["link", "nodes", "hiding ms/step", "blocking ms/step", "wait % hiding", "of which transfers",
+                    "of which force points", "wait % blocking", "of which transfers", "without / with (worst)",
+                    "hand-written wait %", "hiding: on a CPU %", "hiding: preempted %",
+                    "equals NumPy"], rows)]
+    return md, targets
+
+
+def scaling_section(rates, nodes, results):
+    """Strong scaling of the stencil, nbmpi (latency hiding) beside the hand-written mpi4py + numba version:
+    ``(markdown lines, rows as dicts)``; speed-up against the same program on 1 node of the same cluster."""
+    from reporting import md_table
+
+    if 1 not in nodes:
+        return [], []
+    rows, data = [], []
+    for rate in rates:
+        t1 = results[rate]["stencil_1"]
+        base = dict(nbmpi=t1["hiding"]["per_iter_median_s"], handwritten=t1["handwritten"]["per_iter_median_s"])
+        for p in nodes:
+            st = results[rate][f"stencil_{p}"]
+            t = dict(nbmpi=st["hiding"]["per_iter_median_s"], handwritten=st["handwritten"]["per_iter_median_s"])
+            d = dict(rate=rate, nodes=p, **{f"{k}_ms": v * 1e3 for k, v in t.items()},
+                     **{f"{k}_speedup": base[k] / t[k] for k in t}, **{f"{k}_efficiency": base[k] / t[k] / p for k in t})
+            data.append(d)
+            rows.append([rate, p, d["nbmpi_ms"], d["nbmpi_speedup"], d["nbmpi_efficiency"], d["handwritten_ms"],
+                         d["handwritten_speedup"], d["handwritten_efficiency"], t["nbmpi"] / t["handwritten"]])
+    md = ["\n## Strong scaling of the stencil, 1 to 3 nodes\n\nThe same grid on 1, 2 and 3 nodes (one rank "
+          "each), ms per step (median of the rounds, slowest rank); speed-up = time on 1 node / time on p nodes "
+          "of the same program, efficiency = speed-up / p. nbmpi with latency hiding; hand-written = mpi4py + "
+          "numba (one fused loop per step, no temporaries, so faster per step on 1 node).\n",
+          md_table(["link", "nodes", "nbmpi ms/step", "nbmpi speed-up", "nbmpi efficiency", "hand-written ms/step",
+                    "hand-written speed-up", "hand-written efficiency", "nbmpi / hand-written time"], rows)]
+    return md, data
+
+
+def report(cfg, rates, nodes, results, quick, out_dir, run_info, mach) -> None:
+    from cluster_moves import moves_section
+    from reporting import md_table, targets_table, write_results
+
+    ping_rows = []
+    for rate in rates:
+        pp = results[rate]["pingpong"]
+        for nb in cfg["ping_sizes"]:
+            raw, chan = pp["raw"][str(nb)], pp["channel"][str(nb)]
+            ping_rows.append([rate, nb, raw * 1e6, chan * 1e6, nb / raw / 1e6, nb / chan / 1e6, raw / chan])
+    st_md, targets = stencil_section(cfg, rates, nodes, results)
+    sc_md, scaling = scaling_section(rates, nodes, results)
+    mv_md, mv_targets = moves_section(cfg, rates, results)
     md = [f"One rank per node of a virtual cluster (network namespaces on this machine, links capped with tc tbf at "
           f"each rate, MPICH ofi/tcp between nodes). Ping-pong: one-way time, median of {cfg['blocks']} interleaved "
           "blocks; throughput in MB/s; ratio = channel throughput / raw.\n",
           md_table(["link", "bytes", "raw us", "channel us", "raw MB/s", "channel MB/s", "channel / raw"], ping_rows),
-          f"\nThe seed's Jacobi stencil on a {shape[0]} x {shape[1]} grid (float64, block rows), {iters} steps per "
-          f"timed loop, median over {cfg['stencil']['rounds']} interleaved rounds; time per step in ms (slowest "
-          "rank); wait % per rank from the gathered traces; the seed (Gigabit Ethernet): 54 % without, 2 % with. "
-          "Hand-written: the mpi4py + numba version of benchmarks/distarray.py (halos fly while the interior is "
-          "computed), its time in Waitall and Allreduce: the floor of the wait on these links under this load.\n",
-          md_table(["link", "nodes", "hiding ms/step", "blocking ms/step", "wait % hiding (per rank)",
-                    "wait % blocking (per rank)", "transfer wait % worst hiding / blocking", "without / with",
-                    "hand-written wait % (per rank)", "equals NumPy"], st_rows),
-          "\n## Targets\n", targets_table(targets),
+          *st_md, *sc_md, *mv_md,
+          "\n## Targets\n", targets_table(targets + mv_targets),
           f"\nCommand: `python benchmarks/cluster.py{' --quick' if quick else ''}` (as root); wall time "
           f"{run_info['wall_seconds']:.0f} s; load average {run_info['load_start'][0]:.2f} at the start, "
           f"{run_info['load_end'][0]:.2f} at the end (the machine is shared)."]
     data = dict(benchmark="cluster", quick=quick, config=cfg, rates=rates, nodes=nodes, results=results,
-                targets=targets, run=run_info, machine=mach)
+                scaling=scaling, targets=targets + mv_targets, run=run_info, machine=mach)
     path = write_results("cluster_quick" if quick else "cluster", data, "\n".join(md), Path(out_dir) if out_dir else None)
     print("\n".join(md))
     print(f"written: {path}")

@@ -86,14 +86,52 @@ def test_every_capability_across_three_nodes(cluster, tmp_path, kernel_cache):
     assert "MPI (other node): no node peers" in p.stdout and "shared memory" not in p.stdout, p.stdout
     check_trace(cluster, json.loads((tmp_path / "trace" / "trace.json").read_text()),
                 json.loads((tmp_path / "trace" / "summary.json").read_text()))
+    check_every_pair(cluster, tmp_path / "trace" / "trace.npz")
+    assert "fabricclose failed" not in p.stderr and "MPI_Finalize failed" not in p.stderr, p.stderr
+    assert_nothing_left(cluster)
+
+
+def check_every_pair(cluster, npz: Path) -> None:
+    """Clocks aligned for every send/receive pair the tracer records between two nodes (put/take, the
+    collectives' steps with a scatter and gather root, aggregator buffers, distributed-array slices): on
+    the raw records, no receive ends before its send starts, and the trace needed no shift beyond the
+    ranks' clock errors."""
+    from nbmpi.workers.tracing.analysis import Trace
+
+    tr = Trace.load(str(npz))
+    assert tr.clock_violations == 0
+    assert all(abs(c) <= e for c, e in zip(tr.clock_shift_ns.tolist(), tr.clock_error_ns.tolist()))
+    start, end, kind = tr.col("t_start"), tr.col("t_end"), tr.col("kind")
+    seen = {}
+    for s, r in tr.flow_pairs.tolist():
+        if tr.hosts[tr.ranks[s]] == tr.hosts[tr.ranks[r]]:
+            continue
+        name = tr.kind_name(int(kind[s]))
+        seen[name] = seen.get(name, 0) + 1
+        assert end[r] >= start[s], (f"a {name} receive on rank {tr.ranks[r]} ended {(start[s] - end[r]) / 1e3:.1f} us "
+                                    f"before its send on rank {tr.ranks[s]} started")
+    for name in ("put", "scatter", "gather", "agg_buffer", "distarray_send"):
+        assert seen.get(name, 0) > 0, (name, seen)
+
+
+def test_cross_node_job_using_shared_finalizes_without_ofi_warning(cluster, tmp_path):
+    code = ("from nbmpi.workers import shared, world\n"
+            "s = shared(0.0)\n"
+            "s += world().Get_rank() + 1.0\n"
+            "assert float(s) == 3.0\n"
+            "print('sum ok')\n")
+    p = run_on(cluster, tmp_path, ["-c", code], n=2, timeout=120, hosts=cluster.addresses[:2])
+    assert_ok(p)
+    assert p.stdout.count("sum ok") == 2, p.stdout
+    for bad in ("fabricclose failed", "MPI_Finalize failed", "Fatal error"):
+        assert bad not in p.stderr, p.stderr
     assert_nothing_left(cluster)
 
 
 def check_trace(cluster, chrome, summary) -> None:
     """Lanes named by rank and node. Clocks aligned: for every rendezvous put/take between two nodes (whose
     slices start when the call was made), the take ends after its put started and the put (a synchronous send)
-    ends after its take started. (A scatter root's or an aggregator's slices are laid end to end from
-    completion times, so their starts are not the posting times and prove nothing about clocks.)"""
+    ends after its take started (every other pair: :func:`check_every_pair`, on the raw records)."""
     events = chrome["traceEvents"]
     names = {e["pid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "process_name"}
     assert names == {r: f"rank {r} ({cluster.names[r]})" for r in range(NODES)}, names
@@ -285,7 +323,8 @@ def test_refuses_in_one_line_where_it_cannot_run():
 
 def test_benchmark_quick_measures_both_sides_and_evaluates_its_targets(tmp_path):
     """`benchmarks/cluster.py --quick` on its own 1 Gbit/s cluster: ping-pong channel vs raw between two nodes,
-    the stencil with and without latency hiding on two nodes, verified against NumPy; targets computed."""
+    the stencil with and without latency hiding on two nodes and on one (scaling), verified against NumPy; the
+    histogram and the redistribution across two nodes, verified; targets computed."""
     from conftest import REPO
 
     p = subprocess.run([sys.executable, str(REPO / "benchmarks" / "cluster.py"), "--quick", "--out-dir", str(tmp_path)],
@@ -300,6 +339,13 @@ def test_benchmark_quick_measures_both_sides_and_evaluates_its_targets(tmp_path)
     assert st["verified"] is True and len(set(st["hosts"])) == 2, st["hosts"]
     for m in ("hiding", "blocking"):
         assert len(st[m]["wait_pct_median"]) == 2 and all(0 <= w <= 100 for w in st[m]["wait_pct_median"])
+    one = res["stencil_1"]   # strong scaling's base, the same program on one node
+    assert one["verified"] is True and one["hiding"]["per_iter_median_s"] > 0, one
+    assert len(st["hiding"]["cpu_pct_median"]) == 2 and all(0 <= c <= 110 for c in st["hiding"]["cpu_pct_median"])
+    mv = res["moves"]
+    assert len(set(mv["hosts"])) == 2 and mv["redistribution"]["verified"] is True, mv
+    assert all(m["verified"] for m in mv["histogram"].values()), mv["histogram"]
+    assert [d["nodes"] for d in data["scaling"]] == [1, 2] and data["scaling"][0]["nbmpi_speedup"] == 1.0
     names = [t["target"] for t in data["targets"]]
     assert any("without / with" in n for n in names) and all(t["status"] in ("PASS", "FAIL") for t in data["targets"])
     assert "| link | bytes |" in (tmp_path / "cluster_quick.md").read_text()

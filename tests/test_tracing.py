@@ -348,6 +348,26 @@ def test_trace_attribution_on_known_events():
             assert a["end"] <= b["start"], (a, b)
 
 
+def test_clocks_repaired_within_their_error_and_overlaps_counted_once():
+    kinds = ["put", "take"]
+    # rank 1's clock reads 30 us late against rank 0: its take seems to end 20 us before rank 0's put started
+    events = [_ev(0, DIR_SEND, 1, 100_000, 150_000, seq=0), _ev(1, DIR_RECV, 0, 60_000, 80_000, seq=0),
+              _ev(0, DIR_SEND, 1, 200_000, 260_000, seq=1), _ev(1, DIR_RECV, 0, 230_000, 250_000, seq=1)]
+    ranks = np.array([0, 1, 0, 1])
+    within = Trace(np.array(events, dtype=np.int64), ranks, 2, kinds, clock_error_ns=np.array([0, 40_000]))
+    assert within.clock_shift_ns.tolist() == [0, 20_000] and within.clock_violations == 0
+    start, end = within.col("t_start"), within.col("t_end")
+    assert all(end[r] >= start[s] for s, r in within.flow_pairs.tolist())
+    assert within.summary()["clock_violations"] == 0 and within.summary()["clock_shift_us"] == [0.0, 20.0]
+    # an error bound of 10 us cannot explain 20 us: shifted as far as allowed, the pair is reported, not hidden
+    beyond = Trace(np.array(events, dtype=np.int64), ranks, 2, kinds, clock_error_ns=np.array([0, 10_000]))
+    assert beyond.clock_shift_ns.tolist() == [0, 10_000] and beyond.clock_violations == 1
+    # a root's two sends in flight together (overlapping slices) count once in its comm time
+    root = Trace(np.array([_ev(0, DIR_SEND, 1, 0, 100, seq=0, wait=0), _ev(0, DIR_SEND, 2, 0, 150, seq=0, wait=0)],
+                          dtype=np.int64), np.array([0, 0]), 3, kinds)
+    assert root.summary()["ranks"][0]["comm_s"] == pytest.approx(150e-9)
+
+
 def test_trace_empty_and_fields():
     assert NF == len(FIELDS) == 11
     t = Trace(np.zeros((0, NF), dtype=np.int64), np.zeros(0), 3, ["put"])

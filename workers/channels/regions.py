@@ -181,15 +181,14 @@ class _Regions:
             t0 = _now()
             for req in reqs:
                 req.Start()
-            prev = t0
             direction = _SEND if scatter else _RECV
             for k in waiting.wait_each(reqs, t, self.rank, [self.participants[i] for i in peers], opname,
                                        ChannelTimeout, self._abandoned(opname), cancellable=not scatter):
                 i = peers[k]
                 nb = int(np.prod([b - a for a, b in boxes[i]])) * self.dtype.itemsize
-                t1 = _now()
-                self._trace_p2p(kind, direction, i, tag, nb, prev, t1)
-                prev = t1
+                # each message's slice spans its posting to its completion (they overlap on the root's lane,
+                # the trace's states lay them end to end): a peer's receive never ends before it starts
+                self._trace_p2p(kind, direction, i, tag, nb, t0)
             return self._buffer if not scatter else self._region_view(mine)
         if mine is not None and all(b > a for a, b in mine):
             dtype = self._region_type(mine)

@@ -33,8 +33,9 @@ class _SizeMismatch(NbmpiError):
 class SizeBoards:
     """This rank's size board and its reads of the peers' boards (one per fuser)."""
 
-    def __init__(self, mpi, win, board: np.ndarray, rank: int, peers: List[int], addrs: List[int]) -> None:
-        self._mpi, self._win, self._board, self._rank = mpi, win, board, rank
+    def __init__(self, mpi, win, board: np.ndarray, rank: int, peers: List[int], addrs: List[int],
+                 diag=None) -> None:
+        self._mpi, self._win, self._board, self._rank, self._diag = mpi, win, board, rank, diag
         self._peers = peers
         self._addrs = addrs
         self._seen = np.full((max(len(peers), 1), 3), -1, dtype=np.int64)
@@ -53,8 +54,7 @@ class SizeBoards:
         m = MPI()
         board = np.full(3, -1, dtype=np.int64)
         try:
-            # a dynamic window over our own array: no collective is needed to release it at
-            # exit (a window from Win.Allocate must be freed collectively, or UCX complains)
+            # a dynamic window over our own array; freed at exit by close() (collective, with a timeout)
             win = m.Win.Create_dynamic(comm=diag)
             win.Attach(board)
             addrs = np.zeros(size, dtype=np.int64)
@@ -65,7 +65,35 @@ class SizeBoards:
         except m.Exception:   # pragma: no cover - every MPI-3 library has passive-target RMA
             return None
         peers = [p for p in range(size) if p != rank]
-        return cls(m, win, board, rank, peers, [int(addrs[p]) for p in peers])
+        return cls(m, win, board, rank, peers, [int(addrs[p]) for p in peers], diag)
+
+    def close(self, usable: bool, timeout: float = 10.0) -> None:
+        """Free the window before ``MPI_Finalize``; the fuser calls it at exit on every rank (``usable``: this
+        rank's fuser was never abandoned). Idempotent. Blocks until every rank of the diagnosis communicator
+        is here too and agrees that all were usable (an ``Iallreduce``, at most ``timeout`` s); then ends
+        the passive-target epoch, detaches the board and frees the window (``MPI_Win_free`` is collective).
+        When a peer does not arrive in time (it failed or is stuck) or some rank abandoned a collective (a
+        read or a collective may still be pending), the window is left to ``MPI_Finalize``, which never
+        hangs on it. Without the free, MPICH's ofi netmod fails to close its fabric at finalize across
+        nodes ("fabricclose failed ... Device or resource busy")."""
+        win, self._win = self._win, None
+        m = self._mpi
+        if win is None or m.Is_finalized():
+            return
+        mine, worst = np.array([0 if usable else 1], np.int64), np.zeros(1, np.int64)
+        try:
+            waiting.wait(self._diag.Iallreduce(mine, worst, op=m.MAX), timeout, self._rank, None,
+                         "fused reductions: freeing the size boards at exit", CommTimeout, None, cancellable=False)
+        except (CommTimeout, m.Exception):
+            return
+        if worst[0]:
+            return
+        try:
+            win.Unlock_all()
+            win.Detach(self._board)
+            win.Free()
+        except m.Exception:   # pragma: no cover - MPI_Finalize releases it then
+            pass
 
     def publish(self, seq: int, words: int) -> None:
         """Write ``(seq, words, seq)`` to this rank's board (a reader takes it only when the

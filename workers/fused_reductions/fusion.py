@@ -15,6 +15,7 @@ and any failure goes through the divergence diagnosis (:mod:`.diagnosis`).
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import time
@@ -141,6 +142,8 @@ class Fuser:
                      CommTimeout, self._abandoned("Comm_idup"), cancellable=False)
         self.diag = diag
         self._boards = SizeBoards.open(diag, self.rank, self.size, self.timeout, self._abandoned("size boards"))
+        if self._boards is not None:   # registered after mpi4py's exit handler: runs before MPI_Finalize
+            atexit.register(self._close_boards)
         self.chan = _tracing.get_tracer().new_channel_id(comm)
         self._mpi = m
         self._sync_core()
@@ -150,6 +153,13 @@ class Fuser:
             self.direct_mpi = glue is not None and os.environ.get(DIRECT_MPI_ENV, "").strip() != "0"
             _core.state.runner = glue.DirectRunner() if self.direct_mpi else None
         self._ready = not self._strict
+
+    def _close_boards(self) -> None:
+        """At exit (every rank): free the size boards' RMA window before ``MPI_Finalize`` if no rank's fuser
+        was abandoned (:meth:`SizeBoards.close`), waiting at most 10 s (less with a shorter timeout) for the
+        other ranks to exit too."""
+        if self._boards is not None:
+            self._boards.close(self._broken is None and not self._diag_broken, min(self.timeout or 10.0, 10.0))
 
     def _abandoned(self, what: str) -> Callable[[], None]:
         def mark() -> None:

@@ -23,7 +23,7 @@ Two optional services for the controller's batch jobs (environment variables):
   program, the ranks agree (non-blocking
   allreduce with a timeout, ``NBMPI_TRACE_AGREE_TIMEOUT`` s, default 30) whether
   every rank succeeded; only then they gather the trace and rank 0 writes
-  ``trace.json`` (Chrome/Perfetto) and ``summary.json`` there. A failed or
+  ``trace.json`` (Chrome/Perfetto), ``summary.json`` and the raw ``trace.npz`` there. A failed or
   missing rank never makes the others hang at exit.
 """
 from __future__ import annotations
@@ -201,6 +201,7 @@ def _save_trace(code: int) -> None:
             with open(tmp, "w") as f:
                 json.dump(data, f)
             os.replace(tmp, os.path.join(out, name))
+        trace.save(os.path.join(out, "trace.npz"))   # the raw records (Trace.load), e.g. to check clocks
 
 
 def main(argv=None) -> int:

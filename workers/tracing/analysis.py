@@ -17,6 +17,12 @@ Sends are matched with receives on ``(chan, src, dst, tag, seq)``. Events
 recorded with ``seq == -1`` (blocking point-to-point) get their seq from their
 order: the k-th such send from s to d on (chan, tag) is number k, likewise for
 receives, which is exactly MPI's non-overtaking matching rule.
+
+Clocks: before waits are attributed, each rank's times are shifted within its clock error
+(``clock_error_ns``, from ``Tracer.align_clocks``) so that no matched receive ends before its send
+starts (``clock_shift_ns``); pairs that still do are counted in ``summary()["clock_violations"]``.
+A rank's slices may overlap (a root's messages in flight together); :meth:`Trace.states` and the
+summary count overlapping time once.
 """
 from __future__ import annotations
 
@@ -28,6 +34,7 @@ import numpy as np
 from .records import DIR_NONE, DIR_RECV, DIR_SEND, FIELDS, NF
 
 _COL = {name: i for i, name in enumerate(FIELDS)}
+_T_START, _T_END = _COL["t_start"], _COL["t_end"]
 #: Names of the states of :meth:`Trace.states`, indexed by the codes of :meth:`Trace.state_arrays`.
 STATE_NAMES = ("compute", "wait", "comm")
 
@@ -75,6 +82,10 @@ class Trace:
         self.hosts = [str(h) for h in hosts] if hosts is not None else [""] * self.nranks
         self.flow_pairs = np.empty((0, 2), dtype=np.int64)  # (send index, recv index)
         self.unmatched = 0
+        #: per rank, the shift (ns) :meth:`_repair_clocks` added to its times, within its clock error
+        self.clock_shift_ns = np.zeros(self.nranks, np.int64)
+        #: matched message pairs whose receive still ends before its send starts (beyond the clock errors)
+        self.clock_violations = 0
         self._attribute_waits()
 
     def lane_name(self, r: int) -> str:
@@ -133,6 +144,7 @@ class Trace:
             _, si, ri = np.intersect1d(sk, rk, assume_unique=False, return_indices=True)
             s_idx, r_idx = send[si], recv[ri]
             self.flow_pairs = np.stack([s_idx, r_idx], axis=1)
+            self._repair_clocks(s_idx, r_idx)
             late_sender = np.clip(start[s_idx] - start[r_idx], 0, dur[r_idx])
             late_receiver = np.clip(start[r_idx] - start[s_idx], 0, dur[s_idx])
             unknown_r = wait[r_idx] < 0
@@ -149,6 +161,49 @@ class Trace:
         still = wait < 0
         self.unmatched = int(still.sum())
         wait[still] = 0
+
+    def _repair_clocks(self, s_idx: np.ndarray, r_idx: np.ndarray) -> None:
+        """Shift each rank's times, within its clock error, so that no receive ends before its send starts.
+
+        The clock offsets of ``Tracer.align_clocks`` are exact only to ``clock_error_ns`` (half the best round
+        trip): a message faster than that may seem to arrive before it left. Every matched pair between two
+        ranks bounds their shifts (``c_s - c_r <= recv end - send start``); the shifts start at 0 (rank 0
+        stays put) and are relaxed pair by pair, each clamped to ``+-clock_error_ns`` of its rank, so a
+        trace that already satisfies every pair is left alone. Pairs still violated after that are counted
+        in :attr:`clock_violations` (a recording error, not the clocks), never hidden."""
+        ranks_s, ranks_r = self.ranks[s_idx], self.ranks[r_idx]
+        cross = ranks_s != ranks_r
+        if not cross.any():
+            return
+        n = self.nranks
+        slack = self.col("t_end")[r_idx[cross]] - self.col("t_start")[s_idx[cross]]
+        bound = np.full((n, n), np.iinfo(np.int64).max, dtype=np.int64)   # bound[a, b] >= c_a - c_b
+        np.minimum.at(bound, (ranks_s[cross], ranks_r[cross]), slack)
+        err = np.abs(self.clock_error_ns[:n]).astype(np.int64) if len(self.clock_error_ns) >= n \
+            else np.zeros(n, np.int64)
+        err[0] = 0
+        c = np.zeros(n, np.int64)
+        pairs = list(zip(*np.nonzero(bound < np.iinfo(np.int64).max)))
+        for _ in range(2 * n):
+            changed = False
+            for a, b in pairs:
+                excess = int(c[a] - c[b] - bound[a, b])
+                if excess <= 0:
+                    continue
+                down = min(excess, int(c[a] + err[a]))   # move the sender's clock back first
+                c[a] -= down
+                up = min(excess - down, int(err[b] - c[b]))   # then the receiver's forward
+                c[b] += max(up, 0)
+                changed = changed or down > 0 or up > 0
+            if not changed:
+                break
+        if c.any():
+            shift = c[self.ranks]
+            self.events[:, _T_START] += shift
+            self.events[:, _T_END] += shift
+            self.clock_shift_ns = c
+        gap = self.col("t_end")[r_idx[cross]] - self.col("t_start")[s_idx[cross]]
+        self.clock_violations = int((gap < 0).sum())
 
     # -- derived views ---------------------------------------------------------------
     @property
@@ -231,14 +286,16 @@ class Trace:
         """
         n = self.nranks
         window = max(self.t1 - self.t0, 0)
-        start, end, wait = self.col("t_start"), self.col("t_end"), self.col("wait")
-        dur = end - start
+        # from the states, where a rank's overlapping slices (a root's messages in flight together) count once
+        st = self.state_arrays()
+        spent = np.zeros((n, len(STATE_NAMES)), np.int64)
+        np.add.at(spent, (st["rank"], st["state"]), st["end"] - st["start"])
         ranks: List[Dict[str, Any]] = []
         kinds = self.col("kind")
         for r in range(n):
             m = self.ranks == r
-            w = float(np.minimum(wait[m], dur[m]).sum()) / 1e9
-            comm = float(dur[m].sum()) / 1e9 - w
+            w = float(spent[r, STATE_NAMES.index("wait")]) / 1e9
+            comm = float(spent[r, STATE_NAMES.index("comm")]) / 1e9
             total = window / 1e9
             compute = max(total - comm - w, 0.0)
             by_kind: Dict[str, int] = {}
@@ -260,7 +317,8 @@ class Trace:
         np.add.at(msgs, (self.ranks[sends][ok], peer[ok]), 1)
         return dict(nranks=n, window_s=window / 1e9, ranks=ranks, bytes=nbytes.tolist(),
                     messages=msgs.tolist(), unmatched=self.unmatched,
-                    clock_error_us=(self.clock_error_ns / 1e3).tolist())
+                    clock_error_us=(self.clock_error_ns / 1e3).tolist(),
+                    clock_shift_us=(self.clock_shift_ns / 1e3).tolist(), clock_violations=self.clock_violations)
 
     # -- export ------------------------------------------------------------------------
     def iter_chrome(self, extra: Optional[List[Dict[str, Any]]] = None):
