@@ -50,6 +50,8 @@ from nbmpi.workers.launch.engine_pool import EnginePool, EnginePoolError
 from nbmpi.workers.launch.pool_runner import ERROR_GRACE, INTERRUPT_GRACE, PoolRun, RunEnd, probe  # noqa: F401
 
 from . import output as _out
+from .cell_log import CellLog, CellRecord, first_line
+from .timeline_server import TimelineServer
 
 # ERROR_GRACE: seconds the other ranks get to finish after one rank failed, before they are
 # interrupted. INTERRUPT_GRACE: seconds interrupted ranks get to stop after SIGINT. A rank still
@@ -227,6 +229,10 @@ class DistributedMagics(Magics):
         self.last_cell: Optional[tuple] = None
         #: pool name -> why it was ended (a wedged or dead rank); the next cell starts it again
         self.broken: Dict[str, str] = {}
+        #: the cells run while a notebook-started pool lives, served with their timelines by ``web``
+        self.cells = CellLog()
+        self.web: Optional[TimelineServer] = None
+        self._trace: Optional[tuple] = None   # (trace, window) of the running cell, fetched once
 
     # -- entry -------------------------------------------------------------------------------------
     @line_cell_magic
@@ -310,6 +316,9 @@ class DistributedMagics(Magics):
                              "another --name")
         pool = EnginePool(args.n, name=name)
         self._start(pool, args.timeout)
+        if self.web is None:
+            self.web = TimelineServer(self.cells).start()
+        print(self.web.describe())
 
     def _free_name(self) -> str:
         k = 0
@@ -352,7 +361,16 @@ class DistributedMagics(Magics):
             self.current = next(iter(self.pools), None)
         if self.last_cell and self.last_cell[0] is pool:
             self.last_cell = None
+        self.cells.drop_pool(pool.name)
         print(f"pool {pool.name!r} {'disconnected' if pool.attached else 'stopped'}")
+        if self.web is not None and all(p.attached for p in self.pools.values()):
+            self._stop_web()
+            print("cell timelines server stopped (no pool started here runs)")
+
+    def _stop_web(self) -> None:
+        web, self.web = self.web, None
+        if web is not None:
+            web.stop()
 
     def _cmd_restart(self, args) -> None:
         pool = self._pool(args.name)
@@ -381,6 +399,8 @@ class DistributedMagics(Magics):
             state = st["state"] if not dead else "broken: " + pool.describe_dead(dead)
             print(f"{mark} {name}: {len(st['ranks'])} ranks ({_out.format_ranks(st['ranks'])}) on {hosts}, "
                   f"{state}, up {st['uptime_s']:.0f} s" + (" (attached)" if pool.attached else ""))
+        if self.web is not None:
+            print(self.web.describe())
 
     def _cmd_use(self, args) -> None:
         self._pool(args.name)
@@ -467,6 +487,7 @@ class DistributedMagics(Magics):
                 pass
         self.pools.clear()
         self.current = None
+        self._stop_web()
 
     # -- cells -------------------------------------------------------------------------------------
     def _ready(self, pool: EnginePool) -> EnginePool:
@@ -509,6 +530,48 @@ class DistributedMagics(Magics):
         args = _cell_parser().parse_args(argv)
         pool = self._ready(self._pool())
         ranks = parse_ranks(args.ranks, pool.ranks)
+        self._trace = None
+        t0 = time.monotonic()
+        status = "error"
+        try:
+            self._run_on(pool, ranks, args, cell)
+            status = "ok"
+        except _out.DistributedTimeout:
+            status = "timed_out"
+            raise
+        except _out.DistributedInterrupt:
+            status = "interrupted"
+            raise
+        except UsageError:
+            status = "rank_died" if pool.name in self.broken else "error"
+            raise
+        finally:
+            if self.web is not None:
+                self._record(pool, ranks, cell, status, time.monotonic() - t0)
+            self._trace = None
+
+    def _record(self, pool: EnginePool, ranks: List[int], cell: str, status: str, duration: float) -> None:
+        """Add the cell that just ended to :attr:`cells` (with its trace unless the pool was ended)."""
+        # IPython counts the cell before running it (ipykernel replies ``execution_count - 1`` too)
+        number = int(self.shell.execution_count) - 1
+        rec = CellRecord(number, pool.name, list(ranks), first_line(cell), status, duration)
+        if pool.name in self.broken:
+            rec.note = "no trace: the pool was ended"
+        else:
+            try:
+                rec.trace, rec.window = self._cell_trace(pool, ranks)
+            except Exception as e:  # noqa: BLE001 - never hide the cell's own outcome
+                rec.note = f"no trace: {e}"
+        self.cells.add(rec)
+
+    def _cell_trace(self, pool: EnginePool, ranks: List[int]):
+        """The running cell's (trace, window), fetched from the ranks once per cell."""
+        if self._trace is None:
+            self._trace = fetch_cell_trace(pool, ranks)
+        return self._trace
+
+    def _run_on(self, pool: EnginePool, ranks: List[int], args, cell: str) -> None:
+        """Run ``cell`` on ``ranks`` of ``pool`` to its end, showing its output; raises as the cell ends."""
         run = PoolRun(pool, ranks, lambda view: view.execute(cell, silent=False, block=False))
         self.last_cell = (pool, ranks)
         live = _Live(not args.quiet)
@@ -621,7 +684,7 @@ class DistributedMagics(Magics):
         from nbmpi.workers.tracing.timeline import show
 
         try:
-            trace, window = fetch_cell_trace(pool, ranks)
+            trace, window = self._cell_trace(pool, ranks)
         except Exception as e:  # noqa: BLE001 - do not hide the cell's own outcome
             print(f"%%distributed --timeline: could not fetch the trace: {e}", file=sys.stderr)
             return
