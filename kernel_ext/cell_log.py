@@ -143,7 +143,7 @@ class CellLog:
 
 
 def _page(title: str, body: str, head: str = "") -> str:
-    return (f'<!DOCTYPE html><html><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
+    return (f'<!DOCTYPE html><html><head><meta charset="utf-8"><link rel="icon" href="data:,"><title>{html.escape(title)}</title>'
             f'<style>{_STYLE}</style>{head}</head><body>{body}</body></html>')
 
 

@@ -123,16 +123,23 @@ def test_timeline_page_in_chromium_through_the_proxy(stack, tmp_path):
     b = Browser(tmp_path)
     try:
         b.driver.get(f"{jup.url}/api/status?token={jup.token}")   # logs the browser in to Jupyter (cookie)
+        b.collect()
         b.driver.get(jup.url + proxied)
         href = b.wait_for("var a = [...document.querySelectorAll('a')].filter(x => x.textContent === 'timeline');"
                           "return a.length ? a[0].getAttribute('href') : null", what="a timeline link")
         b.driver.get(urljoin(jup.url + proxied, href))
-        b.wait_for("return document.querySelector('.nbmpi-static') && "
-                   "document.querySelector('.nbmpi-static').style.display === 'none' && "
-                   "document.querySelectorAll('.bk-Canvas, .bk-Figure, canvas').length > 0",
+        b.wait_for("return window.Bokeh && Bokeh.documents.length && "
+                   "document.querySelector('.nbmpi-static').style.display === 'none'",
                    what="the Bokeh timeline drawn over the static SVG")
+        fig = b.js("const doc = Bokeh.documents[0]; const seg = doc.get_model_by_name('nbmpi_segments').data;"
+                   "return {ranks: Array.from(new Set(seg.rank)).sort(), calls: Array.from(seg.call),"
+                   "lanes: doc.get_model_by_name('nbmpi_timeline').left[0].ticker.ticks,"
+                   "arrows: doc.get_model_by_name('nbmpi_arrows').data.x0.length}")
+        assert fig["ranks"] == [0, 1] and fig["lanes"] == [0, 1] and fig["arrows"] == 6, fig
+        assert any("put(dest=1)" in c for c in fig["calls"]) and any("take(src=0)" in c for c in fig["calls"]), fig
         urls = [u for u in b.collect() if u.startswith("http")]
-        assert urls and all(u.startswith(f"{jup.url}/proxy/{port}/") for u in urls), urls
+        assert all(u.startswith(f"{jup.url}/proxy/{port}/") for u in urls), urls   # nothing from elsewhere
+        assert any(urlsplit(u).path == f"/proxy/{port}/bokeh.js" for u in urls), urls
         severe = [e for e in b.driver.get_log("browser") if e["level"] == "SEVERE"]
         assert not severe, severe
     finally:
