@@ -1,11 +1,13 @@
 """The record of the ``%%distributed`` cells a kernel ran on its pools, and their HTML pages.
 
 Every ``%%distributed`` cell is traced on the ranks at no extra cost (the per-cell tracer mark of
-:mod:`nbmpi.workers.launch.engine_side`); after each cell the kernel fetches that cell's
-:class:`~nbmpi.workers.Trace` once (:func:`nbmpi.kernel_ext.magics.fetch_cell_trace`, one apply
-request) and :meth:`CellLog.add` keeps it here, so the pool's timelines page
-(:mod:`nbmpi.kernel_ext.timeline_server`) lists every cell. Only the traces of the last
-:data:`KEEP_TRACES` cells are kept (older cells stay in the list, without a timeline).
+:mod:`nbmpi.workers.launch.engine_side`), so the pool's timelines page
+(:mod:`nbmpi.kernel_ext.timeline_server`) lists every cell. When a cell ends the magics add its
+:class:`CellRecord` with either its trace (``--timeline`` fetched it) or a *pending* request for it
+(``apply_async(cell_events)``, sent without waiting: the engines answer it before they run the next
+cell, so a cell costs no extra round trip); the pending answer is turned into the
+:class:`~nbmpi.workers.Trace` (:func:`cell_trace`) when the cell's page is first opened. Only the
+traces of the last :data:`KEEP_TRACES` cells are kept (older cells stay listed, without a timeline).
 
 Pages are built on request, from the web server's threads (:meth:`CellLog.index_html`,
 :meth:`CellLog.cell_html`, :meth:`CellLog.chrome_json`); the kernel's thread adds and drops cells.
@@ -25,6 +27,8 @@ from typing import Any, Dict, List, Optional, Tuple
 
 #: The traces of this many most recent cells are kept (older cells are listed without a timeline).
 KEEP_TRACES = 50
+#: Seconds a page waits for a pending trace (the engines answer it once the cell running now ends).
+PENDING_WAIT = 30.0
 
 _STYLE = ("body{font-family:sans-serif;font-size:13px;margin:16px}table{border-collapse:collapse}"
           "td,th{padding:3px 10px;border-bottom:1px solid #ddd;text-align:left;vertical-align:top}"
@@ -35,7 +39,8 @@ _STYLE = ("body{font-family:sans-serif;font-size:13px;margin:16px}table{border-c
 class CellRecord:
     """One ``%%distributed`` cell: its notebook number (``In[n]``), pool, ranks, first source line,
     status (``ok``, ``error``, ``timed_out``, ``interrupted``, ``rank_died``), duration and its trace
-    and window (``None`` if it could not be fetched or was dropped)."""
+    and window, or ``pending``: ``(ipyparallel AsyncResult of cell_events, the pool's size)`` until the
+    trace is built; neither if it could not be fetched or was dropped (``note`` says why)."""
 
     number: int
     pool: str
@@ -46,7 +51,33 @@ class CellRecord:
     trace: Any = None
     window: Optional[Tuple[int, int]] = None
     note: str = ""
+    pending: Any = None
     started: float = field(default_factory=time.time)
+
+    @property
+    def has_trace(self) -> bool:
+        return self.trace is not None or self.pending is not None
+
+
+def cell_trace(parts: List[Dict[str, Any]], nranks: int):
+    """The :class:`~nbmpi.workers.Trace` of one cell and its window (ns, rank 0's clock) from the
+    answers of :func:`nbmpi.workers.launch.engine_side.cell_events` of some ranks of a pool of
+    ``nranks`` ranks. Pure function."""
+    import numpy as np
+
+    from nbmpi.workers.tracing.analysis import Trace
+    from nbmpi.workers.tracing.tracer import NF
+
+    events = np.concatenate([np.asarray(p["events"], dtype=np.int64).reshape(-1, NF) for p in parts])
+    owner = np.concatenate([np.full(len(p["events"]), p["rank"], dtype=np.int64) for p in parts])
+    dropped = np.zeros(nranks, np.int64)
+    err = np.zeros(nranks, np.int64)
+    for p in parts:
+        dropped[p["rank"]] = p["dropped"]
+        err[p["rank"]] = p["clock_error_ns"]
+    kinds = max((p["kinds"] for p in parts), key=len)
+    window = (min(p["cell_start_ns"] for p in parts), max(p["cell_end_ns"] for p in parts))
+    return Trace(events, owner, nranks, kinds, dropped=dropped, clock_error_ns=err), window
 
 
 class CellLog:
@@ -64,9 +95,10 @@ class CellLog:
         with self._lock:
             self._cells = [c for c in self._cells if c.number != rec.number] + [rec]
             self._pages.pop(rec.number, None)
-            with_trace = [c for c in self._cells if c.trace is not None]
+            with_trace = [c for c in self._cells if c.has_trace]
             for old in with_trace[:max(0, len(with_trace) - self.keep_traces)]:
-                old.trace, old.note = None, f"trace dropped (only the last {self.keep_traces} cells' are kept)"
+                old.trace = old.pending = None
+                old.note = f"trace dropped (only the last {self.keep_traces} cells' are kept)"
                 self._pages.pop(old.number, None)
 
     def drop_pool(self, pool: str) -> None:
@@ -86,6 +118,21 @@ class CellLog:
         with self._lock:
             return self._find_unlocked(number)
 
+    def _traced(self, number: int) -> Optional[CellRecord]:
+        """Cell ``number`` with its trace built (waiting up to :data:`PENDING_WAIT` for a pending
+        one; web server's threads, under the build lock), or ``None`` if it has none."""
+        rec = self._find(number)
+        pending = None if rec is None else rec.pending
+        if pending is None:
+            return rec if rec is not None and rec.trace is not None else None
+        ar, nranks = pending
+        try:
+            rec.trace, rec.window = cell_trace(ar.get(timeout=PENDING_WAIT), nranks)
+        except Exception as e:  # noqa: BLE001 - the page says why instead
+            rec.note = f"no trace: {type(e).__name__}: {e}"
+        rec.pending = None
+        return rec if rec.trace is not None else None
+
     def _find_unlocked(self, number: int) -> Optional[CellRecord]:
         return next((c for c in self._cells if c.number == number), None)
 
@@ -98,7 +145,7 @@ class CellLog:
         q = f"?key={html.escape(key)}"
         rows = []
         for c in reversed(self.cells()):
-            if c.trace is not None:
+            if c.has_trace:
                 links = f'<a href="cell/{c.number}{q}">timeline</a> · <a href="cell/{c.number}.json{q}">trace JSON</a>'
             else:
                 links = html.escape(c.note or "no trace")
@@ -116,10 +163,10 @@ class CellLog:
         BokehJS from ``../bokeh.js``), or ``None`` if the cell or its trace is unknown."""
         from nbmpi.workers.tracing.timeline import notebook_bundle
 
-        rec = self._find(number)
-        if rec is None or rec.trace is None:
-            return None
         with self._build:
+            rec = self._traced(number)
+            if rec is None:
+                return None
             page = self._pages.get(number)
             if page is None:
                 bundle = notebook_bundle(rec.trace, window=rec.window, ranks=rec.ranks,
@@ -136,10 +183,9 @@ class CellLog:
 
     def chrome_json(self, number: int) -> Optional[bytes]:
         """Cell ``number``'s trace as Chrome Trace Event JSON (Perfetto opens it), or ``None``."""
-        rec = self._find(number)
-        if rec is None or rec.trace is None:
-            return None
-        return json.dumps(rec.trace.to_chrome()).encode()
+        with self._build:
+            rec = self._traced(number)
+        return None if rec is None else json.dumps(rec.trace.to_chrome()).encode()
 
 
 def _page(title: str, body: str, head: str = "") -> str:

@@ -50,7 +50,7 @@ from nbmpi.workers.launch.engine_pool import EnginePool, EnginePoolError
 from nbmpi.workers.launch.pool_runner import ERROR_GRACE, INTERRUPT_GRACE, PoolRun, RunEnd, probe  # noqa: F401
 
 from . import output as _out
-from .cell_log import CellLog, CellRecord, first_line
+from .cell_log import CellLog, CellRecord, cell_trace, first_line
 from .timeline_server import TimelineServer
 
 # ERROR_GRACE: seconds the other ranks get to finish after one rank failed, before they are
@@ -168,23 +168,9 @@ def fetch_cell_trace(pool: EnginePool, ranks: List[int]):
     One apply request to the ranks (no MPI collective, so it works after
     errors and interrupts and on a subset of ranks).
     """
-    import numpy as np
-
     from nbmpi.workers.launch.engine_side import cell_events
-    from nbmpi.workers.tracing.analysis import Trace
-    from nbmpi.workers.tracing.tracer import NF
 
-    parts = pool.client()[ranks].apply_sync(cell_events)
-    events = np.concatenate([np.asarray(p["events"], dtype=np.int64).reshape(-1, NF) for p in parts])
-    owner = np.concatenate([np.full(len(p["events"]), p["rank"], dtype=np.int64) for p in parts])
-    dropped = np.zeros(pool.n, np.int64)
-    err = np.zeros(pool.n, np.int64)
-    for p in parts:
-        dropped[p["rank"]] = p["dropped"]
-        err[p["rank"]] = p["clock_error_ns"]
-    kinds = max((p["kinds"] for p in parts), key=len)
-    window = (min(p["cell_start_ns"] for p in parts), max(p["cell_end_ns"] for p in parts))
-    return Trace(events, owner, pool.n, kinds, dropped=dropped, clock_error_ns=err), window
+    return cell_trace(pool.client()[ranks].apply_sync(cell_events), pool.n)
 
 
 class _Live:
@@ -551,7 +537,10 @@ class DistributedMagics(Magics):
             self._trace = None
 
     def _record(self, pool: EnginePool, ranks: List[int], cell: str, status: str, duration: float) -> None:
-        """Add the cell that just ended to :attr:`cells` (with its trace unless the pool was ended)."""
+        """Add the cell that just ended to :attr:`cells`, unless the pool was ended with its trace: the
+        one ``--timeline`` fetched, else a non-blocking request for it (the engines answer it before
+        the next cell; the web server waits for it only when the cell's page is opened), so a cell
+        costs no extra round trip."""
         # IPython counts the cell before running it (ipykernel replies ``execution_count - 1`` too)
         number = int(self.shell.execution_count) - 1
         rec = CellRecord(number, pool.name, list(ranks), first_line(cell), status, duration)
@@ -559,7 +548,12 @@ class DistributedMagics(Magics):
             rec.note = "no trace: the pool was ended"
         else:
             try:
-                rec.trace, rec.window = self._cell_trace(pool, ranks)
+                if self._trace is not None:
+                    rec.trace, rec.window = self._trace
+                else:
+                    from nbmpi.workers.launch.engine_side import cell_events
+
+                    rec.pending = (pool.client()[ranks].apply_async(cell_events), pool.n)
             except Exception as e:  # noqa: BLE001 - never hide the cell's own outcome
                 rec.note = f"no trace: {e}"
         self.cells.add(rec)
