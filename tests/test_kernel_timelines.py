@@ -162,3 +162,50 @@ def test_stop_closes_the_server(stack):
     _, again, _ = _links(r["stdout"])
     assert again != direct and httpx.get(again, timeout=30).status_code == 200
     assert "<tr id=" not in httpx.get(again, timeout=30).text   # the stopped pool's cells are gone
+
+
+def test_cell_log_and_server_without_a_pool(monkeypatch):
+    """The page server alone, on traces built here: the key, escaping, dropped traces, the JupyterHub prefix."""
+    import numpy as np
+
+    from nbmpi.kernel_ext.cell_log import CellLog, CellRecord, first_line
+    from nbmpi.kernel_ext.timeline_server import TimelineServer
+    from nbmpi.workers.tracing.analysis import Trace
+    from nbmpi.workers.tracing.tracer import DIR_RECV, DIR_SEND, kind_names, register_kind
+    from test_timeline import _ev
+
+    put, take = register_kind("put"), register_kind("take")
+    ms = 1_000_000
+
+    def trace():
+        ev = np.stack([_ev(put, DIR_SEND, 1, 6 * ms, 10 * ms), _ev(take, DIR_RECV, 0, 0, 10 * ms)])
+        return Trace(ev, np.array([0, 1]), 2, kind_names())
+
+    assert first_line("\n\n  x = 1\ny") == "x = 1" and len(first_line("a" * 200)) == 80
+    log = CellLog(keep_traces=2)
+    for n in (4, 5, 6):
+        log.add(CellRecord(n, "p", [0, 1], first_line(f"<script>alert({n})</script>"), "ok", 0.5, trace=trace(),
+                           window=(-10 * ms, 20 * ms)))
+    monkeypatch.setenv("JUPYTERHUB_SERVICE_PREFIX", "/user/alice/")
+    web = TimelineServer(log).start()
+    try:
+        proxied, direct = web.links()
+        assert proxied == f"/user/alice/proxy/{web.port}/?key={web.key}"
+        assert direct == f"http://127.0.0.1:{web.port}/?key={web.key}"
+        base, q = direct.split("?")
+        index = httpx.get(direct, timeout=30).text
+        assert "<script>alert" not in index and "&lt;script&gt;alert(6)" in index
+        assert 'href="cell/6?' in index and 'href="cell/5?' in index and 'href="cell/4?' not in index
+        assert "trace dropped (only the last 2" in index
+        page = httpx.get(f"{base}cell/6?{q}", timeout=30)
+        assert page.status_code == 200 and "rank 1" in page.text and "<script>alert" not in page.text
+        assert page.headers["content-security-policy"].startswith("default-src 'self'")
+        assert httpx.get(f"{base}cell/4?{q}", timeout=30).status_code == 404
+        assert httpx.get(f"{base}cell/6", timeout=30).status_code == 403
+        assert httpx.get(f"{base}cell/6?key={web.key[:-1]}", timeout=30).status_code == 403
+        log.drop_pool("p")
+        assert "No %%distributed cell" in httpx.get(direct, timeout=30).text
+    finally:
+        web.stop()
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(direct, timeout=30)
