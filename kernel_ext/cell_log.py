@@ -189,8 +189,9 @@ class CellLog:
 
 
 def _page(title: str, body: str, head: str = "") -> str:
-    return (f'<!DOCTYPE html><html><head><meta charset="utf-8"><link rel="icon" href="data:,"><title>{html.escape(title)}</title>'
-            f'<style>{_STYLE}</style>{head}</head><body>{body}</body></html>')
+    """A whole page; ``data:,`` as its icon, so the browser asks this server for nothing else."""
+    return (f'<!DOCTYPE html><html><head><meta charset="utf-8"><link rel="icon" href="data:,">'
+            f'<title>{html.escape(title)}</title><style>{_STYLE}</style>{head}</head><body>{body}</body></html>')
 
 
 def first_line(source: str, limit: int = 80) -> str:

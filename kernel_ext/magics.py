@@ -27,6 +27,9 @@ like ``%%px``; everything else rides on it:
 * the polling, deadline, interrupts and liveness checks are
   :class:`nbmpi.workers.launch.pool_runner.PoolRun`, the same runner the
   controller's jobs on a pool use;
+* every cell is listed, with its timeline and Chrome trace, on the page the kernel serves while a
+  pool started here runs (:mod:`nbmpi.kernel_ext.timeline_server`, :mod:`nbmpi.kernel_ext.cell_log`);
+  the cell's trace is requested without waiting and built when its page is opened;
 * wedged or dead ranks: a rank that does not stop within :data:`INTERRUPT_GRACE`
   seconds of SIGINT, or whose process died between cells, makes the pool
   *broken*: it is ended at once (no later cell can queue behind a stuck rank),
@@ -231,10 +234,14 @@ class DistributedMagics(Magics):
                 start N ranks (bundled mpiexec, MPI thread level funneled); every rank
                 gets `comm` (COMM_WORLD), `rank`, `size`, `nbmpi` and a started nbmpi
                 runtime (tracer, aligned clocks). The new pool becomes the current one.
-          %distributed stop [NAME]      end the pool (current by default): no process is left
+                Prints where this kernel's cells are listed with their timelines (a page the
+                kernel serves on 127.0.0.1 with a secret key): /proxy/PORT/?key=... under
+                Jupyter's address (jupyter-server-proxy) and the direct link
+          %distributed stop [NAME]      end the pool (current by default): no process is left;
+                with the last pool started here the cell timelines page ends too
           %distributed restart [NAME]   fresh ranks (new MPI job, empty namespaces), same size and name;
                 the old ranks are killed at once, even if stuck; the pool's controller is kept
-          %distributed status           every pool: ranks, hosts, state, uptime
+          %distributed status           every pool: ranks, hosts, state, uptime; the timelines links
           %distributed use NAME         make NAME the current pool
           %distributed pull VAR [--rank R]
                 VAR from every rank into the notebook as a list in rank order

@@ -15,11 +15,11 @@ and the direct ``http://127.0.0.1:PORT/`` link. The pages' links are relative, s
 
 Stdlib ``http.server`` in daemon threads (the kernel's thread is never blocked by a browser);
 :meth:`TimelineServer.stop` ends it (``%distributed stop`` of the last pool, unloading the
-extension) and an ``atexit`` hook ends it at kernel exit.
+extension); at kernel exit the port closes with the process (nothing at exit waits for it, so the
+pools' own exit handlers run without delay).
 """
 from __future__ import annotations
 
-import atexit
 import re
 import secrets
 import threading
@@ -137,10 +137,9 @@ class TimelineServer:
         """Serve (idempotent); returns ``self``."""
         if self._srv is None:
             self._srv = _Server((self.host, 0), self.log, self.key)
-            self._thread = threading.Thread(target=self._srv.serve_forever, kwargs={"poll_interval": 0.5},
+            self._thread = threading.Thread(target=self._srv.serve_forever, kwargs={"poll_interval": 0.2},
                                             name="nbmpi-timelines", daemon=True)
             self._thread.start()
-            atexit.register(self.stop)
         return self
 
     def stop(self) -> None:
@@ -148,7 +147,6 @@ class TimelineServer:
         srv, self._srv = self._srv, None
         if srv is None:
             return
-        atexit.unregister(self.stop)
         srv.shutdown()
         srv.server_close()
         if self._thread is not None:

@@ -5,7 +5,6 @@ cell, the cell's page holds its timeline (rank lanes, BokehJS from the kernel's 
 Chrome JSON, nothing is served without the kernel server's key, and ``%distributed stop`` closes the port."""
 from __future__ import annotations
 
-import json
 import re
 import time
 from urllib.parse import urljoin, urlsplit
