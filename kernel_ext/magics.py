@@ -544,10 +544,10 @@ class DistributedMagics(Magics):
             self._trace = None
 
     def _record(self, pool: EnginePool, ranks: List[int], cell: str, status: str, duration: float) -> None:
-        """Add the cell that just ended to :attr:`cells`, unless the pool was ended with its trace: the
-        one ``--timeline`` fetched, else a non-blocking request for it (the engines answer it before
-        the next cell; the web server waits for it only when the cell's page is opened), so a cell
-        costs no extra round trip."""
+        """Add the cell that just ended to :attr:`cells` with its trace: the one ``--timeline`` fetched,
+        else a non-blocking request for it (the engines answer it before the next cell; the web server
+        waits for it only when the cell's page is opened), so a cell costs no extra round trip. No
+        trace if the pool was ended. Kernel's thread, at the end of every cell while ``web`` runs."""
         # IPython counts the cell before running it (ipykernel replies ``execution_count - 1`` too)
         number = int(self.shell.execution_count) - 1
         rec = CellRecord(number, pool.name, list(ranks), first_line(cell), status, duration)
