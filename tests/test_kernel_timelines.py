@@ -61,6 +61,8 @@ def test_cells_and_timelines_through_the_proxy(stack):
     assert r["status"] == "ok", r
     r = k.run("%%distributed\nraise ValueError('on purpose')")
     assert r["status"] == "error", r
+    r = k.run("%%distributed --timeout 2\nif rank == 1:\n    ch.take(0)")
+    assert r["status"] == "error" and r["ename"] == "DistributedTimeout", r
     st = k.run("%distributed status")
     assert _links(st["stdout"]) == (proxied, direct, port), st
     web = _login(jup)
@@ -68,12 +70,20 @@ def test_cells_and_timelines_through_the_proxy(stack):
         index = web.get(proxied)
         assert index.status_code == 200, (index.status_code, index.text[:300])
         rows = re.findall(r'<tr id="cell-(\d+)">(.*?)</tr>', index.text)
-        assert len(rows) == 3, index.text
+        assert len(rows) == 4, index.text
         cells = {n: row for n, row in rows}
-        made, ping, bad = sorted(cells, key=int)
+        made, ping, bad, hung = sorted(cells, key=int)
         assert "from nbmpi.workers import ArrayChannel" in cells[made] and ">ok<" in cells[made]
         assert "for i in range(3):" in cells[ping] and ">ok<" in cells[ping] and "0-1" in cells[ping]
         assert "raise ValueError(&#x27;on purpose&#x27;)" in cells[bad] and ">error<" in cells[bad]
+        assert "if rank == 1:" in cells[hung] and ">timed out<" in cells[hung]
+        key = proxied.split("key=")[1]
+        for n in (made, bad, hung):   # traces requested without waiting, built when asked for
+            assert f'href="cell/{n}?key={key}"' in cells[n], cells[n]
+            got = web.get(urljoin(str(index.url), f"cell/{n}.json?key={key}"))
+            assert got.status_code == 200 and got.json()["traceEvents"], (n, got.status_code)
+        hung_page = web.get(urljoin(str(index.url), f"cell/{hung}?key={key}"))
+        assert hung_page.status_code == 200 and "rank 1" in hung_page.text and "nbmpi_segments" in hung_page.text
         href = re.search(rf'href="(cell/{ping}\?key=[\w-]+)"', cells[ping]).group(1)
         page_url = urljoin(str(index.url), href)
         assert urlsplit(page_url).path == f"/proxy/{port}/cell/{ping}"
@@ -88,9 +98,9 @@ def test_cells_and_timelines_through_the_proxy(stack):
             assert urlsplit(url).path.startswith(f"/proxy/{port}/"), url
             got = web.get(url)
             assert got.status_code == 200 and got.content, (url, got.status_code)
-        js = web.get(urljoin(str(page.url), f"../bokeh.js?key={proxied.split('key=')[1]}"))
+        js = web.get(urljoin(str(page.url), f"../bokeh.js?key={key}"))
         assert js.status_code == 200 and "Bokeh" in js.text and len(js.content) > 500_000
-        trace = web.get(urljoin(str(page.url), f"{ping}.json?key={proxied.split('key=')[1]}"))
+        trace = web.get(urljoin(str(page.url), f"{ping}.json?key={key}"))
         assert trace.status_code == 200 and "attachment" in trace.headers["content-disposition"]
         events = trace.json()["traceEvents"]
         assert sum(1 for e in events if e.get("flow_out")) == 6, len(events)
