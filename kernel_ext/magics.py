@@ -27,6 +27,9 @@ like ``%%px``; everything else rides on it:
 * the polling, deadline, interrupts and liveness checks are
   :class:`nbmpi.workers.launch.pool_runner.PoolRun`, the same runner the
   controller's jobs on a pool use;
+* every cell is listed, with its timeline and Chrome trace, on the page the kernel serves while a
+  pool started here runs (:mod:`nbmpi.kernel_ext.timeline_server`, :mod:`nbmpi.kernel_ext.cell_log`);
+  the cell's trace is requested without waiting and built when its page is opened;
 * wedged or dead ranks: a rank that does not stop within :data:`INTERRUPT_GRACE`
   seconds of SIGINT, or whose process died between cells, makes the pool
   *broken*: it is ended at once (no later cell can queue behind a stuck rank),
@@ -50,6 +53,8 @@ from nbmpi.workers.launch.engine_pool import EnginePool, EnginePoolError
 from nbmpi.workers.launch.pool_runner import ERROR_GRACE, INTERRUPT_GRACE, PoolRun, RunEnd, probe  # noqa: F401
 
 from . import output as _out
+from .cell_log import CellLog, CellRecord, cell_trace, first_line
+from .timeline_server import TimelineServer
 
 # ERROR_GRACE: seconds the other ranks get to finish after one rank failed, before they are
 # interrupted. INTERRUPT_GRACE: seconds interrupted ranks get to stop after SIGINT. A rank still
@@ -166,23 +171,9 @@ def fetch_cell_trace(pool: EnginePool, ranks: List[int]):
     One apply request to the ranks (no MPI collective, so it works after
     errors and interrupts and on a subset of ranks).
     """
-    import numpy as np
-
     from nbmpi.workers.launch.engine_side import cell_events
-    from nbmpi.workers.tracing.analysis import Trace
-    from nbmpi.workers.tracing.tracer import NF
 
-    parts = pool.client()[ranks].apply_sync(cell_events)
-    events = np.concatenate([np.asarray(p["events"], dtype=np.int64).reshape(-1, NF) for p in parts])
-    owner = np.concatenate([np.full(len(p["events"]), p["rank"], dtype=np.int64) for p in parts])
-    dropped = np.zeros(pool.n, np.int64)
-    err = np.zeros(pool.n, np.int64)
-    for p in parts:
-        dropped[p["rank"]] = p["dropped"]
-        err[p["rank"]] = p["clock_error_ns"]
-    kinds = max((p["kinds"] for p in parts), key=len)
-    window = (min(p["cell_start_ns"] for p in parts), max(p["cell_end_ns"] for p in parts))
-    return Trace(events, owner, pool.n, kinds, dropped=dropped, clock_error_ns=err), window
+    return cell_trace(pool.client()[ranks].apply_sync(cell_events), pool.n)
 
 
 class _Live:
@@ -227,6 +218,10 @@ class DistributedMagics(Magics):
         self.last_cell: Optional[tuple] = None
         #: pool name -> why it was ended (a wedged or dead rank); the next cell starts it again
         self.broken: Dict[str, str] = {}
+        #: the cells run while a notebook-started pool lives, served with their timelines by ``web``
+        self.cells = CellLog()
+        self.web: Optional[TimelineServer] = None
+        self._trace: Optional[tuple] = None   # (trace, window) of the running cell, fetched once
 
     # -- entry -------------------------------------------------------------------------------------
     @line_cell_magic
@@ -239,10 +234,14 @@ class DistributedMagics(Magics):
                 start N ranks (bundled mpiexec, MPI thread level funneled); every rank
                 gets `comm` (COMM_WORLD), `rank`, `size`, `nbmpi` and a started nbmpi
                 runtime (tracer, aligned clocks). The new pool becomes the current one.
-          %distributed stop [NAME]      end the pool (current by default): no process is left
+                Prints where this kernel's cells are listed with their timelines (a page the
+                kernel serves on 127.0.0.1 with a secret key): /proxy/PORT/?key=... under
+                Jupyter's address (jupyter-server-proxy) and the direct link
+          %distributed stop [NAME]      end the pool (current by default): no process is left;
+                with the last pool started here the cell timelines page ends too
           %distributed restart [NAME]   fresh ranks (new MPI job, empty namespaces), same size and name;
                 the old ranks are killed at once, even if stuck; the pool's controller is kept
-          %distributed status           every pool: ranks, hosts, state, uptime
+          %distributed status           every pool: ranks, hosts, state, uptime; the timelines links
           %distributed use NAME         make NAME the current pool
           %distributed pull VAR [--rank R]
                 VAR from every rank into the notebook as a list in rank order
@@ -310,6 +309,9 @@ class DistributedMagics(Magics):
                              "another --name")
         pool = EnginePool(args.n, name=name)
         self._start(pool, args.timeout)
+        if self.web is None:
+            self.web = TimelineServer(self.cells).start()
+        print(self.web.describe())
 
     def _free_name(self) -> str:
         k = 0
@@ -352,7 +354,16 @@ class DistributedMagics(Magics):
             self.current = next(iter(self.pools), None)
         if self.last_cell and self.last_cell[0] is pool:
             self.last_cell = None
+        self.cells.drop_pool(pool.name)
         print(f"pool {pool.name!r} {'disconnected' if pool.attached else 'stopped'}")
+        if self.web is not None and all(p.attached for p in self.pools.values()):
+            self._stop_web()
+            print("cell timelines server stopped (no pool started here runs)")
+
+    def _stop_web(self) -> None:
+        web, self.web = self.web, None
+        if web is not None:
+            web.stop()
 
     def _cmd_restart(self, args) -> None:
         pool = self._pool(args.name)
@@ -381,6 +392,8 @@ class DistributedMagics(Magics):
             state = st["state"] if not dead else "broken: " + pool.describe_dead(dead)
             print(f"{mark} {name}: {len(st['ranks'])} ranks ({_out.format_ranks(st['ranks'])}) on {hosts}, "
                   f"{state}, up {st['uptime_s']:.0f} s" + (" (attached)" if pool.attached else ""))
+        if self.web is not None:
+            print(self.web.describe())
 
     def _cmd_use(self, args) -> None:
         self._pool(args.name)
@@ -467,6 +480,7 @@ class DistributedMagics(Magics):
                 pass
         self.pools.clear()
         self.current = None
+        self._stop_web()
 
     # -- cells -------------------------------------------------------------------------------------
     def _ready(self, pool: EnginePool) -> EnginePool:
@@ -509,6 +523,56 @@ class DistributedMagics(Magics):
         args = _cell_parser().parse_args(argv)
         pool = self._ready(self._pool())
         ranks = parse_ranks(args.ranks, pool.ranks)
+        self._trace = None
+        t0 = time.monotonic()
+        status = "error"
+        try:
+            self._run_on(pool, ranks, args, cell)
+            status = "ok"
+        except _out.DistributedTimeout:
+            status = "timed_out"
+            raise
+        except _out.DistributedInterrupt:
+            status = "interrupted"
+            raise
+        except UsageError:
+            status = "rank_died" if pool.name in self.broken else "error"
+            raise
+        finally:
+            if self.web is not None:
+                self._record(pool, ranks, cell, status, time.monotonic() - t0)
+            self._trace = None
+
+    def _record(self, pool: EnginePool, ranks: List[int], cell: str, status: str, duration: float) -> None:
+        """Add the cell that just ended to :attr:`cells` with its trace: the one ``--timeline`` fetched,
+        else a non-blocking request for it (the engines answer it before the next cell; the web server
+        waits for it only when the cell's page is opened), so a cell costs no extra round trip. No
+        trace if the pool was ended. Kernel's thread, at the end of every cell while ``web`` runs."""
+        # IPython counts the cell before running it (ipykernel replies ``execution_count - 1`` too)
+        number = int(self.shell.execution_count) - 1
+        rec = CellRecord(number, pool.name, list(ranks), first_line(cell), status, duration)
+        if pool.name in self.broken:
+            rec.note = "no trace: the pool was ended"
+        else:
+            try:
+                if self._trace is not None:
+                    rec.trace, rec.window = self._trace
+                else:
+                    from nbmpi.workers.launch.engine_side import cell_events
+
+                    rec.pending = (pool.client()[ranks].apply_async(cell_events), pool.n)
+            except Exception as e:  # noqa: BLE001 - never hide the cell's own outcome
+                rec.note = f"no trace: {e}"
+        self.cells.add(rec)
+
+    def _cell_trace(self, pool: EnginePool, ranks: List[int]):
+        """The running cell's (trace, window), fetched from the ranks once per cell."""
+        if self._trace is None:
+            self._trace = fetch_cell_trace(pool, ranks)
+        return self._trace
+
+    def _run_on(self, pool: EnginePool, ranks: List[int], args, cell: str) -> None:
+        """Run ``cell`` on ``ranks`` of ``pool`` to its end, showing its output; raises as the cell ends."""
         run = PoolRun(pool, ranks, lambda view: view.execute(cell, silent=False, block=False))
         self.last_cell = (pool, ranks)
         live = _Live(not args.quiet)
@@ -621,7 +685,7 @@ class DistributedMagics(Magics):
         from nbmpi.workers.tracing.timeline import show
 
         try:
-            trace, window = fetch_cell_trace(pool, ranks)
+            trace, window = self._cell_trace(pool, ranks)
         except Exception as e:  # noqa: BLE001 - do not hide the cell's own outcome
             print(f"%%distributed --timeline: could not fetch the trace: {e}", file=sys.stderr)
             return

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
 
@@ -303,6 +304,8 @@ def test_quickstart_notebook_runs_top_to_bottom(tmp_path):
     assert "<svg" in allout and "[rank 0] sum of (rank+1) over ranks: 3.0" in allout
     assert "something is wrong on rank 1" in allout and "rank 0: completed the cell" in allout
     assert nb.cells[6]["outputs"][0]["data"]["text/plain"] == "[0, 1]"
+    assert re.search(r"cell timelines: /proxy/\d+/\?key=[\w-]+ under Jupyter's address", allout), allout[:3000]
+    assert "cell timelines server stopped" in allout
 
 
 def test_connect_to_controller_pool(tmp_path):
