@@ -1,9 +1,10 @@
 """The index of a finished job's streamed trace: built once, in its own process, when the job ends;
 any window of the timeline is then read from its files in time and memory independent of the trace's size.
 
-Build (:func:`build`, or ``python -m nbmpi.workers.tracing.index TRACE_DIR NRANKS [--chrome]``, what the
-controller runs when a job ends, whatever its outcome): joins the ranks' stream files
-(:mod:`~nbmpi.workers.tracing.stream`), attributes waits, and writes ``TRACE_DIR/index/``:
+Build (:func:`build`, or ``python -m nbmpi.workers.tracing.index TRACE_DIR NRANKS [--chrome] [--nice]``,
+what the controller runs when a job ends, whatever its outcome): joins the ranks' stream files
+(:mod:`~nbmpi.workers.tracing.stream`), attributes waits, and writes ``TRACE_DIR/index/``, in
+memory bounded whatever the trace's size (:mod:`.index_build`: a few chunks of rows at a time):
 
 * ``meta.json``: ``{"format", "state": "ok" | "unreadable", "reason", "nranks", "kinds", "events",
   "segments", "lane_off", "duration_s", "origin_ns", "version", "waits", "analysis", "arrows",
@@ -43,11 +44,10 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from . import timeline
+from . import index_build, timeline
 from .analysis import STATE_NAMES, op_label
-from .npy_column import BLOCK_BYTES, NpyAppender, NpyColumn, save_with_skeleton
-from .records import FIELDS, NF
-from .stream import TraceUnreadable, read_job_trace
+from .npy_column import BLOCK_BYTES, NpyColumn
+from .stream import TraceUnreadable, has_stream, read_job_trace
 
 __all__ = ["FORMAT", "INDEX_DIR", "build", "index_dir", "TraceIndex", "EventTable", "main"]
 
@@ -59,11 +59,6 @@ EXACT_ROWS = 40_000
 CHROME_EVENTS_LIMIT = 1_000_000
 #: Exit status of the build when the files are unreadable.
 UNREADABLE_EXIT = 3
-_COL = {name: i for i, name in enumerate(FIELDS)}
-_SEG = ("start", "end", "endmax", "state", "event", "cum")
-_ARR = ("a_src", "a_dst", "a_t0", "a_t1", "a_send", "a_recv")
-#: Files sorted (within each lane) and searched: written with a skeleton (:mod:`.npy_column`).
-_SORTED = ("start", "endmax", "a_t0")
 
 
 def index_dir(trace_dir: os.PathLike) -> Path:
@@ -72,68 +67,6 @@ def index_dir(trace_dir: os.PathLike) -> Path:
 
 
 # -- build ---------------------------------------------------------------------------------------------
-def _lane_arrays(cols: "timeline.TimelineColumns") -> Dict[str, np.ndarray]:
-    """One lane's segment files (see the module docstring) from its :class:`TimelineColumns`."""
-    dur = np.maximum(cols.end - cols.start, 0.0)
-    per_state = np.zeros((len(dur), len(STATE_NAMES)))
-    per_state[np.arange(len(dur)), cols.state] = dur
-    cum = np.zeros_like(per_state)
-    if len(dur):
-        cum[1:] = np.cumsum(per_state, axis=0)[:-1]
-    endmax = np.maximum.accumulate(cols.end) if len(dur) else cols.end
-    return dict(start=cols.start.astype(np.float64), end=cols.end.astype(np.float64),
-                endmax=endmax.astype(np.float64), state=cols.state.astype(np.int8),
-                event=cols.event.astype(np.int64), cum=cum)
-
-
-def _write_index(out: Path, jt) -> Dict[str, Any]:
-    """Write the index files of the :class:`JobTrace` ``jt`` into ``out``; returns the meta (unwritten)."""
-    trace = jt.trace
-    waits = jt.waits()
-    window = (jt.start_ns, jt.now_ns)
-    an = timeline.analysis(trace, window=window, open_waits=waits)
-    files = {k: NpyAppender(out / f"{k}.npy", skeleton=k in _SORTED) for k in _SEG}   # lane by lane, to disk
-    lane_off = [0]
-    n = len(trace)
-    c_start = np.full(n, np.nan)
-    c_end = np.full(n, np.nan)
-    duration, origin = 0.0, jt.start_ns
-    for r in range(trace.nranks):   # lane by lane: one rank's intervals in memory at a time
-        cols = timeline.timeline_columns(trace, window=window, ranks=[r], blocked=waits)
-        duration, origin = cols.duration_s, cols.origin_ns
-        mine = np.array([k for k, w in enumerate(waits) if int(w["rank"]) == r] or [0], np.int64)
-        open_rows = cols.event <= -2      # the lane's own open waits: numbered in the whole list
-        cols.event[open_rows] = -2 - mine[-2 - cols.event[open_rows]]
-        comm = (cols.state == 2) & (cols.event >= 0)
-        c_start[cols.event[comm]] = cols.start[comm]
-        c_end[cols.event[comm]] = cols.end[comm]
-        for k, v in _lane_arrays(cols).items():
-            files[k].add(v)
-        lane_off.append(lane_off[-1] + len(cols.start))
-        del cols
-    for f in files.values():
-        f.finish()
-    # arrows: from where the send's transfer starts to where the matching receive ends
-    sp, rp = (trace.flow_pairs[:, 0], trace.flow_pairs[:, 1]) if n else (np.empty(0, np.int64),) * 2
-    ok = ~np.isnan(c_start[sp]) & ~np.isnan(c_end[rp]) if n else np.empty(0, bool)
-    sp, rp = sp[ok], rp[ok]
-    order = np.argsort(c_start[sp], kind="stable")
-    sp, rp = sp[order], rp[order]
-    a_t0, a_t1 = c_start[sp], c_end[rp]
-    arrays = dict(a_src=trace.ranks[sp].astype(np.int32), a_dst=trace.ranks[rp].astype(np.int32), a_t0=a_t0,
-                  a_t1=a_t1, a_send=sp.astype(np.int64), a_recv=rp.astype(np.int64))
-    for k, v in arrays.items():
-        (save_with_skeleton if k in _SORTED else np.save)(out / f"{k}.npy", v)
-    span = float(np.abs(a_t1 - a_t0).max()) if len(a_t0) else 0.0
-    np.save(out / "events.npy", trace.events)
-    np.save(out / "ranks.npy", trace.ranks)
-    return dict(format=FORMAT, state="ok", reason=None, nranks=trace.nranks, kinds=list(trace.kinds), events=n,
-                segments=lane_off[-1], lane_off=lane_off, duration_s=duration, origin_ns=int(origin),
-                version=int(jt.version), waits=waits, analysis=an, arrows=int(len(sp)), arrow_span_s=span,
-                done=bool(jt.done), dropped=[int(x) for x in trace.dropped],
-                clock_error_ns=[int(x) for x in trace.clock_error_ns], built_at=time.time())
-
-
 def _write_chrome(trace_dir: Path, jt) -> None:
     """``trace.json`` and ``summary.json`` of a job whose ranks did not write them (see the module
     docstring), each written to a temporary name and renamed."""
@@ -152,12 +85,14 @@ def _write_chrome(trace_dir: Path, jt) -> None:
     os.replace(tmp, trace_dir / "summary.json")
 
 
-def build(trace_dir: os.PathLike, nranks: int, chrome: bool = False) -> Optional[Dict[str, Any]]:
+def build(trace_dir: os.PathLike, nranks: int, chrome: bool = False,
+          chunk: int = index_build.CHUNK_ROWS) -> Optional[Dict[str, Any]]:
     """Build the index of the streamed trace in ``trace_dir`` (``nranks`` ranks), replacing any
     older one; with ``chrome``, also ``trace.json`` / ``summary.json`` when they do not exist.
     Returns the meta (``state`` ``"unreadable"`` with the ``reason`` when the files are not what
-    the ranks write), or None when no rank streamed. Local files only; the joined trace is in
-    memory while it runs, so run it in its own process (the controller does, :func:`main`)."""
+    the ranks write), or None when no rank streamed. Local files only, in bounded memory
+    (:mod:`.index_build`, ``chunk`` rows at a time) except the Chrome trace (the joined trace of at
+    most :data:`CHROME_EVENTS_LIMIT` events); run it in its own process (the controller does, :func:`main`)."""
     trace_dir = Path(trace_dir)
     final = index_dir(trace_dir)
     tmp = trace_dir / f".{INDEX_DIR}.tmp.{os.getpid()}"
@@ -166,11 +101,11 @@ def build(trace_dir: os.PathLike, nranks: int, chrome: bool = False) -> Optional
     jt = None
     try:
         try:
-            jt = read_job_trace(trace_dir, nranks)
-            if jt is None:
+            if not has_stream(trace_dir, nranks):
                 shutil.rmtree(tmp, ignore_errors=True)
                 return None
-            meta = _write_index(tmp, jt)
+            meta, jt = index_build.write_index(trace_dir, nranks, tmp, chunk)
+            meta.update(format=FORMAT, state="ok", reason=None, built_at=time.time())
         except TraceUnreadable as exc:
             meta = dict(format=FORMAT, state="unreadable", reason=str(exc), nranks=nranks, built_at=time.time())
         except (ValueError, IndexError, OverflowError, MemoryError) as exc:   # garbage that passed the checks
@@ -182,22 +117,25 @@ def build(trace_dir: os.PathLike, nranks: int, chrome: bool = False) -> Optional
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     if chrome and jt is not None and meta["state"] == "ok" and not (trace_dir / "trace.json").exists():
-        if len(jt.trace) <= CHROME_EVENTS_LIMIT:
-            _write_chrome(trace_dir, jt)
+        if meta["events"] <= CHROME_EVENTS_LIMIT:
+            _write_chrome(trace_dir, read_job_trace(trace_dir, nranks))
         else:
-            print(f"no trace.json: {len(jt.trace)} events is more than a Chrome trace viewer opens "
+            print(f"no trace.json: {meta['events']} events is more than a Chrome trace viewer opens "
                   f"({CHROME_EVENTS_LIMIT}); the dashboard's trace.npz holds them all", file=sys.stderr)
     return meta
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """``python -m nbmpi.workers.tracing.index TRACE_DIR NRANKS [--chrome]``: :func:`build`; prints
-    the state in one line. Exit 0 (built, or nothing streamed), 3 (unreadable), 2 (usage)."""
+    """``python -m nbmpi.workers.tracing.index TRACE_DIR NRANKS [--chrome] [--nice]``: :func:`build`
+    (``--nice``: at the lowest CPU priority, ``nice`` 19, so the process that started it keeps its
+    CPU); prints the state in one line. Exit 0 (built, or nothing streamed), 3 (unreadable), 2 (usage)."""
     args = list(sys.argv[1:] if argv is None else argv)
     chrome = "--chrome" in args
-    args = [a for a in args if a != "--chrome"]
+    if "--nice" in args:
+        os.nice(19 - os.nice(0))
+    args = [a for a in args if a not in ("--chrome", "--nice")]
     if len(args) != 2 or not args[1].isdigit():
-        print("usage: python -m nbmpi.workers.tracing.index TRACE_DIR NRANKS [--chrome]", file=sys.stderr)
+        print("usage: python -m nbmpi.workers.tracing.index TRACE_DIR NRANKS [--chrome] [--nice]", file=sys.stderr)
         return 2
     meta = build(args[0], int(args[1]), chrome=chrome)
     if meta is None:

@@ -211,7 +211,8 @@ class NpyAppender:
                              f"{self.dtype}{self.row_shape} pieces")
         if self.skeleton:
             self._skeleton.append(values[(-self.n) % SKELETON_STRIDE::SKELETON_STRIDE].copy())
-        self._raw.write(memoryview(values).cast("B"))
+        if values.size:
+            self._raw.write(memoryview(values).cast("B"))
         self.n += len(values)
 
     def finish(self) -> None:
