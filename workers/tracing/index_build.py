@@ -37,8 +37,8 @@ from .stream import MAX_SPAN_NS, TraceUnreadable, check_rows, events_path, read_
 
 __all__ = ["write_index", "CHUNK_ROWS"]
 
-#: Rows read, sorted or written at a time (about 24 MB of events).
-CHUNK_ROWS = 1 << 18
+#: Rows read, sorted or written at a time (about 12 MB of events).
+CHUNK_ROWS = 1 << 17
 _I8 = "<i8"
 EV = np.dtype([(f, _I8) for f in FIELDS])
 _SEQ = np.dtype([(f, _I8) for f in ("chan", "rank", "peer", "tag", "dir", "t_start", "idx")])
