@@ -114,7 +114,11 @@ def test_small_chunks_build_the_one_chunk_index_and_the_joined_traces(trace, chu
     assert meta["lane_off"] == ref["lane_off"] and meta["analysis"] == ref["analysis"]
     assert meta["duration_s"] == ref["duration_s"] and meta["origin_ns"] == ref["origin_ns"]
     for k, v in ref["seg"].items():
-        assert np.array_equal(one[f"{k}.npy"], v.astype(one[f"{k}.npy"].dtype)), k
+        assert np.array_equal(one["seg.npy"][k], v.astype(one["seg.npy"][k].dtype)), k
+    assert np.array_equal(one["start.npy"], ref["seg"]["start"])
+    off = ref["lane_off"]
+    endmax = [np.maximum.accumulate(ref["seg"]["end"][a:b]) for a, b in zip(off[:-1], off[1:])]
+    assert np.array_equal(one["endmax.npy"], np.concatenate(endmax))
     assert np.array_equal(one["events.npy"], ref["events"])
     for k in ("a_send", "a_recv", "a_t0", "a_t1"):
         assert np.array_equal(one[f"{k}.npy"], ref[k]), k

@@ -10,10 +10,11 @@ memory bounded whatever the trace's size (:mod:`.index_build`: a few chunks of r
   "segments", "lane_off", "duration_s", "origin_ns", "version", "waits", "analysis", "arrows",
   "arrow_span_s", "done"}``; written last (a directory without it is not an index);
 * per segment of the timeline (lane by lane, in time order; what
-  :func:`~nbmpi.workers.tracing.timeline.timeline_columns` makes): ``start.npy`` / ``end.npy`` (s from
-  the job's start), ``endmax.npy`` (running maximum of ``end`` within the lane: binary-searchable),
-  ``state.npy``, ``event.npy``, ``cum.npy`` (``(n, 3)``: time the lane spent in each state before the
-  segment), so the time per state between any two instants is two binary searches;
+  :func:`~nbmpi.workers.tracing.timeline.timeline_columns` makes): ``seg.npy``, records
+  (:data:`~.index_build.SEG`) of ``start`` / ``end`` (s from the job's start), ``state``, ``event``
+  and ``cum`` (time the lane spent in each state before the segment), so a view reads what it shows
+  of a segment in one piece and the time per state between any two instants is two binary searches;
+  ``start.npy`` and ``endmax.npy`` (running maximum of ``end`` within the lane), searched;
 * per message arrow, sorted by ``t0``: ``a_src``, ``a_dst``, ``a_t0``, ``a_t1``, ``a_send``, ``a_recv``;
 * ``start.skel.npy``, ``endmax.skel.npy``, ``a_t0.skel.npy``: every 1024th value of those sorted
   files (:func:`~.npy_column.save_with_skeleton`), so a search reads one small block per key;
@@ -51,7 +52,7 @@ from .stream import TraceUnreadable, has_stream, read_job_trace
 
 __all__ = ["FORMAT", "INDEX_DIR", "build", "index_dir", "TraceIndex", "EventTable", "main"]
 
-FORMAT = 1
+FORMAT = 2
 INDEX_DIR = "index"
 #: Largest window drawn from its segments one by one (more: one row per lane and pixel).
 EXACT_ROWS = 40_000
@@ -303,10 +304,11 @@ class TraceIndex:
         take = np.concatenate([np.arange(i0, i1) for i0, i1 in spans]).astype(np.int64)
         blocked = [dict(w) for w in self.meta["waits"]]
         a = self.a
+        rows = a("seg")[take]
         return timeline.TimelineColumns(
             trace=self.table(), ranks=list(range(self.meta["nranks"])), duration_s=float(self.meta["duration_s"]),
-            lane=lane, state=a("state")[take].astype(np.int64), start=a("start")[take], end=a("end")[take],
-            event=a("event")[take], a_src=a("a_src")[arrows].astype(np.int64),
+            lane=lane, state=rows["state"].astype(np.int64), start=rows["start"], end=rows["end"],
+            event=rows["event"], a_src=a("a_src")[arrows].astype(np.int64),
             a_dst=a("a_dst")[arrows].astype(np.int64), a_t0=a("a_t0")[arrows], a_t1=a("a_t1")[arrows],
             a_send=a("a_send")[arrows], a_recv=a("a_recv")[arrows], blocked=blocked,
             origin_ns=int(self.meta["origin_ns"]))
@@ -348,24 +350,26 @@ class TraceIndex:
 
     def _binned_lane(self, seg, cols, lane: int, a: int, b: int, edges: np.ndarray, px: float) -> None:
         """The rows of lane ``lane`` (segments ``[a, b)``) for the pixels between ``edges``: one
-        read per column of the few rows each pixel starts at."""
-        start, end, endmax, state = self.a("start"), self.a("end"), self.a("endmax"), self.a("state")
-        event, cum = self.a("event"), self.a("cum")
+        read of the few segment records each pixel starts at."""
+        start, endmax, segs = self.a("start"), self.a("endmax"), self.a("seg")
         width = len(edges) - 1
         first = np.minimum(endmax.searchsorted(edges[:-1], "right", a, b), b - 1)
         last = np.maximum(start.searchsorted(edges[1:], "left", a, b) - 1, a)
         at = np.minimum(endmax.searchsorted(edges, "left", a, b), b - 1)
+        # the rows each pixel names: its first segment and the next few (their calls); with the
+        # segment at each edge, read together (one piece per pixel)
+        near = np.minimum(first[:, None] + np.arange(timeline.CALLS_NAMED + 1), b - 1)
+        rows = segs.take(np.concatenate([at, near.ravel()]))
+        r_at, r_near = rows[:len(at)], rows[len(at):].reshape(near.shape)
         # time spent in each state up to each edge: before segment `at`, plus its part before the edge
-        c = cum[at]
-        st_at = state[at].astype(np.int64)
-        inside = np.clip(np.minimum(edges, end[at]) - start[at], 0, None)
+        c = r_at["cum"].copy()
+        st_at = r_at["state"].astype(np.int64)
+        inside = np.clip(np.minimum(edges, r_at["end"]) - r_at["start"], 0, None)
         c[np.arange(len(at)), st_at] += inside
         per = np.maximum(np.diff(c, axis=0), 0)
-        # the rows each pixel names: its first segment and the next few (their calls)
-        near = np.minimum(first[:, None] + np.arange(timeline.CALLS_NAMED + 1), b - 1)
-        ev_near = event[near]
+        ev_near = r_near["event"]
         cols.trace.events.prefetch(ev_near[ev_near >= 0])
-        f_start, f_end, f_state = start[first], end[first], state[first]
+        f_start, f_end, f_state = r_near["start"][:, 0], r_near["end"][:, 0], r_near["state"][:, 0]
         table = cols.trace
         shown = -1
         for k in range(width):

@@ -35,7 +35,7 @@ from .npy_column import NpyAppender, NpyColumn
 from .records import DIR_NONE, DIR_RECV, DIR_SEND, FIELDS, NF
 from .stream import MAX_SPAN_NS, TraceUnreadable, check_rows, events_path, read_states, row_counts
 
-__all__ = ["write_index", "CHUNK_ROWS"]
+__all__ = ["write_index", "CHUNK_ROWS", "SEG"]
 
 #: Rows read, sorted or written at a time (about 12 MB of events).
 CHUNK_ROWS = 1 << 17
@@ -51,6 +51,8 @@ _COLL = np.dtype([(f, _I8) for f in ("chan", "seq", "kind", "idx", "t_start", "t
 _PAIR = np.dtype([("k", _I8), ("sp", _I8), ("rp", _I8)])
 _CALL = np.dtype([(f, _I8) for f in ("rank", "t_start", "idx", "t_end", "wait")])
 _COMM = np.dtype([("event", _I8), ("s", "<f8"), ("e", "<f8")])
+#: One segment of a lane (``seg.npy``): what a view reads of it, in one piece.
+SEG = np.dtype([("start", "<f8"), ("end", "<f8"), ("state", "i1"), ("event", "<i8"), ("cum", "<f8", (3,))])
 _ARROW = np.dtype([("t0", "<f8"), ("k", _I8), ("t1", "<f8"), ("src", _I8), ("dst", _I8), ("sp", _I8),
                    ("rp", _I8)])
 
@@ -373,7 +375,9 @@ class _Lane:
         self.cum = cs[-1]
         endmax = np.maximum.accumulate(np.concatenate([[self.endmax], e]))[1:]
         self.endmax = float(endmax[-1])
-        for k, v in dict(start=s, end=e, endmax=endmax, state=st.astype(np.int8), event=ev, cum=cs[:-1]).items():
+        rec = np.empty(len(s), SEG)
+        rec["start"], rec["end"], rec["state"], rec["event"], rec["cum"] = s, e, st, ev, cs[:-1]
+        for k, v in dict(start=s, endmax=endmax, seg=rec).items():
             self.files[k].add(v)
         comm = (st == 2) & (ev >= 0)
         c = np.empty(int(comm.sum()), _COMM)
@@ -388,7 +392,7 @@ def _lanes(calls: RecordFile, nranks: int, span_ns: Tuple[int, int, bool], windo
     t0, t1, has = span_ns
     w0 = min(int(window[0]), t0)
     files = {k: NpyAppender(out / f"{k}.npy", skeleton=k in ("start", "endmax"))
-             for k in ("start", "end", "endmax", "state", "event", "cum")}
+             for k in ("start", "endmax", "seg")}
     comm = RecordFile(work / "comm", _COMM)
     srt = sort_records(calls, ("rank", "t_start", "idx"), chunk)
     blocks = srt.blocks(chunk)
