@@ -353,9 +353,9 @@ class TraceIndex:
         read of the few segment records each pixel starts at."""
         start, endmax, segs = self.a("start"), self.a("endmax"), self.a("seg")
         width = len(edges) - 1
-        first = np.minimum(endmax.searchsorted(edges[:-1], "right", a, b), b - 1)
+        at, after = endmax.searchsorted_both(edges, a, b)
+        at, first = np.minimum(at, b - 1), np.minimum(after[:-1], b - 1)
         last = np.maximum(start.searchsorted(edges[1:], "left", a, b) - 1, a)
-        at = np.minimum(endmax.searchsorted(edges, "left", a, b), b - 1)
         # the rows each pixel names: its first segment and the next few (their calls); with the
         # segment at each edge, read together (one piece per pixel)
         near = np.minimum(first[:, None] + np.arange(timeline.CALLS_NAMED + 1), b - 1)
