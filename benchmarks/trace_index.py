@@ -92,6 +92,8 @@ def timed(c: httpx.Client, url: str, **params):
 
 def main() -> None:
     p = benchmark_parser(__doc__, "400 k events instead of 4 M")
+    p.add_argument("--baseline-s", type=float, default=30.0, metavar="S",
+                   help="ask /api/health of the idle controller for S seconds first: the machine's own latency")
     args = p.parse_args()
     events = 400_000 if args.quick else 4_000_000
     import tempfile
@@ -100,6 +102,9 @@ def main() -> None:
     srv = Server(tmp / "data", max_ranks=2).start()
     try:
         with srv.client() as c:
+            with TimedProbe(srv.url) as idle:      # nothing to do yet: what the machine's load alone costs
+                time.sleep(args.baseline_s)
+            idle_s = sorted(s for _, s in idle.samples)
             job = submit(c, BIG_JOB, args=[str(events // 2)], env=ENV)
             with RssSampler(srv.proc.pid) as mem:
                 job = wait_state(c, job["id"], ("failed", "succeeded"), timeout=900)
@@ -138,7 +143,10 @@ def main() -> None:
                 health_errors=len(probe.errors), health_median_s=statistics.median(health) if health else None,
                 health_p99_s=p99, health_max_s=max(health) if health else None,
                 health_max_during_build_s=max(during_build, default=None),
-                health_max_during_requests_s=max(during_requests, default=None))
+                health_max_during_requests_s=max(during_requests, default=None),
+                health_idle_samples=len(idle_s), health_idle_median_s=statistics.median(idle_s) if idle_s else None,
+                health_idle_p99_s=idle_s[min(len(idle_s) - 1, int(0.99 * len(idle_s)))] if idle_s else None,
+                health_idle_max_s=max(idle_s, default=None))
     targets = [target("figure max (s)", max(figure), 1.0, higher_is_better=False),
                target("window max (s)", max(windows), 1.0, higher_is_better=False),
                target("controller peak RSS (MB)", mem.controller_mb, 200, higher_is_better=False),
@@ -162,6 +170,10 @@ def main() -> None:
               ["health max: during the index build / during figure and window requests (ms)",
                f"{1e3 * max(during_build, default=float('nan')):.1f} / "
                f"{1e3 * max(during_requests, default=float('nan')):.1f}"],
+              ["health of the idle controller before the job (the machine's load alone): n / median / p99 / max (ms)",
+               f"{len(idle_s)} / {1e3 * (data['health_idle_median_s'] or float('nan')):.1f} / "
+               f"{1e3 * (data['health_idle_p99_s'] or float('nan')):.1f} / "
+               f"{1e3 * (data['health_idle_max_s'] or float('nan')):.1f}"],
               ["health errors", len(probe.errors)]])
           + "\n\n" + targets_table(targets) + "\n")
     path = write_results("trace_index" + ("_quick" if args.quick else ""), data, md,

@@ -280,8 +280,8 @@ Width = Query(1200, ge=0, le=20000, description="Plot width in pixels (level of 
 
 
 class _Items:
-    """The last few figures' Bokeh items (as JSON), by job, trace version, width and backend (making
-    one costs Bokeh most of a second; a finished job's never changes). Thread-safe, least recently used out."""
+    """The last few figures' Bokeh items (as JSON), by job, trace version and backend (making one
+    costs Bokeh most of a second; a finished job's never changes). Thread-safe, least recently used out."""
 
     def __init__(self, size: int = 4):
         self.size = size
@@ -324,13 +324,21 @@ def _json(model, out: dict, item_json: Optional[str] = None) -> Response:
     return Response(text.encode(), media_type="application/json")
 
 
+#: The figure's sources sent in ``sources`` only, not also inside its Bokeh item (the page sets them).
+_BULK_SOURCES = ("segments", "arrows", "heads")
+
+
 def _figure(job: Job, src: Optional[_Source], why: Optional[str], width: int, backend: str) -> Response:
     out, view = _window(job, src, why, None, None, width, None)
     item = None
     if view is not None:
-        key = (job.id, job.state, src.version, width, backend)
+        # the item is the layout (lanes, ranges, tools, the small matrix and fractions); its timeline
+        # sources are empty and the page fills them from `sources`, so it is one per trace version and
+        # backend whatever the width (it stretches to the page)
+        bare = dict(view, **{k: {c: [] for c in view[k]} for k in _BULK_SOURCES})
+        key = (job.id, job.state, src.version, backend)
         item = ITEMS.get(key, lambda: _dumps(timeline.bokeh_item(
-            view, src.an, width=max(width, 600), backend=backend, x_label="seconds since the job's ranks started")))
+            bare, src.an, width=max(width, 600), backend=backend, x_label="seconds since the job's ranks started")))
     return _json(JobFigure, out, item)
 
 
@@ -339,7 +347,9 @@ async def job_figure(job: Job = Depends(user_job), width: int = Width,
                      backend: Literal["webgl", "canvas"] = Query("canvas", description="How the timeline is drawn")
                      ) -> Response:
     """The job's timeline figure (Bokeh JSON item: ``Bokeh.embed.embed_item``) over the whole run,
-    with the data of :func:`job_timeline`; ``available`` false with the ``reason`` when there is no
+    with the data of :func:`job_timeline`: the item's timeline sources (``nbmpi_segments``,
+    ``nbmpi_arrows``, ``nbmpi_heads``) are empty, set them from ``sources`` once it is embedded (the
+    dashboard does); its width is where it starts, it stretches to the page. ``available`` false with the ``reason`` when there is no
     trace (``trace unreadable: ...`` when its files are not what the ranks write). A finished job's
     figure comes from its trace index (built once when it ended)."""
     src, why = await _source(job)
