@@ -349,9 +349,9 @@ async def job_figure(job: Job = Depends(user_job), width: int = Width,
     """The job's timeline figure (Bokeh JSON item: ``Bokeh.embed.embed_item``) over the whole run,
     with the data of :func:`job_timeline`: the item's timeline sources (``nbmpi_segments``,
     ``nbmpi_arrows``, ``nbmpi_heads``) are empty, set them from ``sources`` once it is embedded (the
-    dashboard does); its width is where it starts, it stretches to the page. ``available`` false with the ``reason`` when there is no
-    trace (``trace unreadable: ...`` when its files are not what the ranks write). A finished job's
-    figure comes from its trace index (built once when it ended)."""
+    dashboard does); its width is where it starts, it stretches to the page. ``available`` false
+    with the ``reason`` when there is no trace (``trace unreadable: ...`` when its files are not what
+    the ranks write). A finished job's figure comes from its trace index (built once when it ended)."""
     src, why = await _source(job)
     return await INDEXER.call(_figure, job, src, why, width, backend)
 

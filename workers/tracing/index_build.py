@@ -466,7 +466,7 @@ def _arrows(pairs: RecordFile, comm: RecordFile, off: np.ndarray, out: Path, wor
 
 
 # -- all ----------------------------------------------------------------------------------------------------
-def write_index(trace_dir: os.PathLike, nranks: int, out: Path, chunk: int = CHUNK_ROWS) -> Dict[str, Any]:
+def write_index(trace_dir: os.PathLike, nranks: int, out: Path, chunk: int = CHUNK_ROWS) -> Tuple[Dict[str, Any], Any]:
     """Write the index files of the trace in ``trace_dir`` (``nranks`` ranks, at least one streamed)
     into ``out``, ``chunk`` rows at a time (see the module docstring); returns ``(meta, job trace)``:
     the meta (unwritten) and the :class:`~.stream.JobTrace` (its ``trace`` None). Raises
