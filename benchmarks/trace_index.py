@@ -9,6 +9,7 @@ Run: ``python benchmarks/trace_index.py`` (``--quick``: 400 k events).
 """
 from __future__ import annotations
 
+import shutil
 import statistics
 import sys
 import threading
@@ -135,6 +136,7 @@ def main() -> None:
             during_requests = [s for (_, s), t in zip(probe.samples, probe.times) if t > ready]
     finally:
         srv.stop()
+        shutil.rmtree(tmp, ignore_errors=True)     # the job's trace and index: gigabytes
     p99 = health[min(len(health) - 1, int(0.99 * len(health)))] if health else float("nan")
     data = dict(events=events, index_ready_after_job_end_s=build_s, figure_s=figure, window_s=windows,
                 figure_max_s=max(figure), window_max_s=max(windows), rss_mb=rss,
