@@ -247,5 +247,6 @@ class TimelineWindow(BaseModel):
 
 
 class JobFigure(TimelineWindow):
-    """A job's whole timeline figure: ``item`` is Bokeh's JSON item (``Bokeh.embed.embed_item``)."""
+    """A job's whole timeline figure: ``item`` is Bokeh's JSON item (``Bokeh.embed.embed_item``), its
+    timeline sources empty: the page sets them from ``sources``."""
     item: Optional[Dict[str, Any]] = None

@@ -2,7 +2,8 @@
 
 * Each finished batch job's streamed trace is indexed once (:mod:`nbmpi.workers.tracing.index`) in its
   own process (``python -m nbmpi.workers.tracing.index DIR NRANKS --chrome``: the joined trace lives
-  in that process, never in the controller's), started from one build thread; the job's follower
+  in that process, never in the controller's; at the lowest CPU priority, so it never delays the
+  controller's answers), started from one build thread; the job's follower
   asks for it when the job ends (:meth:`TraceIndexer.build_blocking`), a request for an older job
   that has none starts it (:meth:`TraceIndexer.ensure`). A build that fails or is killed leaves an
   ``unreadable`` index saying why.
@@ -71,7 +72,7 @@ class TraceIndexer:
         return self.open(trace_dir)
 
     def _build(self, trace_dir: Path, nranks: int) -> None:
-        cmd = [sys.executable, "-m", "nbmpi.workers.tracing.index", str(trace_dir), str(nranks), "--chrome"]
+        cmd = [sys.executable, "-m", "nbmpi.workers.tracing.index", str(trace_dir), str(nranks), "--chrome", "--nice"]
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=self.build_timeout)
             if proc.returncode in (0, trace_index.UNREADABLE_EXIT):

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import html
 import io
+import json
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -279,7 +280,7 @@ Width = Query(1200, ge=0, le=20000, description="Plot width in pixels (level of 
 
 
 class _Items:
-    """The last few figures' Bokeh items, by job, trace version, width and backend (making one
+    """The last few figures' Bokeh items (as JSON), by job, trace version and backend (making one
     costs Bokeh most of a second; a finished job's never changes). Thread-safe, least recently used out."""
 
     def __init__(self, size: int = 4):
@@ -287,7 +288,7 @@ class _Items:
         self._lock = threading.Lock()
         self._items: "OrderedDict[tuple, dict]" = OrderedDict()
 
-    def get(self, key: tuple, make: Callable[[], dict]) -> dict:
+    def get(self, key: tuple, make: Callable[[], str]) -> str:
         """The item of ``key``, made with ``make()`` (outside the lock) when it is not kept."""
         with self._lock:
             item = self._items.get(key)
@@ -305,23 +306,52 @@ class _Items:
 ITEMS = _Items()
 
 
-def _figure(job: Job, src: Optional[_Source], why: Optional[str], width: int, backend: str) -> dict:
+def _dumps(value) -> str:
+    """Compact JSON as Starlette's JSONResponse writes it (NumPy scalars as their Python values)."""
+    return json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"),
+                      default=lambda v: v.item() if hasattr(v, "item") else str(v))
+
+
+def _json(model, out: dict, item_json: Optional[str] = None) -> Response:
+    """``out`` as the JSON FastAPI makes of it with ``model`` (its fields in order, defaults filled, no
+    others), serialised here, on the calling (trace) thread, not on the event loop; ``item_json``:
+    the last field, ``item``, already serialised. The dicts are the routes' own: not validated again."""
+    body = {name: out[name] if name in out else f.get_default(call_default_factory=True)
+            for name, f in model.model_fields.items() if name != "item" or item_json is None}
+    text = _dumps(body)
+    if item_json is not None:
+        text = text[:-1] + ',"item":' + item_json + "}"
+    return Response(text.encode(), media_type="application/json")
+
+
+#: The figure's sources sent in ``sources`` only, not also inside its Bokeh item (the page sets them).
+_BULK_SOURCES = ("segments", "arrows", "heads")
+
+
+def _figure(job: Job, src: Optional[_Source], why: Optional[str], width: int, backend: str) -> Response:
     out, view = _window(job, src, why, None, None, width, None)
+    item = None
     if view is not None:
-        key = (job.id, job.state, src.version, width, backend)
-        out["item"] = ITEMS.get(key, lambda: timeline.bokeh_item(view, src.an, width=max(width, 600), backend=backend,
-                                                                 x_label="seconds since the job's ranks started"))
-    return out
+        # the item is the layout (lanes, ranges, tools, the small matrix and fractions); its timeline
+        # sources are empty and the page fills them from `sources`, so it is one per trace version and
+        # backend whatever the width (it stretches to the page)
+        bare = dict(view, **{k: {c: [] for c in view[k]} for k in _BULK_SOURCES})
+        key = (job.id, job.state, src.version, backend)
+        item = ITEMS.get(key, lambda: _dumps(timeline.bokeh_item(
+            bare, src.an, width=max(width, 600), backend=backend, x_label="seconds since the job's ranks started")))
+    return _json(JobFigure, out, item)
 
 
 @router.get("/jobs/{job_id}/figure", response_model=JobFigure)
 async def job_figure(job: Job = Depends(user_job), width: int = Width,
                      backend: Literal["webgl", "canvas"] = Query("canvas", description="How the timeline is drawn")
-                     ) -> dict:
+                     ) -> Response:
     """The job's timeline figure (Bokeh JSON item: ``Bokeh.embed.embed_item``) over the whole run,
-    with the data of :func:`job_timeline`; ``available`` false with the ``reason`` when there is no
-    trace (``trace unreadable: ...`` when its files are not what the ranks write). A finished job's
-    figure comes from its trace index (built once when it ended)."""
+    with the data of :func:`job_timeline`: the item's timeline sources (``nbmpi_segments``,
+    ``nbmpi_arrows``, ``nbmpi_heads``) are empty, set them from ``sources`` once it is embedded (the
+    dashboard does); its width is where it starts, it stretches to the page. ``available`` false
+    with the ``reason`` when there is no trace (``trace unreadable: ...`` when its files are not what
+    the ranks write). A finished job's figure comes from its trace index (built once when it ended)."""
     src, why = await _source(job)
     return await INDEXER.call(_figure, job, src, why, width, backend)
 
@@ -334,12 +364,16 @@ async def job_timeline(job: Job = Depends(user_job),
                                                     description="Window end, seconds from the job's start"),
                        width: int = Width,
                        since: Optional[int] = Query(None, ge=0, le=2**32, description="The version the page has: "
-                                                    "answered unchanged while it is current")) -> dict:
+                                                    "answered unchanged while it is current")) -> Response:
     """One window ``[start, end]`` of the job's timeline (default the whole run) at ``width`` pixels:
     the columns of the figure's sources, the analysis (waits still open counted up to now, or up to
     the job's end), and where the ranks wait now."""
     src, why = await _source(job)
-    return (await INDEXER.call(_window, job, src, why, start, end, width, since))[0]
+    return await INDEXER.call(_window_json, job, src, why, start, end, width, since)
+
+
+def _window_json(job: Job, *args) -> Response:
+    return _json(TimelineWindow, _window(job, *args)[0])
 
 
 def _npz(job: Job) -> Tuple[object, int, int]:

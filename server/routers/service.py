@@ -1,9 +1,11 @@
 """Routes of the service itself: liveness and version (the only routes without a token)."""
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
 
-from ..dependencies import Service, service
+from fastapi import APIRouter, Request
+
 from ..schemas import Health, Version
 
 API_VERSION = "v1"
@@ -21,13 +23,19 @@ def package_version() -> str:
         return "0+unknown"
 
 
+#: The one thread that reads the users file for /api/health: never the pool other routes (or the
+#: dashboard's trace work) keep busy, so health answers while they are.
+_HEALTH_THREAD = ThreadPoolExecutor(1, thread_name_prefix="nbmpi-health")
+
+
 @router.get("/health", response_model=Health)
-def health(svc: Service = Depends(service)) -> Health:
-    """Liveness and how users are isolated (an unsafe shared account says so); no token needed."""
-    accounts = svc.accounts
+async def health(request: Request) -> Health:
+    """Liveness and how users are isolated (an unsafe shared account says so); no token needed. On the
+    event loop, touching nothing that blocks (the users file is checked on a thread of its own)."""
+    accounts = request.app.state.service.accounts
     if accounts is None:
         return Health(status="ok")
-    mode, warning = accounts.state()
+    mode, warning = await asyncio.get_running_loop().run_in_executor(_HEALTH_THREAD, accounts.state)
     return Health(status="ok", isolation=mode, warning=warning)
 
 

@@ -1,19 +1,21 @@
 """The index of a finished job's streamed trace: built once, in its own process, when the job ends;
 any window of the timeline is then read from its files in time and memory independent of the trace's size.
 
-Build (:func:`build`, or ``python -m nbmpi.workers.tracing.index TRACE_DIR NRANKS [--chrome]``, what the
-controller runs when a job ends, whatever its outcome): joins the ranks' stream files
-(:mod:`~nbmpi.workers.tracing.stream`), attributes waits, and writes ``TRACE_DIR/index/``:
+Build (:func:`build`, or ``python -m nbmpi.workers.tracing.index TRACE_DIR NRANKS [--chrome] [--nice]``,
+what the controller runs when a job ends, whatever its outcome): joins the ranks' stream files
+(:mod:`~nbmpi.workers.tracing.stream`), attributes waits, and writes ``TRACE_DIR/index/``, in
+memory bounded whatever the trace's size (:mod:`.index_build`: a few chunks of rows at a time):
 
 * ``meta.json``: ``{"format", "state": "ok" | "unreadable", "reason", "nranks", "kinds", "events",
   "segments", "lane_off", "duration_s", "origin_ns", "version", "waits", "analysis", "arrows",
   "arrow_span_s", "done", "hosts"}`` (``hosts[r]``: rank r's hostname, for the lane names); written
   last (a directory without it is not an index);
 * per segment of the timeline (lane by lane, in time order; what
-  :func:`~nbmpi.workers.tracing.timeline.timeline_columns` makes): ``start.npy`` / ``end.npy`` (s from
-  the job's start), ``endmax.npy`` (running maximum of ``end`` within the lane: binary-searchable),
-  ``state.npy``, ``event.npy``, ``cum.npy`` (``(n, 3)``: time the lane spent in each state before the
-  segment), so the time per state between any two instants is two binary searches;
+  :func:`~nbmpi.workers.tracing.timeline.timeline_columns` makes): ``seg.npy``, records
+  (:data:`~.index_build.SEG`) of ``start`` / ``end`` (s from the job's start), ``state``, ``event``
+  and ``cum`` (time the lane spent in each state before the segment), so a view reads what it shows
+  of a segment in one piece and the time per state between any two instants is two binary searches;
+  ``start.npy`` and ``endmax.npy`` (running maximum of ``end`` within the lane), searched;
 * per message arrow, sorted by ``t0``: ``a_src``, ``a_dst``, ``a_t0``, ``a_t1``, ``a_send``, ``a_recv``;
 * ``start.skel.npy``, ``endmax.skel.npy``, ``a_t0.skel.npy``: every 1024th value of those sorted
   files (:func:`~.npy_column.save_with_skeleton`), so a search reads one small block per key;
@@ -44,15 +46,14 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from . import timeline
+from . import index_build, timeline
 from .analysis import STATE_NAMES, Trace, op_label
-from .npy_column import BLOCK_BYTES, NpyAppender, NpyColumn, save_with_skeleton
-from .records import FIELDS, NF
-from .stream import TraceUnreadable, read_job_trace
+from .npy_column import BLOCK_BYTES, NpyColumn
+from .stream import TraceUnreadable, has_stream, read_job_trace
 
 __all__ = ["FORMAT", "INDEX_DIR", "build", "index_dir", "TraceIndex", "EventTable", "main"]
 
-FORMAT = 1
+FORMAT = 2
 INDEX_DIR = "index"
 #: Largest window drawn from its segments one by one (more: one row per lane and pixel).
 EXACT_ROWS = 40_000
@@ -60,11 +61,6 @@ EXACT_ROWS = 40_000
 CHROME_EVENTS_LIMIT = 1_000_000
 #: Exit status of the build when the files are unreadable.
 UNREADABLE_EXIT = 3
-_COL = {name: i for i, name in enumerate(FIELDS)}
-_SEG = ("start", "end", "endmax", "state", "event", "cum")
-_ARR = ("a_src", "a_dst", "a_t0", "a_t1", "a_send", "a_recv")
-#: Files sorted (within each lane) and searched: written with a skeleton (:mod:`.npy_column`).
-_SORTED = ("start", "endmax", "a_t0")
 
 
 def index_dir(trace_dir: os.PathLike) -> Path:
@@ -73,68 +69,6 @@ def index_dir(trace_dir: os.PathLike) -> Path:
 
 
 # -- build ---------------------------------------------------------------------------------------------
-def _lane_arrays(cols: "timeline.TimelineColumns") -> Dict[str, np.ndarray]:
-    """One lane's segment files (see the module docstring) from its :class:`TimelineColumns`."""
-    dur = np.maximum(cols.end - cols.start, 0.0)
-    per_state = np.zeros((len(dur), len(STATE_NAMES)))
-    per_state[np.arange(len(dur)), cols.state] = dur
-    cum = np.zeros_like(per_state)
-    if len(dur):
-        cum[1:] = np.cumsum(per_state, axis=0)[:-1]
-    endmax = np.maximum.accumulate(cols.end) if len(dur) else cols.end
-    return dict(start=cols.start.astype(np.float64), end=cols.end.astype(np.float64),
-                endmax=endmax.astype(np.float64), state=cols.state.astype(np.int8),
-                event=cols.event.astype(np.int64), cum=cum)
-
-
-def _write_index(out: Path, jt) -> Dict[str, Any]:
-    """Write the index files of the :class:`JobTrace` ``jt`` into ``out``; returns the meta (unwritten)."""
-    trace = jt.trace
-    waits = jt.waits()
-    window = (jt.start_ns, jt.now_ns)
-    an = timeline.analysis(trace, window=window, open_waits=waits)
-    files = {k: NpyAppender(out / f"{k}.npy", skeleton=k in _SORTED) for k in _SEG}   # lane by lane, to disk
-    lane_off = [0]
-    n = len(trace)
-    c_start = np.full(n, np.nan)
-    c_end = np.full(n, np.nan)
-    duration, origin = 0.0, jt.start_ns
-    for r in range(trace.nranks):   # lane by lane: one rank's intervals in memory at a time
-        cols = timeline.timeline_columns(trace, window=window, ranks=[r], blocked=waits)
-        duration, origin = cols.duration_s, cols.origin_ns
-        mine = np.array([k for k, w in enumerate(waits) if int(w["rank"]) == r] or [0], np.int64)
-        open_rows = cols.event <= -2      # the lane's own open waits: numbered in the whole list
-        cols.event[open_rows] = -2 - mine[-2 - cols.event[open_rows]]
-        comm = (cols.state == 2) & (cols.event >= 0)
-        c_start[cols.event[comm]] = cols.start[comm]
-        c_end[cols.event[comm]] = cols.end[comm]
-        for k, v in _lane_arrays(cols).items():
-            files[k].add(v)
-        lane_off.append(lane_off[-1] + len(cols.start))
-        del cols
-    for f in files.values():
-        f.finish()
-    # arrows: from where the send's transfer starts to where the matching receive ends
-    sp, rp = (trace.flow_pairs[:, 0], trace.flow_pairs[:, 1]) if n else (np.empty(0, np.int64),) * 2
-    ok = ~np.isnan(c_start[sp]) & ~np.isnan(c_end[rp]) if n else np.empty(0, bool)
-    sp, rp = sp[ok], rp[ok]
-    order = np.argsort(c_start[sp], kind="stable")
-    sp, rp = sp[order], rp[order]
-    a_t0, a_t1 = c_start[sp], c_end[rp]
-    arrays = dict(a_src=trace.ranks[sp].astype(np.int32), a_dst=trace.ranks[rp].astype(np.int32), a_t0=a_t0,
-                  a_t1=a_t1, a_send=sp.astype(np.int64), a_recv=rp.astype(np.int64))
-    for k, v in arrays.items():
-        (save_with_skeleton if k in _SORTED else np.save)(out / f"{k}.npy", v)
-    span = float(np.abs(a_t1 - a_t0).max()) if len(a_t0) else 0.0
-    np.save(out / "events.npy", trace.events)
-    np.save(out / "ranks.npy", trace.ranks)
-    return dict(format=FORMAT, state="ok", reason=None, nranks=trace.nranks, kinds=list(trace.kinds), events=n,
-                segments=lane_off[-1], lane_off=lane_off, duration_s=duration, origin_ns=int(origin),
-                version=int(jt.version), waits=waits, analysis=an, arrows=int(len(sp)), arrow_span_s=span,
-                done=bool(jt.done), dropped=[int(x) for x in trace.dropped],
-                clock_error_ns=[int(x) for x in trace.clock_error_ns], hosts=list(trace.hosts), built_at=time.time())
-
-
 def _write_chrome(trace_dir: Path, jt) -> None:
     """``trace.json`` and ``summary.json`` of a job whose ranks did not write them (see the module
     docstring), each written to a temporary name and renamed."""
@@ -153,12 +87,14 @@ def _write_chrome(trace_dir: Path, jt) -> None:
     os.replace(tmp, trace_dir / "summary.json")
 
 
-def build(trace_dir: os.PathLike, nranks: int, chrome: bool = False) -> Optional[Dict[str, Any]]:
+def build(trace_dir: os.PathLike, nranks: int, chrome: bool = False,
+          chunk: int = index_build.CHUNK_ROWS) -> Optional[Dict[str, Any]]:
     """Build the index of the streamed trace in ``trace_dir`` (``nranks`` ranks), replacing any
     older one; with ``chrome``, also ``trace.json`` / ``summary.json`` when they do not exist.
     Returns the meta (``state`` ``"unreadable"`` with the ``reason`` when the files are not what
-    the ranks write), or None when no rank streamed. Local files only; the joined trace is in
-    memory while it runs, so run it in its own process (the controller does, :func:`main`)."""
+    the ranks write), or None when no rank streamed. Local files only, in bounded memory
+    (:mod:`.index_build`, ``chunk`` rows at a time) except the Chrome trace (the joined trace of at
+    most :data:`CHROME_EVENTS_LIMIT` events); run it in its own process (the controller does, :func:`main`)."""
     trace_dir = Path(trace_dir)
     final = index_dir(trace_dir)
     tmp = trace_dir / f".{INDEX_DIR}.tmp.{os.getpid()}"
@@ -167,11 +103,11 @@ def build(trace_dir: os.PathLike, nranks: int, chrome: bool = False) -> Optional
     jt = None
     try:
         try:
-            jt = read_job_trace(trace_dir, nranks)
-            if jt is None:
+            if not has_stream(trace_dir, nranks):
                 shutil.rmtree(tmp, ignore_errors=True)
                 return None
-            meta = _write_index(tmp, jt)
+            meta, jt = index_build.write_index(trace_dir, nranks, tmp, chunk)
+            meta.update(format=FORMAT, state="ok", reason=None, built_at=time.time())
         except TraceUnreadable as exc:
             meta = dict(format=FORMAT, state="unreadable", reason=str(exc), nranks=nranks, built_at=time.time())
         except (ValueError, IndexError, OverflowError, MemoryError) as exc:   # garbage that passed the checks
@@ -183,22 +119,25 @@ def build(trace_dir: os.PathLike, nranks: int, chrome: bool = False) -> Optional
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     if chrome and jt is not None and meta["state"] == "ok" and not (trace_dir / "trace.json").exists():
-        if len(jt.trace) <= CHROME_EVENTS_LIMIT:
-            _write_chrome(trace_dir, jt)
+        if meta["events"] <= CHROME_EVENTS_LIMIT:
+            _write_chrome(trace_dir, read_job_trace(trace_dir, nranks))
         else:
-            print(f"no trace.json: {len(jt.trace)} events is more than a Chrome trace viewer opens "
+            print(f"no trace.json: {meta['events']} events is more than a Chrome trace viewer opens "
                   f"({CHROME_EVENTS_LIMIT}); the dashboard's trace.npz holds them all", file=sys.stderr)
     return meta
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """``python -m nbmpi.workers.tracing.index TRACE_DIR NRANKS [--chrome]``: :func:`build`; prints
-    the state in one line. Exit 0 (built, or nothing streamed), 3 (unreadable), 2 (usage)."""
+    """``python -m nbmpi.workers.tracing.index TRACE_DIR NRANKS [--chrome] [--nice]``: :func:`build`
+    (``--nice``: at the lowest CPU priority, ``nice`` 19, so the process that started it keeps its
+    CPU); prints the state in one line. Exit 0 (built, or nothing streamed), 3 (unreadable), 2 (usage)."""
     args = list(sys.argv[1:] if argv is None else argv)
     chrome = "--chrome" in args
-    args = [a for a in args if a != "--chrome"]
+    if "--nice" in args:
+        os.nice(19 - os.nice(0))
+    args = [a for a in args if a not in ("--chrome", "--nice")]
     if len(args) != 2 or not args[1].isdigit():
-        print("usage: python -m nbmpi.workers.tracing.index TRACE_DIR NRANKS [--chrome]", file=sys.stderr)
+        print("usage: python -m nbmpi.workers.tracing.index TRACE_DIR NRANKS [--chrome] [--nice]", file=sys.stderr)
         return 2
     meta = build(args[0], int(args[1]), chrome=chrome)
     if meta is None:
@@ -371,10 +310,11 @@ class TraceIndex:
         take = np.concatenate([np.arange(i0, i1) for i0, i1 in spans]).astype(np.int64)
         blocked = [dict(w) for w in self.meta["waits"]]
         a = self.a
+        rows = a("seg")[take]
         return timeline.TimelineColumns(
             trace=self.table(), ranks=list(range(self.meta["nranks"])), duration_s=float(self.meta["duration_s"]),
-            lane=lane, state=a("state")[take].astype(np.int64), start=a("start")[take], end=a("end")[take],
-            event=a("event")[take], a_src=a("a_src")[arrows].astype(np.int64),
+            lane=lane, state=rows["state"].astype(np.int64), start=rows["start"], end=rows["end"],
+            event=rows["event"], a_src=a("a_src")[arrows].astype(np.int64),
             a_dst=a("a_dst")[arrows].astype(np.int64), a_t0=a("a_t0")[arrows], a_t1=a("a_t1")[arrows],
             a_send=a("a_send")[arrows], a_recv=a("a_recv")[arrows], blocked=blocked,
             origin_ns=int(self.meta["origin_ns"]))
@@ -416,24 +356,26 @@ class TraceIndex:
 
     def _binned_lane(self, seg, cols, lane: int, a: int, b: int, edges: np.ndarray, px: float) -> None:
         """The rows of lane ``lane`` (segments ``[a, b)``) for the pixels between ``edges``: one
-        read per column of the few rows each pixel starts at."""
-        start, end, endmax, state = self.a("start"), self.a("end"), self.a("endmax"), self.a("state")
-        event, cum = self.a("event"), self.a("cum")
+        read of the few segment records each pixel starts at."""
+        start, endmax, segs = self.a("start"), self.a("endmax"), self.a("seg")
         width = len(edges) - 1
-        first = np.minimum(endmax.searchsorted(edges[:-1], "right", a, b), b - 1)
+        at, after = endmax.searchsorted_both(edges, a, b)
+        at, first = np.minimum(at, b - 1), np.minimum(after[:-1], b - 1)
         last = np.maximum(start.searchsorted(edges[1:], "left", a, b) - 1, a)
-        at = np.minimum(endmax.searchsorted(edges, "left", a, b), b - 1)
+        # the rows each pixel names: its first segment and the next few (their calls); with the
+        # segment at each edge, read together (one piece per pixel)
+        near = np.minimum(first[:, None] + np.arange(timeline.CALLS_NAMED + 1), b - 1)
+        rows = segs.take(np.concatenate([at, near.ravel()]))
+        r_at, r_near = rows[:len(at)], rows[len(at):].reshape(near.shape)
         # time spent in each state up to each edge: before segment `at`, plus its part before the edge
-        c = cum[at]
-        st_at = state[at].astype(np.int64)
-        inside = np.clip(np.minimum(edges, end[at]) - start[at], 0, None)
+        c = r_at["cum"].copy()
+        st_at = r_at["state"].astype(np.int64)
+        inside = np.clip(np.minimum(edges, r_at["end"]) - r_at["start"], 0, None)
         c[np.arange(len(at)), st_at] += inside
         per = np.maximum(np.diff(c, axis=0), 0)
-        # the rows each pixel names: its first segment and the next few (their calls)
-        near = np.minimum(first[:, None] + np.arange(timeline.CALLS_NAMED + 1), b - 1)
-        ev_near = event[near]
+        ev_near = r_near["event"]
         cols.trace.events.prefetch(ev_near[ev_near >= 0])
-        f_start, f_end, f_state = start[first], end[first], state[first]
+        f_start, f_end, f_state = r_near["start"][:, 0], r_near["end"][:, 0], r_near["state"][:, 0]
         table = cols.trace
         shown = -1
         for k in range(width):

@@ -25,7 +25,8 @@ from typing import Optional, Tuple, Union
 
 import numpy as np
 
-__all__ = ["NpyColumn", "NpyAppender", "save_with_skeleton", "SKELETON_STRIDE", "BLOCK_BYTES", "GAP_BYTES"]
+__all__ = ["NpyColumn", "NpyAppender", "save_with_skeleton", "SKELETON_STRIDE", "BLOCK_BYTES", "GAP_BYTES",
+           "SEARCH_GAP_BYTES"]
 
 #: One value of a sorted column's skeleton per this many rows.
 SKELETON_STRIDE = 1024
@@ -33,6 +34,9 @@ SKELETON_STRIDE = 1024
 BLOCK_BYTES = 1 << 20
 #: Rows asked for by :meth:`NpyColumn.take` at most this far apart (bytes) are read in one piece.
 GAP_BYTES = 8192
+#: Blocks :meth:`NpyColumn.searchsorted` reads at most this far apart (bytes) are read in one piece
+#: (a search needs a few values per block: reading past a short gap is cheaper than another read).
+SEARCH_GAP_BYTES = 1 << 17
 
 
 def _skeleton_path(path: Path) -> Path:
@@ -158,32 +162,48 @@ class NpyColumn:
 
     def searchsorted(self, keys, side: str = "left", lo: int = 0, hi: Optional[int] = None) -> np.ndarray:
         """``lo + np.searchsorted(column[lo:hi], keys, side)`` for a column sorted within
-        ``[lo, hi)`` (default: all of it), reading one block of at most :data:`SKELETON_STRIDE` + 1
-        rows per distinct block the keys fall in. Returns int64 of ``keys``' shape."""
+        ``[lo, hi)`` (default: all of it), reading the block of at most :data:`SKELETON_STRIDE` + 1
+        rows each key falls in (blocks close together in one read, see :data:`SEARCH_GAP_BYTES`).
+        Returns int64 of ``keys``' shape."""
+        left, right = self.searchsorted_both(keys, lo, hi)
+        return left if side == "left" else right
+
+    def searchsorted_both(self, keys, lo: int = 0, hi: Optional[int] = None) -> Tuple[np.ndarray, np.ndarray]:
+        """:meth:`searchsorted` of ``keys`` on both sides (``left``, ``right``), each block read once."""
         hi = len(self) if hi is None else int(hi)
         lo = int(lo)
         keys = np.asarray(keys, np.float64 if self.dtype.kind == "f" else self.dtype)
         flat = keys.ravel()
-        out = np.full(len(flat), lo, np.int64)
+        left = np.full(len(flat), lo, np.int64)
+        right = left.copy()
         if hi <= lo or not len(flat):
-            return out.reshape(keys.shape)
+            return left.reshape(keys.shape), right.reshape(keys.shape)
         sk = self.skeleton()
         k0 = -(-lo // SKELETON_STRIDE)                 # skeleton entries inside [lo, hi)
         k1 = -(-hi // SKELETON_STRIDE)
         part = sk[k0:k1]
-        # the block of each key: between the skeleton values around it
-        pos = np.searchsorted(part, flat, side)         # keys before skeleton entry k0 + pos
-        starts = np.where(pos == 0, lo, (k0 + pos - 1) * SKELETON_STRIDE)
-        stops = np.where(k0 + pos < k1, np.minimum((k0 + pos) * SKELETON_STRIDE + 1, hi), hi)
-        starts = np.clip(starts, lo, hi)
+        # the rows around each key: from the skeleton value before it (left) to the one after it (right)
+        pos_l = np.searchsorted(part, flat, "left")     # keys before skeleton entry k0 + pos
+        pos_r = np.searchsorted(part, flat, "right")
+        starts = np.clip(np.where(pos_l == 0, lo, (k0 + pos_l - 1) * SKELETON_STRIDE), lo, hi)
+        stops = np.where(k0 + pos_r < k1, np.minimum((k0 + pos_r) * SKELETON_STRIDE + 1, hi), hi)
         order = np.argsort(starts, kind="stable")
-        u, first = np.unique(starts[order], return_index=True)
-        bounds = np.append(first, len(order)).tolist()
-        for g, s in enumerate(u.tolist()):
-            m = order[bounds[g]:bounds[g + 1]]
-            block = self.read(s, int(stops[m].max()))
-            out[m] = s + np.searchsorted(block, flat[m], side)
-        return out.reshape(keys.shape)
+        starts, stops = starts[order], np.maximum.accumulate(stops[order])
+        # blocks at most SEARCH_GAP_BYTES apart are read together (up to BLOCK_BYTES): many keys over a
+        # short range cost a few large reads, not one small read each
+        gap = max(SEARCH_GAP_BYTES // max(self.row_bytes, 1), 1)
+        span = max(BLOCK_BYTES // max(self.row_bytes, 1), SKELETON_STRIDE + 1)
+        i, n = 0, len(order)
+        while i < n:
+            a, j = int(starts[i]), i + 1
+            while j < n and starts[j] <= stops[j - 1] + gap and stops[j] - a <= span:
+                j += 1
+            m = order[i:j]
+            block = self.read(a, int(stops[j - 1]))
+            left[m] = a + np.searchsorted(block, flat[m], "left")
+            right[m] = a + np.searchsorted(block, flat[m], "right")
+            i = j
+        return left.reshape(keys.shape), right.reshape(keys.shape)
 
 
 class NpyAppender:
@@ -211,7 +231,8 @@ class NpyAppender:
                              f"{self.dtype}{self.row_shape} pieces")
         if self.skeleton:
             self._skeleton.append(values[(-self.n) % SKELETON_STRIDE::SKELETON_STRIDE].copy())
-        self._raw.write(memoryview(values).cast("B"))
+        if values.size:
+            self._raw.write(memoryview(values).cast("B"))
         self.n += len(values)
 
     def finish(self) -> None:

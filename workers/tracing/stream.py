@@ -34,7 +34,7 @@ import time
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
@@ -283,23 +283,11 @@ def read_job_trace(trace_dir: os.PathLike, nranks: int) -> Optional[JobTrace]:
     d = Path(trace_dir)
     if not has_stream(d, nranks):
         return None
-    live: List[Optional[Dict[str, Any]]] = []
-    kinds: List[str] = []
-    dropped = np.zeros(nranks, np.int64)
-    clock_err = np.zeros(nranks, np.int64)
-    marks: List[list] = []
-    counts = []
-    for r in range(nranks):   # whole rows only: a trailing partial one is ignored
-        try:
-            counts.append(events_path(d, r).stat().st_size // _ROW_BYTES)
-        except FileNotFoundError:
-            counts.append(0)
+    counts = row_counts(d, nranks)
     off = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
     events = np.empty((int(off[-1]), NF), np.int64)   # each rank's rows read straight into their place
     owners = np.repeat(np.arange(nranks, dtype=np.int64), counts)
     for r in range(nranks):
-        state = load_state(live_path(d, r), r)
-        live.append(state)
         rows = events[off[r]:off[r + 1]]
         if len(rows):
             with open(events_path(d, r), "rb") as f:
@@ -309,20 +297,66 @@ def read_job_trace(trace_dir: os.PathLike, nranks: int) -> Optional[JobTrace]:
             if np.dtype("<i8") != np.dtype(np.int64):
                 rows.byteswap(inplace=True)
         check_rows(rows, r, events_path(d, r).name)
+    st = read_states(d, nranks, counts)
+    trace = Trace(events, owners, nranks, st.kinds or kind_names(), dropped=st.dropped,
+                  clock_error_ns=st.clock_error_ns, hosts=st.hosts, copy=False)
+    return st.job_trace(trace, trace.t0 if len(trace) else None, trace.t1 if len(trace) else None)
+
+
+def row_counts(trace_dir: os.PathLike, nranks: int) -> List[int]:
+    """Whole rows in each rank's event file now (a trailing partial row is not counted; 0 when missing)."""
+    counts = []
+    for r in range(nranks):
+        try:
+            counts.append(events_path(Path(trace_dir), r).stat().st_size // _ROW_BYTES)
+        except FileNotFoundError:
+            counts.append(0)
+    return counts
+
+
+@dataclass
+class JobStates:
+    """The ranks' live states of a job (:func:`read_states`): what a :class:`JobTrace` holds besides the events."""
+    live: List[Optional[Dict[str, Any]]]
+    kinds: List[str]
+    dropped: np.ndarray
+    clock_error_ns: np.ndarray
+    version: int
+
+    @property
+    def hosts(self) -> List[str]:
+        """Each rank's host name as its live state names it ("" when unknown)."""
+        return [str(s.get("host", "")) if s else "" for s in self.live]
+
+    def job_trace(self, trace: Any, t0: Optional[int], t1: Optional[int]) -> JobTrace:
+        """The :class:`JobTrace` of ``trace`` (any object; the index build passes None) whose events
+        span ``[t0, t1]`` ns (None, None: no events)."""
+        starts = [int(s["start_ns"]) for s in self.live if s]
+        nows = [int(s["now_ns"]) for s in self.live if s]
+        start_ns = min(starts + ([int(t0)] if t0 is not None else []), default=0)
+        now_ns = max(nows + ([int(t1)] if t1 is not None else []), default=start_ns)
+        return JobTrace(trace=trace, live=self.live, version=self.version, start_ns=start_ns, now_ns=now_ns)
+
+
+def read_states(trace_dir: os.PathLike, nranks: int, counts: Sequence[int]) -> JobStates:
+    """The live states of the job's ranks whose event files hold ``counts`` rows (:func:`row_counts`).
+    Raises :class:`TraceUnreadable` when a state file is not what the ranks write."""
+    d = Path(trace_dir)
+    live: List[Optional[Dict[str, Any]]] = []
+    kinds: List[str] = []
+    dropped = np.zeros(nranks, np.int64)
+    clock_err = np.zeros(nranks, np.int64)
+    marks: List[list] = []
+    for r in range(nranks):
+        state = load_state(live_path(d, r), r)
+        live.append(state)
         if state:
             if len(state.get("kinds", [])) > len(kinds):
                 kinds = list(state["kinds"])
             dropped[r] = state.get("dropped", 0)
             clock_err[r] = state.get("clock_error_ns", 0)
         done = bool(state and state.get("done"))
-        marks.append([len(rows), state.get("waiting") if state else None, done,
+        marks.append([int(counts[r]), state.get("waiting") if state else None, done,
                       state.get("now_ns") if state and not done else None])
-    hosts = [str(s.get("host", "")) if s else "" for s in live]
-    trace = Trace(events, owners, nranks, kinds or kind_names(), dropped=dropped, clock_error_ns=clock_err,
-                  hosts=hosts, copy=False)
-    starts = [int(s["start_ns"]) for s in live if s]
-    nows = [int(s["now_ns"]) for s in live if s]
-    start_ns = min(starts + ([trace.t0] if len(trace) else []), default=0)
-    now_ns = max(nows + ([trace.t1] if len(trace) else []), default=start_ns)
     version = zlib.crc32(json.dumps(marks, sort_keys=True).encode())
-    return JobTrace(trace=trace, live=live, version=version, start_ns=start_ns, now_ns=now_ns)
+    return JobStates(live=live, kinds=kinds, dropped=dropped, clock_error_ns=clock_err, version=version)

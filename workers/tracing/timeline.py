@@ -29,7 +29,7 @@ import json
 import re
 import uuid
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -435,28 +435,18 @@ def analysis(trace, window: Optional[Tuple[int, int]] = None,
     """
     n = trace.nranks
     has = len(trace) > 0
-    t0, t1 = (trace.t0, trace.t1) if has else (0, 0)
-    if window is not None:
-        t0, t1 = (min(int(window[0]), t0), max(int(window[1]), t1)) if has else (int(window[0]), int(window[1]))
-    total = max(t1 - t0, 0) / 1e9
     start, end, wait = trace.col("t_start"), trace.col("t_end"), trace.col("wait")
     dur = np.maximum(end - start, 0)
     w_eff = np.minimum(np.maximum(wait, 0), dur)
     kinds = trace.col("kind")
-    ranks = []
+    sums = []
     for r in range(n):
         m = trace.ranks == r
-        w = float(w_eff[m].sum()) / 1e9
-        c = float(dur[m].sum()) / 1e9 - w
-        comp = max(total - c - w, 0.0)
-        by_kind: Dict[str, float] = {}
+        by_kind: Dict[int, float] = {}
         if m.any():
             ks, inv = np.unique(kinds[m], return_inverse=True)
-            sums = np.bincount(inv, weights=w_eff[m].astype(np.float64))
-            by_kind = {trace.kind_name(int(k)): float(v) / 1e9 for k, v in zip(ks, sums) if v > 0}
-        ranks.append(dict(rank=r, compute_s=comp, comm_s=c, wait_s=w,
-                          compute_frac=comp / total if total else 0.0, comm_frac=c / total if total else 0.0,
-                          wait_frac=w / total if total else 0.0, events=int(m.sum()), wait_by_kind=by_kind))
+            by_kind = dict(zip(ks.tolist(), np.bincount(inv, weights=w_eff[m].astype(np.float64)).tolist()))
+        sums.append((int(dur[m].sum()), int(w_eff[m].sum()), int(m.sum()), by_kind))
     nbytes = np.zeros((n, n), np.int64)
     msgs = np.zeros((n, n), np.int64)
     if has:
@@ -465,8 +455,39 @@ def analysis(trace, window: Optional[Tuple[int, int]] = None,
         ok = (peer >= 0) & (peer < n)
         np.add.at(nbytes, (trace.ranks[sends][ok], peer[ok]), trace.col("nbytes")[sends][ok])
         np.add.at(msgs, (trace.ranks[sends][ok], peer[ok]), 1)
-    out = dict(nranks=n, window_s=total, ranks=ranks, bytes=nbytes.tolist(), messages=msgs.tolist(),
-               unmatched=int(trace.unmatched) if has else 0, events=int(len(trace)), open_waits=0)
+    return analysis_from_sums(n, (trace.t0, trace.t1) if has else None, window, sums, nbytes, msgs,
+                              int(trace.unmatched) if has else 0, trace.kind_name, open_waits)
+
+
+def analysis_from_sums(nranks: int, span: Optional[Tuple[int, int]], window: Optional[Tuple[int, int]],
+                       sums: Sequence[Tuple[int, int, int, Dict[int, float]]], nbytes: np.ndarray, msgs: np.ndarray,
+                       unmatched: int, kind_name: Callable[[int], str],
+                       open_waits: Optional[Sequence[Dict[str, Any]]] = None) -> Dict[str, Any]:
+    """:func:`analysis` from per-rank totals (what the index build adds up block by block):
+    ``span`` the events' ``(t0, t1)`` ns (None: no events); ``sums[r]`` = ``(time in calls ns,
+    wait ns, events, {kind code: wait ns})``; ``nbytes`` / ``msgs`` the traffic matrices;
+    ``kind_name`` names a kind code. Local, cheap (no per-event work)."""
+    n = nranks
+    has = span is not None
+    t0, t1 = (int(span[0]), int(span[1])) if has else (0, 0)
+    if window is not None:
+        t0, t1 = (min(int(window[0]), t0), max(int(window[1]), t1)) if has else (int(window[0]), int(window[1]))
+    total = max(t1 - t0, 0) / 1e9
+    ranks = []
+    events = 0
+    for r in range(n):
+        dur_ns, wait_ns, count, kinds = sums[r]
+        events += count
+        w = float(wait_ns) / 1e9
+        c = float(dur_ns) / 1e9 - w
+        comp = max(total - c - w, 0.0)
+        by_kind = {kind_name(int(k)): float(v) / 1e9 for k, v in sorted(kinds.items()) if v > 0}
+        ranks.append(dict(rank=r, compute_s=comp, comm_s=c, wait_s=w,
+                          compute_frac=comp / total if total else 0.0, comm_frac=c / total if total else 0.0,
+                          wait_frac=w / total if total else 0.0, events=int(count), wait_by_kind=by_kind))
+    out = dict(nranks=n, window_s=total, ranks=ranks, bytes=np.asarray(nbytes).tolist(),
+               messages=np.asarray(msgs).tolist(), unmatched=int(unmatched) if has else 0, events=int(events),
+               open_waits=0)
     if open_waits:
         add_open_waits(out, open_waits, t1)
     out["straggler"] = straggler(out)
