@@ -26,7 +26,8 @@ at most one message per peer (:mod:`.operations.redistribution`, kernels in :mod
 Modules: recording: :mod:`.distribution` (block, cyclic, block-cyclic, replicated), :mod:`.indexing`
 (views), :mod:`.array` (DistArray), :mod:`.graph` (recorded tasks), :mod:`.elementwise`,
 :mod:`.reductions`, :mod:`.matmul_recording`, :mod:`.numpy_reductions`,
-:mod:`.numpy_cumulative`, :mod:`.numpy_shapes`, :mod:`.linalg` (NumPy's API on top), :mod:`.creation` and :mod:`.random` (constructors);
+:mod:`.numpy_cumulative`, :mod:`.numpy_shapes`, :mod:`.numpy_joining`, :mod:`.linalg` (NumPy's API on top);
+collective steps by global position: :mod:`.exchange`, :mod:`.numpy_sorting`, :mod:`.numpy_reshaping`, :mod:`.creation` and :mod:`.random` (constructors);
 evaluation: :mod:`.fusion` (groups), :mod:`.operations` (one module per kind of operation: its
 plan, cache key and lowering into units), :mod:`.plans` (what plans share), :mod:`.units`,
 :mod:`.scheduler` (orders and executes units), :mod:`.packing` (copy kernels), :mod:`.irregular`
@@ -58,6 +59,9 @@ from .numpy_reductions import (all, amax, amin, any, argmax, argmin, count_nonze
 from .numpy_cumulative import cumprod, cumsum
 from .numpy_shapes import around, clip, diagonal, expand_dims, flip, outer, round, squeeze, swapaxes, trace
 from . import linalg
+from .numpy_sorting import argsort, sort
+from .numpy_reshaping import argwhere, flatnonzero, nonzero, ravel, repeat, reshape, tile
+from .numpy_joining import column_stack, concat, concatenate, dstack, hstack, stack, vstack
 from .grids import eye, fromfunction, geomspace, identity, indices, linspace, logspace, meshgrid
 from .fused_kernels import kernel_stats
 from . import fallback as _fallback
@@ -111,6 +115,8 @@ __all__ = [
     "count_nonzero", "nansum", "nanprod", "nanmean", "nanstd", "nanvar", "nanmin", "nanmax", "cumsum", "cumprod",
     "expand_dims", "squeeze", "flip", "swapaxes", "clip", "round", "around", "outer", "diagonal", "trace", "linalg",
     "where", "dot", "matmul", "transpose", "roll",
+    "sort", "argsort", "reshape", "ravel", "repeat", "tile", "nonzero", "flatnonzero", "argwhere",
+    "concatenate", "concat", "stack", "hstack", "vstack", "dstack", "column_stack",
     "evaluate", "configure", "stats", "redistribute",
     "add", "subtract", "multiply", "divide", "true_divide", "power", "negative", "positive", "absolute", "abs",
     "square", "sqrt", "exp", "log", "log10", "sin", "cos", "tan", "tanh", "floor", "ceil", "isnan", "isfinite",
