@@ -27,7 +27,7 @@ Modules: recording: :mod:`.distribution` (block, cyclic, block-cyclic, replicate
 (views), :mod:`.array` (DistArray), :mod:`.graph` (recorded tasks), :mod:`.elementwise`,
 :mod:`.reductions`, :mod:`.matmul_recording`, :mod:`.numpy_reductions`,
 :mod:`.numpy_cumulative`, :mod:`.numpy_shapes`, :mod:`.numpy_joining`, :mod:`.linalg` (NumPy's API on top);
-collective steps by global position: :mod:`.exchange`, :mod:`.numpy_sorting`, :mod:`.numpy_reshaping`, :mod:`.creation` and :mod:`.random` (constructors);
+collective steps by global position: :mod:`.exchange`, :mod:`.numpy_sorting`, :mod:`.numpy_reshaping`, :mod:`.numpy_signal`, :mod:`.creation` and :mod:`.random` (constructors);
 evaluation: :mod:`.fusion` (groups), :mod:`.operations` (one module per kind of operation: its
 plan, cache key and lowering into units), :mod:`.plans` (what plans share), :mod:`.units`,
 :mod:`.scheduler` (orders and executes units), :mod:`.packing` (copy kernels), :mod:`.irregular`
@@ -57,11 +57,12 @@ from .fallback import NumPyFallbackWarning
 from .numpy_reductions import (all, amax, amin, any, argmax, argmin, count_nonzero, max, mean, min, nanmax,
                                nanmean, nanmin, nanprod, nanstd, nansum, nanvar, prod, std, sum, var)
 from .numpy_cumulative import cumprod, cumsum
-from .numpy_shapes import around, clip, diagonal, expand_dims, flip, outer, round, squeeze, swapaxes, trace
+from .numpy_shapes import around, clip, cross, diagonal, expand_dims, flip, outer, round, squeeze, swapaxes, trace
 from . import linalg
 from .numpy_sorting import argsort, sort
 from .numpy_reshaping import argwhere, flatnonzero, nonzero, ravel, repeat, reshape, tile
 from .numpy_joining import column_stack, concat, concatenate, dstack, hstack, stack, vstack
+from .numpy_signal import convolve, correlate
 from .grids import eye, fromfunction, geomspace, identity, indices, linspace, logspace, meshgrid
 from .fused_kernels import kernel_stats
 from . import fallback as _fallback
@@ -116,7 +117,7 @@ __all__ = [
     "expand_dims", "squeeze", "flip", "swapaxes", "clip", "round", "around", "outer", "diagonal", "trace", "linalg",
     "where", "dot", "matmul", "transpose", "roll",
     "sort", "argsort", "reshape", "ravel", "repeat", "tile", "nonzero", "flatnonzero", "argwhere",
-    "concatenate", "concat", "stack", "hstack", "vstack", "dstack", "column_stack",
+    "concatenate", "concat", "stack", "hstack", "vstack", "dstack", "column_stack", "convolve", "correlate", "cross",
     "evaluate", "configure", "stats", "redistribute",
     "add", "subtract", "multiply", "divide", "true_divide", "power", "negative", "positive", "absolute", "abs",
     "square", "sqrt", "exp", "log", "log10", "sin", "cos", "tan", "tanh", "floor", "ceil", "isnan", "isfinite",

@@ -1,6 +1,6 @@
 """NumPy's shape functions where the rows stay where they are, and a few elementwise compositions, natively on
 distributed arrays: ``expand_dims``, ``squeeze``, ``flip`` (along axes other than 0), ``swapaxes`` (of 2-D
-arrays), ``clip``, ``round``/``around``, ``outer``, ``diagonal``, ``trace``.
+arrays), ``clip``, ``round``/``around``, ``outer``, ``cross``, ``diagonal``, ``trace``.
 
 The shape functions return views (:mod:`.indexing`: ``None`` inserts an axis, an integer removes one, a
 negative step reverses one), nothing is copied or recorded; ``swapaxes`` of a 2-D array is its transpose
@@ -22,7 +22,8 @@ from . import fallback
 from .array import _FUNCTIONS, _METHODS, DistArray, _reduce, transpose, where
 from .numpy_reductions import normalize_axes, sum as _sum
 
-__all__ = ["expand_dims", "squeeze", "flip", "swapaxes", "clip", "round", "around", "outer", "diagonal", "trace"]
+__all__ = ["expand_dims", "squeeze", "flip", "swapaxes", "clip", "round", "around", "outer", "cross", "diagonal",
+           "trace"]
 
 
 def expand_dims(a: Any, axis: Any) -> Any:
@@ -127,6 +128,28 @@ def outer(a: Any, b: Any, out: Any = None) -> Any:
     return out
 
 
+def cross(a: Any, b: Any, axisa: int = -1, axisb: int = -1, axisc: int = -1, axis: Any = None) -> Any:
+    """``numpy.cross`` of arrays of 3-vectors along ``axis`` (default the last; equal in ``a`` and ``b``):
+    each component ``a[k+1] * b[k+2] - a[k+2] * b[k+1]`` from length-1 slices of the vector axis, joined along
+    it with :func:`~.numpy_joining.concatenate` (recorded; the vector axis may be the distributed one).
+    2-vectors, different vector axes and operands of different ndim go through the NumPy fallback. SPMD."""
+    kw = dict(axisa=axisa, axisb=axisb, axisc=axisc, axis=axis)
+    ax = axis if axis is not None else axisa
+    nd = np.ndim(a)
+    same_axes = axis is not None or axisa == axisb == axisc
+    if (not same_axes or nd == 0 or np.ndim(b) != nd or not isinstance(a, DistArray) and not isinstance(b, DistArray)
+            or np.shape(a)[ax] != 3 or np.shape(b)[ax] != 3):
+        return fallback.call(np.cross, (a, b), kw, "cross")
+    from .numpy_joining import concatenate
+
+    a, b = (x if isinstance(x, DistArray) else np.asarray(x) for x in (a, b))
+    pre = (slice(None),) * normalize_axes(ax, nd)[0]
+    comp = [(a[pre + (slice(k, k + 1),)], b[pre + (slice(k, k + 1),)]) for k in range(3)]
+    parts = [comp[(k + 1) % 3][0] * comp[(k + 2) % 3][1] - comp[(k + 2) % 3][0] * comp[(k + 1) % 3][1]
+             for k in range(3)]
+    return concatenate(parts, axis=ax)
+
+
 def diagonal(a: Any, offset: int = 0, axis1: int = 0, axis2: int = 1) -> Any:
     """``numpy.diagonal`` of a 2-D DistArray (a new array, recorded): each row's element at column
     ``row + offset``, selected by a masked reduction over the row. Other ranks of ``a`` or axes: the
@@ -164,7 +187,7 @@ def trace(a: Any, offset: int = 0, axis1: int = 0, axis2: int = 1, dtype: Any = 
 
 
 _NAMES = dict(expand_dims=expand_dims, squeeze=squeeze, flip=flip, swapaxes=swapaxes, clip=clip, round=round,
-              around=around, outer=outer, diagonal=diagonal, trace=trace)
+              around=around, outer=outer, cross=cross, diagonal=diagonal, trace=trace)
 # numpy.<name>(distarray) and the array methods dispatch here
 _FUNCTIONS.update({getattr(np, n): f for n, f in _NAMES.items() if hasattr(np, n)})
 _METHODS.update(squeeze=squeeze, swapaxes=swapaxes, clip=clip, round=round, diagonal=diagonal, trace=trace)
