@@ -76,6 +76,11 @@ def copy(a: Any) -> Any:
     return a.copy() if isinstance(a, DistArray) else _np.copy(a)
 
 
+def astype(x: Any, dtype: Any, /, *, copy: bool = True, device: Any = None) -> Any:
+    """``numpy.astype``: ``x.astype(dtype, copy=copy)`` (recorded for a DistArray; NumPy's otherwise)."""
+    return x.astype(dtype, copy=copy) if isinstance(x, DistArray) else _np.astype(x, dtype, copy=copy)
+
+
 def redistribute(a: DistArray, dist: Any) -> DistArray:
     """``a.redistribute(dist)``: a copy of ``a`` with its rows spread by ``dist`` (recorded; see
     :meth:`DistArray.redistribute`)."""
@@ -111,7 +116,7 @@ __all__ = [
     "ShapeError", "UnsupportedOperation", "IndexOutOfBounds", "NumPyFallbackWarning",
     "zeros", "ones", "empty", "full", "arange", "from_numpy", "array", "asarray", "zeros_like", "ones_like",
     "empty_like", "full_like", "random", "linspace", "logspace", "geomspace", "meshgrid", "indices", "identity", "eye",
-    "fromfunction", "copy",
+    "fromfunction", "copy", "astype",
     "sum", "prod", "mean", "std", "var", "min", "max", "amin", "amax", "any", "all", "argmin", "argmax",
     "count_nonzero", "nansum", "nanprod", "nanmean", "nanstd", "nanvar", "nanmin", "nanmax", "cumsum", "cumprod",
     "expand_dims", "squeeze", "flip", "swapaxes", "clip", "round", "around", "outer", "diagonal", "trace", "linalg",

@@ -640,6 +640,8 @@ _FUNCTIONS = {
     np.ndim: lambda a: a.ndim,
     np.size: lambda a, axis=None: a.size if axis is None else a.shape[axis],
 }
+if hasattr(np, "astype"):    # numpy.astype (NumPy 2): the method
+    _FUNCTIONS[np.astype] = lambda x, dtype, copy=True, device=None: x.astype(dtype, copy=copy)
 
 
 def _printable(a: DistArray) -> np.ndarray:
