@@ -16,6 +16,6 @@ def test_conformance_against_numpy(run_mpi, kernel_cache, n):
     p = run_mpi(code, n=n, timeout=900, env={"NBMPI_DISTARRAY_CACHE": kernel_cache}, args=("25",))
     assert_ok(p)
     for r in range(n):
-        for d in DISTS + ["linalg fallback", "hypothesis"]:
+        for d in DISTS + [f"native {d}" for d in DISTS] + ["linalg fallback", "hypothesis", "hypothesis native"]:
             assert f"rank {r}: ok {d}" in p.stdout, (r, d, p.stdout)
         assert f"rank {r}: ALL OK (" in p.stdout, p.stdout
