@@ -1,8 +1,9 @@
 """Conformance of the native NumPy functions of the distributed arrays against NumPy, run SPMD by
 tests/test_distarray_conformance.py on 1, 2 and 3 ranks: reductions (axis None/int/negative/tuple, keepdims,
 dtype, out, where), the nan* family, argmin/argmax, cumsum/cumprod, shape functions, clip, round, outer,
-diagonal, trace, dot, linalg.norm; sort/argsort, reshape/ravel, repeat, tile, nonzero, concatenate and the stack
-family, convolve/correlate, cross (native: nothing gathered to one rank); over block, cyclic and block-cyclic layouts, views and uneven splits; then
+diagonal, trace, dot, linalg.norm; sort/argsort, reshape/ravel, repeat, tile, nonzero, concatenate and the
+stack family, convolve/correlate, cross (native: nothing gathered to one rank); over block, cyclic and
+block-cyclic layouts, views and uneven splits; then
 property-based cases drawn by hypothesis (derandomized: every rank draws the same cases). Every native call
 must leave the NumPy fallback's counter unchanged."""
 import sys

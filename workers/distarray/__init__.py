@@ -26,8 +26,9 @@ at most one message per peer (:mod:`.operations.redistribution`, kernels in :mod
 Modules: recording: :mod:`.distribution` (block, cyclic, block-cyclic, replicated), :mod:`.indexing`
 (views), :mod:`.array` (DistArray), :mod:`.graph` (recorded tasks), :mod:`.elementwise`,
 :mod:`.reductions`, :mod:`.matmul_recording`, :mod:`.numpy_reductions`,
-:mod:`.numpy_cumulative`, :mod:`.numpy_shapes`, :mod:`.numpy_joining`, :mod:`.linalg` (NumPy's API on top);
-collective steps by global position: :mod:`.exchange`, :mod:`.numpy_sorting`, :mod:`.numpy_reshaping`, :mod:`.numpy_signal`, :mod:`.creation` and :mod:`.random` (constructors);
+:mod:`.numpy_cumulative`, :mod:`.numpy_shapes`, :mod:`.numpy_joining`, :mod:`.linalg` (NumPy's API on top),
+:mod:`.creation` and :mod:`.random` (constructors); collective steps sending elements by global position
+(run at once, not recorded): :mod:`.exchange`, :mod:`.numpy_sorting`, :mod:`.numpy_reshaping`, :mod:`.numpy_signal`;
 evaluation: :mod:`.fusion` (groups), :mod:`.operations` (one module per kind of operation: its
 plan, cache key and lowering into units), :mod:`.plans` (what plans share), :mod:`.units`,
 :mod:`.scheduler` (orders and executes units), :mod:`.packing` (copy kernels), :mod:`.irregular`

@@ -9,8 +9,8 @@ every record its global position: its column and its rank within the column, hen
 result, to which :func:`~.exchange.from_elements` sends it (the result takes the input's layout). Ties of
 equal keys are ordered by their global row, so the result of every ``kind`` is the stable one
 (``kind='stable'``/``'mergesort'`` are guaranteed stable, as NumPy defines; ``argsort`` returns global
-row indices). NaN sorts last, as in NumPy (any sign or payload). Along a local axis each rank sorts its
-rows in place of the exchange (no communication but the result's layout). Complex arrays go through the
+row indices). NaN sorts last, as in NumPy (any sign or payload). Along a local axis each rank sorts its own
+rows (``argsort`` stably) and only the result's placement is exchanged. Complex arrays go through the
 NumPy fallback. No rank ever holds more than its part plus its bucket.
 
 Collective over the array's communicator and blocking (a force point); call SPMD with the same arguments.
@@ -114,7 +114,7 @@ def _sort_local(a: DistArray, axis: int, kind: Optional[str], want_indices: bool
     """Sort along a local axis: each rank sorts its rows; the result takes ``a``'s layout. Collective."""
     ctx = a.context
     rows, data = local_part(a)
-    out = np.argsort(data, axis=axis, kind=kind) if want_indices else np.sort(data, axis=axis, kind=kind)
+    out = np.argsort(data, axis=axis, kind="stable") if want_indices else np.sort(data, axis=axis, kind=kind)
     inner = int(np.prod(a.shape[1:], dtype=np.int64))
     flat = (rows[:, None] * inner + np.arange(inner, dtype=np.int64)[None, :]).reshape(-1)
     return from_elements(ctx, a.shape, out.dtype, flat, out.reshape(-1), result_dist(a, a.shape[0]),
