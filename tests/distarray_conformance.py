@@ -180,6 +180,11 @@ def check_sorting(name, X, x):
             native(f"argsort({name}, axis={axis}, kind={kind})", lambda: dnp.argsort(X, axis=axis, kind=kind),
                    np.argsort(x, axis=axis, kind="stable").astype(np.int64))
     native(f"{name}.argsort(axis=0)", lambda: X.argsort(axis=0), x.argsort(axis=0, kind="stable").astype(np.int64))
+    if x.ndim == 1:
+        S, s, q = dnp.sort(X), np.sort(x), np.array([[-1.0, 0.0], [0.5, 9.0]])
+        for side in ("left", "right"):
+            native(f"searchsorted(sort({name}), side={side})", lambda: dnp.searchsorted(S, q, side),
+                   np.searchsorted(s, q, side).astype(np.int64))
     if not X._base.replicated:
         Y, y = X.copy(), x.copy()
         native(f"{name}.sort(axis=0) in place", lambda: (Y.sort(axis=0), Y)[1], (y.sort(axis=0), y)[1], exact=True)

@@ -65,7 +65,7 @@ def test_numpy_table_is_current():
     functions, methods = classify()
     assert functions["sum"] == "native" and functions["partition"] == "fallback", functions
     for name in ("sort", "argsort", "concatenate", "stack", "hstack", "vstack", "dstack", "nonzero", "reshape",
-                 "ravel", "tile", "repeat", "convolve", "correlate", "cross", "abs"):
+                 "ravel", "tile", "repeat", "convolve", "correlate", "cross", "abs", "searchsorted"):
         assert functions[name] == "native", (name, functions[name])
     assert methods["astype"] == "native" and methods["sort"] == "native" and methods["partition"] == "fallback", methods
 

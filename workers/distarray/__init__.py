@@ -60,7 +60,7 @@ from .numpy_reductions import (all, amax, amin, any, argmax, argmin, count_nonze
 from .numpy_cumulative import cumprod, cumsum
 from .numpy_shapes import around, clip, cross, diagonal, expand_dims, flip, outer, round, squeeze, swapaxes, trace
 from . import linalg
-from .numpy_sorting import argsort, sort
+from .numpy_sorting import argsort, searchsorted, sort
 from .numpy_reshaping import argwhere, flatnonzero, nonzero, ravel, repeat, reshape, tile
 from .numpy_joining import column_stack, concat, concatenate, dstack, hstack, stack, vstack
 from .numpy_signal import convolve, correlate
@@ -122,7 +122,7 @@ __all__ = [
     "count_nonzero", "nansum", "nanprod", "nanmean", "nanstd", "nanvar", "nanmin", "nanmax", "cumsum", "cumprod",
     "expand_dims", "squeeze", "flip", "swapaxes", "clip", "round", "around", "outer", "diagonal", "trace", "linalg",
     "where", "dot", "matmul", "transpose", "roll",
-    "sort", "argsort", "reshape", "ravel", "repeat", "tile", "nonzero", "flatnonzero", "argwhere",
+    "sort", "argsort", "searchsorted", "reshape", "ravel", "repeat", "tile", "nonzero", "flatnonzero", "argwhere",
     "concatenate", "concat", "stack", "hstack", "vstack", "dstack", "column_stack", "convolve", "correlate", "cross",
     "evaluate", "configure", "stats", "redistribute",
     "add", "subtract", "multiply", "divide", "true_divide", "power", "negative", "positive", "absolute", "abs",

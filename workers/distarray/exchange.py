@@ -26,7 +26,8 @@ from .errors import DistArrayTimeout
 from .graph import Base
 from .indexing import View
 
-__all__ = ["local_part", "alltoallv", "allgather_int", "from_elements", "from_local_part", "result_dist"]
+__all__ = ["local_part", "alltoallv", "allgather_int", "allreduce_sum", "from_elements", "from_local_part",
+           "result_dist"]
 
 
 def local_part(a: DistArray) -> Tuple[np.ndarray, np.ndarray]:
@@ -57,6 +58,22 @@ def allgather_int(ctx: Any, value: int, what: str) -> np.ndarray:
     req = ctx.dcomm.Iallgather(np.array([value], dtype=np.int64), [out, runtime.MPI().INT64_T])
     waiting.wait(req, ctx.timeout, ctx.rank, None, f"{what}: allgather of counts", DistArrayTimeout,
                  cancellable=False)
+    return out
+
+
+def allreduce_sum(ctx: Any, values: np.ndarray, what: str) -> np.ndarray:
+    """The elementwise sum over the ranks of the int64 array ``values`` (same length on every rank).
+    Collective, blocking; ``DistArrayTimeout`` after the context's timeout."""
+    from ..core import runtime
+
+    MPI = runtime.MPI()
+    mine = np.ascontiguousarray(values, dtype=np.int64)
+    out = np.zeros_like(mine)
+    ctx.ensure_comm()
+    if mine.size:
+        req = ctx.dcomm.Iallreduce([mine, MPI.INT64_T], [out, MPI.INT64_T], op=MPI.SUM)
+        waiting.wait(req, ctx.timeout, ctx.rank, None, f"{what}: allreduce of counts", DistArrayTimeout,
+                     cancellable=False)
     return out
 
 

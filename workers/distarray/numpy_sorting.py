@@ -24,9 +24,9 @@ from numpy.lib.array_utils import normalize_axis_index
 
 from . import fallback
 from .array import _FUNCTIONS, _METHODS, DistArray
-from .exchange import allgather_int, alltoallv, from_elements, local_part, result_dist
+from .exchange import allgather_int, allreduce_sum, alltoallv, from_elements, local_part, result_dist
 
-__all__ = ["sort", "argsort", "sort_keys"]
+__all__ = ["sort", "argsort", "searchsorted", "sort_keys"]
 
 _STABLE = ("stable", "mergesort")
 _KINDS = (None, "quicksort", "heapsort") + _STABLE
@@ -157,10 +157,34 @@ def argsort(a: Any, axis: Any = -1, kind: Any = None, order: Any = None, *, stab
     return _run(a, axis, kind, order, True)
 
 
+def searchsorted(a: Any, v: Any, side: str = "left", sorter: Any = None) -> Any:
+    """``numpy.searchsorted`` of NumPy values ``v`` (every rank passes the same) in a sorted distributed 1-D
+    ``a``: each rank counts its elements below each value (``side='right'``: not above), one allreduce sums
+    the counts. A scalar ``v`` gives an int64 scalar, an array ``v`` an array of its shape in block layout.
+    Distributed ``v``, ``sorter`` and unsortable dtypes go through the NumPy fallback. Collective, blocking."""
+    vals = np.asarray(v) if not isinstance(v, DistArray) else None
+    if (not isinstance(a, DistArray) or a.ndim != 1 or vals is None or sorter is not None
+            or side not in ("left", "right") or a.dtype.kind not in "biuf" or vals.dtype.kind not in "biuf"):
+        return fallback.call(np.searchsorted, (a, v), dict(side=side, sorter=sorter), "searchsorted")
+    fallback.note_native("searchsorted")
+    _, data = local_part(a)
+    if a.dtype.kind == vals.dtype.kind or a.dtype.kind == "f" or vals.dtype.kind == "f":
+        common = np.result_type(a.dtype, vals.dtype)
+        keys, vkeys = sort_keys(data.astype(common)), sort_keys(vals.astype(common))
+    else:                                        # ints of different signedness: as float64 keys
+        keys, vkeys = sort_keys(data.astype(np.float64)), sort_keys(vals.astype(np.float64))
+    counts = allreduce_sum(a.context, np.searchsorted(np.sort(keys), vkeys.reshape(-1), side=side), "searchsorted")
+    if vals.ndim == 0:
+        return np.int64(counts[0])
+    from .creation import from_numpy
+
+    return from_numpy(counts.reshape(vals.shape), dist="block", comm=a.comm)
+
+
 def _sort_in_place(a: DistArray, axis: int = -1, kind: Any = None, order: Any = None) -> None:
     """``a.sort()``: sort ``a`` in place (its values replaced by ``sort(a, axis, kind)``). Collective."""
     a[...] = sort(a, axis=axis, kind=kind, order=order)
 
 
-_FUNCTIONS.update({np.sort: sort, np.argsort: argsort})
-_METHODS.update(sort=_sort_in_place, argsort=argsort)
+_FUNCTIONS.update({np.sort: sort, np.argsort: argsort, np.searchsorted: searchsorted})
+_METHODS.update(sort=_sort_in_place, argsort=argsort, searchsorted=searchsorted)
