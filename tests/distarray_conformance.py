@@ -191,7 +191,8 @@ def check_sorting(name, X, x):
 
 
 def check_moving(name, X, x):
-    """reshape, ravel, repeat, tile, nonzero: elements sent across the distributed axis."""
+    """reshape, ravel, repeat, tile, flip of axis 0, axis permutations, nonzero: elements sent across the
+    distributed axis."""
     for shape in [(x.size,), x.shape[::-1], (-1, x.shape[-1]) if x.ndim > 1 else (x.size, 1)]:
         native(f"reshape({name}, {shape})", lambda: dnp.reshape(X, shape), np.reshape(x, shape), exact=True)
     native(f"{name}.reshape(1, -1)", lambda: X.reshape(1, -1), x.reshape(1, -1), exact=True)
@@ -205,6 +206,14 @@ def check_moving(name, X, x):
     native(f"repeat({name}, 3, axis=-1)", lambda: X.repeat(3, axis=-1), x.repeat(3, axis=-1), exact=True)
     for reps in (2, (2,) + (1,) * (x.ndim - 1), (2,) * (x.ndim + 1)):
         native(f"tile({name}, {reps})", lambda: dnp.tile(X, reps), np.tile(x, reps), exact=True)
+    native(f"flip({name}, 0)", lambda: dnp.flip(X, 0), np.flip(x, 0), exact=True)
+    native(f"flip({name})", lambda: dnp.flip(X), np.flip(x), exact=True)
+    if x.ndim >= 2:
+        axes = tuple(range(1, x.ndim)) + (0,)
+        native(f"transpose({name}, {axes})", lambda: np.transpose(X, axes), np.transpose(x, axes), exact=True)
+        native(f"{name}.T", lambda: X.T, x.T, exact=True)
+        native(f"swapaxes({name}, 0, -1)", lambda: dnp.swapaxes(X, 0, -1), np.swapaxes(x, 0, -1), exact=True)
+        native(f"moveaxis({name}, 0, -1)", lambda: dnp.moveaxis(X, 0, -1), np.moveaxis(x, 0, -1), exact=True)
     m, mx = (X, x) if x.dtype.kind == "b" else (X > 0.3, x > 0.3)
     before = fallback_calls()
     got, want = dnp.nonzero(m), np.nonzero(mx)

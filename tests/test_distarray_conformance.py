@@ -19,7 +19,8 @@ PARTS = {"recorded": DISTS + ["linalg fallback", "hypothesis"],
 @pytest.mark.parametrize("n", [1, 2, 3])
 def test_conformance_against_numpy(run_mpi, kernel_cache, n, part):
     """Recorded part: reductions, nan*, cumulative, shape functions, linalg.norm. Native part: sort/argsort,
-    searchsorted, reshape, repeat, tile, nonzero, joining, convolve/correlate, cross (collective steps)."""
+    searchsorted, reshape, repeat, tile, flip, transpose/swapaxes/moveaxis, nonzero, joining, convolve/correlate,
+    cross (collective steps)."""
     code = (REPO / "tests" / "distarray_conformance.py").read_text()
     p = run_mpi(code, n=n, timeout=290, env={"NBMPI_DISTARRAY_CACHE": kernel_cache}, args=("25", part))
     assert_ok(p)

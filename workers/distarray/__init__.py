@@ -61,7 +61,7 @@ from .numpy_cumulative import cumprod, cumsum
 from .numpy_shapes import around, clip, cross, diagonal, expand_dims, flip, outer, round, squeeze, swapaxes, trace
 from . import linalg
 from .numpy_sorting import argsort, searchsorted, sort
-from .numpy_reshaping import argwhere, flatnonzero, nonzero, ravel, repeat, reshape, tile
+from .numpy_reshaping import argwhere, flatnonzero, moveaxis, nonzero, ravel, repeat, reshape, tile
 from .numpy_joining import column_stack, concat, concatenate, dstack, hstack, stack, vstack
 from .numpy_signal import convolve, correlate
 from .grids import eye, fromfunction, geomspace, identity, indices, linspace, logspace, meshgrid
@@ -80,6 +80,11 @@ def copy(a: Any) -> Any:
 def astype(x: Any, dtype: Any, /, *, copy: bool = True, device: Any = None) -> Any:
     """``numpy.astype``: ``x.astype(dtype, copy=copy)`` (recorded for a DistArray; NumPy's otherwise)."""
     return x.astype(dtype, copy=copy) if isinstance(x, DistArray) else _np.astype(x, dtype, copy=copy)
+
+
+def permute_dims(a: Any, axes: Any = None) -> Any:
+    """``numpy.permute_dims``: :func:`transpose` (the array API's name)."""
+    return transpose(a, axes)
 
 
 def redistribute(a: DistArray, dist: Any) -> DistArray:
@@ -123,6 +128,7 @@ __all__ = [
     "expand_dims", "squeeze", "flip", "swapaxes", "clip", "round", "around", "outer", "diagonal", "trace", "linalg",
     "where", "dot", "matmul", "transpose", "roll",
     "sort", "argsort", "searchsorted", "reshape", "ravel", "repeat", "tile", "nonzero", "flatnonzero", "argwhere",
+    "moveaxis", "permute_dims",
     "concatenate", "concat", "stack", "hstack", "vstack", "dstack", "column_stack", "convolve", "correlate", "cross",
     "evaluate", "configure", "stats", "redistribute",
     "add", "subtract", "multiply", "divide", "true_divide", "power", "negative", "positive", "absolute", "abs",

@@ -1,6 +1,7 @@
 """NumPy's functions that move elements across the distributed axis, natively on distributed arrays:
 ``reshape``/``ravel``/``a.flatten()`` (C order), ``repeat``, ``tile``, ``nonzero``/``flatnonzero``/
-``argwhere``.
+``argwhere``, and the axis permutations the recorded transpose does not cover (``transpose`` with axes or of
+N-d arrays, ``swapaxes``, ``moveaxis``; ``flip`` of axis 0).
 
 Each is one exchange by global flat index (:func:`~.exchange.from_elements`): every rank computes, for its
 own elements, where they land in the result, and sends each to the rank owning that row; nothing is gathered
@@ -23,7 +24,8 @@ from . import fallback
 from .array import _FUNCTIONS, _METHODS, DistArray
 from .exchange import allgather_int, from_elements, from_local_part, local_part, result_dist
 
-__all__ = ["reshape", "ravel", "repeat", "tile", "nonzero", "flatnonzero", "argwhere"]
+__all__ = ["reshape", "ravel", "repeat", "tile", "nonzero", "flatnonzero", "argwhere", "permute", "flip_rows",
+           "moveaxis"]
 
 
 def _new_shape(size: int, shape: Any) -> Tuple[int, ...]:
@@ -130,6 +132,47 @@ def tile(a: Any, reps: Any) -> Any:
                          "tile")
 
 
+def permute(a: DistArray, axes: Tuple[int, ...]) -> DistArray:
+    """``numpy.transpose(a, axes)`` as a new array (not a view): every element sent to its place in the
+    permuted shape, in ``a``'s layout. For what the recorded transpose (2-D arrays distributed by rows) does not
+    cover: N-d arrays, explicit axes, views that move the distributed axis. Collective, blocking."""
+    axes = tuple(normalize_axis_index(k, a.ndim) for k in axes)
+    if sorted(axes) != list(range(a.ndim)):
+        raise ValueError("axes don't match array")
+    shape = tuple(a.shape[k] for k in axes)
+    rows, data = local_part(a)
+    idx = np.indices(data.shape, dtype=np.int64)
+    idx[0] = rows[idx[0]] if len(rows) else idx[0]
+    flat = np.ravel_multi_index(tuple(idx[k].reshape(-1) for k in axes), shape) if data.size else \
+        np.zeros(0, dtype=np.int64)
+    return from_elements(a.context, shape, a.dtype, flat, data, result_dist(a, shape[0] if shape else 0), "transpose")
+
+
+def flip_rows(a: DistArray) -> DistArray:
+    """``numpy.flip(a, 0)`` as a new array: row ``i`` sent to row ``n - 1 - i``, in ``a``'s layout. Collective,
+    blocking."""
+    rows, data = local_part(a)
+    inner = int(np.prod(a.shape[1:], dtype=np.int64))
+    return from_elements(a.context, a.shape, a.dtype, _flat_of(a.shape[0] - 1 - rows, inner), data,
+                         result_dist(a, a.shape[0]), "flip")
+
+
+def moveaxis(a: Any, source: Any, destination: Any) -> Any:
+    """``numpy.moveaxis``: ``a`` with axes ``source`` moved to ``destination`` (a new array by
+    :func:`permute`; ``a`` itself if nothing moves). Collective, blocking."""
+    if not isinstance(a, DistArray) or a.ndim == 0:
+        return np.moveaxis(a, source, destination) if not isinstance(a, DistArray) else a
+    fallback.note_native("moveaxis")
+    src = [normalize_axis_index(k, a.ndim) for k in np.atleast_1d(source)]
+    dst = [normalize_axis_index(k, a.ndim) for k in np.atleast_1d(destination)]
+    if len(src) != len(dst):
+        raise ValueError("`source` and `destination` arguments must have the same number of elements")
+    order = [k for k in range(a.ndim) if k not in src]
+    for d, s in sorted(zip(dst, src)):
+        order.insert(d, s)
+    return a if order == list(range(a.ndim)) else permute(a, tuple(order))
+
+
 def _nonzero_flat(a: DistArray) -> DistArray:
     """The 1-D int64 array of the C-order flat indices of ``a``'s nonzeros, in increasing order. Collective."""
     from .numpy_sorting import sort
@@ -184,5 +227,6 @@ def argwhere(a: Any) -> Any:
 
 
 _FUNCTIONS.update({np.reshape: reshape, np.ravel: ravel, np.repeat: repeat, np.tile: tile, np.nonzero: nonzero,
-                   np.flatnonzero: flatnonzero, np.argwhere: argwhere})
+                   np.flatnonzero: flatnonzero, np.argwhere: argwhere, np.moveaxis: moveaxis})
+_METHODS.update(_permute=permute, _flip_rows=flip_rows)          # for DistArray.transpose (array.py cannot import this module)
 _METHODS.update(reshape=reshape, ravel=ravel, flatten=_flatten, repeat=repeat, nonzero=nonzero)

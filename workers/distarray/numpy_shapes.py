@@ -1,15 +1,14 @@
 """NumPy's shape functions where the rows stay where they are, and a few elementwise compositions, natively on
-distributed arrays: ``expand_dims``, ``squeeze``, ``flip`` (along axes other than 0), ``swapaxes`` (of 2-D
-arrays), ``clip``, ``round``/``around``, ``outer``, ``cross``, ``diagonal``, ``trace``.
+distributed arrays: ``expand_dims``, ``squeeze``, ``flip``, ``swapaxes``, ``clip``, ``round``/``around``, ``outer``, ``cross``, ``diagonal``, ``trace``.
 
 The shape functions return views (:mod:`.indexing`: ``None`` inserts an axis, an integer removes one, a
 negative step reverses one), nothing is copied or recorded; ``swapaxes`` of a 2-D array is its transpose
-(:func:`~.array.transpose`). ``clip`` is ``minimum(maximum(a, lo), hi)``; ``round`` with ``decimals``
+(:func:`~.array.transpose`). Flipping axis 0 and swapping axes of N-d arrays move elements across the
+distributed axis: collective steps of :mod:`.numpy_reshaping`. ``clip`` is ``minimum(maximum(a, lo), hi)``; ``round`` with ``decimals``
 is NumPy's own formula (scale, ``rint``, unscale), bit for bit; ``outer`` broadcasts ``a[:, None] *
 b[None, :]``; ``diagonal`` selects each row's element on the diagonal with a masked reduction over the
 row (no gathering; its cost is that of one pass over the matrix) and ``trace`` sums it. Whatever these
-do not cover (flip of axis 0, swapaxes of N-d arrays, diagonal of N-d arrays) goes through the NumPy
-fallback. Call them SPMD on every rank with the same arguments.
+do not cover (diagonal of N-d arrays) goes through the NumPy fallback. Call them SPMD on every rank with the same arguments.
 """
 from __future__ import annotations
 
@@ -48,28 +47,32 @@ def squeeze(a: Any, axis: Any = None) -> Any:
 
 
 def flip(a: Any, axis: Any = None) -> Any:
-    """``numpy.flip``: a view of ``a`` reversed along ``axis`` (natively for axes other than 0; reversing axis 0
-    goes through the NumPy fallback). Local."""
+    """``numpy.flip``: a view of ``a`` reversed along ``axis`` for axes other than 0 (local); reversing axis 0 is a
+    new array, its rows exchanged (collective, blocking)."""
     if not isinstance(a, DistArray):
         return np.flip(a, axis)
     axes = normalize_axes(axis, a.ndim)
     axes = tuple(range(a.ndim)) if axes is None else axes
-    if 0 in axes or a.ndim == 0:
+    if a.ndim == 0:
         return fallback.call(np.flip, (a,), dict(axis=axis), "flip")
     fallback.note_native("flip")
+    if 0 in axes:                                 # rows sent to their mirrored place (a collective step)
+        a = _METHODS["_flip_rows"](a)
+        axes = tuple(k for k in axes if k != 0)
     return a[tuple(slice(None, None, -1) if k in axes else slice(None) for k in range(a.ndim))]
 
 
 def swapaxes(a: Any, axis1: int, axis2: int) -> Any:
-    """``numpy.swapaxes``: natively for 2-D arrays (the transpose, recorded) and equal axes (``a``)."""
+    """``numpy.swapaxes``: for 2-D arrays the transpose (recorded), for N-d arrays a permutation by exchange of
+    elements (a collective step), for equal axes ``a``."""
     if not isinstance(a, DistArray):
         return np.swapaxes(a, axis1, axis2)
     i, j = (normalize_axes(x, a.ndim)[0] for x in (axis1, axis2))
     if i == j:
         return a
-    if a.ndim != 2:
-        return fallback.call(np.swapaxes, (a, axis1, axis2), {}, "swapaxes")
-    return transpose(a)
+    order = list(range(a.ndim))
+    order[i], order[j] = j, i
+    return transpose(a) if a.ndim == 2 else transpose(a, tuple(order))
 
 
 def clip(a: Any, a_min: Any = None, a_max: Any = None, out: Any = None, **kwargs: Any) -> Any:
