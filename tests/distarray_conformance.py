@@ -221,6 +221,7 @@ def check_moving(name, X, x):
     for g, w in zip(got, want):
         same(g, w.astype(np.int64), f"nonzero({name})")
     native(f"flatnonzero({name})", lambda: dnp.flatnonzero(m), np.flatnonzero(mx).astype(np.int64))
+    native(f"where({name})[-1]", lambda: dnp.where(m)[-1], np.where(mx)[-1].astype(np.int64))
     native(f"argwhere({name})", lambda: dnp.argwhere(m), np.argwhere(mx).astype(np.int64))
 
 

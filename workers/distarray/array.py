@@ -595,9 +595,13 @@ def transpose(a: Any, axes: Any = None) -> Any:
 
 
 def where(cond: Any, x: Any = None, y: Any = None) -> Any:
-    """``x`` where ``cond`` is true, else ``y`` (recorded, elementwise, NumPy's dtype rules)."""
+    """``x`` where ``cond`` is true, else ``y`` (recorded, elementwise, NumPy's dtype rules); ``where(cond)`` alone
+    is ``nonzero(cond)`` (a collective step)."""
+    if x is None and y is None and isinstance(cond, DistArray) and "nonzero" in _METHODS:
+        return _METHODS["nonzero"](cond)        # numpy.where(cond) is nonzero(cond) (numpy_reshaping)
     if x is None or y is None:
-        raise UnsupportedOperation("where(cond) with one argument (nonzero) is not supported on distributed arrays")
+        raise UnsupportedOperation("where(cond) with one argument (nonzero) is not supported on distributed arrays"
+                                   if x is None and y is None else "either both or neither of x and y should be given")
     if not any(isinstance(v, DistArray) for v in (cond, x, y)):
         return np.where(cond, x, y)
     ctx = _context_from(cond, x, y)
