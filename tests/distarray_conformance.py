@@ -1,7 +1,9 @@
 """Conformance of the native NumPy functions of the distributed arrays against NumPy, run SPMD by
 tests/test_distarray_conformance.py on 1, 2 and 3 ranks: reductions (axis None/int/negative/tuple, keepdims,
 dtype, out, where), the nan* family, argmin/argmax, cumsum/cumprod, shape functions, clip, round, outer,
-diagonal, trace, dot, linalg.norm; over block, cyclic and block-cyclic layouts, views and uneven splits; then
+diagonal, trace, dot, linalg.norm; sort/argsort, reshape/ravel, repeat, tile, nonzero, concatenate and the
+stack family, convolve/correlate, cross (native: nothing gathered to one rank); over block, cyclic and
+block-cyclic layouts, views and uneven splits; then
 property-based cases drawn by hypothesis (derandomized: every rank draws the same cases). Every native call
 must leave the NumPy fallback's counter unchanged."""
 import sys
@@ -171,20 +173,101 @@ def check_shapes(name, X, x):
         native(f"np.linalg.norm({name})", lambda: np.linalg.norm(X), np.linalg.norm(x))
 
 
-for dist in DISTS:
+def check_sorting(name, X, x):
+    for axis in [None, 0, -1] + ([1] if x.ndim >= 3 else []):
+        native(f"sort({name}, axis={axis})", lambda: dnp.sort(X, axis=axis), np.sort(x, axis=axis), exact=True)
+        for kind in (None, "stable"):       # ties keep the input's order for every kind: NumPy's stable order
+            native(f"argsort({name}, axis={axis}, kind={kind})", lambda: dnp.argsort(X, axis=axis, kind=kind),
+                   np.argsort(x, axis=axis, kind="stable").astype(np.int64))
+    native(f"{name}.argsort(axis=0)", lambda: X.argsort(axis=0), x.argsort(axis=0, kind="stable").astype(np.int64))
+    if x.ndim == 1:
+        S, s, q = dnp.sort(X), np.sort(x), np.array([[-1.0, 0.0], [0.5, 9.0]])
+        for side in ("left", "right"):
+            native(f"searchsorted(sort({name}), side={side})", lambda: dnp.searchsorted(S, q, side),
+                   np.searchsorted(s, q, side).astype(np.int64))
+    if not X._base.replicated:
+        Y, y = X.copy(), x.copy()
+        native(f"{name}.sort(axis=0) in place", lambda: (Y.sort(axis=0), Y)[1], (y.sort(axis=0), y)[1], exact=True)
+
+
+def check_moving(name, X, x):
+    """reshape, ravel, repeat, tile, flip of axis 0, axis permutations, nonzero: elements sent across the
+    distributed axis."""
+    for shape in [(x.size,), x.shape[::-1], (-1, x.shape[-1]) if x.ndim > 1 else (x.size, 1)]:
+        native(f"reshape({name}, {shape})", lambda: dnp.reshape(X, shape), np.reshape(x, shape), exact=True)
+    native(f"{name}.reshape(1, -1)", lambda: X.reshape(1, -1), x.reshape(1, -1), exact=True)
+    native(f"ravel({name})", lambda: dnp.ravel(X), np.ravel(x), exact=True)
+    native(f"{name}.flatten()", lambda: X.flatten(), x.flatten(), exact=True)
+    counts = np.arange(x.shape[0]) % 3
+    native(f"repeat({name}, 2, axis=0)", lambda: dnp.repeat(X, 2, axis=0), np.repeat(x, 2, axis=0), exact=True)
+    native(f"repeat({name}, counts, axis=0)", lambda: dnp.repeat(X, counts, axis=0), np.repeat(x, counts, axis=0),
+           exact=True)
+    native(f"repeat({name}, 2)", lambda: dnp.repeat(X, 2), np.repeat(x, 2), exact=True)
+    native(f"repeat({name}, 3, axis=-1)", lambda: X.repeat(3, axis=-1), x.repeat(3, axis=-1), exact=True)
+    for reps in (2, (2,) + (1,) * (x.ndim - 1), (2,) * (x.ndim + 1)):
+        native(f"tile({name}, {reps})", lambda: dnp.tile(X, reps), np.tile(x, reps), exact=True)
+    native(f"flip({name}, 0)", lambda: dnp.flip(X, 0), np.flip(x, 0), exact=True)
+    native(f"flip({name})", lambda: dnp.flip(X), np.flip(x), exact=True)
+    if x.ndim >= 2:
+        axes = tuple(range(1, x.ndim)) + (0,)
+        native(f"transpose({name}, {axes})", lambda: np.transpose(X, axes), np.transpose(x, axes), exact=True)
+        native(f"{name}.T", lambda: X.T, x.T, exact=True)
+        native(f"swapaxes({name}, 0, -1)", lambda: dnp.swapaxes(X, 0, -1), np.swapaxes(x, 0, -1), exact=True)
+        native(f"moveaxis({name}, 0, -1)", lambda: dnp.moveaxis(X, 0, -1), np.moveaxis(x, 0, -1), exact=True)
+    m, mx = (X, x) if x.dtype.kind == "b" else (X > 0.3, x > 0.3)
+    before = fallback_calls()
+    got, want = dnp.nonzero(m), np.nonzero(mx)
+    assert fallback_calls() == before and len(got) == len(want), (name, "nonzero")
+    for g, w in zip(got, want):
+        same(g, w.astype(np.int64), f"nonzero({name})")
+    native(f"flatnonzero({name})", lambda: dnp.flatnonzero(m), np.flatnonzero(mx).astype(np.int64))
+    native(f"where({name})[-1]", lambda: dnp.where(m)[-1], np.where(mx)[-1].astype(np.int64))
+    native(f"argwhere({name})", lambda: dnp.argwhere(m), np.argwhere(mx).astype(np.int64))
+
+
+def check_joining(name, X, x):
+    native(f"concatenate({name} x2)", lambda: dnp.concatenate([X, X]), np.concatenate([x, x]), exact=True)
+    native(f"concatenate({name}, numpy, axis=-1)", lambda: dnp.concatenate([X, x * 2], axis=-1),
+           np.concatenate([x, x * 2], axis=-1), exact=True)
+    native(f"concatenate({name}, axis=None)", lambda: dnp.concatenate([X, X[:1]], axis=None),
+           np.concatenate([x, x[:1]], axis=None), exact=True)
+    for axis in (0, -1):
+        native(f"stack({name}, axis={axis})", lambda: dnp.stack([X, x], axis=axis), np.stack([x, x], axis=axis),
+               exact=True)
+    for f in ("hstack", "vstack", "dstack"):
+        native(f"{f}({name})", lambda: getattr(dnp, f)([X, X]), getattr(np, f)([x, x]), exact=True)
+    if x.ndim == 1:
+        v = np.array([0.5, -1.0, 2.0])
+        for mode in ("full", "same", "valid"):
+            native(f"convolve({name}, {mode})", lambda: dnp.convolve(X, v, mode), np.convolve(x, v, mode))
+            native(f"correlate({name}, {mode})", lambda: dnp.correlate(X, v[:2], mode), np.correlate(x, v[:2], mode))
+    if x.ndim >= 2 and x.shape[-1] >= 4 and x.dtype.kind != "b":
+        native(f"cross({name})", lambda: dnp.cross(X[..., :3], X[..., 1:4]), np.cross(x[..., :3], x[..., 1:4]))
+
+
+#: which part runs: "recorded" (reductions ... linalg.norm, the first hypothesis cases), "native" (sort ... cross,
+#: their hypothesis cases) or "all"; the test runs the two parts as separate programs, each within its timeout
+PART = sys.argv[2] if len(sys.argv) > 2 else "all"
+for dist in DISTS if PART != "native" else ():
     for name, X, x in arrays(dist):
         check_reductions(name, X, x)
         check_nan(name, X, x, dist)
         check_cumulative(name, X, x)
         check_shapes(name, X, x)
     print(f"rank {r}: ok {dist}", flush=True)
+for dist in DISTS if PART != "recorded" else ():
+    for name, X, x in arrays(dist):
+        check_sorting(name, X, x)
+        check_moving(name, X, x)
+        check_joining(name, X, x)
+    print(f"rank {r}: ok native {dist}", flush=True)
 
-# the rest of numpy.linalg goes through the fallback, counted
-before = fallback_calls()
-M = np.eye(4) * 3 + 1
-same(dnp.linalg.inv(dnp.from_numpy(M)), np.linalg.inv(M), "linalg.inv (fallback)")
-assert fallback_calls() == before + 1, "linalg.inv did not go through the fallback"
-print(f"rank {r}: ok linalg fallback", flush=True)
+if PART != "native":                              # the rest of numpy.linalg goes through the fallback, counted
+    before = fallback_calls()
+    M = np.eye(4) * 3 + 1
+    same(dnp.linalg.inv(dnp.from_numpy(M)), np.linalg.inv(M), "linalg.inv (fallback)")
+    assert fallback_calls() == before + 1, "linalg.inv did not go through the fallback"
+    print(f"rank {r}: ok linalg fallback", flush=True)
 
 SHAPES = st.tuples(st.integers(1, 9), st.integers(1, 4)) | st.tuples(st.integers(1, 7), st.integers(1, 3),
                                                                      st.integers(1, 3))
@@ -215,6 +298,34 @@ def test_property(shape, dist, f, keepdims, axis_pick, seed, ints, view):
     native(f"{f} {shape} {dist} {kw} view={view}", lambda: getattr(dnp, f)(X, **kw), getattr(np, f)(x, **kw))
 
 
-test_property()
-print(f"rank {r}: ok hypothesis", flush=True)
+if PART != "native":
+    test_property()
+    print(f"rank {r}: ok hypothesis", flush=True)
+
+
+@settings(derandomize=True, database=None, deadline=None, max_examples=int(sys.argv[1]) if len(sys.argv) > 1 else 40,
+          suppress_health_check=list(HealthCheck))
+@given(shape=SHAPES, dist=st.sampled_from(DISTS), axis_pick=st.integers(-1, 3), seed=st.integers(0, 1000),
+       kind=st.sampled_from(["int", "float", "nan"]), view=st.booleans())
+def test_property_sort(shape, dist, axis_pick, seed, kind, view):
+    """sort/argsort (ties and NaN), nonzero and reshape across the distributed axis, against NumPy."""
+    rng = np.random.default_rng(seed)
+    x = rng.integers(-2, 3, size=shape) if kind == "int" else rng.standard_normal(shape)
+    if kind == "nan":
+        x[rng.random(shape) < 0.3] = np.nan
+    X = dnp.from_numpy(x, dist=dist)
+    if view and shape[0] > 2:
+        X, x = X[::-2], x[::-2]
+    axis = None if axis_pick >= x.ndim else axis_pick
+    tag = f"{shape} {dist} {kind} axis={axis} view={view}"
+    native(f"sort {tag}", lambda: dnp.sort(X, axis=axis), np.sort(x, axis=axis), exact=True)
+    native(f"argsort {tag}", lambda: dnp.argsort(X, axis=axis, kind="stable"),
+           np.argsort(x, axis=axis, kind="stable").astype(np.int64))
+    native(f"flatnonzero {tag}", lambda: dnp.flatnonzero(X > 0), np.flatnonzero(x > 0).astype(np.int64))
+    native(f"reshape {tag}", lambda: X.reshape(x.shape[::-1]), x.reshape(x.shape[::-1]), exact=True)
+
+
+if PART != "recorded":
+    test_property_sort()
+    print(f"rank {r}: ok hypothesis native", flush=True)
 print(f"rank {r}: ALL OK ({checked[0]} comparisons)", flush=True)

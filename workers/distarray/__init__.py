@@ -26,7 +26,9 @@ at most one message per peer (:mod:`.operations.redistribution`, kernels in :mod
 Modules: recording: :mod:`.distribution` (block, cyclic, block-cyclic, replicated), :mod:`.indexing`
 (views), :mod:`.array` (DistArray), :mod:`.graph` (recorded tasks), :mod:`.elementwise`,
 :mod:`.reductions`, :mod:`.matmul_recording`, :mod:`.numpy_reductions`,
-:mod:`.numpy_cumulative`, :mod:`.numpy_shapes`, :mod:`.linalg` (NumPy's API on top), :mod:`.creation` and :mod:`.random` (constructors);
+:mod:`.numpy_cumulative`, :mod:`.numpy_shapes`, :mod:`.numpy_joining`, :mod:`.linalg` (NumPy's API on top),
+:mod:`.creation` and :mod:`.random` (constructors); collective steps sending elements by global position
+(run at once, not recorded): :mod:`.exchange`, :mod:`.numpy_sorting`, :mod:`.numpy_reshaping`, :mod:`.numpy_signal`;
 evaluation: :mod:`.fusion` (groups), :mod:`.operations` (one module per kind of operation: its
 plan, cache key and lowering into units), :mod:`.plans` (what plans share), :mod:`.units`,
 :mod:`.scheduler` (orders and executes units), :mod:`.packing` (copy kernels), :mod:`.irregular`
@@ -56,8 +58,12 @@ from .fallback import NumPyFallbackWarning
 from .numpy_reductions import (all, amax, amin, any, argmax, argmin, count_nonzero, max, mean, min, nanmax,
                                nanmean, nanmin, nanprod, nanstd, nansum, nanvar, prod, std, sum, var)
 from .numpy_cumulative import cumprod, cumsum
-from .numpy_shapes import around, clip, diagonal, expand_dims, flip, outer, round, squeeze, swapaxes, trace
+from .numpy_shapes import around, clip, cross, diagonal, expand_dims, flip, outer, round, squeeze, swapaxes, trace
 from . import linalg
+from .numpy_sorting import argsort, searchsorted, sort
+from .numpy_reshaping import argwhere, flatnonzero, moveaxis, nonzero, ravel, repeat, reshape, tile
+from .numpy_joining import column_stack, concat, concatenate, dstack, hstack, stack, vstack
+from .numpy_signal import convolve, correlate
 from .grids import eye, fromfunction, geomspace, identity, indices, linspace, logspace, meshgrid
 from .fused_kernels import kernel_stats
 from . import fallback as _fallback
@@ -69,6 +75,16 @@ dot = matmul
 def copy(a: Any) -> Any:
     """``numpy.copy``: a new array with ``a``'s values (recorded for a DistArray; NumPy's copy otherwise)."""
     return a.copy() if isinstance(a, DistArray) else _np.copy(a)
+
+
+def astype(x: Any, dtype: Any, /, *, copy: bool = True, device: Any = None) -> Any:
+    """``numpy.astype``: ``x.astype(dtype, copy=copy)`` (recorded for a DistArray; NumPy's otherwise)."""
+    return x.astype(dtype, copy=copy) if isinstance(x, DistArray) else _np.astype(x, dtype, copy=copy)
+
+
+def permute_dims(a: Any, axes: Any = None) -> Any:
+    """``numpy.permute_dims``: :func:`transpose` (the array API's name)."""
+    return transpose(a, axes)
 
 
 def redistribute(a: DistArray, dist: Any) -> DistArray:
@@ -106,11 +122,14 @@ __all__ = [
     "ShapeError", "UnsupportedOperation", "IndexOutOfBounds", "NumPyFallbackWarning",
     "zeros", "ones", "empty", "full", "arange", "from_numpy", "array", "asarray", "zeros_like", "ones_like",
     "empty_like", "full_like", "random", "linspace", "logspace", "geomspace", "meshgrid", "indices", "identity", "eye",
-    "fromfunction", "copy",
+    "fromfunction", "copy", "astype",
     "sum", "prod", "mean", "std", "var", "min", "max", "amin", "amax", "any", "all", "argmin", "argmax",
     "count_nonzero", "nansum", "nanprod", "nanmean", "nanstd", "nanvar", "nanmin", "nanmax", "cumsum", "cumprod",
     "expand_dims", "squeeze", "flip", "swapaxes", "clip", "round", "around", "outer", "diagonal", "trace", "linalg",
     "where", "dot", "matmul", "transpose", "roll",
+    "sort", "argsort", "searchsorted", "reshape", "ravel", "repeat", "tile", "nonzero", "flatnonzero", "argwhere",
+    "moveaxis", "permute_dims",
+    "concatenate", "concat", "stack", "hstack", "vstack", "dstack", "column_stack", "convolve", "correlate", "cross",
     "evaluate", "configure", "stats", "redistribute",
     "add", "subtract", "multiply", "divide", "true_divide", "power", "negative", "positive", "absolute", "abs",
     "square", "sqrt", "exp", "log", "log10", "sin", "cos", "tan", "tanh", "floor", "ceil", "isnan", "isfinite",

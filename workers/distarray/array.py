@@ -527,14 +527,19 @@ class DistArray:
     def T(self) -> "DistArray":
         return transpose(self)
 
-    def transpose(self) -> "DistArray":
-        return transpose(self)
+    def transpose(self, *axes: Any) -> "DistArray":
+        if len(axes) == 1 and (axes[0] is None or isinstance(axes[0], (tuple, list))):
+            axes = axes[0]
+        return transpose(self, tuple(axes) if axes else None)
 
     def reshape(self, *shape: Any) -> "DistArray":
         if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
             shape = tuple(shape[0])
         if tuple(shape) == self.shape:
             return self
+        impl = _METHODS.get("reshape")       # the native one (numpy_reshaping), by global flat index
+        if impl is not None:
+            return impl(self, tuple(shape))
         return fallback.call(np.reshape, (self, tuple(shape)), {}, "reshape")
 
 
@@ -569,11 +574,20 @@ def matmul(a: Any, b: Any) -> Any:
 
 
 def transpose(a: Any, axes: Any = None) -> Any:
-    """``a.T`` (recorded) for 1-D and 2-D arrays."""
+    """``numpy.transpose``: ``a.T`` of a 2-D array distributed by rows is recorded; explicit axes, N-d arrays and
+    views that move the distributed axis are permuted by an exchange of elements (a collective step)."""
     if not isinstance(a, DistArray):
         return np.transpose(a, axes)
-    if axes is not None and tuple(axes) != tuple(range(a.ndim))[::-1]:
-        raise UnsupportedOperation("transpose with explicit axes is not supported")
+    if axes is not None and tuple(operator.index(k) % max(a.ndim, 1) for k in axes) == tuple(range(a.ndim)):
+        return a
+    v = a._view
+    if (a.ndim > 2 or axes is not None and tuple(axes) != tuple(range(a.ndim))[::-1]
+            or a.ndim == 2 and not a._base.replicated and not (v.row_kept and v.lead_new() == 0
+                                                               and len(a._base.shape) == 2)):
+        permute = _METHODS.get("_permute")          # by exchange of elements (numpy_reshaping)
+        if permute is None:
+            raise UnsupportedOperation("transpose with explicit axes is not supported")
+        return permute(a, tuple(range(a.ndim))[::-1] if axes is None else tuple(axes))
     if a._base.replicated and a.ndim == 2:     # every rank holds all of it: transposed locally (a force point)
         return wrap(elementwise.rep_base_from_numpy(a.context, a.to_numpy(_reason="transpose").T))
     res = matmul_recording.record_transpose(a.context, a._leaf())
@@ -581,9 +595,13 @@ def transpose(a: Any, axes: Any = None) -> Any:
 
 
 def where(cond: Any, x: Any = None, y: Any = None) -> Any:
-    """``x`` where ``cond`` is true, else ``y`` (recorded, elementwise, NumPy's dtype rules)."""
+    """``x`` where ``cond`` is true, else ``y`` (recorded, elementwise, NumPy's dtype rules); ``where(cond)`` alone
+    is ``nonzero(cond)`` (a collective step)."""
+    if x is None and y is None and isinstance(cond, DistArray) and "nonzero" in _METHODS:
+        return _METHODS["nonzero"](cond)        # numpy.where(cond) is nonzero(cond) (numpy_reshaping)
     if x is None or y is None:
-        raise UnsupportedOperation("where(cond) with one argument (nonzero) is not supported on distributed arrays")
+        raise UnsupportedOperation("where(cond) with one argument (nonzero) is not supported on distributed arrays"
+                                   if x is None and y is None else "either both or neither of x and y should be given")
     if not any(isinstance(v, DistArray) for v in (cond, x, y)):
         return np.where(cond, x, y)
     ctx = _context_from(cond, x, y)
@@ -637,6 +655,8 @@ _FUNCTIONS = {
     np.ndim: lambda a: a.ndim,
     np.size: lambda a, axis=None: a.size if axis is None else a.shape[axis],
 }
+if hasattr(np, "astype"):    # numpy.astype (NumPy 2): the method
+    _FUNCTIONS[np.astype] = lambda x, dtype, copy=True, device=None: x.astype(dtype, copy=copy)
 
 
 def _printable(a: DistArray) -> np.ndarray:

@@ -1,15 +1,14 @@
 """NumPy's shape functions where the rows stay where they are, and a few elementwise compositions, natively on
-distributed arrays: ``expand_dims``, ``squeeze``, ``flip`` (along axes other than 0), ``swapaxes`` (of 2-D
-arrays), ``clip``, ``round``/``around``, ``outer``, ``diagonal``, ``trace``.
+distributed arrays: ``expand_dims``, ``squeeze``, ``flip``, ``swapaxes``, ``clip``, ``round``/``around``, ``outer``, ``cross``, ``diagonal``, ``trace``.
 
 The shape functions return views (:mod:`.indexing`: ``None`` inserts an axis, an integer removes one, a
 negative step reverses one), nothing is copied or recorded; ``swapaxes`` of a 2-D array is its transpose
-(:func:`~.array.transpose`). ``clip`` is ``minimum(maximum(a, lo), hi)``; ``round`` with ``decimals``
+(:func:`~.array.transpose`). Flipping axis 0 and swapping axes of N-d arrays move elements across the
+distributed axis: collective steps of :mod:`.numpy_reshaping`. ``clip`` is ``minimum(maximum(a, lo), hi)``; ``round`` with ``decimals``
 is NumPy's own formula (scale, ``rint``, unscale), bit for bit; ``outer`` broadcasts ``a[:, None] *
 b[None, :]``; ``diagonal`` selects each row's element on the diagonal with a masked reduction over the
 row (no gathering; its cost is that of one pass over the matrix) and ``trace`` sums it. Whatever these
-do not cover (flip of axis 0, swapaxes of N-d arrays, diagonal of N-d arrays) goes through the NumPy
-fallback. Call them SPMD on every rank with the same arguments.
+do not cover (diagonal of N-d arrays) goes through the NumPy fallback. Call them SPMD on every rank with the same arguments.
 """
 from __future__ import annotations
 
@@ -22,7 +21,8 @@ from . import fallback
 from .array import _FUNCTIONS, _METHODS, DistArray, _reduce, transpose, where
 from .numpy_reductions import normalize_axes, sum as _sum
 
-__all__ = ["expand_dims", "squeeze", "flip", "swapaxes", "clip", "round", "around", "outer", "diagonal", "trace"]
+__all__ = ["expand_dims", "squeeze", "flip", "swapaxes", "clip", "round", "around", "outer", "cross", "diagonal",
+           "trace"]
 
 
 def expand_dims(a: Any, axis: Any) -> Any:
@@ -47,28 +47,32 @@ def squeeze(a: Any, axis: Any = None) -> Any:
 
 
 def flip(a: Any, axis: Any = None) -> Any:
-    """``numpy.flip``: a view of ``a`` reversed along ``axis`` (natively for axes other than 0; reversing axis 0
-    goes through the NumPy fallback). Local."""
+    """``numpy.flip``: a view of ``a`` reversed along ``axis`` for axes other than 0 (local); reversing axis 0 is a
+    new array, its rows exchanged (collective, blocking)."""
     if not isinstance(a, DistArray):
         return np.flip(a, axis)
     axes = normalize_axes(axis, a.ndim)
     axes = tuple(range(a.ndim)) if axes is None else axes
-    if 0 in axes or a.ndim == 0:
+    if a.ndim == 0:
         return fallback.call(np.flip, (a,), dict(axis=axis), "flip")
     fallback.note_native("flip")
+    if 0 in axes:                                 # rows sent to their mirrored place (a collective step)
+        a = _METHODS["_flip_rows"](a)
+        axes = tuple(k for k in axes if k != 0)
     return a[tuple(slice(None, None, -1) if k in axes else slice(None) for k in range(a.ndim))]
 
 
 def swapaxes(a: Any, axis1: int, axis2: int) -> Any:
-    """``numpy.swapaxes``: natively for 2-D arrays (the transpose, recorded) and equal axes (``a``)."""
+    """``numpy.swapaxes``: for 2-D arrays the transpose (recorded), for N-d arrays a permutation by exchange of
+    elements (a collective step), for equal axes ``a``."""
     if not isinstance(a, DistArray):
         return np.swapaxes(a, axis1, axis2)
     i, j = (normalize_axes(x, a.ndim)[0] for x in (axis1, axis2))
     if i == j:
         return a
-    if a.ndim != 2:
-        return fallback.call(np.swapaxes, (a, axis1, axis2), {}, "swapaxes")
-    return transpose(a)
+    order = list(range(a.ndim))
+    order[i], order[j] = j, i
+    return transpose(a) if a.ndim == 2 else transpose(a, tuple(order))
 
 
 def clip(a: Any, a_min: Any = None, a_max: Any = None, out: Any = None, **kwargs: Any) -> Any:
@@ -127,6 +131,28 @@ def outer(a: Any, b: Any, out: Any = None) -> Any:
     return out
 
 
+def cross(a: Any, b: Any, axisa: int = -1, axisb: int = -1, axisc: int = -1, axis: Any = None) -> Any:
+    """``numpy.cross`` of arrays of 3-vectors along ``axis`` (default the last; equal in ``a`` and ``b``):
+    each component ``a[k+1] * b[k+2] - a[k+2] * b[k+1]`` from length-1 slices of the vector axis, joined along
+    it with :func:`~.numpy_joining.concatenate` (recorded; the vector axis may be the distributed one).
+    2-vectors, different vector axes and operands of different ndim go through the NumPy fallback. SPMD."""
+    kw = dict(axisa=axisa, axisb=axisb, axisc=axisc, axis=axis)
+    ax = axis if axis is not None else axisa
+    nd = np.ndim(a)
+    same_axes = axis is not None or axisa == axisb == axisc
+    if (not same_axes or nd == 0 or np.ndim(b) != nd or not isinstance(a, DistArray) and not isinstance(b, DistArray)
+            or np.shape(a)[ax] != 3 or np.shape(b)[ax] != 3):
+        return fallback.call(np.cross, (a, b), kw, "cross")
+    from .numpy_joining import concatenate
+
+    a, b = (x if isinstance(x, DistArray) else np.asarray(x) for x in (a, b))
+    pre = (slice(None),) * normalize_axes(ax, nd)[0]
+    comp = [(a[pre + (slice(k, k + 1),)], b[pre + (slice(k, k + 1),)]) for k in range(3)]
+    parts = [comp[(k + 1) % 3][0] * comp[(k + 2) % 3][1] - comp[(k + 2) % 3][0] * comp[(k + 1) % 3][1]
+             for k in range(3)]
+    return concatenate(parts, axis=ax)
+
+
 def diagonal(a: Any, offset: int = 0, axis1: int = 0, axis2: int = 1) -> Any:
     """``numpy.diagonal`` of a 2-D DistArray (a new array, recorded): each row's element at column
     ``row + offset``, selected by a masked reduction over the row. Other ranks of ``a`` or axes: the
@@ -164,7 +190,7 @@ def trace(a: Any, offset: int = 0, axis1: int = 0, axis2: int = 1, dtype: Any = 
 
 
 _NAMES = dict(expand_dims=expand_dims, squeeze=squeeze, flip=flip, swapaxes=swapaxes, clip=clip, round=round,
-              around=around, outer=outer, diagonal=diagonal, trace=trace)
+              around=around, outer=outer, cross=cross, diagonal=diagonal, trace=trace)
 # numpy.<name>(distarray) and the array methods dispatch here
 _FUNCTIONS.update({getattr(np, n): f for n, f in _NAMES.items() if hasattr(np, n)})
 _METHODS.update(squeeze=squeeze, swapaxes=swapaxes, clip=clip, round=round, diagonal=diagonal, trace=trace)

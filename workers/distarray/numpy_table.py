@@ -28,7 +28,8 @@ def classify() -> Tuple[Dict[str, str], Dict[str, str]]:
         ours = namespace.get(name)
         wrapped = ours is not None and getattr(ours, "__module__", "") == "nbmpi.workers.distarray.fallback"
         if isinstance(obj, np.ufunc):
-            native = name in SUPPORTED or (ours is not None and not wrapped and ours is not obj)
+            # dispatch goes by the ufunc's own name: numpy.abs is absolute, numpy.mod is remainder
+            native = obj.__name__ in SUPPORTED or (ours is not None and not wrapped and ours is not obj)
         else:
             native = ours is not None and not wrapped
         functions[name] = "native" if native else "fallback"

@@ -85,18 +85,25 @@ class PartSpec:
 
 
 class MsgSpec:
-    """All parts exchanged with ``peer`` in one direction for one task (one MPI message)."""
+    """All parts exchanged with ``peer`` in one direction for one task (one MPI message).
 
-    __slots__ = ("peer", "parts", "nbytes")
+    ``nbytes`` is the message's room in the arena (each part starts at an 8-byte boundary); ``payload``
+    the bytes actually sent: up to the end of the last part, without the padding after it. The MPI
+    message carries ``payload`` bytes, so a packed message matches a peer that receives the same
+    elements in place (exactly their bytes) whatever the element size."""
+
+    __slots__ = ("peer", "parts", "nbytes", "payload")
 
     def __init__(self, peer: int, parts: List[PartSpec]):
         self.peer = int(peer)
         self.parts = parts
-        off = 0
+        off = end = 0
         for p in parts:
             p.offset = off
-            off = _align8(off + p.nbytes)
+            end = off + p.nbytes
+            off = _align8(end)
         self.nbytes = off
+        self.payload = end
 
 
 def arena_layout(msgs: List["MsgSpec"]) -> Tuple[List[int], int]:
@@ -130,12 +137,12 @@ class Instance:
         self.plan = plan
         self.tag = context.next_tag()
         self.recv_arena, self.recv_offsets, self.recv_bufs = self._arena(plan.msgs_in)
-        self.recv_reqs = [comm.Recv_init([buf[:m.nbytes], MPI.BYTE], source=m.peer, tag=self.tag)
+        self.recv_reqs = [comm.Recv_init([buf[:m.payload], MPI.BYTE], source=m.peer, tag=self.tag)
                           for m, buf in zip(plan.msgs_in, self.recv_bufs)]
         self.recv_parts = [[buf[p.offset:p.offset + p.nbytes].view(p.dtype).reshape(p.shape) for p in m.parts]
                            for m, buf in zip(plan.msgs_in, self.recv_bufs)]
         self.send_arena, self.send_offsets, self.send_bufs = self._arena(plan.msgs_out)
-        self.send_reqs = [comm.Send_init([buf[:m.nbytes], MPI.BYTE], dest=m.peer, tag=self.tag)
+        self.send_reqs = [comm.Send_init([buf[:m.payload], MPI.BYTE], dest=m.peer, tag=self.tag)
                           for m, buf in zip(plan.msgs_out, self.send_bufs)]
         self.send_parts = [[buf[p.offset:p.offset + p.nbytes].view(p.dtype).reshape(p.shape) for p in m.parts]
                            for m, buf in zip(plan.msgs_out, self.send_bufs)]

@@ -1,0 +1,157 @@
+"""NumPy's joining functions natively on distributed arrays: ``concatenate`` (``concat``), ``stack``,
+``hstack``, ``vstack``, ``dstack``, ``column_stack``.
+
+The result is a new array in the layout of the first distributed operand (block if that one is
+replicated); each operand is copied into its slice of the result with ``out[..., lo:hi, ...] = part``,
+recorded like any assignment: between different row layouts that is one aggregated redistribution with at
+most one message per peer (:mod:`.operations.redistribution`), rows already in place are copied locally.
+``stack`` inserts the new axis as a view (``expand_dims``) of each operand first. Operands may mix
+distributed arrays, NumPy arrays and scalars (as NumPy: at least one must be a DistArray for these
+functions to be called). Nothing runs before the next force point. Call SPMD with the same arguments.
+``out=`` and ``casting=`` other than ``'same_kind'`` go through the NumPy fallback.
+"""
+from __future__ import annotations
+
+from typing import Any, List, Sequence
+
+import numpy as np
+from numpy.lib.array_utils import normalize_axis_index
+
+from . import fallback
+from .array import _FUNCTIONS, DistArray
+from .exchange import result_dist
+
+__all__ = ["concatenate", "concat", "stack", "hstack", "vstack", "dstack", "column_stack"]
+
+
+def _first(arrays: Sequence[Any]) -> DistArray:
+    return next(x for x in arrays if isinstance(x, DistArray))
+
+
+def _ndim(x: Any) -> int:
+    return x.ndim if isinstance(x, DistArray) else np.ndim(x)
+
+
+def _shape(x: Any) -> tuple:
+    return x.shape if isinstance(x, DistArray) else np.shape(x)
+
+
+def _atleast(x: Any, nd: int) -> Any:
+    """``x`` with leading (1-D to 2-D) or NumPy's (to 3-D) length-1 axes, as a view for a DistArray. Local."""
+    if not isinstance(x, DistArray):
+        return {1: np.atleast_1d, 2: np.atleast_2d, 3: np.atleast_3d}[nd](x)
+    if x.ndim >= nd:
+        return x
+    if nd == 3:
+        return x[None, :, None] if x.ndim == 1 else (x[:, :, None] if x.ndim == 2 else x[None, None, None])
+    return x[(None,) * (nd - x.ndim) + (slice(None),) * x.ndim]
+
+
+def _join(arrays: List[Any], axis: int, dtype: Any, name: str) -> DistArray:
+    """The copies into a new array (see the module doc); ``arrays`` have equal ndim. Recorded."""
+    from .creation import empty
+
+    first = _first(arrays)
+    nd = first.ndim
+    for x in arrays:
+        if _ndim(x) != nd:
+            raise ValueError(f"all the input array dimensions except for the concatenation axis must match exactly, "
+                             f"but along dimension 0, the array at index 0 has {nd} dimension(s) and another has "
+                             f"{_ndim(x)} dimension(s)")
+    axis = normalize_axis_index(axis, nd)
+    shapes = [_shape(x) for x in arrays]
+    for k, s in enumerate(shapes):
+        if tuple(s[:axis]) + tuple(s[axis + 1:]) != tuple(shapes[0][:axis]) + tuple(shapes[0][axis + 1:]):
+            raise ValueError(f"all the input array dimensions except for the concatenation axis must match exactly: "
+                             f"the array at index 0 has shape {tuple(shapes[0])}, the array at index {k} {tuple(s)} "
+                             f"({name}, axis {axis})")
+    dt = np.dtype(dtype) if dtype is not None else np.result_type(
+        *[x.dtype if isinstance(x, DistArray) else np.asarray(x).dtype for x in arrays])
+    total = sum(int(s[axis]) for s in shapes)
+    shape = tuple(shapes[0][:axis]) + (total,) + tuple(shapes[0][axis + 1:])
+    out = empty(shape, dtype=dt, dist=result_dist(first, shape[0]), comm=first.comm)
+    lo = 0
+    pre = (slice(None),) * axis
+    for x, s in zip(arrays, shapes):
+        n = int(s[axis])
+        if n:
+            out[pre + (slice(lo, lo + n),)] = x
+        lo += n
+    return out
+
+
+def _native(arrays: Any, kwargs: dict) -> bool:
+    arrays = list(arrays) if not isinstance(arrays, DistArray) else None
+    return (arrays is not None and len(arrays) > 0 and any(isinstance(x, DistArray) for x in arrays)
+            and kwargs.get("out") is None and kwargs.get("casting", "same_kind") == "same_kind"
+            and all(_ndim(x) > 0 for x in arrays))
+
+
+def concatenate(arrays: Any, axis: Any = 0, out: Any = None, dtype: Any = None, casting: str = "same_kind") -> Any:
+    """``numpy.concatenate``: the operands joined along ``axis`` (None: flattened first). Recorded."""
+    kw = dict(out=out, dtype=dtype, casting=casting)
+    if not _native(arrays, kw):
+        return fallback.call(np.concatenate, (arrays,), dict(axis=axis, **kw), "concatenate")
+    fallback.note_native("concatenate")
+    arrays = list(arrays)
+    if axis is None:
+        from .numpy_reshaping import ravel
+        arrays, axis = [ravel(x) if isinstance(x, DistArray) else np.ravel(x) for x in arrays], 0
+    return _join(arrays, axis, dtype, "concatenate")
+
+
+concat = concatenate
+
+
+def stack(arrays: Any, axis: int = 0, out: Any = None, dtype: Any = None, casting: str = "same_kind") -> Any:
+    """``numpy.stack``: the operands (of one shape) joined along a new ``axis``. Recorded."""
+    kw = dict(out=out, dtype=dtype, casting=casting)
+    if not _native(arrays, kw):
+        return fallback.call(np.stack, (arrays,), dict(axis=axis, **kw), "stack")
+    fallback.note_native("stack")
+    arrays = list(arrays)
+    shapes = {tuple(_shape(x)) for x in arrays}
+    if len(shapes) != 1:
+        raise ValueError("all input arrays must have the same shape")
+    nd = _ndim(arrays[0]) + 1
+    ax = normalize_axis_index(axis, nd)
+    key = (slice(None),) * ax + (None,)
+    return _join([x[key] if isinstance(x, DistArray) else np.expand_dims(x, ax) for x in arrays], ax, dtype,
+                 "stack")
+
+
+def _stack_family(name: str, nd: int, axis_of) -> Any:
+    npf = getattr(np, name)
+
+    def f(tup: Any, dtype: Any = None, casting: str = "same_kind") -> Any:
+        kw = dict(dtype=dtype, casting=casting)
+        if not _native(tup, kw):
+            return fallback.call(npf, (tup,), kw, name)
+        fallback.note_native(name)
+        arrays = [_atleast(x, nd) for x in tup]
+        return _join(arrays, axis_of(arrays), dtype, name)
+
+    f.__name__ = f.__qualname__ = name
+    f.__doc__ = f"``numpy.{name}``: {npf.__doc__.strip().splitlines()[0].rstrip('.')}. Recorded."
+    return f
+
+
+hstack = _stack_family("hstack", 1, lambda arrays: 0 if _ndim(arrays[0]) == 1 else 1)
+vstack = _stack_family("vstack", 2, lambda arrays: 0)
+dstack = _stack_family("dstack", 3, lambda arrays: 2)
+
+
+def column_stack(tup: Any) -> Any:
+    """``numpy.column_stack``: 1-D operands as columns of a 2-D array, others joined along axis 1. Recorded."""
+    if not _native(tup, {}):
+        return fallback.call(np.column_stack, (tup,), {}, "column_stack")
+    fallback.note_native("column_stack")
+    arrays = [(x[:, None] if isinstance(x, DistArray) else np.asarray(x)[:, None]) if _ndim(x) == 1 else x
+              for x in tup]
+    return _join(arrays, 1, None, "column_stack")
+
+
+_FUNCTIONS.update({np.concatenate: concatenate, np.stack: stack, np.hstack: hstack, np.vstack: vstack,
+                   np.dstack: dstack, np.column_stack: column_stack})
+if hasattr(np, "concat"):
+    _FUNCTIONS[np.concat] = concatenate

@@ -1,0 +1,232 @@
+"""NumPy's functions that move elements across the distributed axis, natively on distributed arrays:
+``reshape``/``ravel``/``a.flatten()`` (C order), ``repeat``, ``tile``, ``nonzero``/``flatnonzero``/
+``argwhere``, and the axis permutations the recorded transpose does not cover (``transpose`` with axes or of
+N-d arrays, ``swapaxes``, ``moveaxis``; ``flip`` of axis 0).
+
+Each is one exchange by global flat index (:func:`~.exchange.from_elements`): every rank computes, for its
+own elements, where they land in the result, and sends each to the rank owning that row; nothing is gathered
+to one rank. ``nonzero`` takes each rank's local nonzeros, numbers them by an exclusive scan of the counts and
+puts them in C order (by the sample sort of :mod:`.numpy_sorting` unless the rows are block-distributed in
+increasing order, when the scan already is that order). Results take the input's layout (block for a
+replicated input). Collective over the array's communicator and blocking (a force point); call SPMD with
+the same arguments. Orders other than C, and repeats given as a distributed array, go through the NumPy
+fallback.
+"""
+from __future__ import annotations
+
+import operator
+from typing import Any, Tuple
+
+import numpy as np
+from numpy.lib.array_utils import normalize_axis_index
+
+from . import fallback
+from .array import _FUNCTIONS, _METHODS, DistArray
+from .exchange import allgather_int, from_elements, from_local_part, local_part, result_dist
+
+__all__ = ["reshape", "ravel", "repeat", "tile", "nonzero", "flatnonzero", "argwhere", "permute", "flip_rows",
+           "moveaxis"]
+
+
+def _new_shape(size: int, shape: Any) -> Tuple[int, ...]:
+    """``shape`` with its one ``-1`` resolved for ``size`` elements; ValueError as NumPy's. Local."""
+    shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(operator.index(s) for s in shape)
+    unknown = [k for k, s in enumerate(shape) if s == -1]
+    known = int(np.prod([s for s in shape if s != -1], dtype=np.int64))
+    if len(unknown) > 1:
+        raise ValueError("can only specify one unknown dimension")
+    if unknown and known and size % known == 0:
+        shape = shape[:unknown[0]] + (size // known,) + shape[unknown[0] + 1:]
+    if any(s < 0 for s in shape) or int(np.prod(shape, dtype=np.int64)) != size:
+        raise ValueError(f"cannot reshape array of size {size} into shape {shape}")
+    return shape
+
+
+def _flat_of(rows: np.ndarray, inner: int) -> np.ndarray:
+    """Global flat indices of whole rows ``rows`` of ``inner`` elements each, C order. Local."""
+    return (rows[:, None] * inner + np.arange(inner, dtype=np.int64)[None, :]).reshape(-1)
+
+
+def reshape(a: Any, shape: Any = None, order: str = "C", **kwargs: Any) -> Any:
+    """``numpy.reshape`` in C order: a new array of ``shape`` with ``a``'s elements in flat order, in ``a``'s
+    layout (elements sent by global flat index). Collective, blocking. A copy, never a view."""
+    shape = kwargs.pop("newshape", shape)
+    if not isinstance(a, DistArray):
+        return np.reshape(a, shape, order=order)
+    new = _new_shape(a.size, shape)
+    if order != "C" or kwargs or not new or a.ndim == 0:
+        return fallback.call(np.reshape, (a, shape), dict(order=order, **kwargs), "reshape")
+    fallback.note_native("reshape")
+    if new == a.shape:
+        return a
+    rows, data = local_part(a)
+    inner = int(np.prod(a.shape[1:], dtype=np.int64))
+    return from_elements(a.context, new, a.dtype, _flat_of(rows, inner), data, result_dist(a, new[0]), "reshape")
+
+
+def ravel(a: Any, order: str = "C") -> Any:
+    """``numpy.ravel`` in C order: the 1-D array of ``a``'s elements (a copy). Collective, blocking."""
+    if not isinstance(a, DistArray):
+        return np.ravel(a, order=order)
+    if a.ndim == 1 and order == "C":
+        fallback.note_native("ravel")
+        return a
+    return reshape(a, (a.size,), order=order)
+
+
+def _flatten(a: DistArray, order: str = "C") -> DistArray:
+    """``a.flatten()``: a 1-D copy (collective, blocking)."""
+    out = ravel(a, order)
+    return out.copy() if out is a else out
+
+
+def repeat(a: Any, repeats: Any, axis: Any = None) -> Any:
+    """``numpy.repeat``: each element (``axis=None``: of the flattened array) or each slice along ``axis``
+    repeated ``repeats`` times (an int, or one count per slice). Collective, blocking."""
+    if not isinstance(a, DistArray) or isinstance(repeats, DistArray) or a.ndim == 0:
+        return fallback.call(np.repeat, (a, repeats), dict(axis=axis), "repeat")
+    fallback.note_native("repeat")
+    if axis is None:
+        a, axis = ravel(a), 0
+    axis = normalize_axis_index(axis, a.ndim)
+    n = a.shape[axis]
+    reps = np.broadcast_to(np.asarray(repeats, dtype=np.int64), (n,))
+    if np.any(reps < 0):
+        raise ValueError("repeats may not contain negative values.")
+    shape = a.shape[:axis] + (int(reps.sum()),) + a.shape[axis + 1:]
+    rows, data = local_part(a)
+    if axis == 0:
+        starts = np.concatenate(([0], np.cumsum(reps)[:-1])).astype(np.int64)
+        r = reps[rows]
+        out_rows = np.repeat(starts[rows], r) + (np.arange(int(r.sum()), dtype=np.int64)
+                                                 - np.repeat(np.cumsum(r) - r, r))
+        data = np.repeat(data, r, axis=0)
+    else:
+        data = np.repeat(data, reps, axis=axis)
+        out_rows = rows
+    inner = int(np.prod(shape[1:], dtype=np.int64))
+    return from_elements(a.context, shape, a.dtype, _flat_of(out_rows, inner), data, result_dist(a, shape[0]),
+                         "repeat")
+
+
+def tile(a: Any, reps: Any) -> Any:
+    """``numpy.tile``: ``a`` repeated ``reps`` times along each axis (leading axes added as NumPy does).
+    Collective, blocking."""
+    if not isinstance(a, DistArray) or a.ndim == 0:
+        return np.tile(a, reps) if not isinstance(a, DistArray) else fallback.call(np.tile, (a, reps), {}, "tile")
+    reps = (operator.index(reps),) if not isinstance(reps, (tuple, list)) else tuple(operator.index(r) for r in reps)
+    if any(r < 0 for r in reps):
+        return fallback.call(np.tile, (a, reps), {}, "tile")
+    fallback.note_native("tile")
+    if len(reps) > a.ndim:
+        a = reshape(a, (1,) * (len(reps) - a.ndim) + a.shape)
+    reps = (1,) * (a.ndim - len(reps)) + reps
+    shape = tuple(s * r for s, r in zip(a.shape, reps))
+    rows, data = local_part(a)
+    data = np.tile(data, (1,) + reps[1:])
+    n0 = a.shape[0]
+    out_rows = (rows[None, :] + n0 * np.arange(reps[0], dtype=np.int64)[:, None]).reshape(-1)
+    data = np.tile(data, (reps[0],) + (1,) * (a.ndim - 1))
+    inner = int(np.prod(shape[1:], dtype=np.int64))
+    return from_elements(a.context, shape, a.dtype, _flat_of(out_rows, inner), data, result_dist(a, shape[0]),
+                         "tile")
+
+
+def permute(a: DistArray, axes: Tuple[int, ...]) -> DistArray:
+    """``numpy.transpose(a, axes)`` as a new array (not a view): every element sent to its place in the
+    permuted shape, in ``a``'s layout. For what the recorded transpose (2-D arrays distributed by rows) does not
+    cover: N-d arrays, explicit axes, views that move the distributed axis. Collective, blocking."""
+    axes = tuple(normalize_axis_index(k, a.ndim) for k in axes)
+    if sorted(axes) != list(range(a.ndim)):
+        raise ValueError("axes don't match array")
+    shape = tuple(a.shape[k] for k in axes)
+    rows, data = local_part(a)
+    idx = np.indices(data.shape, dtype=np.int64)
+    idx[0] = rows[idx[0]] if len(rows) else idx[0]
+    flat = np.ravel_multi_index(tuple(idx[k].reshape(-1) for k in axes), shape) if data.size else \
+        np.zeros(0, dtype=np.int64)
+    return from_elements(a.context, shape, a.dtype, flat, data, result_dist(a, shape[0] if shape else 0), "transpose")
+
+
+def flip_rows(a: DistArray) -> DistArray:
+    """``numpy.flip(a, 0)`` as a new array: row ``i`` sent to row ``n - 1 - i``, in ``a``'s layout. Collective,
+    blocking."""
+    rows, data = local_part(a)
+    inner = int(np.prod(a.shape[1:], dtype=np.int64))
+    return from_elements(a.context, a.shape, a.dtype, _flat_of(a.shape[0] - 1 - rows, inner), data,
+                         result_dist(a, a.shape[0]), "flip")
+
+
+def moveaxis(a: Any, source: Any, destination: Any) -> Any:
+    """``numpy.moveaxis``: ``a`` with axes ``source`` moved to ``destination`` (a new array by
+    :func:`permute`; ``a`` itself if nothing moves). Collective, blocking."""
+    if not isinstance(a, DistArray) or a.ndim == 0:
+        return np.moveaxis(a, source, destination) if not isinstance(a, DistArray) else a
+    fallback.note_native("moveaxis")
+    src = [normalize_axis_index(k, a.ndim) for k in np.atleast_1d(source)]
+    dst = [normalize_axis_index(k, a.ndim) for k in np.atleast_1d(destination)]
+    if len(src) != len(dst):
+        raise ValueError("`source` and `destination` arguments must have the same number of elements")
+    order = [k for k in range(a.ndim) if k not in src]
+    for d, s in sorted(zip(dst, src)):
+        order.insert(d, s)
+    return a if order == list(range(a.ndim)) else permute(a, tuple(order))
+
+
+def _nonzero_flat(a: DistArray) -> DistArray:
+    """The 1-D int64 array of the C-order flat indices of ``a``'s nonzeros, in increasing order. Collective."""
+    from .numpy_sorting import sort
+
+    ctx = a.context
+    rows, data = local_part(a)
+    inner = int(np.prod(a.shape[1:], dtype=np.int64))
+    flat = _flat_of(rows, inner)[np.flatnonzero(data.reshape(-1))]
+    counts = allgather_int(ctx, len(flat), "nonzero")
+    start = int(counts[:ctx.rank].sum())
+    total = int(counts.sum())
+    out = from_elements(ctx, (total,), np.int64, start + np.arange(len(flat), dtype=np.int64), flat,
+                        result_dist(a, total), "nonzero")
+    d, v = a.dist, a._view
+    ordered = d.kind == "block" and v.row_kept and not v.lead_new() and v.row_params[1] > 0
+    return out if ordered or total == 0 else sort(out)
+
+
+def nonzero(a: Any) -> Any:
+    """``numpy.nonzero``: one 1-D int64 array per axis of ``a`` with the indices of its nonzero elements, in C
+    order; each distributed like the others. Collective, blocking."""
+    if not isinstance(a, DistArray) or a.ndim == 0:
+        return np.nonzero(a) if not isinstance(a, DistArray) else fallback.call(np.nonzero, (a,), {}, "nonzero")
+    fallback.note_native("nonzero")
+    f = _nonzero_flat(a)
+    if a.ndim == 1:
+        return (f,)
+    _, local = local_part(f)
+    coords = np.unravel_index(local, a.shape) if len(local) else [local] * a.ndim
+    return tuple(from_local_part(f.context, f.shape, f.dist, np.asarray(c, dtype=np.int64)) for c in coords)
+
+
+def flatnonzero(a: Any) -> Any:
+    """``numpy.flatnonzero``: the flat indices of ``a``'s nonzeros (1-D int64). Collective, blocking."""
+    if not isinstance(a, DistArray) or a.ndim == 0:
+        return np.flatnonzero(a) if not isinstance(a, DistArray) else fallback.call(np.flatnonzero, (a,), {},
+                                                                                     "flatnonzero")
+    fallback.note_native("flatnonzero")
+    return _nonzero_flat(a)
+
+
+def argwhere(a: Any) -> Any:
+    """``numpy.argwhere``: the ``(nnz, a.ndim)`` int64 array of the indices of ``a``'s nonzeros, in C order.
+    Collective, blocking."""
+    if not isinstance(a, DistArray) or a.ndim == 0:
+        return np.argwhere(a) if not isinstance(a, DistArray) else fallback.call(np.argwhere, (a,), {}, "argwhere")
+    fallback.note_native("argwhere")
+    f = _nonzero_flat(a)
+    _, local = local_part(f)
+    coords = np.stack(np.unravel_index(local, a.shape), axis=1) if len(local) else np.empty((0, a.ndim), np.int64)
+    return from_local_part(f.context, (f.shape[0], a.ndim), f.dist, coords.astype(np.int64))
+
+
+_FUNCTIONS.update({np.reshape: reshape, np.ravel: ravel, np.repeat: repeat, np.tile: tile, np.nonzero: nonzero,
+                   np.flatnonzero: flatnonzero, np.argwhere: argwhere, np.moveaxis: moveaxis})
+_METHODS.update(_permute=permute, _flip_rows=flip_rows)          # for DistArray.transpose (array.py cannot import this module)
+_METHODS.update(reshape=reshape, ravel=ravel, flatten=_flatten, repeat=repeat, nonzero=nonzero)
