@@ -59,6 +59,44 @@ def _keys(cols: List[np.ndarray]) -> np.ndarray:
     return stacked.view(np.dtype((np.void, 8 * len(cols)))).ravel()
 
 
+#: The entry of a clock bound matrix (:func:`clock_shifts`) between two ranks no message joins.
+NO_BOUND = np.iinfo(np.int64).max
+
+
+def clock_shifts(bound: np.ndarray, clock_error_ns: np.ndarray) -> np.ndarray:
+    """Per-rank clock shifts (ns, int64, rank 0's is 0) within ``clock_error_ns`` meeting ``bound``.
+
+    ``bound`` is the ``(n, n)`` int64 matrix of, per (sender rank a, receiver rank b), the least
+    ``recv t_end - send t_start`` over their matched messages (:data:`NO_BOUND` where none): shifts
+    ``c`` added to each rank's times keep every such receive from ending before its send starts when
+    ``c[a] - c[b] <= bound[a, b]``. Starting from 0 the pairs are relaxed one by one (the sender's
+    clock moved back first, then the receiver's forward), each shift clamped to ``+-clock_error_ns``
+    of its rank (rank 0 stays put; errors missing for some rank: no shift at all), so times that already
+    satisfy every bound stay put; a bound still unmet is left so (the caller counts its messages).
+    Used by :class:`Trace` and the chunked index build alike; pure, cheap (``O(n^3)`` at most)."""
+    n = len(bound)
+    err = np.abs(np.asarray(clock_error_ns)[:n]).astype(np.int64) if len(clock_error_ns) >= n \
+        else np.zeros(n, np.int64)
+    if n:
+        err[0] = 0
+    c = np.zeros(n, np.int64)
+    pairs = list(zip(*np.nonzero(bound < NO_BOUND)))
+    for _ in range(2 * n):
+        changed = False
+        for a, b in pairs:
+            excess = int(c[a] - c[b] - bound[a, b])
+            if excess <= 0:
+                continue
+            down = min(excess, int(c[a] + err[a]))   # move the sender's clock back first
+            c[a] -= down
+            up = min(excess - down, int(err[b] - c[b]))   # then the receiver's forward
+            c[b] += max(up, 0)
+            changed = changed or down > 0 or up > 0
+        if not changed:
+            break
+    return c
+
+
 class Trace:
     """Events of all ranks on rank 0's clock (ns). Built by ``Tracer.gather``.
 
@@ -177,26 +215,9 @@ class Trace:
             return
         n = self.nranks
         slack = self.col("t_end")[r_idx[cross]] - self.col("t_start")[s_idx[cross]]
-        bound = np.full((n, n), np.iinfo(np.int64).max, dtype=np.int64)   # bound[a, b] >= c_a - c_b
+        bound = np.full((n, n), NO_BOUND, dtype=np.int64)   # bound[a, b] >= c_a - c_b
         np.minimum.at(bound, (ranks_s[cross], ranks_r[cross]), slack)
-        err = np.abs(self.clock_error_ns[:n]).astype(np.int64) if len(self.clock_error_ns) >= n \
-            else np.zeros(n, np.int64)
-        err[0] = 0
-        c = np.zeros(n, np.int64)
-        pairs = list(zip(*np.nonzero(bound < np.iinfo(np.int64).max)))
-        for _ in range(2 * n):
-            changed = False
-            for a, b in pairs:
-                excess = int(c[a] - c[b] - bound[a, b])
-                if excess <= 0:
-                    continue
-                down = min(excess, int(c[a] + err[a]))   # move the sender's clock back first
-                c[a] -= down
-                up = min(excess - down, int(err[b] - c[b]))   # then the receiver's forward
-                c[b] += max(up, 0)
-                changed = changed or down > 0 or up > 0
-            if not changed:
-                break
+        c = clock_shifts(bound, self.clock_error_ns)
         if c.any():
             shift = c[self.ranks]
             self.events[:, _T_START] += shift
