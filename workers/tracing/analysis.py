@@ -72,7 +72,10 @@ def clock_shifts(bound: np.ndarray, clock_error_ns: np.ndarray) -> np.ndarray:
     ``c[a] - c[b] <= bound[a, b]``. Starting from 0 the pairs are relaxed one by one (the sender's
     clock moved back first, then the receiver's forward), each shift clamped to ``+-clock_error_ns``
     of its rank (rank 0 stays put; errors missing for some rank: no shift at all), so times that already
-    satisfy every bound stay put; a bound still unmet is left so (the caller counts its messages).
+    satisfy every bound stay put. When that greedy pass leaves a bound unmet although shifts within the
+    errors meeting every bound exist (it moved a sender back where the receiver had to move forward),
+    the feasible shifts nearest to 0 of the two extreme ones (:func:`_extreme_shifts`) are taken; when
+    none exist, the greedy shifts stay and the caller counts the messages still violated.
     Used by :class:`Trace` and the chunked index build alike; pure, cheap (``O(n^3)`` at most)."""
     n = len(bound)
     err = np.abs(np.asarray(clock_error_ns)[:n]).astype(np.int64) if len(clock_error_ns) >= n \
@@ -94,7 +97,28 @@ def clock_shifts(bound: np.ndarray, clock_error_ns: np.ndarray) -> np.ndarray:
             changed = changed or down > 0 or up > 0
         if not changed:
             break
-    return c
+    finite = bound < NO_BOUND
+    if not (c[:, None] - c[None, :] > np.where(finite, bound, 0))[finite].any():
+        return c
+    exact = [x for x in (_extreme_shifts(bound, err, True), _extreme_shifts(bound, err, False)) if x is not None]
+    return min(exact, key=lambda x: int(np.abs(x).sum())) if exact else c
+
+
+def _extreme_shifts(bound: np.ndarray, err: np.ndarray, greatest: bool) -> Optional[np.ndarray]:
+    """The greatest (or least) shifts ``c``, ``|c| <= err``, with ``c[a] - c[b] <= bound[a, b]`` for
+    every pair (Bellman-Ford on the difference constraints); None when there are none."""
+    n = len(bound)
+    w = np.minimum(bound, 1 << 62)                  # no overflow adding a shift to "no bound"
+    c = err.copy() if greatest else -err
+    for _ in range(n + 1):
+        if greatest:                                # c[a] <= c[b] + bound[a, b]
+            new = np.minimum(c, (c[None, :] + w).min(axis=1))
+        else:                                       # c[b] >= c[a] - bound[a, b]
+            new = np.maximum(c, (c[:, None] - w).max(axis=0))
+        if np.array_equal(new, c):
+            return c if ((c >= -err) & (c <= err)).all() else None
+        c = new
+    return None
 
 
 class Trace:
