@@ -59,6 +59,68 @@ def _keys(cols: List[np.ndarray]) -> np.ndarray:
     return stacked.view(np.dtype((np.void, 8 * len(cols)))).ravel()
 
 
+#: The entry of a clock bound matrix (:func:`clock_shifts`) between two ranks no message joins.
+NO_BOUND = np.iinfo(np.int64).max
+
+
+def clock_shifts(bound: np.ndarray, clock_error_ns: np.ndarray) -> np.ndarray:
+    """Per-rank clock shifts (ns, int64, rank 0's is 0) within ``clock_error_ns`` meeting ``bound``.
+
+    ``bound`` is the ``(n, n)`` int64 matrix of, per (sender rank a, receiver rank b), the least
+    ``recv t_end - send t_start`` over their matched messages (:data:`NO_BOUND` where none): shifts
+    ``c`` added to each rank's times keep every such receive from ending before its send starts when
+    ``c[a] - c[b] <= bound[a, b]``. Starting from 0 the pairs are relaxed one by one (the sender's
+    clock moved back first, then the receiver's forward), each shift clamped to ``+-clock_error_ns``
+    of its rank (rank 0 stays put; errors missing for some rank: no shift at all), so times that already
+    satisfy every bound stay put. When that greedy pass leaves a bound unmet although shifts within the
+    errors meeting every bound exist (it moved a sender back where the receiver had to move forward),
+    the feasible shifts nearest to 0 of the two extreme ones (:func:`_extreme_shifts`) are taken; when
+    none exist, the greedy shifts stay and the caller counts the messages still violated.
+    Used by :class:`Trace` and the chunked index build alike; pure, cheap (``O(n^3)`` at most)."""
+    n = len(bound)
+    err = np.abs(np.asarray(clock_error_ns)[:n]).astype(np.int64) if len(clock_error_ns) >= n \
+        else np.zeros(n, np.int64)
+    if n:
+        err[0] = 0
+    c = np.zeros(n, np.int64)
+    pairs = list(zip(*np.nonzero(bound < NO_BOUND)))
+    for _ in range(2 * n):
+        changed = False
+        for a, b in pairs:
+            excess = int(c[a] - c[b] - bound[a, b])
+            if excess <= 0:
+                continue
+            down = min(excess, int(c[a] + err[a]))   # move the sender's clock back first
+            c[a] -= down
+            up = min(excess - down, int(err[b] - c[b]))   # then the receiver's forward
+            c[b] += max(up, 0)
+            changed = changed or down > 0 or up > 0
+        if not changed:
+            break
+    finite = bound < NO_BOUND
+    if not (c[:, None] - c[None, :] > np.where(finite, bound, 0))[finite].any():
+        return c
+    exact = [x for x in (_extreme_shifts(bound, err, True), _extreme_shifts(bound, err, False)) if x is not None]
+    return min(exact, key=lambda x: int(np.abs(x).sum())) if exact else c
+
+
+def _extreme_shifts(bound: np.ndarray, err: np.ndarray, greatest: bool) -> Optional[np.ndarray]:
+    """The greatest (or least) shifts ``c``, ``|c| <= err``, with ``c[a] - c[b] <= bound[a, b]`` for
+    every pair (Bellman-Ford on the difference constraints); None when there are none."""
+    n = len(bound)
+    w = np.minimum(bound, 1 << 62)                  # no overflow adding a shift to "no bound"
+    c = err.copy() if greatest else -err
+    for _ in range(n + 1):
+        if greatest:                                # c[a] <= c[b] + bound[a, b]
+            new = np.minimum(c, (c[None, :] + w).min(axis=1))
+        else:                                       # c[b] >= c[a] - bound[a, b]
+            new = np.maximum(c, (c[:, None] - w).max(axis=0))
+        if np.array_equal(new, c):
+            return c if ((c >= -err) & (c <= err)).all() else None
+        c = new
+    return None
+
+
 class Trace:
     """Events of all ranks on rank 0's clock (ns). Built by ``Tracer.gather``.
 
@@ -177,26 +239,9 @@ class Trace:
             return
         n = self.nranks
         slack = self.col("t_end")[r_idx[cross]] - self.col("t_start")[s_idx[cross]]
-        bound = np.full((n, n), np.iinfo(np.int64).max, dtype=np.int64)   # bound[a, b] >= c_a - c_b
+        bound = np.full((n, n), NO_BOUND, dtype=np.int64)   # bound[a, b] >= c_a - c_b
         np.minimum.at(bound, (ranks_s[cross], ranks_r[cross]), slack)
-        err = np.abs(self.clock_error_ns[:n]).astype(np.int64) if len(self.clock_error_ns) >= n \
-            else np.zeros(n, np.int64)
-        err[0] = 0
-        c = np.zeros(n, np.int64)
-        pairs = list(zip(*np.nonzero(bound < np.iinfo(np.int64).max)))
-        for _ in range(2 * n):
-            changed = False
-            for a, b in pairs:
-                excess = int(c[a] - c[b] - bound[a, b])
-                if excess <= 0:
-                    continue
-                down = min(excess, int(c[a] + err[a]))   # move the sender's clock back first
-                c[a] -= down
-                up = min(excess - down, int(err[b] - c[b]))   # then the receiver's forward
-                c[b] += max(up, 0)
-                changed = changed or down > 0 or up > 0
-            if not changed:
-                break
+        c = clock_shifts(bound, self.clock_error_ns)
         if c.any():
             shift = c[self.ranks]
             self.events[:, _T_START] += shift

@@ -8,8 +8,11 @@ memory bounded whatever the trace's size (:mod:`.index_build`: a few chunks of r
 
 * ``meta.json``: ``{"format", "state": "ok" | "unreadable", "reason", "nranks", "kinds", "events",
   "segments", "lane_off", "duration_s", "origin_ns", "version", "waits", "analysis", "arrows",
-  "arrow_span_s", "done", "hosts"}`` (``hosts[r]``: rank r's hostname, for the lane names); written
-  last (a directory without it is not an index);
+  "arrow_span_s", "done", "dropped", "clock_error_ns", "clock_shift_ns", "clock_violations", "hosts"}``
+  (``hosts[r]``: rank r's hostname, for the lane names; ``clock_shift_ns[r]``: what the clock repair of
+  :class:`~.analysis.Trace` added to rank r's times, which every file holds shifted; ``clock_violations``:
+  messages whose receive still ends before its send starts); written last (a directory without it is
+  not an index);
 * per segment of the timeline (lane by lane, in time order; what
   :func:`~nbmpi.workers.tracing.timeline.timeline_columns` makes): ``seg.npy``, records
   (:data:`~.index_build.SEG`) of ``start`` / ``end`` (s from the job's start), ``state``, ``event``

@@ -10,9 +10,14 @@ collective steps, each rank's calls in time order, arrows by time) sort on disk
 1. the ranks' event files, checked block by block, copied into one file (``ev``); calls recorded
    with ``seq == -1`` listed by ``(chan, rank, peer, tag, dir, t_start)``: their number in that order;
 2. the numbers applied; sends and receives listed by ``(chan, src, dst, tag, seq)``: the first send
-   and the first receive of each key are a pair (wait of a late sender / receiver); collective
-   steps with unknown wait listed by ``(chan, seq, kind)``: wait for the last arrival;
-3. the waits applied (unknown ones 0), ``events.npy`` / ``ranks.npy`` written, the analysis added up;
+   and the first receive of each key are a pair, and per (sender, receiver) rank the least
+   ``recv t_end - send t_start`` is kept (an ``nranks x nranks`` matrix); from it the clock shift of
+   each rank (:func:`~.analysis.clock_shifts`, the repair of the joined
+   :class:`~.analysis.Trace`: within each rank's clock error, no receive ending before its send
+   starts); on the shifted clocks, the pairs' waits (late sender / receiver) and those of the
+   collective steps with unknown wait, listed by ``(chan, seq, kind)`` (wait for the last arrival);
+3. the waits and shifts applied (unknown waits 0), ``events.npy`` / ``ranks.npy`` written, the
+   analysis added up;
 4. each rank's calls in time order: its state segments, open wait and compute filling, written lane
    by lane with their running maximum and time per state;
 5. the arrows, from each send's transfer start to its receive's end, sorted by start.
@@ -29,7 +34,7 @@ from typing import Any, Dict, Iterator, List, Tuple
 import numpy as np
 
 from . import timeline
-from .analysis import STATE_NAMES
+from .analysis import NO_BOUND, STATE_NAMES, clock_shifts
 from .external_sort import RecordFile, group_blocks, sort_records
 from .npy_column import NpyAppender, NpyColumn
 from .records import DIR_NONE, DIR_RECV, DIR_SEND, FIELDS, NF
@@ -48,7 +53,9 @@ _UPD = np.dtype([("idx", _I8), ("val", _I8)])
 _MATCH = np.dtype([(f, "<u8") for f in ("chan", "src", "dst", "tag", "seq")]
                   + [(f, _I8) for f in ("side", "idx", "t_start", "t_end", "wait")])
 _COLL = np.dtype([(f, _I8) for f in ("chan", "seq", "kind", "idx", "t_start", "t_end")])
-_PAIR = np.dtype([("k", _I8), ("sp", _I8), ("rp", _I8)])
+#: A matched pair: its number ``k`` in key order, send and receive index, their ranks, times and recorded waits.
+_PAIR = np.dtype([(f, _I8) for f in ("k", "sp", "rp", "sr", "rr", "s_start", "s_end", "s_wait",
+                                     "r_start", "r_end", "r_wait")])
 _CALL = np.dtype([(f, _I8) for f in ("rank", "t_start", "idx", "t_end", "wait")])
 _COMM = np.dtype([("event", _I8), ("s", "<f8"), ("e", "<f8")])
 #: One segment of a lane (``seg.npy``): what a view reads of it, in one piece.
@@ -181,12 +188,15 @@ def _apply_numbers(ev: RecordFile, nums: RecordFile, off: np.ndarray, work: Path
     return ev2, match, coll
 
 
-def _pairs(match: RecordFile, waits: RecordFile, work: Path, chunk: int) -> RecordFile:
-    """The first send and first receive of each key as ``(k, send, recv)`` in key order; the waits
-    of late senders and receivers appended to ``waits``."""
+def _pairs(match: RecordFile, off: np.ndarray, work: Path, chunk: int) -> Tuple[RecordFile, np.ndarray]:
+    """The first send and first receive of each key as :data:`_PAIR` records in key order, and the clock
+    bound matrix of :func:`~.analysis.clock_shifts` (per sender and receiver rank, the least
+    ``recv t_end - send t_start`` of their messages, times as recorded)."""
     key = ("chan", "src", "dst", "tag", "seq")
     srt = sort_records(match, key + ("side", "idx"), chunk)
     pairs = RecordFile(work / "pairs", _PAIR)
+    nranks = len(off) - 1
+    bound = np.full((nranks, nranks), NO_BOUND, np.int64)
     held = np.empty(0, _MATCH)          # the first send of the last group seen, with its group id
     held_gid = np.empty(0, np.int64)
     last_side, last_gid = -1, -1
@@ -203,29 +213,49 @@ def _pairs(match: RecordFile, waits: RecordFile, work: Path, chunk: int) -> Reco
         s, r = s_rows[j[ok]], r_rows[ok]
         p = np.empty(len(s), _PAIR)
         p["k"], p["sp"], p["rp"] = len(pairs) + np.arange(len(s)), s["idx"], r["idx"]
+        p["sr"] = np.searchsorted(off, s["idx"], "right") - 1
+        p["rr"] = np.searchsorted(off, r["idx"], "right") - 1
+        p["s_start"], p["s_end"], p["s_wait"] = s["t_start"], s["t_end"], s["wait"]
+        p["r_start"], p["r_end"], p["r_wait"] = r["t_start"], r["t_end"], r["wait"]
         pairs.add(p)
-        late_sender = np.clip(s["t_start"] - r["t_start"], 0, r["t_end"] - r["t_start"])
-        late_receiver = np.clip(r["t_start"] - s["t_start"], 0, s["t_end"] - s["t_start"])
-        for rows, val in ((r, late_sender), (s, late_receiver)):
-            unknown = rows["wait"] < 0
-            u = np.empty(int(unknown.sum()), _UPD)
-            u["idx"], u["val"] = rows["idx"][unknown], val[unknown]
-            waits.add(u)
+        cross = p["sr"] != p["rr"]
+        np.minimum.at(bound, (p["sr"][cross], p["rr"][cross]), (p["r_end"] - p["s_start"])[cross])
         held, held_gid = s_rows[-1:], s_gid[-1:]
         last_side, last_gid = int(side[-1]), int(gid[-1])
     srt.remove()
-    return pairs
+    return pairs, bound
 
 
-def _collectives(coll: RecordFile, waits: RecordFile, work: Path, chunk: int) -> None:
-    """The waits of collective steps with unknown wait (for the last arrival), appended to ``waits``."""
+def _pair_waits(pairs: RecordFile, shift: np.ndarray, waits: RecordFile, chunk: int) -> int:
+    """The waits of late senders and receivers, on the clocks shifted by ``shift`` (ns per rank),
+    appended to ``waits``; returns the clock violations (messages between two ranks whose receive
+    still ends before its send starts)."""
+    violations = 0
+    for p in pairs.blocks(chunk):
+        cs, cr = shift[p["sr"]], shift[p["rr"]]
+        s_start, r_start = p["s_start"] + cs, p["r_start"] + cr
+        violations += int(((p["sr"] != p["rr"]) & (p["r_end"] + cr < s_start)).sum())
+        late_sender = np.clip(s_start - r_start, 0, p["r_end"] - p["r_start"])
+        late_receiver = np.clip(r_start - s_start, 0, p["s_end"] - p["s_start"])
+        for at, wait, val in ((p["rp"], p["r_wait"], late_sender), (p["sp"], p["s_wait"], late_receiver)):
+            unknown = wait < 0
+            u = np.empty(int(unknown.sum()), _UPD)
+            u["idx"], u["val"] = at[unknown], val[unknown]
+            waits.add(u)
+    return violations
+
+
+def _collectives(coll: RecordFile, waits: RecordFile, off: np.ndarray, shift: np.ndarray, work: Path,
+                 chunk: int) -> None:
+    """The waits of collective steps with unknown wait (for the last arrival), on the clocks shifted
+    by ``shift`` (ns per rank; ``off``: each rank's first event index), appended to ``waits``."""
     key = ("chan", "seq", "kind")
     srt = sort_records(coll, key + ("idx",), chunk)
     last = RecordFile(work / "coll.last", np.dtype(_I8))     # latest start per group, by group id
     run, run_gid = None, -1
     for block, gid, _pos in group_blocks(srt, key, chunk):
         cut = np.concatenate([[0], np.nonzero(np.diff(gid))[0] + 1])
-        mx = np.maximum.reduceat(block["t_start"], cut)
+        mx = np.maximum.reduceat(block["t_start"] + shift[np.searchsorted(off, block["idx"], "right") - 1], cut)
         if run is not None and gid[0] == run_gid:
             mx[0] = max(mx[0], run)
         elif run is not None:
@@ -238,16 +268,20 @@ def _collectives(coll: RecordFile, waits: RecordFile, work: Path, chunk: int) ->
         mx = last.read(int(gid[0]), int(gid[-1]) + 1)[gid - gid[0]]
         u = np.empty(len(block), _UPD)
         u["idx"] = block["idx"]
-        u["val"] = np.clip(mx - block["t_start"], 0, block["t_end"] - block["t_start"])
+        start = block["t_start"] + shift[np.searchsorted(off, block["idx"], "right") - 1]
+        u["val"] = np.clip(mx - start, 0, block["t_end"] - block["t_start"])
         waits.add(u)
     srt.remove()
     last.remove()
 
 
 # -- 3. waits applied, events written, analysis added up ----------------------------------------------------
-def _apply_waits(ev: RecordFile, waits: RecordFile, off: np.ndarray, out: Path, work: Path, chunk: int):
-    """Write ``events.npy`` / ``ranks.npy`` with the waits; returns ``(calls by rank and time, per-rank
-    sums, bytes, messages, unmatched)`` for :func:`~.timeline.analysis_from_sums`."""
+def _apply_waits(ev: RecordFile, waits: RecordFile, off: np.ndarray, shift: np.ndarray, out: Path, work: Path,
+                 chunk: int):
+    """Write ``events.npy`` / ``ranks.npy`` with the waits and each rank's times shifted by ``shift``
+    (ns); returns ``(calls by rank and time, per-rank sums, bytes, messages, unmatched, (t0, t1))``
+    for :func:`~.timeline.analysis_from_sums` (``(t0, t1)`` the shifted events' span, None, None
+    without events)."""
     nranks = len(off) - 1
     events, ranks = NpyAppender(out / "events.npy"), NpyAppender(out / "ranks.npy")
     events.add(np.empty((0, NF), np.int64))                 # the dtype and shape of a trace without events
@@ -256,6 +290,7 @@ def _apply_waits(ev: RecordFile, waits: RecordFile, off: np.ndarray, out: Path, 
     sums = [[0, 0, 0, {}] for _ in range(nranks)]
     nbytes, msgs = np.zeros((nranks, nranks), np.int64), np.zeros((nranks, nranks), np.int64)
     unmatched = 0
+    t0 = t1 = None
     upd = _Updates(waits, chunk)
     for a, rows in _ev_blocks(ev, chunk):
         rows = rows.copy()
@@ -266,6 +301,11 @@ def _apply_waits(ev: RecordFile, waits: RecordFile, off: np.ndarray, out: Path, 
         rows["wait"][still] = 0
         idx = a + np.arange(len(rows), dtype=np.int64)
         rank = np.searchsorted(off, idx, "right") - 1
+        rows["t_start"] += shift[rank]
+        rows["t_end"] += shift[rank]
+        if len(rows):
+            lo, hi = int(rows["t_start"].min()), int(rows["t_end"].max())
+            t0, t1 = (lo, hi) if t0 is None else (min(t0, lo), max(t1, hi))
         events.add(rows.view(_I8).reshape(-1, NF).astype(np.int64))
         ranks.add(rank.astype(np.int64))
         c = np.empty(len(rows), _CALL)
@@ -293,7 +333,7 @@ def _apply_waits(ev: RecordFile, waits: RecordFile, off: np.ndarray, out: Path, 
     ranks.finish()
     ev.remove()
     waits.remove()
-    return calls, [tuple(s) for s in sums], nbytes, msgs, unmatched
+    return calls, [tuple(s) for s in sums], nbytes, msgs, unmatched, (t0, t1)
 
 
 # -- 4. lanes -----------------------------------------------------------------------------------------------
@@ -477,17 +517,19 @@ def write_index(trace_dir: os.PathLike, nranks: int, out: Path, chunk: int = CHU
     try:
         counts = row_counts(d, nranks)
         off = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-        ev, seq, t0, t1 = _copy_events(d, nranks, counts, work, chunk)
+        ev, seq, _t0, _t1 = _copy_events(d, nranks, counts, work, chunk)
         states = read_states(d, nranks, counts)
-        jt = states.job_trace(None, t0, t1)
         kinds = states.kinds or _kind_names()
         n = len(ev)
         ev, match, coll = _apply_numbers(ev, _numbers(seq, chunk), off, work, chunk)
         waits = RecordFile(work / "waits", _UPD)
-        pairs = _pairs(match, waits, work, chunk)
-        _collectives(coll, waits, work, chunk)
-        calls, sums, nbytes, msgs, unmatched = _apply_waits(ev, sort_records(waits, ("idx",), chunk), off, out,
-                                                            work, chunk)
+        pairs, bound = _pairs(match, off, work, chunk)
+        shift = clock_shifts(bound, states.clock_error_ns)
+        violations = _pair_waits(pairs, shift, waits, chunk)
+        _collectives(coll, waits, off, shift, work, chunk)
+        calls, sums, nbytes, msgs, unmatched, (t0, t1) = _apply_waits(ev, sort_records(waits, ("idx",), chunk), off,
+                                                                      shift, out, work, chunk)
+        jt = states.job_trace(None, t0, t1)
         open_waits = jt.waits()
         window = (jt.start_ns, jt.now_ns)
         has = n > 0
@@ -502,7 +544,7 @@ def write_index(trace_dir: os.PathLike, nranks: int, out: Path, chunk: int = CHU
                 duration_s=duration, origin_ns=int(origin), version=int(jt.version), waits=open_waits, analysis=an,
                 arrows=int(arrows), arrow_span_s=arrow_span, done=bool(jt.done),
                 dropped=[int(x) for x in states.dropped], clock_error_ns=[int(x) for x in states.clock_error_ns],
-                hosts=states.hosts)
+                clock_shift_ns=[int(x) for x in shift], clock_violations=violations, hosts=states.hosts)
     return meta, jt
 
 
