@@ -41,20 +41,20 @@ SIZE_MARK = "# size"
 #: The values of each program's ``# size`` line in the full run: NumPy takes >= 1 s at these on this machine
 #: (checked by the benchmark, which reports any program under a second).
 FULL_SIZES: Dict[str, Dict[str, Any]] = {
-    "black_scholes": dict(n=4_000_000),
-    "convolution_1d": dict(m=12_000_000),
+    "black_scholes": dict(n=2_000_000),
+    "convolution_1d": dict(m=6_000_000),
     "game_of_life": dict(n=1500, gens=30),
-    "gauss_elimination": dict(n=1200),
-    "heat": dict(n=2000, steps=60),
-    "lattice_boltzmann": dict(Nx=400, Ny=200, Nt=30),
-    "lu_decomposition": dict(n=1000),
-    "monte_carlo_pi": dict(n=30_000_000, m=10_000_000),
+    "gauss_elimination": dict(n=1000),
+    "heat": dict(n=1500, steps=60),
+    "lattice_boltzmann": dict(Nx=500, Ny=250, Nt=30),
+    "lu_decomposition": dict(n=1500),
+    "monte_carlo_pi": dict(n=10_000_000, m=3_000_000),
     "nbody": dict(N=1500, steps=20),
-    "quasicrystal": dict(size=2000, waves=7),
-    "rosenbrock": dict(n=1_000_000, steps=300),
+    "quasicrystal": dict(size=2500, waves=7),
+    "rosenbrock": dict(n=500_000, steps=300),
     "shallow_water": dict(nx=1500, ny=1200, steps=40),
-    "wave_equation": dict(n=1_000_000, steps=300),
-    "xray": dict(n=3000),
+    "wave_equation": dict(n=500_000, steps=300),
+    "xray": dict(n=2000),
 }
 #: ``--quick``: two programs at their own (test) sizes, one of which dask.array cannot run.
 QUICK_SIZES: Dict[str, Dict[str, Any]] = {"heat": {}, "monte_carlo_pi": {}}
