@@ -559,7 +559,7 @@ def main(argv=None) -> int:
                    help="only the tests/numpy_programs section (results distarray_programs[_quick].json/.md)")
     p.add_argument("--no-programs", action="store_true", help="skip the tests/numpy_programs section")
     add_part_option(p)
-    for opt in ("--programs-part", "--dask-program", "--sizes-json", "--scheduler", "--npy", "--budget"):  # children
+    for opt in ("--programs-part", "--dask-program", "--sizes-json", "--scheduler", "--npy", "--budget", "--numpy-times"):
         p.add_argument(opt, default=None, help=argparse.SUPPRESS)
     p.add_argument("--first-only", action="store_true", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
@@ -608,8 +608,9 @@ def programs_mpi_main(a) -> int:
     from distarray_programs import mpi_programs, programs_config
     from nbmpi.workers import world
 
-    res = mpi_programs(programs_config(a.quick), a.rounds or (1 if a.quick else 3), Path(a.programs_part),
-                       a.first_only)
+    numpy_s = json.loads(a.numpy_times or "{}")
+    cfg = {k: v for k, v in programs_config(a.quick).items() if k in numpy_s}
+    res = mpi_programs(cfg, a.rounds or (1 if a.quick else 3), Path(a.programs_part), a.first_only, numpy_s)
     if world().Get_rank() == 0:
         Path(a.mpi_part).write_text(json.dumps(res))
     return 0
@@ -634,13 +635,19 @@ def programs_section(a) -> dict:
         env = {"NBMPI_DISTARRAY_CACHE": str(t / "kernels")}  # a new kernel cache: the first launch compiles
         base = (["--quick"] if a.quick else []) + ["--rounds", str(rounds)]
         print("programs: nbmpi on 2 ranks, fresh kernel cache ...", flush=True)
-        code, cold = run_part(2, script, t / "cold.json", base + ["--programs-part", str(dirs["nbmpi"])], env)
+        times = {n: r["median_s"] for n, r in np_res.items()}
+        code, cold = run_part(2, script, t / "cold.json", base + ["--programs-part", str(dirs["nbmpi"]),
+                                                                  "--numpy-times", json.dumps(times)], env)
+        cold = cold or {}
+        # the second launch: the programs that ran within their limit (the others add nothing but time)
+        times = {n: v for n, v in times.items() if "over_limit_s" not in cold.get(n, {})}
         print("programs: nbmpi on 2 ranks, new processes reusing the kernel cache ...", flush=True)
         code2, reused = run_part(2, script, t / "reused.json",
-                                 base + ["--programs-part", str(dirs["reused"]), "--first-only"], env)
-        cold, reused = cold or {}, reused or {}
+                                 base + ["--programs-part", str(dirs["reused"]), "--first-only",
+                                         "--numpy-times", json.dumps(times)], env)
+        reused = reused or {}
         print("programs: dask.array, 2 local workers ...", flush=True)
-        dask_res = bench_dask(cfg, np_res, dirs["dask"], 1, script, 20.0 if a.quick else 30.0)
+        dask_res = bench_dask(cfg, np_res, dirs["dask"], 1, script, 20.0)
         checks = {n: compare(dirs["numpy"] / f"{n}.npy", dirs["nbmpi"] / f"{n}.npy") for n in cfg}
         dask_checks = {n: compare(dirs["numpy"] / f"{n}.npy", dirs["dask"] / f"{n}.npy") for n in cfg}
     targets = evaluate(np_res, cold, reused, dask_res, checks)
