@@ -42,6 +42,7 @@ import os
 for _v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_v, "1")
 
+import argparse  # noqa: E402
 import json  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
@@ -554,10 +555,23 @@ def main(argv=None) -> int:
     p = benchmark_parser(__doc__, "tiny sizes, one round (smoke test)")
     p.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 5, quick 1)")
     p.add_argument("--ranks", default=None, help="comma-separated rank counts (default 2,3; quick 2)")
+    p.add_argument("--programs-only", action="store_true",
+                   help="only the tests/numpy_programs section (results distarray_programs[_quick].json/.md)")
+    p.add_argument("--no-programs", action="store_true", help="skip the tests/numpy_programs section")
     add_part_option(p)
+    for opt in ("--programs-part", "--dask-program", "--sizes-json", "--scheduler", "--npy", "--budget", "--numpy-times"):
+        p.add_argument(opt, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--first-only", action="store_true", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
+    if a.dask_program:
+        from distarray_programs import dask_child
+        return dask_child(a.dask_program, a.sizes_json, a.scheduler, a.npy, a.rounds or 1, float(a.budget or 60))
+    if a.mpi_part and a.programs_part:
+        return programs_mpi_main(a)
     if a.mpi_part:
         return mpi_main(a)
+    if a.programs_only:
+        return programs_main(a)
     from mpi_part import run_part
     from reporting import machine
 
@@ -582,12 +596,88 @@ def main(argv=None) -> int:
             code, mpi[str(n)] = run_part(n, str(Path(__file__).resolve()), Path(tmp) / f"part{n}.json", args, env)
             if code != 0:
                 return code
+    programs = None if a.no_programs else programs_section(a)
     report(cfg, rounds, ranks, np_res, dask_res, mpi, a.quick, a.out_dir, fresh_cache,
-           dict(load_start=load0, load_end=os.getloadavg(), wall_seconds=time.time() - t_all), machine())
+           dict(load_start=load0, load_end=os.getloadavg(), wall_seconds=time.time() - t_all), machine(), programs)
     return 0
 
 
-def report(cfg, rounds, ranks, np_res, dask_res, mpi, quick, out_dir, fresh_cache, run_info, mach) -> None:
+# =========================================================================== the tests/numpy_programs section
+def programs_mpi_main(a) -> int:
+    """The programs' MPI part (every rank): see :func:`distarray_programs.mpi_programs`."""
+    from distarray_programs import mpi_programs, programs_config
+    from nbmpi.workers import world
+
+    numpy_s = json.loads(a.numpy_times or "{}")
+    cfg = {k: v for k, v in programs_config(a.quick).items() if k in numpy_s}
+    res = mpi_programs(cfg, a.rounds or (1 if a.quick else 3), Path(a.programs_part), a.first_only, numpy_s)
+    if world().Get_rank() == 0:
+        Path(a.mpi_part).write_text(json.dumps(res))
+    return 0
+
+
+def programs_section(a) -> dict:
+    """Run the programs section (NumPy here, nbmpi in two launches on 2 ranks sharing one new kernel cache
+    directory, dask.array in child processes); returns ``dict(data=..., targets=..., md=[...])``."""
+    from distarray_programs import bench_dask, bench_numpy, compare, evaluate, markdown, programs_config
+    from mpi_part import run_part
+
+    cfg = programs_config(a.quick)
+    rounds = a.rounds or (1 if a.quick else 3)
+    script = str(Path(__file__).resolve())
+    with tempfile.TemporaryDirectory(prefix="nbmpi-programs-bench-") as tmp:
+        t = Path(tmp)
+        dirs = {k: t / k for k in ("numpy", "nbmpi", "reused", "dask")}
+        for d in dirs.values():
+            d.mkdir()
+        print("programs: NumPy, one process ...", flush=True)
+        np_res = bench_numpy(cfg, rounds, dirs["numpy"])
+        env = {"NBMPI_DISTARRAY_CACHE": str(t / "kernels")}  # a new kernel cache: the first launch compiles
+        base = (["--quick"] if a.quick else []) + ["--rounds", str(rounds)]
+        print("programs: nbmpi on 2 ranks, fresh kernel cache ...", flush=True)
+        times = {n: r["median_s"] for n, r in np_res.items()}
+        code, cold = run_part(2, script, t / "cold.json", base + ["--programs-part", str(dirs["nbmpi"]),
+                                                                  "--numpy-times", json.dumps(times)], env)
+        cold = cold or {}
+        # the second launch: the programs that ran within their limit (the others add nothing but time)
+        times = {n: v for n, v in times.items() if "over_limit_s" not in cold.get(n, {})}
+        print("programs: nbmpi on 2 ranks, new processes reusing the kernel cache ...", flush=True)
+        code2, reused = run_part(2, script, t / "reused.json",
+                                 base + ["--programs-part", str(dirs["reused"]), "--first-only",
+                                         "--numpy-times", json.dumps(times)], env)
+        reused = reused or {}
+        print("programs: dask.array, 2 local workers ...", flush=True)
+        dask_res = bench_dask(cfg, np_res, dirs["dask"], 1, script, 20.0)
+        checks = {n: compare(dirs["numpy"] / f"{n}.npy", dirs["nbmpi"] / f"{n}.npy") for n in cfg}
+        dask_checks = {n: compare(dirs["numpy"] / f"{n}.npy", dirs["dask"] / f"{n}.npy") for n in cfg}
+    targets = evaluate(np_res, cold, reused, dask_res, checks)
+    md = markdown(np_res, cold, reused, dask_res, checks, dask_checks, targets)
+    data = dict(sizes=cfg, rounds=rounds, numpy=np_res, nbmpi=cold, nbmpi_reused_cache=reused, dask=dask_res,
+                checks=checks, dask_checks=dask_checks, launch_exit_codes=[code, code2])
+    return dict(data=data, targets=targets, md=md)
+
+
+def programs_main(a) -> int:
+    """``--programs-only``: the programs section alone, written to ``distarray_programs[_quick]``."""
+    from reporting import machine, write_results
+
+    load0 = os.getloadavg()
+    t0 = time.time()
+    sec = programs_section(a)
+    run_info = dict(load_start=load0, load_end=os.getloadavg(), wall_seconds=time.time() - t0)
+    data = dict(benchmark="distarray_programs", quick=a.quick, run=run_info, programs=sec["data"],
+                targets=sec["targets"], machine=machine())
+    md = [f"Load average at start {tuple(round(x, 2) for x in load0)}, at end "
+          f"{tuple(round(x, 2) for x in run_info['load_end'])}.", ""] + sec["md"]
+    name = "distarray_programs_quick" if a.quick else "distarray_programs"
+    path = write_results(name, data, "\n".join(md), Path(a.out_dir) if a.out_dir else None)
+    print("\n".join(md))
+    print(f"\nwrote {path}")
+    return 0
+
+
+def report(cfg, rounds, ranks, np_res, dask_res, mpi, quick, out_dir, fresh_cache, run_info, mach,
+           programs=None) -> None:
     from reporting import md_table, target, targets_table, write_results
 
     two = mpi.get("2")
@@ -641,9 +731,12 @@ def report(cfg, rounds, ranks, np_res, dask_res, mpi, quick, out_dir, fresh_cach
             target("hand-written stencil's first delta equals NumPy's",
                    float(numpy.isclose(hw["check"], np_res["stencil"]["check"], rtol=1e-10)), 1.0),
         ]
+    if programs is not None:
+        targets = targets + programs["targets"]
     data = dict(benchmark="distarray", quick=quick, config={k: v for k, v in cfg.items()}, rounds=rounds,
                 ranks=ranks, run=run_info, numpy=np_res, dask=dask_res, mpi=mpi, targets=targets,
-                fresh_kernel_cache=fresh_cache, machine=mach)
+                fresh_kernel_cache=fresh_cache, machine=mach,
+                programs=programs["data"] if programs is not None else None)
     md = [f"Best of {rounds} interleaved rounds (hiding / blocking alternate; the median of the rounds beside it, "
           f"each round one loop of steps as a user writes it); time per iteration in ms "
           f"(max over ranks); speedup over NumPy in one process; wait % per rank from the gathered traces, the "
@@ -709,6 +802,8 @@ def report(cfg, rounds, ranks, np_res, dask_res, mpi, quick, out_dir, fresh_cach
                f"recorded operations of which {s0['inlined']} fused away, {s0['swapped']} copy-backs done as buffer "
                f"swaps, {s0['plans_built']} plans built and {s0['plan_hits']} reused, {s0['messages_sent']} messages "
                f"({s0['bytes_sent'] / 2**20:.1f} MiB), kernels: {s0['kernels']}.", ""]
+    if programs is not None:
+        md += programs["md"]
     md += ["## Targets", "", targets_table(targets) if targets else "(no 2-rank run)"]
     name = "distarray_quick" if quick else "distarray"
     path = write_results(name, data, "\n".join(md), Path(out_dir) if out_dir else None)

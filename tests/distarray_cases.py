@@ -136,6 +136,13 @@ for dist in DISTS if not QUICK else DISTS[:2]:
           np.logical_and(xp > 1, yp > 0.5) ^ np.logical_or(xp > 1.2, yp < 0.2))
     check(f"astype/copy {dist}", p.astype(np.int32) + p.copy(), xp.astype(np.int32) + xp.copy())
     check(f"divide by zero {dist}", p / (q * 0), xp / (yp * 0))
+    calls = dnp.stats()["fallback"]["calls"]
+    check(f"% and // float (signs follow the divisor) {dist}", (p - 1.0) % (q - 0.5) + (p - 1.0) // (q - 0.5),
+          (xp - 1.0) % (yp - 0.5) + (xp - 1.0) // (yp - 0.5), exact=True)
+    check(f"% and // int, by zero too {dist}", (i2 * 7919) % 1000 - i1 // (i2 - 3) + np.remainder(i1, 0),
+          (yi * 7919) % 1000 - xi // (yi - 3) + np.remainder(xi, 0))
+    check(f"% float by zero is NaN {dist}", p % (q * 0), xp % (yp * 0), exact=True)
+    assert dnp.stats()["fallback"]["calls"] == calls, "% and // run in the fused kernels, not the NumPy fallback"
     check(f"long chain {dist}", dnp.sqrt(dnp.exp(-p * p / 2.0) * (1.0 + q) / (2 * dnp.pi)) + dnp.log(p) * dnp.cos(q),
           np.sqrt(np.exp(-xp * xp / 2.0) * (1.0 + yp) / (2 * np.pi)) + np.log(xp) * np.cos(yp), rtol=1e-13)
 section("ufuncs, operators, where, dtypes")

@@ -1,7 +1,7 @@
 """Conway's game of life on a torus (neighbour counts with np.roll)."""
 import numpy as np
 
-n, gens = 40, 30
+n, gens = 40, 30  # size
 board = np.zeros((n, n), dtype=np.int64)
 board[1, 2] = board[2, 3] = board[3, 1] = board[3, 2] = board[3, 3] = 1      # a glider
 board[20:23, 20] = 1                                                          # a blinker

@@ -1,7 +1,7 @@
 """Gaussian elimination with partial pivoting and back substitution."""
 import numpy as np
 
-n = 24
+n = 24  # size
 i = np.arange(n)
 A = np.cos(np.outer(i, i) * 0.37) + n * np.eye(n)
 b = np.sin(i * 0.5)

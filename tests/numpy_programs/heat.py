@@ -1,7 +1,7 @@
 """2-D heat equation, explicit finite differences (Jacobi sweeps with slices)."""
 import numpy as np
 
-n, steps, alpha = 48, 60, 0.2
+n, steps, alpha = 48, 60, 0.2  # size
 u = np.zeros((n, n))
 u[0, :] = 100.0
 u[:, 0] = 50.0

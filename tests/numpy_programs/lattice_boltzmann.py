@@ -1,7 +1,7 @@
 """D2Q9 lattice Boltzmann (BGK) flow around a cylinder, periodic box (after Philip Mocz's lbm tutorial)."""
 import numpy as np
 
-Nx, Ny, tau, Nt = 60, 24, 0.6, 30
+Nx, Ny, tau, Nt = 60, 24, 0.6, 30  # size
 NL = 9
 idxs = np.arange(NL)
 cxs = np.array([0, 0, 1, 1, 1, 0, -1, -1, -1])

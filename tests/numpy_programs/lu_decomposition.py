@@ -1,7 +1,7 @@
 """Doolittle LU decomposition of a diagonally dominant matrix, checked by reconstructing it."""
 import numpy as np
 
-n = 20
+n = 20  # size
 i = np.arange(n, dtype=float)
 A = np.sin(np.add.outer(i, 2 * i)) + 2 * n * np.identity(n)
 L = np.identity(n)

@@ -1,7 +1,7 @@
 """Direct-summation n-body gravity, leapfrog integration (after Philip Mocz's nbody tutorial)."""
 import numpy as np
 
-N, steps, dt, soft, G = 48, 20, 0.01, 0.1, 1.0
+N, steps, dt, soft, G = 48, 20, 0.01, 0.1, 1.0  # size
 i = np.arange(N)
 pos = np.stack([np.sin(i * 1.3), np.cos(i * 0.7), np.sin(i * 0.11) * 0.5], axis=1)
 vel = np.zeros((N, 3))

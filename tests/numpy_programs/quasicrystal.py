@@ -1,7 +1,7 @@
 """A quasicrystal pattern: the sum of plane waves at evenly spaced angles over a grid."""
 import numpy as np
 
-size, waves, phase = 64, 7, 0.4
+size, waves, phase = 64, 7, 0.4  # size
 x = np.linspace(-np.pi * 8, np.pi * 8, size)
 X, Y = np.meshgrid(x, x)
 img = np.zeros((size, size))

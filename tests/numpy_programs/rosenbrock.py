@@ -1,7 +1,7 @@
 """Gradient descent on the n-dimensional Rosenbrock function."""
 import numpy as np
 
-n, steps, lr = 200, 300, 1e-3
+n, steps, lr = 200, 300, 1e-3  # size
 x = np.linspace(-1.2, 1.2, n)
 for _ in range(steps):
     grad = np.zeros_like(x)

@@ -1,7 +1,7 @@
 """Linearized 2-D shallow water equations on a periodic grid (forward-backward time stepping with np.roll)."""
 import numpy as np
 
-nx, ny, steps = 40, 32, 40
+nx, ny, steps = 40, 32, 40  # size
 g, H, dt, dx = 9.81, 10.0, 0.01, 1.0
 x = np.arange(nx) * dx
 y = np.arange(ny) * dx

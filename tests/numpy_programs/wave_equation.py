@@ -1,7 +1,7 @@
 """1-D wave equation with fixed ends (leapfrog), a plucked string."""
 import numpy as np
 
-n, steps, c = 401, 300, 0.5
+n, steps, c = 401, 300, 0.5  # size
 x = np.linspace(0.0, 1.0, n)
 u = np.where(x < 0.3, x / 0.3, (1.0 - x) / 0.7) * 0.01
 u_prev = u.copy()

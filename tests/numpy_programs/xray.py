@@ -1,7 +1,7 @@
 """X-ray projection of a 2-D phantom: Beer-Lambert attenuation along rows and columns, and a back projection."""
 import numpy as np
 
-n = 64
+n = 64  # size
 y, x = np.mgrid[-1:1:n * 1j, -1:1:n * 1j]
 phantom = np.where(x ** 2 + y ** 2 < 0.8, 0.2, 0.0)
 phantom = phantom + np.where((x - 0.2) ** 2 / 0.04 + (y + 0.1) ** 2 / 0.09 < 1.0, 0.5, 0.0)

@@ -44,6 +44,9 @@ UNARY: Dict[str, str] = {
 BINARY: Dict[str, str] = {
     "add": "({0} + {1})", "subtract": "({0} - {1})", "multiply": "({0} * {1})", "divide": "({0} / {1})",
     "true_divide": "({0} / {1})", "power": "({0} ** {1})",
+    # Python's % and // (numba follows CPython's float divmod, as NumPy does; error_model='numpy' gives
+    # NumPy's 0 for an integer division by zero)
+    "remainder": "({0} % {1})", "floor_divide": "({0} // {1})",
     "less": "({0} < {1})", "less_equal": "({0} <= {1})", "greater": "({0} > {1})",
     "greater_equal": "({0} >= {1})", "equal": "({0} == {1})", "not_equal": "({0} != {1})",
     "logical_and": "({0} and {1})", "logical_or": "({0} or {1})", "bitwise_and": "({0} & {1})",
