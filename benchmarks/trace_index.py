@@ -63,28 +63,6 @@ class RssSampler:
         self._thread.join(timeout=30)
 
 
-class TimedProbe(HealthProbe):
-    """:class:`HealthProbe` that also keeps when each answer came (``times``, perf_counter s), so the
-    slowest ones can be put in the phase they fell in (index build, or figure and window requests)."""
-
-    def __init__(self, url: str):
-        super().__init__(url)
-        self.times = []
-
-    def _run(self):
-        with httpx.Client(base_url=self.url, timeout=30) as c:
-            while not self._stop.is_set():
-                t = time.perf_counter()
-                try:
-                    status = c.get("/api/health").status_code
-                    now = time.perf_counter()
-                    self.samples.append((status, now - t))
-                    self.times.append(now)
-                except httpx.HTTPError as exc:
-                    self.errors.append(repr(exc))
-                self._stop.wait(0.05)
-
-
 def timed(c: httpx.Client, url: str, **params):
     t = time.perf_counter()
     r = c.get(url, params=params)
@@ -103,7 +81,7 @@ def main() -> None:
     srv = Server(tmp / "data", max_ranks=2).start()
     try:
         with srv.client() as c:
-            with TimedProbe(srv.url) as idle:      # nothing to do yet: what the machine's load alone costs
+            with HealthProbe(srv.url) as idle:      # nothing to do yet: what the machine's load alone costs
                 time.sleep(args.baseline_s)
             idle_s = sorted(s for _, s in idle.samples)
             job = submit(c, BIG_JOB, args=[str(events // 2)], env=ENV)
@@ -111,7 +89,7 @@ def main() -> None:
                 job = wait_state(c, job["id"], ("failed", "succeeded"), timeout=900)
                 jid = job["id"]
                 ended = time.perf_counter()
-                with TimedProbe(srv.url) as probe:
+                with HealthProbe(srv.url) as probe:
                     while True:   # the index is built once, after the job's end
                         _, r = timed(c, f"/api/v1/dashboard/jobs/{jid}/figure", width=1200)
                         if r.json()["available"] or "being indexed" not in (r.json().get("reason") or ""):

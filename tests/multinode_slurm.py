@@ -25,8 +25,6 @@ says in one line what is missing.
 """
 from __future__ import annotations
 
-import os
-import subprocess
 import time
 from pathlib import Path
 from typing import Optional
@@ -34,7 +32,7 @@ from typing import Optional
 from nbmpi.workers.launch.virtual_cluster import NETWORK_ENV, VirtualCluster
 from nbmpi.workers.launch.virtual_cluster import why_not_available as cluster_unavailable
 
-from test_slurm import PARTITION, SlurmCluster, _ensure_packages, _find, _free_port
+from test_slurm import PARTITION, SlurmCluster, _ensure_packages, _find
 
 #: Keys of the single-node slurm.conf whose values differ on a multi-node cluster (``%n``: the node's name).
 _NODE_PATHS = {"SlurmdSpoolDir": "{r}/spool/%n", "SlurmdPidFile": "{r}/slurmd-%n.pid",
@@ -84,48 +82,20 @@ class MultiNodeSlurm(SlurmCluster):
                      "State=UP")
         self.conf.write_text("\n".join(lines) + "\n")
 
-    def start(self) -> "MultiNodeSlurm":
-        """munged and slurmctld on the host, a slurmd on every node; returns once every node is idle."""
+    def start_nodes(self) -> None:
+        """A slurmd on every node (in its namespaces, its own spool); returns once every node is idle
+        (munged and slurmctld run on the host: :meth:`SlurmCluster.start_controller`)."""
         r = self.root
-        for d in ("munge", "state", "spool", "log"):
-            (r / d).mkdir()
-        for name in self.node_names:
-            (r / "spool" / name).mkdir()
-        (r / "munge").chmod(0o755)
-        key_dir = r / "key"
-        key_dir.mkdir(mode=0o700)
-        (key_dir / "munge.key").write_bytes(os.urandom(1024))
-        (key_dir / "munge.key").chmod(0o600)
-        (r / "plugstack.conf").write_text("")
-        self.ctld_port, self.d_port = _free_port(), _free_port()
-        self.write_conf()
-        self._spawn("munged", [_find("munged"), "-F", f"--key-file={key_dir}/munge.key",
-                               f"--socket={r}/munge/munge.sock", f"--pid-file={r}/munge/munged.pid",
-                               f"--log-file={r}/log/munged.log", f"--seed-file={r}/munge/seed"])
-        self._wait(lambda: (r / "munge" / "munge.sock").exists(), "munged to create its socket", "munged")
-        self._spawn("slurmctld", [_find("slurmctld"), "-D", "-f", str(self.conf)])
         for i, name in enumerate(self.node_names):
+            (r / "spool" / name).mkdir()
             self._spawn(f"slurmd-{name}", self.vc.command(i, [_find("slurmd"), "-D", "-N", name, "-f",
                                                                str(self.conf)], cwd=str(r)))
         self._wait(self._all_idle, f"the {len(self.node_names)} nodes to be idle", "slurmctld")
-        return self
 
     def _all_idle(self) -> bool:
         out = self.run(["sinfo", "--noheader", "--Node", "--format=%N %T"]).stdout.split()
         states = dict(zip(out[::2], out[1::2]))
         return all(states.get(n) == "idle" for n in self.node_names)
-
-    def stop(self) -> None:
-        """Cancel every job (as :meth:`SlurmCluster.stop`), end slurmctld and munged, then every slurmd."""
-        super().stop()
-        for name, p in self.procs.items():
-            if name.startswith("slurmd-") and p.poll() is None:
-                p.terminate()
-                try:
-                    p.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-                    p.wait()
 
     def node_of(self, pid: int) -> Optional[str]:
         """The name of the node whose network namespace runs ``pid`` (None: none of them)."""

@@ -21,6 +21,7 @@ import pytest
 
 from conftest import TESTS, assert_ok
 from nbmpi.workers.launch import virtual_cluster as vcm
+from virtual_nodes import cluster_or_skip
 
 NODES = 3
 WHY = vcm.why_not_available()
@@ -30,15 +31,7 @@ pytestmark = pytest.mark.skipif(WHY is not None, reason=WHY or "")
 @pytest.fixture(scope="module")
 def cluster():
     """A 3-node cluster, 1 Gbit/s links, for the whole module; torn down whatever happens."""
-    vc = vcm.VirtualCluster(NODES, "1gbit")
-    try:
-        vc.up()
-    except vcm.ClusterUnavailable as exc:
-        pytest.skip(str(exc))
-    try:
-        yield vc
-    finally:
-        vc.down()
+    yield from cluster_or_skip(NODES, "1gbit")
 
 
 def run_on(cluster, tmp_path: Path, argv, n: int = NODES, timeout: float = 180, env=None, hosts=None):

@@ -18,38 +18,15 @@ from pathlib import Path
 
 import pytest
 
-from nbmpi.workers.launch import virtual_cluster as vcm
 
+from virtual_nodes import WHERE_JOB, cluster_or_skip
 from test_server import SLEEP_JOB, Server, job_processes, pids_from_logs, submit, wait_state
 
 NODES = 3
 
-#: Every rank says where it runs and takes part in a collective (so the trace has communication).
-WHERE_JOB = """
-import socket
-from nbmpi.workers import ArrayChannel, world
-r, n = world().Get_rank(), world().Get_size()
-ch = ArrayChannel(1000)
-ch.fill(r)
-ch.allreduce("sum")
-print(f"rank {r} of {n} on {socket.gethostname()} sum {ch[0]}")
-"""
-
-
 @pytest.fixture(scope="module")
 def cluster():
-    why = vcm.why_not_available()
-    if why:
-        pytest.skip(why)
-    vc = vcm.VirtualCluster(NODES)
-    try:
-        vc.up()
-    except vcm.ClusterUnavailable as exc:
-        pytest.skip(str(exc))
-    try:
-        yield vc
-    finally:
-        vc.down()
+    yield from cluster_or_skip(NODES)
 
 
 @pytest.fixture(scope="module")

@@ -152,6 +152,13 @@ class SlurmCluster:
         self.conf.write_text(textwrap.dedent(lines).lstrip() + extra)
 
     def start(self) -> "SlurmCluster":
+        """Start munged and slurmctld (:meth:`start_controller`), then the nodes (:meth:`start_nodes`)."""
+        self.start_controller()
+        self.start_nodes()
+        return self
+
+    def start_controller(self) -> None:
+        """Make the cluster's directories, munge key and slurm.conf; start munged and slurmctld."""
         r = self.root
         for d in ("munge", "state", "spool", "log"):
             (r / d).mkdir()
@@ -168,10 +175,12 @@ class SlurmCluster:
                                f"--log-file={r}/log/munged.log", f"--seed-file={r}/munge/seed"])
         self._wait(lambda: (r / "munge" / "munge.sock").exists(), "munged to create its socket", "munged")
         self._spawn("slurmctld", [_find("slurmctld"), "-D", "-f", str(self.conf)])
+
+    def start_nodes(self) -> None:
+        """Start slurmd (one node, this host) and wait until it is idle."""
         self._spawn("slurmd", [_find("slurmd"), "-D", "-f", str(self.conf)])
         self._wait(lambda: self.run(["sinfo", "--noheader", "--format=%T"]).stdout.strip() == "idle",
                    "the node to be idle", "slurmd")
-        return self
 
     def _spawn(self, name: str, cmd) -> None:
         out = open(self.root / "log" / f"{name}.out", "wb")
@@ -228,7 +237,8 @@ class SlurmCluster:
                 while self.run(["squeue", "--noheader", "--format=%i"]).stdout.split() and \
                         time.monotonic() < deadline:
                     time.sleep(0.3)
-        for name in ("slurmd", "slurmctld", "munged"):
+        slurmds = [name for name in self.procs if name.startswith("slurmd")]   # "slurmd", or one per node
+        for name in (*slurmds, "slurmctld", "munged"):
             p = self.procs.get(name)
             if p is not None and p.poll() is None:
                 p.terminate()

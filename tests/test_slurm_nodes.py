@@ -25,22 +25,11 @@ from nbmpi.workers.launch.virtual_cluster import ClusterUnavailable, VirtualClus
 
 from multinode_slurm import MultiNodeSlurm, why_not_available
 from test_server import SLEEP_JOB, submit
+from virtual_nodes import WHERE_JOB
 from test_slurm import REPO, Controller, _processes_under, _sbatch, final, rank_pid, wait_job
 
 NODES = 3
 ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT")
-
-#: Every rank says where it runs and takes part in a collective (so the trace has communication).
-WHERE_JOB = """
-import socket
-from nbmpi.workers import ArrayChannel, world
-r, n = world().Get_rank(), world().Get_size()
-ch = ArrayChannel(1000)
-ch.fill(r)
-ch.allreduce("sum")
-print(f"rank {r} of {n} on {socket.gethostname()} sum {ch[0]}")
-"""
-
 
 @pytest.fixture(scope="module")
 def slurm():

@@ -108,10 +108,11 @@ def _busy(seg: dict) -> float:
 
 
 class HealthProbe:
-    """Asks /api/health every 50 ms from a thread; keeps each answer's status and latency."""
+    """Asks /api/health every 50 ms from a thread; keeps each answer's status and latency (``samples``) and
+    when it came (``times``, perf_counter s)."""
 
     def __init__(self, url: str):
-        self.url, self.samples, self.errors = url, [], []
+        self.url, self.samples, self.errors, self.times = url, [], [], []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -121,7 +122,9 @@ class HealthProbe:
                 t = time.perf_counter()
                 try:
                     status = c.get("/api/health").status_code
-                    self.samples.append((status, time.perf_counter() - t))
+                    now = time.perf_counter()
+                    self.samples.append((status, now - t))
+                    self.times.append(now)
                 except httpx.HTTPError as exc:
                     self.errors.append(repr(exc))
                 self._stop.wait(0.05)
