@@ -69,6 +69,100 @@ def timed(c: httpx.Client, url: str, **params):
     return time.perf_counter() - t, r
 
 
+def _quantile(xs: list, q: float) -> float:
+    """The ``q`` quantile of the sorted list ``xs`` (nan when empty)."""
+    return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
+
+
+def measure(srv: "Server", events: int, baseline_s: float) -> dict:
+    """Health of the idle controller for ``baseline_s``; then a job writing ``events`` events, the time
+    until its index is ready, figures, windows and the trace.npz, with health asked all along and the
+    controller's and the index build's RSS sampled. The raw measurements, as a dict."""
+    with srv.client() as c:
+        with HealthProbe(srv.url) as idle:      # nothing to do yet: what the machine's load alone costs
+            time.sleep(baseline_s)
+        job = submit(c, BIG_JOB, args=[str(events // 2)], env=ENV)
+        with RssSampler(srv.proc.pid) as mem:
+            jid = wait_state(c, job["id"], ("failed", "succeeded"), timeout=900)["id"]
+            ended = time.perf_counter()
+            with HealthProbe(srv.url) as probe:
+                while True:   # the index is built once, after the job's end
+                    _, r = timed(c, f"/api/v1/dashboard/jobs/{jid}/figure", width=1200)
+                    if r.json()["available"] or "being indexed" not in (r.json().get("reason") or ""):
+                        break
+                ready = time.perf_counter()
+                # the first figure of another width makes its Bokeh item; the next ones reuse it
+                figure = [timed(c, f"/api/v1/dashboard/jobs/{jid}/figure", width=1100)[0] for _ in range(5)]
+                fig = r.json()
+                assert fig["available"], fig
+                busy = _busy(fig["sources"]["nbmpi_segments"])
+                windows = []
+                for span in (None, 0.5, 0.05, 0.001, 1e-5):
+                    q = dict(width=1200) if span is None else dict(start=busy, end=busy + span, width=1200)
+                    windows += [timed(c, f"/api/v1/dashboard/jobs/{jid}/timeline", **q)[0] for _ in range(3)]
+                npz_s, r = timed(c, f"/api/v1/dashboard/jobs/{jid}/trace.npz")
+                rss = psutil.Process(srv.proc.pid).memory_info().rss / 2**20
+    return dict(idle=sorted(s for _, s in idle.samples), probe=probe, ready=ready, build_s=ready - ended,
+                figure=figure, windows=windows, npz_s=npz_s, npz_mb=len(r.content) / 2**20, rss=rss, mem=mem)
+
+
+def summarize(events: int, m: dict) -> dict:
+    """The result data (with its ``targets``) from :func:`measure`'s raw measurements ``m``."""
+    probe, idle_s, mem, figure, windows = m["probe"], m["idle"], m["mem"], m["figure"], m["windows"]
+    health = sorted(s for _, s in probe.samples)
+    during_build = [s for (_, s), t in zip(probe.samples, probe.times) if t <= m["ready"]]
+    during_requests = [s for (_, s), t in zip(probe.samples, probe.times) if t > m["ready"]]
+    p99 = _quantile(health, 0.99)
+    data = dict(events=events, index_ready_after_job_end_s=m["build_s"], figure_s=figure, window_s=windows,
+                figure_max_s=max(figure), window_max_s=max(windows), rss_mb=m["rss"],
+                controller_peak_rss_mb=mem.controller_mb, controller_peak_shared_mb=mem.controller_shared_mb,
+                build_peak_rss_mb=mem.build_mb, trace_npz_s=m["npz_s"], trace_npz_mb=m["npz_mb"],
+                health_samples=len(health), health_errors=len(probe.errors),
+                health_median_s=statistics.median(health) if health else None,
+                health_p99_s=p99, health_max_s=max(health) if health else None,
+                health_max_during_build_s=max(during_build, default=None),
+                health_max_during_requests_s=max(during_requests, default=None),
+                health_idle_samples=len(idle_s), health_idle_median_s=statistics.median(idle_s) if idle_s else None,
+                health_idle_p99_s=_quantile(idle_s, 0.99) if idle_s else None,
+                health_idle_max_s=max(idle_s, default=None))
+    data["targets"] = [target("figure max (s)", max(figure), 1.0, higher_is_better=False),
+                       target("window max (s)", max(windows), 1.0, higher_is_better=False),
+                       target("controller peak RSS (MB)", mem.controller_mb, 200, higher_is_better=False),
+                       target("index build peak RSS (MB)", mem.build_mb, 200, higher_is_better=False),
+                       target("health p99 (s)", p99, 0.1, higher_is_better=False),
+                       target("health max (s)", max(health) if health else float("nan"), 0.1,
+                              higher_is_better=False)]
+    return data
+
+
+def markdown(d: dict) -> str:
+    """The result page of :func:`summarize`'s data ``d``."""
+    nan = float("nan")
+    ms = lambda v: f"{1e3 * (nan if v is None else v):.1f}"   # noqa: E731
+    fig, win = d["figure_s"], d["window_s"]
+    return (f"# Trace index: {d['events']:,} events, 2 ranks\n\n"
+            + md_table(["measure", "value"], [
+                ["index ready after the job ended (s)", f"{d['index_ready_after_job_end_s']:.1f}"],
+                ["figure (s), 5 requests: first (makes the Bokeh item) / median / max",
+                 f"{fig[0]:.3f} / {statistics.median(fig):.3f} / {max(fig):.3f}"],
+                ["window (s), 15 requests (whole run, 0.5 s, 50 ms, 1 ms, 10 us; 3 each): median / max",
+                 f"{statistics.median(win):.3f} / {max(win):.3f}"],
+                ["trace.npz of every event (s / MB)", f"{d['trace_npz_s']:.1f} / {d['trace_npz_mb']:.0f}"],
+                ["controller RSS: peak during job, build and requests / after (MB)",
+                 f"{d['controller_peak_rss_mb']:.0f} / {d['rss_mb']:.0f}"],
+                ["index build (child process) peak RSS (MB)", f"{d['build_peak_rss_mb']:.0f}"],
+                ["health during build and requests: n / median / p99 / max (ms)",
+                 f"{d['health_samples']} / {ms(d['health_median_s'])} / {ms(d['health_p99_s'])} / "
+                 f"{ms(d['health_max_s'])}"],
+                ["health max: during the index build / during figure and window requests (ms)",
+                 f"{ms(d['health_max_during_build_s'])} / {ms(d['health_max_during_requests_s'])}"],
+                ["health of the idle controller before the job (the machine's load alone): n / median / p99 / max (ms)",
+                 f"{d['health_idle_samples']} / {ms(d['health_idle_median_s'])} / {ms(d['health_idle_p99_s'])} / "
+                 f"{ms(d['health_idle_max_s'])}"],
+                ["health errors", d["health_errors"]]])
+            + "\n\n" + targets_table(d["targets"]) + "\n")
+
+
 def main() -> None:
     p = benchmark_parser(__doc__, "400 k events instead of 4 M")
     p.add_argument("--baseline-s", type=float, default=30.0, metavar="S",
@@ -80,82 +174,12 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="nbmpi-bench-tix-"))
     srv = Server(tmp / "data", max_ranks=2).start()
     try:
-        with srv.client() as c:
-            with HealthProbe(srv.url) as idle:      # nothing to do yet: what the machine's load alone costs
-                time.sleep(args.baseline_s)
-            idle_s = sorted(s for _, s in idle.samples)
-            job = submit(c, BIG_JOB, args=[str(events // 2)], env=ENV)
-            with RssSampler(srv.proc.pid) as mem:
-                job = wait_state(c, job["id"], ("failed", "succeeded"), timeout=900)
-                jid = job["id"]
-                ended = time.perf_counter()
-                with HealthProbe(srv.url) as probe:
-                    while True:   # the index is built once, after the job's end
-                        _, r = timed(c, f"/api/v1/dashboard/jobs/{jid}/figure", width=1200)
-                        if r.json()["available"] or "being indexed" not in (r.json().get("reason") or ""):
-                            break
-                    ready = time.perf_counter()
-                    build_s = ready - ended
-                    # the first figure of another width makes its Bokeh item; the next ones reuse it
-                    figure = [timed(c, f"/api/v1/dashboard/jobs/{jid}/figure", width=1100)[0] for _ in range(5)]
-                    fig = r.json()
-                    assert fig["available"], fig
-                    seg = fig["sources"]["nbmpi_segments"]
-                    busy = _busy(seg)
-                    windows = []
-                    for span in (None, 0.5, 0.05, 0.001, 1e-5):
-                        q = dict(width=1200) if span is None else dict(start=busy, end=busy + span, width=1200)
-                        windows += [timed(c, f"/api/v1/dashboard/jobs/{jid}/timeline", **q)[0] for _ in range(3)]
-                    npz_s, r = timed(c, f"/api/v1/dashboard/jobs/{jid}/trace.npz")
-                    npz_mb = len(r.content) / 2**20
-                    rss = psutil.Process(srv.proc.pid).memory_info().rss / 2**20
-            health = sorted(s for _, s in probe.samples)
-            during_build = [s for (_, s), t in zip(probe.samples, probe.times) if t <= ready]
-            during_requests = [s for (_, s), t in zip(probe.samples, probe.times) if t > ready]
+        raw = measure(srv, events, args.baseline_s)
     finally:
         srv.stop()
         shutil.rmtree(tmp, ignore_errors=True)     # the job's trace and index: gigabytes
-    p99 = health[min(len(health) - 1, int(0.99 * len(health)))] if health else float("nan")
-    data = dict(events=events, index_ready_after_job_end_s=build_s, figure_s=figure, window_s=windows,
-                figure_max_s=max(figure), window_max_s=max(windows), rss_mb=rss,
-                controller_peak_rss_mb=mem.controller_mb, controller_peak_shared_mb=mem.controller_shared_mb,
-                build_peak_rss_mb=mem.build_mb, trace_npz_s=npz_s, trace_npz_mb=npz_mb, health_samples=len(health),
-                health_errors=len(probe.errors), health_median_s=statistics.median(health) if health else None,
-                health_p99_s=p99, health_max_s=max(health) if health else None,
-                health_max_during_build_s=max(during_build, default=None),
-                health_max_during_requests_s=max(during_requests, default=None),
-                health_idle_samples=len(idle_s), health_idle_median_s=statistics.median(idle_s) if idle_s else None,
-                health_idle_p99_s=idle_s[min(len(idle_s) - 1, int(0.99 * len(idle_s)))] if idle_s else None,
-                health_idle_max_s=max(idle_s, default=None))
-    targets = [target("figure max (s)", max(figure), 1.0, higher_is_better=False),
-               target("window max (s)", max(windows), 1.0, higher_is_better=False),
-               target("controller peak RSS (MB)", mem.controller_mb, 200, higher_is_better=False),
-               target("index build peak RSS (MB)", mem.build_mb, 200, higher_is_better=False),
-               target("health p99 (s)", p99, 0.1, higher_is_better=False),
-               target("health max (s)", max(health) if health else float("nan"), 0.1, higher_is_better=False)]
-    data["targets"] = targets
-    md = (f"# Trace index: {events:,} events, 2 ranks\n\n"
-          + md_table(["measure", "value"], [
-              ["index ready after the job ended (s)", f"{build_s:.1f}"],
-              ["figure (s), 5 requests: first (makes the Bokeh item) / median / max",
-               f"{figure[0]:.3f} / {statistics.median(figure):.3f} / {max(figure):.3f}"],
-              ["window (s), 15 requests (whole run, 0.5 s, 50 ms, 1 ms, 10 us; 3 each): median / max",
-               f"{statistics.median(windows):.3f} / {max(windows):.3f}"],
-              ["trace.npz of every event (s / MB)", f"{npz_s:.1f} / {npz_mb:.0f}"],
-              ["controller RSS: peak during job, build and requests / after (MB)",
-               f"{mem.controller_mb:.0f} / {rss:.0f}"],
-              ["index build (child process) peak RSS (MB)", f"{mem.build_mb:.0f}"],
-              ["health during build and requests: n / median / p99 / max (ms)",
-               f"{len(health)} / {1e3 * data['health_median_s']:.1f} / {1e3 * p99:.1f} / {1e3 * data['health_max_s']:.1f}"],
-              ["health max: during the index build / during figure and window requests (ms)",
-               f"{1e3 * max(during_build, default=float('nan')):.1f} / "
-               f"{1e3 * max(during_requests, default=float('nan')):.1f}"],
-              ["health of the idle controller before the job (the machine's load alone): n / median / p99 / max (ms)",
-               f"{len(idle_s)} / {1e3 * (data['health_idle_median_s'] or float('nan')):.1f} / "
-               f"{1e3 * (data['health_idle_p99_s'] or float('nan')):.1f} / "
-               f"{1e3 * (data['health_idle_max_s'] or float('nan')):.1f}"],
-              ["health errors", len(probe.errors)]])
-          + "\n\n" + targets_table(targets) + "\n")
+    data = summarize(events, raw)
+    md = markdown(data)
     path = write_results("trace_index" + ("_quick" if args.quick else ""), data, md,
                          Path(args.out_dir) if args.out_dir else None)
     print(md)

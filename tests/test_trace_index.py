@@ -175,7 +175,7 @@ def test_four_million_events_from_the_index(server):
         assert psutil.Process(server.proc.pid).memory_info().rss <= 200 * 2**20
         # too many events for a Chrome trace viewer: said plainly, not a 500
         t = c.get(f"/api/v1/jobs/{job['id']}/trace")
-        assert t.status_code == 404 and "more than a Chrome trace viewer opens" in t.json()["detail"], t.text
+        assert t.status_code == 404 and "more than the controller turns into a Chrome trace" in t.json()["detail"], t.text
 
 
 def test_garbage_trace_files_are_unreadable_not_500(server):

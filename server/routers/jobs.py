@@ -215,8 +215,9 @@ async def _trace_file(job: Job, which: str) -> Response:
         elif ix is not None and not ix.readable:
             why = f"trace unreadable: {ix.reason}"
         elif ix is not None and ix.meta.get("events", 0) > CHROME_EVENTS_LIMIT:
-            why = (f"its trace has {ix.meta['events']:,} events, more than a Chrome trace viewer opens; "
-                   "the dashboard's trace.npz (nbmpi Trace.load) holds them all")
+            why = (f"its trace has {ix.meta['events']:,} events, more than the controller turns into a "
+                   f"Chrome trace ({CHROME_EVENTS_LIMIT:,}); the dashboard's trace.npz (nbmpi Trace.load) "
+                   "holds them all")
         else:
             why = "its ranks streamed no trace (tracing off, or they ended before they started)"
         raise HTTPException(404, f"no {which} for job {job.id}: {why}")
