@@ -738,7 +738,7 @@ def _pct(v) -> str:
     return " / ".join(f"{x:.2f}" for x in v) if v else "-"
 
 
-def program_row(name: str, r: dict, npr: dict) -> list:
+def table_row(name: str, r: dict, npr: dict) -> list:
     """The table row of program ``name`` from its nbmpi result ``r`` and NumPy result ``npr``; adds
     ``verified``, each mode's ``speedup_vs_numpy`` and (PRK kernels) ``rate`` to ``r`` in place."""
     ok = bool(numpy.isclose(r["check"], npr["check"], rtol=1e-8, atol=1e-12))
@@ -761,7 +761,7 @@ def program_row(name: str, r: dict, npr: dict) -> list:
 
 
 def stencil_targets(two: dict, mpi: dict, np_res: dict, dask_res: dict) -> list:
-    """The issue-13 targets from the 2-rank results ``two`` (after :func:`program_row` verified every
+    """The issue-13 targets from the 2-rank results ``two`` (after :func:`table_row` verified every
     result in ``mpi``), the NumPy and the dask.array results."""
     from reporting import target
 
@@ -885,7 +885,7 @@ def report(cfg, rounds, ranks, np_res, dask_res, mpi, quick, out_dir, fresh_cach
     from reporting import targets_table, write_results
 
     two = mpi.get("2")
-    rows_by_ranks = {n: [program_row(name, res[name], np_res[name]) for name in PROGRAMS] for n, res in mpi.items()}
+    rows_by_ranks = {n: [table_row(name, res[name], np_res[name]) for name in PROGRAMS] for n, res in mpi.items()}
     targets = stencil_targets(two, mpi, np_res, dask_res) if two is not None else []
     if programs is not None:
         targets = targets + programs["targets"]
