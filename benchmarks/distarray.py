@@ -433,21 +433,42 @@ def handwritten_stencil(comm, u, v, first_row: int, n: int, iters: int, kernel):
     return delta, u, wait_s
 
 
-def mpi_main(a) -> int:
-    import nbmpi.workers.distarray as dnp
-    from nbmpi.workers import gather_trace, get_tracer, world
-    from mpi_part import slowest_rank
+#: The two ways each program is measured on the ranks: name -> ``latency_hiding``.
+MODES = {"hiding": True, "blocking": False}
+#: The counters of ``distarray.stats()`` kept in the results (with ``kernels``).
+STATS_KEYS = ("flushes", "recorded", "inlined", "swapped", "plans_built", "plan_hits", "messages_sent",
+              "bytes_sent", "buffers_allocated", "buffers_reused")
 
-    comm = world()
-    rank, size = comm.Get_rank(), comm.Get_size()
-    cfg = dict(QUICK if a.quick else FULL)
-    rounds = a.rounds or cfg["rounds"]
-    tracer = get_tracer()
 
-    def timed(fn):
-        return slowest_rank(comm, fn)
+class RankBench:
+    """The MPI part's measurements on one rank. Every rank builds one from the parsed arguments ``a`` and
+    calls the same methods in the same order: each method is collective over the world communicator
+    (blocking; the timed calls go through :func:`mpi_part.slowest_rank`). Results that need the gathered
+    traces (waits) are filled on rank 0 only; the other ranks get empty lists and dicts there."""
 
-    def dist_inputs(inp: dict) -> dict:
+    def __init__(self, a) -> None:
+        import nbmpi.workers.distarray as dnp
+        from nbmpi.workers import gather_trace, get_tracer, world
+
+        self.dnp = dnp
+        self.gather_trace = gather_trace
+        self.comm = world()
+        self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
+        self.cfg = dict(QUICK if a.quick else FULL)
+        self.rounds = a.rounds or self.cfg["rounds"]
+        self.quick = a.quick
+        self.tracer = get_tracer()
+
+    def timed(self, fn):
+        """``(fn()'s result, seconds on the slowest rank)`` (collective, see :func:`mpi_part.slowest_rank`)."""
+        from mpi_part import slowest_rank
+
+        return slowest_rank(self.comm, fn)
+
+    def dist_inputs(self, inp: dict) -> dict:
+        """Distributed copies of the NumPy inputs ``inp`` (lists element by element; ``W`` and scalars as
+        they are); collective."""
+        dnp = self.dnp
         out = {}
         for k, v in inp.items():
             if isinstance(v, list):
@@ -458,11 +479,19 @@ def mpi_main(a) -> int:
                 out[k] = v
         return out
 
-    def handwritten_vs_nbmpi() -> dict:
+    def rank_waits(self, mark):
+        """Gather the trace since ``mark`` (collective); returns it and, on rank 0, each rank's wait %
+        (``None`` on the other ranks)."""
+        tr = self.gather_trace(since=mark)
+        waits = [rr["wait_frac"] * 100 for rr in tr.summary()["ranks"]] if self.rank == 0 else None
+        return tr, waits
+
+    def handwritten_vs_nbmpi(self) -> dict:
         """The hand-written mpi4py + numba stencil, interleaved round by round with nbmpi's."""
-        size_, iters = cfg["stencil"]
+        comm, dnp, rank, timed = self.comm, self.dnp, self.rank, self.timed
+        size_, iters = self.cfg["stencil"]
         x = make_inputs("stencil", size_)["full"]
-        d = dnp.Distribution("block", size_, size)
+        d = dnp.Distribution("block", size_, self.size)
         lo, hi = d.block_range(rank)
         kernel = _hw_kernels()
 
@@ -475,7 +504,7 @@ def mpi_main(a) -> int:
         (hw_check, _, _), hw_first = timed(lambda: handwritten_stencil(comm, u, v, lo, size_, 1, kernel))
         hw_best = dn_best = float("inf")
         hw_waits, dn_waits = [], []
-        for r in range(rounds if a.quick else max(rounds, 6)):  # the 1.25x target: more interleaved rounds
+        for r in range(self.rounds if self.quick else max(self.rounds, 6)):  # the 1.25x target: more rounds
             u, v = hw_arrays()
             handwritten_stencil(comm, u, v, lo, size_, 2, kernel)  # warm, like nbmpi's
             res, t = timed(lambda: handwritten_stencil(comm, u, v, lo, size_, iters, kernel))
@@ -483,66 +512,87 @@ def mpi_main(a) -> int:
             hw_best = min(hw_best, t / iters)
             full = dnp.from_numpy(x)
             jacobi_stencil(dnp, full, 2)
-            mark = tracer.mark()
+            mark = self.tracer.mark()
             _, t = timed(lambda: jacobi_stencil(dnp, full, iters))
-            tr = gather_trace(since=mark)
-            tracer.clear()
+            _, waits = self.rank_waits(mark)
+            self.tracer.clear()
             if rank == 0:
-                dn_waits.append([rr["wait_frac"] * 100 for rr in tr.summary()["ranks"]])
+                dn_waits.append(waits)
             dn_best = min(dn_best, t / iters)
         return dict(first_s=hw_first, per_iter_s=hw_best, check=hw_check, nbmpi_per_iter_s=dn_best, size=size_,
                     iters=iters, wait_pct_rounds=hw_waits, nbmpi_wait_pct_rounds=dn_waits)
 
+    def timed_round(self, name: str, inp: dict, iters: int, mode: str, acc: dict) -> None:
+        """One measured round of program ``name`` in ``mode`` (fresh distributed inputs, two warm steps,
+        then ``iters`` traced steps); appends its time, and on rank 0 its waits, to ``acc`` in place."""
+        dnp = self.dnp
+        dnp.configure(latency_hiding=MODES[mode])
+        arrays = self.dist_inputs(inp)
+        run_program(name, dnp, arrays, 2)  # warm: a second step has the copy-back and reuses buffers
+        mark = self.tracer.mark()
+        _, t = self.timed(lambda: run_program(name, dnp, arrays, iters))
+        tr, waits = self.rank_waits(mark)
+        if self.rank == 0:
+            acc["waits"].append(waits)
+            acc["splits"].append(wait_split(tr))
+        self.tracer.clear()
+        acc["best"] = min(acc["best"], t / iters)
+        acc["times"].append(t / iters)
+
+    def mode_summary(self, acc: dict) -> dict:
+        """The JSON record of one mode from its rounds ``acc``: best time, the waits of the fastest round,
+        their median over the rounds, every round's waits and times (wait fields empty off rank 0)."""
+        waits, splits, times = acc["waits"], acc["splits"], acc["times"]
+        if self.rank == 0 and waits:
+            k = int(numpy.argmin(times))
+            w, wmed, split = waits[k], median_per_rank(waits), splits[k]
+            split_med = {part: median_per_rank([sp[part] for sp in splits]) for part in split}
+        else:
+            w, wmed, split, split_med = [], [], {}, {}
+        return dict(per_iter_s=acc["best"], wait_pct=w, wait_pct_median=wmed, wait_pct_rounds=waits,
+                    wait_pct_split=split, wait_pct_split_median=split_med, rounds_s=times)
+
+    def program_row(self, name: str) -> dict:
+        """Measure program ``name``: the first call (kernels compiled with a fresh cache, plans built; its
+        result is checked against NumPy's later), then interleaved rounds, hiding and blocking alternating
+        which goes first. Leaves latency hiding on."""
+        size_, iters = self.cfg[name]
+        inp = make_inputs(name, size_)
+        arrays = self.dist_inputs(inp)
+        check, first = self.timed(lambda: run_program(name, self.dnp, arrays, 1))
+        row = dict(size=size_, iters=iters, first_s=first, check=check)
+        acc = {m: dict(best=float("inf"), waits=[], splits=[], times=[]) for m in MODES}
+        for r in range(self.rounds):
+            for m in (list(MODES) if r % 2 == 0 else list(MODES)[::-1]):
+                self.timed_round(name, inp, iters, m, acc[m])
+        self.dnp.configure(latency_hiding=True)
+        for m in MODES:
+            row[m] = self.mode_summary(acc[m])
+        return row
+
+    def stats(self) -> dict:
+        """This rank's distarray counters (:data:`STATS_KEYS` and the kernels)."""
+        st = self.dnp.stats()
+        out = {k: st[k] for k in STATS_KEYS}
+        out["kernels"] = st["kernels"]
+        return out
+
+
+def mpi_main(a) -> int:
+    """The MPI part (every rank, collective): every program, the hand-written stencil right after the
+    stencil's own rows (under the same machine load), the counters; rank 0 writes ``a.mpi_part``."""
+    bench = RankBench(a)
     results = {}
     for name in PROGRAMS:
-        size_, iters = cfg[name]
-        inp = make_inputs(name, size_)
-        arrays = dist_inputs(inp)
-        # first call: kernels compiled (fresh cache) and plans built; its result is checked against NumPy
-        check, first = timed(lambda: run_program(name, dnp, arrays, 1))
-        row = dict(size=size_, iters=iters, first_s=first, check=check)
-        modes = {"hiding": True, "blocking": False}
-        best = {m: float("inf") for m in modes}
-        waits = {m: [] for m in modes}
-        splits = {m: [] for m in modes}
-        times = {m: [] for m in modes}
-        for r in range(rounds):
-            order = list(modes) if r % 2 == 0 else list(modes)[::-1]
-            for m in order:
-                dnp.configure(latency_hiding=modes[m])
-                arrays = dist_inputs(inp)
-                run_program(name, dnp, arrays, 2)  # warm: a second step has the copy-back and reuses buffers
-                mark = tracer.mark()
-                _, t = timed(lambda: run_program(name, dnp, arrays, iters))
-                tr = gather_trace(since=mark)
-                if rank == 0:
-                    waits[m].append([rr["wait_frac"] * 100 for rr in tr.summary()["ranks"]])
-                    splits[m].append(wait_split(tr))
-                tracer.clear()
-                best[m] = min(best[m], t / iters)
-                times[m].append(t / iters)
-        dnp.configure(latency_hiding=True)
-        for m in modes:
-            if rank == 0 and waits[m]:
-                k = int(numpy.argmin(times[m]))
-                w, wmed, split = waits[m][k], median_per_rank(waits[m]), splits[m][k]
-                split_med = {part: median_per_rank([sp[part] for sp in splits[m]]) for part in split}
-            else:
-                w, wmed, split, split_med = [], [], {}, {}
-            row[m] = dict(per_iter_s=best[m], wait_pct=w, wait_pct_median=wmed, wait_pct_rounds=waits[m],
-                          wait_pct_split=split, wait_pct_split_median=split_med, rounds_s=times[m])
-        results[name] = row
+        row = results[name] = bench.program_row(name)
         if name == "stencil":  # measured right after the stencil's own rows, under the same machine load
-            results["handwritten_stencil"] = handwritten_vs_nbmpi()
-        if rank == 0:
-            print(f"[{size} ranks] {name}: first {first:.3f} s, hiding {best['hiding'] * 1e3:.2f} ms/it, "
-                  f"blocking {best['blocking'] * 1e3:.2f} ms/it", flush=True)
-    st = dnp.stats()
-    results["stats_rank0"] = {k: st[k] for k in ("flushes", "recorded", "inlined", "swapped", "plans_built",
-                                                 "plan_hits", "messages_sent", "bytes_sent", "buffers_allocated",
-                                                 "buffers_reused")}
-    results["stats_rank0"]["kernels"] = st["kernels"]
-    if rank == 0:
+            results["handwritten_stencil"] = bench.handwritten_vs_nbmpi()
+        if bench.rank == 0:
+            print(f"[{bench.size} ranks] {name}: first {row['first_s']:.3f} s, "
+                  f"hiding {row['hiding']['per_iter_s'] * 1e3:.2f} ms/it, "
+                  f"blocking {row['blocking']['per_iter_s'] * 1e3:.2f} ms/it", flush=True)
+    results["stats_rank0"] = bench.stats()
+    if bench.rank == 0:
         Path(a.mpi_part).write_text(json.dumps(results))
     return 0
 
@@ -676,132 +726,176 @@ def programs_main(a) -> int:
     return 0
 
 
+#: Columns of the per-rank-count tables of :func:`report`.
+RANKS_HEADER = ["program", "size", "NumPy ms", "nbmpi hiding ms", "nbmpi blocking ms",
+                "median of rounds ms (hiding / blocking)", "speedup hiding",
+                "speedup blocking", "wait % hiding (per rank)", "wait % blocking (per rank)", "first call s",
+                "equals NumPy"]
+
+
+def _pct(v) -> str:
+    """Per-rank percentages as ``a / b`` (2 decimals), ``-`` when there are none."""
+    return " / ".join(f"{x:.2f}" for x in v) if v else "-"
+
+
+def table_row(name: str, r: dict, npr: dict) -> list:
+    """The table row of program ``name`` from its nbmpi result ``r`` and NumPy result ``npr``; adds
+    ``verified``, each mode's ``speedup_vs_numpy`` and (PRK kernels) ``rate`` to ``r`` in place."""
+    ok = bool(numpy.isclose(r["check"], npr["check"], rtol=1e-8, atol=1e-12))
+    r["verified"] = ok
+    for m in ("hiding", "blocking"):
+        r[m]["speedup_vs_numpy"] = npr["per_iter_s"] / r[m]["per_iter_s"]
+    wu = work_units(name, npr["size"], 1)
+    if wu:
+        unit = 1e9
+        r["rate"] = dict(numpy=wu / npr["per_iter_s"] / unit, hiding=wu / r["hiding"]["per_iter_s"] / unit,
+                         blocking=wu / r["blocking"]["per_iter_s"] / unit,
+                         unit="GFlop/s" if name == "prk_stencil" else "GB/s")
+    return [TITLES[name], str(npr["size"]), npr["per_iter_s"] * 1e3, r["hiding"]["per_iter_s"] * 1e3,
+            r["blocking"]["per_iter_s"] * 1e3,
+            " / ".join(f"{numpy.median(r[m]['rounds_s']) * 1e3:.1f}" for m in ("hiding", "blocking")),
+            r["hiding"]["speedup_vs_numpy"],
+            r["blocking"]["speedup_vs_numpy"],
+            " / ".join(f"{w:.1f}" for w in r["hiding"]["wait_pct_median"]),
+            " / ".join(f"{w:.1f}" for w in r["blocking"]["wait_pct_median"]), r["first_s"], ok]
+
+
+def stencil_targets(two: dict, mpi: dict, np_res: dict, dask_res: dict) -> list:
+    """The issue-13 targets from the 2-rank results ``two`` (after :func:`table_row` verified every
+    result in ``mpi``), the NumPy and the dask.array results."""
+    from reporting import target
+
+    st = two["stencil"]
+    nan = [float("nan")]
+    # waits: the median over the interleaved rounds (one round's wait is mostly the machine's noise)
+    wh, wb = (max(st[m]["wait_pct_median"] or nan) for m in ("hiding", "blocking"))
+    th, tb = (max(st[m]["wait_pct_split_median"].get("transfers") or nan) for m in ("hiding", "blocking"))
+    hw = two["handwritten_stencil"]
+    n_rounds = len(st["hiding"]["rounds_s"])
+    rounds_txt = f"median of {n_rounds} round{'' if n_rounds == 1 else 's'}"
+    return [
+        target(f"stencil wait % with latency hiding, worst rank ({rounds_txt}), 2 ranks", wh, 10.0,
+               higher_is_better=False),
+        target(f"stencil wait % without / with latency hiding (worst ranks, {rounds_txt}), 2 ranks",
+               ratio_of(wb, wh), 3.0),
+        target("stencil transfer wait % (the seed's 'communication latency not hidden behind computation') "
+               f"without / with latency hiding (worst ranks, {rounds_txt}), 2 ranks", ratio_of(tb, th), 3.0),
+        target("stencil time nbmpi / hand-written mpi4py+numba (same run, interleaved), 2 ranks",
+               hw["nbmpi_per_iter_s"] / hw["per_iter_s"], 1.25, higher_is_better=False),
+        target("stencil speedup of nbmpi (2 ranks) over dask.array (2 workers)",
+               dask_res["per_iter_s"] / st["hiding"]["per_iter_s"], 10.0),
+        target("every nbmpi result (first call) equals NumPy's",
+               float(all(r[k]["verified"] for r in mpi.values() for k in PROGRAMS)), 1.0),
+        target("hand-written stencil's first delta equals NumPy's",
+               float(numpy.isclose(hw["check"], np_res["stencil"]["check"], rtol=1e-10)), 1.0),
+    ]
+
+
+def intro_md(rounds: int, fresh_cache: bool, run_info: dict, mach: dict) -> list:
+    """The report's opening paragraphs (how it was measured, the load, the machine's cores)."""
+    return [f"Best of {rounds} interleaved rounds (hiding / blocking alternate; the median of the rounds beside it, "
+            f"each round one loop of steps as a user writes it); time per iteration in ms "
+            f"(max over ranks); speedup over NumPy in one process; wait % per rank from the gathered traces, the "
+            f"median over the rounds (the JSON also has each round's). First call: the first iteration on fresh "
+            f"arrays, including numba "
+            f"compilation ({'fresh kernel cache' if fresh_cache else 'kernel cache from NBMPI_DISTARRAY_CACHE'}) and "
+            f"plan building. BLAS limited to 1 thread everywhere. Programs run one after the other on a machine "
+            f"shared with other work, so rows measured minutes apart saw different loads; comparisons that matter "
+            f"are interleaved within one row (hiding / blocking) or one table (the stencil's peers). Load average at "
+            f"start "
+            f"{tuple(round(x, 2) for x in run_info['load_start'])}, at end "
+            f"{tuple(round(x, 2) for x in run_info['load_end'])}.", "",
+            f"**This machine has {mach['cpus']} cores**: 2 ranks is the most real parallelism it has, so a speedup "
+            "over NumPy above 2x comes from fusion (one pass over memory instead of one per operation, no "
+            "temporaries), not from more cores; 3 ranks oversubscribe the cores (each rank gets 2/3 of a core and "
+            "waits for the others' time slices), and transfers are shared-memory copies (microseconds), so "
+            "network latency, the thing the seed hides, is nearly absent here.", ""]
+
+
+def ranks_md(rows_by_ranks: dict, mpi: dict) -> list:
+    """One section per rank count: the programs' table and the PRK kernels' rates."""
+    from reporting import md_table
+
+    md = []
+    for n, rows in rows_by_ranks.items():
+        md += [f"## {n} ranks", "", md_table(RANKS_HEADER, rows), ""]
+        prk = [(TITLES[k], mpi[n][k]["rate"]) for k in ("prk_stencil", "prk_transpose")]
+        md += [md_table(["PRK kernel", "unit", "NumPy", "nbmpi hiding", "nbmpi blocking"],
+                        [[t, r["unit"], r["numpy"], r["hiding"], r["blocking"]] for t, r in prk]), ""]
+    return md
+
+
+def wait_split_md(two: dict) -> list:
+    """The 'where the wait goes' section of the 2-rank results ``two``."""
+    from reporting import md_table
+
+    split_rows = [[TITLES[k]] + [_pct(two[k][m]["wait_pct_split_median"].get(part))
+                                 for part in ("transfers", "force_point") for m in ("hiding", "blocking")]
+                  for k in PROGRAMS]
+    return ["## Where the wait goes (2 ranks, median over the rounds, % of the time per rank)", "",
+            "Transfers: waits for remote blocks (`distarray_send/recv/wait`), what latency hiding removes. "
+            "Force points: the collectives where a value is read (a reduction's allgather, the check that "
+            "the ranks agree); a rank waits there for the other to arrive, i.e. for load imbalance and "
+            "noise, which hiding cannot remove, and which is the same in both modes.", "",
+            md_table(["program", "transfers, hiding", "transfers, blocking", "force points, hiding",
+                      "force points, blocking"], split_rows), ""]
+
+
+def peers_md(two: dict, np_res: dict, dask_res: dict) -> list:
+    """The stencil against NumPy, the hand-written version and dask.array (2 ranks), with its notes."""
+    from reporting import md_table
+
+    hw = two["handwritten_stencil"]
+    hw_w, dn_w = median_per_rank(hw.get("wait_pct_rounds")), median_per_rank(hw.get("nbmpi_wait_pct_rounds"))
+    return ["## Jacobi stencil against its peers (2 ranks)", "",
+            md_table(["implementation", "ms per iteration", "first call s", "wait % per rank (median of rounds)"],
+                     [["NumPy, one process", np_res["stencil"]["per_iter_s"] * 1e3, np_res["stencil"]["first_s"],
+                       "-"],
+                      ["nbmpi distarray with hiding, 2 ranks (interleaved with the next row)",
+                       hw["nbmpi_per_iter_s"] * 1e3, two["stencil"]["first_s"], _pct(dn_w)],
+                      ["hand-written mpi4py + numba halo exchange, 2 ranks", hw["per_iter_s"] * 1e3,
+                       hw["first_s"], _pct(hw_w)],
+                      [f"dask.array, LocalCluster 2 workers x 1 thread ({dask_res['iters']} iterations)",
+                       dask_res["per_iter_s"] * 1e3, dask_res["first_s"], "-"]]), "",
+            "dask arrays are immutable graphs: the dask version re-slices the views each step, assigns `work` "
+            "into `full` and persists both (otherwise each step recomputes the whole history); its cluster "
+            f"took {dask_res['cluster_start_s']:.1f} s to start (not counted).", "",
+            "The hand-written program's wait is its time in `Waitall` (the halo) and `Allreduce` (delta), "
+            "measured with `perf_counter`; nbmpi's is the traced wait of the same rounds. Both programs "
+            "synchronise the ranks once per step (the sum of delta), so each waits there for the other "
+            "rank's noise: on this machine that wait is the floor of any implementation of the program, "
+            "and it is what the stencil's total-wait ratio (without / with hiding) is made of once the "
+            "transfers are hidden.", ""]
+
+
+def counters_md(two: dict) -> list:
+    """The line of nbmpi's counters on rank 0 of the 2-rank run."""
+    s0 = two["stats_rank0"]
+    return [f"nbmpi counters on rank 0 (2 ranks, whole run): {s0['flushes']} force points, {s0['recorded']} "
+            f"recorded operations of which {s0['inlined']} fused away, {s0['swapped']} copy-backs done as buffer "
+            f"swaps, {s0['plans_built']} plans built and {s0['plan_hits']} reused, {s0['messages_sent']} messages "
+            f"({s0['bytes_sent'] / 2**20:.1f} MiB), kernels: {s0['kernels']}.", ""]
+
+
 def report(cfg, rounds, ranks, np_res, dask_res, mpi, quick, out_dir, fresh_cache, run_info, mach,
            programs=None) -> None:
-    from reporting import md_table, target, targets_table, write_results
+    """Driver only, after the measurements: check every nbmpi result against NumPy's (adding ``verified``,
+    speedups and rates to ``mpi`` in place), evaluate the targets, write ``distarray[_quick].json`` and
+    ``.md`` (to ``out_dir`` or ``benchmarks/results``) and print the markdown."""
+    from reporting import targets_table, write_results
 
     two = mpi.get("2")
-    rows_by_ranks = {}
-    for n, res in mpi.items():
-        rows = []
-        for name in PROGRAMS:
-            r = res[name]
-            npr = np_res[name]
-            ok = bool(numpy.isclose(r["check"], npr["check"], rtol=1e-8, atol=1e-12))
-            r["verified"] = ok
-            for m in ("hiding", "blocking"):
-                r[m]["speedup_vs_numpy"] = npr["per_iter_s"] / r[m]["per_iter_s"]
-            wu = work_units(name, npr["size"], 1)
-            if wu:
-                unit = 1e9
-                r["rate"] = dict(numpy=wu / npr["per_iter_s"] / unit, hiding=wu / r["hiding"]["per_iter_s"] / unit,
-                                 blocking=wu / r["blocking"]["per_iter_s"] / unit,
-                                 unit="GFlop/s" if name == "prk_stencil" else "GB/s")
-            rows.append([TITLES[name], str(npr["size"]), npr["per_iter_s"] * 1e3, r["hiding"]["per_iter_s"] * 1e3,
-                         r["blocking"]["per_iter_s"] * 1e3,
-                         " / ".join(f"{numpy.median(r[m]['rounds_s']) * 1e3:.1f}" for m in ("hiding", "blocking")),
-                         r["hiding"]["speedup_vs_numpy"],
-                         r["blocking"]["speedup_vs_numpy"],
-                         " / ".join(f"{w:.1f}" for w in r["hiding"]["wait_pct_median"]),
-                         " / ".join(f"{w:.1f}" for w in r["blocking"]["wait_pct_median"]), r["first_s"], ok])
-        rows_by_ranks[n] = rows
-    targets = []
-    if two is not None:
-        st = two["stencil"]
-        nan = [float("nan")]
-        # waits: the median over the interleaved rounds (one round's wait is mostly the machine's noise)
-        wh, wb = (max(st[m]["wait_pct_median"] or nan) for m in ("hiding", "blocking"))
-        th, tb = (max(st[m]["wait_pct_split_median"].get("transfers") or nan) for m in ("hiding", "blocking"))
-        hw = two["handwritten_stencil"]
-        n_rounds = len(st["hiding"]["rounds_s"])
-        rounds_txt = f"median of {n_rounds} round{'' if n_rounds == 1 else 's'}"
-        targets = [
-            target(f"stencil wait % with latency hiding, worst rank ({rounds_txt}), 2 ranks", wh, 10.0,
-                   higher_is_better=False),
-            target(f"stencil wait % without / with latency hiding (worst ranks, {rounds_txt}), 2 ranks",
-                   ratio_of(wb, wh), 3.0),
-            target("stencil transfer wait % (the seed's 'communication latency not hidden behind computation') "
-                   f"without / with latency hiding (worst ranks, {rounds_txt}), 2 ranks", ratio_of(tb, th), 3.0),
-            target("stencil time nbmpi / hand-written mpi4py+numba (same run, interleaved), 2 ranks",
-                   hw["nbmpi_per_iter_s"] / hw["per_iter_s"], 1.25, higher_is_better=False),
-            target("stencil speedup of nbmpi (2 ranks) over dask.array (2 workers)",
-                   dask_res["per_iter_s"] / st["hiding"]["per_iter_s"], 10.0),
-            target("every nbmpi result (first call) equals NumPy's",
-                   float(all(r[k]["verified"] for r in mpi.values() for k in PROGRAMS)), 1.0),
-            target("hand-written stencil's first delta equals NumPy's",
-                   float(numpy.isclose(hw["check"], np_res["stencil"]["check"], rtol=1e-10)), 1.0),
-        ]
+    rows_by_ranks = {n: [table_row(name, res[name], np_res[name]) for name in PROGRAMS] for n, res in mpi.items()}
+    targets = stencil_targets(two, mpi, np_res, dask_res) if two is not None else []
     if programs is not None:
         targets = targets + programs["targets"]
     data = dict(benchmark="distarray", quick=quick, config={k: v for k, v in cfg.items()}, rounds=rounds,
                 ranks=ranks, run=run_info, numpy=np_res, dask=dask_res, mpi=mpi, targets=targets,
                 fresh_kernel_cache=fresh_cache, machine=mach,
                 programs=programs["data"] if programs is not None else None)
-    md = [f"Best of {rounds} interleaved rounds (hiding / blocking alternate; the median of the rounds beside it, "
-          f"each round one loop of steps as a user writes it); time per iteration in ms "
-          f"(max over ranks); speedup over NumPy in one process; wait % per rank from the gathered traces, the "
-          f"median over the rounds (the JSON also has each round's). First call: the first iteration on fresh arrays, including numba "
-          f"compilation ({'fresh kernel cache' if fresh_cache else 'kernel cache from NBMPI_DISTARRAY_CACHE'}) and "
-          f"plan building. BLAS limited to 1 thread everywhere. Programs run one after the other on a machine "
-          f"shared with other work, so rows measured minutes apart saw different loads; comparisons that matter "
-          f"are interleaved within one row (hiding / blocking) or one table (the stencil's peers). Load average at "
-          f"start "
-          f"{tuple(round(x, 2) for x in run_info['load_start'])}, at end "
-          f"{tuple(round(x, 2) for x in run_info['load_end'])}.", "",
-          f"**This machine has {mach['cpus']} cores**: 2 ranks is the most real parallelism it has, so a speedup "
-          "over NumPy above 2x comes from fusion (one pass over memory instead of one per operation, no "
-          "temporaries), not from more cores; 3 ranks oversubscribe the cores (each rank gets 2/3 of a core and "
-          "waits for the others' time slices), and transfers are shared-memory copies (microseconds), so "
-          "network latency, the thing the seed hides, is nearly absent here.", ""]
-    header = ["program", "size", "NumPy ms", "nbmpi hiding ms", "nbmpi blocking ms",
-              "median of rounds ms (hiding / blocking)", "speedup hiding",
-              "speedup blocking", "wait % hiding (per rank)", "wait % blocking (per rank)", "first call s",
-              "equals NumPy"]
-    for n, rows in rows_by_ranks.items():
-        md += [f"## {n} ranks", "", md_table(header, rows), ""]
-        prk = [(TITLES[k], mpi[n][k]["rate"]) for k in ("prk_stencil", "prk_transpose")]
-        md += [md_table(["PRK kernel", "unit", "NumPy", "nbmpi hiding", "nbmpi blocking"],
-                        [[t, r["unit"], r["numpy"], r["hiding"], r["blocking"]] for t, r in prk]), ""]
+    md = intro_md(rounds, fresh_cache, run_info, mach) + ranks_md(rows_by_ranks, mpi)
     if two is not None:
-        def pct(v):
-            return " / ".join(f"{x:.2f}" for x in v) if v else "-"
-
-        split_rows = [[TITLES[k]] + [pct(two[k][m]["wait_pct_split_median"].get(part))
-                                     for part in ("transfers", "force_point") for m in ("hiding", "blocking")]
-                      for k in PROGRAMS]
-        md += ["## Where the wait goes (2 ranks, median over the rounds, % of the time per rank)", "",
-               "Transfers: waits for remote blocks (`distarray_send/recv/wait`), what latency hiding removes. "
-               "Force points: the collectives where a value is read (a reduction's allgather, the check that "
-               "the ranks agree); a rank waits there for the other to arrive, i.e. for load imbalance and "
-               "noise, which hiding cannot remove, and which is the same in both modes.", "",
-               md_table(["program", "transfers, hiding", "transfers, blocking", "force points, hiding",
-                         "force points, blocking"], split_rows), ""]
-        hw = two["handwritten_stencil"]
-        hw_w, dn_w = median_per_rank(hw.get("wait_pct_rounds")), median_per_rank(hw.get("nbmpi_wait_pct_rounds"))
-        md += ["## Jacobi stencil against its peers (2 ranks)", "",
-               md_table(["implementation", "ms per iteration", "first call s", "wait % per rank (median of rounds)"],
-                        [["NumPy, one process", np_res["stencil"]["per_iter_s"] * 1e3, np_res["stencil"]["first_s"],
-                          "-"],
-                         ["nbmpi distarray with hiding, 2 ranks (interleaved with the next row)",
-                          hw["nbmpi_per_iter_s"] * 1e3, two["stencil"]["first_s"], pct(dn_w)],
-                         ["hand-written mpi4py + numba halo exchange, 2 ranks", hw["per_iter_s"] * 1e3,
-                          hw["first_s"], pct(hw_w)],
-                         [f"dask.array, LocalCluster 2 workers x 1 thread ({dask_res['iters']} iterations)",
-                          dask_res["per_iter_s"] * 1e3, dask_res["first_s"], "-"]]), "",
-               "dask arrays are immutable graphs: the dask version re-slices the views each step, assigns `work` "
-               "into `full` and persists both (otherwise each step recomputes the whole history); its cluster "
-               f"took {dask_res['cluster_start_s']:.1f} s to start (not counted).", "",
-               "The hand-written program's wait is its time in `Waitall` (the halo) and `Allreduce` (delta), "
-               "measured with `perf_counter`; nbmpi's is the traced wait of the same rounds. Both programs "
-               "synchronise the ranks once per step (the sum of delta), so each waits there for the other "
-               "rank's noise: on this machine that wait is the floor of any implementation of the program, "
-               "and it is what the stencil's total-wait ratio (without / with hiding) is made of once the "
-               "transfers are hidden.", ""]
-        s0 = two["stats_rank0"]
-        md += [f"nbmpi counters on rank 0 (2 ranks, whole run): {s0['flushes']} force points, {s0['recorded']} "
-               f"recorded operations of which {s0['inlined']} fused away, {s0['swapped']} copy-backs done as buffer "
-               f"swaps, {s0['plans_built']} plans built and {s0['plan_hits']} reused, {s0['messages_sent']} messages "
-               f"({s0['bytes_sent'] / 2**20:.1f} MiB), kernels: {s0['kernels']}.", ""]
+        md += wait_split_md(two) + peers_md(two, np_res, dask_res) + counters_md(two)
     if programs is not None:
         md += programs["md"]
     md += ["## Targets", "", targets_table(targets) if targets else "(no 2-rank run)"]
