@@ -48,8 +48,12 @@ HASH_SCHEME = "sha256"
 
 
 def new_token() -> str:
-    """A fresh random token (43 URL-safe characters, 256 bits)."""
-    return secrets.token_urlsafe(32)
+    """A fresh random token (43 URL-safe characters, 256 bits), never starting with ``-``: a command line
+    (``nbmpi ... --token T``, ``%distributed connect URL --token T``) would read that as an option."""
+    while True:
+        token = secrets.token_urlsafe(32)
+        if not token.startswith("-"):
+            return token
 
 
 def hash_token(token: str, salt: Optional[bytes] = None) -> str:

@@ -168,7 +168,8 @@ def test_dask_notebook(tmp_path):
                       "row norms equal NumPy's: True\n"), arrays
     assert "[rank 0] rank 0 rows [0, 1, 2, 3, 4] | equal to NumPy: True" in back, back
     assert "[rank 1] rank 1 rows [5, 6, 7, 8, 9] | equal to NumPy: True" in back, back
-    assert stop == "pool 'pool0' stopped\nDask client: closed\n", stop
+    assert stop == ("pool 'pool0' stopped\ncell timelines server stopped (no pool started here runs)\n"
+                    "Dask client: closed\n"), stop
 
 
 def test_dask_from_python_restart_and_dashboard_through_jupyter(tmp_path):

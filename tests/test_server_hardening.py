@@ -491,3 +491,13 @@ def test_docs_page_loads_nothing_from_outside(server, tmp_path):
         assert refused == []
     finally:
         browser.quit()
+
+
+def test_new_tokens_never_start_like_an_option():
+    """A token is passed on command lines (``--token T``): one starting with ``-`` would be read as an option
+    (1 in 64 of ``secrets.token_urlsafe`` do)."""
+    from nbmpi.server.auth import new_token
+
+    tokens = [new_token() for _ in range(5000)]
+    assert not [t for t in tokens if t.startswith("-")]
+    assert len(set(tokens)) == len(tokens) and {len(t) for t in tokens} == {43}

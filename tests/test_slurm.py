@@ -635,10 +635,10 @@ def test_run_script_runs_a_2_rank_job_with_its_trace(slurm, tmp_path):
     trace = json.loads((trace_dir / "trace.json").read_text())
     assert {e["pid"] for e in trace["traceEvents"] if e.get("ph") == "X"} == {0, 1}
     assert json.loads((trace_dir / "summary.json").read_text())["nranks"] == 2
-    names = {p.name for p in trace_dir.iterdir()}   # the gathered trace, and the ranks' live streams
-    assert {"summary.json", "trace.json"} <= names and names <= {"summary.json", "trace.json", "rank-0.events",
-                                                                  "rank-1.events", "rank-0.live.json",
-                                                                  "rank-1.live.json"}, names
+    names = {p.name for p in trace_dir.iterdir()}   # the gathered trace (Chrome, summary, raw), the live streams
+    gathered = {"summary.json", "trace.json", "trace.npz"}
+    assert gathered <= names and names <= gathered | {"rank-0.events", "rank-1.events", "rank-0.live.json",
+                                                      "rank-1.live.json"}, names
 
 
 def test_session_script_controller_and_pool_in_one_allocation(slurm, tmp_path):
