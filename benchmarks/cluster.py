@@ -104,14 +104,16 @@ def pingpong_part(sizes: List[int], blocks: int, seed: int) -> Dict[str, dict]:
 
 
 def cpu_clock() -> tuple:
-    """This thread's ``(ns on a CPU, ns runnable but waiting for a CPU)`` so far (``/proc/thread-self/schedstat``;
-    zeros where the kernel has no schedstat). The second is the time other processes held the cores."""
+    """This thread's ``(ns on a CPU, ns runnable but waiting for a CPU)`` so far: the first from the thread's CPU
+    clock (``time.thread_time_ns``, exact), the second from ``/proc/thread-self/schedstat`` (0 where the kernel
+    has none; it is brought up to date only at scheduler events, so over a few ms it can be off by a tick).
+    The second is the time other processes held the cores."""
     try:
         with open("/proc/thread-self/schedstat") as f:
-            on_cpu, waiting_for_cpu = f.read().split()[:2]
-        return int(on_cpu), int(waiting_for_cpu)
-    except (OSError, ValueError):
-        return 0, 0
+            waiting_for_cpu = int(f.read().split()[1])
+    except (OSError, ValueError, IndexError):
+        waiting_for_cpu = 0
+    return time.thread_time_ns(), waiting_for_cpu
 
 
 def timed_share(comm, fn) -> tuple:
