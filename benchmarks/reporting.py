@@ -14,8 +14,10 @@ import argparse
 import json
 import os
 import platform
+import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
@@ -39,10 +41,20 @@ def code_version() -> Dict[str, Any]:
     return dict(commit=commit, commit_short=commit[:10], dirty=bool(status))
 
 
+def _exit_on_sigterm(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)
+
+
 def benchmark_parser(doc: str, quick_help: str) -> argparse.ArgumentParser:
     """The command line every benchmark shares: its description is the first paragraph of ``doc``
     (the module docstring); ``--quick`` (a smoke-test run, described by ``quick_help``) and
-    ``--out-dir`` (default ``benchmarks/results``). The caller adds its own options."""
+    ``--out-dir`` (default ``benchmarks/results``). The caller adds its own options.
+
+    It also makes SIGTERM end the benchmark like Ctrl-C does: the signal raises ``SystemExit(143)``, so the
+    ``finally`` blocks run and a benchmark stopped by ``kill`` or a CI timeout stops the controllers,
+    pools and clusters it started instead of leaving them running."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _exit_on_sigterm)
     p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help=quick_help)
     p.add_argument("--out-dir", default=None, metavar="DIR",

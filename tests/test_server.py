@@ -506,6 +506,16 @@ def pool_processes(data_dir: Path):
     return found
 
 
+def stop_and_kill_pools(srv: Server, data_dir: Path) -> list:
+    """Stop the controller ``srv``, then kill every pool process of ``data_dir`` still alive (the test
+    fails on them afterwards, but leaves nothing running); returns those leftovers."""
+    srv.stop()
+    leftovers = pool_processes(data_dir)
+    for p in leftovers:
+        p.kill()
+    return leftovers
+
+
 def wait_pool(c: httpx.Client, pool_id: int, states, timeout: float = 60) -> dict:
     deadline = time.monotonic() + timeout
     while True:
@@ -615,10 +625,7 @@ def test_pools(tmp_path):
             assert pool_processes(tmp_path / "data") == []
             assert c.get(f"/api/v1/pools/{kept['id']}").json()["state"] == "stopped"
     finally:
-        srv.stop()
-        leftovers = pool_processes(tmp_path / "data")
-        for p in leftovers:
-            p.kill()
+        leftovers = stop_and_kill_pools(srv, tmp_path / "data")
     assert leftovers == []
 
 
@@ -732,10 +739,7 @@ def test_pool_jobs_are_traced_like_batch_jobs(tmp_path):
             _check_failing_rank_interrupts_the_other(c, pool["id"])
             _check_wedged_ranks_end_the_pool(c, tmp_path / "data", pool["id"])
     finally:
-        srv.stop()
-        leftovers = pool_processes(tmp_path / "data")
-        for p in leftovers:
-            p.kill()
+        leftovers = stop_and_kill_pools(srv, tmp_path / "data")
     assert leftovers == []
 
 
