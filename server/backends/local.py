@@ -131,6 +131,15 @@ class LocalBackend(Backend):
             end_cgroup(self.cgroups.path(name))
         return stale
 
+    def close(self) -> None:
+        """Remove this controller's cgroup directory when nothing is left in it (pools that outlive
+        the service keep theirs, and it, for the next start)."""
+        if self.cgroups is not None:
+            try:
+                os.rmdir(self.cgroups.base)
+            except OSError:
+                pass
+
     def _new_cgroup(self, name: str) -> Optional[str]:
         """A fresh cgroup ``name`` for a job or pool (None without containment); a leftover of
         that name is ended first."""
