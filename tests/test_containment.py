@@ -35,7 +35,7 @@ import pytest
 from test_isolation import _processes_of, _write_users, reachable_tmp, shared_python  # noqa: F401 (fixtures)
 from test_server import Server, job_processes, submit, wait_state
 
-from nbmpi.workers.launch.cgroups import CGROUP_PHRASE, ControllerCgroups, cgroup2_mount, members
+from nbmpi.workers.launch.cgroups import CGROUP_PHRASE, ControllerCgroups, cgroup2_mount, freezer_mount, members
 from nbmpi.workers.launch.identity import Identity, start_options
 from nbmpi.workers.launch.processes import end_cgroup, end_processes
 
@@ -275,9 +275,12 @@ def test_stale_cgroups_of_a_previous_run_are_ended_at_start(tmp_path):
             os.rmdir(cgroups.base)
 
 
-@needs_cgroups
-def test_end_cgroup_ends_what_escaped_every_process_tree():
-    cgroups = ControllerCgroups.open(f"/nbmpi-test-{os.getpid()}")
+@pytest.mark.parametrize("hierarchy", ["v2", "v1-freezer"])
+def test_end_cgroup_ends_what_escaped_every_process_tree(hierarchy):
+    mount = cgroup2_mount() if hierarchy == "v2" else freezer_mount()
+    cgroups = ControllerCgroups.open(f"/nbmpi-test-{os.getpid()}", mount=mount) if mount else None
+    if cgroups is None:
+        pytest.skip(f"needs root and a writable cgroup {hierarchy} hierarchy")
     group = cgroups.create("job-1")
     nobody = Identity.of("nobody")
     # the wrapper enters the cgroup, then drops to the account: `id -u` says so; the daemon's parent exits
@@ -314,5 +317,8 @@ def test_no_cgroup2_mount_means_no_cgroups(tmp_path):
     mounts = tmp_path / "mounts"
     mounts.write_text("proc /proc proc rw 0 0\ncgroup /sys/fs/cgroup/pids cgroup rw,pids 0 0\n")
     assert cgroup2_mount(str(mounts)) is None
-    mounts.write_text("cgroup2 /sys/fs/cgroup cgroup2 rw,nosuid 0 0\n")
+    assert freezer_mount(str(mounts)) is None
+    mounts.write_text("cgroup2 /sys/fs/cgroup cgroup2 rw,nosuid 0 0\n"
+                      "cgroup /sys/fs/cgroup/freezer cgroup rw,nosuid,freezer 0 0\n")
     assert cgroup2_mount(str(mounts)) == "/sys/fs/cgroup"
+    assert freezer_mount(str(mounts)) == "/sys/fs/cgroup/freezer"

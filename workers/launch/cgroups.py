@@ -1,22 +1,24 @@
-"""Control groups (cgroup v2) that hold every process of one controller job or pool.
+"""Control groups (cgroup v2, or v1's freezer) that hold every process of one controller job or pool.
 
 A job runs in the same UNIX account as its rank guards, so it can kill its guard (and the MPI
 process manager above it) and leave a daemon (double fork, ``setsid``, closed fds) re-parented
 above every subreaper nbmpi has. A cgroup cannot be left that way: a process not root cannot
 move itself out (``cgroup.procs`` belongs to root), and its children are born inside. So a
-controller run by root on a host with a writable cgroup v2 hierarchy gives each job and pool a
-cgroup of its own, ``<cgroup2 mount>/nbmpi/<controller key>/job-<id>`` (``pool-<id>``), made by
+controller run by root on a host with a writable cgroup v2 hierarchy (else the v1 ``freezer``
+one) gives each job and pool a cgroup of its own, ``<mount>/nbmpi/<controller key>/job-<id>``
+(``pool-<id>``), made by
 :meth:`ControllerCgroups.create`; the process it starts enters it *before* it can fork and
 before it drops to the user's account: :func:`enter_command` wraps the command in this very
 file, run as a script (``python -I -S cgroups.py DIR UID GID -- CMD...``) that writes its own
 pid to ``DIR/cgroup.procs``, drops to ``UID``/``GID`` (supplementary groups cleared) and
 ``exec``s ``CMD`` (subprocess's own ``user=``/``group=`` drop privileges before ``preexec_fn``
 runs, too early for the move). :func:`nbmpi.workers.launch.processes.end_cgroup` ends
-everything in one (``cgroup.kill``, or freeze, SIGKILL each, thaw on kernels before 5.14) and
-removes it.
+everything in one (``cgroup.kill``, or freeze, SIGKILL each, thaw on kernels before 5.14 and on
+v1) and removes it.
 
-:func:`ControllerCgroups.open` returns None where this is not possible (not root, no cgroup v2,
-read-only): rank guards, child subreapers, are then the only containment (:data:`SUBREAPER_PHRASE`).
+:func:`ControllerCgroups.open` returns None where this is not possible (not root, neither a cgroup
+v2 nor a v1 freezer hierarchy, or not writable): rank guards, child subreapers, are then the only
+containment (:data:`SUBREAPER_PHRASE`).
 
 This file imports nothing outside the standard library: the wrapper runs it by path, isolated
 (``-I -S``), before any account switch. Linux only.
@@ -30,7 +32,7 @@ import sys
 import time
 from typing import List, Optional, Sequence
 
-#: Directory under the cgroup v2 mount that holds every nbmpi controller's groups.
+#: Directory under the hierarchy's mount that holds every nbmpi controller's groups.
 TOP = "nbmpi"
 #: What a controller says about containment with cgroups (``/api/health``).
 CGROUP_PHRASE = "cgroup: every job and pool runs in a cgroup of its own, and everything in it ends with it"
@@ -43,11 +45,20 @@ SUBREAPER_PHRASE = ("subreaper only: each rank's guard ends what its rank leaves
 def cgroup2_mount(mounts: str = "/proc/self/mounts") -> Optional[str]:
     """Mount point of the cgroup v2 hierarchy (``/sys/fs/cgroup`` on unified hosts,
     ``/sys/fs/cgroup/unified`` on hybrid ones), or None when there is none."""
+    return _mount_of(mounts, lambda fstype, options: fstype == "cgroup2")
+
+
+def freezer_mount(mounts: str = "/proc/self/mounts") -> Optional[str]:
+    """Mount point of the cgroup v1 ``freezer`` hierarchy (hosts without cgroup v2), or None."""
+    return _mount_of(mounts, lambda fstype, options: fstype == "cgroup" and "freezer" in options)
+
+
+def _mount_of(mounts: str, wanted) -> Optional[str]:
     try:
         with open(mounts) as f:
             for line in f:
                 fields = line.split()
-                if len(fields) >= 3 and fields[2] == "cgroup2":
+                if len(fields) >= 4 and wanted(fields[2], fields[3].split(",")):
                     return fields[1].replace("\\040", " ")
     except OSError:
         pass
@@ -74,39 +85,64 @@ def populated(path: str) -> bool:
                 key, _, value = line.partition(" ")
                 if key == "populated":
                     return value.strip() == "1"
-    except OSError:
-        return False
+    except OSError:   # cgroup v1 has no cgroup.events
+        pass
     return bool(members(path))
 
 
 def kill_all(path: str) -> None:
     """SIGKILL every process in cgroup ``path`` and below, also those forking meanwhile: one write
-    to ``cgroup.kill`` (Linux 5.14+), else freeze, SIGKILL each member, thaw. Never raises for a
-    cgroup already gone; does not wait (see :func:`populated`)."""
-    try:
-        with open(os.path.join(path, "cgroup.kill"), "w") as f:
-            f.write("1")
+    to ``cgroup.kill`` (cgroup v2, Linux 5.14+), else freeze (``cgroup.freeze``, or v1's
+    ``freezer.state``), SIGKILL each member, thaw. Never raises for a cgroup already gone; does not
+    wait for the processes to go (see :func:`populated`)."""
+    if not os.path.isdir(path):
         return
-    except FileNotFoundError:
-        if not os.path.isdir(path):
+    if os.path.exists(os.path.join(path, "cgroup.kill")):
+        try:
+            with open(os.path.join(path, "cgroup.kill"), "w") as f:
+                f.write("1")
             return
-    freeze = os.path.join(path, "cgroup.freeze")
-    try:
-        with open(freeze, "w") as f:
-            f.write("1")
-    except OSError:
-        freeze = ""
+        except OSError:   # removed meanwhile, or refused: kill each below
+            pass
+    thaw = _freeze(path)
     for pid in members(path):
         try:
             os.kill(pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
-    if freeze:   # the killed processes die once thawed
+    if thaw is not None:   # the killed processes die once thawed
         try:
-            with open(freeze, "w") as f:
-                f.write("0")
+            with open(thaw[0], "w") as f:
+                f.write(thaw[1])
         except OSError:
             pass
+
+
+def _freeze(path: str, timeout: float = 2.0):
+    """Freeze cgroup ``path`` (no member can fork meanwhile) and wait up to ``timeout`` seconds until
+    it is; the (file, value) that thaws it, or None when it cannot be frozen."""
+    for name, frozen, thawed, done in (("cgroup.freeze", "1", "0", "frozen 1"),
+                                       ("freezer.state", "FROZEN", "THAWED", "FROZEN")):
+        control = os.path.join(path, name)
+        if not os.path.exists(control):   # (writing a missing file in a cgroup fs: EACCES)
+            continue
+        try:
+            with open(control, "w") as f:
+                f.write(frozen)
+        except OSError:
+            continue
+        state = os.path.join(path, "cgroup.events" if name == "cgroup.freeze" else name)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                with open(state) as f:
+                    if done in f.read():
+                        break
+            except OSError:
+                break
+            time.sleep(0.005)
+        return control, thawed
+    return None
 
 
 def remove(path: str, timeout: float = 5.0) -> bool:
@@ -136,7 +172,7 @@ class ControllerCgroups:
     (:meth:`names`). Thread-safe (each call is one directory operation)."""
 
     def __init__(self, base: str):
-        #: The controller's directory in the cgroup v2 hierarchy.
+        #: The controller's directory in its cgroup hierarchy (v2, or v1's freezer).
         self.base = base
 
     @staticmethod
@@ -145,22 +181,29 @@ class ControllerCgroups:
         return "c-" + hashlib.sha256(os.path.realpath(data_dir).encode()).hexdigest()[:16]
 
     @classmethod
-    def open(cls, data_dir: str) -> Optional["ControllerCgroups"]:
-        """The cgroups of the controller serving ``data_dir``, its directory made now; None when this
-        process is not root, the host has no cgroup v2 hierarchy, or it is not writable."""
-        mount = cgroup2_mount()
-        if os.geteuid() != 0 or mount is None or not sys.platform.startswith("linux"):
+    def open(cls, data_dir: str, mount: Optional[str] = None) -> Optional["ControllerCgroups"]:
+        """The cgroups of the controller serving ``data_dir``, its directory made now, in the cgroup
+        hierarchy mounted at ``mount`` (default: the cgroup v2 one, else v1's ``freezer``); None when
+        this process is not root, the host has no such hierarchy, or it is not writable."""
+        if os.geteuid() != 0 or not sys.platform.startswith("linux"):
             return None
-        base = os.path.join(mount, TOP, cls.key_of(data_dir))
+        for candidate in ([mount] if mount else [cgroup2_mount(), freezer_mount()]):
+            if candidate is not None and cls._writable(os.path.join(candidate, TOP, cls.key_of(data_dir))):
+                return cls(os.path.join(candidate, TOP, cls.key_of(data_dir)))
+        return None
+
+    @staticmethod
+    def _writable(base: str) -> bool:
+        """Make ``base`` and check a cgroup can be made in it."""
         try:
             os.makedirs(base, exist_ok=True)
             probe = os.path.join(base, f"probe-{os.getpid()}")
             os.mkdir(probe)
             ok = os.path.exists(os.path.join(probe, "cgroup.procs"))
             os.rmdir(probe)
+            return ok
         except OSError:
-            return None
-        return cls(base) if ok else None
+            return False
 
     def path(self, name: str) -> str:
         """The path of child ``name`` (e.g. ``job-7``)."""
