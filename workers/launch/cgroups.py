@@ -39,7 +39,7 @@ CGROUP_PHRASE = "cgroup: every job and pool runs in a cgroup of its own, and eve
 #: What it says without them.
 SUBREAPER_PHRASE = ("subreaper only: each rank's guard ends what its rank leaves behind, but a job that kills its "
                     "own guard can leave a process running; run nbmpi serve as root on a host with a writable "
-                    "cgroup v2 hierarchy for full containment")
+                    "cgroup hierarchy (v2, or v1's freezer) for full containment")
 
 
 def cgroup2_mount(mounts: str = "/proc/self/mounts") -> Optional[str]:
