@@ -70,12 +70,14 @@ def create_app(data_dir: Path, max_ranks: Optional[int], users_path: Optional[Pa
     engine = make_engine(db_path or data_dir / "nbmpi.db")
     sessions = session_factory(engine)
     runner = make_backend(backend, **(backend_options or {}))
+    containment = runner.contain(data_dir)
     ledger = RankLedger(runner.capacity(max_ranks))
     pool_manager = PoolManager(sessions, data_dir, runner, ledger, max_ranks, accounts=accounts) \
         if enable_pools else None
     scheduler = Scheduler(sessions, data_dir, runner, ledger, max_ranks, pools=pool_manager,
                           max_log_bytes=max_log_bytes, accounts=accounts)
-    svc = Service(auth=Authenticator(users_path), scheduler=scheduler, pools=pool_manager, accounts=accounts)
+    svc = Service(auth=Authenticator(users_path), scheduler=scheduler, pools=pool_manager, accounts=accounts,
+                  containment=containment)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -84,6 +86,7 @@ def create_app(data_dir: Path, max_ranks: Optional[int], users_path: Optional[Pa
         if pool_manager is not None:
             pool_manager.start()
         scheduler.start()
+        runner.sweep()   # what a previous run left that no recovered pool or job uses
         try:
             yield
         finally:

@@ -186,6 +186,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     limit = max_ranks if max_ranks is not None else "per job: the backend's queue decides"
     print(f"nbmpi serve: listening on {url} (backend {args.backend}, max ranks {limit}, data {data_dir})",
           flush=True)
+    print(f"nbmpi serve: containment: {app.state.service.containment}", flush=True)
     _announce(url, port, token if created else None, client_token, users_path, cfg_path, accounts)
     if not loopback:
         print(f"nbmpi serve: WARNING: listening on {args.host}, not only on this machine; this service runs "

@@ -34,6 +34,8 @@ class Service:
     pools_error: str = "pools are disabled on this service"
     #: Which UNIX account runs each user's jobs (its mode shows on /api/health and the dashboard).
     accounts: Optional[Accounts] = None
+    #: Which containment ends what a job or pool starts (:meth:`~nbmpi.server.backends.Backend.contain`).
+    containment: Optional[str] = None
 
 
 bearer = HTTPBearer(auto_error=False, description="Token from the service's users file")

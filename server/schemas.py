@@ -189,6 +189,9 @@ class Health(BaseModel):
     #: "shared-account" (several users in one account: unsafe, see ``warning``).
     isolation: Literal["single", "accounts", "shared-account"] = "single"
     warning: Optional[str] = None
+    #: How nothing a job or pool starts outlives it, in one phrase: "cgroup: ..." (a cgroup per job
+    #: and pool, everything in it ended with it) or "subreaper only: ..." (each rank's guard).
+    containment: Optional[str] = None
 
 
 class Version(BaseModel):

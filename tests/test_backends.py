@@ -46,7 +46,7 @@ def test_local_job_succeeds_with_logs_and_trace(tmp_path):
                        "r = world().Get_rank()\nch = ArrayChannel(4)\nch.fill(r + 1)\nch.allreduce('sum')\n"
                        "print('rank', r, float(ch[0]), sys.argv[1:])\n", args=["x"])
     state = b.submit(s)
-    assert set(state) == {"pgid", "status_dir"} and json.dumps(state)  # opaque but JSON for the record
+    assert set(state) == {"pgid", "status_dir", "cgroup"} and json.dumps(state)  # opaque but JSON for the record
     st = follow(b, s, state)
     assert (st.outcome, st.exit_code, st.codes, st.message) == ("succeeded", 0, [0, 0], None)
     for r in (0, 1):

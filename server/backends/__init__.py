@@ -113,6 +113,17 @@ class Backend(abc.ABC):
     #: (:meth:`recover`); False ends them with the service (they are recorded ``lost``).
     jobs_outlive_service: ClassVar[bool] = False
 
+    def contain(self, data_dir: Path) -> str:
+        """Set up how nothing a job or pool starts outlives it, for the service serving ``data_dir``
+        (called once before anything starts); one phrase saying which containment is in force
+        (``/api/health``)."""
+        return "the backend's own: its scheduler ends every process of a job's allocation"
+
+    def sweep(self) -> List[str]:
+        """After recovery at start: end what a previous run of the service left that no record
+        follows any more; the names of what was ended."""
+        return []
+
     def capacity(self, max_ranks: Optional[int]) -> Optional[int]:
         """Ranks the controller may hold at once given ``--max-ranks`` (None: the backend queues)."""
         return max_ranks

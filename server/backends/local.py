@@ -25,6 +25,15 @@ the data directory must then be on a filesystem every host sees. When such a job
 succeed, the shared memory its killed ranks left on the other hosts is removed there
 (:func:`nbmpi.workers.launch.remote_cleanup.clean_hosts`). Pools stay on this host.
 
+Containment (:meth:`LocalBackend.contain`): a controller run by root on a host with a writable cgroup
+v2 hierarchy starts every job and pool in a cgroup of its own (:mod:`nbmpi.workers.launch.cgroups`),
+entered before anything of it runs and before the drop to the user's account; when the job ends or is
+cancelled, or the pool stops, everything in it is killed and the cgroup removed
+(:func:`~nbmpi.workers.launch.processes.end_cgroup`), also a daemon whose job killed its own rank
+guard and the process manager above it. Its path is in the stored state; cgroups a previous run of
+the controller left are ended at start (:meth:`LocalBackend.sweep`). Elsewhere each rank's guard, a
+child subreaper, is the only containment.
+
 After a restart a job that was running cannot be followed (its mpiexec was
 this process's child): :meth:`LocalBackend.recover` ends what is left of it
 and the record becomes ``lost``.
@@ -40,10 +49,11 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import psutil
 
 from nbmpi.workers.launch import launcher
+from nbmpi.workers.launch.cgroups import CGROUP_PHRASE, SUBREAPER_PHRASE, ControllerCgroups
 from nbmpi.workers.launch.engine_pool import EnginePool
 from nbmpi.workers.launch.environment import LAUNCHER_EXEC_ENV, STATUS_DIR_ENV, job_environment
 from nbmpi.workers.launch.identity import base_environment, open_no_link
-from nbmpi.workers.launch.processes import end_group_of, end_processes, noted_segments, remove_shm
+from nbmpi.workers.launch.processes import end_cgroup, end_group_of, end_processes, noted_segments, remove_shm
 
 from . import Backend, BackendError, JobSpec, JobStatus, PoolSpec
 
@@ -76,10 +86,12 @@ def _is_pool_process(pid: int) -> bool:
 class _Launch:
     """A job started by this service: its mpiexec, the watch of its ranks, its environment."""
 
-    def __init__(self, proc: subprocess.Popen, watch: launcher.RankWatch, env: Dict[str, str]):
+    def __init__(self, proc: subprocess.Popen, watch: launcher.RankWatch, env: Dict[str, str],
+                 cgroup: Optional[str] = None):
         self.proc = proc
         self.watch = watch
         self.env = env
+        self.cgroup = cgroup
 
 
 class LocalBackend(Backend):
@@ -97,11 +109,65 @@ class LocalBackend(Backend):
         self.hostfile = hostfile
         self._launches: Dict[int, _Launch] = {}
         self._lock = threading.Lock()
+        #: This controller's cgroups (None: no containment beyond the rank guards), see :meth:`contain`.
+        self.cgroups: Optional[ControllerCgroups] = None
+        self._live_cgroups: set = set()
+
+    # -- containment -------------------------------------------------------------------------
+    def contain(self, data_dir: Path) -> str:
+        """Use a cgroup per job and pool when this process can (root, writable cgroup v2); the
+        phrase saying which containment is in force."""
+        self.cgroups = ControllerCgroups.open(str(data_dir))
+        return CGROUP_PHRASE if self.cgroups is not None else SUBREAPER_PHRASE
+
+    def sweep(self) -> List[str]:
+        """End and remove the cgroups of this controller that nothing of this run uses (what a
+        previous run that died left); returns their names. Call after recovery."""
+        if self.cgroups is None:
+            return []
+        with self._lock:
+            stale = [n for n in self.cgroups.names() if self.cgroups.path(n) not in self._live_cgroups]
+        for name in stale:
+            end_cgroup(self.cgroups.path(name))
+        return stale
+
+    def close(self) -> None:
+        """Remove this controller's cgroup directory when nothing is left in it (pools that outlive
+        the service keep theirs, and it, for the next start)."""
+        if self.cgroups is not None:
+            try:
+                os.rmdir(self.cgroups.base)
+            except OSError:
+                pass
+
+    def _new_cgroup(self, name: str) -> Optional[str]:
+        """A fresh cgroup ``name`` for a job or pool (None without containment); a leftover of
+        that name is ended first."""
+        if self.cgroups is None:
+            return None
+        path = self.cgroups.path(name)
+        with self._lock:
+            self._live_cgroups.add(path)
+        end_cgroup(path)
+        try:
+            return self.cgroups.create(name)
+        except OSError as exc:
+            self._end_cgroup(path)
+            raise BackendError(f"could not make the cgroup {path} for {name}: {exc}") from exc
+
+    def _end_cgroup(self, path: Optional[str]) -> None:
+        """End everything in ``path`` (a job's or pool's cgroup of this controller) and remove it."""
+        if not path or self.cgroups is None or not self.cgroups.owns(path):
+            return
+        end_cgroup(path)
+        with self._lock:
+            self._live_cgroups.discard(path)
 
     # -- jobs ------------------------------------------------------------------------------
     def submit(self, spec: JobSpec) -> Dict[str, Any]:
         status_dir = str(spec.job_dir / "status")
         env = job_environment(spec, status_dir, base_environment(spec.identity))
+        cgroup = self._new_cgroup(f"job-{spec.id}")
         try:
             os.makedirs(status_dir, exist_ok=True)
             if spec.identity is not None:   # its ranks write status, logs and trace there
@@ -111,12 +177,14 @@ class LocalBackend(Backend):
                     open_no_link(spec.job_dir / "launcher.err", "wb") as err:
                 proc = launcher.start(spec.ranks, [str(spec.script_path), *spec.args], status_dir, env=env,
                                       stdout=out, stderr=err, cwd=str(spec.job_dir), full_env=True,
-                                      identity=spec.identity, hosts=self.hosts, hostfile=self.hostfile)
+                                      identity=spec.identity, hosts=self.hosts, hostfile=self.hostfile,
+                                      cgroup=cgroup)
         except (OSError, ValueError) as exc:  # e.g. no mpiexec
+            self._end_cgroup(cgroup)
             raise BackendError(f"could not start mpiexec: {exc}") from exc
         with self._lock:
-            self._launches[spec.id] = _Launch(proc, launcher.RankWatch(status_dir, spec.ranks), env)
-        return {"pgid": proc.pid, "status_dir": status_dir}
+            self._launches[spec.id] = _Launch(proc, launcher.RankWatch(status_dir, spec.ranks), env, cgroup)
+        return {"pgid": proc.pid, "status_dir": status_dir, "cgroup": cgroup}
 
     def poll(self, spec: JobSpec, state: Dict[str, Any]) -> JobStatus:
         launch = self._launches.get(spec.id)
@@ -134,8 +202,10 @@ class LocalBackend(Backend):
         return self._end(spec, launch, cancelled=launch.proc.poll() is None)
 
     def _end(self, spec: JobSpec, launch: _Launch, cancelled: bool) -> JobStatus:
-        """End the job's whole process group (whatever ended it) and read its outcome."""
+        """End the job's whole process group (whatever ended it), then everything left in its
+        cgroup, and read its outcome."""
         end_group_of(launch.proc)
+        self._end_cgroup(launch.cgroup)
         with self._lock:
             self._launches.pop(spec.id, None)
         out = launch.watch.outcome(launch.proc.returncode)
@@ -159,29 +229,34 @@ class LocalBackend(Backend):
         pgid, status_dir = state.get("pgid"), state.get("status_dir", "")
         if pgid:
             end_processes(groups=[pgid], grace=1.0, still_ours=lambda g: _is_job_group(g, status_dir))
+        self._end_cgroup(state.get("cgroup"))
         return False
 
     # -- pools -------------------------------------------------------------------------------
     def start_pool(self, spec: PoolSpec,
                    progress: Optional[Callable[[str], None]] = None) -> Tuple[EnginePool, Dict[str, Any]]:
         os.makedirs(spec.work_dir, exist_ok=True)
+        cgroup = self._new_cgroup(f"pool-{spec.id}")
         pool = EnginePool(spec.ranks, name=spec.name, work_dir=str(spec.work_dir), identity=spec.identity,
-                    bound_to_owner=False)  # pools outlive a service restart (re-attached)
+                          bound_to_owner=False, cgroup=cgroup)  # pools outlive a service restart (re-attached)
         try:
             pool.start(progress=progress, timeout=spec.timeout)
         except BaseException:
             pool.stop()
+            self._end_cgroup(cgroup)
             raise
-        return pool, {"pids": pool.status()["pids"], "status_dir": pool.status_dir}
+        return pool, {"pids": pool.status()["pids"], "status_dir": pool.status_dir, "cgroup": cgroup}
 
     def stop_pool(self, pool: Optional[EnginePool], state: Dict[str, Any]) -> None:
         if pool is not None:
             pool.stop()
             if not pool.attached:
+                self._end_cgroup((state or {}).get("cgroup"))
                 return
         pids = (state or {}).get("pids") or {}
         end_processes(groups=[p for p in (pids.get("controller"), pids.get("mpiexec")) if p],
                       pids=[p for p in pids.get("ranks") or [] if p], grace=3.0, still_ours=_is_pool_process)
+        self._end_cgroup((state or {}).get("cgroup"))
         if (state or {}).get("status_dir"):   # MPI's shared memory of engines that were killed
             remove_shm(noted_segments(state["status_dir"]))
 
@@ -190,6 +265,9 @@ class LocalBackend(Backend):
         try:
             pool = EnginePool.attach(connection)
             if pool.alive():
+                if self.cgroups is not None and self.cgroups.owns((state or {}).get("cgroup") or ""):
+                    with self._lock:   # still in use: not swept
+                        self._live_cgroups.add(state["cgroup"])
                 return pool
         except Exception:  # noqa: BLE001 - unreachable: ended below
             pass

@@ -30,13 +30,14 @@ _HEALTH_THREAD = ThreadPoolExecutor(1, thread_name_prefix="nbmpi-health")
 
 @router.get("/health", response_model=Health)
 async def health(request: Request) -> Health:
-    """Liveness and how users are isolated (an unsafe shared account says so); no token needed. On the
+    """Liveness, how users are isolated (an unsafe shared account says so) and which containment ends
+    what a job starts (one phrase); no token needed. On the
     event loop, touching nothing that blocks (the users file is checked on a thread of its own)."""
-    accounts = request.app.state.service.accounts
-    if accounts is None:
-        return Health(status="ok")
-    mode, warning = await asyncio.get_running_loop().run_in_executor(_HEALTH_THREAD, accounts.state)
-    return Health(status="ok", isolation=mode, warning=warning)
+    svc = request.app.state.service
+    if svc.accounts is None:
+        return Health(status="ok", containment=svc.containment)
+    mode, warning = await asyncio.get_running_loop().run_in_executor(_HEALTH_THREAD, svc.accounts.state)
+    return Health(status="ok", isolation=mode, warning=warning, containment=svc.containment)
 
 
 @router.get("/version", response_model=Version)

@@ -45,7 +45,7 @@ from typing import Any, Callable, Dict, List, Optional
 import psutil
 
 from .environment import POOL_IP_ENV, POOL_OWNER_PID_ENV, STATUS_DIR_ENV, rank_environment
-from .identity import Identity, base_environment, open_beneath, open_no_link, popen_options
+from .identity import Identity, base_environment, open_beneath, open_no_link, start_options
 from .launcher import mpiexec_command
 from .pool_health import _PoolHealth
 from .processes import end_processes, noted_segments, remove_shm
@@ -113,12 +113,15 @@ class EnginePool(_PoolHealth):
     the engines and clients reach it (default: its hostname, which must then resolve on every
     node and client, as ipyparallel's ``--location``). ``identity``: the UNIX
     account the pool's controller and engines run as (None: this process's own); the
-    pool's ``work_dir`` is then given to that account.
+    pool's ``work_dir`` is then given to that account. ``cgroup``: the cgroup every process
+    of the pool is started in (see :mod:`nbmpi.workers.launch.cgroups`; the starter is root and
+    ends it with :func:`~nbmpi.workers.launch.processes.end_cgroup` after :meth:`stop`).
     """
 
     def __init__(self, n: int, name: Optional[str] = None, work_dir: Optional[str] = None,
                  env: Optional[Dict[str, str]] = None, bound_to_owner: bool = True, ip: Optional[str] = None,
-                 identity: Optional[Identity] = None, location: Optional[str] = None):
+                 identity: Optional[Identity] = None, location: Optional[str] = None,
+                 cgroup: Optional[str] = None):
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
             raise ValueError(f"a pool needs a whole number of ranks >= 1, got n={n!r}")
         self.n = n
@@ -127,6 +130,9 @@ class EnginePool(_PoolHealth):
         self.work_dir = work_dir or tempfile.mkdtemp(prefix=f"nbmpi-{self.name}-")
         self.env = dict(env or {})
         self.identity = identity
+        #: The cgroup its controller and mpiexec enter before they start anything (a controller run by
+        #: root: :mod:`nbmpi.workers.launch.cgroups`); its owner ends it after :meth:`stop`.
+        self.cgroup = cgroup
         #: True (notebook): the ranks and controller end when the starting process dies.
         #: False (controller service): the pool outlives its starter, which re-attaches
         #: to it or ends it after a restart.
@@ -209,8 +215,9 @@ class EnginePool(_PoolHealth):
         main = threading.current_thread() is threading.main_thread()
         if self.identity is not None:   # the account writes its profile, status and connection files
             self.identity.own(self.work_dir)
+        cmd, options = start_options(cmd, self.identity, self.cgroup)
         return subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                cwd=self.work_dir, start_new_session=True, **popen_options(self.identity),
+                                cwd=self.work_dir, start_new_session=True, **options,
                                 preexec_fn=(_pdeathsig if self.bound_to_owner and main and sys.platform.startswith("linux")
                                             else None))
 
@@ -362,7 +369,8 @@ class EnginePool(_PoolHealth):
                 and self._controller.poll() is None and self._mpiexec is not None):
             if self._restart_ranks(progress or (lambda msg: None), timeout):
                 return self
-        fresh = EnginePool(self.n, name=self.name, env=self.env, bound_to_owner=self.bound_to_owner, identity=self.identity)
+        fresh = EnginePool(self.n, name=self.name, env=self.env, bound_to_owner=self.bound_to_owner, identity=self.identity,
+                           cgroup=self.cgroup)
         return fresh.start(progress=progress, timeout=timeout, replacing=self)
 
     #: How long a restart waits for the controller to drop the old engines before it starts a new pool.

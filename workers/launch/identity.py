@@ -18,7 +18,7 @@ import pwd
 import stat
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, Mapping, Optional, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from .environment import SERVICE_VARIABLES
 
@@ -121,6 +121,22 @@ def open_no_link(path: Union[str, Path], mode: str = "rb"):
 def popen_options(identity: Optional[Identity]) -> Dict[str, Any]:
     """:meth:`Identity.popen_options`, or nothing for ``None`` (run as this process)."""
     return identity.popen_options() if identity is not None else {}
+
+
+def start_options(cmd: Sequence[str], identity: Optional[Identity],
+                  cgroup: Optional[str] = None) -> Tuple[List[str], Dict[str, Any]]:
+    """The command and :class:`subprocess.Popen` keyword arguments that start ``cmd`` as ``identity``
+    (None: this process's account) and, with ``cgroup`` (a job's or pool's, see
+    :mod:`nbmpi.workers.launch.cgroups`; needs root), inside that cgroup before it can fork:
+    the command is then wrapped (:func:`~nbmpi.workers.launch.cgroups.enter_command`), which
+    enters the cgroup first and drops to the account after."""
+    if cgroup is None:
+        return list(cmd), popen_options(identity)
+    from .cgroups import enter_command
+
+    if identity is None or identity.is_current():
+        return enter_command(cgroup, cmd), {}
+    return enter_command(cgroup, cmd, identity.uid, identity.gid), {}
 
 
 def base_environment(identity: Optional[Identity]) -> Dict[str, str]:

@@ -37,7 +37,7 @@ from typing import Dict, List, Optional, Sequence
 
 from . import environment
 from .environment import LAUNCHER_EXEC_ENV, LAUNCHER_LOCALHOST_ENV, MPIEXEC_ENV, STATUS_DIR_ENV
-from .identity import Identity, popen_options
+from .identity import Identity, start_options
 from .processes import end_group_of, noted_segments, remove_shm, shm_segments_of
 from .rank_guard import mark_ending
 from .rank_location import describe_snapshot, request_locations
@@ -330,7 +330,7 @@ def run(nranks: int, argv: Sequence[str], env: Optional[Dict[str, str]] = None,
 def start(nranks: int, argv: Sequence[str], status_dir: str, env: Optional[Dict[str, str]] = None,
           stdout=None, stderr=None, cwd: Optional[str] = None, full_env: bool = False,
           identity: Optional[Identity] = None, hosts: Optional[Sequence[str]] = None,
-          hostfile: Optional[str] = None) -> subprocess.Popen:
+          hostfile: Optional[str] = None, cgroup: Optional[str] = None) -> subprocess.Popen:
     """Start ``argv`` on ``nranks`` ranks (on ``hosts`` / ``hostfile``: :func:`placement_args`) and
     return at once (non-blocking half of :func:`run`).
 
@@ -341,7 +341,9 @@ def start(nranks: int, argv: Sequence[str], status_dir: str, env: Optional[Dict[
     to :func:`rank_environment`, or with ``full_env`` is the whole environment
     (the controller's :func:`~nbmpi.workers.launch.environment.job_environment`).
     ``identity``: the UNIX account mpiexec and every rank run as (None: this
-    process's own); ``status_dir`` must then be writable by it.
+    process's own); ``status_dir`` must then be writable by it. ``cgroup``: a cgroup
+    (:mod:`nbmpi.workers.launch.cgroups`, the caller is root) mpiexec enters before it starts
+    anything, so every process of the launch stays in it.
     """
     if nranks < 1:
         raise ValueError(f"nranks must be at least 1, got {nranks}")
@@ -349,5 +351,6 @@ def start(nranks: int, argv: Sequence[str], status_dir: str, env: Optional[Dict[
     renv = dict(env or {}) if full_env else rank_environment(env)
     renv[STATUS_DIR_ENV] = status_dir
     cmd = mpiexec_command(nranks, argv, hosts=hosts, hostfile=hostfile, env=renv)
+    cmd, options = start_options(cmd, identity, cgroup)
     return subprocess.Popen(cmd, env=renv, stdout=stdout, stderr=stderr,
-                            cwd=cwd, start_new_session=True, **popen_options(identity))
+                            cwd=cwd, start_new_session=True, **options)

@@ -9,6 +9,9 @@ segments, nbmpi's own ``nbmpi-*`` channel segments) and afterwards unlinks
 those that no live process maps any more, so ranks that are killed leave no
 shared memory behind.
 
+:func:`end_cgroup` ends everything in a job's or pool's cgroup (:mod:`nbmpi.workers.launch.cgroups`),
+also what escaped every process tree (a daemon whose guard the job killed), and removes it.
+
 Everything here is local to this host and never raises for a process that is
 already gone; a pid that no longer belongs to what the caller recorded (pid
 reuse after a restart) is filtered by the caller's ``still_ours`` predicate.
@@ -22,6 +25,8 @@ import time
 from typing import Callable, Iterable, List, Optional, Sequence, Set
 
 import psutil
+
+from . import cgroups
 
 #: Seconds between SIGTERM and SIGKILL unless the caller says otherwise.
 GRACE_SECONDS = 3.0
@@ -220,3 +225,26 @@ def end_group_of(proc: subprocess.Popen, grace: float = GRACE_SECONDS) -> bool:
     ok = end_processes(groups=[proc.pid], leaders=[proc], grace=grace)
     proc.poll()
     return ok
+
+
+def end_cgroup(path: str, clean_shm: bool = True) -> bool:
+    """SIGKILL every process in the cgroup ``path`` (a job's or pool's, made by
+    :meth:`nbmpi.workers.launch.cgroups.ControllerCgroups.create`), block until it is empty (up to
+    :data:`KILL_WAIT_SECONDS`), then remove it. Run as root, after the caller ended what it follows
+    (:func:`end_processes`: those get their SIGTERM first). With ``clean_shm`` the ``/dev/shm``
+    segments the victims had mapped are unlinked once nobody maps them. Returns True when the
+    cgroup is gone (or never existed); never raises for processes or a cgroup already gone."""
+    if not os.path.isdir(path):
+        return True
+    victims = cgroups.members(path)
+    shm = shm_segments_of(victims) if clean_shm and victims else set()
+    deadline = time.monotonic() + KILL_WAIT_SECONDS
+    cgroups.kill_all(path)
+    while cgroups.populated(path) and time.monotonic() < deadline:
+        time.sleep(0.02)
+        if cgroups.members(path):   # (the freeze fallback misses a process forked while it read the list)
+            cgroups.kill_all(path)
+    gone = cgroups.remove(path, timeout=max(deadline - time.monotonic(), 0.5))
+    if shm:
+        remove_shm(shm)
+    return gone

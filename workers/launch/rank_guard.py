@@ -33,7 +33,8 @@ Nothing a rank starts outlives it: the guard is a child subreaper
 itself (double fork, ``setsid``, closed fds) is re-parented to the guard, not
 to init; when the rank has ended, the guard ends every process still below it
 (:func:`end_leftovers`) before it ends itself, and a launcher ending the job
-finds them below the guard too.
+finds them below the guard too. A job can still kill its own guard first; a controller run by
+root therefore also starts each job in a cgroup of its own (:mod:`nbmpi.workers.launch.cgroups`).
 
 ``NBMPI_RANK_GUARD=0`` turns the guard off under ``nbmpi run``; the controller
 always sets it on for its jobs, whatever a job's own ``env`` says
