@@ -21,6 +21,20 @@ own). When the pool is started from the main thread, the controller and
 mpiexec also get ``PR_SET_PDEATHSIG`` (Linux), so a kernel that is killed
 without running its exit handlers does not leave them behind either.
 
+Engines on other hosts: with ``hosts`` (``host[:slots]`` entries) or a ``hostfile`` the ranks are
+placed as ``nbmpi run --hosts`` places them (:func:`nbmpi.workers.launch.launcher.placement_args`: Hydra's
+ssh launcher, or ``$NBMPI_LAUNCHER_EXEC`` and ``$NBMPI_LAUNCHER_LOCALHOST``, e.g. a virtual cluster's
+:meth:`~nbmpi.workers.launch.virtual_cluster.VirtualCluster.launch_env`). Every host is first checked to
+answer through that shell (:func:`nbmpi.workers.launch.remote_cleanup.unreachable`), so a wrong name
+fails at once and says which. The controller then listens where the engines reach it
+(``location``: ``$NBMPI_LAUNCHER_LOCALHOST``, else this host's name), each engine's probe on its own
+host's address (``$NBMPI_POOL_LOCATION``, :func:`nbmpi.workers.launch.engine_side.probe_address`), the
+work directory must be on a filesystem every host sees (``/tmp`` is, on a virtual cluster), and after
+the pool ended the shared memory of killed engines is removed on every host
+(:func:`nbmpi.workers.launch.remote_cleanup.clean_hosts`). The engines' owner watchdog is left out then
+(the owner's pid means nothing on another host): mpiexec's ``PR_SET_PDEATHSIG`` ends Hydra, whose proxies
+end the engines.
+
 Its liveness checks and status record (``alive``, ``dead_ranks``, ``describe_dead``, ``status``) are
 a mixin in :mod:`nbmpi.workers.launch.pool_health`.
 
@@ -40,14 +54,15 @@ import tempfile
 import threading
 import time
 import uuid
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import psutil
 
-from .environment import POOL_IP_ENV, POOL_OWNER_PID_ENV, STATUS_DIR_ENV, rank_environment
+from .environment import POOL_LOCATION_ENV, POOL_OWNER_PID_ENV, STATUS_DIR_ENV, rank_environment
 from .identity import Identity, base_environment, open_beneath, open_no_link, popen_options
 from .launcher import mpiexec_command
 from .pool_health import _PoolHealth
+from .pool_hosts import _PoolHosts, checked_placement, controller_address
 from .processes import end_processes, noted_segments, remove_shm
 
 __all__ = ["EnginePool", "EnginePoolError"]
@@ -98,7 +113,7 @@ def _stop_all() -> None:
 atexit.register(_stop_all)
 
 
-class EnginePool(_PoolHealth):
+class EnginePool(_PoolHealth, _PoolHosts):
     """N MPI ranks serving as ipyparallel engines (engine id == rank).
 
     Create, then :meth:`start` (blocking). Not thread-safe: one owner drives
@@ -114,13 +129,23 @@ class EnginePool(_PoolHealth):
     node and client, as ipyparallel's ``--location``). ``identity``: the UNIX
     account the pool's controller and engines run as (None: this process's own); the
     pool's ``work_dir`` is then given to that account.
+
+    ``hosts`` (``host[:slots]`` entries, as ``mpiexec -hosts``) or ``hostfile`` (one ``host[:slots]`` a
+    line): run the engines on those hosts (see the module); ``location`` then defaults to
+    ``$NBMPI_LAUNCHER_LOCALHOST`` (in ``env`` or this process's environment), else this host's name,
+    and ``ip`` to ``location`` when it is an address, else ``*``.
     """
 
     def __init__(self, n: int, name: Optional[str] = None, work_dir: Optional[str] = None,
                  env: Optional[Dict[str, str]] = None, bound_to_owner: bool = True, ip: Optional[str] = None,
-                 identity: Optional[Identity] = None, location: Optional[str] = None):
+                 identity: Optional[Identity] = None, location: Optional[str] = None,
+                 hosts: Optional[Sequence[str]] = None, hostfile: Optional[str] = None):
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
             raise ValueError(f"a pool needs a whole number of ranks >= 1, got n={n!r}")
+        try:
+            self.placement, self.hostfile = checked_placement(hosts, hostfile)
+        except ValueError as exc:
+            raise EnginePoolError(str(exc)) from None
         self.n = n
         self.name = name or f"pool-{uuid.uuid4().hex[:6]}"
         self._own_dir = work_dir is None
@@ -131,8 +156,7 @@ class EnginePool(_PoolHealth):
         #: False (controller service): the pool outlives its starter, which re-attaches
         #: to it or ends it after a restart.
         self.bound_to_owner = bool(bound_to_owner)
-        self.ip = ip or os.environ.get(POOL_IP_ENV) or "127.0.0.1"
-        self.location = location
+        self.ip, self.location = controller_address(self.spans_hosts, ip, location, {**os.environ, **self.env})
         self.ranks = list(range(n))
         self.hosts: List[str] = []
         self.rank_info: List[Dict[str, Any]] = []
@@ -148,6 +172,13 @@ class EnginePool(_PoolHealth):
         #: the Dask cluster on this pool, if one was started (set by :func:`nbmpi.workers.launch.dask_on_pool.start`;
         #: closed by stop and restart)
         self._dask = None
+
+    def renewed(self) -> "EnginePool":
+        """A new, unstarted pool like this one (size, name, environment, owner binding, account, hosts),
+        for a start after this one ended. Owned pools only."""
+        return EnginePool(self.n, name=self.name, env=self.env, bound_to_owner=self.bound_to_owner,
+                          identity=self.identity, ip=self.ip, location=self.location,
+                          hosts=self.placement or None, hostfile=self.hostfile)
 
     # -- paths -------------------------------------------------------------------------------
     @property
@@ -222,6 +253,11 @@ class EnginePool(_PoolHealth):
             if os.path.exists(path):
                 os.remove(path)
         env = self._environment()
+        if self.spans_hosts:
+            say(f"pool {self.name!r}: checking that {', '.join(self.host_names())} can be reached")
+            wrong = self._unreachable_message(env, timeout=min(30.0, max(5.0, timeout / 4)))
+            if wrong:
+                raise EnginePoolError(wrong)
         # The controller and the ranks start at the same time: the engines spend their first seconds
         # importing and then wait (up to the start timeout) for the controller's connection file.
         say(f"pool {self.name!r}: starting the controller and {self.n} ranks")
@@ -248,7 +284,11 @@ class EnginePool(_PoolHealth):
 
     def _environment(self) -> Dict[str, str]:
         """The environment of the pool's controller and ranks (of its account, when it has one)."""
-        return rank_environment(base_environment(self.identity), self.env)
+        env = rank_environment(base_environment(self.identity), self.env)
+        if self.spans_hosts:
+            env[POOL_LOCATION_ENV] = str(self.location)
+        return env
+
 
     @property
     def _owned(self) -> Optional[str]:
@@ -265,7 +305,7 @@ class EnginePool(_PoolHealth):
         os.makedirs(self.status_dir)
         env = dict(env)
         env["PYTHONUNBUFFERED"] = "1"
-        if self.bound_to_owner:
+        if self.bound_to_owner and not self.spans_hosts:
             env[POOL_OWNER_PID_ENV] = str(os.getpid())  # see engine_side: ranks end if the owner dies
         else:
             env.pop(POOL_OWNER_PID_ENV, None)
@@ -273,7 +313,8 @@ class EnginePool(_PoolHealth):
         cmd = mpiexec_command(self.n, ["-m", "ipyparallel.engine", "--mpi", f"--profile-dir={self.profile_dir}",
                                        f"--file={self._engine_file}", "--log-level=WARN",
                                        f"--IPEngine.wait_for_url_file={max(timeout, 1.0):g}"],
-                              module="nbmpi.workers.launch.rank_guard")
+                              module="nbmpi.workers.launch.rank_guard", hosts=self.placement or None,
+                              hostfile=self.hostfile, env=env)
         self._mpiexec = self._popen(cmd, env, "engines")
         return cmd
 
@@ -362,8 +403,7 @@ class EnginePool(_PoolHealth):
                 and self._controller.poll() is None and self._mpiexec is not None):
             if self._restart_ranks(progress or (lambda msg: None), timeout):
                 return self
-        fresh = EnginePool(self.n, name=self.name, env=self.env, bound_to_owner=self.bound_to_owner, identity=self.identity)
-        return fresh.start(progress=progress, timeout=timeout, replacing=self)
+        return self.renewed().start(progress=progress, timeout=timeout, replacing=self)
 
     #: How long a restart waits for the controller to drop the old engines before it starts a new pool.
     UNREGISTER_WAIT_S = 5.0
@@ -494,6 +534,7 @@ class EnginePool(_PoolHealth):
         end_processes(groups=[p.pid for p in procs], pids=sorted(pids), grace=grace, leaders=procs)
         if not self._attached:   # MPI's shared memory of ranks that were killed (noted at setup)
             remove_shm(noted_segments(self.status_dir))
+            self._clean_other_hosts(self.status_dir, self._environment())   # ... and on the other hosts
         self._mpiexec = self._controller = None
         self._descendants = []
         for f in self._logs:
