@@ -419,10 +419,12 @@ class EnginePool(_PoolHealth, _PoolHosts):
         old = self._mpiexec
         pids = set(self._descendants) - self._controller_side()
         segments = noted_segments(self.status_dir)   # read before the new job's guards reuse the directory
+        previous = self._set_aside(self.status_dir)   # (engines on other hosts: cleaned up there once ended)
 
         def end_old_job() -> None:
             end_processes(groups=[old.pid], pids=sorted(pids), grace=0.0, leaders=[old])
             remove_shm(segments)
+            self._clean_set_aside(previous, self._environment())
 
         ending = threading.Thread(target=end_old_job, name="nbmpi-pool-ending", daemon=True)
         ending.start()

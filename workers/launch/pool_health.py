@@ -40,11 +40,17 @@ class _PoolHealth:
             return False
 
     def dead_ranks(self) -> List[tuple]:
-        """``[(rank, pid), ...]`` of ranks on this host whose process is gone (or a zombie). Local, cheap
-        (no request to the engines); ranks on other hosts are not checked here."""
+        """``[(rank, pid), ...]`` of ranks on this host whose process is gone (or a zombie), and of ranks on
+        other hosts whose guard reported the signal that killed them (in the status directory, which every
+        host sees). Local, cheap (no request to the engines)."""
+        from .launcher import read_signals
+
         here = socket.gethostname()
+        killed = read_signals(self.status_dir, self.n) if not self._attached and self.rank_info else {}
         dead = []
         for i in self.rank_info:
+            if i.get("host") != here and i["rank"] in killed:
+                dead.append((i["rank"], i.get("pid", -1)))
             if i.get("host") != here or i.get("pid", -1) <= 0:
                 continue
             try:

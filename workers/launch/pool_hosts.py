@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import shutil
 import socket
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -95,3 +96,20 @@ class _PoolHosts:
             from .remote_cleanup import clean_hosts
 
             clean_hosts(self.host_names(), status_dir, shell=env.get(LAUNCHER_EXEC_ENV) or "ssh", env=env)
+
+    def _set_aside(self, status_dir: str) -> Optional[str]:
+        """Engines on other hosts: move ``status_dir`` (what the ending job's engines noted) aside and
+        return where, so a new job can use the name while the old job's shared memory is removed on its
+        hosts (:meth:`_clean_set_aside`, once it ended). None (nothing moved) otherwise."""
+        if not self.spans_hosts or not os.path.isdir(status_dir):
+            return None
+        aside = f"{status_dir}.ending"
+        shutil.rmtree(aside, ignore_errors=True)
+        os.rename(status_dir, aside)
+        return aside
+
+    def _clean_set_aside(self, aside: Optional[str], env: Dict[str, str]) -> None:
+        """After the old job ended: its engines' shared memory removed on every host, then ``aside`` removed."""
+        if aside:
+            self._clean_other_hosts(aside, env)
+            shutil.rmtree(aside, ignore_errors=True)
