@@ -25,7 +25,9 @@ explained without interrupting the rank first.
 Owner watchdog: if ``NBMPI_POOL_OWNER_PID`` is set (by :meth:`EnginePool.start`),
 a daemon thread ends this rank (``os._exit``) within a second of that process
 disappearing, so a notebook kernel or controller that is killed outright
-(no exit handlers) leaves no rank behind.
+(no exit handlers) leaves no rank behind. A pool whose engines run on other hosts
+does not set it (that pid means nothing there): its mpiexec's parent-death signal
+ends Hydra, whose proxies end the engines.
 """
 from __future__ import annotations
 

@@ -5,9 +5,10 @@ status record.
 :class:`_PoolHealth` is a mixin of ``EnginePool``; its methods read the pool's own
 attributes (``_client``, ``_state``, ``_controller``, ``_mpiexec``,
 ``rank_info``, ``status_dir``). Local and non-blocking, except :meth:`alive`,
-which asks the controller for its engine ids. A rank's death is only seen on
-this host (by pid); the guards of :mod:`nbmpi.workers.launch.rank_guard`
-report the signal that killed it.
+which asks the controller for its engine ids. A rank's death is seen by pid on
+this host; on other hosts (a pool with ``hosts``) by the report of its guard
+(:mod:`nbmpi.workers.launch.rank_guard`: the signal that killed it, in the status
+directory every host sees), and in any case when the controller drops the engine.
 """
 from __future__ import annotations
 
