@@ -192,3 +192,17 @@ def test_controller_pool_spans_the_operators_hosts(cluster, kernel, tmp_path):
         for p in left:
             p.kill()
         assert not left, f"pool processes survived the controller: {[p.pid for p in left]}"
+
+
+def test_engines_that_cannot_reach_the_controller_say_where_they_had_to(cluster, monkeypatch):
+    for k, v in cluster.launch_env().items():
+        monkeypatch.setenv(k, v)
+    pool = EnginePool(2, hosts=cluster.names[:2], ip="127.0.0.1")   # listens where no node reaches it
+    with pytest.raises(EnginePoolError) as info:
+        pool.start(timeout=15)
+    # (ipyparallel's engines see a loopback address and give up at once; otherwise the registration times out)
+    assert (f" (the engines on {cluster.names[0]}, {cluster.names[1]} connect to this host's controller at "
+            f"{cluster.bridge_address}, listening on 127.0.0.1: every host must reach that address; else set "
+            "$NBMPI_LAUNCHER_LOCALHOST, or $NBMPI_POOL_IP, to an address of this host they reach); "
+            ) in str(info.value), info.value
+    _nothing_left_on_nodes(cluster)

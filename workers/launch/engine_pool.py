@@ -355,7 +355,7 @@ class EnginePool(_PoolHealth, _PoolHosts):
             self._check_processes()
             if time.monotonic() > deadline:
                 raise EnginePoolError(f"pool {self.name!r}: only {len(ids)} of {self.n} ranks registered within "
-                                f"{timeout:.0f} s; engine log:\n{self._log_tail('engines')}")
+                                f"{timeout:.0f} s{self._reach_hint()}; engine log:\n{self._log_tail('engines')}")
             time.sleep(0.05)
         if ids != self.ranks:
             raise EnginePoolError(f"pool {self.name!r}: engine ids {ids} are not the MPI ranks {self.ranks}; "
@@ -483,8 +483,9 @@ class EnginePool(_PoolHealth, _PoolHosts):
         for what, p in (("controller", self._controller), ("mpiexec", self._mpiexec)):
             if p is not None and p.poll() is not None:
                 log = self._log_tail("engines" if what == "mpiexec" else "controller")
-                raise EnginePoolError(f"pool {self.name!r}: the {what} exited with code {p.returncode} during start; "
-                                f"its log ends with:\n{log}")
+                hint = self._reach_hint() if what == "mpiexec" else ""
+                raise EnginePoolError(f"pool {self.name!r}: the {what} exited with code {p.returncode} during start"
+                                      f"{hint}; its log ends with:\n{log}")
 
     def _wait_for(self, cond: Callable[[], bool], deadline: float, what: str, timeout: float) -> None:
         while not cond():

@@ -59,6 +59,8 @@ class _PoolHosts:
     placement: List[str]
     hostfile: Optional[str]
     name: str
+    ip: str
+    location: Optional[str]
 
     @property
     def spans_hosts(self) -> bool:
@@ -70,6 +72,15 @@ class _PoolHosts:
         from .remote_cleanup import hosts_of
 
         return hosts_of(self.placement, self.hostfile) if self.spans_hosts else []
+
+    def _reach_hint(self) -> str:
+        """For engines on other hosts that did not register: where they had to connect and what to set
+        when they cannot (``""`` for a pool on this host only)."""
+        if not self.spans_hosts:
+            return ""
+        return (f" (the engines on {', '.join(self.host_names())} connect to this host's controller at "
+                f"{self.location}, listening on {self.ip}: every host must reach that address; else set "
+                "$NBMPI_LAUNCHER_LOCALHOST, or $NBMPI_POOL_IP, to an address of this host they reach)")
 
     def _unreachable_message(self, env: Dict[str, str], timeout: float) -> Optional[str]:
         """None when every host answers ``SHELL -x HOST true`` (the launcher's shell, as in ``env``) within
