@@ -116,6 +116,9 @@ def _line_parser() -> _Parser:
     s.add_argument("-n", type=_positive_int, required=True, help="number of MPI ranks")
     s.add_argument("--name", default=None)
     s.add_argument("--timeout", type=_positive_float, default=120.0)
+    s.add_argument("--hosts", default=None, metavar="H1,H2[:N],...",
+                   help="run the engines on these hosts, filled in order as mpiexec -hosts does")
+    s.add_argument("--hostfile", default=None, metavar="FILE", help="as --hosts, one host[:N] a line")
     for cmd in ("stop", "restart"):
         c = sub.add_parser(cmd, add_help=False, prog=f"%distributed {cmd}")
         c.add_argument("name", nargs="?", default=None)
@@ -163,6 +166,16 @@ def parse_ranks(spec: Optional[str], available: List[int]) -> List[int]:
         raise UsageError(f"%%distributed: --ranks {spec!r} names {'ranks ' + str(bad) if bad else 'no rank'}; "
                          f"the pool has ranks {_out.format_ranks(available)}")
     return ranks
+
+
+def _engine_hosts(ranks: List[int], hosts: List[str]) -> str:
+    """Each engine's host: ``"node1"`` when all share one, else ``"node1 (ranks 0,3), node2 (rank 1)"``."""
+    by_host: Dict[str, List[int]] = {}
+    for r, h in zip(ranks, hosts):
+        by_host.setdefault(h or "?", []).append(r)
+    if len(by_host) <= 1:
+        return next(iter(by_host), "?")
+    return ", ".join(f"{h} ({_out.rank_label(rs).strip('[]')})" for h, rs in by_host.items())
 
 
 def fetch_cell_trace(pool: EnginePool, ranks: List[int]):
@@ -230,10 +243,18 @@ class DistributedMagics(Magics):
 
         Pools (line magic)::
 
-          %distributed start -n N [--name NAME] [--timeout S]
+          %distributed start -n N [--name NAME] [--timeout S] [--hosts H1,H2[:N],... | --hostfile FILE]
                 start N ranks (bundled mpiexec, MPI thread level funneled); every rank
                 gets `comm` (COMM_WORLD), `rank`, `size`, `nbmpi` and a started nbmpi
                 runtime (tracer, aligned clocks). The new pool becomes the current one.
+                --hosts / --hostfile: the engines run on those hosts (names or addresses,
+                `host:N` for N slots; a file has one host[:N] a line), filled in order as
+                `mpiexec -hosts` / `-f` do, as `nbmpi run --hosts` places ranks: started
+                over ssh (which must reach each host without a password; the work directory
+                in $TMPDIR must be on a filesystem every host sees), or through
+                $NBMPI_LAUNCHER_EXEC on a virtual cluster (`nbmpi cluster up` prints its
+                environment, to set before Jupyter starts). A host that cannot be reached
+                fails the start at once, naming it. The notebook stays on this host.
                 Prints where this kernel's cells are listed with their timelines (a page the
                 kernel serves on 127.0.0.1 with a secret key): /proxy/PORT/?key=... under
                 Jupyter's address (jupyter-server-proxy) and the direct link
@@ -241,7 +262,8 @@ class DistributedMagics(Magics):
                 with the last pool started here the cell timelines page ends too
           %distributed restart [NAME]   fresh ranks (new MPI job, empty namespaces), same size and name;
                 the old ranks are killed at once, even if stuck; the pool's controller is kept
-          %distributed status           every pool: ranks, hosts, state, uptime; the timelines links
+          %distributed status           every pool: ranks, state, uptime, each engine's host; the
+                timelines links
           %distributed use NAME         make NAME the current pool
           %distributed pull VAR [--rank R]
                 VAR from every rank into the notebook as a list in rank order
@@ -307,7 +329,11 @@ class DistributedMagics(Magics):
         if name in self.pools and self.pools[name].status()["state"] in ("running", "starting"):
             raise UsageError(f"%distributed start: pool {name!r} is already running; stop it first or pick "
                              "another --name")
-        pool = EnginePool(args.n, name=name)
+        hosts = [h for h in args.hosts.split(",") if h.strip()] if args.hosts else None
+        try:
+            pool = EnginePool(args.n, name=name, hosts=hosts, hostfile=args.hostfile)
+        except EnginePoolError as e:
+            raise UsageError(f"%distributed start: {e}") from None
         self._start(pool, args.timeout)
         if self.web is None:
             self.web = TimelineServer(self.cells).start()
@@ -373,7 +399,7 @@ class DistributedMagics(Magics):
             self.last_cell = None
         if self.broken.pop(pool.name, None) is not None:   # already ended: start it anew
             del self.pools[pool.name]
-            self._start(EnginePool(pool.n, name=pool.name, env=pool.env), 120.0)
+            self._start(pool.renewed(), 120.0)
             return
         self._bring_up(pool, "restarting", "restart", lambda progress: pool.restart(progress=progress))
 
@@ -387,11 +413,11 @@ class DistributedMagics(Magics):
                 print(f"{mark} {name}: {pool.n} ranks, broken: {self.broken[name]}; the next cell starts it again")
                 continue
             st = pool.status()
-            hosts = ",".join(sorted(set(st["hosts"])))
             dead = pool.dead_ranks()
             state = st["state"] if not dead else "broken: " + pool.describe_dead(dead)
-            print(f"{mark} {name}: {len(st['ranks'])} ranks ({_out.format_ranks(st['ranks'])}) on {hosts}, "
-                  f"{state}, up {st['uptime_s']:.0f} s" + (" (attached)" if pool.attached else ""))
+            print(f"{mark} {name}: {len(st['ranks'])} ranks ({_out.format_ranks(st['ranks'])}) on "
+                  f"{_engine_hosts(st['ranks'], st['hosts'])}, {state}, up {st['uptime_s']:.0f} s"
+                  + (" (attached)" if pool.attached else ""))
         if self.web is not None:
             print(self.web.describe())
 
@@ -494,7 +520,7 @@ class DistributedMagics(Magics):
                                  "stop it there, create a new one and `%distributed connect` again")
             print(f"pool {name!r} was ended ({why}); starting it again with {pool.n} ranks "
                   "(the ranks' variables are lost)", file=sys.stderr, flush=True)
-            fresh = EnginePool(pool.n, name=name, env=pool.env)
+            fresh = pool.renewed()
             del self.pools[name]
             self._start(fresh, 120.0)
             return fresh

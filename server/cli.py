@@ -486,8 +486,9 @@ def _register_serve(sub) -> None:
                         "jobs and Slurm allocations for pools, see deploy/slurm/)")
     lo = s.add_argument_group("local backend", "options of --backend local (the default)")
     lo.add_argument("--hosts", default=None, metavar="H1,H2[:N],...",
-                    help="run every job's ranks on these hosts, filled in order as mpiexec -hosts does (ssh, or "
-                         "$NBMPI_LAUNCHER_EXEC; the data directory must be shared with them); pools stay here")
+                    help="run every job's ranks and every pool's engines on these hosts, filled in order as mpiexec "
+                         "-hosts does (ssh, or $NBMPI_LAUNCHER_EXEC; the data directory must be shared with "
+                         "them); users cannot name other hosts")
     lo.add_argument("--hostfile", default=None, metavar="FILE",
                     help="as --hosts, with the hosts in FILE (one host[:N] a line)")
     sl = s.add_argument_group("slurm backend", "options of --backend slurm (the data directory must be on a "

@@ -25,10 +25,12 @@ def _alive(pids):
 
 
 class Kernel:
-    def __init__(self):
+    """A real ipykernel (jupyter_client), started with ``env`` as its whole environment when given."""
+
+    def __init__(self, env: dict | None = None):
         self.km = KernelManager(kernel_cmd=[sys.executable, "-m", "ipykernel_launcher", "-f",
                                             "{connection_file}"])
-        self.km.start_kernel()
+        self.km.start_kernel(**({"env": dict(env)} if env is not None else {}))
         self.kc = self.km.client()
         self.kc.start_channels()
         self.kc.wait_for_ready(timeout=60)

@@ -204,3 +204,27 @@ def test_controller_pool_notebook(tmp_path):
     assert stop == "pool 'shared-pool' disconnected\npool state after disconnecting: running\n" \
                    f"pool state after delete_pool: stopped\ncontroller (pid {pid}) ended, return code -15\n", stop
     assert not running(pid)
+
+
+def test_cluster_pool_notebook(tmp_path):
+    """The notebook brings up a virtual cluster (skipped with its one-line reason where none can run), starts
+    a pool with one engine on each node, fails clearly on an unknown host, and leaves nothing on any node."""
+    from nbmpi.workers.launch import virtual_cluster as vcm
+
+    why = vcm.why_not_available()
+    if why:
+        pytest.skip(why)
+    run = run_notebook("09-cluster-pool.ipynb", tmp_path)
+    up, start, cell, wrong, stop = (run.text(i) for i in range(5))
+    names = _one(r"\| nodes: (\S+)\n", up).split(",")
+    cid = names[0][2:].split("-", 1)[0]
+    assert names == [f"nb{cid}-node{i}" for i in (1, 2, 3)], up
+    where = ", ".join(f"{n} (rank {i})" for i, n in enumerate(names))
+    assert f"* cluster: 3 ranks (0-2) on {where}, running" in start, start
+    assert cell == "".join(f"[rank {r}] rank {r} of 3 on {names[r]}: allreduce 6.0\n" for r in range(3)), cell
+    assert wrong.startswith("pool 'wrong' failed to startUsageError: pool 'wrong': cannot start engines on "
+                            "nosuchnode (") and \
+        "no node 'nosuchnode'" in wrong and "nbmpi cluster up" in wrong, wrong
+    assert stop == "pool 'cluster' stopped\ncell timelines server stopped (no pool started here runs)\n" + \
+        str({n: ([], []) for n in names}) + "\n", stop
+    assert cid not in vcm.list_clusters()

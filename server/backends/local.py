@@ -14,8 +14,8 @@ stored state is ``{"pgid": ..., "status_dir": ...}``.
 
 A pool is a :class:`~nbmpi.workers.launch.engine_pool.EnginePool` started here and not
 bound to the service's life (it is re-attached after a restart); its state
-is the pids of its controller, mpiexec and ranks, so a pool that cannot be
-re-attached is ended by pid.
+is the pids of its controller, mpiexec and ranks (and its hosts), so a pool that cannot be
+re-attached is ended by pid (and its engines' shared memory removed on its hosts).
 
 With ``hosts`` (``nbmpi serve --hosts``) or ``hostfile`` (``--hostfile``) a job's ranks are placed on
 those hosts as ``nbmpi run --hosts`` places them (:func:`nbmpi.workers.launch.launcher.placement_args`:
@@ -23,7 +23,11 @@ Hydra's ssh launcher, or ``$NBMPI_LAUNCHER_EXEC`` and ``$NBMPI_LAUNCHER_LOCALHOS
 environment, e.g. a virtual cluster's :meth:`~nbmpi.workers.launch.virtual_cluster.VirtualCluster.launch_env`);
 the data directory must then be on a filesystem every host sees. When such a job did not
 succeed, the shared memory its killed ranks left on the other hosts is removed there
-(:func:`nbmpi.workers.launch.remote_cleanup.clean_hosts`). Pools stay on this host.
+(:func:`nbmpi.workers.launch.remote_cleanup.clean_hosts`). A pool's engines are placed on the same hosts
+(``EnginePool(hosts=..., hostfile=...)``, :mod:`nbmpi.workers.launch.pool_hosts`): users name no host,
+the operator's ``--hosts``/``--hostfile`` decide for every job and pool; the pool's ipyparallel
+controller stays on this host, where the engines reach it at ``$NBMPI_LAUNCHER_LOCALHOST`` (or this
+host's name), and so do its clients (``%distributed connect``).
 
 Containment (:meth:`LocalBackend.contain`): a controller run by root on a host with a writable cgroup
 v2 hierarchy starts every job and pool in a cgroup of its own (:mod:`nbmpi.workers.launch.cgroups`),
@@ -95,8 +99,8 @@ class _Launch:
 
 
 class LocalBackend(Backend):
-    """Jobs and pools on this host with the bundled (or ``NBMPI_MPIEXEC``) mpiexec; jobs on ``hosts``
-    (``host[:slots]`` entries) or the hosts of ``hostfile`` when given (see the module)."""
+    """Jobs and pools on this host with the bundled (or ``NBMPI_MPIEXEC``) mpiexec; jobs and pools on
+    ``hosts`` (``host[:slots]`` entries) or the hosts of ``hostfile`` when given (see the module)."""
 
     name = "local"
 
@@ -238,14 +242,16 @@ class LocalBackend(Backend):
         os.makedirs(spec.work_dir, exist_ok=True)
         cgroup = self._new_cgroup(f"pool-{spec.id}")
         pool = EnginePool(spec.ranks, name=spec.name, work_dir=str(spec.work_dir), identity=spec.identity,
-                          bound_to_owner=False, cgroup=cgroup)  # pools outlive a service restart (re-attached)
+                          bound_to_owner=False,  # pools outlive a service restart (re-attached)
+                          hosts=self.hosts, hostfile=self.hostfile, cgroup=cgroup)
         try:
             pool.start(progress=progress, timeout=spec.timeout)
         except BaseException:
             pool.stop()
             self._end_cgroup(cgroup)
             raise
-        return pool, {"pids": pool.status()["pids"], "status_dir": pool.status_dir, "cgroup": cgroup}
+        return pool, {"pids": pool.status()["pids"], "status_dir": pool.status_dir, "cgroup": cgroup,
+                      "hosts": pool.host_names()}
 
     def stop_pool(self, pool: Optional[EnginePool], state: Dict[str, Any]) -> None:
         if pool is not None:
@@ -259,6 +265,11 @@ class LocalBackend(Backend):
         self._end_cgroup((state or {}).get("cgroup"))
         if (state or {}).get("status_dir"):   # MPI's shared memory of engines that were killed
             remove_shm(noted_segments(state["status_dir"]))
+            if state.get("hosts") and os.path.isdir(state["status_dir"]):   # ... also on the pool's other hosts
+                from nbmpi.workers.launch.remote_cleanup import clean_hosts
+
+                clean_hosts(list(state["hosts"]), state["status_dir"],
+                            shell=os.environ.get(LAUNCHER_EXEC_ENV) or "ssh")
 
     def recover_pool(self, connection: Dict[str, Any], state: Dict[str, Any]) -> Optional[EnginePool]:
         pool = None

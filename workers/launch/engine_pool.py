@@ -21,6 +21,20 @@ own). When the pool is started from the main thread, the controller and
 mpiexec also get ``PR_SET_PDEATHSIG`` (Linux), so a kernel that is killed
 without running its exit handlers does not leave them behind either.
 
+Engines on other hosts: with ``hosts`` (``host[:slots]`` entries) or a ``hostfile`` the ranks are
+placed as ``nbmpi run --hosts`` places them (:func:`nbmpi.workers.launch.launcher.placement_args`: Hydra's
+ssh launcher, or ``$NBMPI_LAUNCHER_EXEC`` and ``$NBMPI_LAUNCHER_LOCALHOST``, e.g. a virtual cluster's
+:meth:`~nbmpi.workers.launch.virtual_cluster.VirtualCluster.launch_env`). Every host is first checked to
+answer through that shell (:func:`nbmpi.workers.launch.remote_cleanup.unreachable`), so a wrong name
+fails at once and says which. The controller then listens where the engines reach it
+(``location``: ``$NBMPI_LAUNCHER_LOCALHOST``, else this host's name), each engine's probe on its own
+host's address (``$NBMPI_POOL_LOCATION``, :func:`nbmpi.workers.launch.engine_side.probe_address`), the
+work directory must be on a filesystem every host sees (``/tmp`` is, on a virtual cluster), and after
+the pool ended the shared memory of killed engines is removed on every host
+(:func:`nbmpi.workers.launch.remote_cleanup.clean_hosts`). The engines' owner watchdog is left out then
+(the owner's pid means nothing on another host): mpiexec's ``PR_SET_PDEATHSIG`` ends Hydra, whose proxies
+end the engines.
+
 Its liveness checks and status record (``alive``, ``dead_ranks``, ``describe_dead``, ``status``) are
 a mixin in :mod:`nbmpi.workers.launch.pool_health`.
 
@@ -40,14 +54,15 @@ import tempfile
 import threading
 import time
 import uuid
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import psutil
 
-from .environment import POOL_IP_ENV, POOL_OWNER_PID_ENV, STATUS_DIR_ENV, rank_environment
+from .environment import POOL_LOCATION_ENV, POOL_OWNER_PID_ENV, STATUS_DIR_ENV, rank_environment
 from .identity import Identity, base_environment, open_beneath, open_no_link, start_options
 from .launcher import mpiexec_command
 from .pool_health import _PoolHealth
+from .pool_hosts import _PoolHosts, checked_placement, controller_address
 from .processes import end_processes, noted_segments, remove_shm
 
 __all__ = ["EnginePool", "EnginePoolError"]
@@ -98,7 +113,7 @@ def _stop_all() -> None:
 atexit.register(_stop_all)
 
 
-class EnginePool(_PoolHealth):
+class EnginePool(_PoolHealth, _PoolHosts):
     """N MPI ranks serving as ipyparallel engines (engine id == rank).
 
     Create, then :meth:`start` (blocking). Not thread-safe: one owner drives
@@ -116,14 +131,24 @@ class EnginePool(_PoolHealth):
     pool's ``work_dir`` is then given to that account. ``cgroup``: the cgroup every process
     of the pool is started in (see :mod:`nbmpi.workers.launch.cgroups`; the starter is root and
     ends it with :func:`~nbmpi.workers.launch.processes.end_cgroup` after :meth:`stop`).
+
+    ``hosts`` (``host[:slots]`` entries, as ``mpiexec -hosts``) or ``hostfile`` (one ``host[:slots]`` a
+    line): run the engines on those hosts (see the module); ``location`` then defaults to
+    ``$NBMPI_LAUNCHER_LOCALHOST`` (in ``env`` or this process's environment), else this host's name,
+    and ``ip`` to ``location`` when it is an address, else ``*``.
     """
 
     def __init__(self, n: int, name: Optional[str] = None, work_dir: Optional[str] = None,
                  env: Optional[Dict[str, str]] = None, bound_to_owner: bool = True, ip: Optional[str] = None,
                  identity: Optional[Identity] = None, location: Optional[str] = None,
+                 hosts: Optional[Sequence[str]] = None, hostfile: Optional[str] = None,
                  cgroup: Optional[str] = None):
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
             raise ValueError(f"a pool needs a whole number of ranks >= 1, got n={n!r}")
+        try:
+            self.placement, self.hostfile = checked_placement(hosts, hostfile)
+        except ValueError as exc:
+            raise EnginePoolError(str(exc)) from None
         self.n = n
         self.name = name or f"pool-{uuid.uuid4().hex[:6]}"
         self._own_dir = work_dir is None
@@ -137,8 +162,7 @@ class EnginePool(_PoolHealth):
         #: False (controller service): the pool outlives its starter, which re-attaches
         #: to it or ends it after a restart.
         self.bound_to_owner = bool(bound_to_owner)
-        self.ip = ip or os.environ.get(POOL_IP_ENV) or "127.0.0.1"
-        self.location = location
+        self.ip, self.location = controller_address(self.spans_hosts, ip, location, {**os.environ, **self.env})
         self.ranks = list(range(n))
         self.hosts: List[str] = []
         self.rank_info: List[Dict[str, Any]] = []
@@ -154,6 +178,13 @@ class EnginePool(_PoolHealth):
         #: the Dask cluster on this pool, if one was started (set by :func:`nbmpi.workers.launch.dask_on_pool.start`;
         #: closed by stop and restart)
         self._dask = None
+
+    def renewed(self) -> "EnginePool":
+        """A new, unstarted pool like this one (size, name, environment, owner binding, account, hosts),
+        for a start after this one ended. Owned pools only."""
+        return EnginePool(self.n, name=self.name, env=self.env, bound_to_owner=self.bound_to_owner,
+                          identity=self.identity, ip=self.ip, location=self.location,
+                          hosts=self.placement or None, hostfile=self.hostfile, cgroup=self.cgroup)
 
     # -- paths -------------------------------------------------------------------------------
     @property
@@ -229,6 +260,11 @@ class EnginePool(_PoolHealth):
             if os.path.exists(path):
                 os.remove(path)
         env = self._environment()
+        if self.spans_hosts:
+            say(f"pool {self.name!r}: checking that {', '.join(self.host_names())} can be reached")
+            wrong = self._unreachable_message(env, timeout=min(30.0, max(5.0, timeout / 4)))
+            if wrong:
+                raise EnginePoolError(wrong)
         # The controller and the ranks start at the same time: the engines spend their first seconds
         # importing and then wait (up to the start timeout) for the controller's connection file.
         say(f"pool {self.name!r}: starting the controller and {self.n} ranks")
@@ -255,7 +291,11 @@ class EnginePool(_PoolHealth):
 
     def _environment(self) -> Dict[str, str]:
         """The environment of the pool's controller and ranks (of its account, when it has one)."""
-        return rank_environment(base_environment(self.identity), self.env)
+        env = rank_environment(base_environment(self.identity), self.env)
+        if self.spans_hosts:
+            env[POOL_LOCATION_ENV] = str(self.location)
+        return env
+
 
     @property
     def _owned(self) -> Optional[str]:
@@ -272,7 +312,7 @@ class EnginePool(_PoolHealth):
         os.makedirs(self.status_dir)
         env = dict(env)
         env["PYTHONUNBUFFERED"] = "1"
-        if self.bound_to_owner:
+        if self.bound_to_owner and not self.spans_hosts:
             env[POOL_OWNER_PID_ENV] = str(os.getpid())  # see engine_side: ranks end if the owner dies
         else:
             env.pop(POOL_OWNER_PID_ENV, None)
@@ -280,7 +320,8 @@ class EnginePool(_PoolHealth):
         cmd = mpiexec_command(self.n, ["-m", "ipyparallel.engine", "--mpi", f"--profile-dir={self.profile_dir}",
                                        f"--file={self._engine_file}", "--log-level=WARN",
                                        f"--IPEngine.wait_for_url_file={max(timeout, 1.0):g}"],
-                              module="nbmpi.workers.launch.rank_guard")
+                              module="nbmpi.workers.launch.rank_guard", hosts=self.placement or None,
+                              hostfile=self.hostfile, env=env)
         self._mpiexec = self._popen(cmd, env, "engines")
         return cmd
 
@@ -321,7 +362,7 @@ class EnginePool(_PoolHealth):
             self._check_processes()
             if time.monotonic() > deadline:
                 raise EnginePoolError(f"pool {self.name!r}: only {len(ids)} of {self.n} ranks registered within "
-                                f"{timeout:.0f} s; engine log:\n{self._log_tail('engines')}")
+                                f"{timeout:.0f} s{self._reach_hint()}; engine log:\n{self._log_tail('engines')}")
             time.sleep(0.05)
         if ids != self.ranks:
             raise EnginePoolError(f"pool {self.name!r}: engine ids {ids} are not the MPI ranks {self.ranks}; "
@@ -369,9 +410,7 @@ class EnginePool(_PoolHealth):
                 and self._controller.poll() is None and self._mpiexec is not None):
             if self._restart_ranks(progress or (lambda msg: None), timeout):
                 return self
-        fresh = EnginePool(self.n, name=self.name, env=self.env, bound_to_owner=self.bound_to_owner, identity=self.identity,
-                           cgroup=self.cgroup)
-        return fresh.start(progress=progress, timeout=timeout, replacing=self)
+        return self.renewed().start(progress=progress, timeout=timeout, replacing=self)
 
     #: How long a restart waits for the controller to drop the old engines before it starts a new pool.
     UNREGISTER_WAIT_S = 5.0
@@ -387,10 +426,12 @@ class EnginePool(_PoolHealth):
         old = self._mpiexec
         pids = set(self._descendants) - self._controller_side()
         segments = noted_segments(self.status_dir)   # read before the new job's guards reuse the directory
+        previous = self._set_aside(self.status_dir)   # (engines on other hosts: cleaned up there once ended)
 
         def end_old_job() -> None:
             end_processes(groups=[old.pid], pids=sorted(pids), grace=0.0, leaders=[old])
             remove_shm(segments)
+            self._clean_set_aside(previous, self._environment())
 
         ending = threading.Thread(target=end_old_job, name="nbmpi-pool-ending", daemon=True)
         ending.start()
@@ -421,36 +462,13 @@ class EnginePool(_PoolHealth):
         say(f"pool {self.name!r}: {self.n} new ranks ready")
         return True
 
-    def _controller_side(self) -> set:
-        """Pids of the controller and its descendants (ipyparallel's schedulers)."""
-        pids = set()
-        if self._controller is not None:
-            pids.add(self._controller.pid)
-            try:
-                pids.update(c.pid for c in psutil.Process(self._controller.pid).children(recursive=True))
-            except psutil.NoSuchProcess:
-                pass
-        return pids
-
-    def _collect_descendants(self, infos) -> List[int]:
-        pids = set()
-        roots = [p for p in (self._controller, self._mpiexec) if p is not None]
-        for root in roots:
-            try:
-                pids.update(c.pid for c in psutil.Process(root.pid).children(recursive=True))
-            except psutil.NoSuchProcess:
-                pass
-        for i in infos:
-            pids.add(i["pid"])
-            pids.update(i.get("nanny_pids", []))
-        return sorted(pids)
-
     def _check_processes(self) -> None:
         for what, p in (("controller", self._controller), ("mpiexec", self._mpiexec)):
             if p is not None and p.poll() is not None:
                 log = self._log_tail("engines" if what == "mpiexec" else "controller")
-                raise EnginePoolError(f"pool {self.name!r}: the {what} exited with code {p.returncode} during start; "
-                                f"its log ends with:\n{log}")
+                hint = self._reach_hint() if what == "mpiexec" else ""
+                raise EnginePoolError(f"pool {self.name!r}: the {what} exited with code {p.returncode} during start"
+                                      f"{hint}; its log ends with:\n{log}")
 
     def _wait_for(self, cond: Callable[[], bool], deadline: float, what: str, timeout: float) -> None:
         while not cond():
@@ -502,6 +520,7 @@ class EnginePool(_PoolHealth):
         end_processes(groups=[p.pid for p in procs], pids=sorted(pids), grace=grace, leaders=procs)
         if not self._attached:   # MPI's shared memory of ranks that were killed (noted at setup)
             remove_shm(noted_segments(self.status_dir))
+            self._clean_other_hosts(self.status_dir, self._environment())   # ... and on the other hosts
         self._mpiexec = self._controller = None
         self._descendants = []
         for f in self._logs:

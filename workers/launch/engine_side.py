@@ -25,7 +25,9 @@ explained without interrupting the rank first.
 Owner watchdog: if ``NBMPI_POOL_OWNER_PID`` is set (by :meth:`EnginePool.start`),
 a daemon thread ends this rank (``os._exit``) within a second of that process
 disappearing, so a notebook kernel or controller that is killed outright
-(no exit handlers) leaves no rank behind.
+(no exit handlers) leaves no rank behind. A pool whose engines run on other hosts
+does not set it (that pid means nothing there): its mpiexec's parent-death signal
+ends Hydra, whose proxies end the engines.
 """
 from __future__ import annotations
 
@@ -38,7 +40,7 @@ from typing import Any, Dict, List, Optional
 
 import numpy as np
 
-from .environment import POOL_OWNER_PID_ENV, PROBE_HOST_ENV, STATUS_DIR_ENV
+from .environment import POOL_LOCATION_ENV, POOL_OWNER_PID_ENV, PROBE_HOST_ENV, STATUS_DIR_ENV
 
 
 
@@ -119,13 +121,28 @@ def _serve(sock: socket.socket) -> None:
             conn.close()
 
 
+def probe_address() -> str:
+    """The address this engine's probe listens on: ``$NBMPI_PROBE_HOST``; else, in a pool whose engines
+    run on other hosts (``$NBMPI_POOL_LOCATION`` set), this host's own address on the route to the pool's
+    controller (so its owner reaches the probe; no packet is sent); else 127.0.0.1. Local, cheap."""
+    explicit = os.environ.get(PROBE_HOST_ENV)
+    if explicit:
+        return explicit
+    location = os.environ.get(POOL_LOCATION_ENV)
+    if not location:
+        return "127.0.0.1"
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect((location, 9))   # UDP: only picks the route and its source address
+        return s.getsockname()[0]
+
+
 def _start_probe() -> int:
     global _probe_sock
     if _probe_sock is not None:
         return _probe_sock.getsockname()[1]
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((os.environ.get(PROBE_HOST_ENV, "127.0.0.1"), 0))
+    sock.bind((probe_address(), 0))
     sock.listen(16)
     _probe_sock = sock
     threading.Thread(target=_serve, args=(sock,), name="nbmpi-probe", daemon=True).start()

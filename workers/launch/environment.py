@@ -52,8 +52,12 @@ TRACE_AGREE_TIMEOUT_ENV = "NBMPI_TRACE_AGREE_TIMEOUT"
 POOL_IP_ENV = "NBMPI_POOL_IP"
 #: Pid of the process owning a pool: its engines end when it dies (notebook pools only).
 POOL_OWNER_PID_ENV = "NBMPI_POOL_OWNER_PID"
-#: Address an engine binds its probe socket to (default 127.0.0.1).
+#: Address an engine binds its probe socket to (default 127.0.0.1, or see :data:`POOL_LOCATION_ENV`).
 PROBE_HOST_ENV = "NBMPI_PROBE_HOST"
+#: Set for a pool whose engines run on other hosts (``EnginePool(hosts=...)``): the address or name of
+#: the pool's controller as those hosts reach it. Each engine's probe then listens on its host's own
+#: address on the route there (unless :data:`PROBE_HOST_ENV` says otherwise), so the pool's owner reaches it.
+POOL_LOCATION_ENV = "NBMPI_POOL_LOCATION"
 
 #: The controller's data directory (``nbmpi serve`` without ``--data-dir``).
 DATA_DIR_ENV = "NBMPI_DATA_DIR"

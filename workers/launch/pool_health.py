@@ -5,9 +5,10 @@ status record.
 :class:`_PoolHealth` is a mixin of ``EnginePool``; its methods read the pool's own
 attributes (``_client``, ``_state``, ``_controller``, ``_mpiexec``,
 ``rank_info``, ``status_dir``). Local and non-blocking, except :meth:`alive`,
-which asks the controller for its engine ids. A rank's death is only seen on
-this host (by pid); the guards of :mod:`nbmpi.workers.launch.rank_guard`
-report the signal that killed it.
+which asks the controller for its engine ids. A rank's death is seen by pid on
+this host; on other hosts (a pool with ``hosts``) by the report of its guard
+(:mod:`nbmpi.workers.launch.rank_guard`: the signal that killed it, in the status
+directory every host sees), and in any case when the controller drops the engine.
 """
 from __future__ import annotations
 
@@ -40,11 +41,17 @@ class _PoolHealth:
             return False
 
     def dead_ranks(self) -> List[tuple]:
-        """``[(rank, pid), ...]`` of ranks on this host whose process is gone (or a zombie). Local, cheap
-        (no request to the engines); ranks on other hosts are not checked here."""
+        """``[(rank, pid), ...]`` of ranks on this host whose process is gone (or a zombie), and of ranks on
+        other hosts whose guard reported the signal that killed them (in the status directory, which every
+        host sees). Local, cheap (no request to the engines)."""
+        from .launcher import read_signals
+
         here = socket.gethostname()
+        killed = read_signals(self.status_dir, self.n) if not self._attached and self.rank_info else {}
         dead = []
         for i in self.rank_info:
+            if i.get("host") != here and i["rank"] in killed:
+                dead.append((i["rank"], i.get("pid", -1)))
             if i.get("host") != here or i.get("pid", -1) <= 0:
                 continue
             try:
@@ -82,4 +89,28 @@ class _PoolHealth:
                     ranks=[i["pid"] for i in self.rank_info])
         return dict(name=self.name, ranks=list(self.ranks), hosts=list(self.hosts), state=state,
                     uptime_s=round(uptime, 3), pids=pids)
+
+    def _controller_side(self) -> set:
+        """Pids of the controller and its descendants (ipyparallel's schedulers)."""
+        pids = set()
+        if self._controller is not None:
+            pids.add(self._controller.pid)
+            try:
+                pids.update(c.pid for c in psutil.Process(self._controller.pid).children(recursive=True))
+            except psutil.NoSuchProcess:
+                pass
+        return pids
+
+    def _collect_descendants(self, infos) -> List[int]:
+        pids = set()
+        roots = [p for p in (self._controller, self._mpiexec) if p is not None]
+        for root in roots:
+            try:
+                pids.update(c.pid for c in psutil.Process(root.pid).children(recursive=True))
+            except psutil.NoSuchProcess:
+                pass
+        for i in infos:
+            pids.add(i["pid"])
+            pids.update(i.get("nanny_pids", []))
+        return sorted(pids)
 

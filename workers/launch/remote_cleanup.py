@@ -10,6 +10,9 @@ STATUS_DIR`` on every host, through the same remote shell Hydra used (``ssh``, o
 ``$NBMPI_LAUNCHER_EXEC`` for a virtual cluster): each host unlinks the segments its
 ranks noted in the status directory (which every host sees) that no live process of
 that host maps any more. Blocking; at most :data:`HOST_TIMEOUT_S` per host.
+
+Through the same remote shell, :func:`unreachable` checks before a launch that every host can be
+reached (an engine pool on other hosts checks so before it starts, to name the host that is wrong).
 """
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ import os
 import shlex
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from typing import Dict, List, Optional, Sequence
 
 #: Seconds one host's cleanup may take before it is abandoned.
@@ -49,6 +53,31 @@ def clean_hosts(hosts: Sequence[str], status_dir: str, shell: str = "ssh",
         except (OSError, subprocess.TimeoutExpired) as exc:
             out[host] = f"failed: {exc}"
     return out
+
+
+def unreachable(hosts: Sequence[str], shell: str = "ssh", env: Optional[Dict[str, str]] = None,
+                timeout: float = HOST_TIMEOUT_S) -> Dict[str, str]:
+    """The hosts among ``hosts`` on which ``SHELL -x HOST true`` (what Hydra's ssh launcher runs, with
+    ``shell`` ``ssh`` or the launcher's stand-in) does not succeed within ``timeout`` s, with why (the
+    shell's last error line). Empty when every host answers. Blocking; the hosts are tried at once."""
+    env = dict(os.environ if env is None else env)
+
+    def why(host: str) -> Optional[str]:
+        try:
+            proc = subprocess.run([shell, "-x", host, "true"], capture_output=True, text=True, env=env,
+                                  timeout=timeout, stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired:
+            return f"no answer within {timeout:g} s"
+        except OSError as exc:
+            return f"cannot run {shell}: {exc}"
+        if proc.returncode == 0:
+            return None
+        lines = (proc.stderr or proc.stdout).strip().splitlines()
+        return f"{shell} exited {proc.returncode}" + (f": {lines[-1][-300:]}" if lines else "")
+
+    with ThreadPoolExecutor(max_workers=min(len(hosts), 16) or 1) as ex:
+        answers = dict(zip(hosts, ex.map(why, hosts)))
+    return {h: w for h, w in answers.items() if w is not None}
 
 
 def main(argv: Optional[List[str]] = None) -> int:
