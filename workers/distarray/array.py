@@ -3,9 +3,10 @@
 A :class:`DistArray` is a view (:class:`~.indexing.View`) of a :class:`~.graph.Base`. Slicing
 returns another view of the same base without copying (as in NumPy and DistNumPy).
 Arithmetic, ufuncs (``__array_ufunc__``), comparisons, ``where``, assignment ``v[...] = x``,
-reductions and ``@`` only *record* work; it runs at a force point, on every rank at once:
+reductions, ``@`` and reading one element (``a[i, j]``: a lazy 0-d copy, like a reduction's result) only
+*record* work; it runs at a force point, on every rank at once:
 
-* ``float(a)``, ``int(a)``, ``bool(a)``, ``a.item()``, ``a[i, j]`` (a scalar), ``print(a)``,
+* ``float(a)``, ``int(a)``, ``bool(a)``, ``a.item()``, ``print(a)``,
   ``repr(a)``, ``a.to_numpy()``, ``numpy.asarray(a)``, ``a.local``, ``a.evaluate()`` /
   :func:`nbmpi.workers.distarray.evaluate`;
 * or when the number of recorded operations reaches the threshold (``NBMPI_DISTARRAY_THRESHOLD``).
