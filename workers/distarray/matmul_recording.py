@@ -96,7 +96,14 @@ def _record_vecmat(context, a: Leaf, b: Leaf) -> Leaf:
     if dt.kind != "f" and dt != np.int64:
         raise UnsupportedOperation(f"matmul of a 1-D and a 2-D array of dtype {dt} is not supported natively")
     col = Leaf(a.base, a.view.index((slice(None), None)))
-    prod = record_ufunc(context, np.multiply, [col, b])
+    out = None
+    if not b.rep and b.view.row_kept and b.view.lead_new() == 0:
+        # the product lives where B's rows are (a temporary laid out like B's base, never allocated when the
+        # reduction fuses it), not in a fresh split of its k rows, which would move B's rows between ranks
+        s, t, c = b.view.row_params
+        ob = Base(context, (b.base.shape[0], b.shape[1]), dt, b.base.dist, temp=True)
+        out = Leaf(ob, View(ob.shape, (("s", s, t, c), ("s", 0, 1, b.shape[1]))))
+    prod = record_ufunc(context, np.multiply, [col, b], out=out)
     return record_reduce(context, prod, "sum", 0, desc_name="matmul")
 
 
