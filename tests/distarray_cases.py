@@ -84,6 +84,11 @@ for dist in DISTS:
         check(f"view2 {key} {dist}", b[key], x2[key], exact=True)
     assert b[1:-1, 2:]._base is b._base, "a view shares the base (no copy)"
     check(f"scalar index {dist}", b[3, 4], x2[3, 4], exact=True)
+    bc = b.copy()
+    e = bc[3, 4]                        # a lazy 0-d copy: a later write to bc does not change it
+    bc[3, 4] = -1.0
+    check(f"scalar index is a copy {dist}", e * 2 + bc[3, 4], x2[3, 4] * 2 - 1.0, exact=True)
+    assert float(e) == float(x2[3, 4]) and float(bc[3, 4]) == -1.0
     check(f"shifted views a[1:] + a[:-1] {dist}", a[1:] + a[:-1], x1[1:] + x1[:-1], exact=True)
     check(f"strided vs reversed {dist}", a[::2] * a[::-2], x1[::2] * x1[::-2], exact=True)
     check(f"different distributions {dist}+other", a + c, x1 + x1[::-1], exact=True)

@@ -163,6 +163,14 @@ def check_shapes(name, X, x):
         native(f"outer({name}, numpy)", lambda: dnp.outer(X, y), np.outer(x, y))
         native(f"outer({name}, {name})", lambda: dnp.outer(X, X), np.outer(x, x))
         native(f"dot({name}, {name})", lambda: dnp.dot(X, X), np.dot(x, x))
+    if x.ndim == 2 and (x.dtype.kind == "f" or x.dtype == np.int64):
+        v = np.arange(x.shape[0], dtype=x.dtype) - 2
+        m = x.shape[1]
+        if x.shape[0] >= m:             # a row (held by one rank) times rows spread over the ranks
+            native(f"{name}[1] @ {name}[:{m}]", lambda: X[1] @ X[:m], x[1] @ x[:m])
+        native(f"{name}[:, 0] @ {name}", lambda: X[:, 0] @ X, x[:, 0] @ x)
+        native(f"numpy @ {name}", lambda: v @ X, v @ x)
+        native(f"dot(numpy, {name})", lambda: dnp.dot(v, X), np.dot(v, x))
     if x.dtype.kind != "b":
         ords = [None, 1, 2, np.inf, -np.inf, 0, 3] if x.ndim == 1 else [None, "fro", 1, -1, np.inf, -np.inf]
         for o in ords:

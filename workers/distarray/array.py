@@ -3,9 +3,10 @@
 A :class:`DistArray` is a view (:class:`~.indexing.View`) of a :class:`~.graph.Base`. Slicing
 returns another view of the same base without copying (as in NumPy and DistNumPy).
 Arithmetic, ufuncs (``__array_ufunc__``), comparisons, ``where``, assignment ``v[...] = x``,
-reductions and ``@`` only *record* work; it runs at a force point, on every rank at once:
+reductions, ``@`` and reading one element (``a[i, j]``: a lazy 0-d copy, like a reduction's result) only
+*record* work; it runs at a force point, on every rank at once:
 
-* ``float(a)``, ``int(a)``, ``bool(a)``, ``a.item()``, ``a[i, j]`` (a scalar), ``print(a)``,
+* ``float(a)``, ``int(a)``, ``bool(a)``, ``a.item()``, ``print(a)``,
   ``repr(a)``, ``a.to_numpy()``, ``numpy.asarray(a)``, ``a.local``, ``a.evaluate()`` /
   :func:`nbmpi.workers.distarray.evaluate`;
 * or when the number of recorded operations reaches the threshold (``NBMPI_DISTARRAY_THRESHOLD``).
@@ -322,10 +323,20 @@ class DistArray:
         if idx is not None:
             return self._take(idx)
         view = self._view.index(key)
-        sub = DistArray(self._base, view)
         if view.ndim == 0:
-            return sub.to_numpy(_reason=f"a[{key}]")[()]
-        return sub
+            return self._element(view)
+        return DistArray(self._base, view)
+
+    def _element(self, view: View) -> "DistArray":
+        """``a[i, j, ...]`` (one element): a 0-d replicated copy of it, recorded, not a force point (like a
+        reduction's result; ``float()``, ``int()``, ``bool()``, printing force it). A copy, as NumPy's scalar
+        is: a later write to ``a`` does not change it. Its owner sends it to every rank within the next
+        evaluation (a :class:`~.graph.Replicate` of one element), so ``M[k + 1:, k] / M[k, k]`` costs no
+        extra force point."""
+        leaf = Leaf(self._base, view)
+        if self._base.replicated:
+            return wrap(elementwise.record_cast(self.context, leaf, self.dtype))
+        return wrap(elementwise.replicate_leaf(self.context, leaf, "a[i, j]: one element to every rank"))
 
     def __setitem__(self, key: Any, value: Any) -> None:
         ctx = self.context

@@ -79,6 +79,8 @@ class ArrayContext:
         self.chunk_elems = _env_int("NBMPI_DISTARRAY_CHUNK", DEFAULT_CHUNK)
         self.timeout: Optional[float] = runtime.default_timeout()
         self.plans: "OrderedDict[Any, Any]" = OrderedDict()
+        #: Plans evicted during the running evaluation: freed when it ends (its units may still use them).
+        self.evicted: List[Any] = []
         self.stats: Dict[str, int] = dict(flushes=0, recorded=0, groups=0, inlined=0, dropped=0, swapped=0,
                                           redistributed=0, indexed=0,
                                           plans_built=0, plan_hits=0, blocks=0, messages_sent=0, bytes_sent=0,
@@ -146,6 +148,9 @@ class ArrayContext:
             run_flush(self, tasks, reason, self.latency_hiding if latency_hiding is None else bool(latency_hiding))
         finally:
             self.in_flush = False
+            evicted, self.evicted = self.evicted, []
+            for old in evicted:
+                old.free()
 
     # -- plan cache -----------------------------------------------------------------
     def plan(self, key: Any, build: Callable[[], Any]) -> Any:
@@ -161,7 +166,10 @@ class ArrayContext:
         self.plans[key] = p
         while len(self.plans) > MAX_PLANS:
             _, old = self.plans.popitem(last=False)
-            old.free()
+            if self.in_flush:       # an evaluation with more plans than the cache holds may still use it
+                self.evicted.append(old)
+            else:
+                old.free()
         return p
 
 

@@ -212,16 +212,22 @@ def _count_nodes(node) -> int:
 
 # --------------------------------------------------------------------------- the pass
 def _hoist_replicates(tasks: List[Task]) -> List[Task]:
-    out: List[Task] = []
+    """``tasks`` with each :class:`~.graph.Replicate` moved up to just after the last earlier task writing its
+    source (to the front if none does), so its messages start early. Linear in the number of tasks: each
+    Replicate joins the slot of that writer (later ones before earlier ones, as successive insertions there)."""
+    slots: List[List[Task]] = [[]]          # slot 0: the front; slot i: the i-th other task, then its Replicates
+    last: Dict[int, int] = {}               # base serial -> slot of its last writer so far
     for t in tasks:
         if isinstance(t, Replicate):
-            src = t.src.base
-            j = len(out)
-            while j > 0 and not any(w.base is src for w in out[j - 1].writes()):
-                j -= 1
-            out.insert(j, t)
+            slots[last.get(t.src.base.serial, 0)].append(t)
         else:
-            out.append(t)
+            slots.append([t])
+            for w in t.writes():
+                last[w.base.serial] = len(slots) - 1
+    out: List[Task] = list(reversed(slots[0]))
+    for slot in slots[1:]:
+        out.append(slot[0])
+        out.extend(reversed(slot[1:]))
     return out
 
 

@@ -6,7 +6,8 @@
   rank; the product with the local rows of ``x`` is computed while the others fly, then one
   accumulation per received part (BLAS through NumPy's ``@``). This is DistNumPy's Jacobi
   (matrix-vector) communication pattern.
-* ``dot(a, b)`` of two 1-D arrays is ``sum(a * b)`` (one fused reduction).
+* ``dot(a, b)`` of two 1-D arrays is ``sum(a * b)`` (one fused reduction); ``v @ B`` (1-D @ 2-D) is
+  ``sum(v[:, None] * B, axis=0)`` (one fused reduction along ``B``'s rows; float and int64).
 * ``A.T`` of a 2-D array distributed by rows: a new array distributed by rows in the same
   kind of distribution; each rank sends every other rank one message with the block it
   needs, transposed, and transposes its own block while they fly.
@@ -52,9 +53,11 @@ def record_matmul(context, a: Any, b: Any) -> Leaf:
                              f"is different from {a.shape[0]})")
         prod = record_ufunc(context, np.multiply, [a, b])
         return record_reduce(context, prod, "sum", None, desc_name="dot")
+    if na == 1 and nb == 2:
+        return _record_vecmat(context, a, b)
     if na != 2 or nb > 2:
         raise UnsupportedOperation(
-            f"matmul of a {na}-D and a {nb}-D array is not supported; supported: 2-D @ 1-D, 2-D @ 2-D and "
+            f"matmul of a {na}-D and a {nb}-D array is not supported; supported: 2-D @ 1-D, 2-D @ 2-D, 1-D @ 2-D and "
             "1-D @ 1-D")
     if a.shape[1] != b.shape[0]:
         raise ShapeError(f"matmul: Input operand 1 has a mismatch in its core dimension 0, with gufunc signature "
@@ -76,6 +79,32 @@ def record_matmul(context, a: Any, b: Any) -> Leaf:
     out = Leaf(ob, View(ob.shape, (("s", s, t, c),) + tuple(("s", 0, 1, n) for n in oshape[1:])))
     context.record(Matmul(a, b, out))
     return out
+
+
+def _record_vecmat(context, a: Leaf, b: Leaf) -> Leaf:
+    """``v @ B`` (1-D @ 2-D) as ``sum(v[:, None] * B, axis=0)``: one elementwise product over ``B``'s rows (``v``
+    is sent to the ranks holding them when it is not aligned) and one reduction along the distributed axis,
+    fused at the force point. Float and int64 only (a sum keeps their dtype); others raise
+    UnsupportedOperation (the caller falls back to NumPy)."""
+    from .elementwise import record_ufunc
+    from .reductions import record_reduce
+
+    if a.shape[0] != b.shape[0]:
+        raise ShapeError(f"matmul: Input operand 1 has a mismatch in its core dimension 0, with gufunc signature "
+                         f"(n?,k),(k,m?)->(n?,m?) (size {b.shape[0]} is different from {a.shape[0]})")
+    dt = np.result_type(a.dtype, b.dtype)
+    if dt.kind != "f" and dt != np.int64:
+        raise UnsupportedOperation(f"matmul of a 1-D and a 2-D array of dtype {dt} is not supported natively")
+    col = Leaf(a.base, a.view.index((slice(None), None)))
+    out = None
+    if not b.rep and b.view.row_kept and b.view.lead_new() == 0:
+        # the product lives where B's rows are (a temporary laid out like B's base, never allocated when the
+        # reduction fuses it), not in a fresh split of its k rows, which would move B's rows between ranks
+        s, t, c = b.view.row_params
+        ob = Base(context, (b.base.shape[0], b.shape[1]), dt, b.base.dist, temp=True)
+        out = Leaf(ob, View(ob.shape, (("s", s, t, c), ("s", 0, 1, b.shape[1]))))
+    prod = record_ufunc(context, np.multiply, [col, b], out=out)
+    return record_reduce(context, prod, "sum", 0, desc_name="matmul")
 
 
 def record_transpose(context, a: Leaf) -> Leaf:
