@@ -35,10 +35,11 @@ BUILD_TIMEOUT_S = 1800.0
 
 
 def build_command(trace_dir: Path, nranks: int) -> list:
-    """The command line of one index build: at the lowest CPU priority (``--nice``: ``SCHED_IDLE``, and
-    its own session's autogroup at nice 19, so the controller's wakeups are never charged for its CPU)
-    and, where ``ionice`` exists, in the idle I/O class (it reads and writes gigabytes for a 4 M-event
-    trace; the class counts only with an I/O scheduler that has classes, e.g. BFQ)."""
+    """The command line of one index build: at the lowest CPU priority (``--nice``:
+    :func:`~nbmpi.workers.tracing.index.lowest_priority`; the caller starts it in a session of its
+    own, so that with autogroups its CPU is not charged to the controller's session) and, where
+    ``ionice`` exists, in the idle I/O class (it reads and writes gigabytes for a 4 M-event trace; the
+    class counts only with an I/O scheduler that has classes, e.g. BFQ)."""
     cmd = [sys.executable, "-m", "nbmpi.workers.tracing.index", str(trace_dir), str(nranks), "--chrome", "--nice"]
     ionice = shutil.which("ionice")
     return [ionice, "-c3", *cmd] if ionice else cmd

@@ -133,24 +133,19 @@ def build(trace_dir: os.PathLike, nranks: int, chrome: bool = False,
 
 
 def lowest_priority() -> List[str]:
-    """Put the calling process at the lowest CPU priority Linux has: ``nice`` 19, ``SCHED_IDLE`` (it
-    runs only when no other task of its group wants the CPU, and any waking task preempts it at once),
-    and its autogroup at nice 19 when it leads one (start it in a session of its own: with
-    ``kernel.sched_autogroup_enabled``, the CPU a process uses is charged to its session's group, so a
-    busy child in its parent's session delays the parent's wakeups whatever its own ``nice``). The
-    process itself calls it, at its start; non-blocking. Returns what could not be set (each says why)."""
+    """Put the calling process at the lowest CPU priority of its scheduling group: ``nice`` 19 and
+    ``SCHED_IDLE`` (it runs only when no other task of its group wants the CPU, and any waking task of
+    the group preempts it at once). With ``kernel.sched_autogroup_enabled`` the group is the session:
+    start the process in a session of its own, else the CPU it uses is charged to its parent's
+    session and delays the parent's wakeups whatever its own priority (its own session then competes
+    as any other session does, so it is not starved on a busy machine). The process itself calls it,
+    at its start; non-blocking. Returns what could not be set (each says why)."""
     failed = []
     os.nice(19 - os.nice(0))
     try:
         os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
     except (AttributeError, OSError) as exc:
         failed.append(f"SCHED_IDLE: {exc}")
-    if os.getsid(0) == os.getpid():
-        try:
-            with open("/proc/self/autogroup", "w") as f:
-                f.write("19")
-        except OSError as exc:
-            failed.append(f"autogroup nice 19: {exc}")
     return failed
 
 
