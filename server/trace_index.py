@@ -7,9 +7,8 @@
   asks for it when the job ends (:meth:`TraceIndexer.build_blocking`), a request for an older job
   that has none starts it (:meth:`TraceIndexer.ensure`). A build that fails or is killed leaves an
   ``unreadable`` index saying why.
-* The dashboard's data requests run on :attr:`TraceIndexer.serve` (two threads of their own, at
-  ``nice`` 19: :func:`yield_to_the_loop`), so a heavy window never delays ``/api/health`` or the
-  REST routes.
+* The dashboard's data requests run on :attr:`TraceIndexer.serve` (two threads of their own), so a
+  heavy window never delays ``/api/health`` or the REST routes.
 
 :data:`INDEXER` is the one instance of the process.
 """
@@ -17,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -47,24 +45,12 @@ def build_command(trace_dir: Path, nranks: int) -> list:
     return [ionice, "-c3", *cmd] if ionice else cmd
 
 
-def yield_to_the_loop() -> None:
-    """Put the calling thread (a trace thread drawing figures and windows) at ``nice`` 19 in its
-    process, so that the event loop's thread, waking for ``/api/health``, takes the CPU from it at
-    once instead of after its time slice. Linux priorities are per thread; the thread calls it at its
-    start (the executor's initializer). It keeps the CPU its work needs when the loop sleeps."""
-    try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
-    except (AttributeError, OSError):
-        pass   # not Linux, or not allowed: the default priority
-
-
 class TraceIndexer:
     """Index builds (one at a time, each in a child process) and the dashboard's trace threads. Thread-safe."""
 
     def __init__(self, serve_threads: int = 2, build_timeout: float = BUILD_TIMEOUT_S):
         self.build_timeout = build_timeout
-        self.serve = ThreadPoolExecutor(serve_threads, thread_name_prefix="nbmpi-trace-serve",
-                                        initializer=yield_to_the_loop)
+        self.serve = ThreadPoolExecutor(serve_threads, thread_name_prefix="nbmpi-trace-serve")
         self._builds = ThreadPoolExecutor(1, thread_name_prefix="nbmpi-trace-build")
         self._lock = threading.Lock()
         self._pending: Dict[str, Future] = {}

@@ -1,8 +1,7 @@
 """``/api/health`` waits for no thread (issue 25.6): while the users file is unchanged it answers on the
 event loop, so neither the default executor, nor AnyIO's thread pool (sync routes), nor the health
 thread being busy delays it; a changed users file is still read (and its new mode answered). The
-dashboard's trace threads run at nice 19 and the index build at the lowest priority, in a session of
-its own.
+index build asks for the lowest priority.
 
 In process: the real application of :func:`nbmpi.server.app.create_app` (real SQLite file, real users
 file) asked through ``httpx.ASGITransport``; structure only, no timing."""
@@ -83,11 +82,20 @@ def test_state_if_current_follows_the_users_file(tmp_path):
         assert acc.state_if_current() is None
 
 
-def test_trace_threads_and_index_build_yield_the_cpu():
-    from nbmpi.server.trace_index import INDEXER, build_command
+def test_index_build_command_asks_for_the_lowest_priority():
+    from nbmpi.server.trace_index import build_command
 
-    me = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
-    assert INDEXER.serve.submit(lambda: os.getpriority(os.PRIO_PROCESS, threading.get_native_id())).result() == 19
-    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == me     # the caller's thread unchanged
     cmd = build_command("/nonexistent/trace", 2)
     assert cmd[-1] == "--nice" and "nbmpi.workers.tracing.index" in cmd
+
+
+def test_lowest_priority_in_a_session_of_its_own():
+    import subprocess
+    import sys
+
+    code = ("import os; from nbmpi.workers.tracing.index import lowest_priority; failed = lowest_priority(); "
+            "print(failed, os.nice(0), os.sched_getscheduler(0) == os.SCHED_IDLE, os.getsid(0) == os.getpid())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                         start_new_session=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["[]", "19", "True", "True"], out.stdout
