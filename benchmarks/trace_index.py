@@ -6,7 +6,9 @@ one-time index build took.
 Targets (issue 25.6): figure and window <= 1 s, controller RSS <= 200 MB, index build (its own process)
 RSS <= 200 MB, health <= 100 ms.
 Run: ``python benchmarks/trace_index.py`` (``--quick``: 400 k events; ``--runs N``: the job, its build and
-the requests N times on the same controller, default 3, the worst reported).
+the requests N times on the same controller, default 3, the worst reported). Why health is slow, from the
+controller's side (its event loop's lateness and the loop thread's runqueue wait per phase):
+``python benchmarks/loop_diag/run.py OUT_DIR``.
 """
 from __future__ import annotations
 
