@@ -5,7 +5,10 @@ one-time index build took.
 
 Targets (issue 25.6): figure and window <= 1 s, controller RSS <= 200 MB, index build (its own process)
 RSS <= 200 MB, health <= 100 ms.
-Run: ``python benchmarks/trace_index.py`` (``--quick``: 400 k events).
+Run: ``python benchmarks/trace_index.py`` (``--quick``: 400 k events; ``--runs N``: the job, its build and
+the requests N times on the same controller, default 3, the worst reported). Why health is slow, from the
+controller's side (its event loop's lateness and the loop thread's runqueue wait per phase):
+``python benchmarks/loop_diag/run.py OUT_DIR``.
 """
 from __future__ import annotations
 
@@ -120,6 +123,7 @@ def summarize(events: int, m: dict) -> dict:
                 health_samples=len(health), health_errors=len(probe.errors),
                 health_median_s=statistics.median(health) if health else None,
                 health_p99_s=p99, health_max_s=max(health) if health else None,
+                health_over_100ms=sum(x > 0.1 for x in health),
                 health_max_during_build_s=max(during_build, default=None),
                 health_max_during_requests_s=max(during_requests, default=None),
                 health_idle_samples=len(idle_s), health_idle_median_s=statistics.median(idle_s) if idle_s else None,
@@ -154,6 +158,8 @@ def markdown(d: dict) -> str:
                 ["health during build and requests: n / median / p99 / max (ms)",
                  f"{d['health_samples']} / {ms(d['health_median_s'])} / {ms(d['health_p99_s'])} / "
                  f"{ms(d['health_max_s'])}"],
+                ["health answers above 100 ms during build and requests: count / share",
+                 f"{d['health_over_100ms']} / {100 * d['health_over_100ms'] / max(1, d['health_samples']):.1f} %"],
                 ["health max: during the index build / during figure and window requests (ms)",
                  f"{ms(d['health_max_during_build_s'])} / {ms(d['health_max_during_requests_s'])}"],
                 ["health of the idle controller before the job (the machine's load alone): n / median / p99 / max (ms)",
@@ -163,10 +169,39 @@ def markdown(d: dict) -> str:
             + "\n\n" + targets_table(d["targets"]) + "\n")
 
 
+def worst_of(runs: list) -> dict:
+    """The result data of several :func:`summarize` runs of the same server: the run with the largest
+    health max, its targets checked on the worst value of every run, and each run's figures (``runs``)."""
+    worst = dict(max(runs, key=lambda d: d["health_max_s"] or 0.0))
+    worst.update({k: v for k, v in runs[0].items() if k.startswith("health_idle_")})   # measured before run 1
+    worst["targets"] = [dict(t) for t in worst["targets"]]
+    for t in worst["targets"]:      # every target is "lower is better": the largest value is the worst
+        t_all = [next(u for u in d["targets"] if u["target"] == t["target"]) for d in runs]
+        t.update(max(t_all, key=lambda u: u["measured"]))
+    keep = ("index_ready_after_job_end_s", "figure_max_s", "window_max_s", "build_peak_rss_mb", "health_samples",
+            "health_over_100ms", "health_p99_s", "health_max_s", "health_max_during_build_s")
+    worst["runs"] = [{k: d[k] for k in keep} for d in runs]
+    return worst
+
+
+def runs_markdown(d: dict) -> str:
+    """One row per build+requests run of :func:`worst_of`'s data ``d``."""
+    ms = lambda v: f"{1e3 * v:.1f}" if v is not None else "n/a"   # noqa: E731
+    return (f"\n{len(d['runs'])} runs of job + index build + requests on the same controller; the tables above "
+            "show the run with the largest health max, the targets the worst value of all runs.\n\n"
+            + md_table(["run", "index ready (s)", "figure max (s)", "window max (s)", "build RSS (MB)",
+                        "health n", "health > 100 ms", "health p99 (ms)", "health max (ms)"],
+                       [[i + 1, f"{r['index_ready_after_job_end_s']:.1f}", r["figure_max_s"], r["window_max_s"],
+                         f"{r['build_peak_rss_mb']:.0f}", r["health_samples"], r["health_over_100ms"],
+                         ms(r["health_p99_s"]), ms(r["health_max_s"])] for i, r in enumerate(d["runs"])]) + "\n")
+
+
 def main() -> None:
     p = benchmark_parser(__doc__, "400 k events instead of 4 M")
     p.add_argument("--baseline-s", type=float, default=30.0, metavar="S",
                    help="ask /api/health of the idle controller for S seconds first: the machine's own latency")
+    p.add_argument("--runs", type=int, default=3, metavar="N",
+                   help="run the job, its index build and the requests N times; report the worst (default 3)")
     args = p.parse_args()
     events = 400_000 if args.quick else 4_000_000
     import tempfile
@@ -174,12 +209,13 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="nbmpi-bench-tix-"))
     srv = Server(tmp / "data", max_ranks=2).start()
     try:
-        raw = measure(srv, events, args.baseline_s)
+        runs = [summarize(events, measure(srv, events, args.baseline_s if i == 0 else 0.0))
+                for i in range(max(1, args.runs))]
     finally:
         srv.stop()
         shutil.rmtree(tmp, ignore_errors=True)     # the job's trace and index: gigabytes
-    data = summarize(events, raw)
-    md = markdown(data)
+    data = worst_of(runs)
+    md = markdown(data) + runs_markdown(data)
     path = write_results("trace_index" + ("_quick" if args.quick else ""), data, md,
                          Path(args.out_dir) if args.out_dir else None)
     print(md)

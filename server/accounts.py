@@ -200,6 +200,24 @@ class Accounts:
         with self._lock:
             problem = self._refresh()
             mode = self.mode
+        return self._told(mode, problem)
+
+    def state_if_current(self) -> Optional[Tuple[Mode, Optional[str]]]:
+        """:meth:`state` when the users file is unchanged since it was last read and no other thread
+        holds the lock; None otherwise (then call :meth:`state`, off the event loop: it reads the file).
+        Never waits: one ``stat``; the event loop calls it, so ``/api/health`` needs no thread."""
+        if not self._lock.acquire(blocking=False):
+            return None
+        try:
+            if self._stat() != self._mtime:
+                return None
+            problem, mode = self._problem, self.mode
+        finally:
+            self._lock.release()
+        return self._told(mode, problem)
+
+    @staticmethod
+    def _told(mode: Mode, problem: Optional[AccountError]) -> Tuple[Mode, Optional[str]]:
         if problem is not None:
             return mode, f"jobs and pools are refused: {problem}"
         return mode, SHARED_WARNING if mode == "shared-account" else None

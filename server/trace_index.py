@@ -1,8 +1,8 @@
 """The controller's trace work, kept away from its event loop and from the thread pool other requests use.
 
 * Each finished batch job's streamed trace is indexed once (:mod:`nbmpi.workers.tracing.index`) in its
-  own process (``python -m nbmpi.workers.tracing.index DIR NRANKS --chrome``: the joined trace lives
-  in that process, never in the controller's; at the lowest CPU priority, so it never delays the
+  own process (:func:`build_command`: the joined trace lives in that process, never in the
+  controller's; in a session of its own at the lowest CPU and I/O priority, so it never delays the
   controller's answers), started from one build thread; the job's follower
   asks for it when the job ends (:meth:`TraceIndexer.build_blocking`), a request for an older job
   that has none starts it (:meth:`TraceIndexer.ensure`). A build that fails or is killed leaves an
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 import subprocess
 import sys
 import threading
@@ -31,6 +32,17 @@ from nbmpi.workers.tracing import stream as trace_stream
 T = TypeVar("T")
 #: Seconds one index build may take before it is ended (and the trace recorded unreadable).
 BUILD_TIMEOUT_S = 1800.0
+
+
+def build_command(trace_dir: Path, nranks: int) -> list:
+    """The command line of one index build: at the lowest CPU priority (``--nice``:
+    :func:`~nbmpi.workers.tracing.index.lowest_priority`; the caller starts it in a session of its
+    own, so that with autogroups its CPU is not charged to the controller's session) and, where
+    ``ionice`` exists, in the idle I/O class (it reads and writes gigabytes for a 4 M-event trace; the
+    class counts only with an I/O scheduler that has classes, e.g. BFQ)."""
+    cmd = [sys.executable, "-m", "nbmpi.workers.tracing.index", str(trace_dir), str(nranks), "--chrome", "--nice"]
+    ionice = shutil.which("ionice")
+    return [ionice, "-c3", *cmd] if ionice else cmd
 
 
 class TraceIndexer:
@@ -72,9 +84,9 @@ class TraceIndexer:
         return self.open(trace_dir)
 
     def _build(self, trace_dir: Path, nranks: int) -> None:
-        cmd = [sys.executable, "-m", "nbmpi.workers.tracing.index", str(trace_dir), str(nranks), "--chrome", "--nice"]
         try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=self.build_timeout)
+            proc = subprocess.run(build_command(trace_dir, nranks), capture_output=True, text=True,
+                                  timeout=self.build_timeout, start_new_session=True)
             if proc.returncode in (0, trace_index.UNREADABLE_EXIT):
                 return
             why = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]

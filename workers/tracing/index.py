@@ -54,7 +54,7 @@ from .analysis import STATE_NAMES, Trace, op_label
 from .npy_column import BLOCK_BYTES, NpyColumn
 from .stream import TraceUnreadable, has_stream, read_job_trace
 
-__all__ = ["FORMAT", "INDEX_DIR", "build", "index_dir", "TraceIndex", "EventTable", "main"]
+__all__ = ["FORMAT", "INDEX_DIR", "build", "index_dir", "TraceIndex", "EventTable", "lowest_priority", "main"]
 
 FORMAT = 2
 INDEX_DIR = "index"
@@ -132,14 +132,32 @@ def build(trace_dir: os.PathLike, nranks: int, chrome: bool = False,
     return meta
 
 
+def lowest_priority() -> List[str]:
+    """Put the calling process at the lowest CPU priority of its scheduling group: ``nice`` 19 and
+    ``SCHED_IDLE`` (it runs only when no other task of its group wants the CPU, and any waking task of
+    the group preempts it at once). With ``kernel.sched_autogroup_enabled`` the group is the session:
+    start the process in a session of its own, else the CPU it uses is charged to its parent's
+    session and delays the parent's wakeups whatever its own priority (its own session then competes
+    as any other session does, so it is not starved on a busy machine). The process itself calls it,
+    at its start; non-blocking. Returns what could not be set (each says why)."""
+    failed = []
+    os.nice(19 - os.nice(0))
+    try:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    except (AttributeError, OSError) as exc:
+        failed.append(f"SCHED_IDLE: {exc}")
+    return failed
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """``python -m nbmpi.workers.tracing.index TRACE_DIR NRANKS [--chrome] [--nice]``: :func:`build`
-    (``--nice``: at the lowest CPU priority, ``nice`` 19, so the process that started it keeps its
-    CPU); prints the state in one line. Exit 0 (built, or nothing streamed), 3 (unreadable), 2 (usage)."""
+    (``--nice``: at the lowest CPU priority, :func:`lowest_priority`, so the process that started it
+    keeps its CPU); prints the state in one line. Exit 0 (built, or nothing streamed), 3 (unreadable),
+    2 (usage)."""
     args = list(sys.argv[1:] if argv is None else argv)
     chrome = "--chrome" in args
     if "--nice" in args:
-        os.nice(19 - os.nice(0))
+        lowest_priority()
     args = [a for a in args if a not in ("--chrome", "--nice")]
     if len(args) != 2 or not args[1].isdigit():
         print("usage: python -m nbmpi.workers.tracing.index TRACE_DIR NRANKS [--chrome] [--nice]", file=sys.stderr)
