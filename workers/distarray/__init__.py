@@ -65,6 +65,7 @@ from .numpy_reshaping import argwhere, flatnonzero, moveaxis, nonzero, ravel, re
 from .numpy_joining import column_stack, concat, concatenate, dstack, hstack, stack, vstack
 from .numpy_signal import convolve, correlate
 from .grids import eye, fromfunction, geomspace, identity, indices, linspace, logspace, meshgrid
+from .index_grids import mgrid, ogrid
 from .fused_kernels import kernel_stats
 from . import fallback as _fallback
 
