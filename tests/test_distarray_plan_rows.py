@@ -36,3 +36,21 @@ def test_block_closed_form_equals_per_row():
                                     (nrows, nranks, start, stop, step, rank, got, want)
                             checked += 1
     assert checked > 10_000
+
+
+def test_block_owner_and_local_index_of_sorted_rows_equal_the_search():
+    """Distribution.owner / local_index for block: the per-rank cuts taken for long non-decreasing row arrays
+    give what one binary search per row gives, also for unsorted and short arrays (which take that search)."""
+    rng = np.random.default_rng(0)
+    for nrows in (1000, 1500, 5001, 100003):
+        for nranks in (1, 2, 3, 5):
+            dist = Distribution("block", nrows, nranks)
+            off = dist.offsets
+            cases = (np.arange(nrows), np.arange(0, nrows, 3), np.arange(7, nrows - 5),
+                     np.sort(rng.integers(0, nrows, 3000)), np.arange(nrows)[::-1].copy(),
+                     rng.integers(0, nrows, 3000), np.repeat(np.arange(0, nrows, 2), 2), np.arange(min(nrows, 100)))
+            for rows in cases:
+                own = np.searchsorted(off[1:], rows, side="right")
+                got = dist.owner(rows)
+                assert got.dtype == np.int64 and np.array_equal(got, own), (nrows, nranks)
+                assert np.array_equal(dist.local_index(rows), rows - off[own]), (nrows, nranks)
