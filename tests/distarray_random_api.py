@@ -18,6 +18,18 @@ same(dnp.random.rand(6, 2), np.random.rand(6, 2), "legacy rand")
 same(dnp.random.randn(4), np.random.randn(4), "legacy randn")
 same(dnp.random.random(5), np.random.random(5), "legacy random")
 same(dnp.random.normal(1, 2, size=3), np.random.normal(1, 2, size=3), "legacy normal")
+for dist in ("block", "cyclic", ("block-cyclic", 2)):     # uniform legacy draws: distributed, then the state moves on
+    same(dnp.random.random((11, 3), dist=dist), np.random.random((11, 3)), f"legacy random 2-D {dist}")
+    same(dnp.random.random(1), np.random.random(1), "legacy random, one element")
+same(dnp.random.random_sample(size=9), np.random.random_sample(size=9), "legacy random_sample")
+same(dnp.random.sample((2, 5)), np.random.sample((2, 5)), "legacy sample")
+same(dnp.random.rand(13), np.random.rand(13), "legacy rand 1-D")
+same(dnp.random.random(), np.random.random(), "legacy scalar after distributed draws")
+same(dnp.random.randn(3), np.random.randn(3), "legacy randn after distributed draws")
+assert isinstance(dnp.random.random((4, 2)), dnp.DistArray) and np.random.random((4, 2)) is not None
+before = dnp.stats()["fallback"]["functions"].get("random.random", {}).get("calls", 0)
+same(dnp.random.random(10), np.random.random(10), "legacy random not a fallback")
+assert dnp.stats()["fallback"]["functions"].get("random.random", {}).get("calls", 0) == before
 u = dnp.random.default_rng()
 x = u.random(8).to_numpy()
 allx = world().allgather(x)

@@ -65,6 +65,7 @@ from .numpy_reshaping import argwhere, flatnonzero, moveaxis, nonzero, ravel, re
 from .numpy_joining import column_stack, concat, concatenate, dstack, hstack, stack, vstack
 from .numpy_signal import convolve, correlate
 from .grids import eye, fromfunction, geomspace, identity, indices, linspace, logspace, meshgrid
+from .index_grids import mgrid, ogrid
 from .fused_kernels import kernel_stats
 from . import fallback as _fallback
 
@@ -100,8 +101,8 @@ def evaluate(comm=None, latency_hiding: Optional[bool] = None) -> None:
 
 
 def stats(comm=None) -> Dict[str, Any]:
-    """Counters of this rank (local): evaluations, recorded/fused/dropped operations, plans built and
-    reused, blocks computed, messages and bytes sent, time waited, local buffers of at least 64 KiB
+    """Counters of this rank (local): evaluations, recorded/fused/dropped operations, plans built (and the
+    nanoseconds spent building them, ``plan_build_ns``) and reused, blocks computed, messages and bytes sent, time waited, local buffers of at least 64 KiB
     allocated (lazily, for results actually stored) and reused, and the compiled kernels
     (``kernels``: ``compiled``/``loaded``/``signatures``). ``last`` describes the last evaluation."""
     ctx = context_for(comm)

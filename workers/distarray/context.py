@@ -23,6 +23,7 @@ both collective, which every rank reaches at the same point of an SPMD program.
 from __future__ import annotations
 
 import os
+import time
 from collections import OrderedDict
 from typing import Any, Callable, Dict, List, Optional
 
@@ -83,7 +84,7 @@ class ArrayContext:
         self.evicted: List[Any] = []
         self.stats: Dict[str, int] = dict(flushes=0, recorded=0, groups=0, inlined=0, dropped=0, swapped=0,
                                           redistributed=0, indexed=0,
-                                          plans_built=0, plan_hits=0, blocks=0, messages_sent=0, bytes_sent=0,
+                                          plans_built=0, plan_build_ns=0, plan_hits=0, blocks=0, messages_sent=0, bytes_sent=0,
                                           messages_received=0, wait_ns=0, flush_ns=0, collectives=0)
         self.last: Dict[str, Any] = {}
         self.in_flush = False
@@ -161,7 +162,9 @@ class ArrayContext:
             self.plans.move_to_end(key)
             self.stats["plan_hits"] += 1
             return p
+        t0 = time.perf_counter_ns()
         p = build()
+        self.stats["plan_build_ns"] += time.perf_counter_ns() - t0
         self.stats["plans_built"] += 1
         self.plans[key] = p
         while len(self.plans) > MAX_PLANS:

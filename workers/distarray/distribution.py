@@ -86,15 +86,36 @@ class Distribution:
         """Rank owning each global row of ``rows`` (int64 array; -1 for replicated: every rank)."""
         rows = np.asarray(rows, dtype=np.int64)
         if self.kind == "block":
+            cuts = self._sorted_cuts(rows)
+            if cuts is not None:
+                out = np.empty(len(rows), dtype=np.int64)
+                for r in range(self.nranks):
+                    out[cuts[r]:cuts[r + 1]] = r
+                return out
             return np.searchsorted(self._offsets[1:], rows, side="right").astype(np.int64)
         if self.kind == "replicated":
             return np.full(rows.shape, -1, dtype=np.int64)
         return (rows // self.block) % self.nranks
 
+    def _sorted_cuts(self, rows: np.ndarray) -> Any:
+        """For ``block``, when ``rows`` (1-D int64) is non-decreasing (the rows of a view with a positive
+        step, the usual case): ``cuts`` such that ``rows[cuts[r]:cuts[r + 1]]`` are rank ``r``'s (``nranks``
+        binary searches instead of one per row); else None."""
+        if rows.ndim != 1 or len(rows) < 1024 or rows[0] < 0 or rows[-1] >= self.nrows \
+                or not bool((rows[1:] >= rows[:-1]).all()):
+            return None
+        return np.searchsorted(rows, self._offsets, side="left").tolist()
+
     def local_index(self, rows: np.ndarray) -> np.ndarray:
         """Index of each global row of ``rows`` in its owner's local buffer."""
         rows = np.asarray(rows, dtype=np.int64)
         if self.kind == "block":
+            cuts = self._sorted_cuts(rows)
+            if cuts is not None:
+                out = np.empty(len(rows), dtype=np.int64)
+                for r in range(self.nranks):
+                    np.subtract(rows[cuts[r]:cuts[r + 1]], self._offsets[r], out=out[cuts[r]:cuts[r + 1]])
+                return out
             own = np.searchsorted(self._offsets[1:], rows, side="right")
             return rows - self._offsets[own]
         if self.kind == "replicated":

@@ -17,6 +17,26 @@ Generated sources are written to a cache directory (``NBMPI_DISTARRAY_CACHE``, d
 ``~/.cache/nbmpi/distarray-kernels-<versions>``; ``off`` keeps them in memory only) and
 compiled with ``numba.njit(cache=True)``, so a later process loads the machine code instead
 of compiling it. :func:`kernel_stats` counts signatures compiled and loaded.
+
+The on-disk cache, one per machine and user:
+
+* where: ``<dir>/k_<digest>.py`` (the generated source) and numba's ``<dir>/__pycache__/k_<digest>-*.nbi``
+  (index) and ``.nbc`` (machine code per signature);
+* keyed by: the digest (blake2b) of the generated source, which spells out everything that shapes the
+  kernel (operations, dtypes, broadcast axes, unit inner strides, reductions); numba's index adds the
+  argument types, the source file's mtime and size, and the CPU name and features;
+* invalidated by: a new Python, numba or NumPy version (the directory name holds all three); a changed
+  code generator makes new sources, hence new digests (old files are merely unused); delete the directory
+  to reclaim the space;
+* several processes at once: a source file is written under a private temporary name and hard-linked
+  into place, so the first writer wins and the file never changes (numba's index stays valid); numba
+  writes its index and machine code the same way (temporary file, then ``os.replace``).
+
+Measured: a new process reusing the cache compiles nothing (``kernel_stats()["compiled"] == 0``). What
+remains of its first run's extra time is not compilation: numba's one-time start (~1 s, its typing and
+target contexts, paid by the first kernel loaded), building the communication plans (per layout, kept
+in memory for the process's later runs) and faulting in fresh pages for the first buffers (later runs
+reuse them: :class:`~.context.BufferCache`).
 """
 from __future__ import annotations
 
@@ -308,10 +328,18 @@ def _load_module(name: str, src: str):
         full = header + src
         try:
             if not os.path.exists(path):
-                tmp = f"{path}.{os.getpid()}.tmp"
+                # the first writer wins and the file never changes afterwards: numba's index of the machine
+                # code is keyed by the source file's mtime and size, so a second writer replacing it (same
+                # text, new mtime) would make every later process recompile once
+                tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
                 with open(tmp, "w") as f:
                     f.write(full)
-                os.replace(tmp, path)
+                try:
+                    os.link(tmp, path)
+                except FileExistsError:
+                    pass
+                finally:
+                    os.unlink(tmp)
             spec = importlib.util.spec_from_file_location(f"nbmpi_distarray_kernels_{name}", path)
             mod = importlib.util.module_from_spec(spec)
             sys.modules[spec.name] = mod

@@ -240,6 +240,9 @@ def segments(m: int, srcs: List[np.ndarray], seqs: List[np.ndarray]) -> List[Tup
 
 def my_rows(dist, s: int, t: int, n: int, rank: int) -> Tuple[np.ndarray, np.ndarray]:
     """(row numbers i of the view owned by ``rank``, their local indices), increasing i."""
+    if dist.kind == "block" and n > 0:       # one run of rows: the answer in closed form, O(rows) aranges only
+        lo, hi = dist.block_range(rank)
+        return _block_rows(lo, hi, s, t, n)
     g = dist.global_rows(rank)
     if t == 1 and s == 0 and n == dist.nrows:  # the whole base: every local row, in order
         return g, np.arange(len(g), dtype=np.int64)
@@ -253,3 +256,21 @@ def my_rows(dist, s: int, t: int, n: int, rank: int) -> Tuple[np.ndarray, np.nda
     return i.astype(np.int64), loc
 
 
+
+
+def _block_rows(lo: int, hi: int, s: int, t: int, n: int) -> Tuple[np.ndarray, np.ndarray]:
+    """:func:`my_rows` for a rank owning global rows ``[lo, hi)`` and the view rows ``s + i * t``, ``0 <= i < n``:
+    the ``i`` whose row falls in ``[lo, hi)`` (increasing) and ``row - lo``."""
+    if hi <= lo:
+        return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
+    if t > 0:                                   # s + i*t >= lo  and  s + i*t < hi
+        i0 = max(0, -(-(lo - s) // t))
+        i1 = min(n, -(-(hi - s) // t))
+    else:                                       # t < 0: s + i*t <= hi - 1  and  s + i*t >= lo
+        u = -t
+        i0 = max(0, -(-(s - (hi - 1)) // u))
+        i1 = min(n, (s - lo) // u + 1)
+    if i1 <= i0:
+        return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
+    i = np.arange(i0, i1, dtype=np.int64)
+    return i, (s - lo) + i * t

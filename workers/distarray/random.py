@@ -11,7 +11,9 @@
 * NumPy's legacy functions (``seed``, ``rand``, ``randn``, ``normal``, ...) draw from one
   ``RandomState`` that every rank holds in the same state (seeded by ``seed(s)``, else from a seed
   rank 0 draws and broadcasts), their array results distributed: equal to NumPy's after
-  ``numpy.random.seed(s)``.
+  ``numpy.random.seed(s)``. The uniform ones (``random``, ``random_sample``, ``rand``, ...) draw
+  distributed too: each rank skips the MT19937 outputs before its rows (no values made) and draws
+  only its own; the others draw every value on every rank (counted as fallback calls).
 
 Every function here is SPMD: call it on every rank in the same order with the same arguments.
 """
@@ -211,14 +213,66 @@ def seed(seed: Any = None) -> None:
     _LEGACY["state"] = np.random.RandomState(seed)
 
 
+#: Legacy functions drawing uniform [0, 1) doubles (two 32-bit MT19937 outputs each), drawn distributed.
+_LEGACY_UNIFORM = ("random", "random_sample", "sample", "ranf", "rand")
+
+
+def _legacy_uniform_size(name: str, args: tuple, kwargs: dict) -> Optional[tuple]:
+    """The shape a legacy uniform call draws when it can be drawn distributed (an array of at least one
+    dimension), else None."""
+    if name not in _LEGACY_UNIFORM:
+        return None
+    if name == "rand":
+        size: Any = args if not kwargs else None
+    elif len(args) + len(kwargs) == 1 and set(kwargs) <= {"size"}:
+        size = args[0] if args else kwargs["size"]
+    else:
+        return None
+    if size is None or size == ():
+        return None
+    shape = _shape(size)
+    return shape or None
+
+
+def _legacy_uniform(shape: tuple, dist: Any, comm: Any) -> DistArray:
+    """``RandomState.random_sample(shape)`` of the shared legacy state, drawn distributed: each rank copies
+    the MT19937 state, skips (``random_raw(output=False)``, no values made) the 32-bit outputs of the rows
+    before each of its runs of rows (two per double) and draws only its own; then every rank's shared state
+    moves past the whole draw. Equal to NumPy's values; local (no communication)."""
+    b, ctx = _new(shape, np.float64, dist, comm, "random")
+    row = int(np.prod(shape[1:], dtype=np.int64))
+    out = np.empty(b.local_shape(), dtype=np.float64)
+    flat = out.reshape(-1)
+    shared = _LEGACY["state"]._bit_generator
+    rows = b.dist.global_rows(ctx.rank) if not b.replicated else np.arange(shape[0])
+    if len(rows):
+        starts = np.flatnonzero(np.diff(rows, prepend=rows[0] - 2) != 1)
+        bg = np.random.MT19937()
+        draw = np.random.RandomState(bg)
+        for s, e in zip(starts, np.append(starts[1:], len(rows))):
+            bg.state = shared.state
+            bg.random_raw(2 * int(rows[s]) * row, output=False)
+            k, pos = int(e - s) * row, int(s) * row
+            flat[pos:pos + k] = draw.random_sample(k)
+    shared.random_raw(2 * int(np.prod(shape, dtype=np.int64)), output=False)
+    b.set_local(out)
+    return DistArray(b, View.full(shape))
+
+
 def _legacy_call(name: str, args: tuple, kwargs: dict, dist: Any = "block", comm: Any = None) -> Any:
     """NumPy's legacy ``numpy.random.<name>(*args, **kwargs)`` from the shared ``RandomState`` (seeded
-    on first use if :func:`seed` was not called), array results distributed."""
+    on first use if :func:`seed` was not called), array results distributed. Uniform doubles
+    (``random``, ``random_sample``, ``sample``, ``ranf``, ``rand``) are drawn distributed
+    (:func:`_legacy_uniform`); the other functions draw every value on every rank (fallback calls)."""
     if "state" not in _LEGACY:
         seed(None)
+    shape = _legacy_uniform_size(name, args, kwargs)
+    if shape is not None:
+        return _legacy_uniform(shape, dist, comm)
     from . import fallback
     fallback.count(f"random.{name}", 0)
-    return _distributed_draw(getattr(_LEGACY["state"], name)(*args, **kwargs), dist, comm)
+    method = "random_sample" if name in ("sample", "ranf") else name    # numpy.random's aliases
+    return _distributed_draw(getattr(_LEGACY["state"], method)(*args, **kwargs), dist, comm)
 
 
 def __getattr__(name: str) -> Any:
@@ -228,7 +282,8 @@ def __getattr__(name: str) -> Any:
     if target is None:
         raise AttributeError(f"module 'nbmpi.workers.distarray.random' has no attribute {name!r}, and neither has "
                              "numpy.random")
-    if callable(target) and not isinstance(target, type) and hasattr(np.random.RandomState, name):
+    if callable(target) and not isinstance(target, type) and (hasattr(np.random.RandomState, name)
+                                                               or name in _LEGACY_UNIFORM):
         def legacy(*args: Any, **kwargs: Any) -> Any:
             return _legacy_call(name, args, kwargs)
         legacy.__name__ = name

@@ -1,0 +1,61 @@
+"""The fused kernels' on-disk cache (``nbmpi.workers.distarray.fused_kernels``): processes started at the same time
+on a new cache directory all run and leave one source per kernel (no temporary files), and a later new process
+compiles nothing: every kernel it needs is loaded from the cache. Real processes (single-rank MPI), no mocks."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from conftest import assert_ok
+
+PROGRAM = """
+import json
+import numpy
+import nbmpi.workers.distarray as np
+x = np.linspace(0.0, 1.0, 20_000)
+y = np.where(x < 0.5, np.sin(x) * 3.0 + 1.0, np.exp(-x)) ** 2
+g = np.zeros((300, 200)) + np.arange(200.0)
+h = 0.25 * (g[:-2, 1:-1] + g[2:, 1:-1] + g[1:-1, :-2] + g[1:-1, 2:])
+out = [float(y.sum()), float(numpy.asarray(h).sum()), float(np.mean(x * x))]
+print(json.dumps(dict(out=out, stats=np.kernel_stats())))
+"""
+
+
+def _start(cache: str) -> subprocess.Popen:
+    env = {**os.environ, "NBMPI_DISTARRAY_CACHE": cache}
+    return subprocess.Popen([sys.executable, "-c", PROGRAM], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def _finish(p: subprocess.Popen) -> dict:
+    try:
+        out, err = p.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        out, err = p.communicate()
+    assert_ok(subprocess.CompletedProcess(p.args, p.returncode, out, err))
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def test_concurrent_writers_then_a_new_process_compiles_nothing(tmp_path):
+    cache = str(tmp_path / "kernels")
+    procs = [_start(cache) for _ in range(3)]
+    try:
+        first = [_finish(p) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert all(r["out"] == first[0]["out"] for r in first), first
+    assert first[0]["stats"]["kernels"] >= 3, first[0]["stats"]
+    names = os.listdir(cache)
+    assert not [n for n in names if n.endswith(".tmp")], names
+    sources = [n for n in names if n.endswith(".py")]
+    assert len(sources) == first[0]["stats"]["kernels"], (sources, first[0]["stats"])
+    later = _finish(_start(cache))
+    assert later["out"] == first[0]["out"]
+    st = later["stats"]
+    assert st["compiled"] == 0 and st["loaded"] == st["signatures"] == first[0]["stats"]["signatures"], st
