@@ -239,9 +239,15 @@ class DistArray:
             raise TypeError("len() of unsized object")
         return self.shape[0]
 
-    def __iter__(self) -> Iterator["DistArray"]:
+    def __iter__(self) -> Iterator[Any]:
+        """Iterate over axis 0 like NumPy: a 1-D array yields NumPy scalars, gathered once when the iteration
+        starts (one force point, collective: ``for w in weights`` costs one gather, not one per element); an
+        N-d array yields the views ``a[0]``, ``a[1]``, ... (no force point)."""
         if not self.shape:
             raise TypeError("iteration over a 0-d array")
+        if self.ndim == 1:
+            yield from self.to_numpy(_reason="iteration")
+            return
         for i in range(self.shape[0]):
             yield self[i]
 
@@ -318,6 +324,10 @@ class DistArray:
         try:
             idx = self._index_key(key)
         except UnsupportedOperation:     # e.g. index arrays mixed with slices: NumPy's own indexing
+            from . import masking        # (imports this module) a distributed mask, a[:, idx], a replicated a
+            got = masking.getitem(self, key)
+            if got is not None:
+                return got
             return fallback.call(operator.getitem, (self, key), {}, "ndarray.__getitem__")
         if idx is not None:
             return self._take(idx)
@@ -332,10 +342,14 @@ class DistArray:
         if isinstance(key, (DistArray, np.ndarray)) and key.dtype == np.bool_ and (
                 isinstance(key, DistArray) or key.shape == self.shape and np.ndim(value) == 0):
             # a[mask] = value with a mask of a's shape is where(mask, value, a), in place
+            from . import masking
+            if key.shape != self.shape and masking.setitem(self, key, value):
+                return
             if key.shape != self.shape:
                 raise ShapeError(f"boolean mask of shape {key.shape} does not match the array's shape {self.shape}")
             if isinstance(value, DistArray) or np.ndim(value) != 0:
-                fallback.setitem(self, key, value)
+                if not masking.setitem(self, key, value):
+                    fallback.setitem(self, key, value)
                 return
             val = value
             mk = key._leaf() if isinstance(key, DistArray) else key
@@ -346,7 +360,9 @@ class DistArray:
         try:
             idx = self._index_key(key)
         except UnsupportedOperation:     # e.g. index arrays mixed with slices: NumPy's own indexing
-            fallback.setitem(self, key, value)
+            from . import masking
+            if not masking.setitem(self, key, value):
+                fallback.setitem(self, key, value)
             return
         if idx is not None:
             self._put(idx, value)
