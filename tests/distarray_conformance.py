@@ -2,7 +2,7 @@
 tests/test_distarray_conformance.py on 1, 2 and 3 ranks: reductions (axis None/int/negative/tuple, keepdims,
 dtype, out, where), the nan* family, argmin/argmax, cumsum/cumprod, shape functions, clip, round, outer,
 diagonal, trace, dot, linalg.norm; sort/argsort, reshape/ravel, repeat, tile, nonzero, concatenate and the
-stack family, convolve/correlate, cross (native: nothing gathered to one rank); over block, cyclic and
+stack family, convolve/correlate, cross, boolean masks and index arrays (native: nothing gathered to one rank); over block, cyclic and
 block-cyclic layouts, views and uneven splits; then
 property-based cases drawn by hypothesis (derandomized: every rank draws the same cases). Every native call
 must leave the NumPy fallback's counter unchanged."""
@@ -245,6 +245,33 @@ def check_joining(name, X, x):
         native(f"cross({name})", lambda: dnp.cross(X[..., :3], X[..., 1:4]), np.cross(x[..., :3], x[..., 1:4]))
 
 
+def check_masks(name, X, x):
+    """a[mask], a[mask, ...] = v with a distributed mask laid out like a, a[:, idx], iteration (whole arrays)."""
+    if not X._view.is_full or X.dist.kind == "replicated":
+        return
+    M, mx = X > 0, x > 0
+    native(f"{name}[mask]", lambda: X[M], x[mx], exact=True)
+    Y, y = X * 1, x * 1
+    Y[M] = Y[M] * 2
+    y[mx] = y[mx] * 2
+    native(f"{name}[mask] = {name}[mask] * 2", lambda: Y, y, exact=True)
+    Y[M] = 7
+    y[mx] = 7
+    native(f"{name}[mask] = 7", lambda: Y, y, exact=True)
+    if x.ndim >= 2:
+        first = (slice(None),) + (0,) * (x.ndim - 1)         # a 1-D mask of axis 0
+        L, lx = X[first] > 0, x[first] > 0
+        native(f"{name}[lead mask, ...]", lambda: X[L, ...], x[lx, ...], exact=True)
+        Y[L, ...] = x[lx] + 1
+        y[lx, ...] = x[lx] + 1
+        native(f"{name}[lead mask, ...] = numpy", lambda: Y, y, exact=True)
+        idx = [x.shape[1] - 1, 0]
+        native(f"{name}[:, idx]", lambda: X[:, idx], x[:, idx], exact=True)
+    else:
+        before = fallback_calls()
+        assert [v for v in X] == list(x) and fallback_calls() == before, f"iterating {name}"
+
+
 #: which part runs: "recorded" (reductions ... linalg.norm, the first hypothesis cases), "native" (sort ... cross,
 #: their hypothesis cases) or "all"; the test runs the two parts as separate programs, each within its timeout
 PART = sys.argv[2] if len(sys.argv) > 2 else "all"
@@ -260,6 +287,7 @@ for dist in DISTS if PART != "recorded" else ():
         check_sorting(name, X, x)
         check_moving(name, X, x)
         check_joining(name, X, x)
+        check_masks(name, X, x)
     print(f"rank {r}: ok native {dist}", flush=True)
 
 if PART != "native":                              # the rest of numpy.linalg goes through the fallback, counted
