@@ -39,6 +39,21 @@ _REDUCE_UFUNCS = {"add": "sum", "multiply": "prod", "minimum": "min", "maximum":
 #: ``a.<name>(...)`` calls ``_METHODS[name](a, ...)``. Names neither here nor in the class go through the
 #: NumPy fallback (:meth:`DistArray.__getattr__`).
 _METHODS: Dict[str, Callable[..., Any]] = {}
+#: Indexing basic views lack (a distributed mask, ``a[:, idx]``, a replicated array), registered by
+#: :mod:`.masking`: ``"getitem"(a, key)`` gives the result or None, ``"setitem"(a, key, value)`` True if done.
+_INDEXERS: Dict[str, Callable[..., Any]] = {}
+
+
+def _unsupported_get(a: "DistArray", key: Any) -> Any:
+    """``a[key]`` for a key basic views lack: :mod:`.masking`'s native indexing, else the NumPy fallback."""
+    got = _INDEXERS["getitem"](a, key)
+    return got if got is not None else fallback.call(operator.getitem, (a, key), {}, "ndarray.__getitem__")
+
+
+def _unsupported_set(a: "DistArray", key: Any, value: Any) -> None:
+    """``a[key] = value`` for a key basic views lack: :mod:`.masking`'s native assignment, else the fallback."""
+    if not _INDEXERS["setitem"](a, key, value):
+        fallback.setitem(a, key, value)
 
 
 def wrap(leaf: Leaf) -> "DistArray":
@@ -240,9 +255,7 @@ class DistArray:
         return self.shape[0]
 
     def __iter__(self) -> Iterator[Any]:
-        """Iterate over axis 0 like NumPy: a 1-D array yields NumPy scalars, gathered once when the iteration
-        starts (one force point, collective: ``for w in weights`` costs one gather, not one per element); an
-        N-d array yields the views ``a[0]``, ``a[1]``, ... (no force point)."""
+        """Axis 0 as NumPy: 1-D yields NumPy scalars gathered once (one force point), N-d the views a[i]."""
         if not self.shape:
             raise TypeError("iteration over a 0-d array")
         if self.ndim == 1:
@@ -324,11 +337,7 @@ class DistArray:
         try:
             idx = self._index_key(key)
         except UnsupportedOperation:     # e.g. index arrays mixed with slices: NumPy's own indexing
-            from . import masking        # (imports this module) a distributed mask, a[:, idx], a replicated a
-            got = masking.getitem(self, key)
-            if got is not None:
-                return got
-            return fallback.call(operator.getitem, (self, key), {}, "ndarray.__getitem__")
+            return _unsupported_get(self, key)
         if idx is not None:
             return self._take(idx)
         view = self._view.index(key)
@@ -342,14 +351,12 @@ class DistArray:
         if isinstance(key, (DistArray, np.ndarray)) and key.dtype == np.bool_ and (
                 isinstance(key, DistArray) or key.shape == self.shape and np.ndim(value) == 0):
             # a[mask] = value with a mask of a's shape is where(mask, value, a), in place
-            from . import masking
-            if key.shape != self.shape and masking.setitem(self, key, value):
+            if key.shape != self.shape and _INDEXERS["setitem"](self, key, value):
                 return
             if key.shape != self.shape:
                 raise ShapeError(f"boolean mask of shape {key.shape} does not match the array's shape {self.shape}")
             if isinstance(value, DistArray) or np.ndim(value) != 0:
-                if not masking.setitem(self, key, value):
-                    fallback.setitem(self, key, value)
+                _unsupported_set(self, key, value)
                 return
             val = value
             mk = key._leaf() if isinstance(key, DistArray) else key
@@ -360,9 +367,7 @@ class DistArray:
         try:
             idx = self._index_key(key)
         except UnsupportedOperation:     # e.g. index arrays mixed with slices: NumPy's own indexing
-            from . import masking
-            if not masking.setitem(self, key, value):
-                fallback.setitem(self, key, value)
+            _unsupported_set(self, key, value)
             return
         if idx is not None:
             self._put(idx, value)

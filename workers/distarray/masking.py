@@ -23,7 +23,7 @@ from typing import Any, Optional, Tuple
 
 import numpy as np
 
-from .array import DistArray, wrap
+from .array import _INDEXERS, DistArray, wrap
 from .elementwise import rep_base_from_numpy
 from .exchange import allreduce_sum, alltoallv, from_elements, from_local_part, local_part, result_dist
 
@@ -156,3 +156,6 @@ def setitem(a: DistArray, key: Any, value: Any) -> bool:
         return False
     put(a, mask, value)
     return True
+
+
+_INDEXERS.update(getitem=getitem, setitem=setitem)
