@@ -1,7 +1,7 @@
 """Conformance of the native NumPy functions of the distributed arrays against NumPy, run SPMD by
 tests/test_distarray_conformance.py on 1, 2 and 3 ranks: reductions (axis None/int/negative/tuple, keepdims,
 dtype, out, where), the nan* family, argmin/argmax, cumsum/cumprod, shape functions, clip, round, outer,
-diagonal, trace, dot, linalg.norm; sort/argsort, reshape/ravel, repeat, tile, nonzero, concatenate and the
+diagonal, trace, dot, linalg.norm; sort/argsort, reshape/ravel, repeat, tile, nonzero, concatenate, append and the
 stack family, convolve/correlate, cross, boolean masks and index arrays (native: nothing gathered to one rank); over block, cyclic and
 block-cyclic layouts, views and uneven splits; then
 property-based cases drawn by hypothesis (derandomized: every rank draws the same cases). Every native call
@@ -234,6 +234,9 @@ def check_joining(name, X, x):
     for axis in (0, -1):
         native(f"stack({name}, axis={axis})", lambda: dnp.stack([X, x], axis=axis), np.stack([x, x], axis=axis),
                exact=True)
+    native(f"append({name}, numpy)", lambda: dnp.append(X, x[:1]), np.append(x, x[:1]), exact=True)
+    native(f"append({name}, scalar)", lambda: dnp.append(X, 2.5), np.append(x, 2.5), exact=True)
+    native(f"append({name}, {name}, axis=0)", lambda: dnp.append(X, X, axis=0), np.append(x, x, axis=0), exact=True)
     for f in ("hstack", "vstack", "dstack"):
         native(f"{f}({name})", lambda: getattr(dnp, f)([X, X]), getattr(np, f)([x, x]), exact=True)
     if x.ndim == 1:

@@ -63,7 +63,7 @@ from .numpy_shapes import around, clip, cross, diagonal, expand_dims, flip, oute
 from . import linalg
 from .numpy_sorting import argsort, searchsorted, sort
 from .numpy_reshaping import argwhere, flatnonzero, moveaxis, nonzero, ravel, repeat, reshape, tile
-from .numpy_joining import column_stack, concat, concatenate, dstack, hstack, stack, vstack
+from .numpy_joining import append, column_stack, concat, concatenate, dstack, hstack, stack, vstack
 from .numpy_signal import convolve, correlate
 from . import masking as _masking  # registers a[mask], a[mask] = v, a[:, idx] with DistArray
 from .grids import eye, fromfunction, geomspace, identity, indices, linspace, logspace, meshgrid
@@ -131,7 +131,7 @@ __all__ = [
     "where", "dot", "matmul", "transpose", "roll",
     "sort", "argsort", "searchsorted", "reshape", "ravel", "repeat", "tile", "nonzero", "flatnonzero", "argwhere",
     "moveaxis", "permute_dims",
-    "concatenate", "concat", "stack", "hstack", "vstack", "dstack", "column_stack", "convolve", "correlate", "cross",
+    "concatenate", "concat", "stack", "hstack", "vstack", "dstack", "column_stack", "append", "convolve", "correlate", "cross",
     "evaluate", "configure", "stats", "redistribute",
     "add", "subtract", "multiply", "divide", "true_divide", "power", "negative", "positive", "absolute", "abs",
     "square", "sqrt", "exp", "log", "log10", "sin", "cos", "tan", "tanh", "floor", "ceil", "isnan", "isfinite",
