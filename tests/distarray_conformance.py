@@ -236,6 +236,7 @@ def check_joining(name, X, x):
                exact=True)
     native(f"append({name}, numpy)", lambda: dnp.append(X, x[:1]), np.append(x, x[:1]), exact=True)
     native(f"append({name}, scalar)", lambda: dnp.append(X, 2.5), np.append(x, 2.5), exact=True)
+    native(f"append({name}, 0-d sum)", lambda: dnp.append(X, dnp.sum(X)), np.append(x, np.sum(x)))
     native(f"append({name}, {name}, axis=0)", lambda: dnp.append(X, X, axis=0), np.append(x, x, axis=0), exact=True)
     for f in ("hstack", "vstack", "dstack"):
         native(f"{f}({name})", lambda: getattr(dnp, f)([X, X]), getattr(np, f)([x, x]), exact=True)

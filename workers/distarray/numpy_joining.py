@@ -153,12 +153,13 @@ def column_stack(tup: Any) -> Any:
 
 def append(arr: Any, values: Any, axis: Any = None) -> Any:
     """``numpy.append``: ``values`` joined after ``arr`` along ``axis`` (None: both flattened first), as
-    :func:`concatenate`. Recorded."""
+    :func:`concatenate`. Recorded; a 0-d DistArray operand is read first (a force point, collective)."""
     if not any(isinstance(x, DistArray) for x in (arr, values)):
         return np.append(arr, values, axis)
     if axis is None:
         from .numpy_reshaping import ravel
-        arr, values = [ravel(x) if isinstance(x, DistArray) else np.ravel(x) for x in (arr, values)]
+        arr, values = [np.ravel(x.to_numpy() if isinstance(x, DistArray) else x) if _ndim(x) == 0  # a scalar
+                       else ravel(x) if isinstance(x, DistArray) else np.ravel(x) for x in (arr, values)]
         axis = 0
     return concatenate((arr, values), axis=axis)
 
