@@ -1,8 +1,8 @@
 """Conformance of the native NumPy functions of the distributed arrays against NumPy, run SPMD by
 tests/test_distarray_conformance.py on 1, 2 and 3 ranks: reductions (axis None/int/negative/tuple, keepdims,
 dtype, out, where), the nan* family, argmin/argmax, cumsum/cumprod, shape functions, clip, round, outer,
-diagonal, trace, dot, linalg.norm; sort/argsort, reshape/ravel, repeat, tile, nonzero, concatenate and the
-stack family, convolve/correlate, cross (native: nothing gathered to one rank); over block, cyclic and
+diagonal, trace, dot, linalg.norm; sort/argsort, reshape/ravel, repeat, tile, nonzero, concatenate, append and the
+stack family, convolve/correlate, cross, boolean masks and index arrays (native: nothing gathered to one rank); over block, cyclic and
 block-cyclic layouts, views and uneven splits; then
 property-based cases drawn by hypothesis (derandomized: every rank draws the same cases). Every native call
 must leave the NumPy fallback's counter unchanged."""
@@ -242,6 +242,10 @@ def check_joining(name, X, x):
     for axis in (0, -1):
         native(f"stack({name}, axis={axis})", lambda: dnp.stack([X, x], axis=axis), np.stack([x, x], axis=axis),
                exact=True)
+    native(f"append({name}, numpy)", lambda: dnp.append(X, x[:1]), np.append(x, x[:1]), exact=True)
+    native(f"append({name}, scalar)", lambda: dnp.append(X, 2.5), np.append(x, 2.5), exact=True)
+    native(f"append({name}, 0-d sum)", lambda: dnp.append(X, dnp.sum(X)), np.append(x, np.sum(x)))
+    native(f"append({name}, {name}, axis=0)", lambda: dnp.append(X, X, axis=0), np.append(x, x, axis=0), exact=True)
     for f in ("hstack", "vstack", "dstack"):
         native(f"{f}({name})", lambda: getattr(dnp, f)([X, X]), getattr(np, f)([x, x]), exact=True)
     if x.ndim == 1:
@@ -251,6 +255,33 @@ def check_joining(name, X, x):
             native(f"correlate({name}, {mode})", lambda: dnp.correlate(X, v[:2], mode), np.correlate(x, v[:2], mode))
     if x.ndim >= 2 and x.shape[-1] >= 4 and x.dtype.kind != "b":
         native(f"cross({name})", lambda: dnp.cross(X[..., :3], X[..., 1:4]), np.cross(x[..., :3], x[..., 1:4]))
+
+
+def check_masks(name, X, x):
+    """a[mask], a[mask, ...] = v with a distributed mask laid out like a, a[:, idx], iteration (whole arrays)."""
+    if not X._view.is_full or X.dist.kind == "replicated":
+        return
+    M, mx = X > 0, x > 0
+    native(f"{name}[mask]", lambda: X[M], x[mx], exact=True)
+    Y, y = X * 1, x * 1
+    Y[M] = Y[M] * 2
+    y[mx] = y[mx] * 2
+    native(f"{name}[mask] = {name}[mask] * 2", lambda: Y, y, exact=True)
+    Y[M] = 7
+    y[mx] = 7
+    native(f"{name}[mask] = 7", lambda: Y, y, exact=True)
+    if x.ndim >= 2:
+        first = (slice(None),) + (0,) * (x.ndim - 1)         # a 1-D mask of axis 0
+        L, lx = X[first] > 0, x[first] > 0
+        native(f"{name}[lead mask, ...]", lambda: X[L, ...], x[lx, ...], exact=True)
+        Y[L, ...] = x[lx] + 1
+        y[lx, ...] = x[lx] + 1
+        native(f"{name}[lead mask, ...] = numpy", lambda: Y, y, exact=True)
+        idx = [x.shape[1] - 1, 0]
+        native(f"{name}[:, idx]", lambda: X[:, idx], x[:, idx], exact=True)
+    else:
+        before = fallback_calls()
+        assert [v for v in X] == list(x) and fallback_calls() == before, f"iterating {name}"
 
 
 #: which part runs: "recorded" (reductions ... linalg.norm, the first hypothesis cases), "native" (sort ... cross,
@@ -268,6 +299,7 @@ for dist in DISTS if PART != "recorded" else ():
         check_sorting(name, X, x)
         check_moving(name, X, x)
         check_joining(name, X, x)
+        check_masks(name, X, x)
     print(f"rank {r}: ok native {dist}", flush=True)
 
 if PART != "native":                              # the rest of numpy.linalg goes through the fallback, counted

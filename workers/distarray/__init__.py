@@ -28,7 +28,8 @@ Modules: recording: :mod:`.distribution` (block, cyclic, block-cyclic, replicate
 :mod:`.reductions`, :mod:`.matmul_recording`, :mod:`.numpy_reductions`,
 :mod:`.numpy_cumulative`, :mod:`.numpy_shapes`, :mod:`.numpy_joining`, :mod:`.linalg` (NumPy's API on top),
 :mod:`.creation` and :mod:`.random` (constructors); collective steps sending elements by global position
-(run at once, not recorded): :mod:`.exchange`, :mod:`.numpy_sorting`, :mod:`.numpy_reshaping`, :mod:`.numpy_signal`;
+(run at once, not recorded): :mod:`.exchange`, :mod:`.numpy_sorting`, :mod:`.numpy_reshaping`, :mod:`.numpy_signal`,
+:mod:`.masking` (boolean masks, trailing index arrays);
 evaluation: :mod:`.fusion` (groups), :mod:`.operations` (one module per kind of operation: its
 plan, cache key and lowering into units), :mod:`.plans` (what plans share), :mod:`.units`,
 :mod:`.scheduler` (orders and executes units), :mod:`.packing` (copy kernels), :mod:`.irregular`
@@ -62,8 +63,9 @@ from .numpy_shapes import around, clip, cross, diagonal, expand_dims, flip, oute
 from . import linalg
 from .numpy_sorting import argsort, searchsorted, sort
 from .numpy_reshaping import argwhere, flatnonzero, moveaxis, nonzero, ravel, repeat, reshape, tile
-from .numpy_joining import column_stack, concat, concatenate, dstack, hstack, stack, vstack
+from .numpy_joining import append, column_stack, concat, concatenate, dstack, hstack, stack, vstack
 from .numpy_signal import convolve, correlate
+from . import masking as _masking  # registers a[mask], a[mask] = v, a[:, idx] with DistArray
 from .grids import eye, fromfunction, geomspace, identity, indices, linspace, logspace, meshgrid
 from .index_grids import mgrid, ogrid
 from .fused_kernels import kernel_stats
@@ -130,7 +132,7 @@ __all__ = [
     "where", "dot", "matmul", "transpose", "roll",
     "sort", "argsort", "searchsorted", "reshape", "ravel", "repeat", "tile", "nonzero", "flatnonzero", "argwhere",
     "moveaxis", "permute_dims",
-    "concatenate", "concat", "stack", "hstack", "vstack", "dstack", "column_stack", "convolve", "correlate", "cross",
+    "concatenate", "concat", "stack", "hstack", "vstack", "dstack", "column_stack", "append", "convolve", "correlate", "cross",
     "evaluate", "configure", "stats", "redistribute",
     "add", "subtract", "multiply", "divide", "true_divide", "power", "negative", "positive", "absolute", "abs",
     "square", "sqrt", "exp", "log", "log10", "sin", "cos", "tan", "tanh", "floor", "ceil", "isnan", "isfinite",

@@ -40,6 +40,21 @@ _REDUCE_UFUNCS = {"add": "sum", "multiply": "prod", "minimum": "min", "maximum":
 #: ``a.<name>(...)`` calls ``_METHODS[name](a, ...)``. Names neither here nor in the class go through the
 #: NumPy fallback (:meth:`DistArray.__getattr__`).
 _METHODS: Dict[str, Callable[..., Any]] = {}
+#: Indexing basic views lack (a distributed mask, ``a[:, idx]``, a replicated array), registered by
+#: :mod:`.masking`: ``"getitem"(a, key)`` gives the result or None, ``"setitem"(a, key, value)`` True if done.
+_INDEXERS: Dict[str, Callable[..., Any]] = {}
+
+
+def _unsupported_get(a: "DistArray", key: Any) -> Any:
+    """``a[key]`` for a key basic views lack: :mod:`.masking`'s native indexing, else the NumPy fallback."""
+    got = _INDEXERS["getitem"](a, key)
+    return got if got is not None else fallback.call(operator.getitem, (a, key), {}, "ndarray.__getitem__")
+
+
+def _unsupported_set(a: "DistArray", key: Any, value: Any) -> None:
+    """``a[key] = value`` for a key basic views lack: :mod:`.masking`'s native assignment, else the fallback."""
+    if not _INDEXERS["setitem"](a, key, value):
+        fallback.setitem(a, key, value)
 
 
 def wrap(leaf: Leaf) -> "DistArray":
@@ -240,9 +255,13 @@ class DistArray:
             raise TypeError("len() of unsized object")
         return self.shape[0]
 
-    def __iter__(self) -> Iterator["DistArray"]:
+    def __iter__(self) -> Iterator[Any]:
+        """Axis 0 as NumPy: 1-D yields NumPy scalars gathered once (one force point), N-d the views a[i]."""
         if not self.shape:
             raise TypeError("iteration over a 0-d array")
+        if self.ndim == 1:
+            yield from self.to_numpy(_reason="iteration")
+            return
         for i in range(self.shape[0]):
             yield self[i]
 
@@ -281,45 +300,11 @@ class DistArray:
         ctx.flush("a[idx]")
         return res
 
-    def _put(self, idx: Any, value: Any) -> None:
-        """``self[idx] = value`` with an index array (a force point, collective)."""
-        ctx = self.context
-        irregular.check_rows_view(self._leaf(), "b[idx] = a")
-        m = idx.shape[0] if isinstance(idx, DistArray) else len(idx)
-        want = (m,) + tuple(self.shape[1:])
-        if isinstance(value, DistArray):
-            if value.context is not ctx:
-                raise DistributionError("b[idx] = a: a lives on another communicator than b; create both with the "
-                                        "same comm=")
-            if value.shape != want:
-                raise ShapeError(f"b[idx] = a: a has shape {value.shape}, expected {want} (one row of b's shape "
-                                 f"{tuple(self.shape[1:])} per index; only a scalar is broadcast)")
-            v = value
-            if isinstance(idx, DistArray) and not (value._view.is_full and value.dist == idx.dist):
-                v = value.redistribute(idx.dist)   # aligned with the index: each rank holds a[k] with idx[k]
-        else:
-            arr = np.asarray(value)
-            if arr.dtype.kind not in "biuf":
-                raise UnsupportedOperation(f"b[idx] = a: values of dtype {arr.dtype} are not supported")
-            try:
-                arr = np.broadcast_to(arr, want)
-            except ValueError:
-                raise ShapeError(f"b[idx] = a: could not broadcast a of shape {arr.shape} to {want}") from None
-            if isinstance(idx, DistArray):
-                d = idx.dist
-                base = Base(ctx, want, arr.dtype, d, temp=True)
-                base.set_local(np.ascontiguousarray(arr[d.global_rows(ctx.rank)]))
-                v = DistArray(base, View.full(want))
-            else:
-                v = wrap(elementwise.rep_base_from_numpy(ctx, arr))
-        irregular.record_put(ctx, self._leaf(), idx._leaf() if isinstance(idx, DistArray) else idx, v._leaf())
-        ctx.flush("b[idx] = a")
-
     def __getitem__(self, key: Any):
         try:
             idx = self._index_key(key)
         except UnsupportedOperation:     # e.g. index arrays mixed with slices: NumPy's own indexing
-            return fallback.call(operator.getitem, (self, key), {}, "ndarray.__getitem__")
+            return _unsupported_get(self, key)
         if idx is not None:
             return self._take(idx)
         view = self._view.index(key)
@@ -343,10 +328,12 @@ class DistArray:
         if isinstance(key, (DistArray, np.ndarray)) and key.dtype == np.bool_ and (
                 isinstance(key, DistArray) or key.shape == self.shape and np.ndim(value) == 0):
             # a[mask] = value with a mask of a's shape is where(mask, value, a), in place
+            if key.shape != self.shape and _INDEXERS["setitem"](self, key, value):
+                return
             if key.shape != self.shape:
                 raise ShapeError(f"boolean mask of shape {key.shape} does not match the array's shape {self.shape}")
             if isinstance(value, DistArray) or np.ndim(value) != 0:
-                fallback.setitem(self, key, value)
+                _unsupported_set(self, key, value)
                 return
             val = value
             mk = key._leaf() if isinstance(key, DistArray) else key
@@ -357,10 +344,10 @@ class DistArray:
         try:
             idx = self._index_key(key)
         except UnsupportedOperation:     # e.g. index arrays mixed with slices: NumPy's own indexing
-            fallback.setitem(self, key, value)
+            _unsupported_set(self, key, value)
             return
         if idx is not None:
-            self._put(idx, value)
+            _put_rows(self, idx, value)
             return
         target = Leaf(self._base, self._view.index(key))
         val = value._leaf() if isinstance(value, DistArray) else value
@@ -552,6 +539,41 @@ class DistArray:
         if impl is not None:
             return impl(self, tuple(shape))
         return fallback.call(np.reshape, (self, tuple(shape)), {}, "reshape")
+
+
+def _put_rows(self: "DistArray", idx: Any, value: Any) -> None:
+    """``self[idx] = value`` with an index array (a force point, collective)."""
+    ctx = self.context
+    irregular.check_rows_view(self._leaf(), "b[idx] = a")
+    m = idx.shape[0] if isinstance(idx, DistArray) else len(idx)
+    want = (m,) + tuple(self.shape[1:])
+    if isinstance(value, DistArray):
+        if value.context is not ctx:
+            raise DistributionError("b[idx] = a: a lives on another communicator than b; create both with the "
+                                    "same comm=")
+        if value.shape != want:
+            raise ShapeError(f"b[idx] = a: a has shape {value.shape}, expected {want} (one row of b's shape "
+                             f"{tuple(self.shape[1:])} per index; only a scalar is broadcast)")
+        v = value
+        if isinstance(idx, DistArray) and not (value._view.is_full and value.dist == idx.dist):
+            v = value.redistribute(idx.dist)   # aligned with the index: each rank holds a[k] with idx[k]
+    else:
+        arr = np.asarray(value)
+        if arr.dtype.kind not in "biuf":
+            raise UnsupportedOperation(f"b[idx] = a: values of dtype {arr.dtype} are not supported")
+        try:
+            arr = np.broadcast_to(arr, want)
+        except ValueError:
+            raise ShapeError(f"b[idx] = a: could not broadcast a of shape {arr.shape} to {want}") from None
+        if isinstance(idx, DistArray):
+            d = idx.dist
+            base = Base(ctx, want, arr.dtype, d, temp=True)
+            base.set_local(np.ascontiguousarray(arr[d.global_rows(ctx.rank)]))
+            v = DistArray(base, View.full(want))
+        else:
+            v = wrap(elementwise.rep_base_from_numpy(ctx, arr))
+    irregular.record_put(ctx, self._leaf(), idx._leaf() if isinstance(idx, DistArray) else idx, v._leaf())
+    ctx.flush("b[idx] = a")
 
 
 # --------------------------------------------------------------------------- functions

@@ -62,14 +62,22 @@ def _filled(shape, dtype, dist, comm, fill) -> DistArray:
     return DistArray(b, View.full(b.shape))
 
 
+def _pooled(shape, dtype, dist, comm, value) -> DistArray:
+    """A new array set to the scalar ``value`` in a buffer left by a dead base of the same local shape when
+    there is one (a time loop's ``zeros(n)`` each step then faults in no fresh pages). Local."""
+    b, _ = _new(shape, dtype, dist, comm, "")
+    b.ensure().fill(value)
+    return DistArray(b, View.full(b.shape))
+
+
 def zeros(shape, dtype=np.float64, dist="block", comm=None) -> DistArray:
     """A new array of zeros. Local (no communication)."""
-    return _filled(shape, dtype, dist, comm, lambda s, d: np.zeros(s, dtype=d))
+    return _pooled(shape, dtype, dist, comm, 0)
 
 
 def ones(shape, dtype=np.float64, dist="block", comm=None) -> DistArray:
     """A new array of ones. Local."""
-    return _filled(shape, dtype, dist, comm, lambda s, d: np.ones(s, dtype=d))
+    return _pooled(shape, dtype, dist, comm, 1)
 
 
 def empty(shape, dtype=np.float64, dist="block", comm=None) -> DistArray:

@@ -1,5 +1,5 @@
 """NumPy's joining functions natively on distributed arrays: ``concatenate`` (``concat``), ``stack``,
-``hstack``, ``vstack``, ``dstack``, ``column_stack``.
+``hstack``, ``vstack``, ``dstack``, ``column_stack``, ``append``.
 
 The result is a new array in the layout of the first distributed operand (block if that one is
 replicated); each operand is copied into its slice of the result with ``out[..., lo:hi, ...] = part``,
@@ -21,7 +21,7 @@ from . import fallback
 from .array import _FUNCTIONS, DistArray
 from .exchange import result_dist
 
-__all__ = ["concatenate", "concat", "stack", "hstack", "vstack", "dstack", "column_stack"]
+__all__ = ["concatenate", "concat", "stack", "hstack", "vstack", "dstack", "column_stack", "append"]
 
 
 def _first(arrays: Sequence[Any]) -> DistArray:
@@ -151,7 +151,20 @@ def column_stack(tup: Any) -> Any:
     return _join(arrays, 1, None, "column_stack")
 
 
+def append(arr: Any, values: Any, axis: Any = None) -> Any:
+    """``numpy.append``: ``values`` joined after ``arr`` along ``axis`` (None: both flattened first), as
+    :func:`concatenate`. Recorded; a 0-d DistArray operand is read first (a force point, collective)."""
+    if not any(isinstance(x, DistArray) for x in (arr, values)):
+        return np.append(arr, values, axis)
+    if axis is None:
+        from .numpy_reshaping import ravel
+        arr, values = [np.ravel(x.to_numpy() if isinstance(x, DistArray) else x) if _ndim(x) == 0  # a scalar
+                       else ravel(x) if isinstance(x, DistArray) else np.ravel(x) for x in (arr, values)]
+        axis = 0
+    return concatenate((arr, values), axis=axis)
+
+
 _FUNCTIONS.update({np.concatenate: concatenate, np.stack: stack, np.hstack: hstack, np.vstack: vstack,
-                   np.dstack: dstack, np.column_stack: column_stack})
+                   np.dstack: dstack, np.column_stack: column_stack, np.append: append})
 if hasattr(np, "concat"):
     _FUNCTIONS[np.concat] = concatenate
