@@ -474,14 +474,16 @@ def three_node_floor(rates, nodes, results):
           f"Three ranks that are always runnable (a rank in a wait polls MPI; nbmpi's waits yield the core every 256 "
           f"polls) on {ncpu} cores: at any instant at most {ncpu} of them run, so the ranks' mean share of the loop "
           f"on a core is at most {ncpu}/3 and their mean time off a core at least 100 (1 - {ncpu}/3) = {floor:.1f} %, "
-          "whatever the program does. The stencil steps in lockstep (a halo exchange and an allreduce per step), so "
+          "whatever the program does (the floor of the average time a rank is not computing). The stencil steps in lockstep (a halo exchange and an allreduce per step), so "
           "a rank kept off a core stalls its peers: its off-core time becomes their wait, except where the kernel "
           "time-slices the three so finely that all of them advance at 2/3 speed together (then it stretches "
           "their compute instead); with slices of a few ms against steps of ~20-40 ms, most of it shows as wait. "
           "The measured off-core share is 100 - the mean 'on a CPU %' of the ranks (it includes the other "
-          "processes on the machine); the measured wait is the mean over the ranks of the trace's wait %. Nothing "
-          "in the program can take the wait below what the off-core time forces; a 3-node result on this machine "
-          "measures the cores, not the network or latency hiding.\n",
+          "processes on the machine); the measured wait is the mean over the ranks of the trace's wait %. The 33.3 % bounds the off-core "
+          "share, not the wait itself: off-core time inside a rank's compute stretches everyone's step, and only "
+          "off-core time that makes a halo or a partial sum late shows as a peer's wait, so the measured wait can "
+          "lie below it. What it does say: on this machine a 3-node step is at least 3/2 of a rank's compute on "
+          "its own core, and the 3-node figures measure the sharing of the cores as much as the network.\n",
           md_table(["link", "floor: mean off-core % (3 ranks, 2 cores)", "hiding: measured off-core %",
                     "hiding: mean wait %", "blocking: measured off-core %", "blocking: mean wait %"], rows)]
     return md, data
