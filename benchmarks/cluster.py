@@ -477,7 +477,7 @@ def three_node_floor(rates, nodes, results):
           "whatever the program does (the floor of the average time a rank is not computing). The stencil steps in lockstep (a halo exchange and an allreduce per step), so "
           "a rank kept off a core stalls its peers: its off-core time becomes their wait, except where the kernel "
           "time-slices the three so finely that all of them advance at 2/3 speed together (then it stretches "
-          "their compute instead); with slices of a few ms against steps of ~20-40 ms, most of it shows as wait. "
+          "their compute instead): how much of it shows as wait depends on how the kernel slices the cores. "
           "The measured off-core share is 100 - the mean 'on a CPU %' of the ranks (it includes the other "
           "processes on the machine); the measured wait is the mean over the ranks of the trace's wait %. The 33.3 % bounds the off-core "
           "share, not the wait itself: off-core time inside a rank's compute stretches everyone's step, and only "
