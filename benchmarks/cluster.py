@@ -51,11 +51,14 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 RATES = ("100mbit", "1gbit", "10gbit")
-PING_SIZES = [8, 4 << 10, 64 << 10, 1 << 20, 8 << 20]
+PING_SIZES = [8, 4 << 10, 64 << 10, 256 << 10, 1 << 20, 8 << 20]
 QUICK_PING_SIZES = [8, 64 << 10]
-#: The stencil's grid (rows, columns) and steps per timed loop.
-STENCIL = dict(shape=(2000, 2000), iters=10, rounds=5)
+#: The stencil's grid (rows, columns) and steps per timed loop: 535 rows of 32768 float64 per rank on 2 nodes, a
+#: 256 KiB halo row; why this shape: :func:`shape_arithmetic` (the report writes it out with measured numbers).
+STENCIL = dict(shape=(1070, 32768), iters=10, rounds=5)
 QUICK_STENCIL = dict(shape=(200, 200), iters=3, rounds=1)
+#: The benchmark's parts, in the order they run (``--parts`` picks some).
+PARTS = ("pingpong", "stencil", "moves")
 
 
 # =========================================================================== MPI parts
@@ -156,8 +159,8 @@ def stencil_part(shape, iters: int, rounds: int) -> dict:
                 res[m]["wait_pct"].append([rr["wait_frac"] * 100 for rr in tr.summary()["ranks"]])
                 res[m]["split"].append(wait_split(tr))
     dnp.configure(latency_hiding=True)
-    res["handwritten"] = handwritten_waits(comm, x, iters, rounds)
-    want = jacobi_stencil(numpy, x.copy(), iters + 2)
+    res["handwritten"] = handwritten_waits(comm, x, iters, rounds, dnp.stats()["settings"]["chunk_elems"])
+    want = jacobi_stencil(numpy, x.copy(), iters + 2) if rank == 0 else delta   # rank 0 reports it
     for m in modes:
         res[m]["wait_pct_median"] = median_per_rank(res[m]["wait_pct"])
         res[m]["transfer_pct_median"] = median_per_rank([s["transfers"] for s in res[m]["split"]])
@@ -166,27 +169,31 @@ def stencil_part(shape, iters: int, rounds: int) -> dict:
         res[m]["queued_pct_median"] = median_per_rank(res[m]["queued_pct"])
         res[m]["per_iter_median_s"] = float(numpy.median(res[m]["per_iter_s"]))
     res["verified"] = bool(numpy.isclose(delta, want, rtol=1e-9))
+    res["chunk_elems"] = dnp.stats()["settings"]["chunk_elems"]
     res["hosts"] = comm.allgather(__import__("socket").gethostname())
     return res
 
 
-def handwritten_waits(comm, x, iters: int, rounds: int) -> dict:
-    """The hand-written mpi4py + numba stencil of ``benchmarks/distarray.py`` (halos fly while the interior is
-    computed) on the same grid: each rank's wait % in ``Waitall`` and ``Allreduce`` (median over ``rounds``),
-    the floor of the program's wait on these links and this machine's load."""
+def handwritten_waits(comm, x, iters: int, rounds: int, chunk_elems: int) -> dict:
+    """The hand-written mpi4py + numba stencil of ``benchmarks/distarray.py`` on the same grid, its interior in
+    chunks of ``chunk_elems`` elements (nbmpi's block size) with ``Testall`` between them, so that the halos fly
+    while it is computed: each rank's wait % in ``Waitall`` and ``Allreduce`` (median over ``rounds``), the floor
+    of the program's wait on these links and this machine's load."""
     import nbmpi.workers.distarray as dnp
     from distarray import _hw_kernels, handwritten_stencil, median_per_rank
 
     rank, size = comm.Get_rank(), comm.Get_size()
     lo, hi = dnp.Distribution("block", x.shape[0], size).block_range(rank)
     kernel = _hw_kernels()
+    chunk_rows = max(1, chunk_elems // x.shape[1])
     waits, per_iter, cpu, queued = [], [], [], []
     for _ in range(rounds):
         u = numpy.zeros((hi - lo + 2, x.shape[1]))
         u[1:-1] = x[lo:hi]
         v = u.copy()
-        handwritten_stencil(comm, u, v, lo, x.shape[0], 2, kernel)   # warm
-        res, t, share = timed_share(comm, lambda: handwritten_stencil(comm, u, v, lo, x.shape[0], iters, kernel))
+        handwritten_stencil(comm, u, v, lo, x.shape[0], 2, kernel, chunk_rows)   # warm
+        res, t, share = timed_share(comm, lambda: handwritten_stencil(comm, u, v, lo, x.shape[0], iters, kernel,
+                                                                      chunk_rows))
         waits.append(comm.allgather(100 * res[2] / t))
         per_iter.append(t / iters)
         cpu.append([c for c, _ in share])
@@ -220,14 +227,16 @@ def measure_rate(rate: str, a, cfg: dict, nodes: List[int], tmp: Path, script: s
     from nbmpi.workers.launch.virtual_cluster import VirtualCluster
 
     out: dict = {}
+    parts = cfg["parts"]
     with VirtualCluster(max(nodes + [cfg["moves_nodes"], 2]), rate) as vc:
         env = {**vc.launch_env(), "NBMPI_DISTARRAY_CACHE": str(tmp / "kernels"), "NBMPI_TIMEOUT": "300"}
-        print(f"[{rate}] ping-pong between {vc.names[0]} and {vc.names[1]} ...", flush=True)
-        args = ["--part-kind", "pingpong", "--sizes", json.dumps(cfg["ping_sizes"]), "--blocks", str(cfg["blocks"])]
-        code, out["pingpong"] = run_part(2, script, tmp / f"ping-{rate}.json", args, env, hosts=vc.addresses[:2])
-        if code:
-            raise RuntimeError(f"the ping-pong at {rate} failed with exit code {code}")
-        for p in nodes:
+        if "pingpong" in parts:
+            print(f"[{rate}] ping-pong between {vc.names[0]} and {vc.names[1]} ...", flush=True)
+            args = ["--part-kind", "pingpong", "--sizes", json.dumps(cfg["ping_sizes"]), "--blocks", str(cfg["blocks"])]
+            code, out["pingpong"] = run_part(2, script, tmp / f"ping-{rate}.json", args, env, hosts=vc.addresses[:2])
+            if code:
+                raise RuntimeError(f"the ping-pong at {rate} failed with exit code {code}")
+        for p in (nodes if "stencil" in parts else []):
             print(f"[{rate}] stencil on {p} nodes ...", flush=True)
             args = ["--part-kind", "stencil", "--stencil", json.dumps(cfg["stencil"])]
             code, out[f"stencil_{p}"] = run_part(p, script, tmp / f"st-{rate}-{p}.json", args, env,
@@ -235,6 +244,8 @@ def measure_rate(rate: str, a, cfg: dict, nodes: List[int], tmp: Path, script: s
             if code:
                 raise RuntimeError(f"the stencil on {p} nodes at {rate} failed with exit code {code}")
         p = cfg["moves_nodes"]
+        if "moves" not in parts:
+            return out
         print(f"[{rate}] aggregation histogram and Block->Cyclic redistribution on {p} nodes ...", flush=True)
         args = ["--part-kind", "moves", "--stencil", json.dumps(cfg["moves"])]
         code, out["moves"] = run_part(p, script, tmp / f"moves-{rate}.json", args, env, hosts=vc.addresses[:p])
@@ -254,6 +265,9 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=None, help="interleaved stencil rounds (default 5)")
     p.add_argument("--shape", default=None, metavar="ROWSxCOLS", help="the stencil's grid (default 2000x2000)")
     p.add_argument("--iters", type=int, default=None, help="stencil steps per timed loop (default 10)")
+    p.add_argument("--parts", default=",".join(PARTS),
+                   help=f"comma-separated parts to run (default all: {','.join(PARTS)}); a partial run writes "
+                        "cluster_PARTS.json / .md")
     p.add_argument("--part-kind", default=None, help="(MPI part) pingpong or stencil")
     p.add_argument("--sizes", default="[]", help="(MPI part) ping-pong sizes, JSON")
     p.add_argument("--blocks", type=int, default=7, help="ping-pong blocks per method and size (default 7)")
@@ -277,7 +291,11 @@ def main(argv=None) -> int:
     from cluster_moves import FULL as MOVES, QUICK as QUICK_MOVES
 
     cfg = dict(ping_sizes=QUICK_PING_SIZES if a.quick else PING_SIZES, blocks=2 if a.quick else a.blocks,
-               stencil=stencil, moves=QUICK_MOVES if a.quick else MOVES, moves_nodes=2 if a.quick else 3)
+               stencil=stencil, moves=QUICK_MOVES if a.quick else MOVES, moves_nodes=2 if a.quick else 3,
+               parts=[x for x in PARTS if x in a.parts.split(",")])
+    unknown = set(a.parts.split(",")) - set(PARTS)
+    if unknown or not cfg["parts"]:
+        p.error(f"--parts {a.parts!r}: pick from {','.join(PARTS)}")
     rates = a.rates.split(",") if a.rates else (["1gbit"] if a.quick else list(RATES))
     nodes = [int(n) for n in a.nodes.split(",")] if a.nodes else ([1, 2] if a.quick else [1, 2, 3])
     load0, t_all = os.getloadavg(), time.time()
@@ -325,26 +343,150 @@ def stencil_section(cfg, rates, nodes, results):
     targets.append(target("every stencil result equals NumPy's",
                           float(all(results[r][f"stencil_{p}"]["verified"] for r in rates for p in nodes)), 1.0))
     shape, iters = cfg["stencil"]["shape"], cfg["stencil"]["iters"]
+    chunk = results[rates[0]].get("stencil_2", {}).get("chunk_elems") or 1 << 20
+    rows_per_block = max(1, chunk // shape[1])
     md = [f"\n## The seed's Jacobi stencil: wait with and without latency hiding\n\n"
-          f"Problem size: a {shape[0]} x {shape[1]} float64 grid (block rows), {iters} steps per timed loop, "
-          f"median over {cfg['stencil']['rounds']} interleaved rounds: the seed's program (its Fig. 10, a square "
-          "2-D grid; the paper does not state its size) scaled to this 2-core machine with one rank per node: "
-          f"{shape[0] * shape[1] * 8 / 2**20:.0f} MiB, per rank and step a 5-point update of 1/p of the rows "
-          f"(tens of ms of NumPy here) and one {shape[1] * 8 // 1024} KiB halo row per neighbour (about 0.13 ms "
-          "at 1 Gbit/s). Time per step in ms (slowest rank); wait % per rank (rank 0 / 1 / ...) from the "
-          "gathered traces, split into transfers (halo receives and waits) and force points (the per-step "
-          "`float(sum(...))`: an allreduce, where a rank waits for the slowest one). The seed's table (16 "
-          "cores, Gigabit Ethernet): Jacobi stencil 62 % without, 9 % with latency hiding; Jacobi 54 % -> 2 %. "
-          "Hand-written: the mpi4py + numba version of benchmarks/distarray.py (halos fly while the interior "
-          "is computed), its time in Waitall and Allreduce: the floor of the wait on these links under this "
-          "load. On a CPU %, preempted %: the share of the timed loop each rank's thread ran on a core, then "
-          "the share it was runnable but kept off the cores by other processes (/proc/thread-self/schedstat); "
-          "a rank kept off the cores delays its peers, who then wait in transfers and at force points.\n",
+          f"Problem size: a {shape[0]} x {shape[1]} float64 grid (block rows; {shape[0] // 2} rows per rank on 2 "
+          f"nodes, {shape[0] // 3} on 3), {iters} steps per timed loop, median over {cfg['stencil']['rounds']} "
+          "interleaved rounds: the seed's program (its Fig. 10) with its per-rank shape, a strip of few rows and "
+          f"wide rows, scaled to this machine (the arithmetic follows the table): {shape[0] * shape[1] * 8 / 2**20:.0f} "
+          f"MiB, per rank and step a 5-point update of its rows (~30 ms on a quiet core on 2 nodes) and one "
+          f"{shape[1] * 8 // 1024} KiB halo row per neighbour (~21 ms at 100 Mbit/s, ~2.1 ms at 1 Gbit/s, ~0.2 ms "
+          "at 10 Gbit/s).\n\n"
+          "How the halos fly: MPICH here has no progress thread and the runtime is `funneled`, so over ofi/tcp a "
+          "message moves only while a rank is inside MPI (measured once with a 2-rank probe on this cluster, not "
+          "part of this benchmark: an exchange of 16 KiB to 1 MiB started before ~50 ms of NumPy with no MPI call "
+          "was still unfinished at its end, a median 6-14 ms wait after it at 1 Gbit/s and 12-21 ms at 100 "
+          "Mbit/s; with `Testall` between 10 chunks of the same work, 0.01 ms). With latency hiding the flush starts the receives and sends "
+          f"first, then computes the interior in blocks of {chunk} elements ({rows_per_block} rows of this grid, "
+          f"{-(-(shape[0] // 2) // rows_per_block)} blocks per rank and step on 2 nodes) and calls `Testsome` on "
+          "every request in flight after each block, which drives the transfer; the rows that need a halo are "
+          "blocks of their own, run when it has arrived. Without latency hiding the exchange is waited for first, "
+          "then everything is computed.\n\n"
+          "Time per step in ms (slowest rank); wait % per rank (rank 0 / 1 / ...) from the gathered traces, split "
+          "into transfers (halo receives and waits) and force points (the per-step `float(sum(...))`: an "
+          "allreduce, where a rank waits for the slowest one). Hand-written: the mpi4py + numba version of "
+          "benchmarks/distarray.py, its interior in the same blocks with `Testall` between them (so its halos fly "
+          "too), its time in Waitall and Allreduce: the floor of the wait on these links under this load. On a "
+          "CPU %, preempted %: the share of the timed loop each rank's thread ran on a core, then the share it was "
+          "runnable but kept off the cores by other processes (/proc/thread-self/schedstat); a rank kept off the "
+          "cores delays its peers, who then wait in transfers and at force points.\n\n"
+          "The seed's table (DistNumPy, 16 nodes of 8 cores, one rank per node, Gigabit Ethernet, OpenMPI), "
+          "wait % of the run:\n",
+          md_table(["program", "wait % blocking", "wait % latency hiding", "without / with"],
+                   [["Jacobi stencil", 62, 9, 62 / 9], ["Jacobi", 54, 2, 27.0]]),
+          "\nMeasured here:\n",
           md_table(["link", "nodes", "hiding ms/step", "blocking ms/step", "wait % hiding", "of which transfers",
                     "of which force points", "wait % blocking", "of which transfers", "without / with (worst)",
                     "hand-written wait %", "hiding: on a CPU %", "hiding: preempted %",
                     "equals NumPy"], rows)]
     return md, targets
+
+
+#: Nominal payload rate of each link in bytes/s (the tbf rate less ~5 % of TCP/IP headers), used where the
+#: ping-pong did not run in the same invocation.
+NOMINAL_BPS = {"100mbit": 100e6 / 8 * 0.95, "1gbit": 1e9 / 8 * 0.95, "10gbit": 10e9 / 8 * 0.95}
+
+
+def link_bytes_per_s(rate: str, results: dict, nbytes: int) -> tuple:
+    """``(bytes/s, how)``: the raw mpi4py ping-pong throughput of this run at the smallest measured size of at least
+    ``nbytes`` (a halo), or the nominal rate of :data:`NOMINAL_BPS` if the ping-pong did not run."""
+    pp = results[rate].get("pingpong")
+    if pp:
+        sizes = sorted(int(k) for k in pp["raw"])
+        size = next((k for k in sizes if k >= nbytes), sizes[-1])
+        return size / pp["raw"][str(size)], f"ping-pong, {size >> 10} KiB"
+    return NOMINAL_BPS.get(rate, float("nan")), "nominal"
+
+
+def shape_arithmetic(cfg, rates, nodes, results):
+    """Why the stencil's grid has this shape, computed from this run's measurements: ``(markdown lines, rows as
+    dicts)``. Per rate, on 2 nodes: a halo's transfer time T (one row, at the measured link throughput), a step's
+    compute C (this rank's rows times the measured time per element on 1 node), T / C, and the transfer wait that
+    T / (T + C) predicts for the blocking exchange, beside the measured transfer waits of both modes."""
+    from reporting import md_table
+
+    (R, W), base = cfg["stencil"]["shape"], 1 if 1 in nodes else 2
+    halo = 8 * W
+    rows, data = [], []
+    for rate in rates:
+        if f"stencil_{base}" not in results[rate] or "stencil_2" not in results[rate]:
+            continue
+        one = results[rate][f"stencil_{base}"]["hiding"]
+        busy = 1 - (max(one["wait_pct_median"] or [0.0]) / 100 if base > 1 else 0.0)
+        kappa = one["per_iter_median_s"] * busy / (R * W / base)   # s per element of a step, the flush included
+        bps, how = link_bytes_per_s(rate, results, halo)
+        t, c = halo / bps, (R / 2) * W * kappa
+        st = results[rate]["stencil_2"]
+        d = dict(rate=rate, bytes_per_s=bps, throughput_from=how, ns_per_element=kappa * 1e9, halo_ms=t * 1e3,
+                 compute_ms=c * 1e3, t_over_c=t / c, predicted_blocking_transfer_pct=100 * t / (t + c),
+                 blocking_transfer_pct=_worst(st["blocking"]["transfer_pct_median"]),
+                 hiding_transfer_pct=_worst(st["hiding"]["transfer_pct_median"]))
+        data.append(d)
+        rows.append([rate, f"{bps / 1e6:.1f} ({how})", d["ns_per_element"], d["halo_ms"], d["compute_ms"], d["t_over_c"],
+                     d["predicted_blocking_transfer_pct"], d["blocking_transfer_pct"], d["hiding_transfer_pct"]])
+    md = ["\n### The problem size: the seed's shape scaled to this machine\n\n"
+          "The seed ran its Jacobi stencil on 16 nodes (Gigabit Ethernet, one rank per node): its square grid of N "
+          "rows is cut into 16 strips of N/16 rows of N columns, and per step each rank sends a halo row of 8N "
+          "bytes to each neighbour while it updates its N/16 x N elements. Per rank with r rows of W columns, a "
+          "halo takes T = 8W / B on a link of B bytes/s and a step's compute C = r W k at k s per element, so "
+          "T / C = 8 / (B r k): the width cancels and the rows per rank decide the share of the transfer. The seed "
+          "does not state N; two of the targets fix r here. (1) Latency hiding can only hide a transfer shorter than "
+          "the compute, so hiding's wait <= 10 % at 100 Mbit/s needs T100 <= C, i.e. T / C <= ~0.1 at 1 Gbit/s "
+          "(10x the rate). (2) Without / with >= 3 at 1 Gbit/s needs the blocking exchange's wait T / (T + C) at "
+          "least 3x hiding's remaining wait, the force points' 1-2 % on a quiet machine: T / C >= ~0.05. With "
+          "B = ~125 MB/s at 1 Gbit/s and k = ~1.7 ns per element (nbmpi's fused step on one core here), "
+          "r = 8 / (B k T/C) lies between ~380 (T/C = 0.1) and ~750 (0.05): r = 535 rows per rank on 2 nodes "
+          f"(the grid has {R} rows). The width sets the step's length: W = {W} columns makes C = 535 x {W} x "
+          f"1.7 ns = ~30 ms per step (tens of ms, so that a flush's fixed cost of a fraction of a ms is noise) and "
+          f"a halo of {halo >> 10} KiB, a rendezvous-size message (T = ~2.1 ms at 1 Gbit/s, ~21 ms at 100 Mbit/s, "
+          f"~0.2 ms at 10 Gbit/s). Grid: {R} x {W} float64 = {R * W * 8 / 2**20:.0f} MiB. The same arithmetic "
+          "with this run's measured numbers (k from the stencil on "
+          f"{base} node{'s' if base > 1 else ''} of the same cluster, B from the raw ping-pong):\n",
+          md_table(["link", "B MB/s (from)", "k ns/element", "halo T ms", "compute C ms", "T / C",
+                    "T / (T + C) %", "measured blocking transfer wait % (worst)",
+                    "measured hiding transfer wait % (worst)"], rows)]
+    return md, data
+
+
+def three_node_floor(rates, nodes, results):
+    """3 busy ranks on this machine's 2 cores: ``(markdown lines, rows as dicts)`` with the floor of the ranks' time
+    off a core that this alone forces, the measured off-core share and the measured waits."""
+    from reporting import md_table
+
+    if 3 not in nodes:
+        return [], []
+    ncpu = os.cpu_count() or 2
+    floor = max(0.0, 100 * (1 - ncpu / 3))
+    rows, data = [], []
+    for rate in rates:
+        st = results[rate]["stencil_3"]
+        d = dict(rate=rate, floor_off_core_pct=floor)
+        for m in ("hiding", "blocking"):
+            cpu = st[m].get("cpu_pct_median") or [float("nan")]
+            d[f"{m}_on_cpu_pct_mean"] = float(numpy.mean(cpu))
+            d[f"{m}_off_core_pct_mean"] = 100 - float(numpy.mean(cpu))
+            d[f"{m}_wait_pct_mean"] = float(numpy.mean(st[m]["wait_pct_median"] or [float("nan")]))
+        data.append(d)
+        rows.append([rate, floor, d["hiding_off_core_pct_mean"], d["hiding_wait_pct_mean"],
+                     d["blocking_off_core_pct_mean"], d["blocking_wait_pct_mean"]])
+    md = [f"\n### 3 nodes on {ncpu} cores: the floor the cores alone force\n\n"
+          f"Three ranks that are always runnable (a rank in a wait polls MPI; nbmpi's waits yield the core every 256 "
+          f"polls) on {ncpu} cores: at any instant at most {ncpu} of them run, so the ranks' mean share of the loop "
+          f"on a core is at most {ncpu}/3 and their mean time off a core at least 100 (1 - {ncpu}/3) = {floor:.1f} %, "
+          "whatever the program does (the floor of the average time a rank is not computing). The stencil steps in lockstep (a halo exchange and an allreduce per step), so "
+          "a rank kept off a core stalls its peers: its off-core time becomes their wait, except where the kernel "
+          "time-slices the three so finely that all of them advance at 2/3 speed together (then it stretches "
+          "their compute instead): how much of it shows as wait depends on how the kernel slices the cores. "
+          "The measured off-core share is 100 - the mean 'on a CPU %' of the ranks (it includes the other "
+          "processes on the machine); the measured wait is the mean over the ranks of the trace's wait %. The 33.3 % bounds the off-core "
+          "share, not the wait itself: off-core time inside a rank's compute stretches everyone's step, and only "
+          "off-core time that makes a halo or a partial sum late shows as a peer's wait, so the measured wait can "
+          "lie below it. What it does say: on this machine a 3-node step is at least 3/2 of a rank's compute on "
+          "its own core, and the 3-node figures measure the sharing of the cores as much as the network.\n",
+          md_table(["link", "floor: mean off-core % (3 ranks, 2 cores)", "hiding: measured off-core %",
+                    "hiding: mean wait %", "blocking: measured off-core %", "blocking: mean wait %"], rows)]
+    return md, data
 
 
 def scaling_section(rates, nodes, results):
@@ -379,27 +521,33 @@ def report(cfg, rates, nodes, results, quick, out_dir, run_info, mach) -> None:
     from cluster_moves import moves_section
     from reporting import md_table, targets_table, write_results
 
+    parts = cfg["parts"]
     ping_rows = []
-    for rate in rates:
+    for rate in (rates if "pingpong" in parts else []):
         pp = results[rate]["pingpong"]
         for nb in cfg["ping_sizes"]:
             raw, chan = pp["raw"][str(nb)], pp["channel"][str(nb)]
             ping_rows.append([rate, nb, raw * 1e6, chan * 1e6, nb / raw / 1e6, nb / chan / 1e6, raw / chan])
-    st_md, targets = stencil_section(cfg, rates, nodes, results)
-    sc_md, scaling = scaling_section(rates, nodes, results)
-    mv_md, mv_targets = moves_section(cfg, rates, results)
+    st_md, targets = stencil_section(cfg, rates, nodes, results) if "stencil" in parts else ([], [])
+    sc_md, scaling = scaling_section(rates, nodes, results) if "stencil" in parts else ([], [])
+    ar_md, arithmetic = shape_arithmetic(cfg, rates, nodes, results) if "stencil" in parts else ([], [])
+    fl_md, floor3 = three_node_floor(rates, nodes, results) if "stencil" in parts else ([], [])
+    mv_md, mv_targets = moves_section(cfg, rates, results) if "moves" in parts else ([], [])
     md = [f"One rank per node of a virtual cluster (network namespaces on this machine, links capped with tc tbf at "
           f"each rate, MPICH ofi/tcp between nodes). Ping-pong: one-way time, median of {cfg['blocks']} interleaved "
           "blocks; throughput in MB/s; ratio = channel throughput / raw.\n",
           md_table(["link", "bytes", "raw us", "channel us", "raw MB/s", "channel MB/s", "channel / raw"], ping_rows),
-          *st_md, *sc_md, *mv_md,
+          *st_md, *ar_md, *fl_md, *sc_md, *mv_md,
           "\n## Targets\n", targets_table(targets + mv_targets),
           f"\nCommand: `python benchmarks/cluster.py{' --quick' if quick else ''}` (as root); wall time "
           f"{run_info['wall_seconds']:.0f} s; load average {run_info['load_start'][0]:.2f} at the start, "
           f"{run_info['load_end'][0]:.2f} at the end (the machine is shared)."]
     data = dict(benchmark="cluster", quick=quick, config=cfg, rates=rates, nodes=nodes, results=results,
-                scaling=scaling, targets=targets + mv_targets, run=run_info, machine=mach)
-    path = write_results("cluster_quick" if quick else "cluster", data, "\n".join(md), Path(out_dir) if out_dir else None)
+                scaling=scaling, shape_arithmetic=arithmetic, three_node_floor=floor3, targets=targets + mv_targets, run=run_info, machine=mach)
+    name = "cluster_quick" if quick else "cluster"
+    if tuple(parts) != PARTS:
+        name += "_" + "_".join(parts)   # a partial run never overwrites the full report
+    path = write_results(name, data, "\n".join(md), Path(out_dir) if out_dir else None)
     print("\n".join(md))
     print(f"written: {path}")
 

@@ -314,6 +314,45 @@ def test_refuses_in_one_line_where_it_cannot_run():
     assert p.stderr.count("\n") == 1 and "needs root" in p.stderr, p.stderr
 
 
+HANDWRITTEN_CHUNKED = """
+import sys
+import numpy
+from mpi4py import MPI
+sys.path.insert(0, sys.argv[1])
+from distarray import _hw_kernels, handwritten_stencil, jacobi_stencil
+comm = MPI.COMM_WORLD
+rank, size = comm.Get_rank(), comm.Get_size()
+n, m, iters = 41, 300, 4
+x = numpy.random.default_rng(5).random((n, m))
+lo, hi = rank * n // size, (rank + 1) * n // size
+u = numpy.zeros((hi - lo + 2, m))
+u[1:-1] = x[lo:hi]
+v = u.copy()
+delta, u, wait_s = handwritten_stencil(comm, u, v, lo, n, iters, _hw_kernels(), chunk_rows=3)
+want = x.copy()
+want_delta = jacobi_stencil(numpy, want, iters)
+got = comm.gather(u[1:-1], root=0)
+if rank == 0:
+    full = numpy.concatenate(got)
+    assert numpy.isclose(delta, want_delta, rtol=1e-12), (delta, want_delta)
+    assert numpy.allclose(full[1:-1, 1:-1], want[1:-1, 1:-1], rtol=0, atol=1e-12)
+    print("handwritten chunked ok", wait_s >= 0)
+"""
+
+
+def test_handwritten_stencil_in_chunks_equals_numpy_across_nodes(cluster, tmp_path):
+    """The benchmark's hand-written mpi4py + numba stencil, its interior in chunks of 3 rows with Testall between
+    them (what drives its halos over ofi/tcp), on 3 nodes: the same grid and delta as NumPy's stencil."""
+    from conftest import REPO
+
+    script = tmp_path / "hw_chunked.py"
+    script.write_text(HANDWRITTEN_CHUNKED)
+    p = run_on(cluster, tmp_path, [script, REPO / "benchmarks"])
+    assert_ok(p)
+    assert "handwritten chunked ok True" in p.stdout, p.stdout
+    assert_nothing_left(cluster)
+
+
 def test_benchmark_quick_measures_both_sides_and_evaluates_its_targets(tmp_path):
     """`benchmarks/cluster.py --quick` on its own 1 Gbit/s cluster: ping-pong channel vs raw between two nodes,
     the stencil with and without latency hiding on two nodes and on one (scaling), verified against NumPy; the
@@ -341,4 +380,8 @@ def test_benchmark_quick_measures_both_sides_and_evaluates_its_targets(tmp_path)
     assert [d["nodes"] for d in data["scaling"]] == [1, 2] and data["scaling"][0]["nbmpi_speedup"] == 1.0
     names = [t["target"] for t in data["targets"]]
     assert any("without / with" in n for n in names) and all(t["status"] in ("PASS", "FAIL") for t in data["targets"])
-    assert "| link | bytes |" in (tmp_path / "cluster_quick.md").read_text()
+    md = (tmp_path / "cluster_quick.md").read_text()
+    assert "| link | bytes |" in md and "### The problem size" in md, md
+    arith = data["shape_arithmetic"][0]   # the shape's arithmetic from this run's measured numbers
+    assert arith["rate"] == "1gbit" and arith["ns_per_element"] > 0 and arith["t_over_c"] > 0, arith
+    assert 0 <= arith["predicted_blocking_transfer_pct"] < 100, arith
