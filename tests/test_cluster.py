@@ -21,7 +21,7 @@ import pytest
 
 from conftest import TESTS, assert_ok
 from nbmpi.workers.launch import virtual_cluster as vcm
-from virtual_nodes import cluster_or_skip
+from virtual_nodes import assert_nothing_left, cluster_or_skip
 
 NODES = 3
 WHY = vcm.why_not_available()
@@ -42,15 +42,6 @@ def run_on(cluster, tmp_path: Path, argv, n: int = NODES, timeout: float = 180, 
     cmd = [sys.executable, "-m", "nbmpi.workers.launch.cli", "run", "--hosts", ",".join(hosts or cluster.addresses),
            "-n", str(n), "--timeout", str(timeout), *[str(a) for a in argv]]
     return subprocess.run(cmd, capture_output=True, text=True, env=full, cwd=tmp_path, timeout=timeout + 60)
-
-
-def assert_nothing_left(cluster) -> None:
-    """No process in any node's namespace and nothing in any node's own /dev/shm (within 10 s)."""
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and any(cluster.pids(i) or cluster.shm_files(i) for i in range(NODES)):
-        time.sleep(0.1)
-    left = {cluster.names[i]: (cluster.pids(i), cluster.shm_files(i)) for i in range(NODES)}
-    assert not any(p or f for p, f in left.values()), f"(processes, /dev/shm files) left on the nodes: {left}"
 
 
 def test_nodes_have_their_own_hostname_and_address(cluster):

@@ -24,7 +24,7 @@ from nbmpi.kernel_ext.magics import _line_parser
 from nbmpi.workers.launch.engine_pool import EnginePool, EnginePoolError
 from test_kernel_ext import Kernel, _alive
 from test_server import Server, pool_processes, submit, wait_state
-from virtual_nodes import WHERE_JOB, cluster_or_skip
+from virtual_nodes import WHERE_JOB, assert_nothing_left, cluster_or_skip
 
 NODES = 3
 #: A cell every engine runs: its node's hostname and the sum of every rank's number (an allreduce).
@@ -65,14 +65,6 @@ def _tree(pid: int) -> set:
     except psutil.NoSuchProcess:
         pass
     return out
-
-
-def _nothing_left_on_nodes(cluster, timeout: float = 15) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and any(cluster.pids(i) or cluster.shm_files(i) for i in range(NODES)):
-        time.sleep(0.2)
-    left = {cluster.names[i]: (cluster.pids(i), cluster.shm_files(i)) for i in range(NODES)}
-    assert not any(p or f for p, f in left.values()), f"(processes, /dev/shm files) left on the nodes: {left}"
 
 
 def test_host_options_are_checked_before_anything_starts(tmp_path):
@@ -127,7 +119,7 @@ def test_notebook_pool_with_engines_on_three_nodes(cluster, kernel):
     threading.Timer(2.0, os.kill, (pid, signal.SIGKILL)).start()
     r = kernel.run("%%distributed\nimport time\ntime.sleep(60)", timeout=60)
     assert r["status"] == "error" and f"rank 1 (pid {pid}) was killed by SIGKILL" in r["stderr"], r
-    _nothing_left_on_nodes(cluster)
+    assert_nothing_left(cluster)
     r = kernel.run("%distributed stop spread")
     assert r["status"] == "ok" and "pool 'spread' stopped" in r["stdout"], r
     tree |= _tree(kernel.pid)
@@ -149,7 +141,7 @@ def test_hostfile_slots_and_an_unknown_host(cluster, kernel, tmp_path):
     assert r["stdout"] == f"[ranks 0-1] {names[1]} 3.0\n[rank 2] {names[2]} 3.0\n", r
     r = kernel.run("%distributed stop slots")
     assert r["status"] == "ok", r
-    _nothing_left_on_nodes(cluster)
+    assert_nothing_left(cluster)
     before = _tree(kernel.pid)
     r = kernel.run(f"%distributed start -n 2 --hosts {names[0]},nosuchnode --name bad")
     assert r["status"] == "error", r
@@ -184,7 +176,7 @@ def test_controller_pool_spans_the_operators_hosts(cluster, kernel, tmp_path):
             assert kernel.run("%distributed stop")["status"] == "ok"
             r = c.delete(f"/api/v1/pools/{pool['id']}")
             assert r.status_code == 200 and r.json()["state"] == "stopped", r.text
-        _nothing_left_on_nodes(cluster)
+        assert_nothing_left(cluster)
         assert not pool_processes(data)
     finally:
         srv.stop()
@@ -205,4 +197,4 @@ def test_engines_that_cannot_reach_the_controller_say_where_they_had_to(cluster,
             f"{cluster.bridge_address}, listening on 127.0.0.1: every host must reach that address; else set "
             "$NBMPI_LAUNCHER_LOCALHOST, or $NBMPI_POOL_IP, to an address of this host they reach); "
             ) in str(info.value), info.value
-    _nothing_left_on_nodes(cluster)
+    assert_nothing_left(cluster)

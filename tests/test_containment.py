@@ -22,7 +22,6 @@ tests/test_isolation.py's ``test_job_env_cannot_lift_the_log_cap``.
 from __future__ import annotations
 
 import os
-import pwd
 import shutil
 import subprocess
 import time
@@ -32,7 +31,7 @@ import httpx
 import psutil
 import pytest
 
-from test_isolation import _processes_of, _write_users, reachable_tmp, shared_python  # noqa: F401 (fixtures)
+from test_isolation import _write_users, made_accounts, reachable_tmp, shared_python  # noqa: F401 (fixtures)
 from test_server import Server, job_processes, submit, wait_state
 
 from nbmpi.workers.launch.cgroups import CGROUP_PHRASE, ControllerCgroups, cgroup2_mount, freezer_mount, members
@@ -61,17 +60,7 @@ needs_accounts = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("useradd")
 @pytest.fixture(scope="module")
 def accounts():
     """Two accounts of this module's own (made now, removed after with anything running as them)."""
-    made = []
-    try:
-        for name in (CAROL, DAVE):
-            subprocess.run(["userdel", "-r", name], capture_output=True)   # a leftover of an interrupted run
-            subprocess.run(["useradd", "--create-home", "--shell", "/bin/sh", name], check=True, capture_output=True)
-            made.append(name)
-        yield {n: pwd.getpwnam(n) for n in made}
-    finally:
-        for name in made:
-            end_processes(pids=_processes_of(pwd.getpwnam(name).pw_uid), grace=0.5)
-            subprocess.run(["userdel", "-r", name], capture_output=True)
+    yield from made_accounts((CAROL, DAVE), grace=0.5)
 
 
 ESCAPE = r"""

@@ -63,21 +63,27 @@ def _processes_of(uid: int):
     return out
 
 
-@pytest.fixture(scope="module")
-def accounts():
-    """The two test accounts (created now, removed after, with anything still running as them)."""
+def made_accounts(names, grace: float = 1.0):
+    """Create the UNIX accounts ``names`` (removing a leftover of an interrupted run first) and yield
+    ``{name: pwd entry}``; afterwards end anything still running as them and remove them (also on failure).
+    A generator for module fixtures: ``yield from made_accounts((...))``."""
     made = []
     try:
-        for name in (ALICE, BOB):
+        for name in names:
             subprocess.run(["userdel", "-r", name], capture_output=True)   # a leftover of an interrupted run
             subprocess.run(["useradd", "--create-home", "--shell", "/bin/sh", name], check=True, capture_output=True)
             made.append(name)
         yield {n: pwd.getpwnam(n) for n in made}
     finally:
         for name in made:
-            uid = pwd.getpwnam(name).pw_uid
-            end_processes(pids=_processes_of(uid), grace=1.0)
+            end_processes(pids=_processes_of(pwd.getpwnam(name).pw_uid), grace=grace)
             subprocess.run(["userdel", "-r", name], capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def accounts():
+    """The two test accounts (created now, removed after, with anything still running as them)."""
+    yield from made_accounts((ALICE, BOB))
 
 
 @pytest.fixture(scope="module")

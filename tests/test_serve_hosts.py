@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 
-from virtual_nodes import WHERE_JOB, cluster_or_skip
+from virtual_nodes import WHERE_JOB, assert_nothing_left, cluster_or_skip
 from test_server import SLEEP_JOB, Server, job_processes, pids_from_logs, submit, wait_state
 
 NODES = 3
@@ -44,14 +44,6 @@ def server(cluster, tmp_path_factory):
         assert not left, f"job processes survived the controller: {[p.pid for p in left]}"
 
 
-def _nothing_left(cluster, timeout: float = 15) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and any(cluster.pids(i) or cluster.shm_files(i) for i in range(NODES)):
-        time.sleep(0.2)
-    left = {cluster.names[i]: (cluster.pids(i), cluster.shm_files(i)) for i in range(NODES)}
-    assert not any(p or f for p, f in left.values()), f"(processes, /dev/shm files) left on the nodes: {left}"
-
-
 def test_job_has_a_rank_on_each_node_with_trace_and_timeline(server, cluster):
     with server.client() as c:
         job = wait_state(c, submit(c, WHERE_JOB, ranks=NODES)["id"], ("succeeded", "failed", "cancelled",
@@ -65,7 +57,7 @@ def test_job_has_a_rank_on_each_node_with_trace_and_timeline(server, cluster):
         assert [e["args"]["name"] for e in trace["traceEvents"] if e.get("name") == "process_name"] == lanes
         tl = c.get(f"/api/v1/dashboard/jobs/{job['id']}/timeline", params={"width": 300}).json()
         assert tl["available"] and tl["state"] == "succeeded" and tl["meta"]["lanes"] == lanes, tl.get("meta")
-    _nothing_left(cluster)
+    assert_nothing_left(cluster)
 
 
 def test_cancel_of_a_job_on_every_node_leaves_nothing_there(server, cluster):
@@ -78,7 +70,7 @@ def test_cancel_of_a_job_on_every_node_leaves_nothing_there(server, cluster):
         assert all(any(f.startswith("mpich_shm_") for f in cluster.shm_files(i)) for i in range(NODES))
         r = c.delete(f"/api/v1/jobs/{job['id']}")
         assert r.status_code == 200 and r.json()["state"] == "cancelled", r.text
-    _nothing_left(cluster)
+    assert_nothing_left(cluster)
     assert not job_processes(Path(server.data_dir))
 
 

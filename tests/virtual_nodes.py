@@ -2,6 +2,7 @@
 skip with the one-line reason where it cannot run) and a job in which every rank says where it runs."""
 from __future__ import annotations
 
+import time
 from typing import Iterator, Optional
 
 import pytest
@@ -36,3 +37,14 @@ def cluster_or_skip(nodes: int, rate: Optional[str] = vcm.DEFAULT_RATE) -> Itera
         yield vc
     finally:
         vc.down()
+
+
+def assert_nothing_left(cluster: vcm.VirtualCluster, timeout: float = 15) -> None:
+    """No process in any node's namespace and nothing in any node's own /dev/shm (waiting up to
+    ``timeout`` seconds for what is still ending); the assertion names what is left on which node."""
+    nodes = range(len(cluster.names))
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and any(cluster.pids(i) or cluster.shm_files(i) for i in nodes):
+        time.sleep(0.1)
+    left = {cluster.names[i]: (cluster.pids(i), cluster.shm_files(i)) for i in nodes}
+    assert not any(p or f for p, f in left.values()), f"(processes, /dev/shm files) left on the nodes: {left}"
