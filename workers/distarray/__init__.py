@@ -141,13 +141,13 @@ _ = _np
 
 
 def __getattr__(name: str) -> Any:
-    """Any other name NumPy has: its constants and types as they are, its functions through the NumPy
-    fallback (:mod:`.fallback`: distributed operands gathered, NumPy called, the result distributed)."""
+    """Any other name NumPy has: its constants, types and ufuncs as they are (a ufunc on DistArrays runs
+    natively, :mod:`.ufuncs`), its other functions through the NumPy fallback (:mod:`.fallback`: distributed operands gathered, NumPy called, the result distributed)."""
     target = getattr(_np, name, _MISSING)
     if target is _MISSING:
         raise AttributeError(f"module 'nbmpi.workers.distarray' has no attribute {name!r}, and neither has numpy")
-    if callable(target) and not isinstance(target, type):
-        target = _fallback.wrap(target, name)
+    if callable(target) and not isinstance(target, (type, _np.ufunc)):
+        target = _fallback.wrap(target, name)      # a ufunc dispatches itself: every one is native (.ufuncs)
     globals()[name] = target
     return target
 

@@ -21,7 +21,7 @@ from typing import Any, Callable, Dict, Iterator, Optional, Tuple
 
 import numpy as np
 
-from . import elementwise, fallback, irregular, matmul_recording, numpy_math, reductions
+from . import elementwise, fallback, irregular, matmul_recording, numpy_math, reductions, ufuncs
 from .distribution import Distribution, make_distribution
 from .context import ArrayContext
 from .errors import DistributionError, ShapeError, UnsupportedOperation
@@ -374,13 +374,16 @@ class DistArray:
         if name == "matmul" and method == "__call__":
             return matmul(*inputs)
         extra = {k: v for k, v in kwargs.items() if k != "out" and v is not None}
-        if (method != "__call__" or name not in elementwise.SUPPORTED
+        if method != "__call__":
+            return ufuncs.method(ufunc, method, inputs, kwargs)
+        if (name not in elementwise.SUPPORTED or numpy_math.applies(name) or ufunc.nout != 1
                 or extra and not (set(extra) <= {"casting"} and extra.get("casting") == "same_kind")):
-            return fallback.call(getattr(ufunc, method), inputs, kwargs, name if method == "__call__"
-                                 else f"{name}.{method}")
+            res = ufuncs.call(ufunc, inputs, kwargs)      # NumPy's ufunc on each block (recorded)
+            if res is ufuncs.FALLBACK:
+                return fallback.call(ufunc, inputs, kwargs, name)
+            fallback.note_native(name)
+            return res
         fallback.note_native(name)
-        if numpy_math.applies(name) and kwargs.get("out") is None:
-            return numpy_math.apply(ufunc, inputs)
         out = kwargs.get("out")
         out_leaf = None
         if out is not None:
@@ -433,9 +436,13 @@ class DistArray:
         for x in inputs:
             if not isinstance(x, (DistArray, np.ndarray, np.generic, int, float, bool, list, tuple)):
                 return NotImplemented
-        fallback.note_native(ufunc.__name__)
         if numpy_math.applies(ufunc.__name__):
-            return numpy_math.apply(ufunc, inputs)
+            res = ufuncs.call(ufunc, inputs, {})         # NumPy's own loops on each block (recorded)
+            if res is not ufuncs.FALLBACK:
+                fallback.note_native(ufunc.__name__)
+                return res
+            return fallback.call(ufunc, inputs, {}, ufunc.__name__)
+        fallback.note_native(ufunc.__name__)
         args = [x._leaf() if isinstance(x, DistArray) else x for x in inputs]
         return wrap(elementwise.record_ufunc(self.context, ufunc, args))
 

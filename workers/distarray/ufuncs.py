@@ -1,0 +1,202 @@
+"""Every NumPy ufunc on distributed arrays: NumPy's own loops on each rank's block (recorded lazily).
+
+The fused kernels (:mod:`.elementwise`, :mod:`.fused_kernels`) compile the common ufuncs. Every
+other ufunc (``sinh``, ``arcsin``, ``log1p``, ``sign``, ``isinf``, ``hypot``, ``fmax``, ``frexp``,
+``divmod``, ...), and any ufunc called with ``where=``, ``dtype=``, another ``casting=`` or with
+several outputs, is recorded here as one :class:`~.operations.block_ufunc.BlockUfunc`: NumPy's
+ufunc applied by each rank to its own block at the next force point, so results, dtypes and errors
+are NumPy's own, bit for bit.
+
+:func:`call` records ``ufunc(*inputs, out=..., where=..., dtype=..., casting=...)``:
+
+1. NumPy resolves the loop on zero-size stand-ins of the operands (type promotion of arrays, NumPy
+   scalars and weak Python scalars; ``casting`` of inputs and outputs; NumPy's own errors);
+2. the result's rows are laid out like the first distributed operand (or output) whose rows line up
+   with the result's; operands that line up but are laid out otherwise, or are views, are copied
+   into that layout first (recorded copies, one aggregated transfer); operands broadcast along the
+   rows are gathered to every rank; NumPy operands are split (or kept whole when broadcast);
+3. an ``out=`` that is a whole array in that layout is written in place; any other ``out=`` gets
+   the result through a temporary (holding ``out``'s values first when ``where=`` is given).
+
+:func:`reduce`, :func:`accumulate` and :func:`outer` are the ufunc methods that run natively
+(see each). Who must call them: every rank of the operands' communicator, in the same order (SPMD),
+like every recorded operation; ``reduce`` over the distributed axis is a collective step.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from . import elementwise, fallback
+from .distribution import Distribution
+from .graph import Base, Leaf
+from .indexing import View
+from .operations.block_ufunc import BlockUfunc
+
+__all__ = ["ALL_UFUNCS", "FALLBACK", "call", "reduce", "accumulate", "outer", "is_native"]
+
+#: Every ufunc NumPy has, by name (``numpy.abs`` is ``absolute``: one entry).
+ALL_UFUNCS = frozenset(getattr(np, n).__name__ for n in dir(np) if isinstance(getattr(np, n), np.ufunc))
+#: What :func:`call` returns when NumPy's fallback must do it (complex or other non-numeric dtypes,
+#: NumPy arrays as ``out=``, keywords other than out/where/dtype/casting/order/subok).
+FALLBACK = object()
+_DISTRIBUTABLE = "biuf"
+_KWARGS = {"out", "where", "dtype", "casting", "order", "subok"}
+
+
+def is_native(ufunc: np.ufunc) -> bool:
+    """Whether ``ufunc`` runs natively on distributed arrays (every NumPy ufunc with numeric dtypes)."""
+    return ufunc.__name__ in ALL_UFUNCS
+
+
+def _distarray():
+    return fallback.REGISTRY["DistArray"]
+
+
+def _stand_in(x: Any) -> Any:
+    """A zero-size stand-in of operand ``x`` with its dtype (scalars as they are: weak Python scalars
+    stay weak), for NumPy's type resolution."""
+    if isinstance(x, (bool, int, float, complex, np.generic)):
+        return x
+    return np.empty((0,), dtype=x.dtype)
+
+
+def _resolve(ufunc: np.ufunc, inputs: Sequence[Any], outs: Sequence[Any], where: Any, dtype: Any,
+             casting: str) -> Tuple[np.dtype, ...]:
+    """The dtypes of ``ufunc``'s outputs for these operands (NumPy's resolution; NumPy's errors)."""
+    kw: Dict[str, Any] = dict(dtype=dtype, casting=casting)
+    if any(o is not None for o in outs):
+        kw["out"] = tuple(None if o is None else np.empty((0,), o.dtype) for o in outs)
+    if where is not None:
+        kw["where"] = _stand_in(where)
+    with np.errstate(all="ignore"):
+        res = ufunc(*(_stand_in(x) for x in inputs), **kw)
+    return tuple(r.dtype for r in (res if isinstance(res, tuple) else (res,)))
+
+
+def _operand(x: Any) -> Any:
+    """``x`` as a DistArray, a NumPy array (ndim >= 1) or a scalar; None if NumPy's fallback must do it."""
+    if isinstance(x, _distarray()):
+        return x if x.dtype.kind in _DISTRIBUTABLE else None
+    if isinstance(x, (bool, int, float)) or (isinstance(x, np.generic) and x.dtype.kind in _DISTRIBUTABLE):
+        return x
+    a = np.asarray(x)
+    if a.dtype.kind not in _DISTRIBUTABLE:
+        return None
+    return a[()] if a.ndim == 0 else a
+
+
+def _lines_up(shape: Tuple[int, ...], s: Tuple[int, ...]) -> bool:
+    """Whether an operand of shape ``s`` has the result's rows (not broadcast along axis 0)."""
+    return bool(shape) and len(s) == len(shape) and s[0] == shape[0]
+
+
+def _layout(ctx, shape: Tuple[int, ...], arrays: Sequence[Any]) -> Tuple[Distribution, Optional[Any]]:
+    """The result's row layout and the array whose layout it is (None: replicated)."""
+    DistArray = _distarray()
+    for x in arrays:
+        if isinstance(x, DistArray) and not x._base.replicated and _lines_up(shape, x.shape):
+            v = x._view
+            if v.row_kept and v.lead_new() == 0:
+                return x._base.dist.with_rows(shape[0]), x
+    return Distribution("replicated", shape[0] if shape else 1, ctx.size), None
+
+
+def _whole(x: Any, dist: Distribution) -> bool:
+    """Whether DistArray ``x`` is a whole base laid out by ``dist``."""
+    return x._view.is_full and x._base.dist == dist
+
+
+def _place(ctx, x: Any, shape: Tuple[int, ...], dist: Distribution, what: str) -> Any:
+    """Operand ``x`` ready for a :class:`BlockUfunc` with result rows laid out by ``dist`` (recorded
+    copies or gathers where needed): a Leaf or a scalar."""
+    DistArray = _distarray()
+    if isinstance(x, DistArray):
+        if dist.replicated or not _lines_up(shape, x.shape):
+            if x._base.replicated:
+                return x._leaf()
+            return elementwise.replicate_leaf(ctx, x._leaf(), f"gather {x.describe()} to every rank for {what} "
+                                                             "(broadcast along the rows)")
+        if _whole(x, dist):
+            return x._leaf()
+        tmp = Leaf(Base(ctx, x.shape, x.dtype, dist, temp=True), View.full(x.shape))
+        elementwise.record_assign(ctx, tmp, x._leaf())
+        return tmp
+    if isinstance(x, np.ndarray):
+        if dist.replicated or not _lines_up(shape, x.shape):
+            return elementwise.rep_base_from_numpy(ctx, x)
+        b = Base(ctx, x.shape, x.dtype, dist, temp=True,
+                 origin=f"numpy{x.shape}{elementwise.array_fingerprint(x)}")
+        b.set_local(np.ascontiguousarray(x[dist.global_rows(ctx.rank)]))
+        return Leaf(b, View.full(x.shape))
+    return x
+
+
+def _parse(ufunc: np.ufunc, kwargs: Dict[str, Any]) -> Optional[Tuple[List[Any], Any, Any, str]]:
+    """(outs, where, dtype, casting) from the keywords; None if NumPy's fallback must do the call."""
+    if not set(kwargs) <= _KWARGS or kwargs.get("subok", True) is not True \
+            or kwargs.get("order", "K") not in ("K", "A", "C"):
+        return None
+    out = kwargs.get("out")
+    outs = list(out) if isinstance(out, tuple) else [out]
+    outs += [None] * (ufunc.nout - len(outs))
+    if len(outs) != ufunc.nout:
+        raise ValueError(f"{ufunc.__name__}: the 'out' tuple must have exactly {ufunc.nout} entries: one per output")
+    if any(o is not None and not isinstance(o, _distarray()) for o in outs):
+        return None
+    where = kwargs.get("where", True)
+    if where is True:
+        where = None
+    elif where is not None and not isinstance(where, (bool, np.bool_)):
+        where = _operand(where)
+        if where is None:
+            return None
+    return outs, where, kwargs.get("dtype"), kwargs.get("casting", "same_kind")
+
+
+def call(ufunc: np.ufunc, inputs: Sequence[Any], kwargs: Dict[str, Any]) -> Any:
+    """Record ``ufunc(*inputs, **kwargs)`` (see the module doc): the result DistArray (a tuple for
+    several outputs; the ``out=`` arrays when given), or :data:`FALLBACK`. Recorded, SPMD."""
+    if len(inputs) != ufunc.nin:
+        raise TypeError(f"{ufunc.__name__}() takes {ufunc.nin} positional operands, got {len(inputs)}")
+    parsed = _parse(ufunc, kwargs)
+    ops = [_operand(x) for x in inputs]
+    if parsed is None or any(o is None for o in ops):
+        return FALLBACK
+    outs, where, dtype, casting = parsed
+    dts = _resolve(ufunc, ops, outs, where, dtype, casting)
+    if any(d.kind not in _DISTRIBUTABLE for d in dts):
+        return FALLBACK
+    DistArray = _distarray()
+    ctx = next(x.context for x in list(ops) + outs + [where] if isinstance(x, DistArray))
+    shape = tuple(np.broadcast_shapes(*(np.shape(x) for x in ops + [where] if x is not None)))
+    for o in outs:
+        if o is not None:
+            if tuple(np.broadcast_shapes(shape, o.shape)) != o.shape:
+                raise ValueError(f"{ufunc.__name__}: non-broadcastable output operand with shape {o.shape} doesn't "
+                                 f"match the broadcast shape {shape}")
+            shape = o.shape
+    dist, _ = _layout(ctx, shape, [o for o in outs if o is not None and o._view.is_full] + ops + [where])
+    what = ufunc.__name__
+    args = [_place(ctx, x, shape, dist, what) for x in ops]
+    wleaf = None if where is None else _place(ctx, where, shape, dist, what)
+    targets, copy_back = [], []
+    for o, dt in zip(outs, dts):
+        if o is not None and (_whole(o, dist) if not dist.replicated else o._base.replicated and o._view.is_full):
+            targets.append(o._leaf())
+            continue
+        leaf = Leaf(Base(ctx, shape, o.dtype if o is not None else dt, dist, temp=True), View.full(shape))
+        if o is not None:
+            if where is not None:
+                elementwise.record_assign(ctx, leaf, o._leaf())
+            copy_back.append((o, leaf))
+        targets.append(leaf)
+    ctx.record(BlockUfunc(ufunc, args, targets, wleaf, None if dtype is None else np.dtype(dtype), casting))
+    for o, leaf in copy_back:
+        elementwise.record_assign(ctx, o._leaf(), leaf)
+    results = []
+    for o, leaf in zip(outs, targets):
+        results.append(o if o is not None else DistArray(leaf.base, leaf.view))
+    ctx.maybe_flush()
+    return results[0] if len(results) == 1 else tuple(results)
