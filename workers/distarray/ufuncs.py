@@ -33,8 +33,9 @@ from .distribution import Distribution
 from .graph import Base, Leaf
 from .indexing import View
 from .operations.block_ufunc import BlockUfunc
+from .plans import my_rows
 
-__all__ = ["ALL_UFUNCS", "FALLBACK", "call", "reduce", "accumulate", "outer", "is_native"]
+__all__ = ["ALL_UFUNCS", "EXACT_REDUCE", "FALLBACK", "call", "reduce", "accumulate", "outer", "method", "is_native"]
 
 #: Every ufunc NumPy has, by name (``numpy.abs`` is ``absolute``: one entry).
 ALL_UFUNCS = frozenset(getattr(np, n).__name__ for n in dir(np) if isinstance(getattr(np, n), np.ufunc))
@@ -200,3 +201,164 @@ def call(ufunc: np.ufunc, inputs: Sequence[Any], kwargs: Dict[str, Any]) -> Any:
         results.append(o if o is not None else DistArray(leaf.base, leaf.view))
     ctx.maybe_flush()
     return results[0] if len(results) == 1 else tuple(results)
+
+
+# --------------------------------------------------------------------------- ufunc methods
+#: Ufuncs whose reduction over the distributed axis is exact in any grouping and order (associative and
+#: commutative without rounding): each rank reduces its rows, then the ranks' partial results are combined.
+EXACT_REDUCE = frozenset({"bitwise_and", "bitwise_or", "bitwise_xor", "logical_and", "logical_or", "logical_xor",
+                          "maximum", "minimum", "fmax", "fmin", "gcd", "lcm"})
+_EXACT_INTEGER = frozenset({"add", "multiply"})     # exact too on integers and bools (wrapping alike)
+_NO_VALUE = getattr(np, "_NoValue", None)
+
+
+def _axes(axis: Any, ndim: int) -> Tuple[int, ...]:
+    if axis is None:
+        return tuple(range(ndim))
+    axes = axis if isinstance(axis, tuple) else (axis,)
+    return tuple(sorted(np.lib.array_utils.normalize_axis_tuple(axes, ndim)))
+
+
+def _aligned_whole(ctx, x: Any) -> Leaf:
+    """``x``'s Leaf if it is a whole base, else a recorded copy into a whole base laid out like its rows."""
+    if x._view.is_full:
+        return x._leaf()
+    dist = x._base.dist.with_rows(x.shape[0]) if not x._base.replicated else \
+        Distribution("replicated", x.shape[0], ctx.size)
+    return _place(ctx, x, x.shape, dist, "a ufunc method")
+
+
+def _block_method(ufunc: np.ufunc, method: str, x: Any, shape: Tuple[int, ...], dtype: Any,
+                  extra: Tuple[Tuple[str, Any], ...], out: Any) -> Any:
+    """Record ``ufunc.<method>(x, ...)`` along axes other than the rows: each rank its own block."""
+    ctx = x.context
+    src = _aligned_whole(ctx, x)
+    dist = src.base.dist.with_rows(shape[0]) if shape and not src.base.replicated else \
+        Distribution("replicated", shape[0] if shape else 1, ctx.size)
+    dt = _method_dtype(ufunc, method, x.dtype, dtype, extra)
+    if out is not None and out.shape != shape:
+        raise ValueError(f"{ufunc.__name__}.{method}: output parameter has shape {out.shape}, expected {shape}")
+    direct = out is not None and out._view.is_full and out._base.dist == dist
+    leaf = out._leaf() if direct else Leaf(Base(ctx, shape, dt if out is None else out.dtype, dist, temp=True),
+                                           View.full(shape))
+    ctx.record(BlockUfunc(ufunc, [src], [leaf], None, None if dtype is None else np.dtype(dtype), "same_kind",
+                          method, extra))
+    if out is not None and not direct:
+        elementwise.record_assign(ctx, out._leaf(), leaf)
+    ctx.maybe_flush()
+    return out if out is not None else _distarray()(leaf.base, leaf.view)
+
+
+def _method_dtype(ufunc: np.ufunc, method: str, dt: np.dtype, dtype: Any, extra) -> np.dtype:
+    kw = {k: v for k, v in extra if k == "initial"}
+    sample = np.zeros((1, 1), dtype=dt)
+    with np.errstate(all="ignore"):
+        return np.asarray(getattr(ufunc, method)(sample, axis=0, dtype=dtype, **kw)).dtype
+
+
+def _reduce_rows(ufunc: np.ufunc, x: Any, axes: Tuple[int, ...], dtype: Any, keepdims: bool, initial: Any) -> Any:
+    """``ufunc.reduce`` over axes including the rows: each rank reduces its rows, the ranks' partial
+    results are gathered in rank order and reduced again (exact ufuncs only). Collective, a force point."""
+    from .numpy_cumulative import _allgather_row
+
+    ctx = x.context
+    kw = dict(dtype=dtype) if initial is _NO_VALUE else dict(dtype=dtype, initial=initial)
+    if x._base.replicated:
+        full = x.to_numpy(_reason=f"{ufunc.__name__}.reduce")
+        res = ufunc.reduce(full, axis=axes, keepdims=keepdims, **kw)
+    else:
+        v = x._view
+        if not (v.row_kept and v.lead_new() == 0):
+            x = x.copy()
+        loc = x.local                                           # a force point: this rank's rows
+        s, t, n = x._view.row_params
+        counts = [len(my_rows(x._base.dist, s, t, n, k)[0]) for k in range(ctx.size)]
+        probe = ufunc.reduce(np.zeros((1,) + x.shape[1:], x.dtype), axis=axes, keepdims=True, dtype=dtype)
+        part = ufunc.reduce(loc, axis=axes, keepdims=True, dtype=dtype) if len(loc) else np.zeros_like(probe)
+        rows = _allgather_row(ctx, part.reshape(probe.shape[1:]), probe.dtype, f"{ufunc.__name__}.reduce")
+        rows = rows[[k for k in range(ctx.size) if counts[k] > 0]].reshape((-1,) + probe.shape[1:])
+        res = ufunc.reduce(rows, axis=axes, keepdims=True, **kw)
+        if not keepdims:
+            res = res.reshape(tuple(d for k, d in enumerate(res.shape) if k not in axes))
+    if np.ndim(res) == 0:
+        return res[()] if isinstance(res, np.ndarray) else res
+    leaf = elementwise.rep_base_from_numpy(ctx, res)
+    return _distarray()(leaf.base, leaf.view)
+
+
+def reduce(ufunc: np.ufunc, x: Any, axis: Any = 0, dtype: Any = None, out: Any = None, keepdims: bool = False,
+           initial: Any = _NO_VALUE, where: Any = True) -> Any:
+    """``ufunc.reduce`` of a DistArray natively: along axes other than the rows, recorded (NumPy's reduce on
+    each block); over the rows for the ufuncs of :data:`EXACT_REDUCE` (and ``add``/``multiply`` on integers),
+    a collective step. :data:`FALLBACK` otherwise (``where=``, other ufuncs over the rows)."""
+    if not isinstance(x, _distarray()) or where is not True or ufunc.nin != 2 or ufunc.nout != 1 \
+            or (out is not None and not isinstance(out, _distarray())) or x.dtype.kind not in _DISTRIBUTABLE:
+        return FALLBACK
+    if x.ndim == 0:
+        return FALLBACK
+    axes = _axes(axis, x.ndim)
+    shape = tuple(1 if k in axes else d for k, d in enumerate(x.shape)) if keepdims else \
+        tuple(d for k, d in enumerate(x.shape) if k not in axes)
+    if 0 not in axes or x._base.replicated and out is None:
+        extra = (("axis", axes), ("keepdims", bool(keepdims)))
+        if initial is not _NO_VALUE:
+            extra += (("initial", initial),)
+        return _block_method(ufunc, "reduce", x, shape, dtype, extra, out)
+    exact = ufunc.__name__ in EXACT_REDUCE or (ufunc.__name__ in _EXACT_INTEGER and x.dtype.kind in "biu"
+                                               and (dtype is None or np.dtype(dtype).kind in "biu"))
+    if not exact or out is not None:
+        return FALLBACK
+    return _reduce_rows(ufunc, x, axes, dtype, keepdims, initial)
+
+
+def accumulate(ufunc: np.ufunc, x: Any, axis: int = 0, dtype: Any = None, out: Any = None) -> Any:
+    """``ufunc.accumulate`` of a DistArray natively along an axis other than the rows (recorded, NumPy's on
+    each block); over the rows ``add``/``multiply`` are ``cumsum``/``cumprod``. :data:`FALLBACK` otherwise."""
+    if not isinstance(x, _distarray()) or ufunc.nin != 2 or ufunc.nout != 1 or x.ndim == 0 \
+            or (out is not None and not isinstance(out, _distarray())) or x.dtype.kind not in _DISTRIBUTABLE:
+        return FALLBACK
+    ax = _axes(axis, x.ndim)[0]
+    if ax != 0 or x._base.replicated:
+        return _block_method(ufunc, "accumulate", x, x.shape, dtype, (("axis", ax),), out)
+    if ufunc.__name__ in ("add", "multiply"):
+        from . import numpy_cumulative
+
+        f = numpy_cumulative.cumsum if ufunc.__name__ == "add" else numpy_cumulative.cumprod
+        return f(x, axis=0, dtype=dtype, out=out)
+    return FALLBACK
+
+
+def outer(ufunc: np.ufunc, a: Any, b: Any, **kwargs: Any) -> Any:
+    """``ufunc.outer(a, b)``: ``ufunc(a[..., None, ...], b)`` with a new axis per dimension of ``b`` (recorded,
+    the result laid out like ``a``'s rows when ``a`` is distributed)."""
+    if ufunc.nin != 2:
+        raise ValueError(f"outer product only supported for binary functions ({ufunc.__name__} takes {ufunc.nin})")
+    a2 = a if isinstance(a, _distarray()) else np.asarray(a)
+    nb = np.ndim(b) if not isinstance(b, _distarray()) else b.ndim
+    if a2.ndim == 0:
+        return call(ufunc, (a, b), kwargs)
+    return call(ufunc, (a2[(Ellipsis,) + (None,) * nb], b), kwargs)
+
+
+def method(ufunc: np.ufunc, name: str, inputs: Sequence[Any], kwargs: Dict[str, Any]) -> Any:
+    """``ufunc.<name>(*inputs, **kwargs)`` with DistArray operands: natively where :func:`reduce`,
+    :func:`accumulate` or :func:`outer` can, else through NumPy's fallback. SPMD."""
+    kw = dict(kwargs)
+    if isinstance(kw.get("out"), tuple):
+        if len(kw["out"]) != 1:
+            return fallback.call(getattr(ufunc, name), tuple(inputs), kwargs, f"{ufunc.__name__}.{name}")
+        kw["out"] = kw["out"][0]
+    res = FALLBACK
+    try:
+        if name == "reduce" and len(inputs) == 1:
+            res = reduce(ufunc, inputs[0], **kw)
+        elif name == "accumulate" and len(inputs) == 1:
+            res = accumulate(ufunc, inputs[0], **kw)
+        elif name == "outer" and len(inputs) == 2:
+            res = outer(ufunc, inputs[0], inputs[1], **kwargs)
+    except TypeError:       # a keyword this path lacks: NumPy's own call decides
+        res = FALLBACK
+    if res is FALLBACK:
+        return fallback.call(getattr(ufunc, name), tuple(inputs), kwargs, f"{ufunc.__name__}.{name}")
+    fallback.note_native(f"{ufunc.__name__}.{name}")
+    return res

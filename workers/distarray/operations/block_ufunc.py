@@ -29,31 +29,39 @@ def _operand_desc(x: Any) -> str:
 
 
 class BlockUfunc(Task):
-    """``outs = ufunc(*args, where=where, dtype=dtype, casting=casting)`` computed block by block.
+    """``outs = ufunc(*args, where=where, dtype=dtype, casting=casting)`` computed block by block; with
+    ``method`` ``'reduce'`` or ``'accumulate'``: ``ufunc.<method>(arg, out=outs, dtype=dtype, **extra)``
+    along axes other than the rows (``extra``: ``axis``, ``keepdims``, ``initial``).
 
     ``args``: Leaves (whole distributed bases laid out like the outputs, or views of replicated
     bases broadcast against the block) and scalars (Python scalars stay weakly typed, as in NumPy);
     ``outs``: whole bases, all laid out alike; ``where``: a Leaf, a bool or None (everywhere)."""
 
-    __slots__ = ("ufunc", "args", "outs", "where", "dtype", "casting")
+    __slots__ = ("ufunc", "args", "outs", "where", "dtype", "casting", "method", "extra")
     kind = "block_ufunc"
 
     def __init__(self, ufunc: np.ufunc, args: Sequence[Any], outs: Sequence[Leaf], where: Any,
-                 dtype: Optional[np.dtype], casting: str):
+                 dtype: Optional[np.dtype], casting: str, method: str = "__call__",
+                 extra: Tuple[Tuple[str, Any], ...] = ()):
         self.ufunc, self.args, self.outs = ufunc, tuple(args), tuple(outs)
         self.where, self.dtype, self.casting = where, dtype, casting
+        self.method, self.extra = method, tuple(extra)
         self._init_text(self._text)
 
     def _text(self) -> str:
         extra = "" if self.where is None else f", where={_operand_desc(self.where)}"
+        extra += "".join(f", {k}={v!r}" for k, v in self.extra)
         outs = ", ".join(node_desc(o) for o in self.outs)
-        return (f"{outs} = {self.ufunc.__name__}(" + ", ".join(_operand_desc(a) for a in self.args)
+        name = self.ufunc.__name__ + ("" if self.method == "__call__" else "." + self.method)
+        return (f"{outs} = {name}(" + ", ".join(_operand_desc(a) for a in self.args)
                 + f"{extra}) (NumPy's ufunc on each block)")
 
     def _make_sig(self) -> Tuple:
         where = (-1,) if self.where is None else _operand_sig(self.where)
         dt = -1 if self.dtype is None else np.dtype(self.dtype).num
-        return ((16, _name_code(self.ufunc.__name__), _name_code(self.casting), dt, where)
+        extra = tuple((_name_code(k),) + _value_sig(v) for k, v in self.extra)
+        return ((16, _name_code(self.ufunc.__name__), _name_code(self.method), _name_code(self.casting), dt, where)
+                + extra
                 + tuple(node_sig(o) for o in self.outs) + tuple(_operand_sig(a) for a in self.args))
 
     def reads(self) -> List[Leaf]:
@@ -66,6 +74,13 @@ class BlockUfunc(Task):
 
     def writes(self) -> List[Leaf]:
         return list(self.outs)
+
+
+def _value_sig(v: Any) -> Tuple:
+    """A static keyword's value as numbers (an axis tuple, a bool, a scalar ``initial``)."""
+    if isinstance(v, tuple):
+        return (len(v),) + tuple(int(a) for a in v)
+    return node_sig(Const(v))
 
 
 def _block(x: Any) -> Any:
@@ -83,6 +98,9 @@ def lower(fl: Lowering, g: Any, flush_no: int) -> GroupRun:
 
     def fn() -> None:
         outs = tuple(o.base.ensure() for o in t.outs)
+        if t.method != "__call__":
+            getattr(t.ufunc, t.method)(*(_block(a) for a in t.args), out=outs, dtype=t.dtype, **dict(t.extra))
+            return
         where = True if t.where is None else _block(t.where)
         t.ufunc(*(_block(a) for a in t.args), out=outs, where=where, dtype=t.dtype, casting=t.casting)
 
