@@ -362,45 +362,7 @@ class DistArray:
 
     # -- NumPy protocols -------------------------------------------------------------------
     def __array_ufunc__(self, ufunc: np.ufunc, method: str, *inputs: Any, **kwargs: Any):
-        name = ufunc.__name__
-        ctx = self._context_of(inputs, kwargs.get("out"))
-        if (method == "reduce" and name in _REDUCE_UFUNCS and len(inputs) == 1
-                and isinstance(inputs[0], DistArray) and kwargs.get("initial") is None):
-            kw = {k: v for k, v in kwargs.items() if k != "initial"}
-            kw.setdefault("axis", 0)
-            if isinstance(kw.get("out"), tuple):
-                kw["out"] = kw["out"][0]
-            return _METHODS[_REDUCE_UFUNCS[name]](inputs[0], **kw)
-        if name == "matmul" and method == "__call__":
-            return matmul(*inputs)
-        extra = {k: v for k, v in kwargs.items() if k != "out" and v is not None}
-        if method != "__call__":
-            return ufuncs.method(ufunc, method, inputs, kwargs)
-        if (name not in elementwise.SUPPORTED or numpy_math.applies(name) or ufunc.nout != 1
-                or extra and not (set(extra) <= {"casting"} and extra.get("casting") == "same_kind")):
-            res = ufuncs.call(ufunc, inputs, kwargs)      # NumPy's ufunc on each block (recorded)
-            if res is ufuncs.FALLBACK:
-                return fallback.call(ufunc, inputs, kwargs, name)
-            fallback.note_native(name)
-            return res
-        fallback.note_native(name)
-        out = kwargs.get("out")
-        out_leaf = None
-        if out is not None:
-            if isinstance(out, tuple):
-                if len(out) != 1:
-                    raise UnsupportedOperation(f"{name}: only one output is supported")
-                out = out[0]
-            if not isinstance(out, DistArray):
-                raise UnsupportedOperation(f"{name}: out= must be a DistArray (got {type(out).__name__}); gather "
-                                           "with to_numpy() for NumPy results")
-            out_leaf = out._leaf()
-        args = [x._leaf() if isinstance(x, DistArray) else x for x in inputs]
-        res = elementwise.record_ufunc(ctx, ufunc, args, out=out_leaf)
-        if out is not None:
-            ctx.maybe_flush()
-            return out
-        return wrap(res)
+        return ufuncs.dispatch(ufunc, method, inputs, kwargs)     # every ufunc natively (see .ufuncs)
 
     def __array_function__(self, func, types, args, kwargs):
         impl = _FUNCTIONS.get(func)
@@ -423,13 +385,6 @@ class DistArray:
             bound.__doc__ = impl.__doc__
             return bound
         return fallback.method(self, name)
-
-    @staticmethod
-    def _context_of(inputs, out=None) -> ArrayContext:
-        for x in list(inputs) + (list(out) if isinstance(out, tuple) else [out]):
-            if isinstance(x, DistArray):
-                return x.context
-        raise TypeError("no distributed operand")  # pragma: no cover - numpy only calls us with one
 
     # -- arithmetic (recorded) -------------------------------------------------------------
     def _u(self, ufunc: np.ufunc, *inputs: Any) -> "DistArray":

@@ -35,7 +35,7 @@ from .indexing import View
 from .operations.block_ufunc import BlockUfunc
 from .plans import my_rows
 
-__all__ = ["ALL_UFUNCS", "EXACT_REDUCE", "FALLBACK", "call", "reduce", "accumulate", "outer", "method", "is_native"]
+__all__ = ["ALL_UFUNCS", "EXACT_REDUCE", "FALLBACK", "call", "reduce", "accumulate", "outer", "method", "dispatch", "is_native"]
 
 #: Every ufunc NumPy has, by name (``numpy.abs`` is ``absolute``: one entry).
 ALL_UFUNCS = frozenset(getattr(np, n).__name__ for n in dir(np) if isinstance(getattr(np, n), np.ufunc))
@@ -362,3 +362,45 @@ def method(ufunc: np.ufunc, name: str, inputs: Sequence[Any], kwargs: Dict[str, 
         return fallback.call(getattr(ufunc, name), tuple(inputs), kwargs, f"{ufunc.__name__}.{name}")
     fallback.note_native(f"{ufunc.__name__}.{name}")
     return res
+
+
+def dispatch(ufunc: np.ufunc, method: str, inputs: Sequence[Any], kwargs: Dict[str, Any]) -> Any:
+    """``DistArray.__array_ufunc__``: the fused kernels for the ufuncs they compile (plain calls, one output),
+    :func:`call` for every other call, the reductions of :mod:`.numpy_reductions` for ``add.reduce`` & co,
+    :func:`method` for the other ufunc methods; NumPy's fallback for what none of them does. SPMD."""
+    from .array import _METHODS, _REDUCE_UFUNCS, matmul, wrap
+    from . import numpy_math
+
+    DistArray = _distarray()
+    name = ufunc.__name__
+    out = kwargs.get("out")
+    if (method == "reduce" and name in _REDUCE_UFUNCS and len(inputs) == 1
+            and isinstance(inputs[0], DistArray) and kwargs.get("initial") is None):
+        kw = {k: v for k, v in kwargs.items() if k != "initial"}
+        kw.setdefault("axis", 0)
+        if isinstance(kw.get("out"), tuple):
+            kw["out"] = kw["out"][0]
+        return _METHODS[_REDUCE_UFUNCS[name]](inputs[0], **kw)
+    if name == "matmul" and method == "__call__":
+        return matmul(*inputs)
+    if method != "__call__":
+        return globals()["method"](ufunc, method, inputs, kwargs)
+    if isinstance(out, tuple) and len(out) == 1:
+        out = out[0]
+    extra = {k: v for k, v in kwargs.items() if k != "out" and v is not None}
+    if (name not in elementwise.SUPPORTED or numpy_math.applies(name) or ufunc.nout != 1
+            or out is not None and not isinstance(out, DistArray)
+            or extra and not (set(extra) <= {"casting"} and extra.get("casting") == "same_kind")):
+        res = call(ufunc, inputs, kwargs)      # NumPy's ufunc on each block (recorded)
+        if res is FALLBACK:
+            return fallback.call(ufunc, inputs, kwargs, name)
+        fallback.note_native(name)
+        return res
+    fallback.note_native(name)
+    ctx = next(x.context for x in list(inputs) + [out] if isinstance(x, DistArray))
+    args = [x._leaf() if isinstance(x, DistArray) else x for x in inputs]
+    res = elementwise.record_ufunc(ctx, ufunc, args, out=None if out is None else out._leaf())
+    if out is not None:
+        ctx.maybe_flush()
+        return out
+    return wrap(res)
