@@ -75,6 +75,11 @@ class DistArray:
     def shape(self) -> Tuple[int, ...]:
         return self._view.shape
 
+    @shape.setter
+    def shape(self, value: Any) -> None:
+        """``a.shape = s``: where NumPy allows it (:func:`~.numpy_indexing.set_shape`); collective."""
+        _METHODS["_set_shape"](self, value)
+
     @property
     def dtype(self) -> np.dtype:
         return self._base.dtype
@@ -317,8 +322,9 @@ class DistArray:
     def __getitem__(self, key: Any):
         try:
             idx = self._index_key(key)
-        except UnsupportedOperation:     # e.g. index arrays mixed with slices: NumPy's own indexing
-            return fallback.call(operator.getitem, (self, key), {}, "ndarray.__getitem__")
+        except UnsupportedOperation:     # index arrays mixed with slices natively (numpy_indexing), else NumPy's
+            got = _METHODS["_getitem_mixed"](self, key) if "_getitem_mixed" in _METHODS else None
+            return got if got is not None else fallback.call(operator.getitem, (self, key), {}, "ndarray.__getitem__")
         if idx is not None:
             return self._take(idx)
         view = self._view.index(key)
@@ -345,8 +351,9 @@ class DistArray:
             return
         try:
             idx = self._index_key(key)
-        except UnsupportedOperation:     # e.g. index arrays mixed with slices: NumPy's own indexing
-            fallback.setitem(self, key, value)
+        except UnsupportedOperation:     # index arrays mixed with slices natively (numpy_indexing), else NumPy's
+            if not ("_setitem_mixed" in _METHODS and _METHODS["_setitem_mixed"](self, key, value)):
+                fallback.setitem(self, key, value)
             return
         if idx is not None:
             self._put(idx, value)
