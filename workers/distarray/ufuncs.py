@@ -24,6 +24,7 @@ like every recorded operation; ``reduce`` over the distributed axis is a collect
 """
 from __future__ import annotations
 
+import re
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -156,6 +157,51 @@ def _parse(ufunc: np.ufunc, kwargs: Dict[str, Any]) -> Optional[Tuple[List[Any],
     return outs, where, kwargs.get("dtype"), kwargs.get("casting", "same_kind")
 
 
+def _core_ndims(ufunc: np.ufunc) -> List[int]:
+    """Core dimensions of each input of a generalized ufunc, from its signature (``'(n),(n)->()'``: 1, 1)."""
+    groups = re.findall(r"\(([^)]*)\)", ufunc.signature.split("->")[0])
+    return [len([d for d in g.split(",") if d.strip()]) for g in groups]
+
+
+def _gufunc(ufunc: np.ufunc, ops: List[Any], outs: List[Any], where: Any, dtype: Any, casting: str) -> Any:
+    """A generalized ufunc (``vecdot``, ``matvec``, ``vecmat``) whose loop dimensions include the rows: each
+    rank applies it to its rows; operands without the row axis (broadcast) are gathered. :data:`FALLBACK`
+    when the rows are a core dimension, or for ``out=``/``where=``."""
+    core = _core_ndims(ufunc)
+    arrays = [x for x in ops if not np.isscalar(x)]
+    if len(arrays) != len(ops) or any(o is not None for o in outs) or where is not None:
+        return FALLBACK
+    loop = [x.ndim - c for x, c in zip(ops, core)]
+    DistArray = _distarray()
+    lead = next((x for x, l in zip(ops, loop) if isinstance(x, DistArray) and l == max(loop) and l > 0
+                 and not x._base.replicated and x._view.row_kept and x._view.lead_new() == 0), None)
+    if lead is None:
+        return FALLBACK
+    n = lead.shape[0]
+    dist = lead._base.dist.with_rows(n)
+    rep = Distribution("replicated", 1, dist.nranks)
+    ctx = lead.context
+    args = []
+    for x, l in zip(ops, loop):
+        if l == max(loop) and x.shape[0] == n:
+            args.append(_place(ctx, x, x.shape, dist, ufunc.__name__))
+        elif l < max(loop) or x.shape[0] == 1:
+            args.append(_place(ctx, x, x.shape, rep, ufunc.__name__))
+        else:
+            raise ValueError(f"{ufunc.__name__}: operands could not be broadcast together along their loop "
+                             f"dimensions ({', '.join(str(np.shape(y)) for y in ops)})")
+    with np.errstate(all="ignore"):
+        res = ufunc(*(np.empty((0,) + x.shape[1:], x.dtype) if l == max(loop) and x.shape[0] == n
+                      else np.empty(np.shape(x), x.dtype) for x, l in zip(ops, loop)), dtype=dtype, casting=casting)
+    if res.dtype.kind not in _DISTRIBUTABLE:
+        return FALLBACK
+    shape = (n,) + res.shape[1:]
+    leaf = Leaf(Base(ctx, shape, res.dtype, dist, temp=True), View.full(shape))
+    ctx.record(BlockUfunc(ufunc, args, [leaf], None, None if dtype is None else np.dtype(dtype), casting))
+    ctx.maybe_flush()
+    return DistArray(leaf.base, leaf.view)
+
+
 def call(ufunc: np.ufunc, inputs: Sequence[Any], kwargs: Dict[str, Any]) -> Any:
     """Record ``ufunc(*inputs, **kwargs)`` (see the module doc): the result DistArray (a tuple for
     several outputs; the ``out=`` arrays when given), or :data:`FALLBACK`. Recorded, SPMD."""
@@ -166,6 +212,8 @@ def call(ufunc: np.ufunc, inputs: Sequence[Any], kwargs: Dict[str, Any]) -> Any:
     if parsed is None or any(o is None for o in ops):
         return FALLBACK
     outs, where, dtype, casting = parsed
+    if ufunc.signature is not None:
+        return _gufunc(ufunc, ops, outs, where, dtype, casting)
     dts = _resolve(ufunc, ops, outs, where, dtype, casting)
     if any(d.kind not in _DISTRIBUTABLE for d in dts):
         return FALLBACK

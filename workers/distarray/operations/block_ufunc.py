@@ -101,8 +101,8 @@ def lower(fl: Lowering, g: Any, flush_no: int) -> GroupRun:
         if t.method != "__call__":
             getattr(t.ufunc, t.method)(*(_block(a) for a in t.args), out=outs, dtype=t.dtype, **dict(t.extra))
             return
-        where = True if t.where is None else _block(t.where)
-        t.ufunc(*(_block(a) for a in t.args), out=outs, where=where, dtype=t.dtype, casting=t.casting)
+        kw = {} if t.where is None else {"where": _block(t.where)}     # generalized ufuncs take no where=
+        t.ufunc(*(_block(a) for a in t.args), out=outs, dtype=t.dtype, casting=t.casting, **kw)
 
     access = tuple((l.base.serial, 0, FULL, "R") for l in t.reads() if all(l.base is not o.base for o in t.outs))
     access += tuple((o.base.serial, 0, FULL, "W") for o in t.outs)
