@@ -412,6 +412,28 @@ def method(ufunc: np.ufunc, name: str, inputs: Sequence[Any], kwargs: Dict[str, 
     return res
 
 
+_COMPILED_DTYPES: Dict[Tuple, bool] = {}
+
+
+def compiled_dtypes(ufunc: np.ufunc, inputs: Sequence[Any]) -> bool:
+    """Whether the fused kernels can compute ``ufunc(*inputs)``: False when an operand or the result (NumPy's
+    resolution, e.g. ``sin`` of bools) is float16, which numba lacks; such calls run NumPy's loops per block.
+    Local; cached per ufunc and operand types."""
+    specs = tuple(x.dtype if isinstance(x, (np.ndarray, np.generic)) or hasattr(x, "_base") else type(x)
+                  for x in inputs)
+    key = (ufunc.__name__, specs)
+    ok = _COMPILED_DTYPES.get(key)
+    if ok is None:
+        try:
+            dts = ufunc.resolve_dtypes(tuple(s if isinstance(s, np.dtype) else s if s in (int, float) else
+                                             np.dtype(s) for s in specs) + (None,) * ufunc.nout)
+            ok = all(np.dtype(d) != np.float16 for d in dts)
+        except Exception:  # noqa: BLE001 - no loop: the fused path reports it as before
+            ok = True
+        _COMPILED_DTYPES[key] = ok
+    return ok
+
+
 def dispatch(ufunc: np.ufunc, method: str, inputs: Sequence[Any], kwargs: Dict[str, Any]) -> Any:
     """``DistArray.__array_ufunc__``: the fused kernels for the ufuncs they compile (plain calls, one output),
     :func:`call` for every other call, the reductions of :mod:`.numpy_reductions` for ``add.reduce`` & co,
@@ -437,6 +459,7 @@ def dispatch(ufunc: np.ufunc, method: str, inputs: Sequence[Any], kwargs: Dict[s
         out = out[0]
     extra = {k: v for k, v in kwargs.items() if k != "out" and v is not None}
     if (name not in elementwise.SUPPORTED or numpy_math.applies(name) or ufunc.nout != 1
+            or not compiled_dtypes(ufunc, inputs)
             or out is not None and not isinstance(out, DistArray)
             or extra and not (set(extra) <= {"casting"} and extra.get("casting") == "same_kind")):
         res = call(ufunc, inputs, kwargs)      # NumPy's ufunc on each block (recorded)
