@@ -31,8 +31,6 @@ from .plans import my_rows, selector
 
 __all__ = ["DistArray", "wrap"]
 
-_REDUCE_UFUNCS = {"add": "sum", "multiply": "prod", "minimum": "min", "maximum": "max", "logical_or": "any",
-                  "logical_and": "all"}
 
 #: Array methods implemented natively by other modules of this package (``sum``, ``cumsum``, ``clip``,
 #: ``diagonal``, ...), registered by them at import (they import this module, so it cannot import them):
@@ -369,7 +367,9 @@ class DistArray:
 
     # -- NumPy protocols -------------------------------------------------------------------
     def __array_ufunc__(self, ufunc: np.ufunc, method: str, *inputs: Any, **kwargs: Any):
-        return ufuncs.dispatch(ufunc, method, inputs, kwargs)     # every ufunc natively (see .ufuncs)
+        if ufunc is np.matmul and method == "__call__":
+            return matmul(*inputs)
+        return ufuncs.dispatch(ufunc, method, inputs, kwargs, _METHODS)     # every ufunc natively (.ufuncs)
 
     def __array_function__(self, func, types, args, kwargs):
         impl = _FUNCTIONS.get(func)

@@ -359,4 +359,4 @@ _METHODS.update(take=lambda a, indices, axis=None, out=None, mode="raise": take(
                 compress=lambda a, condition, axis=None, out=None: compress(condition, a, axis, out),
                 choose=lambda a, choices, out=None, mode="raise": choose(a, choices, out, mode),
                 put=put, partition=_partition_in_place, argpartition=argpartition, resize=resize_in_place,
-                _getitem_mixed=getitem_mixed, _setitem_mixed=setitem_mixed, _set_shape=set_shape)
+                conj=np.conjugate, conjugate=np.conjugate, _getitem_mixed=getitem_mixed, _setitem_mixed=setitem_mixed, _set_shape=set_shape)

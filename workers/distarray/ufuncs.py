@@ -304,11 +304,18 @@ def _method_dtype(ufunc: np.ufunc, method: str, dt: np.dtype, dtype: Any, extra)
         return np.asarray(getattr(ufunc, method)(sample, axis=0, dtype=dtype, **kw)).dtype
 
 
+def _allgather_row(ctx, row: np.ndarray, what: str) -> np.ndarray:
+    """Every rank's ``row`` stacked in rank order, gathered through a recorded gather (with its timeout).
+    Collective."""
+    one_each = Distribution("block", ctx.size, ctx.size)
+    b = Base(ctx, (ctx.size,) + row.shape, row.dtype, one_each, origin=what)
+    b.set_local(np.ascontiguousarray(row[None]))
+    return _distarray()(b, View.full(b.shape)).to_numpy(_reason=what)
+
+
 def _reduce_rows(ufunc: np.ufunc, x: Any, axes: Tuple[int, ...], dtype: Any, keepdims: bool, initial: Any) -> Any:
     """``ufunc.reduce`` over axes including the rows: each rank reduces its rows, the ranks' partial
     results are gathered in rank order and reduced again (exact ufuncs only). Collective, a force point."""
-    from .numpy_cumulative import _allgather_row
-
     ctx = x.context
     kw = dict(dtype=dtype) if initial is _NO_VALUE else dict(dtype=dtype, initial=initial)
     if x._base.replicated:
@@ -323,7 +330,7 @@ def _reduce_rows(ufunc: np.ufunc, x: Any, axes: Tuple[int, ...], dtype: Any, kee
         counts = [len(my_rows(x._base.dist, s, t, n, k)[0]) for k in range(ctx.size)]
         probe = ufunc.reduce(np.zeros((1,) + x.shape[1:], x.dtype), axis=axes, keepdims=True, dtype=dtype)
         part = ufunc.reduce(loc, axis=axes, keepdims=True, dtype=dtype) if len(loc) else np.zeros_like(probe)
-        rows = _allgather_row(ctx, part.reshape(probe.shape[1:]), probe.dtype, f"{ufunc.__name__}.reduce")
+        rows = _allgather_row(ctx, part.reshape(probe.shape[1:]), f"{ufunc.__name__}.reduce")
         rows = rows[[k for k in range(ctx.size) if counts[k] > 0]].reshape((-1,) + probe.shape[1:])
         res = ufunc.reduce(rows, axis=axes, keepdims=True, **kw)
         if not keepdims:
@@ -359,7 +366,8 @@ def reduce(ufunc: np.ufunc, x: Any, axis: Any = 0, dtype: Any = None, out: Any =
     return _reduce_rows(ufunc, x, axes, dtype, keepdims, initial)
 
 
-def accumulate(ufunc: np.ufunc, x: Any, axis: int = 0, dtype: Any = None, out: Any = None) -> Any:
+def accumulate(ufunc: np.ufunc, x: Any, axis: int = 0, dtype: Any = None, out: Any = None,
+               methods: Optional[Dict[str, Any]] = None) -> Any:
     """``ufunc.accumulate`` of a DistArray natively along an axis other than the rows (recorded, NumPy's on
     each block); over the rows ``add``/``multiply`` are ``cumsum``/``cumprod``. :data:`FALLBACK` otherwise."""
     if not isinstance(x, _distarray()) or ufunc.nin != 2 or ufunc.nout != 1 or x.ndim == 0 \
@@ -368,12 +376,8 @@ def accumulate(ufunc: np.ufunc, x: Any, axis: int = 0, dtype: Any = None, out: A
     ax = _axes(axis, x.ndim)[0]
     if ax != 0 or x._base.replicated:
         return _block_method(ufunc, "accumulate", x, x.shape, dtype, (("axis", ax),), out)
-    if ufunc.__name__ in ("add", "multiply"):
-        from . import numpy_cumulative
-
-        f = numpy_cumulative.cumsum if ufunc.__name__ == "add" else numpy_cumulative.cumprod
-        return f(x, axis=0, dtype=dtype, out=out)
-    return FALLBACK
+    f = (methods or {}).get({"add": "cumsum", "multiply": "cumprod"}.get(ufunc.__name__, ""))
+    return FALLBACK if f is None else f(x, axis=0, dtype=dtype, out=out)
 
 
 def outer(ufunc: np.ufunc, a: Any, b: Any, **kwargs: Any) -> Any:
@@ -388,9 +392,11 @@ def outer(ufunc: np.ufunc, a: Any, b: Any, **kwargs: Any) -> Any:
     return call(ufunc, (a2[(Ellipsis,) + (None,) * nb], b), kwargs)
 
 
-def method(ufunc: np.ufunc, name: str, inputs: Sequence[Any], kwargs: Dict[str, Any]) -> Any:
+def method(ufunc: np.ufunc, name: str, inputs: Sequence[Any], kwargs: Dict[str, Any],
+           methods: Dict[str, Any]) -> Any:
     """``ufunc.<name>(*inputs, **kwargs)`` with DistArray operands: natively where :func:`reduce`,
-    :func:`accumulate` or :func:`outer` can, else through NumPy's fallback. SPMD."""
+    :func:`accumulate` (``methods``: the registered array methods, for ``cumsum``/``cumprod``) or
+    :func:`outer` can, else through NumPy's fallback. SPMD."""
     kw = dict(kwargs)
     if isinstance(kw.get("out"), tuple):
         if len(kw["out"]) != 1:
@@ -401,7 +407,7 @@ def method(ufunc: np.ufunc, name: str, inputs: Sequence[Any], kwargs: Dict[str, 
         if name == "reduce" and len(inputs) == 1:
             res = reduce(ufunc, inputs[0], **kw)
         elif name == "accumulate" and len(inputs) == 1:
-            res = accumulate(ufunc, inputs[0], **kw)
+            res = accumulate(ufunc, inputs[0], methods=methods, **kw)
         elif name == "outer" and len(inputs) == 2:
             res = outer(ufunc, inputs[0], inputs[1], **kwargs)
     except TypeError:       # a keyword this path lacks: NumPy's own call decides
@@ -434,27 +440,31 @@ def compiled_dtypes(ufunc: np.ufunc, inputs: Sequence[Any]) -> bool:
     return ok
 
 
-def dispatch(ufunc: np.ufunc, method: str, inputs: Sequence[Any], kwargs: Dict[str, Any]) -> Any:
+#: ``ufunc.reduce`` of these runs as the named reduction (:mod:`.numpy_reductions`).
+REDUCE_AS = {"add": "sum", "multiply": "prod", "minimum": "min", "maximum": "max", "logical_or": "any",
+             "logical_and": "all"}
+
+
+def dispatch(ufunc: np.ufunc, method: str, inputs: Sequence[Any], kwargs: Dict[str, Any],
+             methods: Dict[str, Any]) -> Any:
     """``DistArray.__array_ufunc__``: the fused kernels for the ufuncs they compile (plain calls, one output),
-    :func:`call` for every other call, the reductions of :mod:`.numpy_reductions` for ``add.reduce`` & co,
-    :func:`method` for the other ufunc methods; NumPy's fallback for what none of them does. SPMD."""
-    from .array import _METHODS, _REDUCE_UFUNCS, matmul, wrap
+    :func:`call` for every other call, the reductions of :mod:`.numpy_reductions` for ``add.reduce`` & co
+    (``methods``: the array methods registered by the modules, ``sum``, ``cumsum``, ...), :func:`method` for
+    the other ufunc methods; NumPy's fallback for what none of them does. SPMD."""
     from . import numpy_math
 
     DistArray = _distarray()
     name = ufunc.__name__
     out = kwargs.get("out")
-    if (method == "reduce" and name in _REDUCE_UFUNCS and len(inputs) == 1
+    if (method == "reduce" and name in REDUCE_AS and len(inputs) == 1
             and isinstance(inputs[0], DistArray) and kwargs.get("initial") is None):
         kw = {k: v for k, v in kwargs.items() if k != "initial"}
         kw.setdefault("axis", 0)
         if isinstance(kw.get("out"), tuple):
             kw["out"] = kw["out"][0]
-        return _METHODS[_REDUCE_UFUNCS[name]](inputs[0], **kw)
-    if name == "matmul" and method == "__call__":
-        return matmul(*inputs)
+        return methods[REDUCE_AS[name]](inputs[0], **kw)
     if method != "__call__":
-        return globals()["method"](ufunc, method, inputs, kwargs)
+        return globals()["method"](ufunc, method, inputs, kwargs, methods)
     if isinstance(out, tuple) and len(out) == 1:
         out = out[0]
     extra = {k: v for k, v in kwargs.items() if k != "out" and v is not None}
@@ -471,7 +481,5 @@ def dispatch(ufunc: np.ufunc, method: str, inputs: Sequence[Any], kwargs: Dict[s
     ctx = next(x.context for x in list(inputs) + [out] if isinstance(x, DistArray))
     args = [x._leaf() if isinstance(x, DistArray) else x for x in inputs]
     res = elementwise.record_ufunc(ctx, ufunc, args, out=None if out is None else out._leaf())
-    if out is not None:
-        ctx.maybe_flush()
-        return out
-    return wrap(res)
+    ctx.maybe_flush()
+    return out if out is not None else DistArray(res.base, res.view)
