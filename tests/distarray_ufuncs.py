@@ -144,6 +144,8 @@ def check_keywords(dist, rng):
             raise AssertionError(f"{u.__name__} with out=int64 did not raise like NumPy")
     native(f"add casting=unsafe out=int64 {dist}", lambda: np.add(I, 1.5, out=I.copy(), casting="unsafe"),
            np.add(i, 1.5, out=i.copy(), casting="unsafe"))
+    native(f"operators ~ << >> divmod on integers {dist}", lambda: (~I, I << 2, 3 >> abs(I % 4)) + divmod(I, 3),
+           (~i, i << 2, 3 >> abs(i % 4)) + divmod(i, 3))
     native(f"modf/frexp/divmod {dist}", lambda: np.modf(X) + np.frexp(X[::3]) + np.divmod(I, 4),
            np.modf(x) + np.frexp(x[::3]) + np.divmod(i, 4))
     m, e = dnp.zeros((7, 5), dist=dist), dnp.zeros((7, 5), dtype=np.int32, dist=dist)

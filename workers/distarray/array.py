@@ -441,9 +441,7 @@ class DistArray:
     def __pos__(self): return self._u(np.positive, self)
     def __abs__(self): return self._u(np.absolute, self)
     def __invert__(self):
-        if self.dtype != np.bool_:
-            raise UnsupportedOperation("~ is supported on boolean arrays only (logical not)")
-        return self._u(np.logical_not, self)
+        return self._u(np.logical_not, self) if self.dtype == np.bool_ else np.invert(self)   # integers: per block
     def __iadd__(self, o): return self._iu(np.add, o)
     def __isub__(self, o): return self._iu(np.subtract, o)
     def __imul__(self, o): return self._iu(np.multiply, o)
@@ -454,6 +452,12 @@ class DistArray:
 
     def __floordiv__(self, o): return np.floor_divide(self, o)
     def __rfloordiv__(self, o): return np.floor_divide(o, self)
+    def __lshift__(self, o): return np.left_shift(self, o)
+    def __rlshift__(self, o): return np.left_shift(o, self)
+    def __rshift__(self, o): return np.right_shift(self, o)
+    def __rrshift__(self, o): return np.right_shift(o, self)
+    def __divmod__(self, o): return np.divmod(self, o)
+    def __rdivmod__(self, o): return np.divmod(o, self)
     def __mod__(self, o): return np.remainder(self, o)
     def __rmod__(self, o): return np.remainder(o, self)
 
