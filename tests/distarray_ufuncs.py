@@ -158,6 +158,12 @@ def check_keywords(dist, rng):
     native(f"bool operand promotes {dist}", lambda: np.copysign(X > 0, Y), np.copysign(x > 0, y))
     native(f"numpy math sin {dist}", lambda: dnp.sin(X[::2]), np.sin(C(x[::2])))
     try:
+        np.power(I, I)        # NumPy math is on: NumPy's integer power, which refuses negative exponents
+    except ValueError as e:
+        assert "negative integer powers" in str(e), e
+    else:
+        raise AssertionError("power of integers with negative exponents did not raise ValueError like NumPy")
+    try:
         np.isnat(X)
     except TypeError:
         pass

@@ -202,6 +202,14 @@ def _gufunc(ufunc: np.ufunc, ops: List[Any], outs: List[Any], where: Any, dtype:
     return DistArray(leaf.base, leaf.view)
 
 
+def _check_exponents(e: Any) -> None:
+    """NumPy's error for a negative integer exponent, raised on every rank before anything is recorded (NumPy's
+    loop raises it only on the ranks whose blocks hold one). A distributed ``e``: a force point."""
+    kind = e.dtype.kind if isinstance(e, (_distarray(), np.ndarray, np.generic)) else np.asarray(e).dtype.kind
+    if kind == "i" and np.size(e) and int(np.min(e)) < 0:
+        raise ValueError("Integers to negative integer powers are not allowed.")
+
+
 def call(ufunc: np.ufunc, inputs: Sequence[Any], kwargs: Dict[str, Any]) -> Any:
     """Record ``ufunc(*inputs, **kwargs)`` (see the module doc): the result DistArray (a tuple for
     several outputs; the ``out=`` arrays when given), or :data:`FALLBACK`. Recorded, SPMD."""
@@ -217,6 +225,8 @@ def call(ufunc: np.ufunc, inputs: Sequence[Any], kwargs: Dict[str, Any]) -> Any:
     dts = _resolve(ufunc, ops, outs, where, dtype, casting)
     if any(d.kind not in _DISTRIBUTABLE for d in dts):
         return FALLBACK
+    if ufunc is np.power and dts[0].kind in "iu":
+        _check_exponents(ops[1])
     DistArray = _distarray()
     ctx = next(x.context for x in list(ops) + outs + [where] if isinstance(x, DistArray))
     shape = tuple(np.broadcast_shapes(*(np.shape(x) for x in ops + [where] if x is not None)))
