@@ -29,7 +29,7 @@ Modules: recording: :mod:`.distribution` (block, cyclic, block-cyclic, replicate
 :mod:`.numpy_cumulative`, :mod:`.numpy_shapes`, :mod:`.numpy_joining`, :mod:`.linalg` (NumPy's API on top),
 :mod:`.creation` and :mod:`.random` (constructors); collective steps sending elements by global position
 (run at once, not recorded): :mod:`.exchange`, :mod:`.numpy_sorting`, :mod:`.numpy_reshaping`, :mod:`.numpy_signal`,
-:mod:`.masking` (boolean masks, trailing index arrays);
+:mod:`.masking` (boolean masks, trailing index arrays), :mod:`.numpy_indexing`; every ufunc: :mod:`.ufuncs`;
 evaluation: :mod:`.fusion` (groups), :mod:`.operations` (one module per kind of operation: its
 plan, cache key and lowering into units), :mod:`.plans` (what plans share), :mod:`.units`,
 :mod:`.scheduler` (orders and executes units), :mod:`.packing` (copy kernels), :mod:`.irregular`
@@ -66,6 +66,7 @@ from .numpy_reshaping import argwhere, flatnonzero, moveaxis, nonzero, ravel, re
 from .numpy_joining import append, column_stack, concat, concatenate, dstack, hstack, stack, vstack
 from .numpy_signal import convolve, correlate
 from . import masking as _masking  # registers a[mask], a[mask] = v, a[:, idx] with DistArray
+from .numpy_indexing import argpartition, choose, compress, partition, put, resize, take
 from .grids import eye, fromfunction, geomspace, identity, indices, linspace, logspace, meshgrid
 from .index_grids import mgrid, ogrid
 from .fused_kernels import kernel_stats
@@ -133,6 +134,7 @@ __all__ = [
     "sort", "argsort", "searchsorted", "reshape", "ravel", "repeat", "tile", "nonzero", "flatnonzero", "argwhere",
     "moveaxis", "permute_dims",
     "concatenate", "concat", "stack", "hstack", "vstack", "dstack", "column_stack", "append", "convolve", "correlate", "cross",
+    "take", "compress", "choose", "put", "partition", "argpartition", "resize",
     "evaluate", "configure", "stats", "redistribute",
     "add", "subtract", "multiply", "divide", "true_divide", "power", "negative", "positive", "absolute", "abs",
     "square", "sqrt", "exp", "log", "log10", "sin", "cos", "tan", "tanh", "floor", "ceil", "isnan", "isfinite",
@@ -144,13 +146,14 @@ _ = _np
 
 
 def __getattr__(name: str) -> Any:
-    """Any other name NumPy has: its constants and types as they are, its functions through the NumPy
-    fallback (:mod:`.fallback`: distributed operands gathered, NumPy called, the result distributed)."""
+    """Any other name NumPy has: its constants, types and ufuncs as they are (a ufunc on DistArrays runs
+    natively, :mod:`.ufuncs`), its other functions through the NumPy fallback (:mod:`.fallback`:
+    distributed operands gathered, NumPy called, the result distributed)."""
     target = getattr(_np, name, _MISSING)
     if target is _MISSING:
         raise AttributeError(f"module 'nbmpi.workers.distarray' has no attribute {name!r}, and neither has numpy")
-    if callable(target) and not isinstance(target, type):
-        target = _fallback.wrap(target, name)
+    if callable(target) and not isinstance(target, (type, _np.ufunc)):
+        target = _fallback.wrap(target, name)      # a ufunc dispatches itself: every one is native (.ufuncs)
     globals()[name] = target
     return target
 

@@ -22,7 +22,7 @@ from typing import Any, Callable, Dict, Iterator, Optional, Tuple
 
 import numpy as np
 
-from . import elementwise, fallback, irregular, matmul_recording, numpy_math, reductions
+from . import elementwise, fallback, irregular, matmul_recording, numpy_math, reductions, ufuncs
 from .distribution import Distribution, make_distribution
 from .context import ArrayContext
 from .errors import DistributionError, ShapeError, UnsupportedOperation
@@ -32,8 +32,6 @@ from .plans import my_rows, selector
 
 __all__ = ["DistArray", "wrap"]
 
-_REDUCE_UFUNCS = {"add": "sum", "multiply": "prod", "minimum": "min", "maximum": "max", "logical_or": "any",
-                  "logical_and": "all"}
 
 #: Array methods implemented natively by other modules of this package (``sum``, ``cumsum``, ``clip``,
 #: ``diagonal``, ...), registered by them at import (they import this module, so it cannot import them):
@@ -46,14 +44,20 @@ _INDEXERS: Dict[str, Callable[..., Any]] = {}
 
 
 def _unsupported_get(a: "DistArray", key: Any) -> Any:
-    """``a[key]`` for a key basic views lack: :mod:`.masking`'s native indexing, else the NumPy fallback."""
+    """``a[key]`` for a key basic views lack: :mod:`.masking`'s native indexing (masks, a trailing index
+    array), then :mod:`.numpy_indexing`'s (index arrays mixed with slices), else the NumPy fallback."""
     got = _INDEXERS["getitem"](a, key)
+    if got is None and "_getitem_mixed" in _METHODS:
+        got = _METHODS["_getitem_mixed"](a, key)
     return got if got is not None else fallback.call(operator.getitem, (a, key), {}, "ndarray.__getitem__")
 
 
 def _unsupported_set(a: "DistArray", key: Any, value: Any) -> None:
-    """``a[key] = value`` for a key basic views lack: :mod:`.masking`'s native assignment, else the fallback."""
-    if not _INDEXERS["setitem"](a, key, value):
+    """``a[key] = value`` for a key basic views lack: :mod:`.masking`'s native assignment, then
+    :mod:`.numpy_indexing`'s, else the fallback."""
+    if _INDEXERS["setitem"](a, key, value):
+        return
+    if not ("_setitem_mixed" in _METHODS and _METHODS["_setitem_mixed"](a, key, value)):
         fallback.setitem(a, key, value)
 
 
@@ -90,6 +94,11 @@ class DistArray:
     @property
     def shape(self) -> Tuple[int, ...]:
         return self._view.shape
+
+    @shape.setter
+    def shape(self, value: Any) -> None:
+        """``a.shape = s``: where NumPy allows it (:func:`~.numpy_indexing.set_shape`); collective."""
+        _METHODS["_set_shape"](self, value)
 
     @property
     def dtype(self) -> np.dtype:
@@ -360,42 +369,9 @@ class DistArray:
 
     # -- NumPy protocols -------------------------------------------------------------------
     def __array_ufunc__(self, ufunc: np.ufunc, method: str, *inputs: Any, **kwargs: Any):
-        name = ufunc.__name__
-        ctx = self._context_of(inputs, kwargs.get("out"))
-        if (method == "reduce" and name in _REDUCE_UFUNCS and len(inputs) == 1
-                and isinstance(inputs[0], DistArray) and kwargs.get("initial") is None):
-            kw = {k: v for k, v in kwargs.items() if k != "initial"}
-            kw.setdefault("axis", 0)
-            if isinstance(kw.get("out"), tuple):
-                kw["out"] = kw["out"][0]
-            return _METHODS[_REDUCE_UFUNCS[name]](inputs[0], **kw)
-        if name == "matmul" and method == "__call__":
+        if ufunc is np.matmul and method == "__call__":
             return matmul(*inputs)
-        extra = {k: v for k, v in kwargs.items() if k != "out" and v is not None}
-        if (method != "__call__" or name not in elementwise.SUPPORTED
-                or extra and not (set(extra) <= {"casting"} and extra.get("casting") == "same_kind")):
-            return fallback.call(getattr(ufunc, method), inputs, kwargs, name if method == "__call__"
-                                 else f"{name}.{method}")
-        fallback.note_native(name)
-        if numpy_math.applies(name) and kwargs.get("out") is None:
-            return numpy_math.apply(ufunc, inputs)
-        out = kwargs.get("out")
-        out_leaf = None
-        if out is not None:
-            if isinstance(out, tuple):
-                if len(out) != 1:
-                    raise UnsupportedOperation(f"{name}: only one output is supported")
-                out = out[0]
-            if not isinstance(out, DistArray):
-                raise UnsupportedOperation(f"{name}: out= must be a DistArray (got {type(out).__name__}); gather "
-                                           "with to_numpy() for NumPy results")
-            out_leaf = out._leaf()
-        args = [x._leaf() if isinstance(x, DistArray) else x for x in inputs]
-        res = elementwise.record_ufunc(ctx, ufunc, args, out=out_leaf)
-        if out is not None:
-            ctx.maybe_flush()
-            return out
-        return wrap(res)
+        return ufuncs.dispatch(ufunc, method, inputs, kwargs, _METHODS)     # every ufunc natively (.ufuncs)
 
     def __array_function__(self, func, types, args, kwargs):
         impl = _FUNCTIONS.get(func)
@@ -419,21 +395,18 @@ class DistArray:
             return bound
         return fallback.method(self, name)
 
-    @staticmethod
-    def _context_of(inputs, out=None) -> ArrayContext:
-        for x in list(inputs) + (list(out) if isinstance(out, tuple) else [out]):
-            if isinstance(x, DistArray):
-                return x.context
-        raise TypeError("no distributed operand")  # pragma: no cover - numpy only calls us with one
-
     # -- arithmetic (recorded) -------------------------------------------------------------
     def _u(self, ufunc: np.ufunc, *inputs: Any) -> "DistArray":
         for x in inputs:
             if not isinstance(x, (DistArray, np.ndarray, np.generic, int, float, bool, list, tuple)):
                 return NotImplemented
+        if numpy_math.applies(ufunc.__name__) or not ufuncs.compiled_dtypes(ufunc, inputs):
+            res = ufuncs.call(ufunc, inputs, {})         # NumPy's own loops on each block (recorded)
+            if res is not ufuncs.FALLBACK:
+                fallback.note_native(ufunc.__name__)
+                return res
+            return fallback.call(ufunc, inputs, {}, ufunc.__name__)
         fallback.note_native(ufunc.__name__)
-        if numpy_math.applies(ufunc.__name__):
-            return numpy_math.apply(ufunc, inputs)
         args = [x._leaf() if isinstance(x, DistArray) else x for x in inputs]
         return wrap(elementwise.record_ufunc(self.context, ufunc, args))
 
@@ -470,9 +443,7 @@ class DistArray:
     def __pos__(self): return self._u(np.positive, self)
     def __abs__(self): return self._u(np.absolute, self)
     def __invert__(self):
-        if self.dtype != np.bool_:
-            raise UnsupportedOperation("~ is supported on boolean arrays only (logical not)")
-        return self._u(np.logical_not, self)
+        return self._u(np.logical_not, self) if self.dtype == np.bool_ else np.invert(self)   # integers: per block
     def __iadd__(self, o): return self._iu(np.add, o)
     def __isub__(self, o): return self._iu(np.subtract, o)
     def __imul__(self, o): return self._iu(np.multiply, o)
@@ -483,6 +454,12 @@ class DistArray:
 
     def __floordiv__(self, o): return np.floor_divide(self, o)
     def __rfloordiv__(self, o): return np.floor_divide(o, self)
+    def __lshift__(self, o): return np.left_shift(self, o)
+    def __rlshift__(self, o): return np.left_shift(o, self)
+    def __rshift__(self, o): return np.right_shift(self, o)
+    def __rrshift__(self, o): return np.right_shift(o, self)
+    def __divmod__(self, o): return np.divmod(self, o)
+    def __rdivmod__(self, o): return np.divmod(o, self)
     def __mod__(self, o): return np.remainder(self, o)
     def __rmod__(self, o): return np.remainder(o, self)
 

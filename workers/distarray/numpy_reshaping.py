@@ -9,8 +9,7 @@ to one rank. ``nonzero`` takes each rank's local nonzeros, numbers them by an ex
 puts them in C order (by the sample sort of :mod:`.numpy_sorting` unless the rows are block-distributed in
 increasing order, when the scan already is that order). Results take the input's layout (block for a
 replicated input). Collective over the array's communicator and blocking (a force point); call SPMD with
-the same arguments. Orders other than C, and repeats given as a distributed array, go through the NumPy
-fallback.
+the same arguments. Orders other than C go through the NumPy fallback.
 """
 from __future__ import annotations
 
@@ -83,12 +82,16 @@ def _flatten(a: DistArray, order: str = "C") -> DistArray:
 def repeat(a: Any, repeats: Any, axis: Any = None) -> Any:
     """``numpy.repeat``: each element (``axis=None``: of the flattened array) or each slice along ``axis``
     repeated ``repeats`` times (an int, or one count per slice). Collective, blocking."""
-    if not isinstance(a, DistArray) or isinstance(repeats, DistArray) or a.ndim == 0:
+    if not isinstance(a, DistArray) or a.ndim == 0:
         return fallback.call(np.repeat, (a, repeats), dict(axis=axis), "repeat")
     fallback.note_native("repeat")
     if axis is None:
         a, axis = ravel(a), 0
     axis = normalize_axis_index(axis, a.ndim)
+    if isinstance(repeats, DistArray):
+        if axis == 0 and repeats.ndim == 1 and repeats.shape[0] == a.shape[0] > 1:
+            return _repeat_rows(a, repeats)
+        repeats = repeats.to_numpy()             # one count, or counts along a trailing axis: small
     n = a.shape[axis]
     reps = np.broadcast_to(np.asarray(repeats, dtype=np.int64), (n,))
     if np.any(reps < 0):
@@ -107,6 +110,30 @@ def repeat(a: Any, repeats: Any, axis: Any = None) -> Any:
     inner = int(np.prod(shape[1:], dtype=np.int64))
     return from_elements(a.context, shape, a.dtype, _flat_of(out_rows, inner), data, result_dist(a, shape[0]),
                          "repeat")
+
+
+def _repeat_rows(a: DistArray, repeats: DistArray) -> DistArray:
+    """``repeat(a, repeats, axis=0)`` with one distributed count per row: each rank repeats its own rows; where
+    they land comes from the distributed exclusive scan of the counts (recorded ``cumsum``), laid out like
+    ``a``. Nothing is gathered. Collective, blocking."""
+    from .numpy_cumulative import cumsum
+
+    if repeats.dtype.kind not in "biu":
+        raise TypeError(f"Cannot cast array data from {repeats.dtype!r} to dtype('int64') according to the rule "
+                        "'safe'")
+    reps = repeats.astype(np.int64)
+    if int(reps.min()) < 0:
+        raise ValueError("repeats may not contain negative values.")
+    total = int(reps.sum())
+    whole = a if a._view.is_full and not a._base.replicated else a.redistribute(result_dist(a, a.shape[0]))
+    starts = (cumsum(reps) - reps).redistribute(whole.dist)
+    counts = reps.redistribute(whole.dist)
+    data, s, r = whole.local, starts.local, counts.local           # this rank's rows, laid out alike
+    out_rows = np.repeat(s, r) + (np.arange(int(r.sum()), dtype=np.int64) - np.repeat(np.cumsum(r) - r, r))
+    shape = (total,) + a.shape[1:]
+    inner = int(np.prod(shape[1:], dtype=np.int64))
+    return from_elements(a.context, shape, a.dtype, _flat_of(out_rows, inner), np.repeat(data, r, axis=0),
+                         result_dist(a, total), "repeat")
 
 
 def tile(a: Any, reps: Any) -> Any:

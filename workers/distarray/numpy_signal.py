@@ -10,8 +10,8 @@ one rank; a distributed kernel (the shorter operand) is replicated, since every 
 of it.
 
 ``correlate(a, v)`` is ``convolve(a, v[::-1])`` (real operands; NumPy's definition); when the kernel is
-longer than the signal NumPy swaps the operands of ``correlate``, which goes through the NumPy fallback, as
-do complex operands and operands that are not 1-D. Collective over the array's communicator and
+longer than the signal NumPy swaps the operands, and so does this: ``correlate(v, a)`` reversed. Complex
+operands and operands that are not 1-D go through the NumPy fallback. Collective over the array's communicator and
 blocking (a force point); call SPMD with the same arguments.
 """
 from __future__ import annotations
@@ -113,6 +113,17 @@ def correlate(a: Any, v: Any, mode: str = "valid") -> Any:
     """``numpy.correlate``: the cross-correlation of two real 1-D arrays (``len(a) >= len(v)``),
     block-distributed. Collective, blocking (see the module doc)."""
     ops = _operands(a, v, mode, False)
+    if (ops is None and mode in _MODES and np.ndim(a) == 1 and np.ndim(v) == 1 and 0 < len(a) < len(v)
+            and isinstance(a, DistArray) | isinstance(v, DistArray)):
+        # NumPy swaps the operands: correlate(a, v) is correlate(v, a) reversed (real operands, bit for bit)
+        if not isinstance(v, DistArray):
+            from .creation import from_numpy
+
+            v = from_numpy(np.asarray(v), dist="block", comm=a.comm)
+        swapped = _operands(v, a, mode, False)
+        if swapped is not None:
+            fallback.note_native("correlate")
+            return _windowed(swapped[0], swapped[1][::-1].copy(), mode)[::-1]
     if ops is None:
         return fallback.call(np.correlate, (a, v), dict(mode=mode), "correlate")
     fallback.note_native("correlate")

@@ -19,6 +19,7 @@ def classify() -> Tuple[Dict[str, str], Dict[str, str]]:
     from . import __dict__ as namespace
     from .array import _METHODS, DistArray
     from .elementwise import SUPPORTED
+    from .ufuncs import is_native
 
     functions: Dict[str, str] = {}
     for name in sorted(n for n in dir(np) if not n.startswith("_")):
@@ -29,7 +30,7 @@ def classify() -> Tuple[Dict[str, str], Dict[str, str]]:
         wrapped = ours is not None and getattr(ours, "__module__", "") == "nbmpi.workers.distarray.fallback"
         if isinstance(obj, np.ufunc):
             # dispatch goes by the ufunc's own name: numpy.abs is absolute, numpy.mod is remainder
-            native = obj.__name__ in SUPPORTED or (ours is not None and not wrapped and ours is not obj)
+            native = obj.__name__ in SUPPORTED or is_native(obj) and not wrapped
         else:
             native = ours is not None and not wrapped
         functions[name] = "native" if native else "fallback"

@@ -20,6 +20,7 @@ never needs to know what the operation does:
   transpose      :mod:`.linalg`               ``a.T``
   replicate      :mod:`.gather`               gather a view to every rank or one root
   redistribute   :mod:`.redistribution`       copy between row layouts, one message per peer
+  block_ufunc    :mod:`.block_ufunc`          NumPy's own ufunc on each rank's block
   ============== ============================ =========================================
 
 * :data:`BARRIERS`: ``kind -> execute(context, task, op)``. Such an operation is a collective
@@ -35,13 +36,14 @@ from __future__ import annotations
 from typing import Any, Callable, Dict
 
 from .. import irregular
-from . import elementwise, gather, linalg, redistribution, swap
+from . import block_ufunc, elementwise, gather, linalg, redistribution, swap
 
 __all__ = ["LOWERINGS", "BARRIERS"]
 
 #: kind of a group -> its lowering into units.
 LOWERINGS: Dict[str, Callable[..., Any]] = {
-    **elementwise.LOWERINGS, **swap.LOWERINGS, **linalg.LOWERINGS, **gather.LOWERINGS, **redistribution.LOWERINGS}
+    **elementwise.LOWERINGS, **swap.LOWERINGS, **linalg.LOWERINGS, **gather.LOWERINGS, **redistribution.LOWERINGS,
+    **block_ufunc.LOWERINGS}
 
 #: kind of a task run as a collective step of its own -> ``execute(context, task, op)``.
 BARRIERS: Dict[str, Callable[..., None]] = {"indexed": irregular.execute}
