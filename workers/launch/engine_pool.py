@@ -19,7 +19,11 @@ whatever is left after a grace period, including every descendant recorded at
 start (ipyparallel's per-engine "nanny" processes run in sessions of their
 own). When the pool is started from the main thread, the controller and
 mpiexec also get ``PR_SET_PDEATHSIG`` (Linux), so a kernel that is killed
-without running its exit handlers does not leave them behind either.
+without running its exit handlers does not leave them behind either. A pool bound to its owner on this host also
+has a shared-memory sentinel (:mod:`nbmpi.workers.launch.shm_sentinel`, a child of the
+owner in a session of its own, kept across a restart): an owner killed while it ends
+the pool, after its ranks and their guards were killed and before it unlinked their
+``/dev/shm`` segments, leaves none behind.
 
 Engines on other hosts: with ``hosts`` (``host[:slots]`` entries) or a ``hostfile`` the ranks are
 placed as ``nbmpi run --hosts`` places them (:func:`nbmpi.workers.launch.launcher.placement_args`: Hydra's
