@@ -76,7 +76,7 @@ time.sleep(600)
 """
 
 
-def test_owner_dying_while_it_ends_the_pool_leaves_no_shared_memory(tmp_path):
+def test_owner_dying_while_it_ends_the_pool_leaves_no_shared_memory():
     """The owner (a notebook kernel) dies after the pool's ranks and guards were SIGKILLed and before it
     removed their /dev/shm segments (jupyter_client kills a kernel that is slow to shut down): the pool's
     shared-memory sentinel removes MPICH's segment all the same."""
