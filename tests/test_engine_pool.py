@@ -65,3 +65,63 @@ def test_restart_after_the_controller_died_starts_a_new_pool(pool):
     assert fresh is not p and fresh.name == p.name and fresh.status()["state"] == "running"
     assert _gone(old), f"ranks of the old pool survived the restart: {old}"
     assert set(_pids_of(fresh)).isdisjoint(old)
+
+
+_OWNER = """
+import json, sys, time
+from nbmpi.workers.launch.engine_pool import EnginePool
+p = EnginePool(2, name="orphaned-shm").start(timeout=90)
+print(json.dumps(dict(status_dir=p.status_dir, work_dir=p.work_dir)), flush=True)
+time.sleep(600)
+"""
+
+
+def test_owner_dying_while_it_ends_the_pool_leaves_no_shared_memory():
+    """The owner (a notebook kernel) dies after the pool's ranks and guards were SIGKILLed and before it
+    removed their /dev/shm segments (jupyter_client kills a kernel that is slow to shut down): the pool's
+    shared-memory sentinel removes MPICH's segment all the same."""
+    import json
+    import shutil
+    import subprocess
+    import sys
+
+    from nbmpi.workers.launch.processes import noted_segments, remove_shm
+
+    owner = subprocess.Popen([sys.executable, "-c", _OWNER], stdout=subprocess.PIPE, text=True)
+    tree, segments, info = [], set(), {}
+    try:
+        info = json.loads(owner.stdout.readline())
+        segments = {s for s in noted_segments(info["status_dir"]) if os.path.lexists(s)}
+        assert any(os.path.basename(s).startswith("mpich_shm_") for s in segments), segments
+        tree = psutil.Process(owner.pid).children(recursive=True)
+        for p in list(tree):   # (the engines' nannies run in sessions of their own)
+            tree += [c for c in p.children(recursive=True) if c not in tree]
+        pool = [p for p in tree if "shm_sentinel" not in " ".join(p.cmdline())]
+        assert len(pool) < len(tree), "the pool has no shared-memory sentinel"
+        # as the owner's end_processes does after its grace period, but nobody gets to clean up after it:
+        # everything is frozen first, so no guard sees its rank die and no rank sees its owner die
+        for sig in (signal.SIGSTOP, signal.SIGKILL):
+            for p in [owner.pid] + [p.pid for p in pool]:
+                try:
+                    os.kill(p, sig)
+                except ProcessLookupError:
+                    pass
+        owner.wait(timeout=10)
+        assert _gone([p.pid for p in pool]), "the pool's processes survived SIGKILL"
+        deadline = time.monotonic() + 40
+        while [s for s in segments if os.path.lexists(s)] and time.monotonic() < deadline:
+            time.sleep(0.2)
+        left = sorted(s for s in segments if os.path.lexists(s))
+        assert not left, f"the dead owner's pool left its shared memory in /dev/shm: {left}"
+        assert _gone([p.pid for p in tree]), "the sentinel did not end after removing the segments"
+    finally:
+        for p in [owner.pid] + [p.pid for p in tree]:
+            try:
+                os.kill(p, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        owner.wait(timeout=10)
+        _gone([p.pid for p in tree])
+        remove_shm(segments)
+        if info.get("work_dir"):
+            shutil.rmtree(info["work_dir"], ignore_errors=True)

@@ -207,7 +207,8 @@ def test_restart_stop_and_shutdown_leave_no_process(kernel):
     assert len(_alive(pids)) >= 4  # controller (+schedulers), mpiexec, 2 engines
     controller = set()
     for p in psutil.Process(k.pid).children():
-        if "ipyparallel.controller" in " ".join(p.cmdline()):
+        # what a restart keeps: the controller, and the pool's shared-memory sentinel
+        if any(w in " ".join(p.cmdline()) for w in ("ipyparallel.controller", "shm_sentinel")):
             controller.add(p.pid)
             controller.update(c.pid for c in p.children(recursive=True))
     ranks_side = set(pids) - controller

@@ -19,7 +19,11 @@ whatever is left after a grace period, including every descendant recorded at
 start (ipyparallel's per-engine "nanny" processes run in sessions of their
 own). When the pool is started from the main thread, the controller and
 mpiexec also get ``PR_SET_PDEATHSIG`` (Linux), so a kernel that is killed
-without running its exit handlers does not leave them behind either.
+without running its exit handlers does not leave them behind either. A pool bound to its owner on this host also
+has a shared-memory sentinel (:mod:`nbmpi.workers.launch.shm_sentinel`, a child of the
+owner in a session of its own, kept across a restart): an owner killed while it ends
+the pool, after its ranks and their guards were killed and before it unlinked their
+``/dev/shm`` segments, leaves none behind.
 
 Engines on other hosts: with ``hosts`` (``host[:slots]`` entries) or a ``hostfile`` the ranks are
 placed as ``nbmpi run --hosts`` places them (:func:`nbmpi.workers.launch.launcher.placement_args`: Hydra's
@@ -64,6 +68,7 @@ from .launcher import mpiexec_command
 from .pool_health import _PoolHealth
 from .pool_hosts import _PoolHosts, checked_placement, controller_address
 from .processes import end_processes, noted_segments, remove_shm
+from . import shm_sentinel
 
 __all__ = ["EnginePool", "EnginePoolError"]
 
@@ -178,6 +183,7 @@ class EnginePool(_PoolHealth, _PoolHosts):
         #: the Dask cluster on this pool, if one was started (set by :func:`nbmpi.workers.launch.dask_on_pool.start`;
         #: closed by stop and restart)
         self._dask = None
+        self._sentinel: Optional[shm_sentinel.Sentinel] = None
 
     def renewed(self) -> "EnginePool":
         """A new, unstarted pool like this one (size, name, environment, owner binding, account, hosts),
@@ -230,6 +236,9 @@ class EnginePool(_PoolHealth, _PoolHosts):
         self._started_at = time.time()
         deadline = time.monotonic() + timeout
         _live_pools.append(self)
+        if self.bound_to_owner and not self.spans_hosts and self._sentinel is None:
+            # removes the ranks' /dev/shm segments even if this process dies while it ends the pool
+            self._sentinel = shm_sentinel.start(self.status_dir)
         try:
             self._start(say, deadline, timeout, replacing)
         except BaseException:
@@ -521,6 +530,8 @@ class EnginePool(_PoolHealth, _PoolHosts):
         if not self._attached:   # MPI's shared memory of ranks that were killed (noted at setup)
             remove_shm(noted_segments(self.status_dir))
             self._clean_other_hosts(self.status_dir, self._environment())   # ... and on the other hosts
+        shm_sentinel.end(self._sentinel)   # (after this process's own clean-up)
+        self._sentinel = None
         self._mpiexec = self._controller = None
         self._descendants = []
         for f in self._logs:
