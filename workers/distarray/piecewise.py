@@ -1,0 +1,186 @@
+"""Piecewise inlining: a temporary written in pieces (``roll``) is read in place, never stored.
+
+``numpy.roll`` of a distributed array is recorded as copies into a new temporary ``t``, one per
+piece: ``t[k:] = a[:n-k]; t[:k] = a[n-k:]`` (along any axis; a roll of a roll gives four). The
+vertical fusion of :mod:`.fusion` inlines only a temporary with one writer, so before it this
+pass rewrites each elementwise task ``r: out = f(t, ...)`` that reads such a dying temporary
+into one task per piece: ``out[P] = f(a[...], ...)[P]``, where piece ``P`` is where a writer's box
+meets the box ``r`` reads. Each piece reads its source at a shifted view in place: along the
+distributed axis the plan of :mod:`.operations.elementwise` fetches the rows owned by a neighbour
+(the last rank's rows for the first rank's wrap-around), along other axes the kernel reads with an
+offset. Pieces are rewritten again when they read another such temporary, so a stencil of rolls
+(``sum(roll(roll(b, dy, 0), dx, 1))``, the game of life) becomes at most one task per region of
+constant shifts (nine for shifts of -1, 0, 1 on both axes), each one fused loop nest.
+
+Conditions (checked against the recorded order, so every rank rewrites alike): the temporary is
+dead for the user, its writers are ``Assign`` tasks to disjoint boxes that together cover what is
+read, written before the reader, whose sources nobody writes in between and which do not read the
+temporary or the reader's target; the reader reads the temporary at one box view, unbroadcast;
+a temporary whose writers compute more than a copy is inlined only into its only reader (no work
+is repeated). The result equals the recorded program's element for element (only data moves).
+Local, deterministic; called by :func:`.fusion.optimize`.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Dict, List, Optional, Tuple
+
+from .graph import Assign, Const, Leaf, Op, Task, leaves
+
+__all__ = ["split_pieces", "MAX_PIECES"]
+
+#: Upper bound of the pieces one recorded task is split into.
+MAX_PIECES = 32
+
+Box = Tuple[Tuple[int, int], ...]
+
+
+def _dead(base) -> bool:
+    return base.nviews == 0 and not base.exported
+
+
+def _restrict(node, box: Box, sub=None):
+    """``node`` (of shape ``S``, broadcast to ``len(box)`` axes) restricted to ``box`` (``(lo, hi)`` per axis of
+    the broadcast shape); ``sub(leaf, key_box)`` may return a replacement node for a leaf."""
+    memo: Dict[int, object] = {}
+
+    def go(n):
+        got = memo.get(id(n))
+        if got is not None:
+            return got
+        if isinstance(n, Const):
+            out = n
+        else:
+            shape = n.shape
+            off = len(box) - len(shape)
+            kb = tuple((0, 1) if shape[j] == 1 else box[off + j] for j in range(len(shape)))
+            if isinstance(n, Leaf):
+                out = sub(n, kb) if sub is not None else None
+                if out is None:
+                    out = Leaf(n.base, n.view.index(tuple(slice(lo, hi) for lo, hi in kb)))
+            else:
+                args = tuple(go(a) for a in n.args)
+                out = Op(n.name, args, n.dtype, n.in_dtypes, tuple(hi - lo for lo, hi in kb))
+        memo[id(n)] = out
+        return out
+
+    return go(node)
+
+
+def _intersect(a: Box, b: Box) -> Optional[Box]:
+    out = tuple((max(x0, y0), min(x1, y1)) for (x0, x1), (y0, y1) in zip(a, b))
+    return None if any(lo >= hi for lo, hi in out) else out
+
+
+def _volume(box: Box) -> int:
+    v = 1
+    for lo, hi in box:
+        v *= hi - lo
+    return v
+
+
+class _State:
+    """The rewritten task list so far, with who writes each base where (positions in ``tasks``)."""
+
+    def __init__(self, orig: List[Task]):
+        self.tasks: List[Task] = []
+        self.writers: Dict[int, List[int]] = defaultdict(list)
+        self.readers_orig: Dict[int, set] = defaultdict(set)
+        for k, t in enumerate(orig):
+            for l in t.reads():
+                self.readers_orig[l.base.serial].add(k)
+
+    def append(self, t: Task) -> None:
+        for w in t.writes():
+            self.writers[w.base.serial].append(len(self.tasks))
+        self.tasks.append(t)
+
+    def written_after(self, serial: int, pos: int) -> bool:
+        return any(p > pos for p in self.writers.get(serial, ()))
+
+
+def _candidate(st: _State, r: Assign) -> Optional[Tuple[object, Box, List[Tuple[Box, Assign]]]]:
+    """The first temporary ``r`` may read piecewise: (its base, the box read, [(writer box, writer)])."""
+    if r.expr.shape != r.out.shape or isinstance(r.expr, Const):
+        return None
+    tried = set()
+    for l in r.reads():
+        b = l.base
+        if b.serial in tried or b is r.out.base or not b.temp or not _dead(b):
+            continue
+        tried.add(b.serial)
+        pos = st.writers.get(b.serial, ())
+        if not pos:
+            continue
+        views = {x.view for x in r.reads() if x.base is b}
+        if len(views) != 1 or l.shape != r.expr.shape:
+            continue
+        rbox = l.view.box()
+        if rbox is None or len(rbox) != len(l.shape):
+            continue
+        ws = [st.tasks[p] for p in pos]
+        if not all(isinstance(w, Assign) and w.out.view.box() is not None and w.expr.shape == w.out.shape
+                   and not isinstance(w.expr, Const) for w in ws):
+            continue
+        plain = all(isinstance(w.expr, Leaf) for w in ws)
+        if not plain and (len(pos) < 2 or len(st.readers_orig[b.serial]) != 1):
+            continue       # one writer computing more than a copy: the inlining of .fusion
+        srcs = [{x.base.serial for x in leaves(w.expr)} for w in ws]
+        if any(b.serial in s or r.out.base.serial in s for s in srcs):
+            continue
+        if any(st.written_after(s, p) for p, ss in zip(pos, srcs) for s in ss):
+            continue
+        pieces, covered, ok = [], 0, True
+        boxes = [w.out.view.box() for w in ws]
+        for i, wb in enumerate(boxes):
+            if any(_intersect(wb, boxes[j]) for j in range(i)):
+                ok = False
+                break
+            got = _intersect(wb, rbox)
+            if got is not None:
+                pieces.append((wb, ws[i]))
+                covered += _volume(got)
+        if ok and covered == _volume(rbox) and pieces:
+            return b, rbox, pieces
+    return None
+
+
+def _split(st: _State, r: Assign, budget: int) -> List[Assign]:
+    """``r`` as tasks over pieces (recursively), or ``[r]``."""
+    cand = _candidate(st, r)
+    if cand is None:
+        return [r]
+    b, rbox, pieces = cand
+    if len(pieces) > budget:
+        return [r]
+    out: List[Assign] = []
+    for wb, w in pieces:
+        meet = _intersect(wb, rbox)
+        rel = tuple((lo - r0, hi - r0) for (lo, hi), (r0, _) in zip(meet, rbox))
+        wrel = tuple((lo - w0, hi - w0) for (lo, hi), (w0, _) in zip(meet, wb))
+        val = _restrict(w.expr, wrel)
+        if val.dtype != b.dtype:
+            val = Op("cast", (val,), b.dtype, (val.dtype,), val.shape)
+
+        def sub(leaf, kb, _b=b, _v=val):
+            return _v if leaf.base is _b else None
+
+        expr = _restrict(r.expr, rel, sub)
+        target = Leaf(r.out.base, r.out.view.index(tuple(slice(lo, hi) for lo, hi in rel)))
+        piece = Assign(target, expr, lambda _r=r, _p=rel: f"{_r.desc} (piece {_p})")
+        out.extend(_split(st, piece, max(1, budget // max(1, len(pieces)))))
+    return out if len(out) <= MAX_PIECES else [r]
+
+
+def split_pieces(tasks: List[Task]) -> Tuple[List[Task], int]:
+    """``tasks`` with every elementwise task reading a temporary written in pieces split per piece (see the
+    module doc); and how many tasks were split. Local, deterministic."""
+    st = _State(tasks)
+    count = 0
+    for t in tasks:
+        parts = _split(st, t, MAX_PIECES) if isinstance(t, Assign) else [t]
+        if len(parts) > 1 or parts[0] is not t:
+            count += 1
+        for p in parts:
+            st.append(p)
+    return st.tasks, count
