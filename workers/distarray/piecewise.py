@@ -54,7 +54,9 @@ def _restrict(node, box: Box, sub=None):
             shape = n.shape
             off = len(box) - len(shape)
             kb = tuple((0, 1) if shape[j] == 1 else box[off + j] for j in range(len(shape)))
-            if isinstance(n, Leaf):
+            if sub is None and all(lo == 0 and hi == m for (lo, hi), m in zip(kb, shape)):
+                out = n            # the whole node: unchanged (and its sub-nodes are not visited)
+            elif isinstance(n, Leaf):
                 out = sub(n, kb) if sub is not None else None
                 if out is None:
                     out = Leaf(n.base, n.view.index(tuple(slice(lo, hi) for lo, hi in kb)))
@@ -99,77 +101,93 @@ class _State:
         return any(p > pos for p in self.writers.get(serial, ()))
 
 
-def _candidate(st: _State, r: Assign) -> Optional[Tuple[object, Box, List[Tuple[Box, Assign]]]]:
-    """The first temporary ``r`` may read piecewise: (its base, the box read, [(writer box, writer)])."""
-    if r.expr.shape != r.out.shape or isinstance(r.expr, Const):
+def _eligible(st: _State, r: Assign, l: Leaf) -> Optional[Tuple[Box, List[Tuple[Box, Assign]]]]:
+    """If ``r`` may read the temporary of ``l`` piecewise: (the box it reads, [(writer box, writer)])."""
+    b = l.base
+    pos = st.writers.get(b.serial, ())
+    if not pos or any(x.base is b and x.view != l.view for x in r.reads()) or l.shape != r.expr.shape:
         return None
+    rbox = l.view.box()
+    if rbox is None or len(rbox) != len(l.shape):
+        return None
+    ws = [st.tasks[p] for p in pos]
+    if not all(isinstance(w, Assign) and w.out.view.box() is not None and w.expr.shape == w.out.shape
+               and not isinstance(w.expr, Const) for w in ws):
+        return None
+    plain = all(isinstance(w.expr, Leaf) for w in ws)
+    if not plain and (len(pos) < 2 or len(st.readers_orig[b.serial]) != 1):
+        return None        # one writer computing more than a copy: the inlining of .fusion; or work repeated
+    srcs = [{x.base.serial for x in leaves(w.expr)} for w in ws]
+    if any(b.serial in ss or r.out.base.serial in ss for ss in srcs):
+        return None
+    if any(st.written_after(s, p) for p, ss in zip(pos, srcs) for s in ss):
+        return None
+    pieces, covered = [], 0
+    boxes = [w.out.view.box() for w in ws]
+    for i, wb in enumerate(boxes):
+        if any(_intersect(wb, boxes[j]) for j in range(i)):
+            return None
+        got = _intersect(wb, rbox)
+        if got is not None:
+            pieces.append((wb, ws[i]))
+            covered += _volume(got)
+    return (rbox, pieces) if pieces and covered == _volume(rbox) else None
+
+
+def _candidates(st: _State, r: Assign) -> Dict[object, Tuple[Box, List[Tuple[Box, Assign]]]]:
+    """The temporaries ``r`` may read piecewise: base -> (the box read, [(writer box, writer)])."""
+    out: Dict[object, Tuple[Box, List[Tuple[Box, Assign]]]] = {}
+    if r.expr.shape != r.out.shape or isinstance(r.expr, Const):
+        return out
     tried = set()
     for l in r.reads():
         b = l.base
         if b.serial in tried or b is r.out.base or not b.temp or not _dead(b):
             continue
         tried.add(b.serial)
-        pos = st.writers.get(b.serial, ())
-        if not pos:
-            continue
-        views = {x.view for x in r.reads() if x.base is b}
-        if len(views) != 1 or l.shape != r.expr.shape:
-            continue
-        rbox = l.view.box()
-        if rbox is None or len(rbox) != len(l.shape):
-            continue
-        ws = [st.tasks[p] for p in pos]
-        if not all(isinstance(w, Assign) and w.out.view.box() is not None and w.expr.shape == w.out.shape
-                   and not isinstance(w.expr, Const) for w in ws):
-            continue
-        plain = all(isinstance(w.expr, Leaf) for w in ws)
-        if not plain and (len(pos) < 2 or len(st.readers_orig[b.serial]) != 1):
-            continue       # one writer computing more than a copy: the inlining of .fusion
-        srcs = [{x.base.serial for x in leaves(w.expr)} for w in ws]
-        if any(b.serial in s or r.out.base.serial in s for s in srcs):
-            continue
-        if any(st.written_after(s, p) for p, ss in zip(pos, srcs) for s in ss):
-            continue
-        pieces, covered, ok = [], 0, True
-        boxes = [w.out.view.box() for w in ws]
-        for i, wb in enumerate(boxes):
-            if any(_intersect(wb, boxes[j]) for j in range(i)):
-                ok = False
-                break
-            got = _intersect(wb, rbox)
-            if got is not None:
-                pieces.append((wb, ws[i]))
-                covered += _volume(got)
-        if ok and covered == _volume(rbox) and pieces:
-            return b, rbox, pieces
-    return None
+        got = _eligible(st, r, l)
+        if got is not None:
+            out[b] = got
+    return out
 
 
-def _split(st: _State, r: Assign, budget: int) -> List[Assign]:
-    """``r`` as tasks over pieces (recursively), or ``[r]``."""
-    cand = _candidate(st, r)
-    if cand is None:
+def _cells(shape: Tuple[int, ...], cands) -> List[Box]:
+    """The common refinement (in ``r``'s coordinates) of the writer boxes of every candidate temporary."""
+    cuts = [{0, n} for n in shape]
+    for rbox, pieces in cands.values():
+        for wb, _ in pieces:
+            for k, ((lo, hi), (r0, _)) in enumerate(zip(wb, rbox)):
+                for c in (lo - r0, hi - r0):
+                    if 0 < c < shape[k]:
+                        cuts[k].add(c)
+    cells: List[Box] = [()]
+    for k in range(len(shape)):
+        edges = sorted(cuts[k])
+        cells = [c + ((lo, hi),) for c in cells for lo, hi in zip(edges, edges[1:])]
+    return cells
+
+
+def _split(st: _State, r: Assign) -> List[Assign]:
+    """``r`` as one task per cell of the pieces of the temporaries it reads, or ``[r]``."""
+    cands = _candidates(st, r)
+    if not cands:
         return [r]
-    b, rbox, pieces = cand
-    if len(pieces) > budget:
+    cells = _cells(r.out.shape, cands)
+    if len(cells) > MAX_PIECES:
         return [r]
     out: List[Assign] = []
-    for wb, w in pieces:
-        meet = _intersect(wb, rbox)
-        rel = tuple((lo - r0, hi - r0) for (lo, hi), (r0, _) in zip(meet, rbox))
-        wrel = tuple((lo - w0, hi - w0) for (lo, hi), (w0, _) in zip(meet, wb))
-        val = _restrict(w.expr, wrel)
-        if val.dtype != b.dtype:
-            val = Op("cast", (val,), b.dtype, (val.dtype,), val.shape)
-
-        def sub(leaf, kb, _b=b, _v=val):
-            return _v if leaf.base is _b else None
-
-        expr = _restrict(r.expr, rel, sub)
-        target = Leaf(r.out.base, r.out.view.index(tuple(slice(lo, hi) for lo, hi in rel)))
-        piece = Assign(target, expr, lambda _r=r, _p=rel: f"{_r.desc} (piece {_p})")
-        out.extend(_split(st, piece, max(1, budget // max(1, len(pieces)))))
-    return out if len(out) <= MAX_PIECES else [r]
+    for cell in cells:
+        vals = {}
+        for b, (rbox, pieces) in cands.items():
+            at = tuple(lo + r0 for (lo, _), (r0, _) in zip(cell, rbox))
+            wb, w = next((wb, w) for wb, w in pieces if all(x0 <= x < x1 for x, (x0, x1) in zip(at, wb)))
+            val = _restrict(w.expr, tuple((lo + r0 - w0, hi + r0 - w0)
+                                          for (lo, hi), (r0, _), (w0, _) in zip(cell, rbox, wb)))
+            vals[b] = val if val.dtype == b.dtype else Op("cast", (val,), b.dtype, (val.dtype,), val.shape)
+        expr = _restrict(r.expr, cell, lambda leaf, kb, _v=vals: _v.get(leaf.base))
+        target = Leaf(r.out.base, r.out.view.index(tuple(slice(lo, hi) for lo, hi in cell)))
+        out.append(Assign(target, expr, lambda _r=r, _p=cell: f"{_r.desc} (piece {_p})"))
+    return out
 
 
 def split_pieces(tasks: List[Task]) -> Tuple[List[Task], int]:
@@ -178,7 +196,7 @@ def split_pieces(tasks: List[Task]) -> Tuple[List[Task], int]:
     st = _State(tasks)
     count = 0
     for t in tasks:
-        parts = _split(st, t, MAX_PIECES) if isinstance(t, Assign) else [t]
+        parts = _split(st, t) if isinstance(t, Assign) else [t]
         if len(parts) > 1 or parts[0] is not t:
             count += 1
         for p in parts:
