@@ -26,6 +26,7 @@ from collections import defaultdict
 from typing import Dict, List, Optional, Tuple
 
 from .graph import Assign, Const, Leaf, Op, Task, leaves
+from .indexing import View
 
 __all__ = ["split_pieces", "MAX_PIECES"]
 
@@ -39,9 +40,36 @@ def _dead(base) -> bool:
     return base.nviews == 0 and not base.exported
 
 
+def _sliced(v: View, kb: Box) -> View:
+    """``v[lo:hi, ...]`` for the non-empty ranges ``kb`` (one per user axis); ``View.index`` without its checks."""
+    ents = []
+    j = 0
+    for e in v.entries:
+        if e[0] == "i":
+            ents.append(e)
+            continue
+        lo, hi = kb[j]
+        j += 1
+        ents.append(("s", e[1] + lo * e[2], e[2], hi - lo) if e[0] == "s" else e)
+    return View(v.base_shape, tuple(ents))
+
+
+def _key_box(shape: Tuple[int, ...], box: Box) -> Optional[Box]:
+    """The part of ``box`` (over the broadcast shape) a node of ``shape`` covers; None if all of it."""
+    off = len(box) - len(shape)
+    kb = []
+    whole = True
+    for j, m in enumerate(shape):
+        r = (0, 1) if m == 1 else box[off + j]
+        whole = whole and r[0] == 0 and r[1] == m
+        kb.append(r)
+    return None if whole else tuple(kb)
+
+
 def _restrict(node, box: Box, sub=None):
     """``node`` (of shape ``S``, broadcast to ``len(box)`` axes) restricted to ``box`` (``(lo, hi)`` per axis of
-    the broadcast shape); ``sub(leaf, key_box)`` may return a replacement node for a leaf."""
+    the broadcast shape, none empty); ``sub(leaf)`` may return a replacement node (already restricted) for a
+    leaf."""
     memo: Dict[int, object] = {}
 
     def go(n):
@@ -49,20 +77,19 @@ def _restrict(node, box: Box, sub=None):
         if got is not None:
             return got
         if isinstance(n, Const):
-            out = n
+            return n
+        if isinstance(n, Leaf):
+            out = sub(n) if sub is not None else None
+            if out is None:
+                kb = _key_box(n.shape, box)
+                out = n if kb is None else Leaf(n.base, _sliced(n.view, kb))
         else:
-            shape = n.shape
-            off = len(box) - len(shape)
-            kb = tuple((0, 1) if shape[j] == 1 else box[off + j] for j in range(len(shape)))
-            if sub is None and all(lo == 0 and hi == m for (lo, hi), m in zip(kb, shape)):
+            kb = _key_box(n.shape, box)
+            if kb is None and sub is None:
                 out = n            # the whole node: unchanged (and its sub-nodes are not visited)
-            elif isinstance(n, Leaf):
-                out = sub(n, kb) if sub is not None else None
-                if out is None:
-                    out = Leaf(n.base, n.view.index(tuple(slice(lo, hi) for lo, hi in kb)))
             else:
-                args = tuple(go(a) for a in n.args)
-                out = Op(n.name, args, n.dtype, n.in_dtypes, tuple(hi - lo for lo, hi in kb))
+                kb = kb or tuple((0, m) for m in n.shape)
+                out = Op(n.name, tuple(go(a) for a in n.args), n.dtype, n.in_dtypes, tuple(hi - lo for lo, hi in kb))
         memo[id(n)] = out
         return out
 
@@ -88,6 +115,7 @@ class _State:
         self.tasks: List[Task] = []
         self.writers: Dict[int, List[int]] = defaultdict(list)
         self.readers_orig: Dict[int, set] = defaultdict(set)
+        self.wcache: Dict[int, Tuple[int, object]] = {}
         for k, t in enumerate(orig):
             for l in t.reads():
                 self.readers_orig[l.base.serial].add(k)
@@ -100,36 +128,51 @@ class _State:
     def written_after(self, serial: int, pos: int) -> bool:
         return any(p > pos for p in self.writers.get(serial, ()))
 
+    def writers_of(self, b) -> Optional[Tuple[List[Tuple[Box, Assign]], List[set]]]:
+        """([(box, writer)], [source serials per writer]) if every writer of ``b`` so far is an ``Assign`` of
+        an expression to a box, the boxes disjoint, none reading ``b``, and (unless all are copies) there
+        are several and one original reader; else None. Cached until ``b`` gets another writer."""
+        pos = self.writers.get(b.serial, ())
+        got = self.wcache.get(b.serial)
+        if got is not None and got[0] == len(pos):
+            return got[1]
+        info = None
+        ws = [self.tasks[p] for p in pos]
+        boxes = [w.out.view.box() if isinstance(w, Assign) else None for w in ws]
+        if ws and all(bx is not None and w.expr.shape == w.out.shape and not isinstance(w.expr, Const)
+                      for bx, w in zip(boxes, ws)):
+            plain = all(isinstance(w.expr, Leaf) for w in ws)
+            srcs = [{x.base.serial for x in leaves(w.expr)} for w in ws]
+            if (plain or len(ws) >= 2 and len(self.readers_orig[b.serial]) == 1) and \
+                    not any(b.serial in ss for ss in srcs) and \
+                    not any(_intersect(boxes[i], boxes[j]) for i in range(len(boxes)) for j in range(i)):
+                info = (list(zip(boxes, ws)), srcs)
+        self.wcache[b.serial] = (len(pos), info)
+        return info
+
 
 def _eligible(st: _State, r: Assign, l: Leaf) -> Optional[Tuple[Box, List[Tuple[Box, Assign]]]]:
     """If ``r`` may read the temporary of ``l`` piecewise: (the box it reads, [(writer box, writer)])."""
     b = l.base
-    pos = st.writers.get(b.serial, ())
-    if not pos or any(x.base is b and x.view != l.view for x in r.reads()) or l.shape != r.expr.shape:
+    if l.shape != r.expr.shape or any(x.base is b and x.view != l.view for x in r.reads()):
         return None
     rbox = l.view.box()
     if rbox is None or len(rbox) != len(l.shape):
         return None
-    ws = [st.tasks[p] for p in pos]
-    if not all(isinstance(w, Assign) and w.out.view.box() is not None and w.expr.shape == w.out.shape
-               and not isinstance(w.expr, Const) for w in ws):
+    info = st.writers_of(b)
+    if info is None:
         return None
-    plain = all(isinstance(w.expr, Leaf) for w in ws)
-    if not plain and (len(pos) < 2 or len(st.readers_orig[b.serial]) != 1):
-        return None        # one writer computing more than a copy: the inlining of .fusion; or work repeated
-    srcs = [{x.base.serial for x in leaves(w.expr)} for w in ws]
-    if any(b.serial in ss or r.out.base.serial in ss for ss in srcs):
+    wboxes, srcs = info
+    if any(r.out.base.serial in ss for ss in srcs):
         return None
+    pos = st.writers[b.serial]
     if any(st.written_after(s, p) for p, ss in zip(pos, srcs) for s in ss):
         return None
     pieces, covered = [], 0
-    boxes = [w.out.view.box() for w in ws]
-    for i, wb in enumerate(boxes):
-        if any(_intersect(wb, boxes[j]) for j in range(i)):
-            return None
+    for wb, w in wboxes:
         got = _intersect(wb, rbox)
         if got is not None:
-            pieces.append((wb, ws[i]))
+            pieces.append((wb, w))
             covered += _volume(got)
     return (rbox, pieces) if pieces and covered == _volume(rbox) else None
 
@@ -184,8 +227,8 @@ def _split(st: _State, r: Assign) -> List[Assign]:
             val = _restrict(w.expr, tuple((lo + r0 - w0, hi + r0 - w0)
                                           for (lo, hi), (r0, _), (w0, _) in zip(cell, rbox, wb)))
             vals[b] = val if val.dtype == b.dtype else Op("cast", (val,), b.dtype, (val.dtype,), val.shape)
-        expr = _restrict(r.expr, cell, lambda leaf, kb, _v=vals: _v.get(leaf.base))
-        target = Leaf(r.out.base, r.out.view.index(tuple(slice(lo, hi) for lo, hi in cell)))
+        expr = _restrict(r.expr, cell, lambda leaf, _v=vals: _v.get(leaf.base))
+        target = Leaf(r.out.base, _sliced(r.out.view, cell))
         out.append(Assign(target, expr, lambda _r=r, _p=cell: f"{_r.desc} (piece {_p})"))
     return out
 
