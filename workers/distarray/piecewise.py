@@ -32,6 +32,8 @@ __all__ = ["split_pieces", "MAX_PIECES"]
 
 #: Upper bound of the pieces one recorded task is split into.
 MAX_PIECES = 32
+#: Upper bound of the nodes of a split task's expression (keeps generated kernels small).
+MAX_NODES = 256
 
 Box = Tuple[Tuple[int, int], ...]
 
@@ -96,6 +98,17 @@ def _restrict(node, box: Box, sub=None):
     return go(node)
 
 
+def _nodes(node) -> int:
+    """The number of nodes of ``node`` (shared sub-nodes counted at each use)."""
+    count, stack = 0, [node]
+    while stack:
+        n = stack.pop()
+        count += 1
+        if isinstance(n, Op):
+            stack.extend(n.args)
+    return count
+
+
 def _intersect(a: Box, b: Box) -> Optional[Box]:
     out = tuple((max(x0, y0), min(x1, y1)) for (x0, x1), (y0, y1) in zip(a, b))
     return None if any(lo >= hi for lo, hi in out) else out
@@ -128,10 +141,11 @@ class _State:
     def written_after(self, serial: int, pos: int) -> bool:
         return any(p > pos for p in self.writers.get(serial, ()))
 
-    def writers_of(self, b) -> Optional[Tuple[List[Tuple[Box, Assign]], List[set]]]:
-        """([(box, writer)], [source serials per writer]) if every writer of ``b`` so far is an ``Assign`` of
-        an expression to a box, the boxes disjoint, none reading ``b``, and (unless all are copies) there
-        are several and one original reader; else None. Cached until ``b`` gets another writer."""
+    def writers_of(self, b) -> Optional[Tuple[List[Tuple[Box, Assign]], List[set], int]]:
+        """([(box, writer)], [source serials per writer], the most nodes of a writer's expression) if every
+        writer of ``b`` so far is an ``Assign`` of an expression to a box, the boxes disjoint, none reading
+        ``b``, and (unless all are copies) there are several and one original reader; else None. Cached
+        until ``b`` gets another writer."""
         pos = self.writers.get(b.serial, ())
         got = self.wcache.get(b.serial)
         if got is not None and got[0] == len(pos):
@@ -146,7 +160,7 @@ class _State:
             if (plain or len(ws) >= 2 and len(self.readers_orig[b.serial]) == 1) and \
                     not any(b.serial in ss for ss in srcs) and \
                     not any(_intersect(boxes[i], boxes[j]) for i in range(len(boxes)) for j in range(i)):
-                info = (list(zip(boxes, ws)), srcs)
+                info = (list(zip(boxes, ws)), srcs, max(_nodes(w.expr) for w in ws))
         self.wcache[b.serial] = (len(pos), info)
         return info
 
@@ -162,7 +176,7 @@ def _eligible(st: _State, r: Assign, l: Leaf) -> Optional[Tuple[Box, List[Tuple[
     info = st.writers_of(b)
     if info is None:
         return None
-    wboxes, srcs = info
+    wboxes, srcs, _ = info
     if any(r.out.base.serial in ss for ss in srcs):
         return None
     pos = st.writers[b.serial]
@@ -216,7 +230,7 @@ def _split(st: _State, r: Assign) -> List[Assign]:
     if not cands:
         return [r]
     cells = _cells(r.out.shape, cands)
-    if len(cells) > MAX_PIECES:
+    if len(cells) > MAX_PIECES or _nodes(r.expr) + sum(st.writers_of(b)[2] for b in cands) > MAX_NODES:
         return [r]
     out: List[Assign] = []
     for cell in cells:
