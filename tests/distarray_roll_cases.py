@@ -9,6 +9,7 @@ import sys
 import numpy as np
 
 import nbmpi.workers.distarray as dnp
+from nbmpi.workers.distarray import piecewise
 from nbmpi.workers import world
 
 r = world().Get_rank()
@@ -60,15 +61,18 @@ def check_stencils(dist):
     want = ((nb == 3) | ((b == 1) & (nb == 2))).astype(np.int64)
     same(((NB == 3) | ((B == 1) & (NB == 2))).astype(np.int64), want, f"game of life step ({dist})")
     assert dnp.stats()["split"] > split0, "the rolls of the stencil were not read in place"
-    h = rng.standard_normal((10, 6))
-    u = np.zeros_like(h)
-    H, U = dnp.from_numpy(h, dist=dist), dnp.from_numpy(u, dist=dist)
-    for _ in range(3):
-        u = u - 0.3 * (np.roll(h, -1, axis=1) - np.roll(h, 1, axis=1))
-        h = h - 0.2 * (np.roll(u, -1, axis=0) - np.roll(u, 1, axis=0))
-        U = U - 0.3 * (dnp.roll(H, -1, axis=1) - dnp.roll(H, 1, axis=1))
-        H = H - 0.2 * (dnp.roll(U, -1, axis=0) - dnp.roll(U, 1, axis=0))
-    same(H, h, f"shallow-water steps ({dist})")
+    for trailing in (True, False):      # split along every axis; only along the rows (the rest stored)
+        piecewise.SPLIT_TRAILING_AXES = trailing
+        h = rng.standard_normal((10, 6))
+        u = np.zeros_like(h)
+        H, U = dnp.from_numpy(h, dist=dist), dnp.from_numpy(u, dist=dist)
+        for _ in range(3):
+            u = u - 0.3 * (np.roll(h, -1, axis=1) - np.roll(h, 1, axis=1))
+            h = h - 0.2 * (np.roll(u, -1, axis=0) - np.roll(u, 1, axis=0))
+            U = U - 0.3 * (dnp.roll(H, -1, axis=1) - dnp.roll(H, 1, axis=1))
+            H = H - 0.2 * (dnp.roll(U, -1, axis=0) - dnp.roll(U, 1, axis=0))
+        same(H, h, f"shallow-water steps ({dist}, split along trailing axes: {trailing})")
+    piecewise.SPLIT_TRAILING_AXES = True
     # the source written after the roll: the roll keeps the old values
     c = rng.standard_normal(12)
     C = dnp.from_numpy(c, dist=dist)

@@ -32,6 +32,8 @@ __all__ = ["split_pieces", "MAX_PIECES"]
 
 #: Upper bound of the pieces one recorded task is split into.
 MAX_PIECES = 32
+#: Split along the axes after the first too (False: a temporary cut there is stored, as a local copy).
+SPLIT_TRAILING_AXES = True
 #: Upper bound of the nodes of a split task's expression (keeps generated kernels small).
 MAX_NODES = 256
 
@@ -185,6 +187,8 @@ def _eligible(st: _State, r: Assign, l: Leaf) -> Optional[Tuple[Box, List[Tuple[
     pieces, covered = [], 0
     for wb, w in wboxes:
         got = _intersect(wb, rbox)
+        if got is not None and not SPLIT_TRAILING_AXES and got[1:] != rbox[1:]:
+            return None
         if got is not None:
             pieces.append((wb, w))
             covered += _volume(got)
