@@ -195,7 +195,7 @@ def mpi_programs(cfg: Dict[str, Dict[str, Any]], rounds: int, outdir: Path, firs
 
 def _stats_delta(before: Dict[str, Any], after: Dict[str, Any]) -> Dict[str, Any]:
     """What one program added to this rank's counters (force points, plans, messages, kernels, fallback)."""
-    d = {k: after[k] - before[k] for k in ("flushes", "recorded", "inlined", "plans_built", "plan_hits",
+    d = {k: after[k] - before[k] for k in ("flushes", "recorded", "split", "inlined", "plans_built", "plan_hits",
                                           "messages_sent", "bytes_sent") if k in after}
     d["kernels_compiled"] = after["kernels"].get("compiled", 0) - before["kernels"].get("compiled", 0)
     d["kernels_loaded"] = after["kernels"].get("loaded", 0) - before["kernels"].get("loaded", 0)

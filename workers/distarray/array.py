@@ -620,11 +620,17 @@ def where(cond: Any, x: Any = None, y: Any = None) -> Any:
 
 
 def roll(a: Any, shift: Any, axis: Any = None) -> Any:
-    """``numpy.roll`` along one axis or several (recorded as copies into a new array)."""
+    """``numpy.roll`` along one axis or several: a new array, recorded (nothing moves yet) as copies of the
+    pieces of ``a`` into it (two per rolled axis); an elementwise operation reading the result reads the
+    pieces of ``a`` in place instead (:mod:`.piecewise`; along the distributed axis the rows a rank lacks come
+    from their owner, wrapping around from the last rank to the first). Shifts are taken modulo the axis
+    length, as NumPy's. Callable on every rank alike (SPMD), not blocking."""
     if not isinstance(a, DistArray):
         return np.roll(a, shift, axis)
-    if axis is None:
-        raise UnsupportedOperation("roll without axis (of the flattened array) is not supported; give axis=")
+    if axis is None:           # NumPy rolls the flattened array and restores the shape
+        if a.ndim == 1:
+            return roll(a, shift, 0)
+        return roll(a.reshape(-1), shift, 0).reshape(a.shape)
     shifts = shift if isinstance(shift, (tuple, list)) else (shift,)
     axes = axis if isinstance(axis, (tuple, list)) else (axis,)
     if len(shifts) != len(axes):
@@ -632,20 +638,22 @@ def roll(a: Any, shift: Any, axis: Any = None) -> Any:
     cur = a
     for s, ax in zip(shifts, axes):
         ax = operator.index(ax)
-        nd = cur.ndim
+        nd = a.ndim
         if not -nd <= ax < nd:
             raise np.exceptions.AxisError(ax, nd)
         ax %= nd
-        n = cur.shape[ax]
+        n = a.shape[ax]
         k = operator.index(s) % n if n else 0
+        if k == 0:
+            continue
         out = wrap(elementwise.result_leaf(cur.context, [cur._leaf()], cur.shape, cur.dtype))
         pre = (slice(None),) * ax
-        if k == 0:
-            out[...] = cur
-        else:
-            out[pre + (slice(k, None),)] = cur[pre + (slice(0, n - k),)]
-            out[pre + (slice(0, k),)] = cur[pre + (slice(n - k, n),)]
+        out[pre + (slice(k, None),)] = cur[pre + (slice(0, n - k),)]
+        out[pre + (slice(0, k),)] = cur[pre + (slice(n - k, n),)]
         cur = out
+    if cur is a:               # nothing moved: still a new array, as NumPy's
+        cur = wrap(elementwise.result_leaf(a.context, [a._leaf()], a.shape, a.dtype))
+        cur[...] = a
     return cur
 
 

@@ -7,6 +7,8 @@ they agree on the result without communicating.
 
 1. **Hoisting**: a gather of a misaligned operand (:class:`~.graph.Replicate`) moves up
    past tasks that do not write its source, so elementwise tasks around it become adjacent.
+1b. **Pieces** (:mod:`.piecewise`, after hoisting): a task reading a dying temporary written in pieces
+   (``roll``) is split into one task per piece, each reading the pieces' sources in place.
 2. **Inlining** (vertical fusion): ``t = a + b; c = t * 2`` where the user no longer holds
    ``t`` (``Base.nviews == 0``) and ``t`` has exactly one reading task: ``t``'s expression is
    substituted into the reader and ``t`` is never allocated. Chains of temporaries collapse
@@ -34,6 +36,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from .graph import Assign, Const, Leaf, Op, Redistribute, Reduce, Replicate, RowSpace, Swap, Task, leaves, substitute
 from .operations.redistribution import copy_source
+from .piecewise import split_pieces
 
 __all__ = ["ElementwiseGroup", "TaskGroup", "optimize", "MAX_GROUP_TASKS"]
 
@@ -233,10 +236,11 @@ def _hoist_replicates(tasks: List[Task]) -> List[Task]:
 
 def optimize(tasks: List[Task]) -> Tuple[List[Any], Dict[str, int]]:
     """Rewrite the recorded ``tasks`` (see the module doc) into groups. Local, deterministic."""
-    tasks = _hoist_replicates(list(tasks))
+    recorded = len(tasks)
+    tasks, split = split_pieces(_hoist_replicates(list(tasks)))
     n = len(tasks)
     alive = [True] * n
-    stats = dict(recorded=n, inlined=0, dropped=0, swapped=0, redistributed=0)
+    stats = dict(recorded=recorded, split=split, inlined=0, dropped=0, swapped=0, redistributed=0)
     readers: Dict[int, set] = defaultdict(set)
     writers: Dict[int, set] = defaultdict(set)
     for k, t in enumerate(tasks):

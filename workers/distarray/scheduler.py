@@ -521,6 +521,7 @@ def run_flush(context, tasks, reason: str, hiding: bool) -> None:
     st = context.stats
     st["flushes"] += 1
     st["groups"] += len(groups)
+    st["split"] += fstats["split"]
     st["inlined"] += fstats["inlined"]
     st["dropped"] += fstats["dropped"]
     st["swapped"] += fstats["swapped"]
