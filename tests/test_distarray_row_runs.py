@@ -97,3 +97,22 @@ def test_runs_do_not_touch_rows():
     assert len(big.segs) == len(small.segs) == 3
     assert big.count == sum(s[0] for s in big.segs)
     assert [(k, q) for k, q, _ in big.recv] == [(k, q) for k, q, _ in small.recv]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(1, 5), st.integers(0, 40).flatmap(lambda n: st.tuples(st.just(n), view_of(n))))
+def test_gather_rows_by_owner_closed_form_equals_per_row(nranks, nv):
+    """The replicate (gather) plan's per-owner rows: the block closed form selects what the per-row search does."""
+    from nbmpi.workers.distarray.operations.gather import _rows_by_owner
+    from nbmpi.workers.distarray.plans import hull, selector
+
+    n, (nrows, s, t) = nv
+    dist = Distribution("block", nrows, nranks)
+    rows = s + np.arange(n, dtype=np.int64) * t
+    owner, loc = dist.owner(rows), dist.local_index(rows)
+    idx = np.arange(max(nrows, n) + 1)
+    for q, (cnt, src_sel, dst_sel, hl) in enumerate(_rows_by_owner(dist, s, t, n, nranks)):
+        iq = np.flatnonzero(owner == q)
+        assert cnt == len(iq) and hl == hull(loc[iq])
+        assert idx[src_sel].tolist() == idx[selector(loc[iq])].tolist() == loc[iq].tolist()
+        assert idx[dst_sel].tolist() == iq.tolist()
