@@ -116,3 +116,35 @@ def test_gather_rows_by_owner_closed_form_equals_per_row(nranks, nv):
         assert cnt == len(iq) and hl == hull(loc[iq])
         assert idx[src_sel].tolist() == idx[selector(loc[iq])].tolist() == loc[iq].tolist()
         assert idx[dst_sel].tolist() == iq.tolist()
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(1, 5), st.integers(0, 40).flatmap(lambda n: st.tuples(st.just(n), view_of(n), view_of(n))))
+def test_redistribution_by_peer_closed_form_equals_per_row(nranks, nv):
+    """The redistribution plan's per-peer rows between two block layouts: the closed form gives the runs, hulls
+    and joint runs the per-row grouping gives."""
+    from nbmpi.workers.distarray.operations.redistribution import _by_peer
+    from nbmpi.workers.distarray.packing import ap_runs, joint_runs
+    from nbmpi.workers.distarray.plans import hull
+
+    n, (hn, hs, ht), (on, os_, ot) = nv
+    hd, od = Distribution("block", hn, nranks), Distribution("block", on, nranks)
+    i = np.arange(n, dtype=np.int64)
+    hrows, orows = hs + i * ht, os_ + i * ot
+    for rank in range(nranks):
+        got = {q: rest for q, *rest in _by_peer(hd, hs, ht, od, os_, ot, n, rank, nranks)}
+        want = {}
+        for q in range(nranks):
+            sel = (hd.owner(hrows) == rank) & (od.owner(orows) == q)
+            if sel.any():
+                rows, there = hd.local_index(hrows[sel]), od.local_index(orows[sel])
+                local = (joint_runs(rows, there), hull(rows), hull(there)) if q == rank else None
+                want[q] = [len(rows), ap_runs(rows), hull(rows), local]
+        assert sorted(got) == sorted(want)
+        for q in want:
+            g, w = got[q], want[q]
+            assert g[0] == w[0] and np.array_equal(g[1], w[1]) and g[2] == w[2]
+            if q == rank:
+                assert np.array_equal(g[3][0], w[3][0]) and g[3][1:] == w[3][1:]
+            else:
+                assert g[3] is None
