@@ -20,8 +20,9 @@ import numpy as np
 
 from ..fused_kernels import KernelSpec, get_kernel
 from ..graph import Leaf
-from ..indexing import c_strides
-from ..plans import PartSpec, Plan, hull, my_rows, prod, segments, selector
+from ..indexing import _slice_of, c_strides
+from ..plans import PartSpec, Plan, hull, prod, selector
+from ..row_runs import RowPlan, row_plan
 from ..units import GroupRun, Lowering, Unit
 from . import reduction
 
@@ -200,103 +201,70 @@ class ElementwisePlan(Plan):
 
     # -- distributed rows ------------------------------------------------------------
     def _build_dist(self, group, rank: int, nranks: int, n: int, max_rows: int) -> None:
+        """Messages and blocks of the rows computed here, from the :class:`~..row_runs.RowPlan` (runs of rows
+        in closed form for block layouts, row by row otherwise)."""
         space = self.space
-        sd = space.dist
-        s0, t0 = space.start, space.step
         nonid = [a for a, m in enumerate(self.metas) if m.kind == "dist" and not m.identical]
-        if not nonid:
-            mine, out_loc = my_rows(sd, s0, t0, n, rank)
-            comp = None
-        else:
-            comp = sd.owner(s0 + np.arange(n, dtype=np.int64) * t0)
-            mine = np.flatnonzero(comp == rank).astype(np.int64)
-            out_loc = sd.local_index(s0 + mine * t0)
-        rows = self._operand_messages(group, nonid, rank, n, mine, comp)
-        self._dist_blocks(nonid, rank, max_rows, mine, out_loc, rows)
+        leaves = [group.arrays[a][1] if group.arrays[a][0] != "red" else group.arrays[a][1].out for a in nonid]
+        ops = [(leaf.base.dist, leaf.view.row_params[0], leaf.view.row_params[1]) for leaf in leaves]
+        need_i = any(m.kind == "repv" and m.rows_full for m in self.metas)
+        rp = row_plan(space.dist, space.start, space.step, n, ops, rank, need_i)
+        part_index = self._operand_messages(nonid, leaves, rp)
+        self._dist_blocks(nonid, rank, max_rows, rp, part_index)
 
-    def _operand_messages(self, group, nonid: List[int], rank: int, n: int, mine: np.ndarray,
-                          comp: Optional[np.ndarray]) -> Tuple[Dict, Dict, Dict, Dict]:
+    def _operand_messages(self, nonid: List[int], leaves: List[Leaf], rp: RowPlan) -> Dict[Tuple[int, int], int]:
         """Set ``msgs_in`` / ``msgs_out`` for the operands ``nonid`` laid out unlike the rows computed here.
-        Returns, per such operand, the source rank, local index and position in its part of each row
-        computed here, and ``(operand, source) -> (peer, index of the part in that peer's message)``."""
-        i_all = np.arange(n, dtype=np.int64)
-        src_m: Dict[int, np.ndarray] = {}
-        loc_m: Dict[int, np.ndarray] = {}
-        pos_m: Dict[int, np.ndarray] = {}
+        Returns ``(operand, source) -> index of its part in the message from that source``."""
         recv_parts: Dict[int, List[PartSpec]] = {}
         send_parts: Dict[int, List[PartSpec]] = {}
-        part_index: Dict[Tuple[int, int], Tuple[int, int]] = {}
-        for a in nonid:
-            leaf = group.arrays[a][1] if group.arrays[a][0] != "red" else group.arrays[a][1].out
-            v, b = leaf.view, leaf.base
-            ls, lt, _ = v.row_params
-            rows_all = ls + i_all * lt
-            src_all = b.dist.owner(rows_all)
-            loc_all = b.dist.local_index(rows_all)
-            trail = v.packed_trail_shape()
-            # receiving
-            sm = src_all[mine]
-            pos = np.zeros(len(mine), dtype=np.int64)
-            for q in np.unique(sm):
-                q = int(q)
-                if q == rank:
-                    continue
-                mask = sm == q
-                cnt = int(mask.sum())
-                pos[mask] = np.arange(cnt, dtype=np.int64)
-                lst = recv_parts.setdefault(q, [])
-                part_index[(a, q)] = (q, len(lst))
-                lst.append(PartSpec(a, cnt, leaf.dtype, trail))
-            src_m[a], loc_m[a], pos_m[a] = sm, loc_all[mine], pos
-            # sending: rows computed elsewhere whose operand rows live here
-            smask = (src_all == rank) & (comp != rank)
-            if smask.any():
-                dests = comp[smask]
-                rows_i = np.flatnonzero(smask)
-                for c in np.unique(dests):
-                    locs = loc_all[rows_i[dests == c]]
-                    send_parts.setdefault(int(c), []).append(
-                        PartSpec(a, len(locs), leaf.dtype, trail, rows=selector(locs), items=v.trail_items(),
-                                 hull=hull(locs)))
+        part_index: Dict[Tuple[int, int], int] = {}
+        for k, q, cnt in rp.recv:
+            leaf = leaves[k]
+            lst = recv_parts.setdefault(q, [])
+            part_index[(nonid[k], q)] = len(lst)
+            lst.append(PartSpec(nonid[k], cnt, leaf.dtype, leaf.view.packed_trail_shape()))
+        for k, c, locs in rp.send:
+            leaf = leaves[k]
+            if isinstance(locs, tuple):        # (first, step, count): a slice, its hull in closed form
+                l0, dl, cnt = locs
+                last = l0 + dl * (cnt - 1)
+                rows, hl, count = _slice_of(l0, dl, cnt), (min(l0, last), max(l0, last) + 1), cnt
+            else:
+                rows, hl, count = selector(locs), hull(locs), len(locs)
+            send_parts.setdefault(c, []).append(
+                PartSpec(nonid[k], count, leaf.dtype, leaf.view.packed_trail_shape(), rows=rows,
+                         items=leaf.view.trail_items(), hull=hl))
         self.msgs_in = self._messages(recv_parts)
         self.msgs_out = self._messages(send_parts)
-        return src_m, loc_m, pos_m, part_index
+        return part_index
 
-    def _dist_blocks(self, nonid: List[int], rank: int, max_rows: int, mine: np.ndarray, out_loc: np.ndarray,
-                     rows: Tuple[Dict, Dict, Dict, Dict]) -> None:
-        """Cut the rows computed here into blocks (at most ``max_rows`` rows, each operand from one place
-        with constant strides) and append them to ``blocks``."""
-        src_m, loc_m, pos_m, part_index = rows
-        need_i = any(m.kind == "repv" and m.rows_full for m in self.metas)
+    def _dist_blocks(self, nonid: List[int], rank: int, max_rows: int, rp: RowPlan,
+                     part_index: Dict[Tuple[int, int], int]) -> None:
+        """Cut the segments of ``rp`` into blocks of at most ``max_rows`` rows and append them to ``blocks``."""
         msg_of_peer = {m.peer: k for k, m in enumerate(self.msgs_in)}
-        srcs = [src_m[a] for a in nonid]
-        seqs = [out_loc] + ([mine] if need_i else [])
-        for a in nonid:
-            seqs.append(np.where(src_m[a] == rank, loc_m[a], pos_m[a]))
         bi = 0
-        for (s, e) in segments(len(mine), srcs, seqs):
-            for cs in range(s, e, max_rows):
-                ce = min(e, cs + max_rows)
-                cnt = ce - cs
+        for (scnt, i0, di, o0, od, per) in rp.segs:
+            for j in range(0, scnt, max_rows):
+                cnt = min(max_rows, scnt - j)
                 blk = BlockSpec()
                 blk.cnt, blk.index = cnt, bi
                 locs = {}
                 parts = {}
-                for a in nonid:
-                    q = int(src_m[a][cs])
+                for a, (q, v0, dv) in zip(nonid, per):
                     if q == rank:
-                        locs[a] = loc_m[a][cs:ce]
+                        locs[a] = (v0 + j * dv, dv if cnt > 1 else 1)
                     else:
-                        peer, pi = part_index[(a, q)]
-                        parts[a] = (msg_of_peer[peer], pi, int(pos_m[a][cs]))
-                di = int(mine[cs + 1] - mine[cs]) if cnt > 1 else 1
-                self._fill_block(blk, cnt, row_i0=int(mine[cs]), row_di=di, locs=locs, parts=parts,
-                                 out_locs=out_loc[cs:ce])
+                        parts[a] = (msg_of_peer[q], part_index[(a, q)], v0 + j * dv)
+                self._fill_block(blk, cnt, row_i0=i0 + j * di, row_di=di if cnt > 1 else 1, locs=locs,
+                                 parts=parts, out_locs=(o0 + j * od, od if cnt > 1 else 1))
                 self.blocks.append(blk)
                 bi += 1
 
     def _fill_block(self, blk: BlockSpec, cnt: int, row_i0: int, row_di: int, locs, parts,
-                    out_locs: Optional[np.ndarray] = None) -> None:
+                    out_locs: Optional[Tuple[int, int]] = None) -> None:
+        """Kernel arguments of block ``blk``: ``locs`` maps a local operand to ``(first local row, step)``,
+        ``parts`` a received one to ``(message, part, first position)``; ``out_locs`` is the aligned rows'
+        ``(first local row, step)``."""
         d = self.d
         tmpl: List[Any] = [cnt] + [int(x) for x in self.shape[1:]]
         refs: List[Tuple[int, Tuple]] = []
@@ -331,9 +299,7 @@ class ElementwisePlan(Plan):
                     row_stride = m.packed_row_elems
                     strides = [row_stride] + list(m.packed_strides)
                 else:
-                    seq = locs[a] if (locs is not None and a in locs) else out_locs
-                    l0 = int(seq[0])
-                    dl = int(seq[1] - seq[0]) if cnt > 1 else 1
+                    l0, dl = locs[a] if (locs is not None and a in locs) else out_locs
                     refs.append((len(tmpl), ("a", a)))
                     tmpl.append(None)
                     tmpl.append(l0 * m.row_elems + m.trail_off)

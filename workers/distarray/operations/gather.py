@@ -12,7 +12,9 @@ from typing import Any, Dict, List, Tuple
 import numpy as np
 
 from ..graph import Replicate
+from ..indexing import _slice_of
 from ..plans import PartSpec, Plan, hull, selector
+from ..row_runs import block_i_range
 from ..units import FULL, GroupRun, Lowering, Unit
 
 __all__ = ["ReplicatePlan", "cache_key", "lower", "LOWERINGS"]
@@ -29,34 +31,52 @@ class ReplicatePlan(Plan):
         src = task.src
         v = src.view
         s, t, n = v.row_params
-        rows = s + np.arange(n, dtype=np.int64) * t
-        owner = src.base.dist.owner(rows)
-        loc = src.base.dist.local_index(rows)
         trail = v.packed_trail_shape()
         items = v.trail_items()
         dests = list(range(nranks)) if task.root is None else [task.root]
         self.is_dest = rank in dests
-        mine_i = np.flatnonzero(owner == rank)
-        self.local_src = selector(loc[mine_i])
-        self.local_dst = selector(mine_i)
         self.items = items
-        self.hull = hull(loc[mine_i])
+        per_rank = _rows_by_owner(src.base.dist, s, t, n, nranks)   # [(count, local rows, view rows)] per rank
+        cnt, self.local_src, self.local_dst, self.hull = per_rank[rank]
         send: Dict[int, List[PartSpec]] = {}
-        if len(mine_i):
+        if cnt:
             for dd in dests:
                 if dd != rank:
-                    send[dd] = [PartSpec(0, len(mine_i), src.dtype, trail, rows=selector(loc[mine_i]), items=items,
-                                         hull=self.hull)]
+                    send[dd] = [PartSpec(0, cnt, src.dtype, trail, rows=self.local_src, items=items, hull=self.hull)]
         recv: Dict[int, List[PartSpec]] = {}
         self.recv_dst: List[Any] = []
         if self.is_dest:
             for q in range(nranks):
-                iq = np.flatnonzero(owner == q)
-                if q != rank and len(iq):
-                    recv[q] = [PartSpec(0, len(iq), src.dtype, trail)]
-                    self.recv_dst.append(selector(iq))
+                qcnt, _, iq, _ = per_rank[q]
+                if q != rank and qcnt:
+                    recv[q] = [PartSpec(0, qcnt, src.dtype, trail)]
+                    self.recv_dst.append(iq)
         self.msgs_in = self._messages(recv)
         self.msgs_out = self._messages(send)
+
+
+def _rows_by_owner(dist, s: int, t: int, n: int, nranks: int) -> List[Tuple[int, Any, Any, Tuple[int, int]]]:
+    """Per rank ``q``: (how many rows of the view ``s + i * t``, ``0 <= i < n``, ``q`` owns, their local rows
+    there and their view rows ``i`` as selectors, the hull of the local rows). In closed form (one run of
+    ``i`` per rank) for a block layout, row by row otherwise."""
+    out = []
+    if dist.kind == "block":
+        for q in range(nranks):
+            lo, hi = dist.block_range(q)
+            i0, i1 = block_i_range(lo, hi, s, t, n)
+            c = max(0, i1 - i0)
+            l0 = s + i0 * t - lo
+            last = l0 + t * (c - 1)
+            out.append((c, _slice_of(l0, t if c > 1 else 1, c), _slice_of(i0, 1, c),
+                        (min(l0, last), max(l0, last) + 1) if c else (0, 0)))
+        return out
+    rows = s + np.arange(n, dtype=np.int64) * t
+    owner = dist.owner(rows)
+    loc = dist.local_index(rows)
+    for q in range(nranks):
+        iq = np.flatnonzero(owner == q)
+        out.append((len(iq), selector(loc[iq]), selector(iq), hull(loc[iq])))
+    return out
 
 
 def cache_key(t: Replicate) -> Tuple:

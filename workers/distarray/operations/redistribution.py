@@ -36,6 +36,7 @@ from ..graph import Leaf, Op, Redistribute
 from ..packing import (OP_COPY, OP_PACK, OP_UNPACK, Interleave, RowPattern, ap_runs, contiguous_range, copy_rows,
                        group_by, joint_patterns, joint_runs, pack, row_pattern, unpack)
 from ..plans import PartSpec, Plan, arena_layout, hull, my_rows
+from ..row_runs import block_i_range
 from ..units import GroupRun, Lowering, Unit, Waitable
 
 _now = time.perf_counter_ns
@@ -112,47 +113,29 @@ class RedistributionPlan(Plan):
             return
         same_dtype = self.src_dtype == self.out_dtype
         # -- what leaves this rank: view rows whose source row is here, grouped by the target row's owner
-        i_s, ls = my_rows(sd, ss, st, n, rank)
-        order, bounds = group_by(td.owner(ts + i_s * tt), nranks)
         send_parts = {}
-        for q in range(nranks):
-            a, b = int(bounds[q]), int(bounds[q + 1])
-            if b <= a:
-                continue
-            sel = order[a:b]
-            rows = ls[sel]
+        for q, cnt, runs, h, local in _by_peer(sd, ss, st, td, ts, tt, n, rank, nranks):
             if q == rank:
-                lt = td.local_index(ts + i_s[sel] * tt)
-                self.local_runs = joint_runs(rows, lt)
-                self.local_src_hull = hull(rows)
-                self.local_out_hull = hull(lt)
+                self.local_runs, self.local_src_hull, self.local_out_hull = local
                 continue
-            runs = ap_runs(rows)
             rng = contiguous_range(runs, self.spat)
-            h = hull(rows)
-            self.rows_moved += len(rows)
+            self.rows_moved += cnt
             if rng is not None:
                 self.direct_out.append((q, rng[0], rng[1], h[0], h[1]))
             else:
-                send_parts[q] = [PartSpec(0, len(rows), self.src_dtype, (elems,), hull=h)]
+                send_parts[q] = [PartSpec(0, cnt, self.src_dtype, (elems,), hull=h)]
                 self.send_runs.append(runs)
                 self.send_hulls.append(h)
         # -- what arrives: view rows whose target row is here, grouped by the source row's owner
-        i_t, lt_all = my_rows(td, ts, tt, n, rank)
-        order, bounds = group_by(sd.owner(ss + i_t * st), nranks)
         recv_parts = {}
-        for q in range(nranks):
-            a, b = int(bounds[q]), int(bounds[q + 1])
-            if b <= a or q == rank:
+        for q, cnt, runs, h, _ in _by_peer(td, ts, tt, sd, ss, st, n, rank, nranks):
+            if q == rank:
                 continue
-            rows = lt_all[order[a:b]]
-            runs = ap_runs(rows)
             rng = contiguous_range(runs, self.tpat) if same_dtype else None
-            h = hull(rows)
             if rng is not None:
                 self.direct_in.append((q, rng[0], rng[1], h[0], h[1]))
             else:
-                recv_parts[q] = [PartSpec(0, len(rows), self.src_dtype, (elems,), hull=h)]
+                recv_parts[q] = [PartSpec(0, cnt, self.src_dtype, (elems,), hull=h)]
                 self.recv_runs.append(runs)
                 self.recv_hulls.append(h)
         self.msgs_out = self._messages(send_parts)
@@ -211,6 +194,51 @@ class RedistributionPlan(Plan):
 
 
 # =========================================================================== cache key and lowering
+
+def _by_peer(hd, hs: int, ht: int, od, os_: int, ot: int, n: int, rank: int, nranks: int):
+    """For the view rows ``i`` (``0 <= i < n``) whose row ``hs + i * ht`` of layout ``hd`` is on ``rank``, grouped
+    by the owner ``q`` of their row ``os_ + i * ot`` in layout ``od`` (increasing ``q``, rows in increasing ``i``):
+    ``(q, count, runs of local rows here (start, step, count), their hull, local)``, where for ``q == rank``
+    ``local`` is ``(joint runs with the local rows there, hull here, hull there)``. In closed form (one run per
+    peer) when both layouts are block, row by row otherwise."""
+    if hd.kind == "block" and od.kind == "block":
+        lo, hi = hd.block_range(rank)
+        a, b = block_i_range(lo, hi, hs, ht, n)
+        for q in range(nranks):
+            qlo, qhi = od.block_range(q)
+            qa, qb = block_i_range(qlo, qhi, os_, ot, n)
+            x, y = max(a, qa), min(b, qb)
+            if x >= y:
+                continue
+            c = y - x
+            r0, d = hs + x * ht - lo, (ht if c > 1 else 1)
+            h = _ap_hull(r0, d, c)
+            local = None
+            if q == rank:
+                o0, od_ = os_ + x * ot - qlo, (ot if c > 1 else 1)
+                local = (np.array([[r0, d, o0, od_, c]], dtype=np.int64), h, _ap_hull(o0, od_, c))
+            yield q, c, np.array([[r0, d, c]], dtype=np.int64), h, local
+        return
+    i_h, lh = my_rows(hd, hs, ht, n, rank)
+    order, bounds = group_by(od.owner(os_ + i_h * ot), nranks)
+    for q in range(nranks):
+        a, b = int(bounds[q]), int(bounds[q + 1])
+        if b <= a:
+            continue
+        sel = order[a:b]
+        rows = lh[sel]
+        local = None
+        if q == rank:
+            lo_ = od.local_index(os_ + i_h[sel] * ot)
+            local = (joint_runs(rows, lo_), hull(rows), hull(lo_))
+        yield q, len(rows), ap_runs(rows), hull(rows), local
+
+
+def _ap_hull(start: int, step: int, count: int) -> Tuple[int, int]:
+    """``(min, max + 1)`` of the progression ``start + k * step``, ``0 <= k < count`` (``count >= 1``)."""
+    last = start + step * (count - 1)
+    return min(start, last), max(start, last) + 1
+
 def cache_key(t: Redistribute) -> Tuple:
     """The plan cache key of ``t``: layouts, views and dtypes of source and target."""
     src, out = t.src, t.out
