@@ -244,6 +244,12 @@ def check_selection(dist, rng):
         same(np.take(p, ks, axis=axis or 0), np.take(want, ks, axis=axis or 0), f"partition kth={kth} {dist}")
         same(np.take(np.take_along_axis(flat, ap, axis=axis or 0), ks, axis=axis or 0),
              np.take(want, ks, axis=axis or 0), f"argpartition kth={kth} {dist}")
+    check_in_place(dist, rng, X, x)
+
+
+def check_in_place(dist, rng, X, x):
+    """put, the partition method, assignment through an index array and a slice, the shape setter,
+    the resize method and correlate with the longer kernel, on copies of ``X``/``x``."""
     P, p = X.copy(), x.copy()
     native(f"put with repeats and duplicates {dist}", lambda: (np.put(P, [0, 7, 34, -1, 7], [10.0, 20.0, 30.0]), P)[1],
            (np.put(p, [0, 7, 34, -1, 7], [10.0, 20.0, 30.0]), p)[1])
