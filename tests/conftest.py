@@ -76,3 +76,30 @@ def no_shared_memory_left_behind():
     new = {str(SHM / n) for n in _shm_names() - before}
     leaked = sorted(new - segments_in_use(new))
     assert not leaked, f"the test suite left {len(leaked)} shared-memory segments in /dev/shm: {leaked[:10]}"
+
+
+def _controller_cgroups():
+    """The per-controller cgroup directories (``<cgroup root>/nbmpi/c-*``) that exist now."""
+    try:
+        from nbmpi.workers.launch.cgroups import cgroup2_mount, freezer_mount
+    except ImportError:
+        return set()
+    found = set()
+    for mount in (cgroup2_mount(), freezer_mount()):
+        if mount and os.path.isdir(os.path.join(mount, "nbmpi")):
+            found.update(p for p in Path(mount, "nbmpi").glob("c-*") if p.is_dir())
+    return found
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_controller_cgroup_left_behind():
+    """After the whole suite, remove the per-controller cgroup directories it made (a controller the
+    tests killed with SIGKILL cannot remove its own): only empty ones, which ``rmdir`` alone can remove
+    (a cgroup with a live process or a job cgroup below it stays, and is not ours to end here)."""
+    before = _controller_cgroups()
+    yield
+    for path in _controller_cgroups() - before:
+        try:
+            os.rmdir(path)
+        except OSError:
+            pass
