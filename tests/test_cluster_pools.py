@@ -23,7 +23,7 @@ from IPython.core.error import UsageError
 from nbmpi.kernel_ext.magics import _line_parser
 from nbmpi.workers.launch.engine_pool import EnginePool, EnginePoolError
 from test_kernel_ext import Kernel, _alive
-from test_server import Server, pool_processes, submit, wait_state
+from test_server import Server, pool_processes, stop_and_kill_pools, submit, wait_state
 from virtual_nodes import WHERE_JOB, assert_nothing_left, cluster_or_skip
 
 NODES = 3
@@ -179,11 +179,8 @@ def test_controller_pool_spans_the_operators_hosts(cluster, kernel, tmp_path):
         assert_nothing_left(cluster)
         assert not pool_processes(data)
     finally:
-        srv.stop()
-        left = pool_processes(data)
-        for p in left:
-            p.kill()
-        assert not left, f"pool processes survived the controller: {[p.pid for p in left]}"
+        left = stop_and_kill_pools(srv, data)
+    assert not left, f"pool processes survived the controller: {[p.pid for p in left]}"
 
 
 def test_engines_that_cannot_reach_the_controller_say_where_they_had_to(cluster, monkeypatch):
