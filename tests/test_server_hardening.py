@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import sqlite3
@@ -110,6 +111,15 @@ def test_plain_text_users_file_is_migrated_on_load(tmp_path):
 
 
 # -- bodies refused before they are read ---------------------------------------------------------------
+def _whole_answer(answer: bytes) -> bool:
+    """Whether ``answer`` holds an HTTP answer's headers and all of its Content-Length body."""
+    head, sep, body = answer.partition(b"\r\n\r\n")
+    if not sep:
+        return False
+    length = re.search(rb"(?im)^content-length:\s*(\d+)", head)
+    return length is None or len(body) >= int(length.group(1))
+
+
 def _flood(url: str, path: str, token, chunks: int = 1000, chunk: int = MiB,
            content_type: str = "application/json", prefix: bytes = b"") -> dict:
     """POST a chunked body of ``chunks`` x ``chunk`` bytes on a raw socket, reading the answer meanwhile;
@@ -129,7 +139,7 @@ def _flood(url: str, path: str, token, chunks: int = 1000, chunk: int = MiB,
                 if not data:
                     break
                 answer.extend(data)
-                if b"\r\n\r\n" in answer:
+                if _whole_answer(bytes(answer)):   # headers and body, which may come in separate reads
                     got.set()
         except OSError:
             pass
