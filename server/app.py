@@ -87,6 +87,7 @@ def create_app(data_dir: Path, max_ranks: Optional[int], users_path: Optional[Pa
             pool_manager.start()
         scheduler.start()
         runner.sweep()   # what a previous run left that no recovered pool or job uses
+        dashboard.start_warm_up()   # Bokeh's imports now, not in a user's first figure
         try:
             yield
         finally:

@@ -4,12 +4,16 @@ trace files rewritten into garbage give "trace unreadable", never a 500; a hung 
 the headline and the per-rank numbers; failed, cancelled and timed-out jobs get a Chrome trace."""
 from __future__ import annotations
 
-import threading
+import json
+import subprocess
+import sys
 import time
 
 import httpx
 import psutil
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from test_server import Server, job_processes, submit, wait_state
 
@@ -107,35 +111,55 @@ def _busy(seg: dict) -> float:
     return sorted(lefts)[len(lefts) // 2]
 
 
+#: The probe's own process: asks /api/health every 50 ms until stdin closes; prints one line per answer,
+#: "STATUS START END" (CLOCK_MONOTONIC seconds, which ``time.perf_counter`` reads in every process on Linux),
+#: or "error REPR START END".
+_PROBE = r"""
+import sys, threading, time
+import httpx
+stop = threading.Event()
+threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
+with httpx.Client(base_url=sys.argv[1], timeout=30) as c:
+    while not stop.is_set():
+        t = time.clock_gettime(time.CLOCK_MONOTONIC)
+        try:
+            line = str(c.get("/api/health").status_code)
+        except httpx.HTTPError as exc:
+            line = "error " + repr(exc).replace(" ", "_")
+        print(line, t, time.clock_gettime(time.CLOCK_MONOTONIC), flush=True)
+        stop.wait(0.05)
+"""
+
+
 class HealthProbe:
-    """Asks /api/health every 50 ms from a thread; keeps each answer's status and latency (``samples``) and
-    when it came (``times``, perf_counter s)."""
+    """Asks /api/health every 50 ms from a process of its own (as a monitoring client would: the threads
+    of the process that runs the test or benchmark cannot delay it); after the ``with`` block, keeps each
+    answer's status and latency (``samples``), when it came (``times``, ``time.perf_counter`` s) and the
+    failed requests (``errors``)."""
 
     def __init__(self, url: str):
         self.url, self.samples, self.errors, self.times = url, [], [], []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self):
-        with httpx.Client(base_url=self.url, timeout=30) as c:
-            while not self._stop.is_set():
-                t = time.perf_counter()
-                try:
-                    status = c.get("/api/health").status_code
-                    now = time.perf_counter()
-                    self.samples.append((status, now - t))
-                    self.times.append(now)
-                except httpx.HTTPError as exc:
-                    self.errors.append(repr(exc))
-                self._stop.wait(0.05)
+        self._proc = None
 
     def __enter__(self):
-        self._thread.start()
+        self._proc = subprocess.Popen([sys.executable, "-c", _PROBE, self.url], stdin=subprocess.PIPE,
+                                      stdout=subprocess.PIPE, text=True)
         return self
 
     def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join(timeout=60)
+        try:
+            out, _ = self._proc.communicate(input="", timeout=60)
+        finally:
+            if self._proc.poll() is None:
+                self._proc.kill()
+                self._proc.wait()
+        for line in out.splitlines():
+            what, start, end = line.rsplit(" ", 2)
+            if what.startswith("error "):
+                self.errors.append(what[len("error "):])
+            else:
+                self.samples.append((int(what), float(end) - float(start)))
+                self.times.append(float(end))
 
 
 def test_four_million_events_from_the_index(server):
@@ -233,3 +257,26 @@ def test_deadlocked_timed_out_job_says_so(server):
         assert any("deadlock" in s for s in fig["blocked"]), fig["blocked"]
         t = c.get(f"/api/v1/jobs/{job['id']}/trace")
         assert t.status_code == 200 and "wait: take(src=1) (still blocked at the end)" in t.text
+
+
+_JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
+    lambda inner: st.lists(inner, max_size=12) | st.dictionaries(st.text(max_size=4), inner, max_size=5)
+    | st.dictionaries(st.integers(), inner, max_size=3),
+    max_leaves=60)
+
+
+@settings(max_examples=300, deadline=None)
+@given(value=_JSON_VALUES)
+def test_dashboard_json_in_pieces_equals_one_call(value):
+    """The dashboard's answers are encoded in pieces (so that no C call holds the GIL long); the text is
+    exactly what one ``json.dumps`` call makes, for any nesting, with pieces of 3 items."""
+    from nbmpi.server.routers import dashboard
+
+    whole = json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    piece = dashboard.JSON_PIECE
+    try:
+        dashboard.JSON_PIECE = 3
+        assert dashboard._dumps(value) == whole
+    finally:
+        dashboard.JSON_PIECE = piece

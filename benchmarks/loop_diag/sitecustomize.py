@@ -5,7 +5,10 @@ In a process that runs an asyncio loop: a timer every 10 ms writes one line ``B 
 runqueue_ns majflt`` to ``DIR/loop-PID.txt`` (how late the loop ran it, and the loop thread's
 ``/proc/thread-self/schedstat`` run and runqueue-wait times and the process's major faults, so a late
 loop is told apart: waiting for a CPU, running Python, or asleep on the GIL or I/O); every callback
-over 5 ms is written as ``S start seconds repr``. Diagnostics only: it patches ``asyncio.Handle._run``.
+over 5 ms is written as ``S start seconds repr``. With ``NBMPI_LOOPDIAG_STACKS=1`` as well, every thread's
+stack is written to ``DIR/stacks-PID.txt`` whenever the timer is more than 40 ms late (``faulthandler``'s
+watchdog, a C thread that needs no GIL: it shows who held the GIL or what the loop thread waited on).
+Diagnostics only: it patches ``asyncio.Handle._run``.
 """
 import os
 
@@ -15,6 +18,10 @@ if _DIR:
     import time
 
     _slow, _count, _out = [], [0], [None]
+    _stacks = None
+    if os.environ.get("NBMPI_LOOPDIAG_STACKS") == "1":
+        import faulthandler
+        _stacks = open(os.path.join(_DIR, f"stacks-{os.getpid()}.txt"), "w")
     _orig = asyncio.events.Handle._run
 
     def _beat(loop, due):
@@ -33,6 +40,10 @@ if _DIR:
             _slow.clear()
             _out[0].flush()
         loop.call_at(loop.time() + 0.01, _beat, loop, time.perf_counter() + 0.01)
+        if _stacks is not None:   # re-armed at every beat: it fires only when the next beat is 40 ms late
+            _stacks.write(f"--- armed {now:.6f}\n")
+            _stacks.flush()
+            faulthandler.dump_traceback_later(0.05, repeat=False, file=_stacks)
 
     def _run(self):
         if not getattr(_run, "started", False):   # the first callback of the loop starts the timer

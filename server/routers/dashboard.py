@@ -45,8 +45,12 @@ from typing import Callable, Literal, Optional, Tuple
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query, Request
 from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
+import numpy as np
 
 from nbmpi.workers.tracing import timeline
+from nbmpi.workers.tracing.analysis import Trace
+from nbmpi.workers.tracing.records import kind_names
+from nbmpi.workers.tracing.tracer import FIELDS
 from nbmpi.workers.tracing import stream as trace_stream
 
 from ..dependencies import current_user, user_job
@@ -306,10 +310,42 @@ class _Items:
 ITEMS = _Items()
 
 
+#: Longest list encoded by one call of the C JSON encoder in :func:`_dumps` (about a millisecond of floats).
+JSON_PIECE = 2000
+_ENCODE = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"),
+                           default=lambda v: v.item() if hasattr(v, "item") else str(v)).encode
+
+
 def _dumps(value) -> str:
-    """Compact JSON as Starlette's JSONResponse writes it (NumPy scalars as their Python values)."""
-    return json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"),
-                      default=lambda v: v.item() if hasattr(v, "item") else str(v))
+    """Compact JSON as Starlette's JSONResponse writes it (NumPy scalars as their Python values), encoded
+    in pieces: dicts with string keys part by part, lists :data:`JSON_PIECE` items at a time. One call of
+    the C encoder holds the GIL to its end (100 ms and more for a window's columns of floats), which would
+    delay the event loop and ``/api/health``; between the pieces the GIL can pass to them."""
+    out: list = []
+    _encode_into(value, out)
+    return "".join(out)
+
+
+def _encode_into(value, out: list) -> None:
+    if isinstance(value, dict) and value and all(isinstance(k, str) for k in value):
+        out.append("{")
+        for i, (k, v) in enumerate(value.items()):
+            out.append(("," if i else "") + _ENCODE(k) + ":")
+            _encode_into(v, out)
+        out.append("}")
+    elif isinstance(value, (list, tuple)) and len(value) > JSON_PIECE:
+        out.append("[")
+        for i in range(0, len(value), JSON_PIECE):
+            piece = value[i:i + JSON_PIECE]
+            if any(isinstance(x, (dict, list, tuple)) for x in piece):
+                for j, x in enumerate(piece):
+                    out.append("," if i or j else "")
+                    _encode_into(x, out)
+            else:
+                out.append(("," if i else "") + _ENCODE(list(piece))[1:-1])
+        out.append("]")
+    else:
+        out.append(_ENCODE(value))
 
 
 def _json(model, out: dict, item_json: Optional[str] = None) -> Response:
@@ -340,6 +376,24 @@ def _figure(job: Job, src: Optional[_Source], why: Optional[str], width: int, ba
         item = ITEMS.get(key, lambda: _dumps(timeline.bokeh_item(
             bare, src.an, width=max(width, 600), backend=backend, x_label="seconds since the job's ranks started")))
     return _json(JobFigure, out, item)
+
+
+def warm_up() -> None:
+    """Import Bokeh and make one (empty) figure item through :func:`_figure`'s own code path, so that
+    Bokeh's imports and first-use set-up (seconds of Python, much of it under the GIL in long calls that
+    delay every other thread, the event loop's too) happen when the controller starts, not during a
+    user's first figure. Blocking; :func:`start_warm_up` runs it on a thread."""
+    trace = Trace(np.zeros((0, len(FIELDS)), np.int64), np.zeros(0, np.int64), 2, kind_names())
+    cols = timeline.timeline_columns(trace)
+    _dumps(timeline.bokeh_item(cols.view(width=600), timeline.analysis(trace), width=600, backend="canvas",
+                               x_label="seconds since the job's ranks started"))
+
+
+def start_warm_up() -> threading.Thread:
+    """Start :func:`warm_up` on a daemon thread (named ``nbmpi-dashboard-warm-up``); returns it. Non-blocking."""
+    th = threading.Thread(target=warm_up, name="nbmpi-dashboard-warm-up", daemon=True)
+    th.start()
+    return th
 
 
 @router.get("/jobs/{job_id}/figure", response_model=JobFigure)
