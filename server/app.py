@@ -88,6 +88,7 @@ def create_app(data_dir: Path, max_ranks: Optional[int], users_path: Optional[Pa
         scheduler.start()
         runner.sweep()   # what a previous run left that no recovered pool or job uses
         dashboard.start_warm_up()   # Bokeh's imports now, not in a user's first figure
+        _prepare_routes(app.router.routes)   # before the first request: it would pay it on the event loop
         try:
             yield
         finally:
@@ -119,6 +120,20 @@ def create_app(data_dir: Path, max_ranks: Optional[int], users_path: Optional[Pa
     docs_page.mount_docs(app)
     _document_limits(app, max_ranks)
     return app
+
+
+def _prepare_routes(routes) -> int:
+    """Build now what FastAPI builds for each included router on its first request (each route's
+    parameter and response adapters: some 0.2 s of pydantic for this application, which would run on the
+    event loop in the middle of serving). FastAPI versions without this lazy step have no
+    ``effective_candidates`` and nothing is done. Returns how many included routers were prepared."""
+    n = 0
+    for route in routes:
+        for name in ("effective_candidates", "effective_low_priority_routes"):
+            build = getattr(route, name, None)
+            if callable(build):
+                n += _prepare_routes(build()) + (name == "effective_candidates")
+    return n
 
 
 def _document_limits(app: FastAPI, max_ranks: Optional[int]) -> None:
