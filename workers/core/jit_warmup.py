@@ -13,7 +13,7 @@ start).
 Who calls: :mod:`nbmpi.workers.distarray` on import (``NBMPI_JIT_WARMUP=0`` turns it off). Non-blocking;
 idempotent; thread-safe. Fork safety: a ``fork()`` while the thread holds numba's compiler lock would
 leave the child with that lock taken for good, so the parent joins the thread before every fork
-(``os.register_at_fork``).
+(``os.register_at_fork``, at most :data:`FORK_WAIT_S` seconds).
 """
 from __future__ import annotations
 
@@ -81,4 +81,12 @@ def state() -> dict:
     return dict(_state)
 
 
-os.register_at_fork(before=wait)
+#: Longest a ``fork()`` waits for the warm-up thread (it takes about a second; a bound, so a fork never hangs).
+FORK_WAIT_S = 120.0
+
+
+def _before_fork() -> None:
+    wait(FORK_WAIT_S)
+
+
+os.register_at_fork(before=_before_fork)
