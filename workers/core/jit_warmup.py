@@ -3,12 +3,13 @@
 The first numba kernel a process runs, compiled or loaded from the on-disk cache, pays numba's start:
 ``CPUContext.refresh()`` imports and registers numba's implementation registries (``numba.typed``, the
 NumPy and random implementations, cffi support with its C parser...). Measured on this project's
-2-core machine: 0.9 s under load, about as much as loading every kernel of a NumPy program from the
-cache together. :func:`start` runs that refresh in a daemon thread, so it overlaps with whatever the
-process does first (the rest of its imports, MPI start-up, creating arrays, waiting for peers); a
-kernel needed before it ends waits on numba's own compiler lock, which the thread holds, and then
-finds the work done (never done twice, never slower than without the thread by more than the thread's
-start).
+2-core machine under load: 0.9 s, several times what loading all of one NumPy program's kernels from the
+cache costs (0.04-0.25 s for 3-10 kernels). :func:`start` runs that refresh in a daemon thread, so it
+overlaps with whatever the process does first (the rest of its imports, MPI start-up, creating arrays,
+waiting for peers); a kernel needed before it ends waits on numba's own compiler lock, which the thread
+holds, and then finds the work done (never done twice). Measured (black_scholes, 2 ranks, load 9-10):
+the first kernel's wait for numba went from 0.9-1.3 s to 0.14-0.5 s. The thread's CPU time is spent even
+by a process that never runs a kernel, and its Python work shares the GIL with the main thread.
 
 Who calls: :mod:`nbmpi.workers.distarray` on import (``NBMPI_JIT_WARMUP=0`` turns it off). Non-blocking;
 idempotent; thread-safe. Fork safety: a ``fork()`` while the thread holds numba's compiler lock would
