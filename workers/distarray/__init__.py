@@ -71,6 +71,9 @@ from .grids import eye, fromfunction, geomspace, identity, indices, linspace, lo
 from .index_grids import mgrid, ogrid
 from .fused_kernels import kernel_stats
 from . import fallback as _fallback
+from ..core import jit_warmup as _jit_warmup
+
+_jit_warmup.start()  # numba's one-time start in the background (NBMPI_JIT_WARMUP=0: off)
 
 abs = absolute  # noqa: A001 - the numpy-like namespace
 dot = matmul

@@ -33,10 +33,11 @@ The on-disk cache, one per machine and user:
   writes its index and machine code the same way (temporary file, then ``os.replace``).
 
 Measured: a new process reusing the cache compiles nothing (``kernel_stats()["compiled"] == 0``). What
-remains of its first run's extra time is not compilation: numba's one-time start (~1 s, its typing and
-target contexts, paid by the first kernel loaded), building the communication plans (per layout, kept
-in memory for the process's later runs) and faulting in fresh pages for the first buffers (later runs
-reuse them: :class:`~.context.BufferCache`).
+remains of its first run's extra time is not compilation: numba's one-time start (~1 s under load, its
+typing and target contexts; started in a background thread on import, :mod:`nbmpi.workers.core.jit_warmup`,
+so the first kernel waits only for what is left of it), loading each kernel's machine code (10-40 ms per
+signature), building the communication plans (per layout, kept in memory for the process's later runs) and
+faulting in fresh pages for the first buffers (later runs reuse them: :class:`~.context.BufferCache`).
 """
 from __future__ import annotations
 
