@@ -451,18 +451,21 @@ def compiled_dtypes(ufunc: np.ufunc, inputs: Sequence[Any]) -> bool:
 
 
 def numpy_power(ufunc: np.ufunc, inputs: Sequence[Any]) -> bool:
-    """Whether ``ufunc(*inputs)`` is a floating ``power`` that runs NumPy's loop on each block rather than
-    in a fused kernel: NumPy's (SIMD) ``pow`` is several times faster than the libm ``pow`` the compiled
-    kernels call (4x on AVX-512) and its results are NumPy's by definition. ``a ** 2`` and ``a ** 0.5``
-    stay fused (recorded as ``square`` and ``sqrt``, NumPy's own fast paths). Local, no communication."""
+    """Whether ``ufunc(*inputs)`` is a floating ``power`` with a fractional or array exponent, which runs
+    NumPy's loop on each block rather than in a fused kernel: NumPy's (SIMD) ``pow`` is several times
+    faster than the libm ``pow`` the compiled kernels call (4x on AVX-512), and its results are NumPy's
+    by definition. Integer-valued scalar exponents (``a ** 3``) stay fused (a few multiplications in the
+    kernel; ``a ** 2`` is ``square``), and so does ``a ** 0.5`` (``sqrt``). Local, no communication."""
     if ufunc is not np.power or len(inputs) != 2:
         return False
-    kinds = [np.dtype(type(x)).kind if isinstance(x, (int, float, bool)) else np.asarray(x).dtype.kind
-             if not hasattr(x, "_base") else x.dtype.kind for x in inputs]
+    kinds = [x.dtype.kind if hasattr(x, "_base") else np.dtype(type(x)).kind if isinstance(x, (int, float, bool))
+             else np.asarray(x).dtype.kind for x in inputs]
     if "f" not in kinds:
         return False
     e = inputs[1]
-    return not (np.ndim(e) == 0 and not hasattr(e, "_base") and e in (2, 0.5))
+    if hasattr(e, "_base") or np.ndim(e) != 0:
+        return True
+    return e != 0.5 and float(e) != int(e) if np.isfinite(e) else False
 
 
 #: ``ufunc.reduce`` of these runs as the named reduction (:mod:`.numpy_reductions`).
