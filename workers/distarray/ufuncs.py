@@ -451,11 +451,12 @@ def compiled_dtypes(ufunc: np.ufunc, inputs: Sequence[Any]) -> bool:
 
 
 def numpy_power(ufunc: np.ufunc, inputs: Sequence[Any]) -> bool:
-    """Whether ``ufunc(*inputs)`` is a floating ``power`` with a fractional or array exponent, which runs
-    NumPy's loop on each block rather than in a fused kernel: NumPy's (SIMD) ``pow`` is several times
-    faster than the libm ``pow`` the compiled kernels call (4x on AVX-512), and its results are NumPy's
-    by definition. Integer-valued scalar exponents (``a ** 3``) stay fused (a few multiplications in the
-    kernel; ``a ** 2`` is ``square``), and so does ``a ** 0.5`` (``sqrt``). Local, no communication."""
+    """Whether ``ufunc(*inputs)`` is a floating ``power`` that runs NumPy's loop on each block rather than
+    in a fused kernel: every floating power but ``a ** 2``, ``a ** 0.5`` (fused as ``square`` and ``sqrt``,
+    NumPy's own fast paths) and ``a ** 3`` .. ``a ** 8`` (fused as products,
+    :data:`~.elementwise.PRODUCT_POWERS`). The kernels would call libm's ``pow`` (NumPy casts the
+    exponent to float), several times slower than NumPy's SIMD ``pow`` (4x on AVX-512) and not NumPy's
+    last bits; NumPy's loop is NumPy's result by definition. Local, no communication."""
     if ufunc is not np.power or len(inputs) != 2:
         return False
     kinds = [x.dtype.kind if hasattr(x, "_base") else np.dtype(type(x)).kind if isinstance(x, (int, float, bool))
@@ -465,7 +466,7 @@ def numpy_power(ufunc: np.ufunc, inputs: Sequence[Any]) -> bool:
     e = inputs[1]
     if hasattr(e, "_base") or np.ndim(e) != 0:
         return True
-    return e != 0.5 and float(e) != int(e) if np.isfinite(e) else False
+    return not (e == 2 or e == 0.5 or (kinds[0] == "f" and e in elementwise.PRODUCT_POWERS))
 
 
 #: ``ufunc.reduce`` of these runs as the named reduction (:mod:`.numpy_reductions`).
