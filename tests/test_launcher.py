@@ -122,6 +122,44 @@ def test_thread_level_overridable_by_env(tmp_path):
     assert proc.stdout.count("multiple OK") == 2
 
 
+def test_blas_threads_per_rank(tmp_path):
+    """Ranks on this host share its CPUs: each rank's BLAS gets cpus // n threads (the OpenBLAS
+    of NumPy's wheels really runs that many), and a user's own setting stands."""
+    from nbmpi.workers.launch.environment import BLAS_THREAD_VARIABLES, blas_threads
+
+    assert blas_threads({}, 2, 2) == {v: "1" for v in BLAS_THREAD_VARIABLES}
+    assert blas_threads({}, 3, 8)["OPENBLAS_NUM_THREADS"] == "2"
+    assert blas_threads({}, 4, 2)["OMP_NUM_THREADS"] == "1"
+    assert blas_threads({"MKL_NUM_THREADS": "4"}, 2, 2) == {}
+    cpus = len(os.sched_getaffinity(0))
+    script = write_script(tmp_path, r'''
+        import os
+        import numpy as np
+        from nbmpi.workers import world
+        import ctypes
+        libs = sorted({l.split()[-1] for l in open("/proc/self/maps") if "openblas" in l.lower()})
+        get = [getattr(ctypes.CDLL(p), n) for p in libs for n in
+               ("scipy_openblas_get_num_threads64_", "openblas_get_num_threads64_", "openblas_get_num_threads")
+               if hasattr(ctypes.CDLL(p), n)]
+        print(f"rank {world().Get_rank()} runs {get[0]() if get else 'unknown'} BLAS threads", flush=True)
+        print(f"rank {world().Get_rank()}: {os.environ.get('OPENBLAS_NUM_THREADS')} {os.environ.get('OMP_NUM_THREADS')}",
+              flush=True)
+    ''')
+    env = base_env()
+    for v in BLAS_THREAD_VARIABLES:
+        env.pop(v, None)
+    proc = cli(tmp_path, script, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    want = max(1, cpus // 2)
+    for r in range(2):
+        assert f"rank {r}: {want} {want}" in proc.stdout, proc.stdout + proc.stderr
+        if "unknown BLAS" not in proc.stdout:     # NumPy linked with OpenBLAS (the wheels): it obeys
+            assert f"rank {r} runs {want} BLAS threads" in proc.stdout, proc.stdout
+    proc = cli(tmp_path, script, env=dict(env, OMP_NUM_THREADS="3"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.count(": None 3") == 2, proc.stdout + proc.stderr
+
+
 def test_worst_exit_code(tmp_path):
     script = write_script(tmp_path, r'''
         import sys

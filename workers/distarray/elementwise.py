@@ -194,6 +194,23 @@ def _record(context, target: Leaf, expr: Node, desc) -> Leaf:
     return target
 
 
+#: Integer exponents of a float array that the fused kernels compute as products (``a ** 3`` is
+#: ``a * a * a``, left to right) instead of calling libm's ``pow`` (several times slower). A product can
+#: differ from NumPy's ``pow`` in the last bits (one rounding per multiplication); with NumPy math on
+#: (:mod:`.numpy_math`) ``power`` is NumPy's own on each block.
+PRODUCT_POWERS = (3, 4, 5, 6, 7, 8)
+
+
+def _record_product_power(context, node: Node, e: int) -> Leaf:
+    """Record ``x ** e`` into a new array (``node``: ``x``, a float array; ``e`` in :data:`PRODUCT_POWERS`)."""
+    dt = node.dtype
+    expr: Node = node
+    for _ in range(e - 1):
+        expr = Op("multiply", (expr, node), dt, (dt, dt), node.shape)
+    target = result_leaf(context, [node], node.shape, dt)
+    return _record(context, target, expr, lambda: f"{target.base.name()} = power({node_desc(node)}, {e})")
+
+
 def record_ufunc(context, ufunc: np.ufunc, inputs: Sequence[Any], out: Optional[Leaf] = None) -> Leaf:
     """Record ``ufunc(*inputs[, out=out])``; return the result (``out`` if given)."""
     name = ufunc.__name__
@@ -214,6 +231,8 @@ def record_ufunc(context, ufunc: np.ufunc, inputs: Sequence[Any], out: Optional[
             return record_ufunc(context, np.square, [inputs[0]], out)
         if e == 0.5:
             return record_ufunc(context, np.sqrt, [inputs[0]], out)
+        if e in PRODUCT_POWERS and out is None and nodes[1].weak:
+            return _record_product_power(context, nodes[0], int(e))
     shape = _broadcast(name, [n.shape for n in nodes])
     specs = tuple(n.spec if isinstance(n, Const) else n.dtype for n in nodes)
     dts = _RESOLVED.get((name, specs))

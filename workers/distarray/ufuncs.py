@@ -450,6 +450,25 @@ def compiled_dtypes(ufunc: np.ufunc, inputs: Sequence[Any]) -> bool:
     return ok
 
 
+def numpy_power(ufunc: np.ufunc, inputs: Sequence[Any]) -> bool:
+    """Whether ``ufunc(*inputs)`` is a floating ``power`` that runs NumPy's loop on each block rather than
+    in a fused kernel: every floating power but ``a ** 2``, ``a ** 0.5`` (fused as ``square`` and ``sqrt``,
+    NumPy's own fast paths) and ``a ** 3`` .. ``a ** 8`` (fused as products,
+    :data:`~.elementwise.PRODUCT_POWERS`). The kernels would call libm's ``pow`` (NumPy casts the
+    exponent to float), several times slower than NumPy's SIMD ``pow`` (4x on AVX-512) and not NumPy's
+    last bits; NumPy's loop is NumPy's result by definition. Local, no communication."""
+    if ufunc is not np.power or len(inputs) != 2:
+        return False
+    kinds = [x.dtype.kind if hasattr(x, "_base") else np.dtype(type(x)).kind if isinstance(x, (int, float, bool))
+             else np.asarray(x).dtype.kind for x in inputs]
+    if "f" not in kinds:
+        return False
+    e = inputs[1]
+    if hasattr(e, "_base") or np.ndim(e) != 0:
+        return True
+    return not (e == 2 or e == 0.5 or (kinds[0] == "f" and e in elementwise.PRODUCT_POWERS))
+
+
 #: ``ufunc.reduce`` of these runs as the named reduction (:mod:`.numpy_reductions`).
 REDUCE_AS = {"add": "sum", "multiply": "prod", "minimum": "min", "maximum": "max", "logical_or": "any",
              "logical_and": "all"}
@@ -479,7 +498,7 @@ def dispatch(ufunc: np.ufunc, method: str, inputs: Sequence[Any], kwargs: Dict[s
         out = out[0]
     extra = {k: v for k, v in kwargs.items() if k != "out" and v is not None}
     if (name not in elementwise.SUPPORTED or numpy_math.applies(name) or ufunc.nout != 1
-            or not compiled_dtypes(ufunc, inputs)
+            or not compiled_dtypes(ufunc, inputs) or numpy_power(ufunc, inputs)
             or out is not None and not isinstance(out, DistArray)
             or extra and not (set(extra) <= {"casting"} and extra.get("casting") == "same_kind")):
         res = call(ufunc, inputs, kwargs)      # NumPy's ufunc on each block (recorded)

@@ -108,9 +108,16 @@ def mpiexec_command(nranks: int, argv: Sequence[str], python: Optional[str] = No
     (placed on ``hosts`` / ``hostfile`` when given: :func:`placement_args`).
 
     ``module`` is :mod:`nbmpi.workers.launch.rank_entry` for programs (``nbmpi run``,
-    controller jobs) and ``ipyparallel.engine`` for the engines of a pool.
+    controller jobs) and ``ipyparallel.engine`` for the engines of a pool. When every rank runs on this
+    host, the ranks' BLAS libraries get ``cpus // nranks`` threads each (``-genv``, unless ``env``, default
+    this process's environment, sets a BLAS thread count: :func:`~.environment.blas_threads`).
     """
-    return [find_mpiexec(), *placement_args(hosts, hostfile, env), "-n", str(nranks),
+    genv: List[str] = []
+    if not hosts and not hostfile:
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        for name, value in environment.blas_threads(os.environ if env is None else env, nranks, cpus).items():
+            genv += ["-genv", name, value]
+    return [find_mpiexec(), *placement_args(hosts, hostfile, env), *genv, "-n", str(nranks),
             python or sys.executable, "-m", module, *argv]
 
 
