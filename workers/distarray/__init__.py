@@ -13,8 +13,7 @@ on every rank (``nbmpi run``, ``%%distributed`` cells, controller jobs)::
 
 Operations are recorded lazily and evaluated at force points (``float()``, ``print``,
 ``to_numpy()``, ``.local``, ``argmax``/``argmin`` over all elements, :func:`evaluate`, or a threshold of
-recorded operations). At a
-force point every transfer starts first, blocks whose operands are local are computed while
+recorded operations). At a force point every transfer starts first, blocks whose operands are local are computed while
 they fly, and a rank waits only when nothing else is ready (:mod:`.scheduler`); chains of
 elementwise operations run as one numba kernel each (:mod:`.fusion`,
 :mod:`.fused_kernels`). ``NBMPI_LATENCY_HIDING=0`` (or ``evaluate(latency_hiding=False)``,
