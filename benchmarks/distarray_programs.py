@@ -42,15 +42,18 @@ SIZE_MARK = "# size"
 #: (checked by the benchmark, which reports any program under a second). Scaled from the NumPy times of the
 #: quiet-machine run (benchmarks/results/distarray.md, load 0.4-2) by each program's work factor, aiming at
 #: about 1.3 s or more: 10 programs took 0.14-0.82 s at the earlier sizes. gauss_elimination and
-#: lu_decomposition are sized by their own cost (n^3; NumPy 2.1 s at gauss n=1000, 0.81 s at LU n=1500).
+#: lu_decomposition are sized by their own cost (n^3): on a quiet machine NumPy took 0.65 s at gauss n=1000 and
+#: 0.37 s at LU n=1800 (earlier runs: 2.1 s and 0.81 s at LU n=1500, BLAS threads vary), so gauss n=1400
+#: (~1.8 s) and LU n=2700 (~1.25 s); under load 8 the NumPy CPU time grew 3.5x (gauss 1000 -> 1400) and 2.9x
+#: (LU 1800 -> 2600), as n^3 predicts.
 FULL_SIZES: Dict[str, Dict[str, Any]] = {
     "black_scholes": dict(n=6_000_000),
     "convolution_1d": dict(m=32_000_000),   # NumPy 0.60 s at m=15e6 (quiet machine): under 1.2 s
     "game_of_life": dict(n=1500, gens=30),
-    "gauss_elimination": dict(n=1000),
+    "gauss_elimination": dict(n=1400),
     "heat": dict(n=1500, steps=60),
     "lattice_boltzmann": dict(Nx=640, Ny=320, Nt=30),
-    "lu_decomposition": dict(n=1800),       # NumPy 0.81 s at n=1500 (quiet machine): under a second
+    "lu_decomposition": dict(n=2700),
     "monte_carlo_pi": dict(n=70_000_000, m=20_000_000),
     "nbody": dict(N=2200, steps=20),
     "quasicrystal": dict(size=3200, waves=7),

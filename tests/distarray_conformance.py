@@ -120,6 +120,9 @@ def check_nan(name, X, x, dist):
                    getattr(np, f)(xn, axis=axis, keepdims=True))
     for f in ("min", "max", "argmin", "argmax", "sum", "mean"):
         native(f"{f}({name} with NaN)", lambda: getattr(dnp, f)(Xn, axis=0), getattr(np, f)(xn, axis=0))
+    for f in ("argmin", "argmax"):   # over all elements: the first NaN, across ranks
+        native(f"{f}({name} with NaN, axis=None)", lambda: getattr(dnp, f)(Xn), getattr(np, f)(xn))
+        native(f"{f}({name} with NaN)[1:]", lambda: getattr(dnp, f)(Xn[1:]), getattr(np, f)(xn[1:]))
 
 
 def check_cumulative(name, X, x):

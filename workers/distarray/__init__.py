@@ -12,8 +12,8 @@ on every rank (``nbmpi run``, ``%%distributed`` cells, controller jobs)::
     center[:] = work
 
 Operations are recorded lazily and evaluated at force points (``float()``, ``print``,
-``to_numpy()``, ``.local``, :func:`evaluate`, or a threshold of recorded operations). At a
-force point every transfer starts first, blocks whose operands are local are computed while
+``to_numpy()``, ``.local``, ``argmax``/``argmin`` over all elements, :func:`evaluate`, or a threshold of
+recorded operations). At a force point every transfer starts first, blocks whose operands are local are computed while
 they fly, and a rank waits only when nothing else is ready (:mod:`.scheduler`); chains of
 elementwise operations run as one numba kernel each (:mod:`.fusion`,
 :mod:`.fused_kernels`). ``NBMPI_LATENCY_HIDING=0`` (or ``evaluate(latency_hiding=False)``,
@@ -28,7 +28,7 @@ Modules: recording: :mod:`.distribution` (block, cyclic, block-cyclic, replicate
 :mod:`.reductions`, :mod:`.matmul_recording`, :mod:`.numpy_reductions`,
 :mod:`.numpy_cumulative`, :mod:`.numpy_shapes`, :mod:`.numpy_joining`, :mod:`.linalg` (NumPy's API on top),
 :mod:`.creation` and :mod:`.random` (constructors); collective steps sending elements by global position
-(run at once, not recorded): :mod:`.exchange`, :mod:`.numpy_sorting`, :mod:`.numpy_reshaping`, :mod:`.numpy_signal`,
+(run at once, not recorded): :mod:`.exchange`, :mod:`.arg_extreme`, :mod:`.numpy_sorting`, :mod:`.numpy_reshaping`, :mod:`.numpy_signal`,
 :mod:`.masking` (boolean masks, trailing index arrays), :mod:`.numpy_indexing`; every ufunc: :mod:`.ufuncs`;
 evaluation: :mod:`.fusion` (groups), :mod:`.operations` (one module per kind of operation: its
 plan, cache key and lowering into units), :mod:`.plans` (what plans share), :mod:`.units`,

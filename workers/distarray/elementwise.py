@@ -10,7 +10,10 @@ the result's axis 0 (the result's base has that operand's base's rows and distri
 the same row view), so ``0.2 * (center + north + ...)`` is computed where ``center`` is.
 Operands whose rows do not line up with the result's rows (a row broadcast along axis 0,
 ``x[None, :]``, a single row ``a[3]``) are gathered to every rank first
-(:class:`~.graph.Replicate`) and then read like NumPy operands. NumPy arrays are copied at
+(:class:`~.graph.Replicate`) and then read like NumPy operands. A result none of whose distributed operands
+keeps a distributed axis (every one a single row ``a[3, 2:]``, gathered anyway) is replicated: every rank
+computes it from the gathered row, and storing it into a row of one rank (``u[3, 2:] = a[3, 2:] - v``) is
+local, not a second gather. NumPy arrays are copied at
 the call (NumPy semantics: later changes to them do not matter).
 
 An assignment whose value reads the target's base through a different, overlapping view
@@ -123,7 +126,7 @@ def result_leaf(context, nodes: Sequence[Node], shape: Tuple[int, ...], dtype: n
             return Leaf(base, View(base.shape, ents))
         base = Base(context, shape, dtype, b.dist.with_rows(shape[0]), temp=True)
         return Leaf(base, View.full(shape))
-    if dist_leaves and shape:
+    if dist_leaves and shape and any(l.view.row_kept for l in dist_leaves):
         d0 = dist_leaves[0].base.dist
         base = Base(context, shape, dtype, d0.with_rows(shape[0]) if not d0.replicated else d0, temp=True)
         return Leaf(base, View.full(shape))

@@ -27,6 +27,7 @@ import numpy as np
 from . import fallback
 from .array import _FUNCTIONS, _METHODS, DistArray, _reduce, where
 from .creation import full_like
+from .arg_extreme import flat_arg
 
 __all__ = ["sum", "prod", "mean", "std", "var", "min", "max", "amin", "amax", "argmin", "argmax", "any", "all", "count_nonzero",
            "nansum", "nanprod", "nanmean", "nanstd", "nanvar", "nanmin", "nanmax", "normalize_axes", "keep_dims"]
@@ -237,6 +238,10 @@ def _arg(op: str):
             raise ValueError(f"attempt to get arg{op} of an empty sequence")
         axes = normalize_axes(axis, a.ndim)
         ax = None if axes is None else axes[0]
+        if ax is None:                  # one collective step (see arg_extreme); None: record the general form
+            res = flat_arg(a, op)
+            if res is not None:
+                return _finish(res, a, None, keepdims, out)
         m = keep_dims(_reduce(a, op, ax), None if ax is None else (ax,), a.ndim)
         hit = a == m
         if a.dtype.kind == "f":
@@ -245,7 +250,8 @@ def _arg(op: str):
         res = _reduce(where(hit, _position(a, ax), big), "min", ax)
         return _finish(res, a, None if ax is None else (ax,), keepdims, out)
     arg.__name__ = arg.__qualname__ = f"arg{op}"
-    arg.__doc__ = (f"``numpy.arg{op}`` of a DistArray (recorded): the first index of the {op}imum (of the first "
+    arg.__doc__ = (f"``numpy.arg{op}`` of a DistArray (over all elements: a force point and one allgather, "
+                   ":mod:`.arg_extreme`; along an axis: recorded): the first index of the {op}imum (of the first "
                    "NaN, as NumPy) over all elements (a flat index) or along one axis. SPMD.")
     return arg
 
