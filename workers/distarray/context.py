@@ -256,10 +256,11 @@ def context_for(comm=None) -> ArrayContext:
 _UNCHANGED: Any = object()
 
 
-#: Environment switch of NumPy math (:mod:`.numpy_math`; default off: the fused kernels are faster).
+#: Environment switch of NumPy math (:mod:`.numpy_math`; default on: results identical to NumPy's; ``0``/``off``
+#: computes ``exp``, ``log``, ``power``, ... inside the fused kernels, faster, within an ulp or two of NumPy's).
 NUMPY_MATH_ENV = "NBMPI_DISTARRAY_NUMPY_MATH"
 #: Whether NumPy math is on in this process (``configure(numpy_math=...)`` changes it).
-NUMPY_MATH = {"on": os.environ.get(NUMPY_MATH_ENV, "") not in ("", "0")}
+NUMPY_MATH = {"on": os.environ.get(NUMPY_MATH_ENV, "1").strip().lower() not in ("0", "off", "false", "no")}
 
 
 def configure(latency_hiding: Optional[bool] = None, threshold: Optional[int] = None,
