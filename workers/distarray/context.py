@@ -15,6 +15,9 @@ settings that govern evaluation:
   local work; 2**20 (8 MiB of float64) ran the stencil 4% and the PRK stencil 9% faster than
   2**18 on this project's 2-rank benchmarks, with the same wait %;
 * ``timeout`` (env ``NBMPI_TIMEOUT``): bound of every blocking wait of a force point;
+* ``numpy_math`` (env ``NBMPI_DISTARRAY_NUMPY_MATH``, default on; ``0``/``off`` turns it off, process-wide):
+  ``exp``, ``log``, ``power``, ... as NumPy's own ufunc on each block, results identical to NumPy's, or (off)
+  compiled into the fused kernels, faster, within an ulp or two (:mod:`.numpy_math`);
 * ``NBMPI_DISTARRAY_GC_FREEZE`` (default on; ``0``/``off`` turns it off): after a force point that
   brought new compiled kernels into the process, ``gc.freeze()`` moves every object alive then out of
   the cyclic garbage collector's reach (reference counting still frees them). Numba's compiled code is

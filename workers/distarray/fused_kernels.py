@@ -13,6 +13,12 @@ stride is known at compile time (so LLVM sees a unit-stride inner loop and vecto
 Indexes are cast to unsigned integers, which spares numba's negative-index test on every
 access (measured: 2.5x slower without it on the 5-point stencil).
 
+Results are NumPy's bit for bit where NumPy's are defined by IEEE rounding: kernels are compiled without
+``fastmath`` (no FMA contraction, no reassociation, no reciprocal for a division), and a float ``sum``/``mean``
+along the innermost axis stores the row's values and adds them in NumPy's pairwise order
+(:func:`_pairwise_source`). Transcendental functions are numba's (the C library's) and can differ from
+NumPy's SIMD loops in the last bit; by default they are not compiled here at all (:mod:`.numpy_math`).
+
 Generated sources are written to a cache directory (``NBMPI_DISTARRAY_CACHE``, default
 ``~/.cache/nbmpi/distarray-kernels-<versions>``; ``off`` keeps them in memory only) and
 compiled with ``numba.njit(cache=True)``, so a later process loads the machine code instead
@@ -305,8 +311,9 @@ class KernelSpec:
                 op, axis, adt, tgt = self.reductions[r]
                 dt = np.dtype(adt)
                 val = _cast(f"v{v}", np.dtype(vdt), dt)
-                if r in pairwise:
+                if r in pairwise:   # rows under 8 long add one by one (NumPy too): no call for them
                     lines.append(f"{body_ind}t{r}[i{d - 1}] = {val}")
+                    lines.append(f"{body_ind}r{r} = {_combine(op, f'r{r}', f't{r}[i{d - 1}]', dt)}")
                 elif r in red_inplace:
                     idx = self._index(tgt)
                     lines.append(f"{body_ind}b{tgt}[{idx}] = {_combine(op, f'b{tgt}[{idx}]', val, dt)}")
@@ -318,7 +325,9 @@ class KernelSpec:
             for r in red_scalar_inner:
                 op, _, adt, tgt = self.reductions[r]
                 if r in pairwise:
-                    lines.append(f"{after}r{r} = r{r} + _pairwise_{_np_name(np.dtype(adt))}(t{r}, 0, n{d - 1})")
+                    lines.append(f"{after}if n{d - 1} >= 8:")
+                    lines.append(f"{after}    r{r} = {_identity(op, np.dtype(adt))} + "
+                                 f"_pairwise_{_np_name(np.dtype(adt))}(t{r}, 0, n{d - 1})")
                 val = f"r{r}"
                 if op == "mean":   # NumPy divides by an intp count: in float64, then casts (float32 too)
                     val = f"r{r} / n{d - 1}"
