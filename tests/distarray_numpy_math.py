@@ -1,6 +1,7 @@
 """NumPy math of the distributed arrays (transcendental ufuncs identical to NumPy's), run SPMD by
-tests/test_distarray_numpy.py: with the compiled kernels float32 exp may differ from NumPy's in the last bit;
-with numpy_math on, exp/log/sin/... on block, cyclic and block-cyclic arrays and views equal NumPy's bit for bit."""
+tests/test_distarray_numpy.py: NumPy math is on by default; with the compiled kernels (numpy_math off) float32 exp
+may differ from NumPy's in the last bit; with numpy_math on, exp/log/sin/... on block, cyclic and block-cyclic
+arrays and views equal NumPy's bit for bit, and a ** 2, a ** 0.5 stay fused (square, sqrt: NumPy's values too)."""
 import numpy as np
 
 import nbmpi.workers.distarray as dnp
@@ -9,6 +10,8 @@ from nbmpi.workers import world
 rank = world().Get_rank()
 x32 = np.random.default_rng(1).standard_normal(200_000).astype(np.float32) * 10
 x64 = np.random.default_rng(2).standard_normal((300, 40)) * 3
+assert dnp.configure()["numpy_math"] is True, "NumPy math must be on by default"
+dnp.configure(numpy_math=False)
 compiled = dnp.exp(dnp.from_numpy(x32)).to_numpy()
 ulps = int(np.count_nonzero(compiled != np.exp(x32)))
 if rank == 0:
@@ -40,5 +43,7 @@ for dist in ("block", "cyclic", ("block-cyclic", 3)):
     assert np.array_equal((dnp.abs(a64) ** 1.7).to_numpy(), np.abs(x64) ** 1.7), dist
     assert np.array_equal((dnp.abs(a64) ** 3).to_numpy(), np.abs(x64) ** 3), dist
     assert np.array_equal(dnp.exp(a64[:, 0]).to_numpy(), np.exp(x64[:, 0])), dist
-dnp.configure(numpy_math=False)
+    for e in (2, 0.5, 2.0, 3, -1.5):
+        assert np.array_equal((dnp.abs(a64) ** e).to_numpy(), np.abs(x64) ** e), (dist, e)
+        assert np.array_equal((dnp.abs(a32) ** e).to_numpy(), np.abs(x32) ** e), (dist, e, "float32")
 print(f"rank {rank}: numpy math OK", flush=True)

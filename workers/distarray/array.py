@@ -400,7 +400,7 @@ class DistArray:
         for x in inputs:
             if not isinstance(x, (DistArray, np.ndarray, np.generic, int, float, bool, list, tuple)):
                 return NotImplemented
-        if (numpy_math.applies(ufunc.__name__) or not ufuncs.compiled_dtypes(ufunc, inputs)
+        if (numpy_math.applies(ufunc.__name__, inputs) or not ufuncs.compiled_dtypes(ufunc, inputs)
                 or ufuncs.numpy_power(ufunc, inputs)):
             res = ufuncs.call(ufunc, inputs, {})         # NumPy's own loops on each block (recorded)
             if res is not ufuncs.FALLBACK:

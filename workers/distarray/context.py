@@ -15,6 +15,9 @@ settings that govern evaluation:
   local work; 2**20 (8 MiB of float64) ran the stencil 4% and the PRK stencil 9% faster than
   2**18 on this project's 2-rank benchmarks, with the same wait %;
 * ``timeout`` (env ``NBMPI_TIMEOUT``): bound of every blocking wait of a force point;
+* ``numpy_math`` (env ``NBMPI_DISTARRAY_NUMPY_MATH``, default on; ``0``/``off`` turns it off, process-wide):
+  ``exp``, ``log``, ``power``, ... as NumPy's own ufunc on each block, results identical to NumPy's, or (off)
+  compiled into the fused kernels, faster, within an ulp or two (:mod:`.numpy_math`);
 * ``NBMPI_DISTARRAY_GC_FREEZE`` (default on; ``0``/``off`` turns it off): after a force point that
   brought new compiled kernels into the process, ``gc.freeze()`` moves every object alive then out of
   the cyclic garbage collector's reach (reference counting still frees them). Numba's compiled code is
@@ -256,10 +259,11 @@ def context_for(comm=None) -> ArrayContext:
 _UNCHANGED: Any = object()
 
 
-#: Environment switch of NumPy math (:mod:`.numpy_math`; default off: the fused kernels are faster).
+#: Environment switch of NumPy math (:mod:`.numpy_math`; default on: results identical to NumPy's; ``0``/``off``
+#: computes ``exp``, ``log``, ``power``, ... inside the fused kernels, faster, within an ulp or two of NumPy's).
 NUMPY_MATH_ENV = "NBMPI_DISTARRAY_NUMPY_MATH"
 #: Whether NumPy math is on in this process (``configure(numpy_math=...)`` changes it).
-NUMPY_MATH = {"on": os.environ.get(NUMPY_MATH_ENV, "") not in ("", "0")}
+NUMPY_MATH = {"on": os.environ.get(NUMPY_MATH_ENV, "1").strip().lower() not in ("0", "off", "false", "no")}
 
 
 def configure(latency_hiding: Optional[bool] = None, threshold: Optional[int] = None,

@@ -13,6 +13,12 @@ stride is known at compile time (so LLVM sees a unit-stride inner loop and vecto
 Indexes are cast to unsigned integers, which spares numba's negative-index test on every
 access (measured: 2.5x slower without it on the 5-point stencil).
 
+Results are NumPy's bit for bit where NumPy's are defined by IEEE rounding: kernels are compiled without
+``fastmath`` (no FMA contraction, no reassociation, no reciprocal for a division), and a float ``sum``/``mean``
+along the innermost axis stores the row's values and adds them in NumPy's pairwise order
+(:func:`_pairwise_source`). Transcendental functions are numba's (the C library's) and can differ from
+NumPy's SIMD loops in the last bit; by default they are not compiled here at all (:mod:`.numpy_math`).
+
 Generated sources are written to a cache directory (``NBMPI_DISTARRAY_CACHE``, default
 ``~/.cache/nbmpi/distarray-kernels-<versions>``; ``off`` keeps them in memory only) and
 compiled with ``numba.njit(cache=True)``, so a later process loads the machine code instead
@@ -148,6 +154,63 @@ def _combine(op: str, acc: str, v: str, dt: np.dtype) -> str:
     return f"({v} if {v} {cmp} {acc} else {acc})"
 
 
+def _pairwise_source(dt: np.dtype) -> str:
+    """Numba functions ``_pairwise_<dtype>(a, lo, n)``: the sum of ``a[lo:lo + n]`` added in NumPy's order
+    (``pairwise_sum`` of NumPy's ``add.reduce`` along a row: under 8 elements one by one from -0.0; up to 128
+    in 8 interleaved partial sums combined as a tree, the rest one by one; a longer row is split in two
+    halves, the first a multiple of 8 long, summed alike and added). The halving runs on an explicit stack
+    (numba's on-disk cache cannot hold a recursive function). Emitted into a kernel's source when needed."""
+    t = _np_name(dt)
+    acc = "".join(f"r{j} = r{j} + a[lo + i + {j}]\n" + " " * 12 for j in range(8)).rstrip()
+    init = "; ".join(f"r{j} = a[lo + {j}]" for j in range(8))
+    return (f"@numba.njit(cache=True, nogil=True)\n"
+            f"def _pwleaf_{t}(a, lo, n):\n"
+            f"    if n < 8:\n"
+            f"        res = np.{t}(-0.0)\n"
+            f"        for i in range(n):\n"
+            f"            res = res + a[lo + i]\n"
+            f"        return res\n"
+            f"    {init}\n"
+            f"    i = 8\n"
+            f"    m = n - n % 8\n"
+            f"    while i < m:\n"
+            f"        {acc.replace(' ' * 12, ' ' * 8)}\n"
+            f"        i += 8\n"
+            f"    res = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))\n"
+            f"    while i < n:\n"
+            f"        res = res + a[lo + i]\n"
+            f"        i += 1\n"
+            f"    return res\n\n\n"
+            f"@numba.njit(cache=True, nogil=True)\n"
+            f"def _pairwise_{t}(a, lo, n):\n"
+            f"    if n <= 128:\n"
+            f"        return _pwleaf_{t}(a, lo, n)\n"
+            f"    slo = np.empty(200, np.int64)\n"
+            f"    sn = np.empty(200, np.int64)\n"
+            f"    sst = np.empty(200, np.int64)\n"
+            f"    vals = np.empty(100, np.{t})\n"
+            f"    slo[0] = lo; sn[0] = n; sst[0] = 0\n"
+            f"    top = 1\n"
+            f"    nv = 0\n"
+            f"    while top > 0:\n"
+            f"        top -= 1\n"
+            f"        l = slo[top]; m = sn[top]\n"
+            f"        if sst[top] == 1:\n"
+            f"            nv -= 1\n"
+            f"            vals[nv - 1] = vals[nv - 1] + vals[nv]\n"
+            f"        elif m <= 128:\n"
+            f"            vals[nv] = _pwleaf_{t}(a, l, m)\n"
+            f"            nv += 1\n"
+            f"        else:\n"
+            f"            n2 = m // 2\n"
+            f"            n2 -= n2 % 8\n"
+            f"            sst[top] = 1\n"
+            f"            slo[top + 1] = l + n2; sn[top + 1] = m - n2; sst[top + 1] = 0\n"
+            f"            slo[top + 2] = l; sn[top + 2] = n2; sst[top + 2] = 0\n"
+            f"            top += 3\n"
+            f"    return vals[0]\n\n\n")
+
+
 class KernelSpec:
     """Everything that determines a generated kernel's source (hashable; the cache key).
 
@@ -218,6 +281,9 @@ class KernelSpec:
             else:
                 red_inplace.append(r)
                 lines += self._init_loops(tgt, _identity(op, dt), ind)
+        pairwise = [r for r in red_scalar_inner if self._pairwise(r)]
+        for r in pairwise:
+            lines.append(f"{ind}t{r} = np.empty(n{d - 1}, np.{_np_name(np.dtype(self.reductions[r][2]))})")
         body_ind = ind
         for k in range(d):
             if k == d - 1:
@@ -246,7 +312,10 @@ class KernelSpec:
                 op, axis, adt, tgt = self.reductions[r]
                 dt = np.dtype(adt)
                 val = _cast(f"v{v}", np.dtype(vdt), dt)
-                if r in red_inplace:
+                if r in pairwise:   # rows under 8 long add one by one (NumPy too): no call for them
+                    lines.append(f"{body_ind}t{r}[i{d - 1}] = {val}")
+                    lines.append(f"{body_ind}r{r} = {_combine(op, f'r{r}', f't{r}[i{d - 1}]', dt)}")
+                elif r in red_inplace:
                     idx = self._index(tgt)
                     lines.append(f"{body_ind}b{tgt}[{idx}] = {_combine(op, f'b{tgt}[{idx}]', val, dt)}")
                 else:
@@ -256,8 +325,12 @@ class KernelSpec:
             after = ind * d  # indentation of the body of loop d-2
             for r in red_scalar_inner:
                 op, _, adt, tgt = self.reductions[r]
+                if r in pairwise:
+                    lines.append(f"{after}if n{d - 1} >= 8:")
+                    lines.append(f"{after}    r{r} = {_identity(op, np.dtype(adt))} + "
+                                 f"_pairwise_{_np_name(np.dtype(adt))}(t{r}, 0, n{d - 1})")
                 val = f"r{r}"
-                if op == "mean":
+                if op == "mean":   # NumPy divides by an intp count: in float64, then casts (float32 too)
                     val = f"r{r} / n{d - 1}"
                 lines.append(f"{after}b{tgt}[{self._index(tgt)}] = {_cast(val, np.dtype(np.float64) if op == 'mean' else np.dtype(adt), np.dtype(self.arrays[tgt][0]))}")
         for r in red_scalar_outer:
@@ -268,8 +341,20 @@ class KernelSpec:
             if op == "mean" and axis is not None and axis > 0:
                 lines += self._init_loops(tgt, None, ind, divide=f"n{axis}")
         lines.append(f"{ind}return 0")
-        self._src = "\n".join(lines) + "\n"
+        helpers = "".join(_pairwise_source(np.dtype(t)) for t in sorted({self.reductions[r][2] for r in pairwise}))
+        self._src = helpers + "\n".join(lines) + "\n"
         return self._src.replace("def __KERNEL__", f"def {name}")
+
+    def _pairwise(self, r: int) -> bool:
+        """Whether innermost-axis reduction ``r`` adds in NumPy's pairwise order: a float ``sum``/``mean`` in the
+        values' own dtype (NumPy casts in 8192-element buffers otherwise), as NumPy's ``add.reduce`` does along
+        a row, contiguous or strided. (NumPy adds one by one instead when the summed axis is not the innermost
+        in memory, a transposed operand: a distributed ``.T`` is a copy by then, so that case differs in the
+        order of the additions.)"""
+        op, _, adt, _ = self.reductions[r]
+        if op not in ("sum", "mean") or np.dtype(adt).kind != "f":
+            return False
+        return not any(st[0] == "rd" and st[1] == r and np.dtype(st[3]) != np.dtype(adt) for st in self.stmts)
 
     def _init_loops(self, a: int, value: Optional[str], ind: str, divide: Optional[str] = None) -> List[str]:
         """Loops over the non-broadcast axes of array ``a`` setting every element to ``value``

@@ -40,8 +40,10 @@ def result_dtype(op: str, dt: np.dtype) -> Tuple[np.dtype, np.dtype]:
     if op in ("sum", "prod"):
         r = (np.sum(one) if op == "sum" else np.prod(one)).dtype
         return r, r
-    if op == "mean":
+    if op == "mean":   # NumPy adds floats in their own precision (float16 in float32), the rest in float64
         r = np.mean(one).dtype
+        if dt.kind == "f":
+            return (np.dtype(np.float32) if dt.itemsize < 4 else dt), r
         return np.dtype(np.float64), r
     if op in ("min", "max"):
         return dt, dt

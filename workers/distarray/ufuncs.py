@@ -497,7 +497,7 @@ def dispatch(ufunc: np.ufunc, method: str, inputs: Sequence[Any], kwargs: Dict[s
     if isinstance(out, tuple) and len(out) == 1:
         out = out[0]
     extra = {k: v for k, v in kwargs.items() if k != "out" and v is not None}
-    if (name not in elementwise.SUPPORTED or numpy_math.applies(name) or ufunc.nout != 1
+    if (name not in elementwise.SUPPORTED or numpy_math.applies(name, inputs) or ufunc.nout != 1
             or not compiled_dtypes(ufunc, inputs) or numpy_power(ufunc, inputs)
             or out is not None and not isinstance(out, DistArray)
             or extra and not (set(extra) <= {"casting"} and extra.get("casting") == "same_kind")):
