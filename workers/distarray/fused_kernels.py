@@ -292,6 +292,37 @@ class KernelSpec:
                     lines.append(f"{body_ind}r{r} = {_identity(op, np.dtype(adt))}")
             lines.append(f"{body_ind}for i{k} in range(n{k}):")
             body_ind += ind
+        lines += self._body_lines(body_ind, pairwise, red_inplace)
+        # after the innermost loop (inside the next-to-innermost one): innermost-axis reductions
+        if red_scalar_inner:
+            after = ind * d  # indentation of the body of loop d-2
+            for r in red_scalar_inner:
+                op, _, adt, tgt = self.reductions[r]
+                if r in pairwise:
+                    lines.append(f"{after}if n{d - 1} >= 8:")
+                    lines.append(f"{after}    r{r} = {_identity(op, np.dtype(adt))} + "
+                                 f"_pairwise_{_np_name(np.dtype(adt))}(t{r}, 0, n{d - 1})")
+                val = f"r{r}"
+                if op == "mean":   # NumPy divides by an intp count: in float64, then casts (float32 too)
+                    val = f"r{r} / n{d - 1}"
+                lines.append(f"{after}b{tgt}[{self._index(tgt)}] = {_cast(val, np.dtype(np.float64) if op == 'mean' else np.dtype(adt), np.dtype(self.arrays[tgt][0]))}")
+        for r in red_scalar_outer:
+            tgt = self.reductions[r][3]
+            lines.append(f"{ind}b{tgt}[o{tgt}] = r{r}")
+        for r in red_inplace:
+            op, axis, adt, tgt = self.reductions[r]
+            if op == "mean" and axis is not None and axis > 0:
+                lines += self._init_loops(tgt, None, ind, divide=f"n{axis}")
+        lines.append(f"{ind}return 0")
+        helpers = "".join(_pairwise_source(np.dtype(t)) for t in sorted({self.reductions[r][2] for r in pairwise}))
+        self._src = helpers + "\n".join(lines) + "\n"
+        return self._src.replace("def __KERNEL__", f"def {name}")
+
+    def _body_lines(self, body_ind: str, pairwise: List[int], red_inplace: List[int]) -> List[str]:
+        """The innermost loop's statements of :meth:`source` (loads, scalars, operations, stores and
+        reduction updates), indented by ``body_ind``."""
+        d = self.ndim
+        lines: List[str] = []
         for st in self.stmts:
             tag = st[0]
             if tag == "ld":
@@ -320,30 +351,7 @@ class KernelSpec:
                     lines.append(f"{body_ind}b{tgt}[{idx}] = {_combine(op, f'b{tgt}[{idx}]', val, dt)}")
                 else:
                     lines.append(f"{body_ind}r{r} = {_combine(op, f'r{r}', val, dt)}")
-        # after the innermost loop (inside the next-to-innermost one): innermost-axis reductions
-        if red_scalar_inner:
-            after = ind * d  # indentation of the body of loop d-2
-            for r in red_scalar_inner:
-                op, _, adt, tgt = self.reductions[r]
-                if r in pairwise:
-                    lines.append(f"{after}if n{d - 1} >= 8:")
-                    lines.append(f"{after}    r{r} = {_identity(op, np.dtype(adt))} + "
-                                 f"_pairwise_{_np_name(np.dtype(adt))}(t{r}, 0, n{d - 1})")
-                val = f"r{r}"
-                if op == "mean":   # NumPy divides by an intp count: in float64, then casts (float32 too)
-                    val = f"r{r} / n{d - 1}"
-                lines.append(f"{after}b{tgt}[{self._index(tgt)}] = {_cast(val, np.dtype(np.float64) if op == 'mean' else np.dtype(adt), np.dtype(self.arrays[tgt][0]))}")
-        for r in red_scalar_outer:
-            tgt = self.reductions[r][3]
-            lines.append(f"{ind}b{tgt}[o{tgt}] = r{r}")
-        for r in red_inplace:
-            op, axis, adt, tgt = self.reductions[r]
-            if op == "mean" and axis is not None and axis > 0:
-                lines += self._init_loops(tgt, None, ind, divide=f"n{axis}")
-        lines.append(f"{ind}return 0")
-        helpers = "".join(_pairwise_source(np.dtype(t)) for t in sorted({self.reductions[r][2] for r in pairwise}))
-        self._src = helpers + "\n".join(lines) + "\n"
-        return self._src.replace("def __KERNEL__", f"def {name}")
+        return lines
 
     def _pairwise(self, r: int) -> bool:
         """Whether innermost-axis reduction ``r`` adds in NumPy's pairwise order: a float ``sum``/``mean`` in the
