@@ -4,12 +4,11 @@ a fork while it may still run leaves a child that can compile, and ``NBMPI_JIT_W
 Real processes (single-rank MPI, a new kernel cache directory each), no mocks."""
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 
-from conftest import assert_ok
+from test_kernel_cache_reuse import finish
 
 PROGRAM = """
 import json, os, sys
@@ -41,15 +40,8 @@ print(json.dumps(out))
 
 def _run(tmp_path, mode: str, **env) -> dict:
     full_env = {**os.environ, "NBMPI_DISTARRAY_CACHE": str(tmp_path / "kernels"), **env}
-    p = subprocess.Popen([sys.executable, "-c", PROGRAM, mode], env=full_env, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
-    try:
-        out, err = p.communicate(timeout=300)
-    except subprocess.TimeoutExpired:
-        p.kill()
-        out, err = p.communicate()
-    assert_ok(subprocess.CompletedProcess(p.args, p.returncode, out, err))
-    return json.loads(out.strip().splitlines()[-1])
+    return finish(subprocess.Popen([sys.executable, "-c", PROGRAM, mode], env=full_env, stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True))
 
 
 def test_warmup_ends_without_error_and_kernels_equal_numpy(tmp_path):

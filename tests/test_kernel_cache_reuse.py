@@ -29,7 +29,8 @@ def _start(cache: str) -> subprocess.Popen:
                             stderr=subprocess.PIPE, text=True)
 
 
-def _finish(p: subprocess.Popen) -> dict:
+def finish(p: subprocess.Popen) -> dict:
+    """Wait for ``p`` (at most 300 s), assert it ended well, and return the JSON of its last output line."""
     try:
         out, err = p.communicate(timeout=300)
     except subprocess.TimeoutExpired:
@@ -43,7 +44,7 @@ def test_concurrent_writers_then_a_new_process_compiles_nothing(tmp_path):
     cache = str(tmp_path / "kernels")
     procs = [_start(cache) for _ in range(3)]
     try:
-        first = [_finish(p) for p in procs]
+        first = [finish(p) for p in procs]
     finally:
         for p in procs:
             if p.poll() is None:
@@ -55,7 +56,7 @@ def test_concurrent_writers_then_a_new_process_compiles_nothing(tmp_path):
     assert not [n for n in names if n.endswith(".tmp")], names
     sources = [n for n in names if n.endswith(".py")]
     assert len(sources) == first[0]["stats"]["kernels"], (sources, first[0]["stats"])
-    later = _finish(_start(cache))
+    later = finish(_start(cache))
     assert later["out"] == first[0]["out"]
     st = later["stats"]
     assert st["compiled"] == 0 and st["loaded"] == st["signatures"] == first[0]["stats"]["signatures"], st

@@ -109,11 +109,13 @@ def mpiexec_command(nranks: int, argv: Sequence[str], python: Optional[str] = No
 
     ``module`` is :mod:`nbmpi.workers.launch.rank_entry` for programs (``nbmpi run``,
     controller jobs) and ``ipyparallel.engine`` for the engines of a pool. When every rank runs on this
-    host, the ranks' BLAS libraries get ``cpus // nranks`` threads each (``-genv``, unless ``env``, default
-    this process's environment, sets a BLAS thread count: :func:`~.environment.blas_threads`).
+    host under the bundled mpiexec (no ``$NBMPI_MPIEXEC``: e.g. ``srun`` in a Slurm allocation places
+    ranks on several nodes and has no ``-genv``), the ranks' BLAS libraries get ``cpus // nranks`` threads
+    each (``-genv``, unless ``env``, default this process's environment, sets a BLAS thread count:
+    :func:`~.environment.blas_threads`).
     """
     genv: List[str] = []
-    if not hosts and not hostfile:
+    if not hosts and not hostfile and not os.environ.get(MPIEXEC_ENV):   # Hydra's -genv: not srun's, nor another MPI's
         cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
         for name, value in environment.blas_threads(os.environ if env is None else env, nranks, cpus).items():
             genv += ["-genv", name, value]
