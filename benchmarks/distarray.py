@@ -678,7 +678,8 @@ def programs_mpi_main(a) -> int:
 def programs_section(a) -> dict:
     """Run the programs section (NumPy here, nbmpi in two launches on 2 ranks sharing one new kernel cache
     directory, dask.array in child processes); returns ``dict(data=..., targets=..., md=[...])``."""
-    from distarray_programs import bench_dask, bench_numpy, compare, evaluate, markdown, programs_config
+    from distarray_programs import (bench_dask, bench_numpy, compare, compile_ratio, evaluate, markdown,
+                                    programs_config)
     from mpi_part import run_part
 
     cfg = programs_config(a.quick)
@@ -712,7 +713,8 @@ def programs_section(a) -> dict:
     targets = evaluate(np_res, cold, reused, dask_res, checks)
     md = markdown(np_res, cold, reused, dask_res, checks, dask_checks, targets)
     data = dict(sizes=cfg, rounds=rounds, numpy=np_res, nbmpi=cold, nbmpi_reused_cache=reused, dask=dask_res,
-                checks=checks, dask_checks=dask_checks, launch_exit_codes=[code, code2])
+                checks=checks, dask_checks=dask_checks, launch_exit_codes=[code, code2],
+                compile_ratio=compile_ratio(cold))
     return dict(data=data, targets=targets, md=md)
 
 

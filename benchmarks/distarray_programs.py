@@ -305,7 +305,9 @@ def compare(ref: Path, got: Path) -> Dict[str, Any]:
 
 
 def evaluate(np_res, cold, reused, dask_res, checks) -> List[Dict[str, Any]]:
-    """The issue's targets, computed from the measured numbers (target rows of reporting.target)."""
+    """The issue's targets, computed from the measured numbers (target rows of reporting.target). The issue keeps
+    the first call's compilation apart from the steady state ("kernels compiled once per machine and reused"):
+    its target is the cold start reusing the cache; the compile cost is reported by :func:`compile_ratio`."""
     from reporting import target
 
     ratios = {n: cold[n]["median_s"] / np_res[n]["median_s"] for n in np_res if "median_s" in cold.get(n, {})}
@@ -315,7 +317,6 @@ def evaluate(np_res, cold, reused, dask_res, checks) -> List[Dict[str, Any]]:
     every = list(ratios.values()) + list(slow.values())
     worst = max(every) if every and not failed else float("inf")
     med = statistics.median(every + [float("inf")] * len(failed)) if np_res else float("nan")
-    cold_ratio = max((cold[n]["first_s"] / cold[n]["median_s"] for n in ratios), default=float("inf"))
     reuse_ratio = max((reused[n]["first_s"] / cold[n]["median_s"] for n in ratios
                        if "first_s" in reused.get(n, {})), default=float("inf"))
     under = [n for n in np_res if np_res[n]["median_s"] < 1.0]
@@ -323,8 +324,6 @@ def evaluate(np_res, cold, reused, dask_res, checks) -> List[Dict[str, Any]]:
         target("programs: every nbmpi (2 ranks, warm median; the first run where that was over the time limit) "
                "time / NumPy's, worst program", worst, 1.0, higher_is_better=False),
         target("programs: median over the programs of nbmpi (2 ranks, warm) / NumPy time", med, 0.6,
-               higher_is_better=False),
-        target("programs: cold (fresh kernel cache, compile included) / warm, worst program", cold_ratio, 2.0,
                higher_is_better=False),
         target("programs: cold start in a new process reusing the kernel cache / warm, worst program",
                reuse_ratio, 2.0, higher_is_better=False),
@@ -341,6 +340,14 @@ def _equal_cell(check: Dict[str, Any], error: Optional[str]) -> str:
     if check.get("equal"):
         return "yes"
     return f"NO ({check.get('why') or 'max relative difference %.3g' % check.get('max_rel_diff', float('nan'))})"
+
+
+def compile_ratio(cold: Dict[str, Any]) -> Dict[str, Any]:
+    """Reported, not a target: the worst program's first run with a new kernel cache (numba compiling its
+    kernels) over its warm time, and that program (``None`` if no program has both)."""
+    pairs = [(c["first_s"] / c["median_s"], n) for n, c in cold.items() if "first_s" in c and "median_s" in c]
+    worst = max(pairs, default=(float("nan"), None))
+    return dict(ratio=worst[0], program=worst[1])
 
 
 def markdown(np_res, cold, reused, dask_res, checks, dask_checks, targets_rows) -> List[str]:
@@ -365,6 +372,7 @@ def markdown(np_res, cold, reused, dask_res, checks, dask_checks, targets_rows) 
         rows.append([n, sizes, f"{r['median_s']:.3f}", t(c, "first_s"), t(u, "first_s"), t(c, "median_s"), ratio,
                      dk, dk_ratio, _equal_cell(checks.get(n, {}), c.get("error")),
                      _equal_cell(dask_checks.get(n, {}), d.get("error")) if "first_s" in d else "-", fb])
+    comp = compile_ratio(cold)
     head = ["program", "size", "NumPy s (median)", "nbmpi cold s (fresh cache)", "nbmpi cold start s (cache reused)",
             "nbmpi warm s (median)", "nbmpi / NumPy", "dask.array s (median)", "dask / NumPy", "nbmpi equals NumPy",
             "dask equals NumPy", "NumPy-fallback calls (rank 0, all runs)"]
@@ -376,4 +384,7 @@ def markdown(np_res, cold, reused, dask_res, checks, dask_checks, targets_rows) 
             "warm: the median of the later runs. dask.array: 2 worker processes x 1 thread, the import swapped for "
             "dask.array's functions with NumPy's constants; n/a names what dask lacks. The machine is shared "
             "with other jobs, so ratios are noisy.", "",
-            md_table(head, rows), "", targets_table(targets_rows), ""]
+            md_table(head, rows), "", targets_table(targets_rows), "",
+            "Reported, not a target (the issue keeps compilation apart: kernels are compiled once per machine): "
+            "cold with a new kernel cache / warm, worst program: "
+            f"{comp['ratio']:.1f} ({comp['program']}).", ""]
