@@ -235,6 +235,11 @@ class BufferCache:
             _, old = self.free.popitem(last=False)
             self.bytes -= old.nbytes
 
+    def clear(self) -> None:
+        """Drop every pooled buffer (their memory goes back to the allocator). Local."""
+        self.free.clear()
+        self.bytes = 0
+
     def take(self, shape, dtype):
         for k, arr in reversed(self.free.items()):
             if arr.shape == tuple(shape) and arr.dtype == dtype:
