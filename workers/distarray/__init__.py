@@ -109,13 +109,15 @@ def evaluate(comm=None, latency_hiding: Optional[bool] = None) -> None:
 def stats(comm=None) -> Dict[str, Any]:
     """Counters of this rank (local): evaluations, recorded/fused/dropped operations, plans built (and the
     nanoseconds spent building them, ``plan_build_ns``) and reused, blocks computed, messages and bytes sent, time waited, local buffers of at least 64 KiB
-    allocated (lazily, for results actually stored) and reused, and the compiled kernels
+    allocated (lazily, for results actually stored), reused and released (given back inside a force point by a
+    dead temporary after its last use), and the compiled kernels
     (``kernels``: ``compiled``/``loaded``/``signatures``). ``last`` describes the last evaluation."""
     ctx = context_for(comm)
     out: Dict[str, Any] = dict(ctx.stats)
     out["pending"] = len(ctx.pending)
     out["buffers_allocated"] = ctx.buffers.allocated
     out["buffers_reused"] = ctx.buffers.reused
+    out["buffers_released"] = ctx.buffers.released
     out["kernels"] = kernel_stats()
     out["fallback"] = _fallback.stats()
     out["last"] = dict(ctx.last)

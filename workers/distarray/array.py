@@ -172,7 +172,12 @@ class DistArray:
         del keep
         if root is not None and ctx.rank != root:
             return None
-        return np.array(rep.base.ensure()[rep.view.numpy_index()], copy=True)
+        rb = rep.base
+        loc = rb.ensure()
+        if rep.view.is_full and loc.shape == self.shape:
+            rb.exported = True  # the gathered copy is made for this call only: handed over, not copied again
+            return loc
+        return np.array(loc[rep.view.numpy_index()], copy=True)
 
     def __array__(self, dtype=None, copy=None) -> np.ndarray:
         out = self.to_numpy()

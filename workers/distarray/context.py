@@ -213,7 +213,9 @@ class BufferCache:
     same memory instead of faulting in fresh pages). At most ``max_bytes`` are kept; the
     oldest go first. Only buffers never handed to the user (``.local``) come here, and only of at
     least ``min_bytes`` (64 KiB; smaller ones are cheap to allocate). ``allocated`` counts fresh
-    allocations of at least ``min_bytes``, ``reused`` the allocations served from the pool."""
+    allocations of at least ``min_bytes``, ``reused`` the allocations served from the pool, ``released``
+    the buffers of dead temporaries given back during a force point, once its last unit using them ran
+    (:mod:`~.releases`), so that later units of the same force point reuse them."""
 
     def __init__(self, max_bytes: int = 1 << 30, min_bytes: int = 1 << 16):
         self.max_bytes = max_bytes
@@ -222,6 +224,7 @@ class BufferCache:
         self.free: "OrderedDict[int, Any]" = OrderedDict()
         self.reused = 0
         self.allocated = 0
+        self.released = 0
 
     def give(self, arr) -> None:
         if arr.nbytes < self.min_bytes or arr.nbytes > self.max_bytes:
@@ -231,6 +234,11 @@ class BufferCache:
         while self.bytes > self.max_bytes and self.free:
             _, old = self.free.popitem(last=False)
             self.bytes -= old.nbytes
+
+    def clear(self) -> None:
+        """Drop every pooled buffer (their memory goes back to the allocator). Local."""
+        self.free.clear()
+        self.bytes = 0
 
     def take(self, shape, dtype):
         for k, arr in reversed(self.free.items()):

@@ -44,10 +44,13 @@ class Base:
     never allocated. ``nviews`` counts the user's DistArray objects on this base (a base with
     ``nviews == 0`` at a force point is dead for the user). ``exported`` is set once the
     user got a NumPy view of the local buffer (``.local``): such a base is never swapped.
+    ``pooled`` is True while ``local`` is a buffer :meth:`ensure` made (fresh or from the pool), the only
+    kind :meth:`release` gives back during a force point (a buffer installed by :meth:`set_local` may be
+    the caller's memory).
     """
 
     __slots__ = ("context", "serial", "shape", "dtype", "dist", "local", "flat", "nviews", "exported",
-                 "temp", "origin", "origin_code", "__weakref__")
+                 "temp", "origin", "origin_code", "pooled", "__weakref__")
 
     def __init__(self, context, shape: Tuple[int, ...], dtype: np.dtype, dist: Distribution, temp: bool = False,
                  origin: str = ""):
@@ -60,6 +63,7 @@ class Base:
         self.flat: Optional[np.ndarray] = None
         self.nviews = 0
         self.exported = False
+        self.pooled = False
         self.temp = temp
         self.origin = origin
         self.origin_code = zlib.crc32(origin.encode()) if origin else 0
@@ -84,8 +88,27 @@ class Base:
                 arr = np.empty(shape, dtype=self.dtype)
                 if arr.nbytes >= self.context.buffers.min_bytes:
                     self.context.buffers.allocated += 1
-            self.set_local(arr)
+            self.set_local(arr, pooled=True)
         return self.local
+
+    def release(self) -> bool:
+        """Give the local buffer back to the context's pool now, if :meth:`ensure` made it, it is large
+        enough to be pooled and the user cannot see this base (``nviews == 0``, not ``exported``); then
+        ``local`` and ``flat`` are None (a later use allocates afresh instead of reading a buffer another
+        base may own). Local, not blocking. Only the scheduler calls it, once no unit of the running
+        force point reads or writes this base any more and no send from its memory is in flight.
+        Returns True if the buffer was given back."""
+        arr = self.local
+        if arr is None or not self.pooled or self.nviews or self.exported:
+            return False
+        pool = self.context.buffers
+        if arr.nbytes < pool.min_bytes:
+            return False
+        self.local = self.flat = None
+        self.pooled = False
+        pool.give(arr)
+        pool.released += 1
+        return True
 
     def __del__(self) -> None:
         try:
@@ -94,10 +117,12 @@ class Base:
         except Exception:  # noqa: BLE001 - interpreter shutdown
             pass
 
-    def set_local(self, arr: np.ndarray) -> None:
-        """Install ``arr`` (C-contiguous, local shape, dtype) as the local buffer."""
+    def set_local(self, arr: np.ndarray, pooled: bool = False) -> None:
+        """Install ``arr`` (C-contiguous, local shape, dtype) as the local buffer; ``pooled``: it was made by
+        :meth:`ensure` (see the class doc), False for any other memory."""
         self.local = arr
         self.flat = arr.reshape(-1)
+        self.pooled = pooled
 
     def name(self) -> str:
         return f"array#{self.serial}"

@@ -7,7 +7,9 @@ Each is one exchange by global flat index (:func:`~.exchange.from_elements`): ev
 own elements, where they land in the result, and sends each to the rank owning that row; nothing is gathered
 to one rank. ``nonzero`` takes each rank's local nonzeros, numbers them by an exclusive scan of the counts and
 puts them in C order (by the sample sort of :mod:`.numpy_sorting` unless the rows are block-distributed in
-increasing order, when the scan already is that order). Results take the input's layout (block for a
+increasing order, when the scan already is that order). ``reshape``/``ravel`` of a whole block-distributed
+array whose ranks hold the same flat ranges before and after (e.g. an even number of rows on 2 ranks) exchange
+nothing: each rank copies its block into a pooled buffer. Results take the input's layout (block for a
 replicated input). Collective over the array's communicator and blocking (a force point); call SPMD with
 the same arguments. Orders other than C go through the NumPy fallback.
 """
@@ -21,7 +23,10 @@ from numpy.lib.array_utils import normalize_axis_index
 
 from . import fallback
 from .array import _FUNCTIONS, _METHODS, DistArray
+from .distribution import make_distribution
 from .exchange import allgather_int, from_elements, from_local_part, local_part, result_dist
+from .graph import Base
+from .indexing import View
 
 __all__ = ["reshape", "ravel", "repeat", "tile", "nonzero", "flatnonzero", "argwhere", "permute", "flip_rows",
            "moveaxis"]
@@ -46,6 +51,30 @@ def _flat_of(rows: np.ndarray, inner: int) -> np.ndarray:
     return (rows[:, None] * inner + np.arange(inner, dtype=np.int64)[None, :]).reshape(-1)
 
 
+def _reshape_in_place(a: DistArray, new: Tuple[int, ...]) -> Any:
+    """``a`` reshaped to ``new`` when no element changes rank: ``a`` is a whole block-distributed array and every
+    rank's flat range (rows times row length) is the same under ``a``'s layout and under the result's block
+    layout (decided from the shapes alone, the same on every rank). Then each rank copies its block into the
+    result's local buffer (from the pool when a dead array left one). None when elements would move.
+    Collective (a force point), blocking."""
+    ctx = a.context
+    d = a.dist
+    if d.kind != "block" or not a._view.is_full or not new or a.size == 0:
+        return None
+    rd = make_distribution("block", new[0], ctx.size)
+    ia = int(np.prod(a.shape[1:], dtype=np.int64))
+    ir = int(np.prod(new[1:], dtype=np.int64))
+    for q in range(ctx.size):
+        (a0, a1), (r0, r1) = d.block_range(q), rd.block_range(q)
+        if a0 * ia != r0 * ir or a1 * ia != r1 * ir:
+            return None
+    ctx.flush("reshape")
+    src = a._base.ensure()
+    b = Base(ctx, new, a.dtype, rd, origin="reshape")
+    np.copyto(b.ensure().reshape(-1), src.reshape(-1))
+    return DistArray(b, View.full(new))
+
+
 def reshape(a: Any, shape: Any = None, order: str = "C", **kwargs: Any) -> Any:
     """``numpy.reshape`` in C order: a new array of ``shape`` with ``a``'s elements in flat order, in ``a``'s
     layout (elements sent by global flat index). Collective, blocking. A copy, never a view."""
@@ -58,6 +87,10 @@ def reshape(a: Any, shape: Any = None, order: str = "C", **kwargs: Any) -> Any:
     fallback.note_native("reshape")
     if new == a.shape:
         return a
+    if result_dist(a, new[0]) == "block":
+        out = _reshape_in_place(a, new)
+        if out is not None:
+            return out
     rows, data = local_part(a)
     inner = int(np.prod(a.shape[1:], dtype=np.int64))
     return from_elements(a.context, new, a.dtype, _flat_of(rows, inner), data, result_dist(a, new[0]), "reshape")

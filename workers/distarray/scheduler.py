@@ -20,13 +20,18 @@
      matrix product). A unit is ready when the messages it reads have arrived and the
      earlier units it conflicts with (same base, overlapping local rows, one of them
      writing) are done: per-base access lists, DistNumPy's dependency heuristic;
-   * communication units always go first; then one computation unit runs, and
-     ``Testsome`` polls the requests in flight before the next one;
+   * communication units always go first; then one computation unit runs (of the ready ones, the
+     oldest group's first, so that a group finishes, and the buffers it was the last to use are given
+     back, before younger groups allocate theirs), and ``Testsome`` polls the requests in flight
+     before the next one;
    * only when no unit is ready the rank blocks, in :func:`nbmpi.workers.core.waiting.wait_each`
      (``NBMPI_TIMEOUT``, Ctrl-C), until some request completes.
 
    Without latency hiding (``NBMPI_LATENCY_HIDING=0`` or ``evaluate(latency_hiding=False)``)
    each group in turn exchanges its messages with blocking waits, then computes.
+
+   Either way, once the last group using a dead temporary has run completely, its buffer goes
+   back to the pool for the later groups of the same flush (:mod:`~.releases`).
 
 Tracing: each send is recorded when started; each blocked interval is recorded once, as the
 receive (or allgather) that ended it, with its full length as ``wait`` (so
@@ -39,6 +44,7 @@ from __future__ import annotations
 import time
 from bisect import bisect_left, bisect_right
 from collections import deque
+from heapq import heappop, heappush
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
@@ -50,6 +56,7 @@ from ..core import spmd
 from .errors import DistArrayDivergence, DistArrayError, DistArrayTimeout
 from .fusion import optimize
 from .operations import BARRIERS, LOWERINGS
+from .releases import Releases
 from .units import GroupRun, Unit, Waitable, after
 
 __all__ = ["run_flush"]
@@ -127,7 +134,10 @@ class _Flush:
         self.rank, self.size = context.rank, context.size
         self.active: List[Waitable] = []
         self.ready_comm: deque = deque()
-        self.ready_comp: deque = deque()
+        #: ready computation units as a heap of ``(group order, enqueue number, unit)``
+        self.ready_comp: List[Tuple[int, int, Unit]] = []
+        self.enqueued = 0
+        self.releases = Releases([])
         self.nunits = 0
         self.ndone = 0
         self.wait_ns = 0
@@ -200,12 +210,22 @@ class _Flush:
 
     # -- unit queues -------------------------------------------------------------------
     def _enqueue(self, u: Unit) -> None:
-        (self.ready_comm if u.kind in ("send", "coll") else self.ready_comp).append(u)
+        if u.kind in ("send", "coll"):
+            self.ready_comm.append(u)
+            return
+        self.enqueued += 1
+        o = u.owner
+        heappush(self.ready_comp, (-1 if o is None else o.order, self.enqueued, u))
 
     def _run_unit(self, u: Unit) -> None:
         u.fn()
         u.done = True
         self.ndone += 1
+        o = u.owner
+        if o is not None:
+            o.pending -= 1
+            if o.pending == 0:
+                self.releases.group_done(o.group)
         for d in u.dependents:
             d.ndeps -= 1
             if d.ndeps == 0:
@@ -312,7 +332,10 @@ class _Flush:
                 lst.append(rec)
 
     # -- execution -------------------------------------------------------------------
-    def execute(self) -> None:
+    def execute(self, groups: List[Any]) -> None:
+        """Run the units of the segment built from ``groups`` (the list given to :meth:`build`)."""
+        for k, (run, g) in enumerate(zip(self.runs, groups)):
+            run.group, run.order = g, k
         if self.hiding:
             self._execute_hiding()
         else:
@@ -324,7 +347,15 @@ class _Flush:
         if recvs:
             MPI.Prequest.Startall([w.req for w in recvs])
             self.active.extend(recvs)
-        units = [u for run in self.runs for u in run.units()]
+        units: List[Unit] = []
+        for run in self.runs:
+            mine = run.units()
+            run.pending = len(mine)
+            for u in mine:
+                u.owner = run
+            units.extend(mine)
+            if not mine:
+                self.releases.group_done(run.group)
         agr = self.agreement
         verify = Unit("compute", agr.verify, "verify the agreement")
         if not agr.waitable.done:
@@ -344,7 +375,7 @@ class _Flush:
             while comm_q:
                 self._run_unit(comm_q.popleft())
             if comp_q:
-                self._run_unit(comp_q.popleft())
+                self._run_unit(heappop(comp_q)[2])
                 self._poll()
                 continue
             if not self.active:
@@ -388,6 +419,7 @@ class _Flush:
             if run.finish is not None:
                 run.finish.fn()
                 self.ndone += 1
+            self.releases.group_done(run.group)
 
     def dispose(self) -> None:
         """Break the reference cycles of the flush (units' closures refer back to it, the agreement to
@@ -396,9 +428,11 @@ class _Flush:
         for run in self.runs:
             for w in run.recvs:
                 w.units = []
+            run.group = None
             for u in run.units():
                 u.fn = None
                 u.dependents = []
+                u.owner = None
         if self.agreement is not None:
             self.agreement.waitable.units = []
             self.agreement.tasks = None
@@ -407,6 +441,7 @@ class _Flush:
         self.ready_comm.clear()
         self.ready_comp.clear()
         self.agreement = None
+        self.releases = Releases([])
 
     def abort(self) -> None:
         """After an error: cancel the receives still in flight; instances with a send or collective
@@ -497,6 +532,7 @@ def run_flush(context, tasks, reason: str, hiding: bool) -> None:
     if not hiding:
         agr.wait()  # blocking: agree first
     groups, fstats = optimize(tasks)
+    fl.releases = Releases(groups)
     try:
         # barriers (irregular copies through the Aggregator): the groups before one run to completion first
         segment: List[Any] = []
@@ -506,11 +542,12 @@ def run_flush(context, tasks, reason: str, hiding: bool) -> None:
                 continue
             if segment:
                 fl.build(segment)
-                fl.execute()
+                fl.execute(segment)
                 segment = []
             if g is not None:
                 agr.wait()  # the ranks agreed on the recorded operations before this collective step
                 BARRIERS[g.kind](context, g.task, fl.op_name(g.kind))
+                fl.releases.group_done(g)
     except BaseException as err:
         fl.abort()
         if not agr.verified and not isinstance(err, (DistArrayTimeout, KeyboardInterrupt)):

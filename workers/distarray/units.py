@@ -39,9 +39,10 @@ class Waitable:
 
 
 class Unit:
-    """A piece of work of a flush: ``kind`` 'send' or 'coll' (communication), 'compute' (everything else)."""
+    """A piece of work of a flush: ``kind`` 'send' or 'coll' (communication), 'compute' (everything else).
+    ``owner``: the :class:`GroupRun` it belongs to, set by the scheduler when it runs the units out of order."""
 
-    __slots__ = ("kind", "fn", "ndeps", "dependents", "label", "done", "access")
+    __slots__ = ("kind", "fn", "ndeps", "dependents", "label", "done", "access", "owner")
 
     def __init__(self, kind: str, fn: Callable[[], None], label: str, access: Tuple[Access, ...] = ()):
         self.kind, self.fn, self.label = kind, fn, label
@@ -49,6 +50,7 @@ class Unit:
         self.dependents: List["Unit"] = []
         self.done = False
         self.access = access
+        self.owner: Optional["GroupRun"] = None
 
 
 def after(u: Unit, prereq: Unit) -> None:
@@ -59,9 +61,11 @@ def after(u: Unit, prereq: Unit) -> None:
 
 class GroupRun:
     """The units of one group in one flush: receives (started at once), sends, computations, and for
-    a reduction its allgather (``coll``) and the unit that combines the ranks' partials (``finish``)."""
+    a reduction its allgather (``coll``) and the unit that combines the ranks' partials (``finish``).
+    ``group``, ``order`` (its position in the flush's segment) and ``pending`` (units not run yet) are set
+    and used by the scheduler."""
 
-    __slots__ = ("recvs", "sends", "computes", "coll", "finish", "label", "inst")
+    __slots__ = ("recvs", "sends", "computes", "coll", "finish", "label", "inst", "group", "order", "pending")
 
     def __init__(self, label: str):
         self.recvs: List[Waitable] = []
@@ -71,6 +75,9 @@ class GroupRun:
         self.finish: Optional[Unit] = None
         self.label = label
         self.inst = None
+        self.group: Any = None
+        self.order = 0
+        self.pending = 0
 
     def units(self) -> List[Unit]:
         """Every unit of the group: sends, computations, then the allgather and the finish, if any."""

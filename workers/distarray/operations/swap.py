@@ -62,8 +62,9 @@ def lower(fl: Lowering, g: Any, flush_no: int) -> GroupRun:
         xl, sl = x.ensure(), s.ensure()
         for ix in idx:
             sl[ix] = xl[ix]
-        x.set_local(sl)
-        s.set_local(xl)
+        xp, sp = x.pooled, s.pooled
+        x.set_local(sl, sp)
+        s.set_local(xl, xp)
 
     run = GroupRun(t.desc)
     run.computes.append(Unit("compute", fn, t.desc, ((s.serial, 0, FULL, "W"), (x.serial, 0, FULL, "W"))))
