@@ -2,6 +2,7 @@
 of the whole row only while neither the array nor the gathered copy is written (run SPMD by
 tests/test_distarray_row_gathers.py under ``nbmpi run -n 2`` and ``-n 3``). Every result is compared with NumPy's
 exactly (a wrong reuse reads a stale or another row); the count of recorded gathers shows whether a reuse happened.
+Also ``argmax``/``argmin`` over strided views (each rank's rows taken as one run on a block layout).
 Prints ``ok <section>`` per section on rank 0 and ``ALL OK`` at the end."""
 import numpy as np
 
@@ -80,4 +81,12 @@ for dist in DISTS:
     same(f"wide row a[k, j] {dist}", e1, zw[1, 5])
     same(f"wide row a[k, j:l] {dist}", e2, zw[1, 5:9])
 section("3-D rows and rows larger than the whole-row bound")
+z = np.cos(np.arange(17 * 4, dtype=float) * 0.7).reshape(17, 4)
+for dist in DISTS:
+    Z = dnp.from_numpy(z, dist=dist)
+    for sl in (slice(None), slice(3, None), slice(None, None, -1), slice(15, 1, -3), slice(2, 16, 2)):
+        for col in (0, slice(1, 3)):
+            same(f"argmax(|Z[{sl}, {col}]|) {dist}", int(dnp.argmax(dnp.abs(Z[sl, col]))), np.argmax(np.abs(z[sl, col])))
+            same(f"argmin(Z[{sl}, {col}]) {dist}", int(dnp.argmin(Z[sl, col])), np.argmin(z[sl, col]))
+section("argmax and argmin over strided views")
 print(f"ALL OK ({checks[0]} checks on {size} ranks)", flush=True) if ctx.rank == 0 else None
