@@ -86,7 +86,7 @@ def aligned(leaf: Leaf, space: RowSpace) -> bool:
 #: gathers the whole row: later reads of the same row recorded before it changes reuse that copy.
 WHOLE_ROW_BYTES = 1 << 16
 #: How many of the latest recorded operations are searched for a pending gather of a whole row.
-ROW_LOOKBACK = 32
+ROW_LOOKBACK = 16
 
 
 def replicate_leaf(context, leaf: Leaf, why: str, root: Optional[int] = None) -> Leaf:
@@ -124,7 +124,7 @@ def _fixed_row(context, leaf: Leaf, why: str) -> Optional[Leaf]:
     trail = tuple(b.shape[1:])
     if math.prod(trail) * b.dtype.itemsize > WHOLE_ROW_BYTES:
         return None
-    whole = View.full(b.shape).index(v.row_entry[1])
+    whole = View._of(b.shape, (("i", v.row_entry[1]),) + tuple([("s", 0, 1, n) for n in trail]))
     rb = _pending_row(context, b, whole)
     if rb is None:
         packed = (1,) + trail
