@@ -148,3 +148,49 @@ def test_redistribution_by_peer_closed_form_equals_per_row(nranks, nv):
                 assert np.array_equal(g[3][0], w[3][0]) and g[3][1:] == w[3][1:]
             else:
                 assert g[3] is None
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(1, 5), st.integers(0, 40).flatmap(lambda n: st.tuples(st.just(n), view_of(n))))
+def test_matmul_rows_by_owner_closed_form_equals_per_row(nranks, nv):
+    """The matrix product plan's rows of ``b`` per owner and the ranks holding rows of ``a``: the block closed
+    forms give the view rows, local rows (order included) and ranks that the per-row search gives."""
+    from nbmpi.workers.distarray.operations.linalg import _b_rows_by_owner, _ranks_with_rows
+
+    n, (nrows, s, t) = nv
+    block = Distribution("block", nrows, nranks)
+    rows = s + np.arange(n, dtype=np.int64) * t
+    owner, loc = block.owner(rows), block.local_index(rows)
+    closed = _b_rows_by_owner(block, s, t, n, nranks)
+    assert len(closed) == nranks
+    for q, (j, lq) in enumerate(closed):
+        jq = np.flatnonzero(owner == q)
+        assert j.tolist() == jq.tolist() and lq.tolist() == loc[jq].tolist()
+    assert _ranks_with_rows(block, s, t, n, nranks) == set(np.unique(owner).tolist())
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 4).flatmap(lambda d: st.lists(st.integers(0, 6), min_size=d, max_size=d)),
+       st.data())
+def test_view_index_and_is_full_match_numpy(shape, data):
+    """A composed basic index of a View shows the elements NumPy's indexing shows, and ``is_full`` holds exactly
+    for the entries of the whole base (every axis sliced from 0 by step 1 over its length)."""
+    from nbmpi.workers.distarray.indexing import View
+
+    base = np.arange(int(np.prod(shape)), dtype=np.int64).reshape(shape)
+    v, ref = View.full(tuple(np.int64(n) for n in shape)), base
+    assert v.is_full and v.shape == base.shape and all(type(n) is int for n in v.base_shape)
+    for _ in range(data.draw(st.integers(1, 3))):
+        key = []
+        for n in ref.shape[:data.draw(st.integers(0, ref.ndim))]:
+            if n and data.draw(st.booleans()):
+                key.append(data.draw(st.integers(-n, n - 1)))
+            else:
+                key.append(slice(data.draw(st.one_of(st.none(), st.integers(-8, 8))),
+                                 data.draw(st.one_of(st.none(), st.integers(-8, 8))),
+                                 data.draw(st.sampled_from([None, 1, 2, -1, -3]))))
+        v, ref = v.index(tuple(key)), ref[tuple(key)]
+        got = base[v.numpy_index()]
+        assert v.shape == ref.shape and got.tolist() == ref.tolist()
+        assert v.is_full == (v.entries == tuple(("s", 0, 1, n) for n in shape))
+        assert not v.is_full or got.tolist() == base.tolist()

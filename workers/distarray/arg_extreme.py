@@ -16,6 +16,7 @@ the distributed axis); the caller then records the general form.
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, Optional, Tuple
 
@@ -25,6 +26,7 @@ from ..core import waiting
 from .array import DistArray
 from .creation import from_numpy
 from .errors import DistArrayTimeout
+from .indexing import _slice_of
 from .plans import my_rows, selector
 
 __all__ = ["flat_arg"]
@@ -49,11 +51,21 @@ def _local_candidate(a: DistArray, op: str) -> Optional[Tuple[bool, int, Any]]:
         data = loc[v.numpy_index(row_sel=int(lidx[0]))]
         j = int(getattr(np, f"arg{op}")(data))
         return True, j, data.reshape(-1)[j]
-    data = loc[v.numpy_index(row_sel=selector(lidx))]   # this rank's rows of the view, increasing order
+    if b.dist.kind == "block":               # my_rows gave one arithmetic run of local rows
+        sel = _slice_of(int(lidx[0]), t if len(lidx) > 1 else 1, len(lidx))
+    else:
+        sel = selector(lidx)
+    data = loc[v.numpy_index(row_sel=sel)]   # this rank's rows of the view, increasing order
     j = int(getattr(np, f"arg{op}")(data))
     trail = math.prod(a.shape[1:])
     r, c = divmod(j, trail) if trail else (0, 0)
     return True, int(rows[r]) * trail + c, data.reshape(-1)[j]
+
+
+@functools.lru_cache(maxsize=None)
+def _record_type(dtype: np.dtype) -> np.dtype:
+    """The structured dtype of one rank's candidate ``(has, idx, val)`` for values of ``dtype``."""
+    return np.dtype([("has", np.int64), ("idx", np.int64), ("val", dtype)])
 
 
 def _combine(recs: np.ndarray, op: str) -> int:
@@ -89,7 +101,7 @@ def flat_arg(a: DistArray, op: str) -> Optional[DistArray]:
         return None
     if a._base.replicated:
         return from_numpy(np.array(cand[1], dtype=np.intp), dist="replicated", comm=a.comm)
-    rec_t = np.dtype([("has", np.int64), ("idx", np.int64), ("val", a.dtype)])
+    rec_t = _record_type(a.dtype)
     mine = np.zeros(1, dtype=rec_t)
     if cand[0]:
         mine[0] = (1, cand[1], cand[2])

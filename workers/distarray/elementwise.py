@@ -82,10 +82,23 @@ def aligned(leaf: Leaf, space: RowSpace) -> bool:
             and v.shape[0] == space.count)
 
 
+#: Bytes of one row of a base up to which gathering part of a single row (``a[3, 2:]``, ``a[3, 2]``) to every rank
+#: gathers the whole row: later reads of the same row recorded before it changes reuse that copy.
+WHOLE_ROW_BYTES = 1 << 16
+#: How many of the latest recorded operations are searched for a pending gather of a whole row.
+ROW_LOOKBACK = 16
+
+
 def replicate_leaf(context, leaf: Leaf, why: str, root: Optional[int] = None) -> Leaf:
     """Record the gathering of ``leaf`` (a view of a distributed base) to every rank (or ``root``);
-    return a Leaf of the replicated copy with the same user shape."""
+    return a Leaf of the replicated copy with the same user shape. A view of one fixed row (``a[3, 2:]``,
+    ``a[3, 2]``) to every rank gathers the row whole when it is small (:data:`WHOLE_ROW_BYTES`) and reuses a
+    pending gather of that row (see :func:`_fixed_row`). Local: records, computes nothing."""
     v = leaf.view
+    if root is None and v.row_entry is not None and not v.row_kept:
+        got = _fixed_row(context, leaf, why)
+        if got is not None:
+            return got
     s, t, c = v.row_params
     packed = (c,) + v.packed_trail_shape()
     rb = Base(context, packed, leaf.dtype, Distribution("replicated", packed[0], context.size), temp=True)
@@ -99,6 +112,44 @@ def replicate_leaf(context, leaf: Leaf, why: str, root: Optional[int] = None) ->
         elif e[0] == "s":
             ents.append(("s", 0, 1, e[3]))
     return Leaf(rb, View(packed, tuple(ents)))
+
+
+def _fixed_row(context, leaf: Leaf, why: str) -> Optional[Leaf]:
+    """``leaf`` (a view of the single base row ``r``) read from a replicated copy of the whole row ``r``: the
+    copy gathered by a :class:`~.graph.Replicate` among the last :data:`ROW_LOOKBACK` pending operations when
+    nothing recorded after it writes the base or the copy (so it holds what a new gather would), else a new
+    gather of the whole row. None when the row is larger than :data:`WHOLE_ROW_BYTES`. Every rank records the
+    same operations, so every rank takes the same decision. Local."""
+    b, v = leaf.base, leaf.view
+    trail = tuple(b.shape[1:])
+    if math.prod(trail) * b.dtype.itemsize > WHOLE_ROW_BYTES:
+        return None
+    whole = View._of(b.shape, (("i", v.row_entry[1]),) + tuple([("s", 0, 1, n) for n in trail]))
+    rb = _pending_row(context, b, whole)
+    if rb is None:
+        packed = (1,) + trail
+        rb = Base(context, packed, b.dtype, Distribution("replicated", 1, context.size), temp=True)
+        context.record(Replicate(Leaf(b, whole), Leaf(rb, View.full(packed)), None,
+                                 f"{why} (gathers its whole row {node_desc(Leaf(b, whole))}, reused by later reads "
+                                 "of that row)"))
+    row = v.lead_new()
+    return Leaf(rb, View(rb.shape, tuple(("i", 0) if k == row else e for k, e in enumerate(v.entries))))
+
+
+def _pending_row(context, b: Base, whole: View) -> Optional[Base]:
+    """The replicated base of a pending gather of ``b[whole]`` to every rank that no later pending operation
+    writes, nor ``b``; None if there is none among the last :data:`ROW_LOOKBACK` operations. Local."""
+    pend = context.pending
+    written = set()
+    for j in range(len(pend) - 1, max(-1, len(pend) - 1 - ROW_LOOKBACK), -1):
+        t = pend[j]
+        if isinstance(t, Replicate) and t.root is None and t.src.base is b and t.src.view == whole:
+            return None if id(t.out.base) in written else t.out.base
+        for w in t.writes():
+            if w.base is b:
+                return None
+            written.add(id(w.base))
+    return None
 
 
 def result_leaf(context, nodes: Sequence[Node], shape: Tuple[int, ...], dtype: np.dtype) -> Leaf:

@@ -73,16 +73,40 @@ class View:
     __slots__ = ("base_shape", "entries", "shape", "key", "_row")
 
     def __init__(self, base_shape: Tuple[int, ...], entries: Tuple[Entry, ...]):
-        self.base_shape = tuple(int(s) for s in base_shape)
-        self.entries = tuple(entries)
-        self.shape = tuple(e[3] if e[0] == "s" else 1 for e in self.entries if e[0] != "i")
-        self.key = (self.base_shape, self.entries)
-        self._row = next((k for k, e in enumerate(self.entries) if e[0] != "n"), None)
+        self._set(tuple([int(s) for s in base_shape]), tuple(entries))
+
+    def _set(self, base_shape: Tuple[int, ...], entries: Tuple[Entry, ...]) -> None:
+        """Fill the slots from a tuple of Python ints and a tuple of entries (no conversion)."""
+        self.base_shape = base_shape
+        self.entries = entries
+        shape = []
+        row = None
+        for k, e in enumerate(entries):
+            tag = e[0]
+            if tag == "s":
+                shape.append(e[3])
+            elif tag == "n":
+                shape.append(1)
+                continue
+            if row is None:
+                row = k
+        self.shape = tuple(shape)
+        self.key = (base_shape, entries)
+        self._row = row
+
+    @classmethod
+    def _of(cls, base_shape: Tuple[int, ...], entries: Tuple[Entry, ...]) -> "View":
+        """A view of a ``base_shape`` that is already a tuple of Python ints, ``entries`` a tuple (internal:
+        skips the conversions of the constructor)."""
+        v = cls.__new__(cls)
+        v._set(base_shape, entries)
+        return v
 
     @classmethod
     def full(cls, base_shape: Tuple[int, ...]) -> "View":
         """The view of the whole base."""
-        return cls(base_shape, tuple(("s", 0, 1, int(n)) for n in base_shape))
+        bs = tuple([int(n) for n in base_shape])
+        return cls._of(bs, tuple([("s", 0, 1, n) for n in bs]))
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, View) and other.key == self.key
@@ -105,7 +129,13 @@ class View:
     @property
     def is_full(self) -> bool:
         """True if the view shows the whole base unchanged."""
-        return self.entries == View.full(self.base_shape).entries
+        ents = self.entries
+        if len(ents) != len(self.base_shape):
+            return False
+        for e, n in zip(ents, self.base_shape):
+            if e[0] != "s" or e[1] != 0 or e[2] != 1 or e[3] != n:
+                return False
+        return True
 
     @property
     def row_entry(self) -> Optional[Entry]:
@@ -209,7 +239,7 @@ class View:
                 elif it not in (0, -1):
                     raise IndexError(f"index {it} is out of bounds for axis with size 1")
         out.extend(ents[p:])
-        return View(self.base_shape, tuple(out))
+        return View._of(self.base_shape, tuple(out))
 
     # -- index tuples for NumPy arrays ------------------------------------------------
     def numpy_index(self, row_sel: Any = None) -> Tuple[Any, ...]:

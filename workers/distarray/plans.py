@@ -23,6 +23,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from ..core import runtime
 from .indexing import _slice_of
 
 __all__ = ["PartSpec", "MsgSpec", "Instance", "arena_layout", "Plan", "ap_of", "selector", "segments",
@@ -130,12 +131,19 @@ class Instance:
                  "recv_arena", "send_arena", "recv_offsets", "send_offsets", "extra", "flush_no", "uses", "broken")
 
     def __init__(self, plan: "Plan", context):
-        from ..core import runtime
-
+        self.plan = plan
+        self.tag = context.next_tag()     # taken on every rank, messages or not: tags agree by creation order
+        self.extra = plan.extra_buffers()
+        self.flush_no = -1
+        self.uses = 0
+        self.broken = False
+        if not plan.msgs_in and not plan.msgs_out:      # a local plan: no buffers, no requests
+            self.recv_arena, self.send_arena = np.empty(64, dtype=np.uint8), np.empty(64, dtype=np.uint8)
+            self.recv_offsets, self.recv_bufs, self.recv_reqs, self.recv_parts = [], [], [], []
+            self.send_offsets, self.send_bufs, self.send_reqs, self.send_parts = [], [], [], []
+            return
         MPI = runtime.MPI()
         comm = context.dcomm
-        self.plan = plan
-        self.tag = context.next_tag()
         self.recv_arena, self.recv_offsets, self.recv_bufs = self._arena(plan.msgs_in)
         self.recv_reqs = [comm.Recv_init([buf[:m.payload], MPI.BYTE], source=m.peer, tag=self.tag)
                           for m, buf in zip(plan.msgs_in, self.recv_bufs)]
@@ -146,10 +154,6 @@ class Instance:
                           for m, buf in zip(plan.msgs_out, self.send_bufs)]
         self.send_parts = [[buf[p.offset:p.offset + p.nbytes].view(p.dtype).reshape(p.shape) for p in m.parts]
                            for m, buf in zip(plan.msgs_out, self.send_bufs)]
-        self.extra = plan.extra_buffers()
-        self.flush_no = -1
-        self.uses = 0
-        self.broken = False
 
     @staticmethod
     def _arena(msgs: List["MsgSpec"]) -> Tuple[np.ndarray, List[int], List[np.ndarray]]:

@@ -18,6 +18,7 @@ import numpy as np
 from ..fused_kernels import transpose_copy
 from ..graph import Matmul, Transpose
 from ..plans import Instance, PartSpec, Plan, hull, my_rows, segments, selector
+from ..row_runs import block_i_range
 from ..units import FULL, GroupRun, Lowering, Unit, after
 
 __all__ = ["MatmulPlan", "TransposePlan", "matmul_key", "transpose_key", "lower_matmul", "lower_transpose",
@@ -37,7 +38,13 @@ class MatmulPlan(Plan):
         va = a.view
         s, t, n = va.row_params
         self.mine, self.a_loc = my_rows(a.base.dist, s, t, n, rank)
-        self.row_blocks = [(lo, hi) for lo, hi in segments(len(self.mine), [], [self.a_loc])]
+        if a.base.dist.kind == "block":         # my_rows gave one arithmetic run of local rows
+            self.row_blocks = [(0, len(self.mine))] if len(self.mine) else []
+        else:
+            self.row_blocks = [(lo, hi) for lo, hi in segments(len(self.mine), [], [self.a_loc])]
+        #: Per row block: (selector of its local rows of ``a``, lowest local row, highest + 1).
+        self.row_sels = [(selector(self.a_loc[lo:hi]), int(self.a_loc[lo:hi].min()), int(self.a_loc[lo:hi].max()) + 1)
+                         for lo, hi in self.row_blocks]
         col = va.after_row()[0]
         self.a_col = (col[1], col[2])
         self.a_items_after = va.after_row()
@@ -51,26 +58,24 @@ class MatmulPlan(Plan):
             self.local_j = np.arange(k, dtype=np.int64)
             return
         bs, bt, _ = b.view.row_params
-        rows_b = bs + np.arange(k, dtype=np.int64) * bt
-        src = b.base.dist.owner(rows_b)
-        loc = b.base.dist.local_index(rows_b)
-        comp_ranks = set(int(x) for x in np.unique(a.base.dist.owner(s + np.arange(n, dtype=np.int64) * t)))
+        comp_ranks = _ranks_with_rows(a.base.dist, s, t, n, nranks)
+        b_rows = _b_rows_by_owner(b.base.dist, bs, bt, k, nranks)     # per rank: (view rows j, local rows there)
         items = b.view.trail_items()
-        mine_j = np.flatnonzero(src == rank)
+        mine_j, my_loc = b_rows[rank]
         self.local_j = mine_j
-        self.local_b_rows = selector(loc[mine_j])
+        self.local_b_rows = selector(my_loc)
         send: Dict[int, List[PartSpec]] = {}
         if len(mine_j):
             for c in sorted(comp_ranks):
                 if c != rank:
-                    send[c] = [PartSpec(1, len(mine_j), b.dtype, self.b_trail, rows=selector(loc[mine_j]),
-                                        items=items, hull=hull(loc[mine_j]))]
+                    send[c] = [PartSpec(1, len(mine_j), b.dtype, self.b_trail, rows=self.local_b_rows,
+                                        items=items, hull=hull(my_loc))]
         recv: Dict[int, List[PartSpec]] = {}
         if len(self.mine):
             for q in range(nranks):
                 if q == rank:
                     continue
-                jq = np.flatnonzero(src == q)
+                jq = b_rows[q][0]
                 if len(jq):
                     recv[q] = [PartSpec(1, len(jq), b.dtype, self.b_trail)]
                     self.recv_j.append(jq)
@@ -80,6 +85,41 @@ class MatmulPlan(Plan):
     def a_cols(self, js: np.ndarray) -> Any:
         c0, ct = self.a_col
         return selector(c0 + js * ct)
+
+
+def _ranks_with_rows(dist, s: int, t: int, n: int, nranks: int) -> set:
+    """The ranks owning at least one of the rows ``s + i * t`` (``0 <= i < n``) of ``dist``: in closed form for
+    a block layout, row by row otherwise."""
+    if dist.kind == "block":
+        out = set()
+        for q in range(nranks):
+            i0, i1 = block_i_range(*dist.block_range(q), s, t, n)
+            if i1 > i0:
+                out.add(q)
+        return out
+    return set(int(x) for x in np.unique(dist.owner(s + np.arange(n, dtype=np.int64) * t)))
+
+
+def _b_rows_by_owner(dist, s: int, t: int, k: int, nranks: int) -> List[Tuple[np.ndarray, np.ndarray]]:
+    """Per rank ``q``: (the view rows ``j`` (``0 <= j < k``, increasing) whose base row ``s + j * t`` ``q`` owns,
+    their local indices there). In closed form for a block layout (one run of ``j`` per rank), row by row
+    otherwise."""
+    if dist.kind == "block":
+        out = []
+        for q in range(nranks):
+            lo, hi = dist.block_range(q)
+            j0, j1 = block_i_range(lo, hi, s, t, k)
+            j = np.arange(j0, max(j0, j1), dtype=np.int64)
+            out.append((j, (s - lo) + j * t))
+        return out
+    rows_b = s + np.arange(k, dtype=np.int64) * t
+    src = dist.owner(rows_b)
+    loc = dist.local_index(rows_b)
+    out = []
+    for q in range(nranks):
+        jq = np.flatnonzero(src == q)
+        out.append((jq, loc[jq]))
+    return out
 
 
 class TransposePlan(Plan):
@@ -161,10 +201,7 @@ def lower_matmul(fl: Lowering, g: Any, flush_no: int) -> GroupRun:
                                       t.desc))
     product = _product(t, plan)
     b_items = b.view.trail_items()
-    for (lo, hi) in plan.row_blocks:
-        rows_sel = selector(plan.a_loc[lo:hi])
-        rlo, rhi = int(plan.a_loc[lo:hi].min()), int(plan.a_loc[lo:hi].max()) + 1
-
+    for (rows_sel, rlo, rhi) in plan.row_sels:
         def local_fn(rows_sel=rows_sel) -> None:
             if plan.b_rep:
                 bl = b.base.ensure()[b.view.numpy_index()]
