@@ -55,18 +55,10 @@ class _Rows:
             self.states.insert(i, None if s is None else [s[0], list(s[1]), list(s[2]), list(s[3])])
         return i
 
-    def segments(self, lo: int, hi: int) -> List[list]:
-        """The states of the segments overlapping ``[lo, hi)`` (untouched ones left out)."""
-        b, st = self.bounds, self.states
-        i = max(0, bisect_right(b, lo) - 1)
-        j = bisect_left(b, hi, i)
-        return [s for s in st[i:j] if s is not None]
-
     def cut(self, lo: int, hi: int) -> range:
         """The indices of the segments of ``[lo, hi)`` (bounds made at ``lo`` and ``hi``)."""
         i = self.split(lo)
-        j = self.split(hi)
-        return range(i, j)
+        return range(i, self.split(hi))
 
 
 class AccessIndex:
@@ -86,19 +78,22 @@ class AccessIndex:
         deterministic order): on overlapping rows of the same base, the last writers, and the
         accumulators (for a read) or readers (for an accumulation) or both (for a write) since."""
         out: List[Unit] = []
-        seen = set()
         bases = self._bases
         for (serial, lo, hi, mode) in access:
             rows = bases.get(serial)
             if rows is None or hi <= lo:
                 continue
-            for s in rows.segments(lo, hi):
-                for k, lst in enumerate(s):
-                    if k == 0 or (k == 2 and mode == "R") or (k == 3 and mode == "A"):
-                        continue
-                    for p in lst:
-                        if id(p) not in seen:
-                            seen.add(id(p))
+            b = rows.bounds
+            i = bisect_right(b, lo) - 1
+            if i < 0:
+                i = 0
+            kinds = _CONFLICTS[mode]
+            for s in rows.states[i:bisect_left(b, hi, i)]:
+                if s is None:
+                    continue
+                for k in kinds:
+                    for p in s[k]:
+                        if p not in out:
                             out.append(p)
         return out
 
@@ -108,9 +103,14 @@ class AccessIndex:
         self._group += 1
         g = self._group
         bases = self._bases
+        later = []
         for u in units:
-            for (serial, lo, hi, mode) in u.access:
-                if mode != "W" or hi <= lo:
+            for acc in u.access:
+                serial, lo, hi, mode = acc
+                if hi <= lo:
+                    continue
+                if mode != "W":
+                    later.append((u, acc))
                     continue
                 rows = bases.get(serial)
                 if rows is None:
@@ -122,22 +122,23 @@ class AccessIndex:
                         s[1].append(u)
                     else:
                         st[i] = [g, [u], [], []]
-        for u in units:
-            for (serial, lo, hi, mode) in u.access:
-                if mode == "W" or hi <= lo:
-                    continue
-                rows = bases.get(serial)
-                if rows is None:
-                    rows = bases[serial] = _Rows()
-                k = 2 if mode == "R" else 3
-                st = rows.states
-                for i in rows.cut(lo, hi):
-                    s = st[i]
-                    if s is None:
-                        s = st[i] = [0, [], [], []]
-                    lst = s[k]
-                    if not lst or lst[-1] is not u:
-                        lst.append(u)
+        for u, (serial, lo, hi, mode) in later:
+            rows = bases.get(serial)
+            if rows is None:
+                rows = bases[serial] = _Rows()
+            k = 2 if mode == "R" else 3
+            st = rows.states
+            for i in rows.cut(lo, hi):
+                s = st[i]
+                if s is None:
+                    s = st[i] = [0, [], [], []]
+                lst = s[k]
+                if not lst or lst[-1] is not u:
+                    lst.append(u)
+
+
+#: The lists of a segment's state an access of each mode waits for (1: writers, 2: readers, 3: accumulators).
+_CONFLICTS = {"R": (1, 3), "W": (1, 2, 3), "A": (1, 2)}
 
 
 def order_units(runs: Sequence[GroupRun]) -> None:

@@ -32,11 +32,13 @@ An :class:`ElementwiseGroup` also builds its kernel program (the statements of a
 from __future__ import annotations
 
 from collections import defaultdict
+from functools import partial
 from typing import Any, Dict, List, Optional, Tuple
 
 from .graph import Assign, Const, Leaf, Op, Redistribute, Reduce, Replicate, RowSpace, Swap, Task, leaves, substitute
 from .operations.redistribution import copy_source
 from .piecewise import split_pieces
+from .units import Label
 
 __all__ = ["ElementwiseGroup", "TaskGroup", "optimize", "MAX_GROUP_TASKS"]
 
@@ -59,7 +61,11 @@ class TaskGroup:
         self.task = task
         self.kind = task.kind
         self.tasks = [task]
-        self.desc = task.desc
+
+    @property
+    def desc(self) -> str:
+        """The task's text (built on first use)."""
+        return self.task.desc
 
 
 class ElementwiseGroup:
@@ -68,7 +74,8 @@ class ElementwiseGroup:
     After :meth:`build`: ``arrays`` lists the kernel's array arguments as ``(role, object)``
     with role ``'out'`` (an Assign target Leaf), ``'red'`` (a Reduce task's target) or
     ``'leaf'`` (an operand Leaf); ``consts`` the scalar arguments; ``stmts``/``reductions``
-    the program; ``program_key`` identifies the program's shape (no values).
+    the program; ``program_key`` identifies the program's shape (no values). ``label``: the first task's
+    text, built only if shown (the units' label).
     """
 
     kind = "elementwise"
@@ -76,12 +83,17 @@ class ElementwiseGroup:
     def __init__(self, first: Task):
         self.tasks: List[Task] = [first]
         self.space: RowSpace = first.space
-        self.desc = first.desc
+        self.label = Label(partial(getattr, first, "desc"))
         self.arrays: List[Tuple[str, Any]] = []
         self.consts: List[Const] = []
         self.stmts: List[Tuple] = []
         self.reductions: List[Tuple] = []
         self.program_key: Tuple = ()
+
+    @property
+    def desc(self) -> str:
+        """The first task's text (built on first use)."""
+        return self.tasks[0].desc
 
     # -- grouping rules ---------------------------------------------------------------
     @staticmethod
