@@ -31,6 +31,7 @@ An :class:`ElementwiseGroup` also builds its kernel program (the statements of a
 """
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections import defaultdict
 from functools import partial
 from typing import Any, Dict, List, Optional, Tuple
@@ -272,6 +273,7 @@ def optimize(tasks: List[Task]) -> Tuple[List[Any], Dict[str, int]]:
 def _inline(tasks: List[Task], alive: List[bool], readers: Dict[int, set], writers: Dict[int, set]) -> int:
     """2. Inline each dying temporary with one reader into it (``readers`` follow); the number inlined."""
     count = 0
+    order: Dict[int, List[int]] = {}   # base serial -> its writers' positions, sorted (made when first asked)
     for idx, t in enumerate(tasks):
         if not alive[idx] or not isinstance(t, Assign):
             continue
@@ -288,7 +290,7 @@ def _inline(tasks: List[Task], alive: List[bool], readers: Dict[int, set], write
         if any(l.view != t.out.view for l in rt.reads() if l.base is b):
             continue
         src_serials = {l.base.serial for l in leaves(t.expr)}
-        if any(alive[k] and idx < k < r for s in src_serials for k in writers[s]):
+        if any(_written_between(order, s, writers, alive, idx, r) for s in src_serials):
             continue
         if any(l.base is w.base and l.view != w.view for w in rt.writes() for l in leaves(t.expr)):
             continue
@@ -303,6 +305,21 @@ def _inline(tasks: List[Task], alive: List[bool], readers: Dict[int, set], write
             readers[s].add(r)
         readers[b.serial].discard(r)
     return count
+
+
+def _written_between(order: Dict[int, List[int]], serial: int, writers: Dict[int, set], alive: List[bool],
+                     lo: int, hi: int) -> bool:
+    """True if an alive task at a position strictly between ``lo`` and ``hi`` writes base ``serial``
+    (``order`` caches each base's sorted writer positions: ``writers`` does not change while inlining)."""
+    pos = order.get(serial)
+    if pos is None:
+        pos = order[serial] = sorted(writers[serial])
+    i = bisect_right(pos, lo)
+    while i < len(pos) and pos[i] < hi:
+        if alive[pos[i]]:
+            return True
+        i += 1
+    return False
 
 
 def _drop_dead(tasks: List[Task], alive: List[bool]) -> int:

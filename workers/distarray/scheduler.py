@@ -77,6 +77,8 @@ class _Flush:
         self.trace_on = bool(self.tr.enabled)
         self.rank, self.size = context.rank, context.size
         self.active: List[Waitable] = []
+        self._polled: Optional[List[Waitable]] = None   # the list _poll made _polled_reqs from
+        self._polled_reqs: List[Any] = []
         self.ready_comm: deque = deque()
         self.ready_comp: deque = deque()
         self.nunits = 0
@@ -135,11 +137,17 @@ class _Flush:
                 self._enqueue(u)
 
     def _poll(self) -> None:
-        """Test every request in flight at once (``Testsome``) and release what they unblock."""
+        """Test every request in flight at once (``Testsome``) and release what they unblock. The list of
+        requests is made again only when ``active`` changed (it is replaced when requests complete and
+        only grows otherwise)."""
         act = self.active
         if not act:
             return
-        idx = self.MPI.Request.Testsome([w.req for w in act])
+        reqs = self._polled_reqs
+        if self._polled is not act or len(reqs) != len(act):
+            reqs = self._polled_reqs = [w.req for w in act]
+            self._polled = act
+        idx = self.MPI.Request.Testsome(reqs)
         if not idx:
             return
         t = _now()
