@@ -148,13 +148,16 @@ def order_units(runs: Sequence[GroupRun]) -> None:
     any unit runs."""
     index = AccessIndex()
     prev_coll: Optional[Unit] = None
-    for run in runs:
+    last = len(runs) - 1
+    for k, run in enumerate(runs):
         units = run.sends + run.computes + ([run.finish] if run.finish is not None else [])
-        for u in units:
-            if u.access:
-                for p in index.prerequisites(u.access):
-                    after(u, p)
-        index.add_group(units)
+        if k > 0:
+            for u in units:
+                if u.access:
+                    for p in index.prerequisites(u.access):
+                        after(u, p)
+        if k < last:   # no later group asks about the last one's accesses
+            index.add_group(units)
         if run.coll is not None:
             if prev_coll is not None:
                 after(run.coll, prev_coll)
