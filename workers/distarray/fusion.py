@@ -31,12 +31,15 @@ An :class:`ElementwiseGroup` also builds its kernel program (the statements of a
 """
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections import defaultdict
+from functools import partial
 from typing import Any, Dict, List, Optional, Tuple
 
 from .graph import Assign, Const, Leaf, Op, Redistribute, Reduce, Replicate, RowSpace, Swap, Task, leaves, substitute
 from .operations.redistribution import copy_source
 from .piecewise import split_pieces
+from .units import Label
 
 __all__ = ["ElementwiseGroup", "TaskGroup", "optimize", "MAX_GROUP_TASKS"]
 
@@ -59,7 +62,11 @@ class TaskGroup:
         self.task = task
         self.kind = task.kind
         self.tasks = [task]
-        self.desc = task.desc
+
+    @property
+    def desc(self) -> str:
+        """The task's text (built on first use)."""
+        return self.task.desc
 
 
 class ElementwiseGroup:
@@ -68,7 +75,8 @@ class ElementwiseGroup:
     After :meth:`build`: ``arrays`` lists the kernel's array arguments as ``(role, object)``
     with role ``'out'`` (an Assign target Leaf), ``'red'`` (a Reduce task's target) or
     ``'leaf'`` (an operand Leaf); ``consts`` the scalar arguments; ``stmts``/``reductions``
-    the program; ``program_key`` identifies the program's shape (no values).
+    the program; ``program_key`` identifies the program's shape (no values). ``label``: the first task's
+    text, built only if shown (the units' label).
     """
 
     kind = "elementwise"
@@ -76,12 +84,17 @@ class ElementwiseGroup:
     def __init__(self, first: Task):
         self.tasks: List[Task] = [first]
         self.space: RowSpace = first.space
-        self.desc = first.desc
+        self.label = Label(partial(getattr, first, "desc"))
         self.arrays: List[Tuple[str, Any]] = []
         self.consts: List[Const] = []
         self.stmts: List[Tuple] = []
         self.reductions: List[Tuple] = []
         self.program_key: Tuple = ()
+
+    @property
+    def desc(self) -> str:
+        """The first task's text (built on first use)."""
+        return self.tasks[0].desc
 
     # -- grouping rules ---------------------------------------------------------------
     @staticmethod
@@ -260,6 +273,7 @@ def optimize(tasks: List[Task]) -> Tuple[List[Any], Dict[str, int]]:
 def _inline(tasks: List[Task], alive: List[bool], readers: Dict[int, set], writers: Dict[int, set]) -> int:
     """2. Inline each dying temporary with one reader into it (``readers`` follow); the number inlined."""
     count = 0
+    order: Dict[int, List[int]] = {}   # base serial -> its writers' positions, sorted (made when first asked)
     for idx, t in enumerate(tasks):
         if not alive[idx] or not isinstance(t, Assign):
             continue
@@ -276,7 +290,7 @@ def _inline(tasks: List[Task], alive: List[bool], readers: Dict[int, set], write
         if any(l.view != t.out.view for l in rt.reads() if l.base is b):
             continue
         src_serials = {l.base.serial for l in leaves(t.expr)}
-        if any(alive[k] and idx < k < r for s in src_serials for k in writers[s]):
+        if any(_written_between(order, s, writers, alive, idx, r) for s in src_serials):
             continue
         if any(l.base is w.base and l.view != w.view for w in rt.writes() for l in leaves(t.expr)):
             continue
@@ -291,6 +305,21 @@ def _inline(tasks: List[Task], alive: List[bool], readers: Dict[int, set], write
             readers[s].add(r)
         readers[b.serial].discard(r)
     return count
+
+
+def _written_between(order: Dict[int, List[int]], serial: int, writers: Dict[int, set], alive: List[bool],
+                     lo: int, hi: int) -> bool:
+    """True if an alive task at a position strictly between ``lo`` and ``hi`` writes base ``serial``
+    (``order`` caches each base's sorted writer positions: ``writers`` does not change while inlining)."""
+    pos = order.get(serial)
+    if pos is None:
+        pos = order[serial] = sorted(writers[serial])
+    i = bisect_right(pos, lo)
+    while i < len(pos) and pos[i] < hi:
+        if alive[pos[i]]:
+            return True
+        i += 1
+    return False
 
 
 def _drop_dead(tasks: List[Task], alive: List[bool]) -> int:

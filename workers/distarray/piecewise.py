@@ -154,6 +154,9 @@ class _State:
             return got[1]
         info = None
         ws = [self.tasks[p] for p in pos]
+        copies = all(isinstance(w, Assign) and isinstance(w.expr, Leaf) for w in ws)
+        if not copies and (len(ws) < 2 or len(self.readers_orig[b.serial]) != 1):
+            ws = []   # a single computed writer, or several and more than one reader: nothing to split
         boxes = [w.out.view.box() if isinstance(w, Assign) else None for w in ws]
         if ws and all(bx is not None and w.expr.shape == w.out.shape and not isinstance(w.expr, Const)
                       for bx, w in zip(boxes, ws)):
@@ -206,6 +209,8 @@ def _candidates(st: _State, r: Assign) -> Dict[object, Tuple[Box, List[Tuple[Box
         if b.serial in tried or b is r.out.base or not b.temp or not _dead(b):
             continue
         tried.add(b.serial)
+        if not st.writers.get(b.serial):
+            continue   # not written since the last force point
         got = _eligible(st, r, l)
         if got is not None:
             out[b] = got

@@ -19,7 +19,8 @@
      reduction's allgather) and computation (a block of a fused kernel, an unpack, a
      matrix product). A unit is ready when the messages it reads have arrived and the
      earlier units it conflicts with (same base, overlapping local rows, one of them
-     writing) are done: per-base access lists, DistNumPy's dependency heuristic;
+     writing) are done, directly or through units that wait for them (DistNumPy's dependency
+     heuristic, on rows indexed per base: :mod:`~.dependencies`);
    * communication units always go first; then one computation unit runs (of the ready ones, the
      oldest group's first, so that a group finishes, and the buffers it was the last to use are given
      back, before younger groups allocate theirs), and ``Testsome`` polls the requests in flight
@@ -42,10 +43,9 @@ timeline draws their arrows.
 from __future__ import annotations
 
 import time
-from bisect import bisect_left, bisect_right
 from collections import deque
 from heapq import heappop, heappush
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, List, Optional, Tuple
 
 import numpy as np
 
@@ -54,6 +54,7 @@ from ..tracing import tracer as tracing
 from ..core import waiting
 from ..core import spmd
 from .errors import DistArrayDivergence, DistArrayError, DistArrayTimeout
+from .dependencies import order_units
 from .fusion import optimize
 from .operations import BARRIERS, LOWERINGS
 from .releases import Releases
@@ -67,56 +68,6 @@ K_COLL = tracing.register_kind("distarray_allgather")
 K_CHECK = tracing.register_kind("distarray_check")
 K_WAIT = tracing.register_kind("distarray_wait")
 _now = time.perf_counter_ns
-
-
-class _Record:
-    """The accesses of one group's units to one base with one mode: their hull and the units, kept
-    in the order they were added (blocks come in row order, so lows and highs usually both grow
-    and :meth:`overlapping` bisects; otherwise it scans)."""
-
-    __slots__ = ("mode", "lo", "hi", "units", "los", "his", "monotonic")
-
-    def __init__(self, mode: str):
-        self.mode = mode
-        self.lo, self.hi = 1 << 62, -1
-        self.units: List[Tuple[Unit, int, int]] = []
-        self.los: List[int] = []
-        self.his: List[int] = []
-        self.monotonic = True
-
-    def add(self, u: Unit, lo: int, hi: int) -> None:
-        if self.units and (lo < self.los[-1] or hi < self.his[-1]):
-            self.monotonic = False
-        self.units.append((u, lo, hi))
-        self.los.append(lo)
-        self.his.append(hi)
-        self.lo = min(self.lo, lo)
-        self.hi = max(self.hi, hi)
-
-    def overlapping(self, lo: int, hi: int) -> List[Tuple[Unit, int, int]]:
-        """The units whose rows overlap ``[lo, hi)``."""
-        if self.monotonic:
-            return self.units[bisect_right(self.his, lo):bisect_left(self.los, hi)]
-        return [e for e in self.units if e[2] > lo and e[1] < hi]
-
-    def coverage(self) -> List[Tuple[int, int]]:
-        """The union of the units' row intervals, merged and sorted."""
-        out: List[Tuple[int, int]] = []
-        for lo, hi in sorted((lo, hi) for (_, lo, hi) in self.units):
-            if out and lo <= out[-1][1]:
-                if hi > out[-1][1]:
-                    out[-1] = (out[-1][0], hi)
-            else:
-                out.append((lo, hi))
-        return out
-
-
-def _covers(intervals: List[Tuple[int, int]], lo: int, hi: int) -> bool:
-    """True if the merged ``intervals`` contain ``[lo, hi)``."""
-    for a, b in intervals:
-        if a <= lo and hi <= b:
-            return True
-    return False
 
 
 class _Flush:
@@ -133,6 +84,8 @@ class _Flush:
         self.trace_on = bool(self.tr.enabled)
         self.rank, self.size = context.rank, context.size
         self.active: List[Waitable] = []
+        self._polled: Optional[List[Waitable]] = None   # the list _poll made _polled_reqs from
+        self._polled_reqs: List[Any] = []
         self.ready_comm: deque = deque()
         #: ready computation units as a heap of ``(group order, enqueue number, unit)``
         self.ready_comp: List[Tuple[int, int, Unit]] = []
@@ -142,7 +95,6 @@ class _Flush:
         self.ndone = 0
         self.wait_ns = 0
         self.runs: List[GroupRun] = []
-        self.prev_coll: Optional[Unit] = None
         self.msgs_sent = 0
         self.bytes_sent = 0
         self.msgs_recv = 0
@@ -195,11 +147,17 @@ class _Flush:
                 self._enqueue(u)
 
     def _poll(self) -> None:
-        """Test every request in flight at once (``Testsome``) and release what they unblock."""
+        """Test every request in flight at once (``Testsome``) and release what they unblock. The list of
+        requests is made again only when ``active`` changed (it is replaced when requests complete and
+        only grows otherwise)."""
         act = self.active
         if not act:
             return
-        idx = self.MPI.Request.Testsome([w.req for w in act])
+        reqs = self._polled_reqs
+        if self._polled is not act or len(reqs) != len(act):
+            reqs = self._polled_reqs = [w.req for w in act]
+            self._polled = act
+        idx = self.MPI.Request.Testsome(reqs)
         if not idx:
             return
         t = _now()
@@ -282,7 +240,6 @@ class _Flush:
         units of different groups by their accesses."""
         flush_no = self.ctx.flush_no
         self.runs = []
-        self.prev_coll = None
         self.nunits = self.ndone = 0
         for g in groups:
             lower = LOWERINGS.get(g.kind)
@@ -295,41 +252,9 @@ class _Flush:
     # -- dependencies between groups (latency hiding only) ---------------------------------
     def _dependencies(self) -> None:
         """Make each unit wait for the earlier groups' units it conflicts with (same base, overlapping
-        local rows, not both reading, not both accumulating): per-base lists of access records, the
-        DistNumPy's dependency heuristic, with one record per group and access kind. A record whose rows a
-        later group overwrites entirely is dropped (anything after depends on the overwriting units,
-        which depend on it), so the lists stay short in time loops."""
-        records: Dict[int, List["_Record"]] = {}
-        for run in self.runs:
-            units = run.sends + run.computes + ([run.finish] if run.finish is not None else [])
-            new: Dict[Tuple[int, str], "_Record"] = {}
-            for u in units:
-                seen = set()
-                for (serial, lo, hi, mode) in u.access:
-                    for rec in records.get(serial, ()):
-                        if rec.hi <= lo or hi <= rec.lo:
-                            continue
-                        if (mode == "R" and rec.mode == "R") or (mode == "A" and rec.mode == "A"):
-                            continue
-                        for (p, plo, phi) in rec.overlapping(lo, hi):
-                            if id(p) in seen:
-                                continue
-                            seen.add(id(p))
-                            after(u, p)
-                    rec = new.get((serial, mode))
-                    if rec is None:
-                        rec = new[(serial, mode)] = _Record(mode)
-                    rec.add(u, lo, hi)
-            if run.coll is not None:
-                if self.prev_coll is not None:
-                    after(run.coll, self.prev_coll)
-                self.prev_coll = run.coll
-            for (serial, mode), rec in new.items():
-                lst = records.setdefault(serial, [])
-                if mode == "W":
-                    covered = rec.coverage()
-                    lst[:] = [r for r in lst if not _covers(covered, r.lo, r.hi)]
-                lst.append(rec)
+        local rows, not both reading, not both accumulating), and each collective for the previous one:
+        :func:`~.dependencies.order_units` (rows indexed per base, near-linear in the accesses)."""
+        order_units(self.runs)
 
     # -- execution -------------------------------------------------------------------
     def execute(self, groups: List[Any]) -> None:

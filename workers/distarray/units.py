@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, List, Optional, Protocol, Tuple
 
-__all__ = ["Waitable", "Unit", "GroupRun", "after", "FULL", "Access", "Lowering"]
+__all__ = ["Waitable", "Unit", "GroupRun", "after", "FULL", "Access", "Lowering", "Label"]
 
 #: ``hi`` of an access that covers every local row of a base.
 FULL = 1 << 62
@@ -21,6 +21,32 @@ FULL = 1 << 62
 #: ``(base serial, lo, hi, mode)``: local rows ``[lo, hi)`` of a base, mode ``'R'`` (read), ``'W'``
 #: (write) or ``'A'`` (accumulate: units accumulating into the same rows need no order among them).
 Access = Tuple[int, int, int, str]
+
+
+class Label:
+    """A label built when it is first shown (``str``, ``format``, ``repr``): ``Label(fn)`` is the text ``fn()``.
+
+    A unit's label is only read for an error message (a timeout, a flush that cannot finish), while the
+    text of an operation costs more to build than scheduling it; a lowering passes a Label so that it is
+    never built on the fast path. ``fn`` takes no argument and must not refer to the unit (no cycle)."""
+
+    __slots__ = ("_fn", "_text")
+
+    def __init__(self, fn: Callable[[], str]):
+        self._fn: Optional[Callable[[], str]] = fn
+        self._text: Optional[str] = None
+
+    def __str__(self) -> str:
+        if self._text is None:
+            self._text = str(self._fn())
+            self._fn = None
+        return self._text
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self), spec)
+
+    def __repr__(self) -> str:
+        return repr(str(self))
 
 
 class Waitable:

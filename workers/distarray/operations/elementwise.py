@@ -356,20 +356,20 @@ def lower(fl: Lowering, g: Any, flush_no: int) -> GroupRun:
     inst = plan.acquire(ctx, flush_no)
     inst.uses += 1
     bases = [obj.out.base if role == "red" else obj.base for role, obj in g.arrays]
-    run = GroupRun(g.desc)
+    run = GroupRun(g.label)
     run.inst = inst
-    fl.receives(run, plan, inst, g.desc)
+    fl.receives(run, plan, inst, g.label)
 
     def local_of(a: int) -> np.ndarray:
         return bases[a].ensure()
 
     for k in range(len(plan.msgs_out)):
-        run.sends.append(fl.send_unit(plan, inst, k, local_of, lambda a: bases[a].serial, g.desc))
+        run.sends.append(fl.send_unit(plan, inst, k, local_of, lambda a: bases[a].serial, g.label))
     slots = inst.extra.get("slots", {})
     recv_flat = [[p.reshape(-1) for p in parts] for parts in inst.recv_parts]
     scalars = [c.value for c in g.consts]
     for blk in plan.blocks:
-        u = Unit("compute", _block_fn(fl, blk, bases, recv_flat, slots, scalars), g.desc,
+        u = Unit("compute", _block_fn(fl, blk, bases, recv_flat, slots, scalars), g.label,
                  tuple((bases[a].serial, lo, hi, mode) for (a, lo, hi, mode) in blk.access))
         u.ndeps = len(blk.needs)
         for mi in blk.needs:

@@ -16,7 +16,7 @@ from typing import Any, Callable, Dict, List, Tuple
 import numpy as np
 
 from ..reductions import combine_partials, identity_array
-from ..units import FULL, GroupRun, Lowering, Unit, Waitable, after
+from ..units import FULL, GroupRun, Label, Lowering, Unit, Waitable, after
 
 __all__ = ["lower_partials"]
 
@@ -44,7 +44,7 @@ def lower_partials(fl: Lowering, g: Any, plan: Any, inst: Any, run: GroupRun, sl
     finalize = _finalizer(g, slot_reds)
     out_serials = tuple((g.arrays[a][1].out.base.serial, 0, FULL, "W") for (a, *_r) in slot_reds)
     if g.space.rep:
-        fin = Unit("compute", lambda: finalize(local_partials()), g.desc, out_serials)
+        fin = Unit("compute", lambda: finalize(local_partials()), g.label, out_serials)
         for u in run.computes:
             after(fin, u)
         run.finish = fin
@@ -84,14 +84,15 @@ def _lower_allgather(fl: Lowering, g: Any, inst: Any, run: GroupRun, slot_reds: 
         ex["gsend"] = np.zeros(total, dtype=np.uint8)
         ex["grecv"] = np.zeros(total * size, dtype=np.uint8)
     gsend, grecv = ex["gsend"], ex["grecv"]
-    fin = Unit("compute", lambda: None, g.desc, out_serials)
+    fin = Unit("compute", lambda: None, g.label, out_serials)
     ctx = fl.ctx
 
     def start_coll() -> None:
         for (o, nb, dt, ps), part in zip(layout, local_partials()):
             gsend[o:o + nb] = np.ascontiguousarray(np.asarray(part, dtype=dt)).view(np.uint8).reshape(-1)
         req = ctx.dcomm.Iallgather([gsend, fl.MPI.BYTE], [grecv, fl.MPI.BYTE])
-        w = Waitable(req, "coll", -1, 0, total, flush_no, f"allgather of the partial results of {g.desc}")
+        w = Waitable(req, "coll", -1, 0, total, flush_no,
+                     Label(lambda: f"allgather of the partial results of {g.desc}"))
         w.units.append(fin)
         fin.ndeps += 1
         fl.start(w)
@@ -105,7 +106,7 @@ def _lower_allgather(fl: Lowering, g: Any, inst: Any, run: GroupRun, slot_reds: 
         finalize(parts)
 
     fin.fn = finish
-    coll = Unit("coll", start_coll, g.desc)
+    coll = Unit("coll", start_coll, g.label)
     for u in run.computes:
         after(coll, u)
     after(fin, coll)

@@ -1,0 +1,131 @@
+"""The dependency index of a flush (workers/distarray/dependencies.py) against the quadratic rule it replaces.
+
+The quadratic rule pairs every unit with every unit of an earlier group it conflicts with (same base,
+overlapping rows, not both reading, not both accumulating). The index must make only such edges, and
+every conflicting pair must be ordered by a chain of its edges; collectives stay chained in group order.
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Set, Tuple
+
+from hypothesis import given, settings, strategies as st
+
+from nbmpi.workers.distarray.dependencies import AccessIndex, order_units
+from nbmpi.workers.distarray.units import FULL, GroupRun, Unit
+
+
+def _conflict(a, b) -> bool:
+    (s1, lo1, hi1, m1), (s2, lo2, hi2, m2) = a, b
+    return s1 == s2 and lo1 < hi2 and lo2 < hi1 and not (m1 == m2 and m1 in "RA")
+
+
+def _quadratic(runs: List[GroupRun]) -> Set[Tuple[int, int]]:
+    """Every (earlier unit, later unit) pair of different groups with conflicting accesses (by unit id)."""
+    out = set()
+    groups = [r.units() for r in runs]
+    for gi, later in enumerate(groups):
+        for earlier in groups[:gi]:
+            for p in earlier:
+                for u in later:
+                    if any(_conflict(a, b) for a in p.access for b in u.access):
+                        out.add((id(p), id(u)))
+    return out
+
+
+def _edges(runs: List[GroupRun]) -> Set[Tuple[int, int]]:
+    return {(id(p), id(u)) for r in runs for p in r.units() for u in p.dependents}
+
+
+def _closure_has(edges: Set[Tuple[int, int]], pairs: Set[Tuple[int, int]]) -> List[Tuple[int, int]]:
+    """The pairs of ``pairs`` not joined by a chain of ``edges``."""
+    succ: Dict[int, List[int]] = {}
+    for a, b in edges:
+        succ.setdefault(a, []).append(b)
+    reach: Dict[int, Set[int]] = {}
+
+    def reachable(x: int) -> Set[int]:
+        if x not in reach:
+            seen, stack = set(), [x]
+            while stack:
+                for y in succ.get(stack.pop(), ()):
+                    if y not in seen:
+                        seen.add(y)
+                        stack.append(y)
+            reach[x] = seen
+        return reach[x]
+
+    return [(a, b) for a, b in pairs if b not in reachable(a)]
+
+
+_access = st.tuples(st.integers(1, 3), st.integers(0, 10), st.integers(1, 6), st.sampled_from("RWA"),
+                    st.booleans()).map(lambda t: (t[0], t[1], FULL if t[4] and t[2] > 5 else t[1] + t[2], t[3]))
+_unit = st.lists(_access, min_size=0, max_size=3)
+_group = st.tuples(st.lists(_unit, min_size=1, max_size=4), st.booleans())
+
+
+def _runs(spec) -> List[GroupRun]:
+    runs = []
+    for gi, (units, coll) in enumerate(spec):
+        run = GroupRun(f"group {gi}")
+        run.computes = [Unit("compute", lambda: None, f"g{gi}u{k}", tuple(acc)) for k, acc in enumerate(units[:-1])]
+        if len(units) > 1:
+            run.sends = [Unit("send", lambda: None, f"g{gi}s", tuple(units[-1]))]
+        else:
+            run.computes.append(Unit("compute", lambda: None, f"g{gi}u", tuple(units[-1])))
+        if coll:
+            run.coll = Unit("coll", lambda: None, f"g{gi}c")
+            run.finish = Unit("compute", lambda: None, f"g{gi}f", ((9, 0, FULL, "W"),))
+        runs.append(run)
+    return runs
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(_group, min_size=1, max_size=9))
+def test_index_orders_exactly_the_conflicting_pairs(spec):
+    runs = _runs(spec)
+    order_units(runs)
+    made = _edges(runs)
+    conflicting = _quadratic(runs)
+    colls = [r.coll for r in runs if r.coll is not None]
+    chain = {(id(a), id(b)) for a, b in zip(colls, colls[1:])}
+    assert made - chain <= conflicting, "an edge between units that do not conflict"
+    assert chain <= made, "the collectives are not chained in group order"
+    assert not _closure_has(made, conflicting), "a conflicting pair is left unordered"
+    for r in runs:
+        for u in r.units():
+            assert u.ndeps == sum(u in p.dependents for q in runs for p in q.units()), "ndeps is not the edge count"
+
+
+def test_a_writer_replaces_what_it_overwrites():
+    """Rows written again: a later reader waits for the last writer only; a reader of rows written once
+    by each of several groups waits for each of them."""
+    w1 = Unit("compute", lambda: None, "w1", ((1, 0, 10, "W"),))
+    w2 = Unit("compute", lambda: None, "w2", ((1, 0, 10, "W"),))
+    w3 = Unit("compute", lambda: None, "w3", ((1, 10, 11, "W"),))
+    r = Unit("compute", lambda: None, "r", ((1, 5, 11, "R"),))
+    runs = []
+    for u in (w1, w2, w3, r):
+        run = GroupRun(u.label)
+        run.computes = [u]
+        runs.append(run)
+    order_units(runs)
+    assert w2 in w1.dependents and r not in w1.dependents
+    assert r in w2.dependents and r in w3.dependents and r.ndeps == 2
+
+
+def test_readers_and_accumulators_since_the_last_write():
+    """Readers do not wait for each other, a writer waits for every reader since the last write, an
+    accumulation waits for the readers but not for another accumulation."""
+    idx = AccessIndex()
+    r1 = Unit("compute", lambda: None, "r1", ((4, 0, 5, "R"),))
+    r2 = Unit("compute", lambda: None, "r2", ((4, 3, 8, "R"),))
+    a1 = Unit("compute", lambda: None, "a1", ((4, 0, FULL, "A"),))
+    idx.add_group([r1])
+    assert idx.prerequisites(r2.access) == []
+    idx.add_group([r2])
+    assert idx.prerequisites(a1.access) == [r1, r2]
+    idx.add_group([a1])
+    assert idx.prerequisites(((4, 6, 7, "A"),)) == [r2]
+    assert idx.prerequisites(((4, 6, 7, "R"),)) == [a1]
+    assert idx.prerequisites(((4, 4, 5, "W"),)) == [r1, r2, a1]
+    assert idx.prerequisites(((5, 0, FULL, "W"),)) == []
