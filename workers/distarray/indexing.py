@@ -180,6 +180,11 @@ class View:
         """
         if not isinstance(key, tuple):
             key = (key,)
+        got = self._index_plain(key)
+        return got if got is not None else self._index_general(key)
+
+    def _index_general(self, key: Tuple[Any, ...]) -> "View":
+        """:meth:`index` for any basic index tuple ``key`` (the general pass)."""
         items: List[Any] = []
         for it in key:
             if it is None or it is Ellipsis or isinstance(it, slice):
@@ -239,6 +244,38 @@ class View:
                 elif it not in (0, -1):
                     raise IndexError(f"index {it} is out of bounds for axis with size 1")
         out.extend(ents[p:])
+        return View._of(self.base_shape, tuple(out))
+
+    def _index_plain(self, key: Tuple[Any, ...]) -> Optional["View"]:
+        """:meth:`index` for the common key (Python ints and slices only, one per leading entry of the view,
+        each a sliced base axis): the same View, without the general pass; None for any other key or view."""
+        ents = self.entries
+        nk = len(key)
+        if nk > len(ents):
+            return None
+        for j in range(nk):
+            if ents[j][0] != "s":
+                return None
+        out: List[Entry] = []
+        for j in range(nk):
+            it = key[j]
+            e = ents[j]
+            t = type(it)
+            if t is slice:
+                _, start, step, count = e
+                s2, e2, st2 = it.indices(count)
+                c2 = len(range(s2, e2, st2))
+                out.append(("s", start + s2 * step if c2 else 0, step * st2 if c2 else 1, c2))
+            elif t is int:
+                count = e[3]
+                k = it + count if it < 0 else it
+                if not 0 <= k < count:
+                    raise IndexError(f"index {it} is out of bounds for axis with size {count}")
+                out.append(("i", e[1] + k * e[2]))
+            else:
+                return None
+        for e in ents[nk:]:      # what the general pass gives for the axes left: ``[:]`` of each
+            out.append(("s", 0, 1, 0) if e[0] == "s" and not e[3] else e)
         return View._of(self.base_shape, tuple(out))
 
     # -- index tuples for NumPy arrays ------------------------------------------------
