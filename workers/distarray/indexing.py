@@ -70,7 +70,7 @@ def _offset_strides(entries, es: Sequence[int]) -> Tuple[int, Tuple[int, ...]]:
 class View:
     """Which elements of a base of shape ``base_shape`` are visible (see the module doc). Immutable."""
 
-    __slots__ = ("base_shape", "entries", "shape", "key", "_row")
+    __slots__ = ("base_shape", "entries", "shape", "key", "_row", "row_entry", "row_kept")
 
     def __init__(self, base_shape: Tuple[int, ...], entries: Tuple[Entry, ...]):
         self._set(tuple([int(s) for s in base_shape]), tuple(entries))
@@ -93,6 +93,10 @@ class View:
         self.shape = tuple(shape)
         self.key = (base_shape, entries)
         self._row = row
+        #: The entry of base axis 0 (None for a 0-d base).
+        self.row_entry: Optional[Entry] = None if row is None else entries[row]
+        #: True if base axis 0 is a user axis (sliced, not fixed by an integer).
+        self.row_kept: bool = row is not None and entries[row][0] == "s"
 
     @classmethod
     def _of(cls, base_shape: Tuple[int, ...], entries: Tuple[Entry, ...]) -> "View":
@@ -136,17 +140,6 @@ class View:
             if e[0] != "s" or e[1] != 0 or e[2] != 1 or e[3] != n:
                 return False
         return True
-
-    @property
-    def row_entry(self) -> Optional[Entry]:
-        """The entry of base axis 0 (None for a 0-d base)."""
-        return None if self._row is None else self.entries[self._row]
-
-    @property
-    def row_kept(self) -> bool:
-        """True if base axis 0 is a user axis (sliced, not fixed by an integer)."""
-        e = self.row_entry
-        return e is not None and e[0] == "s"
 
     @property
     def row_pos(self) -> Optional[int]:
