@@ -102,3 +102,21 @@ def test_recording_shortcuts_give_numpy_results(run_mpi, kernel_cache, n):
               "small views, row broadcasts, overlapping assignments, dtypes", "messages and texts"):
         assert f"ok {s}\n" in p.stdout, (s, p.stdout)
     assert f" checks on {n} ranks)" in p.stdout, p.stdout
+
+
+def test_assign_writes_only_its_target():
+    """``elementwise._pending_row`` reads an Assign's written leaf as ``out`` (no ``writes()`` list per task)."""
+    from nbmpi.workers.distarray.graph import Assign, Base, Leaf
+
+    class _Ctx:
+        _serial = 0
+
+        def next_serial(self):
+            self._serial += 1
+            return self._serial
+
+    d = Distribution("block", 4, 2)
+    b = Base(_Ctx(), (4, 3), np.float64, d)
+    out = Leaf(b, View.full((4, 3)).index((slice(1, 3),)))
+    t = Assign(out, Leaf(b, View.full((4, 3)).index((slice(0, 2),))))
+    assert t.writes() == [out] and t.out is out

@@ -182,6 +182,12 @@ def _pending_row(context, b: Base, whole: View) -> Optional[Base]:
     written = set()
     for j in range(len(pend) - 1, max(-1, len(pend) - 1 - ROW_LOOKBACK), -1):
         t = pend[j]
+        if type(t) is Assign:          # writes() is [t.out]: read directly (no list per task)
+            wb = t.out.base
+            if wb is b:
+                return None
+            written.add(id(wb))
+            continue
         if isinstance(t, Replicate) and t.root is None and t.src.base is b and t.src.view == whole:
             return None if id(t.out.base) in written else t.out.base
         for w in t.writes():
