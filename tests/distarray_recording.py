@@ -4,8 +4,9 @@ index pass, results laid out with shared distributions (``elementwise.dist_of``/
 small views, replicated gathers), leaves and row spaces computed once per operation (aligned operands, row
 broadcasts gathered first, overlapping assignments through a temporary), dtype resolution cached per key. Loops
 like the pivot steps of Gaussian elimination and LU (views whose offsets change every step) on block, cyclic and
-block-cyclic rows; every result compared with NumPy's bit for bit (LU's products, reductions, to rounding; a wrong reuse of a layout or a view would read
-other rows on some rank count). Also: the texts made lazily say what they said. Prints ``ok <section>`` per section
+block-cyclic rows; every result compared with NumPy's bit for bit (LU's products, reductions, to rounding; a
+wrong reuse of a layout or a view would read other rows on some rank count). Also: the texts made lazily say what
+they said. Prints ``ok <section>`` per section
 on rank 0 and ``ALL OK`` at the end."""
 import numpy as np
 

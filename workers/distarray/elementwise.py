@@ -18,6 +18,11 @@ the call (NumPy semantics: later changes to them do not matter).
 
 An assignment whose value reads the target's base through a different, overlapping view
 (``a[1:] = a[:-1]``) is recorded in two steps through a temporary, as NumPy does.
+
+What one recorded operation costs is kept small: NumPy's type resolution is done once per (ufunc, operand
+dtypes), the leaves of an expression are listed once, the row space the value is read in is the recorded
+:class:`~.graph.Assign`'s own, distributions of results are shared objects (:func:`dist_of`), and the texts of
+operations and gathers (for messages) are made only when asked for.
 """
 from __future__ import annotations
 
