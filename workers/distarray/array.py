@@ -61,6 +61,19 @@ def _unsupported_set(a: "DistArray", key: Any, value: Any) -> None:
         fallback.setitem(a, key, value)
 
 
+def _basic_key(key: Any) -> bool:
+    """Whether ``key`` is a Python int, a slice, or a tuple of those, None and ``...`` (a view: no index array,
+    mask or DistArray to look for)."""
+    t = type(key)
+    if t is tuple:
+        for k in key:
+            tk = type(k)
+            if tk is not int and tk is not slice and k is not None and k is not Ellipsis:
+                return False
+        return True
+    return t is int or t is slice or key is Ellipsis or key is None
+
+
 def wrap(leaf: Leaf) -> "DistArray":
     """The DistArray showing ``leaf`` (then the threshold of recorded operations is checked)."""
     d = DistArray(leaf.base, leaf.view)
@@ -315,12 +328,13 @@ class DistArray:
         return res
 
     def __getitem__(self, key: Any):
-        try:
-            idx = self._index_key(key)
-        except UnsupportedOperation:     # e.g. index arrays mixed with slices: NumPy's own indexing
-            return _unsupported_get(self, key)
-        if idx is not None:
-            return self._take(idx)
+        if not _basic_key(key):
+            try:
+                idx = self._index_key(key)
+            except UnsupportedOperation:     # e.g. index arrays mixed with slices: NumPy's own indexing
+                return _unsupported_get(self, key)
+            if idx is not None:
+                return self._take(idx)
         view = self._view.index(key)
         if view.ndim == 0:
             return self._element(view)
@@ -338,7 +352,12 @@ class DistArray:
         return wrap(elementwise.replicate_leaf(self.context, leaf, "a[i, j]: one element to every rank"))
 
     def __setitem__(self, key: Any, value: Any) -> None:
-        ctx = self.context
+        ctx = self._base.context
+        if _basic_key(key):
+            elementwise.record_assign(ctx, Leaf(self._base, self._view.index(key)),
+                                      value._leaf() if isinstance(value, DistArray) else value)
+            ctx.maybe_flush()
+            return
         if isinstance(key, (DistArray, np.ndarray)) and key.dtype == np.bool_ and (
                 isinstance(key, DistArray) or key.shape == self.shape and np.ndim(value) == 0):
             # a[mask] = value with a mask of a's shape is where(mask, value, a), in place

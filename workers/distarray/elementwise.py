@@ -18,11 +18,16 @@ the call (NumPy semantics: later changes to them do not matter).
 
 An assignment whose value reads the target's base through a different, overlapping view
 (``a[1:] = a[:-1]``) is recorded in two steps through a temporary, as NumPy does.
+
+What one recorded operation costs is kept small: NumPy's type resolution is done once per (ufunc, operand
+dtypes), the leaves of an expression are listed once, the row space the value is read in is the recorded
+:class:`~.graph.Assign`'s own, distributions of results are shared objects (:func:`dist_of`), and the texts of
+operations and gathers (for messages) are made only when asked for.
 """
 from __future__ import annotations
 
 import math
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -38,6 +43,43 @@ __all__ = ["SUPPORTED", "record_ufunc", "record_where", "record_cast", "record_a
 SUPPORTED = frozenset(SUPPORTED_UFUNCS)
 #: NumPy's type resolution per (ufunc, operand dtypes or weak Python types), computed once.
 _RESOLVED: dict = {}
+#: Distributions of results by ``(kind, nrows, nranks, block)`` (immutable objects, equal keys place every row
+#: alike), so recording a result does not build a new one (a block distribution computes its offsets with NumPy).
+_DISTS: Dict[Tuple[str, int, int, int], Distribution] = {}
+_DISTS_MAX = 4096
+#: A text, or a callable giving it, made only when a message or a description asks for it.
+Text = Union[str, Callable[[], str]]
+
+
+def _text(t: Text) -> str:
+    """The string of ``t`` (a str, or a callable returning it)."""
+    return t() if callable(t) else t
+
+
+def dist_of(kind: str, nrows: int, nranks: int, block: int = 1) -> Distribution:
+    """The (shared, immutable) :class:`~.distribution.Distribution` ``Distribution(kind, nrows, nranks, block)``,
+    built once per key (see :data:`_DISTS`). Local."""
+    key = (kind, nrows, nranks, block)
+    d = _DISTS.get(key)
+    if d is None:
+        if len(_DISTS) >= _DISTS_MAX:
+            _DISTS.clear()
+        d = _DISTS[key] = Distribution(kind, nrows, nranks, block)
+    return d
+
+
+def rows_of(dist: Distribution, nrows: int) -> Distribution:
+    """``dist.with_rows(nrows)`` (the same kind and block size over ``nrows`` rows), shared. Local."""
+    return dist if dist.nrows == nrows else dist_of(dist.kind, nrows, dist.nranks, dist.block)
+
+
+def _replicate_task(src: Leaf, out: Leaf, root: Optional[int], why: Text) -> Replicate:
+    """A :class:`~.graph.Replicate` whose text (``why``, or a callable giving it) is made only when asked for."""
+    if not callable(why):
+        return Replicate(src, out, root, why)
+    t = Replicate(src, out, root)
+    t._init_text(lambda: why() or f"gather {node_desc(src)}" + ("" if root is None else f" to rank {root}"))
+    return t
 
 
 def rep_base_from_numpy(context, arr: np.ndarray) -> Leaf:
@@ -89,11 +131,12 @@ WHOLE_ROW_BYTES = 1 << 16
 ROW_LOOKBACK = 16
 
 
-def replicate_leaf(context, leaf: Leaf, why: str, root: Optional[int] = None) -> Leaf:
+def replicate_leaf(context, leaf: Leaf, why: Text, root: Optional[int] = None) -> Leaf:
     """Record the gathering of ``leaf`` (a view of a distributed base) to every rank (or ``root``);
     return a Leaf of the replicated copy with the same user shape. A view of one fixed row (``a[3, 2:]``,
     ``a[3, 2]``) to every rank gathers the row whole when it is small (:data:`WHOLE_ROW_BYTES`) and reuses a
-    pending gather of that row (see :func:`_fixed_row`). Local: records, computes nothing."""
+    pending gather of that row (see :func:`_fixed_row`). ``why``: the text of the gather for messages, or a
+    callable giving it (made only when a message asks for it). Local: records, computes nothing."""
     v = leaf.view
     if root is None and v.row_entry is not None and not v.row_kept:
         got = _fixed_row(context, leaf, why)
@@ -101,8 +144,8 @@ def replicate_leaf(context, leaf: Leaf, why: str, root: Optional[int] = None) ->
             return got
     s, t, c = v.row_params
     packed = (c,) + v.packed_trail_shape()
-    rb = Base(context, packed, leaf.dtype, Distribution("replicated", packed[0], context.size), temp=True)
-    context.record(Replicate(leaf, Leaf(rb, View.full(packed)), root, why))
+    rb = Base(context, packed, leaf.dtype, dist_of("replicated", packed[0], context.size), temp=True)
+    context.record(_replicate_task(leaf, Leaf(rb, View.full(packed)), root, why))
     ents = []
     for k, e in enumerate(v.entries):
         if e[0] == "n":
@@ -114,26 +157,27 @@ def replicate_leaf(context, leaf: Leaf, why: str, root: Optional[int] = None) ->
     return Leaf(rb, View(packed, tuple(ents)))
 
 
-def _fixed_row(context, leaf: Leaf, why: str) -> Optional[Leaf]:
+def _fixed_row(context, leaf: Leaf, why: Text) -> Optional[Leaf]:
     """``leaf`` (a view of the single base row ``r``) read from a replicated copy of the whole row ``r``: the
     copy gathered by a :class:`~.graph.Replicate` among the last :data:`ROW_LOOKBACK` pending operations when
     nothing recorded after it writes the base or the copy (so it holds what a new gather would), else a new
     gather of the whole row. None when the row is larger than :data:`WHOLE_ROW_BYTES`. Every rank records the
     same operations, so every rank takes the same decision. Local."""
     b, v = leaf.base, leaf.view
-    trail = tuple(b.shape[1:])
+    trail = b.shape[1:]
     if math.prod(trail) * b.dtype.itemsize > WHOLE_ROW_BYTES:
         return None
     whole = View._of(b.shape, (("i", v.row_entry[1]),) + tuple([("s", 0, 1, n) for n in trail]))
     rb = _pending_row(context, b, whole)
     if rb is None:
         packed = (1,) + trail
-        rb = Base(context, packed, b.dtype, Distribution("replicated", 1, context.size), temp=True)
-        context.record(Replicate(Leaf(b, whole), Leaf(rb, View.full(packed)), None,
-                                 f"{why} (gathers its whole row {node_desc(Leaf(b, whole))}, reused by later reads "
-                                 "of that row)"))
+        rb = Base(context, packed, b.dtype, dist_of("replicated", 1, context.size), temp=True)
+        src = Leaf(b, whole)
+        context.record(_replicate_task(src, Leaf(rb, View._of(packed, tuple([("s", 0, 1, n) for n in packed]))),
+                                       None, lambda: f"{_text(why)} (gathers its whole row {node_desc(src)}, "
+                                                     "reused by later reads of that row)"))
     row = v.lead_new()
-    return Leaf(rb, View(rb.shape, tuple(("i", 0) if k == row else e for k, e in enumerate(v.entries))))
+    return Leaf(rb, View._of(rb.shape, tuple([("i", 0) if k == row else e for k, e in enumerate(v.entries)])))
 
 
 def _pending_row(context, b: Base, whole: View) -> Optional[Base]:
@@ -143,6 +187,12 @@ def _pending_row(context, b: Base, whole: View) -> Optional[Base]:
     written = set()
     for j in range(len(pend) - 1, max(-1, len(pend) - 1 - ROW_LOOKBACK), -1):
         t = pend[j]
+        if type(t) is Assign:          # writes() is [t.out]: read directly (no list per task)
+            wb = t.out.base
+            if wb is b:
+                return None
+            written.add(id(wb))
+            continue
         if isinstance(t, Replicate) and t.root is None and t.src.base is b and t.src.view == whole:
             return None if id(t.out.base) in written else t.out.base
         for w in t.writes():
@@ -154,7 +204,12 @@ def _pending_row(context, b: Base, whole: View) -> Optional[Base]:
 
 def result_leaf(context, nodes: Sequence[Node], shape: Tuple[int, ...], dtype: np.dtype) -> Leaf:
     """Where a new elementwise result of ``shape`` lives (see the module doc); allocates nothing."""
-    dist_leaves = [l for n in nodes for l in leaves(n) if not l.rep]
+    return _result_of(context, [l for n in nodes for l in leaves(n) if not l.rep], shape, dtype)
+
+
+def _result_of(context, dist_leaves: Sequence[Leaf], shape: Tuple[int, ...], dtype: np.dtype) -> Leaf:
+    """:func:`result_leaf` from the distributed leaves of the operands (in operand order)."""
+    shape = tuple(shape)
     lead = None
     for l in dist_leaves:
         v = l.view
@@ -167,35 +222,44 @@ def result_leaf(context, nodes: Sequence[Node], shape: Tuple[int, ...], dtype: n
         nb = b.shape[0]
         lv = lead.view
         if (lv.ndim == len(b.shape) and all(e[0] == "s" for e in lv.entries) and 2 * lv.size >= math.prod(b.shape)
-                and lv.shape == tuple(shape)):
+                and lv.shape == shape):
             # laid out exactly like the leading operand's base (a copy back into it can swap buffers)
             base = Base(context, b.shape, dtype, b.dist, temp=True)
-            return Leaf(base, View(base.shape, lv.entries))
+            return Leaf(base, View._of(base.shape, lv.entries))
         if 2 * c >= nb:
-            base = Base(context, (nb,) + tuple(shape[1:]), dtype, b.dist, temp=True)
-            ents = (("s", s, t, c),) + tuple(("s", 0, 1, n) for n in shape[1:])
-            return Leaf(base, View(base.shape, ents))
-        base = Base(context, shape, dtype, b.dist.with_rows(shape[0]), temp=True)
+            base = Base(context, (nb,) + shape[1:], dtype, b.dist, temp=True)
+            ents = (("s", s, t, c),) + tuple([("s", 0, 1, n) for n in shape[1:]])
+            return Leaf(base, View._of(base.shape, ents))
+        base = Base(context, shape, dtype, rows_of(b.dist, shape[0]), temp=True)
         return Leaf(base, View.full(shape))
     if dist_leaves and shape and any(l.view.row_kept for l in dist_leaves):
         d0 = dist_leaves[0].base.dist
-        base = Base(context, shape, dtype, d0.with_rows(shape[0]) if not d0.replicated else d0, temp=True)
+        base = Base(context, shape, dtype, rows_of(d0, shape[0]) if not d0.replicated else d0, temp=True)
         return Leaf(base, View.full(shape))
-    base = Base(context, shape, dtype, Distribution("replicated", shape[0] if shape else 1, context.size), temp=True)
+    base = Base(context, shape, dtype, dist_of("replicated", shape[0] if shape else 1, context.size), temp=True)
     return Leaf(base, View.full(shape))
 
 
 def _check_contexts(context, nodes: Sequence[Node], what: str) -> None:
-    for n in nodes:
-        for l in leaves(n):
-            if l.base.context is not context:
-                raise DistributionError(
-                    f"{what}: the operands live on different communicators ({l.base.name()} is on another "
-                    "communicator than the first distributed operand); create every array of one computation "
-                    "with the same comm=")
+    _check_leaf_contexts(context, [l for n in nodes for l in leaves(n)], what)
+
+
+def _check_leaf_contexts(context, ls: Sequence[Leaf], what: str) -> None:
+    for l in ls:
+        if l.base.context is not context:
+            raise DistributionError(
+                f"{what}: the operands live on different communicators ({l.base.name()} is on another "
+                "communicator than the first distributed operand); create every array of one computation "
+                "with the same comm=")
 
 
 def _broadcast(name: str, shapes: List[Tuple[int, ...]]) -> Tuple[int, ...]:
+    first = shapes[0]
+    for s in shapes:           # equal shapes (the usual case) broadcast to themselves
+        if s != first:
+            break
+    else:
+        return tuple(first)
     try:
         return tuple(np.broadcast_shapes(*shapes))
     except ValueError:
@@ -204,47 +268,65 @@ def _broadcast(name: str, shapes: List[Tuple[int, ...]]) -> Tuple[int, ...]:
                          "the right, sizes must be equal or 1)") from None
 
 
-def _align_operands(context, nodes: List[Node], space: RowSpace, what: str) -> List[Node]:
+def _gather_why(l: Leaf, what: Text, tail: str = "") -> Callable[[], str]:
+    """The (lazy) text of gathering ``l`` to every rank for ``what``."""
+    return lambda: f"gather {node_desc(l)} to every rank for {_text(what)}{tail}"
+
+
+def _align_operands(context, nodes: List[Node], space: RowSpace, what: Text) -> List[Node]:
     out = []
     for n in nodes:
         if isinstance(n, Leaf) and not n.rep and not aligned(n, space):
-            n = replicate_leaf(context, n, f"gather {node_desc(n)} to every rank for {what} (its rows do not "
-                                          "line up with the result's rows)")
+            n = replicate_leaf(context, n, _gather_why(n, what, " (its rows do not line up with the result's rows)"))
         elif isinstance(n, Op):
             n = _realign(context, n, space, what)
         out.append(n)
     return out
 
 
-def _realign(context, node: Op, space: RowSpace, what: str) -> Node:
+def _realign(context, node: Op, space: RowSpace, what: Text) -> Node:
     from .graph import substitute
 
     return substitute(node, lambda l: None if (l.rep or aligned(l, space)) else
-                      replicate_leaf(context, l, f"gather {node_desc(l)} to every rank for {what}"))
+                      replicate_leaf(context, l, _gather_why(l, what)))
 
 
-def _needs_gather(expr: Node, space: RowSpace) -> bool:
-    return any(not l.rep and not aligned(l, space) for l in leaves(expr))
+def _needs_gather(ls: Sequence[Leaf], space: RowSpace) -> bool:
+    """Whether a leaf of ``ls`` (the leaves of an expression) must be gathered to be read in ``space``."""
+    for l in ls:
+        if not l.base.dist.replicated and not aligned(l, space):
+            return True
+    return False
 
 
-def _record(context, target: Leaf, expr: Node, desc) -> Leaf:
+def _gathered(context, expr: Node, space: RowSpace, what: Text) -> Node:
+    """``expr`` with the leaves that ``space`` cannot read row by row gathered first (recorded)."""
+    if isinstance(expr, Op):
+        return _realign(context, expr, space, what)
+    return _align_operands(context, [expr], space, what)[0]
+
+
+def _record(context, target: Leaf, expr: Node, desc, ls: Optional[List[Leaf]] = None) -> Leaf:
     """Record ``target = expr``, through a temporary if ``expr`` reads the target's base elsewhere.
-    ``desc``: a callable giving the text of the operation (computed only for error messages)."""
-    space = RowSpace.of_leaf(target, target.shape)
-    if any(l.base is target.base and l.view != target.view for l in leaves(expr)):
-        tmp = result_leaf(context, [expr], expr.shape, expr.dtype)
-        tspace = RowSpace.of_leaf(tmp, tmp.shape)
-        if _needs_gather(expr, tspace):
-            expr = _realign(context, expr, tspace, desc()) if isinstance(expr, Op) else \
-                _align_operands(context, [expr], tspace, desc())[0]
-        context.record(Assign(tmp, expr, lambda: desc() + " (into a temporary: the value overlaps the target)"))
-        expr = tmp
-    if _needs_gather(expr, space):
-        if isinstance(expr, Op):
-            expr = _realign(context, expr, space, desc())
-        else:
-            expr = _align_operands(context, [expr], space, desc())[0]
-    context.record(Assign(target, expr, desc))
+    ``desc``: a callable giving the text of the operation (computed only for messages); ``ls``: the leaves of
+    ``expr`` if the caller has them."""
+    if ls is None:
+        ls = list(leaves(expr))
+    tb, tv = target.base, target.view
+    for l in ls:
+        if l.base is tb and l.view != tv:
+            tmp = _result_of(context, [x for x in ls if not x.base.dist.replicated], expr.shape, expr.dtype)
+            task = Assign(tmp, expr, lambda: desc() + " (into a temporary: the value overlaps the target)")
+            if _needs_gather(ls, task.space):
+                task.expr = _gathered(context, expr, task.space, desc)
+            context.record(task)
+            expr = tmp
+            ls = [tmp]
+            break
+    task = Assign(target, expr, desc)   # its row space is the one the value is read in
+    if _needs_gather(ls, task.space):
+        task.expr = _gathered(context, expr, task.space, desc)
+    context.record(task)
     return target
 
 
@@ -265,6 +347,23 @@ def _record_product_power(context, node: Node, e: int) -> Leaf:
     return _record(context, target, expr, lambda: f"{target.base.name()} = power({node_desc(node)}, {e})")
 
 
+def _resolve(ufunc: np.ufunc, name: str, specs: Tuple[Any, ...]) -> Tuple[Tuple[np.dtype, ...], np.dtype]:
+    """``(input dtypes, result dtype)`` of ``ufunc`` for operand ``specs`` (dtypes, or Python types for weak
+    scalars): NumPy's own resolution, computed once per key and checked (result kinds bool, integer, float)."""
+    got = _RESOLVED.get((name, specs))
+    if got is None:
+        try:
+            dts = ufunc.resolve_dtypes(specs + (None,))
+        except Exception as e:  # noqa: BLE001 - NumPy's own message (no loop for these dtypes)
+            raise TypeError(f"{name}: no implementation for operand dtypes "
+                            f"{', '.join(str(getattr(s, '__name__', s)) for s in specs)} ({e})") from None
+        in_dt, out_dt = tuple(np.dtype(d) for d in dts[:-1]), np.dtype(dts[-1])
+        if out_dt.kind not in "biuf":
+            raise UnsupportedOperation(f"{name}: result dtype {dts[-1]} is not supported")
+        got = _RESOLVED[(name, specs)] = (in_dt, out_dt)
+    return got
+
+
 def record_ufunc(context, ufunc: np.ufunc, inputs: Sequence[Any], out: Optional[Leaf] = None) -> Leaf:
     """Record ``ufunc(*inputs[, out=out])``; return the result (``out`` if given)."""
     name = ufunc.__name__
@@ -274,8 +373,9 @@ def record_ufunc(context, ufunc: np.ufunc, inputs: Sequence[Any], out: Optional[
             "and where()")
     if ufunc.nin != len(inputs):
         raise TypeError(f"{name}() takes {ufunc.nin} operands, got {len(inputs)}")
-    nodes = [as_node(context, x) for x in inputs]
-    _check_contexts(context, nodes, name)
+    nodes = [x if isinstance(x, Leaf) else as_node(context, x) for x in inputs]
+    ls = [l for n in nodes for l in (leaves(n) if isinstance(n, Op) else (n,) if isinstance(n, Leaf) else ())]
+    _check_leaf_contexts(context, ls, name)
     if name == "power" and isinstance(nodes[1], Const) and not isinstance(nodes[0], Const) \
             and nodes[0].dtype.kind == "f" and nodes[1].dtype.kind in "iuf":
         # NumPy's own fast paths for float arrays (the same results as NumPy, and no pow() call):
@@ -288,17 +388,7 @@ def record_ufunc(context, ufunc: np.ufunc, inputs: Sequence[Any], out: Optional[
         if e in PRODUCT_POWERS and out is None and nodes[1].weak:
             return _record_product_power(context, nodes[0], int(e))
     shape = _broadcast(name, [n.shape for n in nodes])
-    specs = tuple(n.spec if isinstance(n, Const) else n.dtype for n in nodes)
-    dts = _RESOLVED.get((name, specs))
-    if dts is None:
-        try:
-            dts = _RESOLVED[(name, specs)] = ufunc.resolve_dtypes(specs + (None,))
-        except Exception as e:  # noqa: BLE001 - NumPy's own message (no loop for these dtypes)
-            raise TypeError(f"{name}: no implementation for operand dtypes "
-                            f"{', '.join(str(getattr(s, '__name__', s)) for s in specs)} ({e})") from None
-    in_dt, out_dt = dts[:-1], dts[-1]
-    if np.dtype(out_dt).kind not in "biuf":
-        raise UnsupportedOperation(f"{name}: result dtype {out_dt} is not supported")
+    in_dt, out_dt = _resolve(ufunc, name, tuple([n.spec if isinstance(n, Const) else n.dtype for n in nodes]))
     expr = Op(name, tuple(nodes), out_dt, in_dt, shape)
 
     def desc() -> str:
@@ -312,9 +402,9 @@ def record_ufunc(context, ufunc: np.ufunc, inputs: Sequence[Any], out: Optional[
         if not np.can_cast(out_dt, out.dtype, casting="same_kind"):
             raise TypeError(f"Cannot cast ufunc {name!r} output from {np.dtype(out_dt)!r} to {out.dtype!r} with "
                             "casting rule 'same_kind'")
-        return _record(context, out, expr, lambda: f"{node_desc(out)} = {desc()}")
-    target = result_leaf(context, nodes, shape, out_dt)
-    return _record(context, target, expr, lambda: f"{target.base.name()} = {desc()}")
+        return _record(context, out, expr, lambda: f"{node_desc(out)} = {desc()}", ls)
+    target = _result_of(context, [l for l in ls if not l.base.dist.replicated], shape, out_dt)
+    return _record(context, target, expr, lambda: f"{target.base.name()} = {desc()}", ls)
 
 
 def record_where(context, cond: Any, x: Any, y: Any) -> Leaf:

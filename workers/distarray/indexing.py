@@ -70,7 +70,7 @@ def _offset_strides(entries, es: Sequence[int]) -> Tuple[int, Tuple[int, ...]]:
 class View:
     """Which elements of a base of shape ``base_shape`` are visible (see the module doc). Immutable."""
 
-    __slots__ = ("base_shape", "entries", "shape", "key", "_row")
+    __slots__ = ("base_shape", "entries", "shape", "key", "_row", "row_entry", "row_kept")
 
     def __init__(self, base_shape: Tuple[int, ...], entries: Tuple[Entry, ...]):
         self._set(tuple([int(s) for s in base_shape]), tuple(entries))
@@ -93,6 +93,10 @@ class View:
         self.shape = tuple(shape)
         self.key = (base_shape, entries)
         self._row = row
+        #: The entry of base axis 0 (None for a 0-d base).
+        self.row_entry: Optional[Entry] = None if row is None else entries[row]
+        #: True if base axis 0 is a user axis (sliced, not fixed by an integer).
+        self.row_kept: bool = row is not None and entries[row][0] == "s"
 
     @classmethod
     def _of(cls, base_shape: Tuple[int, ...], entries: Tuple[Entry, ...]) -> "View":
@@ -138,17 +142,6 @@ class View:
         return True
 
     @property
-    def row_entry(self) -> Optional[Entry]:
-        """The entry of base axis 0 (None for a 0-d base)."""
-        return None if self._row is None else self.entries[self._row]
-
-    @property
-    def row_kept(self) -> bool:
-        """True if base axis 0 is a user axis (sliced, not fixed by an integer)."""
-        e = self.row_entry
-        return e is not None and e[0] == "s"
-
-    @property
     def row_pos(self) -> Optional[int]:
         """User axis of the distributed (row) axis, None if it is fixed by an integer."""
         return self._row if self.row_kept else None
@@ -180,6 +173,11 @@ class View:
         """
         if not isinstance(key, tuple):
             key = (key,)
+        got = self._index_plain(key)
+        return got if got is not None else self._index_general(key)
+
+    def _index_general(self, key: Tuple[Any, ...]) -> "View":
+        """:meth:`index` for any basic index tuple ``key`` (the general pass)."""
         items: List[Any] = []
         for it in key:
             if it is None or it is Ellipsis or isinstance(it, slice):
@@ -239,6 +237,38 @@ class View:
                 elif it not in (0, -1):
                     raise IndexError(f"index {it} is out of bounds for axis with size 1")
         out.extend(ents[p:])
+        return View._of(self.base_shape, tuple(out))
+
+    def _index_plain(self, key: Tuple[Any, ...]) -> Optional["View"]:
+        """:meth:`index` for the common key (Python ints and slices only, one per leading entry of the view,
+        each a sliced base axis): the same View, without the general pass; None for any other key or view."""
+        ents = self.entries
+        nk = len(key)
+        if nk > len(ents):
+            return None
+        for j in range(nk):
+            if ents[j][0] != "s":
+                return None
+        out: List[Entry] = []
+        for j in range(nk):
+            it = key[j]
+            e = ents[j]
+            t = type(it)
+            if t is slice:
+                _, start, step, count = e
+                s2, e2, st2 = it.indices(count)
+                c2 = len(range(s2, e2, st2))
+                out.append(("s", start + s2 * step if c2 else 0, step * st2 if c2 else 1, c2))
+            elif t is int:
+                count = e[3]
+                k = it + count if it < 0 else it
+                if not 0 <= k < count:
+                    raise IndexError(f"index {it} is out of bounds for axis with size {count}")
+                out.append(("i", e[1] + k * e[2]))
+            else:
+                return None
+        for e in ents[nk:]:      # what the general pass gives for the axes left: ``[:]`` of each
+            out.append(("s", 0, 1, 0) if e[0] == "s" and not e[3] else e)
         return View._of(self.base_shape, tuple(out))
 
     # -- index tuples for NumPy arrays ------------------------------------------------
