@@ -383,11 +383,17 @@ class _Flush:
 
 
 # --------------------------------------------------------------------------- agreement
-def _hash_tasks(tasks) -> Tuple[int, np.ndarray]:
-    """Per-task hashes and their combination (Python's ``hash`` of tuples of numbers: the same in every
-    process), reduced to 62 bits so that ``-h`` never overflows."""
-    per = [spmd.number_key(t.sig) for t in tasks]
-    return spmd.number_key(tuple(per)), np.array(per, dtype=np.int64)
+def _hash_tasks(tasks) -> int:
+    """The combined hash of the tasks' signatures (Python's ``hash`` of tuples of numbers: the same in every
+    process), reduced to 62 bits so that ``-h`` never overflows. The per-task hashes are made only when the
+    ranks disagree (:func:`_per_task_hashes`)."""
+    return spmd.number_key(tuple([t.sig for t in tasks]))
+
+
+def _per_task_hashes(tasks) -> List[int]:
+    """Each task's hash, for locating the first differing operation (the signatures are cached on the tasks
+    when first hashed, so fusion's later rewrites of a task's expression do not change them)."""
+    return [spmd.number_key(t.sig) for t in tasks]
 
 
 class _Agreement:
@@ -398,7 +404,7 @@ class _Agreement:
     def __init__(self, fl: _Flush, tasks):
         self.fl, self.tasks = fl, tasks
         ctx = fl.ctx
-        total, self.per = _hash_tasks(tasks)
+        total = _hash_tasks(tasks)
         self.t0 = _now()
         self.check = spmd.KeyCheck(ctx.dcomm, total, len(tasks))
         self.req = self.check.req
@@ -422,15 +428,15 @@ class _Agreement:
         self.verified = True
         if self.check.agreed:
             return
-        _diagnose(self.fl, self.tasks, self.per)
+        _diagnose(self.fl, self.tasks, _per_task_hashes(self.tasks))
 
 
-def _diagnose(fl: _Flush, tasks, per: np.ndarray) -> None:
+def _diagnose(fl: _Flush, tasks, per: List[int]) -> None:
     """The ranks' hashes differ: find the first differing operation and raise on every rank."""
     ctx, MPI = fl.ctx, fl.MPI
     # diagnosis: every rank's per-operation hashes, then the first differing operation's text
     how = dict(timeout=ctx.timeout, rank=ctx.rank, op=fl.op_name("diagnosing a divergence"), error=DistArrayTimeout)
-    diff = spmd.first_difference(spmd.gather(ctx.dcomm, per.tolist(), **how))
+    diff = spmd.first_difference(spmd.gather(ctx.dcomm, per, **how))
     k = len(tasks) if diff is None else diff.index
     mine_text = tasks[k].desc if k < len(tasks) else f"nothing (this rank recorded only {len(tasks)} operations)"
     descs = spmd.gather(ctx.dcomm, mine_text[:400], **how)
