@@ -50,7 +50,7 @@ class Base:
     """
 
     __slots__ = ("context", "serial", "shape", "dtype", "dist", "local", "flat", "nviews", "exported",
-                 "temp", "origin", "origin_code", "pooled", "__weakref__")
+                 "temp", "origin", "origin_code", "pooled", "replicated", "__weakref__")
 
     def __init__(self, context, shape: Tuple[int, ...], dtype: np.dtype, dist: Distribution, temp: bool = False,
                  origin: str = ""):
@@ -59,6 +59,8 @@ class Base:
         self.shape = tuple(int(s) for s in shape)
         self.dtype = np.dtype(dtype)
         self.dist = dist
+        #: every rank holds every row (``dist.replicated``; a base's distribution never changes)
+        self.replicated: bool = dist.replicated
         self.local: Optional[np.ndarray] = None
         self.flat: Optional[np.ndarray] = None
         self.nviews = 0
@@ -67,10 +69,6 @@ class Base:
         self.temp = temp
         self.origin = origin
         self.origin_code = zlib.crc32(origin.encode()) if origin else 0
-
-    @property
-    def replicated(self) -> bool:
-        return self.dist.replicated
 
     def local_shape(self) -> Tuple[int, ...]:
         """Shape of this rank's local buffer."""

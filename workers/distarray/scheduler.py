@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from functools import partial
 from heapq import heappop, heappush
 from typing import Any, Callable, List, Optional, Tuple
 
@@ -58,7 +59,7 @@ from .dependencies import order_units
 from .fusion import optimize
 from .operations import BARRIERS, LOWERINGS
 from .releases import Releases
-from .units import GroupRun, Unit, Waitable, after
+from .units import GroupRun, Label, Unit, Waitable, after
 
 __all__ = ["run_flush"]
 
@@ -68,6 +69,11 @@ K_COLL = tracing.register_kind("distarray_allgather")
 K_CHECK = tracing.register_kind("distarray_check")
 K_WAIT = tracing.register_kind("distarray_wait")
 _now = time.perf_counter_ns
+
+
+def _timeout_text(rank: int, peer: Optional[int], op: Any, waited: float) -> DistArrayTimeout:
+    """The timeout error of a wait named by a :class:`~.units.Label`: its ``op`` the text."""
+    return DistArrayTimeout(rank, peer, str(op), waited)
 
 
 class _Flush:
@@ -109,16 +115,25 @@ class _Flush:
             self.tr.record(kind, direction, p, tag, nbytes, t0, t1, wait=wait, seq=seq, chan=self.ctx.chan,
                            count=count)
 
-    def op_name(self, what: str) -> str:
+    def op_name(self, what: Any) -> str:
         return f"distributed-array force point ({self.reason}) flush {self.ctx.flush_no}: {what}"
 
+    def _op_label(self, what: Any) -> Any:
+        """:meth:`op_name` of ``what``, built when first shown if ``what`` is a :class:`~.units.Label`
+        (the flush itself is not referred to: the label may outlive it in an error)."""
+        if not isinstance(what, Label):
+            return self.op_name(what)
+        return Label(partial(str.format, "distributed-array force point ({}) flush {}: {}", self.reason,
+                             self.ctx.flush_no, what))
+
     # -- blocking waits (the only place a rank blocks) ----------------------------------
-    def _wait_one(self, waitables: List[Waitable], what: str) -> int:
-        """Block until one of ``waitables`` completes; return its index. Records the blocked time."""
+    def _wait_one(self, waitables: List[Waitable], what: Any) -> int:
+        """Block until one of ``waitables`` completes; return its index. Records the blocked time. ``what``
+        (text or a :class:`~.units.Label`) names the wait in a timeout's message."""
         reqs = [w.req for w in waitables]
         peers = [w.peer if w.peer >= 0 else None for w in waitables]
         t0 = _now()
-        gen = waiting.wait_each(reqs, self.ctx.timeout, self.rank, peers, self.op_name(what), DistArrayTimeout,
+        gen = waiting.wait_each(reqs, self.ctx.timeout, self.rank, peers, self._op_label(what), _timeout_text,
                                 on_abandon=None, cancellable=False)
         try:
             idx = next(gen)
@@ -313,9 +328,10 @@ class _Flush:
             raise DistArrayError(f"internal error: {self.nunits - self.ndone} units of the flush never became "
                                  f"ready (first: {stuck}); please report this with the program")
 
-    def _blocked_on(self) -> str:
-        w = self.active[0]
-        return f"waiting for {w.label}"
+    def _blocked_on(self) -> Label:
+        """What the rank is about to block on, as text built only if shown (a timeout's message, the
+        state probe's ``str(waiting.current[0])``): most waits end without anyone reading it."""
+        return Label(partial(str.format, "waiting for {}", self.active[0].label))
 
     def _execute_blocking(self) -> None:
         MPI = self.MPI
