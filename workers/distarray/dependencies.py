@@ -77,7 +77,7 @@ class AccessIndex:
         """The units of the groups added so far that a unit with ``access`` must wait for (each once, in a
         deterministic order): on overlapping rows of the same base, the last writers, and the
         accumulators (for a read) or readers (for an accumulation) or both (for a write) since."""
-        out: List[Unit] = []
+        out: Dict[Unit, None] = {}   # an insertion-ordered set (a unit may be visible on many segments)
         bases = self._bases
         for (serial, lo, hi, mode) in access:
             rows = bases.get(serial)
@@ -92,10 +92,10 @@ class AccessIndex:
                 if s is None:
                     continue
                 for k in kinds:
-                    for p in s[k]:
-                        if p not in out:
-                            out.append(p)
-        return out
+                    lst = s[k]
+                    if lst:
+                        out.update(dict.fromkeys(lst))
+        return list(out)
 
     def add_group(self, units: Sequence[Unit]) -> None:
         """Record the accesses of one group's ``units`` (after their :meth:`prerequisites` were taken): the
@@ -154,8 +154,11 @@ def order_units(runs: Sequence[GroupRun]) -> None:
         if k > 0:
             for u in units:
                 if u.access:
-                    for p in index.prerequisites(u.access):
-                        after(u, p)
+                    pre = index.prerequisites(u.access)
+                    if pre:   # after(u, p) for each p, inlined (LU: ~100k edges a run)
+                        u.ndeps += len(pre)
+                        for p in pre:
+                            p.dependents.append(u)
         if k < last:   # no later group asks about the last one's accesses
             index.add_group(units)
         if run.coll is not None:

@@ -179,6 +179,13 @@ class Op:
             tuple(np.dtype(d) for d in in_dtypes), tuple(shape)
         self._leaves: Optional[Tuple[Leaf, ...]] = None   # leaves(self), made on first use (an Op never changes)
 
+    def with_args(self, args: Tuple["Node", ...]) -> "Op":
+        """The same operation on other ``args`` (a tuple of nodes of the same shapes and dtypes); no checks."""
+        op = Op.__new__(Op)
+        op.name, op.args, op.dtype, op.in_dtypes, op.shape, op._leaves = \
+            self.name, args, self.dtype, self.in_dtypes, self.shape, None
+        return op
+
 
 Node = Any  # Leaf | Const | Op
 
@@ -229,8 +236,8 @@ def substitute(node: Node, fn) -> Node:
             r = fn(n)
             out = n if r is None else r
         elif isinstance(n, Op):
-            args = tuple(go(a) for a in n.args)
-            out = n if all(a is b for a, b in zip(args, n.args)) else Op(n.name, args, n.dtype, n.in_dtypes, n.shape)
+            args = tuple([go(a) for a in n.args])
+            out = n if all(a is b for a, b in zip(args, n.args)) else n.with_args(args)
         else:
             out = n
         memo[id(n)] = out
