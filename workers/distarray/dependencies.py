@@ -77,7 +77,8 @@ class AccessIndex:
         """The units of the groups added so far that a unit with ``access`` must wait for (each once, in a
         deterministic order): on overlapping rows of the same base, the last writers, and the
         accumulators (for a read) or readers (for an accumulation) or both (for a write) since."""
-        out: Dict[Unit, None] = {}   # an insertion-ordered set (a unit may be visible on many segments)
+        out: List[Unit] = []
+        seen = set()   # out's units (a unit may be visible on many segments: a list scan grew quadratic)
         bases = self._bases
         for (serial, lo, hi, mode) in access:
             rows = bases.get(serial)
@@ -92,10 +93,11 @@ class AccessIndex:
                 if s is None:
                     continue
                 for k in kinds:
-                    lst = s[k]
-                    if lst:
-                        out.update(dict.fromkeys(lst))
-        return list(out)
+                    for p in s[k]:
+                        if p not in seen:
+                            seen.add(p)
+                            out.append(p)
+        return out
 
     def add_group(self, units: Sequence[Unit]) -> None:
         """Record the accesses of one group's ``units`` (after their :meth:`prerequisites` were taken): the
