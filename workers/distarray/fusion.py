@@ -198,7 +198,9 @@ class ElementwiseGroup:
         finally:   # emit refers to itself through its closure: break that cycle, or the leaves it saw
             emit = None  # (and their buffers) would live until the garbage collector runs
         self.arrays, self.consts, self.stmts, self.reductions = arrays, consts, stmts, reductions
-        self.program_key = (len(self.space.shape), tuple(self.array_dtype(a) for a in range(len(arrays))),
+        dtypes = tuple([(obj.acc_dtype.str if obj.axis is None or obj.axis == 0 else obj.out.dtype.str)
+                        if role == "red" else obj.dtype.str for role, obj in arrays])   # array_dtype of each
+        self.program_key = (len(self.space.shape), dtypes,
                             tuple(r[0] for r in arrays), tuple(stmts), tuple(reductions))
 
     def array_dtype(self, a: int) -> str:

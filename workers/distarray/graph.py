@@ -50,7 +50,7 @@ class Base:
     """
 
     __slots__ = ("context", "serial", "shape", "dtype", "dist", "local", "flat", "nviews", "exported",
-                 "temp", "origin", "origin_code", "pooled", "replicated", "__weakref__")
+                 "temp", "origin", "origin_code", "pooled", "replicated", "sig_head", "__weakref__")
 
     def __init__(self, context, shape: Tuple[int, ...], dtype: np.dtype, dist: Distribution, temp: bool = False,
                  origin: str = ""):
@@ -69,6 +69,9 @@ class Base:
         self.temp = temp
         self.origin = origin
         self.origin_code = zlib.crc32(origin.encode()) if origin else 0
+        #: the start of the signature of a Leaf of this base (see node_sig; nothing in it ever changes)
+        self.sig_head = (0, self.serial, _KIND_CODE[dist.kind], dist.nrows, dist.block, self.dtype.num,
+                         self.origin_code)
 
     def local_shape(self) -> Tuple[int, ...]:
         """Shape of this rank's local buffer."""
@@ -292,9 +295,7 @@ def node_sig(node: Node) -> Tuple:
     no None, so no per-process hash randomization)."""
     t = type(node)
     if t is Leaf:
-        b = node.base
-        d = b.dist
-        return (0, b.serial, _KIND_CODE[d.kind], d.nrows, d.block, b.dtype.num, b.origin_code, _view_sig(node.view))
+        return node.base.sig_head + (_view_sig(node.view),)
     if t is Const:
         v = node.value
         if isinstance(v, (bool, np.bool_, int, np.integer)):

@@ -278,11 +278,11 @@ def _may_split(tasks: List[Task]) -> bool:
     (:meth:`_State.writers_of` gives None for any other temporary, and nothing split means nothing
     changes: every writer list the pass looks at is that of the recorded tasks)."""
     seen: Dict[int, List] = {}   # serial of a dying temporary -> [writers so far, all of them copies]
+    splittable = set()           # the serials of seen whose writers so far pass that test
     for t in tasks:
-        if seen and isinstance(t, Assign):
+        if splittable and isinstance(t, Assign):
             for l in t.reads():
-                got = seen.get(l.base.serial)
-                if got is not None and (got[0] >= 2 or got[1]):
+                if l.base.serial in splittable:
                     return True
         for w in t.writes():
             b = w.base
@@ -290,8 +290,12 @@ def _may_split(tasks: List[Task]) -> bool:
                 got = seen.get(b.serial)
                 copy = isinstance(t, Assign) and isinstance(t.expr, Leaf)
                 if got is None:
-                    seen[b.serial] = [1, copy]
+                    got = seen[b.serial] = [1, copy]
                 else:
                     got[0] += 1
                     got[1] = got[1] and copy
+                if got[0] >= 2 or got[1]:
+                    splittable.add(b.serial)
+                else:
+                    splittable.discard(b.serial)
     return False
