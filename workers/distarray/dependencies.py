@@ -78,7 +78,6 @@ class AccessIndex:
         deterministic order): on overlapping rows of the same base, the last writers, and the
         accumulators (for a read) or readers (for an accumulation) or both (for a write) since."""
         out: List[Unit] = []
-        seen = set()   # out's units (a unit may be visible on many segments: a list scan grew quadratic)
         bases = self._bases
         for (serial, lo, hi, mode) in access:
             rows = bases.get(serial)
@@ -94,8 +93,7 @@ class AccessIndex:
                     continue
                 for k in kinds:
                     for p in s[k]:
-                        if p not in seen:
-                            seen.add(p)
+                        if p not in out:   # short lists: a scan costs less than a set (measured)
                             out.append(p)
         return out
 

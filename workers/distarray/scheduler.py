@@ -209,7 +209,7 @@ class _Flush:
         """Register the started request ``w``: polled with the others in flight, its units released on completion."""
         self.active.append(w)
 
-    def sent(self, req, peer: int, nbytes: int, inst, t0: int, label: str) -> Waitable:
+    def sent(self, req, peer: int, nbytes: int, inst, t0: int, label: Any) -> Waitable:
         """A send of ``nbytes`` to ``peer`` on ``inst``'s tag has just been started (``req``, packing began at
         ``t0``): count it, trace it, and :meth:`start` its waitable, which is returned."""
         self.msgs_sent += 1
@@ -224,7 +224,7 @@ class _Flush:
         the scheduler starts all at once)."""
         for k, m in enumerate(plan.msgs_in):
             run.recvs.append(Waitable(inst.recv_reqs[k], "recv", m.peer, inst.tag, m.nbytes, inst.uses,
-                                      f"receive for {label} from rank {m.peer}", inst))
+                                      Label(partial(str.format, "receive for {} from rank {}", label, m.peer)), inst))
 
     def send_unit(self, plan, inst, k: int, local_of: Optional[Callable[[int], np.ndarray]], serial_of, label: str,
                   pack: Optional[Callable[[], None]] = None) -> Unit:
@@ -232,7 +232,7 @@ class _Flush:
         and starts its persistent send. Its access reads each part's rows (``serial_of(array slot)``; with
         ``serial_of`` None the caller sets ``access``)."""
         m = plan.msgs_out[k]
-        what = f"send for {label} to rank {m.peer}"
+        what = Label(partial(str.format, "send for {} to rank {}", label, m.peer))   # text built if shown
 
         def fn() -> None:
             t0 = _now()
