@@ -59,6 +59,19 @@ def diverge_shape():
 expect("divergence (shapes differ)", dnp.DistArrayDivergence, diverge_shape, ["operation 1"])
 assert float(dnp.sum(c * 3)) == 60.0  # usable again after a divergence
 
+g = dnp.ones((12, 4), dist=("block-cyclic", 2))
+for k in range(3):   # every rank hashes the views of offsets 0..2: their signatures are cached alike
+    assert float(dnp.sum(g[k:k + 8] * 2)) == 64.0
+
+
+def diverge_view():
+    k = rank % 2     # the same operations, at views whose offsets differ between ranks (cached ones)
+    return float(dnp.sum(g[k:k + 8] * 2))
+
+
+expect("divergence (views differ)", dnp.DistArrayDivergence, diverge_view,
+       ["operation 1 since the previous force point", "rank 0 recorded", "rank 1 recorded"])
+
 
 def late_rank():
     if rank == size - 1:

@@ -146,8 +146,9 @@ class ElementwiseGroup:
             got = memo.get(id(node))
             if got is not None:
                 return got
-            if isinstance(node, Leaf):
-                k = node.key
+            tn = type(node)
+            if tn is Leaf:
+                k = (node.base.serial, node.view.key)
                 if k in written:
                     res = written[k]
                 elif k in loaded:
@@ -158,7 +159,7 @@ class ElementwiseGroup:
                     v = new_var()
                     stmts.append(("ld", v, a))
                     res = loaded[k] = (v, node.dtype.str)
-            elif isinstance(node, Const):
+            elif tn is Const:
                 s = len(consts)
                 consts.append(node)
                 v = new_var()
@@ -197,7 +198,9 @@ class ElementwiseGroup:
         finally:   # emit refers to itself through its closure: break that cycle, or the leaves it saw
             emit = None  # (and their buffers) would live until the garbage collector runs
         self.arrays, self.consts, self.stmts, self.reductions = arrays, consts, stmts, reductions
-        self.program_key = (len(self.space.shape), tuple(self.array_dtype(a) for a in range(len(arrays))),
+        dtypes = tuple([(obj.acc_dtype.str if obj.axis is None or obj.axis == 0 else obj.out.dtype.str)
+                        if role == "red" else obj.dtype.str for role, obj in arrays])   # array_dtype of each
+        self.program_key = (len(self.space.shape), dtypes,
                             tuple(r[0] for r in arrays), tuple(stmts), tuple(reductions))
 
     def array_dtype(self, a: int) -> str:
@@ -380,14 +383,21 @@ def _group(tasks: List[Task], alive: List[bool]) -> List[Any]:
     """6. Group adjacent elementwise tasks (and build each group's program); every other task alone."""
     groups: List[Any] = []
     cur: Optional[ElementwiseGroup] = None
+    cur_nodes = -1   # cur.stmt_count(), kept as the group grows (-1: not counted yet)
     for idx, t in enumerate(tasks):
         if not alive[idx]:
             continue
         if isinstance(t, (Assign, Reduce)):
-            if cur is not None and cur.accepts(t) and cur.stmt_count() + _count_nodes(t.expr) < MAX_GROUP_STMTS:
-                cur.tasks.append(t)
-                continue
+            if cur is not None and cur.accepts(t):
+                if cur_nodes < 0:
+                    cur_nodes = cur.stmt_count()
+                nodes = _count_nodes(t.expr)
+                if cur_nodes + nodes < MAX_GROUP_STMTS:
+                    cur.tasks.append(t)
+                    cur_nodes += nodes
+                    continue
             cur = ElementwiseGroup(t)
+            cur_nodes = -1
             groups.append(cur)
         else:
             cur = None

@@ -50,7 +50,7 @@ class Base:
     """
 
     __slots__ = ("context", "serial", "shape", "dtype", "dist", "local", "flat", "nviews", "exported",
-                 "temp", "origin", "origin_code", "pooled", "__weakref__")
+                 "temp", "origin", "origin_code", "pooled", "replicated", "sig_head", "__weakref__")
 
     def __init__(self, context, shape: Tuple[int, ...], dtype: np.dtype, dist: Distribution, temp: bool = False,
                  origin: str = ""):
@@ -59,6 +59,8 @@ class Base:
         self.shape = tuple(int(s) for s in shape)
         self.dtype = np.dtype(dtype)
         self.dist = dist
+        #: every rank holds every row (``dist.replicated``; a base's distribution never changes)
+        self.replicated: bool = dist.replicated
         self.local: Optional[np.ndarray] = None
         self.flat: Optional[np.ndarray] = None
         self.nviews = 0
@@ -67,10 +69,9 @@ class Base:
         self.temp = temp
         self.origin = origin
         self.origin_code = zlib.crc32(origin.encode()) if origin else 0
-
-    @property
-    def replicated(self) -> bool:
-        return self.dist.replicated
+        #: the start of the signature of a Leaf of this base (see node_sig; nothing in it ever changes)
+        self.sig_head = (0, self.serial, _KIND_CODE[dist.kind], dist.nrows, dist.block, self.dtype.num,
+                         self.origin_code)
 
     def local_shape(self) -> Tuple[int, ...]:
         """Shape of this rank's local buffer."""
@@ -173,26 +174,56 @@ class Op:
     """``name(*args)``: ``name`` is a ufunc name, ``'where'`` or ``'cast'``; ``in_dtypes`` are the
     dtypes the arguments are cast to before the operation, ``dtype`` the result's."""
 
-    __slots__ = ("name", "args", "dtype", "in_dtypes", "shape")
+    __slots__ = ("name", "args", "dtype", "in_dtypes", "shape", "_leaves")
 
     def __init__(self, name: str, args: Tuple["Node", ...], dtype: np.dtype, in_dtypes: Tuple[np.dtype, ...],
                  shape: Tuple[int, ...]):
         self.name, self.args, self.dtype, self.in_dtypes, self.shape = name, tuple(args), np.dtype(dtype), \
             tuple(np.dtype(d) for d in in_dtypes), tuple(shape)
+        self._leaves: Optional[Tuple[Leaf, ...]] = None   # leaves(self), made on first use (an Op never changes)
+
+    def with_args(self, args: Tuple["Node", ...]) -> "Op":
+        """The same operation on other ``args`` (a tuple of nodes of the same shapes and dtypes); no checks."""
+        op = Op.__new__(Op)
+        op.name, op.args, op.dtype, op.in_dtypes, op.shape, op._leaves = \
+            self.name, args, self.dtype, self.in_dtypes, self.shape, None
+        return op
 
 
 Node = Any  # Leaf | Const | Op
 
 
-def leaves(node: Node) -> Iterator[Leaf]:
-    """Every Leaf of ``node`` (depth first, repeats included)."""
-    stack = [node]
+def leaves(node: Node) -> Tuple[Leaf, ...]:
+    """Every Leaf of ``node`` (depth first, left to right, repeats included), as a tuple. An Op keeps its
+    tuple (nodes are immutable), so asking again, or for a node containing it, does not walk it again."""
+    t = type(node)
+    if t is Leaf:
+        return (node,)
+    if t is not Op:
+        return ()
+    got = node._leaves
+    if got is None:
+        got = node._leaves = _collect_leaves(node)
+    return got
+
+
+def _collect_leaves(node: "Op") -> Tuple[Leaf, ...]:
+    """The leaves of ``node`` (iterative: an inlined chain may be deeper than the recursion limit), reusing
+    the tuples its sub-Ops already have."""
+    out: List[Leaf] = []
+    stack: List[Node] = list(reversed(node.args))
     while stack:
         n = stack.pop()
-        if isinstance(n, Leaf):
-            yield n
-        elif isinstance(n, Op):
-            stack.extend(reversed(n.args))
+        t = type(n)
+        if t is Leaf:
+            out.append(n)
+        elif t is Op:
+            got = n._leaves
+            if got is not None:
+                out.extend(got)
+            else:
+                stack.extend(reversed(n.args))
+    return tuple(out)
 
 
 def substitute(node: Node, fn) -> Node:
@@ -208,8 +239,8 @@ def substitute(node: Node, fn) -> Node:
             r = fn(n)
             out = n if r is None else r
         elif isinstance(n, Op):
-            args = tuple(go(a) for a in n.args)
-            out = n if all(a is b for a, b in zip(args, n.args)) else Op(n.name, args, n.dtype, n.in_dtypes, n.shape)
+            args = tuple([go(a) for a in n.args])
+            out = n if all(a is b for a, b in zip(args, n.args)) else n.with_args(args)
         else:
             out = n
         memo[id(n)] = out
@@ -234,24 +265,38 @@ def _name_code(name: str) -> int:
     return c
 
 
+#: view key -> its signature tuple (a pure function of the key); cleared when it reaches _VIEW_SIGS_MAX
+_VIEW_SIGS: Dict[Any, Tuple[int, ...]] = {}
+_VIEW_SIGS_MAX = 4096
+
+
 def _view_sig(v: View) -> Tuple[int, ...]:
+    """The view as numbers: its base shape, -1, then each entry with its kind as a code (no strings: their
+    ``hash()`` differs between processes). Cached by ``v.key`` (equal keys give equal signatures)."""
+    key = v.key
+    got = _VIEW_SIGS.get(key)
+    if got is not None:
+        return got
     out: List[int] = list(v.base_shape)
     out.append(-1)
     for e in v.entries:
         out.append(_ENTRY_CODE[e[0]])
         out.extend(e[1:])
-    return tuple(out)
+    got = tuple(out)
+    if len(_VIEW_SIGS) >= _VIEW_SIGS_MAX:
+        _VIEW_SIGS.clear()
+    _VIEW_SIGS[key] = got
+    return got
 
 
 def node_sig(node: Node) -> Tuple:
     """Canonical form of an expression as nested tuples of numbers (bases by serial number), equal on
     every rank that recorded the same thing; ``hash()`` of it is the same in every process (no strings,
     no None, so no per-process hash randomization)."""
-    if isinstance(node, Leaf):
-        b = node.base
-        d = b.dist
-        return (0, b.serial, _KIND_CODE[d.kind], d.nrows, d.block, b.dtype.num, b.origin_code, _view_sig(node.view))
-    if isinstance(node, Const):
+    t = type(node)
+    if t is Leaf:
+        return node.base.sig_head + (_view_sig(node.view),)
+    if t is Const:
         v = node.value
         if isinstance(v, (bool, np.bool_, int, np.integer)):
             return (1, int(node.weak), node.dtype.num, int(v))

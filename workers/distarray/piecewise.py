@@ -173,13 +173,13 @@ class _State:
 def _eligible(st: _State, r: Assign, l: Leaf) -> Optional[Tuple[Box, List[Tuple[Box, Assign]]]]:
     """If ``r`` may read the temporary of ``l`` piecewise: (the box it reads, [(writer box, writer)])."""
     b = l.base
+    info = st.writers_of(b)   # first: cached per base, and None for most temporaries (one computed writer)
+    if info is None:
+        return None
     if l.shape != r.expr.shape or any(x.base is b and x.view != l.view for x in r.reads()):
         return None
     rbox = l.view.box()
     if rbox is None or len(rbox) != len(l.shape):
-        return None
-    info = st.writers_of(b)
-    if info is None:
         return None
     wboxes, srcs, _ = info
     if any(r.out.base.serial in ss for ss in srcs):
@@ -259,6 +259,8 @@ def _split(st: _State, r: Assign) -> List[Assign]:
 def split_pieces(tasks: List[Task]) -> Tuple[List[Task], int]:
     """``tasks`` with every elementwise task reading a temporary written in pieces split per piece (see the
     module doc); and how many tasks were split. Local, deterministic."""
+    if not _may_split(tasks):
+        return list(tasks), 0
     st = _State(tasks)
     count = 0
     for t in tasks:
@@ -268,3 +270,32 @@ def split_pieces(tasks: List[Task]) -> Tuple[List[Task], int]:
         for p in parts:
             st.append(p)
     return st.tasks, count
+
+
+def _may_split(tasks: List[Task]) -> bool:
+    """False if no task of ``tasks`` can be split, by a necessary condition cheaper than the pass: an
+    ``Assign`` reads a dying temporary that earlier tasks wrote either by copies only or at least twice
+    (:meth:`_State.writers_of` gives None for any other temporary, and nothing split means nothing
+    changes: every writer list the pass looks at is that of the recorded tasks)."""
+    seen: Dict[int, List] = {}   # serial of a dying temporary -> [writers so far, all of them copies]
+    splittable = set()           # the serials of seen whose writers so far pass that test
+    for t in tasks:
+        if splittable and isinstance(t, Assign):
+            for l in t.reads():
+                if l.base.serial in splittable:
+                    return True
+        for w in t.writes():
+            b = w.base
+            if b.temp and _dead(b):
+                got = seen.get(b.serial)
+                copy = isinstance(t, Assign) and isinstance(t.expr, Leaf)
+                if got is None:
+                    got = seen[b.serial] = [1, copy]
+                else:
+                    got[0] += 1
+                    got[1] = got[1] and copy
+                if got[0] >= 2 or got[1]:
+                    splittable.add(b.serial)
+                else:
+                    splittable.discard(b.serial)
+    return False

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from functools import partial
 from heapq import heappop, heappush
 from typing import Any, Callable, List, Optional, Tuple
 
@@ -58,7 +59,7 @@ from .dependencies import order_units
 from .fusion import optimize
 from .operations import BARRIERS, LOWERINGS
 from .releases import Releases
-from .units import GroupRun, Unit, Waitable, after
+from .units import GroupRun, Label, Unit, Waitable, after
 
 __all__ = ["run_flush"]
 
@@ -68,6 +69,11 @@ K_COLL = tracing.register_kind("distarray_allgather")
 K_CHECK = tracing.register_kind("distarray_check")
 K_WAIT = tracing.register_kind("distarray_wait")
 _now = time.perf_counter_ns
+
+
+def _timeout_text(rank: int, peer: Optional[int], op: Any, waited: float) -> DistArrayTimeout:
+    """The timeout error of a wait named by a :class:`~.units.Label`: its ``op`` the text."""
+    return DistArrayTimeout(rank, peer, str(op), waited)
 
 
 class _Flush:
@@ -109,16 +115,25 @@ class _Flush:
             self.tr.record(kind, direction, p, tag, nbytes, t0, t1, wait=wait, seq=seq, chan=self.ctx.chan,
                            count=count)
 
-    def op_name(self, what: str) -> str:
+    def op_name(self, what: Any) -> str:
         return f"distributed-array force point ({self.reason}) flush {self.ctx.flush_no}: {what}"
 
+    def _op_label(self, what: Any) -> Any:
+        """:meth:`op_name` of ``what``, built when first shown if ``what`` is a :class:`~.units.Label`
+        (the flush itself is not referred to: the label may outlive it in an error)."""
+        if not isinstance(what, Label):
+            return self.op_name(what)
+        return Label(partial(str.format, "distributed-array force point ({}) flush {}: {}", self.reason,
+                             self.ctx.flush_no, what))
+
     # -- blocking waits (the only place a rank blocks) ----------------------------------
-    def _wait_one(self, waitables: List[Waitable], what: str) -> int:
-        """Block until one of ``waitables`` completes; return its index. Records the blocked time."""
+    def _wait_one(self, waitables: List[Waitable], what: Any) -> int:
+        """Block until one of ``waitables`` completes; return its index. Records the blocked time. ``what``
+        (text or a :class:`~.units.Label`) names the wait in a timeout's message."""
         reqs = [w.req for w in waitables]
         peers = [w.peer if w.peer >= 0 else None for w in waitables]
         t0 = _now()
-        gen = waiting.wait_each(reqs, self.ctx.timeout, self.rank, peers, self.op_name(what), DistArrayTimeout,
+        gen = waiting.wait_each(reqs, self.ctx.timeout, self.rank, peers, self._op_label(what), _timeout_text,
                                 on_abandon=None, cancellable=False)
         try:
             idx = next(gen)
@@ -194,7 +209,7 @@ class _Flush:
         """Register the started request ``w``: polled with the others in flight, its units released on completion."""
         self.active.append(w)
 
-    def sent(self, req, peer: int, nbytes: int, inst, t0: int, label: str) -> Waitable:
+    def sent(self, req, peer: int, nbytes: int, inst, t0: int, label: Any) -> Waitable:
         """A send of ``nbytes`` to ``peer`` on ``inst``'s tag has just been started (``req``, packing began at
         ``t0``): count it, trace it, and :meth:`start` its waitable, which is returned."""
         self.msgs_sent += 1
@@ -209,7 +224,7 @@ class _Flush:
         the scheduler starts all at once)."""
         for k, m in enumerate(plan.msgs_in):
             run.recvs.append(Waitable(inst.recv_reqs[k], "recv", m.peer, inst.tag, m.nbytes, inst.uses,
-                                      f"receive for {label} from rank {m.peer}", inst))
+                                      Label(partial(str.format, "receive for {} from rank {}", label, m.peer)), inst))
 
     def send_unit(self, plan, inst, k: int, local_of: Optional[Callable[[int], np.ndarray]], serial_of, label: str,
                   pack: Optional[Callable[[], None]] = None) -> Unit:
@@ -217,7 +232,7 @@ class _Flush:
         and starts its persistent send. Its access reads each part's rows (``serial_of(array slot)``; with
         ``serial_of`` None the caller sets ``access``)."""
         m = plan.msgs_out[k]
-        what = f"send for {label} to rank {m.peer}"
+        what = Label(partial(str.format, "send for {} to rank {}", label, m.peer))   # text built if shown
 
         def fn() -> None:
             t0 = _now()
@@ -313,9 +328,10 @@ class _Flush:
             raise DistArrayError(f"internal error: {self.nunits - self.ndone} units of the flush never became "
                                  f"ready (first: {stuck}); please report this with the program")
 
-    def _blocked_on(self) -> str:
-        w = self.active[0]
-        return f"waiting for {w.label}"
+    def _blocked_on(self) -> Label:
+        """What the rank is about to block on, as text built only if shown (a timeout's message, the
+        state probe's ``str(waiting.current[0])``): most waits end without anyone reading it."""
+        return Label(partial(str.format, "waiting for {}", self.active[0].label))
 
     def _execute_blocking(self) -> None:
         MPI = self.MPI
@@ -383,11 +399,17 @@ class _Flush:
 
 
 # --------------------------------------------------------------------------- agreement
-def _hash_tasks(tasks) -> Tuple[int, np.ndarray]:
-    """Per-task hashes and their combination (Python's ``hash`` of tuples of numbers: the same in every
-    process), reduced to 62 bits so that ``-h`` never overflows."""
-    per = [spmd.number_key(t.sig) for t in tasks]
-    return spmd.number_key(tuple(per)), np.array(per, dtype=np.int64)
+def _hash_tasks(tasks) -> int:
+    """The combined hash of the tasks' signatures (Python's ``hash`` of tuples of numbers: the same in every
+    process), reduced to 62 bits so that ``-h`` never overflows. The per-task hashes are made only when the
+    ranks disagree (:func:`_per_task_hashes`)."""
+    return spmd.number_key(tuple([t.sig for t in tasks]))
+
+
+def _per_task_hashes(tasks) -> List[int]:
+    """Each task's hash, for locating the first differing operation (the signatures are cached on the tasks
+    when first hashed, so fusion's later rewrites of a task's expression do not change them)."""
+    return [spmd.number_key(t.sig) for t in tasks]
 
 
 class _Agreement:
@@ -398,7 +420,7 @@ class _Agreement:
     def __init__(self, fl: _Flush, tasks):
         self.fl, self.tasks = fl, tasks
         ctx = fl.ctx
-        total, self.per = _hash_tasks(tasks)
+        total = _hash_tasks(tasks)
         self.t0 = _now()
         self.check = spmd.KeyCheck(ctx.dcomm, total, len(tasks))
         self.req = self.check.req
@@ -422,15 +444,15 @@ class _Agreement:
         self.verified = True
         if self.check.agreed:
             return
-        _diagnose(self.fl, self.tasks, self.per)
+        _diagnose(self.fl, self.tasks, _per_task_hashes(self.tasks))
 
 
-def _diagnose(fl: _Flush, tasks, per: np.ndarray) -> None:
+def _diagnose(fl: _Flush, tasks, per: List[int]) -> None:
     """The ranks' hashes differ: find the first differing operation and raise on every rank."""
     ctx, MPI = fl.ctx, fl.MPI
     # diagnosis: every rank's per-operation hashes, then the first differing operation's text
     how = dict(timeout=ctx.timeout, rank=ctx.rank, op=fl.op_name("diagnosing a divergence"), error=DistArrayTimeout)
-    diff = spmd.first_difference(spmd.gather(ctx.dcomm, per.tolist(), **how))
+    diff = spmd.first_difference(spmd.gather(ctx.dcomm, per, **how))
     k = len(tasks) if diff is None else diff.index
     mine_text = tasks[k].desc if k < len(tasks) else f"nothing (this rank recorded only {len(tasks)} operations)"
     descs = spmd.gather(ctx.dcomm, mine_text[:400], **how)

@@ -54,8 +54,9 @@ class Waitable:
 
     __slots__ = ("req", "kind", "peer", "tag", "nbytes", "seq", "units", "label", "inst", "done", "cancellable")
 
-    def __init__(self, req, kind: str, peer: int, tag: int, nbytes: int, seq: int, label: str, inst=None):
-        """``kind``: 'recv', 'send', 'coll' (a reduction's allgather) or 'check' (the agreement)."""
+    def __init__(self, req, kind: str, peer: int, tag: int, nbytes: int, seq: int, label: Any, inst=None):
+        """``kind``: 'recv', 'send', 'coll' (a reduction's allgather) or 'check' (the agreement); ``label``: text
+        or a :class:`Label` (shown only in a timeout's message)."""
         self.req, self.kind, self.peer, self.tag, self.nbytes, self.seq = req, kind, peer, tag, nbytes, seq
         self.units: List["Unit"] = []
         self.label = label
@@ -133,7 +134,7 @@ class Lowering(Protocol):
                   label: str, pack: Optional[Callable[[], None]] = None) -> Unit:
         """The unit packing and starting outgoing message ``k`` of ``plan``."""
 
-    def sent(self, req: Any, peer: int, nbytes: int, inst: Any, t0: int, label: str) -> Waitable:
+    def sent(self, req: Any, peer: int, nbytes: int, inst: Any, t0: int, label: Any) -> Waitable:
         """Count, trace and start the waitable of a send just started on ``inst``'s tag."""
 
     def start(self, w: Waitable) -> None:
