@@ -72,6 +72,103 @@ class BlockSpec:
 
 
 
+#: Memo of :func:`leaf_meta` (module wide: a meta depends only on its key, never on the rank or the plan);
+#: cleared when full. An :class:`ArrayMeta` is never changed after :func:`leaf_meta` returns it.
+_META_MEMO: Dict[Tuple, ArrayMeta] = {}
+_META_MEMO_MAX = 4096
+
+
+def leaf_meta(v, replicated: bool, dtype: np.dtype, sshape: Tuple[int, ...], reduced: Optional[int],
+              identical: bool) -> ArrayMeta:
+    """The :class:`ArrayMeta` of view ``v`` of a base (``replicated`` or distributed by rows) of ``dtype`` in a
+    loop nest over ``sshape`` (axis 0 the rows); ``reduced``: the axis a reduction target misses; ``identical``:
+    a distributed base's rows are exactly the rows of the space. Pure, one pass over the view's entries."""
+    d = len(sshape)
+    ents = v.entries
+    if replicated:
+        m = ArrayMeta("repv", dtype)
+        es = c_strides(v.base_shape)
+        off = 0
+        st: List[int] = []
+        ushape: List[int] = []
+        j = 0
+        for e in ents:
+            t = e[0]
+            if t == "n":
+                st.append(0)
+                ushape.append(1)
+                continue
+            off += e[1] * es[j]
+            if t == "s":
+                st.append(e[2] * es[j])
+                ushape.append(e[3])
+            j += 1
+        if reduced is not None:  # a reduction target misses the reduced axis
+            ushape.insert(reduced, 1)
+            st.insert(reduced, 0)
+        pad = d - len(ushape)
+        ishape = [1] * pad + ushape
+        istr = [0] * pad + st
+        m.off0 = off
+        m.rows_full = ishape[0] == sshape[0] and sshape[0] > 1
+        m.st0 = istr[0]
+        m.trail_strides = tuple(istr[1:])
+        m.bcast = tuple([(ishape[k] == 1 and sshape[k] > 1) or k == reduced for k in range(d)])
+        m.reduced = reduced
+        return m
+    m = ArrayMeta("dist", dtype)
+    row = v.lead_new()
+    after = v.after_row()
+    es = c_strides(v.base_shape[1:])
+    m.row_elems = prod(v.base_shape[1:])
+    toff = 0
+    tstr: List[int] = []
+    pshape: List[int] = []
+    pkind: List[bool] = []        # per user axis after the row: True for a sliced base axis
+    j = 0
+    for e in after:
+        t = e[0]
+        if t == "n":
+            tstr.append(0)
+            pkind.append(False)
+            continue
+        toff += e[1] * es[j]
+        if t == "s":
+            tstr.append(e[2] * es[j])
+            pshape.append(e[3])
+            pkind.append(True)
+        j += 1
+    pes = c_strides(pshape)
+    pstr: List[int] = []
+    ushape: List[int] = []
+    j = 0
+    for k, sliced in enumerate(pkind):
+        if sliced:
+            pstr.append(pes[j])
+            ushape.append(pshape[j])
+            j += 1
+        else:
+            pstr.append(0)
+            ushape.append(1)
+    nlead = row if not v.row_kept else 0
+    ushape = [1] * nlead + ushape
+    if reduced is not None:
+        ushape.insert(reduced - 1, 1)
+        tstr.insert(reduced - 1, 0)
+        pstr.insert(reduced - 1, 0)
+    pad = (d - 1) - len(ushape)
+    lead = [0] * (pad + nlead)
+    m.trail_off = toff
+    m.trail_strides = tuple(lead + tstr)
+    m.packed_strides = tuple(lead + pstr)
+    m.packed_row_elems = prod(pshape)
+    ishape = [sshape[0]] + [1] * pad + ushape
+    m.bcast = tuple([reduced == 0] + [(ishape[k] == 1 and sshape[k] > 1) or k == reduced for k in range(1, d)])
+    m.reduced = reduced
+    m.identical = identical
+    return m
+
+
 class ElementwisePlan(Plan):
     """The plan of one fused elementwise group on this rank.
 
@@ -140,52 +237,27 @@ class ElementwisePlan(Plan):
         return self._leaf_meta(obj, space)
 
     def _leaf_meta(self, leaf: Leaf, space, reduced: Optional[int] = None) -> ArrayMeta:
-        d = len(space.shape)
-        v = leaf.view
+        """The addressing of ``leaf`` (a reduction target missing axis ``reduced`` if given), from the memo
+        of :func:`leaf_meta` when the same view was addressed over the same row space before."""
         b = leaf.base
+        v = leaf.view
         if b.replicated:
-            m = ArrayMeta("repv", leaf.dtype)
-            off, st = v.full_strides()
-            ushape = list(v.shape)
-            if reduced is not None:  # a reduction target misses the reduced axis
-                ushape.insert(reduced, 1)
-                st = st[:reduced] + (0,) + st[reduced:]
-            pad = d - len(ushape)
-            ishape = (1,) * pad + tuple(ushape)
-            istr = (0,) * pad + tuple(st)
-            m.off0 = off
-            m.rows_full = ishape[0] == space.shape[0] and space.shape[0] > 1
-            m.st0 = istr[0]
-            m.trail_strides = istr[1:]
-            m.bcast = tuple(ishape[k] == 1 and space.shape[k] > 1 for k in range(d))
-            if reduced is not None:
-                m.bcast = tuple(True if k == reduced else m.bcast[k] for k in range(d))
-            m.reduced = reduced
-            return m
-        m = ArrayMeta("dist", leaf.dtype)
-        trail_shape = b.shape[1:]
-        m.row_elems = prod(trail_shape)
-        toff, tstr = v.trail_strides(trail_shape)
-        pstr = v.packed_strides()
-        lead = (0,) * (v.lead_new() if not v.row_kept else 0)
-        uafter = [e for e in v.after_row() if e[0] != "i"]
-        ushape_after = [1] * len(lead) + [e[3] if e[0] == "s" else 1 for e in uafter]
-        if reduced is not None:
-            ushape_after.insert(reduced - 1, 1)
-            tstr = tstr[:reduced - 1] + (0,) + tstr[reduced - 1:]
-            pstr = pstr[:reduced - 1] + (0,) + pstr[reduced - 1:]
-        pad = (d - 1) - len(ushape_after)
-        m.trail_off = toff
-        m.trail_strides = (0,) * pad + lead + tuple(tstr)
-        m.packed_strides = (0,) * pad + lead + tuple(pstr)
-        m.packed_row_elems = prod(v.packed_trail_shape())
-        ishape = (space.shape[0],) + (1,) * pad + tuple(ushape_after)
-        m.bcast = (False,) + tuple(ishape[k] == 1 and space.shape[k] > 1 for k in range(1, d))
-        if reduced is not None:
-            m.bcast = tuple(True if k == reduced else m.bcast[k] for k in range(d))
-        m.reduced = reduced
-        layout = (b.dist.key, v.row_params, v.row_kept)
-        m.identical = layout == (space.dist.key, (space.start, space.step, space.count), space.kept)
+            identical = True
+        else:
+            row = v.row_entry
+            if row is None:
+                same = not space.kept and space.start == 0 and space.step == 1 and space.count == 1
+            elif row[0] == "s":
+                same = space.kept and row[1] == space.start and row[2] == space.step and row[3] == space.count
+            else:
+                same = not space.kept and row[1] == space.start and space.step == 1 and space.count == 1
+            identical = same and b.dist.key == space.dist.key
+        key = (v.key, b.replicated, leaf.dtype, space.shape, reduced, identical)
+        m = _META_MEMO.get(key)
+        if m is None:
+            if len(_META_MEMO) >= _META_MEMO_MAX:
+                _META_MEMO.clear()
+            m = _META_MEMO[key] = leaf_meta(v, b.replicated, leaf.dtype, space.shape, reduced, identical)
         return m
 
     # -- replicated rows: every rank computes everything --------------------------------
