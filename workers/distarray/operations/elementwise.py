@@ -27,6 +27,7 @@ from ..units import GroupRun, Lowering, Unit
 from . import reduction
 
 SlotAccess = Tuple[int, int, int, str]   # (array slot, lo, hi, mode) with mode R / W / A
+_WRITERS = ("out", "red")
 
 __all__ = ["ArrayMeta", "BlockSpec", "ElementwisePlan", "cache_key", "lower", "LOWERINGS"]
 
@@ -169,6 +170,25 @@ def leaf_meta(v, replicated: bool, dtype: np.dtype, sshape: Tuple[int, ...], red
     return m
 
 
+#: Compiled kernels by ``(program key, bcast flags, unit inner strides)``: what a :class:`KernelSpec` is made
+#: of (the program key holds the loop depth, the array dtypes, the statements and the reductions).
+_KERNEL_MEMO: Dict[Tuple, Any] = {}
+
+
+def _kernel_of(group, d: int, bcasts: Tuple[Tuple[bool, ...], ...], units: Tuple[bool, ...]):
+    """The compiled kernel of ``group`` for arrays broadcast along ``bcasts`` with unit inner strides ``units``
+    (:func:`~..fused_kernels.get_kernel`, without building a :class:`KernelSpec` when seen before)."""
+    key = (group.program_key, bcasts, units)
+    k = _KERNEL_MEMO.get(key)
+    if k is None:
+        arrays = [(group.array_dtype(a), bcasts[a], units[a]) for a in range(len(bcasts))]
+        k = get_kernel(KernelSpec(d, arrays, len(group.consts), group.stmts, group.reductions))
+        if len(_KERNEL_MEMO) >= _META_MEMO_MAX:
+            _KERNEL_MEMO.clear()
+        _KERNEL_MEMO[key] = k
+    return k
+
+
 class ElementwisePlan(Plan):
     """The plan of one fused elementwise group on this rank.
 
@@ -205,13 +225,12 @@ class ElementwisePlan(Plan):
                 self._build_dist(group, rank, nranks, n, max_rows)
         # one compiled kernel per distinct combination of unit inner strides
         specs: Dict[Tuple[bool, ...], Any] = {}
+        bcasts = tuple([m.bcast for m in self.metas])
         for blk in self.blocks:
             units = blk.kernel
             k = specs.get(units)
             if k is None:
-                arrays = [(group.array_dtype(a), self.metas[a].bcast, units[a]) for a in range(len(self.metas))]
-                k = specs[units] = get_kernel(KernelSpec(self.d, arrays, len(group.consts), group.stmts,
-                                                         group.reductions))
+                k = specs[units] = _kernel_of(group, self.d, bcasts, units)
             blk.kernel = k
         self.kernels = list(specs.values())
 
@@ -338,19 +357,23 @@ class ElementwisePlan(Plan):
         ``parts`` a received one to ``(message, part, first position)``; ``out_locs`` is the aligned rows'
         ``(first local row, step)``."""
         d = self.d
-        tmpl: List[Any] = [cnt] + [int(x) for x in self.shape[1:]]
+        last = d - 1
+        tmpl: List[Any] = [cnt]
+        tmpl.extend([int(x) for x in self.shape[1:]])
         refs: List[Tuple[int, Tuple]] = []
         needs = set()
         access: List[SlotAccess] = []
         units: List[bool] = []
+        roles = self._roles
         for a, m in enumerate(self.metas):
-            if m.kind == "slot":
+            kind = m.kind
+            if kind == "slot":
                 refs.append((len(tmpl), ("s", a)))
                 tmpl.append(None)
                 tmpl.append(blk.index * m.slot_elems)
-                strides = [0] + list(m.trail_strides)
                 row_stride = 0
-            elif m.kind == "repv":
+                trail = m.trail_strides
+            elif kind == "repv":
                 refs.append((len(tmpl), ("a", a)))
                 tmpl.append(None)
                 if m.rows_full:
@@ -359,32 +382,34 @@ class ElementwisePlan(Plan):
                 else:
                     tmpl.append(m.off0)
                     row_stride = m.st0
-                strides = [row_stride] + list(m.trail_strides)
-                access.append((a, 0, 1 << 62, "W" if self._writes(a) else "R"))
-            else:  # dist
-                if parts is not None and a in parts:
-                    mi, pi, pos0 = parts[a]
-                    needs.add(mi)
-                    refs.append((len(tmpl), ("p", mi, pi)))
-                    tmpl.append(None)
-                    tmpl.append(pos0 * m.packed_row_elems)
-                    row_stride = m.packed_row_elems
-                    strides = [row_stride] + list(m.packed_strides)
-                else:
-                    l0, dl = locs[a] if (locs is not None and a in locs) else out_locs
-                    refs.append((len(tmpl), ("a", a)))
-                    tmpl.append(None)
-                    tmpl.append(l0 * m.row_elems + m.trail_off)
-                    row_stride = dl * m.row_elems
-                    strides = [row_stride] + list(m.trail_strides)
-                    lo, hi = (l0, l0 + dl * (cnt - 1) + 1) if dl > 0 else (l0 + dl * (cnt - 1), l0 + 1)
-                    access.append((a, lo, hi, "W" if self._writes(a) else "R"))
-            unit = (not m.bcast[d - 1]) and strides[d - 1] == 1
+                trail = m.trail_strides
+                access.append((a, 0, 1 << 62, "W" if roles[a] in _WRITERS else "R"))
+            elif parts is not None and a in parts:   # dist, received
+                mi, pi, pos0 = parts[a]
+                needs.add(mi)
+                refs.append((len(tmpl), ("p", mi, pi)))
+                tmpl.append(None)
+                tmpl.append(pos0 * m.packed_row_elems)
+                row_stride = m.packed_row_elems
+                trail = m.packed_strides
+            else:                                    # dist, local
+                l0, dl = locs[a] if (locs is not None and a in locs) else out_locs
+                refs.append((len(tmpl), ("a", a)))
+                tmpl.append(None)
+                tmpl.append(l0 * m.row_elems + m.trail_off)
+                row_stride = dl * m.row_elems
+                trail = m.trail_strides
+                lo, hi = (l0, l0 + dl * (cnt - 1) + 1) if dl > 0 else (l0 + dl * (cnt - 1), l0 + 1)
+                access.append((a, lo, hi, "W" if roles[a] in _WRITERS else "R"))
+            bc = m.bcast
+            unit = (not bc[last]) and (trail[last - 1] if last else row_stride) == 1
             units.append(unit)
-            for k in range(d):
-                if m.bcast[k] or (k == d - 1 and unit):
+            if not bc[0] and not (last == 0 and unit):
+                tmpl.append(int(row_stride))
+            for k in range(1, d):
+                if bc[k] or (k == last and unit):
                     continue
-                tmpl.append(int(strides[k]))
+                tmpl.append(int(trail[k - 1]))
         blk.template = tmpl
         blk.bufrefs = refs
         blk.needs = tuple(sorted(needs))
