@@ -260,7 +260,8 @@ class ElementwisePlan(Plan):
         of :func:`leaf_meta` when the same view was addressed over the same row space before."""
         b = leaf.base
         v = leaf.view
-        if b.replicated:
+        rep = b.dist.replicated
+        if rep:
             identical = True
         else:
             row = v.row_entry
@@ -271,12 +272,12 @@ class ElementwisePlan(Plan):
             else:
                 same = not space.kept and row[1] == space.start and space.step == 1 and space.count == 1
             identical = same and b.dist.key == space.dist.key
-        key = (v.key, b.replicated, leaf.dtype, space.shape, reduced, identical)
+        key = (v.key, rep, leaf.dtype, space.shape, reduced, identical)
         m = _META_MEMO.get(key)
         if m is None:
             if len(_META_MEMO) >= _META_MEMO_MAX:
                 _META_MEMO.clear()
-            m = _META_MEMO[key] = leaf_meta(v, b.replicated, leaf.dtype, space.shape, reduced, identical)
+            m = _META_MEMO[key] = leaf_meta(v, rep, leaf.dtype, space.shape, reduced, identical)
         return m
 
     # -- replicated rows: every rank computes everything --------------------------------
