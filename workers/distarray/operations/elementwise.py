@@ -84,39 +84,51 @@ def leaf_meta(v, replicated: bool, dtype: np.dtype, sshape: Tuple[int, ...], red
     """The :class:`ArrayMeta` of view ``v`` of a base (``replicated`` or distributed by rows) of ``dtype`` in a
     loop nest over ``sshape`` (axis 0 the rows); ``reduced``: the axis a reduction target misses; ``identical``:
     a distributed base's rows are exactly the rows of the space. Pure, one pass over the view's entries."""
+    if replicated:
+        return _rep_meta(v, dtype, sshape, reduced)
+    return _dist_meta(v, dtype, sshape, reduced, identical)
+
+
+def _rep_meta(v, dtype: np.dtype, sshape: Tuple[int, ...], reduced: Optional[int]) -> ArrayMeta:
+    """:func:`leaf_meta` of a view of a replicated base: offset and strides over the whole base."""
     d = len(sshape)
     ents = v.entries
-    if replicated:
-        m = ArrayMeta("repv", dtype)
-        es = c_strides(v.base_shape)
-        off = 0
-        st: List[int] = []
-        ushape: List[int] = []
-        j = 0
-        for e in ents:
-            t = e[0]
-            if t == "n":
-                st.append(0)
-                ushape.append(1)
-                continue
-            off += e[1] * es[j]
-            if t == "s":
-                st.append(e[2] * es[j])
-                ushape.append(e[3])
-            j += 1
-        if reduced is not None:  # a reduction target misses the reduced axis
-            ushape.insert(reduced, 1)
-            st.insert(reduced, 0)
-        pad = d - len(ushape)
-        ishape = [1] * pad + ushape
-        istr = [0] * pad + st
-        m.off0 = off
-        m.rows_full = ishape[0] == sshape[0] and sshape[0] > 1
-        m.st0 = istr[0]
-        m.trail_strides = tuple(istr[1:])
-        m.bcast = tuple([(ishape[k] == 1 and sshape[k] > 1) or k == reduced for k in range(d)])
-        m.reduced = reduced
-        return m
+    m = ArrayMeta("repv", dtype)
+    es = c_strides(v.base_shape)
+    off = 0
+    st: List[int] = []
+    ushape: List[int] = []
+    j = 0
+    for e in ents:
+        t = e[0]
+        if t == "n":
+            st.append(0)
+            ushape.append(1)
+            continue
+        off += e[1] * es[j]
+        if t == "s":
+            st.append(e[2] * es[j])
+            ushape.append(e[3])
+        j += 1
+    if reduced is not None:  # a reduction target misses the reduced axis
+        ushape.insert(reduced, 1)
+        st.insert(reduced, 0)
+    pad = d - len(ushape)
+    ishape = [1] * pad + ushape
+    istr = [0] * pad + st
+    m.off0 = off
+    m.rows_full = ishape[0] == sshape[0] and sshape[0] > 1
+    m.st0 = istr[0]
+    m.trail_strides = tuple(istr[1:])
+    m.bcast = tuple([(ishape[k] == 1 and sshape[k] > 1) or k == reduced for k in range(d)])
+    m.reduced = reduced
+    return m
+
+
+def _dist_meta(v, dtype: np.dtype, sshape: Tuple[int, ...], reduced: Optional[int], identical: bool) -> ArrayMeta:
+    """:func:`leaf_meta` of a view of a row-distributed base: per-row offset and strides over a local row, and
+    the strides over a packed (received) row."""
+    d = len(sshape)
     m = ArrayMeta("dist", dtype)
     row = v.lead_new()
     after = v.after_row()
@@ -416,9 +428,6 @@ class ElementwisePlan(Plan):
         blk.needs = tuple(sorted(needs))
         blk.access = tuple(access)
         blk.kernel = tuple(units)  # replaced by the compiled kernel at the end of __init__
-
-    def _writes(self, a: int) -> bool:
-        return self._roles[a] in ("out", "red")
 
     def extra_buffers(self) -> Dict[str, Any]:
         nb = max(1, len(self.blocks))
