@@ -29,6 +29,17 @@ from .indexing import _slice_of
 __all__ = ["PartSpec", "MsgSpec", "Instance", "arena_layout", "Plan", "ap_of", "selector", "segments",
            "my_rows"]
 
+_MPI: Any = None
+
+
+def _mpi() -> Any:
+    """The ``mpi4py.MPI`` module (:func:`~..core.runtime.MPI`, looked up once per process)."""
+    global _MPI
+    if _MPI is None:
+        _MPI = runtime.MPI()
+    return _MPI
+
+
 def _align8(n: int) -> int:
     return (n + 7) & ~7
 
@@ -142,7 +153,7 @@ class Instance:
             self.recv_offsets, self.recv_bufs, self.recv_reqs, self.recv_parts = [], [], [], []
             self.send_offsets, self.send_bufs, self.send_reqs, self.send_parts = [], [], [], []
             return
-        MPI = runtime.MPI()
+        MPI = _mpi()
         comm = context.dcomm
         self.recv_arena, self.recv_offsets, self.recv_bufs = self._arena(plan.msgs_in)
         self.recv_reqs = [comm.Recv_init([buf[:m.payload], MPI.BYTE], source=m.peer, tag=self.tag)

@@ -19,7 +19,7 @@ every global row (vectorised NumPy) and applies to any layout (cyclic, block-cyc
 """
 from __future__ import annotations
 
-from typing import Any, List, Sequence, Tuple
+from typing import Any, Dict, List, Sequence, Tuple
 
 import numpy as np
 
@@ -51,12 +51,29 @@ class RowPlan:
         self.count, self.recv, self.send, self.segs = count, recv, send, segs
 
 
+#: Row plans by everything they depend on (see :func:`row_plan`); cleared when full. A :class:`RowPlan` is
+#: never changed once built, so plans of different groups over the same rows share it.
+_MEMO: Dict[Tuple, RowPlan] = {}
+_MEMO_MAX = 2048
+
+
 def row_plan(sd, s0: int, t0: int, n: int, ops: Sequence[Operand], rank: int, need_i: bool) -> RowPlan:
     """The :class:`RowPlan` of rank ``rank``: :func:`by_runs` when the space ``sd`` and every operand are
-    block distributed, else :func:`by_rows`. ``need_i``: segments must also keep ``i`` arithmetic."""
+    block distributed, else :func:`by_rows`. ``need_i``: segments must also keep ``i`` arithmetic.
+    Memoised by the distributions' keys, the view rows, ``rank`` and ``need_i`` (a pivot step's groups
+    often run over the same rows)."""
+    key = (sd.key, s0, t0, n, tuple([(d.key, ls, lt) for d, ls, lt in ops]), rank, need_i)
+    rp = _MEMO.get(key)
+    if rp is not None:
+        return rp
     if sd.kind == "block" and all(d.kind == "block" for d, _, _ in ops):
-        return by_runs(sd, s0, t0, n, ops, rank)
-    return by_rows(sd, s0, t0, n, ops, rank, need_i)
+        rp = by_runs(sd, s0, t0, n, ops, rank)
+    else:
+        rp = by_rows(sd, s0, t0, n, ops, rank, need_i)
+    if len(_MEMO) >= _MEMO_MAX:
+        _MEMO.clear()
+    _MEMO[key] = rp
+    return rp
 
 
 def block_i_range(lo: int, hi: int, s: int, t: int, n: int) -> Tuple[int, int]:
@@ -82,6 +99,9 @@ def by_runs(sd, s0: int, t0: int, n: int, ops: Sequence[Operand], rank: int) -> 
     lo, hi = sd.block_range(rank)
     m0, m1 = block_i_range(lo, hi, s0, t0, n)
     m1 = max(m0, m1)
+    if not ops:                                  # every operand aligned: one segment, nothing exchanged
+        segs = [(m1 - m0, m0, 1, s0 + m0 * t0 - lo, _step(t0, m1 - m0), ())] if m1 > m0 else []
+        return RowPlan(m1 - m0, [], [], segs)
     comp = [block_i_range(*sd.block_range(c), s0, t0, n) for c in range(sd.nranks)]
     recv: List[Tuple[int, int, int]] = []
     send: List[Tuple[int, int, Any]] = []

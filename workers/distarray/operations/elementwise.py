@@ -27,6 +27,7 @@ from ..units import GroupRun, Lowering, Unit
 from . import reduction
 
 SlotAccess = Tuple[int, int, int, str]   # (array slot, lo, hi, mode) with mode R / W / A
+_WRITERS = ("out", "red")
 
 __all__ = ["ArrayMeta", "BlockSpec", "ElementwisePlan", "cache_key", "lower", "LOWERINGS"]
 
@@ -72,6 +73,134 @@ class BlockSpec:
 
 
 
+#: Memo of :func:`leaf_meta` (module wide: a meta depends only on its key, never on the rank or the plan);
+#: cleared when full. An :class:`ArrayMeta` is never changed after :func:`leaf_meta` returns it.
+_META_MEMO: Dict[Tuple, ArrayMeta] = {}
+_META_MEMO_MAX = 4096
+
+
+def leaf_meta(v, replicated: bool, dtype: np.dtype, sshape: Tuple[int, ...], reduced: Optional[int],
+              identical: bool) -> ArrayMeta:
+    """The :class:`ArrayMeta` of view ``v`` of a base (``replicated`` or distributed by rows) of ``dtype`` in a
+    loop nest over ``sshape`` (axis 0 the rows); ``reduced``: the axis a reduction target misses; ``identical``:
+    a distributed base's rows are exactly the rows of the space. Pure, one pass over the view's entries."""
+    if replicated:
+        return _rep_meta(v, dtype, sshape, reduced)
+    return _dist_meta(v, dtype, sshape, reduced, identical)
+
+
+def _rep_meta(v, dtype: np.dtype, sshape: Tuple[int, ...], reduced: Optional[int]) -> ArrayMeta:
+    """:func:`leaf_meta` of a view of a replicated base: offset and strides over the whole base."""
+    d = len(sshape)
+    ents = v.entries
+    m = ArrayMeta("repv", dtype)
+    es = c_strides(v.base_shape)
+    off = 0
+    st: List[int] = []
+    ushape: List[int] = []
+    j = 0
+    for e in ents:
+        t = e[0]
+        if t == "n":
+            st.append(0)
+            ushape.append(1)
+            continue
+        off += e[1] * es[j]
+        if t == "s":
+            st.append(e[2] * es[j])
+            ushape.append(e[3])
+        j += 1
+    if reduced is not None:  # a reduction target misses the reduced axis
+        ushape.insert(reduced, 1)
+        st.insert(reduced, 0)
+    pad = d - len(ushape)
+    ishape = [1] * pad + ushape
+    istr = [0] * pad + st
+    m.off0 = off
+    m.rows_full = ishape[0] == sshape[0] and sshape[0] > 1
+    m.st0 = istr[0]
+    m.trail_strides = tuple(istr[1:])
+    m.bcast = tuple([(ishape[k] == 1 and sshape[k] > 1) or k == reduced for k in range(d)])
+    m.reduced = reduced
+    return m
+
+
+def _dist_meta(v, dtype: np.dtype, sshape: Tuple[int, ...], reduced: Optional[int], identical: bool) -> ArrayMeta:
+    """:func:`leaf_meta` of a view of a row-distributed base: per-row offset and strides over a local row, and
+    the strides over a packed (received) row."""
+    d = len(sshape)
+    m = ArrayMeta("dist", dtype)
+    row = v.lead_new()
+    after = v.after_row()
+    es = c_strides(v.base_shape[1:])
+    m.row_elems = prod(v.base_shape[1:])
+    toff = 0
+    tstr: List[int] = []
+    pshape: List[int] = []
+    pkind: List[bool] = []        # per user axis after the row: True for a sliced base axis
+    j = 0
+    for e in after:
+        t = e[0]
+        if t == "n":
+            tstr.append(0)
+            pkind.append(False)
+            continue
+        toff += e[1] * es[j]
+        if t == "s":
+            tstr.append(e[2] * es[j])
+            pshape.append(e[3])
+            pkind.append(True)
+        j += 1
+    pes = c_strides(pshape)
+    pstr: List[int] = []
+    ushape: List[int] = []
+    j = 0
+    for k, sliced in enumerate(pkind):
+        if sliced:
+            pstr.append(pes[j])
+            ushape.append(pshape[j])
+            j += 1
+        else:
+            pstr.append(0)
+            ushape.append(1)
+    nlead = row if not v.row_kept else 0
+    ushape = [1] * nlead + ushape
+    if reduced is not None:
+        ushape.insert(reduced - 1, 1)
+        tstr.insert(reduced - 1, 0)
+        pstr.insert(reduced - 1, 0)
+    pad = (d - 1) - len(ushape)
+    lead = [0] * (pad + nlead)
+    m.trail_off = toff
+    m.trail_strides = tuple(lead + tstr)
+    m.packed_strides = tuple(lead + pstr)
+    m.packed_row_elems = prod(pshape)
+    ishape = [sshape[0]] + [1] * pad + ushape
+    m.bcast = tuple([reduced == 0] + [(ishape[k] == 1 and sshape[k] > 1) or k == reduced for k in range(1, d)])
+    m.reduced = reduced
+    m.identical = identical
+    return m
+
+
+#: Compiled kernels by ``(program key, bcast flags, unit inner strides)``: what a :class:`KernelSpec` is made
+#: of (the program key holds the loop depth, the array dtypes, the statements and the reductions).
+_KERNEL_MEMO: Dict[Tuple, Any] = {}
+
+
+def _kernel_of(group, d: int, bcasts: Tuple[Tuple[bool, ...], ...], units: Tuple[bool, ...]):
+    """The compiled kernel of ``group`` for arrays broadcast along ``bcasts`` with unit inner strides ``units``
+    (:func:`~..fused_kernels.get_kernel`, without building a :class:`KernelSpec` when seen before)."""
+    key = (group.program_key, bcasts, units)
+    k = _KERNEL_MEMO.get(key)
+    if k is None:
+        arrays = [(group.array_dtype(a), bcasts[a], units[a]) for a in range(len(bcasts))]
+        k = get_kernel(KernelSpec(d, arrays, len(group.consts), group.stmts, group.reductions))
+        if len(_KERNEL_MEMO) >= _META_MEMO_MAX:
+            _KERNEL_MEMO.clear()
+        _KERNEL_MEMO[key] = k
+    return k
+
+
 class ElementwisePlan(Plan):
     """The plan of one fused elementwise group on this rank.
 
@@ -108,13 +237,12 @@ class ElementwisePlan(Plan):
                 self._build_dist(group, rank, nranks, n, max_rows)
         # one compiled kernel per distinct combination of unit inner strides
         specs: Dict[Tuple[bool, ...], Any] = {}
+        bcasts = tuple([m.bcast for m in self.metas])
         for blk in self.blocks:
             units = blk.kernel
             k = specs.get(units)
             if k is None:
-                arrays = [(group.array_dtype(a), self.metas[a].bcast, units[a]) for a in range(len(self.metas))]
-                k = specs[units] = get_kernel(KernelSpec(self.d, arrays, len(group.consts), group.stmts,
-                                                         group.reductions))
+                k = specs[units] = _kernel_of(group, self.d, bcasts, units)
             blk.kernel = k
         self.kernels = list(specs.values())
 
@@ -140,52 +268,28 @@ class ElementwisePlan(Plan):
         return self._leaf_meta(obj, space)
 
     def _leaf_meta(self, leaf: Leaf, space, reduced: Optional[int] = None) -> ArrayMeta:
-        d = len(space.shape)
-        v = leaf.view
+        """The addressing of ``leaf`` (a reduction target missing axis ``reduced`` if given), from the memo
+        of :func:`leaf_meta` when the same view was addressed over the same row space before."""
         b = leaf.base
-        if b.replicated:
-            m = ArrayMeta("repv", leaf.dtype)
-            off, st = v.full_strides()
-            ushape = list(v.shape)
-            if reduced is not None:  # a reduction target misses the reduced axis
-                ushape.insert(reduced, 1)
-                st = st[:reduced] + (0,) + st[reduced:]
-            pad = d - len(ushape)
-            ishape = (1,) * pad + tuple(ushape)
-            istr = (0,) * pad + tuple(st)
-            m.off0 = off
-            m.rows_full = ishape[0] == space.shape[0] and space.shape[0] > 1
-            m.st0 = istr[0]
-            m.trail_strides = istr[1:]
-            m.bcast = tuple(ishape[k] == 1 and space.shape[k] > 1 for k in range(d))
-            if reduced is not None:
-                m.bcast = tuple(True if k == reduced else m.bcast[k] for k in range(d))
-            m.reduced = reduced
-            return m
-        m = ArrayMeta("dist", leaf.dtype)
-        trail_shape = b.shape[1:]
-        m.row_elems = prod(trail_shape)
-        toff, tstr = v.trail_strides(trail_shape)
-        pstr = v.packed_strides()
-        lead = (0,) * (v.lead_new() if not v.row_kept else 0)
-        uafter = [e for e in v.after_row() if e[0] != "i"]
-        ushape_after = [1] * len(lead) + [e[3] if e[0] == "s" else 1 for e in uafter]
-        if reduced is not None:
-            ushape_after.insert(reduced - 1, 1)
-            tstr = tstr[:reduced - 1] + (0,) + tstr[reduced - 1:]
-            pstr = pstr[:reduced - 1] + (0,) + pstr[reduced - 1:]
-        pad = (d - 1) - len(ushape_after)
-        m.trail_off = toff
-        m.trail_strides = (0,) * pad + lead + tuple(tstr)
-        m.packed_strides = (0,) * pad + lead + tuple(pstr)
-        m.packed_row_elems = prod(v.packed_trail_shape())
-        ishape = (space.shape[0],) + (1,) * pad + tuple(ushape_after)
-        m.bcast = (False,) + tuple(ishape[k] == 1 and space.shape[k] > 1 for k in range(1, d))
-        if reduced is not None:
-            m.bcast = tuple(True if k == reduced else m.bcast[k] for k in range(d))
-        m.reduced = reduced
-        layout = (b.dist.key, v.row_params, v.row_kept)
-        m.identical = layout == (space.dist.key, (space.start, space.step, space.count), space.kept)
+        v = leaf.view
+        rep = b.dist.replicated
+        if rep:
+            identical = True
+        else:
+            row = v.row_entry
+            if row is None:
+                same = not space.kept and space.start == 0 and space.step == 1 and space.count == 1
+            elif row[0] == "s":
+                same = space.kept and row[1] == space.start and row[2] == space.step and row[3] == space.count
+            else:
+                same = not space.kept and row[1] == space.start and space.step == 1 and space.count == 1
+            identical = same and b.dist.key == space.dist.key
+        key = (v.key, rep, leaf.dtype, space.shape, reduced, identical)
+        m = _META_MEMO.get(key)
+        if m is None:
+            if len(_META_MEMO) >= _META_MEMO_MAX:
+                _META_MEMO.clear()
+            m = _META_MEMO[key] = leaf_meta(v, rep, leaf.dtype, space.shape, reduced, identical)
         return m
 
     # -- replicated rows: every rank computes everything --------------------------------
@@ -266,19 +370,23 @@ class ElementwisePlan(Plan):
         ``parts`` a received one to ``(message, part, first position)``; ``out_locs`` is the aligned rows'
         ``(first local row, step)``."""
         d = self.d
-        tmpl: List[Any] = [cnt] + [int(x) for x in self.shape[1:]]
+        last = d - 1
+        tmpl: List[Any] = [cnt]
+        tmpl.extend([int(x) for x in self.shape[1:]])
         refs: List[Tuple[int, Tuple]] = []
         needs = set()
         access: List[SlotAccess] = []
         units: List[bool] = []
+        roles = self._roles
         for a, m in enumerate(self.metas):
-            if m.kind == "slot":
+            kind = m.kind
+            if kind == "slot":
                 refs.append((len(tmpl), ("s", a)))
                 tmpl.append(None)
                 tmpl.append(blk.index * m.slot_elems)
-                strides = [0] + list(m.trail_strides)
                 row_stride = 0
-            elif m.kind == "repv":
+                trail = m.trail_strides
+            elif kind == "repv":
                 refs.append((len(tmpl), ("a", a)))
                 tmpl.append(None)
                 if m.rows_full:
@@ -287,40 +395,39 @@ class ElementwisePlan(Plan):
                 else:
                     tmpl.append(m.off0)
                     row_stride = m.st0
-                strides = [row_stride] + list(m.trail_strides)
-                access.append((a, 0, 1 << 62, "W" if self._writes(a) else "R"))
-            else:  # dist
-                if parts is not None and a in parts:
-                    mi, pi, pos0 = parts[a]
-                    needs.add(mi)
-                    refs.append((len(tmpl), ("p", mi, pi)))
-                    tmpl.append(None)
-                    tmpl.append(pos0 * m.packed_row_elems)
-                    row_stride = m.packed_row_elems
-                    strides = [row_stride] + list(m.packed_strides)
-                else:
-                    l0, dl = locs[a] if (locs is not None and a in locs) else out_locs
-                    refs.append((len(tmpl), ("a", a)))
-                    tmpl.append(None)
-                    tmpl.append(l0 * m.row_elems + m.trail_off)
-                    row_stride = dl * m.row_elems
-                    strides = [row_stride] + list(m.trail_strides)
-                    lo, hi = (l0, l0 + dl * (cnt - 1) + 1) if dl > 0 else (l0 + dl * (cnt - 1), l0 + 1)
-                    access.append((a, lo, hi, "W" if self._writes(a) else "R"))
-            unit = (not m.bcast[d - 1]) and strides[d - 1] == 1
+                trail = m.trail_strides
+                access.append((a, 0, 1 << 62, "W" if roles[a] in _WRITERS else "R"))
+            elif parts is not None and a in parts:   # dist, received
+                mi, pi, pos0 = parts[a]
+                needs.add(mi)
+                refs.append((len(tmpl), ("p", mi, pi)))
+                tmpl.append(None)
+                tmpl.append(pos0 * m.packed_row_elems)
+                row_stride = m.packed_row_elems
+                trail = m.packed_strides
+            else:                                    # dist, local
+                l0, dl = locs[a] if (locs is not None and a in locs) else out_locs
+                refs.append((len(tmpl), ("a", a)))
+                tmpl.append(None)
+                tmpl.append(l0 * m.row_elems + m.trail_off)
+                row_stride = dl * m.row_elems
+                trail = m.trail_strides
+                lo, hi = (l0, l0 + dl * (cnt - 1) + 1) if dl > 0 else (l0 + dl * (cnt - 1), l0 + 1)
+                access.append((a, lo, hi, "W" if roles[a] in _WRITERS else "R"))
+            bc = m.bcast
+            unit = (not bc[last]) and (trail[last - 1] if last else row_stride) == 1
             units.append(unit)
-            for k in range(d):
-                if m.bcast[k] or (k == d - 1 and unit):
+            if not bc[0] and not (last == 0 and unit):
+                tmpl.append(int(row_stride))
+            for k in range(1, d):
+                if bc[k] or (k == last and unit):
                     continue
-                tmpl.append(int(strides[k]))
+                tmpl.append(int(trail[k - 1]))
         blk.template = tmpl
         blk.bufrefs = refs
         blk.needs = tuple(sorted(needs))
         blk.access = tuple(access)
         blk.kernel = tuple(units)  # replaced by the compiled kernel at the end of __init__
-
-    def _writes(self, a: int) -> bool:
-        return self._roles[a] in ("out", "red")
 
     def extra_buffers(self) -> Dict[str, Any]:
         nb = max(1, len(self.blocks))

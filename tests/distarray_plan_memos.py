@@ -1,0 +1,74 @@
+"""Elementwise plans built on a miss share memoised parts: each array's addressing (``elementwise.leaf_meta``, by
+the view, base kind, dtype, loop shape, reduced axis and alignment) and the row plan (``row_runs.row_plan``, by
+the distributions, view rows, rank). Run SPMD by tests/test_distarray_plan_memos.py under ``nbmpi run -n 1``,
+``-n 2`` and ``-n 3``: pivot-step loops over views that move every step (the memos are hit across the groups of a
+step) mixing block, cyclic and block-cyclic arrays, every result compared with NumPy's exactly (a wrong reuse
+addresses other elements or other rows). Prints ``ok <section>`` per section on rank 0 and ``ALL OK`` at the end."""
+import numpy as np
+
+import nbmpi.workers.distarray as dnp
+from nbmpi.workers.distarray import row_runs
+from nbmpi.workers.distarray.context import context_for
+from nbmpi.workers.distarray.operations import elementwise
+from spmd_checks import section, size
+
+DISTS = ["block", "cyclic", ("block-cyclic", 2)]
+ctx = context_for()
+checks = [0]
+
+
+def same(name, got, want):
+    g = got.to_numpy() if isinstance(got, dnp.DistArray) else np.asarray(got)
+    assert g.shape == np.shape(want) and np.array_equal(g, want), f"{name}: got {g}, NumPy gives {want}"
+    checks[0] += 1
+
+
+def close(name, got, want):
+    """A sum over rows on several ranks adds the ranks' partial sums: NumPy's value up to rounding."""
+    g = got.to_numpy()
+    assert g.shape == np.shape(want) and np.allclose(g, want, rtol=1e-13, atol=0), f"{name}: got {g}, NumPy {want}"
+    checks[0] += 1
+
+
+n = 11
+i = np.arange(n, dtype=float)
+a0 = np.cos(np.outer(i, i + 1.0) * 0.37) + n * np.eye(n)
+b0 = np.sin(np.add.outer(i, 2 * i)) * 0.5
+for da in DISTS:
+    for db in DISTS:
+        A, B = dnp.from_numpy(a0, dist=da), dnp.from_numpy(b0, dist=db)
+        a, b = a0.copy(), b0.copy()
+        for k in range(n - 1):                 # gauss-like: every view moves with k; A and B laid out differently
+            f = A[k + 1:, k] / A[k, k]
+            fk = a[k + 1:, k] / a[k, k]
+            A[k + 1:, k:] = A[k + 1:, k:] - dnp.outer(f, A[k, k:])
+            a[k + 1:, k:] = a[k + 1:, k:] - np.outer(fk, a[k, k:])
+            B[k + 1:, k:] = B[k + 1:, k:] * 0.5 + A[k + 1:, k:]           # same rows, another layout
+            b[k + 1:, k:] = b[k + 1:, k:] * 0.5 + a[k + 1:, k:]
+            B[k:, :n - k] = B[k:, :n - k] - A[::-1][k:, k:]                 # reversed rows of A, shifted columns
+            b[k:, :n - k] = b[k:, :n - k] - a[::-1][k:, k:]
+            if k % 3 == 0:
+                same(f"pivot step {k} A {da} B {db}", A, a)
+                same(f"pivot step {k} B {da} B {db}", B, b)
+        same(f"after the loop A {da} B {db}", A, a)
+        same(f"after the loop B {da} B {db}", B, b)
+assert elementwise._META_MEMO and row_runs._MEMO, "the memos were not used"
+section("pivot steps over moving views, mixed layouts")
+
+for da in DISTS:
+    X = dnp.from_numpy(a0, dist=da)
+    x = a0.copy()
+    for k in range(n - 1):                     # the same views as rows, as reductions and transposed-like reads
+        s = dnp.sum(X[k:, k:], axis=1)
+        sx = np.sum(x[k:, k:], axis=1)
+        same(f"sum over moving view axis 1 k={k} {da}", s, sx)
+        t = dnp.sum(X[k:, k:] * 2.0, axis=0)
+        tx = np.sum(x[k:, k:] * 2.0, axis=0)
+        close(f"sum over moving view axis 0 k={k} {da}", t, tx)
+        X[k:, k] = X[k:, k] + X[k, k:]          # a column of rows k.. plus the gathered row k
+        x[k:, k] = x[k:, k] + x[k, k:]
+        X[k + 1:, None, k] = X[k + 1:, None, k] * 1.5
+        x[k + 1:, None, k] = x[k + 1:, None, k] * 1.5
+    same(f"after the loop {da}", X, x)
+section("reductions and new axes over moving views")
+print(f"ALL OK ({checks[0]} checks on {size} ranks)", flush=True) if ctx.rank == 0 else None
