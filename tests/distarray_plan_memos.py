@@ -10,17 +10,10 @@ import nbmpi.workers.distarray as dnp
 from nbmpi.workers.distarray import row_runs
 from nbmpi.workers.distarray.context import context_for
 from nbmpi.workers.distarray.operations import elementwise
-from spmd_checks import section, size
+from spmd_checks import checks, same, section, size
 
 DISTS = ["block", "cyclic", ("block-cyclic", 2)]
 ctx = context_for()
-checks = [0]
-
-
-def same(name, got, want):
-    g = got.to_numpy() if isinstance(got, dnp.DistArray) else np.asarray(got)
-    assert g.shape == np.shape(want) and np.array_equal(g, want), f"{name}: got {g}, NumPy gives {want}"
-    checks[0] += 1
 
 
 def close(name, got, want):

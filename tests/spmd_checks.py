@@ -1,11 +1,14 @@
 """What the SPMD case programs under tests/ (``distarray_cases.py``, ``distarray_errors.py``,
-``redistribute_cases.py``) share: a section's ``ok`` line and the check that an error is raised on this rank.
+``redistribute_cases.py``, ...) share: a section's ``ok`` line, the check that an error is raised on this rank, and
+the exact comparison of a distributed result with NumPy's (:func:`same`, counted in :data:`checks`).
 They run under ``nbmpi run`` (every rank), which finds this module through the ``PYTHONPATH`` that
 ``conftest.nbmpi_run`` gives its programs."""
 from __future__ import annotations
 
 import sys
-from typing import Callable, Sequence, Type
+from typing import Any, Callable, List, Sequence, Type
+
+import numpy as np
 
 from nbmpi.workers import world
 
@@ -36,3 +39,15 @@ def expect(name: str, exc: Type[BaseException], fn: Callable[[], object], contai
         print(f"rank {rank} raised {name}: {type(e).__name__}: {msg[:300]}", flush=True)
         return
     raise AssertionError(f"{name}: no {exc.__name__} raised on rank {rank}")
+
+
+#: ``checks[0]``: how many comparisons :func:`same` made on this rank (the programs print it at the end).
+checks: List[int] = [0]
+
+
+def same(name: str, got: Any, want: Any) -> None:
+    """``got`` (a DistArray, gathered with ``to_numpy()`` (collective), or anything ``numpy.asarray`` takes) must
+    have ``want``'s shape and equal it exactly; AssertionError naming ``name`` and both values otherwise."""
+    g = got.to_numpy() if hasattr(got, "to_numpy") else np.asarray(got)
+    assert g.shape == np.shape(want) and np.array_equal(g, want), f"{name}: got {g}, NumPy gives {want}"
+    checks[0] += 1
