@@ -10,7 +10,7 @@ recognized at the force point (``Base.nviews == 0``) and fused away instead of s
   once needed, this rank's local buffer;
 * expression nodes: :class:`Leaf` (a view of a base), :class:`Const` (a Python or NumPy
   scalar), :class:`Op` (a ufunc, ``where`` or a cast applied to nodes);
-* tasks: :class:`Assign` (``out[view] = expr``), :class:`Reduce`, :class:`Matmul`,
+* tasks: :class:`Assign` (``out[view] = expr``), :class:`Reduce`, :class:`Matmul`, :class:`VecMat`,
   :class:`Transpose`, :class:`Replicate` (gather a view to every rank), :class:`Swap`
   (made by fusion from a copy out of a dying temporary), :class:`Redistribute` (made by fusion
   from a copy between different row layouts), :class:`IndexedCopy` (``b[idx] = a`` and
@@ -32,7 +32,7 @@ import numpy as np
 from .distribution import Distribution
 from .indexing import View
 
-__all__ = ["Base", "Leaf", "Const", "Op", "Node", "RowSpace", "Task", "Assign", "Reduce", "Matmul",
+__all__ = ["Base", "Leaf", "Const", "Op", "Node", "RowSpace", "Task", "Assign", "Reduce", "Matmul", "VecMat",
            "Transpose", "Replicate", "Swap", "Redistribute", "IndexedCopy", "leaves", "substitute", "node_sig",
            "node_desc"]
 
@@ -476,6 +476,28 @@ class Matmul(Task):
 
     def reads(self) -> List[Leaf]:
         return [self.a, self.b]
+
+    def writes(self) -> List[Leaf]:
+        return [self.out]
+
+
+class VecMat(Task):
+    """``out = v @ b``: ``v`` 1-D replicated, ``b`` 2-D with distributed rows (kept, first); ``out`` 1-D
+    replicated. Each rank multiplies its rows of ``b`` by their entries of ``v`` (BLAS), then the ranks'
+    partial products are summed in rank order (see :mod:`~.operations.linalg`)."""
+
+    __slots__ = ("v", "b", "out")
+    kind = "vecmat"
+
+    def __init__(self, v: Leaf, b: Leaf, out: Leaf):
+        self.v, self.b, self.out = v, b, out
+        self._init_text(lambda: f"{node_desc(out)} = {node_desc(v)} @ {node_desc(b)}")
+
+    def _make_sig(self) -> Tuple:
+        return (16, node_sig(self.out), node_sig(self.v), node_sig(self.b))
+
+    def reads(self) -> List[Leaf]:
+        return [self.v, self.b]
 
     def writes(self) -> List[Leaf]:
         return [self.out]

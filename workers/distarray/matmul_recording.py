@@ -6,8 +6,11 @@
   rank; the product with the local rows of ``x`` is computed while the others fly, then one
   accumulation per received part (BLAS through NumPy's ``@``). This is DistNumPy's Jacobi
   (matrix-vector) communication pattern.
-* ``dot(a, b)`` of two 1-D arrays is ``sum(a * b)`` (one fused reduction); ``v @ B`` (1-D @ 2-D) is
-  ``sum(v[:, None] * B, axis=0)`` (one fused reduction along ``B``'s rows; float and int64).
+* ``dot(a, b)`` of two 1-D arrays is ``sum(a * b)`` (one fused reduction).
+* ``v @ B`` (1-D @ 2-D, float and int64) with ``B``'s rows distributed: one :class:`~.graph.VecMat` task
+  (``v`` gathered to every rank, each rank's rows of ``B`` times their entries of ``v`` through NumPy's
+  ``@`` (BLAS gemv), the ranks' partial products summed in rank order: a replicated result). With ``B``
+  replicated or its rows not first: ``sum(v[:, None] * B, axis=0)`` (one fused reduction).
 * ``A.T`` of a 2-D array distributed by rows: a new array distributed by rows in the same
   kind of distribution; each rank sends every other rank one message with the block it
   needs, transposed, and transposes its own block while they fly.
@@ -19,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from .errors import ShapeError, UnsupportedOperation
-from .graph import Base, Leaf, Matmul, Transpose, node_desc
+from .graph import Base, Leaf, Matmul, Transpose, VecMat, node_desc
 from .indexing import View
 
 __all__ = ["record_matmul", "record_transpose"]
@@ -95,6 +98,8 @@ def _record_vecmat(context, a: Leaf, b: Leaf) -> Leaf:
     dt = np.result_type(a.dtype, b.dtype)
     if dt.kind != "f" and dt != np.int64:
         raise UnsupportedOperation(f"matmul of a 1-D and a 2-D array of dtype {dt} is not supported natively")
+    if not b.rep and b.view.row_kept and b.view.lead_new() == 0:
+        return _record_blas_vecmat(context, a, b, dt)
     col = Leaf(a.base, a.view.index((slice(None), None)))
     out = None
     if not b.rep and b.view.row_kept and b.view.lead_new() == 0:
@@ -105,6 +110,23 @@ def _record_vecmat(context, a: Leaf, b: Leaf) -> Leaf:
         out = Leaf(ob, View(ob.shape, (("s", s, t, c), ("s", 0, 1, b.shape[1]))))
     prod = record_ufunc(context, np.multiply, [col, b], out=out)
     return record_reduce(context, prod, "sum", 0, desc_name="matmul")
+
+
+def _record_blas_vecmat(context, a: Leaf, b: Leaf, dt: np.dtype) -> Leaf:
+    """``v @ B`` with ``B``'s rows distributed (kept, first) as one :class:`~.graph.VecMat` task: ``v`` is
+    gathered to every rank when it is not replicated (a fixed row of a base is gathered whole, see
+    :func:`~.elementwise.replicate_leaf`), each rank multiplies its rows of ``B`` by their entries of ``v``
+    (NumPy's ``@``, BLAS for floats) and the ranks' partial products are summed in rank order. The result is
+    a replicated 1-D array. Local: records, computes nothing."""
+    from .elementwise import dist_of, replicate_leaf
+
+    if not a.rep:
+        a = replicate_leaf(context, a, lambda a=a: f"gather {node_desc(a)} to every rank for a vector-matrix product")
+    m = b.shape[1]
+    ob = Base(context, (m,), dt, dist_of("replicated", m, context.size), temp=True)
+    out = Leaf(ob, View.full((m,)))
+    context.record(VecMat(a, b, out))
+    return out
 
 
 def record_transpose(context, a: Leaf) -> Leaf:

@@ -5,6 +5,9 @@ What :mod:`~..linalg` records (:class:`~..graph.Matmul`, :class:`~..graph.Transp
 * ``out = a @ b`` (:class:`MatmulPlan`): ``out``'s rows are ``a``'s rows (aligned); ``b``'s rows come
   from their owners, one message per peer. Units: per run of local rows, the product with the local
   part of ``b`` (writes), then one accumulation per received part (waits for that message).
+* ``out = v @ b`` (:class:`VecMatPlan`, ``v`` replicated, ``b``'s rows distributed): the product of the local
+  rows of ``b`` with their entries of ``v`` (NumPy's ``@``), one allgather of the partial products, and
+  their sum in rank order on every rank.
 * ``out = src.T`` (:class:`TransposePlan`): the rows of ``src`` owned here become columns of ``out``
   everywhere; each message is packed already transposed, and the local block is transposed while
   the messages fly.
@@ -16,13 +19,14 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 
 from ..fused_kernels import transpose_copy
-from ..graph import Matmul, Transpose
+from ..graph import Matmul, Transpose, VecMat
+from ..reductions import combine_partials
 from ..plans import Instance, PartSpec, Plan, hull, my_rows, segments, selector
 from ..row_runs import block_i_range
-from ..units import FULL, GroupRun, Lowering, Unit, after
+from ..units import FULL, GroupRun, Label, Lowering, Unit, Waitable, after
 
-__all__ = ["MatmulPlan", "TransposePlan", "matmul_key", "transpose_key", "lower_matmul", "lower_transpose",
-           "LOWERINGS"]
+__all__ = ["MatmulPlan", "VecMatPlan", "TransposePlan", "matmul_key", "vecmat_key", "transpose_key", "lower_matmul",
+           "lower_vecmat", "lower_transpose", "LOWERINGS"]
 
 
 class MatmulPlan(Plan):
@@ -249,6 +253,87 @@ def _product(t: Matmul, plan: MatmulPlan):
     return product
 
 
+class VecMatPlan(Plan):
+    """``out = v @ b`` on this rank (``v`` replicated, ``b``'s rows distributed, ``out`` replicated): the
+    view rows ``j`` of ``b`` owned here and their local rows. No messages of its own: the partial products
+    travel in one allgather (see :func:`lower_vecmat`)."""
+
+    kind = "vecmat"
+
+    def __init__(self, task, rank: int, nranks: int):
+        super().__init__()
+        b = task.b
+        bs, bt, k = b.view.row_params
+        js, loc = _b_rows_by_owner(b.base.dist, bs, bt, k, nranks)[rank]
+        #: The entries ``j`` of ``v`` this rank multiplies (a slice for a run), and its rows of ``b``.
+        self.js = selector(js)
+        self.local_b_rows = selector(loc)
+        self.hull = hull(loc) if len(loc) else (0, 0)
+        self.nrows = len(js)
+
+
+def vecmat_key(t: VecMat) -> Tuple:
+    """The plan cache key of ``t``: ``b``'s layout and view (``v`` and ``out`` are replicated)."""
+    b = t.b
+    return ("vm", b.base.dist.key, b.view.key)
+
+
+def lower_vecmat(fl: Lowering, g: Any, flush_no: int) -> GroupRun:
+    """The units of ``g.task`` (a :class:`~..graph.VecMat`) in flush ``fl``: the product of this rank's rows
+    of ``b`` with their entries of ``v`` (one NumPy ``@``), one allgather of the ranks' partial products
+    (started in the same order on every rank, after the previous collective), and a finish unit storing
+    their sum in rank order in ``out`` (the same bits on every rank)."""
+    t: VecMat = g.task
+    ctx = fl.ctx
+    v, b, out = t.v, t.b, t.out
+    plan: VecMatPlan = ctx.plan(vecmat_key(t), lambda: VecMatPlan(t, fl.rank, fl.size))
+    inst = plan.acquire(ctx, flush_no)
+    inst.uses += 1
+    run = GroupRun(t.desc)
+    m = out.shape[0]
+    dt = out.dtype
+    size = fl.size
+    ex = inst.extra
+    if "part" not in ex or ex["part"].shape != (m,) or ex["part"].dtype != dt:
+        ex["part"] = np.zeros(m, dtype=dt)
+        ex["all"] = np.zeros((size, m), dtype=dt)
+    part, allp = ex["part"], ex["all"]
+    b_items = b.view.trail_items()
+
+    def local_fn() -> None:
+        if plan.nrows == 0 or m == 0:
+            part[...] = 0
+            return
+        vl = v.base.ensure()[v.view.numpy_index()]
+        bl = b.base.ensure()[(plan.local_b_rows,) + b_items]
+        np.matmul(vl[plan.js], bl, out=part)
+
+    u0 = Unit("compute", local_fn, t.desc, ((v.base.serial, 0, FULL, "R"),
+                                            (b.base.serial, plan.hull[0], plan.hull[1], "R")))
+    run.computes.append(u0)
+    fin = Unit("compute", lambda: None, t.desc, ((out.base.serial, 0, FULL, "W"),))
+
+    def start_coll() -> None:
+        req = ctx.dcomm.Iallgather([part.view(np.uint8), fl.MPI.BYTE], [allp.view(np.uint8), fl.MPI.BYTE])
+        w = Waitable(req, "coll", -1, 0, part.nbytes, flush_no,
+                     Label(lambda: f"allgather of the partial products of {t.desc}"))
+        w.units.append(fin)
+        fin.ndeps += 1
+        fl.start(w)
+
+    def finish() -> None:
+        out.base.ensure()[...] = combine_partials("sum", allp, dt)
+
+    fin.fn = finish
+    coll = Unit("coll", start_coll, t.desc)
+    after(coll, u0)
+    after(fin, coll)
+    run.coll = coll
+    run.finish = fin
+    ctx.stats["collectives"] += 1
+    return run
+
+
 def transpose_key(t: Transpose) -> Tuple:
     """The plan cache key of ``t``: layouts, views and dtypes of ``src`` and ``out``."""
     src, out = t.src, t.out
@@ -306,4 +391,4 @@ def lower_transpose(fl: Lowering, g: Any, flush_no: int) -> GroupRun:
     return run
 
 
-LOWERINGS = {"matmul": lower_matmul, "transpose": lower_transpose}
+LOWERINGS = {"matmul": lower_matmul, "vecmat": lower_vecmat, "transpose": lower_transpose}
