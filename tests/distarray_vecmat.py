@@ -1,0 +1,79 @@
+"""``v @ B`` (1-D @ 2-D) with ``B``'s rows distributed, recorded as one ``VecMat`` task (each rank's rows of ``B``
+times their entries of ``v``, one allgather of the partial products, their sum in rank order), against NumPy on
+every distribution (run SPMD by tests/test_distarray_vecmat.py under ``nbmpi run -n 1``, ``-n 2`` and ``-n 3``).
+
+The float operands hold small integers, so every order of the sums gives NumPy's bits: each result is compared
+exactly (a wrong row of ``B`` or a wrong entry of ``v`` on any rank changes it). Checks also that each product
+was recorded as a VecMat task, and that a chain of products reading rows written just before (LU's
+``U[k, k:] = A[k, k:] - L[k, :k] @ U[:k, k:]``) reads what was written. Prints ``ok <section>`` per section on
+rank 0 and ``ALL OK`` at the end."""
+import numpy as np
+
+import nbmpi.workers.distarray as dnp
+from nbmpi.workers.distarray.context import context_for
+from nbmpi.workers.distarray.graph import VecMat
+from spmd_checks import checks, same, section, size
+
+DISTS = ["block", "cyclic", ("block-cyclic", 2)]
+ctx = context_for()
+rng = np.random.default_rng(3)
+
+
+def vecmats() -> int:
+    """VecMat tasks recorded since the last force point."""
+    return sum(isinstance(t, VecMat) for t in ctx.pending)
+
+
+bm = rng.integers(-9, 10, (13, 7)).astype(float)
+vm = rng.integers(-9, 10, 13).astype(float)
+for dist in DISTS:
+    other = "cyclic" if dist == "block" else "block"
+    for hiding in (True, False):
+        dnp.configure(latency_hiding=hiding)
+        B = dnp.from_numpy(bm, dist=dist)
+        V = dnp.from_numpy(vm, dist=other)
+        cases = [
+            ("v @ B", lambda: V @ B, vm @ bm),
+            ("slices", lambda: V[2:9] @ B[2:9, 1:], vm[2:9] @ bm[2:9, 1:]),
+            ("strided rows", lambda: V[::2] @ B[::2], vm[::2] @ bm[::2]),
+            ("reversed rows", lambda: V[::-1] @ B[::-1, 3:], vm[::-1] @ bm[::-1, 3:]),
+            ("strided columns", lambda: V[1:12] @ B[1:12, ::3], vm[1:12] @ bm[1:12, ::3]),
+            ("numpy v", lambda: vm[:5] @ B[4:9], vm[:5] @ bm[4:9]),
+            ("row of B @ rows of B", lambda: B[5, :4] @ B[:4, 3:], bm[5, :4] @ bm[:4, 3:]),
+            ("last row @ rows after the first", lambda: B[12, 1:6] @ B[7:12], bm[12, 1:6] @ bm[7:12]),
+            ("no rows", lambda: B[5, :0] @ B[:0, 3:], bm[5, :0] @ bm[:0, 3:]),
+        ]
+        for name, fn, want in cases:
+            got = fn()
+            assert vecmats() == 1, (name, dist, [t.desc for t in ctx.pending])
+            assert got.dtype == want.dtype, (name, got.dtype, want.dtype)
+            same(f"{name} {dist} hiding={hiding}", got, want)
+        got = (V[3:] @ B[3:] - B[2]) * 2.0
+        same(f"product in an expression {dist}", got, (vm[3:] @ bm[3:] - bm[2]) * 2.0)
+dnp.configure(latency_hiding=True)
+section("v @ B on every distribution, every view of the rows")
+
+im = rng.integers(-50, 50, (11, 6))
+for dist in DISTS:
+    B = dnp.from_numpy(im, dist=dist)
+    same(f"int64 {dist}", B[4, 1:6] @ B[1:6, :], im[4, 1:6] @ im[1:6, :])
+    B32 = dnp.from_numpy(bm.astype(np.float32), dist=dist)
+    got = dnp.from_numpy(vm.astype(np.float32), dist=dist) @ B32
+    assert got.dtype == np.float32, got.dtype
+    same(f"float32 {dist}", got, vm.astype(np.float32) @ bm.astype(np.float32))
+    got = dnp.from_numpy(vm.astype(np.int32), dist=dist) @ dnp.from_numpy(bm, dist=dist)
+    same(f"int32 @ float64 {dist}", got, vm.astype(np.int32) @ bm)
+section("int64, float32 and mixed dtypes")
+
+n = 9
+base = rng.integers(-4, 5, (n, n)).astype(float)
+for dist in DISTS:
+    # each product reads rows written by the statement before (recorded, not evaluated): U[k] depends on U[:k]
+    U = dnp.from_numpy(base, dist=dist)
+    u = base.copy()
+    for k in range(1, n):
+        U[k, :] = U[k, :] - U[k - 1, :k] @ U[:k, :] * 0.5
+        u[k, :] = u[k, :] - u[k - 1, :k] @ u[:k, :] * 0.5
+    same(f"chain of products over rows just written {dist}", U, u)
+section("products reading rows written before them")
+print(f"ALL OK ({checks[0]} checks on {size} ranks)", flush=True) if ctx.rank == 0 else None
