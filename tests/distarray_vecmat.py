@@ -11,17 +11,25 @@ import numpy as np
 
 import nbmpi.workers.distarray as dnp
 from nbmpi.workers.distarray.context import context_for
-from nbmpi.workers.distarray.graph import VecMat
+from nbmpi.workers.distarray.graph import Replicate, VecMat
 from spmd_checks import checks, same, section, size
 
 DISTS = ["block", "cyclic", ("block-cyclic", 2)]
 ctx = context_for()
+#: The cases recording no gather: ``v`` a NumPy array (replicated), or one fixed row of a distributed base.
+NO_GATHER = ("numpy v", "row of B @ rows of B", "last row @ rows after the first", "strided part of a row @ strided rows",
+               "no rows")
 rng = np.random.default_rng(3)
 
 
 def vecmats() -> int:
     """VecMat tasks recorded since the last force point."""
     return sum(isinstance(t, VecMat) for t in ctx.pending)
+
+
+def gathers() -> int:
+    """Gathers recorded since the last force point."""
+    return sum(isinstance(t, Replicate) for t in ctx.pending)
 
 
 bm = rng.integers(-9, 10, (13, 7)).astype(float)
@@ -41,11 +49,15 @@ for dist in DISTS:
             ("numpy v", lambda: vm[:5] @ B[4:9], vm[:5] @ bm[4:9]),
             ("row of B @ rows of B", lambda: B[5, :4] @ B[:4, 3:], bm[5, :4] @ bm[:4, 3:]),
             ("last row @ rows after the first", lambda: B[12, 1:6] @ B[7:12], bm[12, 1:6] @ bm[7:12]),
+            ("strided part of a row @ strided rows", lambda: B[6, 5::-2] @ B[1:13:4, ::2],
+             bm[6, 5::-2] @ bm[1:13:4, ::2]),
             ("no rows", lambda: B[5, :0] @ B[:0, 3:], bm[5, :0] @ bm[:0, 3:]),
         ]
         for name, fn, want in cases:
             got = fn()
             assert vecmats() == 1, (name, dist, [t.desc for t in ctx.pending])
+            # a fixed row of B as v: its owner sends the entries within the VecMat task, no gather recorded
+            assert (gathers() == 0) == (name in NO_GATHER), (name, [t.desc for t in ctx.pending])
             assert got.dtype == want.dtype, (name, got.dtype, want.dtype)
             same(f"{name} {dist} hiding={hiding}", got, want)
         got = (V[3:] @ B[3:] - B[2]) * 2.0

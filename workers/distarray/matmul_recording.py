@@ -8,7 +8,7 @@
   (matrix-vector) communication pattern.
 * ``dot(a, b)`` of two 1-D arrays is ``sum(a * b)`` (one fused reduction).
 * ``v @ B`` (1-D @ 2-D, float and int64) with ``B``'s rows distributed: one :class:`~.graph.VecMat` task
-  (``v`` gathered to every rank, each rank's rows of ``B`` times their entries of ``v`` through NumPy's
+  (``v`` sent where ``B``'s rows are, each rank's rows of ``B`` times their entries of ``v`` through NumPy's
   ``@`` (BLAS gemv), the ranks' partial products summed in rank order: a replicated result). With ``B``
   replicated or its rows not first: ``sum(v[:, None] * B, axis=0)`` (one fused reduction).
 * ``A.T`` of a 2-D array distributed by rows: a new array distributed by rows in the same
@@ -114,13 +114,13 @@ def _record_vecmat(context, a: Leaf, b: Leaf) -> Leaf:
 
 def _record_blas_vecmat(context, a: Leaf, b: Leaf, dt: np.dtype) -> Leaf:
     """``v @ B`` with ``B``'s rows distributed (kept, first) as one :class:`~.graph.VecMat` task: ``v`` is
-    gathered to every rank when it is not replicated (a fixed row of a base is gathered whole, see
-    :func:`~.elementwise.replicate_leaf`), each rank multiplies its rows of ``B`` by their entries of ``v``
-    (NumPy's ``@``, BLAS for floats) and the ranks' partial products are summed in rank order. The result is
-    a replicated 1-D array. Local: records, computes nothing."""
+    replicated, or one fixed row of a distributed base (its owner sends each rank the entries it needs, within
+    the task), or else gathered to every rank first (:func:`~.elementwise.replicate_leaf`); each rank multiplies
+    its rows of ``B`` by their entries of ``v`` (NumPy's ``@``, BLAS for floats) and the ranks' partial products
+    are summed in rank order. The result is a replicated 1-D array. Local: records, computes nothing."""
     from .elementwise import dist_of, replicate_leaf
 
-    if not a.rep:
+    if not a.rep and (a.view.row_entry is None or a.view.row_kept):
         a = replicate_leaf(context, a, lambda a=a: f"gather {node_desc(a)} to every rank for a vector-matrix product")
     m = b.shape[1]
     ob = Base(context, (m,), dt, dist_of("replicated", m, context.size), temp=True)

@@ -5,9 +5,10 @@ What :mod:`~..linalg` records (:class:`~..graph.Matmul`, :class:`~..graph.Transp
 * ``out = a @ b`` (:class:`MatmulPlan`): ``out``'s rows are ``a``'s rows (aligned); ``b``'s rows come
   from their owners, one message per peer. Units: per run of local rows, the product with the local
   part of ``b`` (writes), then one accumulation per received part (waits for that message).
-* ``out = v @ b`` (:class:`VecMatPlan`, ``v`` replicated, ``b``'s rows distributed): the product of the local
-  rows of ``b`` with their entries of ``v`` (NumPy's ``@``), one allgather of the partial products, and
-  their sum in rank order on every rank.
+* ``out = v @ b`` (:class:`VecMatPlan`, ``b``'s rows distributed, ``v`` replicated or one fixed row of a
+  distributed base, whose owner sends each rank the entries it needs): the product of the local rows of ``b``
+  with their entries of ``v`` (NumPy's ``@``), one allgather of the partial products, and their sum in rank
+  order on every rank.
 * ``out = src.T`` (:class:`TransposePlan`): the rows of ``src`` owned here become columns of ``out``
   everywhere; each message is packed already transposed, and the local block is transposed while
   the messages fly.
@@ -254,35 +255,62 @@ def _product(t: Matmul, plan: MatmulPlan):
 
 
 class VecMatPlan(Plan):
-    """``out = v @ b`` on this rank (``v`` replicated, ``b``'s rows distributed, ``out`` replicated): the
-    view rows ``j`` of ``b`` owned here and their local rows. No messages of its own: the partial products
-    travel in one allgather (see :func:`lower_vecmat`)."""
+    """``out = v @ b`` on this rank (``b``'s rows distributed, ``out`` replicated): the view rows ``j`` of ``b``
+    owned here, their local rows and where ``v[j]`` comes from. ``v`` is replicated (read here), or one fixed row
+    of a distributed base: its owner sends each rank with rows of ``b`` the entries ``v[j]`` for them (one
+    message; none to a rank without rows of ``b``). The partial products travel in one allgather (see
+    :func:`lower_vecmat`)."""
 
     kind = "vecmat"
 
     def __init__(self, task, rank: int, nranks: int):
         super().__init__()
-        b = task.b
+        v, b = task.v, task.b
         bs, bt, k = b.view.row_params
-        js, loc = _b_rows_by_owner(b.base.dist, bs, bt, k, nranks)[rank]
+        per_rank = _b_rows_by_owner(b.base.dist, bs, bt, k, nranks)
+        js, loc = per_rank[rank]
         #: The entries ``j`` of ``v`` this rank multiplies (a slice for a run), and its rows of ``b``.
         self.js = selector(js)
         self.local_b_rows = selector(loc)
         self.hull = hull(loc) if len(loc) else (0, 0)
         self.nrows = len(js)
+        #: ``v``'s owner (None: ``v`` replicated) and its local row there.
+        self.v_owner: Optional[int] = None
+        self.v_row = 0
+        self.v_items = v.view.trail_items()
+        self.send_js: List[Any] = []
+        if v.base.replicated:
+            return
+        r = v.view.row_params[0]
+        dist = v.base.dist
+        self.v_owner = dist.owner_of(r)
+        self.v_row = int(dist.local_index(np.array([r], dtype=np.int64))[0])
+        send: Dict[int, List[PartSpec]] = {}
+        recv: Dict[int, List[PartSpec]] = {}
+        if rank == self.v_owner:
+            for q in range(nranks):
+                if q != rank and len(per_rank[q][0]):
+                    send[q] = [PartSpec(0, len(per_rank[q][0]), v.dtype, ())]
+                    self.send_js.append(selector(per_rank[q][0]))
+        elif self.nrows:
+            recv[self.v_owner] = [PartSpec(0, self.nrows, v.dtype, ())]
+        self.msgs_in = self._messages(recv)
+        self.msgs_out = self._messages(send)
 
 
 def vecmat_key(t: VecMat) -> Tuple:
-    """The plan cache key of ``t``: ``b``'s layout and view (``v`` and ``out`` are replicated)."""
-    b = t.b
-    return ("vm", b.base.dist.key, b.view.key)
+    """The plan cache key of ``t``: ``v``'s and ``b``'s layouts and views and ``v``'s dtype (``out`` is
+    replicated)."""
+    v, b = t.v, t.b
+    return ("vm", v.base.dist.key, v.view.key, v.dtype.str, b.base.dist.key, b.view.key)
 
 
 def lower_vecmat(fl: Lowering, g: Any, flush_no: int) -> GroupRun:
-    """The units of ``g.task`` (a :class:`~..graph.VecMat`) in flush ``fl``: the product of this rank's rows
-    of ``b`` with their entries of ``v`` (one NumPy ``@``), one allgather of the ranks' partial products
-    (started in the same order on every rank, after the previous collective), and a finish unit storing
-    their sum in rank order in ``out`` (the same bits on every rank)."""
+    """The units of ``g.task`` (a :class:`~..graph.VecMat`) in flush ``fl``: on ``v``'s owner the sends of its
+    entries to the ranks with rows of ``b``; the product of this rank's rows of ``b`` with their entries of ``v``
+    (one NumPy ``@``, after the message of ``v`` if it comes from another rank); one allgather of the ranks'
+    partial products (started in the same order on every rank, after the previous collective); and a finish
+    unit storing their sum in rank order in ``out`` (the same bits on every rank)."""
     t: VecMat = g.task
     ctx = fl.ctx
     v, b, out = t.v, t.b, t.out
@@ -290,27 +318,54 @@ def lower_vecmat(fl: Lowering, g: Any, flush_no: int) -> GroupRun:
     inst = plan.acquire(ctx, flush_no)
     inst.uses += 1
     run = GroupRun(t.desc)
+    fl.receives(run, plan, inst, t.desc)
     m = out.shape[0]
     dt = out.dtype
-    size = fl.size
     ex = inst.extra
     if "part" not in ex or ex["part"].shape != (m,) or ex["part"].dtype != dt:
         ex["part"] = np.zeros(m, dtype=dt)
-        ex["all"] = np.zeros((size, m), dtype=dt)
+        ex["all"] = np.zeros((fl.size, m), dtype=dt)
     part, allp = ex["part"], ex["all"]
     b_items = b.view.trail_items()
+    v_at = () if plan.v_owner is None else ((v.base.serial, plan.v_row, plan.v_row + 1, "R"),)
+    for k in range(len(plan.msgs_out)):
+        def pack(k=k) -> None:
+            row = v.base.ensure()[(plan.v_row,) + plan.v_items]
+            np.copyto(inst.send_parts[k][0], row[plan.send_js[k]])
+
+        run.sends.append(fl.send_unit(plan, inst, k, None, None, t.desc, pack=pack))
+        run.sends[-1].access = v_at
 
     def local_fn() -> None:
         if plan.nrows == 0 or m == 0:
             part[...] = 0
             return
-        vl = v.base.ensure()[v.view.numpy_index()]
+        if plan.msgs_in:
+            vl = inst.recv_parts[0][0]
+        elif plan.v_owner is None:
+            vl = v.base.ensure()[v.view.numpy_index()][plan.js]
+        else:
+            vl = v.base.ensure()[(plan.v_row,) + plan.v_items][plan.js]
         bl = b.base.ensure()[(plan.local_b_rows,) + b_items]
-        np.matmul(vl[plan.js], bl, out=part)
+        np.matmul(vl, bl, out=part)
 
-    u0 = Unit("compute", local_fn, t.desc, ((v.base.serial, 0, FULL, "R"),
-                                            (b.base.serial, plan.hull[0], plan.hull[1], "R")))
+    v_read = ((v.base.serial, 0, FULL, "R"),) if plan.v_owner is None else \
+        (v_at if fl.rank == plan.v_owner else ())
+    u0 = Unit("compute", local_fn, t.desc, v_read + ((b.base.serial, plan.hull[0], plan.hull[1], "R"),))
+    if plan.msgs_in:
+        u0.ndeps = 1
+        run.recvs[0].units.append(u0)
     run.computes.append(u0)
+    _lower_partial_sum(fl, t, run, u0, part, allp, flush_no)
+    return run
+
+
+def _lower_partial_sum(fl: Lowering, t: VecMat, run: GroupRun, u0: Unit, part: np.ndarray, allp: np.ndarray,
+                       flush_no: int) -> None:
+    """Add to ``run`` the allgather of ``part`` (after ``u0``) into ``allp`` and the finish unit storing the sum
+    of its rows (rank order) in ``t.out``."""
+    ctx = fl.ctx
+    out = t.out
     fin = Unit("compute", lambda: None, t.desc, ((out.base.serial, 0, FULL, "W"),))
 
     def start_coll() -> None:
@@ -322,7 +377,7 @@ def lower_vecmat(fl: Lowering, g: Any, flush_no: int) -> GroupRun:
         fl.start(w)
 
     def finish() -> None:
-        out.base.ensure()[...] = combine_partials("sum", allp, dt)
+        out.base.ensure()[...] = combine_partials("sum", allp, out.dtype)
 
     fin.fn = finish
     coll = Unit("coll", start_coll, t.desc)
@@ -331,7 +386,6 @@ def lower_vecmat(fl: Lowering, g: Any, flush_no: int) -> GroupRun:
     run.coll = coll
     run.finish = fin
     ctx.stats["collectives"] += 1
-    return run
 
 
 def transpose_key(t: Transpose) -> Tuple:
