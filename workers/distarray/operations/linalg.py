@@ -61,6 +61,8 @@ class MatmulPlan(Plan):
         self.recv_j: List[np.ndarray] = []
         if self.b_rep:
             self.local_j = np.arange(k, dtype=np.int64)
+            self.local_cols = self.a_cols(self.local_j)
+            self.recv_cols = []
             return
         bs, bt, _ = b.view.row_params
         comp_ranks = _ranks_with_rows(a.base.dist, s, t, n, nranks)
@@ -86,8 +88,11 @@ class MatmulPlan(Plan):
                     self.recv_j.append(jq)
         self.msgs_in = self._messages(recv)
         self.msgs_out = self._messages(send)
+        self.local_cols = self.a_cols(self.local_j)
+        self.recv_cols = [self.a_cols(j) for j in self.recv_j]
 
     def a_cols(self, js: np.ndarray) -> Any:
+        """The columns of ``a``'s local rows that multiply the rows ``js`` of ``b`` (a slice for a run)."""
         c0, ct = self.a_col
         return selector(c0 + js * ct)
 
@@ -212,14 +217,14 @@ def lower_matmul(fl: Lowering, g: Any, flush_no: int) -> GroupRun:
                 bl = b.base.ensure()[b.view.numpy_index()]
             else:
                 bl = b.base.ensure()[(plan.local_b_rows,) + b_items]
-            product(rows_sel, plan.local_j, bl, False)
+            product(rows_sel, plan.local_cols, len(plan.local_j), bl, False)
 
         u0 = Unit("compute", local_fn, t.desc, ((a.base.serial, rlo, rhi, "R"), (b.base.serial, 0, FULL, "R"),
                                                 (out.base.serial, rlo, rhi, "W")))
         run.computes.append(u0)
         for k in range(len(plan.msgs_in)):
             def acc_fn(rows_sel=rows_sel, k=k) -> None:
-                product(rows_sel, plan.recv_j[k], inst.recv_parts[k][0], True)
+                product(rows_sel, plan.recv_cols[k], len(plan.recv_j[k]), inst.recv_parts[k][0], True)
 
             u = Unit("compute", acc_fn, t.desc, ((a.base.serial, rlo, rhi, "R"), (out.base.serial, rlo, rhi, "A")))
             u.ndeps = 1
@@ -230,20 +235,20 @@ def lower_matmul(fl: Lowering, g: Any, flush_no: int) -> GroupRun:
 
 
 def _product(t: Matmul, plan: MatmulPlan):
-    """``product(rows_sel, js, bdata, accumulate)``: rows ``rows_sel`` of the result (=, or +=) the columns
-    ``js`` of ``a`` times ``bdata`` (the rows ``js`` of ``b``)."""
+    """``product(rows_sel, cols, nj, bdata, accumulate)``: rows ``rows_sel`` of the result (=, or +=) the
+    columns ``cols`` of ``a`` (``nj`` of them, :meth:`MatmulPlan.a_cols` of rows ``js`` of ``b``) times ``bdata``
+    (the rows ``js`` of ``b``)."""
     a, out = t.a, t.out
     oview = out.view
 
-    def product(rows_sel, js: np.ndarray, bdata: np.ndarray, accumulate: bool) -> None:
+    def product(rows_sel, cols: Any, nj: int, bdata: np.ndarray, accumulate: bool) -> None:
         al = a.base.ensure()
         yl = out.base.ensure()
         ysub = yl[oview.numpy_index(row_sel=rows_sel)]
-        if len(js) == 0:
+        if nj == 0:
             if not accumulate:
                 ysub[...] = 0
             return
-        cols = plan.a_cols(js)
         asub = al[rows_sel, cols] if not (isinstance(rows_sel, np.ndarray) and isinstance(cols, np.ndarray)) \
             else al[rows_sel][:, cols]
         prod = asub @ bdata
