@@ -3,11 +3,12 @@
 A :class:`~..graph.Replicate` task (recorded for ``to_numpy``, for an operand replicated to meet a
 misaligned one, ...) copies a view of a distributed base into a replicated base of shape
 ``(rows, *packed trailing)``: each owner sends its rows once to each destination, and the rows
-it owns itself are copied while the messages fly.
+it owns itself are copied while the messages fly. A gather of one fixed row (``a[k, j:]``, what a loop over
+``k`` reads) takes its plan by owner, not by row (:func:`row_key`): one plan, and its instances, serve every row.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -17,7 +18,7 @@ from ..plans import PartSpec, Plan, hull, selector
 from ..row_runs import block_i_range
 from ..units import FULL, GroupRun, Lowering, Unit
 
-__all__ = ["ReplicatePlan", "cache_key", "lower", "LOWERINGS"]
+__all__ = ["ReplicatePlan", "cache_key", "fixed_row", "row_key", "lower", "LOWERINGS"]
 
 
 class ReplicatePlan(Plan):
@@ -85,29 +86,64 @@ def cache_key(t: Replicate) -> Tuple:
     return ("rep", src.base.dist.key, src.view.key, src.dtype.str, t.root)
 
 
+def fixed_row(t: Replicate) -> Optional[Tuple[int, int]]:
+    """``(owner, local row there)`` when ``t`` gathers a view of one fixed base row (``a[k, j:]``), else None."""
+    v = t.src.view
+    if v.row_entry is None or v.row_kept:
+        return None
+    dist = t.src.base.dist
+    r = v.row_entry[1]
+    return dist.owner_of(r), int(dist.local_index(np.array([r], dtype=np.int64))[0])
+
+
+def row_key(t: Replicate, owner: int) -> Tuple:
+    """The plan cache key of ``t``, a gather of one fixed row owned by ``owner``: what the plan depends on (the
+    owner, the view without its row, dtype, root), not which row nor the layout, so that the gathers of every
+    row of a loop share one plan and reuse its instances (the local row is given when lowering)."""
+    v, src = t.src.view, t.src
+    rest = v.entries[:v.lead_new()] + v.entries[v.lead_new() + 1:]
+    return ("rep-row", owner, v.base_shape[1:], rest, src.dtype.str, t.root)
+
+
 def lower(fl: Lowering, g: Any, flush_no: int) -> GroupRun:
     """The units of ``g.task`` (a :class:`~..graph.Replicate`) in flush ``fl``: one send per destination;
     on a destination, the copy of its own rows and one unpack per received message."""
     t: Replicate = g.task
     ctx = fl.ctx
     src, out = t.src, t.out
-    plan: ReplicatePlan = ctx.plan(cache_key(t), lambda: ReplicatePlan(t, fl.rank, fl.size))
+    row = fixed_row(t)
+    if row is None:
+        plan: ReplicatePlan = ctx.plan(cache_key(t), lambda: ReplicatePlan(t, fl.rank, fl.size))
+        local_src, rhull = plan.local_src, plan.hull
+    else:           # one plan per owner; this row's place in the owner's buffer is given here
+        plan = ctx.plan(row_key(t, row[0]), lambda: ReplicatePlan(t, fl.rank, fl.size))
+        local_src, rhull = row[1], ((row[1], row[1] + 1) if fl.rank == row[0] else (0, 0))
     inst = plan.acquire(ctx, flush_no)
     inst.uses += 1
     run = GroupRun(t.desc)
     fl.receives(run, plan, inst, t.desc)
+    items = plan.items
     for k in range(len(plan.msgs_out)):
-        run.sends.append(fl.send_unit(plan, inst, k, lambda i: src.base.ensure(), lambda i: src.base.serial,
-                                      t.desc))
-    if plan.is_dest:
-        items = plan.items
+        if row is None:
+            run.sends.append(fl.send_unit(plan, inst, k, lambda i: src.base.ensure(), lambda i: src.base.serial,
+                                          t.desc))
+            continue
 
+        def pack(k=k) -> None:
+            inst.send_parts[k][0][0] = src.base.ensure()[(local_src,) + items]
+
+        run.sends.append(fl.send_unit(plan, inst, k, None, None, t.desc, pack=pack))
+        run.sends[-1].access = ((src.base.serial, rhull[0], rhull[1], "R"),)
+    if plan.is_dest:
         def local_fn() -> None:
             rl = out.base.ensure()
             sl = src.base.ensure()
-            rl[plan.local_dst] = sl[(plan.local_src,) + items]
+            if row is None:
+                rl[plan.local_dst] = sl[(local_src,) + items]
+            elif fl.rank == row[0]:
+                rl[0] = sl[(local_src,) + items]
 
-        run.computes.append(Unit("compute", local_fn, t.desc, ((src.base.serial, plan.hull[0], plan.hull[1], "R"),
+        run.computes.append(Unit("compute", local_fn, t.desc, ((src.base.serial, rhull[0], rhull[1], "R"),
                                                                (out.base.serial, 0, FULL, "A"))))
         for k in range(len(plan.msgs_in)):
             def unpack(k=k) -> None:
