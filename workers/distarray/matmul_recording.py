@@ -85,10 +85,11 @@ def record_matmul(context, a: Any, b: Any) -> Leaf:
 
 
 def _record_vecmat(context, a: Leaf, b: Leaf) -> Leaf:
-    """``v @ B`` (1-D @ 2-D) as ``sum(v[:, None] * B, axis=0)``: one elementwise product over ``B``'s rows (``v``
-    is sent to the ranks holding them when it is not aligned) and one reduction along the distributed axis,
-    fused at the force point. Float and int64 only (a sum keeps their dtype); others raise
-    UnsupportedOperation (the caller falls back to NumPy)."""
+    """``v @ B`` (1-D @ 2-D): with ``B``'s rows distributed (kept, first) one VecMat task
+    (:func:`_record_blas_vecmat`); otherwise (``B`` replicated, or a fixed row of a 3-D base) as
+    ``sum(v[:, None] * B, axis=0)``, one elementwise product and one reduction fused at the force point. Float
+    and int64 only (a sum keeps their dtype); others raise UnsupportedOperation (the caller falls back to
+    NumPy)."""
     from .elementwise import record_ufunc
     from .reductions import record_reduce
 
@@ -101,14 +102,7 @@ def _record_vecmat(context, a: Leaf, b: Leaf) -> Leaf:
     if not b.rep and b.view.row_kept and b.view.lead_new() == 0:
         return _record_blas_vecmat(context, a, b, dt)
     col = Leaf(a.base, a.view.index((slice(None), None)))
-    out = None
-    if not b.rep and b.view.row_kept and b.view.lead_new() == 0:
-        # the product lives where B's rows are (a temporary laid out like B's base, never allocated when the
-        # reduction fuses it), not in a fresh split of its k rows, which would move B's rows between ranks
-        s, t, c = b.view.row_params
-        ob = Base(context, (b.base.shape[0], b.shape[1]), dt, b.base.dist, temp=True)
-        out = Leaf(ob, View(ob.shape, (("s", s, t, c), ("s", 0, 1, b.shape[1]))))
-    prod = record_ufunc(context, np.multiply, [col, b], out=out)
+    prod = record_ufunc(context, np.multiply, [col, b])
     return record_reduce(context, prod, "sum", 0, desc_name="matmul")
 
 
