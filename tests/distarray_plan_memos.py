@@ -81,11 +81,18 @@ for da in DISTS:                               # aligned local groups over movin
         w = 3 if k % 2 and k + 3 <= n else 1                        # a column operand broadcast every other step
         R[k:, 0:3] = R[k:, 0:3] + C[k:, k:k + w] * 0.125
         r[k:, 0:3] = r[k:, 0:3] + c[k:, k:k + w] * 0.125
+        R[k:, 0:2] = R[k:, 2:4] * 2.0 - C[k:, 4:6]                  # same rows and program, other columns:
+        r[k:, 0:2] = r[k:, 2:4] * 2.0 - c[k:, 4:6]
+        R[k:, 6:8] = R[k:, 8:10] * 2.0 - C[k:, 10:12]               # one plan, two bindings in one step
+        r[k:, 6:8] = r[k:, 8:10] * 2.0 - c[k:, 10:12]
         if k % 2 == 0:
             same(f"moving windows k={k} {da}", C, c)
             same(f"moving windows R k={k} {da}", R, r)
     same(f"moving windows after the loop C {da}", C, c)
     same(f"moving windows after the loop R {da}", R, r)
     assert ctx.stats["plans_rebound"] > before, ("no aligned local plan was rebound", da)
+    tail = C[n - 3:, 0] * 2.0                  # a small result over few rows stays on its operand's rows
+    assert tail.dist.key == C.dist.key, ("a small result over few rows was laid out apart", tail.dist, C.dist)
+    same(f"small result over few rows {da}", tail, c[n - 3:, 0] * 2.0)
 section("aligned local plans rebound over moving windows")
 print(f"ALL OK ({checks[0]} checks on {size} ranks)", flush=True) if ctx.rank == 0 else None

@@ -127,6 +127,11 @@ def aligned(leaf: Leaf, space: RowSpace) -> bool:
 #: Bytes of one row of a base up to which gathering part of a single row (``a[3, 2:]``, ``a[3, 2]``) to every rank
 #: gathers the whole row: later reads of the same row recorded before it changes reuse that copy.
 WHOLE_ROW_BYTES = 1 << 16
+#: Bytes up to which a result over few of its leading operand's rows (``a[k+1:, k] / p``) still gets a base of all
+#: that operand's rows, in its distribution (a few unused rows): computed where its operand lies, no message, and
+#: its plan is shared with the next steps' over a moving window (``local_key`` in :mod:`.operations.elementwise`).
+#: Larger results over fewer than half the rows get a base of their own rows, spread over every rank.
+ALIGNED_TEMP_BYTES = 1 << 16
 #: How many of the latest recorded operations are searched for a pending gather of a whole row.
 ROW_LOOKBACK = 16
 
@@ -226,7 +231,7 @@ def _result_of(context, dist_leaves: Sequence[Leaf], shape: Tuple[int, ...], dty
             # laid out exactly like the leading operand's base (a copy back into it can swap buffers)
             base = Base(context, b.shape, dtype, b.dist, temp=True)
             return Leaf(base, View._of(base.shape, lv.entries))
-        if 2 * c >= nb:
+        if 2 * c >= nb or nb * math.prod(shape[1:]) * np.dtype(dtype).itemsize <= ALIGNED_TEMP_BYTES:
             base = Base(context, (nb,) + shape[1:], dtype, b.dist, temp=True)
             ents = (("s", s, t, c),) + tuple([("s", 0, 1, n) for n in shape[1:]])
             return Leaf(base, View._of(base.shape, ents))

@@ -216,6 +216,15 @@ def _skeleton(v) -> Tuple:
     return (v.base_shape, tuple([(e[0], e[2], min(e[3], 2)) if e[0] == "s" else (e[0],) for e in v.entries]))
 
 
+#: Bindings of one aligned local plan kept (:meth:`ElementwisePlan.bound_to`).
+BOUND_MAX = 8
+
+
+def _exact_key(g) -> Tuple:
+    """What a plan of :func:`local_key` rebound to group ``g`` depends on beyond that key: the rows and views."""
+    return (g.space.key, tuple([(obj.out if role == "red" else obj).view.key for role, obj in g.arrays]))
+
+
 def local_key(g, chunk_elems: int) -> Optional[Tuple]:
     """The key of a plan shared by every aligned local group of the same shape class, or None if ``g`` is not
     one. Aligned local: no reduction, distributed rows, every distributed array :func:`_aligned` with them (no
@@ -293,6 +302,9 @@ class ElementwisePlan(Plan):
             else:
                 self._build_dist(group, rank, nranks, n, max_rows)
         self._link_kernels(group)
+        #: :func:`_exact_key` of the group it was built for, and of the groups it was rebound to, those plans
+        self._ek = _exact_key(group)
+        self._bound: Dict[Tuple, "ElementwisePlan"] = {}
 
     def _link_kernels(self, group) -> None:
         """Replace each block's unit-stride flags by its compiled kernel (one per distinct combination)."""
@@ -306,10 +318,25 @@ class ElementwisePlan(Plan):
             blk.kernel = k
         self.kernels = list(specs.values())
 
-    def rebound(self, group, rank: int, chunk_elems: int) -> "ElementwisePlan":
-        """This plan (cached under :func:`local_key`) for ``group``, another aligned local group of the same
-        :func:`local_key`: the same addressing (``metas``) and instances, this group's rows, offsets and blocks.
-        Local, cheap: no addressing, message or instance is built. Called by :func:`lower` only."""
+    def bound_to(self, group, rank: int, chunk_elems: int) -> Tuple["ElementwisePlan", bool]:
+        """This plan (cached under :func:`local_key`) for ``group``, an aligned local group of the same
+        :func:`local_key`, and whether it was rebound now: the same addressing (``metas``) and instances, the
+        group's rows, offsets and blocks (:meth:`_rebound`). The last :data:`BOUND_MAX` bindings are kept, so a
+        loop over the same views finds its plan as it is. Local, cheap. Called by :func:`lower` only."""
+        ek = _exact_key(group)
+        if ek == self._ek:
+            return self, False
+        p = self._bound.get(ek)
+        if p is not None:
+            return p, False
+        p = self._rebound(group, rank, chunk_elems, ek)
+        if len(self._bound) >= BOUND_MAX:
+            del self._bound[next(iter(self._bound))]       # the oldest binding
+        self._bound[ek] = p
+        return p, True
+
+    def _rebound(self, group, rank: int, chunk_elems: int, ek: Tuple) -> "ElementwisePlan":
+        """A new plan sharing this one's addressing and instances, with ``group``'s rows, offsets and blocks."""
         p = ElementwisePlan.__new__(ElementwisePlan)
         p.msgs_in, p.msgs_out, p.instances = [], [], self.instances   # one instance pool, kept by the cached plan
         p._roles, p.metas, p.reds, p.d, p.rank = self._roles, self.metas, [], self.d, rank
@@ -323,6 +350,7 @@ class ElementwisePlan(Plan):
             rp = row_plan(space.dist, space.start, space.step, space.count, (), rank, need_i)
             p._dist_blocks([], rank, max_rows, rp, {})
         p._link_kernels(group)
+        p._ek, p._bound = ek, {}          # never asked (only the cached plan is): no reference cycle
         return p
 
     # -- array addressing -----------------------------------------------------------
@@ -532,11 +560,8 @@ def lower(fl: Lowering, g: Any, flush_no: int) -> GroupRun:
     if lk is None:
         plan: ElementwisePlan = ctx.plan(cache_key(g, ce), lambda: ElementwisePlan(g, fl.rank, fl.size, ce))
     else:
-        built: List[ElementwisePlan] = []
-        plan = ctx.plan(lk, lambda: built.append(ElementwisePlan(g, fl.rank, fl.size, ce)) or built[0])
-        if not built:
-            plan = plan.rebound(g, fl.rank, ce)
-            ctx.stats["plans_rebound"] += 1
+        plan, fresh = ctx.plan(lk, lambda: ElementwisePlan(g, fl.rank, fl.size, ce)).bound_to(g, fl.rank, ce)
+        ctx.stats["plans_rebound"] += fresh
     inst = plan.acquire(ctx, flush_no)
     inst.uses += 1
     bases = [obj.out.base if role == "red" else obj.base for role, obj in g.arrays]
