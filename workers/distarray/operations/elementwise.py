@@ -217,7 +217,7 @@ def _skeleton(v) -> Tuple:
 
 
 #: Bindings of one aligned local plan kept (:meth:`ElementwisePlan.bound_to`).
-BOUND_MAX = 8
+BOUND_MAX = 32
 
 
 def _exact_key(g) -> Tuple:
