@@ -7,7 +7,9 @@ is computed or communicated here.
 
 Where a result lives: aligned with its first distributed operand whose distributed axis is
 the result's axis 0 (the result's base has that operand's base's rows and distribution, and
-the same row view), so ``0.2 * (center + north + ...)`` is computed where ``center`` is.
+the same row view), so ``0.2 * (center + north + ...)`` is computed where ``center`` is, when the result covers
+at least half of that base's rows or is small (:data:`ALIGNED_TEMP_BYTES`); a larger result over fewer rows gets
+a base of its own rows spread over every rank.
 Operands whose rows do not line up with the result's rows (a row broadcast along axis 0,
 ``x[None, :]``, a single row ``a[3]``) are gathered to every rank first
 (:class:`~.graph.Replicate`) and then read like NumPy operands. A result none of whose distributed operands
