@@ -64,4 +64,35 @@ for da in DISTS:
         x[k + 1:, None, k] = x[k + 1:, None, k] * 1.5
     same(f"after the loop {da}", X, x)
 section("reductions and new axes over moving views")
+n = 13
+c0 = np.cos(np.outer(i2 := np.arange(n, dtype=float), i2 + 0.5) * 0.29) + n * np.eye(n)
+for da in DISTS:                               # aligned local groups over moving windows: one plan, rebound
+    C, c = dnp.from_numpy(c0, dist=da), c0.copy()
+    R = dnp.from_numpy(c0[:, ::-1].copy(), dist=da)
+    r = c0[:, ::-1].copy()
+    before = ctx.stats["plans_rebound"]
+    for k in range(n - 1):
+        C[k + 1:, k:] = C[k + 1:, k:] * 0.75 - R[k + 1:, k:] + C[k + 1:, n - 1 - k, None]
+        c[k + 1:, k:] = c[k + 1:, k:] * 0.75 - r[k + 1:, k:] + c[k + 1:, n - 1 - k, None]
+        R[k:, 1:n - k] = R[k:, 1:n - k] + 0.5 * C[k:, k:n - 1]      # other column offsets, same shape class
+        r[k:, 1:n - k] = r[k:, 1:n - k] + 0.5 * c[k:, k:n - 1]
+        R[k:, ::3] = R[k:, ::3] * 1.25 + C[k:, :n:3]                # strided columns
+        r[k:, ::3] = r[k:, ::3] * 1.25 + c[k:, :n:3]
+        w = 3 if k % 2 and k + 3 <= n else 1                        # a column operand broadcast every other step
+        R[k:, 0:3] = R[k:, 0:3] + C[k:, k:k + w] * 0.125
+        r[k:, 0:3] = r[k:, 0:3] + c[k:, k:k + w] * 0.125
+        R[k:, 0:2] = R[k:, 2:4] * 2.0 - C[k:, 4:6]                  # same rows and program, other columns:
+        r[k:, 0:2] = r[k:, 2:4] * 2.0 - c[k:, 4:6]
+        R[k:, 6:8] = R[k:, 8:10] * 2.0 - C[k:, 10:12]               # one plan, two bindings in one step
+        r[k:, 6:8] = r[k:, 8:10] * 2.0 - c[k:, 10:12]
+        if k % 2 == 0:
+            same(f"moving windows k={k} {da}", C, c)
+            same(f"moving windows R k={k} {da}", R, r)
+    same(f"moving windows after the loop C {da}", C, c)
+    same(f"moving windows after the loop R {da}", R, r)
+    assert ctx.stats["plans_rebound"] > before, ("no aligned local plan was rebound", da)
+    tail = C[n - 3:, 0] * 2.0                  # a small result over few rows stays on its operand's rows
+    assert tail.dist.key == C.dist.key, ("a small result over few rows was laid out apart", tail.dist, C.dist)
+    same(f"small result over few rows {da}", tail, c[n - 3:, 0] * 2.0)
+section("aligned local plans rebound over moving windows")
 print(f"ALL OK ({checks[0]} checks on {size} ranks)", flush=True) if ctx.rank == 0 else None

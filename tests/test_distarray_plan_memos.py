@@ -123,6 +123,7 @@ def test_pivot_steps_over_moving_views_equal_numpy(run_mpi, kernel_cache, n):
     code = (REPO / "tests" / "distarray_plan_memos.py").read_text()
     p = run_mpi(code, n=n, timeout=400, env={"NBMPI_DISTARRAY_CACHE": kernel_cache})
     assert_ok(p)
-    for s in ("pivot steps over moving views, mixed layouts", "reductions and new axes over moving views"):
+    for s in ("pivot steps over moving views, mixed layouts", "reductions and new axes over moving views",
+              "aligned local plans rebound over moving windows"):
         assert f"ok {s}\n" in p.stdout, (s, p.stdout)
     assert f" checks on {n} ranks)" in p.stdout, p.stdout

@@ -114,7 +114,7 @@ class ArrayContext:
         self.evicted: List[Any] = []
         self.stats: Dict[str, int] = dict(flushes=0, recorded=0, groups=0, split=0, inlined=0, dropped=0, swapped=0,
                                           redistributed=0, indexed=0,
-                                          plans_built=0, plan_build_ns=0, plan_hits=0, blocks=0, messages_sent=0, bytes_sent=0,
+                                          plans_built=0, plan_build_ns=0, plan_hits=0, plans_rebound=0, blocks=0, messages_sent=0, bytes_sent=0,
                                           messages_received=0, wait_ns=0, flush_ns=0, collectives=0)
         self.last: Dict[str, Any] = {}
         self.in_flush = False

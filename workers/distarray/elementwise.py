@@ -7,7 +7,9 @@ is computed or communicated here.
 
 Where a result lives: aligned with its first distributed operand whose distributed axis is
 the result's axis 0 (the result's base has that operand's base's rows and distribution, and
-the same row view), so ``0.2 * (center + north + ...)`` is computed where ``center`` is.
+the same row view), so ``0.2 * (center + north + ...)`` is computed where ``center`` is, when the result covers
+at least half of that base's rows or is small (:data:`ALIGNED_TEMP_BYTES`); a larger result over fewer rows gets
+a base of its own rows spread over every rank.
 Operands whose rows do not line up with the result's rows (a row broadcast along axis 0,
 ``x[None, :]``, a single row ``a[3]``) are gathered to every rank first
 (:class:`~.graph.Replicate`) and then read like NumPy operands. A result none of whose distributed operands
@@ -127,6 +129,11 @@ def aligned(leaf: Leaf, space: RowSpace) -> bool:
 #: Bytes of one row of a base up to which gathering part of a single row (``a[3, 2:]``, ``a[3, 2]``) to every rank
 #: gathers the whole row: later reads of the same row recorded before it changes reuse that copy.
 WHOLE_ROW_BYTES = 1 << 16
+#: Bytes up to which a result over few of its leading operand's rows (``a[k+1:, k] / p``) still gets a base of all
+#: that operand's rows, in its distribution (a few unused rows): computed where its operand lies, no message, and
+#: its plan is shared with the next steps' over a moving window (``local_key`` in :mod:`.operations.elementwise`).
+#: Larger results over fewer than half the rows get a base of their own rows, spread over every rank.
+ALIGNED_TEMP_BYTES = 1 << 16
 #: How many of the latest recorded operations are searched for a pending gather of a whole row.
 ROW_LOOKBACK = 16
 
@@ -226,7 +233,7 @@ def _result_of(context, dist_leaves: Sequence[Leaf], shape: Tuple[int, ...], dty
             # laid out exactly like the leading operand's base (a copy back into it can swap buffers)
             base = Base(context, b.shape, dtype, b.dist, temp=True)
             return Leaf(base, View._of(base.shape, lv.entries))
-        if 2 * c >= nb:
+        if 2 * c >= nb or nb * math.prod(shape[1:]) * np.dtype(dtype).itemsize <= ALIGNED_TEMP_BYTES:
             base = Base(context, (nb,) + shape[1:], dtype, b.dist, temp=True)
             ents = (("s", s, t, c),) + tuple([("s", 0, 1, n) for n in shape[1:]])
             return Leaf(base, View._of(base.shape, ents))

@@ -8,6 +8,12 @@ output rows whose operands each come from one place (the local buffer, or one re
 with constant strides, so the kernel reads them in place. Blocks whose operands are all local run
 while the messages are in flight.
 
+Plans are cached by :func:`cache_key` (exact rows and views). An aligned local group (every distributed array on
+the rows computed, no message, no reduction) is cached by :func:`local_key` instead (its shape class, without
+offsets or lengths), and that plan is rebound to each group of the class (:meth:`ElementwisePlan.bound_to`: the
+rows, offsets and blocks recomputed, the addressing and instances shared), so a window that moves every step
+(``M[k+1:, k:]``) does not build a plan per step.
+
 Lowering (:func:`lower`): one send unit per outgoing message, one compute unit per block (waiting
 for the messages it reads), and for reductions the units of :mod:`.reduction`. (What records the
 elementwise operations is :mod:`~..elementwise`; what groups them, :mod:`~..fusion`.)
@@ -29,7 +35,7 @@ from . import reduction
 SlotAccess = Tuple[int, int, int, str]   # (array slot, lo, hi, mode) with mode R / W / A
 _WRITERS = ("out", "red")
 
-__all__ = ["ArrayMeta", "BlockSpec", "ElementwisePlan", "cache_key", "lower", "LOWERINGS"]
+__all__ = ["ArrayMeta", "BlockSpec", "ElementwisePlan", "cache_key", "local_key", "lower", "LOWERINGS"]
 
 
 class ArrayMeta:
@@ -182,6 +188,70 @@ def _dist_meta(v, dtype: np.dtype, sshape: Tuple[int, ...], reduced: Optional[in
     return m
 
 
+def _aligned(leaf: Leaf, space) -> bool:
+    """True if distributed ``leaf`` shows exactly the rows of row space ``space`` in the same distribution (its
+    rows are local wherever the space's are: no message)."""
+    row = leaf.view.row_entry
+    if row is None:
+        same = not space.kept and space.start == 0 and space.step == 1 and space.count == 1
+    elif row[0] == "s":
+        same = space.kept and row[1] == space.start and row[2] == space.step and row[3] == space.count
+    else:
+        same = not space.kept and row[1] == space.start and space.step == 1 and space.count == 1
+    return same and leaf.base.dist.key == space.dist.key
+
+
+def _first_offset(v, replicated: bool) -> int:
+    """The offset of view ``v``'s first element: in the whole base if ``replicated``, else in a local row (the
+    entries after the row entry); what :func:`leaf_meta` puts in ``off0`` / ``trail_off``."""
+    if replicated:
+        ents, es = v.entries, c_strides(v.base_shape)
+    else:
+        ents, es = v.after_row(), c_strides(v.base_shape[1:])
+    off = 0
+    j = 0
+    for e in ents:
+        if e[0] != "n":
+            off += e[1] * es[j]
+            j += 1
+    return off
+
+
+def _skeleton(v) -> Tuple:
+    """View ``v`` without its offsets and with its lengths reduced to 0, 1 or more (what addressing depends on)."""
+    return (v.base_shape, tuple([(e[0], e[2], min(e[3], 2)) if e[0] == "s" else (e[0],) for e in v.entries]))
+
+
+#: Bindings of one aligned local plan kept (:meth:`ElementwisePlan.bound_to`).
+BOUND_MAX = 32
+
+
+def _exact_key(g) -> Tuple:
+    """What a plan of :func:`local_key` rebound to group ``g`` depends on beyond that key: the rows and views."""
+    return (g.space.key, tuple([(obj.out if role == "red" else obj).view.key for role, obj in g.arrays]))
+
+
+def local_key(g, chunk_elems: int) -> Optional[Tuple]:
+    """The key of a plan shared by every aligned local group of the same shape class, or None if ``g`` is not
+    one. Aligned local: no reduction, distributed rows, every distributed array :func:`_aligned` with them (no
+    message on any rank). Its plan differs from another of the same key only in the rows, the offsets and the
+    loop lengths (:meth:`ElementwisePlan.rebound`), so a window that moves every step (``M[k+1:, k:]``) finds it.
+    The same on every rank (no rank in it)."""
+    space = g.space
+    if space.rep:
+        return None
+    descs = []
+    for role, obj in g.arrays:
+        if role == "red":
+            return None
+        rep = obj.base.dist.replicated
+        if not rep and not _aligned(obj, space):
+            return None
+        descs.append((role, rep, obj.dtype.str, _skeleton(obj.view)))
+    return ("ewl", g.program_key, space.dist.key, space.step, space.kept, tuple([min(x, 2) for x in space.shape]),
+            tuple(descs), chunk_elems)
+
+
 #: Compiled kernels by ``(program key, bcast flags, unit inner strides)``: what a :class:`KernelSpec` is made
 #: of (the program key holds the loop depth, the array dtypes, the statements and the reductions).
 _KERNEL_MEMO: Dict[Tuple, Any] = {}
@@ -226,6 +296,8 @@ class ElementwisePlan(Plan):
             if role == "red":
                 pshape = () if obj.axis is None else tuple(space.shape[1:]) if obj.axis == 0 else None
                 self.reds.append((a, obj.op, obj.axis, obj.acc_dtype, pshape))
+        #: each array's offset of its first element (a local row's trailing part for a distributed one)
+        self.offs = [m.off0 if m.kind == "repv" else m.trail_off for m in self.metas]
         self.blocks: List[BlockSpec] = []
         n = space.count
         trail_elems = prod(space.shape[1:])
@@ -235,7 +307,13 @@ class ElementwisePlan(Plan):
                 self._build_rep(n, max_rows)
             else:
                 self._build_dist(group, rank, nranks, n, max_rows)
-        # one compiled kernel per distinct combination of unit inner strides
+        self._link_kernels(group)
+        #: :func:`_exact_key` of the group it was built for, and of the groups it was rebound to, those plans
+        self._ek = _exact_key(group)
+        self._bound: Dict[Tuple, "ElementwisePlan"] = {}
+
+    def _link_kernels(self, group) -> None:
+        """Replace each block's unit-stride flags by its compiled kernel (one per distinct combination)."""
         specs: Dict[Tuple[bool, ...], Any] = {}
         bcasts = tuple([m.bcast for m in self.metas])
         for blk in self.blocks:
@@ -245,6 +323,41 @@ class ElementwisePlan(Plan):
                 k = specs[units] = _kernel_of(group, self.d, bcasts, units)
             blk.kernel = k
         self.kernels = list(specs.values())
+
+    def bound_to(self, group, rank: int, chunk_elems: int) -> Tuple["ElementwisePlan", bool]:
+        """This plan (cached under :func:`local_key`) for ``group``, an aligned local group of the same
+        :func:`local_key`, and whether it was rebound now: the same addressing (``metas``) and instances, the
+        group's rows, offsets and blocks (:meth:`_rebound`). The last :data:`BOUND_MAX` bindings are kept, so a
+        loop over the same views finds its plan as it is. Local, cheap. Called by :func:`lower` only."""
+        ek = _exact_key(group)
+        if ek == self._ek:
+            return self, False
+        p = self._bound.get(ek)
+        if p is not None:
+            return p, False
+        p = self._rebound(group, rank, chunk_elems, ek)
+        if len(self._bound) >= BOUND_MAX:
+            del self._bound[next(iter(self._bound))]       # the oldest binding
+        self._bound[ek] = p
+        return p, True
+
+    def _rebound(self, group, rank: int, chunk_elems: int, ek: Tuple) -> "ElementwisePlan":
+        """A new plan sharing this one's addressing and instances, with ``group``'s rows, offsets and blocks."""
+        p = ElementwisePlan.__new__(ElementwisePlan)
+        p.msgs_in, p.msgs_out, p.instances = [], [], self.instances   # one instance pool, kept by the cached plan
+        p._roles, p.metas, p.reds, p.d, p.rank = self._roles, self.metas, [], self.d, rank
+        space = group.space
+        p.space, p.shape = space, space.shape
+        p.offs = [_first_offset(obj.view, m.kind == "repv") for (_, obj), m in zip(group.arrays, self.metas)]
+        p.blocks = []
+        if prod(space.shape) > 0:
+            max_rows = max(1, chunk_elems // max(1, prod(space.shape[1:])))
+            need_i = any(m.kind == "repv" and m.rows_full for m in self.metas)
+            rp = row_plan(space.dist, space.start, space.step, space.count, (), rank, need_i)
+            p._dist_blocks([], rank, max_rows, rp, {})
+        p._link_kernels(group)
+        p._ek, p._bound = ek, {}          # never asked (only the cached plan is): no reference cycle
+        return p
 
     # -- array addressing -----------------------------------------------------------
     def _meta(self, role: str, obj: Any, space) -> ArrayMeta:
@@ -270,20 +383,9 @@ class ElementwisePlan(Plan):
     def _leaf_meta(self, leaf: Leaf, space, reduced: Optional[int] = None) -> ArrayMeta:
         """The addressing of ``leaf`` (a reduction target missing axis ``reduced`` if given), from the memo
         of :func:`leaf_meta` when the same view was addressed over the same row space before."""
-        b = leaf.base
         v = leaf.view
-        rep = b.dist.replicated
-        if rep:
-            identical = True
-        else:
-            row = v.row_entry
-            if row is None:
-                same = not space.kept and space.start == 0 and space.step == 1 and space.count == 1
-            elif row[0] == "s":
-                same = space.kept and row[1] == space.start and row[2] == space.step and row[3] == space.count
-            else:
-                same = not space.kept and row[1] == space.start and space.step == 1 and space.count == 1
-            identical = same and b.dist.key == space.dist.key
+        rep = leaf.base.dist.replicated
+        identical = rep or _aligned(leaf, space)
         key = (v.key, rep, leaf.dtype, space.shape, reduced, identical)
         m = _META_MEMO.get(key)
         if m is None:
@@ -378,6 +480,7 @@ class ElementwisePlan(Plan):
         access: List[SlotAccess] = []
         units: List[bool] = []
         roles = self._roles
+        offs = self.offs
         for a, m in enumerate(self.metas):
             kind = m.kind
             if kind == "slot":
@@ -390,10 +493,10 @@ class ElementwisePlan(Plan):
                 refs.append((len(tmpl), ("a", a)))
                 tmpl.append(None)
                 if m.rows_full:
-                    tmpl.append(m.off0 + row_i0 * m.st0)
+                    tmpl.append(offs[a] + row_i0 * m.st0)
                     row_stride = row_di * m.st0
                 else:
-                    tmpl.append(m.off0)
+                    tmpl.append(offs[a])
                     row_stride = m.st0
                 trail = m.trail_strides
                 access.append((a, 0, 1 << 62, "W" if roles[a] in _WRITERS else "R"))
@@ -409,7 +512,7 @@ class ElementwisePlan(Plan):
                 l0, dl = locs[a] if (locs is not None and a in locs) else out_locs
                 refs.append((len(tmpl), ("a", a)))
                 tmpl.append(None)
-                tmpl.append(l0 * m.row_elems + m.trail_off)
+                tmpl.append(l0 * m.row_elems + offs[a])
                 row_stride = dl * m.row_elems
                 trail = m.trail_strides
                 lo, hi = (l0, l0 + dl * (cnt - 1) + 1) if dl > 0 else (l0 + dl * (cnt - 1), l0 + 1)
@@ -458,8 +561,13 @@ def lower(fl: Lowering, g: Any, flush_no: int) -> GroupRun:
     """The units of elementwise group ``g`` in flush ``fl``: receives, one send per outgoing message, one
     kernel call per block (each waiting for the messages it reads), then the reductions' units."""
     ctx = fl.ctx
-    plan: ElementwisePlan = ctx.plan(cache_key(g, ctx.chunk_elems),
-                                     lambda: ElementwisePlan(g, fl.rank, fl.size, ctx.chunk_elems))
+    ce = ctx.chunk_elems
+    lk = local_key(g, ce)
+    if lk is None:
+        plan: ElementwisePlan = ctx.plan(cache_key(g, ce), lambda: ElementwisePlan(g, fl.rank, fl.size, ce))
+    else:
+        plan, fresh = ctx.plan(lk, lambda: ElementwisePlan(g, fl.rank, fl.size, ce)).bound_to(g, fl.rank, ce)
+        ctx.stats["plans_rebound"] += fresh
     inst = plan.acquire(ctx, flush_no)
     inst.uses += 1
     bases = [obj.out.base if role == "red" else obj.base for role, obj in g.arrays]
