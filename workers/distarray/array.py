@@ -238,6 +238,7 @@ class DistArray:
         ctx = self.context
         ctx.flush(".local")
         b, v = self._base, self._view
+        b.unshare()          # the user may write into the buffer: no other base may view it
         b.exported = True
         loc = b.ensure()
         if b.replicated:
