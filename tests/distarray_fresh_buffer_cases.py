@@ -11,6 +11,7 @@ arrays take. Checked on every rank, each result against NumPy bit for bit:
 
 Prints ``rank R: NAME ok`` per check, then ``rank R: ALL OK``; a failing check raises.
 """
+import os
 import tracemalloc
 
 import numpy as np
@@ -124,5 +125,32 @@ t = f + 1.0
 check("reads recorded before and after a write", np.array_equal(s.to_numpy(), b0.ravel() * 3)
       and np.array_equal(t.to_numpy(), b0.ravel() + 1) and not a.to_numpy().any())
 del a, f, s, t, g
+
+
+def vm_flags(arr):
+    """The VmFlags of the mapping holding ``arr``'s first byte (Linux), or None."""
+    addr = arr.__array_interface__["data"][0]
+    try:
+        lines = open("/proc/self/smaps").read().splitlines()
+    except OSError:
+        return None
+    inside = False
+    for line in lines:
+        head = line.split()[0]
+        if "-" in head and all(c in "0123456789abcdef-" for c in head):
+            lo, hi = (int(x, 16) for x in head.split("-"))
+            inside = lo <= addr < hi
+        elif inside and line.startswith("VmFlags:"):
+            return line.split()[1:]
+    return None
+
+
+want_flag = {"0": "nh", "1": "hg"}.get(os.environ.get("NBMPI_DISTARRAY_HUGEPAGE", "0"))
+ctx.buffers.clear()
+h = dnp.zeros((P * 2 * 1024, 2048)) + 1.0       # 32 MiB per rank: a mapping of its own
+h.evaluate()
+flags = vm_flags(h._base.local)
+check(f"pool buffer advice {want_flag}", want_flag is None or not os.path.exists("/proc/self/smaps")
+      or (flags is not None and want_flag in flags))
 check("no sharing left", ctx.shared == 0)
 print(f"rank {rank}: ALL OK", flush=True)

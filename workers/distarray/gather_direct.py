@@ -55,7 +55,7 @@ def gather_block(base, root: Optional[int], reason: str) -> Optional[np.ndarray]
     displs[1:] = np.cumsum(counts)[:-1]
     local = base.ensure().reshape(-1).view(np.uint8)
     dest = root is None or rank == root
-    out = np.empty(base.shape, dtype=base.dtype) if dest else None
+    out = np.empty(base.shape, dtype=base.dtype) if dest else None   # the user's: NumPy's own memory
     recv = [out.reshape(-1).view(np.uint8), (counts, displs), MPI.BYTE] if dest else None
     t0 = time.perf_counter_ns()
     if root is None:

@@ -30,6 +30,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 
+from . import pool_memory
 from .distribution import Distribution
 from .indexing import View
 
@@ -91,9 +92,12 @@ class Base:
             shape = self.local_shape()
             arr = self.context.buffers.take(shape, self.dtype)
             if arr is None:
-                arr = np.empty(shape, dtype=self.dtype)
-                if arr.nbytes >= self.context.buffers.min_bytes:
+                nbytes = int(np.prod(shape, dtype=np.int64)) * self.dtype.itemsize
+                if nbytes >= self.context.buffers.min_bytes:
+                    arr = pool_memory.fresh(shape, self.dtype)
                     self.context.buffers.allocated += 1
+                else:
+                    arr = np.empty(shape, dtype=self.dtype)
             self.set_local(arr, pooled=True)
         return self.local
 
