@@ -48,7 +48,7 @@ class Base:
     user got a NumPy view of the local buffer (``.local``): such a base is never swapped.
     ``pooled`` is True while ``local`` is a buffer :meth:`ensure` made (fresh or from the pool), the only
     kind :meth:`release` gives back during a force point (a buffer installed by :meth:`set_local` may be
-    the caller's memory). ``owner``: the base whose local buffer this one's views, read-only, until either is
+    the caller's memory). ``owner``: the base whose local buffer this one views, read-only, until either is
     written (:meth:`share`); ``aliases``: weak references to the bases viewing this one's buffer.
     """
 
@@ -132,9 +132,9 @@ class Base:
     def share(self, owner: "Base") -> None:
         """Make this new base (never allocated, same dtype and local size as ``owner``) view ``owner``'s local
         buffer instead of copying it: copy on write. While shared, both bases count as exported (never
-        released, pooled or swapped by fusion) and ``owner`` stays alive; the context's :meth:`unshare`
-        hook gives this base its own copy before a write to either is recorded or either's ``.local`` is
-        handed out. Local. The caller must have evaluated ``owner`` (no pending write to it) and checked that
+        released, pooled or swapped by fusion) and ``owner`` stays alive; :meth:`unshare` (called by
+        ``ArrayContext.record`` for a recorded write to either, and by ``DistArray.local``) gives this base
+        its own copy first. Local. The caller must have evaluated ``owner`` (no pending write to it) and checked that
         ``owner`` is neither exported nor shared itself."""
         src = owner.ensure()
         self.set_local(src.reshape(self.local_shape()))
