@@ -134,8 +134,8 @@ class Base:
         buffer instead of copying it: copy on write. While shared, both bases count as exported (never
         released, pooled or swapped by fusion) and ``owner`` stays alive; :meth:`unshare` (called by
         ``ArrayContext.record`` for a recorded write to either, and by ``DistArray.local``) gives this base
-        its own copy first. Local. The caller must have evaluated ``owner`` (no pending write to it) and checked that
-        ``owner`` is neither exported nor shared itself."""
+        its own copy first. Local. The caller must have evaluated ``owner`` (no pending write to it) and
+        checked that ``owner`` is neither exported nor shared itself."""
         src = owner.ensure()
         self.set_local(src.reshape(self.local_shape()))
         self.exported = True
