@@ -22,7 +22,7 @@ from typing import Any, Callable, Dict, Iterator, Optional, Tuple
 
 import numpy as np
 
-from . import elementwise, fallback, irregular, matmul_recording, numpy_math, reductions, ufuncs
+from . import elementwise, fallback, gather_direct, irregular, matmul_recording, numpy_math, reductions, ufuncs
 from .distribution import Distribution, make_distribution
 from .context import ArrayContext
 from .errors import DistributionError, ShapeError, UnsupportedOperation
@@ -178,6 +178,8 @@ class DistArray:
             return np.array(self._base.ensure()[self._view.numpy_index()], copy=True)
         if root is not None and not 0 <= root < ctx.size:
             raise ValueError(f"to_numpy: root {root} is not a rank of the communicator (0..{ctx.size - 1})")
+        if gather_direct.applies(self._base, self._view):    # the local blocks are the result's bytes in order
+            return gather_direct.gather_block(self._base, root, _reason)
         rep = elementwise.replicate_leaf(ctx, self._leaf(), "to_numpy()" if root is None else
                                          f"to_numpy(root={root})", root=root)
         keep = DistArray(rep.base, rep.view)  # read below: it must not look dead to the fusion pass
@@ -236,6 +238,7 @@ class DistArray:
         ctx = self.context
         ctx.flush(".local")
         b, v = self._base, self._view
+        b.unshare()          # the user may write into the buffer: no other base may view it
         b.exported = True
         loc = b.ensure()
         if b.replicated:

@@ -119,6 +119,9 @@ class ArrayContext:
         self.last: Dict[str, Any] = {}
         self.in_flush = False
         self.buffers = BufferCache()
+        #: Bases viewing another base's buffer (``Base.share``): while nonzero, :meth:`record` ends the sharing
+        #: of a base before a write to it is recorded.
+        self.shared = 0
         #: Aggregators of the irregular copies (:mod:`~.irregular`), per role and item type, reused.
         self.aggregators: Dict[Any, Any] = {}
 
@@ -155,7 +158,10 @@ class ArrayContext:
 
     # -- recording and forcing --------------------------------------------------------
     def record(self, task: Task) -> None:
-        """Append ``task`` to the pending list. Local."""
+        """Append ``task`` to the pending list (a base it writes stops sharing its buffer first). Local."""
+        if self.shared:
+            for w in task.writes():
+                w.base.unshare()
         self.pending.append(task)
         self.stats["recorded"] += 1
 

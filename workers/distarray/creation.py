@@ -81,8 +81,11 @@ def ones(shape, dtype=np.float64, dist="block", comm=None) -> DistArray:
 
 
 def empty(shape, dtype=np.float64, dist="block", comm=None) -> DistArray:
-    """A new uninitialized array. Local."""
-    return _filled(shape, dtype, dist, comm, lambda s, d: np.empty(s, dtype=d))
+    """A new uninitialized array. Local. Its local buffer is taken on first use, from a dead base of the same
+    local shape when the pool holds one (``concatenate``'s result, a grid's stacked form that is never used
+    as a whole, fault in no pages up front)."""
+    b, _ = _new(shape, dtype, dist, comm, "")
+    return DistArray(b, View.full(b.shape))
 
 
 def full(shape, fill_value, dtype=None, dist="block", comm=None) -> DistArray:

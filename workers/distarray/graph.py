@@ -24,11 +24,13 @@ both are computed only when needed.
 from __future__ import annotations
 
 import struct
+import weakref
 import zlib
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 
+from . import pool_memory
 from .distribution import Distribution
 from .indexing import View
 
@@ -46,11 +48,13 @@ class Base:
     user got a NumPy view of the local buffer (``.local``): such a base is never swapped.
     ``pooled`` is True while ``local`` is a buffer :meth:`ensure` made (fresh or from the pool), the only
     kind :meth:`release` gives back during a force point (a buffer installed by :meth:`set_local` may be
-    the caller's memory).
+    the caller's memory). ``owner``: the base whose local buffer this one views, read-only, until either is
+    written (:meth:`share`); ``aliases``: weak references to the bases viewing this one's buffer.
     """
 
     __slots__ = ("context", "serial", "shape", "dtype", "dist", "local", "flat", "nviews", "exported",
-                 "temp", "origin", "origin_code", "pooled", "replicated", "sig_head", "__weakref__")
+                 "temp", "origin", "origin_code", "pooled", "replicated", "sig_head", "owner", "aliases",
+                 "__weakref__")
 
     def __init__(self, context, shape: Tuple[int, ...], dtype: np.dtype, dist: Distribution, temp: bool = False,
                  origin: str = ""):
@@ -67,6 +71,8 @@ class Base:
         self.exported = False
         self.pooled = False
         self.temp = temp
+        self.owner: Optional["Base"] = None
+        self.aliases: Optional[List[Any]] = None
         self.origin = origin
         self.origin_code = zlib.crc32(origin.encode()) if origin else 0
         #: the start of the signature of a Leaf of this base (see node_sig; nothing in it ever changes)
@@ -86,9 +92,12 @@ class Base:
             shape = self.local_shape()
             arr = self.context.buffers.take(shape, self.dtype)
             if arr is None:
-                arr = np.empty(shape, dtype=self.dtype)
-                if arr.nbytes >= self.context.buffers.min_bytes:
+                nbytes = int(np.prod(shape, dtype=np.int64)) * self.dtype.itemsize
+                if nbytes >= self.context.buffers.min_bytes:
+                    arr = pool_memory.fresh(shape, self.dtype)
                     self.context.buffers.allocated += 1
+                else:
+                    arr = np.empty(shape, dtype=self.dtype)
             self.set_local(arr, pooled=True)
         return self.local
 
@@ -113,10 +122,55 @@ class Base:
 
     def __del__(self) -> None:
         try:
-            if self.local is not None and not self.exported:
+            if self.owner is not None:
+                self.owner._drop_alias(self)
+            elif self.local is not None and not self.exported:
                 self.context.buffers.give(self.local)
         except Exception:  # noqa: BLE001 - interpreter shutdown
             pass
+
+    def share(self, owner: "Base") -> None:
+        """Make this new base (never allocated, same dtype and local size as ``owner``) view ``owner``'s local
+        buffer instead of copying it: copy on write. While shared, both bases count as exported (never
+        released, pooled or swapped by fusion) and ``owner`` stays alive; :meth:`unshare` (called by
+        ``ArrayContext.record`` for a recorded write to either, and by ``DistArray.local``) gives this base
+        its own copy first. Local. The caller must have evaluated ``owner`` (no pending write to it) and
+        checked that ``owner`` is neither exported nor shared itself."""
+        src = owner.ensure()
+        self.set_local(src.reshape(self.local_shape()))
+        self.exported = True
+        self.owner = owner
+        if owner.aliases is None:
+            owner.aliases = []
+        owner.aliases.append(weakref.ref(self))
+        owner.exported = True
+        self.context.shared += 1
+
+    def unshare(self) -> None:
+        """End every sharing this base is part of (:meth:`share`): each base viewing another's buffer gets a
+        copy of it of its own (from the pool when a dead base left one). Local, not blocking; only between
+        force points (no unit may be reading the buffers)."""
+        if self.owner is not None:
+            view = self.local
+            owner = self.owner
+            self.local = self.flat = None
+            self.exported = False
+            np.copyto(self.ensure(), view)
+            owner._drop_alias(self)
+        if self.aliases:
+            for ref in list(self.aliases):
+                alias = ref()
+                if alias is not None:
+                    alias.unshare()
+
+    def _drop_alias(self, alias: "Base") -> None:
+        """``alias`` no longer views this base's buffer (it died or got its own copy)."""
+        alias.owner = None
+        self.aliases = [r for r in (self.aliases or ()) if r() is not None and r() is not alias]
+        self.context.shared -= 1
+        if not self.aliases:
+            self.aliases = None
+            self.exported = False
 
     def set_local(self, arr: np.ndarray, pooled: bool = False) -> None:
         """Install ``arr`` (C-contiguous, local shape, dtype) as the local buffer; ``pooled``: it was made by

@@ -22,11 +22,18 @@ __all__ = ["linspace", "logspace", "geomspace", "meshgrid", "indices", "identity
 def _from_rows(shape: Any, dtype: Any, dist: Any, comm: Any, fill: Callable[[np.ndarray], np.ndarray],
                origin: str) -> DistArray:
     """A new array of ``shape`` whose local block is ``fill(rows)``, ``rows`` the global indices
-    (axis 0) this rank owns. Local."""
+    (axis 0) this rank owns. Local. A ``fill`` result that is already a C-contiguous array of its own of the
+    dtype and local shape becomes the local buffer; any other (a broadcast view, as ``mgrid``'s) is copied
+    into a pooled buffer (a dead base's of the same shape when there is one: no fresh pages)."""
     b, ctx = _new(_shape(shape), dtype, dist, comm, origin)
     rows = b.dist.global_rows(ctx.rank) if b.shape else np.zeros(1, dtype=np.int64)
-    local = np.ascontiguousarray(fill(rows), dtype=b.dtype).reshape(b.local_shape())
-    b.set_local(local)
+    vals = fill(rows)
+    lshape = b.local_shape()
+    if (isinstance(vals, np.ndarray) and vals.base is None and vals.flags.c_contiguous and vals.dtype == b.dtype
+            and vals.shape == lshape):
+        b.set_local(vals)
+    else:
+        np.copyto(b.ensure(), np.asarray(vals).reshape(lshape), casting="unsafe")
     return DistArray(b, View.full(b.shape))
 
 

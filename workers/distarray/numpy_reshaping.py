@@ -9,7 +9,7 @@ to one rank. ``nonzero`` takes each rank's local nonzeros, numbers them by an ex
 puts them in C order (by the sample sort of :mod:`.numpy_sorting` unless the rows are block-distributed in
 increasing order, when the scan already is that order). ``reshape``/``ravel`` of a whole block-distributed
 array whose ranks hold the same flat ranges before and after (e.g. an even number of rows on 2 ranks) exchange
-nothing: each rank copies its block into a pooled buffer. Results take the input's layout (block for a
+nothing: each rank's result views its block, copy-on-write. Results take the input's layout (block for a
 replicated input). Collective over the array's communicator and blocking (a force point); call SPMD with
 the same arguments. Orders other than C go through the NumPy fallback.
 """
@@ -54,8 +54,9 @@ def _flat_of(rows: np.ndarray, inner: int) -> np.ndarray:
 def _reshape_in_place(a: DistArray, new: Tuple[int, ...]) -> Any:
     """``a`` reshaped to ``new`` when no element changes rank: ``a`` is a whole block-distributed array and every
     rank's flat range (rows times row length) is the same under ``a``'s layout and under the result's block
-    layout (decided from the shapes alone, the same on every rank). Then each rank copies its block into the
-    result's local buffer (from the pool when a dead array left one). None when elements would move.
+    layout (decided from the shapes alone, the same on every rank). Then each rank's result views its block of ``a``
+    copy-on-write (``Base.share``: a copy is made only when either array is written later; a copy into a pooled
+    buffer when ``a`` is exported or itself a view). None when elements would move.
     Collective (a force point), blocking."""
     ctx = a.context
     d = a.dist
@@ -69,9 +70,12 @@ def _reshape_in_place(a: DistArray, new: Tuple[int, ...]) -> Any:
         if a0 * ia != r0 * ir or a1 * ia != r1 * ir:
             return None
     ctx.flush("reshape")
-    src = a._base.ensure()
+    src = a._base
     b = Base(ctx, new, a.dtype, rd, origin="reshape")
-    np.copyto(b.ensure().reshape(-1), src.reshape(-1))
+    if src.exported or src.owner is not None:
+        np.copyto(b.ensure().reshape(-1), src.ensure().reshape(-1))
+    else:
+        b.share(src)      # copy on write: the copy is made only if either array is written later
     return DistArray(b, View.full(new))
 
 

@@ -1,0 +1,72 @@
+"""``to_numpy`` of a whole block-distributed array without staging buffers.
+
+A whole block-distributed array is already, rank after rank, the C-order bytes of the NumPy result: rank
+``q``'s local buffer is the byte range ``[lo_q * row, hi_q * row)`` of it. So after the force point each
+rank hands its local buffer straight to one ``Iallgatherv`` (``Igatherv`` to a root) whose receive buffer
+is the result itself: no packing copy, no receive arena, no plan kept in the context (fewer fresh pages
+on a first run, one copy fewer on every run). Other layouts and views go through the recorded gather
+(:mod:`.operations.gather`).
+"""
+from __future__ import annotations
+
+import time
+from typing import Optional
+
+import numpy as np
+
+from ..core import runtime, waiting
+from ..tracing import tracer as tracing
+from .errors import DistArrayTimeout
+
+__all__ = ["applies", "gather_block"]
+
+K_GATHER = tracing.register_kind("distarray_gather_direct")
+#: the largest per-rank byte count one MPI count can hold
+_MAX_COUNT = (1 << 31) - 1
+
+
+def applies(base, view) -> bool:
+    """Whether :func:`gather_block` handles ``base`` seen through ``view``: a whole, non-empty,
+    block-distributed array whose per-rank byte counts fit an MPI count. Local; the same on every rank
+    (it depends on shapes and the layout only)."""
+    if base.replicated or not view.is_full or base.dist.kind != "block" or not base.shape:
+        return False
+    row = int(np.prod(base.shape[1:], dtype=np.int64)) * base.dtype.itemsize
+    d = base.dist
+    sizes = [(d.block_range(q)[1] - d.block_range(q)[0]) * row for q in range(base.context.size)]
+    return 0 < sum(sizes) and max(sizes) <= _MAX_COUNT
+
+
+def gather_block(base, root: Optional[int], reason: str) -> Optional[np.ndarray]:
+    """The whole array ``base`` (see :func:`applies`) as a new C-contiguous NumPy array on every rank
+    (``root=None``) or on ``root`` only (the others get None). Collective over the base's communicator:
+    every rank calls it with the same arguments; it is a force point (``ctx.flush(reason)`` first), then
+    blocks in the gather, waited with the context's timeout (:class:`~.errors.DistArrayTimeout` names the
+    rank, the root and the operation)."""
+    ctx = base.context
+    ctx.flush(reason)
+    ctx.ensure_comm()
+    MPI = runtime.MPI()
+    rank, size = ctx.rank, ctx.size
+    row = int(np.prod(base.shape[1:], dtype=np.int64)) * base.dtype.itemsize
+    counts = np.array([(base.dist.block_range(q)[1] - base.dist.block_range(q)[0]) * row for q in range(size)],
+                      dtype=np.int64)
+    displs = np.zeros(size, dtype=np.int64)
+    displs[1:] = np.cumsum(counts)[:-1]
+    local = base.ensure().reshape(-1).view(np.uint8)
+    dest = root is None or rank == root
+    out = np.empty(base.shape, dtype=base.dtype) if dest else None   # the user's: NumPy's own memory
+    recv = [out.reshape(-1).view(np.uint8), (counts, displs), MPI.BYTE] if dest else None
+    t0 = time.perf_counter_ns()
+    if root is None:
+        req = ctx.dcomm.Iallgatherv([local, MPI.BYTE], recv)
+        op = f"{reason}: allgather of {base.name()}"
+    else:
+        req = ctx.dcomm.Igatherv([local, MPI.BYTE], recv, root=root)
+        op = f"{reason}: gather of {base.name()} to rank {root}"
+    waiting.wait(req, ctx.timeout, rank, root, op, DistArrayTimeout, cancellable=False)
+    tr = tracing.get_tracer()
+    if tr.enabled:
+        tr.record(K_GATHER, tracing.DIR_NONE, -1 if root is None else root, 0, int(counts.sum()) if dest else
+                  local.nbytes, t0, time.perf_counter_ns(), wait=-1, seq=ctx.flush_no, chan=ctx.chan, count=size)
+    return out
