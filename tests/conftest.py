@@ -55,6 +55,19 @@ def assert_ok(proc) -> None:
     assert proc.returncode == 0, f"exit {proc.returncode}\nSTDOUT:\n{proc.stdout}\nSTDERR:\n{proc.stderr}"
 
 
+def run_sections(run_mpi, kernel_cache: str, script: str, n: int, sections, timeout: float = 300):
+    """Run ``tests/<script>`` on ``n`` ranks with the suite's kernel cache; fail unless it exits 0, prints
+    ``ok <section>`` for every one of ``sections`` and its closing count ``... checks on <n> ranks)``.
+    Returns the finished process (for further checks)."""
+    code = (REPO / "tests" / script).read_text()
+    p = run_mpi(code, n=n, timeout=timeout, env={"NBMPI_DISTARRAY_CACHE": kernel_cache})
+    assert_ok(p)
+    for s in sections:
+        assert f"ok {s}\n" in p.stdout, (s, p.stdout)
+    assert f" checks on {n} ranks)" in p.stdout, p.stdout
+    return p
+
+
 SHM = Path("/dev/shm")
 
 

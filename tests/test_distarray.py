@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from conftest import REPO, assert_ok
+from conftest import REPO, assert_ok, run_sections
 from notebook_outputs import notebook_outputs
 
 SECTIONS = ["constructors, to_numpy, from_numpy(root), .local, .dist",
@@ -29,12 +29,8 @@ ERROR_CASES = ["shapes", "assignment shape", "distributions on different communi
 
 @pytest.mark.parametrize("n", [2, 3])
 def test_every_operation_equals_numpy_on_every_distribution(run_mpi, kernel_cache, n):
-    code = (REPO / "tests" / "distarray_cases.py").read_text()
-    p = run_mpi(code, n=n, timeout=300, env={"NBMPI_DISTARRAY_CACHE": kernel_cache})
-    assert_ok(p)
-    for s in SECTIONS:
-        assert f"ok {s}\n" in p.stdout, (s, p.stdout)
-    assert "ALL OK (" in p.stdout and f" checks on {n} ranks)" in p.stdout, p.stdout
+    p = run_sections(run_mpi, kernel_cache, "distarray_cases.py", n, SECTIONS)
+    assert "ALL OK (" in p.stdout, p.stdout
 
 
 @pytest.mark.parametrize("n", [2, 3])

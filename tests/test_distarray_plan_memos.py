@@ -10,10 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import REPO, assert_ok
+from conftest import run_sections
 from nbmpi.workers.distarray import row_runs
 from nbmpi.workers.distarray.distribution import Distribution
-from nbmpi.workers.distarray.indexing import View, c_strides
+from nbmpi.workers.distarray.indexing import View
 from nbmpi.workers.distarray.operations.elementwise import leaf_meta
 from nbmpi.workers.distarray.plans import prod
 
@@ -120,10 +120,6 @@ def test_row_plan_memo_gives_each_rank_its_own_plan(nranks, kind, n, ops_desc, s
 
 @pytest.mark.parametrize("n", [1, 2, 3])
 def test_pivot_steps_over_moving_views_equal_numpy(run_mpi, kernel_cache, n):
-    code = (REPO / "tests" / "distarray_plan_memos.py").read_text()
-    p = run_mpi(code, n=n, timeout=400, env={"NBMPI_DISTARRAY_CACHE": kernel_cache})
-    assert_ok(p)
-    for s in ("pivot steps over moving views, mixed layouts", "reductions and new axes over moving views",
-              "aligned local plans rebound over moving windows"):
-        assert f"ok {s}\n" in p.stdout, (s, p.stdout)
-    assert f" checks on {n} ranks)" in p.stdout, p.stdout
+    run_sections(run_mpi, kernel_cache, "distarray_plan_memos.py", n,
+                 ("pivot steps over moving views, mixed layouts", "reductions and new axes over moving views",
+                  "aligned local plans rebound over moving windows"), timeout=400)

@@ -9,7 +9,7 @@ import itertools
 import numpy as np
 import pytest
 
-from conftest import REPO, assert_ok
+from conftest import run_sections
 from nbmpi.workers.distarray.distribution import Distribution
 from nbmpi.workers.distarray.elementwise import dist_of, rows_of
 from nbmpi.workers.distarray.indexing import View
@@ -95,13 +95,9 @@ def test_shared_distributions_place_rows_as_fresh_ones(kind, block):
 
 @pytest.mark.parametrize("n", [1, 2, 3])
 def test_recording_shortcuts_give_numpy_results(run_mpi, kernel_cache, n):
-    code = (REPO / "tests" / "distarray_recording.py").read_text()
-    p = run_mpi(code, n=n, timeout=600, env={"NBMPI_DISTARRAY_CACHE": kernel_cache})
-    assert_ok(p)
-    for s in ("elimination steps on views whose offsets change", "LU recorded whole",
-              "small views, row broadcasts, overlapping assignments, dtypes", "messages and texts"):
-        assert f"ok {s}\n" in p.stdout, (s, p.stdout)
-    assert f" checks on {n} ranks)" in p.stdout, p.stdout
+    run_sections(run_mpi, kernel_cache, "distarray_recording.py", n,
+                 ("elimination steps on views whose offsets change", "LU recorded whole",
+                  "small views, row broadcasts, overlapping assignments, dtypes", "messages and texts"), timeout=600)
 
 
 def test_assign_writes_only_its_target():

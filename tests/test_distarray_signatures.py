@@ -18,7 +18,7 @@ import pytest
 
 import nbmpi.workers.distarray as dnp
 from nbmpi.workers.distarray import graph
-from nbmpi.workers.distarray.graph import Const, Leaf, Op, leaves, node_sig, substitute
+from nbmpi.workers.distarray.graph import Const, Op, leaves, node_sig, substitute
 
 DISTS = ["block", "cyclic", ("block-cyclic", 2)]
 

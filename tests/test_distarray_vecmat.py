@@ -5,15 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import REPO, assert_ok
+from conftest import run_sections
 
 
 @pytest.mark.parametrize("n", [1, 2, 3])
 def test_vecmat_equals_numpy_on_every_distribution_and_view(run_mpi, kernel_cache, n):
-    code = (REPO / "tests" / "distarray_vecmat.py").read_text()
-    p = run_mpi(code, n=n, timeout=300, env={"NBMPI_DISTARRAY_CACHE": kernel_cache})
-    assert_ok(p)
-    for s in ("v @ B on every distribution, every view of the rows", "int64, float32 and mixed dtypes",
-              "products reading rows written before them"):
-        assert f"ok {s}\n" in p.stdout, (s, p.stdout)
-    assert f" checks on {n} ranks)" in p.stdout, p.stdout
+    run_sections(run_mpi, kernel_cache, "distarray_vecmat.py", n,
+                 ("v @ B on every distribution, every view of the rows", "int64, float32 and mixed dtypes",
+                  "products reading rows written before them"))
