@@ -167,10 +167,12 @@ class ElementwiseGroup:
                 res = (v, node.dtype.str)
             else:
                 args = [emit(a, memo) for a in node.args]
-                v = new_var()
-                stmts.append(("op", v, node.name, tuple(x[0] for x in args), tuple(x[1] for x in args),
-                              tuple(d.str for d in node.in_dtypes), node.dtype.str))
-                res = (v, node.dtype.str)
+                counter[0] += 1
+                v = counter[0]
+                dt = node.dtype.str
+                stmts.append(("op", v, node.name, tuple([x[0] for x in args]), tuple([x[1] for x in args]),
+                              tuple([d.str for d in node.in_dtypes]), dt))
+                res = (v, dt)
             memo[id(node)] = res
             return res
 
@@ -283,10 +285,9 @@ def _inline(tasks: List[Task], alive: List[bool], readers: Dict[int, set], write
         b = t.out.base
         if not _dead(b) or writers[b.serial] != {idx} or t.expr.shape != t.out.view.shape:
             continue
-        rd = sorted(k for k in readers[b.serial] if alive[k] and k > idx)
-        if len(rd) != 1 or any(k < idx for k in readers[b.serial] if alive[k] and k != idx):
+        r = _only_later_reader(readers[b.serial], alive, idx)
+        if r < 0:
             continue
-        r = rd[0]
         rt = tasks[r]
         if not isinstance(rt, (Assign, Reduce)) or rt.space.rep != t.space.rep:
             continue
@@ -308,6 +309,19 @@ def _inline(tasks: List[Task], alive: List[bool], readers: Dict[int, set], write
             readers[s].add(r)
         readers[b.serial].discard(r)
     return count
+
+
+def _only_later_reader(readers: set, alive: List[bool], idx: int) -> int:
+    """The position of the one alive task after ``idx`` among ``readers``, or -1 if there is none, or more than
+    one, or an alive reader before ``idx``."""
+    r = -1
+    for k in readers:
+        if k == idx or not alive[k]:
+            continue
+        if k < idx or r >= 0:
+            return -1
+        r = k
+    return r
 
 
 def _written_between(order: Dict[int, List[int]], serial: int, writers: Dict[int, set], alive: List[bool],
