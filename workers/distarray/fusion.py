@@ -255,20 +255,26 @@ def _hoist_replicates(tasks: List[Task]) -> List[Task]:
 def optimize(tasks: List[Task]) -> Tuple[List[Any], Dict[str, int]]:
     """Rewrite the recorded ``tasks`` (see the module doc) into groups. Local, deterministic."""
     recorded = len(tasks)
-    tasks, split = split_pieces(_hoist_replicates(list(tasks)))
+    if any(isinstance(t, Replicate) for t in tasks):
+        tasks = _hoist_replicates(list(tasks))
+    tasks, split = split_pieces(tasks)
     n = len(tasks)
     alive = [True] * n
     stats = dict(recorded=recorded, split=split, inlined=0, dropped=0, swapped=0, redistributed=0)
     readers: Dict[int, set] = defaultdict(set)
     writers: Dict[int, set] = defaultdict(set)
+    dying = False     # some task writes a base the user cannot see: else inlining and dropping change nothing
     for k, t in enumerate(tasks):
         for l in t.reads():
             readers[l.base.serial].add(k)
         for w in t.writes():
             writers[w.base.serial].add(k)
-    stats["inlined"] = _inline(tasks, alive, readers, writers)
-    stats["dropped"] = _drop_dead(tasks, alive)
-    stats["swapped"] = _swap_copy_backs(tasks, alive, readers, writers)
+            if not dying and _dead(w.base):
+                dying = True
+    if dying:
+        stats["inlined"] = _inline(tasks, alive, readers, writers)
+        stats["dropped"] = _drop_dead(tasks, alive)
+    stats["swapped"] = _swap_copy_backs(tasks, alive, readers, writers)   # its temporary may come from a past flush
     stats["redistributed"] = _redistribute_copies(tasks, alive)
     groups = _group(tasks, alive)
     stats["groups"] = len(groups)
