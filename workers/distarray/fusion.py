@@ -134,9 +134,10 @@ class ElementwiseGroup:
         consts: List[Const] = []
         stmts: List[Tuple] = []
         reductions: List[Tuple] = []
-        written: Dict[Any, Tuple[int, str]] = {}
-        loaded: Dict[Any, Tuple[int, str]] = {}
+        known: Dict[Any, Tuple[int, str]] = {}     # leaf key -> its value: the last store, else its load
+        adts: List[str] = []     # array_dtype of each array, as they are added
         counter = [0]
+        dstr = _dtype_str
 
         def new_var() -> int:
             counter[0] += 1
@@ -149,29 +150,28 @@ class ElementwiseGroup:
             tn = type(node)
             if tn is Leaf:
                 k = (node.base.serial, node.view.key)
-                if k in written:
-                    res = written[k]
-                elif k in loaded:
-                    res = loaded[k]
-                else:
+                res = known.get(k)
+                if res is None:
                     a = len(arrays)
                     arrays.append(("leaf", node))
+                    dt = dstr(node.dtype)
+                    adts.append(dt)
                     v = new_var()
                     stmts.append(("ld", v, a))
-                    res = loaded[k] = (v, node.dtype.str)
+                    res = known[k] = (v, dt)
             elif tn is Const:
                 s = len(consts)
                 consts.append(node)
                 v = new_var()
                 stmts.append(("sc", v, s))
-                res = (v, node.dtype.str)
+                res = (v, dstr(node.dtype))
             else:
                 args = [emit(a, memo) for a in node.args]
                 counter[0] += 1
                 v = counter[0]
-                dt = node.dtype.str
+                dt = dstr(node.dtype)
                 stmts.append(("op", v, node.name, tuple([x[0] for x in args]), tuple([x[1] for x in args]),
-                              tuple([d.str for d in node.in_dtypes]), dt))
+                              tuple([dstr(d) for d in node.in_dtypes]), dt))
                 res = (v, dt)
             memo[id(node)] = res
             return res
@@ -184,26 +184,27 @@ class ElementwiseGroup:
                     a = len(arrays)
                     arrays.append(("out", t.out))
                     stmts.append(("st", a, v, dt))
-                    odt = t.out.dtype.str
+                    odt = dstr(t.out.dtype)
+                    adts.append(odt)
                     if dt != odt:
                         v2 = new_var()
                         stmts.append(("op", v2, "cast", (v,), (dt,), (dt,), odt))
-                        written[t.out.key] = (v2, odt)
+                        known[t.out.key] = (v2, odt)
                     else:
-                        written[t.out.key] = (v, dt)
+                        known[t.out.key] = (v, dt)
                 else:
                     a = len(arrays)
                     arrays.append(("red", t))
+                    acc = dstr(t.acc_dtype)
+                    adts.append(acc if t.axis is None or t.axis == 0 else dstr(t.out.dtype))
                     r = len(reductions)
-                    reductions.append((t.op, t.axis, t.acc_dtype.str, a))
+                    reductions.append((t.op, t.axis, acc, a))
                     stmts.append(("rd", r, v, dt))
         finally:   # emit refers to itself through its closure: break that cycle, or the leaves it saw
             emit = None  # (and their buffers) would live until the garbage collector runs
         self.arrays, self.consts, self.stmts, self.reductions = arrays, consts, stmts, reductions
-        dtypes = tuple([(obj.acc_dtype.str if obj.axis is None or obj.axis == 0 else obj.out.dtype.str)
-                        if role == "red" else obj.dtype.str for role, obj in arrays])   # array_dtype of each
-        self.program_key = (len(self.space.shape), dtypes,
-                            tuple(r[0] for r in arrays), tuple(stmts), tuple(reductions))
+        self.program_key = (len(self.space.shape), tuple(adts),
+                            tuple([r[0] for r in arrays]), tuple(stmts), tuple(reductions))
 
     def array_dtype(self, a: int) -> str:
         """dtype (``.str``) of kernel array ``a``."""
@@ -216,6 +217,18 @@ class ElementwiseGroup:
 
     def stmt_count(self) -> int:
         return sum(_count_nodes(t.expr) for t in self.tasks)
+
+
+#: ``dtype.str`` by dtype (building the text costs several times a dict lookup; a program has a few dtypes).
+_DTYPE_STR: Dict[Any, str] = {}
+
+
+def _dtype_str(d) -> str:
+    """``d.str``, memoised."""
+    s = _DTYPE_STR.get(d)
+    if s is None:
+        s = _DTYPE_STR[d] = d.str
+    return s
 
 
 def _count_nodes(node) -> int:
