@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from typing import Dict, List, Set, Tuple
 
+import pytest
 from hypothesis import given, settings, strategies as st
 
-from nbmpi.workers.distarray.dependencies import AccessIndex, order_units
+from nbmpi.workers.distarray.dependencies import PAIRWISE_ACCESSES, AccessIndex, order_units
 from nbmpi.workers.distarray.units import FULL, GroupRun, Unit
 
 
@@ -79,11 +80,12 @@ def _runs(spec) -> List[GroupRun]:
     return runs
 
 
-@settings(max_examples=400, deadline=None)
-@given(st.lists(_group, min_size=1, max_size=9))
-def test_index_orders_exactly_the_conflicting_pairs(spec):
+@pytest.mark.parametrize("pairwise", [0, PAIRWISE_ACCESSES, 10 ** 6], ids=["index", "default", "pairs"])
+@settings(max_examples=300, deadline=None)
+@given(spec=st.lists(_group, min_size=1, max_size=9))
+def test_index_orders_exactly_the_conflicting_pairs(pairwise, spec):
     runs = _runs(spec)
-    order_units(runs)
+    order_units(runs, pairwise)
     made = _edges(runs)
     conflicting = _quadratic(runs)
     colls = [r.coll for r in runs if r.coll is not None]
@@ -108,7 +110,7 @@ def test_a_writer_replaces_what_it_overwrites():
         run = GroupRun(u.label)
         run.computes = [u]
         runs.append(run)
-    order_units(runs)
+    order_units(runs, pairwise_accesses=0)   # the index (a small flush is ordered pair by pair)
     assert w2 in w1.dependents and r not in w1.dependents
     assert r in w2.dependents and r in w3.dependents and r.ndeps == 2
 
@@ -129,3 +131,35 @@ def test_readers_and_accumulators_since_the_last_write():
     assert idx.prerequisites(((4, 6, 7, "R"),)) == [a1]
     assert idx.prerequisites(((4, 4, 5, "W"),)) == [r1, r2, a1]
     assert idx.prerequisites(((5, 0, FULL, "W"),)) == []
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_group, min_size=1, max_size=6))
+def test_a_small_flush_pairs_every_conflicting_pair(spec):
+    """Ordered pair by pair, every conflicting pair of units gets its own edge, and no other pair."""
+    runs = _runs(spec)
+    order_units(runs, 10 ** 6)
+    colls = [r.coll for r in runs if r.coll is not None]
+    chain = {(id(a), id(b)) for a, b in zip(colls, colls[1:])}
+    assert _edges(runs) - chain == _quadratic(runs) - chain
+
+
+def test_a_small_flush_takes_the_pairwise_path():
+    """A flush of a few groups within :data:`PAIRWISE_ACCESSES` is ordered pair by pair (the reader of rows
+    written twice waits for both writers), a larger one through the index (only for the last writer)."""
+    def runs_of(n_extra):
+        us = [Unit("compute", lambda: None, "w1", ((1, 0, 10, "W"),)),
+              Unit("compute", lambda: None, "w2", ((1, 0, 10, "W"),)),
+              Unit("compute", lambda: None, "r", ((1, 5, 11, "R"),) + ((2, 0, 1, "R"),) * n_extra)]
+        out = []
+        for u in us:
+            run = GroupRun(u.label)
+            run.computes = [u]
+            out.append(run)
+        return us, out
+    (w1, w2, r), runs = runs_of(0)
+    order_units(runs)
+    assert r in w1.dependents and r in w2.dependents and r.ndeps == 2
+    (w1, w2, r), runs = runs_of(PAIRWISE_ACCESSES)
+    order_units(runs)
+    assert r not in w1.dependents and r in w2.dependents and r.ndeps == 1

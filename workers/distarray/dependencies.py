@@ -22,7 +22,7 @@ from typing import Dict, List, Optional, Sequence
 
 from .units import Access, GroupRun, Unit, after
 
-__all__ = ["AccessIndex", "order_units"]
+__all__ = ["AccessIndex", "order_units", "PAIRWISE_ACCESSES"]
 
 
 class _Rows:
@@ -141,11 +141,30 @@ class AccessIndex:
 _CONFLICTS = {"R": (1, 3), "W": (1, 2, 3), "A": (1, 2)}
 
 
-def order_units(runs: Sequence[GroupRun]) -> None:
+#: A flush whose units declare at most this many accesses in all is ordered pair by pair (:func:`_order_pairs`):
+#: for the few groups of a small flush (a pivot step) that costs less than building the index.
+PAIRWISE_ACCESSES = 48
+
+
+def order_units(runs: Sequence[GroupRun], pairwise_accesses: int = PAIRWISE_ACCESSES) -> None:
     """Make each unit of ``runs`` (one flush's groups, in program order) wait for the units of earlier
     groups it conflicts with (see the module doc), and each group's collective for the previous one's
     (every rank starts them in the same order). Called by the scheduler, with latency hiding, before
-    any unit runs."""
+    any unit runs. A flush with at most ``pairwise_accesses`` accesses in all is ordered pair by pair
+    (every conflicting pair gets its own edge: the same order, more edges, no index)."""
+    total = 0
+    for run in runs:
+        for u in run.sends:
+            total += len(u.access)
+        for u in run.computes:
+            total += len(u.access)
+        if run.finish is not None:
+            total += len(run.finish.access)
+        if total > pairwise_accesses:
+            break
+    else:
+        _order_pairs(runs)
+        return
     index = AccessIndex()
     prev_coll: Optional[Unit] = None
     last = len(runs) - 1
@@ -161,6 +180,46 @@ def order_units(runs: Sequence[GroupRun]) -> None:
                             p.dependents.append(u)
         if k < last:   # no later group asks about the last one's accesses
             index.add_group(units)
+        if run.coll is not None:
+            if prev_coll is not None:
+                after(run.coll, prev_coll)
+            prev_coll = run.coll
+
+
+def _order_pairs(runs: Sequence[GroupRun]) -> None:
+    """:func:`order_units` for a small flush: each unit waits for every unit of an earlier group with a
+    conflicting access (same base, overlapping rows, not both reading, not both accumulating), found by
+    scanning the earlier accesses of the same base; collectives chained in group order."""
+    seen: Dict[int, List[tuple]] = {}    # base serial -> (lo, hi, mode, unit) of the earlier groups' accesses
+    prev_coll: Optional[Unit] = None
+    last = len(runs) - 1
+    for k, run in enumerate(runs):
+        units = run.sends + run.computes
+        if run.finish is not None:
+            units.append(run.finish)
+        if seen:
+            for u in units:
+                pre: List[Unit] = []
+                for (serial, lo, hi, mode) in u.access:
+                    earlier = seen.get(serial)
+                    if earlier is None or hi <= lo:
+                        continue
+                    for (lo2, hi2, mode2, p) in earlier:
+                        if lo < hi2 and lo2 < hi and (mode != mode2 or mode == "W") and p not in pre:
+                            pre.append(p)
+                if pre:
+                    u.ndeps += len(pre)
+                    for p in pre:
+                        p.dependents.append(u)
+        if k < last:
+            for u in units:
+                for (serial, lo, hi, mode) in u.access:
+                    if lo < hi:
+                        got = seen.get(serial)
+                        if got is None:
+                            seen[serial] = [(lo, hi, mode, u)]
+                        else:
+                            got.append((lo, hi, mode, u))
         if run.coll is not None:
             if prev_coll is not None:
                 after(run.coll, prev_coll)

@@ -134,9 +134,10 @@ class ElementwiseGroup:
         consts: List[Const] = []
         stmts: List[Tuple] = []
         reductions: List[Tuple] = []
-        written: Dict[Any, Tuple[int, str]] = {}
-        loaded: Dict[Any, Tuple[int, str]] = {}
+        known: Dict[Any, Tuple[int, str]] = {}     # leaf key -> its value: the last store, else its load
+        adts: List[str] = []     # array_dtype of each array, as they are added
         counter = [0]
+        dstr = _dtype_str
 
         def new_var() -> int:
             counter[0] += 1
@@ -149,28 +150,29 @@ class ElementwiseGroup:
             tn = type(node)
             if tn is Leaf:
                 k = (node.base.serial, node.view.key)
-                if k in written:
-                    res = written[k]
-                elif k in loaded:
-                    res = loaded[k]
-                else:
+                res = known.get(k)
+                if res is None:
                     a = len(arrays)
                     arrays.append(("leaf", node))
+                    dt = dstr(node.dtype)
+                    adts.append(dt)
                     v = new_var()
                     stmts.append(("ld", v, a))
-                    res = loaded[k] = (v, node.dtype.str)
+                    res = known[k] = (v, dt)
             elif tn is Const:
                 s = len(consts)
                 consts.append(node)
                 v = new_var()
                 stmts.append(("sc", v, s))
-                res = (v, node.dtype.str)
+                res = (v, dstr(node.dtype))
             else:
                 args = [emit(a, memo) for a in node.args]
-                v = new_var()
-                stmts.append(("op", v, node.name, tuple(x[0] for x in args), tuple(x[1] for x in args),
-                              tuple(d.str for d in node.in_dtypes), node.dtype.str))
-                res = (v, node.dtype.str)
+                counter[0] += 1
+                v = counter[0]
+                dt = dstr(node.dtype)
+                stmts.append(("op", v, node.name, tuple([x[0] for x in args]), tuple([x[1] for x in args]),
+                              tuple([dstr(d) for d in node.in_dtypes]), dt))
+                res = (v, dt)
             memo[id(node)] = res
             return res
 
@@ -182,26 +184,27 @@ class ElementwiseGroup:
                     a = len(arrays)
                     arrays.append(("out", t.out))
                     stmts.append(("st", a, v, dt))
-                    odt = t.out.dtype.str
+                    odt = dstr(t.out.dtype)
+                    adts.append(odt)
                     if dt != odt:
                         v2 = new_var()
                         stmts.append(("op", v2, "cast", (v,), (dt,), (dt,), odt))
-                        written[t.out.key] = (v2, odt)
+                        known[t.out.key] = (v2, odt)
                     else:
-                        written[t.out.key] = (v, dt)
+                        known[t.out.key] = (v, dt)
                 else:
                     a = len(arrays)
                     arrays.append(("red", t))
+                    acc = dstr(t.acc_dtype)
+                    adts.append(acc if t.axis is None or t.axis == 0 else dstr(t.out.dtype))
                     r = len(reductions)
-                    reductions.append((t.op, t.axis, t.acc_dtype.str, a))
+                    reductions.append((t.op, t.axis, acc, a))
                     stmts.append(("rd", r, v, dt))
         finally:   # emit refers to itself through its closure: break that cycle, or the leaves it saw
             emit = None  # (and their buffers) would live until the garbage collector runs
         self.arrays, self.consts, self.stmts, self.reductions = arrays, consts, stmts, reductions
-        dtypes = tuple([(obj.acc_dtype.str if obj.axis is None or obj.axis == 0 else obj.out.dtype.str)
-                        if role == "red" else obj.dtype.str for role, obj in arrays])   # array_dtype of each
-        self.program_key = (len(self.space.shape), dtypes,
-                            tuple(r[0] for r in arrays), tuple(stmts), tuple(reductions))
+        self.program_key = (len(self.space.shape), tuple(adts),
+                            tuple([r[0] for r in arrays]), tuple(stmts), tuple(reductions))
 
     def array_dtype(self, a: int) -> str:
         """dtype (``.str``) of kernel array ``a``."""
@@ -214,6 +217,18 @@ class ElementwiseGroup:
 
     def stmt_count(self) -> int:
         return sum(_count_nodes(t.expr) for t in self.tasks)
+
+
+#: ``dtype.str`` by dtype (building the text costs several times a dict lookup; a program has a few dtypes).
+_DTYPE_STR: Dict[Any, str] = {}
+
+
+def _dtype_str(d) -> str:
+    """``d.str``, memoised."""
+    s = _DTYPE_STR.get(d)
+    if s is None:
+        s = _DTYPE_STR[d] = d.str
+    return s
 
 
 def _count_nodes(node) -> int:
@@ -253,20 +268,26 @@ def _hoist_replicates(tasks: List[Task]) -> List[Task]:
 def optimize(tasks: List[Task]) -> Tuple[List[Any], Dict[str, int]]:
     """Rewrite the recorded ``tasks`` (see the module doc) into groups. Local, deterministic."""
     recorded = len(tasks)
-    tasks, split = split_pieces(_hoist_replicates(list(tasks)))
+    if any(isinstance(t, Replicate) for t in tasks):
+        tasks = _hoist_replicates(list(tasks))
+    tasks, split = split_pieces(tasks)
     n = len(tasks)
     alive = [True] * n
     stats = dict(recorded=recorded, split=split, inlined=0, dropped=0, swapped=0, redistributed=0)
     readers: Dict[int, set] = defaultdict(set)
     writers: Dict[int, set] = defaultdict(set)
+    dying = False     # some task writes a base the user cannot see: else inlining and dropping change nothing
     for k, t in enumerate(tasks):
         for l in t.reads():
             readers[l.base.serial].add(k)
         for w in t.writes():
             writers[w.base.serial].add(k)
-    stats["inlined"] = _inline(tasks, alive, readers, writers)
-    stats["dropped"] = _drop_dead(tasks, alive)
-    stats["swapped"] = _swap_copy_backs(tasks, alive, readers, writers)
+            if not dying and _dead(w.base):
+                dying = True
+    if dying:
+        stats["inlined"] = _inline(tasks, alive, readers, writers)
+        stats["dropped"] = _drop_dead(tasks, alive)
+    stats["swapped"] = _swap_copy_backs(tasks, alive, readers, writers)   # its temporary may come from a past flush
     stats["redistributed"] = _redistribute_copies(tasks, alive)
     groups = _group(tasks, alive)
     stats["groups"] = len(groups)
@@ -283,10 +304,9 @@ def _inline(tasks: List[Task], alive: List[bool], readers: Dict[int, set], write
         b = t.out.base
         if not _dead(b) or writers[b.serial] != {idx} or t.expr.shape != t.out.view.shape:
             continue
-        rd = sorted(k for k in readers[b.serial] if alive[k] and k > idx)
-        if len(rd) != 1 or any(k < idx for k in readers[b.serial] if alive[k] and k != idx):
+        r = _only_later_reader(readers[b.serial], alive, idx)
+        if r < 0:
             continue
-        r = rd[0]
         rt = tasks[r]
         if not isinstance(rt, (Assign, Reduce)) or rt.space.rep != t.space.rep:
             continue
@@ -308,6 +328,19 @@ def _inline(tasks: List[Task], alive: List[bool], readers: Dict[int, set], write
             readers[s].add(r)
         readers[b.serial].discard(r)
     return count
+
+
+def _only_later_reader(readers: set, alive: List[bool], idx: int) -> int:
+    """The position of the one alive task after ``idx`` among ``readers``, or -1 if there is none, or more than
+    one, or an alive reader before ``idx``."""
+    r = -1
+    for k in readers:
+        if k == idx or not alive[k]:
+            continue
+        if k < idx or r >= 0:
+            return -1
+        r = k
+    return r
 
 
 def _written_between(order: Dict[int, List[int]], serial: int, writers: Dict[int, set], alive: List[bool],

@@ -71,6 +71,10 @@ K_WAIT = tracing.register_kind("distarray_wait")
 _now = time.perf_counter_ns
 
 
+#: The releases of a flush before its groups are known and after it ended (nothing to give back; never changes).
+_NO_RELEASES = Releases([])
+
+
 def _timeout_text(rank: int, peer: Optional[int], op: Any, waited: float) -> DistArrayTimeout:
     """The timeout error of a wait named by a :class:`~.units.Label`: its ``op`` the text."""
     return DistArrayTimeout(rank, peer, str(op), waited)
@@ -96,7 +100,7 @@ class _Flush:
         #: ready computation units as a heap of ``(group order, enqueue number, unit)``
         self.ready_comp: List[Tuple[int, int, Unit]] = []
         self.enqueued = 0
-        self.releases = Releases([])
+        self.releases = _NO_RELEASES
         self.nunits = 0
         self.ndone = 0
         self.wait_ns = 0
@@ -382,7 +386,7 @@ class _Flush:
         self.ready_comm.clear()
         self.ready_comp.clear()
         self.agreement = None
-        self.releases = Releases([])
+        self.releases = _NO_RELEASES
 
     def abort(self) -> None:
         """After an error: cancel the receives still in flight; instances with a send or collective
