@@ -111,14 +111,23 @@ def _record_blas_vecmat(context, a: Leaf, b: Leaf, dt: np.dtype) -> Leaf:
     replicated, or one fixed row of a distributed base (its owner sends each rank the entries it needs, within
     the task), or else gathered to every rank first (:func:`~.elementwise.replicate_leaf`); each rank multiplies
     its rows of ``B`` by their entries of ``v`` (NumPy's ``@``, BLAS for floats) and the ranks' partial products
-    are summed in rank order. The result is a replicated 1-D array. Local: records, computes nothing."""
+    are summed in rank order. The result is a replicated 1-D array: for a 2-D ``B`` the view of ``B``'s columns in
+a base as wide as ``B``'s (see :func:`~.operations.elementwise.local_key`). Local: records, computes nothing."""
     from .elementwise import dist_of, replicate_leaf
 
     if not a.rep and (a.view.row_entry is None or a.view.row_kept):
         a = replicate_leaf(context, a, lambda a=a: f"gather {node_desc(a)} to every rank for a vector-matrix product")
-    m = b.shape[1]
-    ob = Base(context, (m,), dt, dist_of("replicated", m, context.size), temp=True)
-    out = Leaf(ob, View.full((m,)))
+    col = b.view.after_row()[0]
+    if len(b.base.shape) == 2 and col[0] == "s":
+        # the result is the columns of B's view in a base as wide as B's: the same base shape for every
+        # window of a loop (``L[k, :k] @ U[:k, k:]``), so the groups reading it share one plan
+        w = b.base.shape[1]
+        ob = Base(context, (w,), dt, dist_of("replicated", w, context.size), temp=True)
+        out = Leaf(ob, View._of(ob.shape, (col,)))
+    else:
+        m = b.shape[1]
+        ob = Base(context, (m,), dt, dist_of("replicated", m, context.size), temp=True)
+        out = Leaf(ob, View.full((m,)))
     context.record(VecMat(a, b, out))
     return out
 

@@ -382,7 +382,7 @@ def _lower_partial_sum(fl: Lowering, t: VecMat, run: GroupRun, u0: Unit, part: n
         fl.start(w)
 
     def finish() -> None:
-        out.base.ensure()[...] = combine_partials("sum", allp, out.dtype)
+        out.base.ensure()[out.view.numpy_index()] = combine_partials("sum", allp, out.dtype)
 
     fin.fn = finish
     coll = Unit("coll", start_coll, t.desc)
