@@ -21,6 +21,7 @@ import numpy as np
 
 from ..fused_kernels import transpose_copy
 from ..graph import Matmul, Transpose, VecMat
+from ..indexing import _slice_of
 from ..reductions import combine_partials
 from ..plans import Instance, PartSpec, Plan, hull, my_rows, segments, selector
 from ..row_runs import block_i_range
@@ -43,18 +44,21 @@ class MatmulPlan(Plan):
         va = a.view
         s, t, n = va.row_params
         self.mine, self.a_loc = my_rows(a.base.dist, s, t, n, rank)
-        if a.base.dist.kind == "block":         # my_rows gave one arithmetic run of local rows
+        if a.base.dist.kind == "block":         # my_rows gave one arithmetic run of local rows (step t)
             self.row_blocks = [(0, len(self.mine))] if len(self.mine) else []
+            self.row_sels = [_run_entry(self.a_loc, t)] if len(self.mine) else []
         else:
             self.row_blocks = [(lo, hi) for lo, hi in segments(len(self.mine), [], [self.a_loc])]
-        #: Per row block: (selector of its local rows of ``a``, lowest local row, highest + 1).
-        self.row_sels = [(selector(self.a_loc[lo:hi]), int(self.a_loc[lo:hi].min()), int(self.a_loc[lo:hi].max()) + 1)
-                         for lo, hi in self.row_blocks]
+            #: Per row block: (selector of its local rows of ``a``, lowest local row, highest + 1).
+            self.row_sels = [(selector(self.a_loc[lo:hi]), int(self.a_loc[lo:hi].min()),
+                              int(self.a_loc[lo:hi].max()) + 1) for lo, hi in self.row_blocks]
         col = va.after_row()[0]
         self.a_col = (col[1], col[2])
         self.a_items_after = va.after_row()
         k = b.view.shape[0]
         self.b_rep = b.base.replicated
+        #: Whether every rank's rows ``j`` of ``b`` are one run (step 1): ``b`` replicated or in a block layout.
+        self.b_runs = self.b_rep or b.base.dist.kind == "block"
         self.b_trail = b.view.packed_trail_shape()
         self.local_j: Optional[np.ndarray] = None
         self.local_b_rows: Any = None
@@ -70,13 +74,13 @@ class MatmulPlan(Plan):
         items = b.view.trail_items()
         mine_j, my_loc = b_rows[rank]
         self.local_j = mine_j
-        self.local_b_rows = selector(my_loc)
+        self.local_b_rows = _rows_sel(my_loc, bt, self.b_runs)
         send: Dict[int, List[PartSpec]] = {}
         if len(mine_j):
             for c in sorted(comp_ranks):
                 if c != rank:
                     send[c] = [PartSpec(1, len(mine_j), b.dtype, self.b_trail, rows=self.local_b_rows,
-                                        items=items, hull=hull(my_loc))]
+                                        items=items, hull=_rows_hull(my_loc, self.b_runs))]
         recv: Dict[int, List[PartSpec]] = {}
         if len(self.mine):
             for q in range(nranks):
@@ -94,7 +98,26 @@ class MatmulPlan(Plan):
     def a_cols(self, js: np.ndarray) -> Any:
         """The columns of ``a``'s local rows that multiply the rows ``js`` of ``b`` (a slice for a run)."""
         c0, ct = self.a_col
+        if self.b_runs and len(js):         # js is one run (step 1): the columns are, in closed form
+            return _slice_of(c0 + int(js[0]) * ct, ct if len(js) > 1 else 1, len(js))
         return selector(c0 + js * ct)
+
+
+def _run_entry(loc: np.ndarray, step: int) -> Tuple[Any, int, int]:
+    """``(slice, lowest, highest + 1)`` of the non-empty arithmetic run ``loc`` of step ``step`` (no pass over it)."""
+    first, last = int(loc[0]), int(loc[-1])
+    return _slice_of(first, step if len(loc) > 1 else 1, len(loc)), min(first, last), max(first, last) + 1
+
+
+def _rows_sel(loc: np.ndarray, step: int, run: bool) -> Any:
+    """The selector of local rows ``loc``: in closed form when ``run`` says they are an arithmetic run of step
+    ``step``, else :func:`~..plans.selector`."""
+    return _run_entry(loc, step)[0] if run and len(loc) else selector(loc)
+
+
+def _rows_hull(loc: np.ndarray, run: bool) -> Tuple[int, int]:
+    """:func:`~..plans.hull` of ``loc``, from its ends when ``run`` says it is an arithmetic run."""
+    return _run_entry(loc, 1)[1:] if run and len(loc) else hull(loc)
 
 
 def _ranks_with_rows(dist, s: int, t: int, n: int, nranks: int) -> set:
@@ -274,10 +297,11 @@ class VecMatPlan(Plan):
         bs, bt, k = b.view.row_params
         per_rank = _b_rows_by_owner(b.base.dist, bs, bt, k, nranks)
         js, loc = per_rank[rank]
+        runs = b.base.dist.kind == "block"      # one run of j (step 1) and of local rows (step bt) per rank
         #: The entries ``j`` of ``v`` this rank multiplies (a slice for a run), and its rows of ``b``.
-        self.js = selector(js)
-        self.local_b_rows = selector(loc)
-        self.hull = hull(loc) if len(loc) else (0, 0)
+        self.js = _rows_sel(js, 1, runs)
+        self.local_b_rows = _rows_sel(loc, bt, runs)
+        self.hull = _rows_hull(loc, runs) if len(loc) else (0, 0)
         self.nrows = len(js)
         #: ``v``'s owner (None: ``v`` replicated) and its local row there.
         self.v_owner: Optional[int] = None
@@ -296,7 +320,7 @@ class VecMatPlan(Plan):
             for q in range(nranks):
                 if q != rank and len(per_rank[q][0]):
                     send[q] = [PartSpec(0, len(per_rank[q][0]), v.dtype, ())]
-                    self.send_js.append(selector(per_rank[q][0]))
+                    self.send_js.append(_rows_sel(per_rank[q][0], 1, runs))
         elif self.nrows:
             recv[self.v_owner] = [PartSpec(0, self.nrows, v.dtype, ())]
         self.msgs_in = self._messages(recv)
