@@ -121,15 +121,41 @@ a base as wide as ``B``'s (see :func:`~.operations.elementwise.local_key`). Loca
     if len(b.base.shape) == 2 and col[0] == "s":
         # the result is the columns of B's view in a base as wide as B's: the same base shape for every
         # window of a loop (``L[k, :k] @ U[:k, k:]``), so the groups reading it share one plan
-        w = b.base.shape[1]
-        ob = Base(context, (w,), dt, dist_of("replicated", w, context.size), temp=True)
-        out = Leaf(ob, View._of(ob.shape, (col,)))
+        w, ent = b.base.shape[1], col
     else:
-        m = b.shape[1]
-        ob = Base(context, (m,), dt, dist_of("replicated", m, context.size), temp=True)
-        out = Leaf(ob, View.full((m,)))
+        w = b.shape[1]
+        ent = ("s", 0, 1, w)
+    if a.rep:
+        ob = Base(context, (w,), dt, dist_of("replicated", w, context.size), temp=True)
+        out = Leaf(ob, View._of(ob.shape, (ent,)))
+    else:           # on v's owner alone: no allgather
+        out = _owner_result(context, a, w, ent, dt)
     context.record(VecMat(a, b, out))
     return out
+
+
+#: Bytes of ``v``'s base rows times the result's width up to which the result of ``v @ B`` (``v`` a fixed row of a
+#: distributed base) is that row of a base laid out like ``v``'s (uninitialized, pooled: only the row is
+#: touched), so that storing it into the same row of an array of that layout (``u[k, k:] = a[k, k:] - v @ B``)
+#: is one aligned local group whose plan is rebound step to step; above it, a row of a base of one row per rank.
+OWNER_ROW_BYTES = 1 << 26
+
+
+def _owner_result(context, v: Leaf, w: int, ent: tuple, dt: np.dtype) -> Leaf:
+    """The result of ``v @ B`` (``v`` one fixed row ``r`` of a distributed base) on ``v``'s owner alone: row
+    ``r`` of a base laid out like ``v``'s (:data:`OWNER_ROW_BYTES`), else the owner's row of a base of one row
+    per rank (cyclic); ``w`` columns, seen through ``ent`` (a slice entry). Local."""
+    from .elementwise import dist_of
+
+    r = v.view.row_entry[1]
+    d = v.base.dist
+    nb = v.base.shape[0]
+    if nb * w * dt.itemsize <= OWNER_ROW_BYTES:
+        ob = Base(context, (nb, w), dt, d, temp=True)
+        return Leaf(ob, View._of(ob.shape, (("i", r), ent)))
+    nr = context.size
+    ob = Base(context, (nr, w), dt, dist_of("cyclic", nr, nr), temp=True)
+    return Leaf(ob, View._of(ob.shape, (("i", d.owner_of(r)), ent)))
 
 
 def record_transpose(context, a: Leaf) -> Leaf:

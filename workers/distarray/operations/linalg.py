@@ -308,6 +308,12 @@ class VecMatPlan(Plan):
         self.v_row = 0
         self.v_items = v.view.trail_items()
         self.send_js: List[Any] = []
+        #: Whether the result lives on ``v``'s owner alone (its partial products are sent there, no allgather),
+        #: whether this rank receives ``v``'s entries (message 0 in), and on the owner the ranks whose partial
+        #: products come in (in message order).
+        self.to_owner = not task.out.base.replicated
+        self.v_in = False
+        self.part_from: List[int] = []
         if v.base.replicated:
             return
         r = v.view.row_params[0]
@@ -316,13 +322,20 @@ class VecMatPlan(Plan):
         self.v_row = int(dist.local_index(np.array([r], dtype=np.int64))[0])
         send: Dict[int, List[PartSpec]] = {}
         recv: Dict[int, List[PartSpec]] = {}
+        m, odt = task.out.shape[0], task.out.dtype
         if rank == self.v_owner:
             for q in range(nranks):
                 if q != rank and len(per_rank[q][0]):
                     send[q] = [PartSpec(0, len(per_rank[q][0]), v.dtype, ())]
                     self.send_js.append(_rows_sel(per_rank[q][0], 1, runs))
+                    if self.to_owner:
+                        recv[q] = [PartSpec(1, m, odt, ())]
+                        self.part_from.append(q)
         elif self.nrows:
             recv[self.v_owner] = [PartSpec(0, self.nrows, v.dtype, ())]
+            self.v_in = True
+            if self.to_owner:
+                send[self.v_owner] = [PartSpec(1, m, odt, ())]
         self.msgs_in = self._messages(recv)
         self.msgs_out = self._messages(send)
 
@@ -330,8 +343,9 @@ class VecMatPlan(Plan):
 def vecmat_key(t: VecMat) -> Tuple:
     """The plan cache key of ``t``: ``v``'s and ``b``'s layouts and views and ``v``'s dtype (``out`` is
     replicated)."""
-    v, b = t.v, t.b
-    return ("vm", v.base.dist.key, v.view.key, v.dtype.str, b.base.dist.key, b.view.key)
+    v, b, out = t.v, t.b, t.out
+    return ("vm", v.base.dist.key, v.view.key, v.dtype.str, b.base.dist.key, b.view.key, out.base.dist.key,
+            out.dtype.str)
 
 
 def lower_vecmat(fl: Lowering, g: Any, flush_no: int) -> GroupRun:
@@ -357,19 +371,20 @@ def lower_vecmat(fl: Lowering, g: Any, flush_no: int) -> GroupRun:
     part, allp = ex["part"], ex["all"]
     b_items = b.view.trail_items()
     v_at = () if plan.v_owner is None else ((v.base.serial, plan.v_row, plan.v_row + 1, "R"),)
-    for k in range(len(plan.msgs_out)):
-        def pack(k=k) -> None:
-            row = v.base.ensure()[(plan.v_row,) + plan.v_items]
-            np.copyto(inst.send_parts[k][0], row[plan.send_js[k]])
+    if fl.rank == plan.v_owner:
+        for k in range(len(plan.msgs_out)):
+            def pack(k=k) -> None:
+                row = v.base.ensure()[(plan.v_row,) + plan.v_items]
+                np.copyto(inst.send_parts[k][0], row[plan.send_js[k]])
 
-        run.sends.append(fl.send_unit(plan, inst, k, None, None, t.desc, pack=pack))
-        run.sends[-1].access = v_at
+            run.sends.append(fl.send_unit(plan, inst, k, None, None, t.desc, pack=pack))
+            run.sends[-1].access = v_at
 
     def local_fn() -> None:
         if plan.nrows == 0 or m == 0:
             part[...] = 0
             return
-        if plan.msgs_in:
+        if plan.v_in:
             vl = inst.recv_parts[0][0]
         elif plan.v_owner is None:
             vl = v.base.ensure()[v.view.numpy_index()][plan.js]
@@ -381,12 +396,46 @@ def lower_vecmat(fl: Lowering, g: Any, flush_no: int) -> GroupRun:
     v_read = ((v.base.serial, 0, FULL, "R"),) if plan.v_owner is None else \
         (v_at if fl.rank == plan.v_owner else ())
     u0 = Unit("compute", local_fn, t.desc, v_read + ((b.base.serial, plan.hull[0], plan.hull[1], "R"),))
-    if plan.msgs_in:
+    if plan.v_in:
         u0.ndeps = 1
         run.recvs[0].units.append(u0)
     run.computes.append(u0)
-    _lower_partial_sum(fl, t, run, u0, part, allp, flush_no)
+    if plan.to_owner:
+        _lower_sum_on_owner(fl, t, plan, inst, run, u0, part, allp)
+    else:
+        _lower_partial_sum(fl, t, run, u0, part, allp, flush_no)
     return run
+
+
+def _lower_sum_on_owner(fl: Lowering, t: VecMat, plan: VecMatPlan, inst: Instance, run: GroupRun, u0: Unit,
+                        part: np.ndarray, allp: np.ndarray) -> None:
+    """Add to ``run`` (the result on ``v``'s owner alone): on another rank with rows of ``b``, the send of its
+    partial product to the owner (after ``u0``); on the owner, the unit storing the sum in rank order of every
+    rank's partial product (its own, the received ones, zeros for ranks without rows of ``b``: the same bits as
+    the allgather's sum) in ``t.out``, after ``u0`` and the messages."""
+    out = t.out
+    if fl.rank != plan.v_owner:
+        if plan.msgs_out:
+            s = fl.send_unit(plan, inst, 0, None, None, t.desc, pack=lambda: np.copyto(inst.send_parts[0][0], part))
+            after(s, u0)
+            run.sends.append(s)
+        return
+    me = fl.rank
+    dst = out.view.numpy_index(row_sel=int(out.base.dist.local_index(np.array([out.view.row_entry[1]]))[0]))
+
+    def finish() -> None:
+        allp[...] = 0
+        allp[me] = part
+        for k, q in enumerate(plan.part_from):
+            allp[q] = inst.recv_parts[k][0]
+        out.base.ensure()[dst] = combine_partials("sum", allp, out.dtype)
+
+    fin = Unit("compute", finish, t.desc, ((out.base.serial, 0, FULL, "W"),))
+    after(fin, u0)
+    for k in range(len(plan.part_from)):
+        fin.ndeps += 1
+        run.recvs[k].units.append(fin)
+    run.computes.append(fin)
 
 
 def _lower_partial_sum(fl: Lowering, t: VecMat, run: GroupRun, u0: Unit, part: np.ndarray, allp: np.ndarray,
