@@ -9,7 +9,8 @@
 * ``dot(a, b)`` of two 1-D arrays is ``sum(a * b)`` (one fused reduction).
 * ``v @ B`` (1-D @ 2-D, float and int64) with ``B``'s rows distributed: one :class:`~.graph.VecMat` task
   (``v`` sent where ``B``'s rows are, each rank's rows of ``B`` times their entries of ``v`` through NumPy's
-  ``@`` (BLAS gemv), the ranks' partial products summed in rank order: a replicated result). With ``B``
+  ``@`` (BLAS gemv), the ranks' partial products summed in rank order: on ``v``'s owner when ``v`` is one fixed
+  row of a distributed base (the result lives there, no collective), else on every rank). With ``B``
   replicated or its rows not first: ``sum(v[:, None] * B, axis=0)`` (one fused reduction).
 * ``A.T`` of a 2-D array distributed by rows: a new array distributed by rows in the same
   kind of distribution; each rank sends every other rank one message with the block it
@@ -111,8 +112,9 @@ def _record_blas_vecmat(context, a: Leaf, b: Leaf, dt: np.dtype) -> Leaf:
     replicated, or one fixed row of a distributed base (its owner sends each rank the entries it needs, within
     the task), or else gathered to every rank first (:func:`~.elementwise.replicate_leaf`); each rank multiplies
     its rows of ``B`` by their entries of ``v`` (NumPy's ``@``, BLAS for floats) and the ranks' partial products
-    are summed in rank order. The result is a replicated 1-D array: for a 2-D ``B`` the view of ``B``'s columns in
-a base as wide as ``B``'s (see :func:`~.operations.elementwise.local_key`). Local: records, computes nothing."""
+    are summed in rank order. The result is 1-D: with ``v`` one fixed row, on ``v``'s owner alone
+    (:func:`_owner_result`), else replicated; for a 2-D ``B`` the view of ``B``'s columns in a base as wide as
+    ``B``'s (see :func:`~.operations.elementwise.local_key`). Local: records, computes nothing."""
     from .elementwise import dist_of, replicate_leaf
 
     if not a.rep and (a.view.row_entry is None or a.view.row_kept):

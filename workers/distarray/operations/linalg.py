@@ -7,8 +7,9 @@ What :mod:`~..linalg` records (:class:`~..graph.Matmul`, :class:`~..graph.Transp
   part of ``b`` (writes), then one accumulation per received part (waits for that message).
 * ``out = v @ b`` (:class:`VecMatPlan`, ``b``'s rows distributed, ``v`` replicated or one fixed row of a
   distributed base, whose owner sends each rank the entries it needs): the product of the local rows of ``b``
-  with their entries of ``v`` (NumPy's ``@``), one allgather of the partial products, and their sum in rank
-  order on every rank.
+  with their entries of ``v`` (NumPy's ``@``), then the partial products summed in rank order: with ``v`` one
+  fixed row, on ``v``'s owner alone (each other rank with rows of ``b`` sends it its partial product; the result
+  lives there), with ``v`` replicated, on every rank after one allgather.
 * ``out = src.T`` (:class:`TransposePlan`): the rows of ``src`` owned here become columns of ``out``
   everywhere; each message is packed already transposed, and the local block is transposed while
   the messages fly.
@@ -283,10 +284,11 @@ def _product(t: Matmul, plan: MatmulPlan):
 
 
 class VecMatPlan(Plan):
-    """``out = v @ b`` on this rank (``b``'s rows distributed, ``out`` replicated): the view rows ``j`` of ``b``
+    """``out = v @ b`` on this rank (``b``'s rows distributed): the view rows ``j`` of ``b``
     owned here, their local rows and where ``v[j]`` comes from. ``v`` is replicated (read here), or one fixed row
     of a distributed base: its owner sends each rank with rows of ``b`` the entries ``v[j]`` for them (one
-    message; none to a rank without rows of ``b``). The partial products travel in one allgather (see
+    message; none to a rank without rows of ``b``) and receives their partial products back (``out`` on the owner
+    alone, :attr:`to_owner`). With ``v`` replicated the partial products travel in one allgather (see
     :func:`lower_vecmat`)."""
 
     kind = "vecmat"
@@ -341,8 +343,8 @@ class VecMatPlan(Plan):
 
 
 def vecmat_key(t: VecMat) -> Tuple:
-    """The plan cache key of ``t``: ``v``'s and ``b``'s layouts and views and ``v``'s dtype (``out`` is
-    replicated)."""
+    """The plan cache key of ``t``: ``v``'s and ``b``'s layouts and views, ``v``'s dtype, ``out``'s layout (on
+    every rank or on ``v``'s owner) and dtype."""
     v, b, out = t.v, t.b, t.out
     return ("vm", v.base.dist.key, v.view.key, v.dtype.str, b.base.dist.key, b.view.key, out.base.dist.key,
             out.dtype.str)
@@ -351,9 +353,11 @@ def vecmat_key(t: VecMat) -> Tuple:
 def lower_vecmat(fl: Lowering, g: Any, flush_no: int) -> GroupRun:
     """The units of ``g.task`` (a :class:`~..graph.VecMat`) in flush ``fl``: on ``v``'s owner the sends of its
     entries to the ranks with rows of ``b``; the product of this rank's rows of ``b`` with their entries of ``v``
-    (one NumPy ``@``, after the message of ``v`` if it comes from another rank); one allgather of the ranks'
-    partial products (started in the same order on every rank, after the previous collective); and a finish
-    unit storing their sum in rank order in ``out`` (the same bits on every rank)."""
+    (one NumPy ``@``, after the message of ``v`` if it comes from another rank); then, ``out`` on ``v``'s owner,
+    the sends of the partial products to it and its unit storing their sum in rank order
+    (:func:`_lower_sum_on_owner`), or, ``out`` replicated, one allgather of the ranks' partial products (started in
+    the same order on every rank, after the previous collective) and a finish unit storing their sum in rank
+    order in ``out`` (the same bits on every rank)."""
     t: VecMat = g.task
     ctx = fl.ctx
     v, b, out = t.v, t.b, t.out
