@@ -26,11 +26,12 @@ for dist in DISTS:
     for k in (0, 3, 6):
         M = dnp.from_numpy(x, dist=dist)
         m = x.copy()
-        a, b, c = M[k, k % 6], M[k, 1:] + 0.0, M[None, k, 2:] * 2.0   # one gather of row k, reused twice
+        # one gather of row k, reused twice (the rows read against distributed rows elsewhere)
+        a, b, c = M[k, k % 6], M[:1, 1:] * 0.0 + M[k, 1:], M[:1, 2:] * 0.0 + M[None, k, 2:]
         assert gathers() == 1, (dist, k, [t.desc for t in ctx.pending])
         same(f"a[k, j], a[k, 1:], a[None, k, 2:] {dist} k={k}", a, m[k, k % 6])
-        same(f"a[k, 1:] {dist} k={k}", b, m[k, 1:])
-        same(f"a[None, k, 2:] * 2 {dist} k={k}", c, m[None, k, 2:] * 2.0)
+        same(f"a[k, 1:] {dist} k={k}", b, m[:1, 1:] * 0.0 + m[k, 1:])
+        same(f"a[None, k, 2:] {dist} k={k}", c, m[:1, 2:] * 0.0 + m[None, k, 2:])
 
         s = M[k, 2]
         M[k, 3] = 7.0                          # the array changes: the next read of row k gathers again
@@ -61,19 +62,38 @@ section("a pending whole-row gather is reused only while nothing writes the arra
 y = np.arange(5 * 3 * 4, dtype=np.int64).reshape(5, 3, 4)
 for dist in DISTS:
     T = dnp.from_numpy(y, dist=dist)
-    p, q = T[2, 1] + 0, T[2, :, 3] * 1             # 3-D: rows of shape (3, 4), one gather
+    p, q = T[:1, 1] * 0 + T[2, 1], T[:1, :, 3] * 0 + T[2, :, 3]     # 3-D: rows of shape (3, 4), one gather
     assert gathers() == 1
-    same(f"3-D a[i, j] {dist}", p, y[2, 1])
-    same(f"3-D a[i, :, l] {dist}", q, y[2, :, 3])
+    same(f"3-D a[i, j] {dist}", p, y[:1, 1] * 0 + y[2, 1])
+    same(f"3-D a[i, :, l] {dist}", q, y[:1, :, 3] * 0 + y[2, :, 3])
     same(f"3-D a[i, j, l] {dist}", T[4, 2, 3] + T[4, 0, 0], y[4, 2, 3] + y[4, 0, 0])
     wide = WHOLE_ROW_BYTES // 8 + 3             # a row larger than the bound: only the part asked for is gathered
     zw = np.arange(2 * size * wide, dtype=float).reshape(2 * size, wide)
     W = dnp.from_numpy(zw, dist=dist)
-    e1, e2 = W[1, 5], W[1, 5:9] * 1.0
+    e1, e2 = W[1, 5], W[:1, 5:9] * 0.0 + W[1, 5:9]
     assert gathers() == 2 and all(t.out.base.shape[-1] < wide for t in ctx.pending if isinstance(t, Replicate))
     same(f"wide row a[k, j] {dist}", e1, zw[1, 5])
-    same(f"wide row a[k, j:l] {dist}", e2, zw[1, 5:9])
+    same(f"wide row a[k, j:l] {dist}", e2, zw[:1, 5:9] * 0.0 + zw[1, 5:9])
 section("3-D rows and rows larger than the whole-row bound")
+
+for dist in DISTS:
+    for k in range(7):
+        M = dnp.from_numpy(x, dist=dist)
+        U = dnp.zeros((7, 6))
+        v = np.linspace(-1.0, 1.0, 6 - k % 6)
+        r = M[k, k % 6:] - v * M[(k + 2) % 7, k % 6:]     # rows only: computed by the owner of row k, no gather
+        U[k, k % 6:] = r
+        assert gathers() == 0, (dist, k, [t.desc for t in ctx.pending])
+        o = x[k, k % 6:] - v * x[(k + 2) % 7, k % 6:]
+        u = np.zeros((7, 6))
+        u[k, k % 6:] = o
+        same(f"a[k, j:] - v * a[k+2, j:] stored in u[k, j:] {dist} k={k}", U, u)
+        same(f"a[k, j:] - v * a[k+2, j:] read back {dist} k={k}", r + 1.0, o + 1.0)
+        U[(k + 1) % 7, k % 6:] = r * 2.0          # stored into a row of another rank
+        u[(k + 1) % 7, k % 6:] = o * 2.0
+        same(f"a result over rows stored into another row {dist} k={k}", U, u)
+        same(f"a result over rows against distributed rows {dist} k={k}", M[1:3, k % 6:] + r, x[1:3, k % 6:] + o)
+section("a result over fixed rows only is computed by its first row's owner")
 z = np.cos(np.arange(17 * 4, dtype=float) * 0.7).reshape(17, 4)
 for dist in DISTS:
     Z = dnp.from_numpy(z, dist=dist)

@@ -88,4 +88,28 @@ for dist in DISTS:
         u[k, :] = u[k, :] - u[k - 1, :k] @ u[:k, :] * 0.5
     same(f"chain of products over rows just written {dist}", U, u)
 section("products reading rows written before them")
+from nbmpi.workers.distarray import matmul_recording  # noqa: E402
+
+for bound in (matmul_recording.OWNER_ROW_BYTES, 0):     # 0: the owner's row of a one-row-per-rank base
+    matmul_recording.OWNER_ROW_BYTES = bound
+    for dist in DISTS:
+        for r in (0, 6, 12):
+            B = dnp.from_numpy(bm, dist=dist)
+            C = dnp.from_numpy(bm * 0.5, dist=dist)
+            c = bm * 0.5
+            dnp.evaluate()
+            coll = dnp.stats()["collectives"]
+            got = B[r, :6] @ B[:6, 1:]                   # lives on the owner of row r: no allgather
+            want = bm[r, :6] @ bm[:6, 1:]
+            C[r, 1:] = C[r, 1:] - got                    # the owner's row, as in LU
+            c[r, 1:] = c[r, 1:] - want
+            C[(r + 1) % 13, 1:] = got * 2.0              # another rank's row
+            c[(r + 1) % 13, 1:] = want * 2.0
+            both = C[2:5, 1:] + got                      # against distributed rows elsewhere
+            same(f"fixed row @ rows stored into rows {dist} r={r} bound={bound}", C, c)
+            same(f"fixed row @ rows against rows {dist} r={r} bound={bound}", both, c[2:5, 1:] + want)
+            same(f"fixed row @ rows itself {dist} r={r} bound={bound}", got, want)
+            assert dnp.stats()["collectives"] == coll, (dist, r, dnp.stats()["collectives"] - coll)
+matmul_recording.OWNER_ROW_BYTES = 1 << 26
+section("a product of a fixed row lives on the row's owner, no collective")
 print(f"ALL OK ({checks[0]} checks on {size} ranks)", flush=True) if ctx.rank == 0 else None

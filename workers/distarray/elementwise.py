@@ -13,9 +13,9 @@ a base of its own rows spread over every rank.
 Operands whose rows do not line up with the result's rows (a row broadcast along axis 0,
 ``x[None, :]``, a single row ``a[3]``) are gathered to every rank first
 (:class:`~.graph.Replicate`) and then read like NumPy operands. A result none of whose distributed operands
-keeps a distributed axis (every one a single row ``a[3, 2:]``, gathered anyway) is replicated: every rank
-computes it from the gathered row, and storing it into a row of one rank (``u[3, 2:] = a[3, 2:] - v``) is
-local, not a second gather. NumPy arrays are copied at
+keeps a distributed axis (every one a single row ``a[3, 2:]``) lives on the owner of the first one's row (a
+base of one row per rank): that rank computes it, no row is gathered, and storing it into a row of that rank
+(``u[3, 2:] = a[3, 2:] - v``) is one local group (the temporary is inlined). NumPy arrays are copied at
 the call (NumPy semantics: later changes to them do not matter).
 
 An assignment whose value reads the target's base through a different, overlapping view
@@ -243,8 +243,31 @@ def _result_of(context, dist_leaves: Sequence[Leaf], shape: Tuple[int, ...], dty
         d0 = dist_leaves[0].base.dist
         base = Base(context, shape, dtype, rows_of(d0, shape[0]) if not d0.replicated else d0, temp=True)
         return Leaf(base, View.full(shape))
+    if dist_leaves and shape:
+        owner = _row_owner(dist_leaves[0])
+        if owner >= 0:
+            return _owner_row_leaf(context, owner, shape, dtype)
     base = Base(context, shape, dtype, dist_of("replicated", shape[0] if shape else 1, context.size), temp=True)
     return Leaf(base, View.full(shape))
+
+
+def _row_owner(leaf: Leaf) -> int:
+    """The rank owning the one base row that ``leaf`` (a view of a distributed base not keeping its row axis,
+    ``a[3, 2:]``) shows; -1 if ``leaf`` shows no fixed row. Local."""
+    e = leaf.view.row_entry
+    if e is None or e[0] != "i" or leaf.base.dist.replicated:
+        return -1
+    return leaf.base.dist.owner_of(e[1])
+
+
+def _owner_row_leaf(context, owner: int, shape: Tuple[int, ...], dtype: np.dtype) -> Leaf:
+    """A new result of ``shape`` held by rank ``owner`` alone: row ``owner`` of a base of one row per rank
+    (cyclic), seen without its row axis. Where a result over fixed rows only (``a[k, k:] - v``) lives: computed
+    by the owner of its first row operand (no gather of that row), and stored into a row of that rank
+    (``u[k, k:] = a[k, k:] - v``) without a message (the two are fused into one local group). Local."""
+    nr = context.size
+    base = Base(context, (nr,) + tuple(shape), dtype, dist_of("cyclic", nr, nr), temp=True)
+    return Leaf(base, View._of(base.shape, (("i", owner),) + tuple([("s", 0, 1, n) for n in shape])))
 
 
 def _check_contexts(context, nodes: Sequence[Node], what: str) -> None:

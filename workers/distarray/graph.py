@@ -537,8 +537,9 @@ class Matmul(Task):
 
 class VecMat(Task):
     """``out = v @ b``: ``v`` 1-D, replicated or one fixed row of a distributed base, ``b`` 2-D with distributed
-    rows (kept, first); ``out`` 1-D replicated. Each rank multiplies its rows of ``b`` by their entries of ``v``
-    (BLAS), then the ranks' partial products are summed in rank order (see :mod:`~.operations.linalg`)."""
+    rows (kept, first); ``out`` 1-D: on ``v``'s owner when ``v`` is a fixed row, else replicated. Each rank
+    multiplies its rows of ``b`` by their entries of ``v`` (BLAS), then the ranks' partial products are summed in
+    rank order, on the owner or on every rank (see :mod:`~.operations.linalg`)."""
 
     __slots__ = ("v", "b", "out")
     kind = "vecmat"

@@ -9,7 +9,8 @@
 * ``dot(a, b)`` of two 1-D arrays is ``sum(a * b)`` (one fused reduction).
 * ``v @ B`` (1-D @ 2-D, float and int64) with ``B``'s rows distributed: one :class:`~.graph.VecMat` task
   (``v`` sent where ``B``'s rows are, each rank's rows of ``B`` times their entries of ``v`` through NumPy's
-  ``@`` (BLAS gemv), the ranks' partial products summed in rank order: a replicated result). With ``B``
+  ``@`` (BLAS gemv), the ranks' partial products summed in rank order: on ``v``'s owner when ``v`` is one fixed
+  row of a distributed base (the result lives there, no collective), else on every rank). With ``B``
   replicated or its rows not first: ``sum(v[:, None] * B, axis=0)`` (one fused reduction).
 * ``A.T`` of a 2-D array distributed by rows: a new array distributed by rows in the same
   kind of distribution; each rank sends every other rank one message with the block it
@@ -111,16 +112,52 @@ def _record_blas_vecmat(context, a: Leaf, b: Leaf, dt: np.dtype) -> Leaf:
     replicated, or one fixed row of a distributed base (its owner sends each rank the entries it needs, within
     the task), or else gathered to every rank first (:func:`~.elementwise.replicate_leaf`); each rank multiplies
     its rows of ``B`` by their entries of ``v`` (NumPy's ``@``, BLAS for floats) and the ranks' partial products
-    are summed in rank order. The result is a replicated 1-D array. Local: records, computes nothing."""
+    are summed in rank order. The result is 1-D: with ``v`` one fixed row, on ``v``'s owner alone
+    (:func:`_owner_result`), else replicated; for a 2-D ``B`` the view of ``B``'s columns in a base as wide as
+    ``B``'s (see :func:`~.operations.elementwise.local_key`). Local: records, computes nothing."""
     from .elementwise import dist_of, replicate_leaf
 
     if not a.rep and (a.view.row_entry is None or a.view.row_kept):
         a = replicate_leaf(context, a, lambda a=a: f"gather {node_desc(a)} to every rank for a vector-matrix product")
-    m = b.shape[1]
-    ob = Base(context, (m,), dt, dist_of("replicated", m, context.size), temp=True)
-    out = Leaf(ob, View.full((m,)))
+    col = b.view.after_row()[0]
+    if len(b.base.shape) == 2 and col[0] == "s":
+        # the result is the columns of B's view in a base as wide as B's: the same base shape for every
+        # window of a loop (``L[k, :k] @ U[:k, k:]``), so the groups reading it share one plan
+        w, ent = b.base.shape[1], col
+    else:
+        w = b.shape[1]
+        ent = ("s", 0, 1, w)
+    if a.rep:
+        ob = Base(context, (w,), dt, dist_of("replicated", w, context.size), temp=True)
+        out = Leaf(ob, View._of(ob.shape, (ent,)))
+    else:           # on v's owner alone: no allgather
+        out = _owner_result(context, a, w, ent, dt)
     context.record(VecMat(a, b, out))
     return out
+
+
+#: Bytes of ``v``'s base rows times the result's width up to which the result of ``v @ B`` (``v`` a fixed row of a
+#: distributed base) is that row of a base laid out like ``v``'s (uninitialized, pooled: only the row is
+#: touched), so that storing it into the same row of an array of that layout (``u[k, k:] = a[k, k:] - v @ B``)
+#: is one aligned local group whose plan is rebound step to step; above it, a row of a base of one row per rank.
+OWNER_ROW_BYTES = 1 << 26
+
+
+def _owner_result(context, v: Leaf, w: int, ent: tuple, dt: np.dtype) -> Leaf:
+    """The result of ``v @ B`` (``v`` one fixed row ``r`` of a distributed base) on ``v``'s owner alone: row
+    ``r`` of a base laid out like ``v``'s (:data:`OWNER_ROW_BYTES`), else the owner's row of a base of one row
+    per rank (cyclic); ``w`` columns, seen through ``ent`` (a slice entry). Local."""
+    from .elementwise import dist_of
+
+    r = v.view.row_entry[1]
+    d = v.base.dist
+    nb = v.base.shape[0]
+    if nb * w * dt.itemsize <= OWNER_ROW_BYTES:
+        ob = Base(context, (nb, w), dt, d, temp=True)
+        return Leaf(ob, View._of(ob.shape, (("i", r), ent)))
+    nr = context.size
+    ob = Base(context, (nr, w), dt, dist_of("cyclic", nr, nr), temp=True)
+    return Leaf(ob, View._of(ob.shape, (("i", d.owner_of(r)), ent)))
 
 
 def record_transpose(context, a: Leaf) -> Leaf:

@@ -7,8 +7,9 @@ What :mod:`~..linalg` records (:class:`~..graph.Matmul`, :class:`~..graph.Transp
   part of ``b`` (writes), then one accumulation per received part (waits for that message).
 * ``out = v @ b`` (:class:`VecMatPlan`, ``b``'s rows distributed, ``v`` replicated or one fixed row of a
   distributed base, whose owner sends each rank the entries it needs): the product of the local rows of ``b``
-  with their entries of ``v`` (NumPy's ``@``), one allgather of the partial products, and their sum in rank
-  order on every rank.
+  with their entries of ``v`` (NumPy's ``@``), then the partial products summed in rank order: with ``v`` one
+  fixed row, on ``v``'s owner alone (each other rank with rows of ``b`` sends it its partial product; the result
+  lives there), with ``v`` replicated, on every rank after one allgather.
 * ``out = src.T`` (:class:`TransposePlan`): the rows of ``src`` owned here become columns of ``out``
   everywhere; each message is packed already transposed, and the local block is transposed while
   the messages fly.
@@ -21,6 +22,7 @@ import numpy as np
 
 from ..fused_kernels import transpose_copy
 from ..graph import Matmul, Transpose, VecMat
+from ..indexing import _slice_of
 from ..reductions import combine_partials
 from ..plans import Instance, PartSpec, Plan, hull, my_rows, segments, selector
 from ..row_runs import block_i_range
@@ -43,18 +45,21 @@ class MatmulPlan(Plan):
         va = a.view
         s, t, n = va.row_params
         self.mine, self.a_loc = my_rows(a.base.dist, s, t, n, rank)
-        if a.base.dist.kind == "block":         # my_rows gave one arithmetic run of local rows
+        if a.base.dist.kind == "block":         # my_rows gave one arithmetic run of local rows (step t)
             self.row_blocks = [(0, len(self.mine))] if len(self.mine) else []
+            self.row_sels = [_run_entry(self.a_loc, t)] if len(self.mine) else []
         else:
             self.row_blocks = [(lo, hi) for lo, hi in segments(len(self.mine), [], [self.a_loc])]
-        #: Per row block: (selector of its local rows of ``a``, lowest local row, highest + 1).
-        self.row_sels = [(selector(self.a_loc[lo:hi]), int(self.a_loc[lo:hi].min()), int(self.a_loc[lo:hi].max()) + 1)
-                         for lo, hi in self.row_blocks]
+            #: Per row block: (selector of its local rows of ``a``, lowest local row, highest + 1).
+            self.row_sels = [(selector(self.a_loc[lo:hi]), int(self.a_loc[lo:hi].min()),
+                              int(self.a_loc[lo:hi].max()) + 1) for lo, hi in self.row_blocks]
         col = va.after_row()[0]
         self.a_col = (col[1], col[2])
         self.a_items_after = va.after_row()
         k = b.view.shape[0]
         self.b_rep = b.base.replicated
+        #: Whether every rank's rows ``j`` of ``b`` are one run (step 1): ``b`` replicated or in a block layout.
+        self.b_runs = self.b_rep or b.base.dist.kind == "block"
         self.b_trail = b.view.packed_trail_shape()
         self.local_j: Optional[np.ndarray] = None
         self.local_b_rows: Any = None
@@ -70,13 +75,13 @@ class MatmulPlan(Plan):
         items = b.view.trail_items()
         mine_j, my_loc = b_rows[rank]
         self.local_j = mine_j
-        self.local_b_rows = selector(my_loc)
+        self.local_b_rows = _rows_sel(my_loc, bt, self.b_runs)
         send: Dict[int, List[PartSpec]] = {}
         if len(mine_j):
             for c in sorted(comp_ranks):
                 if c != rank:
                     send[c] = [PartSpec(1, len(mine_j), b.dtype, self.b_trail, rows=self.local_b_rows,
-                                        items=items, hull=hull(my_loc))]
+                                        items=items, hull=_rows_hull(my_loc, self.b_runs))]
         recv: Dict[int, List[PartSpec]] = {}
         if len(self.mine):
             for q in range(nranks):
@@ -94,7 +99,26 @@ class MatmulPlan(Plan):
     def a_cols(self, js: np.ndarray) -> Any:
         """The columns of ``a``'s local rows that multiply the rows ``js`` of ``b`` (a slice for a run)."""
         c0, ct = self.a_col
+        if self.b_runs and len(js):         # js is one run (step 1): the columns are, in closed form
+            return _slice_of(c0 + int(js[0]) * ct, ct if len(js) > 1 else 1, len(js))
         return selector(c0 + js * ct)
+
+
+def _run_entry(loc: np.ndarray, step: int) -> Tuple[Any, int, int]:
+    """``(slice, lowest, highest + 1)`` of the non-empty arithmetic run ``loc`` of step ``step`` (no pass over it)."""
+    first, last = int(loc[0]), int(loc[-1])
+    return _slice_of(first, step if len(loc) > 1 else 1, len(loc)), min(first, last), max(first, last) + 1
+
+
+def _rows_sel(loc: np.ndarray, step: int, run: bool) -> Any:
+    """The selector of local rows ``loc``: in closed form when ``run`` says they are an arithmetic run of step
+    ``step``, else :func:`~..plans.selector`."""
+    return _run_entry(loc, step)[0] if run and len(loc) else selector(loc)
+
+
+def _rows_hull(loc: np.ndarray, run: bool) -> Tuple[int, int]:
+    """:func:`~..plans.hull` of ``loc``, from its ends when ``run`` says it is an arithmetic run."""
+    return _run_entry(loc, 1)[1:] if run and len(loc) else hull(loc)
 
 
 def _ranks_with_rows(dist, s: int, t: int, n: int, nranks: int) -> set:
@@ -260,10 +284,11 @@ def _product(t: Matmul, plan: MatmulPlan):
 
 
 class VecMatPlan(Plan):
-    """``out = v @ b`` on this rank (``b``'s rows distributed, ``out`` replicated): the view rows ``j`` of ``b``
+    """``out = v @ b`` on this rank (``b``'s rows distributed): the view rows ``j`` of ``b``
     owned here, their local rows and where ``v[j]`` comes from. ``v`` is replicated (read here), or one fixed row
     of a distributed base: its owner sends each rank with rows of ``b`` the entries ``v[j]`` for them (one
-    message; none to a rank without rows of ``b``). The partial products travel in one allgather (see
+    message; none to a rank without rows of ``b``) and receives their partial products back (``out`` on the owner
+    alone, :attr:`to_owner`). With ``v`` replicated the partial products travel in one allgather (see
     :func:`lower_vecmat`)."""
 
     kind = "vecmat"
@@ -274,16 +299,23 @@ class VecMatPlan(Plan):
         bs, bt, k = b.view.row_params
         per_rank = _b_rows_by_owner(b.base.dist, bs, bt, k, nranks)
         js, loc = per_rank[rank]
+        runs = b.base.dist.kind == "block"      # one run of j (step 1) and of local rows (step bt) per rank
         #: The entries ``j`` of ``v`` this rank multiplies (a slice for a run), and its rows of ``b``.
-        self.js = selector(js)
-        self.local_b_rows = selector(loc)
-        self.hull = hull(loc) if len(loc) else (0, 0)
+        self.js = _rows_sel(js, 1, runs)
+        self.local_b_rows = _rows_sel(loc, bt, runs)
+        self.hull = _rows_hull(loc, runs) if len(loc) else (0, 0)
         self.nrows = len(js)
         #: ``v``'s owner (None: ``v`` replicated) and its local row there.
         self.v_owner: Optional[int] = None
         self.v_row = 0
         self.v_items = v.view.trail_items()
         self.send_js: List[Any] = []
+        #: Whether the result lives on ``v``'s owner alone (its partial products are sent there, no allgather),
+        #: whether this rank receives ``v``'s entries (message 0 in), and on the owner the ranks whose partial
+        #: products come in (in message order).
+        self.to_owner = not task.out.base.replicated
+        self.v_in = False
+        self.part_from: List[int] = []
         if v.base.replicated:
             return
         r = v.view.row_params[0]
@@ -292,30 +324,40 @@ class VecMatPlan(Plan):
         self.v_row = int(dist.local_index(np.array([r], dtype=np.int64))[0])
         send: Dict[int, List[PartSpec]] = {}
         recv: Dict[int, List[PartSpec]] = {}
+        m, odt = task.out.shape[0], task.out.dtype
         if rank == self.v_owner:
             for q in range(nranks):
                 if q != rank and len(per_rank[q][0]):
                     send[q] = [PartSpec(0, len(per_rank[q][0]), v.dtype, ())]
-                    self.send_js.append(selector(per_rank[q][0]))
+                    self.send_js.append(_rows_sel(per_rank[q][0], 1, runs))
+                    if self.to_owner:
+                        recv[q] = [PartSpec(1, m, odt, ())]
+                        self.part_from.append(q)
         elif self.nrows:
             recv[self.v_owner] = [PartSpec(0, self.nrows, v.dtype, ())]
+            self.v_in = True
+            if self.to_owner:
+                send[self.v_owner] = [PartSpec(1, m, odt, ())]
         self.msgs_in = self._messages(recv)
         self.msgs_out = self._messages(send)
 
 
 def vecmat_key(t: VecMat) -> Tuple:
-    """The plan cache key of ``t``: ``v``'s and ``b``'s layouts and views and ``v``'s dtype (``out`` is
-    replicated)."""
-    v, b = t.v, t.b
-    return ("vm", v.base.dist.key, v.view.key, v.dtype.str, b.base.dist.key, b.view.key)
+    """The plan cache key of ``t``: ``v``'s and ``b``'s layouts and views, ``v``'s dtype, ``out``'s layout (on
+    every rank or on ``v``'s owner) and dtype."""
+    v, b, out = t.v, t.b, t.out
+    return ("vm", v.base.dist.key, v.view.key, v.dtype.str, b.base.dist.key, b.view.key, out.base.dist.key,
+            out.dtype.str)
 
 
 def lower_vecmat(fl: Lowering, g: Any, flush_no: int) -> GroupRun:
     """The units of ``g.task`` (a :class:`~..graph.VecMat`) in flush ``fl``: on ``v``'s owner the sends of its
     entries to the ranks with rows of ``b``; the product of this rank's rows of ``b`` with their entries of ``v``
-    (one NumPy ``@``, after the message of ``v`` if it comes from another rank); one allgather of the ranks'
-    partial products (started in the same order on every rank, after the previous collective); and a finish
-    unit storing their sum in rank order in ``out`` (the same bits on every rank)."""
+    (one NumPy ``@``, after the message of ``v`` if it comes from another rank); then, ``out`` on ``v``'s owner,
+    the sends of the partial products to it and its unit storing their sum in rank order
+    (:func:`_lower_sum_on_owner`), or, ``out`` replicated, one allgather of the ranks' partial products (started in
+    the same order on every rank, after the previous collective) and a finish unit storing their sum in rank
+    order in ``out`` (the same bits on every rank)."""
     t: VecMat = g.task
     ctx = fl.ctx
     v, b, out = t.v, t.b, t.out
@@ -333,19 +375,20 @@ def lower_vecmat(fl: Lowering, g: Any, flush_no: int) -> GroupRun:
     part, allp = ex["part"], ex["all"]
     b_items = b.view.trail_items()
     v_at = () if plan.v_owner is None else ((v.base.serial, plan.v_row, plan.v_row + 1, "R"),)
-    for k in range(len(plan.msgs_out)):
-        def pack(k=k) -> None:
-            row = v.base.ensure()[(plan.v_row,) + plan.v_items]
-            np.copyto(inst.send_parts[k][0], row[plan.send_js[k]])
+    if fl.rank == plan.v_owner:
+        for k in range(len(plan.msgs_out)):
+            def pack(k=k) -> None:
+                row = v.base.ensure()[(plan.v_row,) + plan.v_items]
+                np.copyto(inst.send_parts[k][0], row[plan.send_js[k]])
 
-        run.sends.append(fl.send_unit(plan, inst, k, None, None, t.desc, pack=pack))
-        run.sends[-1].access = v_at
+            run.sends.append(fl.send_unit(plan, inst, k, None, None, t.desc, pack=pack))
+            run.sends[-1].access = v_at
 
     def local_fn() -> None:
         if plan.nrows == 0 or m == 0:
             part[...] = 0
             return
-        if plan.msgs_in:
+        if plan.v_in:
             vl = inst.recv_parts[0][0]
         elif plan.v_owner is None:
             vl = v.base.ensure()[v.view.numpy_index()][plan.js]
@@ -357,12 +400,46 @@ def lower_vecmat(fl: Lowering, g: Any, flush_no: int) -> GroupRun:
     v_read = ((v.base.serial, 0, FULL, "R"),) if plan.v_owner is None else \
         (v_at if fl.rank == plan.v_owner else ())
     u0 = Unit("compute", local_fn, t.desc, v_read + ((b.base.serial, plan.hull[0], plan.hull[1], "R"),))
-    if plan.msgs_in:
+    if plan.v_in:
         u0.ndeps = 1
         run.recvs[0].units.append(u0)
     run.computes.append(u0)
-    _lower_partial_sum(fl, t, run, u0, part, allp, flush_no)
+    if plan.to_owner:
+        _lower_sum_on_owner(fl, t, plan, inst, run, u0, part, allp)
+    else:
+        _lower_partial_sum(fl, t, run, u0, part, allp, flush_no)
     return run
+
+
+def _lower_sum_on_owner(fl: Lowering, t: VecMat, plan: VecMatPlan, inst: Instance, run: GroupRun, u0: Unit,
+                        part: np.ndarray, allp: np.ndarray) -> None:
+    """Add to ``run`` (the result on ``v``'s owner alone): on another rank with rows of ``b``, the send of its
+    partial product to the owner (after ``u0``); on the owner, the unit storing the sum in rank order of every
+    rank's partial product (its own, the received ones, zeros for ranks without rows of ``b``: the same bits as
+    the allgather's sum) in ``t.out``, after ``u0`` and the messages."""
+    out = t.out
+    if fl.rank != plan.v_owner:
+        if plan.msgs_out:
+            s = fl.send_unit(plan, inst, 0, None, None, t.desc, pack=lambda: np.copyto(inst.send_parts[0][0], part))
+            after(s, u0)
+            run.sends.append(s)
+        return
+    me = fl.rank
+    dst = out.view.numpy_index(row_sel=int(out.base.dist.local_index(np.array([out.view.row_entry[1]]))[0]))
+
+    def finish() -> None:
+        allp[...] = 0
+        allp[me] = part
+        for k, q in enumerate(plan.part_from):
+            allp[q] = inst.recv_parts[k][0]
+        out.base.ensure()[dst] = combine_partials("sum", allp, out.dtype)
+
+    fin = Unit("compute", finish, t.desc, ((out.base.serial, 0, FULL, "W"),))
+    after(fin, u0)
+    for k in range(len(plan.part_from)):
+        fin.ndeps += 1
+        run.recvs[k].units.append(fin)
+    run.computes.append(fin)
 
 
 def _lower_partial_sum(fl: Lowering, t: VecMat, run: GroupRun, u0: Unit, part: np.ndarray, allp: np.ndarray,
@@ -382,7 +459,7 @@ def _lower_partial_sum(fl: Lowering, t: VecMat, run: GroupRun, u0: Unit, part: n
         fl.start(w)
 
     def finish() -> None:
-        out.base.ensure()[...] = combine_partials("sum", allp, out.dtype)
+        out.base.ensure()[out.view.numpy_index()] = combine_partials("sum", allp, out.dtype)
 
     fin.fn = finish
     coll = Unit("coll", start_coll, t.desc)
