@@ -10,17 +10,8 @@ from conftest import run_sections
 
 @pytest.mark.parametrize("n", [2, 3])
 def test_row_gathers_are_reused_only_while_nothing_is_written(run_mpi, kernel_cache, n):
-<<<<<<< HEAD
     run_sections(run_mpi, kernel_cache, "distarray_row_gathers.py", n,
                  ("a pending whole-row gather is reused only while nothing writes the array or the copy",
-                  "3-D rows and rows larger than the whole-row bound", "argmax and argmin over strided views"))
-=======
-    code = (REPO / "tests" / "distarray_row_gathers.py").read_text()
-    p = run_mpi(code, n=n, timeout=300, env={"NBMPI_DISTARRAY_CACHE": kernel_cache})
-    assert_ok(p)
-    for s in ("a pending whole-row gather is reused only while nothing writes the array or the copy",
-              "3-D rows and rows larger than the whole-row bound", 
-              "a result over fixed rows only is computed by its first row's owner", "argmax and argmin over strided views"):
-        assert f"ok {s}\n" in p.stdout, (s, p.stdout)
-    assert f" checks on {n} ranks)" in p.stdout, p.stdout
->>>>>>> h4lu2
+                  "3-D rows and rows larger than the whole-row bound",
+                  "a result over fixed rows only is computed by its first row's owner",
+                  "argmax and argmin over strided views"))
