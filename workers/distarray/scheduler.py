@@ -223,6 +223,16 @@ class _Flush:
         self.start(w)
         return w
 
+    def group_run(self, plan, flush_no: int, label: str) -> Tuple[Any, GroupRun]:
+        """``plan``'s instance for flush ``flush_no`` (one more use counted) and a new :class:`GroupRun` labelled
+        ``label`` holding it, with a waitable per incoming message already added (:meth:`receives`)."""
+        inst = plan.acquire(self.ctx, flush_no)
+        inst.uses += 1
+        run = GroupRun(label)
+        run.inst = inst
+        self.receives(run, plan, inst, label)
+        return inst, run
+
     def receives(self, run: GroupRun, plan, inst, label: str) -> None:
         """Add to ``run`` a waitable per incoming message of ``plan`` (the instance's persistent receives, which
         the scheduler starts all at once)."""

@@ -127,6 +127,9 @@ class Lowering(Protocol):
     MPI: Any            #: the mpi4py MPI module
     blocks: int         #: kernel blocks run (a block unit adds 1 when it runs)
 
+    def group_run(self, plan: Any, flush_no: int, label: str) -> Tuple[Any, GroupRun]:
+        """``plan``'s instance for flush ``flush_no`` (its use counted) and a new GroupRun with its receives."""
+
     def receives(self, run: GroupRun, plan: Any, inst: Any, label: str) -> None:
         """Add a waitable per incoming message of ``plan`` (its instance's persistent receives) to ``run``."""
 

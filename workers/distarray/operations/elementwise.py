@@ -568,12 +568,8 @@ def lower(fl: Lowering, g: Any, flush_no: int) -> GroupRun:
     else:
         plan, fresh = ctx.plan(lk, lambda: ElementwisePlan(g, fl.rank, fl.size, ce)).bound_to(g, fl.rank, ce)
         ctx.stats["plans_rebound"] += fresh
-    inst = plan.acquire(ctx, flush_no)
-    inst.uses += 1
+    inst, run = fl.group_run(plan, flush_no, g.label)
     bases = [obj.out.base if role == "red" else obj.base for role, obj in g.arrays]
-    run = GroupRun(g.label)
-    run.inst = inst
-    fl.receives(run, plan, inst, g.label)
 
     def local_of(a: int) -> np.ndarray:
         return bases[a].ensure()

@@ -118,10 +118,7 @@ def lower(fl: Lowering, g: Any, flush_no: int) -> GroupRun:
     else:           # one plan per owner; this row's place in the owner's buffer is given here
         plan = ctx.plan(row_key(t, row[0]), lambda: ReplicatePlan(t, fl.rank, fl.size))
         local_src, rhull = row[1], ((row[1], row[1] + 1) if fl.rank == row[0] else (0, 0))
-    inst = plan.acquire(ctx, flush_no)
-    inst.uses += 1
-    run = GroupRun(t.desc)
-    fl.receives(run, plan, inst, t.desc)
+    inst, run = fl.group_run(plan, flush_no, t.desc)
     items = plan.items
     for k in range(len(plan.msgs_out)):
         if row is None:

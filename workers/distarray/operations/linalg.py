@@ -225,10 +225,7 @@ def lower_matmul(fl: Lowering, g: Any, flush_no: int) -> GroupRun:
     ctx = fl.ctx
     a, b, out = t.a, t.b, t.out
     plan: MatmulPlan = ctx.plan(matmul_key(t), lambda: MatmulPlan(t, fl.rank, fl.size))
-    inst = plan.acquire(ctx, flush_no)
-    inst.uses += 1
-    run = GroupRun(t.desc)
-    fl.receives(run, plan, inst, t.desc)
+    inst, run = fl.group_run(plan, flush_no, t.desc)
     bases = {0: a.base, 1: b.base}
     for k in range(len(plan.msgs_out)):
         run.sends.append(fl.send_unit(plan, inst, k, lambda i: bases[i].ensure(), lambda i: bases[i].serial,
@@ -362,10 +359,7 @@ def lower_vecmat(fl: Lowering, g: Any, flush_no: int) -> GroupRun:
     ctx = fl.ctx
     v, b, out = t.v, t.b, t.out
     plan: VecMatPlan = ctx.plan(vecmat_key(t), lambda: VecMatPlan(t, fl.rank, fl.size))
-    inst = plan.acquire(ctx, flush_no)
-    inst.uses += 1
-    run = GroupRun(t.desc)
-    fl.receives(run, plan, inst, t.desc)
+    inst, run = fl.group_run(plan, flush_no, t.desc)
     m = out.shape[0]
     dt = out.dtype
     ex = inst.extra
@@ -482,10 +476,7 @@ def lower_transpose(fl: Lowering, g: Any, flush_no: int) -> GroupRun:
     ctx = fl.ctx
     src, out = t.src, t.out
     plan: TransposePlan = ctx.plan(transpose_key(t), lambda: TransposePlan(t, fl.rank, fl.size))
-    inst = plan.acquire(ctx, flush_no)
-    inst.uses += 1
-    run = GroupRun(t.desc)
-    fl.receives(run, plan, inst, t.desc)
+    inst, run = fl.group_run(plan, flush_no, t.desc)
     for k in range(len(plan.msgs_out)):
         run.sends.append(fl.send_unit(
             plan, inst, k, None, None, t.desc,

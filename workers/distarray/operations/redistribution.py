@@ -269,11 +269,7 @@ def lower(fl: Lowering, g: Any, flush_no: int) -> GroupRun:
     ctx = fl.ctx
     src, out = t.src, t.out
     plan: RedistributionPlan = ctx.plan(cache_key(t), lambda: RedistributionPlan(src, out, fl.rank, fl.size))
-    inst = plan.acquire(ctx, flush_no)
-    inst.uses += 1
-    run = GroupRun(t.desc)
-    run.inst = inst
-    fl.receives(run, plan, inst, t.desc)
+    inst, run = fl.group_run(plan, flush_no, t.desc)
     sb, ob = src.base, out.base
     _lower_sends(fl, t, plan, inst, run)
     _lower_unpacks(fl, t, plan, inst, run)
