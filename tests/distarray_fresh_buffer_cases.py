@@ -125,7 +125,21 @@ a[:] = 0.0
 t = f + 1.0
 check("reads recorded before and after a write", np.array_equal(s.to_numpy(), b0.ravel() * 3)
       and np.array_equal(t.to_numpy(), b0.ravel() + 1) and not a.to_numpy().any())
-del a, f, s, t, g
+# a boolean-mask assignment writes the local buffer directly (masking.put): it too ends the sharing
+a = dnp.from_numpy(b0)
+f = a.reshape(E * C // 2, 2)
+m = dnp.from_numpy(np.arange(E * C // 2) % 3 == 1)
+f[m] = -1.0
+wf = b0.reshape(E * C // 2, 2).copy()
+wf[np.arange(E * C // 2) % 3 == 1] = -1.0
+check("reshape then result mask-written", np.array_equal(f.to_numpy(), wf) and np.array_equal(a.to_numpy(), b0))
+a = dnp.from_numpy(b0)
+f = a.ravel()
+a[dnp.from_numpy(np.arange(E) % 2 == 0)] = 5.0
+w = b0.copy()
+w[np.arange(E) % 2 == 0] = 5.0
+check("ravel then source mask-written", np.array_equal(f.to_numpy(), b0.ravel()) and np.array_equal(a.to_numpy(), w))
+del a, f, s, t, g, m
 
 
 def vm_flags(arr):

@@ -83,7 +83,10 @@ def take(a: DistArray, mask: DistArray) -> DistArray:
 
 def put(a: DistArray, mask: DistArray, value: Any) -> None:
     """``a[mask] = value`` (``mask`` from :func:`mask_of`), in place in each rank's rows. Collective, blocking.
-    ``ValueError`` (on every rank) if ``value`` does not broadcast to the selection, as in NumPy."""
+    ``ValueError`` (on every rank) if ``value`` does not broadcast to the selection, as in NumPy. Writes the local
+    buffer directly (not a recorded task), so it first ends any copy-on-write sharing of ``a``'s base (a
+    ``reshape``/``ravel`` of it, or the array it was reshaped from, keeps its own values)."""
+    a._base.unshare()
     loc, m, pos, ends = _selected(a, mask, "a[mask] = v")
     total = int(ends[-1]) if len(ends) else 0
     want = (total,) + tuple(a.shape[mask.ndim:])

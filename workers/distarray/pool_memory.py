@@ -35,14 +35,15 @@ MAP_MIN_BYTES = 32 << 20
 
 
 def _advice_from_env() -> Optional[int]:
-    v = os.environ.get(HUGEPAGE_ENV, "0").strip().lower()
-    if v in ("", "numpy"):
+    v = os.environ.get(HUGEPAGE_ENV, "").strip().lower() or "0"
+    if v == "numpy":
         return None
     if v in ("0", "off", "no", "false"):
         return getattr(mmap, "MADV_NOHUGEPAGE", None)
     if v in ("1", "on", "yes", "true"):
         return getattr(mmap, "MADV_HUGEPAGE", None)
-    raise ValueError(f"{HUGEPAGE_ENV}={v!r}: use numpy (default), 0 or 1")
+    raise ValueError(f"{HUGEPAGE_ENV}={v!r}: use 0 (default: 4 KiB pages), 1 (huge pages) or numpy "
+                     "(NumPy's own allocation)")
 
 
 #: The ``madvise`` advice given to fresh pool buffers, or None for NumPy's own allocation.
