@@ -11,7 +11,11 @@ and put the security headers on every answer.
   moment it passes the limit the client gets 413 and the application sees the
   client gone (:class:`starlette.requests.ClientDisconnect`), so no request
   holds more than the limit in memory. The upload endpoint keeps its own
-  (smaller) limit on the script on top of this one.
+  (smaller) limit on the script on top of this one. After a streaming 413 the
+  guard lingers (at most :data:`LINGER_SECONDS`, :data:`LINGER_BYTES`),
+  reading and discarding what the client still sends, before it ends the
+  answer: a connection closed with unread bytes is reset, and a reset can
+  destroy the answer before the client has read it.
 
 :class:`SecurityHeaders` adds ``X-Content-Type-Options: nosniff`` and
 ``Referrer-Policy: no-referrer`` to every answer and a Content-Security-Policy
@@ -22,6 +26,7 @@ itself are kept.
 """
 from __future__ import annotations
 
+import asyncio
 from typing import Callable, Dict, Iterable, Optional, Tuple
 
 from .auth import UNAUTHORIZED, Authenticator
@@ -34,6 +39,9 @@ Send = Callable[["Message"], None]
 
 #: Paths whose every request needs a valid bearer token (checked before the body is read).
 AUTHENTICATED_PREFIX = "/api/v1/"
+#: How long, and for how many bytes, a refused body is read and discarded after its 413 was sent.
+LINGER_SECONDS = 1.0
+LINGER_BYTES = 64 << 20
 
 
 def _header(scope: Scope, name: bytes) -> Optional[str]:
@@ -103,10 +111,37 @@ class _Limited:
             if self.seen > self.guard.max_body:
                 self.refused = True
                 if not self.started:
-                    detail = self.guard._too_big(f"more than {self.guard.max_body} bytes (still streaming)")
-                    await error(413, detail, headers={"Connection": "close"})(self.scope, self._noop, self._send)
+                    await self._refuse()
                 return {"type": "http.disconnect"}
         return message
+
+    async def _refuse(self) -> None:
+        """Send the 413 with its whole body, linger while discarding the rest of the request, then end it."""
+        detail = self.guard._too_big(f"more than {self.guard.max_body} bytes (still streaming)")
+
+        async def hold_last(message: Message) -> None:   # the answer's end waits for the lingering
+            if message["type"] == "http.response.body" and not message.get("more_body", False):
+                message = {**message, "more_body": True}
+            await self._send(message)
+
+        await error(413, detail, headers={"Connection": "close"})(self.scope, self._noop, hold_last)
+        await self._linger()
+        await self._send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def _linger(self) -> None:
+        loop = asyncio.get_running_loop()
+        deadline, drained = loop.time() + LINGER_SECONDS, 0
+        while drained < LINGER_BYTES:
+            left = deadline - loop.time()
+            if left <= 0:
+                return
+            try:
+                message = await asyncio.wait_for(self._receive(), left)
+            except asyncio.TimeoutError:
+                return
+            if message["type"] != "http.request" or not message.get("more_body", False):
+                return
+            drained += len(message.get("body", b""))
 
     async def send(self, message: Message) -> None:
         if self.refused:
