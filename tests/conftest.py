@@ -55,13 +55,29 @@ def assert_ok(proc) -> None:
     assert proc.returncode == 0, f"exit {proc.returncode}\nSTDOUT:\n{proc.stdout}\nSTDERR:\n{proc.stderr}"
 
 
-def run_sections(run_mpi, kernel_cache: str, script: str, n: int, sections, timeout: float = 300):
-    """Run ``tests/<script>`` on ``n`` ranks with the suite's kernel cache; fail unless it exits 0, prints
-    ``ok <section>`` for every one of ``sections`` and its closing count ``... checks on <n> ranks)``.
-    Returns the finished process (for further checks)."""
+def run_script(run_mpi, kernel_cache: str, script: str, n: int, timeout: float = 300, args=()):
+    """Run ``tests/<script>`` on ``n`` ranks with the suite's kernel cache (``args``: its command line); fail
+    with its output unless it exits 0. Returns the finished process."""
     code = (REPO / "tests" / script).read_text()
-    p = run_mpi(code, n=n, timeout=timeout, env={"NBMPI_DISTARRAY_CACHE": kernel_cache})
+    p = run_mpi(code, n=n, timeout=timeout, env={"NBMPI_DISTARRAY_CACHE": kernel_cache}, args=args)
     assert_ok(p)
+    return p
+
+
+def run_ranks(run_mpi, kernel_cache: str, script: str, n: int, marks, timeout: float = 290, args=()):
+    """:func:`run_script`, then fail unless every rank ``r`` printed ``rank r: <mark>`` for each of ``marks``.
+    Returns the finished process."""
+    p = run_script(run_mpi, kernel_cache, script, n, timeout, args)
+    for r in range(n):
+        for m in marks:
+            assert f"rank {r}: {m}" in p.stdout, (r, m, p.stdout)
+    return p
+
+
+def run_sections(run_mpi, kernel_cache: str, script: str, n: int, sections, timeout: float = 300):
+    """:func:`run_script`, then fail unless it printed ``ok <section>`` for every one of ``sections`` and its
+    closing count ``... checks on <n> ranks)``. Returns the finished process (for further checks)."""
+    p = run_script(run_mpi, kernel_cache, script, n, timeout)
     for s in sections:
         assert f"ok {s}\n" in p.stdout, (s, p.stdout)
     assert f" checks on {n} ranks)" in p.stdout, p.stdout

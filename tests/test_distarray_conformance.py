@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import REPO, assert_ok
+from conftest import run_ranks
 
 DISTS = ["block", "cyclic", "('block-cyclic', 2)"]
 
@@ -21,10 +21,5 @@ def test_conformance_against_numpy(run_mpi, kernel_cache, n, part):
     """Recorded part: reductions, nan*, cumulative, shape functions, linalg.norm. Native part: sort/argsort,
     searchsorted, reshape, repeat, tile, flip, transpose/swapaxes/moveaxis, nonzero, joining, convolve/correlate,
     cross (collective steps)."""
-    code = (REPO / "tests" / "distarray_conformance.py").read_text()
-    p = run_mpi(code, n=n, timeout=290, env={"NBMPI_DISTARRAY_CACHE": kernel_cache}, args=("25", part))
-    assert_ok(p)
-    for r in range(n):
-        for d in PARTS[part]:
-            assert f"rank {r}: ok {d}" in p.stdout, (r, d, p.stdout)
-        assert f"rank {r}: ALL OK (" in p.stdout, p.stdout
+    run_ranks(run_mpi, kernel_cache, "distarray_conformance.py", n, [f"ok {d}" for d in PARTS[part]] + ["ALL OK ("],
+              args=("25", part))

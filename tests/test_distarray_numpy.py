@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import REPO, assert_ok
+from conftest import REPO, assert_ok, run_ranks
 
 SECTIONS = ["functions, ufuncs, operators and methods fall back to NumPy on every distribution",
             "Python bool operands follow NumPy's promotion", "every name NumPy has exists",
@@ -76,29 +76,17 @@ def test_numpy_table_is_current():
 def test_grid_constructors_equal_numpy(run_mpi, kernel_cache, n):
     """linspace, logspace, meshgrid (xy and ij, 2 and 3 vectors, distributed vectors), eye, identity, indices,
     fromfunction, asarray(dtype=), copy: bit-for-bit NumPy's values on block, cyclic and block-cyclic."""
-    code = (REPO / "tests" / "distarray_grids.py").read_text()
-    p = run_mpi(code, n=n, timeout=180, env={"NBMPI_DISTARRAY_CACHE": kernel_cache})
-    assert_ok(p)
-    for r in range(n):
-        assert f"rank {r}: grids OK" in p.stdout, p.stdout
+    run_ranks(run_mpi, kernel_cache, "distarray_grids.py", n, ["grids OK"], timeout=180)
 
 
 @pytest.mark.parametrize("n", [1, 3])
 def test_random_api_equals_numpy(run_mpi, kernel_cache, n):
     """default_rng's Generator (random/uniform drawn distributed, the other methods per rank) and the legacy
     functions after seed(s) give NumPy's values; an unseeded default_rng() gives every rank the same stream."""
-    code = (REPO / "tests" / "distarray_random_api.py").read_text()
-    p = run_mpi(code, n=n, timeout=180, env={"NBMPI_DISTARRAY_CACHE": kernel_cache})
-    assert_ok(p)
-    for r in range(n):
-        assert f"rank {r}: random OK" in p.stdout, p.stdout
+    run_ranks(run_mpi, kernel_cache, "distarray_random_api.py", n, ["random OK"], timeout=180)
 
 
 @pytest.mark.parametrize("n", [1, 3])
 def test_numpy_math_is_identical_to_numpy(run_mpi, kernel_cache, n):
-    code = (REPO / "tests" / "distarray_numpy_math.py").read_text()
-    p = run_mpi(code, n=n, timeout=240, env={"NBMPI_DISTARRAY_CACHE": kernel_cache})
-    assert_ok(p)
+    p = run_ranks(run_mpi, kernel_cache, "distarray_numpy_math.py", n, ["numpy math OK"], timeout=240)
     assert "compiled float32 exp differs from NumPy's on" in p.stdout, p.stdout
-    for r in range(n):
-        assert f"rank {r}: numpy math OK" in p.stdout, p.stdout

@@ -5,17 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import REPO, assert_ok
+from conftest import run_ranks
 
 DISTS = ["block", "cyclic", "('block-cyclic', 2)"]
 
 
 @pytest.mark.parametrize("n", [1, 2, 3])
 def test_roll_equals_numpy(run_mpi, kernel_cache, n):
-    code = (REPO / "tests" / "distarray_roll_cases.py").read_text()
-    p = run_mpi(code, n=n, timeout=290, env={"NBMPI_DISTARRAY_CACHE": kernel_cache})
-    assert_ok(p)
-    for r in range(n):
-        for d in DISTS:
-            assert f"rank {r}: ok {d}" in p.stdout, (r, d, p.stdout)
-        assert f"rank {r}: ALL OK (" in p.stdout, p.stdout
+    run_ranks(run_mpi, kernel_cache, "distarray_roll_cases.py", n, [f"ok {d}" for d in DISTS] + ["ALL OK ("])

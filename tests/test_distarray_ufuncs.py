@@ -9,20 +9,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import REPO, assert_ok
+from conftest import run_ranks
 
 
 @pytest.mark.parametrize("n", [1, 2, 3])
 def test_ufuncs_and_selection_against_numpy(run_mpi, kernel_cache, n):
-    code = (REPO / "tests" / "distarray_ufuncs.py").read_text()
-    p = run_mpi(code, n=n, timeout=290, env={"NBMPI_DISTARRAY_CACHE": kernel_cache}, args=("25", "all"))
-    assert_ok(p)
-    for r in range(n):
-        assert f"rank {r}: ok ufuncs (" in p.stdout, p.stdout
-        for d in ("block", "cyclic", "('block-cyclic', 2)"):
-            assert f"rank {r}: ok rest {d} (" in p.stdout, (r, d, p.stdout)
-        assert f"rank {r}: ok hypothesis" in p.stdout, p.stdout
-        assert f"rank {r}: ALL OK (" in p.stdout, p.stdout
+    run_ranks(run_mpi, kernel_cache, "distarray_ufuncs.py", n,
+              ["ok ufuncs ("] + [f"ok rest {d} (" for d in ("block", "cyclic", "('block-cyclic', 2)")]
+              + ["ok hypothesis", "ALL OK ("], args=("25", "all"))
 
 
 def test_every_ufunc_is_native_in_the_table():
