@@ -41,6 +41,7 @@ from ..core import runtime
 from ..core import spmd
 from .errors import DistArrayError
 from .graph import Task
+from . import lazy_joins
 from .lazy_grids import substitute_reads
 
 __all__ = ["ArrayContext", "context_for", "configure", "env_latency_hiding"]
@@ -126,6 +127,9 @@ class ArrayContext:
         #: Lazy coordinate grids not yet materialised (:mod:`.lazy_grids`): while nonzero, :meth:`record` lets
         #: elementwise tasks read their coordinates instead and materialises a grid a task writes.
         self.lazy_grids = 0
+        #: Lazy concatenate results not yet materialised (:mod:`.lazy_joins`): while nonzero, :meth:`record`
+        #: materialises one a task reads or writes before recording the task.
+        self.lazy_joins = 0
         #: Aggregators of the irregular copies (:mod:`~.irregular`), per role and item type, reused.
         self.aggregators: Dict[Any, Any] = {}
 
@@ -166,6 +170,8 @@ class ArrayContext:
         if self.shared:
             for w in task.writes():
                 w.base.unshare()
+        if self.lazy_joins:
+            lazy_joins.on_record(task)
         if self.lazy_grids:
             substitute_reads(task)
         self.pending.append(task)

@@ -18,7 +18,7 @@ from ..core import runtime, waiting
 from ..tracing import tracer as tracing
 from .errors import DistArrayTimeout
 
-__all__ = ["applies", "gather_block"]
+__all__ = ["applies", "gather_block", "gather_into"]
 
 K_GATHER = tracing.register_kind("distarray_gather_direct")
 #: the largest per-rank byte count one MPI count can hold
@@ -42,9 +42,25 @@ def gather_block(base, root: Optional[int], reason: str) -> Optional[np.ndarray]
     (``root=None``) or on ``root`` only (the others get None). Collective over the base's communicator:
     every rank calls it with the same arguments; it is a force point (``ctx.flush(reason)`` first), then
     blocks in the gather, waited with the context's timeout (:class:`~.errors.DistArrayTimeout` names the
-    rank, the root and the operation)."""
+    rank, the root and the operation). A lazy ``concatenate`` result (:mod:`.lazy_joins`) is gathered from
+    its parts, straight into the result (it is never stored)."""
     ctx = base.context
+    if base.join is not None:
+        from .lazy_joins import gather_parts
+        return gather_parts(base, root, reason)
     ctx.flush(reason)
+    dest = root is None or ctx.rank == root
+    out = np.empty(base.shape, dtype=base.dtype) if dest else None   # the user's: NumPy's own memory
+    gather_into(base, root, out, reason)
+    return out
+
+
+def gather_into(base, root: Optional[int], out: Optional[np.ndarray], reason: str) -> None:
+    """Gather the whole array ``base`` (see :func:`applies`; evaluated: no pending write to it) into ``out``, a
+    C-contiguous NumPy array of its shape and dtype on every rank (``root=None``) or on ``root`` (None on the
+    others). Collective over the base's communicator, blocking, waited with the context's timeout (see
+    :func:`gather_block`); not a force point."""
+    ctx = base.context
     ctx.ensure_comm()
     MPI = runtime.MPI()
     rank, size = ctx.rank, ctx.size
@@ -55,7 +71,6 @@ def gather_block(base, root: Optional[int], reason: str) -> Optional[np.ndarray]
     displs[1:] = np.cumsum(counts)[:-1]
     local = base.ensure().reshape(-1).view(np.uint8)
     dest = root is None or rank == root
-    out = np.empty(base.shape, dtype=base.dtype) if dest else None   # the user's: NumPy's own memory
     recv = [out.reshape(-1).view(np.uint8), (counts, displs), MPI.BYTE] if dest else None
     t0 = time.perf_counter_ns()
     if root is None:
@@ -69,4 +84,3 @@ def gather_block(base, root: Optional[int], reason: str) -> Optional[np.ndarray]
     if tr.enabled:
         tr.record(K_GATHER, tracing.DIR_NONE, -1 if root is None else root, 0, int(counts.sum()) if dest else
                   local.nbytes, t0, time.perf_counter_ns(), wait=-1, seq=ctx.flush_no, chan=ctx.chan, count=size)
-    return out
