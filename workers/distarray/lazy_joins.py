@@ -75,8 +75,15 @@ def materialise(base: Any) -> None:
 
     parts = _forget(base)
     whole = DistArray(base, View.full(base.shape))
-    for lo, hi, x in parts:
-        whole[lo:hi] = x
+    # the copies are not a write the joins of this array must see first: they give it its values (a lazy join
+    # of this one, materialised now, would read it before them)
+    aliases, base.aliases = base.aliases, None
+    try:
+        for lo, hi, x in parts:
+            whole[lo:hi] = x
+    finally:
+        if aliases:
+            base.aliases = aliases + (base.aliases or [])
 
 
 def on_record(task: Any) -> None:
@@ -92,22 +99,32 @@ def on_record(task: Any) -> None:
 
 def gather_parts(base: Any, root: Optional[int], reason: str) -> Optional[np.ndarray]:
     """The whole lazy join ``base`` as a new NumPy array on every rank (``root=None``) or on ``root`` (None on
-    the others), each part gathered into its rows of it: a whole block-distributed part of the result's dtype
-    straight from its local buffer (:func:`~.gather_direct.gather_into`), any other through its own
-    ``to_numpy``. Collective, a force point (every rank calls it with the same arguments); ``base`` stays a lazy
-    join."""
-    from . import gather_direct
-
+    the others), each part gathered into its rows of it (:func:`_gather_into`). Collective, a force point (every
+    rank calls it with the same arguments); ``base`` stays a lazy join."""
     ctx = base.context
     ctx.flush(reason)
     dest = root is None or ctx.rank == root
     out = np.empty(base.shape, dtype=base.dtype) if dest else None
+    _gather_into(base, root, out, reason)
+    return out
+
+
+def _gather_into(base: Any, root: Optional[int], out: Optional[np.ndarray], reason: str) -> None:
+    """Gather lazy join ``base`` into ``out`` (its shape and dtype, C-contiguous; None on a rank that is not
+    ``root``): a whole lazy join part of the same dtype recursively, a whole block-distributed part of the same
+    dtype straight from its local buffer (:func:`~.gather_direct.gather_into`), any other through its own
+    ``to_numpy``. Collective, blocking; the caller has flushed."""
+    from . import gather_direct
+
+    dest = out is not None
     for lo, hi, x in list(base.join):
         xb = x._base
-        if x.dtype == base.dtype and gather_direct.applies(xb, x._view):
-            gather_direct.gather_into(xb, root, out[lo:hi] if dest else None, reason)
+        into = out[lo:hi] if dest else None
+        if x.dtype == base.dtype and xb.join is not None and x._view.is_full:
+            _gather_into(xb, root, into, reason)
+        elif x.dtype == base.dtype and gather_direct.applies(xb, x._view):
+            gather_direct.gather_into(xb, root, into, reason)
         else:
             got = x.to_numpy(root, _reason=reason)
             if dest:
-                out[lo:hi] = got
-    return out
+                into[...] = got
