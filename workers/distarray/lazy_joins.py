@@ -1,7 +1,7 @@
 """``concatenate`` results that are not stored until something needs them.
 
-``r = concatenate([a, b, c])`` along axis 0 into a block-distributed result whose operands are all
-distributed arrays records nothing: the result's base keeps its parts (``join``: ``(lo, hi, part)`` per
+``r = concatenate([a, b, c])`` along axis 0 into a block-distributed result whose operands are all whole
+distributed arrays (not views: a join keeps its parts alive; none a lazy join itself: no chains) records nothing: the result's base keeps its parts (``join``: ``(lo, hi, part)`` per
 operand, rows ``lo:hi`` of the result) and has no local buffer. When the only use of ``r`` is to be gathered
 (``r.to_numpy()``, ``numpy.asarray(r)``), each part is gathered straight into its rows of the NumPy result
 (:func:`gather_parts`): the result's distributed block is never written, so its pages are never touched.
@@ -75,15 +75,8 @@ def materialise(base: Any) -> None:
 
     parts = _forget(base)
     whole = DistArray(base, View.full(base.shape))
-    # the copies are not a write the joins of this array must see first: they give it its values (a lazy join
-    # of this one, materialised now, would read it before them)
-    aliases, base.aliases = base.aliases, None
-    try:
-        for lo, hi, x in parts:
-            whole[lo:hi] = x
-    finally:
-        if aliases:
-            base.aliases = aliases + (base.aliases or [])
+    for lo, hi, x in parts:
+        whole[lo:hi] = x
 
 
 def on_record(task: Any) -> None:
@@ -111,19 +104,16 @@ def gather_parts(base: Any, root: Optional[int], reason: str) -> Optional[np.nda
 
 def _gather_into(base: Any, root: Optional[int], out: Optional[np.ndarray], reason: str) -> None:
     """Gather lazy join ``base`` into ``out`` (its shape and dtype, C-contiguous; None on a rank that is not
-    ``root``): a whole lazy join part of the same dtype recursively, a whole block-distributed part of the same
-    dtype straight from its local buffer (:func:`~.gather_direct.gather_into`), any other through its own
-    ``to_numpy``. Collective, blocking; the caller has flushed."""
+    ``root``): a block-distributed part of the same dtype straight from its local buffer
+    (:func:`~.gather_direct.gather_into`), any other through its own ``to_numpy``. Collective, blocking; the
+    caller has flushed."""
     from . import gather_direct
 
     dest = out is not None
     for lo, hi, x in list(base.join):
-        xb = x._base
         into = out[lo:hi] if dest else None
-        if x.dtype == base.dtype and xb.join is not None and x._view.is_full:
-            _gather_into(xb, root, into, reason)
-        elif x.dtype == base.dtype and gather_direct.applies(xb, x._view):
-            gather_direct.gather_into(xb, root, into, reason)
+        if x.dtype == base.dtype and gather_direct.applies(x._base, x._view):
+            gather_direct.gather_into(x._base, root, into, reason)
         else:
             got = x.to_numpy(root, _reason=reason)
             if dest:

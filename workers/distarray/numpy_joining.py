@@ -8,8 +8,9 @@ most one message per peer (:mod:`.operations.redistribution`), rows already in p
 ``stack`` inserts the new axis as a view (``expand_dims``) of each operand first. Operands may mix
 distributed arrays, NumPy arrays and scalars (as NumPy: at least one must be a DistArray for these
 functions to be called). Nothing runs before the next force point. Call SPMD with the same arguments.
-A ``concatenate`` of distributed arrays along axis 0 into a block-distributed result records nothing at first
-(:mod:`.lazy_joins`): gathered, its parts go straight into the NumPy result; any other use records the copies.
+A ``concatenate`` of whole distributed arrays (none itself a lazy join) along axis 0 into a block-distributed
+result records nothing at first (:mod:`.lazy_joins`): gathered, its parts go straight into the NumPy result; any
+other use records the copies.
 ``out=`` and ``casting=`` other than ``'same_kind'`` go through the NumPy fallback.
 """
 from __future__ import annotations
@@ -72,7 +73,8 @@ def _join(arrays: List[Any], axis: int, dtype: Any, name: str) -> DistArray:
     total = sum(int(s[axis]) for s in shapes)
     shape = tuple(shapes[0][:axis]) + (total,) + tuple(shapes[0][axis + 1:])
     out = empty(shape, dtype=dt, dist=result_dist(first, shape[0]), comm=first.comm)
-    if axis == 0 and all(isinstance(x, DistArray) for x in arrays) and gather_direct.applies(out._base, out._view):
+    if axis == 0 and all(isinstance(x, DistArray) and x._view.is_full and x._base.join is None for x in arrays) \
+            and gather_direct.applies(out._base, out._view):
         parts, lo = [], 0
         for x, s in zip(arrays, shapes):
             if int(s[0]):
