@@ -4,7 +4,7 @@
 distributed arrays (not views: a join keeps its parts alive; none a lazy join itself: no chains) records nothing: the result's base keeps its parts (``join``: ``(lo, hi, part)`` per
 operand, rows ``lo:hi`` of the result) and has no local buffer. When the only use of ``r`` is to be gathered
 (``r.to_numpy()``, ``numpy.asarray(r)``), each part is gathered straight into its rows of the NumPy result
-(:func:`gather_parts`): the result's distributed block is never written, so its pages are never touched.
+(:func:`~.gather_direct.gather_join`): the result's distributed block is never written, so its pages are never touched.
 
 Anything else *materialises* the join (:func:`materialise`: the copies ``r[lo:hi] = part`` are recorded, as an
 eager ``concatenate`` records them), before it can see the difference:
@@ -21,11 +21,12 @@ Call SPMD: every rank makes the same joins and materialises them at the same poi
 from __future__ import annotations
 
 import weakref
-from typing import Any, List, Optional, Tuple
+from typing import Any, List, Tuple
 
-import numpy as np
+from . import fallback
+from .indexing import View
 
-__all__ = ["make_lazy", "materialise", "on_record", "gather_parts"]
+__all__ = ["make_lazy", "materialise", "on_record", "forget_dead"]
 
 
 def make_lazy(out: Any, parts: List[Tuple[int, int, Any]]) -> None:
@@ -70,11 +71,8 @@ def materialise(base: Any) -> None:
     """Record the copies of lazy join ``base`` (``base[lo:hi] = part`` for each part); ``base`` becomes an
     ordinary array written by them. Local, recorded (not evaluated: the caller flushes if it needs the
     values now)."""
-    from .array import DistArray
-    from .indexing import View
-
     parts = _forget(base)
-    whole = DistArray(base, View.full(base.shape))
+    whole = fallback.REGISTRY["DistArray"](base, View.full(base.shape))
     for lo, hi, x in parts:
         whole[lo:hi] = x
 
@@ -88,33 +86,3 @@ def on_record(task: Any) -> None:
     for leaf in task.writes():
         if leaf.base.join is not None:
             materialise(leaf.base)
-
-
-def gather_parts(base: Any, root: Optional[int], reason: str) -> Optional[np.ndarray]:
-    """The whole lazy join ``base`` as a new NumPy array on every rank (``root=None``) or on ``root`` (None on
-    the others), each part gathered into its rows of it (:func:`_gather_into`). Collective, a force point (every
-    rank calls it with the same arguments); ``base`` stays a lazy join."""
-    ctx = base.context
-    ctx.flush(reason)
-    dest = root is None or ctx.rank == root
-    out = np.empty(base.shape, dtype=base.dtype) if dest else None
-    _gather_into(base, root, out, reason)
-    return out
-
-
-def _gather_into(base: Any, root: Optional[int], out: Optional[np.ndarray], reason: str) -> None:
-    """Gather lazy join ``base`` into ``out`` (its shape and dtype, C-contiguous; None on a rank that is not
-    ``root``): a block-distributed part of the same dtype straight from its local buffer
-    (:func:`~.gather_direct.gather_into`), any other through its own ``to_numpy``. Collective, blocking; the
-    caller has flushed."""
-    from . import gather_direct
-
-    dest = out is not None
-    for lo, hi, x in list(base.join):
-        into = out[lo:hi] if dest else None
-        if x.dtype == base.dtype and gather_direct.applies(x._base, x._view):
-            gather_direct.gather_into(x._base, root, into, reason)
-        else:
-            got = x.to_numpy(root, _reason=reason)
-            if dest:
-                into[...] = got
