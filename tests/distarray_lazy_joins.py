@@ -57,7 +57,8 @@ for dist in ["block", "cyclic", ("block-cyclic", 2), "replicated"]:
     check(f"{dist}: lazy", lazy(r))
     same(f"{dist}: gathered", r, want)
     got = r.to_numpy(root=P - 1)
-    check(f"{dist}: gathered to a root", (got is None) == (rank != P - 1) and (got is None or np.array_equal(got, want)))
+    check(f"{dist}: gathered to a root",
+          (got is None) == (rank != P - 1) and (got is None or np.array_equal(got, want)))
     same(f"{dist}: numpy.asarray", np.asarray(r), want)
     check(f"{dist}: never stored", lazy(r))
     views = dnp.concatenate([a[1:3], b[::-1]])
@@ -115,7 +116,8 @@ check("a ravelled array twice: lazy", lazy(r))
 a[2, 5] = 1e9
 same("write to the array a ravelled part shares", r, np.concatenate([A.ravel(), A.ravel()]))
 
-# nested joins (the outer one stored, reading the inner one); values no earlier array had (a buffer a dead array left in the pool must not hold the expected values)
+# nested joins (the outer one stored, reading the inner one); values no earlier array had (a buffer a dead
+# array left in the pool must not hold the expected values)
 A3, B5 = A * 3.0 + 1.0, B * 5.0
 w35 = np.concatenate([A3, B5])
 a, b = dnp.from_numpy(A) * 3.0 + 1.0, dnp.from_numpy(B) * 5.0

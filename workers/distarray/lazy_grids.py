@@ -23,8 +23,6 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-import numpy as np
-
 from .graph import Base, Leaf, Op, Task, substitute
 from .indexing import View
 

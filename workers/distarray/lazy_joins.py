@@ -1,10 +1,11 @@
 """``concatenate`` results that are not stored until something needs them.
 
 ``r = concatenate([a, b, c])`` along axis 0 into a block-distributed result whose operands are all whole
-distributed arrays (not views: a join keeps its parts alive; none a lazy join itself: no chains) records nothing: the result's base keeps its parts (``join``: ``(lo, hi, part)`` per
-operand, rows ``lo:hi`` of the result) and has no local buffer. When the only use of ``r`` is to be gathered
-(``r.to_numpy()``, ``numpy.asarray(r)``), each part is gathered straight into its rows of the NumPy result
-(:func:`~.gather_direct.gather_join`): the result's distributed block is never written, so its pages are never touched.
+distributed arrays (not views: a join keeps its parts alive; none a lazy join itself: no chains) records
+nothing: the result's base keeps its parts (``join``: ``(lo, hi, part)`` per operand, rows ``lo:hi`` of the
+result) and has no local buffer. When the only use of ``r`` is to be gathered (``r.to_numpy()``,
+``numpy.asarray(r)``), each part is gathered straight into its rows of the NumPy result
+(:func:`~.gather_direct.gather_join`): the result's distributed block is never written, its pages never touched.
 
 Anything else *materialises* the join (:func:`materialise`: the copies ``r[lo:hi] = part`` are recorded, as an
 eager ``concatenate`` records them), before it can see the difference:
