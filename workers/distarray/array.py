@@ -236,9 +236,9 @@ class DistArray:
         the array) unless the rows are not evenly spaced locally (then a copy). A replicated array
         gives all of it. Once taken, the base's buffer is never exchanged by fusion."""
         ctx = self.context
-        ctx.flush(".local")
         b, v = self._base, self._view
-        b.unshare()          # the user may write into the buffer: no other base may view it
+        b.unshare()          # the user may write into the buffer: no other base may view it (before the
+        ctx.flush(".local")  # force point: a lazy concatenate of this array records its copies, evaluated now)
         b.exported = True
         loc = b.ensure()
         if b.replicated:

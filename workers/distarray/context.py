@@ -41,6 +41,8 @@ from ..core import runtime
 from ..core import spmd
 from .errors import DistArrayError
 from .graph import Task
+from . import lazy_joins
+from .lazy_grids import substitute_reads
 
 __all__ = ["ArrayContext", "context_for", "configure", "env_latency_hiding"]
 
@@ -122,6 +124,12 @@ class ArrayContext:
         #: Bases viewing another base's buffer (``Base.share``): while nonzero, :meth:`record` ends the sharing
         #: of a base before a write to it is recorded.
         self.shared = 0
+        #: Lazy coordinate grids not yet materialised (:mod:`.lazy_grids`): while nonzero, :meth:`record` lets
+        #: elementwise tasks read their coordinates instead and materialises a grid a task writes.
+        self.lazy_grids = 0
+        #: Lazy concatenate results not yet materialised (:mod:`.lazy_joins`): while nonzero, :meth:`record`
+        #: materialises one a task reads or writes before recording the task.
+        self.lazy_joins = 0
         #: Aggregators of the irregular copies (:mod:`~.irregular`), per role and item type, reused.
         self.aggregators: Dict[Any, Any] = {}
 
@@ -162,6 +170,10 @@ class ArrayContext:
         if self.shared:
             for w in task.writes():
                 w.base.unshare()
+        if self.lazy_joins:
+            lazy_joins.on_record(task)
+        if self.lazy_grids:
+            substitute_reads(task)
         self.pending.append(task)
         self.stats["recorded"] += 1
 

@@ -30,7 +30,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 
-from . import pool_memory
+from . import lazy_joins, pool_memory
 from .distribution import Distribution
 from .indexing import View
 
@@ -49,12 +49,15 @@ class Base:
     ``pooled`` is True while ``local`` is a buffer :meth:`ensure` made (fresh or from the pool), the only
     kind :meth:`release` gives back during a force point (a buffer installed by :meth:`set_local` may be
     the caller's memory). ``owner``: the base whose local buffer this one views, read-only, until either is
-    written (:meth:`share`); ``aliases``: weak references to the bases viewing this one's buffer.
+    written (:meth:`share`); ``aliases``: weak references to the bases viewing this one's buffer. ``grid``: for a
+    lazy coordinate grid (:mod:`.lazy_grids`), the small base of coordinates whose broadcast is its value (no
+    local buffer until :meth:`ensure` fills one from it); None for any other base. ``join``: for a lazy
+    ``concatenate`` result (:mod:`.lazy_joins`), its parts ``(lo, hi, DistArray)``; None for any other base.
     """
 
     __slots__ = ("context", "serial", "shape", "dtype", "dist", "local", "flat", "nviews", "exported",
                  "temp", "origin", "origin_code", "pooled", "replicated", "sig_head", "owner", "aliases",
-                 "__weakref__")
+                 "grid", "join", "__weakref__")
 
     def __init__(self, context, shape: Tuple[int, ...], dtype: np.dtype, dist: Distribution, temp: bool = False,
                  origin: str = ""):
@@ -73,6 +76,8 @@ class Base:
         self.temp = temp
         self.owner: Optional["Base"] = None
         self.aliases: Optional[List[Any]] = None
+        self.grid: Optional["Base"] = None
+        self.join: Optional[List[Any]] = None
         self.origin = origin
         self.origin_code = zlib.crc32(origin.encode()) if origin else 0
         #: the start of the signature of a Leaf of this base (see node_sig; nothing in it ever changes)
@@ -87,7 +92,17 @@ class Base:
 
     def ensure(self) -> np.ndarray:
         """This rank's local buffer, allocated (uninitialized) on first use; a buffer of the same
-        shape and dtype left by a base that died is reused (no fresh pages to fault in)."""
+        shape and dtype left by a base that died is reused (no fresh pages to fault in). A lazy grid
+        (``grid`` set) is materialised: its new buffer is filled with its coordinates, and it becomes an
+        ordinary base. A lazy join (``join`` set) is materialised and evaluated at once: a force point,
+        collective (only collective calls reach it; a task using it materialised it when it was recorded)."""
+        if self.join is not None:
+            ctx = self.context
+            if ctx.in_flush:
+                raise RuntimeError(f"{self.name()}: a lazy concatenate result was reached during an evaluation "
+                                   "without being materialised first; this is a bug of nbmpi's lazy joins")
+            lazy_joins.materialise(self)
+            ctx.flush("a concatenate result's buffer")
         if self.local is None:
             shape = self.local_shape()
             arr = self.context.buffers.take(shape, self.dtype)
@@ -99,6 +114,10 @@ class Base:
                 else:
                     arr = np.empty(shape, dtype=self.dtype)
             self.set_local(arr, pooled=True)
+            if self.grid is not None:
+                coords, self.grid = self.grid, None
+                self.context.lazy_grids -= 1
+                np.copyto(arr, coords.local)
         return self.local
 
     def release(self) -> bool:
@@ -122,6 +141,10 @@ class Base:
 
     def __del__(self) -> None:
         try:
+            if self.grid is not None:
+                self.context.lazy_grids -= 1
+            if self.join is not None:
+                lazy_joins.forget_dead(self)
             if self.owner is not None:
                 self.owner._drop_alias(self)
             elif self.local is not None and not self.exported:
@@ -149,7 +172,10 @@ class Base:
     def unshare(self) -> None:
         """End every sharing this base is part of (:meth:`share`): each base viewing another's buffer gets a
         copy of it of its own (from the pool when a dead base left one). Local, not blocking; only between
-        force points (no unit may be reading the buffers)."""
+        force points (no unit may be reading the buffers). A lazy join (``join`` set, or listed among the
+        aliases of a base) is materialised: its copies are recorded, before the write that asked for it."""
+        if self.join is not None:
+            lazy_joins.materialise(self)
         if self.owner is not None:
             view = self.local
             owner = self.owner

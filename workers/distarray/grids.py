@@ -8,13 +8,16 @@ with the same arguments (SPMD); ``dist=`` and ``comm=`` as in :mod:`.creation`.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, Tuple
 
 import numpy as np
 
 from .array import _FUNCTIONS, DistArray
 from .creation import _dtype, _new, _shape, from_numpy
+from .distribution import Distribution
+from .graph import Base
 from .indexing import View
+from .lazy_grids import make_lazy
 
 __all__ = ["linspace", "logspace", "geomspace", "meshgrid", "indices", "identity", "eye", "fromfunction"]
 
@@ -34,6 +37,30 @@ def _from_rows(shape: Any, dtype: Any, dist: Any, comm: Any, fill: Callable[[np.
         b.set_local(vals)
     else:
         np.copyto(b.ensure(), np.asarray(vals).reshape(lshape), casting="unsafe")
+    return DistArray(b, View.full(b.shape))
+
+
+def lazy_grid(shape: Tuple[int, ...], dtype: np.dtype, dist: Any, comm: Any, vec: np.ndarray, axis: int,
+              origin: str) -> DistArray:
+    """A new coordinate array of ``shape`` whose element at index ``i`` is ``vec[i[axis]]`` (``vec``: the 1-D
+    coordinates, of length ``shape[axis]``, converted to ``dtype`` as ``numpy.copyto`` does), not stored: a lazy
+    grid (:mod:`.lazy_grids`) keeping only this rank's coordinates (its rows of ``vec`` if ``axis`` is 0, else
+    all of ``vec``). Local. A replicated or empty array is stored at once (:func:`_from_rows`)."""
+    b, ctx = _new(shape, dtype, dist, comm, origin)
+    vals = np.asarray(vec).astype(b.dtype, copy=False)
+    cshape = tuple(n if j == axis else 1 for j, n in enumerate(b.shape))
+    if b.replicated or 0 in b.shape:
+        def fill(rows: np.ndarray) -> np.ndarray:
+            v = vals[rows] if axis == 0 else vals
+            return np.broadcast_to(v.reshape(cshape[:axis] + (-1,) + cshape[axis + 1:]), (len(rows),) + b.shape[1:])
+        return _from_rows(b.shape, b.dtype, dist, comm, fill, origin)
+    if axis == 0:
+        coords = Base(ctx, cshape, b.dtype, b.dist, origin=origin + " coordinates")
+        coords.set_local(np.ascontiguousarray(vals[b.dist.global_rows(ctx.rank)]).reshape(coords.local_shape()))
+    else:
+        coords = Base(ctx, cshape, b.dtype, Distribution("replicated", 1, ctx.size), origin=origin + " coordinates")
+        coords.set_local(np.array(vals, order="C").reshape(cshape))
+    make_lazy(b, coords)
     return DistArray(b, View.full(b.shape))
 
 
@@ -69,7 +96,8 @@ def meshgrid(*xi: Any, indexing: str = "xy", sparse: bool = False, copy: bool = 
     """``numpy.meshgrid``: coordinate arrays from 1-D coordinate vectors, each distributed over its
     axis 0 (for ``indexing="xy"`` with two or more vectors that is the second vector's axis). Local,
     except that distributed coordinate vectors are gathered first (collective). ``sparse=True``
-    returns NumPy's sparse grids (small, replicated as NumPy arrays)."""
+    returns NumPy's sparse grids (small, replicated as NumPy arrays). The dense grids are not stored until
+    something needs their memory (:func:`lazy_grid`)."""
     if indexing not in ("xy", "ij"):
         raise ValueError("meshgrid: indexing must be 'xy' or 'ij'")
     vecs = [_gathered(x).reshape(-1) for x in xi]
@@ -81,11 +109,8 @@ def meshgrid(*xi: Any, indexing: str = "xy", sparse: bool = False, copy: bool = 
     dt = np.result_type(*vecs)
     out = []
     for k in range(len(vecs)):
-        def fill(rows, k=k):
-            part = list(vecs)
-            part[lead] = vecs[lead][rows]
-            return np.meshgrid(*part, indexing=indexing)[k]
-        out.append(_from_rows(shape, dt, dist, comm, fill, f"meshgrid[{k}]"))
+        axis = (1 - k if k < 2 else k) if lead == 1 else k    # the axis output k varies along
+        out.append(lazy_grid(shape, dt, dist, comm, vecs[k], axis, f"meshgrid[{k}]"))
     return out
 
 

@@ -12,7 +12,8 @@
 
 Values equal NumPy's bit for bit: each axis' coordinates are NumPy's formula (``index * step + start`` in the
 dtype NumPy picks, complex steps as point counts). Local: each rank computes only the rows it owns, from the
-same key on every rank, without communicating (SPMD: use the same key on every rank). The grids use the
+same key on every rank, without communicating (SPMD: use the same key on every rank). ``mgrid``'s coordinate
+arrays are lazy grids (:mod:`.lazy_grids`): not stored until something needs their memory. The grids use the
 default communicator and the block distribution.
 """
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import Any, List, Tuple
 import numpy as np
 
 from .array import DistArray
-from .grids import _from_rows
+from .grids import _from_rows, lazy_grid
 from .numpy_joining import stack
 
 __all__ = ["mgrid", "ogrid", "GridArray"]
@@ -111,13 +112,7 @@ class _DistGrid:
         vecs = [_coordinates(n, typ, s, a) for n, s, a in zip(sizes, steps, starts)]
         if self.sparse:
             return self._open(shape, typ, vecs)
-        parts = []
-        for k in range(len(shape)):
-            def fill(rows: np.ndarray, k: int = k) -> np.ndarray:
-                local = (len(rows),) + shape[1:]
-                v = vecs[0][rows] if k == 0 else vecs[k]
-                return np.broadcast_to(v.reshape([-1 if j == k else 1 for j in range(len(shape))]), local)
-            parts.append(_from_rows(shape, typ, "block", None, fill, f"mgrid[{k}]"))
+        parts = [lazy_grid(shape, typ, "block", None, vecs[k], k, f"mgrid[{k}]") for k in range(len(shape))]
         return GridArray(parts)
 
     @staticmethod

@@ -8,6 +8,9 @@ most one message per peer (:mod:`.operations.redistribution`), rows already in p
 ``stack`` inserts the new axis as a view (``expand_dims``) of each operand first. Operands may mix
 distributed arrays, NumPy arrays and scalars (as NumPy: at least one must be a DistArray for these
 functions to be called). Nothing runs before the next force point. Call SPMD with the same arguments.
+A ``concatenate`` of whole distributed arrays (none itself a lazy join) along axis 0 into a block-distributed
+result records nothing at first (:mod:`.lazy_joins`): gathered, its parts go straight into the NumPy result; any
+other use records the copies.
 ``out=`` and ``casting=`` other than ``'same_kind'`` go through the NumPy fallback.
 """
 from __future__ import annotations
@@ -17,7 +20,7 @@ from typing import Any, List, Sequence
 import numpy as np
 from numpy.lib.array_utils import normalize_axis_index
 
-from . import fallback
+from . import fallback, gather_direct, lazy_joins
 from .array import _FUNCTIONS, DistArray
 from .exchange import result_dist
 
@@ -70,6 +73,15 @@ def _join(arrays: List[Any], axis: int, dtype: Any, name: str) -> DistArray:
     total = sum(int(s[axis]) for s in shapes)
     shape = tuple(shapes[0][:axis]) + (total,) + tuple(shapes[0][axis + 1:])
     out = empty(shape, dtype=dt, dist=result_dist(first, shape[0]), comm=first.comm)
+    if axis == 0 and all(isinstance(x, DistArray) and x._view.is_full and x._base.join is None for x in arrays) \
+            and gather_direct.applies(out._base, out._view):
+        parts, lo = [], 0
+        for x, s in zip(arrays, shapes):
+            if int(s[0]):
+                parts.append((lo, lo + int(s[0]), x))
+            lo += int(s[0])
+        lazy_joins.make_lazy(out, parts)      # stored only if something needs more than a gather of it
+        return out
     lo = 0
     pre = (slice(None),) * axis
     for x, s in zip(arrays, shapes):
