@@ -95,4 +95,31 @@ for da in DISTS:                               # aligned local groups over movin
     assert tail.dist.key == C.dist.key, ("a small result over few rows was laid out apart", tail.dist, C.dist)
     same(f"small result over few rows {da}", tail, c[n - 3:, 0] * 2.0)
 section("aligned local plans rebound over moving windows")
+n = 15
+m0 = np.triu(np.add.outer(np.arange(n), np.arange(n + 1)) % 5 - 2.0, 1)[:, :n + 1]
+m0[np.arange(n), np.arange(n)] = 2.0            # dyadic values: every sum below is exact, in any order
+m0[:, n] = np.arange(n) % 7 - 3.0
+old_chunk = ctx.chunk_elems
+dnp.configure(chunk_elems=2)                   # blocks of 2 rows: a window's block count grows as it widens
+try:
+    for dm in DISTS:
+        for dx in DISTS:
+            M, R = dnp.from_numpy(m0, dist=dm), dnp.from_numpy(m0[3], dist="replicated")
+            for again in (False, True):     # again: every shape class and owner seen, no plan may be built
+                X, x = dnp.from_numpy(np.zeros(n), dist=dx), np.zeros(n)
+                built = ctx.stats["plans_built"]
+                for k in range(n - 1, -1, -1):   # back substitution: replicated scalars, dot products over x[k+1:]
+                    X[k] = (M[k, n] - dnp.dot(M[k, k + 1:n], X[k + 1:])) / M[k, k]
+                    x[k] = (m0[k, n] - np.dot(m0[k, k + 1:n], x[k + 1:])) / m0[k, k]
+                    s = dnp.sum(R[k:n] * 0.5) + dnp.sum(X[k:] * 0.25)   # over replicated rows, distributed ones
+                    sx = np.sum(m0[3, k:n] * 0.5) + np.sum(x[k:] * 0.25)
+                    if k % 4 == 0:
+                        same(f"back substitution k={k} M {dm} x {dx}", X, x)
+                        same(f"sums over moving windows k={k} M {dm} x {dx}", s, sx)
+                same(f"back substitution M {dm} x {dx}", X, x)
+                assert not again or ctx.stats["plans_built"] == built, (
+                    "a back substitution step built its plans again", ctx.stats["plans_built"] - built, dm, dx)
+finally:
+    dnp.configure(chunk_elems=old_chunk)
+section("replicated-row and reducing plans rebound over a back substitution")
 print(f"ALL OK ({checks[0]} checks on {size} ranks)", flush=True) if ctx.rank == 0 else None
