@@ -117,6 +117,21 @@ try:
                         same(f"back substitution k={k} M {dm} x {dx}", X, x)
                         same(f"sums over moving windows k={k} M {dm} x {dx}", s, sx)
                 same(f"back substitution M {dm} x {dx}", X, x)
+                for k in range(n - 3):              # replicated rows into distributed ones: inlined when no larger
+                    X[k:k + 3] = R[k:k + 3] * 0.5 + X[k + 1] * 0.25 - 1.0     # 3 elements of 3: inlined
+                    x[k:k + 3] = m0[3, k:k + 3] * 0.5 + x[k + 1] * 0.25 - 1.0
+                    X[k:] = X[k:] + (R[k] * 0.125 - 0.5)                      # one element for many: kept apart
+                    x[k:] = x[k:] + (m0[3, k] * 0.125 - 0.5)
+                same(f"replicated expressions into distributed rows M {dm} x {dx}", X, x)
+                X[2:5] = R[2:5] * 0.5 - 1.0
+                ctx.flush("replicated rows into three distributed ones")
+                assert ctx.last["kinds"] == ["elementwise"], ("not inlined into the distributed rows", ctx.last)
+                X[2:] = X[2:] + (R[2] * 0.125 - 0.5)
+                ctx.flush("a replicated scalar into many distributed rows")
+                assert ctx.last["kinds"] == ["elementwise", "elementwise"], ("inlined into more elements", ctx.last)
+                x[2:5] = m0[3, 2:5] * 0.5 - 1.0
+                x[2:] = x[2:] + (m0[3, 2] * 0.125 - 0.5)
+                same(f"replicated expressions flushed alone M {dm} x {dx}", X, x)
                 exact = [key for key in ctx.plans if key not in known and key[0] == "ew"]
                 assert not exact, ("a back substitution step built an exact-view plan", len(exact), exact[0], dm, dx)
                 assert not again or ctx.stats["plans_built"] == built, (

@@ -308,7 +308,7 @@ def _inline(tasks: List[Task], alive: List[bool], readers: Dict[int, set], write
         if r < 0:
             continue
         rt = tasks[r]
-        if not isinstance(rt, (Assign, Reduce)) or rt.space.rep != t.space.rep:
+        if not isinstance(rt, (Assign, Reduce)) or not _inlinable_into(t.space, rt.space):
             continue
         if any(l.view != t.out.view for l in rt.reads() if l.base is b):
             continue
@@ -328,6 +328,23 @@ def _inline(tasks: List[Task], alive: List[bool], readers: Dict[int, set], write
             readers[s].add(r)
         readers[b.serial].discard(r)
     return count
+
+
+def _inlinable_into(src, dst) -> bool:
+    """True if an expression computed over row space ``src`` may be substituted into a task over ``dst``: the
+    same kind of rows, or replicated rows (every operand replicated, so readable on any rank) into distributed
+    rows of at most as many elements (a back substitution's ``x[k] = (b - d) / m``: one group instead of two,
+    and the expression is not recomputed for more elements than it had)."""
+    if src.rep == dst.rep:
+        return True
+    return src.rep and _elements(dst.shape) <= _elements(src.shape)
+
+
+def _elements(shape) -> int:
+    n = 1
+    for x in shape:
+        n *= x
+    return n
 
 
 def _only_later_reader(readers: set, alive: List[bool], idx: int) -> int:
