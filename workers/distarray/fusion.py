@@ -12,7 +12,8 @@ they agree on the result without communicating.
 2. **Inlining** (vertical fusion): ``t = a + b; c = t * 2`` where the user no longer holds
    ``t`` (``Base.nviews == 0``) and ``t`` has exactly one reading task: ``t``'s expression is
    substituted into the reader and ``t`` is never allocated. Chains of temporaries collapse
-   into one expression.
+   into one expression. Writer and reader run over the same kind of rows, or ``t`` over replicated rows
+   and the reader over distributed rows of no more elements (:func:`_inlinable_into`).
 3. **Dead tasks**: a task whose results nobody can read any more is dropped.
 4. **Swap**: ``x[v] = t[v]`` where the dying temporary ``t`` has ``x``'s shape, dtype and
    distribution (the copy-back of a Jacobi step, ``center[:] = work``) becomes a
