@@ -8,11 +8,12 @@ output rows whose operands each come from one place (the local buffer, or one re
 with constant strides, so the kernel reads them in place. Blocks whose operands are all local run
 while the messages are in flight.
 
-Plans are cached by :func:`cache_key` (exact rows and views). An aligned local group (every distributed array on
-the rows computed, no message, no reduction) is cached by :func:`local_key` instead (its shape class, without
-offsets or lengths), and that plan is rebound to each group of the class (:meth:`ElementwisePlan.bound_to`: the
-rows, offsets and blocks recomputed, the addressing and instances shared), so a window that moves every step
-(``M[k+1:, k:]``) does not build a plan per step.
+Plans are cached by :func:`cache_key` (exact rows and views). An aligned local group (replicated rows, or every
+distributed array on the rows computed; no message; reductions only over all axes) is cached by :func:`local_key`
+instead (its shape class, without offsets or lengths), and that plan is rebound to each group of the class
+(:meth:`ElementwisePlan.bound_to`: the rows, offsets and blocks recomputed, the addressing and instances shared,
+the reduction slots grown if needed), so a window that moves every step (``M[k+1:, k:]``, a back substitution's
+``x[k+1:]`` and scalars) does not build a plan per step.
 
 Lowering (:func:`lower`): one send unit per outgoing message, one compute unit per block (waiting
 for the messages it reads), and for reductions the units of :mod:`.reduction`. (What records the
