@@ -95,4 +95,48 @@ for da in DISTS:                               # aligned local groups over movin
     assert tail.dist.key == C.dist.key, ("a small result over few rows was laid out apart", tail.dist, C.dist)
     same(f"small result over few rows {da}", tail, c[n - 3:, 0] * 2.0)
 section("aligned local plans rebound over moving windows")
+n = 15
+m0 = np.triu(np.add.outer(np.arange(n), np.arange(n + 1)) % 5 - 2.0, 1)[:, :n + 1]
+m0[np.arange(n), np.arange(n)] = 2.0            # dyadic values: every sum below is exact, in any order
+m0[:, n] = np.arange(n) % 7 - 3.0
+old_chunk = ctx.chunk_elems
+dnp.configure(chunk_elems=2)                   # blocks of 2 rows: a window's block count grows as it widens
+try:
+    for dm in DISTS:
+        for dx in DISTS:
+            M, R = dnp.from_numpy(m0, dist=dm), dnp.from_numpy(m0[3], dist="replicated")
+            for again in (False, True):     # again: every shape class and owner seen, no plan may be built
+                X, x = dnp.from_numpy(np.zeros(n), dist=dx), np.zeros(n)
+                built, known = ctx.stats["plans_built"], set(ctx.plans)
+                for k in range(n - 1, -1, -1):   # back substitution: replicated scalars, dot products over x[k+1:]
+                    X[k] = (M[k, n] - dnp.dot(M[k, k + 1:n], X[k + 1:])) / M[k, k]
+                    x[k] = (m0[k, n] - np.dot(m0[k, k + 1:n], x[k + 1:])) / m0[k, k]
+                    s = dnp.sum(R[k:n] * 0.5) + dnp.sum(X[k:] * 0.25)   # over replicated rows, distributed ones
+                    sx = np.sum(m0[3, k:n] * 0.5) + np.sum(x[k:] * 0.25)
+                    if k % 4 == 0:
+                        same(f"back substitution k={k} M {dm} x {dx}", X, x)
+                        same(f"sums over moving windows k={k} M {dm} x {dx}", s, sx)
+                same(f"back substitution M {dm} x {dx}", X, x)
+                for k in range(n - 3):              # replicated rows into distributed ones: inlined when no larger
+                    X[k:k + 3] = R[k:k + 3] * 0.5 + X[k + 1] * 0.25 - 1.0     # 3 elements of 3: inlined
+                    x[k:k + 3] = m0[3, k:k + 3] * 0.5 + x[k + 1] * 0.25 - 1.0
+                    X[k:] = X[k:] + (R[k] * 0.125 - 0.5)                      # one element for many: kept apart
+                    x[k:] = x[k:] + (m0[3, k] * 0.125 - 0.5)
+                same(f"replicated expressions into distributed rows M {dm} x {dx}", X, x)
+                X[2:5] = R[2:5] * 0.5 - 1.0
+                ctx.flush("replicated rows into three distributed ones")
+                assert ctx.last["kinds"] == ["elementwise"], ("not inlined into the distributed rows", ctx.last)
+                X[2:] = X[2:] + (R[2] * 0.125 - 0.5)
+                ctx.flush("a replicated scalar into many distributed rows")
+                assert ctx.last["kinds"] == ["elementwise", "elementwise"], ("inlined into more elements", ctx.last)
+                x[2:5] = m0[3, 2:5] * 0.5 - 1.0
+                x[2:] = x[2:] + (m0[3, 2] * 0.125 - 0.5)
+                same(f"replicated expressions flushed alone M {dm} x {dx}", X, x)
+                exact = [key for key in ctx.plans if key not in known and key[0] == "ew"]
+                assert not exact, ("a back substitution step built an exact-view plan", len(exact), exact[0], dm, dx)
+                assert not again or ctx.stats["plans_built"] == built, (
+                    "a back substitution step built its plans again", ctx.stats["plans_built"] - built, dm, dx)
+finally:
+    dnp.configure(chunk_elems=old_chunk)
+section("replicated-row and reducing plans rebound over a back substitution")
 print(f"ALL OK ({checks[0]} checks on {size} ranks)", flush=True) if ctx.rank == 0 else None

@@ -11,7 +11,7 @@ from typing import Dict, List, Set, Tuple
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from nbmpi.workers.distarray.dependencies import PAIRWISE_ACCESSES, AccessIndex, order_units
+from nbmpi.workers.distarray.dependencies import _SCAN_MAX, PAIRWISE_ACCESSES, AccessIndex, order_units
 from nbmpi.workers.distarray.units import FULL, GroupRun, Unit
 
 
@@ -163,3 +163,27 @@ def test_a_small_flush_takes_the_pairwise_path():
     (w1, w2, r), runs = runs_of(PAIRWISE_ACCESSES)
     order_units(runs)
     assert r not in w1.dependents and r in w2.dependents and r.ndeps == 1
+
+
+@pytest.mark.parametrize("pairwise", [0, 10 ** 6], ids=["index", "pairs"])
+def test_a_read_over_many_rows_written_apart_waits_once_for_each_writer(pairwise):
+    """A back substitution: group k writes row k of x (descending k) and reads rows k+1.. , twice over (a
+    duplicate access), plus a reader of the whole vector: the later reads meet more writers than the index
+    scans for duplicates (its set path), each exactly once."""
+    n = 3 * _SCAN_MAX
+    spec = []
+    for k in range(n - 1, -1, -1):
+        spec.append(([[(1, k + 1, n, "R"), (1, k + 1, n, "R"), (2, 0, 1, "R")], [(1, k, k + 1, "W")]], k % 5 == 0))
+    spec.append(([[(1, 0, n, "R"), (1, 0, n, "A")]], False))
+    runs = _runs(spec)
+    order_units(runs, pairwise)
+    made = _edges(runs)
+    colls = [r.coll for r in runs if r.coll is not None]
+    chain = {(id(a), id(b)) for a, b in zip(colls, colls[1:])}
+    assert made - chain <= _quadratic(runs), "an edge between units that do not conflict"
+    assert not _closure_has(made, _quadratic(runs)), "a conflicting pair is left unordered"
+    for r in runs:
+        for u in r.units():
+            assert u.ndeps == sum(u in p.dependents for q in runs for p in q.units()), "a prerequisite counted twice"
+    last = runs[-1].computes[0]
+    assert last.ndeps >= n, ("the final reader does not wait for every writer of x", last.ndeps)

@@ -78,6 +78,7 @@ class AccessIndex:
         deterministic order): on overlapping rows of the same base, the last writers, and the
         accumulators (for a read) or readers (for an accumulation) or both (for a write) since."""
         out: List[Unit] = []
+        seen: Optional[set] = None   # the units of ``out``, once it is long (a read over many rows written apart)
         bases = self._bases
         for (serial, lo, hi, mode) in access:
             rows = bases.get(serial)
@@ -93,7 +94,13 @@ class AccessIndex:
                     continue
                 for k in kinds:
                     for p in s[k]:
-                        if p not in out:   # short lists: a scan costs less than a set (measured)
+                        if seen is None:
+                            if p not in out:   # short lists: a scan costs less than a set (measured)
+                                out.append(p)
+                                if len(out) > _SCAN_MAX:
+                                    seen = set(out)
+                        elif p not in seen:
+                            seen.add(p)
                             out.append(p)
         return out
 
@@ -136,6 +143,11 @@ class AccessIndex:
                 if not lst or lst[-1] is not u:
                     lst.append(u)
 
+
+#: Past this many prerequisites :meth:`AccessIndex.prerequisites` looks them up in a set instead of scanning the
+#: list (a back substitution's read of ``x[k+1:]`` meets the writer of every ``x[j]`` recorded since the last
+#: force point: quadratic with the scan).
+_SCAN_MAX = 16
 
 #: The lists of a segment's state an access of each mode waits for (1: writers, 2: readers, 3: accumulators).
 _CONFLICTS = {"R": (1, 3), "W": (1, 2, 3), "A": (1, 2)}

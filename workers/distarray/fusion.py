@@ -12,7 +12,8 @@ they agree on the result without communicating.
 2. **Inlining** (vertical fusion): ``t = a + b; c = t * 2`` where the user no longer holds
    ``t`` (``Base.nviews == 0``) and ``t`` has exactly one reading task: ``t``'s expression is
    substituted into the reader and ``t`` is never allocated. Chains of temporaries collapse
-   into one expression.
+   into one expression. Writer and reader run over the same kind of rows, or ``t`` over replicated rows
+   and the reader over distributed rows of no more elements (:func:`_inlinable_into`).
 3. **Dead tasks**: a task whose results nobody can read any more is dropped.
 4. **Swap**: ``x[v] = t[v]`` where the dying temporary ``t`` has ``x``'s shape, dtype and
    distribution (the copy-back of a Jacobi step, ``center[:] = work``) becomes a
@@ -308,7 +309,7 @@ def _inline(tasks: List[Task], alive: List[bool], readers: Dict[int, set], write
         if r < 0:
             continue
         rt = tasks[r]
-        if not isinstance(rt, (Assign, Reduce)) or rt.space.rep != t.space.rep:
+        if not isinstance(rt, (Assign, Reduce)) or not _inlinable_into(t.space, rt.space):
             continue
         if any(l.view != t.out.view for l in rt.reads() if l.base is b):
             continue
@@ -328,6 +329,23 @@ def _inline(tasks: List[Task], alive: List[bool], readers: Dict[int, set], write
             readers[s].add(r)
         readers[b.serial].discard(r)
     return count
+
+
+def _inlinable_into(src, dst) -> bool:
+    """True if an expression computed over row space ``src`` may be substituted into a task over ``dst``: the
+    same kind of rows, or replicated rows (every operand replicated, so readable on any rank) into distributed
+    rows of at most as many elements (a back substitution's ``x[k] = (b - d) / m``: one group instead of two,
+    and the expression is not recomputed for more elements than it had)."""
+    if src.rep == dst.rep:
+        return True
+    return src.rep and _elements(dst.shape) <= _elements(src.shape)
+
+
+def _elements(shape) -> int:
+    n = 1
+    for x in shape:
+        n *= x
+    return n
 
 
 def _only_later_reader(readers: set, alive: List[bool], idx: int) -> int:

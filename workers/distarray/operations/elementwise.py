@@ -8,11 +8,12 @@ output rows whose operands each come from one place (the local buffer, or one re
 with constant strides, so the kernel reads them in place. Blocks whose operands are all local run
 while the messages are in flight.
 
-Plans are cached by :func:`cache_key` (exact rows and views). An aligned local group (every distributed array on
-the rows computed, no message, no reduction) is cached by :func:`local_key` instead (its shape class, without
-offsets or lengths), and that plan is rebound to each group of the class (:meth:`ElementwisePlan.bound_to`: the
-rows, offsets and blocks recomputed, the addressing and instances shared), so a window that moves every step
-(``M[k+1:, k:]``) does not build a plan per step.
+Plans are cached by :func:`cache_key` (exact rows and views). An aligned local group (replicated rows, or every
+distributed array on the rows computed; no message; reductions only over all axes) is cached by :func:`local_key`
+instead (its shape class, without offsets or lengths), and that plan is rebound to each group of the class
+(:meth:`ElementwisePlan.bound_to`: the rows, offsets and blocks recomputed, the addressing and instances shared,
+the reduction slots grown if needed), so a window that moves every step (``M[k+1:, k:]``, a back substitution's
+``x[k+1:]`` and scalars) does not build a plan per step.
 
 Lowering (:func:`lower`): one send unit per outgoing message, one compute unit per block (waiting
 for the messages it reads), and for reductions the units of :mod:`.reduction`. (What records the
@@ -233,22 +234,26 @@ def _exact_key(g) -> Tuple:
 
 def local_key(g, chunk_elems: int) -> Optional[Tuple]:
     """The key of a plan shared by every aligned local group of the same shape class, or None if ``g`` is not
-    one. Aligned local: no reduction, distributed rows, every distributed array :func:`_aligned` with them (no
-    message on any rank). Its plan differs from another of the same key only in the rows, the offsets and the
-    loop lengths (:meth:`ElementwisePlan.rebound`), so a window that moves every step (``M[k+1:, k:]``) finds it.
+    one. Aligned local: no message on any rank, and reductions (if any) over all axes (``axis`` None: one
+    partial per block, whatever the shape). Either replicated rows (every array replicated: a back substitution's
+    scalar step) or distributed rows with every distributed array :func:`_aligned` with them. Its plan differs
+    from another of the same key only in the rows, the offsets, the loop lengths and the number of blocks
+    (:meth:`ElementwisePlan.rebound`), so a window that moves every step (``M[k+1:, k:]``, ``x[k+1:]``) finds it.
     The same on every rank (no rank in it)."""
     space = g.space
-    if space.rep:
-        return None
     descs = []
     for role, obj in g.arrays:
         if role == "red":
-            return None
+            if obj.axis is not None:
+                return None
+            descs.append((role, obj.op, obj.acc_dtype.str))
+            continue
         rep = obj.base.dist.replicated
-        if not rep and not _aligned(obj, space):
+        if not rep and (space.rep or not _aligned(obj, space)):
             return None
         descs.append((role, rep, obj.dtype.str, _skeleton(obj.view)))
-    return ("ewl", g.program_key, space.dist.key, space.step, space.kept, tuple([min(x, 2) for x in space.shape]),
+    dkey = None if space.dist is None else space.dist.key
+    return ("ewl", g.program_key, space.kind, dkey, space.step, space.kept, tuple([min(x, 2) for x in space.shape]),
             tuple(descs), chunk_elems)
 
 
@@ -345,16 +350,21 @@ class ElementwisePlan(Plan):
         """A new plan sharing this one's addressing and instances, with ``group``'s rows, offsets and blocks."""
         p = ElementwisePlan.__new__(ElementwisePlan)
         p.msgs_in, p.msgs_out, p.instances = [], [], self.instances   # one instance pool, kept by the cached plan
-        p._roles, p.metas, p.reds, p.d, p.rank = self._roles, self.metas, [], self.d, rank
+        # reductions of a local key are over all axes: their (slot, op, axis, acc, ()) do not depend on the shape
+        p._roles, p.metas, p.reds, p.d, p.rank = self._roles, self.metas, self.reds, self.d, rank
         space = group.space
         p.space, p.shape = space, space.shape
-        p.offs = [_first_offset(obj.view, m.kind == "repv") for (_, obj), m in zip(group.arrays, self.metas)]
+        p.offs = [0 if m.kind == "slot" else _first_offset(obj.view, m.kind == "repv")
+                  for (_, obj), m in zip(group.arrays, self.metas)]
         p.blocks = []
         if prod(space.shape) > 0:
             max_rows = max(1, chunk_elems // max(1, prod(space.shape[1:])))
-            need_i = any(m.kind == "repv" and m.rows_full for m in self.metas)
-            rp = row_plan(space.dist, space.start, space.step, space.count, (), rank, need_i)
-            p._dist_blocks([], rank, max_rows, rp, {})
+            if space.rep:
+                p._build_rep(space.count, max_rows)
+            else:
+                need_i = any(m.kind == "repv" and m.rows_full for m in self.metas)
+                rp = row_plan(space.dist, space.start, space.step, space.count, (), rank, need_i)
+                p._dist_blocks([], rank, max_rows, rp, {})
         p._link_kernels(group)
         p._ek, p._bound = ek, {}          # never asked (only the cached plan is): no reference cycle
         return p
@@ -540,6 +550,18 @@ class ElementwisePlan(Plan):
                 slots[a] = np.zeros((nb,) + tuple(pshape), dtype=acc).reshape(-1)
         return {"slots": slots}
 
+    def slots_of(self, inst) -> Dict[int, np.ndarray]:
+        """The reduction slots of ``inst`` (an instance of this plan's pool), grown first if this plan (a
+        rebound one) has more blocks than the plan that made them: a kernel writes block ``i``'s partial at
+        ``i * slot_elems`` unchecked. Called by :func:`lower` before any unit runs."""
+        slots = inst.extra.get("slots", {})
+        nb = len(self.blocks)
+        for (a, op, axis, acc, pshape) in self.reds:
+            s = slots.get(a)
+            if s is not None and s.size < nb * self.metas[a].slot_elems:
+                slots[a] = np.zeros((nb,) + tuple(pshape), dtype=acc).reshape(-1)
+        return slots
+
 
 
 
@@ -576,7 +598,7 @@ def lower(fl: Lowering, g: Any, flush_no: int) -> GroupRun:
 
     for k in range(len(plan.msgs_out)):
         run.sends.append(fl.send_unit(plan, inst, k, local_of, lambda a: bases[a].serial, g.label))
-    slots = inst.extra.get("slots", {})
+    slots = plan.slots_of(inst)
     recv_flat = [[p.reshape(-1) for p in parts] for parts in inst.recv_parts]
     scalars = [c.value for c in g.consts]
     for blk in plan.blocks:
