@@ -112,4 +112,31 @@ for bound in (matmul_recording.OWNER_ROW_BYTES, 0):     # 0: the owner's row of 
             assert dnp.stats()["collectives"] == coll, (dist, r, dnp.stats()["collectives"] - coll)
 matmul_recording.OWNER_ROW_BYTES = 1 << 26
 section("a product of a fixed row lives on the row's owner, no collective")
+
+# L[k:, :k] @ U[:k, k] (a Matmul) reads only rows :k of U: a write to row k (outside them) need not wait for it,
+# a write to row k - 1 (inside them) after it must, and the write to row k - 1 before it (waiting for a message
+# from another rank) is read
+lm = rng.integers(-3, 4, (13, 13)).astype(float)
+um = rng.integers(-3, 4, (13, 13)).astype(float)
+for dist in DISTS:
+    for hiding in (True, False):
+        dnp.configure(latency_hiding=hiding)
+        L, U, R = dnp.from_numpy(lm, dist=dist), dnp.from_numpy(um, dist=dist), dnp.zeros((13, 13), dist=dist)
+        u, r = um.copy(), np.zeros((13, 13))
+        for k in range(1, 13):
+            q = (k + 6) % 13                            # mostly another rank's row: its message arrives later
+            U[k - 1, k:] = U[k - 1, k:] - L[q, k:]
+            u[k - 1, k:] = u[k - 1, k:] - lm[q, k:]
+            t = L[k:, :k] @ U[:k, k]
+            want = lm[k:, :k] @ u[:k, k]
+            U[k - 1, :] = U[k - 1, :] * 2.0
+            u[k - 1, :] = u[k - 1, :] * 2.0
+            U[k, :k] = U[k, :k] + 1.0
+            u[k, :k] = u[k, :k] + 1.0
+            R[k:, k] = t
+            r[k:, k] = want
+        same(f"matrix @ column of rows written before and after {dist} hiding={hiding}", R, r)
+        same(f"rows written around the products {dist} hiding={hiding}", U, u)
+dnp.configure(latency_hiding=True)
+section("a matrix product waits for the rows of b it reads, not for later rows")
 print(f"ALL OK ({checks[0]} checks on {size} ranks)", flush=True) if ctx.rank == 0 else None

@@ -63,6 +63,9 @@ class MatmulPlan(Plan):
         self.b_trail = b.view.packed_trail_shape()
         self.local_j: Optional[np.ndarray] = None
         self.local_b_rows: Any = None
+        #: The local rows of ``b`` the local product reads (their hull; every row when ``b`` is replicated): a
+        #: later write of another row of ``b`` (the next row of a factorization) does not wait for the product.
+        self.b_hull: Tuple[int, int] = (0, FULL)
         self.recv_j: List[np.ndarray] = []
         if self.b_rep:
             self.local_j = np.arange(k, dtype=np.int64)
@@ -76,6 +79,7 @@ class MatmulPlan(Plan):
         mine_j, my_loc = b_rows[rank]
         self.local_j = mine_j
         self.local_b_rows = _rows_sel(my_loc, bt, self.b_runs)
+        self.b_hull = _rows_hull(my_loc, self.b_runs) if len(my_loc) else (0, 0)
         send: Dict[int, List[PartSpec]] = {}
         if len(mine_j):
             for c in sorted(comp_ranks):
@@ -240,7 +244,8 @@ def lower_matmul(fl: Lowering, g: Any, flush_no: int) -> GroupRun:
                 bl = b.base.ensure()[(plan.local_b_rows,) + b_items]
             product(rows_sel, plan.local_cols, len(plan.local_j), bl, False)
 
-        u0 = Unit("compute", local_fn, t.desc, ((a.base.serial, rlo, rhi, "R"), (b.base.serial, 0, FULL, "R"),
+        u0 = Unit("compute", local_fn, t.desc, ((a.base.serial, rlo, rhi, "R"),
+                                                (b.base.serial, plan.b_hull[0], plan.b_hull[1], "R"),
                                                 (out.base.serial, rlo, rhi, "W")))
         run.computes.append(u0)
         for k in range(len(plan.msgs_in)):
