@@ -229,11 +229,12 @@ def lower_matmul(fl: Lowering, g: Any, flush_no: int) -> GroupRun:
     ctx = fl.ctx
     a, b, out = t.a, t.b, t.out
     plan: MatmulPlan = ctx.plan(matmul_key(t), lambda: MatmulPlan(t, fl.rank, fl.size))
-    inst, run = fl.group_run(plan, flush_no, t.desc)
+    desc = Label(lambda: t.desc)        # the task's text, built only if an error shows it
+    inst, run = fl.group_run(plan, flush_no, desc)
     bases = {0: a.base, 1: b.base}
     for k in range(len(plan.msgs_out)):
         run.sends.append(fl.send_unit(plan, inst, k, lambda i: bases[i].ensure(), lambda i: bases[i].serial,
-                                      t.desc))
+                                      desc))
     product = _product(t, plan)
     b_items = b.view.trail_items()
     for (rows_sel, rlo, rhi) in plan.row_sels:
@@ -244,7 +245,7 @@ def lower_matmul(fl: Lowering, g: Any, flush_no: int) -> GroupRun:
                 bl = b.base.ensure()[(plan.local_b_rows,) + b_items]
             product(rows_sel, plan.local_cols, len(plan.local_j), bl, False)
 
-        u0 = Unit("compute", local_fn, t.desc, ((a.base.serial, rlo, rhi, "R"),
+        u0 = Unit("compute", local_fn, desc, ((a.base.serial, rlo, rhi, "R"),
                                                 (b.base.serial, plan.b_hull[0], plan.b_hull[1], "R"),
                                                 (out.base.serial, rlo, rhi, "W")))
         run.computes.append(u0)
@@ -252,7 +253,7 @@ def lower_matmul(fl: Lowering, g: Any, flush_no: int) -> GroupRun:
             def acc_fn(rows_sel=rows_sel, k=k) -> None:
                 product(rows_sel, plan.recv_cols[k], len(plan.recv_j[k]), inst.recv_parts[k][0], True)
 
-            u = Unit("compute", acc_fn, t.desc, ((a.base.serial, rlo, rhi, "R"), (out.base.serial, rlo, rhi, "A")))
+            u = Unit("compute", acc_fn, desc, ((a.base.serial, rlo, rhi, "R"), (out.base.serial, rlo, rhi, "A")))
             u.ndeps = 1
             run.recvs[k].units.append(u)
             after(u, u0)
@@ -364,7 +365,8 @@ def lower_vecmat(fl: Lowering, g: Any, flush_no: int) -> GroupRun:
     ctx = fl.ctx
     v, b, out = t.v, t.b, t.out
     plan: VecMatPlan = ctx.plan(vecmat_key(t), lambda: VecMatPlan(t, fl.rank, fl.size))
-    inst, run = fl.group_run(plan, flush_no, t.desc)
+    desc = Label(lambda: t.desc)        # the task's text, built only if an error shows it
+    inst, run = fl.group_run(plan, flush_no, desc)
     m = out.shape[0]
     dt = out.dtype
     ex = inst.extra
@@ -380,7 +382,7 @@ def lower_vecmat(fl: Lowering, g: Any, flush_no: int) -> GroupRun:
                 row = v.base.ensure()[(plan.v_row,) + plan.v_items]
                 np.copyto(inst.send_parts[k][0], row[plan.send_js[k]])
 
-            run.sends.append(fl.send_unit(plan, inst, k, None, None, t.desc, pack=pack))
+            run.sends.append(fl.send_unit(plan, inst, k, None, None, desc, pack=pack))
             run.sends[-1].access = v_at
 
     def local_fn() -> None:
@@ -398,7 +400,7 @@ def lower_vecmat(fl: Lowering, g: Any, flush_no: int) -> GroupRun:
 
     v_read = ((v.base.serial, 0, FULL, "R"),) if plan.v_owner is None else \
         (v_at if fl.rank == plan.v_owner else ())
-    u0 = Unit("compute", local_fn, t.desc, v_read + ((b.base.serial, plan.hull[0], plan.hull[1], "R"),))
+    u0 = Unit("compute", local_fn, desc, v_read + ((b.base.serial, plan.hull[0], plan.hull[1], "R"),))
     if plan.v_in:
         u0.ndeps = 1
         run.recvs[0].units.append(u0)
@@ -417,9 +419,10 @@ def _lower_sum_on_owner(fl: Lowering, t: VecMat, plan: VecMatPlan, inst: Instanc
     rank's partial product (its own, the received ones, zeros for ranks without rows of ``b``: the same bits as
     the allgather's sum) in ``t.out``, after ``u0`` and the messages."""
     out = t.out
+    desc = run.label
     if fl.rank != plan.v_owner:
         if plan.msgs_out:
-            s = fl.send_unit(plan, inst, 0, None, None, t.desc, pack=lambda: np.copyto(inst.send_parts[0][0], part))
+            s = fl.send_unit(plan, inst, 0, None, None, desc, pack=lambda: np.copyto(inst.send_parts[0][0], part))
             after(s, u0)
             run.sends.append(s)
         return
@@ -433,7 +436,7 @@ def _lower_sum_on_owner(fl: Lowering, t: VecMat, plan: VecMatPlan, inst: Instanc
             allp[q] = inst.recv_parts[k][0]
         out.base.ensure()[dst] = combine_partials("sum", allp, out.dtype)
 
-    fin = Unit("compute", finish, t.desc, ((out.base.serial, 0, FULL, "W"),))
+    fin = Unit("compute", finish, desc, ((out.base.serial, 0, FULL, "W"),))
     after(fin, u0)
     for k in range(len(plan.part_from)):
         fin.ndeps += 1
@@ -447,7 +450,7 @@ def _lower_partial_sum(fl: Lowering, t: VecMat, run: GroupRun, u0: Unit, part: n
     of its rows (rank order) in ``t.out``."""
     ctx = fl.ctx
     out = t.out
-    fin = Unit("compute", lambda: None, t.desc, ((out.base.serial, 0, FULL, "W"),))
+    fin = Unit("compute", lambda: None, run.label, ((out.base.serial, 0, FULL, "W"),))
 
     def start_coll() -> None:
         req = ctx.dcomm.Iallgather([part.view(np.uint8), fl.MPI.BYTE], [allp.view(np.uint8), fl.MPI.BYTE])
@@ -461,7 +464,7 @@ def _lower_partial_sum(fl: Lowering, t: VecMat, run: GroupRun, u0: Unit, part: n
         out.base.ensure()[out.view.numpy_index()] = combine_partials("sum", allp, out.dtype)
 
     fin.fn = finish
-    coll = Unit("coll", start_coll, t.desc)
+    coll = Unit("coll", start_coll, run.label)
     after(coll, u0)
     after(fin, coll)
     run.coll = coll
