@@ -139,4 +139,35 @@ for dist in DISTS:
         same(f"rows written around the products {dist} hiding={hiding}", U, u)
 dnp.configure(latency_hiding=True)
 section("a matrix product waits for the rows of b it reads, not for later rows")
+
+# LU's two products over a moving window: in a block layout every step binds a plan of its shape class (messages
+# with room for a few more rows), the other layouts build a plan per step; every result is NumPy's
+n = 72
+lm = np.tril(rng.integers(-3, 4, (n, n))).astype(float)
+um = np.triu(rng.integers(-3, 4, (n, n))).astype(float)
+for dist in DISTS:
+    L, U = dnp.from_numpy(lm, dist=dist), dnp.from_numpy(um, dist=dist)
+    R1, R2 = dnp.zeros((n, n), dist=dist), dnp.zeros((n, n), dist=dist)
+    r1, r2 = np.zeros((n, n)), np.zeros((n, n))
+    dnp.evaluate()
+    before = dict(dnp.stats())
+    for k in range(n):
+        R1[k, k:] = L[k, :k] @ U[:k, k:]
+        r1[k, k:] = lm[k, :k] @ um[:k, k:]
+        R2[k + 1:, k] = L[k + 1:, :k] @ U[:k, k]
+        r2[k + 1:, k] = lm[k + 1:, :k] @ um[:k, k]
+        if k % 7 == 3:
+            U[k, k:] = U[k, k:] + 1.0                   # written between steps: later products read it
+            um[k, k:] = um[k, k:] + 1.0
+    same(f"vecmat over a moving window {dist}", R1, r1)
+    same(f"matmul over a moving window {dist}", R2, r2)
+    X, x = dnp.zeros((n, 6), dist=dist), np.zeros((n, 6))
+    for j in range(n - 1, -1, -1):                      # a's rows grow onto more ranks, b's rows stay
+        X[j:, :] = X[j:, :] + L[j:, :8] @ U[:8, 1:7]
+        x[j:, :] = x[j:, :] + lm[j:, :8] @ um[:8, 1:7]
+    same(f"matmul over a growing window of a {dist}", X, x)
+    st = dnp.stats()
+    if dist == "block" and size > 1:
+        assert st["plans_rebound"] - before["plans_rebound"] >= n, (st["plans_rebound"], before["plans_rebound"])
+section("products over a moving window share plans of their shape class")
 print(f"ALL OK ({checks[0]} checks on {size} ranks)", flush=True) if ctx.rank == 0 else None

@@ -14,4 +14,5 @@ def test_vecmat_equals_numpy_on_every_distribution_and_view(run_mpi, kernel_cach
                  ("v @ B on every distribution, every view of the rows", "int64, float32 and mixed dtypes",
                   "products reading rows written before them",
                   "a product of a fixed row lives on the row's owner, no collective",
-                  "a matrix product waits for the rows of b it reads, not for later rows"))
+                  "a matrix product waits for the rows of b it reads, not for later rows",
+                  "products over a moving window share plans of their shape class"))
