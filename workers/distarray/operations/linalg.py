@@ -197,19 +197,22 @@ def _run(first: int, step: int, count: int) -> Tuple[Any, int, int]:
     return _slice_of(first, step if count > 1 else 1, count), min(first, last), max(first, last) + 1
 
 
-def block_matmul_key(t: Matmul, nranks: int) -> Optional[Tuple]:
-    """The key of the :class:`BlockMatmulPlan` serving ``t``, or None when ``t`` is not one: ``a`` and ``b``
-    (not replicated) in block layouts. What its messages depend on: which ranks hold rows of ``a``, the
-    :func:`room` of each rank's rows of ``b``, ``b``'s dtype and packed trailing shape. The same on every rank."""
+def block_matmul_key(t: Matmul, nranks: int) -> Optional[Tuple[Tuple, List, List]]:
+    """``(key, rows of a, rows of b)``: the key of the :class:`BlockMatmulPlan` serving ``t`` and, per rank,
+    :func:`_block_rows` of ``a`` and of ``b``; None when ``t`` is not one: ``a`` and ``b`` (not replicated) in
+    block layouts. What its messages depend on: which ranks hold rows of ``a``, the :func:`room` of each rank's
+    rows of ``b``, ``b``'s dtype and packed trailing shape. The same on every rank."""
     a, b = t.a, t.b
     if a.base.dist.kind != "block" or b.base.replicated or b.base.dist.kind != "block":
         return None
     s, st, n = a.view.row_params
     bs, bt, k = b.view.row_params
     da, db = a.base.dist, b.base.dist
-    comp = tuple(_block_rows(da, q, s, st, n)[1] > 0 for q in range(nranks))
-    rooms = tuple(room(_block_rows(db, q, bs, bt, k)[1]) for q in range(nranks))
-    return ("mm-block", comp, rooms, b.dtype.str, b.view.packed_trail_shape())
+    ra = [_block_rows(da, q, s, st, n) for q in range(nranks)]
+    rb = [_block_rows(db, q, bs, bt, k) for q in range(nranks)]
+    key = ("mm-block", tuple([r[1] > 0 for r in ra]), tuple([room(r[1]) for r in rb]), b.dtype.str,
+           b.view.packed_trail_shape())
+    return key, ra, rb
 
 
 class BlockMatmulPlan(Plan):
@@ -221,9 +224,10 @@ class BlockMatmulPlan(Plan):
 
     kind = "matmul"
 
-    def __init__(self, task, rank: int, nranks: int):
+    def __init__(self, task, rank: int, ra: List, rb: List):
+        """``ra``, ``rb``: :func:`_block_rows` of ``a`` and ``b`` per rank (:func:`block_matmul_key`)."""
         super().__init__()
-        comp = self._bind(task, rank, nranks)
+        comp = self._bind(task, rank, ra, rb)
         b = task.b
         send: Dict[int, List[PartSpec]] = {}
         recv: Dict[int, List[PartSpec]] = {}
@@ -238,22 +242,20 @@ class BlockMatmulPlan(Plan):
         self.msgs_in = self._messages(recv)
         self.msgs_out = self._messages(send)
 
-    def bound_to(self, task, rank: int, nranks: int) -> "BlockMatmulPlan":
-        """A plan for ``task`` (same :func:`block_matmul_key`) sharing this one's messages and instances.
-        Local, cheap; called by :func:`lower_matmul` only."""
+    def bound_to(self, task, rank: int, ra: List, rb: List) -> "BlockMatmulPlan":
+        """A plan for ``task`` (same :func:`block_matmul_key`, which gave ``ra`` and ``rb``) sharing this one's
+        messages and instances. Local, cheap; called by :func:`lower_matmul` only."""
         p = BlockMatmulPlan.__new__(BlockMatmulPlan)
         p.msgs_in, p.msgs_out, p.instances = self.msgs_in, self.msgs_out, self.instances
-        p._bind(task, rank, nranks)
+        p._bind(task, rank, ra, rb)
         return p
 
-    def _bind(self, task, rank: int, nranks: int) -> set:
+    def _bind(self, task, rank: int, ra: List, rb: List) -> set:
         """Set the rows of ``task`` on this rank; the ranks with rows of ``a``."""
         a, b = task.a, task.b
-        s, t, n = a.view.row_params
-        da, db = a.base.dist, b.base.dist
+        t = a.view.row_params[1]
         comp = set()
-        for q in range(nranks):
-            i0, cnt, first = _block_rows(da, q, s, t, n)
+        for q, (i0, cnt, first) in enumerate(ra):
             if cnt:
                 comp.add(q)
             if q == rank:
@@ -263,11 +265,10 @@ class BlockMatmulPlan(Plan):
         c0, ct = self.a_col
         self.b_rep, self.b_runs = False, True
         self.b_trail = b.view.packed_trail_shape()
-        bs, bt, k = b.view.row_params
+        bt = b.view.row_params[1]
         self._b_counts = []
         self.recv_n, self.recv_cols = [], []
-        for q in range(nranks):
-            j0, cnt, first = _block_rows(db, q, bs, bt, k)
+        for q, (j0, cnt, first) in enumerate(rb):
             self._b_counts.append(cnt)
             cols = _slice_of(c0 + j0 * ct, ct if cnt > 1 else 1, cnt)
             if q == rank:
@@ -347,13 +348,14 @@ def _matmul_plan(fl: Lowering, t: Matmul) -> Any:
     """The plan of ``t`` on this rank: a :class:`BlockMatmulPlan` of its shape class (bound to ``t``), else the
     :class:`MatmulPlan` cached under :func:`matmul_key`."""
     ctx = fl.ctx
-    key = block_matmul_key(t, fl.size)
-    if key is None:
+    got = block_matmul_key(t, fl.size)
+    if got is None:
         return ctx.plan(matmul_key(t), lambda: MatmulPlan(t, fl.rank, fl.size))
+    key, ra, rb = got
     built = []
-    plan = ctx.plan(key, lambda: built.append(1) or BlockMatmulPlan(t, fl.rank, fl.size))
+    plan = ctx.plan(key, lambda: built.append(1) or BlockMatmulPlan(t, fl.rank, ra, rb))
     if not built:
-        plan = plan.bound_to(t, fl.rank, fl.size)
+        plan = plan.bound_to(t, fl.rank, ra, rb)
         ctx.stats["plans_rebound"] += 1
     return plan
 
@@ -489,18 +491,31 @@ class VecMatPlan(Plan):
         self.msgs_out = self._messages(send)
 
 
-def block_vecmat_key(t: VecMat, nranks: int) -> Optional[Tuple]:
-    """The key of the :class:`BlockVecMatPlan` serving ``t``, or None when ``b`` is not in a block layout. What
-    its messages depend on: ``v``'s owner (None: replicated), whether ``out`` lives there alone, the
+def block_vecmat_key(t: VecMat, nranks: int) -> Optional[Tuple[Tuple, List, Optional[int], int]]:
+    """``(key, rows of b, v's owner, v's local row there)``: the key of the :class:`BlockVecMatPlan` serving
+    ``t``, :func:`_block_rows` of ``b`` per rank, ``v``'s owner (None: replicated) and local row; None when ``b``
+    is not in a block layout. What its messages depend on: ``v``'s owner, whether ``out`` lives there alone, the
     :func:`room` of each rank's rows of ``b`` and of ``out``, the dtypes. The same on every rank."""
     v, b, out = t.v, t.b, t.out
     if b.base.dist.kind != "block":
         return None
     bs, bt, k = b.view.row_params
     db = b.base.dist
-    rooms = tuple(room(_block_rows(db, q, bs, bt, k)[1]) for q in range(nranks))
-    owner = None if v.base.replicated else v.base.dist.owner_of(v.view.row_params[0])
-    return ("vm-block", owner, not out.base.replicated, rooms, room(out.shape[0]), v.dtype.str, out.dtype.str)
+    rb = [_block_rows(db, q, bs, bt, k) for q in range(nranks)]
+    owner, vrow = _owner_row(v.base.dist, v.view.row_params[0], nranks) if not v.base.replicated else (None, 0)
+    key = ("vm-block", owner, not out.base.replicated, tuple([room(r[1]) for r in rb]), room(out.shape[0]),
+           v.dtype.str, out.dtype.str)
+    return key, rb, owner, vrow
+
+
+def _owner_row(dist, r: int, nranks: int) -> Tuple[int, int]:
+    """``(owner, local row there)`` of base row ``r`` of ``dist`` (without an array for a block layout)."""
+    if dist.kind == "block":
+        for q in range(nranks):
+            lo, hi = dist.block_range(q)
+            if lo <= r < hi:
+                return q, r - lo
+    return dist.owner_of(r), int(dist.local_index(np.array([r], dtype=np.int64))[0])
 
 
 class BlockVecMatPlan(Plan):
@@ -512,9 +527,10 @@ class BlockVecMatPlan(Plan):
 
     kind = "vecmat"
 
-    def __init__(self, task, rank: int, nranks: int):
+    def __init__(self, task, rank: int, rb: List, owner: Optional[int], vrow: int):
+        """``rb``, ``owner``, ``vrow``: what :func:`block_vecmat_key` gave with the key."""
         super().__init__()
-        self._bind(task, rank, nranks)
+        self._bind(task, rank, rb, owner, vrow)
         send: Dict[int, List[PartSpec]] = {}
         recv: Dict[int, List[PartSpec]] = {}
         if self.v_owner is not None:
@@ -532,32 +548,26 @@ class BlockVecMatPlan(Plan):
         self.msgs_in = self._messages(recv)
         self.msgs_out = self._messages(send)
 
-    def bound_to(self, task, rank: int, nranks: int) -> "BlockVecMatPlan":
-        """A plan for ``task`` (same :func:`block_vecmat_key`) sharing this one's messages and instances.
-        Local, cheap; called by :func:`lower_vecmat` only."""
+    def bound_to(self, task, rank: int, rb: List, owner: Optional[int], vrow: int) -> "BlockVecMatPlan":
+        """A plan for ``task`` (same :func:`block_vecmat_key`, which gave ``rb``, ``owner``, ``vrow``) sharing this
+        one's messages and instances. Local, cheap; called by :func:`lower_vecmat` only."""
         p = BlockVecMatPlan.__new__(BlockVecMatPlan)
         p.msgs_in, p.msgs_out, p.instances = self.msgs_in, self.msgs_out, self.instances
-        p._bind(task, rank, nranks)
+        p._bind(task, rank, rb, owner, vrow)
         return p
 
-    def _bind(self, task, rank: int, nranks: int) -> None:
+    def _bind(self, task, rank: int, rb: List, owner: Optional[int], vrow: int) -> None:
         """Set the rows of ``task`` on this rank (every field :func:`lower_vecmat` reads but the messages)."""
         v, b = task.v, task.b
-        bs, bt, k = b.view.row_params
-        db = b.base.dist
+        bt = b.view.row_params[1]
         self._counts: List[int] = []
         self.send_js: List[Any] = []
         self.send_n: List[int] = []
         self.part_from: List[int] = []
         self.v_items = v.view.trail_items()
         self.to_owner = not task.out.base.replicated
-        self.v_owner, self.v_row = None, 0
-        if not v.base.replicated:
-            r = v.view.row_params[0]
-            self.v_owner = v.base.dist.owner_of(r)
-            self.v_row = int(v.base.dist.local_index(np.array([r], dtype=np.int64))[0])
-        for q in range(nranks):
-            j0, cnt, first = _block_rows(db, q, bs, bt, k)
+        self.v_owner, self.v_row = owner, vrow
+        for q, (j0, cnt, first) in enumerate(rb):
             self._counts.append(cnt)
             if q == rank:
                 self.js = _slice_of(j0, 1, cnt)
@@ -583,13 +593,14 @@ def _vecmat_plan(fl: Lowering, t: VecMat) -> Any:
     """The plan of ``t`` on this rank: a :class:`BlockVecMatPlan` of its shape class (bound to ``t``), else the
     :class:`VecMatPlan` cached under :func:`vecmat_key`."""
     ctx = fl.ctx
-    key = block_vecmat_key(t, fl.size)
-    if key is None:
+    got = block_vecmat_key(t, fl.size)
+    if got is None:
         return ctx.plan(vecmat_key(t), lambda: VecMatPlan(t, fl.rank, fl.size))
+    key, rb, owner, vrow = got
     built = []
-    plan = ctx.plan(key, lambda: built.append(1) or BlockVecMatPlan(t, fl.rank, fl.size))
+    plan = ctx.plan(key, lambda: built.append(1) or BlockVecMatPlan(t, fl.rank, rb, owner, vrow))
     if not built:
-        plan = plan.bound_to(t, fl.rank, fl.size)
+        plan = plan.bound_to(t, fl.rank, rb, owner, vrow)
         ctx.stats["plans_rebound"] += 1
     return plan
 
