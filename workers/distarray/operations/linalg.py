@@ -10,6 +10,11 @@ What :mod:`~..linalg` records (:class:`~..graph.Matmul`, :class:`~..graph.Transp
   with their entries of ``v`` (NumPy's ``@``), then the partial products summed in rank order: with ``v`` one
   fixed row, on ``v``'s owner alone (each other rank with rows of ``b`` sends it its partial product; the result
   lives there), with ``v`` replicated, on every rank after one allgather.
+* In block layouts both products take a plan of their shape class (:class:`BlockMatmulPlan`,
+  :class:`BlockVecMatPlan`): each message's room is rounded up (:func:`room`) and the plan is bound to each use in
+  closed form, so that the steps of a loop over a moving window (LU) share a few plans, their buffers and
+  persistent requests instead of building them every step. The local product of a matrix product reads only its
+  rows of ``b``: a later write of another row of ``b`` does not wait for it.
 * ``out = src.T`` (:class:`TransposePlan`): the rows of ``src`` owned here become columns of ``out``
   everywhere; each message is packed already transposed, and the local block is transposed while
   the messages fly.
