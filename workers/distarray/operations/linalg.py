@@ -29,7 +29,7 @@ from ..fused_kernels import transpose_copy
 from ..graph import Matmul, Transpose, VecMat
 from ..indexing import _slice_of
 from ..reductions import combine_partials
-from ..plans import Instance, PartSpec, Plan, hull, my_rows, segments, selector
+from ..plans import Instance, PartSpec, Plan, hull, my_rows, prod, segments, selector
 from ..row_runs import block_i_range
 from ..units import FULL, GroupRun, Label, Lowering, Unit, Waitable, after
 
@@ -176,11 +176,17 @@ def _b_rows_by_owner(dist, s: int, t: int, k: int, nranks: int) -> List[Tuple[np
     return out
 
 
-def room(count: int) -> int:
-    """The room, in rows, of a message holding ``count`` rows in a plan shared by a shape class: ``count`` up to
-    16, else ``count`` rounded up to ``m * 2**e`` with ``8 <= m < 16`` (at most 1/8 more), so that the steps of a
-    loop whose messages grow by a row share a few plans."""
-    if count <= 16:
+#: Bytes of a message above which its room is its exact size (:func:`room`): a large message costs more to send
+#: padded than its plan costs to build.
+ROOM_EXACT_BYTES = 1 << 20
+
+
+def room(count: int, row_bytes: int = 8) -> int:
+    """The room, in rows, of a message holding ``count`` rows of ``row_bytes`` bytes in a plan shared by a shape
+    class: ``count`` up to 16 rows or above :data:`ROOM_EXACT_BYTES`, else ``count`` rounded up to ``m * 2**e``
+    with ``8 <= m < 16`` (at most 1/8 more), so that the steps of a loop whose messages grow by a row share a few
+    plans."""
+    if count <= 16 or count * row_bytes > ROOM_EXACT_BYTES:
         return count
     e = count.bit_length() - 4
     return -(-count >> e) << e
@@ -215,8 +221,10 @@ def block_matmul_key(t: Matmul, nranks: int) -> Optional[Tuple[Tuple, List, List
     da, db = a.base.dist, b.base.dist
     ra = [_block_rows(da, q, s, st, n) for q in range(nranks)]
     rb = [_block_rows(db, q, bs, bt, k) for q in range(nranks)]
-    key = ("mm-block", tuple([r[1] > 0 for r in ra]), tuple([room(r[1]) for r in rb]), b.dtype.str,
-           b.view.packed_trail_shape())
+    trail = b.view.packed_trail_shape()
+    rb_bytes = b.dtype.itemsize * prod(trail)
+    key = ("mm-block", tuple([r[1] > 0 for r in ra]), tuple([room(r[1], rb_bytes) for r in rb]), b.dtype.str,
+           trail)
     return key, ra, rb
 
 
@@ -234,16 +242,17 @@ class BlockMatmulPlan(Plan):
         super().__init__()
         comp = self._bind(task, rank, ra, rb)
         b = task.b
+        row_bytes = b.dtype.itemsize * prod(self.b_trail)
         send: Dict[int, List[PartSpec]] = {}
         recv: Dict[int, List[PartSpec]] = {}
         if self.n_local:
             for c in sorted(comp):
                 if c != rank:
-                    send[c] = [PartSpec(1, room(self.n_local), b.dtype, self.b_trail)]
+                    send[c] = [PartSpec(1, room(self.n_local, row_bytes), b.dtype, self.b_trail)]
         if self.row_sels:
             for q, cnt in enumerate(self._b_counts):
                 if q != rank and cnt:
-                    recv[q] = [PartSpec(1, room(cnt), b.dtype, self.b_trail)]
+                    recv[q] = [PartSpec(1, room(cnt, row_bytes), b.dtype, self.b_trail)]
         self.msgs_in = self._messages(recv)
         self.msgs_out = self._messages(send)
 
@@ -508,7 +517,8 @@ def block_vecmat_key(t: VecMat, nranks: int) -> Optional[Tuple[Tuple, List, Opti
     db = b.base.dist
     rb = [_block_rows(db, q, bs, bt, k) for q in range(nranks)]
     owner, vrow = _owner_row(v.base.dist, v.view.row_params[0], nranks) if not v.base.replicated else (None, 0)
-    key = ("vm-block", owner, not out.base.replicated, tuple([room(r[1]) for r in rb]), room(out.shape[0]),
+    key = ("vm-block", owner, not out.base.replicated, tuple([room(r[1], v.dtype.itemsize) for r in rb]),
+           room(out.shape[0], out.dtype.itemsize),
            v.dtype.str, out.dtype.str)
     return key, rb, owner, vrow
 
@@ -539,15 +549,16 @@ class BlockVecMatPlan(Plan):
         send: Dict[int, List[PartSpec]] = {}
         recv: Dict[int, List[PartSpec]] = {}
         if self.v_owner is not None:
-            vdt, mr, odt = task.v.dtype, room(task.out.shape[0]), task.out.dtype
+            vdt, odt = task.v.dtype, task.out.dtype
+            mr = room(task.out.shape[0], odt.itemsize)
             if rank == self.v_owner:
                 for q, cnt in enumerate(self._counts):
                     if q != rank and cnt:
-                        send[q] = [PartSpec(0, room(cnt), vdt, ())]
+                        send[q] = [PartSpec(0, room(cnt, vdt.itemsize), vdt, ())]
                         if self.to_owner:
                             recv[q] = [PartSpec(1, mr, odt, ())]
             elif self.nrows:
-                recv[self.v_owner] = [PartSpec(0, room(self.nrows), vdt, ())]
+                recv[self.v_owner] = [PartSpec(0, room(self.nrows, vdt.itemsize), vdt, ())]
                 if self.to_owner:
                     send[self.v_owner] = [PartSpec(1, mr, odt, ())]
         self.msgs_in = self._messages(recv)
@@ -627,7 +638,7 @@ def lower_vecmat(fl: Lowering, g: Any, flush_no: int) -> GroupRun:
     dt = out.dtype
     ex = inst.extra
     if "part" not in ex or ex["part"].size < m or ex["part"].dtype != dt:     # room for the partial products
-        r = room(m)
+        r = room(m, dt.itemsize)
         ex["part"] = np.zeros(r, dtype=dt)
         ex["all"] = np.zeros(fl.size * r, dtype=dt)
     part, allp = ex["part"][:m], ex["all"][:fl.size * m].reshape(fl.size, m)
