@@ -112,4 +112,66 @@ for bound in (matmul_recording.OWNER_ROW_BYTES, 0):     # 0: the owner's row of 
             assert dnp.stats()["collectives"] == coll, (dist, r, dnp.stats()["collectives"] - coll)
 matmul_recording.OWNER_ROW_BYTES = 1 << 26
 section("a product of a fixed row lives on the row's owner, no collective")
+
+# L[k:, :k] @ U[:k, k] (a Matmul) reads only rows :k of U: a write to row k (outside them) need not wait for it,
+# a write to row k - 1 (inside them) after it must, and the write to row k - 1 before it (waiting for a message
+# from another rank) is read
+lm = rng.integers(-3, 4, (13, 13)).astype(float)
+um = rng.integers(-3, 4, (13, 13)).astype(float)
+for dist in DISTS:
+    for hiding in (True, False):
+        dnp.configure(latency_hiding=hiding)
+        L, U, R = dnp.from_numpy(lm, dist=dist), dnp.from_numpy(um, dist=dist), dnp.zeros((13, 13), dist=dist)
+        u, r = um.copy(), np.zeros((13, 13))
+        for k in range(1, 13):
+            q = (k + 6) % 13                            # mostly another rank's row: its message arrives later
+            U[k - 1, k:] = U[k - 1, k:] - L[q, k:]
+            u[k - 1, k:] = u[k - 1, k:] - lm[q, k:]
+            t = L[k:, :k] @ U[:k, k]
+            want = lm[k:, :k] @ u[:k, k]
+            U[k - 1, :] = U[k - 1, :] * 2.0
+            u[k - 1, :] = u[k - 1, :] * 2.0
+            U[k, :k] = U[k, :k] + 1.0
+            u[k, :k] = u[k, :k] + 1.0
+            R[k:, k] = t
+            r[k:, k] = want
+        same(f"matrix @ column of rows written before and after {dist} hiding={hiding}", R, r)
+        same(f"rows written around the products {dist} hiding={hiding}", U, u)
+dnp.configure(latency_hiding=True)
+section("a matrix product waits for the rows of b it reads, not for later rows")
+
+# LU's two products over a moving window: in a block layout every step binds a plan of its shape class (messages
+# with room for a few more rows), the other layouts build a plan per step; every result is NumPy's
+n = 72
+lm = np.tril(rng.integers(-3, 4, (n, n))).astype(float)
+um = np.triu(rng.integers(-3, 4, (n, n))).astype(float)
+from nbmpi.workers.distarray.operations import linalg  # noqa: E402
+
+for dist, exact in [(d, 1 << 20) for d in DISTS] + [("block", 0)]:    # 0: every message's room is its size
+    linalg.ROOM_EXACT_BYTES = exact
+    L, U = dnp.from_numpy(lm, dist=dist), dnp.from_numpy(um, dist=dist)
+    R1, R2 = dnp.zeros((n, n), dist=dist), dnp.zeros((n, n), dist=dist)
+    r1, r2 = np.zeros((n, n)), np.zeros((n, n))
+    dnp.evaluate()
+    before = dict(dnp.stats())
+    for k in range(n):
+        R1[k, k:] = L[k, :k] @ U[:k, k:]
+        r1[k, k:] = lm[k, :k] @ um[:k, k:]
+        R2[k + 1:, k] = L[k + 1:, :k] @ U[:k, k]
+        r2[k + 1:, k] = lm[k + 1:, :k] @ um[:k, k]
+        if k % 7 == 3:
+            U[k, k:] = U[k, k:] + 1.0                   # written between steps: later products read it
+            um[k, k:] = um[k, k:] + 1.0
+    same(f"vecmat over a moving window {dist}", R1, r1)
+    same(f"matmul over a moving window {dist}", R2, r2)
+    X, x = dnp.zeros((n, 6), dist=dist), np.zeros((n, 6))
+    for j in range(n - 1, -1, -1):                      # a's rows grow onto more ranks, b's rows stay
+        X[j:, :] = X[j:, :] + L[j:, :8] @ U[:8, 1:7]
+        x[j:, :] = x[j:, :] + lm[j:, :8] @ um[:8, 1:7]
+    same(f"matmul over a growing window of a {dist}", X, x)
+    st = dnp.stats()
+    if dist == "block" and size > 1:
+        assert st["plans_rebound"] - before["plans_rebound"] >= n, (st["plans_rebound"], before["plans_rebound"])
+linalg.ROOM_EXACT_BYTES = 1 << 20
+section("products over a moving window share plans of their shape class")
 print(f"ALL OK ({checks[0]} checks on {size} ranks)", flush=True) if ctx.rank == 0 else None

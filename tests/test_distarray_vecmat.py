@@ -13,4 +13,6 @@ def test_vecmat_equals_numpy_on_every_distribution_and_view(run_mpi, kernel_cach
     run_sections(run_mpi, kernel_cache, "distarray_vecmat.py", n,
                  ("v @ B on every distribution, every view of the rows", "int64, float32 and mixed dtypes",
                   "products reading rows written before them",
-                  "a product of a fixed row lives on the row's owner, no collective"))
+                  "a product of a fixed row lives on the row's owner, no collective",
+                  "a matrix product waits for the rows of b it reads, not for later rows",
+                  "products over a moving window share plans of their shape class"))

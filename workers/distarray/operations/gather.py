@@ -16,7 +16,7 @@ from ..graph import Replicate
 from ..indexing import _slice_of
 from ..plans import PartSpec, Plan, hull, selector
 from ..row_runs import block_i_range
-from ..units import FULL, GroupRun, Lowering, Unit
+from ..units import FULL, GroupRun, Label, Lowering, Unit
 
 __all__ = ["ReplicatePlan", "cache_key", "fixed_row", "row_key", "lower", "LOWERINGS"]
 
@@ -118,18 +118,19 @@ def lower(fl: Lowering, g: Any, flush_no: int) -> GroupRun:
     else:           # one plan per owner; this row's place in the owner's buffer is given here
         plan = ctx.plan(row_key(t, row[0]), lambda: ReplicatePlan(t, fl.rank, fl.size))
         local_src, rhull = row[1], ((row[1], row[1] + 1) if fl.rank == row[0] else (0, 0))
-    inst, run = fl.group_run(plan, flush_no, t.desc)
+    desc = Label(lambda: t.desc)        # the task's text, built only if an error shows it
+    inst, run = fl.group_run(plan, flush_no, desc)
     items = plan.items
     for k in range(len(plan.msgs_out)):
         if row is None:
             run.sends.append(fl.send_unit(plan, inst, k, lambda i: src.base.ensure(), lambda i: src.base.serial,
-                                          t.desc))
+                                          desc))
             continue
 
         def pack(k=k) -> None:
             inst.send_parts[k][0][0] = src.base.ensure()[(local_src,) + items]
 
-        run.sends.append(fl.send_unit(plan, inst, k, None, None, t.desc, pack=pack))
+        run.sends.append(fl.send_unit(plan, inst, k, None, None, desc, pack=pack))
         run.sends[-1].access = ((src.base.serial, rhull[0], rhull[1], "R"),)
     if plan.is_dest:
         def local_fn() -> None:
@@ -140,13 +141,13 @@ def lower(fl: Lowering, g: Any, flush_no: int) -> GroupRun:
             elif fl.rank == row[0]:
                 rl[0] = sl[(local_src,) + items]
 
-        run.computes.append(Unit("compute", local_fn, t.desc, ((src.base.serial, rhull[0], rhull[1], "R"),
+        run.computes.append(Unit("compute", local_fn, desc, ((src.base.serial, rhull[0], rhull[1], "R"),
                                                                (out.base.serial, 0, FULL, "A"))))
         for k in range(len(plan.msgs_in)):
             def unpack(k=k) -> None:
                 out.base.ensure()[plan.recv_dst[k]] = inst.recv_parts[k][0]
 
-            u = Unit("compute", unpack, t.desc, ((out.base.serial, 0, FULL, "A"),))
+            u = Unit("compute", unpack, desc, ((out.base.serial, 0, FULL, "A"),))
             u.ndeps = 1
             run.recvs[k].units.append(u)
             run.computes.append(u)

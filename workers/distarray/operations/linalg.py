@@ -10,6 +10,11 @@ What :mod:`~..linalg` records (:class:`~..graph.Matmul`, :class:`~..graph.Transp
   with their entries of ``v`` (NumPy's ``@``), then the partial products summed in rank order: with ``v`` one
   fixed row, on ``v``'s owner alone (each other rank with rows of ``b`` sends it its partial product; the result
   lives there), with ``v`` replicated, on every rank after one allgather.
+* In block layouts both products take a plan of their shape class (:class:`BlockMatmulPlan`,
+  :class:`BlockVecMatPlan`): each message's room is rounded up (:func:`room`) and the plan is bound to each use in
+  closed form, so that the steps of a loop over a moving window (LU) share a few plans, their buffers and
+  persistent requests instead of building them every step. The local product of a matrix product reads only its
+  rows of ``b``: a later write of another row of ``b`` does not wait for it.
 * ``out = src.T`` (:class:`TransposePlan`): the rows of ``src`` owned here become columns of ``out``
   everywhere; each message is packed already transposed, and the local block is transposed while
   the messages fly.
@@ -24,11 +29,12 @@ from ..fused_kernels import transpose_copy
 from ..graph import Matmul, Transpose, VecMat
 from ..indexing import _slice_of
 from ..reductions import combine_partials
-from ..plans import Instance, PartSpec, Plan, hull, my_rows, segments, selector
+from ..plans import Instance, PartSpec, Plan, hull, my_rows, prod, segments, selector
 from ..row_runs import block_i_range
 from ..units import FULL, GroupRun, Label, Lowering, Unit, Waitable, after
 
-__all__ = ["MatmulPlan", "VecMatPlan", "TransposePlan", "matmul_key", "vecmat_key", "transpose_key", "lower_matmul",
+__all__ = ["MatmulPlan", "BlockMatmulPlan", "VecMatPlan", "BlockVecMatPlan", "room", "block_matmul_key",
+           "block_vecmat_key", "TransposePlan", "matmul_key", "vecmat_key", "transpose_key", "lower_matmul",
            "lower_vecmat", "lower_transpose", "LOWERINGS"]
 
 
@@ -63,11 +69,16 @@ class MatmulPlan(Plan):
         self.b_trail = b.view.packed_trail_shape()
         self.local_j: Optional[np.ndarray] = None
         self.local_b_rows: Any = None
+        #: The local rows of ``b`` the local product reads (their hull; every row when ``b`` is replicated): a
+        #: later write of another row of ``b`` (the next row of a factorization) does not wait for the product.
+        self.b_hull: Tuple[int, int] = (0, FULL)
         self.recv_j: List[np.ndarray] = []
         if self.b_rep:
             self.local_j = np.arange(k, dtype=np.int64)
             self.local_cols = self.a_cols(self.local_j)
             self.recv_cols = []
+            self.b_send_hull = (0, 0)
+            self._counts()
             return
         bs, bt, _ = b.view.row_params
         comp_ranks = _ranks_with_rows(a.base.dist, s, t, n, nranks)
@@ -76,6 +87,7 @@ class MatmulPlan(Plan):
         mine_j, my_loc = b_rows[rank]
         self.local_j = mine_j
         self.local_b_rows = _rows_sel(my_loc, bt, self.b_runs)
+        self.b_hull = _rows_hull(my_loc, self.b_runs) if len(my_loc) else (0, 0)
         send: Dict[int, List[PartSpec]] = {}
         if len(mine_j):
             for c in sorted(comp_ranks):
@@ -95,6 +107,14 @@ class MatmulPlan(Plan):
         self.msgs_out = self._messages(send)
         self.local_cols = self.a_cols(self.local_j)
         self.recv_cols = [self.a_cols(j) for j in self.recv_j]
+        self.b_send_hull = _rows_hull(my_loc, self.b_runs)
+        self._counts()
+
+    def _counts(self) -> None:
+        """How many rows of ``b`` this rank multiplies locally and receives per message (a message's room may
+        be larger: :class:`BlockMatmulPlan`)."""
+        self.n_local = len(self.local_j)
+        self.recv_n = [len(j) for j in self.recv_j]
 
     def a_cols(self, js: np.ndarray) -> Any:
         """The columns of ``a``'s local rows that multiply the rows ``js`` of ``b`` (a slice for a run)."""
@@ -154,6 +174,125 @@ def _b_rows_by_owner(dist, s: int, t: int, k: int, nranks: int) -> List[Tuple[np
         jq = np.flatnonzero(src == q)
         out.append((jq, loc[jq]))
     return out
+
+
+#: Bytes of a message above which its room is its exact size (:func:`room`): a large message costs more to send
+#: padded than its plan costs to build.
+ROOM_EXACT_BYTES = 1 << 20
+
+
+def room(count: int, row_bytes: int = 8) -> int:
+    """The room, in rows, of a message holding ``count`` rows of ``row_bytes`` bytes in a plan shared by a shape
+    class: ``count`` up to 16 rows or above :data:`ROOM_EXACT_BYTES`, else ``count`` rounded up to ``m * 2**e``
+    with ``8 <= m < 16`` (at most 1/8 more), so that the steps of a loop whose messages grow by a row share a few
+    plans."""
+    if count <= 16 or count * row_bytes > ROOM_EXACT_BYTES:
+        return count
+    e = count.bit_length() - 4
+    return -(-count >> e) << e
+
+
+def _block_rows(dist, q: int, s: int, t: int, n: int) -> Tuple[int, int, int]:
+    """``(i0, count, first local row)``: the view rows ``s + i * t`` (``i0 <= i < i0 + count``) that rank ``q``
+    owns in the block layout ``dist`` and the local row of the first one there (local rows step by ``t``)."""
+    lo, hi = dist.block_range(q)
+    i0, i1 = block_i_range(lo, hi, s, t, n)
+    return i0, max(0, i1 - i0), s + i0 * t - lo
+
+
+def _run(first: int, step: int, count: int) -> Tuple[Any, int, int]:
+    """``(slice, lowest, highest + 1)`` of the ``count`` local rows ``first + r * step`` (``(0, 0)`` when none)."""
+    if count <= 0:
+        return slice(0, 0), 0, 0
+    last = first + step * (count - 1)
+    return _slice_of(first, step if count > 1 else 1, count), min(first, last), max(first, last) + 1
+
+
+def block_matmul_key(t: Matmul, nranks: int) -> Optional[Tuple[Tuple, List, List]]:
+    """``(key, rows of a, rows of b)``: the key of the :class:`BlockMatmulPlan` serving ``t`` and, per rank,
+    :func:`_block_rows` of ``a`` and of ``b``; None when ``t`` is not one: ``a`` and ``b`` (not replicated) in
+    block layouts. What its messages depend on: which ranks hold rows of ``a``, the :func:`room` of each rank's
+    rows of ``b``, ``b``'s dtype and packed trailing shape. The same on every rank."""
+    a, b = t.a, t.b
+    if a.base.dist.kind != "block" or b.base.replicated or b.base.dist.kind != "block":
+        return None
+    s, st, n = a.view.row_params
+    bs, bt, k = b.view.row_params
+    da, db = a.base.dist, b.base.dist
+    ra = [_block_rows(da, q, s, st, n) for q in range(nranks)]
+    rb = [_block_rows(db, q, bs, bt, k) for q in range(nranks)]
+    trail = b.view.packed_trail_shape()
+    rb_bytes = b.dtype.itemsize * prod(trail)
+    key = ("mm-block", tuple([r[1] > 0 for r in ra]), tuple([room(r[1], rb_bytes) for r in rb]), b.dtype.str,
+           trail)
+    return key, ra, rb
+
+
+class BlockMatmulPlan(Plan):
+    """``out = a @ b`` with ``a`` and ``b`` in block layouts (:func:`block_matmul_key`): the messages of
+    :class:`MatmulPlan` with each message's room rounded up (:func:`room`, the whole room is sent), so that the
+    steps of a loop over a moving window (LU's ``L[k+1:, :k] @ U[:k, k]``) share this plan and its instances;
+    :meth:`bound_to` gives the rows of one use in closed form (no pass over the rows). Same fields as
+    :class:`MatmulPlan` read by :func:`lower_matmul`."""
+
+    kind = "matmul"
+
+    def __init__(self, task, rank: int, ra: List, rb: List):
+        """``ra``, ``rb``: :func:`_block_rows` of ``a`` and ``b`` per rank (:func:`block_matmul_key`)."""
+        super().__init__()
+        comp = self._bind(task, rank, ra, rb)
+        b = task.b
+        row_bytes = b.dtype.itemsize * prod(self.b_trail)
+        send: Dict[int, List[PartSpec]] = {}
+        recv: Dict[int, List[PartSpec]] = {}
+        if self.n_local:
+            for c in sorted(comp):
+                if c != rank:
+                    send[c] = [PartSpec(1, room(self.n_local, row_bytes), b.dtype, self.b_trail)]
+        if self.row_sels:
+            for q, cnt in enumerate(self._b_counts):
+                if q != rank and cnt:
+                    recv[q] = [PartSpec(1, room(cnt, row_bytes), b.dtype, self.b_trail)]
+        self.msgs_in = self._messages(recv)
+        self.msgs_out = self._messages(send)
+
+    def bound_to(self, task, rank: int, ra: List, rb: List) -> "BlockMatmulPlan":
+        """A plan for ``task`` (same :func:`block_matmul_key`, which gave ``ra`` and ``rb``) sharing this one's
+        messages and instances. Local, cheap; called by :func:`lower_matmul` only."""
+        p = BlockMatmulPlan.__new__(BlockMatmulPlan)
+        p.msgs_in, p.msgs_out, p.instances = self.msgs_in, self.msgs_out, self.instances
+        p._bind(task, rank, ra, rb)
+        return p
+
+    def _bind(self, task, rank: int, ra: List, rb: List) -> set:
+        """Set the rows of ``task`` on this rank; the ranks with rows of ``a``."""
+        a, b = task.a, task.b
+        t = a.view.row_params[1]
+        comp = set()
+        for q, (i0, cnt, first) in enumerate(ra):
+            if cnt:
+                comp.add(q)
+            if q == rank:
+                self.row_sels = [_run(first, t, cnt)] if cnt else []
+        col = a.view.after_row()[0]
+        self.a_col = (col[1], col[2])
+        c0, ct = self.a_col
+        self.b_rep, self.b_runs = False, True
+        self.b_trail = b.view.packed_trail_shape()
+        bt = b.view.row_params[1]
+        self._b_counts = []
+        self.recv_n, self.recv_cols = [], []
+        for q, (j0, cnt, first) in enumerate(rb):
+            self._b_counts.append(cnt)
+            cols = _slice_of(c0 + j0 * ct, ct if cnt > 1 else 1, cnt)
+            if q == rank:
+                self.n_local, self.local_cols = cnt, cols
+                self.local_b_rows, lo, hi = _run(first, bt, cnt)
+                self.b_hull = self.b_send_hull = (lo, hi)
+            elif cnt and self.row_sels:
+                self.recv_n.append(cnt)
+                self.recv_cols.append(cols)
+        return comp
 
 
 class TransposePlan(Plan):
@@ -219,35 +358,58 @@ def matmul_key(t: Matmul) -> Tuple:
             out.base.dist.key, out.view.key, out.dtype.str)
 
 
-def lower_matmul(fl: Lowering, g: Any, flush_no: int) -> GroupRun:
-    """The units of ``g.task`` (a :class:`~..graph.Matmul`) in flush ``fl``."""
-    t: Matmul = g.task
+def _matmul_plan(fl: Lowering, t: Matmul) -> Any:
+    """The plan of ``t`` on this rank: a :class:`BlockMatmulPlan` of its shape class (bound to ``t``), else the
+    :class:`MatmulPlan` cached under :func:`matmul_key`."""
     ctx = fl.ctx
+    got = block_matmul_key(t, fl.size)
+    if got is None:
+        return ctx.plan(matmul_key(t), lambda: MatmulPlan(t, fl.rank, fl.size))
+    key, ra, rb = got
+    built = []
+    plan = ctx.plan(key, lambda: built.append(1) or BlockMatmulPlan(t, fl.rank, ra, rb))
+    if not built:
+        plan = plan.bound_to(t, fl.rank, ra, rb)
+        ctx.stats["plans_rebound"] += 1
+    return plan
+
+
+def lower_matmul(fl: Lowering, g: Any, flush_no: int) -> GroupRun:
+    """The units of ``g.task`` (a :class:`~..graph.Matmul`) in flush ``fl``: the sends of this rank's rows of ``b``
+    (packed into the start of each message's room), the product with them, one accumulation per received
+    message."""
+    t: Matmul = g.task
     a, b, out = t.a, t.b, t.out
-    plan: MatmulPlan = ctx.plan(matmul_key(t), lambda: MatmulPlan(t, fl.rank, fl.size))
-    inst, run = fl.group_run(plan, flush_no, t.desc)
-    bases = {0: a.base, 1: b.base}
-    for k in range(len(plan.msgs_out)):
-        run.sends.append(fl.send_unit(plan, inst, k, lambda i: bases[i].ensure(), lambda i: bases[i].serial,
-                                      t.desc))
-    product = _product(t, plan)
+    plan = _matmul_plan(fl, t)
+    desc = Label(lambda: t.desc)        # the task's text, built only if an error shows it
+    inst, run = fl.group_run(plan, flush_no, desc)
     b_items = b.view.trail_items()
+    nl = plan.n_local
+    for k in range(len(plan.msgs_out)):
+        def pack(k=k) -> None:
+            np.copyto(inst.send_parts[k][0][:nl], b.base.ensure()[(plan.local_b_rows,) + b_items])
+
+        run.sends.append(fl.send_unit(plan, inst, k, None, None, desc, pack=pack))
+        run.sends[-1].access = ((b.base.serial, plan.b_send_hull[0], plan.b_send_hull[1], "R"),)
+    product = _product(t, plan)
     for (rows_sel, rlo, rhi) in plan.row_sels:
         def local_fn(rows_sel=rows_sel) -> None:
             if plan.b_rep:
                 bl = b.base.ensure()[b.view.numpy_index()]
             else:
                 bl = b.base.ensure()[(plan.local_b_rows,) + b_items]
-            product(rows_sel, plan.local_cols, len(plan.local_j), bl, False)
+            product(rows_sel, plan.local_cols, nl, bl, False)
 
-        u0 = Unit("compute", local_fn, t.desc, ((a.base.serial, rlo, rhi, "R"), (b.base.serial, 0, FULL, "R"),
-                                                (out.base.serial, rlo, rhi, "W")))
+        u0 = Unit("compute", local_fn, desc, ((a.base.serial, rlo, rhi, "R"),
+                                              (b.base.serial, plan.b_hull[0], plan.b_hull[1], "R"),
+                                              (out.base.serial, rlo, rhi, "W")))
         run.computes.append(u0)
         for k in range(len(plan.msgs_in)):
             def acc_fn(rows_sel=rows_sel, k=k) -> None:
-                product(rows_sel, plan.recv_cols[k], len(plan.recv_j[k]), inst.recv_parts[k][0], True)
+                nk = plan.recv_n[k]
+                product(rows_sel, plan.recv_cols[k], nk, inst.recv_parts[k][0][:nk], True)
 
-            u = Unit("compute", acc_fn, t.desc, ((a.base.serial, rlo, rhi, "R"), (out.base.serial, rlo, rhi, "A")))
+            u = Unit("compute", acc_fn, desc, ((a.base.serial, rlo, rhi, "R"), (out.base.serial, rlo, rhi, "A")))
             u.ndeps = 1
             run.recvs[k].units.append(u)
             after(u, u0)
@@ -307,6 +469,9 @@ class VecMatPlan(Plan):
         self.v_row = 0
         self.v_items = v.view.trail_items()
         self.send_js: List[Any] = []
+        #: How many entries of ``v`` each outgoing message of them holds (its room may be larger:
+        #: :class:`BlockVecMatPlan`).
+        self.send_n: List[int] = []
         #: Whether the result lives on ``v``'s owner alone (its partial products are sent there, no allgather),
         #: whether this rank receives ``v``'s entries (message 0 in), and on the owner the ranks whose partial
         #: products come in (in message order).
@@ -327,6 +492,7 @@ class VecMatPlan(Plan):
                 if q != rank and len(per_rank[q][0]):
                     send[q] = [PartSpec(0, len(per_rank[q][0]), v.dtype, ())]
                     self.send_js.append(_rows_sel(per_rank[q][0], 1, runs))
+                    self.send_n.append(len(per_rank[q][0]))
                     if self.to_owner:
                         recv[q] = [PartSpec(1, m, odt, ())]
                         self.part_from.append(q)
@@ -339,12 +505,120 @@ class VecMatPlan(Plan):
         self.msgs_out = self._messages(send)
 
 
+def block_vecmat_key(t: VecMat, nranks: int) -> Optional[Tuple[Tuple, List, Optional[int], int]]:
+    """``(key, rows of b, v's owner, v's local row there)``: the key of the :class:`BlockVecMatPlan` serving
+    ``t``, :func:`_block_rows` of ``b`` per rank, ``v``'s owner (None: replicated) and local row; None when ``b``
+    is not in a block layout. What its messages depend on: ``v``'s owner, whether ``out`` lives there alone, the
+    :func:`room` of each rank's rows of ``b`` and of ``out``, the dtypes. The same on every rank."""
+    v, b, out = t.v, t.b, t.out
+    if b.base.dist.kind != "block":
+        return None
+    bs, bt, k = b.view.row_params
+    db = b.base.dist
+    rb = [_block_rows(db, q, bs, bt, k) for q in range(nranks)]
+    owner, vrow = _owner_row(v.base.dist, v.view.row_params[0], nranks) if not v.base.replicated else (None, 0)
+    key = ("vm-block", owner, not out.base.replicated, tuple([room(r[1], v.dtype.itemsize) for r in rb]),
+           room(out.shape[0], out.dtype.itemsize),
+           v.dtype.str, out.dtype.str)
+    return key, rb, owner, vrow
+
+
+def _owner_row(dist, r: int, nranks: int) -> Tuple[int, int]:
+    """``(owner, local row there)`` of base row ``r`` of ``dist`` (without an array for a block layout)."""
+    if dist.kind == "block":
+        for q in range(nranks):
+            lo, hi = dist.block_range(q)
+            if lo <= r < hi:
+                return q, r - lo
+    return dist.owner_of(r), int(dist.local_index(np.array([r], dtype=np.int64))[0])
+
+
+class BlockVecMatPlan(Plan):
+    """``out = v @ b`` with ``b`` in a block layout (:func:`block_vecmat_key`): the messages of
+    :class:`VecMatPlan` with each message's room rounded up (:func:`room`: ``v``'s entries and the partial
+    products, the whole room is sent), so that the steps of a loop over a moving window (LU's
+    ``L[k, :k] @ U[:k, k:]``) share this plan and its instances; :meth:`bound_to` gives the rows of one use in
+    closed form. Same fields as :class:`VecMatPlan` read by :func:`lower_vecmat`."""
+
+    kind = "vecmat"
+
+    def __init__(self, task, rank: int, rb: List, owner: Optional[int], vrow: int):
+        """``rb``, ``owner``, ``vrow``: what :func:`block_vecmat_key` gave with the key."""
+        super().__init__()
+        self._bind(task, rank, rb, owner, vrow)
+        send: Dict[int, List[PartSpec]] = {}
+        recv: Dict[int, List[PartSpec]] = {}
+        if self.v_owner is not None:
+            vdt, odt = task.v.dtype, task.out.dtype
+            mr = room(task.out.shape[0], odt.itemsize)
+            if rank == self.v_owner:
+                for q, cnt in enumerate(self._counts):
+                    if q != rank and cnt:
+                        send[q] = [PartSpec(0, room(cnt, vdt.itemsize), vdt, ())]
+                        if self.to_owner:
+                            recv[q] = [PartSpec(1, mr, odt, ())]
+            elif self.nrows:
+                recv[self.v_owner] = [PartSpec(0, room(self.nrows, vdt.itemsize), vdt, ())]
+                if self.to_owner:
+                    send[self.v_owner] = [PartSpec(1, mr, odt, ())]
+        self.msgs_in = self._messages(recv)
+        self.msgs_out = self._messages(send)
+
+    def bound_to(self, task, rank: int, rb: List, owner: Optional[int], vrow: int) -> "BlockVecMatPlan":
+        """A plan for ``task`` (same :func:`block_vecmat_key`, which gave ``rb``, ``owner``, ``vrow``) sharing this
+        one's messages and instances. Local, cheap; called by :func:`lower_vecmat` only."""
+        p = BlockVecMatPlan.__new__(BlockVecMatPlan)
+        p.msgs_in, p.msgs_out, p.instances = self.msgs_in, self.msgs_out, self.instances
+        p._bind(task, rank, rb, owner, vrow)
+        return p
+
+    def _bind(self, task, rank: int, rb: List, owner: Optional[int], vrow: int) -> None:
+        """Set the rows of ``task`` on this rank (every field :func:`lower_vecmat` reads but the messages)."""
+        v, b = task.v, task.b
+        bt = b.view.row_params[1]
+        self._counts: List[int] = []
+        self.send_js: List[Any] = []
+        self.send_n: List[int] = []
+        self.part_from: List[int] = []
+        self.v_items = v.view.trail_items()
+        self.to_owner = not task.out.base.replicated
+        self.v_owner, self.v_row = owner, vrow
+        for q, (j0, cnt, first) in enumerate(rb):
+            self._counts.append(cnt)
+            if q == rank:
+                self.js = _slice_of(j0, 1, cnt)
+                self.local_b_rows, lo, hi = _run(first, bt, cnt)
+                self.hull, self.nrows = (lo, hi), cnt
+            elif cnt and rank == self.v_owner:
+                self.send_js.append(_slice_of(j0, 1, cnt))
+                self.send_n.append(cnt)
+                if self.to_owner:
+                    self.part_from.append(q)
+        self.v_in = self.v_owner is not None and rank != self.v_owner and self.nrows > 0
+
+
 def vecmat_key(t: VecMat) -> Tuple:
     """The plan cache key of ``t``: ``v``'s and ``b``'s layouts and views, ``v``'s dtype, ``out``'s layout (on
     every rank or on ``v``'s owner) and dtype."""
     v, b, out = t.v, t.b, t.out
     return ("vm", v.base.dist.key, v.view.key, v.dtype.str, b.base.dist.key, b.view.key, out.base.dist.key,
             out.dtype.str)
+
+
+def _vecmat_plan(fl: Lowering, t: VecMat) -> Any:
+    """The plan of ``t`` on this rank: a :class:`BlockVecMatPlan` of its shape class (bound to ``t``), else the
+    :class:`VecMatPlan` cached under :func:`vecmat_key`."""
+    ctx = fl.ctx
+    got = block_vecmat_key(t, fl.size)
+    if got is None:
+        return ctx.plan(vecmat_key(t), lambda: VecMatPlan(t, fl.rank, fl.size))
+    key, rb, owner, vrow = got
+    built = []
+    plan = ctx.plan(key, lambda: built.append(1) or BlockVecMatPlan(t, fl.rank, rb, owner, vrow))
+    if not built:
+        plan = plan.bound_to(t, fl.rank, rb, owner, vrow)
+        ctx.stats["plans_rebound"] += 1
+    return plan
 
 
 def lower_vecmat(fl: Lowering, g: Any, flush_no: int) -> GroupRun:
@@ -356,26 +630,27 @@ def lower_vecmat(fl: Lowering, g: Any, flush_no: int) -> GroupRun:
     the same order on every rank, after the previous collective) and a finish unit storing their sum in rank
     order in ``out`` (the same bits on every rank)."""
     t: VecMat = g.task
-    ctx = fl.ctx
     v, b, out = t.v, t.b, t.out
-    plan: VecMatPlan = ctx.plan(vecmat_key(t), lambda: VecMatPlan(t, fl.rank, fl.size))
-    inst, run = fl.group_run(plan, flush_no, t.desc)
+    plan = _vecmat_plan(fl, t)
+    desc = Label(lambda: t.desc)        # the task's text, built only if an error shows it
+    inst, run = fl.group_run(plan, flush_no, desc)
     m = out.shape[0]
     dt = out.dtype
     ex = inst.extra
-    if "part" not in ex or ex["part"].shape != (m,) or ex["part"].dtype != dt:
-        ex["part"] = np.zeros(m, dtype=dt)
-        ex["all"] = np.zeros((fl.size, m), dtype=dt)
-    part, allp = ex["part"], ex["all"]
+    if "part" not in ex or ex["part"].size < m or ex["part"].dtype != dt:     # room for the partial products
+        r = room(m, dt.itemsize)
+        ex["part"] = np.zeros(r, dtype=dt)
+        ex["all"] = np.zeros(fl.size * r, dtype=dt)
+    part, allp = ex["part"][:m], ex["all"][:fl.size * m].reshape(fl.size, m)
     b_items = b.view.trail_items()
     v_at = () if plan.v_owner is None else ((v.base.serial, plan.v_row, plan.v_row + 1, "R"),)
     if fl.rank == plan.v_owner:
         for k in range(len(plan.msgs_out)):
             def pack(k=k) -> None:
                 row = v.base.ensure()[(plan.v_row,) + plan.v_items]
-                np.copyto(inst.send_parts[k][0], row[plan.send_js[k]])
+                np.copyto(inst.send_parts[k][0][:plan.send_n[k]], row[plan.send_js[k]])
 
-            run.sends.append(fl.send_unit(plan, inst, k, None, None, t.desc, pack=pack))
+            run.sends.append(fl.send_unit(plan, inst, k, None, None, desc, pack=pack))
             run.sends[-1].access = v_at
 
     def local_fn() -> None:
@@ -383,7 +658,7 @@ def lower_vecmat(fl: Lowering, g: Any, flush_no: int) -> GroupRun:
             part[...] = 0
             return
         if plan.v_in:
-            vl = inst.recv_parts[0][0]
+            vl = inst.recv_parts[0][0][:plan.nrows]
         elif plan.v_owner is None:
             vl = v.base.ensure()[v.view.numpy_index()][plan.js]
         else:
@@ -393,7 +668,7 @@ def lower_vecmat(fl: Lowering, g: Any, flush_no: int) -> GroupRun:
 
     v_read = ((v.base.serial, 0, FULL, "R"),) if plan.v_owner is None else \
         (v_at if fl.rank == plan.v_owner else ())
-    u0 = Unit("compute", local_fn, t.desc, v_read + ((b.base.serial, plan.hull[0], plan.hull[1], "R"),))
+    u0 = Unit("compute", local_fn, desc, v_read + ((b.base.serial, plan.hull[0], plan.hull[1], "R"),))
     if plan.v_in:
         u0.ndeps = 1
         run.recvs[0].units.append(u0)
@@ -412,23 +687,26 @@ def _lower_sum_on_owner(fl: Lowering, t: VecMat, plan: VecMatPlan, inst: Instanc
     rank's partial product (its own, the received ones, zeros for ranks without rows of ``b``: the same bits as
     the allgather's sum) in ``t.out``, after ``u0`` and the messages."""
     out = t.out
+    desc = run.label
     if fl.rank != plan.v_owner:
         if plan.msgs_out:
-            s = fl.send_unit(plan, inst, 0, None, None, t.desc, pack=lambda: np.copyto(inst.send_parts[0][0], part))
+            m = len(part)
+            s = fl.send_unit(plan, inst, 0, None, None, desc,
+                             pack=lambda: np.copyto(inst.send_parts[0][0][:m], part))
             after(s, u0)
             run.sends.append(s)
         return
-    me = fl.rank
+    me, m = fl.rank, len(part)
     dst = out.view.numpy_index(row_sel=int(out.base.dist.local_index(np.array([out.view.row_entry[1]]))[0]))
 
     def finish() -> None:
         allp[...] = 0
         allp[me] = part
         for k, q in enumerate(plan.part_from):
-            allp[q] = inst.recv_parts[k][0]
+            allp[q] = inst.recv_parts[k][0][:m]
         out.base.ensure()[dst] = combine_partials("sum", allp, out.dtype)
 
-    fin = Unit("compute", finish, t.desc, ((out.base.serial, 0, FULL, "W"),))
+    fin = Unit("compute", finish, desc, ((out.base.serial, 0, FULL, "W"),))
     after(fin, u0)
     for k in range(len(plan.part_from)):
         fin.ndeps += 1
@@ -442,7 +720,7 @@ def _lower_partial_sum(fl: Lowering, t: VecMat, run: GroupRun, u0: Unit, part: n
     of its rows (rank order) in ``t.out``."""
     ctx = fl.ctx
     out = t.out
-    fin = Unit("compute", lambda: None, t.desc, ((out.base.serial, 0, FULL, "W"),))
+    fin = Unit("compute", lambda: None, run.label, ((out.base.serial, 0, FULL, "W"),))
 
     def start_coll() -> None:
         req = ctx.dcomm.Iallgather([part.view(np.uint8), fl.MPI.BYTE], [allp.view(np.uint8), fl.MPI.BYTE])
@@ -456,7 +734,7 @@ def _lower_partial_sum(fl: Lowering, t: VecMat, run: GroupRun, u0: Unit, part: n
         out.base.ensure()[out.view.numpy_index()] = combine_partials("sum", allp, out.dtype)
 
     fin.fn = finish
-    coll = Unit("coll", start_coll, t.desc)
+    coll = Unit("coll", start_coll, run.label)
     after(coll, u0)
     after(fin, coll)
     run.coll = coll
