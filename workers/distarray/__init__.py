@@ -27,7 +27,8 @@ Modules: recording: :mod:`.distribution` (block, cyclic, block-cyclic, replicate
 (views), :mod:`.array` (DistArray), :mod:`.graph` (recorded tasks), :mod:`.elementwise`,
 :mod:`.reductions`, :mod:`.matmul_recording`, :mod:`.numpy_reductions`,
 :mod:`.numpy_cumulative`, :mod:`.numpy_shapes`, :mod:`.numpy_joining`, :mod:`.linalg` (NumPy's API on top),
-:mod:`.creation` and :mod:`.random` (constructors); collective steps sending elements by global position
+:mod:`.creation` and :mod:`.random` (constructors), :mod:`.lazy_grids` and :mod:`.lazy_joins` (grids and
+joins kept unstored until something needs their memory); collective steps sending elements by global position
 (run at once, not recorded): :mod:`.exchange`, :mod:`.arg_extreme`, :mod:`.numpy_sorting`, :mod:`.numpy_reshaping`, :mod:`.numpy_signal`,
 :mod:`.masking` (boolean masks, trailing index arrays), :mod:`.numpy_indexing`; every ufunc: :mod:`.ufuncs`;
 evaluation: :mod:`.fusion` (groups), :mod:`.operations` (one module per kind of operation: its
