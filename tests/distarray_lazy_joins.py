@@ -7,13 +7,16 @@
 * used otherwise (an expression, a slice gathered, ``.local``, a write, a reshape) it is materialised;
 * a part written after the concatenate (a recorded write, ``.local``, a mask assignment, a write to the array a
   ravelled part shares its buffer with) leaves the result's values as they were;
-* a lazy result dying unmaterialised leaves the context's counters as they were.
+* a lazy result dying unmaterialised leaves the context's counters as they were;
+* a part whose buffer the user holds (``.local``, ``from_local``) makes the concatenate stored, and a lazy join
+  materialised at the flush threshold, in the middle of recording another operation, flushes nothing then.
 
 Prints ``rank R: NAME ok`` per check, then ``rank R: ALL OK``; a failing check raises.
 """
 import numpy as np
 
 import nbmpi.workers.distarray as dnp
+from nbmpi.workers.distarray.creation import from_local
 from nbmpi.workers import world
 
 comm = world()
@@ -153,4 +156,44 @@ f0 = fresh()
 r = np.concatenate([rows, cols, back.ravel()])
 same("xray-like program", r, np.concatenate([ROWS, COLS, BACK.ravel()]))
 check("xray-like program: result never stored", lazy(r) and fresh() == f0)
+for dist in ["block", "cyclic", ("block-cyclic", 2)]:
+    # the user holds a part's buffer (.local, from_local) before the join: its direct writes are unseen, so the
+    # join is stored (its copies evaluated at the next force point) and keeps the values from before the write
+    A1 = np.arange(4 * P + 3, dtype=np.float64) + 1.0
+    B1 = np.arange(5, dtype=np.float64) * 10.0
+    a, b = dnp.from_numpy(A1, dist=dist), dnp.from_numpy(B1)
+    loc = a.local
+    r = dnp.concatenate([b, a])
+    check(f"{dist}: a join of a part the user holds (.local) is stored", not lazy(r))
+    float(b.sum())
+    loc[:] = -7.0
+    same(f"{dist}: a part written through an earlier .local", r, np.concatenate([B1, A1]))
+    held = np.ascontiguousarray(a.local).copy()
+    c = from_local(held, a)
+    r = dnp.concatenate([b, c])
+    want = np.concatenate([B1, c.to_numpy()])
+    float(b.sum())
+    held[:] = -9.0
+    same(f"{dist}: a part over from_local memory written by the user", r, want)
+    # materialised while another operation is being recorded, at the flush threshold: no flush in between
+    # (it would take that operation's first temporaries for dead: v @ r records v's gather first)
+    A2 = np.arange(R * 6, dtype=np.float64).reshape(R, 6) % 7 - 3.0
+    B2 = np.arange(30, dtype=np.float64).reshape(5, 6) % 5 - 2.0
+    V2 = (np.arange(R + 5, dtype=np.float64) % 4) - 1.5
+    M2 = np.arange(R, dtype=np.float64) % 3
+    for threshold in (2, 3):
+        dnp.configure(threshold=threshold)
+        try:
+            r = dnp.concatenate([dnp.from_numpy(A2), dnp.from_numpy(B2)])
+            same(f"{dist}: threshold {threshold}: v @ (a lazy join)", dnp.from_numpy(V2, dist=dist) @ r,
+                 V2 @ np.concatenate([A2, B2]))
+            m = dnp.from_numpy(M2, dist=dist)
+            r = dnp.concatenate([m, dnp.from_numpy(B1)])
+            m[m > 1] = -9.0
+            M3 = M2.copy()
+            M3[M3 > 1] = -9.0
+            same(f"{dist}: threshold {threshold}: a mask write to a part", m, M3)
+            same(f"{dist}: threshold {threshold}: the join keeps the old values", r, np.concatenate([M2, B1]))
+        finally:
+            dnp.configure(threshold=1000)
 print(f"rank {rank}: ALL OK", flush=True)

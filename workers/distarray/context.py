@@ -120,6 +120,9 @@ class ArrayContext:
                                           messages_received=0, wait_ns=0, flush_ns=0, collectives=0)
         self.last: Dict[str, Any] = {}
         self.in_flush = False
+        #: While nonzero, :meth:`maybe_flush` does nothing: copies recorded in the middle of recording another
+        #: operation (a lazy join materialised) must not flush before that operation's own tasks are held.
+        self.hold_flush = 0
         self.buffers = BufferCache()
         #: Bases viewing another base's buffer (``Base.share``): while nonzero, :meth:`record` ends the sharing
         #: of a base before a write to it is recorded.
@@ -181,7 +184,7 @@ class ArrayContext:
         """Evaluate everything if the threshold of recorded operations is reached. Called by the
         user-level operations once their results are held by DistArray objects (so the fusion pass
         does not mistake them for dead temporaries). Collective when it evaluates."""
-        if len(self.pending) >= self.threshold and not self.in_flush:
+        if len(self.pending) >= self.threshold and not self.in_flush and not self.hold_flush:
             self.flush("threshold")
 
     def flush(self, reason: str, latency_hiding: Optional[bool] = None) -> None:

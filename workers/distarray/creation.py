@@ -192,9 +192,11 @@ def _scatter(ctx, x, dist, comm, root: int) -> DistArray:
 
 def from_local(local: np.ndarray, like: DistArray) -> DistArray:
     """A new array of ``like``'s shape and layout whose rows on this rank are ``local`` (this rank's
-    block, e.g. computed from ``like.local``; its dtype is the result's). Local."""
+    block, e.g. computed from ``like.local``; its dtype is the result's). Local. A C-contiguous ``local`` is
+    not copied: the array uses its memory, which the caller still holds (so the base counts as exported)."""
     b, _ = _new(like.shape, local.dtype, like.dist, like.comm, "local blocks")
     b.set_local(np.ascontiguousarray(local).reshape(b.local_shape()))
+    b.exported = True
     return DistArray(b, View.full(like.shape))
 
 

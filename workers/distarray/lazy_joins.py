@@ -70,12 +70,17 @@ def forget_dead(base: Any) -> None:
 
 def materialise(base: Any) -> None:
     """Record the copies of lazy join ``base`` (``base[lo:hi] = part`` for each part); ``base`` becomes an
-    ordinary array written by them. Local, recorded (not evaluated: the caller flushes if it needs the
-    values now)."""
+    ordinary array written by them. Local, recorded (not evaluated, never a threshold flush, as it may run
+    inside the recording of another operation: the caller flushes if it needs the values now)."""
     parts = _forget(base)
     whole = fallback.REGISTRY["DistArray"](base, View.full(base.shape))
-    for lo, hi, x in parts:
-        whole[lo:hi] = x
+    ctx = base.context
+    ctx.hold_flush += 1     # called while another operation is being recorded: its temporaries are not held yet
+    try:
+        for lo, hi, x in parts:
+            whole[lo:hi] = x
+    finally:
+        ctx.hold_flush -= 1
 
 
 def on_record(task: Any) -> None:

@@ -50,6 +50,12 @@ def _atleast(x: Any, nd: int) -> Any:
     return x[(None,) * (nd - x.ndim) + (slice(None),) * x.ndim]
 
 
+def _user_holds(base: Any) -> bool:
+    """Whether the user may hold ``base``'s buffer (``.local``, ``from_local``) and write it directly, unseen:
+    it is exported, and not only as the copy-on-write view of another base's buffer (``Base.share``)."""
+    return base.exported and base.owner is None
+
+
 def _join(arrays: List[Any], axis: int, dtype: Any, name: str) -> DistArray:
     """The copies into a new array (see the module doc); ``arrays`` have equal ndim. Recorded."""
     from .creation import empty
@@ -73,8 +79,8 @@ def _join(arrays: List[Any], axis: int, dtype: Any, name: str) -> DistArray:
     total = sum(int(s[axis]) for s in shapes)
     shape = tuple(shapes[0][:axis]) + (total,) + tuple(shapes[0][axis + 1:])
     out = empty(shape, dtype=dt, dist=result_dist(first, shape[0]), comm=first.comm)
-    if axis == 0 and all(isinstance(x, DistArray) and x._view.is_full and x._base.join is None for x in arrays) \
-            and gather_direct.applies(out._base, out._view):
+    if axis == 0 and all(isinstance(x, DistArray) and x._view.is_full and x._base.join is None
+                         and not _user_holds(x._base) for x in arrays) and gather_direct.applies(out._base, out._view):
         parts, lo = [], 0
         for x, s in zip(arrays, shapes):
             if int(s[0]):
