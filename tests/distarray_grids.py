@@ -15,6 +15,11 @@ for dist in ("block", "cyclic", ("block-cyclic", 2)):
         for g, w in zip(dnp.meshgrid(x, y, indexing=ind, dist=dist), np.meshgrid(x, y, indexing=ind)): same(g, w, "meshgrid " + ind)
         for g, w in zip(dnp.meshgrid(x, y, x, indexing=ind, dist=dist), np.meshgrid(x, y, x, indexing=ind)): same(g, w, "meshgrid3 " + ind)
     for g, w in zip(np.meshgrid(dnp.from_numpy(x), y), np.meshgrid(x, y)): same(g, w, "np.meshgrid(dist)")
+    xi, yf = np.arange(4), np.linspace(0, 1, 3, dtype=np.float32)   # each grid keeps its own vector's dtype
+    for ind in ("xy", "ij"):
+        for g, w in zip(dnp.meshgrid(xi, yf, indexing=ind, dist=dist), np.meshgrid(xi, yf, indexing=ind)):
+            same(g, w, "meshgrid int, float32 " + ind)
+            same(g * 3, w * 3, "meshgrid int, float32, times 3 " + ind)
     same(dnp.eye(5, 7, k=2, dist=dist), np.eye(5, 7, k=2), "eye")
     same(dnp.eye(6, k=-1, dtype=int, dist=dist), np.eye(6, k=-1, dtype=int), "eye int")
     same(dnp.identity(4, dist=dist), np.identity(4), "identity")

@@ -106,11 +106,10 @@ def meshgrid(*xi: Any, indexing: str = "xy", sparse: bool = False, copy: bool = 
     lead = 1 if indexing == "xy" and len(vecs) > 1 else 0          # the input that runs along axis 0
     lens = [len(v) for v in vecs]
     shape = tuple(lens) if lead == 0 else (lens[1], lens[0], *lens[2:])
-    dt = np.result_type(*vecs)
     out = []
-    for k in range(len(vecs)):
+    for k in range(len(vecs)):           # each grid keeps its own vector's dtype, as NumPy's
         axis = (1 - k if k < 2 else k) if lead == 1 else k    # the axis output k varies along
-        out.append(lazy_grid(shape, dt, dist, comm, vecs[k], axis, f"meshgrid[{k}]"))
+        out.append(lazy_grid(shape, vecs[k].dtype, dist, comm, vecs[k], axis, f"meshgrid[{k}]"))
     return out
 
 
