@@ -18,18 +18,13 @@ import numpy as np
 
 import nbmpi.workers.distarray as dnp
 from nbmpi.workers import world
+from spmd_checks import check
 
 comm = world()
 rank, P = comm.Get_rank(), comm.Get_size()
 ctx = dnp.context_for()
 R = 6 * P + 1 if P > 1 else 7          # uneven blocks on 2 and 3 ranks (rows 7 / 13 / 19)
 C = 3000                               # 24 KB rows: several rows are above the pool's 64 KiB minimum
-
-
-def check(name, cond):
-    if not cond:
-        raise AssertionError(f"rank {rank}: {name} failed")
-    print(f"rank {rank}: {name} ok", flush=True)
 
 
 def fresh():

@@ -18,22 +18,12 @@ import numpy as np
 import nbmpi.workers.distarray as dnp
 from nbmpi.workers.distarray.creation import from_local
 from nbmpi.workers import world
+from spmd_checks import check, same_typed as same
 
 comm = world()
 rank, P = comm.Get_rank(), comm.Get_size()
 ctx = dnp.context_for()
 R, C = 4 * P + 3, 3000                 # uneven blocks; a rank's block is above the pool's 64 KiB minimum
-
-
-def check(name, cond):
-    if not cond:
-        raise AssertionError(f"rank {rank}: {name} failed")
-    print(f"rank {rank}: {name} ok", flush=True)
-
-
-def same(name, got, want):
-    g = got.to_numpy() if isinstance(got, dnp.DistArray) else np.asarray(got)
-    check(name, g.dtype == want.dtype and g.shape == want.shape and np.array_equal(g, want))
 
 
 def lazy(r):

@@ -1,6 +1,7 @@
 """What the SPMD case programs under tests/ (``distarray_cases.py``, ``distarray_errors.py``,
 ``redistribute_cases.py``, ...) share: a section's ``ok`` line, the check that an error is raised on this rank, and
-the exact comparison of a distributed result with NumPy's (:func:`same`, counted in :data:`checks`).
+the exact comparison of a distributed result with NumPy's (:func:`same`, counted in :data:`checks`), a
+check printing ``rank R: NAME ok`` (:func:`check`, :func:`same_typed`: dtypes too).
 They run under ``nbmpi run`` (every rank), which finds this module through the ``PYTHONPATH`` that
 ``conftest.nbmpi_run`` gives its programs."""
 from __future__ import annotations
@@ -39,6 +40,21 @@ def expect(name: str, exc: Type[BaseException], fn: Callable[[], object], contai
         print(f"rank {rank} raised {name}: {type(e).__name__}: {msg[:300]}", flush=True)
         return
     raise AssertionError(f"{name}: no {exc.__name__} raised on rank {rank}")
+
+
+def check(name: str, cond: bool) -> None:
+    """``cond`` must hold: prints ``rank R: NAME ok``, else raises AssertionError naming the rank and ``name``.
+    Local."""
+    if not cond:
+        raise AssertionError(f"rank {rank}: {name} failed")
+    print(f"rank {rank}: {name} ok", flush=True)
+
+
+def same_typed(name: str, got: Any, want: np.ndarray) -> None:
+    """:func:`check` that ``got`` (a DistArray, gathered with ``to_numpy()`` (collective), or anything
+    ``numpy.asarray`` takes) has ``want``'s dtype and shape and equals it exactly."""
+    g = got.to_numpy() if hasattr(got, "to_numpy") else np.asarray(got)
+    check(name, g.dtype == want.dtype and g.shape == want.shape and np.array_equal(g, want))
 
 
 #: ``checks[0]``: how many comparisons :func:`same` made on this rank (the programs print it at the end).

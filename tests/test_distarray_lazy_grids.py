@@ -6,13 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import REPO, assert_ok
+from conftest import run_ranks
 
 
 @pytest.mark.parametrize("n", [1, 2, 3])
 def test_lazy_grids(run_mpi, kernel_cache, n):
-    code = (REPO / "tests" / "distarray_lazy_grids.py").read_text()
-    p = run_mpi(code, n=n, timeout=290, env={"NBMPI_DISTARRAY_CACHE": kernel_cache})
-    assert_ok(p)
-    for r in range(n):
-        assert f"rank {r}: ALL OK" in p.stdout, p.stdout
+    run_ranks(run_mpi, kernel_cache, "distarray_lazy_grids.py", n, ["ALL OK"])

@@ -21,7 +21,7 @@ What :mod:`~..linalg` records (:class:`~..graph.Matmul`, :class:`~..graph.Transp
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -358,18 +358,20 @@ def matmul_key(t: Matmul) -> Tuple:
             out.base.dist.key, out.view.key, out.dtype.str)
 
 
-def _matmul_plan(fl: Lowering, t: Matmul) -> Any:
-    """The plan of ``t`` on this rank: a :class:`BlockMatmulPlan` of its shape class (bound to ``t``), else the
-    :class:`MatmulPlan` cached under :func:`matmul_key`."""
+def _plan_of(fl: Lowering, t: Any, block_key: Callable, exact_key: Callable, cls: type, block_cls: type) -> Any:
+    """The plan of ``t`` (a Matmul or VecMat task) on this rank: in block layouts (``block_key(t, nranks)`` gives
+    ``(shape class key, *args)``) the ``block_cls`` plan of its shape class, built as ``block_cls(t, rank, *args)``
+    on a miss, else the cached one bound to ``t`` (counted in ``plans_rebound``); otherwise the ``cls`` plan
+    cached under ``exact_key(t)``. Local."""
     ctx = fl.ctx
-    got = block_matmul_key(t, fl.size)
+    got = block_key(t, fl.size)
     if got is None:
-        return ctx.plan(matmul_key(t), lambda: MatmulPlan(t, fl.rank, fl.size))
-    key, ra, rb = got
+        return ctx.plan(exact_key(t), lambda: cls(t, fl.rank, fl.size))
+    key, *args = got
     built = []
-    plan = ctx.plan(key, lambda: built.append(1) or BlockMatmulPlan(t, fl.rank, ra, rb))
+    plan = ctx.plan(key, lambda: built.append(1) or block_cls(t, fl.rank, *args))
     if not built:
-        plan = plan.bound_to(t, fl.rank, ra, rb)
+        plan = plan.bound_to(t, fl.rank, *args)
         ctx.stats["plans_rebound"] += 1
     return plan
 
@@ -380,7 +382,7 @@ def lower_matmul(fl: Lowering, g: Any, flush_no: int) -> GroupRun:
     message."""
     t: Matmul = g.task
     a, b, out = t.a, t.b, t.out
-    plan = _matmul_plan(fl, t)
+    plan = _plan_of(fl, t, block_matmul_key, matmul_key, MatmulPlan, BlockMatmulPlan)
     desc = Label(lambda: t.desc)        # the task's text, built only if an error shows it
     inst, run = fl.group_run(plan, flush_no, desc)
     b_items = b.view.trail_items()
@@ -605,22 +607,6 @@ def vecmat_key(t: VecMat) -> Tuple:
             out.dtype.str)
 
 
-def _vecmat_plan(fl: Lowering, t: VecMat) -> Any:
-    """The plan of ``t`` on this rank: a :class:`BlockVecMatPlan` of its shape class (bound to ``t``), else the
-    :class:`VecMatPlan` cached under :func:`vecmat_key`."""
-    ctx = fl.ctx
-    got = block_vecmat_key(t, fl.size)
-    if got is None:
-        return ctx.plan(vecmat_key(t), lambda: VecMatPlan(t, fl.rank, fl.size))
-    key, rb, owner, vrow = got
-    built = []
-    plan = ctx.plan(key, lambda: built.append(1) or BlockVecMatPlan(t, fl.rank, rb, owner, vrow))
-    if not built:
-        plan = plan.bound_to(t, fl.rank, rb, owner, vrow)
-        ctx.stats["plans_rebound"] += 1
-    return plan
-
-
 def lower_vecmat(fl: Lowering, g: Any, flush_no: int) -> GroupRun:
     """The units of ``g.task`` (a :class:`~..graph.VecMat`) in flush ``fl``: on ``v``'s owner the sends of its
     entries to the ranks with rows of ``b``; the product of this rank's rows of ``b`` with their entries of ``v``
@@ -631,7 +617,7 @@ def lower_vecmat(fl: Lowering, g: Any, flush_no: int) -> GroupRun:
     order in ``out`` (the same bits on every rank)."""
     t: VecMat = g.task
     v, b, out = t.v, t.b, t.out
-    plan = _vecmat_plan(fl, t)
+    plan = _plan_of(fl, t, block_vecmat_key, vecmat_key, VecMatPlan, BlockVecMatPlan)
     desc = Label(lambda: t.desc)        # the task's text, built only if an error shows it
     inst, run = fl.group_run(plan, flush_no, desc)
     m = out.shape[0]
