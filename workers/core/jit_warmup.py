@@ -22,6 +22,8 @@ import os
 import threading
 from typing import Optional
 
+from .switches import env_switch
+
 __all__ = ["start", "wait", "enabled", "state"]
 
 _lock = threading.Lock()
@@ -31,7 +33,7 @@ _state = dict(started=False, done=False, seconds=None, error=None)
 
 def enabled() -> bool:
     """``NBMPI_JIT_WARMUP`` as a bool (default True; ``0``/``off``/``false``/``no`` turn it off)."""
-    return os.environ.get("NBMPI_JIT_WARMUP", "1").strip().lower() not in ("0", "off", "false", "no")
+    return env_switch("NBMPI_JIT_WARMUP")
 
 
 def _run() -> None:

@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Optional
 
 import mpi4py
 
+from .switches import env_switch
+
 if TYPE_CHECKING:  # pragma: no cover
     from mpi4py import MPI as _MPI
 
@@ -76,5 +78,5 @@ def default_timeout() -> Optional[float]:
 
 def tracing_enabled_by_env() -> bool:
     """False when ``NBMPI_TRACE`` is 0/false/off/no, else True."""
-    return os.environ.get(TRACE_ENV, "1").strip().lower() not in ("0", "false", "off", "no")
+    return env_switch(TRACE_ENV)
 

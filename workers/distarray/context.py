@@ -48,6 +48,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 from ..core import runtime
 from ..core import spmd
+from ..core.switches import env_switch
 from .errors import DistArrayError
 from .graph import Task
 from . import lazy_joins
@@ -63,18 +64,17 @@ FIRST_TAG = 1000
 
 def env_latency_hiding() -> bool:
     """``NBMPI_LATENCY_HIDING`` as a bool (default True)."""
-    raw = os.environ.get("NBMPI_LATENCY_HIDING", "1").strip().lower()
-    return raw not in ("0", "off", "false", "no")
+    return env_switch("NBMPI_LATENCY_HIDING")
 
 
 def env_gc_freeze() -> bool:
     """``NBMPI_DISTARRAY_GC_FREEZE`` as a bool (default True)."""
-    return os.environ.get("NBMPI_DISTARRAY_GC_FREEZE", "1").strip().lower() not in ("0", "off", "false", "no")
+    return env_switch("NBMPI_DISTARRAY_GC_FREEZE")
 
 
 def env_gc_pause() -> bool:
     """``NBMPI_DISTARRAY_GC_PAUSE`` as a bool (default True)."""
-    return os.environ.get("NBMPI_DISTARRAY_GC_PAUSE", "1").strip().lower() not in ("0", "off", "false", "no")
+    return env_switch("NBMPI_DISTARRAY_GC_PAUSE")
 
 
 _frozen_kernels = [0]
@@ -314,7 +314,7 @@ _UNCHANGED: Any = object()
 #: computes ``exp``, ``log``, ``power``, ... inside the fused kernels, faster, within an ulp or two of NumPy's).
 NUMPY_MATH_ENV = "NBMPI_DISTARRAY_NUMPY_MATH"
 #: Whether NumPy math is on in this process (``configure(numpy_math=...)`` changes it).
-NUMPY_MATH = {"on": os.environ.get(NUMPY_MATH_ENV, "1").strip().lower() not in ("0", "off", "false", "no")}
+NUMPY_MATH = {"on": env_switch(NUMPY_MATH_ENV)}
 
 
 def configure(latency_hiding: Optional[bool] = None, threshold: Optional[int] = None,

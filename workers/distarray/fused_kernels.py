@@ -57,6 +57,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numba
 import numpy as np
 
+from ..core.switches import OFF_WORDS
+
 __all__ = ["UNARY", "BINARY", "SUPPORTED_UFUNCS", "KernelSpec", "get_kernel", "kernel_stats", "transpose_copy",
            "cache_dir"]
 
@@ -93,7 +95,7 @@ def cache_dir() -> Optional[str]:
     """Where generated kernel sources (and numba's machine code next to them) are kept; None when
     ``NBMPI_DISTARRAY_CACHE=off`` or the directory cannot be created."""
     raw = os.environ.get("NBMPI_DISTARRAY_CACHE", "").strip()
-    if raw.lower() in ("off", "0", "no", "false"):
+    if raw.lower() in OFF_WORDS:
         return None
     if not raw:
         base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")

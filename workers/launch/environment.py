@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import Dict, Mapping, Optional, Protocol
 
 from ..core.runtime import DEFAULT_THREAD_LEVEL, THREAD_LEVEL_ENV
+from ..core.switches import env_switch
 
 #: The mpiexec the launcher uses instead of the bundled one (read by the launching process only).
 MPIEXEC_ENV = "NBMPI_MPIEXEC"
@@ -150,4 +151,4 @@ def job_environment(job: JobLike, status_dir: str, base: Mapping[str, str]) -> D
 
 def guard_enabled(env: Mapping[str, str]) -> bool:
     """Whether :data:`GUARD_ENV` in ``env`` leaves the rank guard on (the default)."""
-    return env.get(GUARD_ENV, "1").strip().lower() not in ("0", "off", "no")
+    return env_switch(GUARD_ENV, env=env)
