@@ -290,18 +290,27 @@ def bench_dask(cfg: Dict[str, Dict[str, Any]], np_res: Dict[str, Any], outdir: P
 
 # =========================================================================== checks, targets, table
 def compare(ref: Path, got: Path) -> Dict[str, Any]:
-    """Whether the result at ``got`` equals NumPy's at ``ref`` (rtol 1e-8, atol 1e-10), with the largest
-    relative difference."""
+    """Whether the result at ``got`` equals NumPy's at ``ref`` (``numpy.allclose``: ``|got - ref| <= ATOL +
+    RTOL * |ref|`` everywhere, and the same dtype). Also: ``max_abs_diff``; ``max_rel_diff`` over the elements
+    with ``|ref| > ATOL`` (near zero, a relative difference means nothing: ``L @ U - A`` is roundoff there);
+    ``worst_over_tolerance``: the largest ``|got - ref| / (ATOL + RTOL * |ref|)`` (equal means at most 1)."""
     if not got.exists():
         return dict(equal=False, why="no result")
     want, have = numpy.load(ref), numpy.load(got)
     if want.shape != have.shape:
         return dict(equal=False, why=f"shape {have.shape} != {want.shape}")
-    diff = numpy.abs(have.astype(numpy.float64) - want.astype(numpy.float64))
-    scale = numpy.maximum(numpy.abs(want.astype(numpy.float64)), 1e-300)
-    rel = float(numpy.max(diff / scale)) if diff.size else 0.0
-    ok = bool(numpy.allclose(have, want, rtol=1e-8, atol=1e-10)) and have.dtype == want.dtype
-    return dict(equal=ok, max_rel_diff=rel, dtype_equal=have.dtype == want.dtype)
+    w, h = want.astype(numpy.float64), have.astype(numpy.float64)
+    diff, mag = numpy.abs(h - w), numpy.abs(w)
+    big = mag > ATOL
+    rel = float(numpy.max(diff[big] / mag[big])) if big.any() else 0.0
+    over = float(numpy.max(diff / (ATOL + RTOL * mag))) if diff.size else 0.0
+    ok = bool(numpy.allclose(have, want, rtol=RTOL, atol=ATOL)) and have.dtype == want.dtype
+    return dict(equal=ok, max_abs_diff=float(diff.max()) if diff.size else 0.0, max_rel_diff=rel,
+                worst_over_tolerance=over, dtype_equal=have.dtype == want.dtype)
+
+
+#: The tolerances of :func:`compare` (``numpy.allclose``'s rtol and atol).
+RTOL, ATOL = 1e-8, 1e-10
 
 
 def evaluate(np_res, cold, reused, dask_res, checks) -> List[Dict[str, Any]]:
