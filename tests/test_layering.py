@@ -102,7 +102,7 @@ def test_runtime_tracing_analysis_layering():
     assert g["core.switches"] == set()
     assert g["core.runtime"] <= {"core.switches"}
     assert g["tracing.analysis"] <= {"tracing.records"}
-    assert g["tracing.tracer"] <= {"core.runtime", "tracing.analysis", "tracing.records"}
+    assert g["tracing.tracer"] <= {"core.runtime", "core.switches", "tracing.analysis", "tracing.records"}
     assert g["tracing.startup"] <= {"core.runtime", "tracing.tracer"}
     below_startup = ("core.runtime", "tracing.tracer", "tracing.analysis", "tracing.records")
     assert not [m for m in below_startup if "tracing.startup" in g[m]]

@@ -24,16 +24,19 @@ def test_unset_or_empty_gives_the_default(env):
 def test_the_process_environment_is_read_on_every_call(monkeypatch):
     from nbmpi.workers.core import jit_warmup, runtime
     from nbmpi.workers.distarray import context
+    from nbmpi.workers.fused_reductions import rebinding_guard
     from nbmpi.workers.launch import environment
 
     for word in OFF_WORDS:
         monkeypatch.setenv("NBMPI_DISTARRAY_GC_PAUSE", word)
         monkeypatch.setenv("NBMPI_JIT_WARMUP", word)
         monkeypatch.setenv("NBMPI_TRACE", word)
-        assert not context.env_gc_pause() and not jit_warmup.enabled()
+        monkeypatch.setenv(rebinding_guard.ENV, word)
+        assert not context.env_gc_pause() and not jit_warmup.enabled() and not rebinding_guard.enabled()
         assert not runtime.tracing_enabled_by_env()
         assert not environment.guard_enabled({environment.GUARD_ENV: word})
     monkeypatch.setenv("NBMPI_DISTARRAY_GC_PAUSE", "1")
     monkeypatch.delenv("NBMPI_JIT_WARMUP")
-    assert context.env_gc_pause() and jit_warmup.enabled()
+    monkeypatch.setenv(rebinding_guard.ENV, "on")
+    assert context.env_gc_pause() and jit_warmup.enabled() and rebinding_guard.enabled()
     assert environment.guard_enabled({})

@@ -28,6 +28,7 @@ from ..core import waiting
 from ..core.errors import CommTimeout, NbmpiError, SharedVariableError, SPMDDivergence
 from ..core.kernels import LAYOUT_FIXED, combine_words, combine_words_mpi_address
 from ..core.runtime import MPI, default_timeout, world
+from ..core.switches import env_switch
 from ..tracing.tracer import DIR_NONE, get_tracer
 from .boards import SizeBoards, _SizeMismatch
 from .diagnosis import _compare, _decode_log, _first_difference, _size_note, exchange_logs
@@ -150,7 +151,7 @@ class Fuser:
         if _core is not None:
             # the compiled force point calls MPI_Start/MPI_Test itself (no Python call per poll)
             glue = direct_mpi()
-            self.direct_mpi = glue is not None and os.environ.get(DIRECT_MPI_ENV, "").strip() != "0"
+            self.direct_mpi = glue is not None and env_switch(DIRECT_MPI_ENV)
             _core.state.runner = glue.DirectRunner() if self.direct_mpi else None
         self._ready = not self._strict
 

@@ -9,8 +9,9 @@ point, once MPI is initialised. Local; importing this does not initialise MPI.
 """
 from __future__ import annotations
 
-import os
 from typing import Any, Optional
+
+from ..core.switches import env_switch
 
 PURE_PYTHON_ENV = "NBMPI_PURE_PYTHON"
 #: ``NBMPI_DIRECT_MPI=0``: the compiled force point calls Start/Test through mpi4py
@@ -18,7 +19,7 @@ PURE_PYTHON_ENV = "NBMPI_PURE_PYTHON"
 DIRECT_MPI_ENV = "NBMPI_DIRECT_MPI"
 
 core: Any = None
-if os.environ.get(PURE_PYTHON_ENV, "").strip() in ("", "0"):
+if not env_switch(PURE_PYTHON_ENV, default=False):
     try:
         from . import _core as core
     except ImportError:   # not built (no C compiler at install): the pure-Python implementation

@@ -48,10 +48,11 @@ from __future__ import annotations
 
 import ast
 import builtins
-import os
 import re
 import sys
 from typing import Any, Callable, Iterator, List, Optional, Tuple, Union
+
+from ..core.switches import env_switch
 
 HELPER = "__nbmpi_rebind__"
 _getframe = sys._getframe
@@ -60,8 +61,9 @@ ENV = "NBMPI_REBIND_GUARD"
 
 
 def enabled() -> bool:
-    """Whether the guard is on (``NBMPI_REBIND_GUARD`` is unset or not ``0``)."""
-    return os.environ.get(ENV, "").strip() != "0"
+    """Whether the guard is on (``NBMPI_REBIND_GUARD`` unset, or not one of the off words of
+    :func:`~nbmpi.workers.core.switches.env_switch`)."""
+    return env_switch(ENV)
 
 
 _SharedVar: Any = None

@@ -26,7 +26,6 @@ matching (late sender / late receiver / last arrival at a collective).
 """
 from __future__ import annotations
 
-import os
 import socket
 import struct
 import threading
@@ -36,6 +35,7 @@ from typing import Optional
 import numpy as np
 
 from ..core.runtime import MPI, tracing_enabled_by_env, world
+from ..core.switches import env_switch
 from .analysis import Trace
 from .records import DIR_NONE, DIR_RECV, DIR_SEND, FIELDS, NF, kind_names, register_kind
 
@@ -87,7 +87,7 @@ class _PyTracerCore:
 #: ``NBMPI_PURE_PYTHON=1`` (the switch of :mod:`~nbmpi.workers.fused_reductions.implementation`)
 #: selects the pure-Python record buffer too
 _TracerCore = _PyTracerCore
-if os.environ.get("NBMPI_PURE_PYTHON", "").strip() in ("", "0"):
+if not env_switch("NBMPI_PURE_PYTHON", default=False):
     try:   # the compiled record buffer (built by pip install with Cython); same fields and record()
         from ._tracer_core import TracerCore as _TracerCore
     except ImportError:   # not built: the pure-Python one
