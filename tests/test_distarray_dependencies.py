@@ -1,7 +1,7 @@
 """The dependency index of a flush (workers/distarray/dependencies.py) against the quadratic rule it replaces.
 
 The quadratic rule pairs every unit with every unit of an earlier group it conflicts with (same base,
-overlapping rows, not both reading, not both accumulating). The index must make only such edges, and
+overlapping rows and columns, not both reading, not both accumulating). The index must make only such edges, and
 every conflicting pair must be ordered by a chain of its edges; collectives stay chained in group order.
 """
 from __future__ import annotations
@@ -15,9 +15,15 @@ from nbmpi.workers.distarray.dependencies import _SCAN_MAX, PAIRWISE_ACCESSES, A
 from nbmpi.workers.distarray.units import FULL, GroupRun, Unit
 
 
+def _cols(a) -> Tuple[int, int]:
+    """The columns of access ``a``: its own (``c0, c1``) or every column."""
+    return (a[4], a[5]) if len(a) > 4 else (0, FULL)
+
+
 def _conflict(a, b) -> bool:
-    (s1, lo1, hi1, m1), (s2, lo2, hi2, m2) = a, b
-    return s1 == s2 and lo1 < hi2 and lo2 < hi1 and not (m1 == m2 and m1 in "RA")
+    (s1, lo1, hi1, m1), (s2, lo2, hi2, m2) = a[:4], b[:4]
+    (c1, d1), (c2, d2) = _cols(a), _cols(b)
+    return s1 == s2 and lo1 < hi2 and lo2 < hi1 and c1 < d2 and c2 < d1 and not (m1 == m2 and m1 in "RA")
 
 
 def _quadratic(runs: List[GroupRun]) -> Set[Tuple[int, int]]:
@@ -58,8 +64,15 @@ def _closure_has(edges: Set[Tuple[int, int]], pairs: Set[Tuple[int, int]]) -> Li
     return [(a, b) for a, b in pairs if b not in reachable(a)]
 
 
+def _with_cols(t) -> tuple:
+    """A generated access: rows ``[lo, lo + n)`` (or to FULL), every column or columns ``[c0, c0 + w)``."""
+    serial, lo, n, mode, to_full, cols = t
+    acc = (serial, lo, FULL if to_full and n > 5 else lo + n, mode)
+    return acc if cols is None else acc + (cols[0], cols[0] + cols[1])
+
+
 _access = st.tuples(st.integers(1, 3), st.integers(0, 10), st.integers(1, 6), st.sampled_from("RWA"),
-                    st.booleans()).map(lambda t: (t[0], t[1], FULL if t[4] and t[2] > 5 else t[1] + t[2], t[3]))
+                    st.booleans(), st.none() | st.tuples(st.integers(0, 5), st.integers(1, 3))).map(_with_cols)
 _unit = st.lists(_access, min_size=0, max_size=3)
 _group = st.tuples(st.lists(_unit, min_size=1, max_size=4), st.booleans())
 
@@ -187,3 +200,42 @@ def test_a_read_over_many_rows_written_apart_waits_once_for_each_writer(pairwise
             assert u.ndeps == sum(u in p.dependents for q in runs for p in q.units()), "a prerequisite counted twice"
     last = runs[-1].computes[0]
     assert last.ndeps >= n, ("the final reader does not wait for every writer of x", last.ndeps)
+
+
+@pytest.mark.parametrize("pairwise", [0, 10 ** 6], ids=["index", "pairs"])
+def test_columns_written_apart_do_not_order_a_read_of_other_columns(pairwise):
+    """LU's relay: group k writes column k of rows k+1.. of L and reads row k, columns [0, h) (the send of its
+    first half): the read of row k waits for no column write of columns >= h, and a reader of every column of
+    those rows waits for each column's writer."""
+    h, n = 4, 12
+    spec = []
+    for k in range(h, n - 1):
+        spec.append(([[(1, k, k + 1, "R", 0, h)], [(1, k + 1, n, "W", k, k + 1)]], False))
+    spec.append(([[(1, 0, n, "R")]], False))
+    runs = _runs(spec)
+    order_units(runs, pairwise)
+    for run in runs[:-1]:
+        assert run.computes[0].ndeps == 0, "a read of columns [0, h) waits for a write of a column >= h"
+    assert runs[-1].computes[0].ndeps == len(runs) - 1
+    assert not _closure_has(_edges(runs), _quadratic(runs))
+
+
+def test_a_write_of_some_columns_keeps_the_other_columns_state():
+    """A write of columns [2, 4) drops the earlier writer of column 3 (it waits for it) but not the writer of
+    columns [0, 3) nor the reader of every column; a write of every column then replaces them all."""
+    idx = AccessIndex()
+    w1 = Unit("compute", lambda: None, "w1", ((1, 0, 5, "W", 0, 3),))
+    w2 = Unit("compute", lambda: None, "w2", ((1, 0, 5, "W", 3, 4),))
+    r1 = Unit("compute", lambda: None, "r1", ((1, 0, 5, "R"),))
+    w3 = Unit("compute", lambda: None, "w3", ((1, 2, 4, "W", 2, 4),))
+    for u in (w1, w2, r1):
+        idx.add_group([u])
+    assert idx.prerequisites(w3.access) == [r1, w1, w2]
+    idx.add_group([w3])
+    assert idx.prerequisites(((1, 3, 4, "R", 3, 4),)) == [w3]
+    assert idx.prerequisites(((1, 3, 4, "R", 0, 1),)) == [w1]
+    assert idx.prerequisites(((1, 4, 5, "R", 3, 4),)) == [w2]
+    assert idx.prerequisites(((1, 0, 5, "W", 9, 10),)) == [r1]
+    w4 = Unit("compute", lambda: None, "w4", ((1, 0, 5, "W"),))
+    idx.add_group([w4])
+    assert idx.prerequisites(((1, 3, 4, "R", 0, 1),)) == [w4]
