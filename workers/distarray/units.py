@@ -3,8 +3,8 @@
 An operation module (:mod:`~.operations`) lowers one group of the flush into a :class:`GroupRun`:
 receives (:class:`Waitable`, started all at once by the scheduler), sends and computations
 (:class:`Unit`), and for a reduction over distributed rows an allgather unit and the unit that
-combines the ranks' partial results. A unit declares the local rows it touches (``access``) and
-its prerequisites (``ndeps`` / :func:`after`); the scheduler (:mod:`~.scheduler`) orders units of
+combines the ranks' partial results. A unit declares the local rows it touches (``access``; with the
+base columns for a view of some columns) and its prerequisites (``ndeps`` / :func:`after`); the scheduler (:mod:`~.scheduler`) orders units of
 different groups by those accesses and runs each one when it is ready.
 
 Nothing here communicates or blocks; the scheduler owns every wait.
@@ -25,11 +25,12 @@ FULL = 1 << 62
 Access = Tuple[Any, ...]
 
 
-def columns_of(view: Any) -> Optional[Tuple[int, int]]:
+def columns_of(view: Any, items: Optional[Tuple[int, int]] = None) -> Optional[Tuple[int, int]]:
     """The base columns ``[c0, c1)`` (base axis 1) that ``view`` (an :class:`~.indexing.View`) shows, if they are
-    fewer than all of them: the hull of a sliced axis 1 (any step), the one column of an integer; None for a base
-    of fewer than 2 axes, every column, or none (an empty view stays "all columns"). Local, cheap; called by the
-    lowerings that build a unit's accesses."""
+    fewer than all of them: the hull of a sliced axis 1 (any step; with ``items``, ``(first, last)`` positions
+    along it, of those items only), the one column of an integer; None for a base of fewer than 2 axes, every
+    column, or none (an empty view stays "all columns"). Local, cheap; called by the lowerings that build a
+    unit's accesses."""
     bs = view.base_shape
     if len(bs) < 2:
         return None
@@ -44,8 +45,9 @@ def columns_of(view: Any) -> Optional[Tuple[int, int]]:
     _, start, step, count = e
     if count <= 0:
         return None
-    last = start + step * (count - 1)
-    c0, c1 = (start, last + 1) if step > 0 else (last, start + 1)
+    first, last = (0, count - 1) if items is None else items
+    a, b = start + step * first, start + step * last
+    c0, c1 = (a, b + 1) if a <= b else (b, a + 1)
     return None if c0 <= 0 and c1 >= bs[1] else (c0, c1)
 
 
