@@ -24,19 +24,27 @@ chain of edges. Local, no communication; called while the scheduler builds a flu
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from .units import FULL, Access, GroupRun, Unit, after
 
 __all__ = ["AccessIndex", "order_units", "PAIRWISE_ACCESSES"]
 
 
+#: The columns of an access of every column.
+_ALL = (0, FULL)
+
+
 class _Rows:
-    """The segments of one base's local rows: ``bounds[i] <= row < bounds[i + 1]`` has ``states[i]``, a list
-    ``[writing group, W units, R units, A units, P]`` (None: untouched in this flush): the units of the last
-    group that wrote every column of the segment, the units reading or accumulating every column since, and
-    ``P``, None or the list of the accesses of some columns since, each ``(c0, c1, k, unit, group)`` with ``k``
-    the list it would be in (1: W, 2: R, 3: A)."""
+    """The segments of one base's local rows: ``bounds[i] <= row < bounds[i + 1]`` has ``states[i]``, its
+    current epoch (None: untouched in this flush).
+
+    An epoch is a list ``[group, W, R, A, older, wa0, wa1, Wc, Ac]``: the writers of the group that opened it
+    (none for a segment only read or accumulated so far), then the readers and the accumulators since (units);
+    ``older``: the epoch it superseded (never changed again, shared by the segments split from it); ``[wa0, wa1)``
+    the hull of the columns of every writer and accumulator of this epoch and the older ones (empty:
+    ``(FULL, 0)``); ``Wc``, ``Ac``: the columns ``(c0, c1)`` of each unit of ``W``, ``A``, or None while they are
+    all :data:`_ALL` (a reader's columns are not kept: only a reader waits for columns)."""
 
     __slots__ = ("bounds", "states")
 
@@ -62,7 +70,8 @@ class _Rows:
             b.insert(i, x)
             s = self.states[i - 1]
             self.states.insert(i, None if s is None else
-                               [s[0], list(s[1]), list(s[2]), list(s[3]), None if s[4] is None else list(s[4])])
+                               [s[0], list(s[1]), list(s[2]), list(s[3]), s[4], s[5], s[6],
+                                s[7] and list(s[7]), s[8] and list(s[8])])
         return i
 
     def cut(self, lo: int, hi: int) -> range:
@@ -71,9 +80,16 @@ class _Rows:
         return range(i, self.split(hi))
 
 
+def _overlapping(units: List[Unit], cols: Optional[List[Tuple[int, int]]], c0: int, c1: int) -> List[Unit]:
+    """The units of ``units`` whose columns (``cols``, None: every column) overlap ``[c0, c1)``."""
+    if cols is None:
+        return units
+    return [u for u, c in zip(units, cols) if c[0] < c1 and c0 < c[1]]
+
+
 class AccessIndex:
-    """The units of a flush's groups so far, indexed by base serial and local rows, with the columns of the
-    accesses of some columns (see the module doc).
+    """The units of a flush's groups so far, indexed by base serial and local rows, with the columns of writers and
+    accumulators (see the module doc).
 
     Used by the scheduler while it builds a flush: :meth:`prerequisites` of each unit of a group, then
     :meth:`add_group` with the group's units. Not thread-safe; nothing here blocks."""
@@ -86,46 +102,72 @@ class AccessIndex:
 
     def prerequisites(self, access: Sequence[Access]) -> List[Unit]:
         """The units of the groups added so far that a unit with ``access`` must wait for (each once, in a
-        deterministic order): on overlapping rows and columns of the same base, the last writers, and the
-        accumulators (for a read) or readers (for an accumulation) or both (for a write) since."""
+        deterministic order), on overlapping rows of the same base: for a write, every unit of the current
+        epochs of its rows; for an accumulation, their writers and readers; for a read, the writers and
+        accumulators of overlapping columns, from the current epoch back to the first epoch with a writer of
+        those columns."""
         out: List[Unit] = []
         seen: Optional[set] = None   # the units of ``out``, once it is long (a read over many rows written apart)
         bases = self._bases
         for acc in access:
-            if len(acc) == 4:
-                serial, lo, hi, mode = acc
-                c0, c1 = 0, FULL
-            else:
-                serial, lo, hi, mode, c0, c1 = acc
-            rows = bases.get(serial)
-            if rows is None or hi <= lo:
+            rows = bases.get(acc[0])
+            if rows is None or acc[2] <= acc[1]:
                 continue
+            lo, hi, mode = acc[1], acc[2], acc[3]
             b = rows.bounds
             i = bisect_right(b, lo) - 1
             if i < 0:
                 i = 0
-            kinds = _CONFLICTS[mode]
-            for s in rows.states[i:bisect_left(b, hi, i)]:
-                if s is None:
-                    continue
-                hits = [p for k in kinds for p in s[k]]
-                if s[4] is not None:
-                    hits.extend([e[3] for e in s[4] if e[2] in kinds and e[0] < c1 and c0 < e[1]])
-                for p in hits:
-                    if seen is None:
-                        if p not in out:   # short lists: a scan costs less than a set (measured)
-                            out.append(p)
-                            if len(out) > _SCAN_MAX:
-                                seen = set(out)
-                    elif p not in seen:
-                        seen.add(p)
+            hits: List[Unit] = []
+            if mode != "R":                 # an accumulation does not wait for accumulations
+                for s in rows.states[i:bisect_left(b, hi, i)]:
+                    if s is not None:
+                        hits.extend(s[1])
+                        hits.extend(s[2])
+                        if mode == "W":
+                            hits.extend(s[3])
+            elif len(acc) == 4:      # every column: the current epoch (its writers, or the segment's first)
+                for s in rows.states[i:bisect_left(b, hi, i)]:
+                    if s is not None:
+                        hits.extend(s[3])
+                        hits.extend(s[1])
+            else:
+                c0, c1 = acc[4], acc[5]
+                for s in rows.states[i:bisect_left(b, hi, i)]:
+                    while s is not None and s[5] < c1 and c0 < s[6]:
+                        if s[3]:
+                            hits.extend(_overlapping(s[3], s[8], c0, c1))
+                        w = s[1]
+                        if w:
+                            wc = s[7]
+                            if wc is None:
+                                hits.extend(w)
+                                break
+                            if len(w) == 1:
+                                if wc[0][0] < c1 and c0 < wc[0][1]:
+                                    hits.append(w[0])
+                                    break
+                            else:
+                                got = _overlapping(w, wc, c0, c1)
+                                if got:
+                                    hits.extend(got)
+                                    break
+                        s = s[4]
+            for p in hits:
+                if seen is None:
+                    if p not in out:   # short lists: a scan costs less than a set (measured)
                         out.append(p)
+                        if len(out) > _SCAN_MAX:
+                            seen = set(out)
+                elif p not in seen:
+                    seen.add(p)
+                    out.append(p)
         return out
 
     def add_group(self, units: Sequence[Unit]) -> None:
         """Record the accesses of one group's ``units`` (after their :meth:`prerequisites` were taken): the
-        rows its units write get a new state (every column) or drop the earlier accesses within the columns
-        written (some columns), then its reads and accumulations join their rows' states."""
+        rows its units write get a new epoch (shared by the group's writers), then its reads and accumulations
+        join their rows' current epochs."""
         self._group += 1
         g = self._group
         bases = self._bases
@@ -137,58 +179,64 @@ class AccessIndex:
                 if acc[3] != "W":
                     later.append((u, acc))
                     continue
-                serial, lo, hi = acc[0], acc[1], acc[2]
-                rows = bases.get(serial)
+                rows = bases.get(acc[0])
                 if rows is None:
-                    rows = bases[serial] = _Rows()
+                    rows = bases[acc[0]] = _Rows()
                 st = rows.states
                 if len(acc) == 4:
-                    for i in rows.cut(lo, hi):
-                        s = st[i]
-                        if s is not None and s[0] == g:
-                            s[1].append(u)
-                        else:
-                            # this group's accesses of some columns stay: no order within a group
-                            mine = None if s is None or s[4] is None else [e for e in s[4] if e[4] == g] or None
-                            st[i] = [g, [u], [], [], mine]
-                    continue
-                c0, c1 = acc[4], acc[5]
-                entry = (c0, c1, 1, u, g)
-                for i in rows.cut(lo, hi):
+                    cols, c0, c1 = _ALL, 0, FULL
+                else:
+                    c0, c1 = acc[4], acc[5]
+                    cols = (c0, c1)
+                for i in rows.cut(acc[1], acc[2]):
                     s = st[i]
                     if s is None:
-                        st[i] = [0, [], [], [], [entry]]
-                    elif s[4] is None:
-                        s[4] = [entry]
-                    else:   # the writer waits for the earlier accesses within its columns: they need not stay
-                        kept = [e for e in s[4] if e[4] == g or e[0] < c0 or e[1] > c1]
-                        kept.append(entry)
-                        s[4] = kept
+                        st[i] = [g, [u], [], [], None, c0, c1, None if cols is _ALL else [cols], None]
+                    elif s[0] == g:
+                        s[1].append(u)
+                        if s[7] is not None:
+                            s[7].append(cols)
+                        elif cols is not _ALL:
+                            s[7] = [_ALL] * (len(s[1]) - 1) + [cols]
+                        s[5], s[6] = min(s[5], c0), max(s[6], c1)
+                    else:
+                        st[i] = [g, [u], [], [], s, min(s[5], c0), max(s[6], c1), None if cols is _ALL else [cols],
+                                 None]
         for u, acc in later:
-            serial, lo, hi, mode = acc[0], acc[1], acc[2], acc[3]
-            rows = bases.get(serial)
+            rows = bases.get(acc[0])
             if rows is None:
-                rows = bases[serial] = _Rows()
-            k = 2 if mode == "R" else 3
+                rows = bases[acc[0]] = _Rows()
             st = rows.states
-            if len(acc) == 4:
-                for i in rows.cut(lo, hi):
+            if acc[3] == "R":
+                for i in rows.cut(acc[1], acc[2]):
                     s = st[i]
                     if s is None:
-                        s = st[i] = [0, [], [], [], None]
-                    lst = s[k]
+                        s = st[i] = [0, [], [], [], None, FULL, 0, None, None]
+                    lst = s[2]
                     if not lst or lst[-1] is not u:
                         lst.append(u)
                 continue
-            entry = (acc[4], acc[5], k, u, g)
-            for i in rows.cut(lo, hi):
+            if len(acc) == 4:
+                cols, c0, c1 = _ALL, 0, FULL
+            else:
+                c0, c1 = acc[4], acc[5]
+                cols = (c0, c1)
+            for i in rows.cut(acc[1], acc[2]):
                 s = st[i]
                 if s is None:
-                    st[i] = [0, [], [], [], [entry]]
-                elif s[4] is None:
-                    s[4] = [entry]
-                elif s[4][-1] != entry:
-                    s[4].append(entry)
+                    s = st[i] = [0, [], [], [], None, FULL, 0, None, None]
+                lst = s[3]
+                cl = s[8]
+                if not lst or lst[-1] is not u or (cl is not None and cl[-1] != cols):
+                    lst.append(u)
+                    if cl is not None:
+                        cl.append(cols)
+                    elif cols is not _ALL:
+                        s[8] = [_ALL] * (len(lst) - 1) + [cols]
+                    if c0 < s[5]:
+                        s[5] = c0
+                    if c1 > s[6]:
+                        s[6] = c1
 
 
 #: Past this many prerequisites :meth:`AccessIndex.prerequisites` looks them up in a set instead of scanning the
