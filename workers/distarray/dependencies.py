@@ -1,25 +1,31 @@
 """The order between the units of a flush's groups: which earlier unit each unit must wait for.
 
 Two units of different groups conflict when they access the same base on overlapping local rows and
-overlapping columns (an access of some columns names them, see :data:`~.units.Access`; others cover
-every column) and not both read (``'R'``) nor both accumulate (``'A'``). Every conflicting pair must
-run in group order; :func:`order_units` makes each unit wait (:func:`~.units.after`) for the earlier
-units it conflicts with, except those it already waits for through another unit.
+overlapping columns (an access of some columns names its base columns, see :data:`~.units.Access`; the
+others cover every column) and not both read (``'R'``) nor both accumulate (``'A'``). Every conflicting
+pair must run in group order; :func:`order_units` makes each unit wait (:func:`~.units.after`) for the
+earlier units it conflicts with, except those it already waits for through another unit.
 
-The :class:`AccessIndex` keeps, per base serial, the rows cut into segments; a segment holds the units
-of the last group that wrote every column of it (``W``), the readers (``R``) and accumulators (``A``)
-of every column since, and the accesses of some columns since with their columns (``P``). A later
-write of every column of a segment replaces its state: whatever conflicts with an earlier unit on those
-rows also conflicts with the writer, which waits for that unit. A later write of some columns drops,
-by the same argument, only the accesses of ``P`` within its columns (of earlier groups); the rest stays.
-So a unit only looks at the units still visible on its own rows, and the work is near-linear in the
-accesses of a flush instead of quadratic (writes of disjoint columns of the same rows, such as LU's
-column of ``L`` per step, stay visible side by side until a write of every column: a reader of all of
-them meets each, as a reader of many rows written apart meets each writer).
+The :class:`AccessIndex` keeps, per base serial, the rows cut into segments; a segment holds its current
+epoch: the units of the last group that wrote it (``W``, each with its columns) and the readers (``R``)
+and accumulators (``A``, with their columns) since, and the epoch it superseded. A write (of any columns)
+waits for every unit of the current epoch of its rows and opens a new one: whatever conflicts with an
+earlier unit on those rows is then ordered after it through the writer. A read of every column waits for
+the current epoch's writers and accumulators; a read of some columns waits for the current epoch's
+accumulators of overlapping columns and walks back through the older epochs to the first one with a writer
+of overlapping columns (the older ones are behind that writer), so the writes of other columns of its rows
+in this flush do not hold it (LU's send of ``L[k, :n/2]`` does not wait for the write of column ``k - 1`` of
+rows ``k:``). An accumulation waits for the current epoch's writers and readers. So a unit only looks at
+the units still visible on its own rows, and the work is near-linear in the accesses of a flush instead of
+quadratic (a read of some columns also walks the epochs of other columns written since its own).
 
-Compared with pairing every earlier conflicting unit (DistNumPy's per-base access lists): every edge
-made here joins a conflicting pair, and every conflicting pair is ordered, directly or through a
-chain of edges. Local, no communication; called while the scheduler builds a flush's units.
+Compared with pairing every earlier conflicting unit (DistNumPy's per-base access lists): every conflicting
+pair is ordered, directly or through a chain of edges; an edge to a reader joins a conflicting pair, an edge
+to a writer (an accumulator) may join units of different columns of the same rows (the cost of keeping one
+epoch per segment: a write that waited only for its own columns could not supersede the others, and LU's
+reads of ``L[k+1:, :k]`` would then wait for each column written in the flush: quadratic). A small flush
+is ordered pair by pair, exactly (:func:`_order_pairs`). Local, no communication; called while the
+scheduler builds a flush's units.
 """
 from __future__ import annotations
 
@@ -258,7 +264,7 @@ def order_units(runs: Sequence[GroupRun], pairwise_accesses: int = PAIRWISE_ACCE
     groups it conflicts with (see the module doc), and each group's collective for the previous one's
     (every rank starts them in the same order). Called by the scheduler, with latency hiding, before
     any unit runs. A flush with at most ``pairwise_accesses`` accesses in all is ordered pair by pair
-    (every conflicting pair gets its own edge: the same order, more edges, no index)."""
+    (every conflicting pair gets its own edge, no other pair: more edges, no index)."""
     total = 0
     for run in runs:
         for u in run.sends:
