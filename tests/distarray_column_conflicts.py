@@ -29,7 +29,8 @@ for dist in DISTS:
         for k in range(1, n - 1):
             X[k, k:] = X[k, :n - k] * 2 - X[k - 1, k:]        # columns k.. of row k from its columns ..n-k
             x[k, k:] = x[k, :n - k] * 2 - x[k - 1, k:]
-            X[k, :k] = X[k, k:2 * k] + 1 if 2 * k <= n else X[k, :k] - 1   # its first columns from the ones just written
+            # its first columns from the ones just written
+            X[k, :k] = X[k, k:2 * k] + 1 if 2 * k <= n else X[k, :k] - 1
             x[k, :k] = x[k, k:2 * k] + 1 if 2 * k <= n else x[k, :k] - 1
             X[k + 1:, k] = X[k + 1:, k - 1] - X[k, k]         # one column of the rows below, from the row above
             x[k + 1:, k] = x[k + 1:, k - 1] - x[k, k]

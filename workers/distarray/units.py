@@ -4,8 +4,9 @@ An operation module (:mod:`~.operations`) lowers one group of the flush into a :
 receives (:class:`Waitable`, started all at once by the scheduler), sends and computations
 (:class:`Unit`), and for a reduction over distributed rows an allgather unit and the unit that
 combines the ranks' partial results. A unit declares the local rows it touches (``access``; with the
-base columns for a view of some columns) and its prerequisites (``ndeps`` / :func:`after`); the scheduler (:mod:`~.scheduler`) orders units of
-different groups by those accesses and runs each one when it is ready.
+base columns for a view of some columns) and its prerequisites (``ndeps`` / :func:`after`); the
+scheduler (:mod:`~.scheduler`) orders units of different groups by those accesses and runs each one
+when it is ready.
 
 Nothing here communicates or blocks; the scheduler owns every wait.
 """
