@@ -3,9 +3,10 @@
 An operation module (:mod:`~.operations`) lowers one group of the flush into a :class:`GroupRun`:
 receives (:class:`Waitable`, started all at once by the scheduler), sends and computations
 (:class:`Unit`), and for a reduction over distributed rows an allgather unit and the unit that
-combines the ranks' partial results. A unit declares the local rows it touches (``access``) and
-its prerequisites (``ndeps`` / :func:`after`); the scheduler (:mod:`~.scheduler`) orders units of
-different groups by those accesses and runs each one when it is ready.
+combines the ranks' partial results. A unit declares the local rows it touches (``access``; with the
+base columns for a view of some columns) and its prerequisites (``ndeps`` / :func:`after`); the
+scheduler (:mod:`~.scheduler`) orders units of different groups by those accesses and runs each one
+when it is ready.
 
 Nothing here communicates or blocks; the scheduler owns every wait.
 """
@@ -13,14 +14,48 @@ from __future__ import annotations
 
 from typing import Any, Callable, List, Optional, Protocol, Tuple
 
-__all__ = ["Waitable", "Unit", "GroupRun", "after", "FULL", "Access", "Lowering", "Label"]
+__all__ = ["Waitable", "Unit", "GroupRun", "after", "FULL", "Access", "columns_of", "access_of", "Lowering", "Label"]
 
 #: ``hi`` of an access that covers every local row of a base.
 FULL = 1 << 62
 
-#: ``(base serial, lo, hi, mode)``: local rows ``[lo, hi)`` of a base, mode ``'R'`` (read), ``'W'``
-#: (write) or ``'A'`` (accumulate: units accumulating into the same rows need no order among them).
-Access = Tuple[int, int, int, str]
+#: ``(base serial, lo, hi, mode)``: local rows ``[lo, hi)`` of a base, every column, mode ``'R'`` (read), ``'W'``
+#: (write) or ``'A'`` (accumulate: units accumulating into the same rows need no order among them); or
+#: ``(base serial, lo, hi, mode, c0, c1)``: only base columns ``[c0, c1)`` (base axis 1, ``c0 < c1``) of those rows
+#: (:func:`access_of` makes either).
+Access = Tuple[Any, ...]
+
+
+def columns_of(view: Any, items: Optional[Tuple[int, int]] = None) -> Optional[Tuple[int, int]]:
+    """The base columns ``[c0, c1)`` (base axis 1) that ``view`` (an :class:`~.indexing.View`) shows, if they are
+    fewer than all of them: the hull of a sliced axis 1 (any step; with ``items``, ``(first, last)`` positions
+    along it, of those items only), the one column of an integer; None for a base of fewer than 2 axes, every
+    column, or none (an empty view stays "all columns"). Local, cheap; called by the lowerings that build a
+    unit's accesses."""
+    bs = view.base_shape
+    if len(bs) < 2:
+        return None
+    j = -1
+    for e in view.entries:
+        if e[0] != "n":
+            j += 1
+            if j == 1:
+                break
+    if e[0] == "i":
+        return (e[1], e[1] + 1)
+    _, start, step, count = e
+    if count <= 0:
+        return None
+    first, last = (0, count - 1) if items is None else items
+    a, b = start + step * first, start + step * last
+    c0, c1 = (a, b + 1) if a <= b else (b, a + 1)
+    return None if c0 <= 0 and c1 >= bs[1] else (c0, c1)
+
+
+def access_of(serial: int, lo: int, hi: int, mode: str, cols: Optional[Tuple[int, int]]) -> Access:
+    """The :data:`Access` of local rows ``[lo, hi)`` of base ``serial`` in ``mode``, on base columns ``cols``
+    (``(c0, c1)`` from :func:`columns_of`) or every column (None)."""
+    return (serial, lo, hi, mode) if cols is None else (serial, lo, hi, mode, cols[0], cols[1])
 
 
 class Label:

@@ -30,7 +30,7 @@ from ..graph import Leaf
 from ..indexing import _slice_of, c_strides
 from ..plans import PartSpec, Plan, hull, prod, selector
 from ..row_runs import RowPlan, row_plan
-from ..units import GroupRun, Lowering, Unit
+from ..units import GroupRun, Lowering, Unit, columns_of
 from . import reduction
 
 SlotAccess = Tuple[int, int, int, str]   # (array slot, lo, hi, mode) with mode R / W / A
@@ -581,7 +581,8 @@ def cache_key(g, chunk_elems: int) -> Tuple:
 
 def lower(fl: Lowering, g: Any, flush_no: int) -> GroupRun:
     """The units of elementwise group ``g`` in flush ``fl``: receives, one send per outgoing message, one
-    kernel call per block (each waiting for the messages it reads), then the reductions' units."""
+    kernel call per block (each waiting for the messages it reads; its accesses name the base columns of a
+    view of some columns, :func:`~..units.columns_of`), then the reductions' units."""
     ctx = fl.ctx
     ce = ctx.chunk_elems
     lk = local_key(g, ce)
@@ -601,9 +602,12 @@ def lower(fl: Lowering, g: Any, flush_no: int) -> GroupRun:
     slots = plan.slots_of(inst)
     recv_flat = [[p.reshape(-1) for p in parts] for parts in inst.recv_parts]
     scalars = [c.value for c in g.consts]
+    serials = [b.serial for b in bases]
+    cols = [columns_of(obj.out.view if role == "red" else obj.view) for role, obj in g.arrays]
     for blk in plan.blocks:
         u = Unit("compute", _block_fn(fl, blk, bases, recv_flat, slots, scalars), g.label,
-                 tuple((bases[a].serial, lo, hi, mode) for (a, lo, hi, mode) in blk.access))
+                 tuple((serials[a], lo, hi, mode) if cols[a] is None else (serials[a], lo, hi, mode) + cols[a]
+                       for (a, lo, hi, mode) in blk.access))
         u.ndeps = len(blk.needs)
         for mi in blk.needs:
             run.recvs[mi].units.append(u)

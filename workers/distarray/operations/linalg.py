@@ -31,7 +31,7 @@ from ..indexing import _slice_of
 from ..reductions import combine_partials
 from ..plans import Instance, PartSpec, Plan, hull, my_rows, prod, segments, selector
 from ..row_runs import block_i_range
-from ..units import FULL, GroupRun, Label, Lowering, Unit, Waitable, after
+from ..units import FULL, GroupRun, Label, Lowering, Unit, Waitable, access_of, after, columns_of
 
 __all__ = ["MatmulPlan", "BlockMatmulPlan", "VecMatPlan", "BlockVecMatPlan", "room", "block_matmul_key",
            "block_vecmat_key", "TransposePlan", "matmul_key", "vecmat_key", "transpose_key", "lower_matmul",
@@ -387,12 +387,13 @@ def lower_matmul(fl: Lowering, g: Any, flush_no: int) -> GroupRun:
     inst, run = fl.group_run(plan, flush_no, desc)
     b_items = b.view.trail_items()
     nl = plan.n_local
+    ac, bc, oc = columns_of(a.view), columns_of(b.view), columns_of(out.view)
     for k in range(len(plan.msgs_out)):
         def pack(k=k) -> None:
             np.copyto(inst.send_parts[k][0][:nl], b.base.ensure()[(plan.local_b_rows,) + b_items])
 
         run.sends.append(fl.send_unit(plan, inst, k, None, None, desc, pack=pack))
-        run.sends[-1].access = ((b.base.serial, plan.b_send_hull[0], plan.b_send_hull[1], "R"),)
+        run.sends[-1].access = (access_of(b.base.serial, plan.b_send_hull[0], plan.b_send_hull[1], "R", bc),)
     product = _product(t, plan)
     for (rows_sel, rlo, rhi) in plan.row_sels:
         def local_fn(rows_sel=rows_sel) -> None:
@@ -402,16 +403,17 @@ def lower_matmul(fl: Lowering, g: Any, flush_no: int) -> GroupRun:
                 bl = b.base.ensure()[(plan.local_b_rows,) + b_items]
             product(rows_sel, plan.local_cols, nl, bl, False)
 
-        u0 = Unit("compute", local_fn, desc, ((a.base.serial, rlo, rhi, "R"),
-                                              (b.base.serial, plan.b_hull[0], plan.b_hull[1], "R"),
-                                              (out.base.serial, rlo, rhi, "W")))
+        u0 = Unit("compute", local_fn, desc, (access_of(a.base.serial, rlo, rhi, "R", ac),
+                                              access_of(b.base.serial, plan.b_hull[0], plan.b_hull[1], "R", bc),
+                                              access_of(out.base.serial, rlo, rhi, "W", oc)))
         run.computes.append(u0)
         for k in range(len(plan.msgs_in)):
             def acc_fn(rows_sel=rows_sel, k=k) -> None:
                 nk = plan.recv_n[k]
                 product(rows_sel, plan.recv_cols[k], nk, inst.recv_parts[k][0][:nk], True)
 
-            u = Unit("compute", acc_fn, desc, ((a.base.serial, rlo, rhi, "R"), (out.base.serial, rlo, rhi, "A")))
+            u = Unit("compute", acc_fn, desc, (access_of(a.base.serial, rlo, rhi, "R", ac),
+                                               access_of(out.base.serial, rlo, rhi, "A", oc)))
             u.ndeps = 1
             run.recvs[k].units.append(u)
             after(u, u0)
@@ -607,6 +609,15 @@ def vecmat_key(t: VecMat) -> Tuple:
             out.dtype.str)
 
 
+def _first_last(sel: Any, v: Any) -> Optional[Tuple[int, int]]:
+    """The lowest and highest positions that ``sel`` (a slice or an index array) takes of the entries of vector
+    ``v``; None if it takes none."""
+    if isinstance(sel, slice):
+        r = range(v.shape[0])[sel]
+        return None if not r else ((r[0], r[-1]) if r[0] <= r[-1] else (r[-1], r[0]))
+    return (int(sel.min()), int(sel.max())) if len(sel) else None
+
+
 def lower_vecmat(fl: Lowering, g: Any, flush_no: int) -> GroupRun:
     """The units of ``g.task`` (a :class:`~..graph.VecMat`) in flush ``fl``: on ``v``'s owner the sends of its
     entries to the ranks with rows of ``b``; the product of this rank's rows of ``b`` with their entries of ``v``
@@ -629,15 +640,16 @@ def lower_vecmat(fl: Lowering, g: Any, flush_no: int) -> GroupRun:
         ex["all"] = np.zeros(fl.size * r, dtype=dt)
     part, allp = ex["part"][:m], ex["all"][:fl.size * m].reshape(fl.size, m)
     b_items = b.view.trail_items()
-    v_at = () if plan.v_owner is None else ((v.base.serial, plan.v_row, plan.v_row + 1, "R"),)
-    if fl.rank == plan.v_owner:
+    vs = v.base.serial
+    if fl.rank == plan.v_owner:     # each send reads only the columns of v it packs (LU: not the ones written now)
         for k in range(len(plan.msgs_out)):
             def pack(k=k) -> None:
                 row = v.base.ensure()[(plan.v_row,) + plan.v_items]
                 np.copyto(inst.send_parts[k][0][:plan.send_n[k]], row[plan.send_js[k]])
 
             run.sends.append(fl.send_unit(plan, inst, k, None, None, desc, pack=pack))
-            run.sends[-1].access = v_at
+            run.sends[-1].access = (access_of(vs, plan.v_row, plan.v_row + 1, "R",
+                                              columns_of(v.view, _first_last(plan.send_js[k], v))),)
 
     def local_fn() -> None:
         if plan.nrows == 0 or m == 0:
@@ -652,9 +664,14 @@ def lower_vecmat(fl: Lowering, g: Any, flush_no: int) -> GroupRun:
         bl = b.base.ensure()[(plan.local_b_rows,) + b_items]
         np.matmul(vl, bl, out=part)
 
-    v_read = ((v.base.serial, 0, FULL, "R"),) if plan.v_owner is None else \
-        (v_at if fl.rank == plan.v_owner else ())
-    u0 = Unit("compute", local_fn, desc, v_read + ((b.base.serial, plan.hull[0], plan.hull[1], "R"),))
+    if plan.v_owner is None:
+        v_read: Tuple = (access_of(vs, 0, FULL, "R", columns_of(v.view)),)
+    elif fl.rank == plan.v_owner and plan.nrows:
+        v_read = (access_of(vs, plan.v_row, plan.v_row + 1, "R", columns_of(v.view, _first_last(plan.js, v))),)
+    else:
+        v_read = ()
+    u0 = Unit("compute", local_fn, desc,
+              v_read + (access_of(b.base.serial, plan.hull[0], plan.hull[1], "R", columns_of(b.view)),))
     if plan.v_in:
         u0.ndeps = 1
         run.recvs[0].units.append(u0)
