@@ -58,6 +58,9 @@ def test_plain_index_pass_equals_general_pass():
                     if got is None:
                         continue
                     got_out = ("ok", got.key)
+                    # the plain pass fills the view's slots itself: as the constructor would from its entries
+                    ref = View(got.base_shape, got.entries)
+                    assert [getattr(got, f) for f in View.__slots__] == [getattr(ref, f) for f in View.__slots__]
                 plain += 1
                 assert got_out == _outcome(lambda: v._index_general(key)), (v, key)
                 assert got_out == _outcome(lambda: v.index(key)), (v, key)

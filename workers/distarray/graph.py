@@ -63,7 +63,7 @@ class Base:
                  origin: str = ""):
         self.context = context
         self.serial = context.next_serial()
-        self.shape = tuple(int(s) for s in shape)
+        self.shape = tuple([int(s) for s in shape])
         self.dtype = np.dtype(dtype)
         self.dist = dist
         #: every rank holds every row (``dist.replicated``; a base's distribution never changes)
@@ -262,6 +262,15 @@ class Op:
             tuple(np.dtype(d) for d in in_dtypes), tuple(shape)
         self._leaves: Optional[Tuple[Leaf, ...]] = None   # leaves(self), made on first use (an Op never changes)
 
+    @classmethod
+    def of(cls, name: str, args: Tuple["Node", ...], dtype: np.dtype, in_dtypes: Tuple[np.dtype, ...],
+           shape: Tuple[int, ...]) -> "Op":
+        """``Op(name, args, dtype, in_dtypes, shape)`` for arguments already of the stored types (a tuple of nodes,
+        a ``numpy.dtype``, a tuple of them, a tuple of ints): no conversions. Internal (the recording's hot path)."""
+        op = cls.__new__(cls)
+        op.name, op.args, op.dtype, op.in_dtypes, op.shape, op._leaves = name, args, dtype, in_dtypes, shape, None
+        return op
+
     def with_args(self, args: Tuple["Node", ...]) -> "Op":
         """The same operation on other ``args`` (a tuple of nodes of the same shapes and dtypes); no checks."""
         op = Op.__new__(Op)
@@ -345,27 +354,19 @@ def _name_code(name: str) -> int:
     return c
 
 
-#: view key -> its signature tuple (a pure function of the key); cleared when it reaches _VIEW_SIGS_MAX
-_VIEW_SIGS: Dict[Any, Tuple[int, ...]] = {}
-_VIEW_SIGS_MAX = 4096
-
-
 def _view_sig(v: View) -> Tuple[int, ...]:
     """The view as numbers: its base shape, -1, then each entry with its kind as a code (no strings: their
-    ``hash()`` differs between processes). Cached by ``v.key`` (equal keys give equal signatures)."""
-    key = v.key
-    got = _VIEW_SIGS.get(key)
+    ``hash()`` differs between processes). Kept on the view (``View.sig``; a view never changes)."""
+    got = v.sig
     if got is not None:
         return got
     out: List[int] = list(v.base_shape)
     out.append(-1)
+    codes = _ENTRY_CODE
     for e in v.entries:
-        out.append(_ENTRY_CODE[e[0]])
+        out.append(codes[e[0]])
         out.extend(e[1:])
-    got = tuple(out)
-    if len(_VIEW_SIGS) >= _VIEW_SIGS_MAX:
-        _VIEW_SIGS.clear()
-    _VIEW_SIGS[key] = got
+    got = v.sig = tuple(out)
     return got
 
 

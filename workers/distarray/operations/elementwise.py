@@ -248,7 +248,7 @@ def local_key(g, chunk_elems: int) -> Optional[Tuple]:
                 return None
             descs.append((role, obj.op, obj.acc_dtype.str))
             continue
-        rep = obj.base.dist.replicated
+        rep = obj.base.replicated
         if not rep and (space.rep or not _aligned(obj, space)):
             return None
         descs.append((role, rep, obj.dtype.str, _skeleton(obj.view)))
