@@ -376,14 +376,16 @@ def node_sig(node: Node) -> Tuple:
     no None, so no per-process hash randomization)."""
     t = type(node)
     if t is Leaf:
-        return node.base.sig_head + (_view_sig(node.view),)
+        v = node.view
+        vs = v.sig
+        return node.base.sig_head + ((_view_sig(v) if vs is None else vs),)
     if t is Const:
         v = node.value
         if isinstance(v, (bool, np.bool_, int, np.integer)):
             return (1, int(node.weak), node.dtype.num, int(v))
         # floats by their bits: hash(nan) differs between processes, and 0.0 == -0.0 must not match
         return (1, int(node.weak), node.dtype.num, struct.unpack("<q", struct.pack("<d", float(v)))[0])
-    return (2, _name_code(node.name), node.dtype.num) + tuple(node_sig(a) for a in node.args)
+    return (2, _name_code(node.name), node.dtype.num) + tuple([node_sig(a) for a in node.args])
 
 
 def node_desc(node: Node) -> str:

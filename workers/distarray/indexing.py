@@ -29,14 +29,27 @@ __all__ = ["View", "Entry", "c_strides"]
 Entry = Tuple[Any, ...]
 
 
+#: c_strides by shape (a program has few shapes); cleared when it reaches _STRIDES_MAX
+_STRIDES: dict = {}
+_STRIDES_MAX = 4096
+
+
 def c_strides(shape: Sequence[int]) -> Tuple[int, ...]:
-    """C-order strides of ``shape`` in elements."""
-    out = [1] * len(shape)
+    """C-order strides of ``shape`` in elements (a tuple of Python ints, shared: never to be changed)."""
+    key = tuple(shape)
+    got = _STRIDES.get(key)
+    if got is not None:
+        return got
+    out = [1] * len(key)
     acc = 1
-    for j in range(len(shape) - 1, -1, -1):
+    for j in range(len(key) - 1, -1, -1):
         out[j] = acc
-        acc *= int(shape[j])
-    return tuple(out)
+        acc *= int(key[j])
+    got = tuple(out)
+    if len(_STRIDES) >= _STRIDES_MAX:
+        _STRIDES.clear()
+    _STRIDES[key] = got
+    return got
 
 
 def _slice_of(start: int, step: int, count: int) -> slice:
