@@ -96,6 +96,27 @@ def test_shared_distributions_place_rows_as_fresh_ones(kind, block):
                     assert np.array_equal(r.owner(np.arange(m)), w.owner(np.arange(m)))
 
 
+@pytest.mark.parametrize("kind,block", [("block", 1), ("cyclic", 1), ("block-cyclic", 2), ("block-cyclic", 3),
+                                        ("replicated", 1)])
+def test_scalar_placement_equals_vectorized(kind, block):
+    """``owner_of``, ``local_index_of`` and ``block_range`` (closed forms for one row) give what the vectorized
+    ``owner`` / ``local_index`` / ``offsets`` give, rows past either end included."""
+    for nranks in (1, 2, 3, 4):
+        for nrows in range(0, 12):
+            d = Distribution(kind, nrows, nranks, block)
+            rows = np.arange(-2, nrows + 3)
+            owners = d.owner(rows)
+            local = d.local_index(rows)
+            for r, q, li in zip(rows.tolist(), owners.tolist(), local.tolist()):
+                assert d.owner_of(r) == q and type(d.owner_of(r)) is int, (d, r)
+                assert d.local_index_of(r) == li and type(d.local_index_of(r)) is int, (d, r)
+            if kind == "block":
+                offs = d.offsets
+                for q in range(nranks):
+                    assert d.block_range(q) == (int(offs[q]), int(offs[q + 1]))
+                    assert all(type(x) is int for x in d.block_range(q))
+
+
 @pytest.mark.parametrize("n", [1, 2, 3])
 def test_recording_shortcuts_give_numpy_results(run_mpi, kernel_cache, n):
     run_sections(run_mpi, kernel_cache, "distarray_recording.py", n,

@@ -23,6 +23,7 @@ both are computed only when needed.
 """
 from __future__ import annotations
 
+import math
 import struct
 import weakref
 import zlib
@@ -107,7 +108,7 @@ class Base:
             shape = self.local_shape()
             arr = self.context.buffers.take(shape, self.dtype)
             if arr is None:
-                nbytes = int(np.prod(shape, dtype=np.int64)) * self.dtype.itemsize
+                nbytes = math.prod(shape) * self.dtype.itemsize
                 if nbytes >= self.context.buffers.min_bytes:
                     arr = pool_memory.fresh(shape, self.dtype)
                     self.context.buffers.allocated += 1
