@@ -57,7 +57,7 @@ class Base:
     """
 
     __slots__ = ("context", "serial", "shape", "dtype", "dist", "local", "flat", "nviews", "exported",
-                 "temp", "origin", "origin_code", "pooled", "replicated", "sig_head", "owner", "aliases",
+                 "temp", "origin", "origin_code", "pooled", "replicated", "_sig_head", "owner", "aliases",
                  "grid", "join", "__weakref__")
 
     def __init__(self, context, shape: Tuple[int, ...], dtype: np.dtype, dist: Distribution, temp: bool = False,
@@ -81,9 +81,18 @@ class Base:
         self.join: Optional[List[Any]] = None
         self.origin = origin
         self.origin_code = zlib.crc32(origin.encode()) if origin else 0
-        #: the start of the signature of a Leaf of this base (see node_sig; nothing in it ever changes)
-        self.sig_head = (0, self.serial, _KIND_CODE[dist.kind], dist.nrows, dist.block, self.dtype.num,
-                         self.origin_code)
+        self._sig_head: Optional[Tuple[int, ...]] = None
+
+    @property
+    def sig_head(self) -> Tuple[int, ...]:
+        """The start of the signature of a Leaf of this base (see node_sig; nothing in it ever changes), made on
+        first use (at a force point: a temporary allocates one object less while it is recorded)."""
+        h = self._sig_head
+        if h is None:
+            d = self.dist
+            h = self._sig_head = (0, self.serial, _KIND_CODE[d.kind], d.nrows, d.block, self.dtype.num,
+                                  self.origin_code)
+        return h
 
     def local_shape(self) -> Tuple[int, ...]:
         """Shape of this rank's local buffer."""
@@ -379,7 +388,9 @@ def node_sig(node: Node) -> Tuple:
     if t is Leaf:
         v = node.view
         vs = v.sig
-        return node.base.sig_head + ((_view_sig(v) if vs is None else vs),)
+        b = node.base
+        h = b._sig_head
+        return (b.sig_head if h is None else h) + ((_view_sig(v) if vs is None else vs),)
     if t is Const:
         v = node.value
         if isinstance(v, (bool, np.bool_, int, np.integer)):
@@ -420,28 +431,28 @@ class RowSpace:
     axis 0 being the rows.
     """
 
-    __slots__ = ("kind", "dist", "start", "step", "count", "kept", "shape", "user_ndim", "key", "layout")
+    __slots__ = ("kind", "dist", "start", "step", "count", "kept", "shape", "user_ndim", "key")
 
     def __init__(self, kind: str, dist: Optional[Distribution], start: int, step: int, count: int, kept: bool,
                  shape: Tuple[int, ...], user_ndim: int):
         self.kind, self.dist, self.start, self.step, self.count, self.kept = kind, dist, start, step, count, kept
-        self.shape = tuple(shape)
+        self.shape = shape = tuple(shape)
         self.user_ndim = user_ndim
-        self.layout = (kind, dist.key if dist is not None else None, start, step, count, kept)
-        self.key = (self.layout, self.shape, user_ndim)
+        #: what the space is made of, as one flat tuple (equal keys: the same rows, computed by the same ranks)
+        self.key = (kind, dist.key if dist is not None else None, start, step, count, kept, shape, user_ndim)
 
     @classmethod
     def of_leaf(cls, leaf: Leaf, shape: Tuple[int, ...]) -> "RowSpace":
         """The row space of computing into (or aligned with) ``leaf`` over the user shape ``shape``."""
-        b, v = leaf.base, leaf.view
+        b = leaf.base
         u = len(shape)
         if b.replicated:
             internal = tuple(shape) if shape else (1,)
             return cls("rep", None, 0, 1, internal[0], True, internal, u)
-        s, st, c = v.row_params
-        if v.row_kept:
-            return cls("dist", b.dist, s, st, c, True, tuple(shape), u)
-        return cls("dist", b.dist, s, 1, 1, False, (1,) + tuple(shape), u)
+        e = leaf.view.row_entry        # (as View.row_params and View.row_kept)
+        if e is not None and e[0] == "s":
+            return cls("dist", b.dist, e[1], e[2], e[3], True, tuple(shape), u)
+        return cls("dist", b.dist, 0 if e is None else e[1], 1, 1, False, (1,) + tuple(shape), u)
 
     @property
     def rep(self) -> bool:
@@ -470,8 +481,13 @@ class Task:
     @property
     def desc(self) -> str:
         if self._desc is None:
-            self._desc = self._desc_fn()
+            fn = self._desc_fn
+            self._desc = fn() if fn is not None else self._make_desc()
         return self._desc
+
+    def _make_desc(self) -> str:  # pragma: no cover - a task without a text function overrides it
+        """The task's text when no text function was given (``_desc_fn`` None)."""
+        raise TypeError(f"{type(self).__name__} has no text: give _init_text a function or override _make_desc")
 
     def _make_sig(self) -> Tuple:  # pragma: no cover - every task kind overrides it
         """The task's signature (its kind, shapes and dtypes): the key of plan and kernel caches."""
@@ -512,14 +528,21 @@ class ExprTask(Task):
 class Assign(ExprTask):
     """``out[...] = expr`` elementwise, over the row space of ``out`` (``space``)."""
 
-    __slots__ = ("space",)
+    __slots__ = ("space", "_op_desc", "_expr0")
     kind = "assign"
 
     def __init__(self, out: Leaf, expr: Node, op_desc: Any = ""):
-        self.out, self.expr = out, expr
+        self.out = out
+        self._expr = self._expr0 = expr       # the recorded expression (its text), fusion may replace ``expr``
+        self._reads = None
         self.space = RowSpace.of_leaf(out, out.shape)
-        self._init_text(lambda: ((op_desc() if callable(op_desc) else op_desc) or
-                                 f"{node_desc(out)} = {node_desc(expr)}") + f" -> {out.dtype} {out.shape}")
+        self._sig = self._desc = self._desc_fn = None   # the text from _make_desc: no closure per recorded task
+        self._op_desc = op_desc
+
+    def _make_desc(self) -> str:
+        op_desc, out = self._op_desc, self.out
+        return ((op_desc() if callable(op_desc) else op_desc) or
+                f"{node_desc(out)} = {node_desc(self._expr0)}") + f" -> {out.dtype} {out.shape}"
 
     def _make_sig(self) -> Tuple:
         return (10, node_sig(self.out), node_sig(self.expr))
