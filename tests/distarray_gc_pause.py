@@ -2,13 +2,17 @@
 ``NBMPI_DISTARRAY_GC_PAUSE``): run SPMD by tests/test_distarray_gc_pause.py under ``nbmpi run -n 1/2/3``.
 A ``gc.callbacks`` hook counts the collections that start while a force point runs: none with the pause, some
 without it (the same program, so the count can tell the two apart); the collector is enabled again after the
-force point, left off when the program had turned it off, and every result equals NumPy's exactly.
+force point, left off when the program had turned it off, and every result equals NumPy's exactly. A force point
+that made plan instances freezes what is alive (``NBMPI_DISTARRAY_GC_FREEZE``), one that made none does not, and a
+plan evicted from the cache is freed by reference counting although frozen (no reference cycle outlives it).
 Prints ``ok <section>`` per section on rank 0 and ``ALL OK`` at the end."""
 import gc
+import weakref
 
 import numpy as np
 
 import nbmpi.workers.distarray as dnp
+from nbmpi.workers.distarray import context as context_module
 from nbmpi.workers.distarray.context import context_for
 from spmd_checks import checks, same, section, size
 
@@ -23,11 +27,10 @@ def on_gc(phase: str, info: dict) -> None:
         during[0] += 1
 
 
-def program(dist):
+def program(dist, n=40, width=8):
     """Many small recorded operations (hundreds of units and closures in one force point); the DistArray and
     the NumPy result."""
-    n = 40
-    x = np.arange(n * 8, dtype=float).reshape(n, 8) * 0.25 - 3.0
+    x = np.arange(n * width, dtype=float).reshape(n, width) * 0.25 - 3.0
     X, y = dnp.from_numpy(x, dist=dist), x.copy()
     for k in range(n - 1):                 # a row update per step: each a few groups of the force point
         X[k + 1:, :] = X[k + 1:, :] - X[k, :] * 0.01
@@ -69,6 +72,42 @@ try:
             gc.enable()
         same(f"row updates, collector off {dist}", X, y)
     section("a collector turned off by the program stays off")
+
+    for dist in DISTS:
+        for width in (5, 6):               # shapes not seen yet: new plans, their instances made by bound plans
+            gc.unfreeze()
+            made = context_module._instances[0]
+            X, y = program(dist, 30, width)
+            dnp.evaluate()
+            assert context_module._instances[0] > made, f"no plan instance made ({dist}, {width})"
+            assert gc.get_freeze_count() > 0, f"nothing frozen after a force point that made instances ({dist})"
+            same(f"row updates, new plans {dist} {width}", X, y)
+        gc.unfreeze()
+        X, y = program(dist, 30, 6)          # the same shapes again: plans and instances reused, kernels cached
+        dnp.evaluate()
+        assert gc.get_freeze_count() == 0, f"a force point that made no instance froze ({dist})"
+        same(f"row updates, cached plans {dist}", X, y)
+    # evict every cached plan while frozen: each (and each plan an instance was made by) dies at once
+    X, y = program("block", 30, 7)
+    dnp.evaluate()
+    assert gc.get_freeze_count() > 0
+    refs = [weakref.ref(p) for p in ctx.plans.values()]
+    refs += [weakref.ref(inst.plan) for p in ctx.plans.values() for inst in p.instances if inst.plan is not None]
+    del X
+    max_plans = context_module.MAX_PLANS
+    gc.disable()
+    try:
+        context_module.MAX_PLANS = 1
+        X, y = program("cyclic", 12, 3)      # new plans: every earlier one is evicted (and freed after the flush)
+        dnp.evaluate()
+        alive = [r() for r in refs if r() is not None and r() not in ctx.plans.values()]
+        assert not alive, f"{len(alive)} evicted plans still alive while frozen: {[type(p).__name__ for p in alive][:4]}"
+    finally:
+        context_module.MAX_PLANS = max_plans
+        gc.enable()
+        gc.unfreeze()
+    same("row updates after evicting every plan", X, y)
+    section("a force point that made plan instances freezes them, evicted plans die though frozen")
 finally:
     gc.callbacks.remove(on_gc)
 print(f"ALL OK ({checks[0]} checks on {size} ranks)", flush=True) if ctx.rank == 0 else None

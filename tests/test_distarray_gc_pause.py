@@ -1,5 +1,6 @@
 """The cyclic garbage collector is paused during a force point and enabled again after it (left off if the
-program turned it off): the SPMD program ``distarray_gc_pause.py`` under real mpiexec on 1, 2 and 3 ranks,
+program turned it off), a force point that made plan instances freezes them and evicted plans are freed
+although frozen: the SPMD program ``distarray_gc_pause.py`` under real mpiexec on 1, 2 and 3 ranks,
 every result equal to NumPy's."""
 from __future__ import annotations
 
@@ -12,4 +13,5 @@ from conftest import run_sections
 def test_collector_is_paused_during_a_force_point(run_mpi, kernel_cache, n):
     run_sections(run_mpi, kernel_cache, "distarray_gc_pause.py", n,
                  ("no collection during a force point, the collector enabled after it",
-                  "a collector turned off by the program stays off"))
+                  "a collector turned off by the program stays off",
+                  "a force point that made plan instances freezes them, evicted plans die though frozen"))

@@ -58,6 +58,9 @@ def test_plain_index_pass_equals_general_pass():
                     if got is None:
                         continue
                     got_out = ("ok", got.key)
+                    # the plain pass fills the view's slots itself: as the constructor would from its entries
+                    ref = View(got.base_shape, got.entries)
+                    assert [getattr(got, f) for f in View.__slots__] == [getattr(ref, f) for f in View.__slots__]
                 plain += 1
                 assert got_out == _outcome(lambda: v._index_general(key)), (v, key)
                 assert got_out == _outcome(lambda: v.index(key)), (v, key)
@@ -91,6 +94,27 @@ def test_shared_distributions_place_rows_as_fresh_ones(kind, block):
                 assert r == w and r.nrows == m and r.kind == kind and r.nranks == nranks
                 if kind != "replicated":
                     assert np.array_equal(r.owner(np.arange(m)), w.owner(np.arange(m)))
+
+
+@pytest.mark.parametrize("kind,block", [("block", 1), ("cyclic", 1), ("block-cyclic", 2), ("block-cyclic", 3),
+                                        ("replicated", 1)])
+def test_scalar_placement_equals_vectorized(kind, block):
+    """``owner_of``, ``local_index_of`` and ``block_range`` (closed forms for one row) give what the vectorized
+    ``owner`` / ``local_index`` / ``offsets`` give, rows past either end included."""
+    for nranks in (1, 2, 3, 4):
+        for nrows in range(0, 12):
+            d = Distribution(kind, nrows, nranks, block)
+            rows = np.arange(-2, nrows + 3)
+            owners = d.owner(rows)
+            local = d.local_index(rows)
+            for r, q, li in zip(rows.tolist(), owners.tolist(), local.tolist()):
+                assert d.owner_of(r) == q and type(d.owner_of(r)) is int, (d, r)
+                assert d.local_index_of(r) == li and type(d.local_index_of(r)) is int, (d, r)
+            if kind == "block":
+                offs = d.offsets
+                for q in range(nranks):
+                    assert d.block_range(q) == (int(offs[q]), int(offs[q + 1]))
+                    assert all(type(x) is int for x in d.block_range(q))
 
 
 @pytest.mark.parametrize("n", [1, 2, 3])

@@ -1,6 +1,6 @@
 """The caches of the lazy graph (workers/distarray/graph.py) against what they replace.
 
-* ``_view_sig`` is cached by the view's key: every cached signature must equal the one computed afresh,
+* ``_view_sig`` is cached on the view (``View.sig``): every cached signature must equal the one computed afresh,
   and views differing only in their base shape or in one entry must get different signatures (else the
   agreement of a force point would miss ranks that recorded different views);
 * a base's ``sig_head`` is the start of its leaves' signatures: equal to the fields it stands for;
@@ -42,13 +42,16 @@ def _views(arr):
 
 
 @pytest.mark.parametrize("dist", DISTS, ids=str)
-def test_view_signatures_cached_equal_fresh(dist, monkeypatch):
-    monkeypatch.setattr(graph, "_VIEW_SIGS_MAX", 7)   # overflow and clear often
+def test_view_signatures_cached_equal_fresh(dist):
     for shape in [(9, 5), (10, 5)]:
         a = dnp.zeros(shape, dist=dist)
-        for _ in range(2):                           # the second pass reads the cache
-            for v in _views(a):
+        views = list(_views(a))
+        for v in views:
+            assert v.sig is None                     # made when first asked
+        for _ in range(2):                           # the second pass reads the views' cached signatures
+            for v in views:
                 assert graph._view_sig(v) == _fresh_view_sig(v), v
+                assert v.sig == _fresh_view_sig(v)
     a, b = dnp.zeros((9, 5), dist=dist), dnp.zeros((10, 5), dist=dist)
     va, vb = a[1:4]._view, b[1:4]._view
     assert va.entries == vb.entries and graph._view_sig(va) != graph._view_sig(vb)

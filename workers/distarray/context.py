@@ -19,11 +19,14 @@ settings that govern evaluation:
   ``exp``, ``log``, ``power``, ... as NumPy's own ufunc on each block, results identical to NumPy's, or (off)
   compiled into the fused kernels, faster, within an ulp or two (:mod:`.numpy_math`);
 * ``NBMPI_DISTARRAY_GC_FREEZE`` (default on; ``0``/``off`` turns it off): after a force point that
-  brought new compiled kernels into the process, ``gc.freeze()`` moves every object alive then out of
-  the cyclic garbage collector's reach (reference counting still frees them). Numba's compiled code is
-  hundreds of thousands of long-lived objects: without this, each full collection of a warm time
-  loop scanned them all (0.3-0.5 s each, about a quarter of a warm 1.5 s program); cyclic garbage
-  alive at that moment is kept for good;
+  brought new compiled kernels or new plan instances into the process, ``gc.freeze()`` moves every object
+  alive then out of the cyclic garbage collector's reach (reference counting still frees them). Numba's
+  compiled code is hundreds of thousands of long-lived objects: without this, each full collection of a warm
+  time loop scanned them all (0.3-0.5 s each, about a quarter of a warm 1.5 s program); the cached plans and
+  their instances (persistent requests, buffers) are the next largest set (LU n=2700 on 2 ranks: about 110,000
+  objects, 40-50 ms per full collection, 5-6 full collections per warm run on a rank that had not frozen
+  them). Cached plans hold no reference cycles once evicted (:meth:`~.plans.Plan.free`), so reference
+  counting frees them frozen or not; cyclic garbage alive at that moment is kept for good;
 * ``NBMPI_DISTARRAY_GC_PAUSE`` (default on; ``0``/``off`` turns it off): the cyclic garbage collector is paused
   (``gc.disable()``) while a force point evaluates and enabled again when it ends, also on an error (left off if
   it was off). A force point makes thousands of short-lived objects (units, closures, instances): collections
@@ -78,16 +81,19 @@ def env_gc_pause() -> bool:
 
 
 _frozen_kernels = [0]
+#: plan instances made in this process (:meth:`ArrayContext.next_tag`), and how many there were at the last freeze
+_instances = [0, 0]
 
 
 def freeze_new_kernels() -> None:
-    """``gc.freeze()`` if kernels were generated since the last call (see ``NBMPI_DISTARRAY_GC_FREEZE`` in
-    the module doc). Local, cheap; called after every force point."""
+    """``gc.freeze()`` if kernels were generated or plan instances made since the last call (see
+    ``NBMPI_DISTARRAY_GC_FREEZE`` in the module doc). Local, cheap; called after every force point."""
     from . import fused_kernels
 
     n = fused_kernels._STATS["generated"]
-    if n != _frozen_kernels[0]:
+    if n != _frozen_kernels[0] or _instances[0] != _instances[1]:
         _frozen_kernels[0] = n
+        _instances[1] = _instances[0]
         if env_gc_freeze():
             gc.freeze()
 
@@ -160,6 +166,7 @@ class ArrayContext:
 
     def next_tag(self) -> int:
         """MPI tag of a new plan instance (plans are built in the same order on every rank)."""
+        _instances[0] += 1
         self._tag += 1
         if self._tag >= self._tag_ub:
             self._tag = FIRST_TAG

@@ -17,7 +17,8 @@ Distributions are immutable and compare equal when they place every row identica
 """
 from __future__ import annotations
 
-from typing import Any, Tuple, Union
+from bisect import bisect_right
+from typing import Any, List, Optional, Tuple, Union
 
 import numpy as np
 
@@ -38,7 +39,7 @@ class Distribution:
     (equal keys place every row on the same rank at the same local index).
     """
 
-    __slots__ = ("kind", "nrows", "nranks", "block", "key", "_offsets")
+    __slots__ = ("kind", "nrows", "nranks", "block", "key", "_offsets", "_offs")
 
     def __init__(self, kind: str, nrows: int, nranks: int, block: int = 1):
         if kind not in KINDS:
@@ -62,8 +63,11 @@ class Distribution:
             counts[:rem] += 1
             self._offsets = np.zeros(self.nranks + 1, dtype=np.int64)
             np.cumsum(counts, out=self._offsets[1:])
+            #: ``_offsets`` as Python ints (scalar look-ups: :meth:`owner_of`, :meth:`block_range`)
+            self._offs: Optional[List[int]] = self._offsets.tolist()
         else:
             self._offsets = None
+            self._offs = None
 
     # -- identity -----------------------------------------------------------------
     def __eq__(self, other: object) -> bool:
@@ -130,8 +134,23 @@ class Distribution:
         return np.empty(0, dtype=np.int64) if self._offsets is None else self._offsets.copy()
 
     def owner_of(self, row: int) -> int:
-        """Rank owning global row ``row`` (-1 for replicated)."""
-        return int(self.owner(np.array([row]))[0])
+        """Rank owning global row ``row`` (-1 for replicated): :meth:`owner` of one row, in closed form."""
+        row = int(row)
+        if self.kind == "block":
+            return bisect_right(self._offs, row, 1) - 1
+        if self.kind == "replicated":
+            return -1
+        return (row // self.block) % self.nranks
+
+    def local_index_of(self, row: int) -> int:
+        """Index of global row ``row`` in its owner's local buffer: :meth:`local_index` of one row, in closed form."""
+        row = int(row)
+        if self.kind == "block":
+            return row - self._offs[bisect_right(self._offs, row, 1) - 1]
+        if self.kind == "replicated":
+            return row
+        b, p = self.block, self.nranks
+        return (row // b // p) * b + row % b
 
     def local_count(self, rank: int) -> int:
         """Number of rows stored on ``rank``."""
@@ -164,7 +183,7 @@ class Distribution:
         """``(first, stop)`` global rows of ``rank`` for a ``block`` distribution."""
         if self.kind != "block":
             raise DistributionError(f"block_range is only defined for block distributions, not {self.kind}")
-        return int(self._offsets[rank]), int(self._offsets[rank + 1])
+        return self._offs[rank], self._offs[rank + 1]
 
     def segments(self) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Maximal runs of consecutive rows on one rank: ``(start, stop, owner, local_start)`` arrays.

@@ -255,7 +255,7 @@ def _row_owner(leaf: Leaf) -> int:
     """The rank owning the one base row that ``leaf`` (a view of a distributed base not keeping its row axis,
     ``a[3, 2:]``) shows; -1 if ``leaf`` shows no fixed row. Local."""
     e = leaf.view.row_entry
-    if e is None or e[0] != "i" or leaf.base.dist.replicated:
+    if e is None or e[0] != "i" or leaf.base.replicated:
         return -1
     return leaf.base.dist.owner_of(e[1])
 
@@ -324,7 +324,7 @@ def _realign(context, node: Op, space: RowSpace, what: Text) -> Node:
 def _needs_gather(ls: Sequence[Leaf], space: RowSpace) -> bool:
     """Whether a leaf of ``ls`` (the leaves of an expression) must be gathered to be read in ``space``."""
     for l in ls:
-        if not l.base.dist.replicated and not aligned(l, space):
+        if not l.base.replicated and not aligned(l, space):
             return True
     return False
 
@@ -345,7 +345,7 @@ def _record(context, target: Leaf, expr: Node, desc, ls: Optional[List[Leaf]] = 
     tb, tv = target.base, target.view
     for l in ls:
         if l.base is tb and l.view != tv:
-            tmp = _result_of(context, [x for x in ls if not x.base.dist.replicated], expr.shape, expr.dtype)
+            tmp = _result_of(context, [x for x in ls if not x.base.replicated], expr.shape, expr.dtype)
             task = Assign(tmp, expr, lambda: desc() + " (into a temporary: the value overlaps the target)")
             if _needs_gather(ls, task.space):
                 task.expr = _gathered(context, expr, task.space, desc)
@@ -418,8 +418,8 @@ def record_ufunc(context, ufunc: np.ufunc, inputs: Sequence[Any], out: Optional[
         if e in PRODUCT_POWERS and out is None and nodes[1].weak:
             return _record_product_power(context, nodes[0], int(e))
     shape = _broadcast(name, [n.shape for n in nodes])
-    in_dt, out_dt = _resolve(ufunc, name, tuple([n.spec if isinstance(n, Const) else n.dtype for n in nodes]))
-    expr = Op(name, tuple(nodes), out_dt, in_dt, shape)
+    in_dt, out_dt = _resolve(ufunc, name, tuple([n.spec if type(n) is Const else n.dtype for n in nodes]))
+    expr = Op.of(name, tuple(nodes), out_dt, in_dt, shape)     # _resolve and _broadcast give the stored types
 
     def desc() -> str:
         return f"{name}(" + ", ".join(node_desc(n) for n in nodes) + ")"
@@ -433,7 +433,7 @@ def record_ufunc(context, ufunc: np.ufunc, inputs: Sequence[Any], out: Optional[
             raise TypeError(f"Cannot cast ufunc {name!r} output from {np.dtype(out_dt)!r} to {out.dtype!r} with "
                             "casting rule 'same_kind'")
         return _record(context, out, expr, lambda: f"{node_desc(out)} = {desc()}", ls)
-    target = _result_of(context, [l for l in ls if not l.base.dist.replicated], shape, out_dt)
+    target = _result_of(context, [l for l in ls if not l.base.replicated], shape, out_dt)
     return _record(context, target, expr, lambda: f"{target.base.name()} = {desc()}", ls)
 
 

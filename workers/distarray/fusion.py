@@ -302,8 +302,13 @@ def _inline(tasks: List[Task], alive: List[bool], readers: Dict[int, set], write
     for idx, t in enumerate(tasks):
         if not alive[idx] or not isinstance(t, Assign):
             continue
-        b = t.out.base
-        if not _dead(b) or writers[b.serial] != {idx} or t.expr.shape != t.out.view.shape:
+        out = t.out
+        b = out.base
+        if not _dead(b):
+            continue
+        ws = writers[b.serial]
+        expr = t.expr
+        if len(ws) != 1 or idx not in ws or expr.shape != out.view.shape:
             continue
         r = _only_later_reader(readers[b.serial], alive, idx)
         if r < 0:
@@ -311,14 +316,16 @@ def _inline(tasks: List[Task], alive: List[bool], readers: Dict[int, set], write
         rt = tasks[r]
         if not isinstance(rt, (Assign, Reduce)) or not _inlinable_into(t.space, rt.space):
             continue
-        if any(l.view != t.out.view for l in rt.reads() if l.base is b):
+        ov = out.view
+        if _reads_other_view(rt.reads(), b, ov):
             continue
-        src_serials = {l.base.serial for l in leaves(t.expr)}
+        src = leaves(expr)
+        src_serials = {l.base.serial for l in src}
         if any(_written_between(order, s, writers, alive, idx, r) for s in src_serials):
             continue
-        if any(l.base is w.base and l.view != w.view for w in rt.writes() for l in leaves(t.expr)):
+        if any(_reads_other_view(src, w.base, w.view) for w in rt.writes()):
             continue
-        repl = t.expr
+        repl = expr
         if repl.dtype != b.dtype:
             repl = Op("cast", (repl,), b.dtype, (repl.dtype,), repl.shape)
         rt.expr = substitute(rt.expr, lambda l, _b=b, _r=repl: _r if l.base is _b else None)
@@ -329,6 +336,14 @@ def _inline(tasks: List[Task], alive: List[bool], readers: Dict[int, set], write
             readers[s].add(r)
         readers[b.serial].discard(r)
     return count
+
+
+def _reads_other_view(ls, b, view) -> bool:
+    """True if a leaf of ``ls`` shows base ``b`` through another view than ``view``."""
+    for l in ls:
+        if l.base is b and l.view != view:
+            return True
+    return False
 
 
 def _inlinable_into(src, dst) -> bool:

@@ -23,6 +23,7 @@ both are computed only when needed.
 """
 from __future__ import annotations
 
+import math
 import struct
 import weakref
 import zlib
@@ -56,14 +57,14 @@ class Base:
     """
 
     __slots__ = ("context", "serial", "shape", "dtype", "dist", "local", "flat", "nviews", "exported",
-                 "temp", "origin", "origin_code", "pooled", "replicated", "sig_head", "owner", "aliases",
+                 "temp", "origin", "origin_code", "pooled", "replicated", "_sig_head", "owner", "aliases",
                  "grid", "join", "__weakref__")
 
     def __init__(self, context, shape: Tuple[int, ...], dtype: np.dtype, dist: Distribution, temp: bool = False,
                  origin: str = ""):
         self.context = context
         self.serial = context.next_serial()
-        self.shape = tuple(int(s) for s in shape)
+        self.shape = tuple([int(s) for s in shape])
         self.dtype = np.dtype(dtype)
         self.dist = dist
         #: every rank holds every row (``dist.replicated``; a base's distribution never changes)
@@ -80,9 +81,18 @@ class Base:
         self.join: Optional[List[Any]] = None
         self.origin = origin
         self.origin_code = zlib.crc32(origin.encode()) if origin else 0
-        #: the start of the signature of a Leaf of this base (see node_sig; nothing in it ever changes)
-        self.sig_head = (0, self.serial, _KIND_CODE[dist.kind], dist.nrows, dist.block, self.dtype.num,
-                         self.origin_code)
+        self._sig_head: Optional[Tuple[int, ...]] = None
+
+    @property
+    def sig_head(self) -> Tuple[int, ...]:
+        """The start of the signature of a Leaf of this base (see node_sig; nothing in it ever changes), made on
+        first use (at a force point: a temporary allocates one object less while it is recorded)."""
+        h = self._sig_head
+        if h is None:
+            d = self.dist
+            h = self._sig_head = (0, self.serial, _KIND_CODE[d.kind], d.nrows, d.block, self.dtype.num,
+                                  self.origin_code)
+        return h
 
     def local_shape(self) -> Tuple[int, ...]:
         """Shape of this rank's local buffer."""
@@ -107,7 +117,7 @@ class Base:
             shape = self.local_shape()
             arr = self.context.buffers.take(shape, self.dtype)
             if arr is None:
-                nbytes = int(np.prod(shape, dtype=np.int64)) * self.dtype.itemsize
+                nbytes = math.prod(shape) * self.dtype.itemsize
                 if nbytes >= self.context.buffers.min_bytes:
                     arr = pool_memory.fresh(shape, self.dtype)
                     self.context.buffers.allocated += 1
@@ -262,6 +272,15 @@ class Op:
             tuple(np.dtype(d) for d in in_dtypes), tuple(shape)
         self._leaves: Optional[Tuple[Leaf, ...]] = None   # leaves(self), made on first use (an Op never changes)
 
+    @classmethod
+    def of(cls, name: str, args: Tuple["Node", ...], dtype: np.dtype, in_dtypes: Tuple[np.dtype, ...],
+           shape: Tuple[int, ...]) -> "Op":
+        """``Op(name, args, dtype, in_dtypes, shape)`` for arguments already of the stored types (a tuple of nodes,
+        a ``numpy.dtype``, a tuple of them, a tuple of ints): no conversions. Internal (the recording's hot path)."""
+        op = cls.__new__(cls)
+        op.name, op.args, op.dtype, op.in_dtypes, op.shape, op._leaves = name, args, dtype, in_dtypes, shape, None
+        return op
+
     def with_args(self, args: Tuple["Node", ...]) -> "Op":
         """The same operation on other ``args`` (a tuple of nodes of the same shapes and dtypes); no checks."""
         op = Op.__new__(Op)
@@ -345,27 +364,19 @@ def _name_code(name: str) -> int:
     return c
 
 
-#: view key -> its signature tuple (a pure function of the key); cleared when it reaches _VIEW_SIGS_MAX
-_VIEW_SIGS: Dict[Any, Tuple[int, ...]] = {}
-_VIEW_SIGS_MAX = 4096
-
-
 def _view_sig(v: View) -> Tuple[int, ...]:
     """The view as numbers: its base shape, -1, then each entry with its kind as a code (no strings: their
-    ``hash()`` differs between processes). Cached by ``v.key`` (equal keys give equal signatures)."""
-    key = v.key
-    got = _VIEW_SIGS.get(key)
+    ``hash()`` differs between processes). Kept on the view (``View.sig``; a view never changes)."""
+    got = v.sig
     if got is not None:
         return got
     out: List[int] = list(v.base_shape)
     out.append(-1)
+    codes = _ENTRY_CODE
     for e in v.entries:
-        out.append(_ENTRY_CODE[e[0]])
+        out.append(codes[e[0]])
         out.extend(e[1:])
-    got = tuple(out)
-    if len(_VIEW_SIGS) >= _VIEW_SIGS_MAX:
-        _VIEW_SIGS.clear()
-    _VIEW_SIGS[key] = got
+    got = v.sig = tuple(out)
     return got
 
 
@@ -375,14 +386,18 @@ def node_sig(node: Node) -> Tuple:
     no None, so no per-process hash randomization)."""
     t = type(node)
     if t is Leaf:
-        return node.base.sig_head + (_view_sig(node.view),)
+        v = node.view
+        vs = v.sig
+        b = node.base
+        h = b._sig_head
+        return (b.sig_head if h is None else h) + ((_view_sig(v) if vs is None else vs),)
     if t is Const:
         v = node.value
         if isinstance(v, (bool, np.bool_, int, np.integer)):
             return (1, int(node.weak), node.dtype.num, int(v))
         # floats by their bits: hash(nan) differs between processes, and 0.0 == -0.0 must not match
         return (1, int(node.weak), node.dtype.num, struct.unpack("<q", struct.pack("<d", float(v)))[0])
-    return (2, _name_code(node.name), node.dtype.num) + tuple(node_sig(a) for a in node.args)
+    return (2, _name_code(node.name), node.dtype.num) + tuple([node_sig(a) for a in node.args])
 
 
 def node_desc(node: Node) -> str:
@@ -416,28 +431,28 @@ class RowSpace:
     axis 0 being the rows.
     """
 
-    __slots__ = ("kind", "dist", "start", "step", "count", "kept", "shape", "user_ndim", "key", "layout")
+    __slots__ = ("kind", "dist", "start", "step", "count", "kept", "shape", "user_ndim", "key")
 
     def __init__(self, kind: str, dist: Optional[Distribution], start: int, step: int, count: int, kept: bool,
                  shape: Tuple[int, ...], user_ndim: int):
         self.kind, self.dist, self.start, self.step, self.count, self.kept = kind, dist, start, step, count, kept
-        self.shape = tuple(shape)
+        self.shape = shape = tuple(shape)
         self.user_ndim = user_ndim
-        self.layout = (kind, dist.key if dist is not None else None, start, step, count, kept)
-        self.key = (self.layout, self.shape, user_ndim)
+        #: what the space is made of, as one flat tuple (equal keys: the same rows, computed by the same ranks)
+        self.key = (kind, dist.key if dist is not None else None, start, step, count, kept, shape, user_ndim)
 
     @classmethod
     def of_leaf(cls, leaf: Leaf, shape: Tuple[int, ...]) -> "RowSpace":
         """The row space of computing into (or aligned with) ``leaf`` over the user shape ``shape``."""
-        b, v = leaf.base, leaf.view
+        b = leaf.base
         u = len(shape)
         if b.replicated:
             internal = tuple(shape) if shape else (1,)
             return cls("rep", None, 0, 1, internal[0], True, internal, u)
-        s, st, c = v.row_params
-        if v.row_kept:
-            return cls("dist", b.dist, s, st, c, True, tuple(shape), u)
-        return cls("dist", b.dist, s, 1, 1, False, (1,) + tuple(shape), u)
+        e = leaf.view.row_entry        # (as View.row_params and View.row_kept)
+        if e is not None and e[0] == "s":
+            return cls("dist", b.dist, e[1], e[2], e[3], True, tuple(shape), u)
+        return cls("dist", b.dist, 0 if e is None else e[1], 1, 1, False, (1,) + tuple(shape), u)
 
     @property
     def rep(self) -> bool:
@@ -466,8 +481,13 @@ class Task:
     @property
     def desc(self) -> str:
         if self._desc is None:
-            self._desc = self._desc_fn()
+            fn = self._desc_fn
+            self._desc = fn() if fn is not None else self._make_desc()
         return self._desc
+
+    def _make_desc(self) -> str:  # pragma: no cover - a task without a text function overrides it
+        """The task's text when no text function was given (``_desc_fn`` None)."""
+        raise TypeError(f"{type(self).__name__} has no text: give _init_text a function or override _make_desc")
 
     def _make_sig(self) -> Tuple:  # pragma: no cover - every task kind overrides it
         """The task's signature (its kind, shapes and dtypes): the key of plan and kernel caches."""
@@ -508,14 +528,21 @@ class ExprTask(Task):
 class Assign(ExprTask):
     """``out[...] = expr`` elementwise, over the row space of ``out`` (``space``)."""
 
-    __slots__ = ("space",)
+    __slots__ = ("space", "_op_desc", "_expr0")
     kind = "assign"
 
     def __init__(self, out: Leaf, expr: Node, op_desc: Any = ""):
-        self.out, self.expr = out, expr
+        self.out = out
+        self._expr = self._expr0 = expr       # the recorded expression (its text), fusion may replace ``expr``
+        self._reads = None
         self.space = RowSpace.of_leaf(out, out.shape)
-        self._init_text(lambda: ((op_desc() if callable(op_desc) else op_desc) or
-                                 f"{node_desc(out)} = {node_desc(expr)}") + f" -> {out.dtype} {out.shape}")
+        self._sig = self._desc = self._desc_fn = None   # the text from _make_desc: no closure per recorded task
+        self._op_desc = op_desc
+
+    def _make_desc(self) -> str:
+        op_desc, out = self._op_desc, self.out
+        return ((op_desc() if callable(op_desc) else op_desc) or
+                f"{node_desc(out)} = {node_desc(self._expr0)}") + f" -> {out.dtype} {out.shape}"
 
     def _make_sig(self) -> Tuple:
         return (10, node_sig(self.out), node_sig(self.expr))

@@ -29,14 +29,27 @@ __all__ = ["View", "Entry", "c_strides"]
 Entry = Tuple[Any, ...]
 
 
+#: c_strides by shape (a program has few shapes); cleared when it reaches _STRIDES_MAX
+_STRIDES: dict = {}
+_STRIDES_MAX = 4096
+
+
 def c_strides(shape: Sequence[int]) -> Tuple[int, ...]:
-    """C-order strides of ``shape`` in elements."""
-    out = [1] * len(shape)
+    """C-order strides of ``shape`` in elements (a tuple of Python ints, shared: never to be changed)."""
+    key = tuple(shape)
+    got = _STRIDES.get(key)
+    if got is not None:
+        return got
+    out = [1] * len(key)
     acc = 1
-    for j in range(len(shape) - 1, -1, -1):
+    for j in range(len(key) - 1, -1, -1):
         out[j] = acc
-        acc *= int(shape[j])
-    return tuple(out)
+        acc *= int(key[j])
+    got = tuple(out)
+    if len(_STRIDES) >= _STRIDES_MAX:
+        _STRIDES.clear()
+    _STRIDES[key] = got
+    return got
 
 
 def _slice_of(start: int, step: int, count: int) -> slice:
@@ -70,7 +83,7 @@ def _offset_strides(entries, es: Sequence[int]) -> Tuple[int, Tuple[int, ...]]:
 class View:
     """Which elements of a base of shape ``base_shape`` are visible (see the module doc). Immutable."""
 
-    __slots__ = ("base_shape", "entries", "shape", "key", "_row", "row_entry", "row_kept")
+    __slots__ = ("base_shape", "entries", "shape", "key", "_row", "row_entry", "row_kept", "sig")
 
     def __init__(self, base_shape: Tuple[int, ...], entries: Tuple[Entry, ...]):
         self._set(tuple([int(s) for s in base_shape]), tuple(entries))
@@ -97,6 +110,8 @@ class View:
         self.row_entry: Optional[Entry] = None if row is None else entries[row]
         #: True if base axis 0 is a user axis (sliced, not fixed by an integer).
         self.row_kept: bool = row is not None and entries[row][0] == "s"
+        #: The view as numbers (``graph._view_sig``), made when first asked.
+        self.sig: Optional[Tuple[int, ...]] = None
 
     @classmethod
     def _of(cls, base_shape: Tuple[int, ...], entries: Tuple[Entry, ...]) -> "View":
@@ -250,15 +265,18 @@ class View:
             if ents[j][0] != "s":
                 return None
         out: List[Entry] = []
-        for j in range(nk):
-            it = key[j]
+        shape: List[int] = []
+        row = None          # position of the first entry that is not a new axis (the row entry)
+        j = 0
+        for it in key:
             e = ents[j]
             t = type(it)
             if t is slice:
                 _, start, step, count = e
                 s2, e2, st2 = it.indices(count)
                 c2 = len(range(s2, e2, st2))
-                out.append(("s", start + s2 * step if c2 else 0, step * st2 if c2 else 1, c2))
+                out.append(("s", start + s2 * step, step * st2, c2) if c2 else ("s", 0, 1, 0))
+                shape.append(c2)
             elif t is int:
                 count = e[3]
                 k = it + count if it < 0 else it
@@ -267,9 +285,34 @@ class View:
                 out.append(("i", e[1] + k * e[2]))
             else:
                 return None
+            if row is None:
+                row = j
+            j += 1
         for e in ents[nk:]:      # what the general pass gives for the axes left: ``[:]`` of each
-            out.append(("s", 0, 1, 0) if e[0] == "s" and not e[3] else e)
-        return View._of(self.base_shape, tuple(out))
+            tag = e[0]
+            if tag == "s":
+                if not e[3]:
+                    e = ("s", 0, 1, 0)
+                shape.append(e[3])
+            elif tag == "n":
+                shape.append(1)
+                out.append(e)
+                j += 1
+                continue
+            if row is None:
+                row = j
+            out.append(e)
+            j += 1
+        v = View.__new__(View)
+        v.base_shape = self.base_shape
+        v.entries = entries = tuple(out)
+        v.shape = tuple(shape)
+        v.key = (self.base_shape, entries)
+        v._row = row
+        v.row_entry = None if row is None else entries[row]
+        v.row_kept = row is not None and entries[row][0] == "s"
+        v.sig = None
+        return v
 
     # -- index tuples for NumPy arrays ------------------------------------------------
     def numpy_index(self, row_sel: Any = None) -> Tuple[Any, ...]:

@@ -22,31 +22,40 @@ from typing import Any
 
 import numpy as np
 
-from .errors import ShapeError, UnsupportedOperation
+from .elementwise import as_node, dist_of, record_ufunc, replicate_leaf
+from .errors import DistributionError, ShapeError, UnsupportedOperation
 from .graph import Base, Leaf, Matmul, Transpose, VecMat, node_desc
 from .indexing import View
+from .reductions import record_reduce
 
 __all__ = ["record_matmul", "record_transpose"]
 
 
 def _as_leaf(context, x: Any) -> Leaf:
-    from .elementwise import as_node
-
+    if type(x) is Leaf:
+        return x
     n = as_node(context, x)
     if not isinstance(n, Leaf):
         raise ShapeError("matmul: scalar operands are not allowed, use '*' instead")
     return n
 
 
+#: ``numpy.result_type`` of two dtypes, by the pair (a product's result dtype; a program has a few pairs)
+_RESULT_TYPES: dict = {}
+
+
+def _result_type(x: np.dtype, y: np.dtype) -> np.dtype:
+    """``numpy.result_type(x, y)`` of two dtypes, memoised."""
+    got = _RESULT_TYPES.get((x, y))
+    if got is None:
+        got = _RESULT_TYPES[(x, y)] = np.result_type(x, y)
+    return got
+
+
 def record_matmul(context, a: Any, b: Any) -> Leaf:
     """Record ``a @ b``; return the result's Leaf (see the module doc for what is supported)."""
-    from .elementwise import record_ufunc, replicate_leaf
-    from .reductions import record_reduce
-
     a, b = _as_leaf(context, a), _as_leaf(context, b)
     if a.base.context is not context or b.base.context is not context:
-        from .errors import DistributionError
-
         raise DistributionError("matmul: the operands live on different communicators")
     na, nb = len(a.shape), len(b.shape)
     if na == 0 or nb == 0:
@@ -66,7 +75,7 @@ def record_matmul(context, a: Any, b: Any) -> Leaf:
     if a.shape[1] != b.shape[0]:
         raise ShapeError(f"matmul: Input operand 1 has a mismatch in its core dimension 0, with gufunc signature "
                          f"(n?,k),(k,m?)->(n?,m?) (size {b.shape[0]} is different from {a.shape[1]})")
-    dt = np.result_type(a.dtype, b.dtype)
+    dt = _result_type(a.dtype, b.dtype)
     if dt.kind not in "biuf":
         raise UnsupportedOperation(f"matmul: dtype {dt} is not supported")
     if not a.rep and not (a.view.row_kept and a.view.lead_new() == 0):
@@ -80,7 +89,7 @@ def record_matmul(context, a: Any, b: Any) -> Leaf:
     s, t, c = a.view.row_params
     # the result's rows are a's rows: same base rows, same distribution (replicated if a is)
     ob = Base(context, (ab.shape[0],) + oshape[1:], dt, ab.dist, temp=True)
-    out = Leaf(ob, View(ob.shape, (("s", s, t, c),) + tuple(("s", 0, 1, n) for n in oshape[1:])))
+    out = Leaf(ob, View._of(ob.shape, (("s", s, t, c),) + tuple([("s", 0, 1, n) for n in ob.shape[1:]])))
     context.record(Matmul(a, b, out))
     return out
 
@@ -91,13 +100,10 @@ def _record_vecmat(context, a: Leaf, b: Leaf) -> Leaf:
     ``sum(v[:, None] * B, axis=0)``, one elementwise product and one reduction fused at the force point. Float
     and int64 only (a sum keeps their dtype); others raise UnsupportedOperation (the caller falls back to
     NumPy)."""
-    from .elementwise import record_ufunc
-    from .reductions import record_reduce
-
     if a.shape[0] != b.shape[0]:
         raise ShapeError(f"matmul: Input operand 1 has a mismatch in its core dimension 0, with gufunc signature "
                          f"(n?,k),(k,m?)->(n?,m?) (size {b.shape[0]} is different from {a.shape[0]})")
-    dt = np.result_type(a.dtype, b.dtype)
+    dt = _result_type(a.dtype, b.dtype)
     if dt.kind != "f" and dt != np.int64:
         raise UnsupportedOperation(f"matmul of a 1-D and a 2-D array of dtype {dt} is not supported natively")
     if not b.rep and b.view.row_kept and b.view.lead_new() == 0:
@@ -115,8 +121,6 @@ def _record_blas_vecmat(context, a: Leaf, b: Leaf, dt: np.dtype) -> Leaf:
     are summed in rank order. The result is 1-D: with ``v`` one fixed row, on ``v``'s owner alone
     (:func:`_owner_result`), else replicated; for a 2-D ``B`` the view of ``B``'s columns in a base as wide as
     ``B``'s (see :func:`~.operations.elementwise.local_key`). Local: records, computes nothing."""
-    from .elementwise import dist_of, replicate_leaf
-
     if not a.rep and (a.view.row_entry is None or a.view.row_kept):
         a = replicate_leaf(context, a, lambda a=a: f"gather {node_desc(a)} to every rank for a vector-matrix product")
     col = b.view.after_row()[0]
@@ -147,8 +151,6 @@ def _owner_result(context, v: Leaf, w: int, ent: tuple, dt: np.dtype) -> Leaf:
     """The result of ``v @ B`` (``v`` one fixed row ``r`` of a distributed base) on ``v``'s owner alone: row
     ``r`` of a base laid out like ``v``'s (:data:`OWNER_ROW_BYTES`), else the owner's row of a base of one row
     per rank (cyclic); ``w`` columns, seen through ``ent`` (a slice entry). Local."""
-    from .elementwise import dist_of
-
     r = v.view.row_entry[1]
     d = v.base.dist
     nb = v.base.shape[0]

@@ -209,8 +209,12 @@ class Plan:
         return inst
 
     def free(self) -> None:
+        """Free the instances' persistent requests and drop them; each instance forgets its plan, so that no
+        reference cycle (plan, instance list, instance, the plan bound to it) outlives the eviction: reference
+        counting frees an evicted plan even after ``gc.freeze()`` (``NBMPI_DISTARRAY_GC_FREEZE``)."""
         for inst in self.instances:
             inst.free()
+            inst.plan = None
         self.instances = []
 
     @staticmethod

@@ -71,6 +71,12 @@ K_WAIT = tracing.register_kind("distarray_wait")
 _now = time.perf_counter_ns
 
 
+#: Requests in flight tested by most polls of :meth:`_Flush._poll` (the oldest ones), and how often a poll tests
+#: them all: ``Testsome`` converts every request it is given, so testing ~100 in flight after every unit was the
+#: largest single cost of a small-step loop's execution besides BLAS and waits (LU n=2700).
+POLL_WINDOW = 16
+FULL_POLL_EVERY = 8
+
 #: The releases of a flush before its groups are known and after it ended (nothing to give back; never changes).
 _NO_RELEASES = Releases([])
 
@@ -96,6 +102,8 @@ class _Flush:
         self.active: List[Waitable] = []
         self._polled: Optional[List[Waitable]] = None   # the list _poll made _polled_reqs from
         self._polled_reqs: List[Any] = []
+        self._npolls = 0
+        self._testsome = self.MPI.Request.Testsome
         self.ready_comm: deque = deque()
         #: ready computation units as a heap of ``(group order, enqueue number, unit)``
         self.ready_comp: List[Tuple[int, int, Unit]] = []
@@ -166,24 +174,36 @@ class _Flush:
                 self._enqueue(u)
 
     def _poll(self) -> None:
-        """Test every request in flight at once (``Testsome``) and release what they unblock. The list of
-        requests is made again only when ``active`` changed (it is replaced when requests complete and
-        only grows otherwise)."""
+        """Test the requests in flight (``Testsome``) and release what they unblock: the oldest
+        :data:`POLL_WINDOW` of them (the receives of the oldest groups come first), every one of them each
+        :data:`FULL_POLL_EVERY`-th time (a request outside the window is found complete at most that many polls
+        late; MPI progresses every request whichever are tested, and a blocked rank waits on all of them). The
+        list of requests follows ``active`` (made again only when ``active`` is replaced, which happens when
+        requests complete; extended when it grew)."""
         act = self.active
-        if not act:
+        n = len(act)
+        if not n:
             return
         reqs = self._polled_reqs
-        if self._polled is not act or len(reqs) != len(act):
+        if self._polled is not act:
             reqs = self._polled_reqs = [w.req for w in act]
             self._polled = act
-        idx = self.MPI.Request.Testsome(reqs)
+        elif len(reqs) < n:                  # only appended to since (started sends)
+            reqs.extend([w.req for w in act[len(reqs):]])
+        self._npolls += 1
+        if n > POLL_WINDOW and self._npolls % FULL_POLL_EVERY:
+            idx = self._testsome(reqs[:POLL_WINDOW])
+        else:
+            idx = self._testsome(reqs)
         if not idx:
             return
         t = _now()
         done = set(idx)
         for i in sorted(done):
             self._completed(act[i], t, t, 0)
-        self.active = [w for i, w in enumerate(act) if i not in done]
+        keep = [i for i in range(n) if i not in done]
+        self.active = self._polled = [act[i] for i in keep]
+        self._polled_reqs = [reqs[i] for i in keep]
 
     # -- unit queues -------------------------------------------------------------------
     def _enqueue(self, u: Unit) -> None:

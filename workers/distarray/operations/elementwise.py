@@ -248,7 +248,7 @@ def local_key(g, chunk_elems: int) -> Optional[Tuple]:
                 return None
             descs.append((role, obj.op, obj.acc_dtype.str))
             continue
-        rep = obj.base.dist.replicated
+        rep = obj.base.replicated
         if not rep and (space.rep or not _aligned(obj, space)):
             return None
         descs.append((role, rep, obj.dtype.str, _skeleton(obj.view)))
@@ -317,17 +317,22 @@ class ElementwisePlan(Plan):
         self._ek = _exact_key(group)
         self._bound: Dict[Tuple, "ElementwisePlan"] = {}
 
-    def _link_kernels(self, group) -> None:
-        """Replace each block's unit-stride flags by its compiled kernel (one per distinct combination)."""
-        specs: Dict[Tuple[bool, ...], Any] = {}
-        bcasts = tuple([m.bcast for m in self.metas])
+    def _link_kernels(self, group, specs: Optional[Dict[Tuple[bool, ...], Any]] = None) -> None:
+        """Replace each block's unit-stride flags by its compiled kernel (one per distinct combination). ``specs``:
+        the kernels by flags already linked for the same program and addressing (a rebound plan is given its
+        cached plan's, :meth:`_rebound`), extended here; kept as ``_kmap``."""
+        if specs is None:
+            specs = {}
+        bcasts = None
         for blk in self.blocks:
             units = blk.kernel
             k = specs.get(units)
             if k is None:
+                if bcasts is None:
+                    bcasts = tuple([m.bcast for m in self.metas])
                 k = specs[units] = _kernel_of(group, self.d, bcasts, units)
             blk.kernel = k
-        self.kernels = list(specs.values())
+        self._kmap = specs
 
     def bound_to(self, group, rank: int, chunk_elems: int) -> Tuple["ElementwisePlan", bool]:
         """This plan (cached under :func:`local_key`) for ``group``, an aligned local group of the same
@@ -365,7 +370,7 @@ class ElementwisePlan(Plan):
                 need_i = any(m.kind == "repv" and m.rows_full for m in self.metas)
                 rp = row_plan(space.dist, space.start, space.step, space.count, (), rank, need_i)
                 p._dist_blocks([], rank, max_rows, rp, {})
-        p._link_kernels(group)
+        p._link_kernels(group, self._kmap)     # the same program (its local_key) and metas: the same kernels
         p._ek, p._bound = ek, {}          # never asked (only the cached plan is): no reference cycle
         return p
 

@@ -93,7 +93,7 @@ def fixed_row(t: Replicate) -> Optional[Tuple[int, int]]:
         return None
     dist = t.src.base.dist
     r = v.row_entry[1]
-    return dist.owner_of(r), int(dist.local_index(np.array([r], dtype=np.int64))[0])
+    return dist.owner_of(r), dist.local_index_of(r)
 
 
 def row_key(t: Replicate, owner: int) -> Tuple:

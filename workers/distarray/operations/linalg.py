@@ -534,7 +534,7 @@ def _owner_row(dist, r: int, nranks: int) -> Tuple[int, int]:
             lo, hi = dist.block_range(q)
             if lo <= r < hi:
                 return q, r - lo
-    return dist.owner_of(r), int(dist.local_index(np.array([r], dtype=np.int64))[0])
+    return dist.owner_of(r), dist.local_index_of(r)
 
 
 class BlockVecMatPlan(Plan):
