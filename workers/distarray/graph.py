@@ -27,7 +27,7 @@ import math
 import struct
 import weakref
 import zlib
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
