@@ -135,6 +135,34 @@ try:
         same(f"row updates, garbage before a freeze {dist}", X, y)
         gc.unfreeze()
     section("garbage alive when a force point freezes is collected, not frozen for good")
+
+    # objects alive at freezing force points that become cyclic garbage later: not all kept for good
+    refresh = getattr(context_module, "FREEZE_REFRESH", None)
+    context_module.FREEZE_REFRESH = 4
+    try:
+        gc.unfreeze()
+        gc.collect()
+        refs = []
+        for width in range(15, 24):          # 9 force points, each with new shapes: each freezes
+            c = Cycle()
+            c.me = c
+            c.arr = dnp.from_numpy(np.ones((9, 4)), dist="block")
+            refs.append(weakref.ref(c))
+            X, y = program("block", 12, width)
+            dnp.evaluate()                   # c is alive: frozen
+            del c                            # cyclic garbage from now on
+            same(f"row updates, a cycle alive at the force point {width}", X, y)
+        gc.collect()
+        alive = sum(r() is not None for r in refs)
+        assert alive < len(refs), f"all {alive} object cycles alive at a freezing force point and dropped after it " \
+                                  "are kept for good"
+    finally:
+        if refresh is None:
+            del context_module.FREEZE_REFRESH
+        else:
+            context_module.FREEZE_REFRESH = refresh
+        gc.unfreeze()
+    section("objects frozen alive and dropped later are collected at the next refresh of the frozen set")
 finally:
     gc.callbacks.remove(on_gc)
 print(f"ALL OK ({checks[0]} checks on {size} ranks)", flush=True) if ctx.rank == 0 else None

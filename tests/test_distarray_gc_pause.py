@@ -15,4 +15,5 @@ def test_collector_is_paused_during_a_force_point(run_mpi, kernel_cache, n):
                  ("no collection during a force point, the collector enabled after it",
                   "a collector turned off by the program stays off",
                   "a force point that made plan instances freezes them, evicted plans die though frozen",
-                  "garbage alive when a force point freezes is collected, not frozen for good"))
+                  "garbage alive when a force point freezes is collected, not frozen for good",
+                  "objects frozen alive and dropped later are collected at the next refresh of the frozen set"))
