@@ -4,7 +4,8 @@ A ``gc.callbacks`` hook counts the collections that start while a force point ru
 without it (the same program, so the count can tell the two apart); the collector is enabled again after the
 force point, left off when the program had turned it off, and every result equals NumPy's exactly. A force point
 that made plan instances freezes what is alive (``NBMPI_DISTARRAY_GC_FREEZE``), one that made none does not, and a
-plan evicted from the cache is freed by reference counting although frozen (no reference cycle outlives it).
+plan evicted from the cache is freed by reference counting although frozen (no reference cycle outlives it); cyclic
+garbage alive at a freezing force point is collected, not frozen for good.
 Prints ``ok <section>`` per section on rank 0 and ``ALL OK`` at the end."""
 import gc
 import weakref
@@ -108,6 +109,60 @@ try:
         gc.unfreeze()
     same("row updates after evicting every plan", X, y)
     section("a force point that made plan instances freezes them, evicted plans die though frozen")
+
+    class Cycle:
+        """An object in a reference cycle (only the cyclic collector frees it)."""
+
+    for k, dist in enumerate(DISTS):
+        gc.unfreeze()
+        gc.collect()
+        threshold = gc.get_threshold()
+        gc.set_threshold(10 ** 9)            # no automatic collection from here to the force point
+        try:
+            c = Cycle()
+            c.me = c
+            c.arr = dnp.from_numpy(np.ones((9, 4)), dist=dist)
+            ref = weakref.ref(c)
+            del c                            # cyclic garbage when the force point freezes
+            X, y = program(dist, 30, 11 + k)   # shapes not seen yet: new plan instances, a freeze
+            dnp.evaluate()
+            assert gc.get_freeze_count() > 0, f"nothing frozen after a force point that made instances ({dist})"
+        finally:
+            gc.set_threshold(*threshold)
+        gc.collect()
+        assert ref() is None, f"a reference cycle that was garbage at a freezing force point was frozen for good " \
+                              f"(never collected) ({dist})"
+        same(f"row updates, garbage before a freeze {dist}", X, y)
+        gc.unfreeze()
+    section("garbage alive when a force point freezes is collected, not frozen for good")
+
+    # objects alive at freezing force points that become cyclic garbage later: not all kept for good
+    refresh = getattr(context_module, "FREEZE_REFRESH", None)
+    context_module.FREEZE_REFRESH = 4
+    try:
+        gc.unfreeze()
+        gc.collect()
+        refs = []
+        for width in range(15, 24):          # 9 force points, each with new shapes: each freezes
+            c = Cycle()
+            c.me = c
+            c.arr = dnp.from_numpy(np.ones((9, 4)), dist="block")
+            refs.append(weakref.ref(c))
+            X, y = program("block", 12, width)
+            dnp.evaluate()                   # c is alive: frozen
+            del c                            # cyclic garbage from now on
+            same(f"row updates, a cycle alive at the force point {width}", X, y)
+        gc.collect()
+        alive = sum(r() is not None for r in refs)
+        assert alive < len(refs), f"all {alive} object cycles alive at a freezing force point and dropped after it " \
+                                  "are kept for good"
+    finally:
+        if refresh is None:
+            del context_module.FREEZE_REFRESH
+        else:
+            context_module.FREEZE_REFRESH = refresh
+        gc.unfreeze()
+    section("objects frozen alive and dropped later are collected at the next refresh of the frozen set")
 finally:
     gc.callbacks.remove(on_gc)
 print(f"ALL OK ({checks[0]} checks on {size} ranks)", flush=True) if ctx.rank == 0 else None

@@ -198,8 +198,9 @@ def _gufunc(ufunc: np.ufunc, ops: List[Any], outs: List[Any], where: Any, dtype:
     shape = (n,) + res.shape[1:]
     leaf = Leaf(Base(ctx, shape, res.dtype, dist, temp=True), View.full(shape))
     ctx.record(BlockUfunc(ufunc, args, [leaf], None, None if dtype is None else np.dtype(dtype), casting))
-    ctx.maybe_flush()
-    return DistArray(leaf.base, leaf.view)
+    got = DistArray(leaf.base, leaf.view)
+    ctx.maybe_flush()           # once the result is held (a force point drops a result nothing holds as dead)
+    return got
 
 
 def _check_exponents(e: Any) -> None:
@@ -303,8 +304,9 @@ def _block_method(ufunc: np.ufunc, method: str, x: Any, shape: Tuple[int, ...], 
                           method, extra))
     if out is not None and not direct:
         elementwise.record_assign(ctx, out._leaf(), leaf)
-    ctx.maybe_flush()
-    return out if out is not None else _distarray()(leaf.base, leaf.view)
+    got = out if out is not None else _distarray()(leaf.base, leaf.view)
+    ctx.maybe_flush()           # once the result is held (a force point drops a result nothing holds as dead)
+    return got
 
 
 def _method_dtype(ufunc: np.ufunc, method: str, dt: np.dtype, dtype: Any, extra) -> np.dtype:
@@ -510,5 +512,6 @@ def dispatch(ufunc: np.ufunc, method: str, inputs: Sequence[Any], kwargs: Dict[s
     ctx = next(x.context for x in list(inputs) + [out] if isinstance(x, DistArray))
     args = [x._leaf() if isinstance(x, DistArray) else x for x in inputs]
     res = elementwise.record_ufunc(ctx, ufunc, args, out=None if out is None else out._leaf())
-    ctx.maybe_flush()
-    return out if out is not None else DistArray(res.base, res.view)
+    got = out if out is not None else DistArray(res.base, res.view)
+    ctx.maybe_flush()           # once the result is held (a force point drops a result nothing holds as dead)
+    return got
