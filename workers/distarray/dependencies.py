@@ -41,6 +41,14 @@ __all__ = ["AccessIndex", "order_units", "PAIRWISE_ACCESSES"]
 _ALL = (0, FULL)
 
 
+def _columns(acc: Access) -> Tuple[Tuple[int, int], int, int]:
+    """``(cols, c0, c1)`` of an access: :data:`_ALL`, 0, FULL for an access of every column (a 4-tuple), else its
+    ``(c0, c1)`` and both bounds."""
+    if len(acc) == 4:
+        return _ALL, 0, FULL
+    return (acc[4], acc[5]), acc[4], acc[5]
+
+
 class _Rows:
     """The segments of one base's local rows: ``bounds[i] <= row < bounds[i + 1]`` has ``states[i]``, its
     current epoch (None: untouched in this flush).
@@ -189,11 +197,7 @@ class AccessIndex:
                 if rows is None:
                     rows = bases[acc[0]] = _Rows()
                 st = rows.states
-                if len(acc) == 4:
-                    cols, c0, c1 = _ALL, 0, FULL
-                else:
-                    c0, c1 = acc[4], acc[5]
-                    cols = (c0, c1)
+                cols, c0, c1 = _columns(acc)
                 for i in rows.cut(acc[1], acc[2]):
                     s = st[i]
                     if s is None:
@@ -222,11 +226,7 @@ class AccessIndex:
                     if not lst or lst[-1] is not u:
                         lst.append(u)
                 continue
-            if len(acc) == 4:
-                cols, c0, c1 = _ALL, 0, FULL
-            else:
-                c0, c1 = acc[4], acc[5]
-                cols = (c0, c1)
+            cols, c0, c1 = _columns(acc)
             for i in rows.cut(acc[1], acc[2]):
                 s = st[i]
                 if s is None:
