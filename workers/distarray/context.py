@@ -29,8 +29,8 @@ settings that govern evaluation:
   counting frees them frozen or not. The young generations are collected first (``gc.collect(1)``: the cyclic
   garbage made since the last collection, which includes everything the paused force point made; LU n=1200 first
   run: 0.025 s over 10 freezes, a full collection 0.11 s); older cyclic garbage alive at that moment, and objects
-  alive then that later become cyclic garbage, are kept until every :data:`FREEZE_REFRESH`-th freeze unfreezes
-  everything for one full collection;
+  alive then that later become cyclic garbage, are kept until the next refresh unfreezes everything for one full
+  collection (after :data:`FREEZE_REFRESH` freezes, then after twice as many each time);
 * ``NBMPI_DISTARRAY_GC_PAUSE`` (default on; ``0``/``off`` turns it off): the cyclic garbage collector is paused
   (``gc.disable()``) while a force point evaluates and enabled again when it ends, also on an error (left off if
   it was off). A force point makes thousands of short-lived objects (units, closures, instances): collections
@@ -85,11 +85,14 @@ def env_gc_pause() -> bool:
 
 
 _frozen_kernels = [0]
-#: Every this many freezes the frozen objects are given back to the collector (``gc.unfreeze()``) and a full
-#: collection runs before freezing again: objects frozen alive that became cyclic garbage since are freed (a long
-#: session with new shapes freezes after most force points; warm loops make no instances, so never get here)
+#: After this many freezes, then after twice as many each time (32, 64, 128, ...), the frozen objects are given back
+#: to the collector (``gc.unfreeze()``) and a full collection runs before freezing again: objects frozen alive that
+#: became cyclic garbage since are freed. A long session with new shapes freezes after most force points, and a
+#: full collection of a process that loaded numba costs ~0.1 s: doubling keeps them to a logarithmic number
+#: (warm loops make no instances, so never get here)
 FREEZE_REFRESH = 32
 _freezes = [0]
+_refresh_at = [1]   # the next refresh: after FREEZE_REFRESH * this many freezes
 #: plan instances made in this process (:meth:`ArrayContext.next_tag`), and how many there were at the last freeze
 _instances = [0, 0]
 
@@ -105,7 +108,8 @@ def freeze_new_kernels() -> None:
         _instances[1] = _instances[0]
         if env_gc_freeze():
             _freezes[0] += 1
-            if _freezes[0] % FREEZE_REFRESH == 0:
+            if _freezes[0] >= FREEZE_REFRESH * _refresh_at[0]:
+                _refresh_at[0] *= 2
                 gc.unfreeze()
                 gc.collect()
             else:

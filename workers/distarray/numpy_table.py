@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import types
 from typing import Dict, List, Tuple
 
 import numpy as np
@@ -27,6 +28,8 @@ def classify() -> Tuple[Dict[str, str], Dict[str, str]]:
         if isinstance(obj, type) or not callable(obj):
             continue                      # types, constants and submodules are NumPy's own
         ours = namespace.get(name)
+        if isinstance(ours, types.ModuleType):
+            ours = None                   # a submodule of ours (``piecewise``, once :mod:`.fusion` imported it)
         wrapped = ours is not None and getattr(ours, "__module__", "") == "nbmpi.workers.distarray.fallback"
         if isinstance(obj, np.ufunc):
             # dispatch goes by the ufunc's own name: numpy.abs is absolute, numpy.mod is remainder
