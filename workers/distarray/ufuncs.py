@@ -38,8 +38,10 @@ from .plans import my_rows
 
 __all__ = ["ALL_UFUNCS", "EXACT_REDUCE", "FALLBACK", "call", "reduce", "accumulate", "outer", "method", "dispatch", "is_native"]
 
-#: Every ufunc NumPy has, by name (``numpy.abs`` is ``absolute``: one entry).
-ALL_UFUNCS = frozenset(getattr(np, n).__name__ for n in dir(np) if isinstance(getattr(np, n), np.ufunc))
+#: Every ufunc NumPy has, by name (``numpy.abs`` is ``absolute``: one entry). Read from the namespace's
+#: dictionary, not ``dir(np)``: ``getattr`` of every name there imports NumPy's lazy submodules (``f2py``,
+#: ``testing``, ...: 0.2 s of this package's import), and no ufunc lives in them.
+ALL_UFUNCS = frozenset(v.__name__ for v in vars(np).values() if isinstance(v, np.ufunc))
 #: What :func:`call` returns when NumPy's fallback must do it (complex or other non-numeric dtypes,
 #: NumPy arrays as ``out=``, keywords other than out/where/dtype/casting/order/subok).
 FALLBACK = object()
