@@ -7,7 +7,9 @@ arrays take. Checked on every rank, each result against NumPy bit for bit:
 * ``mgrid`` and ``empty``: run again, an mgrid program takes every buffer from the pool (no fresh one), and
   ``concatenate``'s ``empty`` result takes its buffer only when written;
 * ``ravel``/``reshape`` of a whole block array shares the source's buffer (no fresh one) and stays a copy for
-  NumPy semantics: writes recorded on either array, ``.local`` writes, the source dying first.
+  NumPy semantics: writes recorded on either array, ``.local`` writes, the source dying first;
+* a dead array's buffer serves a later array of another shape needing at least half its bytes, two live arrays
+  never share one, and the whole buffer comes back to the pool.
 
 Prints ``rank R: NAME ok`` per check, then ``rank R: ALL OK``; a failing check raises.
 """
@@ -135,6 +137,35 @@ w = b0.copy()
 w[np.arange(E) % 2 == 0] = 5.0
 check("ravel then source mask-written", np.array_equal(f.to_numpy(), b0.ravel()) and np.array_equal(a.to_numpy(), w))
 del a, f, s, t, g, m
+
+
+# a dead array's buffer serves a later array of another shape needing at least half its bytes (a prefix of
+# its memory); while both live, two arrays never share memory; given back, the whole buffer returns to the pool
+ctx.buffers.clear()
+big = dnp.zeros((R, C)) + 1.0
+big.evaluate()
+whole = big._base.local.nbytes
+f0 = fresh()
+del big
+small = dnp.zeros((R, C * 2 // 3)) + 2.0
+small.evaluate()
+check("another shape reuses a dead array's buffer", fresh() == f0 and whole >= 1 << 16
+      and np.array_equal(small.to_numpy(), np.full((R, C * 2 // 3), 2.0)))
+other = dnp.zeros((R, C * 2 // 3)) + 3.0
+other.evaluate()
+check("two live arrays never share a pooled buffer",
+      not np.shares_memory(small._base.local, other._base.local)
+      and np.array_equal(small.to_numpy(), np.full((R, C * 2 // 3), 2.0))
+      and np.array_equal(other.to_numpy(), np.full((R, C * 2 // 3), 3.0)))
+del small, other
+check("a lent prefix comes back as its whole buffer",
+      max(b.nbytes for b in ctx.buffers.free.values()) == whole and not ctx.buffers._lent)
+kept = len(ctx.buffers.free)
+tiny = dnp.zeros((R, C // 3 - 8)) + 4.0       # under half the bytes: a buffer of its own
+tiny.evaluate()
+check("a much smaller array takes no kept buffer", np.array_equal(tiny.to_numpy(), np.full((R, C // 3 - 8), 4.0))
+      and len(ctx.buffers.free) == kept and not ctx.buffers._lent)
+del tiny
 
 
 def vm_flags(arr):

@@ -60,6 +60,7 @@ from .errors import DistArrayError
 from .graph import Task
 from . import lazy_joins
 from .lazy_grids import substitute_reads
+from .pool_memory import BufferCache
 
 __all__ = ["ArrayContext", "context_for", "configure", "env_latency_hiding", "env_gc_pause"]
 
@@ -274,49 +275,6 @@ class ArrayContext:
             else:
                 old.free()
         return p
-
-
-class BufferCache:
-    """Local buffers of bases that died, kept for the next base of the same shape and dtype (DistNumPy's
-    lazy de-allocation: a time loop that makes a new temporary each step reuses the
-    same memory instead of faulting in fresh pages). At most ``max_bytes`` are kept; the
-    oldest go first. Only buffers never handed to the user (``.local``) come here, and only of at
-    least ``min_bytes`` (64 KiB; smaller ones are cheap to allocate). ``allocated`` counts fresh
-    allocations of at least ``min_bytes``, ``reused`` the allocations served from the pool, ``released``
-    the buffers of dead temporaries given back during a force point, once its last unit using them ran
-    (:mod:`~.releases`), so that later units of the same force point reuse them."""
-
-    def __init__(self, max_bytes: int = 1 << 30, min_bytes: int = 1 << 16):
-        self.max_bytes = max_bytes
-        self.min_bytes = min_bytes
-        self.bytes = 0
-        self.free: "OrderedDict[int, Any]" = OrderedDict()
-        self.reused = 0
-        self.allocated = 0
-        self.released = 0
-
-    def give(self, arr) -> None:
-        if arr.nbytes < self.min_bytes or arr.nbytes > self.max_bytes:
-            return
-        self.free[id(arr)] = arr
-        self.bytes += arr.nbytes
-        while self.bytes > self.max_bytes and self.free:
-            _, old = self.free.popitem(last=False)
-            self.bytes -= old.nbytes
-
-    def clear(self) -> None:
-        """Drop every pooled buffer (their memory goes back to the allocator). Local."""
-        self.free.clear()
-        self.bytes = 0
-
-    def take(self, shape, dtype):
-        for k, arr in reversed(self.free.items()):
-            if arr.shape == tuple(shape) and arr.dtype == dtype:
-                del self.free[k]
-                self.bytes -= arr.nbytes
-                self.reused += 1
-                return arr
-        return None
 
 
 _CONTEXTS: Dict[Any, ArrayContext] = {}

@@ -1,5 +1,10 @@
-"""Fresh memory of the buffer pool (``Base.ensure``): NumPy's allocator or anonymous mappings with a chosen
-transparent-hugepage advice.
+"""The buffer pool of the distributed arrays' local buffers (:class:`BufferCache`, ``Base.ensure``), and its fresh
+memory: NumPy's allocator or anonymous mappings with a chosen transparent-hugepage advice.
+
+``NBMPI_DISTARRAY_POOL_BYTES`` (read once, at import): the most bytes one rank's pool keeps, as a number of bytes
+or with a unit (``512M``, ``4G``). Default: a quarter of the machine's memory shared by the ranks on it
+(``MPI_LOCALNRANKS``, ``OMPI_COMM_WORLD_LOCAL_SIZE`` or ``SLURM_NTASKS_PER_NODE``; else the CPU count), at least
+1 GiB.
 
 ``NBMPI_DISTARRAY_HUGEPAGE`` (read once, at import):
 
@@ -23,11 +28,13 @@ from __future__ import annotations
 
 import mmap
 import os
-from typing import Optional, Tuple
+import weakref
+from collections import OrderedDict
+from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 
-__all__ = ["HUGEPAGE_ENV", "MAP_MIN_BYTES", "advice", "fresh"]
+__all__ = ["HUGEPAGE_ENV", "POOL_BYTES_ENV", "MAP_MIN_BYTES", "BufferCache", "advice", "fresh", "pool_bytes"]
 
 HUGEPAGE_ENV = "NBMPI_DISTARRAY_HUGEPAGE"
 #: The smallest buffer given a mapping of its own (glibc's largest dynamic mmap threshold).
@@ -60,3 +67,121 @@ def fresh(shape: Tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     m = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     m.madvise(advice)
     return np.frombuffer(m, dtype=dt).reshape(shape)
+
+
+POOL_BYTES_ENV = "NBMPI_DISTARRAY_POOL_BYTES"
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def _ranks_on_node(env) -> int:
+    for name in ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_NTASKS_PER_NODE"):
+        v = env.get(name, "").split("(")[0].split(",")[0].strip()
+        if v.isdigit() and int(v) > 0:
+            return int(v)
+    return os.cpu_count() or 1
+
+
+def pool_bytes(env=None) -> int:
+    """The pool's limit per rank (see the module doc): ``NBMPI_DISTARRAY_POOL_BYTES`` if set, else a quarter of the
+    machine's physical memory over the ranks on this node, at least 1 GiB. Raises ValueError naming the variable
+    for a value that is not a byte count."""
+    env = os.environ if env is None else env
+    v = env.get(POOL_BYTES_ENV, "").strip().lower().removesuffix("b").removesuffix("i")
+    if v:
+        unit = v[-1] if v[-1] in _UNITS else ""
+        num = v[:-1] if unit else v
+        try:
+            n = int(float(num) * _UNITS[unit])
+        except ValueError:
+            raise ValueError(f"{POOL_BYTES_ENV}={env[POOL_BYTES_ENV]!r}: use a byte count such as 1073741824, "
+                             "512M or 4G") from None
+        if n < 0:
+            raise ValueError(f"{POOL_BYTES_ENV}={env[POOL_BYTES_ENV]!r}: must not be negative")
+        return n
+    try:
+        phys = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return 1 << 30
+    return max(1 << 30, phys // 4 // _ranks_on_node(env))
+
+
+class BufferCache:
+    """Local buffers of bases that died, kept for the next base that needs memory (DistNumPy's lazy
+    de-allocation: a time loop that makes a new temporary each step reuses the same memory instead of faulting
+    in fresh pages; on this project's VM a fresh page costs about 12x a write to a warm one).
+
+    :meth:`take` serves a request with a kept buffer of the same shape and dtype, else with the smallest kept
+    buffer of at least its bytes and at most :attr:`slack` times them: a prefix of that buffer's memory in the
+    request's shape and dtype (so one program's or one step's freed arrays serve another's of other shapes).
+    When that view is given back (:meth:`give`), its whole buffer returns to the pool. At most ``max_bytes``
+    are kept (default :func:`pool_bytes`); the oldest go first. Only buffers never handed to the user
+    (``.local``) come here, and only of at least ``min_bytes`` (64 KiB; smaller ones are cheap to allocate).
+    ``allocated`` counts fresh allocations of at least ``min_bytes``, ``reused`` the allocations served from
+    the pool, ``released`` the buffers of dead temporaries given back during a force point, once its last unit
+    using them ran (:mod:`~.releases`), so that later units of the same force point reuse them. Local (one
+    rank's memory); not thread-safe (the rank's main thread uses it)."""
+
+    #: A request takes a kept buffer of another shape only if it needs at least 1/slack of its bytes.
+    slack = 2
+
+    def __init__(self, max_bytes: Optional[int] = None, min_bytes: int = 1 << 16):
+        self.max_bytes = pool_bytes() if max_bytes is None else max_bytes
+        self.min_bytes = min_bytes
+        self.bytes = 0
+        self.free: "OrderedDict[int, Any]" = OrderedDict()
+        #: id of a lent view -> (weak reference to the view, the whole buffer it is a prefix of)
+        self._lent: Dict[int, Tuple[Any, np.ndarray]] = {}
+        self.reused = 0
+        self.allocated = 0
+        self.released = 0
+
+    def give(self, arr: np.ndarray) -> None:
+        """Keep ``arr`` (a local buffer no one uses any more; a view :meth:`take` lent: its whole buffer)."""
+        lent = self._lent.pop(id(arr), None)
+        if lent is not None and lent[0]() is arr:
+            arr = lent[1]
+        if arr.nbytes < self.min_bytes or arr.nbytes > self.max_bytes:
+            return
+        self.free[id(arr)] = arr
+        self.bytes += arr.nbytes
+        while self.bytes > self.max_bytes and self.free:
+            _, old = self.free.popitem(last=False)
+            self.bytes -= old.nbytes
+
+    def clear(self) -> None:
+        """Drop every pooled buffer (their memory goes back to the allocator). Local."""
+        self.free.clear()
+        self.bytes = 0
+
+    def take(self, shape: Tuple[int, ...], dtype: Any) -> Optional[np.ndarray]:
+        """A kept buffer for a new C-contiguous array of ``shape`` and ``dtype`` (uninitialized; see the class
+        doc), removed from the pool, or None if none fits."""
+        shape = tuple(shape)
+        dtype = np.dtype(dtype)
+        need = dtype.itemsize
+        for s in shape:
+            need *= s
+        best = None
+        for k, arr in reversed(self.free.items()):
+            if arr.shape == shape and arr.dtype == dtype:
+                best = k
+                break
+            if (self.min_bytes <= need <= arr.nbytes <= self.slack * need
+                    and (best is None or arr.nbytes < self.free[best].nbytes)):
+                best = k
+        if best is None:
+            return None
+        arr = self.free.pop(best)
+        self.bytes -= arr.nbytes
+        self.reused += 1
+        if arr.shape == shape and arr.dtype == dtype:
+            return arr
+        view = arr.reshape(-1).view(np.uint8)[:need].view(dtype).reshape(shape)
+        key = id(view)
+        self._lent[key] = (weakref.ref(view, lambda ref, k=key: self._forget(k, ref)), arr)
+        return view
+
+    def _forget(self, key: int, ref: Any) -> None:
+        lent = self._lent.get(key)
+        if lent is not None and lent[0] is ref:
+            del self._lent[key]
