@@ -34,4 +34,23 @@ u = dnp.random.default_rng()
 x = u.random(8).to_numpy()
 allx = world().allgather(x)
 assert all(np.array_equal(allx[0], y) for y in allx)
+# draws go into pooled buffers: drawn again at the same size, they take the dead draw's memory (no fresh buffer)
+big = 3 * 8192 * world().Get_size()            # 192 KiB per rank: above the pool's 64 KiB minimum
+for name, draw in [("Generator.random", lambda: dnp.random.default_rng(5).random(big)),
+                   ("Generator.uniform", lambda: dnp.random.default_rng(5).uniform(2, 3, big)),
+                   ("random(seed=)", lambda: dnp.random.random(big, seed=5)),
+                   ("legacy random", lambda: dnp.random.random(big))]:
+    first = draw()
+    first.evaluate()
+    memory = first._base.local
+    del first
+    fresh = dnp.stats()["buffers_allocated"]
+    again = draw()
+    assert dnp.stats()["buffers_allocated"] == fresh and np.shares_memory(memory, again._base.local), \
+        f"{name}: drawn into fresh memory while the pool held the dead draw's buffer"
+    del again, memory
+np.random.seed(11)
+dnp.random.seed(11)
+same(dnp.random.default_rng(5).random(big), np.random.default_rng(5).random(big), "pooled Generator.random")
+same(dnp.random.random(big), np.random.random(big), "pooled legacy random")
 print(f"rank {world().Get_rank()}: random OK", flush=True)

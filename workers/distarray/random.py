@@ -15,6 +15,9 @@
   distributed too: each rank skips the MT19937 outputs before its rows (no values made) and draws
   only its own; the others draw every value on every rank (counted as fallback calls).
 
+Distributed draws fill pooled buffers (:class:`~.pool_memory.BufferCache`: a program run again draws into the
+memory of its last run's dead draws), the plain ``random`` ones in place (``Generator.random(out=)``).
+
 Every function here is SPMD: call it on every rank in the same order with the same arguments.
 """
 from __future__ import annotations
@@ -48,7 +51,7 @@ def _seed(ctx, seed: Optional[int]) -> int:
 def _fill_uniform(b, ctx, seed: int, low: float, high: float, use_uniform: bool) -> np.ndarray:
     shape = b.shape
     row = int(np.prod(shape[1:], dtype=np.int64)) if shape else 1
-    out = np.empty(b.local_shape(), dtype=np.float64)
+    out = b.ensure()          # a pooled buffer: a program run again draws into warm memory
     flat = out.reshape(-1)
     if b.replicated:
         g = np.random.default_rng(seed)
@@ -66,7 +69,10 @@ def _fill_uniform(b, ctx, seed: int, low: float, high: float, use_uniform: bool)
             g = np.random.Generator(bg)
             k = int(e - s) * row
             pos = int(s) * row
-            flat[pos:pos + k] = g.uniform(low, high, k) if use_uniform else g.random(k)
+            if use_uniform:
+                flat[pos:pos + k] = g.uniform(low, high, k)
+            else:
+                g.random(out=flat[pos:pos + k])     # drawn in place: no temporary of the rank's size
         return out
     g = np.random.default_rng(seed)
     chunk = 1 << 20
@@ -105,7 +111,7 @@ def uniform(low: float = 0.0, high: float = 1.0, size: Any = None, dist="block",
     shape = _shape(() if size is None else size)
     b, _ = _new(shape, np.float64, dist, comm, "random")
     s = _seed(ctx, seed)
-    b.set_local(_fill_uniform(b, ctx, s, low, high, not _plain))
+    _fill_uniform(b, ctx, s, low, high, not _plain)
     return DistArray(b, View.full(shape))
 
 
@@ -144,7 +150,7 @@ class Generator:
         shape = _shape(size)
         b, _ = _new(shape, np.float64, self._dist, self._comm, "random")
         row = int(np.prod(shape[1:], dtype=np.int64)) if shape else 1
-        out = np.empty(b.local_shape(), dtype=np.float64)
+        out = b.ensure()      # a pooled buffer (see _fill_uniform)
         flat = out.reshape(-1)
         rows = b.dist.global_rows(self._eng.rank) if not b.replicated else np.arange(shape[0] if shape else 1)
         if len(rows):
@@ -155,14 +161,16 @@ class Generator:
                 bg.advance(int(rows[s]) * row)
                 g = np.random.Generator(bg)
                 k, pos = int(e - s) * row, int(s) * row
-                flat[pos:pos + k] = g.random(k) if plain else g.uniform(low, high, k)
+                if plain:
+                    g.random(out=flat[pos:pos + k])   # drawn in place (see _fill_uniform)
+                else:
+                    flat[pos:pos + k] = g.uniform(low, high, k)
         # move past the whole draw; advance() drops a buffered 32-bit half, which NumPy's random() keeps
         kept = self._bg.state
         self._bg.advance(int(np.prod(shape, dtype=np.int64)))
         st = self._bg.state
         st["has_uint32"], st["uinteger"] = kept["has_uint32"], kept["uinteger"]
         self._bg.state = st
-        b.set_local(out)
         return DistArray(b, View.full(shape))
 
     def random(self, size: Any = None, dtype: Any = np.float64, out: Any = None) -> Any:
@@ -241,7 +249,7 @@ def _legacy_uniform(shape: tuple, dist: Any, comm: Any) -> DistArray:
     moves past the whole draw. Equal to NumPy's values; local (no communication)."""
     b, ctx = _new(shape, np.float64, dist, comm, "random")
     row = int(np.prod(shape[1:], dtype=np.int64))
-    out = np.empty(b.local_shape(), dtype=np.float64)
+    out = b.ensure()          # a pooled buffer (see _fill_uniform)
     flat = out.reshape(-1)
     shared = _LEGACY["state"]._bit_generator
     rows = b.dist.global_rows(ctx.rank) if not b.replicated else np.arange(shape[0])
@@ -255,7 +263,6 @@ def _legacy_uniform(shape: tuple, dist: Any, comm: Any) -> DistArray:
             k, pos = int(e - s) * row, int(s) * row
             flat[pos:pos + k] = draw.random_sample(k)
     shared.random_raw(2 * int(np.prod(shape, dtype=np.int64)), output=False)
-    b.set_local(out)
     return DistArray(b, View.full(shape))
 
 
