@@ -1,10 +1,10 @@
 """The buffer pool of the distributed arrays' local buffers (:class:`BufferCache`, ``Base.ensure``), and its fresh
 memory: NumPy's allocator or anonymous mappings with a chosen transparent-hugepage advice.
 
-``NBMPI_DISTARRAY_POOL_BYTES`` (read once, at import): the most bytes one rank's pool keeps, as a number of bytes
-or with a unit (``512M``, ``4G``). Default: a quarter of the machine's memory shared by the ranks on it
-(``MPI_LOCALNRANKS``, ``OMPI_COMM_WORLD_LOCAL_SIZE`` or ``SLURM_NTASKS_PER_NODE``; else the CPU count), at least
-1 GiB.
+``NBMPI_DISTARRAY_POOL_BYTES`` (read when a communicator's array context is made): the most bytes one rank's pool keeps, as a number of bytes
+or with a unit (``512M``, ``4G``); default 1 GiB. A larger pool measured no better here (seven benchmark programs
+in one process on 2 ranks, 1 GiB against 3 GiB: first runs and warm runs within the noise), and memory the pool
+keeps is memory the program's own NumPy arrays cannot use.
 
 ``NBMPI_DISTARRAY_HUGEPAGE`` (read once, at import):
 
@@ -73,18 +73,9 @@ POOL_BYTES_ENV = "NBMPI_DISTARRAY_POOL_BYTES"
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
 
-def _ranks_on_node(env) -> int:
-    for name in ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_NTASKS_PER_NODE"):
-        v = env.get(name, "").split("(")[0].split(",")[0].strip()
-        if v.isdigit() and int(v) > 0:
-            return int(v)
-    return os.cpu_count() or 1
-
-
 def pool_bytes(env=None) -> int:
-    """The pool's limit per rank (see the module doc): ``NBMPI_DISTARRAY_POOL_BYTES`` if set, else a quarter of the
-    machine's physical memory over the ranks on this node, at least 1 GiB. Raises ValueError naming the variable
-    for a value that is not a byte count."""
+    """The pool's limit per rank (see the module doc): ``NBMPI_DISTARRAY_POOL_BYTES`` if set, else 1 GiB. Raises
+    ValueError naming the variable for a value that is not a byte count."""
     env = os.environ if env is None else env
     v = env.get(POOL_BYTES_ENV, "").strip().lower().removesuffix("b").removesuffix("i")
     if v:
@@ -98,11 +89,7 @@ def pool_bytes(env=None) -> int:
         if n < 0:
             raise ValueError(f"{POOL_BYTES_ENV}={env[POOL_BYTES_ENV]!r}: must not be negative")
         return n
-    try:
-        phys = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError):
-        return 1 << 30
-    return max(1 << 30, phys // 4 // _ranks_on_node(env))
+    return 1 << 30
 
 
 class BufferCache:
