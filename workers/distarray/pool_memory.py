@@ -2,9 +2,9 @@
 memory: NumPy's allocator or anonymous mappings with a chosen transparent-hugepage advice.
 
 ``NBMPI_DISTARRAY_POOL_BYTES`` (read when a communicator's array context is made): the most bytes one rank's pool
-keeps, as a number of bytes or with a unit (``512M``, ``4G``); default 1 GiB. A larger pool measured no better here (seven benchmark programs
-in one process on 2 ranks, 1 GiB against 3 GiB: first runs and warm runs within the noise), and memory the pool
-keeps is memory the program's own NumPy arrays cannot use.
+keeps, as a number of bytes or with a unit (``512M``, ``4G``); default 1 GiB. A larger pool measured no better
+here (seven benchmark programs in one process on 2 ranks, 1 GiB against 3 GiB: first runs and warm runs within
+the noise), and memory the pool keeps is memory the program's own NumPy arrays cannot use.
 
 ``NBMPI_DISTARRAY_HUGEPAGE`` (read once, at import):
 
