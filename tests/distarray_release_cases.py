@@ -48,10 +48,10 @@ def run(step, hiding):
     dnp.configure(latency_hiding=hiding)
     u = dnp.from_numpy(x0)
     dnp.evaluate()
+    dnp.context_for().buffers.clear()  # every buffer the loop takes is fresh or released in its force point
+    s0 = dnp.stats()              # (zeros_like's buffers are taken in the force point, filled there)
     for _ in range(STEPS):
         u = step(u, dnp)
-    dnp.context_for().buffers.clear()  # every buffer of the force point below is fresh or released in it
-    s0 = dnp.stats()
     got = u.to_numpy()            # the one force point of the loop
     s1 = dnp.stats()
     assert s1["flushes"] == s0["flushes"] + 1, "the loop was evaluated in more than one force point"

@@ -58,7 +58,7 @@ class Base:
 
     __slots__ = ("context", "serial", "shape", "dtype", "dist", "local", "flat", "nviews", "exported",
                  "temp", "origin", "origin_code", "pooled", "replicated", "_sig_head", "owner", "aliases",
-                 "grid", "join", "__weakref__")
+                 "grid", "join", "fill", "__weakref__")
 
     def __init__(self, context, shape: Tuple[int, ...], dtype: np.dtype, dist: Distribution, temp: bool = False,
                  origin: str = ""):
@@ -79,6 +79,8 @@ class Base:
         self.aliases: Optional[List[Any]] = None
         self.grid: Optional["Base"] = None
         self.join: Optional[List[Any]] = None
+        #: ``zeros``/``ones``: the value the buffer is set to when :meth:`ensure` takes it (None: nothing)
+        self.fill: Any = None
         self.origin = origin
         self.origin_code = zlib.crc32(origin.encode()) if origin else 0
         self._sig_head: Optional[Tuple[int, ...]] = None
@@ -102,7 +104,8 @@ class Base:
 
     def ensure(self) -> np.ndarray:
         """This rank's local buffer, allocated (uninitialized) on first use; a buffer of the same
-        shape and dtype left by a base that died is reused (no fresh pages to fault in). A lazy grid
+        shape and dtype left by a base that died is reused (no fresh pages to fault in); a base made by ``zeros`` or
+        ``ones`` (``fill`` set) is filled then. A lazy grid
         (``grid`` set) is materialised: its new buffer is filled with its coordinates, and it becomes an
         ordinary base. A lazy join (``join`` set) is materialised and evaluated at once: a force point,
         collective (only collective calls reach it; a task using it materialised it when it was recorded)."""
@@ -124,6 +127,9 @@ class Base:
                 else:
                     arr = np.empty(shape, dtype=self.dtype)
             self.set_local(arr, pooled=True)
+            if self.fill is not None:
+                arr.fill(self.fill)
+                self.fill = None
             if self.grid is not None:
                 coords, self.grid = self.grid, None
                 self.context.lazy_grids -= 1
