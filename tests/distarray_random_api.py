@@ -53,4 +53,11 @@ np.random.seed(11)
 dnp.random.seed(11)
 same(dnp.random.default_rng(5).random(big), np.random.default_rng(5).random(big), "pooled Generator.random")
 same(dnp.random.random(big), np.random.random(big), "pooled legacy random")
+# legacy draws larger than one random_sample chunk (2**18 doubles), in one run and in several runs per rank
+np.random.seed(5)
+dnp.random.seed(5)
+for dist in ("block", ("block-cyclic", 100_000)):
+    same(dnp.random.random(300_001 * world().Get_size(), dist=dist), np.random.random(300_001 * world().Get_size()),
+         f"legacy random in chunks {dist}")
+same(dnp.random.random(7), np.random.random(7), "legacy state after large draws")
 print(f"rank {world().Get_rank()}: random OK", flush=True)

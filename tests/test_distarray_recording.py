@@ -117,6 +117,23 @@ def test_scalar_placement_equals_vectorized(kind, block):
                     assert all(type(x) is int for x in d.block_range(q))
 
 
+@pytest.mark.parametrize("kind,block", [("block", 1), ("cyclic", 1), ("block-cyclic", 2), ("block-cyclic", 3),
+                                        ("replicated", 1)])
+def test_local_runs_are_the_global_rows_in_runs(kind, block):
+    """``local_runs`` (closed form, used by the distributed random draws) lists ``global_rows`` as maximal
+    ``(first, count)`` runs in local order, none empty; ``local_run_count`` is their number."""
+    for nranks in (1, 2, 3, 4):
+        for nrows in range(0, 14):
+            d = Distribution(kind, nrows, nranks, block)
+            for q in range(nranks):
+                runs = d.local_runs(q)
+                rows = [a + i for a, c in runs for i in range(c)]
+                assert rows == d.global_rows(q).tolist(), (d, q, runs)
+                assert all(c > 0 and type(a) is int and type(c) is int for a, c in runs), (d, q, runs)
+                assert all(a1 > a0 + c0 for (a0, c0), (a1, _) in zip(runs, runs[1:])), (d, q, runs)
+                assert d.local_run_count(q) == len(runs)
+
+
 @pytest.mark.parametrize("n", [1, 2, 3])
 def test_recording_shortcuts_give_numpy_results(run_mpi, kernel_cache, n):
     run_sections(run_mpi, kernel_cache, "distarray_recording.py", n,

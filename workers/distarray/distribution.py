@@ -179,6 +179,28 @@ class Distribution:
         rows = (starts[:, None] + np.arange(b, dtype=np.int64)[None, :]).ravel()
         return rows[rows < self.nrows]
 
+    def local_runs(self, rank: int) -> List[Tuple[int, int]]:
+        """Runs of consecutive global rows stored on ``rank``, in local storage order, as ``(first row, count)``
+        pairs, maximal, in closed form (no array of every row: :meth:`global_rows` of a 35M-row block is 280 MB).
+        One run for ``block``, ``replicated`` and one rank, one per block for ``cyclic``/``block-cyclic`` (see
+        :meth:`local_run_count` before asking for many)."""
+        n = self.nrows
+        if self.kind == "replicated":
+            return [(0, n)] if n else []
+        if self.kind == "block":
+            lo, hi = int(self._offsets[rank]), int(self._offsets[rank + 1])
+            return [(lo, hi - lo)] if hi > lo else []
+        b, p = self.block, self.nranks
+        if p == 1:
+            return [(0, n)] if n else []
+        return [(s, min(b, n - s)) for s in range(rank * b, n, p * b)]
+
+    def local_run_count(self, rank: int) -> int:
+        """``len(self.local_runs(rank))``, without making them."""
+        if self.kind in ("replicated", "block") or self.nranks == 1:
+            return 1 if self.local_count(rank) else 0
+        return len(range(rank * self.block, self.nrows, self.nranks * self.block))
+
     def block_range(self, rank: int) -> Tuple[int, int]:
         """``(first, stop)`` global rows of ``rank`` for a ``block`` distribution."""
         if self.kind != "block":

@@ -36,6 +36,8 @@ from .indexing import View
 __all__ = ["random", "uniform", "default_rng", "Generator", "seed"]
 
 _MAX_JUMPS = 4096
+#: Doubles per ``random_sample`` call of a distributed legacy draw (2 MiB temporaries).
+_LEGACY_CHUNK = 1 << 18
 
 
 def _seed(ctx, seed: Optional[int]) -> int:
@@ -57,23 +59,20 @@ def _fill_uniform(b, ctx, seed: int, low: float, high: float, use_uniform: bool)
         g = np.random.default_rng(seed)
         flat[:] = g.uniform(low, high, flat.size) if use_uniform else g.random(flat.size)
         return out
-    rows = b.dist.global_rows(ctx.rank)
-    if len(rows) == 0:
-        return out
-    starts = np.flatnonzero(np.diff(rows, prepend=rows[0] - 2) != 1)
-    if len(starts) <= _MAX_JUMPS:
-        ends = np.append(starts[1:], len(rows))
-        for s, e in zip(starts, ends):
+    if b.dist.local_run_count(ctx.rank) <= _MAX_JUMPS:
+        pos = 0
+        for first, count in b.dist.local_runs(ctx.rank):   # closed form: no array of the rank's rows
             bg = np.random.PCG64(seed)
-            bg.advance(int(rows[s]) * row)
+            bg.advance(first * row)
             g = np.random.Generator(bg)
-            k = int(e - s) * row
-            pos = int(s) * row
+            k = count * row
             if use_uniform:
                 flat[pos:pos + k] = g.uniform(low, high, k)
             else:
                 g.random(out=flat[pos:pos + k])     # drawn in place: no temporary of the rank's size
+            pos += k
         return out
+    rows = b.dist.global_rows(ctx.rank)
     g = np.random.default_rng(seed)
     chunk = 1 << 20
     total = b.shape[0]
@@ -152,19 +151,19 @@ class Generator:
         row = int(np.prod(shape[1:], dtype=np.int64)) if shape else 1
         out = b.ensure()      # a pooled buffer (see _fill_uniform)
         flat = out.reshape(-1)
-        rows = b.dist.global_rows(self._eng.rank) if not b.replicated else np.arange(shape[0] if shape else 1)
-        if len(rows):
-            starts = np.flatnonzero(np.diff(rows, prepend=rows[0] - 2) != 1)
-            for s, e in zip(starts, np.append(starts[1:], len(rows))):
-                bg = np.random.PCG64()
-                bg.state = self._bg.state
-                bg.advance(int(rows[s]) * row)
-                g = np.random.Generator(bg)
-                k, pos = int(e - s) * row, int(s) * row
-                if plain:
-                    g.random(out=flat[pos:pos + k])   # drawn in place (see _fill_uniform)
-                else:
-                    flat[pos:pos + k] = g.uniform(low, high, k)
+        runs = b.dist.local_runs(self._eng.rank) if shape else [(0, 1)]
+        pos = 0
+        for first, count in runs:
+            bg = np.random.PCG64()
+            bg.state = self._bg.state
+            bg.advance(first * row)
+            g = np.random.Generator(bg)
+            k = count * row
+            if plain:
+                g.random(out=flat[pos:pos + k])   # drawn in place (see _fill_uniform)
+            else:
+                flat[pos:pos + k] = g.uniform(low, high, k)
+            pos += k
         # move past the whole draw; advance() drops a buffered 32-bit half, which NumPy's random() keeps
         kept = self._bg.state
         self._bg.advance(int(np.prod(shape, dtype=np.int64)))
@@ -245,24 +244,26 @@ def _legacy_uniform_size(name: str, args: tuple, kwargs: dict) -> Optional[tuple
 def _legacy_uniform(shape: tuple, dist: Any, comm: Any) -> DistArray:
     """``RandomState.random_sample(shape)`` of the shared legacy state, drawn distributed: each rank copies
     the MT19937 state, skips (``random_raw(output=False)``, no values made) the 32-bit outputs of the rows
-    before each of its runs of rows (two per double) and draws only its own; then every rank's shared state
-    moves past the whole draw. Equal to NumPy's values; local (no communication)."""
+    before each of its runs of rows (two per double) and draws only its own; it then skips the rows after its
+    last run, and its shared state takes that copy's state, past the whole draw (each rank walks the stream
+    once). Equal to NumPy's values; local (no communication)."""
     b, ctx = _new(shape, np.float64, dist, comm, "random")
     row = int(np.prod(shape[1:], dtype=np.int64))
     out = b.ensure()          # a pooled buffer (see _fill_uniform)
     flat = out.reshape(-1)
     shared = _LEGACY["state"]._bit_generator
-    rows = b.dist.global_rows(ctx.rank) if not b.replicated else np.arange(shape[0])
-    if len(rows):
-        starts = np.flatnonzero(np.diff(rows, prepend=rows[0] - 2) != 1)
-        bg = np.random.MT19937()
-        draw = np.random.RandomState(bg)
-        for s, e in zip(starts, np.append(starts[1:], len(rows))):
-            bg.state = shared.state
-            bg.random_raw(2 * int(rows[s]) * row, output=False)
-            k, pos = int(e - s) * row, int(s) * row
-            flat[pos:pos + k] = draw.random_sample(k)
-    shared.random_raw(2 * int(np.prod(shape, dtype=np.int64)), output=False)
+    bg = np.random.MT19937()
+    draw = np.random.RandomState(bg)
+    bg.state = shared.state
+    pos = done = 0              # done: the rows whose outputs the copy has drawn or skipped
+    for first, count in b.dist.local_runs(ctx.rank):
+        bg.random_raw(2 * (first - done) * row, output=False)   # skip the rows between runs, once
+        for c in range(0, count * row, _LEGACY_CHUNK):           # chunks: no temporary of the rank's size
+            m = min(_LEGACY_CHUNK, count * row - c)
+            flat[pos + c:pos + c + m] = draw.random_sample(m)
+        pos, done = pos + count * row, first + count
+    bg.random_raw(2 * (shape[0] - done) * row, output=False)    # the rest of the draw: the shared state follows
+    shared.state = bg.state
     return DistArray(b, View.full(shape))
 
 
