@@ -88,6 +88,7 @@ RUNTIME_VARIABLES = {
     "NBMPI_DISTARRAY_NUMPY_MATH": "nbmpi.workers.distarray.context (numpy_math)",
     "NBMPI_DISTARRAY_GC_FREEZE": "nbmpi.workers.distarray.context",
     "NBMPI_DISTARRAY_HUGEPAGE": "nbmpi.workers.distarray.pool_memory",
+    "NBMPI_DISTARRAY_POOL_BYTES": "nbmpi.workers.distarray.pool_memory",
     "NBMPI_DISTARRAY_GC_PAUSE": "nbmpi.workers.distarray.context",
     "NBMPI_JIT_WARMUP": "nbmpi.workers.core.jit_warmup",
     "NBMPI_REPORT_COVERAGE": "nbmpi.workers.distarray.fallback",
