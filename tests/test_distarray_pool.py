@@ -74,7 +74,7 @@ def test_pool_bytes_reads_the_variable(value, expected):
     assert pool_bytes({POOL_BYTES_ENV: value}) == expected
 
 
-@pytest.mark.parametrize("value", ["lots", "4X", "-1G", "G"])
+@pytest.mark.parametrize("value", ["lots", "4X", "-1G", "G", "inf", "nan"])
 def test_pool_bytes_rejects_what_is_not_a_byte_count(value):
     with pytest.raises(ValueError, match=POOL_BYTES_ENV):
         pool_bytes({POOL_BYTES_ENV: value})

@@ -83,7 +83,7 @@ def pool_bytes(env=None) -> int:
         num = v[:-1] if unit else v
         try:
             n = int(float(num) * _UNITS[unit])
-        except ValueError:
+        except (ValueError, OverflowError):     # OverflowError: inf
             raise ValueError(f"{POOL_BYTES_ENV}={env[POOL_BYTES_ENV]!r}: use a byte count such as 1073741824, "
                              "512M or 4G") from None
         if n < 0:
