@@ -60,3 +60,48 @@ def test_concurrent_writers_then_a_new_process_compiles_nothing(tmp_path):
     assert later["out"] == first[0]["out"]
     st = later["stats"]
     assert st["compiled"] == 0 and st["loaded"] == st["signatures"] == first[0]["stats"]["signatures"], st
+
+
+
+STATS_BETWEEN_CALLS = """
+import json
+import numba
+import nbmpi.workers.distarray as np
+from nbmpi.workers.distarray import fused_kernels
+seen = []
+for dtype in ("float64", "int64", "float32"):       # a new kernel each
+    x = np.arange(1000).astype(dtype)
+    float((x * 3 + 1).sum())
+    seen.append(np.kernel_stats())
+    seen.append(np.kernel_stats())                  # read twice in a row: the same
+k = numba.njit(lambda v: v + 1)                     # one kernel gaining signatures between reads
+fused_kernels._KERNELS["test: one kernel, three signatures"] = k
+grown = []
+for v in (1, 1.5, 1j):
+    k(v)
+    grown.append(np.kernel_stats()["signatures"])
+print(json.dumps(dict(seen=seen, grown=grown)))
+"""
+
+
+def test_kernel_stats_read_between_calls_count_every_new_signature(tmp_path):
+    """``kernel_stats()`` keeps each kernel's counts between reads, and counts anew a kernel that gained a
+    signature after a read; new kernels count as compiled on an empty cache, as loaded from a full one, and as
+    compiled with the cache off (``NBMPI_DISTARRAY_CACHE=off``: kernels compiled in memory only)."""
+    cache = str(tmp_path / "kernels")
+    for run, where in (("empty cache", cache), ("full cache", cache), ("cache off", "off")):
+        env = {**os.environ, "NBMPI_DISTARRAY_CACHE": where}
+        p = subprocess.run([sys.executable, "-c", STATS_BETWEEN_CALLS], env=env, capture_output=True, text=True,
+                           timeout=300)
+        assert_ok(p)
+        out = json.loads(p.stdout.strip().splitlines()[-1])
+        seen = out["seen"]
+        for a, b in zip(seen[::2], seen[1::2]):
+            assert a == b, (run, seen)
+        sigs = [s["signatures"] for s in seen[::2]]
+        assert sigs[0] < sigs[1] < sigs[2], (run, seen)
+        key = "loaded" if run == "full cache" else "compiled"
+        assert [s[key] for s in seen[::2]] == sigs, (run, key, seen)
+        other = "compiled" if run == "full cache" else "loaded"
+        assert all(s[other] == 0 for s in seen), (run, other, seen)
+        assert out["grown"] == [sigs[2] + 1, sigs[2] + 2, sigs[2] + 3], (run, out)

@@ -89,6 +89,7 @@ _LOGICAL = ("logical_and", "logical_or", "logical_not")
 _lock = threading.Lock()
 _KERNELS: Dict[Any, Any] = {}
 _STATS = dict(generated=0, memory_hits=0)
+_COUNTS: Dict[int, Tuple[int, Tuple[int, int, int]]] = {}   # id(kernel) -> (overloads, counts); kernels live forever
 
 
 def cache_dir() -> Optional[str]:
@@ -446,6 +447,9 @@ def _load_module(name: str, src: str):
     import types
 
     mod = types.ModuleType(f"nbmpi_distarray_kernels_{name}")
+    # numba's cache needs a source file: without one (``NBMPI_DISTARRAY_CACHE=off``, a read-only directory) the
+    # kernel is compiled in memory only
+    src = src.replace("numba.njit(cache=True, ", "numba.njit(cache=False, ", 1)
     exec(compile(header + src, f"<nbmpi distarray kernel {name}>", "exec"), mod.__dict__)  # noqa: S102
     return mod, False
 
@@ -465,25 +469,39 @@ def get_kernel(spec: KernelSpec):
         digest = hashlib.blake2b(raw.encode(), digest_size=10).hexdigest()
         name = f"k_{digest}"
         src = spec.source(name).replace(f"def {name}", f"@numba.njit(cache=True, nogil=True, error_model='numpy')\ndef {name}")
-        mod, on_disk = _load_module(name, src)
+        mod, _on_disk = _load_module(name, src)
         k = getattr(mod, name)
-        if not on_disk:
-            k = numba.njit(nogil=True, error_model="numpy")(k.py_func)
         _KERNELS[spec.key] = k
         _STATS["generated"] += 1
         return k
 
 
+def _kernel_counts(k) -> Tuple[int, int, int]:
+    """(signatures, compiled, loaded) of one dispatcher. numba builds its ``signatures`` and ``stats`` anew on
+    every access (tens of microseconds), and both change only when an overload is added (compiled or loaded
+    from the cache), so they are read once per overload count and kept in ``_COUNTS``."""
+    n = len(k.overloads)
+    memo = _COUNTS.get(id(k))
+    if memo is not None and memo[0] == n:
+        return memo[1]
+    st = k.stats
+    sigs = len(k.signatures)
+    counts = (sigs, sum(st.cache_misses.values()) if st.cache_path else sigs, sum(st.cache_hits.values()))
+    _COUNTS[id(k)] = (n, counts)
+    return counts
+
+
 def kernel_stats() -> Dict[str, int]:
     """Counters of this process: ``kernels`` (distinct expression shapes generated), ``signatures``
     (compiled or loaded type signatures), ``compiled`` (numba compilations), ``loaded`` (signatures
-    loaded from the on-disk cache), ``memory_hits`` (lookups answered from memory)."""
+    loaded from the on-disk cache), ``memory_hits`` (lookups answered from memory). Cheap: each kernel's
+    counts are re-read only after it gained a signature."""
     sigs = compiled = loaded = 0
     for k in list(_KERNELS.values()):
-        sigs += len(k.signatures)
-        st = k.stats
-        compiled += sum(st.cache_misses.values()) if st.cache_path else len(k.signatures)
-        loaded += sum(st.cache_hits.values())
+        s, c, ld = _kernel_counts(k)
+        sigs += s
+        compiled += c
+        loaded += ld
     return dict(kernels=len(_KERNELS), signatures=sigs, compiled=compiled, loaded=loaded,
                 memory_hits=_STATS["memory_hits"])
 
