@@ -13,6 +13,22 @@ REPO = Path(__file__).resolve().parent.parent
 TESTS = REPO / "tests"
 
 
+def _interrupt_on_sigterm(signum, frame):
+    raise KeyboardInterrupt(f"pytest received signal {signum} (e.g. CI's timeout)")
+
+
+def pytest_configure(config):
+    """A SIGTERM (``timeout`` in ``.ci/run``, a CI runner cancelling the job) interrupts the run like Ctrl-C, so
+    pytest still tears the fixtures down: the Slurm daemons, controllers, network namespaces and bridges the
+    tests started are stopped and removed, and MPI finalizes (no ``mpich_shm_*`` segment left in /dev/shm).
+    Python's default for SIGTERM would end the process at once and leave all of them behind."""
+    import signal
+    import threading
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _interrupt_on_sigterm)
+
+
 def nbmpi_run(tmp_path: Path, code: str, n: int = 2, timeout: float = 120, env=None, args=()):
     """Write ``code`` (dedented) to a script and run it with ``nbmpi run -n n``.
 
