@@ -8,7 +8,7 @@ real ``nbmpi serve`` (127.0.0.1, free port, temporary data directory, ``--max-ra
   launch path without the service (:func:`nbmpi.workers.launch.launcher.run` called in this process:
   mpiexec, rank guards, rank_entry, trace), and ``nbmpi run -n 2`` as a user types it (which also
   pays for starting the ``nbmpi`` command); the load average is recorded with every sample;
-* a burst: N trivial 1-rank jobs submitted at once (16 concurrent clients; N = 1000, 50 with
+* a burst: N trivial 1-rank jobs submitted at once (16 concurrent clients; N = 1000, 20 with
   --quick): how many succeeded, none lost or missing, the most ranks the records show running at
   once (must stay within --max-ranks), and the slowest ``/api/health`` answer while it ran
   (polled every 100 ms; target within 1 s).
@@ -156,11 +156,11 @@ def burst(url: str, token: str, n: int) -> dict:
 
 
 def main() -> int:
-    ap = benchmark_parser(__doc__, "3 latency samples and a burst of 50 (the test suite)")
+    ap = benchmark_parser(__doc__, "3 latency samples and a burst of 20 (the test suite)")
     ap.add_argument("--burst", type=int, default=None, metavar="N", help="jobs in the burst (default 1000)")
     args = ap.parse_args()
     samples = 3 if args.quick else 10
-    burst_n = args.burst or (50 if args.quick else 1000)
+    burst_n = args.burst or (20 if args.quick else 1000)
     name = "server_jobs_quick" if args.quick else "server_jobs"
     tmp = Path(tempfile.mkdtemp(prefix="nbmpi-bench-server-"))
     script = tmp / "trivial.py"

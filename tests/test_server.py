@@ -486,7 +486,7 @@ def test_benchmark_quick(tmp_path):
     assert p.returncode == 0, p.stdout + p.stderr
     data = json.loads((out / "server_jobs_quick.json").read_text())
     b = data["burst"]
-    assert b["submitted"] == 50 and b["succeeded"] == 50 and b["lost"] == 0 and b["missing_records"] == 0, b
+    assert b["submitted"] == 20 and b["succeeded"] == 20 and b["lost"] == 0 and b["missing_records"] == 0, b
     assert 1 <= b["max_concurrent_ranks"] <= b["max_ranks"] == 4, b   # capacity is never exceeded
     assert b["health_samples"] > 0 and data["latency"]["samples"] == 3
     assert {t["status"] for t in data["targets"]} <= {"PASS", "FAIL"} and len(data["targets"]) == 5
