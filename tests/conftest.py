@@ -110,19 +110,6 @@ def _shm_names():
         return set()
 
 
-@pytest.fixture(scope="session", autouse=True)
-def no_shared_memory_left_behind():
-    """After the whole suite, no MPI or nbmpi shared-memory segment created during it may remain in
-    /dev/shm unless a live process still maps it (killed ranks must not leak their segments)."""
-    before = _shm_names()
-    yield
-    from nbmpi.workers.launch.processes import segments_in_use
-
-    new = {str(SHM / n) for n in _shm_names() - before}
-    leaked = sorted(new - segments_in_use(new))
-    assert not leaked, f"the test suite left {len(leaked)} shared-memory segments in /dev/shm: {leaked[:10]}"
-
-
 def _controller_cgroups():
     """The per-controller cgroup directories (``<cgroup root>/nbmpi/c-*``) that exist now."""
     try:
@@ -136,15 +123,63 @@ def _controller_cgroups():
     return found
 
 
-@pytest.fixture(scope="session", autouse=True)
-def no_controller_cgroup_left_behind():
-    """After the whole suite, remove the per-controller cgroup directories it made (a controller the
-    tests killed with SIGKILL cannot remove its own): only empty ones, which ``rmdir`` alone can remove
-    (a cgroup with a live process or a job cgroup below it stays, and is not ours to end here)."""
-    before = _controller_cgroups()
-    yield
-    for path in _controller_cgroups() - before:
+#: modules that must not run beside each other on two pytest-xdist workers: the same UNIX accounts
+#: (test_slurm takes test_isolation's), one private address range picked as "the first free /24" (virtual clusters)
+SHARED_GROUPS = {
+    "accounts": ("test_isolation", "test_containment", "test_slurm"),
+    "virtual-cluster": ("test_cluster", "test_cluster_pools", "test_notebooks", "test_serve_hosts", "test_slurm_nodes"),
+}
+_GROUP_OF = {m: g for g, mods in SHARED_GROUPS.items() for m in mods}
+
+
+def pytest_itemcollected(item):
+    """Under ``pytest -n 2 --dist loadgroup`` (the README's test command) a module runs whole, in order, on one
+    worker (its module fixtures once; test_slurm's ordered tests in order); the modules of one of
+    :data:`SHARED_GROUPS` share a worker. (Marked as each test is collected: pytest-xdist reads the marks in its
+    own ``pytest_collection_modifyitems``.)"""
+    mod = item.module.__name__.rsplit(".", 1)[-1] if getattr(item, "module", None) else item.nodeid
+    item.add_marker(pytest.mark.xdist_group(_GROUP_OF.get(mod, mod)))
+
+
+def _is_xdist_worker(config) -> bool:
+    return hasattr(config, "workerinput")
+
+
+def pytest_sessionstart(session):
+    """Note the /dev/shm segments and controller cgroups that exist before the suite (in the process that runs
+    the whole session: pytest alone, or pytest-xdist's controller, which outlives its workers)."""
+    if not _is_xdist_worker(session.config):
+        session.config._nbmpi_before = (_shm_names(), _controller_cgroups())
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session, exitstatus):
+    """After the whole suite (every fixture torn down, every xdist worker ended):
+
+    * no MPI or nbmpi shared-memory segment created during it may remain in /dev/shm unless a live process
+      still maps it (killed ranks must not leak their segments): else the run fails, naming them;
+    * the per-controller cgroup directories it made are removed (a controller the tests killed with SIGKILL
+      cannot remove its own): only empty ones, which ``rmdir`` alone can remove (a cgroup with a live process
+      or a job cgroup below it stays, and is not ours to end here).
+    """
+    before = getattr(session.config, "_nbmpi_before", None)
+    if before is None:
+        return
+    shm_before, cgroups_before = before
+    for path in _controller_cgroups() - cgroups_before:
         try:
             os.rmdir(path)
         except OSError:
             pass
+    from nbmpi.workers.launch.processes import segments_in_use
+
+    new = {str(SHM / n) for n in _shm_names() - shm_before}
+    leaked = sorted(new - segments_in_use(new))
+    if leaked:
+        tr = session.config.pluginmanager.get_plugin("terminalreporter")
+        msg = f"the test suite left {len(leaked)} shared-memory segments in /dev/shm: {leaked[:10]}"
+        if tr is not None:
+            tr.write_line(f"FAILED (leftovers): {msg}", red=True)
+        else:
+            print(msg, file=sys.stderr)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
