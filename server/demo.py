@@ -30,7 +30,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 EXAMPLE = Path(__file__).resolve().parent / "example_job.py"
 
@@ -101,6 +101,20 @@ def stop_service(proc: subprocess.Popen, timeout: float = 30) -> None:
         proc.wait()
 
 
+def remove_data_dir(d: Path, attempts: int = 30) -> List[str]:
+    """Remove the directory ``d`` and everything in it. A removal that fails (something of the
+    stopped service still finishing) is retried every 0.1 s, ``attempts`` times in all. Returns what
+    could not be removed, each with its error (empty: ``d`` is gone)."""
+    errors: List[str] = []
+    for _ in range(attempts):
+        errors.clear()
+        shutil.rmtree(d, onerror=lambda fn, path, exc: errors.append(f"{path}: {exc[1]}"))
+        if not d.exists():
+            return []
+        time.sleep(0.1)
+    return errors or [f"{p}: still there" for p in sorted(d.rglob("*"))[:20]] or [f"{d}: still there"]
+
+
 def main(data_dir: Optional[str] = None, ranks: int = 2, keep: bool = False) -> int:
     """Run the demo; returns the example job's exit code. ``keep`` leaves the controller running."""
     from .client import ApiError, Client
@@ -147,15 +161,19 @@ def main(data_dir: Optional[str] = None, ranks: int = 2, keep: bool = False) -> 
     except BaseException:
         stop_service(proc)
         if temporary:
-            shutil.rmtree(d, ignore_errors=True)
+            remove_data_dir(d)
         raise
     if keep:
         print(f"== the controller keeps running (pid {proc.pid}, output in {d / 'serve.log'}); stop it with: "
               f"kill {proc.pid}" + (f" and remove {d} (it holds the token)" if temporary else ""), flush=True)
     else:
         stop_service(proc)
-        if temporary:   # it holds a token and the job's files: nothing of the demo stays behind
-            shutil.rmtree(d, ignore_errors=True)
+        left = remove_data_dir(d) if temporary else []
+        if temporary and left:   # never claim a removal that did not happen: the directory holds a token
+            print(f"== controller stopped; its temporary data directory {d} could NOT be removed entirely "
+                  f"(remove it yourself, it holds the token): " + "; ".join(left), file=sys.stderr, flush=True)
+            rc = rc or 1
+        elif temporary:   # it holds a token and the job's files: nothing of the demo stays behind
             print(f"== controller stopped; its temporary data directory {d} was removed (run `nbmpi demo --keep` "
                   "to keep both and open the dashboard)", flush=True)
         else:

@@ -761,7 +761,28 @@ def test_demo_main_job(tmp_path):
     assert p.returncode == 0, p.stdout + p.stderr
     assert "temporary data directory" in p.stdout and "was removed" in p.stdout
     assert "== Chrome trace" not in p.stdout and "== dashboard" not in p.stdout, p.stdout
-    assert not [x for x in tmp.iterdir() if x.name.startswith("nbmpi-demo-")], list(tmp.iterdir())
+    assert not [x for x in tmp.iterdir() if x.name.startswith("nbmpi-demo-")], sorted(tmp.rglob("*"))
+
+
+def test_demo_removal_names_what_stays(tmp_path):
+    """The demo's temporary directory is removed whole; what cannot be removed (here a mount point,
+    which rmdir refuses with EBUSY on every retry) is named with its error, never reported as removed."""
+    from nbmpi.server.demo import remove_data_dir
+
+    d = tmp_path / "done"
+    (d / "jobs" / "1" / "trace").mkdir(parents=True)
+    (d / "jobs" / "1" / "trace" / "trace.json").write_text("[]")
+    assert remove_data_dir(d) == [] and not d.exists()
+    if os.geteuid() != 0:
+        return
+    m = tmp_path / "mounted" / "m"
+    m.mkdir(parents=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "nbmpi-test", str(m)], check=True)
+    try:
+        left = remove_data_dir(tmp_path / "mounted", attempts=3)
+        assert left[0].startswith(f"{m}: ") and "busy" in left[0], left   # then its parent, not empty
+    finally:
+        subprocess.run(["umount", str(m)], check=True)
 
 
 @pytest.mark.parametrize("chunks", [[8, 8, 4], [16, 4], [20], [10, 6, 0, 4], [16]])
