@@ -18,7 +18,8 @@ x = np.linspace(0.0, 1.0, 20_000)
 y = np.where(x < 0.5, np.sin(x) * 3.0 + 1.0, np.exp(-x)) ** 2
 g = np.zeros((300, 200)) + np.arange(200.0)
 h = 0.25 * (g[:-2, 1:-1] + g[2:, 1:-1] + g[1:-1, :-2] + g[1:-1, 2:])
-out = [float(y.sum()), float(numpy.asarray(h).sum()), float(np.mean(x * x))]
+rows = (g / 7.0).sum(axis=1)                        # NumPy's pairwise order: a kernel with helper functions
+out = [float(y.sum()), float(numpy.asarray(h).sum()), float(np.mean(x * x)), numpy.asarray(rows).tolist()]
 print(json.dumps(dict(out=out, stats=np.kernel_stats())))
 """
 
@@ -61,6 +62,19 @@ def test_concurrent_writers_then_a_new_process_compiles_nothing(tmp_path):
     st = later["stats"]
     assert st["compiled"] == 0 and st["loaded"] == st["signatures"] == first[0]["stats"]["signatures"], st
 
+
+def test_cache_off_compiles_every_kernel_and_its_helpers_in_memory(tmp_path):
+    """``NBMPI_DISTARRAY_CACHE=off``: every kernel, also one whose source holds helper functions (the pairwise
+    row sum), compiles in memory and gives what a process with an on-disk cache gives, and NumPy's row sums."""
+    import numpy
+
+    cached = finish(_start(str(tmp_path / "kernels")))
+    off = finish(_start("off"))
+    assert off["out"] == cached["out"]
+    g = numpy.zeros((300, 200)) + numpy.arange(200.0)
+    assert off["out"][3] == (g / 7.0).sum(axis=1).tolist()
+    st = off["stats"]
+    assert st["loaded"] == 0 and st["compiled"] == st["signatures"] == cached["stats"]["signatures"], st
 
 
 STATS_BETWEEN_CALLS = """

@@ -157,6 +157,11 @@ def _combine(op: str, acc: str, v: str, dt: np.dtype) -> str:
     return f"({v} if {v} {cmp} {acc} else {acc})"
 
 
+#: The decorator of every generated function, without its closing parenthesis. ``CACHE`` is set by the
+#: header :func:`_load_module` puts before the source: True in a file of the cache directory, else False.
+_JIT = "@numba.njit(cache=CACHE, nogil=True"
+
+
 def _pairwise_source(dt: np.dtype) -> str:
     """Numba functions ``_pairwise_<dtype>(a, lo, n)``: the sum of ``a[lo:lo + n]`` added in NumPy's order
     (``pairwise_sum`` of NumPy's ``add.reduce`` along a row: under 8 elements one by one from -0.0; up to 128
@@ -166,7 +171,7 @@ def _pairwise_source(dt: np.dtype) -> str:
     t = _np_name(dt)
     acc = "".join(f"r{j} = r{j} + a[lo + i + {j}]\n" + " " * 12 for j in range(8)).rstrip()
     init = "; ".join(f"r{j} = a[lo + {j}]" for j in range(8))
-    return (f"@numba.njit(cache=True, nogil=True)\n"
+    return (f"{_JIT})\n"
             f"def _pwleaf_{t}(a, lo, n):\n"
             f"    if n < 8:\n"
             f"        res = np.{t}(-0.0)\n"
@@ -184,7 +189,7 @@ def _pairwise_source(dt: np.dtype) -> str:
             f"        res = res + a[lo + i]\n"
             f"        i += 1\n"
             f"    return res\n\n\n"
-            f"@numba.njit(cache=True, nogil=True)\n"
+            f"{_JIT})\n"
             f"def _pairwise_{t}(a, lo, n):\n"
             f"    if n <= 128:\n"
             f"        return _pwleaf_{t}(a, lo, n)\n"
@@ -419,10 +424,10 @@ def _load_module(name: str, src: str):
     """Compile ``src`` as module ``name``: from a file in the cache directory (numba's on-disk cache
     works there) or, without one, in memory."""
     d = cache_dir()
-    header = "import numpy as np\nimport numba\n\n"
+    header = "import numpy as np\nimport numba\n\nCACHE = {}\n\n"
     if d is not None:
         path = os.path.join(d, f"{name}.py")
-        full = header + src
+        full = header.format(True) + src
         try:
             if not os.path.exists(path):
                 # the first writer wins and the file never changes afterwards: numba's index of the machine
@@ -448,9 +453,8 @@ def _load_module(name: str, src: str):
 
     mod = types.ModuleType(f"nbmpi_distarray_kernels_{name}")
     # numba's cache needs a source file: without one (``NBMPI_DISTARRAY_CACHE=off``, a read-only directory) the
-    # kernel is compiled in memory only
-    src = src.replace("numba.njit(cache=True, ", "numba.njit(cache=False, ", 1)
-    exec(compile(header + src, f"<nbmpi distarray kernel {name}>", "exec"), mod.__dict__)  # noqa: S102
+    # kernel and its helpers (``CACHE`` in their decorators) are compiled in memory only
+    exec(compile(header.format(False) + src, f"<nbmpi distarray kernel {name}>", "exec"), mod.__dict__)  # noqa: S102
     return mod, False
 
 
@@ -468,7 +472,7 @@ def get_kernel(spec: KernelSpec):
         raw = spec.source("__KERNEL__")
         digest = hashlib.blake2b(raw.encode(), digest_size=10).hexdigest()
         name = f"k_{digest}"
-        src = spec.source(name).replace(f"def {name}", f"@numba.njit(cache=True, nogil=True, error_model='numpy')\ndef {name}")
+        src = spec.source(name).replace(f"def {name}", f"{_JIT}, error_model='numpy')\ndef {name}")
         mod, _on_disk = _load_module(name, src)
         k = getattr(mod, name)
         _KERNELS[spec.key] = k
