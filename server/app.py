@@ -39,6 +39,7 @@ from .pool_manager import PoolManager
 from .records import make_engine, session_factory
 from .routers import dashboard, jobs, pools, service
 from .scheduler import Scheduler
+from .trace_index import INDEXER
 from .schemas import RANKS_OR_POOL
 
 #: Seconds a thread runs Python before it hands the GIL to another one waiting (Python's default is
@@ -93,6 +94,7 @@ def create_app(data_dir: Path, max_ranks: Optional[int], users_path: Optional[Pa
             yield
         finally:
             scheduler.stop()
+            INDEXER.end_builds()   # none may outlive the service (the scheduler starts no new one now)
             if pool_manager is not None:
                 pool_manager.stop()
             runner.close()

@@ -24,8 +24,9 @@ import time
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Callable, Dict, Optional, TypeVar
+from typing import Callable, Dict, Optional, Set, TypeVar
 
+from nbmpi.workers.launch.processes import end_group_of
 from nbmpi.workers.tracing import index as trace_index
 from nbmpi.workers.tracing import stream as trace_stream
 
@@ -55,6 +56,20 @@ class TraceIndexer:
         self._lock = threading.Lock()
         self._pending: Dict[str, Future] = {}
         self._open: "OrderedDict[str, tuple]" = OrderedDict()
+        self._running: Set[subprocess.Popen] = set()   # builds in progress
+        self._ended: Set[subprocess.Popen] = set()     # builds :meth:`end_builds` ended
+
+    def end_builds(self, grace: float = 2.0) -> int:
+        """End every index build in progress (its whole session: SIGTERM, SIGKILL after ``grace`` s) and
+        return how many. The service calls it when it stops, so that no build outlives it and writes into a
+        data directory that is being removed. An ended build records nothing: the trace is indexed anew on
+        its next request. Blocking (at most about ``grace`` s per build); builds started later still run."""
+        with self._lock:
+            procs = list(self._running)
+            self._ended.update(procs)
+        for proc in procs:
+            end_group_of(proc, grace=grace)
+        return len(procs)
 
     # -- builds ---------------------------------------------------------------------------------------
     def ensure(self, trace_dir: Path, nranks: int) -> Future:
@@ -84,16 +99,25 @@ class TraceIndexer:
         return self.open(trace_dir)
 
     def _build(self, trace_dir: Path, nranks: int) -> None:
+        proc = subprocess.Popen(build_command(trace_dir, nranks), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, start_new_session=True)
+        with self._lock:
+            self._running.add(proc)
         try:
-            proc = subprocess.run(build_command(trace_dir, nranks), capture_output=True, text=True,
-                                  timeout=self.build_timeout, start_new_session=True)
-            if proc.returncode in (0, trace_index.UNREADABLE_EXIT):
-                return
-            why = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
+            _, err = proc.communicate(timeout=self.build_timeout)
+            why = (err.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
             if proc.returncode < 0:
                 why = f"ended by signal {-proc.returncode} (out of memory?)"
         except subprocess.TimeoutExpired:
+            end_group_of(proc)
             why = f"it took more than {self.build_timeout:.0f} s"
+        finally:
+            with self._lock:
+                self._running.discard(proc)
+                ended = proc in self._ended
+                self._ended.discard(proc)
+        if ended or proc.returncode in (0, trace_index.UNREADABLE_EXIT):
+            return
         if trace_index.TraceIndex.open(trace_dir) is None:
             self._record_failed(trace_dir, nranks, f"indexing the trace failed: {why}")
 

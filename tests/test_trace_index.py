@@ -280,3 +280,46 @@ def test_dashboard_json_in_pieces_equals_one_call(value):
         assert dashboard._dumps(value) == whole
     finally:
         dashboard.JSON_PIECE = piece
+
+
+def _index_builds(trace_dir) -> list:
+    """The index build processes (:func:`nbmpi.server.trace_index.build_command`) of ``trace_dir``."""
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = p.info["cmdline"] or []
+        if "nbmpi.workers.tracing.index" in cmd and str(trace_dir) in cmd:
+            found.append(p)
+    return found
+
+
+def test_stopping_the_service_ends_its_index_build_and_a_restart_builds_it(tmp_path):
+    """SIGTERM to ``nbmpi serve`` while it indexes a finished job's trace: the build (a child process in a
+    session of its own) ends with the service and leaves no unfinished file behind, the trace is not
+    recorded unreadable, and the restarted service builds the index on the first request."""
+    from nbmpi.workers.tracing.index import index_dir
+
+    events = 1_000_000
+    srv = Server(tmp_path / "data", max_ranks=2).start()
+    try:
+        with srv.client() as c:
+            job = submit(c, BIG_JOB, args=[str(events // 2)], env=ENV)
+            job = wait_state(c, job["id"], ("failed", "succeeded"), timeout=600)
+        assert job["state"] == "failed" and job["rank_exit_codes"] == [0, 5], job
+        trace_dir = srv.data_dir / "jobs" / str(job["id"]) / "trace"
+        deadline = time.monotonic() + 60   # the build runs once its unfinished index directory exists
+        while not (list(trace_dir.glob(".index.tmp.*")) and _index_builds(trace_dir)):
+            assert time.monotonic() < deadline and not index_dir(trace_dir).exists(), \
+                "no index build seen while it ran (it must take more than a moment: make the trace bigger)"
+            time.sleep(0.02)
+        builds = _index_builds(trace_dir)
+        srv.stop()
+        gone, alive = psutil.wait_procs(builds, timeout=10)
+        assert not alive, f"index builds outlived the service: {alive}"
+        assert sorted(p.name for p in trace_dir.iterdir() if p.name.startswith(".")) == [], list(trace_dir.iterdir())
+        assert not index_dir(trace_dir).exists()   # ended, not recorded unreadable
+        srv = Server(tmp_path / "data", max_ranks=2).start()
+        with srv.client() as c:
+            fig = _available(c, job["id"], width=600)
+        assert fig["available"] and fig["meta"]["events"] == events, fig.get("reason")
+    finally:
+        srv.stop()

@@ -41,6 +41,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import sys
 import time
 import zipfile
@@ -76,20 +77,23 @@ def index_dir(trace_dir: os.PathLike) -> Path:
 # -- build ---------------------------------------------------------------------------------------------
 def _write_chrome(trace_dir: Path, jt) -> None:
     """``trace.json`` and ``summary.json`` of a job whose ranks did not write them (see the module
-    docstring), each written to a temporary name and renamed."""
+    docstring), each written to a temporary name and renamed (removed if the write stops half-way)."""
     trace = jt.trace
     origin = trace.t0 if len(trace) else jt.start_ns
     extra = [dict(ph="X", name=f"wait: {w['op']} (still blocked at the end)", cat="wait", pid=int(w["rank"]), tid=0,
                   ts=(int(w["since_ns"]) - origin) / 1e3, dur=max(int(jt.now_ns) - int(w["since_ns"]), 0) / 1e3,
                   args=dict(op=w["op"], peer=w["peer"], open=True)) for w in jt.waits()]
     tmp = trace_dir / ".trace.json.tmp"
-    trace.save_chrome(str(tmp), extra=extra)
-    os.replace(tmp, trace_dir / "trace.json")
-    summary = trace.summary()
-    summary["open_waits"] = jt.waits()
-    tmp = trace_dir / ".summary.json.tmp"
-    tmp.write_text(json.dumps(summary))
-    os.replace(tmp, trace_dir / "summary.json")
+    try:
+        trace.save_chrome(str(tmp), extra=extra)
+        os.replace(tmp, trace_dir / "trace.json")
+        summary = trace.summary()
+        summary["open_waits"] = jt.waits()
+        tmp = trace_dir / ".summary.json.tmp"
+        tmp.write_text(json.dumps(summary))
+        os.replace(tmp, trace_dir / "summary.json")
+    finally:   # stopped half-way (SIGTERM, a full disk): no unfinished file stays
+        tmp.unlink(missing_ok=True)
 
 
 def build(trace_dir: os.PathLike, nranks: int, chrome: bool = False,
@@ -149,11 +153,16 @@ def lowest_priority() -> List[str]:
     return failed
 
 
+def _exit_on_sigterm(signum, frame) -> None:
+    raise SystemExit(128 + signal.SIGTERM)   # so that build()'s clean-up runs
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """``python -m nbmpi.workers.tracing.index TRACE_DIR NRANKS [--chrome] [--nice]``: :func:`build`
     (``--nice``: at the lowest CPU priority, :func:`lowest_priority`, so the process that started it
     keeps its CPU); prints the state in one line. Exit 0 (built, or nothing streamed), 3 (unreadable),
-    2 (usage)."""
+    2 (usage), 143 (SIGTERM: the build stops and removes its unfinished files; the index stays as it was)."""
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     args = list(sys.argv[1:] if argv is None else argv)
     chrome = "--chrome" in args
     if "--nice" in args:
