@@ -20,7 +20,6 @@ import httpx
 import psutil
 import pytest
 
-from conftest import REPO
 from liveness import running
 from test_server import BOB_TOKEN, CHANNEL_JOB, SLEEP_JOB, Server, job_processes, submit, wait_state
 
@@ -398,13 +397,9 @@ def test_browser_overview_cancels_a_job_and_stops_a_pool(server, browser):
 def test_dashboard_notebook_runs_and_its_figure_draws(tmp_path, browser):
     """notebooks/03-dashboard.ipynb top to bottom (a controller, a job, its figure inline); then its
     outputs as a notebook front end shows them, in Chromium: BokehJS from the output, the figure drawn."""
-    import nbformat
-    from jupyter_client.manager import KernelManager
-    from nbclient import NotebookClient
+    from notebook_outputs import execute_notebook
 
-    nb = nbformat.read(REPO / "notebooks" / "03-dashboard.ipynb", as_version=4)
-    km = KernelManager(kernel_cmd=[sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"])
-    NotebookClient(nb, km=km, timeout=180, resources={"metadata": {"path": str(tmp_path)}}).execute()
+    nb = execute_notebook("03-dashboard.ipynb", tmp_path, timeout=180)
     outs = [cell.get("outputs", []) for cell in nb.cells]
     text = ["".join(o.get("text", "") for o in cell) for cell in outs]
     pid = int(text[1].split("(pid ")[1].split(")")[0])

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 import time
 
 import psutil
@@ -28,8 +27,7 @@ class Kernel:
     """A real ipykernel (jupyter_client), started with ``env`` as its whole environment when given."""
 
     def __init__(self, env: dict | None = None):
-        self.km = KernelManager(kernel_cmd=[sys.executable, "-m", "ipykernel_launcher", "-f",
-                                            "{connection_file}"])
+        self.km = KernelManager(kernel_name="python3")   # ipykernel's spec: jupyter_client runs "python" as this interpreter
         self.km.start_kernel(**({"env": dict(env)} if env is not None else {}))
         self.kc = self.km.client()
         self.kc.start_channels()
@@ -289,15 +287,9 @@ def test_wedged_and_dead_ranks_break_the_pool():
 
 
 def test_quickstart_notebook_runs_top_to_bottom(tmp_path):
-    import nbformat
-    from nbclient import NotebookClient
+    from notebook_outputs import execute_notebook
 
-    from conftest import REPO
-
-    nb = nbformat.read(REPO / "notebooks" / "01-quickstart.ipynb", as_version=4)
-    km = KernelManager(kernel_cmd=[sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"])
-    client = NotebookClient(nb, km=km, timeout=180, resources={"metadata": {"path": str(tmp_path)}})
-    client.execute()
+    nb = execute_notebook("01-quickstart.ipynb", tmp_path, timeout=180)
     texts = []
     for cell in nb.cells:
         for o in cell.get("outputs", []):
