@@ -86,6 +86,7 @@ def create_app(data_dir: Path, max_ranks: Optional[int], users_path: Optional[Pa
         sys.setswitchinterval(SWITCH_INTERVAL_S)
         if pool_manager is not None:
             pool_manager.start()
+        INDEXER.accept_builds()   # (after an earlier service of this process ended them)
         scheduler.start()
         runner.sweep()   # what a previous run left that no recovered pool or job uses
         dashboard.start_warm_up()   # Bokeh's imports now, not in a user's first figure
@@ -94,7 +95,7 @@ def create_app(data_dir: Path, max_ranks: Optional[int], users_path: Optional[Pa
             yield
         finally:
             scheduler.stop()
-            INDEXER.end_builds()   # none may outlive the service (the scheduler starts no new one now)
+            INDEXER.end_builds()   # none may outlive the service, and none starts from now on
             if pool_manager is not None:
                 pool_manager.stop()
             runner.close()

@@ -30,7 +30,6 @@ and recorded ``failed``.
 from __future__ import annotations
 
 import os
-import signal
 import threading
 import time
 from dataclasses import dataclass

@@ -460,11 +460,9 @@ class Scheduler:
     def _index_trace(self, job: Job) -> None:
         """Index the ended job's streamed trace once (whatever its outcome; in a child process, see
         :mod:`~nbmpi.server.trace_index`) and record the Chrome trace and summary the ranks or the
-        build wrote. Called by the job's follower thread after the job's end is recorded. Not while the
-        service stops: the first request for the trace builds its index then."""
+        build wrote. Called by the job's follower thread after the job's end is recorded (while the
+        service stops no build starts: the first request for the trace builds its index then)."""
         trace_dir = Path(job.job_dir) / "trace"
-        if self._stop.is_set():
-            return
         try:
             INDEXER.build_blocking(trace_dir, job.ranks)
         except Exception as exc:  # noqa: BLE001 - the job's record is final; the dashboard says what is missing

@@ -58,13 +58,21 @@ class TraceIndexer:
         self._open: "OrderedDict[str, tuple]" = OrderedDict()
         self._running: Set[subprocess.Popen] = set()   # builds in progress
         self._ended: Set[subprocess.Popen] = set()     # builds :meth:`end_builds` ended
+        self._accepting = True
+
+    def accept_builds(self) -> None:
+        """Start builds again after :meth:`end_builds` (a service starting in this process calls it)."""
+        with self._lock:
+            self._accepting = True
 
     def end_builds(self, grace: float = 2.0) -> int:
-        """End every index build in progress (its whole session: SIGTERM, SIGKILL after ``grace`` s) and
-        return how many. The service calls it when it stops, so that no build outlives it and writes into a
-        data directory that is being removed. An ended build records nothing: the trace is indexed anew on
-        its next request. Blocking (at most about ``grace`` s per build); builds started later still run."""
+        """Start no build from now on (until :meth:`accept_builds`) and end every build in progress (its whole
+        session: SIGTERM, SIGKILL after ``grace`` s); returns how many were ended. The service calls it when it
+        stops, so that no build outlives it and writes into a data directory that is being removed. An ended
+        or refused build records nothing: the trace is indexed anew on its next request. Blocking (at most
+        about ``grace`` s per build)."""
         with self._lock:
+            self._accepting = False
             procs = list(self._running)
             self._ended.update(procs)
         for proc in procs:
@@ -99,9 +107,11 @@ class TraceIndexer:
         return self.open(trace_dir)
 
     def _build(self, trace_dir: Path, nranks: int) -> None:
-        proc = subprocess.Popen(build_command(trace_dir, nranks), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True, start_new_session=True)
-        with self._lock:
+        with self._lock:   # started under the lock: end_builds() sees every build, or none starts
+            if not self._accepting:
+                return
+            proc = subprocess.Popen(build_command(trace_dir, nranks), stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True, start_new_session=True)
             self._running.add(proc)
         try:
             _, err = proc.communicate(timeout=self.build_timeout)

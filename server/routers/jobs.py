@@ -12,7 +12,7 @@ from typing import List, Literal, Optional
 
 from fastapi import APIRouter, Depends, File, Form, Header, HTTPException, Query, UploadFile
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import FileResponse, Response
+from fastapi.responses import Response
 from pydantic import ValidationError
 
 from ..accounts import open_in_job

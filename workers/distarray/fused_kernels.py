@@ -446,7 +446,7 @@ def _load_module(name: str, src: str):
             mod = importlib.util.module_from_spec(spec)
             sys.modules[spec.name] = mod
             spec.loader.exec_module(mod)
-            return mod, True
+            return mod
         except OSError:
             pass
     import types
@@ -455,7 +455,7 @@ def _load_module(name: str, src: str):
     # numba's cache needs a source file: without one (``NBMPI_DISTARRAY_CACHE=off``, a read-only directory) the
     # kernel and its helpers (``CACHE`` in their decorators) are compiled in memory only
     exec(compile(header.format(False) + src, f"<nbmpi distarray kernel {name}>", "exec"), mod.__dict__)  # noqa: S102
-    return mod, False
+    return mod
 
 
 def get_kernel(spec: KernelSpec):
@@ -473,7 +473,7 @@ def get_kernel(spec: KernelSpec):
         digest = hashlib.blake2b(raw.encode(), digest_size=10).hexdigest()
         name = f"k_{digest}"
         src = spec.source(name).replace(f"def {name}", f"{_JIT}, error_model='numpy')\ndef {name}")
-        mod, _on_disk = _load_module(name, src)
+        mod = _load_module(name, src)
         k = getattr(mod, name)
         _KERNELS[spec.key] = k
         _STATS["generated"] += 1
