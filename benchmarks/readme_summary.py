@@ -7,7 +7,7 @@ The section lies between the lines ``<!-- bench:start -->`` and
 ``<!-- bench:end -->`` of README.md (added at the end of the "Benchmarks"
 section if missing). For every ``benchmarks/results/NAME.json`` (``*_quick``
 files excluded) it lists the targets the benchmark checked (measured value,
-limit, PASS/FAIL) with the commit, date and load average the result was
+limit, PASS/FAIL; a diagnosis without targets is named as such) with the commit, date and load average the result was
 measured at. Running it twice gives the same file.
 """
 from __future__ import annotations
@@ -54,7 +54,8 @@ def summary(results: Path = RESULTS) -> str:
         data = json.loads(path.read_text())
         targets = data.get("targets") or []
         npass = sum(t.get("status") == "PASS" for t in targets)
-        lines.append(f"**{path.stem}** ({_measured_at(data.get('machine', {}))}): {npass}/{len(targets)} targets pass "
+        verdict = f"{npass}/{len(targets)} targets pass" if targets else "a diagnosis, no targets"
+        lines.append(f"**{path.stem}** ({_measured_at(data.get('machine', {}))}): {verdict} "
                      f"([table](benchmarks/results/{path.stem}.md))")
         lines.append("")
         if targets:
