@@ -529,6 +529,9 @@ def run_flush(context, tasks, reason: str, hiding: bool) -> None:
                 agr.wait()  # the ranks agreed on the recorded operations before this collective step
                 BARRIERS[g.kind](context, g.task, fl.op_name(g.kind))
                 fl.releases.group_done(g)
+        # Also when fusion dropped every task (writes into arrays that died): the allreduce must complete
+        # before its buffers are dropped, else MPI writes its result into freed memory, maybe the next check's.
+        agr.wait()
     except BaseException as err:
         fl.abort()
         if not agr.verified and not isinstance(err, (DistArrayTimeout, KeyboardInterrupt)):
