@@ -9,7 +9,7 @@ import sys
 import numpy as np
 
 import nbmpi.workers.distarray as dnp
-from nbmpi.workers.distarray import piecewise
+from nbmpi.workers.distarray import piece_inlining
 from nbmpi.workers import world
 
 r = world().Get_rank()
@@ -62,7 +62,7 @@ def check_stencils(dist):
     same(((NB == 3) | ((B == 1) & (NB == 2))).astype(np.int64), want, f"game of life step ({dist})")
     assert dnp.stats()["split"] > split0, "the rolls of the stencil were not read in place"
     for trailing in (True, False):      # split along every axis; only along the rows (the rest stored)
-        piecewise.SPLIT_TRAILING_AXES = trailing
+        piece_inlining.SPLIT_TRAILING_AXES = trailing
         h = rng.standard_normal((10, 6))
         u = np.zeros_like(h)
         H, U = dnp.from_numpy(h, dist=dist), dnp.from_numpy(u, dist=dist)
@@ -72,7 +72,7 @@ def check_stencils(dist):
             U = U - 0.3 * (dnp.roll(H, -1, axis=1) - dnp.roll(H, 1, axis=1))
             H = H - 0.2 * (dnp.roll(U, -1, axis=0) - dnp.roll(U, 1, axis=0))
         same(H, h, f"shallow-water steps ({dist}, split along trailing axes: {trailing})")
-    piecewise.SPLIT_TRAILING_AXES = True
+    piece_inlining.SPLIT_TRAILING_AXES = True
     # the source written after the roll: the roll keeps the old values
     c = rng.standard_normal(12)
     C = dnp.from_numpy(c, dist=dist)

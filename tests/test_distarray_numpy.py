@@ -54,7 +54,7 @@ def test_numpy_table_is_current():
 
     import numpy as np
 
-    from nbmpi.workers.distarray import fusion  # noqa: F401 - binds the package's `piecewise` to a submodule
+    from nbmpi.workers.distarray import fusion  # noqa: F401 - binds its submodules (`piece_inlining`) on the package
     from nbmpi.workers.distarray.numpy_table import classify, markdown
 
     committed = (REPO / "workers" / "distarray" / "NUMPY_COVERAGE.md").read_text()

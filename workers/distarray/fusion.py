@@ -7,7 +7,7 @@ they agree on the result without communicating.
 
 1. **Hoisting**: a gather of a misaligned operand (:class:`~.graph.Replicate`) moves up
    past tasks that do not write its source, so elementwise tasks around it become adjacent.
-1b. **Pieces** (:mod:`.piecewise`, after hoisting): a task reading a dying temporary written in pieces
+1b. **Pieces** (:mod:`.piece_inlining`, after hoisting): a task reading a dying temporary written in pieces
    (``roll``) is split into one task per piece, each reading the pieces' sources in place.
 2. **Inlining** (vertical fusion): ``t = a + b; c = t * 2`` where the user no longer holds
    ``t`` (``Base.nviews == 0``) and ``t`` has exactly one reading task: ``t``'s expression is
@@ -39,7 +39,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from .graph import Assign, Const, Leaf, Op, Redistribute, Reduce, Replicate, RowSpace, Swap, Task, leaves, substitute
 from .operations.redistribution import copy_source
-from .piecewise import split_pieces
+from .piece_inlining import split_pieces
 from .units import Label
 
 __all__ = ["ElementwiseGroup", "TaskGroup", "optimize", "MAX_GROUP_TASKS"]

@@ -1,7 +1,8 @@
 """Boolean masks and trailing-axis index arrays on distributed arrays, without gathering the array.
 
-* ``a[mask]``, ``a[mask, :]``, ``a[mask, ...]``: ``mask`` a distributed bool array of ``a``'s leading shape,
-  laid out like ``a`` (same rows on the same ranks, both whole arrays, not views). Each rank selects from
+* ``a[mask]``, ``a[mask, :]``, ``a[mask, ...]``: ``mask`` a DistArray of bools of ``a``'s leading shape, ``a`` a
+  whole distributed array (not a view). A mask laid out otherwise than ``a`` (a view, e.g. ``(a % 3 == 0)[:, 0]``,
+  a replicated array or another distribution) is first copied into ``a``'s layout. Each rank selects from
   its own rows; the selected rows (NumPy's order: C order of the mask) become a new array distributed like
   ``a`` (block, cyclic or block-cyclic over the selected rows). Moved: one exchange of counts and the
   selected elements, never the array.
@@ -23,6 +24,7 @@ from typing import Any, Optional, Tuple
 
 import numpy as np
 
+from . import fallback
 from .array import _INDEXERS, DistArray, wrap
 from .elementwise import rep_base_from_numpy
 from .exchange import allreduce_sum, alltoallv, from_elements, from_local_part, local_part, result_dist
@@ -36,9 +38,9 @@ def _is_full(k: Any) -> bool:
     return k is Ellipsis or (isinstance(k, slice) and k == _FULL)
 
 
-def mask_of(a: DistArray, key: Any) -> Optional[DistArray]:
-    """The distributed bool mask of ``key`` if ``key`` is ``mask`` or ``(mask, :, ...)`` with the mask laid out
-    like ``a`` (see the module doc), else None. Local, no force point."""
+def _mask_key(a: DistArray, key: Any) -> Optional[DistArray]:
+    """The mask of ``key`` if ``key`` is ``mask`` or ``(mask, :, ...)`` with ``mask`` a DistArray of bools of
+    ``a``'s leading shape on ``a``'s context (whatever the layouts of both), else None. Local."""
     rest: Tuple[Any, ...] = ()
     if isinstance(key, tuple) and key:
         key, rest = key[0], key[1:]
@@ -48,9 +50,25 @@ def mask_of(a: DistArray, key: Any) -> Optional[DistArray]:
         return None
     if key.shape != a.shape[:key.ndim] or key.context is not a.context:
         return None
-    if a._base.replicated or key._base.replicated or not (a._view.is_full and key._view.is_full):
+    return key
+
+
+def mask_of(a: DistArray, key: Any) -> Optional[DistArray]:
+    """The mask of ``key`` (see :func:`_mask_key`) laid out like ``a`` if ``a`` is a whole distributed array,
+    else None. A mask laid out otherwise (a view such as ``(a % 3 == 0)[:, 0]``, a replicated array, another
+    distribution) is copied into ``a``'s layout (a recorded :meth:`~.array.DistArray.redistribute`). Local, no
+    force point."""
+    mask = _mask_key(a, key)
+    if mask is None or a._base.replicated or not a._view.is_full:
         return None
-    return key if key.dist == a.dist else None
+    return mask if mask._view.is_full and mask.dist == a.dist else mask.redistribute(a.dist)
+
+
+def _row_counts(m: np.ndarray) -> np.ndarray:
+    """The number of True elements in each row (index along axis 0) of the local mask ``m`` (int64, one per
+    row; empty when this rank holds no rows, as a rank does when the array has fewer rows than ranks). Local."""
+    inner = int(np.prod(m.shape[1:], dtype=np.int64))
+    return np.count_nonzero(m.reshape(m.shape[0], inner), axis=1).astype(np.int64)
 
 
 def _selected(a: DistArray, mask: DistArray, what: str) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -60,7 +78,7 @@ def _selected(a: DistArray, mask: DistArray, what: str) -> Tuple[np.ndarray, np.
     ctx = a.context
     ctx.flush(what)
     loc, m = a._base.ensure(), mask._base.ensure()
-    per_row = np.count_nonzero(m.reshape(len(m), -1), axis=1).astype(np.int64)
+    per_row = _row_counts(m)
     rows = a.dist.global_rows(ctx.rank)
     counts = np.zeros(a.shape[0], dtype=np.int64)
     counts[rows] = per_row
@@ -152,12 +170,16 @@ def getitem(a: DistArray, key: Any) -> Optional[Any]:
 
 
 def setitem(a: DistArray, key: Any, value: Any) -> bool:
-    """``a[key] = value`` for a mask key of the module doc; False (nothing done) for any other key.
-    Collective, blocking."""
+    """``a[key] = value`` for a mask key of the module doc; False (nothing done) for any other key. A mask key
+    on a view or a replicated array goes through the NumPy fallback (written back in place). Collective,
+    blocking."""
     mask = mask_of(a, key)
-    if mask is None:
+    if mask is not None:
+        put(a, mask, value)
+        return True
+    if _mask_key(a, key) is None:
         return False
-    put(a, mask, value)
+    fallback.setitem(a, key, value)
     return True
 
 

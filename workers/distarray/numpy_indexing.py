@@ -59,7 +59,9 @@ def _indices(ind: Any, n: int, mode: str, what: str) -> Any:
             return np.remainder(ind, n)
         if mode == "clip":
             return np.clip(ind, 0, n - 1)
-        lo, hi = (int(np.min(ind)), int(np.max(ind))) if ind.size else (0, 0)
+        if ind.size == 0:
+            return ind                   # no index to check (e.g. compress with no true condition, of no rows)
+        lo, hi = int(np.min(ind)), int(np.max(ind))
         if lo < -n or hi >= n:
             raise IndexError(f"{what}: index {lo if lo < -n else hi} is out of bounds for axis 0 with size {n}")
         return np.where(ind < 0, ind + n, ind) if lo < 0 else ind

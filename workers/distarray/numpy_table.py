@@ -29,7 +29,7 @@ def classify() -> Tuple[Dict[str, str], Dict[str, str]]:
             continue                      # types, constants and submodules are NumPy's own
         ours = namespace.get(name)
         if isinstance(ours, types.ModuleType):
-            ours = None                   # a submodule of ours (``piecewise``, once :mod:`.fusion` imported it)
+            ours = None                   # a submodule of ours (none may take a NumPy name: tests/test_module_names.py)
         wrapped = ours is not None and getattr(ours, "__module__", "") == "nbmpi.workers.distarray.fallback"
         if isinstance(obj, np.ufunc):
             # dispatch goes by the ufunc's own name: numpy.abs is absolute, numpy.mod is remainder
