@@ -20,6 +20,7 @@ from __future__ import annotations
 import builtins as _builtins
 import math
 import operator
+import warnings
 from typing import Any, Optional, Tuple
 
 import numpy as np
@@ -133,6 +134,17 @@ any = _simple("any")  # noqa: A001
 all = _simple("all")  # noqa: A001
 
 
+def _warn_empty(a: DistArray, axes, ddof: Optional[float] = None) -> None:
+    """NumPy's RuntimeWarning for a mean (``ddof`` None: "Mean of empty slice") or a variance ("Degrees of
+    freedom <= 0 for slice") over slices of ``a`` with no element (or at most ``ddof``). Decided from the
+    shape alone: a ``where`` mask leaving fewer elements does not warn (that would be a force point)."""
+    n = _count(a, axes)
+    if ddof is None and n == 0:
+        warnings.warn("Mean of empty slice", RuntimeWarning, stacklevel=3)
+    elif ddof is not None and n - ddof <= 0:
+        warnings.warn("Degrees of freedom <= 0 for slice", RuntimeWarning, stacklevel=3)
+
+
 def _mask_count(a: DistArray, mask: Any, axes) -> Any:
     """Number of selected elements per reduced slice (``where=mask``): an int, or a recorded array."""
     if mask is None or mask is True:
@@ -143,10 +155,11 @@ def _mask_count(a: DistArray, mask: Any, axes) -> Any:
 def mean(a: Any, axis: Any = None, dtype: Any = None, out: Any = None, keepdims: bool = False,
          where: Any = True) -> Any:
     """``numpy.mean`` of a DistArray (recorded): the sum in float64 for integers (``dtype`` otherwise)
-    divided by the number of selected elements. SPMD."""
+    divided by the number of selected elements; NaN over no element, with NumPy's RuntimeWarning. SPMD."""
     if not isinstance(a, DistArray):
         return np.mean(a, axis=axis, dtype=dtype, out=out, keepdims=keepdims, where=where)
     axes = normalize_axes(axis, a.ndim)
+    _warn_empty(a, axes)
     rdt = np.dtype(dtype) if dtype is not None else np.mean(np.ones(1, dtype=a.dtype)).dtype
     if where is True and dtype is None:
         return _finish(_over(a, "mean", axes), a, axes, keepdims, out)
@@ -158,13 +171,14 @@ def mean(a: Any, axis: Any = None, dtype: Any = None, out: Any = None, keepdims:
 def var(a: Any, axis: Any = None, dtype: Any = None, out: Any = None, ddof: float = 0, keepdims: bool = False,
         where: Any = True, mean: Any = None, correction: Any = None) -> Any:
     """``numpy.var`` of a DistArray (recorded): the mean of the squared deviations from the mean, divided
-    by ``n - ddof`` (NaN or inf where that is not positive, as NumPy). SPMD."""
+    by ``n - ddof`` (NaN or inf where that is not positive, as NumPy, with its RuntimeWarning). SPMD."""
     if not isinstance(a, DistArray) or mean is not None or a.dtype.kind == "c":
         return fallback.call(np.var, (a,), dict(axis=axis, dtype=dtype, out=out, ddof=ddof, keepdims=keepdims,
                                                 where=where, **({} if mean is None else {"mean": mean})), "var")
     if correction is not None:
         ddof = correction
     axes = normalize_axes(axis, a.ndim)
+    _warn_empty(a, axes, ddof)
     rdt = np.dtype(dtype) if dtype is not None else np.var(np.ones(2, dtype=a.dtype)).dtype
     m = _mean_kd(a, axes, where)
     x = a - m
@@ -234,10 +248,10 @@ def _arg(op: str):
         if not isinstance(a, DistArray) or a.dtype.kind == "c" or a.ndim == 0:
             return fallback.call(getattr(np, f"arg{op}"), (a,), dict(axis=axis, out=out, keepdims=keepdims),
                                  f"arg{op}")
-        if a.size == 0:
-            raise ValueError(f"attempt to get arg{op} of an empty sequence")
         axes = normalize_axes(axis, a.ndim)
         ax = None if axes is None else axes[0]
+        if _count(a, axes) == 0:        # an empty reduced axis (an empty result alone is fine, as NumPy)
+            raise ValueError(f"attempt to get arg{op} of an empty sequence")
         if ax is None:                  # one collective step (see arg_extreme); None: record the general form
             res = flat_arg(a, op)
             if res is not None:
@@ -268,6 +282,8 @@ def _nan(op: str, base: Any, fill: Any):
                                                                     **({"dtype": dtype} if dtype is not None else {}),
                                                                     **({} if where is True else {"where": where}),
                                                                     **kwargs), f"nan{op}")
+        if op in ("min", "max") and _count(a, normalize_axes(axis, a.ndim)) == 0:   # NumPy's fmin/fmax error
+            raise ValueError(f"zero-size array to reduction operation f{op} which has no identity")
         kw = dict(axis=axis, out=out, keepdims=keepdims, where=where)
         if dtype is not None:
             kw["dtype"] = dtype

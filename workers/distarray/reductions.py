@@ -13,7 +13,10 @@ bit-identical across ranks and do not depend on message arrival order).
 * a trailing axis: a distributed result aligned with the input's rows, no communication.
 
 Result dtypes follow NumPy (``sum`` of int32 is int64, ``mean`` of ints is float64); ``min``
-and ``max`` propagate NaN like NumPy; ``min``/``max`` of an empty selection raise ValueError.
+and ``max`` propagate NaN like NumPy. Over an empty reduced axis (or ``axis=None`` of an empty array)
+``min``/``max`` raise NumPy's ValueError, the others give NumPy's value over no element (their identity,
+NaN for ``mean``); an empty result over a non-empty reduced axis (``zeros((0, 3)).max(axis=1)``) is an
+empty array, as NumPy's.
 """
 from __future__ import annotations
 
@@ -103,7 +106,7 @@ def record_reduce(context, leaf: Node, op: str, axis: Optional[int], desc_name: 
         ax = None
     size = math.prod(shape)
     count = size if ax is None else shape[ax]
-    if op in ("min", "max") and (count == 0 or size == 0):
+    if op in ("min", "max") and count == 0:   # NumPy: only an empty reduced axis (not an empty result) raises
         raise ValueError(f"zero-size array to reduction operation {'minimum' if op == 'min' else 'maximum'} "
                          "which has no identity")
     acc, rdt = result_dtype(op, leaf.dtype)

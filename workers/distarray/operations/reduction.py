@@ -7,6 +7,12 @@ and stores the result; over distributed rows one allgather unit (a collective, s
 rank's blocks are done, in the same order on every rank) sends this rank's combined partials to
 every rank, and a finish unit combines every rank's partials and stores the result, the same on
 every rank. The operators' identities and combinations are in :mod:`~..reductions`.
+
+A ``Reduce`` along another axis is written by the kernel itself, element by element of its
+target. When the group's iteration space is empty (a reduced axis of length 0: ``zeros((3, 0))
+.sum(axis=1)``) the plan has no block and no kernel call writes the target; one unit then sets
+this rank's part of it to the reduction over no element (the identity, NaN for ``mean``), as
+NumPy: a sum over an empty axis is 0, a product 1, ``any`` False, ``all`` True.
 """
 from __future__ import annotations
 
@@ -15,6 +21,8 @@ from typing import Any, Callable, Dict, List, Tuple
 
 import numpy as np
 
+from ..graph import Leaf
+from ..plans import my_rows, selector
 from ..reductions import combine_partials, identity_array
 from ..units import FULL, GroupRun, Label, Lowering, Unit, Waitable, after
 
@@ -26,6 +34,7 @@ def lower_partials(fl: Lowering, g: Any, plan: Any, inst: Any, run: GroupRun, sl
     """Add to ``run`` the units that turn the blocks' partial results of ``g``'s reductions into their
     targets (nothing if the group has no reduction over all rows). Called while lowering ``g``, after its
     block units."""
+    _lower_empty_targets(fl, g, plan, run)
     slot_reds = [r for r in plan.reds if r[4] is not None]
     if not slot_reds:
         return
@@ -50,6 +59,53 @@ def lower_partials(fl: Lowering, g: Any, plan: Any, inst: Any, run: GroupRun, sl
         run.finish = fin
         return
     _lower_allgather(fl, g, inst, run, slot_reds, local_partials, finalize, out_serials, flush_no)
+
+
+def _empty_result(op: str, dtype: np.dtype) -> np.ndarray:
+    """The 0-d value of reduction ``op`` over no element in ``dtype`` (NumPy's): the operator's identity
+    (``sum`` 0, ``prod`` 1, ``any`` False, ``all`` True), NaN for ``mean``. ``min``/``max`` have none
+    (recording them over an empty axis raises, :func:`~..reductions.record_reduce`): ValueError."""
+    if op in ("min", "max"):
+        raise ValueError(f"reduction {op!r} over no element has no value")
+    if op == "mean":
+        return np.array(np.nan).astype(dtype)
+    return identity_array(op, dtype, ())
+
+
+def _fill_local(leaf: Leaf, value: np.ndarray, rank: int) -> None:
+    """Set this rank's elements of ``leaf`` (a reduction target: a replicated base, or a distributed base
+    viewed along its rows) to ``value``. Local."""
+    b, v = leaf.base, leaf.view
+    loc = b.ensure()
+    if b.replicated:
+        loc[v.numpy_index()] = value
+        return
+    s, t, n = v.row_params
+    _, lidx = my_rows(b.dist, s, t, n, rank)
+    if len(lidx):
+        loc[v.numpy_index(row_sel=selector(lidx))] = value
+
+
+def _lower_empty_targets(fl: Lowering, g: Any, plan: Any, run: GroupRun) -> None:
+    """Over an empty iteration space (no block, no kernel call), add to ``run`` one unit writing the
+    reduction over no element (:func:`_empty_result`) into this rank's part of each target of a reduction
+    along a non-row axis (the kernel writes those targets, so nothing else would; the reductions over all
+    rows get their identity from :func:`lower_partials`). A non-empty target over an empty space means an
+    empty reduced axis, which ``min``/``max`` never get here with (recording raises NumPy's error)."""
+    if math.prod(plan.shape) != 0:
+        return
+    targets = [(op, g.arrays[a][1].out) for (a, op, axis, acc, pshape) in plan.reds
+               if pshape is None and math.prod(g.arrays[a][1].out.shape) > 0]   # an empty result: nothing to write
+    if not targets:
+        return
+    rank = fl.rank
+
+    def fill() -> None:
+        for op, leaf in targets:
+            _fill_local(leaf, _empty_result(op, leaf.dtype), rank)
+
+    access = tuple((leaf.base.serial, 0, FULL, "W") for _, leaf in targets)
+    run.computes.append(Unit("compute", fill, g.label, access))
 
 
 def _finalizer(g, slot_reds: List[Tuple]) -> Callable[[List[np.ndarray]], None]:
