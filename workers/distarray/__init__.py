@@ -48,7 +48,7 @@ from numpy import (absolute, add, arctan2, bitwise_and, bitwise_or, bitwise_xor,
                    true_divide)
 
 from . import random
-from .array import DistArray, _reduce, matmul, roll, transpose, where
+from .array import DistArray, _reduce, dot, matmul, roll, transpose, where
 from .creation import (arange, array, asarray, empty, empty_like, from_numpy, full, full_like, ones, ones_like, zeros,
                        zeros_like)
 from .distribution import Distribution
@@ -77,7 +77,6 @@ from ..core import jit_warmup as _jit_warmup
 _jit_warmup.start()  # numba's one-time start in the background (NBMPI_JIT_WARMUP=0: off)
 
 abs = absolute  # noqa: A001 - the numpy-like namespace
-dot = matmul
 
 
 def copy(a: Any) -> Any:

@@ -425,6 +425,8 @@ class DistArray:
     # -- arithmetic (recorded) -------------------------------------------------------------
     def _u(self, ufunc: np.ufunc, *inputs: Any) -> "DistArray":
         for x in inputs:
+            if isinstance(x, (complex, np.complexfloating)):  # NumPy's complex result (a NumPy array): fallback
+                return fallback.call(ufunc, inputs, {}, ufunc.__name__)
             if not isinstance(x, (DistArray, np.ndarray, np.generic, int, float, bool, list, tuple)):
                 return NotImplemented
         if (numpy_math.applies(ufunc.__name__, inputs) or not ufuncs.compiled_dtypes(ufunc, inputs)
@@ -465,8 +467,12 @@ class DistArray:
     def __le__(self, o): return self._u(np.less_equal, self, o)
     def __gt__(self, o): return self._u(np.greater, self, o)
     def __ge__(self, o): return self._u(np.greater_equal, self, o)
-    def __eq__(self, o): return self._u(np.equal, self, o)  # type: ignore[override]
-    def __ne__(self, o): return self._u(np.not_equal, self, o)  # type: ignore[override]
+    def __eq__(self, o): return self._compare(np.equal, operator.eq, o)  # type: ignore[override]
+    def __ne__(self, o): return self._compare(np.not_equal, operator.ne, o)  # type: ignore[override]
+
+    def _compare(self, ufunc: np.ufunc, op: Callable[[Any, Any], Any], other: Any) -> Any:
+        return _compare(self, ufunc, op, other)
+
     def __neg__(self): return self._u(np.negative, self)
     def __pos__(self): return self._u(np.positive, self)
     def __abs__(self): return self._u(np.absolute, self)
@@ -477,6 +483,14 @@ class DistArray:
     def __imul__(self, o): return self._iu(np.multiply, o)
     def __itruediv__(self, o): return self._iu(np.true_divide, o)
     def __ipow__(self, o): return self._iu(np.power, o)
+    def __ifloordiv__(self, o): return _in_place(self, np.floor_divide, o)
+    def __imod__(self, o): return _in_place(self, np.remainder, o)
+    def __ilshift__(self, o): return _in_place(self, np.left_shift, o)
+    def __irshift__(self, o): return _in_place(self, np.right_shift, o)
+    def __iand__(self, o): return _in_place(self, np.bitwise_and, o)
+    def __ior__(self, o): return _in_place(self, np.bitwise_or, o)
+    def __ixor__(self, o): return _in_place(self, np.bitwise_xor, o)
+    def __imatmul__(self, o): return _imatmul(self, o)
     def __matmul__(self, o): return matmul(self, o)
     def __rmatmul__(self, o): return matmul(o, self)
 
@@ -523,8 +537,11 @@ class DistArray:
         """A new array with the same values, laid out like this one (recorded)."""
         return wrap(elementwise.record_cast(self.context, self._leaf(), self.dtype))
 
-    def dot(self, other: Any) -> "DistArray":
-        return matmul(self, other)
+    def dot(self, other: Any, out: Any = None) -> Any:
+        """``a.dot(b)``: :func:`dot`."""
+        return dot(self, other, out=out)
+
+    def __round__(self, ndigits: Optional[int] = None) -> Any: return _round(self, ndigits)
 
     @property
     def T(self) -> "DistArray":
@@ -535,15 +552,62 @@ class DistArray:
             axes = axes[0]
         return transpose(self, tuple(axes) if axes else None)
 
-    def reshape(self, *shape: Any) -> "DistArray":
+    def reshape(self, *shape: Any, order: str = "C") -> "DistArray":
+        """``numpy.reshape(self, shape)`` in C order (native, see :mod:`.numpy_reshaping`); other orders through
+        the NumPy fallback. A new array, not a view: writes to it do not change ``self``."""
         if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
             shape = tuple(shape[0])
+        if order != "C":
+            return fallback.call(np.reshape, (self, tuple(shape)), dict(order=order), "reshape")
         if tuple(shape) == self.shape:
             return self
         impl = _METHODS.get("reshape")       # the native one (numpy_reshaping), by global flat index
         if impl is not None:
             return impl(self, tuple(shape))
         return fallback.call(np.reshape, (self, tuple(shape)), {}, "reshape")
+
+
+def _compare(self: DistArray, ufunc: np.ufunc, op: Callable[[Any, Any], Any], other: Any) -> Any:
+    """``self == other`` / ``self != other``: recorded for the operands the arrays hold; for any other
+    (``None``, a complex number, an object) NumPy's elementwise answer through the fallback (``a == None``
+    is an array of False, as NumPy's, never the scalar ``False`` of an identity test)."""
+    res = self._u(ufunc, self, other)
+    if res is NotImplemented and not isinstance(other, DistArray):
+        return fallback.call(op, (self, other), {}, ufunc.__name__)
+    return res
+
+
+def _in_place(self: DistArray, ufunc: np.ufunc, other: Any) -> DistArray:
+    """``self <op>= other`` for the operators the fused kernels do not compile in place: NumPy's ``ufunc``
+    on each block with ``out=self`` (recorded), so ``self`` and every view of it change, with NumPy's
+    casting rules (``same_kind``). Returns ``self``."""
+    ufunc(self, other, out=self)
+    return self
+
+
+def _imatmul(self: DistArray, o: Any) -> DistArray:
+    """``a @= b``: ``a[...] = a @ b`` (recorded), with NumPy's checks: the product must have ``a``'s shape
+    and cast to its dtype under ``same_kind``."""
+    res = matmul(self, o)
+    if not np.can_cast(res.dtype, self.dtype, "same_kind"):
+        raise TypeError(f"Cannot cast ufunc 'matmul' output from {res.dtype!r} to {self.dtype!r} with casting "
+                        "rule 'same_kind'")
+    if tuple(np.shape(res)) != self.shape:
+        raise ValueError(f"matmul: a @= b needs a product of a's shape {self.shape}, got {tuple(np.shape(res))}")
+    self[...] = res
+    return self
+
+
+def _round(self: DistArray, ndigits: Optional[int]) -> Any:
+    """``round(a)``, ``round(a, n)`` of a 0-d array (a reduction's result, ``a[i, j]``), which stands for
+    NumPy's scalar: what ``round`` gives for that scalar (a Python int, or a NumPy scalar rounded to ``n``
+    digits). A force point, collective. Arrays of one or more dimensions raise TypeError, as NumPy's do
+    (``numpy.round(a, n)`` rounds them)."""
+    if self.ndim != 0:
+        raise TypeError("type DistArray doesn't define __round__ method for arrays of 1 or more dimensions "
+                        "(nor does numpy.ndarray): use numpy.round(a, decimals)")
+    value = self._scalar("round()")
+    return round(value) if ndigits is None else round(value, ndigits)
 
 
 def _put_rows(self: "DistArray", idx: Any, value: Any) -> None:
@@ -598,8 +662,39 @@ def _reduce(a: Any, op: str, axis: Any = None) -> Any:
     return wrap(reductions.record_reduce(a.context, a._leaf(), op, axis))
 
 
-def matmul(a: Any, b: Any) -> Any:
-    """``a @ b`` (recorded); see :mod:`~.matmul_recording` for what is supported."""
+def dot(a: Any, b: Any, out: Any = None) -> Any:
+    """``numpy.dot``: a product with a scalar operand is ``multiply`` (recorded), 1-D and 2-D operands are
+    :func:`matmul`; other ranks and ``out=`` as NumPy's, the N-d forms through the NumPy fallback."""
+    if not isinstance(a, DistArray) and not isinstance(b, DistArray):
+        return np.dot(a, b, out=out)
+    if np.ndim(a) == 0 or np.ndim(b) == 0:
+        res = np.multiply(a, b)
+    elif np.ndim(a) > 2 or np.ndim(b) > 2:
+        return fallback.call(np.dot, (a, b), {} if out is None else dict(out=out), "dot")
+    else:
+        res = matmul(a, b)
+    return _into(res, out)
+
+
+def _into(res: Any, out: Any) -> Any:
+    """``res``, or ``out`` with ``res`` written into it (``out[...] = res``, recorded) when ``out`` is given; a
+    mismatched shape raises as NumPy's ``out=`` does."""
+    if out is None:
+        return res
+    if tuple(np.shape(out)) != tuple(np.shape(res)):
+        raise ValueError(f"output array has shape {tuple(np.shape(out))}, the result has shape "
+                         f"{tuple(np.shape(res))}: pass out= of the result's shape")
+    out[...] = res
+    return out
+
+
+def matmul(a: Any, b: Any, out: Any = None, **kwargs: Any) -> Any:
+    """``a @ b`` (recorded); see :mod:`~.matmul_recording` for what is supported. ``out=`` receives the result
+    (recorded copy); NumPy's other keywords (``dtype``, ``casting``, ``axes``, ...) go through the fallback."""
+    if kwargs:
+        return fallback.call(np.matmul, (a, b), dict(kwargs, out=out) if out is not None else kwargs, "matmul")
+    if out is not None:
+        return _into(matmul(a, b), out)
     if not isinstance(a, DistArray) and not isinstance(b, DistArray):
         return np.matmul(a, b)
     ctx = _context_from(a, b)
@@ -650,7 +745,7 @@ def where(cond: Any, x: Any = None, y: Any = None) -> Any:
 def roll(a: Any, shift: Any, axis: Any = None) -> Any:
     """``numpy.roll`` along one axis or several: a new array, recorded (nothing moves yet) as copies of the
     pieces of ``a`` into it (two per rolled axis); an elementwise operation reading the result reads the
-    pieces of ``a`` in place instead (:mod:`.piecewise`; along the distributed axis the rows a rank lacks come
+    pieces of ``a`` in place instead (:mod:`.piece_inlining`; along the distributed axis the rows a rank lacks come
     from their owner, wrapping around from the last rank to the first). Shifts are taken modulo the axis
     length, as NumPy's. Callable on every rank alike (SPMD), not blocking."""
     if not isinstance(a, DistArray):

@@ -1,0 +1,87 @@
+"""Python's operators and NumPy's product functions on distributed arrays, against NumPy (run SPMD by
+tests/test_distarray_operators.py under ``nbmpi run -n 2`` and ``-n 3``): the augmented assignments are in place
+(a view and every name bound to the array see them, with NumPy's casting errors), ``==``/``!=`` against what an
+array cannot hold (``None``, a complex number) answer elementwise, a complex scalar operand gives NumPy's complex
+array through the fallback, ``round`` of a 0-d result, ``dot`` with a
+scalar or N-d operands and ``out=``, ``matmul(out=)``, ``a @= b``, ``reshape(order="F")``. Prints ``ok <section>``
+per section on rank 0 and ``ALL OK`` at the end."""
+import warnings
+
+import numpy as np
+
+import nbmpi.workers.distarray as dnp
+from spmd_checks import checks, expect, rank, section, size
+from spmd_checks import same_typed as _same_typed
+
+
+def same_typed(name: str, got, want) -> None:
+    """spmd_checks.same_typed (dtype, shape and values exactly), counted in ``checks``."""
+    _same_typed(name, got, want)
+    checks[0] += 1
+
+warnings.simplefilter("ignore", dnp.NumPyFallbackWarning)
+
+
+def augmented(op: str, x, value) -> None:
+    exec(f"x {op} value")       # noqa: S102 - the operator under test, on a name bound inside a function
+
+
+for op in ("+=", "-=", "*=", "//=", "%=", "<<=", ">>=", "&=", "|=", "^=", "**="):
+    for dt in ("int64", "float64"):
+        if dt == "float64" and op in ("<<=", ">>=", "&=", "|=", "^="):
+            continue
+        base = np.arange(11, dtype=dt) * 3 + 5
+        d, n = dnp.asarray(base.copy()), base.copy()
+        augmented(op, d[2::3], 4)          # through a strided view: the array changes
+        augmented(op, n[2::3], 4)
+        same_typed(f"{op} {dt} through a view", d, n)
+        augmented(op, d, 2)                # inside a function: the caller's array changes
+        augmented(op, n, 2)
+        same_typed(f"{op} {dt} in a function", d, n)
+expect("int //= float", TypeError, lambda: augmented("//=", dnp.arange(5), 2.5), ["same_kind"])
+expect("int %= float", TypeError, lambda: augmented("%=", dnp.arange(5), 2.5), ["same_kind"])
+section("augmented assignments are in place")
+
+a, x = dnp.arange(7.), np.arange(7.)
+for name, got, want in [("== None", a == None, x == None), ("!= None", a != None, x != None),   # noqa: E711
+                        ("== 1j", a == 1j, x == 1j), ("!= 1j", a != 1j, x != 1j), ("== 3", a == 3, x == 3),
+                        ("== object", a == object(), np.zeros(7, bool))]:
+    same_typed(name, got, want)
+for name, got, want in [("a * 1j", a * 1j, x * 1j), ("1j - a", 1j - a, 1j - x),
+                        ("a + complex128", a + np.complex128(2 - 1j), x + np.complex128(2 - 1j))]:
+    assert isinstance(got, np.ndarray), (name, type(got))   # NumPy's complex array, through the fallback
+    same_typed(name, got, want)
+same_typed("round(0-d)", np.array(round(a.mean())), np.array(round(x.mean())))
+assert type(round(a.mean())) is int
+same_typed("round(0-d, 2)", np.array(round(a.std(), 2)), np.array(round(x.std(), 2)))
+same_typed("round(a[i], 3)", np.array(round(a[3] / 7, 3)), np.array(round(x[3] / 7, 3)))
+expect("round(1-d)", TypeError, lambda: round(a), ["numpy.round"])
+section("comparisons with None and complex, complex scalars, round")
+
+A = np.arange(20.).reshape(5, 4)
+dA = dnp.asarray(A)
+same_typed("dot(A, 2.0)", dnp.dot(dA, 2.0), np.dot(A, 2.0))
+same_typed("dot(2, A)", dnp.dot(2, dA), np.dot(2, A))
+same_typed("A.dot(v)", dA.dot(dnp.arange(4.)), A.dot(np.arange(4.)))
+o = dnp.zeros(5)
+same_typed("dot(A, v, out=o) is o", np.array(dnp.dot(dA, dnp.arange(4.), out=o) is o), np.array(True))
+same_typed("dot out= values", o, A @ np.arange(4.))
+B = np.arange(24.).reshape(2, 3, 4)
+same_typed("dot(3-d, 1-d)", dnp.dot(dnp.asarray(B), dnp.arange(4.)), np.dot(B, np.arange(4.)))
+o2 = dnp.zeros((5, 5))
+same_typed("matmul(out=) is out", np.array(dnp.matmul(dA, dA.T, out=o2) is o2), np.array(True))
+same_typed("matmul out= values", o2, A @ A.T)
+expect("matmul out= of another shape", ValueError, lambda: dnp.matmul(dA, dA.T, out=dnp.zeros((4, 4))), ["shape"])
+S = np.arange(9.).reshape(3, 3)
+dS = dnp.asarray(S)
+alias, view = dS, dS[1:]
+dS @= dS
+S @= S
+same_typed("a @= b", dS, S)
+same_typed("a @= b: the same object", np.array(alias is dS), np.array(True))
+same_typed("a @= b: seen through a view", view, S[1:])
+expect("int @= float", TypeError, lambda: augmented("@=", dnp.arange(3), dnp.ones((3, 3))), ["same_kind"])
+same_typed("reshape order F", dnp.arange(12).reshape(4, 3, order="F"), np.arange(12).reshape(4, 3, order="F"))
+same_typed("reshape order C", dnp.arange(12).reshape((3, 4)), np.arange(12).reshape((3, 4)))
+section("dot, matmul out=, a @= b, reshape order")
+print(f"ALL OK ({checks[0]} checks on {size} ranks)", flush=True) if rank == 0 else None

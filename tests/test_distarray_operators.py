@@ -1,0 +1,15 @@
+"""Python's operators and NumPy's product functions on distributed arrays behave as NumPy's: the SPMD program
+``distarray_operators.py`` under real mpiexec on 2 and 3 ranks (3: a rank may hold no row of a small array)."""
+from __future__ import annotations
+
+import pytest
+
+from conftest import run_sections
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_operators_and_products_equal_numpy(run_mpi, kernel_cache, n):
+    p = run_sections(run_mpi, kernel_cache, "distarray_operators.py", n,
+                     ("augmented assignments are in place", "comparisons with None and complex, complex scalars, round",
+                      "dot, matmul out=, a @= b, reshape order"))
+    assert "rank 0 raised int //= float: TypeError" in p.stdout and "ALL OK (" in p.stdout, p.stdout
