@@ -3,7 +3,8 @@ tests/test_distarray_operators.py under ``nbmpi run -n 2`` and ``-n 3``): the au
 (a view and every name bound to the array see them, with NumPy's casting errors), ``==``/``!=`` against what an
 array cannot hold (``None``, a complex number) answer elementwise, a complex scalar operand gives NumPy's complex
 array through the fallback, ``round`` of a 0-d result, ``dot`` with a
-scalar or N-d operands and ``out=``, ``matmul(out=)``, ``a @= b``, ``reshape(order="F")``. Prints ``ok <section>``
+scalar or N-d operands and ``out=``, ``matmul(out=)`` (also NumPy's), ``a @= b``, ``reshape(order="F")``, NumPy
+boolean masks of the array's shape. Prints ``ok <section>``
 per section on rank 0 and ``ALL OK`` at the end."""
 import warnings
 
@@ -81,7 +82,16 @@ same_typed("a @= b", dS, S)
 same_typed("a @= b: the same object", np.array(alias is dS), np.array(True))
 same_typed("a @= b: seen through a view", view, S[1:])
 expect("int @= float", TypeError, lambda: augmented("@=", dnp.arange(3), dnp.ones((3, 3))), ["same_kind"])
+o3 = dnp.zeros((5, 5))
+same_typed("numpy.matmul(out=) is out", np.array(np.matmul(dA, dA.T, out=o3) is o3), np.array(True))
+same_typed("numpy.matmul out= values", o3, A @ A.T)
+M = A % 3 == 0
+same_typed("a[NumPy mask of a's shape]", dA[M], A[M])
+dM = dnp.asarray(A)
+dM[M] = -1.0
+same_typed("a[NumPy mask of a's shape] = x", dM, np.where(M, -1.0, A))
+expect("a[NumPy mask of another shape]", IndexError, lambda: dA[np.ones((3, 4), bool)], ["does not match"])
 same_typed("reshape order F", dnp.arange(12).reshape(4, 3, order="F"), np.arange(12).reshape(4, 3, order="F"))
 same_typed("reshape order C", dnp.arange(12).reshape((3, 4)), np.arange(12).reshape((3, 4)))
-section("dot, matmul out=, a @= b, reshape order")
+section("dot, matmul out=, a @= b, reshape order, NumPy masks of the array's shape")
 print(f"ALL OK ({checks[0]} checks on {size} ranks)", flush=True) if rank == 0 else None

@@ -315,7 +315,7 @@ class DistArray:
                 raise UnsupportedOperation("index arrays are supported alone, selecting along axis 0 (a[idx], "
                                            "b[idx] = a); combine them with slices in two steps: a[idx][:, 1:]")
             return None
-        return irregular.numpy_index(key, self.shape[0] if self.shape else 0)
+        return irregular.numpy_index(key, self.shape[0] if self.shape else 0, self.shape)
 
     def _take(self, idx: Any) -> "DistArray":
         """``self[idx]`` with an index array: a new array (a force point, collective)."""
@@ -397,7 +397,8 @@ class DistArray:
     # -- NumPy protocols -------------------------------------------------------------------
     def __array_ufunc__(self, ufunc: np.ufunc, method: str, *inputs: Any, **kwargs: Any):
         if ufunc is np.matmul and method == "__call__":
-            return matmul(*inputs)
+            out = kwargs.pop("out", None)                  # NumPy passes out= as a tuple of one
+            return matmul(*inputs, out=out[0] if isinstance(out, tuple) else out, **kwargs)
         return ufuncs.dispatch(ufunc, method, inputs, kwargs, _METHODS)     # every ufunc natively (.ufuncs)
 
     def __array_function__(self, func, types, args, kwargs):

@@ -182,10 +182,11 @@ def _pattern_args(p: RowPattern) -> Tuple[int, np.ndarray, int, int]:
 
 
 # --------------------------------------------------------------------------- recording (DistArray hooks)
-def numpy_index(key: Any, axis_len: int) -> Optional[np.ndarray]:
+def numpy_index(key: Any, axis_len: int, shape: Tuple[int, ...] = ()) -> Optional[np.ndarray]:
     """``key`` as an int64 index array along axis 0 if it is a 1-D NumPy integer array, a list of integers or
     a 1-D boolean mask of length ``axis_len``; None if it is not an index array (basic indexing). Raises
-    IndexError (wrong mask length) or UnsupportedOperation (more than one dimension)."""
+    IndexError (a mask of another shape), UnsupportedOperation (more than one dimension; for a mask of the
+    leading ``shape`` of the indexed array, e.g. its whole shape, NumPy's indexing through the fallback takes it)."""
     if isinstance(key, list):
         key = np.asarray(key)
         if key.size == 0:
@@ -193,6 +194,8 @@ def numpy_index(key: Any, axis_len: int) -> Optional[np.ndarray]:
     if not isinstance(key, np.ndarray):
         return None
     if key.dtype == np.bool_:
+        if key.ndim > 1 and key.shape == tuple(shape[:key.ndim]):
+            raise UnsupportedOperation(f"a NumPy boolean mask of {key.ndim} dimensions selects elements, not rows")
         if key.ndim != 1 or key.shape[0] != axis_len:
             raise IndexError(f"boolean index of shape {key.shape} does not match axis 0 of length {axis_len}; "
                              "a mask selects rows (a 1-D mask of the axis's length); for a[mask] = x with a "
