@@ -94,4 +94,13 @@ expect("a[NumPy mask of another shape]", IndexError, lambda: dA[np.ones((3, 4), 
 same_typed("reshape order F", dnp.arange(12).reshape(4, 3, order="F"), np.arange(12).reshape(4, 3, order="F"))
 same_typed("reshape order C", dnp.arange(12).reshape((3, 4)), np.arange(12).reshape((3, 4)))
 section("dot, matmul out=, a @= b, reshape order, NumPy masks of the array's shape")
+h = (np.arange(12) * 0.37).astype(np.float16)       # numba has no float16: reductions run NumPy's (fallback)
+dh = dnp.asarray(h)
+for name, got, want in [("sum", dh.sum(), h.sum()), ("sum axis 1", dh.reshape(4, 3).sum(axis=1), h.reshape(4, 3).sum(axis=1)),
+                        ("mean", dh.mean(), h.mean()), ("max", dh.max(), h.max()), ("argmax", dnp.argmax(dh), np.argmax(h)),
+                        ("std", dh.std(), h.std()), ("var axis 0", dh.reshape(4, 3).var(axis=0), h.reshape(4, 3).var(axis=0)),
+                        ("nanmax", dnp.nanmax(dh), np.nanmax(h)), ("cumsum", dnp.cumsum(dh), np.cumsum(h)),
+                        ("cumprod axis 1", dnp.cumprod(dh.reshape(4, 3), axis=1), np.cumprod(h.reshape(4, 3), axis=1))]:
+    same_typed(f"float16 {name}", got, np.asarray(want))
+section("float16 reductions and scans")
 print(f"ALL OK ({checks[0]} checks on {size} ranks)", flush=True) if rank == 0 else None

@@ -11,5 +11,6 @@ from conftest import run_sections
 def test_operators_and_products_equal_numpy(run_mpi, kernel_cache, n):
     p = run_sections(run_mpi, kernel_cache, "distarray_operators.py", n,
                      ("augmented assignments are in place", "comparisons with None and complex, complex scalars, round",
-                      "dot, matmul out=, a @= b, reshape order, NumPy masks of the array's shape"))
+                      "dot, matmul out=, a @= b, reshape order, NumPy masks of the array's shape",
+                      "float16 reductions and scans"))
     assert "rank 0 raised int //= float: TypeError" in p.stdout and "ALL OK (" in p.stdout, p.stdout

@@ -116,7 +116,8 @@ def _scan_local(a: DistArray, op: str, dt: np.dtype, ax: int) -> DistArray:
 def _cumulative(op: str):
     def cumulative(a: Any, axis: Any = None, dtype: Any = None, out: Any = None) -> Any:
         name = f"cum{op}"
-        if not isinstance(a, DistArray) or (axis is None and a.ndim > 1) or a.ndim == 0 or a.dtype.kind == "c":
+        if not isinstance(a, DistArray) or (axis is None and a.ndim > 1) or a.ndim == 0 or a.dtype.kind == "c" \
+                or np.float16 in (a.dtype, None if dtype is None else np.dtype(dtype)):   # numba: no float16
             return fallback.call(getattr(np, name), (a,), dict(axis=axis, dtype=dtype, out=out), name)
         ax = 0 if axis is None else operator.index(axis)
         if not -a.ndim <= ax < a.ndim:

@@ -102,11 +102,18 @@ def _prepare(a: DistArray, dtype: Any, mask: Any, fill: Any) -> DistArray:
     return a
 
 
+def _numpy_only(*dtypes: Any) -> bool:
+    """Whether a reduction over or into these dtypes (None: none given) goes through the NumPy fallback: complex
+    and float16, which the compiled kernels do not take (numba has no float16 arrays)."""
+    return _builtins.any(d is not None and np.dtype(d).kind == "c" or d is not None and np.dtype(d) == np.float16
+                         for d in dtypes)
+
+
 def _simple(op: str):
     def reduction(a: Any, axis: Any = None, dtype: Any = None, out: Any = None, keepdims: bool = False,
                   where: Any = True, **kwargs: Any) -> Any:
         if not isinstance(a, DistArray) or kwargs.get("initial") is not None or (
-                op in ("min", "max") and where is not True):
+                op in ("min", "max") and where is not True) or _numpy_only(a.dtype, dtype):
             kw = dict(axis=axis, out=out, keepdims=keepdims, **({"dtype": dtype} if op in ("sum", "prod") else {}),
                       **({} if where is True else {"where": where}), **kwargs)
             if not isinstance(a, DistArray) and not isinstance(out, DistArray):
@@ -158,6 +165,9 @@ def mean(a: Any, axis: Any = None, dtype: Any = None, out: Any = None, keepdims:
     divided by the number of selected elements; NaN over no element, with NumPy's RuntimeWarning. SPMD."""
     if not isinstance(a, DistArray):
         return np.mean(a, axis=axis, dtype=dtype, out=out, keepdims=keepdims, where=where)
+    if _numpy_only(a.dtype, dtype):
+        return fallback.call(np.mean, (a,), dict(axis=axis, dtype=dtype, out=out, keepdims=keepdims, where=where),
+                             "mean")
     axes = normalize_axes(axis, a.ndim)
     _warn_empty(a, axes)
     rdt = np.dtype(dtype) if dtype is not None else np.mean(np.ones(1, dtype=a.dtype)).dtype
@@ -172,7 +182,7 @@ def var(a: Any, axis: Any = None, dtype: Any = None, out: Any = None, ddof: floa
         where: Any = True, mean: Any = None, correction: Any = None) -> Any:
     """``numpy.var`` of a DistArray (recorded): the mean of the squared deviations from the mean, divided
     by ``n - ddof`` (NaN or inf where that is not positive, as NumPy, with its RuntimeWarning). SPMD."""
-    if not isinstance(a, DistArray) or mean is not None or a.dtype.kind == "c":
+    if not isinstance(a, DistArray) or mean is not None or _numpy_only(a.dtype):
         return fallback.call(np.var, (a,), dict(axis=axis, dtype=dtype, out=out, ddof=ddof, keepdims=keepdims,
                                                 where=where, **({} if mean is None else {"mean": mean})), "var")
     if correction is not None:
@@ -191,7 +201,7 @@ def var(a: Any, axis: Any = None, dtype: Any = None, out: Any = None, ddof: floa
 def std(a: Any, axis: Any = None, dtype: Any = None, out: Any = None, ddof: float = 0, keepdims: bool = False,
         where: Any = True, mean: Any = None, correction: Any = None) -> Any:
     """``numpy.std`` of a DistArray: the square root of :func:`var` (recorded). SPMD."""
-    if not isinstance(a, DistArray) or mean is not None or a.dtype.kind == "c":
+    if not isinstance(a, DistArray) or mean is not None or _numpy_only(a.dtype):
         return fallback.call(np.std, (a,), dict(axis=axis, dtype=dtype, out=out, ddof=ddof, keepdims=keepdims,
                                                 where=where, **({} if mean is None else {"mean": mean})), "std")
     res = np.sqrt(var(a, axis=axis, dtype=dtype, ddof=ddof, keepdims=keepdims, where=where, correction=correction))
@@ -245,7 +255,7 @@ def _np_sum_products(ix, strides) -> np.ndarray:
 
 def _arg(op: str):
     def arg(a: Any, axis: Any = None, out: Any = None, *, keepdims: bool = False) -> Any:
-        if not isinstance(a, DistArray) or a.dtype.kind == "c" or a.ndim == 0:
+        if not isinstance(a, DistArray) or _numpy_only(a.dtype) or a.ndim == 0:
             return fallback.call(getattr(np, f"arg{op}"), (a,), dict(axis=axis, out=out, keepdims=keepdims),
                                  f"arg{op}")
         axes = normalize_axes(axis, a.ndim)
@@ -277,7 +287,7 @@ argmax = _arg("max")
 def _nan(op: str, base: Any, fill: Any):
     def nanred(a: Any, axis: Any = None, dtype: Any = None, out: Any = None, keepdims: bool = False,
                where: Any = True, **kwargs: Any) -> Any:
-        if not isinstance(a, DistArray) or kwargs.get("initial") is not None or a.dtype.kind == "c":
+        if not isinstance(a, DistArray) or kwargs.get("initial") is not None or _numpy_only(a.dtype):
             return fallback.call(getattr(np, f"nan{op}"), (a,), dict(axis=axis, out=out, keepdims=keepdims,
                                                                     **({"dtype": dtype} if dtype is not None else {}),
                                                                     **({} if where is True else {"where": where}),
