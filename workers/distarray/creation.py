@@ -109,17 +109,49 @@ def arange(start, stop=None, step=1, dtype=None, dist="block", comm=None) -> Dis
     # NumPy's result dtype comes from start, stop and step together (arange(12.0) is float64)
     if dtype is None:
         dtype = np.result_type(*(np.asarray(v) for v in (start, stop, step)))
-    probe = np.arange(start, start + step * min(n, 2), step, dtype=dtype)
-    dt = _dtype(probe.dtype)
+    dt = _dtype(dtype)
+    head = _arange_head(start, step, n, dt)     # NumPy's conversion errors, before anything is allocated
     b, ctx = _new((n,), dt, dist, comm, f"arange({start!r},{stop!r},{step!r})")
-    g = b.dist.global_rows(ctx.rank)
-    if dt.kind in "iub":
-        vals = (np.int64(start) + g.astype(np.int64) * np.int64(step)).astype(dt)
-    else:
-        delta = float((start + step) - start)
-        vals = (float(start) + g.astype(np.float64) * delta).astype(dt)
-    b.set_local(np.ascontiguousarray(vals))
+    b.set_local(_arange_values(head, n, b.dist.global_rows(ctx.rank)))
     return DistArray(b, View.full((n,)))
+
+
+def _arange_head(start: Any, step: Any, n: int, dt: np.dtype) -> np.ndarray:
+    """The first two elements of ``numpy.arange(start, ., step, dtype=dt)`` of length ``n`` (zeros past ``n``):
+    NumPy stores ``start`` and ``start + step`` (Python arithmetic) with the dtype's own conversion of a scalar:
+    ``int()`` then the bounds check for an integer ``dt`` (``OverflowError: Python integer -1 out of bounds for
+    uint8`` for ``-1.9`` or ``numpy.int64(-1)``), ``float()`` rounded to a float ``dt``, truth for bool. NumPy's
+    ``TypeError`` for a bool ``dt`` longer than 2. Local, the same on every rank."""
+    conv = bool if dt.kind == "b" else int if dt.kind in "iu" else float
+    head = np.zeros(2, dt)
+    if n > 0:
+        head[0] = conv(start)
+    if n > 1:
+        head[1] = conv(start + step)
+    if n > 2 and dt.kind == "b":
+        raise TypeError("arange() is only supported for booleans when the result has at most length 2.")
+    return head
+
+
+def _arange_values(head: np.ndarray, n: int, g: np.ndarray) -> np.ndarray:
+    """The elements at global indices ``g`` (int64) of an ``arange`` of length ``n`` whose first two elements are
+    ``head`` (:func:`_arange_head`), bit for bit ``numpy.arange``'s: NumPy fills element ``i`` with
+    ``first + i * delta`` computed in the dtype itself, ``delta`` being the second element minus the first in that
+    dtype (``arange(0, 1, 0.1, dtype=float32)[9]`` is 0.90000004: ``0.1`` rounded to float32, times 9 in float32).
+    Integer dtypes wrap as C integers do (computed modulo 2**64 here, then cast); float16 is computed in float32
+    and rounded, as NumPy's fill does. Local."""
+    dt = head.dtype
+    if n <= 2:
+        return head[g]
+    if dt.kind in "iu":
+        h = head.astype(np.uint64)              # two's complement: exact modulo 2**64
+        return (h[:1] + g.astype(np.uint64) * (h[1:] - h[:1])).astype(dt)
+    ct = np.dtype(np.float32) if dt == np.float16 else dt
+    h = head.astype(ct)
+    with np.errstate(all="ignore"):             # NumPy's fill reports no floating-point error
+        vals = h[0] + g.astype(ct) * (h[1] - h[0])
+        vals[g < 2] = h[g[g < 2]]               # the stored start and start + step, not recomputed
+        return vals.astype(dt, copy=False)
 
 
 def from_numpy(x: Any, dist="block", comm=None, root: Optional[int] = None) -> DistArray:

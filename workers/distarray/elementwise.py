@@ -394,6 +394,69 @@ def _resolve(ufunc: np.ufunc, name: str, specs: Tuple[Any, ...]) -> Tuple[Tuple[
     return got
 
 
+#: The comparison ufuncs: NumPy 2 compares a Python int with an integer array by value, also when the int lies
+#: outside the array's dtype (``uint8_array == 256`` is all False, ``int8_array < 200`` all True).
+COMPARISONS = frozenset({"equal", "not_equal", "less", "less_equal", "greater", "greater_equal"})
+#: ``(min, max)`` of each integer dtype (Python ints), computed once per dtype.
+_INT_BOUNDS: Dict[np.dtype, Tuple[int, int]] = {}
+#: The Python ints a kernel takes as a scalar argument as they are (numba types them int64).
+_ARG_MIN, _ARG_MAX = -2**63, 2**63 - 1
+
+
+def _outside(n: Node, dt: np.dtype) -> bool:
+    """Whether ``n`` is a Python int (a weak :class:`~.graph.Const`) outside the range of the integer dtype ``dt``
+    it is converted to (300 for int8: the kernels would wrap it to 44; NumPy does not). Local."""
+    if type(n) is not Const or not n.weak or dt.kind not in "iu" or not isinstance(n.value, int):
+        return False
+    got = _INT_BOUNDS.get(dt)
+    if got is None:
+        info = np.iinfo(dt)
+        got = _INT_BOUNDS[dt] = (int(info.min), int(info.max))
+    return not got[0] <= n.value <= got[1]
+
+
+def _misfit(n: Node, dt: np.dtype) -> bool:
+    """Whether ``n`` is a Python int the kernels cannot take as it is when NumPy converts it to ``dt``: one
+    :func:`_outside` ``dt``, or one outside int64 (a kernel's scalar argument: ``uint64_array == 2**64 - 1``,
+    ``a / 2**64``). A range check or two, at record time. Local."""
+    if type(n) is not Const or not n.weak or not isinstance(n.value, int):
+        return False
+    return not _ARG_MIN <= n.value <= _ARG_MAX or _outside(n, dt)
+
+
+def _as_scalar(value: Any, dt: np.dtype) -> np.generic:
+    """``value`` (a Python scalar) converted to ``dt`` the way NumPy stores a Python scalar into an array of
+    ``dt`` (its errors and warnings: ``OverflowError`` for an int outside an integer dtype, ``inf`` and NumPy's
+    overflow warning for an int beyond a float dtype). Local."""
+    a = np.empty((), dt)
+    a[()] = value
+    return a[()]
+
+
+def _python_int_expr(ufunc: np.ufunc, nodes: Sequence[Node], in_dt: Tuple[np.dtype, ...], out_dt: np.dtype,
+                     shape: Tuple[int, ...]) -> Op:
+    """``ufunc(*nodes)`` when a Python int operand is a :func:`_misfit`, as NumPy 2 computes it:
+
+    * NumPy's own error at the call, found by calling ``ufunc`` on one-element stand-ins of the operands (the
+      Python ints as they are): ``uint8_array + (-1)`` raises ``OverflowError: Python integer -1 out of bounds
+      for uint8``, ``int64_array + 2**63`` ``OverflowError: Python int too large to convert to C long``;
+    * a comparison with an int outside the integer dtype compares by value, so its result is the same for every
+      element (``uint8_array == 256`` all False, ``uint8_array > -1`` all True): an expression of that constant,
+      which reads no operand;
+    * else (an int beyond int64 that fits the loop's dtype: ``a / 2**64``, ``uint64_array + 2**63``) the int
+      converted to the loop's dtype here.
+
+    Local, on every rank alike (SPMD)."""
+    probe = [n.value if type(n) is Const else np.zeros((1,), n.dtype) for n in nodes]
+    with np.errstate(all="ignore"):
+        got = ufunc(*probe)           # raises NumPy's own error, if NumPy raises one
+    if ufunc.__name__ in COMPARISONS and any(_outside(n, dt) for n, dt in zip(nodes, in_dt)):
+        c = Const(np.asarray(got, dtype=out_dt).reshape(-1)[0])
+        return Op("cast", (c,), out_dt, (c.dtype,), shape)
+    args = tuple(Const(_as_scalar(n.value, dt)) if _misfit(n, dt) else n for n, dt in zip(nodes, in_dt))
+    return Op.of(ufunc.__name__, args, out_dt, in_dt, shape)
+
+
 def record_ufunc(context, ufunc: np.ufunc, inputs: Sequence[Any], out: Optional[Leaf] = None) -> Leaf:
     """Record ``ufunc(*inputs[, out=out])``; return the result (``out`` if given)."""
     name = ufunc.__name__
@@ -420,6 +483,12 @@ def record_ufunc(context, ufunc: np.ufunc, inputs: Sequence[Any], out: Optional[
     shape = _broadcast(name, [n.shape for n in nodes])
     in_dt, out_dt = _resolve(ufunc, name, tuple([n.spec if type(n) is Const else n.dtype for n in nodes]))
     expr = Op.of(name, tuple(nodes), out_dt, in_dt, shape)     # _resolve and _broadcast give the stored types
+    reads = ls             # the leaves the recorded value reads (the operands' leaves place the result)
+    for n, dt in zip(nodes, in_dt):
+        if type(n) is Const and _misfit(n, dt):        # a range check per Python int operand, nothing per element
+            expr = _python_int_expr(ufunc, nodes, in_dt, out_dt, shape)
+            reads = list(leaves(expr))
+            break
 
     def desc() -> str:
         return f"{name}(" + ", ".join(node_desc(n) for n in nodes) + ")"
@@ -432,9 +501,20 @@ def record_ufunc(context, ufunc: np.ufunc, inputs: Sequence[Any], out: Optional[
         if not np.can_cast(out_dt, out.dtype, casting="same_kind"):
             raise TypeError(f"Cannot cast ufunc {name!r} output from {np.dtype(out_dt)!r} to {out.dtype!r} with "
                             "casting rule 'same_kind'")
-        return _record(context, out, expr, lambda: f"{node_desc(out)} = {desc()}", ls)
+        return _record(context, out, expr, lambda: f"{node_desc(out)} = {desc()}", reads)
     target = _result_of(context, [l for l in ls if not l.base.replicated], shape, out_dt)
-    return _record(context, target, expr, lambda: f"{target.base.name()} = {desc()}", ls)
+    return _record(context, target, expr, lambda: f"{target.base.name()} = {desc()}", reads)
+
+
+def _where_operand(n: Node, dt: np.dtype) -> Node:
+    """Operand ``n`` of ``where(cond, x, y)`` with result dtype ``dt``, as the kernels take it. NumPy casts a
+    Python int to ``dt`` unsafely (``where(c, uint8_array, 300)`` holds 44, as the kernels compute it too); one
+    outside int64 (which no kernel argument holds as it is) is converted here by NumPy's ``where`` itself: 2**63
+    is -2**63 as int64, a float for a float ``dt``, NumPy's ``OverflowError`` beyond 64 bits for an integer one.
+    Local."""
+    if type(n) is not Const or not n.weak or not isinstance(n.value, int) or _ARG_MIN <= n.value <= _ARG_MAX:
+        return n
+    return Const(np.where(True, n.value, np.zeros((), dt))[()])
 
 
 def record_where(context, cond: Any, x: Any, y: Any) -> Leaf:
@@ -446,6 +526,7 @@ def record_where(context, cond: Any, x: Any, y: Any) -> Leaf:
     dt = np.result_type(*vals)
     if dt.kind not in "biuf":
         raise UnsupportedOperation(f"where: result dtype {dt} is not supported")
+    nodes[1:] = [_where_operand(n, dt) for n in nodes[1:]]
     expr = Op("where", tuple(nodes), dt, (np.dtype(np.bool_), dt, dt), shape)
     target = result_leaf(context, nodes, shape, dt)
     return _record(context, target, expr, lambda: f"{target.base.name()} = where(" +
@@ -476,6 +557,8 @@ def record_assign(context, target: Leaf, value: Any) -> Leaf:
                              f"(assignment to {node_desc(target)})")
     if isinstance(node, Const):
         dt = target.dtype
+        if _misfit(node, dt):       # NumPy's setitem: an error for 300 into int8, 10**40 into float32 is inf
+            node = Const(_as_scalar(node.value, dt))
         node = Op("cast", (node,), dt, (np.dtype(type(node.value)) if node.weak else node.dtype,), ())
     elif node.dtype != target.dtype:
         node = Op("cast", (node,), target.dtype, (node.dtype,), node.shape)

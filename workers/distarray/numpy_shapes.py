@@ -81,6 +81,10 @@ def clip(a: Any, a_min: Any = None, a_max: Any = None, out: Any = None, **kwargs
     hi = kwargs.pop("max", a_max)
     if not isinstance(a, DistArray) or kwargs:
         return fallback.call(np.clip, (a, lo, hi), dict(out=out, **kwargs), "clip")
+    if a.dtype.kind in "iu":        # as NumPy's _clip: a Python int bound at or beyond the dtype's range is none
+        info = np.iinfo(a.dtype)
+        lo = None if type(lo) is int and lo <= info.min else lo
+        hi = None if type(hi) is int and hi >= info.max else hi
     res = a
     if lo is not None:
         res = np.maximum(res, lo)
