@@ -163,7 +163,8 @@ def report(program: str, sizes: Dict[str, Any], numpy_s: List[float], every: Lis
     heads = ["phase (s)"] + [f"rank {r} warm" for r in range(len(every))] + \
         [f"rank {r} first run" for r in range(len(every))]
     md = (f"Program `{program}` at {sizes or 'its test size'}, nbmpi on {len(every)} ranks: each warm value is the "
-          f"median of {len(every[0]) - 1} warm runs. NumPy in one process: median {data['numpy_median_s']:.3f} s "
+          f"median of {len(every[0]) - 1} warm runs, phase by phase (so the warm parts need not add up to the warm "
+          f"program time). NumPy in one process: median {data['numpy_median_s']:.3f} s "
           f"of {len(numpy_s)} runs.\n\n" + md_table(heads, rows) + "\n\n"
           "waiting is part of execution, gc_force_points of the force points; gc_recording and gc_freeze (the "
           "collections after a force point that made new kernels or plans) are part of recording.")
