@@ -103,4 +103,41 @@ for name, got, want in [("sum", dh.sum(), h.sum()), ("sum axis 1", dh.reshape(4,
                         ("cumprod axis 1", dnp.cumprod(dh.reshape(4, 3), axis=1), np.cumprod(h.reshape(4, 3), axis=1))]:
     same_typed(f"float16 {name}", got, np.asarray(want))
 section("float16 reductions and scans")
+
+
+def copy_warnings(write) -> list:
+    """The CopyNotViewWarning messages ``write()`` gives on this rank."""
+    with warnings.catch_warnings(record=True) as got:
+        warnings.simplefilter("always")
+        write()
+    return [str(w.message) for w in got if issubclass(w.category, dnp.CopyNotViewWarning)]
+
+
+C = dnp.asarray(np.arange(12.).reshape(4, 3))
+for name, write, what in [
+        ("a.T[1] = 5", lambda: C.T.__setitem__(1, 5.0), "a.T"),
+        ("a.T[0] += 1", lambda: C.T[0].__iadd__(1.0), "a.T"),
+        ("a.T[0] //= 2", lambda: C.T[0].__ifloordiv__(2.0), "a.T"),
+        ("swapaxes(a, 0, 1)[0] = 1", lambda: dnp.swapaxes(C, 0, 1).__setitem__(0, 1.0), "swapaxes"),
+        ("a.reshape(3, 4)[0] = 1", lambda: C.reshape(3, 4).__setitem__(0, 1.0), "reshape"),
+        ("a.ravel()[0] = 1", lambda: C.ravel().__setitem__(0, 1.0), "ravel"),
+        ("flip(a, 0)[0] = 1", lambda: dnp.flip(C, 0).__setitem__(0, 1.0), "flip along axis 0"),
+        ("moveaxis(3-d)[0] = 1", lambda: dnp.moveaxis(dnp.zeros((2, 3, 4)), 0, 2).__setitem__(0, 1.0), "moveaxis")]:
+    msgs = copy_warnings(write)
+    if rank == 0:
+        assert len(msgs) == 1 and what in msgs[0] and "does not change" in msgs[0], (name, msgs)
+    else:
+        assert msgs == [], (name, msgs)              # rank 0 warns for all
+same_typed("the array written through copies is unchanged", C, np.arange(12.).reshape(4, 3))
+for name, write in [("a[:, 0] = 7", lambda: C.__setitem__((slice(None), 0), 7.0)),
+                    ("a[1:][0] = 7 (a view)", lambda: C[1:].__setitem__(0, 7.0)),
+                    ("a.T.copy()[0] = 7", lambda: C.T.copy().__setitem__(0, 7.0)),
+                    ("flip(a, 1)[0] = 9 (a view)", lambda: dnp.flip(C, 1).__setitem__(0, 9.0))]:
+    assert copy_warnings(write) == [], name
+want = np.arange(12.).reshape(4, 3)
+want[:, 0] = 7.0
+want[1] = 7.0
+want[0] = 9.0
+same_typed("writes into views reach the array", C, want)
+section("writes into copies where NumPy has views warn")
 print(f"ALL OK ({checks[0]} checks on {size} ranks)", flush=True) if rank == 0 else None

@@ -54,7 +54,7 @@ from .creation import (arange, array, asarray, empty, empty_like, from_numpy, fu
 from .distribution import Distribution
 from .context import configure, context_for
 engine_for = context_for  # the former name, kept
-from .errors import (DistArrayDivergence, DistArrayError, DistArrayTimeout, DistributionError, IndexOutOfBounds, ShapeError,
+from .errors import (CopyNotViewWarning, DistArrayDivergence, DistArrayError, DistArrayTimeout, DistributionError, IndexOutOfBounds, ShapeError,
                      UnsupportedOperation)
 from .fallback import NumPyFallbackWarning
 from .numpy_reductions import (all, amax, amin, any, argmax, argmin, count_nonzero, max, mean, min, nanmax,
@@ -128,7 +128,7 @@ def stats(comm=None) -> Dict[str, Any]:
 
 __all__ = [
     "DistArray", "Distribution", "DistArrayError", "DistArrayDivergence", "DistArrayTimeout", "DistributionError",
-    "ShapeError", "UnsupportedOperation", "IndexOutOfBounds", "NumPyFallbackWarning",
+    "ShapeError", "UnsupportedOperation", "IndexOutOfBounds", "NumPyFallbackWarning", "CopyNotViewWarning",
     "zeros", "ones", "empty", "full", "arange", "from_numpy", "array", "asarray", "zeros_like", "ones_like",
     "empty_like", "full_like", "random", "linspace", "logspace", "geomspace", "meshgrid", "indices", "identity", "eye",
     "fromfunction", "copy", "astype",

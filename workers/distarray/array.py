@@ -18,6 +18,7 @@ every rank with the same recorded operations (checked; a difference raises
 from __future__ import annotations
 
 import operator
+import warnings
 from typing import Any, Callable, Dict, Iterator, Optional, Tuple
 
 import numpy as np
@@ -25,7 +26,7 @@ import numpy as np
 from . import elementwise, fallback, gather_direct, irregular, matmul_recording, numpy_math, reductions, ufuncs
 from .distribution import Distribution, make_distribution
 from .context import ArrayContext
-from .errors import DistributionError, ShapeError, UnsupportedOperation
+from .errors import CopyNotViewWarning, DistributionError, ShapeError, UnsupportedOperation
 from .graph import Base, Leaf
 from .indexing import View
 from .plans import my_rows, selector
@@ -50,6 +51,30 @@ def _unsupported_get(a: "DistArray", key: Any) -> Any:
     if got is None and "_getitem_mixed" in _METHODS:
         got = _METHODS["_getitem_mixed"](a, key)
     return got if got is not None else fallback.call(operator.getitem, (a, key), {}, "ndarray.__getitem__")
+
+
+def copy_of_view(res: Any, a: Any, what: str) -> Any:
+    """``res``, the result of ``what`` on ``a`` (``a.T``, ``reshape``, ...), which NumPy makes a view of ``a``
+    but is a copy here, marked so that writes into it warn (:func:`_warn_copy_write`). ``res`` itself when it is
+    ``a`` or shares ``a``'s base (a true view). Local."""
+    if isinstance(res, DistArray) and res is not a and (not isinstance(a, DistArray) or res._base is not a._base):
+        res._base.copy_of = what
+    return res
+
+
+_COPY_WARNED: Dict[Any, Any] = {}
+
+
+def _warn_copy_write(a: "DistArray") -> None:
+    """Warn (rank 0, once per call site) that ``a`` is a copy where NumPy has a view: the write does not reach
+    the array it was made from."""
+    if a.context.rank != 0:
+        return
+    site = fallback._call_site()
+    warnings.warn_explicit(
+        f"writing into the result of {a._base.copy_of}, which on distributed arrays is a copy (NumPy's is a view): "
+        "the array it was made from does not change; write into that array instead (a[:, k] = v for a.T[k] = v)",
+        CopyNotViewWarning, site[0], site[1], registry=_COPY_WARNED)
 
 
 def _unsupported_set(a: "DistArray", key: Any, value: Any) -> None:
@@ -356,6 +381,8 @@ class DistArray:
 
     def __setitem__(self, key: Any, value: Any) -> None:
         ctx = self._base.context
+        if self._base.copy_of:
+            _warn_copy_write(self)
         if _basic_key(key):
             elementwise.record_assign(ctx, Leaf(self._base, self._view.index(key)),
                                       value._leaf() if isinstance(value, DistArray) else value)
@@ -442,6 +469,8 @@ class DistArray:
         return wrap(elementwise.record_ufunc(self.context, ufunc, args))
 
     def _iu(self, ufunc: np.ufunc, other: Any) -> "DistArray":
+        if self._base.copy_of:
+            _warn_copy_write(self)
         o = other._leaf() if isinstance(other, DistArray) else other
         fallback.note_native(ufunc.__name__)
         elementwise.record_ufunc(self.context, ufunc, [self._leaf(), o], out=self._leaf())
@@ -582,6 +611,8 @@ def _in_place(self: DistArray, ufunc: np.ufunc, other: Any) -> DistArray:
     """``self <op>= other`` for the operators the fused kernels do not compile in place: NumPy's ``ufunc``
     on each block with ``out=self`` (recorded), so ``self`` and every view of it change, with NumPy's
     casting rules (``same_kind``). Returns ``self``."""
+    if self._base.copy_of:
+        _warn_copy_write(self)
     ufunc(self, other, out=self)
     return self
 
@@ -721,11 +752,13 @@ def transpose(a: Any, axes: Any = None) -> Any:
         permute = _METHODS.get("_permute")          # by exchange of elements (numpy_reshaping)
         if permute is None:
             raise UnsupportedOperation("transpose with explicit axes is not supported")
-        return permute(a, tuple(range(a.ndim))[::-1] if axes is None else tuple(axes))
+        return copy_of_view(permute(a, tuple(range(a.ndim))[::-1] if axes is None else tuple(axes)), a,
+                            "a.T / transpose / swapaxes")
     if a._base.replicated and a.ndim == 2:     # every rank holds all of it: transposed locally (a force point)
         return wrap(elementwise.rep_base_from_numpy(a.context, a.to_numpy(_reason="transpose").T))
     res = matmul_recording.record_transpose(a.context, a._leaf())
-    return a if res.base is a._base and res.view == a._view else wrap(res)
+    return a if res.base is a._base and res.view == a._view else copy_of_view(wrap(res), a,
+                                                                               "a.T / transpose / swapaxes")
 
 
 def where(cond: Any, x: Any = None, y: Any = None) -> Any:

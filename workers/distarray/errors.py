@@ -13,7 +13,7 @@ from typing import Optional
 from ..core.errors import CommTimeout, NbmpiError, SPMDDivergence
 
 __all__ = ["DistArrayError", "ShapeError", "DistributionError", "UnsupportedOperation",
-           "DistArrayDivergence", "DistArrayTimeout", "IndexOutOfBounds"]
+           "DistArrayDivergence", "DistArrayTimeout", "IndexOutOfBounds", "CopyNotViewWarning"]
 
 
 class DistArrayError(NbmpiError):
@@ -71,3 +71,9 @@ class DistArrayTimeout(CommTimeout, DistArrayError):
 
     def __init__(self, rank: int, peer: Optional[int], op: str, waited: float, detail: str = ""):
         super().__init__(rank, peer, op, waited, detail)
+
+
+class CopyNotViewWarning(UserWarning):
+    """A write into an array that NumPy would have made a view of another (``a.T``, ``transpose``, ``swapaxes``,
+    ``moveaxis``, ``reshape``, ``ravel``, ``flip``) but which on distributed arrays is a copy: the other array does
+    not change. Warned once per call site, on rank 0."""

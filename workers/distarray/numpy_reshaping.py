@@ -22,7 +22,7 @@ import numpy as np
 from numpy.lib.array_utils import normalize_axis_index
 
 from . import fallback
-from .array import _FUNCTIONS, _METHODS, DistArray
+from .array import _FUNCTIONS, _METHODS, DistArray, copy_of_view
 from .distribution import make_distribution
 from .exchange import allgather_int, from_elements, from_local_part, local_part, result_dist
 from .graph import Base
@@ -94,10 +94,11 @@ def reshape(a: Any, shape: Any = None, order: str = "C", **kwargs: Any) -> Any:
     if result_dist(a, new[0]) == "block":
         out = _reshape_in_place(a, new)
         if out is not None:
-            return out
+            return copy_of_view(out, a, "reshape / ravel")
     rows, data = local_part(a)
     inner = int(np.prod(a.shape[1:], dtype=np.int64))
-    return from_elements(a.context, new, a.dtype, _flat_of(rows, inner), data, result_dist(a, new[0]), "reshape")
+    return copy_of_view(from_elements(a.context, new, a.dtype, _flat_of(rows, inner), data, result_dist(a, new[0]),
+                                      "reshape"), a, "reshape / ravel")
 
 
 def ravel(a: Any, order: str = "C") -> Any:
@@ -234,7 +235,7 @@ def moveaxis(a: Any, source: Any, destination: Any) -> Any:
     order = [k for k in range(a.ndim) if k not in src]
     for d, s in sorted(zip(dst, src)):
         order.insert(d, s)
-    return a if order == list(range(a.ndim)) else permute(a, tuple(order))
+    return a if order == list(range(a.ndim)) else copy_of_view(permute(a, tuple(order)), a, "moveaxis")
 
 
 def _nonzero_flat(a: DistArray) -> DistArray:

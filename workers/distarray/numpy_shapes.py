@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from . import fallback
-from .array import _FUNCTIONS, _METHODS, DistArray, _reduce, transpose, where
+from .array import _FUNCTIONS, _METHODS, DistArray, _reduce, copy_of_view, transpose, where
 from .numpy_reductions import normalize_axes, sum as _sum
 
 __all__ = ["expand_dims", "squeeze", "flip", "swapaxes", "clip", "round", "around", "outer", "cross", "diagonal",
@@ -57,7 +57,7 @@ def flip(a: Any, axis: Any = None) -> Any:
         return fallback.call(np.flip, (a,), dict(axis=axis), "flip")
     fallback.note_native("flip")
     if 0 in axes:                                 # rows sent to their mirrored place (a collective step)
-        a = _METHODS["_flip_rows"](a)
+        a = copy_of_view(_METHODS["_flip_rows"](a), a, "flip along axis 0")
         axes = tuple(k for k in axes if k != 0)
     return a[tuple(slice(None, None, -1) if k in axes else slice(None) for k in range(a.ndim))]
 
