@@ -72,6 +72,21 @@ def diverge_view():
 expect("divergence (views differ)", dnp.DistArrayDivergence, diverge_view,
        ["operation 1 since the previous force point", "rank 0 recorded", "rank 1 recorded"])
 
+p = dnp.arange(3)
+q = dnp.arange(6.0).reshape(2, 3)
+
+
+def diverge_gather():
+    if rank == 0:
+        str(p)           # print(p) on rank 0 alone: its gather met the others' gather of q
+    return np.asarray(q)
+
+
+expect("divergence (gathers of different arrays)", dnp.DistArrayDivergence, diverge_gather,
+       ["rank 0 recorded to_numpy(): gather of array#", "(3,) int64", "rank 1 recorded to_numpy(): gather of array#",
+        "(2, 3) float64", "x = a.to_numpy() on every rank"])
+assert np.asarray(q).tolist() == [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]] and str(p) == "[0 1 2]"   # usable again
+
 
 def late_rank():
     if rank == size - 1:

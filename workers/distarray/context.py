@@ -230,11 +230,14 @@ class ArrayContext:
         if len(self.pending) >= self.threshold and not self.in_flush and not self.hold_flush:
             self.flush("threshold")
 
-    def flush(self, reason: str, latency_hiding: Optional[bool] = None) -> None:
+    def flush(self, reason: str, latency_hiding: Optional[bool] = None, point: Any = None) -> None:
         """Evaluate every pending operation. Collective over the context's communicator: every rank
-        must reach the same force point with the same recorded operations. The cyclic garbage collector is
-        paused meanwhile (:attr:`gc_pause`, ``NBMPI_DISTARRAY_GC_PAUSE`` in the module doc)."""
-        if not self.pending or self.in_flush:
+        must reach the same force point with the same recorded operations. ``point`` (a
+        :class:`~.scheduler.ForcePoint`): the collective that follows, checked with the recorded operations, also
+        when none is pending (a rank calling another collective raises DistArrayDivergence on every rank instead
+        of mismatching messages). The cyclic garbage collector is paused meanwhile (:attr:`gc_pause`,
+        ``NBMPI_DISTARRAY_GC_PAUSE`` in the module doc)."""
+        if self.in_flush or (not self.pending and point is None):
             return
         from .scheduler import run_flush
 
@@ -244,7 +247,8 @@ class ArrayContext:
         if paused:
             gc.disable()
         try:
-            run_flush(self, tasks, reason, self.latency_hiding if latency_hiding is None else bool(latency_hiding))
+            run_flush(self, tasks, reason, self.latency_hiding if latency_hiding is None else bool(latency_hiding),
+                      point)
         finally:
             if paused:
                 gc.enable()

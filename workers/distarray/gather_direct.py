@@ -48,11 +48,22 @@ def gather_block(base, root: Optional[int], reason: str) -> Optional[np.ndarray]
     ctx = base.context
     if base.join is not None:
         return gather_join(base, root, reason)
-    ctx.flush(reason)
+    ctx.flush(reason, point=_point(base, root, reason))
     dest = root is None or ctx.rank == root
     out = np.empty(base.shape, dtype=base.dtype) if dest else None   # the user's: NumPy's own memory
     gather_into(base, root, out, reason)
     return out
+
+
+def _point(base, root: Optional[int], reason: str) -> Any:
+    """The gather of ``base`` as the :class:`~.scheduler.ForcePoint` its force point agrees on: a rank that
+    gathers another array, or calls another collective, makes every rank raise DistArrayDivergence naming both,
+    where the gathers would mix the two arrays' bytes (``if rank == 0: print(a)`` and the next gather)."""
+    from .scheduler import ForcePoint
+    return ForcePoint((30, base.serial, base.shape, base.dtype.num, base.dtype.itemsize, -1 if root is None else root),
+                      f"{reason}: gather of {base.name()} {base.shape} {base.dtype} "
+                      f"{'to every rank' if root is None else f'to rank {root}'} (a collective; to print on one "
+                      "rank: x = a.to_numpy() on every rank, then print x)")
 
 
 def gather_into(base, root: Optional[int], out: Optional[np.ndarray], reason: str) -> None:
@@ -92,7 +103,7 @@ def gather_join(base: Any, root: Optional[int], reason: str) -> Optional[np.ndar
     (:func:`_gather_into`): the result's own block is never stored. Collective, a force point (every rank calls
     it with the same arguments); ``base`` stays a lazy join."""
     ctx = base.context
-    ctx.flush(reason)
+    ctx.flush(reason, point=_point(base, root, reason))
     dest = root is None or ctx.rank == root
     out = np.empty(base.shape, dtype=base.dtype) if dest else None
     _gather_into(base, root, out, reason)

@@ -61,7 +61,7 @@ from .operations import BARRIERS, LOWERINGS
 from .releases import Releases
 from .units import GroupRun, Label, Unit, Waitable, after
 
-__all__ = ["run_flush"]
+__all__ = ["run_flush", "ForcePoint"]
 
 K_SEND = tracing.register_kind("distarray_send")
 K_RECV = tracing.register_kind("distarray_recv")
@@ -503,13 +503,25 @@ def _diagnose(fl: _Flush, tasks, per: List[int]) -> None:
     raise DistArrayDivergence(ctx.rank, f"force point {fl.reason}", detail)
 
 
-def run_flush(context, tasks, reason: str, hiding: bool) -> None:
-    """Evaluate ``tasks`` (see the module doc). Collective over the context's communicator."""
+class ForcePoint:
+    """The collective a force point leads to (a direct gather), checked by the agreement after the recorded
+    operations (:meth:`~.context.ArrayContext.flush`'s ``point``): ``sig``, numbers the same on every rank for the
+    same collective (kind, array serial, shape, dtype, root); ``desc``, its text in a divergence's message."""
+
+    __slots__ = ("sig", "desc")
+
+    def __init__(self, sig: Tuple, desc: str):
+        self.sig, self.desc = sig, desc
+
+
+def run_flush(context, tasks, reason: str, hiding: bool, point: Optional[ForcePoint] = None) -> None:
+    """Evaluate ``tasks`` (see the module doc); ``point``, if given, is agreed on after them (it runs no unit).
+    Collective over the context's communicator."""
     t_start = _now()
     context.ensure_comm()
     context.flush_no += 1
     fl = _Flush(context, reason, hiding)
-    agr = fl.agreement = _Agreement(fl, tasks)
+    agr = fl.agreement = _Agreement(fl, tasks if point is None else list(tasks) + [point])
     if not hiding:
         agr.wait()  # blocking: agree first
     groups, fstats = optimize(tasks)
