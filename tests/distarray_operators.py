@@ -4,7 +4,8 @@ tests/test_distarray_operators.py under ``nbmpi run -n 2`` and ``-n 3``): the au
 array cannot hold (``None``, a complex number) answer elementwise, a complex scalar operand gives NumPy's complex
 array through the fallback, ``round`` of a 0-d result, ``dot`` with a
 scalar or N-d operands and ``out=``, ``matmul(out=)`` (also NumPy's), ``a @= b``, ``reshape(order="F")``, NumPy
-boolean masks of the array's shape. Prints ``ok <section>``
+boolean masks of the array's shape, a boolean scalar index (``a[True]``), a 0-d integer array as a shape, NumPy's own
+UFuncTypeError for an output it cannot cast. Prints ``ok <section>``
 per section on rank 0 and ``ALL OK`` at the end."""
 import warnings
 
@@ -39,8 +40,23 @@ for op in ("+=", "-=", "*=", "//=", "%=", "<<=", ">>=", "&=", "|=", "^=", "**=")
         augmented(op, d, 2)                # inside a function: the caller's array changes
         augmented(op, n, 2)
         same_typed(f"{op} {dt} in a function", d, n)
-expect("int //= float", TypeError, lambda: augmented("//=", dnp.arange(5), 2.5), ["same_kind"])
-expect("int %= float", TypeError, lambda: augmented("%=", dnp.arange(5), 2.5), ["same_kind"])
+
+
+def numpy_error(fn):
+    """The type of the exception NumPy raises for ``fn()``."""
+    try:
+        fn()
+    except Exception as e:  # noqa: BLE001 - its type is the answer
+        return type(e)
+    raise AssertionError("NumPy raised nothing")
+
+
+CastError = numpy_error(lambda: augmented("//=", np.arange(5), 2.5))   # NumPy's UFuncTypeError subclass
+assert issubclass(CastError, TypeError) and CastError is not TypeError
+expect("int //= float", CastError, lambda: augmented("//=", dnp.arange(5), 2.5), ["same_kind"])
+expect("int %= float", CastError, lambda: augmented("%=", dnp.arange(5), 2.5), ["same_kind"])
+expect("int += float", CastError, lambda: augmented("+=", dnp.arange(5), 1.5),
+       ["Cannot cast ufunc 'add' output from dtype('float64') to dtype('int64')"])
 section("augmented assignments are in place")
 
 a, x = dnp.arange(7.), np.arange(7.)
@@ -81,7 +97,7 @@ S @= S
 same_typed("a @= b", dS, S)
 same_typed("a @= b: the same object", np.array(alias is dS), np.array(True))
 same_typed("a @= b: seen through a view", view, S[1:])
-expect("int @= float", TypeError, lambda: augmented("@=", dnp.arange(3), dnp.ones((3, 3))), ["same_kind"])
+expect("int @= float", CastError, lambda: augmented("@=", dnp.arange(3), dnp.ones((3, 3))), ["'matmul'", "same_kind"])
 o3 = dnp.zeros((5, 5))
 same_typed("numpy.matmul(out=) is out", np.array(np.matmul(dA, dA.T, out=o3) is o3), np.array(True))
 same_typed("numpy.matmul out= values", o3, A @ A.T)
@@ -122,7 +138,11 @@ for name, write, what in [
         ("a.reshape(3, 4)[0] = 1", lambda: C.reshape(3, 4).__setitem__(0, 1.0), "reshape"),
         ("a.ravel()[0] = 1", lambda: C.ravel().__setitem__(0, 1.0), "ravel"),
         ("flip(a, 0)[0] = 1", lambda: dnp.flip(C, 0).__setitem__(0, 1.0), "flip along axis 0"),
-        ("moveaxis(3-d)[0] = 1", lambda: dnp.moveaxis(dnp.zeros((2, 3, 4)), 0, 2).__setitem__(0, 1.0), "moveaxis")]:
+        ("moveaxis(3-d)[0] = 1", lambda: dnp.moveaxis(dnp.zeros((2, 3, 4)), 0, 2).__setitem__(0, 1.0), "moveaxis"),
+        ("np.add(t, 1, out=t), t = a.T", lambda: (lambda t: np.add(t, 1.0, out=t))(C.T), "a.T"),
+        ("np.sqrt(a.T, out=a.T)", lambda: np.sqrt(C.T, out=C.T), "a.T"),
+        ("np.divmod(q, 2, out=(q, r)), q = a.ravel()",
+         lambda: (lambda q, r: np.divmod(q, 2.0, out=(q, r)))(C.ravel(), dnp.zeros(12)), "ravel")]:
     msgs = copy_warnings(write)
     if rank == 0:
         assert len(msgs) == 1 and what in msgs[0] and "does not change" in msgs[0], (name, msgs)
@@ -140,4 +160,19 @@ want[1] = 7.0
 want[0] = 9.0
 same_typed("writes into views reach the array", C, want)
 section("writes into copies where NumPy has views warn")
+
+# a boolean scalar index is NumPy's new axis of length 1 (True) or 0 (False), and a copy (through NumPy)
+X = np.arange(6).reshape(3, 2)
+same_typed("a[True]", dnp.asarray(X)[True], X[True])
+same_typed("a[False]", dnp.asarray(X)[False], X[False])
+same_typed("a[True, 1]", dnp.asarray(X)[True, 1], X[True, 1])
+for key in (True, False, np.True_):
+    d, n = dnp.asarray(X), X.copy()
+    d[key] = 7
+    n[key] = 7
+    same_typed(f"a[{key!r}] = 7", d, n)
+# a 0-d integer array as a shape (read on every rank)
+same_typed("zeros(a.max())", dnp.zeros(dnp.arange(5).max()), np.zeros(4))
+same_typed("ones((2, a.max()))", dnp.ones((2, dnp.arange(3).max()), dtype=int), np.ones((2, 2), dtype=int))
+section("boolean scalar indexes, 0-d shapes")
 print(f"ALL OK ({checks[0]} checks on {size} ranks)", flush=True) if rank == 0 else None

@@ -26,7 +26,7 @@ import numpy as np
 from . import elementwise, fallback, gather_direct, irregular, matmul_recording, numpy_math, reductions, ufuncs
 from .distribution import Distribution, make_distribution
 from .context import ArrayContext
-from .errors import CopyNotViewWarning, DistributionError, ShapeError, UnsupportedOperation
+from .errors import CopyNotViewWarning, DistributionError, ShapeError, UnsupportedOperation, ufunc_cast_error
 from .graph import Base, Leaf
 from .indexing import View
 from .plans import my_rows, selector
@@ -75,6 +75,13 @@ def _warn_copy_write(a: "DistArray") -> None:
         f"writing into the result of {a._base.copy_of}, which on distributed arrays is a copy (NumPy's is a view): "
         "the array it was made from does not change; write into that array instead (a[:, k] = v for a.T[k] = v)",
         CopyNotViewWarning, site[0], site[1], registry=_COPY_WARNED)
+
+
+def _warn_copy_outs(out: Any) -> None:
+    """:func:`_warn_copy_write` for each ``out=`` operand of a ufunc (one or a tuple) that is such a copy."""
+    for o in out if isinstance(out, tuple) else (out,):
+        if isinstance(o, DistArray) and o._base.copy_of:
+            _warn_copy_write(o)
 
 
 def _unsupported_set(a: "DistArray", key: Any, value: Any) -> None:
@@ -336,10 +343,12 @@ class DistArray:
                                         "create both with the same comm=")
             return key if key._view.is_full else key.redistribute(key.dist)
         if isinstance(key, tuple):
-            if any(isinstance(k, (list, np.ndarray, DistArray)) for k in key):
+            if any(isinstance(k, (list, np.ndarray, DistArray, bool, np.bool_)) for k in key):
                 raise UnsupportedOperation("index arrays are supported alone, selecting along axis 0 (a[idx], "
                                            "b[idx] = a); combine them with slices in two steps: a[idx][:, 1:]")
             return None
+        if isinstance(key, (bool, np.bool_)):     # a[True]: NumPy's new axis of length 1 (0), a copy: the fallback
+            raise UnsupportedOperation("a boolean scalar index is indexed by NumPy")
         return irregular.numpy_index(key, self.shape[0] if self.shape else 0, self.shape)
 
     def _take(self, idx: Any) -> "DistArray":
@@ -426,6 +435,7 @@ class DistArray:
         if ufunc is np.matmul and method == "__call__":
             out = kwargs.pop("out", None)                  # NumPy passes out= as a tuple of one
             return matmul(*inputs, out=out[0] if isinstance(out, tuple) else out, **kwargs)
+        _warn_copy_outs(kwargs.get("out"))
         return ufuncs.dispatch(ufunc, method, inputs, kwargs, _METHODS)     # every ufunc natively (.ufuncs)
 
     def __array_function__(self, func, types, args, kwargs):
@@ -471,6 +481,8 @@ class DistArray:
     def _iu(self, ufunc: np.ufunc, other: Any) -> "DistArray":
         if self._base.copy_of:
             _warn_copy_write(self)
+        if not ufuncs.compiled_dtypes(ufunc, (self, other)):
+            return _in_place_blocks(self, ufunc, other)
         o = other._leaf() if isinstance(other, DistArray) else other
         fallback.note_native(ufunc.__name__)
         elementwise.record_ufunc(self.context, ufunc, [self._leaf(), o], out=self._leaf())
@@ -610,10 +622,19 @@ def _compare(self: DistArray, ufunc: np.ufunc, op: Callable[[Any, Any], Any], ot
 def _in_place(self: DistArray, ufunc: np.ufunc, other: Any) -> DistArray:
     """``self <op>= other`` for the operators the fused kernels do not compile in place: NumPy's ``ufunc``
     on each block with ``out=self`` (recorded), so ``self`` and every view of it change, with NumPy's
-    casting rules (``same_kind``). Returns ``self``."""
-    if self._base.copy_of:
-        _warn_copy_write(self)
+    casting rules (``same_kind``). Returns ``self``. A copy where NumPy has a view warns (``out=``)."""
     ufunc(self, other, out=self)
+    return self
+
+
+def _in_place_blocks(self: DistArray, ufunc: np.ufunc, other: Any) -> DistArray:
+    """``self <op>= other`` where the fused kernels cannot compute it (float16): NumPy's ``ufunc`` on each block
+    into ``self`` (recorded; the NumPy fallback if the operands are not aligned). Returns ``self``."""
+    if ufuncs.call(ufunc, (self, other), {"out": self}) is ufuncs.FALLBACK:
+        fallback.call(ufunc, (self, other), {"out": self}, ufunc.__name__)
+    else:
+        fallback.note_native(ufunc.__name__)
+    self.context.maybe_flush()
     return self
 
 
@@ -622,8 +643,7 @@ def _imatmul(self: DistArray, o: Any) -> DistArray:
     and cast to its dtype under ``same_kind``."""
     res = matmul(self, o)
     if not np.can_cast(res.dtype, self.dtype, "same_kind"):
-        raise TypeError(f"Cannot cast ufunc 'matmul' output from {res.dtype!r} to {self.dtype!r} with casting "
-                        "rule 'same_kind'")
+        raise ufunc_cast_error("matmul", res.dtype, self.dtype)
     if tuple(np.shape(res)) != self.shape:
         raise ValueError(f"matmul: a @= b needs a product of a's shape {self.shape}, got {tuple(np.shape(res))}")
     self[...] = res

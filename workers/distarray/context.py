@@ -151,6 +151,8 @@ class ArrayContext:
         #: Pause the cyclic garbage collector during a force point (``NBMPI_DISTARRAY_GC_PAUSE``, module doc).
         self.gc_pause = env_gc_pause()
         self.threshold = _env_int("NBMPI_DISTARRAY_THRESHOLD", DEFAULT_THRESHOLD)
+        #: a float16 base was made in this context: :meth:`record` refuses float16 in compiled tasks
+        self.float16_seen = False
         self.chunk_elems = _env_int("NBMPI_DISTARRAY_CHUNK", DEFAULT_CHUNK)
         self.timeout: Optional[float] = runtime.default_timeout()
         self.plans: "OrderedDict[Any, Any]" = OrderedDict()
@@ -213,6 +215,8 @@ class ArrayContext:
     # -- recording and forcing --------------------------------------------------------
     def record(self, task: Task) -> None:
         """Append ``task`` to the pending list (a base it writes stops sharing its buffer first). Local."""
+        if self.float16_seen and task.kind in NUMBA_KINDS:
+            refuse_float16(task)
         if self.shared:
             for w in task.writes():
                 w.base.unshare()
@@ -282,6 +286,24 @@ class ArrayContext:
 
 
 _CONTEXTS: Dict[Any, ArrayContext] = {}
+
+#: Task kinds whose units run numba code over the elements (fused kernels, transposes, packs, swaps, handlers of
+#: indexed copies): numba has no float16.
+NUMBA_KINDS = frozenset(("assign", "reduce", "transpose", "swap", "indexed", "redistribute"))
+
+
+def refuse_float16(task: Task) -> None:
+    """Raise UnsupportedOperation if ``task`` (of a :data:`NUMBA_KINDS` kind) reads or writes float16 elements,
+    before it is recorded, so every rank raises the same error at the same operation. Compiled on a rank only
+    when it holds elements, the kernel would fail on some ranks while the others went on and waited for them:
+    a hang until ``NBMPI_TIMEOUT``, or an MPI abort at the next message. Local."""
+    from .errors import UnsupportedOperation
+    for leaf in task.reads() + task.writes():
+        if leaf.dtype.char == "e":
+            raise UnsupportedOperation(
+                f"{task.desc}: float16 elements cannot be copied, cast, selected or moved between ranks here "
+                "(the compiled kernels have no float16; arithmetic, ufuncs, reductions, sort, matmul and masks "
+                "work): use float32, e.g. create the array with dtype=numpy.float32")
 
 
 def context_for(comm=None) -> ArrayContext:

@@ -31,8 +31,8 @@ K_SCATTER = tracing.register_kind("distarray_scatter")
 
 
 def _shape(shape: Any) -> Tuple[int, ...]:
-    if isinstance(shape, (int, np.integer)):
-        shape = (shape,)
+    if isinstance(shape, (int, np.integer)) or (hasattr(shape, "__index__") and not np.shape(shape)):
+        shape = (shape,)   # a 0-d integer array too (a DistArray's is read on every rank), as NumPy's
     out = tuple(operator.index(s) for s in shape)
     if any(s < 0 for s in out):
         raise ValueError(f"negative dimensions are not allowed: {out}")

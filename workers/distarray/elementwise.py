@@ -34,7 +34,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from .distribution import Distribution
-from .errors import DistributionError, ShapeError, UnsupportedOperation
+from .errors import DistributionError, ShapeError, UnsupportedOperation, ufunc_cast_error
 from .fused_kernels import SUPPORTED_UFUNCS
 from .graph import Assign, Base, Const, Leaf, Node, Op, Replicate, RowSpace, array_fingerprint, leaves, node_desc
 from .indexing import View
@@ -499,8 +499,7 @@ def record_ufunc(context, ufunc: np.ufunc, inputs: Sequence[Any], out: Optional[
             raise ShapeError(f"{name}: non-broadcastable output operand with shape {out.shape} doesn't match the "
                              f"broadcast shape {shape}")
         if not np.can_cast(out_dt, out.dtype, casting="same_kind"):
-            raise TypeError(f"Cannot cast ufunc {name!r} output from {np.dtype(out_dt)!r} to {out.dtype!r} with "
-                            "casting rule 'same_kind'")
+            raise ufunc_cast_error(name, out_dt, out.dtype)
         return _record(context, out, expr, lambda: f"{node_desc(out)} = {desc()}", reads)
     target = _result_of(context, [l for l in ls if not l.base.replicated], shape, out_dt)
     return _record(context, target, expr, lambda: f"{target.base.name()} = {desc()}", reads)

@@ -8,12 +8,31 @@ program (SPMD), every rank raises the same error. Errors found at a force point
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 from ..core.errors import CommTimeout, NbmpiError, SPMDDivergence
 
 __all__ = ["DistArrayError", "ShapeError", "DistributionError", "UnsupportedOperation",
            "DistArrayDivergence", "DistArrayTimeout", "IndexOutOfBounds", "CopyNotViewWarning"]
+
+
+def ufunc_cast_error(name: str, from_dtype: Any, to_dtype: Any) -> TypeError:
+    """NumPy's own exception (a ``UFuncTypeError``, with NumPy's text) for ufunc ``name``'s output of ``from_dtype``
+    that ``same_kind`` casting cannot store into ``to_dtype`` (``int_array += 1.5``): NumPy raises it for
+    one-element operands here, so callers catching ``numpy.exceptions``' types see the same one. A plain TypeError
+    with the same text if NumPy has no such ufunc. Local."""
+    import numpy as np
+    text = (f"Cannot cast ufunc {name!r} output from {np.dtype(from_dtype)!r} to {np.dtype(to_dtype)!r} with "
+            "casting rule 'same_kind'")
+    uf = getattr(np, name, None)
+    if isinstance(uf, np.ufunc) and uf.nout == 1:
+        shape = (1, 1) if uf.signature else (1,)
+        try:
+            uf(*[np.zeros(shape, dtype=from_dtype)] * uf.nin, out=np.zeros(shape, dtype=to_dtype))
+        except TypeError as e:
+            if str(e) == text:
+                return e
+    return TypeError(text)
 
 
 class DistArrayError(NbmpiError):

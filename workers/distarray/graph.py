@@ -66,6 +66,8 @@ class Base:
         self.serial = context.next_serial()
         self.shape = tuple([int(s) for s in shape])
         self.dtype = np.dtype(dtype)
+        if self.dtype.char == "e":        # float16: the context checks what it records from now on
+            context.float16_seen = True
         self.dist = dist
         #: every rank holds every row (``dist.replicated``; a base's distribution never changes)
         self.replicated: bool = dist.replicated

@@ -447,7 +447,7 @@ def compiled_dtypes(ufunc: np.ufunc, inputs: Sequence[Any]) -> bool:
         try:
             dts = ufunc.resolve_dtypes(tuple(s if isinstance(s, np.dtype) else s if s in (int, float) else
                                              np.dtype(s) for s in specs) + (None,) * ufunc.nout)
-            ok = all(np.dtype(d) != np.float16 for d in dts)
+            ok = all(np.dtype(d) != np.float16 for d in dts) and np.dtype(np.float16) not in specs
         except Exception:  # noqa: BLE001 - no loop: the fused path reports it as before
             ok = True
         _COMPILED_DTYPES[key] = ok
