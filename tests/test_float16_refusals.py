@@ -23,6 +23,7 @@ import numpy as np
 import nbmpi.workers.distarray as dnp
 from nbmpi.workers import world
 from nbmpi.workers.distarray.errors import UnsupportedOperation
+from spmd_checks import same_typed
 
 warnings.simplefilter("ignore")
 comm = world()
@@ -32,9 +33,7 @@ checked = [0]
 
 
 def same(got, want, what):
-    g = np.asarray(got)
-    assert g.dtype == want.dtype and g.shape == want.shape, (what, g.dtype, g.shape, want.dtype, want.shape)
-    assert np.array_equal(g, want), (what, g, want)
+    same_typed(what, got, want)      # dtype, shape and values exactly
     checked[0] += 1
 
 
