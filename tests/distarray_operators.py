@@ -175,4 +175,31 @@ for key in (True, False, np.True_):
 same_typed("zeros(a.max())", dnp.zeros(dnp.arange(5).max()), np.zeros(4))
 same_typed("ones((2, a.max()))", dnp.ones((2, dnp.arange(3).max()), dtype=int), np.ones((2, 2), dtype=int))
 section("boolean scalar indexes, 0-d shapes")
+
+# a.flat: reads a copy, writes in place (before, the NumPy fallback wrote into a gathered copy, silently lost)
+for dist in ("block", "cyclic"):
+    n = np.arange(12.).reshape(4, 3)
+    d = dnp.from_numpy(n, dist=dist)
+    for key, value in ((3, 50.0), ([0, 11], [7.0, 8.0]), (slice(None, None, 5), -1.0),
+                       (np.arange(12) % 4 == 1, 99.0), (Ellipsis, [1.0, 2.0, 3.0])):
+        d.flat[key] = value
+        n.flat[key] = value
+        same_typed(f"a.flat[{key!r}] = {value!r} ({dist})", d, n)
+    d.flat[dnp.asarray([2, 5])] = 0.5        # a distributed key
+    n.flat[[2, 5]] = 0.5
+    same_typed(f"a.flat[distributed key] = 0.5 ({dist})", d, n)
+    same_typed("a.flat[4]", np.asarray(d.flat[4]), np.asarray(n.flat[4]))
+    same_typed("a.flat[2:7]", d.flat[2:7], n.flat[2:7])
+    same_typed("numpy.asarray(a.flat)", np.asarray(d.flat), np.asarray(n.flat))
+    same_typed("list(a.flat)", np.array(list(d.flat)), np.array(list(n.flat)))
+    same_typed("a.flat.copy()", d.flat.copy(), n.flat.copy())
+    assert len(d.flat) == len(n.flat) and d.flat.base is d
+    d.flat = [4.0, 5.0]
+    n.flat = [4.0, 5.0]
+    same_typed(f"a.flat = [4, 5] ({dist})", d, n)
+    v, w = d[1:3], n[1:3]
+    v.flat[0] = 6.0
+    w.flat[0] = 6.0
+    same_typed(f"a view's flat write reaches the array ({dist})", d, n)
+section("a.flat reads a copy and writes in place")
 print(f"ALL OK ({checks[0]} checks on {size} ranks)", flush=True) if rank == 0 else None

@@ -1,6 +1,7 @@
 """NumPy's selection functions natively on distributed arrays: ``take``, ``compress``, ``choose``, ``put``,
 ``partition``/``argpartition``, ``resize`` (and the ``resize`` method), index arrays mixed with slices
-(``a[idx, 1:5]``, ``a[:, idx]``, also assigned to) and the ``a.shape = ...`` assignment.
+(``a[idx, 1:5]``, ``a[:, idx]``, also assigned to), the ``a.shape = ...`` assignment and ``a.flat``
+(:class:`FlatIter`: reads a copy, writes in place through ``put``).
 
 How each runs, built from the native pieces (nothing is gathered to one rank unless said):
 
@@ -34,7 +35,7 @@ from .numpy_reshaping import _new_shape, ravel, reshape, tile
 from .numpy_sorting import argsort, sort
 
 __all__ = ["take", "compress", "choose", "put", "partition", "argpartition", "resize", "getitem_mixed",
-           "setitem_mixed", "set_shape", "resize_in_place"]
+           "setitem_mixed", "set_shape", "resize_in_place", "FlatIter"]
 
 
 def _map_rows(a: DistArray, fn: Callable[[np.ndarray], np.ndarray], shape: Tuple[int, ...], what: str) -> DistArray:
@@ -354,6 +355,58 @@ def setitem_mixed(a: DistArray, key: Any, value: Any) -> bool:
     view[got[1]] = value
     return True
 
+
+class FlatIter:
+    """``a.flat`` of a distributed array ``a`` (NumPy's ``flatiter``): ``a`` in C order as one axis.
+
+    * ``a.flat[key] = v`` and ``a.flat = v`` write into ``a`` in place (natively, :func:`put`: ``v`` repeated to
+      the length of the selection, as NumPy's), for any key NumPy's ``flatiter`` takes (integers, slices,
+      ``...``, integer and boolean arrays; a distributed key is gathered);
+    * ``a.flat[key]`` reads a copy (``ravel(a)[key]``; a single element is NumPy's scalar);
+    * ``len``, ``numpy.asarray``, iteration (gathered on every rank once), ``copy()`` (``ravel(a)``) and
+      ``base`` (``a``) as NumPy's.
+
+    Collective over ``a``'s communicator (SPMD): every rank reads and writes alike. Before, ``a.flat`` went
+    through the NumPy fallback: a write went into a gathered copy and was lost."""
+
+    __slots__ = ("base",)
+
+    def __init__(self, a: DistArray):
+        self.base = a
+
+    def _positions(self, key: Any) -> np.ndarray:
+        key = key.to_numpy() if isinstance(key, DistArray) else key
+        return np.arange(self.base.size, dtype=np.int64)[key]
+
+    def __getitem__(self, key: Any) -> Any:
+        got = ravel(self.base)[self._positions(key)]
+        return got.to_numpy()[()] if isinstance(got, DistArray) and got.ndim == 0 else got
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        pos = self._positions(key)
+        put(self.base, pos.reshape(-1), value)
+
+    def __len__(self) -> int:
+        return self.base.size
+
+    def __iter__(self) -> Any:
+        return iter(ravel(self.base).to_numpy())
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        out = ravel(self.base).to_numpy()
+        return out if dtype is None else out.astype(dtype, copy=False)
+
+    def copy(self) -> DistArray:
+        """``a.flat.copy()``: the flattened array (a new distributed array)."""
+        return ravel(self.base)
+
+
+def _set_flat(a: DistArray, value: Any) -> None:
+    """``a.flat = value``: every element of ``a``, ``value`` repeated (NumPy's flatiter assignment). Collective."""
+    FlatIter(a)[...] = value
+
+
+DistArray.flat = property(FlatIter, _set_flat, doc=FlatIter.__doc__)
 
 _FUNCTIONS.update({np.take: take, np.compress: compress, np.choose: choose, np.put: put, np.partition: partition,
                    np.argpartition: argpartition, np.resize: resize})
