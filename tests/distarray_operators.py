@@ -202,4 +202,15 @@ for dist in ("block", "cyclic"):
     w.flat[0] = 6.0
     same_typed(f"a view's flat write reaches the array ({dist})", d, n)
 section("a.flat reads a copy and writes in place")
+
+# integer // and % at the edges: NumPy's MIN // -1 is MIN (it wraps), MIN % -1 is 0, x // 0 and x % 0 are 0
+with np.errstate(all="ignore"):
+    for dt in (np.int8, np.int16, np.int32, np.int64):
+        info = np.iinfo(dt)
+        x = np.array([info.min, info.max, 7, 0, info.min + 1, -5, 9], dtype=dt)
+        y = np.array([-1, -1, -1, -1, 3, 0, -2], dtype=dt)
+        for f in (np.floor_divide, np.remainder):
+            same_typed(f"{f.__name__} {dt.__name__}", f(dnp.asarray(x), dnp.asarray(y)), f(x, y))
+            same_typed(f"{f.__name__} {dt.__name__} by -1", f(dnp.asarray(x), -1), f(x, dt(-1)))
+section("integer floor division and remainder at the edges")
 print(f"ALL OK ({checks[0]} checks on {size} ranks)", flush=True) if rank == 0 else None

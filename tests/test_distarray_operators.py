@@ -13,5 +13,6 @@ def test_operators_and_products_equal_numpy(run_mpi, kernel_cache, n):
                      ("augmented assignments are in place", "comparisons with None and complex, complex scalars, round",
                       "dot, matmul out=, a @= b, reshape order, NumPy masks of the array's shape",
                       "float16 reductions and scans", "writes into copies where NumPy has views warn",
-                      "boolean scalar indexes, 0-d shapes", "a.flat reads a copy and writes in place"))
+                      "boolean scalar indexes, 0-d shapes", "a.flat reads a copy and writes in place",
+                      "integer floor division and remainder at the edges"))
     assert "rank 0 raised int //= float: UFuncTypeError" in p.stdout and "ALL OK (" in p.stdout, p.stdout

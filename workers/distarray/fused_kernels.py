@@ -410,6 +410,9 @@ class KernelSpec:
                 expr = f"({a} if {a} {cmp} {b} else {b})"
             return _cast(expr, np.dtype(indt[0]), outdt)
         tmpl = UNARY.get(name) or BINARY[name]
+        if name in ("floor_divide", "remainder") and np.dtype(indt[0]).kind == "i":
+            # NumPy's MIN // -1 is MIN (wrapped, as -MIN) and MIN % -1 is 0, where numba's division gives 0
+            tmpl = "(-{0} if {1} == -1 else {0} // {1})" if name == "floor_divide" else "(0 if {1} == -1 else {0} % {1})"
         expr = tmpl.format(*args)
         natural = np.dtype(np.bool_) if name in ("less", "less_equal", "greater", "greater_equal", "equal",
                                                  "not_equal", "isnan", "isfinite") or name in _LOGICAL \
