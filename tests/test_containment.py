@@ -86,8 +86,9 @@ while not os.path.exists(os.path.join(out, "daemon.pid")):
     time.sleep(0.02)
 guard = os.getppid()
 proxy = ppid_of(guard)
-with open(os.path.join(out, "escape.txt"), "w") as f:
+with open(os.path.join(out, "escape.tmp"), "w") as f:   # then renamed: the test never reads it half written
     f.write(f"{{os.getpid()}} {{guard}} {{proxy}} {{comm(proxy)}}\n")
+os.rename(os.path.join(out, "escape.tmp"), os.path.join(out, "escape.txt"))
 ctypes.CDLL(None).prctl(1, 0, 0, 0, 0)   # PR_SET_PDEATHSIG off: the rank outlives its guard too
 os.kill(proxy, signal.{proxy_signal})
 os.kill(guard, signal.SIGKILL)
