@@ -194,6 +194,8 @@ for dist in ("block", "cyclic"):
     same_typed("list(a.flat)", np.array(list(d.flat)), np.array(list(n.flat)))
     same_typed("a.flat.copy()", d.flat.copy(), n.flat.copy())
     assert len(d.flat) == len(n.flat) and d.flat.base is d
+    expect(f"a.flat[12] = 1 ({dist})", IndexError, lambda: d.flat.__setitem__(12, 1.0), ["out of bounds", "size 12"])
+    same_typed(f"a.flat[-1] ({dist})", np.asarray(d.flat[-1]), np.asarray(n.flat[-1]))
     d.flat = [4.0, 5.0]
     n.flat = [4.0, 5.0]
     same_typed(f"a.flat = [4, 5] ({dist})", d, n)

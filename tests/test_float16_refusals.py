@@ -4,8 +4,9 @@ assignment writes):
 * operations whose compiled kernels would need float16 (copies, casts, ``where``, assignments, transposes,
   redistribution, index arrays, row swaps) raise UnsupportedOperation, naming float16 and what to use instead,
   on every rank at the same operation, before anything is recorded. Before, the kernel was compiled only on the
-  ranks holding elements: ``a[0:2] = 7`` raised NotImplementedError on rank 0 alone while the others waited
-  (a hang until ``NBMPI_TIMEOUT``), and a caught error left the next force point to an MPI abort;
+  ranks holding elements: ``a[0:2] = 7`` raised NotImplementedError on rank 0 alone.
+  The others waited (a hang until ``NBMPI_TIMEOUT``), and a caught error left the next force point to an MPI
+  abort;
 * after such an error the program goes on: later float16 and float32 operations give NumPy's results and the
   run ends with exit 0;
 * what works gives NumPy's result and dtype: arithmetic (also with a float32 operand), in-place ``+=`` of a whole

@@ -374,17 +374,28 @@ class FlatIter:
     def __init__(self, a: DistArray):
         self.base = a
 
-    def _positions(self, key: Any) -> np.ndarray:
+    def _positions(self, key: Any) -> Any:
+        """The flat positions ``key`` selects: an integer, a range's array for a slice or ``...`` (no array of
+        every position), else NumPy's selection from ``arange(size)`` (index arrays and masks, NumPy's errors)."""
+        n = self.base.size
         key = key.to_numpy() if isinstance(key, DistArray) else key
-        return np.arange(self.base.size, dtype=np.int64)[key]
+        if isinstance(key, (int, np.integer)) and not isinstance(key, (bool, np.bool_)):
+            k = operator.index(key)
+            if not -n <= k < n:
+                raise IndexError(f"index {k} is out of bounds for axis 0 with size {n}")
+            return np.int64(k % n)
+        if isinstance(key, slice):
+            return np.arange(*key.indices(n), dtype=np.int64)
+        if key is Ellipsis:
+            return np.arange(n, dtype=np.int64)
+        return np.arange(n, dtype=np.int64)[key]
 
     def __getitem__(self, key: Any) -> Any:
         got = ravel(self.base)[self._positions(key)]
         return got.to_numpy()[()] if isinstance(got, DistArray) and got.ndim == 0 else got
 
     def __setitem__(self, key: Any, value: Any) -> None:
-        pos = self._positions(key)
-        put(self.base, pos.reshape(-1), value)
+        put(self.base, np.reshape(self._positions(key), -1), value)
 
     def __len__(self) -> int:
         return self.base.size
