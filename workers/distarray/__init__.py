@@ -33,7 +33,7 @@ joins kept unstored until something needs their memory); collective steps sendin
 :mod:`.masking` (boolean masks, trailing index arrays), :mod:`.numpy_indexing`; every ufunc: :mod:`.ufuncs`;
 evaluation: :mod:`.fusion` (groups), :mod:`.operations` (one module per kind of operation: its
 plan, cache key and lowering into units), :mod:`.plans` (what plans share), :mod:`.units`,
-:mod:`.scheduler` (orders and executes units), :mod:`.packing` (copy kernels), :mod:`.irregular`
+:mod:`.scheduler` (orders and executes units), :mod:`.fp_errors` (NumPy's floating-point error handling), :mod:`.packing` (copy kernels), :mod:`.irregular`
 (index arrays), :mod:`.fused_kernels` (code generation), :mod:`.context` (per-communicator state).
 """
 from __future__ import annotations

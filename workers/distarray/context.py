@@ -59,6 +59,7 @@ from ..core.switches import env_switch
 from .errors import DistArrayError
 from .graph import Task
 from . import lazy_joins
+from .fp_errors import current as errstate_now, wants_raise
 from .lazy_grids import substitute_reads
 from .pool_memory import BufferCache
 
@@ -153,6 +154,9 @@ class ArrayContext:
         self.threshold = _env_int("NBMPI_DISTARRAY_THRESHOLD", DEFAULT_THRESHOLD)
         #: a float16 base was made in this context: :meth:`record` refuses float16 in compiled tasks
         self.float16_seen = False
+        #: an operation recorded since the last force point raises FloatingPointError for some kind
+        #: (:mod:`.fp_errors`): :meth:`maybe_flush` evaluates it at once, and the force point agrees on the errors
+        self.fp_raise = False
         self.chunk_elems = _env_int("NBMPI_DISTARRAY_CHUNK", DEFAULT_CHUNK)
         self.timeout: Optional[float] = runtime.default_timeout()
         self.plans: "OrderedDict[Any, Any]" = OrderedDict()
@@ -214,7 +218,8 @@ class ArrayContext:
 
     # -- recording and forcing --------------------------------------------------------
     def record(self, task: Task) -> None:
-        """Append ``task`` to the pending list (a base it writes stops sharing its buffer first). Local."""
+        """Append ``task`` to the pending list (a base it writes stops sharing its buffer first), with NumPy's
+        floating-point error handling in effect now (``numpy.geterr()``, :mod:`.fp_errors`). Local."""
         if self.float16_seen and task.kind in NUMBA_KINDS:
             refuse_float16(task)
         if self.shared:
@@ -224,15 +229,20 @@ class ArrayContext:
             lazy_joins.on_record(task)
         if self.lazy_grids:
             substitute_reads(task)
+        task.fpe = state = errstate_now()
+        if wants_raise(state):
+            self.fp_raise = True
         self.pending.append(task)
         self.stats["recorded"] += 1
 
     def maybe_flush(self) -> None:
         """Evaluate everything if the threshold of recorded operations is reached. Called by the
         user-level operations once their results are held by DistArray objects (so the fusion pass
-        does not mistake them for dead temporaries). Collective when it evaluates."""
-        if len(self.pending) >= self.threshold and not self.in_flush and not self.hold_flush:
-            self.flush("threshold")
+        does not mistake them for dead temporaries). Also evaluates at once an operation recorded while NumPy's
+        error state raises for some kind (``numpy.errstate(divide='raise')``): its FloatingPointError is raised at
+        its line, as NumPy does, on every rank. Collective when it evaluates."""
+        if (len(self.pending) >= self.threshold or self.fp_raise) and not self.in_flush and not self.hold_flush:
+            self.flush("floating-point errors raise" if self.fp_raise else "threshold")
 
     def flush(self, reason: str, latency_hiding: Optional[bool] = None, point: Any = None) -> None:
         """Evaluate every pending operation. Collective over the context's communicator: every rank
@@ -257,6 +267,7 @@ class ArrayContext:
             if paused:
                 gc.enable()
             self.in_flush = False
+            self.fp_raise = False
             evicted, self.evicted = self.evicted, []
             for old in evicted:
                 old.free()

@@ -59,15 +59,21 @@ class NumPyFallbackWarning(UserWarning):
     """A NumPy function ran through the fallback: its operands were gathered on every rank."""
 
 
-def _call_site() -> Tuple[str, int]:
-    """File and line of the innermost frame outside this package and NumPy: the user's call."""
+def user_frame() -> Any:
+    """The innermost frame of the calling stack outside this package and NumPy (the user's call), or None. Local."""
     frame = sys._getframe(1)
     while frame is not None:
         path = frame.f_code.co_filename
         if not (path.startswith(_PACKAGE_DIR) or path.startswith(_NUMPY_DIR) or path.startswith("<__array_function__")):
-            return path, frame.f_lineno
+            return frame
         frame = frame.f_back
-    return "<unknown>", 0
+    return None
+
+
+def _call_site() -> Tuple[str, int]:
+    """File and line of the user's call (:func:`user_frame`)."""
+    frame = user_frame()
+    return ("<unknown>", 0) if frame is None else (frame.f_code.co_filename, frame.f_lineno)
 
 
 def report_coverage(on: bool = True) -> None:

@@ -37,6 +37,7 @@ from collections import defaultdict
 from functools import partial
 from typing import Any, Dict, List, Optional, Tuple
 
+from .fp_errors import merged
 from .graph import Assign, Const, Leaf, Op, Redistribute, Reduce, Replicate, RowSpace, Swap, Task, leaves, substitute
 from .operations.redistribution import copy_source
 from .piece_inlining import split_pieces
@@ -329,6 +330,7 @@ def _inline(tasks: List[Task], alive: List[bool], readers: Dict[int, set], write
         if repl.dtype != b.dtype:
             repl = Op("cast", (repl,), b.dtype, (repl.dtype,), repl.shape)
         rt.expr = substitute(rt.expr, lambda l, _b=b, _r=repl: _r if l.base is _b else None)
+        rt.fpe = merged(getattr(rt, "fpe", None), getattr(t, "fpe", None))   # the inlined part's error handling
         alive[idx] = False
         count += 1
         for s in src_serials:

@@ -473,9 +473,10 @@ class RowSpace:
 # --------------------------------------------------------------------------- tasks
 class Task:
     """A recorded operation. ``sig`` (computed on first use): canonical nested tuple of numbers of what was
-    recorded, hashed at the force point to detect diverging ranks; ``desc``: readable text for errors."""
+    recorded, hashed at the force point to detect diverging ranks; ``desc``: readable text for errors; ``fpe``:
+    NumPy's floating-point error handling when it was recorded (set by the context's ``record``)."""
 
-    __slots__ = ("_sig", "_desc", "_desc_fn")
+    __slots__ = ("_sig", "_desc", "_desc_fn", "fpe")
     kind = "task"
 
     def _init_text(self, desc_fn) -> None:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import builtins as _builtins
 import math
 import operator
-import warnings
 from typing import Any, Optional, Tuple
 
 import numpy as np
@@ -28,6 +27,7 @@ import numpy as np
 from . import fallback
 from .array import _FUNCTIONS, _METHODS, DistArray, _reduce, where
 from .creation import full_like
+from .fp_errors import library_steps, warn_at
 from .arg_extreme import flat_arg
 
 __all__ = ["sum", "prod", "mean", "std", "var", "min", "max", "amin", "amax", "argmin", "argmax", "any", "all", "count_nonzero",
@@ -144,12 +144,13 @@ all = _simple("all")  # noqa: A001
 def _warn_empty(a: DistArray, axes, ddof: Optional[float] = None) -> None:
     """NumPy's RuntimeWarning for a mean (``ddof`` None: "Mean of empty slice") or a variance ("Degrees of
     freedom <= 0 for slice") over slices of ``a`` with no element (or at most ``ddof``). Decided from the
-    shape alone: a ``where`` mask leaving fewer elements does not warn (that would be a force point)."""
+    shape alone: a ``where`` mask leaving fewer elements does not warn (that would be a force point). Issued at
+    the user's line."""
     n = _count(a, axes)
     if ddof is None and n == 0:
-        warnings.warn("Mean of empty slice", RuntimeWarning, stacklevel=3)
+        warn_at("Mean of empty slice", fallback.user_frame())
     elif ddof is not None and n - ddof <= 0:
-        warnings.warn("Degrees of freedom <= 0 for slice", RuntimeWarning, stacklevel=3)
+        warn_at("Degrees of freedom <= 0 for slice", fallback.user_frame())
 
 
 def _mask_count(a: DistArray, mask: Any, axes) -> Any:
@@ -159,6 +160,7 @@ def _mask_count(a: DistArray, mask: Any, axes) -> Any:
     return _over(where(mask, 1, 0) + full_like(a, 0, dtype=np.intp), "sum", axes)
 
 
+@library_steps
 def mean(a: Any, axis: Any = None, dtype: Any = None, out: Any = None, keepdims: bool = False,
          where: Any = True) -> Any:
     """``numpy.mean`` of a DistArray (recorded): the sum in float64 for integers (``dtype`` otherwise)
@@ -178,6 +180,7 @@ def mean(a: Any, axis: Any = None, dtype: Any = None, out: Any = None, keepdims:
     return _finish(res, a, axes, keepdims, out, rdt)
 
 
+@library_steps
 def var(a: Any, axis: Any = None, dtype: Any = None, out: Any = None, ddof: float = 0, keepdims: bool = False,
         where: Any = True, mean: Any = None, correction: Any = None) -> Any:
     """``numpy.var`` of a DistArray (recorded): the mean of the squared deviations from the mean, divided
@@ -198,6 +201,7 @@ def var(a: Any, axis: Any = None, dtype: Any = None, out: Any = None, ddof: floa
     return _finish(res, a, axes, keepdims, out, rdt)
 
 
+@library_steps
 def std(a: Any, axis: Any = None, dtype: Any = None, out: Any = None, ddof: float = 0, keepdims: bool = False,
         where: Any = True, mean: Any = None, correction: Any = None) -> Any:
     """``numpy.std`` of a DistArray: the square root of :func:`var` (recorded). SPMD."""
@@ -309,6 +313,7 @@ def _nan(op: str, base: Any, fill: Any):
             kw["where"] = mask
             return base(a, **kw, **kwargs)
         return base(where_(nan, fill, a), **kw, **kwargs)
+    nanred = library_steps(nanred)
     nanred.__name__ = nanred.__qualname__ = f"nan{op}"
     nanred.__doc__ = (f"``numpy.nan{op}`` of a DistArray (recorded): ``{op}`` ignoring NaNs (same arguments). "
                       "SPMD.")

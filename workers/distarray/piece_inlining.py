@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Dict, List, Optional, Tuple
 
+from .fp_errors import merged
 from .graph import Assign, Const, Leaf, Op, Task, leaves
 from .indexing import View
 
@@ -244,15 +245,19 @@ def _split(st: _State, r: Assign) -> List[Assign]:
     out: List[Assign] = []
     for cell in cells:
         vals = {}
+        fpe = getattr(r, "fpe", None)
         for b, (rbox, pieces) in cands.items():
             at = tuple(lo + r0 for (lo, _), (r0, _) in zip(cell, rbox))
             wb, w = next((wb, w) for wb, w in pieces if all(x0 <= x < x1 for x, (x0, x1) in zip(at, wb)))
+            fpe = merged(fpe, getattr(w, "fpe", None))
             val = _restrict(w.expr, tuple((lo + r0 - w0, hi + r0 - w0)
                                           for (lo, hi), (r0, _), (w0, _) in zip(cell, rbox, wb)))
             vals[b] = val if val.dtype == b.dtype else Op("cast", (val,), b.dtype, (val.dtype,), val.shape)
         expr = _restrict(r.expr, cell, lambda leaf, _v=vals: _v.get(leaf.base))
         target = Leaf(r.out.base, _sliced(r.out.view, cell))
-        out.append(Assign(target, expr, lambda _r=r, _p=cell: f"{_r.desc} (piece {_p})"))
+        piece = Assign(target, expr, lambda _r=r, _p=cell: f"{_r.desc} (piece {_p})")
+        piece.fpe = fpe
+        out.append(piece)
     return out
 
 

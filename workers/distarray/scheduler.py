@@ -56,6 +56,8 @@ from ..core import waiting
 from ..core import spmd
 from .errors import DistArrayDivergence, DistArrayError, DistArrayTimeout
 from .dependencies import order_units
+from . import fp_errors
+from .fallback import user_frame
 from .fusion import optimize
 from .operations import BARRIERS, LOWERINGS
 from .releases import Releases
@@ -118,6 +120,8 @@ class _Flush:
         self.msgs_recv = 0
         self.blocks = 0
         self.agreement: Optional["_Agreement"] = None
+        #: the floating-point flags the units raise (NumPy's error handling, :mod:`.fp_errors`)
+        self.fpe = fp_errors.Collector()
 
     # -- tracing ---------------------------------------------------------------------
     def _rec(self, kind: int, direction: int, peer: int, tag: int, nbytes: int, t0: int, t1: int, wait: int,
@@ -216,6 +220,7 @@ class _Flush:
 
     def _run_unit(self, u: Unit) -> None:
         u.fn()
+        self.fpe.after(u.owner)
         u.done = True
         self.ndone += 1
         o = u.owner
@@ -383,6 +388,7 @@ class _Flush:
                 self.active = [w for w in self.active if not w.done]
             for u in run.computes:
                 u.fn()
+                self.fpe.after(run)
                 u.done = True
                 self.ndone += 1
             if run.coll is not None:
@@ -393,6 +399,7 @@ class _Flush:
                     self.active = [w for w in self.active if not w.done]
             if run.finish is not None:
                 run.finish.fn()
+                self.fpe.after(run)
                 self.ndone += 1
             self.releases.group_done(run.group)
 
@@ -514,6 +521,38 @@ class ForcePoint:
         self.sig, self.desc = sig, desc
 
 
+def _run_segments(context, fl: _Flush, agr: "_Agreement", groups: List[Any]) -> None:
+    """Build and execute ``groups`` segment by segment: a barrier group (irregular copies through the Aggregator)
+    runs as a collective step of its own, after the groups before it have run to completion."""
+    segment: List[Any] = []
+    for g in groups + [None]:
+        if g is not None and g.kind not in BARRIERS:
+            segment.append(g)
+            continue
+        if segment:
+            fl.build(segment)
+            fl.execute(segment)
+            segment = []
+        if g is not None:
+            agr.wait()  # the ranks agreed on the recorded operations before this collective step
+            BARRIERS[g.kind](context, g.task, fl.op_name(g.kind))
+            fl.fpe.after(g)
+            fl.releases.group_done(g)
+
+
+def _fp_errors(context, fl: _Flush) -> None:
+    """Handle the floating-point flags the flush's units raised as NumPy would (:mod:`.fp_errors`): warnings on
+    this rank; with an operation recorded under a ``raise`` mode (``context.fp_raise``, the same on every rank),
+    a FloatingPointError on every rank if any rank found such a flag (collective then)."""
+    found = fl.fpe.found() if fl.fpe.hits else []
+    if context.fp_raise:    # first, as NumPy stops at the first kind that raises
+        how = dict(timeout=context.timeout, rank=context.rank, error=DistArrayTimeout,
+                   op=fl.op_name("agreeing on floating-point errors"))
+        fp_errors.raise_agreed(context.dcomm, found, how)
+    if found:
+        fp_errors.report(found, user_frame())
+
+
 def run_flush(context, tasks, reason: str, hiding: bool, point: Optional[ForcePoint] = None) -> None:
     """Evaluate ``tasks`` (see the module doc); ``point``, if given, is agreed on after them (it runs no unit).
     Collective over the context's communicator."""
@@ -527,20 +566,9 @@ def run_flush(context, tasks, reason: str, hiding: bool, point: Optional[ForcePo
     groups, fstats = optimize(tasks)
     fl.releases = Releases(groups)
     try:
-        # barriers (irregular copies through the Aggregator): the groups before one run to completion first
-        segment: List[Any] = []
-        for g in groups + [None]:
-            if g is not None and g.kind not in BARRIERS:
-                segment.append(g)
-                continue
-            if segment:
-                fl.build(segment)
-                fl.execute(segment)
-                segment = []
-            if g is not None:
-                agr.wait()  # the ranks agreed on the recorded operations before this collective step
-                BARRIERS[g.kind](context, g.task, fl.op_name(g.kind))
-                fl.releases.group_done(g)
+        with np.errstate(all="ignore"):   # NumPy's loops in units must not raise on some ranks: flags read instead
+            fl.fpe.clear()
+            _run_segments(context, fl, agr, groups)
         # Also when fusion dropped every task (writes into arrays that died): the allreduce must complete
         # before its buffers are dropped, else MPI writes its result into freed memory, maybe the next check's.
         agr.wait()
@@ -551,6 +579,7 @@ def run_flush(context, tasks, reason: str, hiding: bool, point: Optional[ForcePo
         raise
     finally:
         fl.dispose()
+    _fp_errors(context, fl)
     st = context.stats
     st["flushes"] += 1
     st["groups"] += len(groups)

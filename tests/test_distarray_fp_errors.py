@@ -1,0 +1,136 @@
+"""NumPy's floating-point error handling (``numpy.errstate``, ``numpy.seterr``) for distributed arrays, under real
+mpiexec on 2 and 3 ranks (the elements that raise a flag are on one rank only):
+
+* the warnings NumPy gives (divide by zero, overflow, invalid value; in a compiled kernel, in NumPy's ufunc on
+  each block, in a cast, in a reduction) are given with NumPy's text, by the ranks holding the elements (their
+  union over the ranks is NumPy's set), at the user's line of the force point, once per line in a loop;
+* the handling in effect when an operation was recorded is the one used: an operation recorded under
+  ``errstate(divide='ignore')`` and evaluated after the ``with`` block is quiet;
+* ``errstate(divide='raise')``: FloatingPointError with NumPy's text on every rank, at the operation's line (the
+  program then goes on). Before, a NumPy loop raised on one rank only and the others waited until
+  ``NBMPI_TIMEOUT`` (and one printed uninitialized memory); a compiled kernel raised nothing;
+* ``errstate(all='call')`` calls the ``seterrcall`` function with NumPy's arguments;
+* results equal NumPy's (inf and NaN included), and an operation without errors warns nowhere.
+"""
+from __future__ import annotations
+
+import pytest
+
+from conftest import assert_ok
+
+SCRIPT = """
+import warnings
+import numpy as np
+import nbmpi.workers.distarray as dnp
+from nbmpi.workers import world
+
+
+def same_typed(what, got, want):
+    # dtype, shape and values exactly, NaN equal to NaN
+    g = np.asarray(got)
+    assert g.dtype == want.dtype and g.shape == want.shape, (what, g.dtype, g.shape, want.dtype, want.shape)
+    np.testing.assert_array_equal(g, want, err_msg=what)
+
+comm = world()
+r = comm.Get_rank()
+checked = [0]
+x = np.arange(6.0) - 1          # [-1, 0, 1, 2, 3, 4]: the zero and the negative value on rank 0
+
+
+def texts(w):
+    return sorted({str(m.message) for m in w if issubclass(m.category, RuntimeWarning)})
+
+
+def compare(what, fn, *, action="always"):
+    # the warnings of fn(numpy) and of fn(dnp) forced; the union over the ranks must be NumPy's set
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter(action)
+        want = fn(np, x)
+    want_texts = texts(w)
+    a = dnp.asarray(x)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter(action)
+        got = np.asarray(fn(dnp, a))
+    mine = texts(w)
+    union = sorted(set().union(*map(set, comm.allgather(mine))))
+    assert union == want_texts, (what, "rank", r, "got", union, "NumPy", want_texts)
+    for m in w:
+        assert m.filename == __file__, (what, "warned at", m.filename, m.lineno)
+    same_typed(what, got, np.asarray(want))
+    checked[0] += 1
+    return w
+
+
+compare("1 / a", lambda m, a: 1.0 / a)
+compare("log(a)", lambda m, a: m.log(a))
+compare("sqrt(a)", lambda m, a: m.sqrt(a))
+compare("exp(a * 1000)", lambda m, a: m.exp(a * 1000))
+compare("a * 1e308 * 10", lambda m, a: a * 1e308 * 10)
+compare("zeros / zeros", lambda m, a: m.zeros(6) / m.zeros(6))
+compare("cast of nan to int64", lambda m, a: m.asarray(np.full(6, np.nan)).astype(np.int64))
+compare("sum overflowing", lambda m, a: m.full(6, 1e308).sum())
+compare("no error", lambda m, a: a * 2 + 1)
+compare("max of square roots", lambda m, a: m.sqrt(a + 1).max())
+compare("mean(1 / a): the division warns, not mean's own steps", lambda m, a: m.mean(1.0 / a))
+
+
+def in_loop(m, a):
+    out = None
+    for _ in range(3):
+        out = np.asarray(1.0 / a)      # one line: the default filter shows its warning once
+    return out
+
+
+w = compare("a division forced three times at one line", in_loop, action="default")
+assert len(w) <= 1, ("shown once per line", [str(m.message) for m in w])
+
+
+def recorded_quiet(m, a):
+    with np.errstate(divide="ignore", invalid="ignore"):
+        c = m.log(a)                    # recorded here, evaluated below, outside the with block
+    return c + 0
+
+
+compare("log(a) recorded under errstate(ignore), forced outside it", recorded_quiet)
+
+# raise: FloatingPointError on every rank, at the operation's own line, then the program goes on
+a = dnp.asarray(x)
+outcome = []
+with np.errstate(divide="raise"):
+    try:
+        q = 1.0 / a
+        outcome.append("no error")
+    except FloatingPointError as e:
+        outcome.append(str(e))
+    try:
+        dnp.log(a)
+        outcome.append("no error")
+    except FloatingPointError as e:
+        outcome.append(str(e))
+    ok = np.asarray(a + 1)              # no error under raise
+every = comm.allgather(outcome)
+assert every == [["divide by zero encountered in divide", "divide by zero encountered in log"]] * comm.Get_size(), every
+same_typed("a + 1 under errstate(raise)", ok, x + 1)
+checked[0] += 2
+
+# call: the seterrcall function gets NumPy's arguments, on the rank holding the zero
+calls = []
+old = np.seterrcall(lambda kind, flag: calls.append((kind, flag)))
+with np.errstate(all="call"):
+    np.asarray(1.0 / a)
+np.seterrcall(old)
+every = sorted(set().union(*map(set, comm.allgather(calls))))
+assert every == [("divide by zero", 1)], every
+checked[0] += 1
+
+same_typed("a program after the errors", dnp.cumsum(a * 2), np.cumsum(x * 2))
+print(f"rank {r}: ALL OK ({checked[0]} checks)", flush=True)
+"""
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_floating_point_errors_are_handled_as_numpy_does(run_mpi, kernel_cache, n):
+    p = run_mpi(SCRIPT, n=n, timeout=180, env={"NBMPI_DISTARRAY_CACHE": kernel_cache, "NBMPI_TIMEOUT": "30"})
+    assert_ok(p)
+    for rank in range(n):
+        assert f"rank {rank}: ALL OK (" in p.stdout, (rank, p.stdout, p.stderr)

@@ -1,0 +1,265 @@
+"""NumPy's floating-point error handling (``numpy.errstate``, ``numpy.seterr``) for what a force point evaluates.
+
+NumPy reads the processor's floating-point status flags after each ufunc loop and, as ``numpy.geterr()`` says for
+each kind (divide by zero, overflow, underflow, invalid value), warns (``RuntimeWarning: divide by zero encountered
+in divide``), raises ``FloatingPointError``, calls the ``numpy.seterrcall`` function, logs or prints. A distributed
+array's operations run later, at a force point, in compiled kernels and in NumPy loops over blocks, each only on
+the ranks that hold its elements. So:
+
+* each recorded operation keeps the handling in effect when it was recorded (:func:`current`, stored in the task
+  by :meth:`~.context.ArrayContext.record`): ``with numpy.errstate(divide='ignore'): c = a / b`` is quiet even
+  when ``c`` is computed after the ``with`` block;
+* the force point runs its units with NumPy's own handling off (``errstate(all='ignore')``: a NumPy loop on one
+  rank must not raise while the other ranks go on and then wait for it), and reads and clears the flags after
+  each unit (:class:`Collector`; C's ``fetestexcept``, about 0.3 us a unit);
+* when the units have run, each flag a unit raised is handled as its operations' recorded mode says: ``warn``
+  (a ``RuntimeWarning`` at the user's line of the force point, shown once per line as NumPy's are), ``print``,
+  ``log`` and ``call`` on the ranks where it happened; ``raise`` on every rank (:func:`raise_agreed`: the ranks
+  exchange what they found, so that all raise the same ``FloatingPointError``);
+* an operation recorded while some kind is ``raise`` is a force point of its own
+  (:meth:`~.context.ArrayContext.maybe_flush`), so the error is raised at its line, as NumPy raises it, and
+  nothing recorded after it has run.
+
+The text names the operation NumPy would name: the ufunc (``divide``, ``log``, ``cast``, ``matmul``; ``reduce``
+for a reduction); operations evaluated together in one compiled loop are named together when more than one of
+them could have raised the flag (``divide by zero encountered in divide or log``).
+
+Not like NumPy: integer division and remainder by zero give NumPy's 0 without its warning; a warning of an
+operation is issued at the next force point's line rather than at the operation's own; operations that run
+through the NumPy fallback (gathered to every rank) are NumPy's own, warnings included. Where the C library
+or the processor's flag numbering is unknown (not Linux on x86-64 or aarch64), no flag is read and no
+warning is given (:data:`AVAILABLE`).
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import functools
+import platform
+import sys
+import warnings
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+__all__ = ["AVAILABLE", "KINDS", "current", "library_steps", "merged", "wants_raise", "warn_at", "Collector", "report", "raise_agreed"]
+
+#: NumPy's kinds of floating-point error, in its order, with the text of its messages and the flag NumPy passes to
+#: a ``seterrcall`` function.
+KINDS: Tuple[Tuple[str, str, int], ...] = (
+    ("divide", "divide by zero", 1), ("over", "overflow", 2), ("under", "underflow", 4),
+    ("invalid", "invalid value", 8))
+
+#: ``<fenv.h>``'s flag bits per machine, in the order of :data:`KINDS`.
+_FE_BITS = {"x86_64": (4, 8, 16, 1), "amd64": (4, 8, 16, 1), "aarch64": (2, 4, 8, 1), "arm64": (2, 4, 8, 1)}
+
+
+def _libm() -> Optional[Tuple[Any, Any, Tuple[int, ...]]]:
+    """``(fetestexcept, feclearexcept, bits)`` from the C math library, or None where unknown."""
+    bits = _FE_BITS.get(platform.machine().lower())
+    name = ctypes.util.find_library("m")
+    if bits is None or name is None or not sys.platform.startswith("linux"):
+        return None
+    try:
+        lib = ctypes.CDLL(name)
+        test, clear = lib.fetestexcept, lib.feclearexcept
+    except (OSError, AttributeError):
+        return None
+    test.argtypes = clear.argtypes = [ctypes.c_int]
+    test.restype = clear.restype = ctypes.c_int
+    return test, clear, bits
+
+
+_LIB = _libm()
+#: Whether the floating-point flags are read (Linux on x86-64 or aarch64 with a C math library).
+AVAILABLE = _LIB is not None
+_ALL_BITS = sum(_LIB[2]) if _LIB else 0
+
+# numpy.geterr() made again only when the error state changes: NumPy 2 keeps it in a context variable whose value
+# is replaced by every change (numpy.errstate, numpy.seterr); elsewhere numpy.geterr() is called each time.
+try:
+    from numpy._core._ufunc_config import _extobj_contextvar as _STATE_VAR   # type: ignore[attr-defined]
+except ImportError:  # pragma: no cover - NumPy 1.x
+    _STATE_VAR = None
+_last: List[Any] = [object(), None]
+_QUIET = {"divide": "ignore", "over": "ignore", "under": "ignore", "invalid": "ignore"}
+_internal = [0]
+
+
+def current() -> Dict[str, str]:
+    """``numpy.geterr()`` now, as a dict shared (not to be changed) while the error state stays the same; all
+    ``ignore`` inside :func:`library_steps`. Local."""
+    if _internal[0]:
+        return _QUIET
+    if _STATE_VAR is None:  # pragma: no cover - NumPy 1.x
+        return np.geterr()
+    token = _STATE_VAR.get()
+    if token is not _last[0]:
+        _last[0], _last[1] = token, np.geterr()
+    return _last[1]
+
+
+def library_steps(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Decorate a NumPy function built of recorded steps that gives NumPy's own warnings itself (``mean``: "Mean of
+    empty slice"): the flags of the operations it records are not reported (NumPy's ``mean`` of an empty slice
+    does not say "invalid value encountered in divide" either). NumPy's error state is not changed."""
+    @functools.wraps(fn)
+    def steps(*args: Any, **kwargs: Any) -> Any:
+        _internal[0] += 1
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _internal[0] -= 1
+    return steps
+
+
+def merged(a: Optional[Dict[str, str]], b: Optional[Dict[str, str]]) -> Optional[Dict[str, str]]:
+    """The error state of an operation made of two (fusion inlines one into the other): per kind the stronger
+    mode (raise, call, log, print, warn, ignore); ``a`` itself when both are the same. None is NumPy's default.
+    Local."""
+    a, b = a or _DEFAULT, b or _DEFAULT
+    if a is b or a == b:
+        return a
+    return {k: max(a.get(k, "ignore"), b.get(k, "ignore"), key=_STRENGTH.get) for k in a.keys() | b.keys()}
+
+
+def wants_raise(state: Optional[Dict[str, str]]) -> bool:
+    """Whether the error state ``state`` (a :func:`current` dict) raises for some kind. Local."""
+    return state is not None and "raise" in state.values()
+
+
+#: Ufuncs that may raise "divide by zero" (the other kinds may come from nearly any operation).
+_DIVIDING = frozenset(("divide", "true_divide", "floor_divide", "remainder", "fmod", "divmod", "reciprocal", "log",
+                       "log2", "log10", "log1p", "power", "float_power", "arctanh"))
+
+
+def _expr_names(node: Any, out: List[str]) -> None:
+    """The ufunc names of the operations in expression ``node``, innermost first."""
+    args = getattr(node, "args", None)
+    if args is None or not isinstance(getattr(node, "name", None), str):
+        return
+    for a in args:
+        _expr_names(a, out)
+    if node.name != "where":
+        out.append(node.name)
+
+
+def _task_names(task: Any) -> List[str]:
+    """What NumPy would name in an error of ``task``: its ufunc(s), ``reduce``, ``matmul`` or ``cast``."""
+    names: List[str] = []
+    ufunc = getattr(task, "ufunc", None)
+    if isinstance(ufunc, np.ufunc):
+        method = getattr(task, "method", "__call__")
+        return [ufunc.__name__ if method == "__call__" else method]
+    expr = getattr(task, "expr", None)
+    if expr is not None:
+        _expr_names(expr, names)
+        if task.kind == "reduce":
+            names.append("reduce")
+        return names or ["cast"]
+    return ["matmul"] if task.kind in ("matmul", "vecmat") else ["cast"]
+
+
+class Collector:
+    """The flags the units of one force point raised, with the operations of each unit's group.
+
+    Made by the scheduler for a flush; :meth:`clear` before the units run, :meth:`after` after each unit. Local,
+    not thread-safe."""
+
+    __slots__ = ("hits",)
+
+    def __init__(self) -> None:
+        #: ``(flag bits, tasks)`` per unit that raised a flag
+        self.hits: List[Tuple[int, Sequence[Any]]] = []
+
+    @staticmethod
+    def clear() -> None:
+        """Clear the processor's flags (before the first unit of the flush)."""
+        if _LIB is not None:
+            _LIB[1](_ALL_BITS)
+
+    def after(self, where: Any) -> None:
+        """Read (and clear) the flags after a unit ran; ``where``: its group, the group's run (a
+        :class:`~.units.GroupRun`, whose ``group`` is the group) or None; a group's ``tasks`` are its operations."""
+        if _LIB is None:
+            return
+        bits = _LIB[0](_ALL_BITS)
+        if bits:
+            _LIB[1](_ALL_BITS)
+            group = getattr(where, "group", where)
+            self.hits.append((bits, tuple(getattr(group, "tasks", None) or ())))
+
+    def found(self) -> List[Tuple[str, str, str]]:
+        """``(kind, mode, operation names)`` of each flag found, once per distinct triple, in the order found,
+        with the mode recorded with the group's operations (the strongest when they differ: raise, call, log,
+        print, warn, ignore), naming the operations whose mode is not ``ignore``."""
+        seen: Dict[Tuple[str, str, str], None] = {}
+        fe = _LIB[2] if _LIB else ()
+        for bits, tasks in self.hits:
+            for (kind, _text, _flag), bit in zip(KINDS, fe):
+                if not bits & bit:
+                    continue
+                modes = [(getattr(t, "fpe", None) or _DEFAULT).get(kind, "ignore") for t in tasks]
+                mode = max(modes, key=_STRENGTH.get) if tasks else current().get(kind, "ignore")
+                if mode == "ignore":
+                    continue
+                names: List[str] = []
+                for t, m in zip(tasks, modes):   # the operations that report this kind
+                    if m != "ignore":
+                        names.extend(n for n in _task_names(t) if n not in names)
+                if kind == "divide" and any(n in _DIVIDING for n in names):
+                    names = [n for n in names if n in _DIVIDING]
+                seen[(kind, mode, " or ".join(names) or "an operation")] = None
+        return list(seen)
+
+
+_DEFAULT = {"divide": "warn", "over": "warn", "under": "ignore", "invalid": "warn"}
+_STRENGTH = {"ignore": 0, "warn": 1, "print": 2, "log": 3, "call": 4, "raise": 5}
+_TEXT = {kind: text for kind, text, _ in KINDS}
+_FLAG = {kind: flag for kind, _, flag in KINDS}
+
+
+def message(kind: str, names: str) -> str:
+    """NumPy's text for an error of ``kind`` in the operation(s) ``names``."""
+    return f"{_TEXT[kind]} encountered in {names}"
+
+
+def report(found: Sequence[Tuple[str, str, str]], user_frame: Any) -> None:
+    """Handle each flag of :meth:`Collector.found` whose mode is not ``raise`` as NumPy does, on this rank: warn at
+    ``user_frame``'s line (once per line and text, the ``default`` warnings filter), print, log or call. Local."""
+    for kind, mode, names in found:
+        text = message(kind, names)
+        if mode == "warn":
+            warn_at(text, user_frame)
+        elif mode == "print":
+            print(f"Warning: {text}", flush=True)
+        elif mode == "log":
+            np.geterrcall().write(f"Warning: {text}\n")
+        elif mode == "call":
+            np.geterrcall()(_TEXT[kind], _FLAG[kind])
+
+
+def warn_at(text: str, frame: Any) -> None:
+    """``RuntimeWarning(text)`` as if issued at ``frame``'s line (what ``warnings.warn`` does with a stacklevel;
+    ``frame`` None: the caller's caller). Local."""
+    if frame is None:
+        warnings.warn(text, RuntimeWarning, stacklevel=3)
+        return
+    g = frame.f_globals
+    warnings.warn_explicit(text, RuntimeWarning, frame.f_code.co_filename, frame.f_lineno,
+                           module=g.get("__name__", "<string>"), registry=g.setdefault("__warningregistry__", {}),
+                           module_globals=g)
+
+
+def raise_agreed(comm: Any, found: Sequence[Tuple[str, str, str]], how: Dict[str, Any]) -> None:
+    """Raise ``FloatingPointError`` on every rank if a flag whose mode is ``raise`` was found on some rank, with the
+    text of the lowest such rank's first one. Collective over ``comm`` (every rank must call it when the flush held
+    an operation recorded under a ``raise`` mode); ``how``: the timeout arguments of
+    :func:`~nbmpi.workers.core.spmd.gather`."""
+    from ..core import spmd
+
+    mine = next((message(kind, names) for kind, mode, names in found if mode == "raise"), None)
+    every = spmd.gather(comm, mine, **how)
+    first = next((t for t in every if t is not None), None)
+    if first is not None:
+        raise FloatingPointError(first)
