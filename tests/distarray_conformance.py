@@ -202,8 +202,8 @@ def check_sorting(name, X, x):
 
 
 def check_moving(name, X, x):
-    """reshape, ravel, repeat, tile, flip of axis 0, axis permutations, nonzero: elements sent across the
-    distributed axis."""
+    """reshape, ravel, repeat, tile, axis permutations, nonzero: elements sent across the distributed axis; flip
+    of axis 0 (a view with a negative row step)."""
     for shape in [(x.size,), x.shape[::-1], (-1, x.shape[-1]) if x.ndim > 1 else (x.size, 1)]:
         native(f"reshape({name}, {shape})", lambda: dnp.reshape(X, shape), np.reshape(x, shape), exact=True)
     native(f"{name}.reshape(1, -1)", lambda: X.reshape(1, -1), x.reshape(1, -1), exact=True)

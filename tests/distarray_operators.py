@@ -137,7 +137,6 @@ for name, write, what in [
         ("swapaxes(a, 0, 1)[0] = 1", lambda: dnp.swapaxes(C, 0, 1).__setitem__(0, 1.0), "swapaxes"),
         ("a.reshape(3, 4)[0] = 1", lambda: C.reshape(3, 4).__setitem__(0, 1.0), "reshape"),
         ("a.ravel()[0] = 1", lambda: C.ravel().__setitem__(0, 1.0), "ravel"),
-        ("flip(a, 0)[0] = 1", lambda: dnp.flip(C, 0).__setitem__(0, 1.0), "flip along axis 0"),
         ("moveaxis(3-d)[0] = 1", lambda: dnp.moveaxis(dnp.zeros((2, 3, 4)), 0, 2).__setitem__(0, 1.0), "moveaxis"),
         ("np.add(t, 1, out=t), t = a.T", lambda: (lambda t: np.add(t, 1.0, out=t))(C.T), "a.T"),
         ("np.sqrt(a.T, out=a.T)", lambda: np.sqrt(C.T, out=C.T), "a.T"),
@@ -152,14 +151,110 @@ same_typed("the array written through copies is unchanged", C, np.arange(12.).re
 for name, write in [("a[:, 0] = 7", lambda: C.__setitem__((slice(None), 0), 7.0)),
                     ("a[1:][0] = 7 (a view)", lambda: C[1:].__setitem__(0, 7.0)),
                     ("a.T.copy()[0] = 7", lambda: C.T.copy().__setitem__(0, 7.0)),
-                    ("flip(a, 1)[0] = 9 (a view)", lambda: dnp.flip(C, 1).__setitem__(0, 9.0))]:
+                    ("flip(a, 1)[0] = 9 (a view)", lambda: dnp.flip(C, 1).__setitem__(0, 9.0)),
+                    ("flip(a, 0)[0] = 5 (a view)", lambda: dnp.flip(C, 0).__setitem__(0, 5.0)),
+                    ("flipud(a)[1, 2] = 4 (a view)", lambda: dnp.flipud(C).__setitem__((1, 2), 4.0)),
+                    ("fliplr(a)[1, 2] = 3 (a view)", lambda: dnp.fliplr(C).__setitem__((1, 2), 3.0)),
+                    ("split(a, 2)[1][0, 1] = 2 (a view)", lambda: dnp.split(C, 2)[1].__setitem__((0, 1), 2.0)),
+                    ("hsplit(a, 3)[2][0] = 1 (a view)", lambda: dnp.hsplit(C, 3)[2].__setitem__(0, 1.0)),
+                    ("a.view()[0, 1] = 6", lambda: C.view().__setitem__((0, 1), 6.0)),
+                    ("a.real[0, 2] = 8", lambda: C.real.__setitem__((0, 2), 8.0))]:
     assert copy_warnings(write) == [], name
 want = np.arange(12.).reshape(4, 3)
 want[:, 0] = 7.0
 want[1] = 7.0
 want[0] = 9.0
+want[3] = 5.0
+want[2, 2] = 4.0
+want[1, 0] = 3.0
+want[2, 1] = 2.0
+want[:, 2][0] = 1.0
+want[0, 1] = 6.0
+want[0, 2] = 8.0
 same_typed("writes into views reach the array", C, want)
 section("writes into copies where NumPy has views warn")
+
+# NumPy's read-only results stay read-only: a write raises NumPy's ValueError on every rank
+for name, write in [("diagonal(a)[0] = 1", lambda: dnp.diagonal(C).__setitem__(0, 1.0)),
+                    ("broadcast_to(a[0], (2, 3))[0, 0] = 1 (fallback)",
+                     lambda: np.broadcast_to(C[0], (2, 3)).__setitem__((0, 0), 1.0)),
+                    ("a.imag[0] = 1", lambda: C.imag.__setitem__(0, 1.0)),
+                    ("a.diagonal() += 1", lambda: C.diagonal().__iadd__(1.0))]:
+    try:
+        write()
+        outcome = "no error"
+    except ValueError as e:
+        outcome = str(e)
+    assert outcome == "assignment destination is read-only", (name, outcome)
+try:
+    C.imag = 1.0
+    outcome = "no error"
+except TypeError as e:
+    outcome = str(e)
+assert outcome == "array does not have imaginary part to set", outcome
+same_typed("a.imag", C.imag, np.zeros((4, 3)))
+same_typed("a after refused writes", C, want)
+# a fallback whose NumPy result is a view of an operand: a copy, and a write into it warns
+msgs = copy_warnings(lambda: np.rot90(C).__setitem__(0, -1.0))
+assert (len(msgs) == 1 and "numpy.rot90" in msgs[0]) if rank == 0 else msgs == [], msgs
+same_typed("a after a write into rot90(a)", C, want)
+section("read-only results and fallback views")
+
+# NumPy functions writing an operand in place (through the fallback or natively): the write reaches the array
+W = np.arange(12.).reshape(4, 3) - 5
+
+
+def in_place(name, fn):
+    d, n = dnp.asarray(W), W.copy()
+    fn(dnp, d)
+    fn(np, n)
+    same_typed(name, d, n)
+
+
+in_place("put_along_axis", lambda m, a: m.put_along_axis(a, np.zeros((4, 1), int), 9.0, axis=1))
+in_place("place", lambda m, a: m.place(a, a > 3, [100.0, 200.0]))
+in_place("putmask", lambda m, a: m.putmask(a, a > 3, -a))
+in_place("copyto(where=)", lambda m, a: m.copyto(a, 5.0, where=a > 0))
+in_place("copyto(array)", lambda m, a: m.copyto(a, m.ones((4, 3))))
+in_place("np.copyto(distarray)", lambda m, a: np.copyto(a, 2.0, where=W < 0))
+in_place("fill_diagonal", lambda m, a: m.fill_diagonal(a, 0.0))
+in_place("add.at", lambda m, a: m.add.at(a, ([0, 0, 1], [1, 1, 2]), 1.0))
+in_place("negative.at", lambda m, a: m.negative.at(a, [0, 2]))
+in_place("Generator.shuffle", lambda m, a: m.random.default_rng(1).shuffle(a))
+in_place("random.shuffle (legacy)", lambda m, a: (m.random.seed(3), m.random.shuffle(a)))
+in_place("dot(out=)", lambda m, a: m.dot(m.ones((4, 4)), a.copy(), out=a))
+in_place("atleast_2d(1-D)[0, 1] = 7 (a view)", lambda m, a: m.atleast_2d(a[2]).__setitem__((0, 1), 7.0))
+for src in (1.5, np.ones(3) * 1.5, dnp.ones(3) * 1.5):
+    try:
+        dnp.copyto(dnp.zeros(3, dtype=np.int64), src)
+        outcome = "no error"
+    except TypeError as e:
+        outcome = str(e)
+    assert "according to the rule 'same_kind'" in outcome, (src, outcome)
+section("in-place NumPy functions write into the distributed array")
+
+# NumPy's keywords of the constructors: order (no effect but NumPy's check), *_like's shape, ndmin, copy; item(i)
+same_typed("zeros(order='F')", dnp.zeros((3, 4), order="F"), np.zeros((3, 4), order="F"))
+same_typed("full(..., order='C')", dnp.full((3, 2), 7, np.int32, "C"), np.full((3, 2), 7, np.int32, "C"))
+same_typed("zeros_like(shape=)", np.zeros_like(dnp.ones((4, 3)), shape=(5,)), np.zeros((5,)))
+same_typed("full_like(order=, dtype=)", np.full_like(dnp.ones((4, 3)), 2, dtype=np.int8, order="F"),
+           np.full((4, 3), 2, dtype=np.int8))
+same_typed("array(ndmin=2)", dnp.array([1, 2, 3], ndmin=2), np.array([1, 2, 3], ndmin=2))
+for bad in (lambda: dnp.zeros(3, order="K"), lambda: np.ones_like(dnp.ones(3), order="X")):
+    try:
+        bad()
+        outcome = "no error"
+    except ValueError as e:
+        outcome = str(e)
+    assert "order" in outcome, outcome
+D = dnp.arange(6.0)
+E = dnp.asarray(D, copy=True)
+E[0] = 50.0
+F = dnp.array(D)
+F[1] = 60.0
+same_typed("asarray(copy=True) and array() are copies", D, np.arange(6.0))
+assert D.item(4) == 4.0 and D.reshape(2, 3).item(1, 2) == 5.0 and D.reshape(2, 3).item((0, 1)) == 1.0
+section("constructors' NumPy keywords, item(index)")
 
 # a boolean scalar index is NumPy's new axis of length 1 (True) or 0 (False), and a copy (through NumPy)
 X = np.arange(6).reshape(3, 2)

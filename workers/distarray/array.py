@@ -67,7 +67,9 @@ _COPY_WARNED: Dict[Any, Any] = {}
 
 def _warn_copy_write(a: "DistArray") -> None:
     """Warn (rank 0, once per call site) that ``a`` is a copy where NumPy has a view: the write does not reach
-    the array it was made from."""
+    the array it was made from. Where NumPy's view is read-only, raise NumPy's ValueError instead (every rank)."""
+    if a._base.read_only:
+        raise ValueError("assignment destination is read-only")
     if a.context.rank != 0:
         return
     site = fallback._call_site()
@@ -236,8 +238,12 @@ class DistArray:
                             f"{self.shape})")
         return self.to_numpy(_reason=what).reshape(())[()]
 
-    def item(self):
-        """The single element as a Python scalar (force point, collective)."""
+    def item(self, *args: Any) -> Any:
+        """The single element, or the one at a flat index or a tuple of indices (NumPy's ``item``), as a Python
+        scalar (force point, collective)."""
+        if args:
+            key = args[0] if len(args) == 1 else args
+            return np.asarray(self.flat[key] if np.ndim(key) == 0 and not isinstance(key, tuple) else self[key]).item()
         return self._scalar("item()").item()
 
     def __float__(self) -> float:
@@ -834,15 +840,26 @@ def roll(a: Any, shift: Any, axis: Any = None) -> Any:
     return cur
 
 
-def _copyto(dst, src, casting="same_kind", where=None):
-    if where is not None:
-        raise UnsupportedOperation("copyto(where=) is not supported; use dst[...] = where(mask, src, dst)")
-    dst[...] = src
+def _copyto(dst: Any, src: Any, casting: str = "same_kind", where: Any = True) -> None:
+    """``numpy.copyto`` into a DistArray, in place (recorded): ``dst[...] = src``, or with a mask
+    ``dst[...] = where(mask, src, dst)``; NumPy's TypeError when ``casting`` forbids the copy (found by NumPy's
+    copyto on empty stand-ins). A NumPy ``dst``: NumPy's copyto (distributed operands gathered). SPMD."""
+    if not isinstance(dst, DistArray):
+        return fallback.call(np.copyto, (dst, src), dict(casting=casting, where=where), "copyto")
+    if isinstance(src, (DistArray, np.ndarray)):
+        stand: Any = np.empty((1,), src.dtype)
+    else:
+        stand = src if np.ndim(src) == 0 else np.empty((1,), np.asarray(src).dtype)
+    np.copyto(np.empty((0,), dst.dtype), stand, casting=casting)    # raises NumPy's error, if NumPy raises one
+    if where is True:
+        dst[...] = src
+    else:
+        dst[...] = globals()["where"](where, src, dst)
 
 
 _FUNCTIONS = {
     np.where: where,
-    np.dot: lambda a, b, out=None: matmul(a, b),
+    np.dot: dot,
     np.transpose: transpose,
     np.roll: roll,
     np.copyto: _copyto,

@@ -73,26 +73,31 @@ def _pooled(shape, dtype, dist, comm, value) -> DistArray:
     return DistArray(b, View.full(b.shape))
 
 
-def zeros(shape, dtype=np.float64, dist="block", comm=None) -> DistArray:
-    """A new array of zeros. Local (no communication)."""
+def zeros(shape, dtype=np.float64, order="C", *, dist="block", comm=None) -> DistArray:
+    """A new array of zeros. Local (no communication). ``order`` (NumPy's memory order) is checked as NumPy
+    checks it, and has no other effect: a distributed array has no memory order a program can see."""
+    _check_order(order)
     return _pooled(shape, dtype, dist, comm, 0)
 
 
-def ones(shape, dtype=np.float64, dist="block", comm=None) -> DistArray:
-    """A new array of ones. Local."""
+def ones(shape, dtype=np.float64, order="C", *, dist="block", comm=None) -> DistArray:
+    """A new array of ones. Local. ``order``: as in :func:`zeros`."""
+    _check_order(order)
     return _pooled(shape, dtype, dist, comm, 1)
 
 
-def empty(shape, dtype=np.float64, dist="block", comm=None) -> DistArray:
+def empty(shape, dtype=np.float64, order="C", *, dist="block", comm=None) -> DistArray:
     """A new uninitialized array. Local. Its local buffer is taken on first use, from a dead base of the same
     local shape when the pool holds one (``concatenate``'s result, a grid's stacked form that is never used
-    as a whole, fault in no pages up front)."""
+    as a whole, fault in no pages up front). ``order``: as in :func:`zeros`."""
+    _check_order(order)
     b, _ = _new(shape, dtype, dist, comm, "")
     return DistArray(b, View.full(b.shape))
 
 
-def full(shape, fill_value, dtype=None, dist="block", comm=None) -> DistArray:
-    """A new array filled with ``fill_value`` (dtype as ``numpy.full``). Local."""
+def full(shape, fill_value, dtype=None, order="C", *, dist="block", comm=None) -> DistArray:
+    """A new array filled with ``fill_value`` (dtype as ``numpy.full``). Local. ``order``: as in :func:`zeros`."""
+    _check_order(order)
     dt = np.asarray(fill_value).dtype if dtype is None else dtype
     if dtype is None and isinstance(fill_value, float):
         dt = np.float64
@@ -241,41 +246,66 @@ def time_ns() -> int:
     return time.perf_counter_ns()
 
 
-def array(x: Any, dtype=None, dist="block", comm=None) -> DistArray:
-    """``from_numpy(numpy.asarray(x, dtype), dist)`` (every rank passes the same data)."""
-    return from_numpy(np.asarray(x, dtype=dtype), dist=dist, comm=comm)
+def array(x: Any, dtype=None, dist="block", comm=None, *, copy: Any = True, order: Any = "K", ndmin: int = 0,
+          subok: bool = False, like: Any = None) -> DistArray:
+    """``from_numpy(numpy.array(x, dtype, order=order, ndmin=ndmin), dist)`` (every rank passes the same data; a
+    DistArray ``x`` is gathered first: a copy). ``order`` has no other effect (no memory order a program can see)."""
+    if isinstance(x, DistArray) and ndmin <= x.ndim:
+        return x.astype(x.dtype if dtype is None else dtype, copy=copy is not False)
+    return from_numpy(np.array(x, dtype=dtype, order=order, ndmin=ndmin), dist=dist, comm=comm)
 
 
-def asarray(x: Any, dtype=None, dist="block", comm=None) -> DistArray:
-    """``x`` itself if it is a DistArray of ``dtype`` (or ``dtype`` is None), a recorded ``astype``
-    of it for another dtype, else :func:`array` of it (every rank passes the same data)."""
+def asarray(x: Any, dtype=None, dist="block", comm=None, *, order: Any = None, copy: Any = None,
+            device: Any = None, like: Any = None) -> DistArray:
+    """``x`` itself if it is a DistArray of ``dtype`` (or ``dtype`` is None) and ``copy`` is not True, a
+    recorded ``astype`` of it otherwise, else :func:`array` of it (every rank passes the same data)."""
     if isinstance(x, DistArray):
+        if copy:
+            return x.astype(x.dtype if dtype is None else dtype)
         return x if dtype is None else x.astype(dtype, copy=False)
-    return array(x, dtype=dtype, dist=dist, comm=comm)
+    return array(x, dtype=dtype, dist=dist, comm=comm, order=order if order is not None else "K")
 
 
 def _like_dist(a: DistArray, dist):
     return a.dist if dist is None else dist
 
 
-def zeros_like(a: DistArray, dtype=None, dist=None) -> DistArray:
-    """Zeros with ``a``'s shape, dtype and kind of distribution. Local."""
-    return zeros(a.shape, a.dtype if dtype is None else dtype, _like_dist(a, dist), a.comm)
+def _check_order(order: Any, like: bool = False) -> None:
+    """NumPy's error for an ``order`` NumPy refuses (checked by NumPy on an empty stand-in); a valid one has no
+    effect on a distributed array (no memory order a program can see)."""
+    if order not in ("C", "F", "K", "A", None) or (not like and order not in ("C", "F", None)):
+        np.empty_like(np.empty((0,)), order=order) if like else np.empty((0,), order=order)
 
 
-def ones_like(a: DistArray, dtype=None, dist=None) -> DistArray:
-    """Ones with ``a``'s shape, dtype and kind of distribution. Local."""
-    return ones(a.shape, a.dtype if dtype is None else dtype, _like_dist(a, dist), a.comm)
+def _like(a: Any, dtype: Any, order: Any, subok: bool, shape: Any, dist: Any) -> Tuple[Tuple[int, ...], Any, Any]:
+    """``(shape, dtype, dist)`` of a ``*_like`` result: ``a``'s unless given (NumPy's ``shape=`` too)."""
+    _check_order(order, like=True)
+    return (a.shape if shape is None else _shape(shape)), (a.dtype if dtype is None else dtype), _like_dist(a, dist)
 
 
-def empty_like(a: DistArray, dtype=None, dist=None) -> DistArray:
-    """An uninitialized array like ``a``. Local."""
-    return empty(a.shape, a.dtype if dtype is None else dtype, _like_dist(a, dist), a.comm)
+def zeros_like(a: DistArray, dtype=None, order="K", subok=True, shape=None, *, device=None, dist=None) -> DistArray:
+    """Zeros with ``a``'s shape (or ``shape``), dtype (or ``dtype``) and kind of distribution. Local."""
+    sh, dt, d = _like(a, dtype, order, subok, shape, dist)
+    return zeros(sh, dt, dist=d, comm=a.comm)
 
 
-def full_like(a: DistArray, fill_value, dtype=None, dist=None) -> DistArray:
-    """An array like ``a`` filled with ``fill_value``. Local."""
-    return full(a.shape, fill_value, a.dtype if dtype is None else dtype, _like_dist(a, dist), a.comm)
+def ones_like(a: DistArray, dtype=None, order="K", subok=True, shape=None, *, device=None, dist=None) -> DistArray:
+    """Ones with ``a``'s shape (or ``shape``), dtype (or ``dtype``) and kind of distribution. Local."""
+    sh, dt, d = _like(a, dtype, order, subok, shape, dist)
+    return ones(sh, dt, dist=d, comm=a.comm)
+
+
+def empty_like(a: DistArray, dtype=None, order="K", subok=True, shape=None, *, device=None, dist=None) -> DistArray:
+    """An uninitialized array like ``a`` (or of ``shape``). Local."""
+    sh, dt, d = _like(a, dtype, order, subok, shape, dist)
+    return empty(sh, dt, dist=d, comm=a.comm)
+
+
+def full_like(a: DistArray, fill_value, dtype=None, order="K", subok=True, shape=None, *, device=None,
+              dist=None) -> DistArray:
+    """An array like ``a`` (or of ``shape``) filled with ``fill_value``. Local."""
+    sh, dt, d = _like(a, dtype, order, subok, shape, dist)
+    return full(sh, fill_value, dt, dist=d, comm=a.comm)
 
 
 # NumPy's *_like functions dispatch here through DistArray.__array_function__ (registered from this

@@ -10,7 +10,11 @@ NumPy):
    every rank give the same result on every rank),
 3. an array result of a supported dtype (bool, integer, float) with at least one dimension is
    distributed again with the layout kind of the first distributed operand, each rank keeping
-   its own rows; scalars, 0-d results and other dtypes are returned as NumPy gives them.
+   its own rows; scalars, 0-d results and other dtypes are returned as NumPy gives them;
+4. a distributed operand NumPy writes in place (``copyto``'s ``dst``, ``place``, ``putmask``,
+   ``put_along_axis``, ``fill_diagonal``, ``put``, a ufunc's ``at``, ``shuffle``, ``ndarray.byteswap(inplace=True)``,
+   ``ndarray.setfield``: :func:`written_operand`) gets the gathered copy NumPy changed written back, each
+   rank its own rows, so the write is not lost; ``out=`` a DistArray receives the result the same way.
 
 Who must call it: every rank of the operands' communicator, in the same order (SPMD), as for any
 collective. Blocking (the gathers are waited with ``NBMPI_TIMEOUT``). Without distributed
@@ -141,11 +145,48 @@ def _warn(name: str, nbytes: int, site: Tuple[str, int], rank: int) -> None:
         NumPyFallbackWarning, site[0], site[1], registry=_warned)
 
 
+#: NumPy functions that write into an operand: its position and keyword.
+_WRITERS: Dict[Any, Tuple[int, str]] = {
+    np.copyto: (0, "dst"), np.place: (0, "arr"), np.putmask: (0, "a"), np.put_along_axis: (0, "arr"),
+    np.fill_diagonal: (0, "a"), np.put: (0, "a")}
+
+
+def written_operand(func: Callable[..., Any], args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Tuple[int, str]:
+    """``(position, keyword)`` of the operand ``func(*args, **kwargs)`` writes in place, or ``(-1, "")``: the
+    functions of :data:`_WRITERS`, a ufunc's ``at``, a random generator's ``shuffle``, ``ndarray.setfield`` and
+    ``ndarray.byteswap(inplace=True)`` (called with the array first). Local."""
+    hit = _WRITERS.get(func)
+    if hit is not None:
+        return hit
+    owner = getattr(func, "__self__", None)
+    if getattr(func, "__name__", "") == "at" and isinstance(owner, np.ufunc):
+        return 0, "a"
+    if getattr(func, "__name__", "") == "shuffle" and isinstance(owner, (np.random.Generator, np.random.RandomState)):
+        return 0, "x"
+    if func is np.ndarray.setfield or (func is np.ndarray.byteswap and (kwargs.get("inplace") or args[1:2] == (True,))):
+        return 0, "self"
+    return -1, ""
+
+
+def _write_back(func: Callable[..., Any], args: Tuple[Any, ...], kwargs: Dict[str, Any], gargs: Tuple[Any, ...],
+                gkwargs: Dict[str, Any]) -> None:
+    """Write the gathered copy NumPy changed in place back into its DistArray (see the module doc, 4.)."""
+    pos, key = written_operand(func, args, kwargs)
+    if pos < 0:
+        return
+    DistArray = _distarray_type()
+    if pos < len(args) and isinstance(args[pos], DistArray):
+        args[pos][...] = gargs[pos]
+    elif key in kwargs and isinstance(kwargs[key], DistArray):
+        kwargs[key][...] = gkwargs[key]
+
+
 def call(func: Callable[..., Any], args: Tuple[Any, ...], kwargs: Dict[str, Any], name: str) -> Any:
     """Run NumPy's ``func(*args, **kwargs)`` with every DistArray operand gathered, and distribute
     its array result (see the module docstring). Collective over the operands' communicator when
     any operand is distributed (SPMD: every rank calls it); without distributed operands it is just
-    ``func(*args, **kwargs)``. ``out=`` may name a DistArray: the result is written into it."""
+    ``func(*args, **kwargs)``. ``out=`` may name a DistArray: the result is written into it; so is an
+    operand NumPy writes in place (:func:`written_operand`)."""
     out = kwargs.get("out")
     DistArray = _distarray_type()
     out_dist = out if isinstance(out, DistArray) else (
@@ -169,10 +210,41 @@ def call(func: Callable[..., Any], args: Tuple[Any, ...], kwargs: Dict[str, Any]
         tr.record(K_FALLBACK, tracing.DIR_NONE, -1, 0, nbytes, t0, time.perf_counter_ns(), wait=-1,
                   count=len(found))
     _warn(name, nbytes, site, like.context.rank)
+    _write_back(func, args, kwargs, gargs, gkwargs)
     if out_dist is not None:
         out_dist[...] = result
         return out_dist
-    return _distribute(result, like)
+    res = _distribute(result, like)
+    _mark_views(result, res, _arrays_in((gargs, gkwargs)), name)
+    return res
+
+
+def _arrays_in(value: Any) -> List[np.ndarray]:
+    """The NumPy arrays in ``value`` (inside tuples, lists and dicts)."""
+    if isinstance(value, np.ndarray):
+        return [value]
+    if isinstance(value, dict):
+        value = list(value.values())
+    if isinstance(value, (list, tuple)):
+        return [a for v in value for a in _arrays_in(v)]
+    return []
+
+
+def _mark_views(result: Any, res: Any, gathered: List[np.ndarray], name: str) -> None:
+    """Mark each distributed array of ``res`` made from a NumPy view of a gathered operand (``numpy.rot90``,
+    ``a.view(dtype)``) as a copy where NumPy has a view, so that a write into it warns
+    (:class:`~.errors.CopyNotViewWarning`), and each made from a read-only NumPy result (``broadcast_to``) as
+    read-only, so that a write raises NumPy's ValueError."""
+    if isinstance(result, (tuple, list)) and isinstance(res, (tuple, list)):
+        for r, d in zip(result, res):
+            _mark_views(r, d, gathered, name)
+        return
+    if not isinstance(result, np.ndarray) or not isinstance(res, _distarray_type()):
+        return
+    if not result.flags.writeable:
+        res._base.copy_of, res._base.read_only = f"numpy.{name}", True
+    elif any(np.may_share_memory(result, g) for g in gathered):
+        res._base.copy_of = f"numpy.{name}"
 
 
 def setitem(array: Any, key: Any, value: Any) -> None:

@@ -1,7 +1,7 @@
 """NumPy's functions that move elements across the distributed axis, natively on distributed arrays:
 ``reshape``/``ravel``/``a.flatten()`` (C order), ``repeat``, ``tile``, ``nonzero``/``flatnonzero``/
 ``argwhere``, and the axis permutations the recorded transpose does not cover (``transpose`` with axes or of
-N-d arrays, ``swapaxes``, ``moveaxis``; ``flip`` of axis 0).
+N-d arrays, ``swapaxes``, ``moveaxis``).
 
 Each is one exchange by global flat index (:func:`~.exchange.from_elements`): every rank computes, for its
 own elements, where they land in the result, and sends each to the rank owning that row; nothing is gathered
@@ -28,7 +28,7 @@ from .exchange import allgather_int, from_elements, from_local_part, local_part,
 from .graph import Base
 from .indexing import View
 
-__all__ = ["reshape", "ravel", "repeat", "tile", "nonzero", "flatnonzero", "argwhere", "permute", "flip_rows",
+__all__ = ["reshape", "ravel", "repeat", "tile", "nonzero", "flatnonzero", "argwhere", "permute",
            "moveaxis"]
 
 
@@ -213,15 +213,6 @@ def permute(a: DistArray, axes: Tuple[int, ...]) -> DistArray:
     return from_elements(a.context, shape, a.dtype, flat, data, result_dist(a, shape[0] if shape else 0), "transpose")
 
 
-def flip_rows(a: DistArray) -> DistArray:
-    """``numpy.flip(a, 0)`` as a new array: row ``i`` sent to row ``n - 1 - i``, in ``a``'s layout. Collective,
-    blocking."""
-    rows, data = local_part(a)
-    inner = int(np.prod(a.shape[1:], dtype=np.int64))
-    return from_elements(a.context, a.shape, a.dtype, _flat_of(a.shape[0] - 1 - rows, inner), data,
-                         result_dist(a, a.shape[0]), "flip")
-
-
 def moveaxis(a: Any, source: Any, destination: Any) -> Any:
     """``numpy.moveaxis``: ``a`` with axes ``source`` moved to ``destination`` (a new array by
     :func:`permute`; ``a`` itself if nothing moves). Collective, blocking."""
@@ -293,5 +284,5 @@ def argwhere(a: Any) -> Any:
 
 _FUNCTIONS.update({np.reshape: reshape, np.ravel: ravel, np.repeat: repeat, np.tile: tile, np.nonzero: nonzero,
                    np.flatnonzero: flatnonzero, np.argwhere: argwhere, np.moveaxis: moveaxis})
-_METHODS.update(_permute=permute, _flip_rows=flip_rows)          # for DistArray.transpose (array.py cannot import this module)
+_METHODS.update(_permute=permute)          # for DistArray.transpose (array.py cannot import this module)
 _METHODS.update(reshape=reshape, ravel=ravel, flatten=_flatten, repeat=repeat, nonzero=nonzero)

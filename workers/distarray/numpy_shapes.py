@@ -1,10 +1,12 @@
 """NumPy's shape functions where the rows stay where they are, and a few elementwise compositions, natively on
-distributed arrays: ``expand_dims``, ``squeeze``, ``flip``, ``swapaxes``, ``clip``, ``round``/``around``, ``outer``, ``cross``, ``diagonal``, ``trace``.
+distributed arrays: ``expand_dims``, ``squeeze``, ``flip``, ``fliplr``, ``flipud``, ``swapaxes``, the splits (``split``,
+``array_split``, ``hsplit``, ``vsplit``, ``dsplit``: lists of views), ``atleast_1d/2d/3d``, ``a.view()``, ``a.real``
+and ``a.imag``, ``clip``, ``round``/``around``, ``outer``, ``cross``, ``diagonal`` (read-only, as NumPy's), ``trace``.
 
 The shape functions return views (:mod:`.indexing`: ``None`` inserts an axis, an integer removes one, a
-negative step reverses one), nothing is copied or recorded; ``swapaxes`` of a 2-D array is its transpose
-(:func:`~.array.transpose`). Flipping axis 0 and swapping axes of N-d arrays move elements across the
-distributed axis: collective steps of :mod:`.numpy_reshaping`. ``clip`` is ``minimum(maximum(a, lo), hi)``; ``round`` with ``decimals``
+negative step reverses one, also the distributed axis 0), nothing is copied or recorded; ``swapaxes`` of a 2-D
+array is its transpose (:func:`~.array.transpose`). Swapping axes of N-d arrays moves elements across the
+distributed axis: a collective step of :mod:`.numpy_reshaping`. ``clip`` is ``minimum(maximum(a, lo), hi)``; ``round`` with ``decimals``
 is NumPy's own formula (scale, ``rint``, unscale), bit for bit; ``outer`` broadcasts ``a[:, None] *
 b[None, :]``; ``diagonal`` selects each row's element on the diagonal with a masked reduction over the
 row (no gathering; its cost is that of one pass over the matrix) and ``trace`` sums it. Whatever these
@@ -18,11 +20,12 @@ from typing import Any
 import numpy as np
 
 from . import fallback
-from .array import _FUNCTIONS, _METHODS, DistArray, _reduce, copy_of_view, transpose, where
+from .array import _FUNCTIONS, _METHODS, DistArray, _reduce, transpose, where
 from .numpy_reductions import normalize_axes, sum as _sum
 
 __all__ = ["expand_dims", "squeeze", "flip", "swapaxes", "clip", "round", "around", "outer", "cross", "diagonal",
-           "trace"]
+           "trace", "fliplr", "flipud", "split", "array_split", "hsplit", "vsplit", "dsplit", "atleast_1d", "atleast_2d",
+           "atleast_3d", "view"]
 
 
 def expand_dims(a: Any, axis: Any) -> Any:
@@ -47,8 +50,8 @@ def squeeze(a: Any, axis: Any = None) -> Any:
 
 
 def flip(a: Any, axis: Any = None) -> Any:
-    """``numpy.flip``: a view of ``a`` reversed along ``axis`` for axes other than 0 (local); reversing axis 0 is a
-    new array, its rows exchanged (collective, blocking)."""
+    """``numpy.flip``: a view of ``a`` reversed along ``axis`` (a negative step; also along the distributed axis 0:
+    writes through it change ``a``, as NumPy's). Local."""
     if not isinstance(a, DistArray):
         return np.flip(a, axis)
     axes = normalize_axes(axis, a.ndim)
@@ -56,9 +59,6 @@ def flip(a: Any, axis: Any = None) -> Any:
     if a.ndim == 0:
         return fallback.call(np.flip, (a,), dict(axis=axis), "flip")
     fallback.note_native("flip")
-    if 0 in axes:                                 # rows sent to their mirrored place (a collective step)
-        a = copy_of_view(_METHODS["_flip_rows"](a), a, "flip along axis 0")
-        axes = tuple(k for k in axes if k != 0)
     return a[tuple(slice(None, None, -1) if k in axes else slice(None) for k in range(a.ndim))]
 
 
@@ -179,6 +179,7 @@ def diagonal(a: Any, offset: int = 0, axis1: int = 0, axis2: int = 1) -> Any:
         res = _reduce(where(on, a, -np.inf), "max", 1)
     else:
         res = _reduce(where(on, a, np.iinfo(a.dtype).min), "max", 1)
+    res._base.copy_of, res._base.read_only = "numpy.diagonal", True     # NumPy's is a read-only view
     return res[lo:hi]
 
 
@@ -193,8 +194,113 @@ def trace(a: Any, offset: int = 0, axis1: int = 0, axis2: int = 1, dtype: Any = 
     return _sum(d, dtype=dtype, out=out)
 
 
+def fliplr(m: Any) -> Any:
+    """``numpy.fliplr``: a view of ``m`` reversed along axis 1. Local."""
+    if not isinstance(m, DistArray):
+        return np.fliplr(m)
+    if m.ndim < 2:
+        raise ValueError("Input must be >= 2-d.")
+    return flip(m, 1)
+
+
+def flipud(m: Any) -> Any:
+    """``numpy.flipud``: a view of ``m`` reversed along axis 0. Local."""
+    if not isinstance(m, DistArray):
+        return np.flipud(m)
+    if m.ndim < 1:
+        raise ValueError("Input must be >= 1-d.")
+    return flip(m, 0)
+
+
+def _split_with(np_split: Any, axis_of: Any):
+    """A NumPy split function (``split``, ``array_split``, ``hsplit``, ``vsplit``, ``dsplit``) returning views of
+    a DistArray, as NumPy's pieces are views: the pieces' bounds and NumPy's errors come from the same NumPy function
+    on a stand-in of ``a``'s shape (no memory); ``axis_of(a, kwargs)`` is the axis split along. Local."""
+    def split(a: Any, *args: Any, **kwargs: Any) -> Any:
+        if not isinstance(a, DistArray):
+            return np_split(a, *args, **kwargs)
+        stand = np.lib.stride_tricks.as_strided(np.zeros(1, np.int8), shape=a.shape, strides=(0,) * a.ndim)
+        pieces = np_split(stand, *args, **kwargs)
+        ax = axis_of(a, args, kwargs)
+        out, lo = [], 0
+        for p in pieces:
+            hi = lo + p.shape[ax]
+            out.append(a[(slice(None),) * ax + (slice(lo, hi),)])
+            lo = hi
+        return out
+    split.__name__ = split.__qualname__ = np_split.__name__
+    split.__doc__ = (f"``numpy.{np_split.__name__}`` of a DistArray: a list of views of it (slices along the axis "
+                     "NumPy splits), as NumPy's. Local.")
+    return split
+
+
+def _given_axis(a: Any, args: tuple, kwargs: dict) -> int:
+    return normalize_axes(args[1] if len(args) > 1 else kwargs.get("axis", 0), a.ndim)[0]
+
+
+split = _split_with(np.split, _given_axis)
+array_split = _split_with(np.array_split, _given_axis)
+hsplit = _split_with(np.hsplit, lambda a, args, kwargs: 1 if a.ndim > 1 else 0)
+vsplit = _split_with(np.vsplit, lambda a, args, kwargs: 0)
+dsplit = _split_with(np.dsplit, lambda a, args, kwargs: 2)
+
+
+def _atleast_nd(nd: int):
+    np_fn = {1: np.atleast_1d, 2: np.atleast_2d, 3: np.atleast_3d}[nd]
+
+    def atleast(*arys: Any) -> Any:
+        from .numpy_joining import _atleast
+
+        if not any(isinstance(x, DistArray) and x.ndim for x in arys):     # 0-d DistArrays: NumPy's copy
+            return fallback.call(np_fn, arys, {}, np_fn.__name__)
+        res = [_atleast(x, nd) if isinstance(x, DistArray) and x.ndim else np_fn(x) for x in arys]
+        return res[0] if len(res) == 1 else (tuple(res) if np.lib.NumpyVersion(np.__version__) >= "2.0.0" else res)
+    atleast.__name__ = atleast.__qualname__ = np_fn.__name__
+    atleast.__doc__ = f"``numpy.{np_fn.__name__}``: a DistArray itself or a view of it with length-1 axes added. Local."
+    return atleast
+
+
+atleast_1d, atleast_2d, atleast_3d = _atleast_nd(1), _atleast_nd(2), _atleast_nd(3)
+
+
+def view(a: DistArray, dtype: Any = None, type: Any = None) -> Any:  # noqa: A002 - NumPy's name
+    """``a.view()``: a new DistArray object on the same elements (a view: writes through either show in both).
+    With another ``dtype`` or ``type``: the NumPy fallback (a copy). Local."""
+    if type is None and (dtype is None or np.dtype(dtype) == a.dtype):
+        return DistArray(a._base, a._view)
+    return fallback.call(np.ndarray.view, (a,) + (() if dtype is None else (dtype,)),
+                         {} if type is None else {"type": type}, "ndarray.view")
+
+
+def _real(a: DistArray) -> Any:
+    """``a.real``: for bool, integer and float arrays a view of ``a`` itself (writes through it change ``a``)."""
+    return view(a)
+
+
+def _set_real(a: DistArray, value: Any) -> None:
+    a[...] = value
+
+
+def _imag(a: DistArray) -> Any:
+    """``a.imag``: for bool, integer and float arrays NumPy's read-only zeros (a write raises ValueError)."""
+    from .creation import zeros_like
+
+    z = zeros_like(a)
+    z._base.copy_of, z._base.read_only = "ndarray.imag", True
+    return z
+
+
+def _set_imag(a: DistArray, value: Any) -> None:
+    raise TypeError("array does not have imaginary part to set")
+
+
+DistArray.real = property(_real, _set_real, doc=_real.__doc__)
+DistArray.imag = property(_imag, _set_imag, doc=_imag.__doc__)
+
 _NAMES = dict(expand_dims=expand_dims, squeeze=squeeze, flip=flip, swapaxes=swapaxes, clip=clip, round=round,
-              around=around, outer=outer, cross=cross, diagonal=diagonal, trace=trace)
+              around=around, outer=outer, cross=cross, diagonal=diagonal, trace=trace, fliplr=fliplr, flipud=flipud,
+              split=split, array_split=array_split, hsplit=hsplit, vsplit=vsplit, dsplit=dsplit,
+              atleast_1d=atleast_1d, atleast_2d=atleast_2d, atleast_3d=atleast_3d)
 # numpy.<name>(distarray) and the array methods dispatch here
 _FUNCTIONS.update({getattr(np, n): f for n, f in _NAMES.items() if hasattr(np, n)})
-_METHODS.update(squeeze=squeeze, swapaxes=swapaxes, clip=clip, round=round, diagonal=diagonal, trace=trace)
+_METHODS.update(squeeze=squeeze, swapaxes=swapaxes, clip=clip, round=round, diagonal=diagonal, trace=trace, view=view)

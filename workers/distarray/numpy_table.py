@@ -18,7 +18,7 @@ def classify() -> Tuple[Dict[str, str], Dict[str, str]]:
     """(functions, methods): each public NumPy function or ufunc name, and each public ndarray
     method or attribute, mapped to ``"native"`` or ``"fallback"``."""
     from . import __dict__ as namespace
-    from .array import _METHODS, DistArray
+    from .array import _FUNCTIONS, _METHODS, DistArray
     from .elementwise import SUPPORTED
     from .ufuncs import is_native
 
@@ -34,8 +34,8 @@ def classify() -> Tuple[Dict[str, str], Dict[str, str]]:
         if isinstance(obj, np.ufunc):
             # dispatch goes by the ufunc's own name: numpy.abs is absolute, numpy.mod is remainder
             native = obj.__name__ in SUPPORTED or is_native(obj) and not wrapped
-        else:
-            native = ours is not None and not wrapped
+        else:   # a name not looked up yet resolves to the native implementation numpy.<name>(distarray) uses
+            native = (ours is not None and not wrapped) or (ours is None and obj in _FUNCTIONS)
         functions[name] = "native" if native else "fallback"
     methods = {name: "native" if name in DistArray.__dict__ or name in _METHODS or any(name in c.__dict__ for c in DistArray.__mro__[1:-1])
                else "fallback"

@@ -186,9 +186,7 @@ class Generator:
         return self._draw_distributed(size, float(low), float(high), plain=False)
 
     def _fallback(self, name: str, args: tuple, kwargs: dict) -> Any:
-        from . import fallback
-        fallback.count(f"random.Generator.{name}", 0)
-        return _distributed_draw(getattr(self._np, name)(*args, **kwargs), self._dist, self._comm)
+        return _numpy_draw(getattr(self._np, name), f"random.Generator.{name}", args, kwargs, self._dist, self._comm)
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_") or not hasattr(np.random.Generator, name):
@@ -277,10 +275,19 @@ def _legacy_call(name: str, args: tuple, kwargs: dict, dist: Any = "block", comm
     shape = _legacy_uniform_size(name, args, kwargs)
     if shape is not None:
         return _legacy_uniform(shape, dist, comm)
-    from . import fallback
-    fallback.count(f"random.{name}", 0)
     method = "random_sample" if name in ("sample", "ranf") else name    # numpy.random's aliases
-    return _distributed_draw(getattr(_LEGACY["state"], method)(*args, **kwargs), dist, comm)
+    return _numpy_draw(getattr(_LEGACY["state"], method), f"random.{name}", args, kwargs, dist, comm)
+
+
+def _numpy_draw(fn: Any, name: str, args: tuple, kwargs: dict, dist: Any, comm: Any) -> Any:
+    """``fn(*args, **kwargs)`` (a method of the state every rank shares), its array result distributed; counted as a
+    fallback call. Distributed operands go through :func:`~.fallback.call`: gathered first, and written back when
+    NumPy changes them in place (``shuffle(x)``; ``permuted(x, out=y)`` writes ``y``)."""
+    from . import fallback
+    if any(isinstance(v, DistArray) for v in args + tuple(kwargs.values())):
+        return _distributed_draw(fallback.call(fn, args, kwargs, name), dist, comm)
+    fallback.count(name, 0)
+    return _distributed_draw(fn(*args, **kwargs), dist, comm)
 
 
 def __getattr__(name: str) -> Any:
