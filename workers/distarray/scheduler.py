@@ -531,10 +531,12 @@ def _run_segments(context, fl: _Flush, agr: "_Agreement", groups: List[Any]) -> 
             continue
         if segment:
             fl.build(segment)
+            fl.fpe.clear()      # flags left by the program or the lowering are not the units'
             fl.execute(segment)
             segment = []
         if g is not None:
             agr.wait()  # the ranks agreed on the recorded operations before this collective step
+            fl.fpe.clear()
             BARRIERS[g.kind](context, g.task, fl.op_name(g.kind))
             fl.fpe.after(g)
             fl.releases.group_done(g)
@@ -567,7 +569,6 @@ def run_flush(context, tasks, reason: str, hiding: bool, point: Optional[ForcePo
     fl.releases = Releases(groups)
     try:
         with np.errstate(all="ignore"):   # NumPy's loops in units must not raise on some ranks: flags read instead
-            fl.fpe.clear()
             _run_segments(context, fl, agr, groups)
         # Also when fusion dropped every task (writes into arrays that died): the allreduce must complete
         # before its buffers are dropped, else MPI writes its result into freed memory, maybe the next check's.
