@@ -101,8 +101,15 @@ section("small views, row broadcasts, overlapping assignments, dtypes")
 
 for dist in DISTS:
     X = dnp.from_numpy(x, dist=dist)
-    expect("index out of range", IndexError, lambda: X[13], ["index 13 is out of bounds for axis with size 13"])
-    expect("index out of range 2", IndexError, lambda: X[2, -6], ["index -6 is out of bounds for axis with size 5"])
+    expect("index out of range", IndexError, lambda: X[13], ["index 13 is out of bounds for axis 0 with size 13"])
+    expect("index out of range 2", IndexError, lambda: X[2, -6], ["index -6 is out of bounds for axis 1 with size 5"])
+    expect("index out of range, general pass", IndexError, lambda: X[None, 2, -6],
+           ["index -6 is out of bounds for axis 1 with size 5"])
+    expect("a float index (NumPy's IndexError)", IndexError, lambda: X[1.5], ["only integers, slices"])
+    expect("item() of many elements (NumPy's ValueError)", ValueError, lambda: X.item(),
+           ["can only convert an array of size 1 to a Python scalar"])
+    expect("float() of many elements (NumPy's TypeError)", TypeError, lambda: float(X),
+           ["only 0-dimensional arrays can be converted to Python scalars"])
     expect("too many indices", IndexError, lambda: X[1, 2, 3], ["too many indices for array"])
     expect("too many indices on a row", IndexError, lambda: X[1][9, 2], ["too many indices for array"])
     expect("too many indices past a fixed axis", IndexError, lambda: X[:, 1][20, 0], ["too many indices for array"])

@@ -71,7 +71,7 @@ def test_index_keeps_general_errors_for_other_keys():
     v = View.full((6, 4))._index_general((slice(None), 2))     # ('s', ...), ('i', 2): one user axis
     with pytest.raises(IndexError, match="too many indices for array: array is 1-dimensional, but 2 were indexed"):
         v.index((9, 0))
-    with pytest.raises(IndexError, match="index 9 is out of bounds for axis with size 6"):
+    with pytest.raises(IndexError, match="index 9 is out of bounds for axis 0 with size 6"):
         v.index(9)
     assert v.index(np.int64(-1)).key == v.index(-1).key == v._index_general((5,)).key
 

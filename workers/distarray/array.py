@@ -232,10 +232,10 @@ class DistArray:
         out = self.to_numpy()
         return out if dtype is None else out.astype(dtype)
 
-    def _scalar(self, what: str):
-        if self.size != 1:
-            raise TypeError(f"only arrays of size 1 can be converted to Python scalars ({what} of shape "
-                            f"{self.shape})")
+    def _scalar(self, what: str, error: type = TypeError):
+        if self.size != 1:   # NumPy's errors: item() a ValueError, float()/int() a TypeError
+            raise error("can only convert an array of size 1 to a Python scalar" if error is ValueError else
+                        "only 0-dimensional arrays can be converted to Python scalars")
         return self.to_numpy(_reason=what).reshape(())[()]
 
     def item(self, *args: Any) -> Any:
@@ -244,7 +244,7 @@ class DistArray:
         if args:
             key = args[0] if len(args) == 1 else args
             return np.asarray(self.flat[key] if np.ndim(key) == 0 and not isinstance(key, tuple) else self[key]).item()
-        return self._scalar("item()").item()
+        return self._scalar("item()", ValueError).item()
 
     def __float__(self) -> float:
         return float(self._scalar("float()"))

@@ -202,11 +202,9 @@ class View:
                                            "use where(mask, x, y) for masked selection")
             elif isinstance(it, (int, np.integer)):
                 items.append(operator.index(it))
-            else:
-                raise UnsupportedOperation(
-                    f"index {type(it).__name__} is not supported: distributed arrays take basic indexes only "
-                    "(integers, slices, None, ...); index arrays and boolean masks are not supported yet. "
-                    "Use where(mask, x, y) instead of a[mask] = x, or gather with to_numpy() first")
+            else:   # NumPy's error for a float, a string or another object as an index
+                raise IndexError("only integers, slices (`:`), ellipsis (`...`), numpy.newaxis (`None`) and integer "
+                                 "or boolean arrays are valid indices")
         consumers = sum(1 for it in items if it is not None and it is not Ellipsis)
         if sum(1 for it in items if it is Ellipsis) > 1:
             raise IndexError("an index can only have a single ellipsis ('...')")
@@ -224,10 +222,12 @@ class View:
         out: List[Entry] = []
         ents = self.entries
         p = 0
+        ax = -1             # the axis of the indexed array ``it`` indexes (in NumPy's messages)
         for it in expanded:
             if it is None:
                 out.append(("n",))
                 continue
+            ax += 1
             while p < len(ents) and ents[p][0] == "i":
                 out.append(ents[p])
                 p += 1
@@ -242,7 +242,7 @@ class View:
                 else:
                     k = it + count if it < 0 else it
                     if not 0 <= k < count:
-                        raise IndexError(f"index {it} is out of bounds for axis with size {count}")
+                        raise IndexError(f"index {it} is out of bounds for axis {ax} with size {count}")
                     out.append(("i", start + k * step))
             else:  # a new axis of length 1
                 if isinstance(it, slice):
@@ -250,7 +250,7 @@ class View:
                         raise UnsupportedOperation("an empty slice of a new axis is not supported")
                     out.append(e)
                 elif it not in (0, -1):
-                    raise IndexError(f"index {it} is out of bounds for axis with size 1")
+                    raise IndexError(f"index {it} is out of bounds for axis {ax} with size 1")
         out.extend(ents[p:])
         return View._of(self.base_shape, tuple(out))
 
@@ -281,7 +281,7 @@ class View:
                 count = e[3]
                 k = it + count if it < 0 else it
                 if not 0 <= k < count:
-                    raise IndexError(f"index {it} is out of bounds for axis with size {count}")
+                    raise IndexError(f"index {it} is out of bounds for axis {j} with size {count}")
                 out.append(("i", e[1] + k * e[2]))
             else:
                 return None
