@@ -90,6 +90,18 @@ def run_ranks(run_mpi, kernel_cache: str, script: str, n: int, marks, timeout: f
     return p
 
 
+def run_code_all_ok(run_mpi, kernel_cache: str, code: str, n: int, timeout: float = 180,
+                    env_timeout: str = "30"):
+    """Run the program text ``code`` on ``n`` ranks with the suite's kernel cache and ``NBMPI_TIMEOUT`` =
+    ``env_timeout``; fail with its output unless it exits 0 and every rank ``r`` printed ``rank r: ALL OK (``.
+    Returns the finished process."""
+    p = run_mpi(code, n=n, timeout=timeout, env={"NBMPI_DISTARRAY_CACHE": kernel_cache, "NBMPI_TIMEOUT": env_timeout})
+    assert_ok(p)
+    for rank in range(n):
+        assert f"rank {rank}: ALL OK (" in p.stdout, (rank, p.stdout, p.stderr)
+    return p
+
+
 def run_sections(run_mpi, kernel_cache: str, script: str, n: int, sections, timeout: float = 300):
     """:func:`run_script`, then fail unless it printed ``ok <section>`` for every one of ``sections`` and its
     closing count ``... checks on <n> ranks)``. Returns the finished process (for further checks)."""

@@ -254,6 +254,9 @@ F = dnp.array(D)
 F[1] = 60.0
 same_typed("asarray(copy=True) and array() are copies", D, np.arange(6.0))
 assert D.item(4) == 4.0 and D.reshape(2, 3).item(1, 2) == 5.0 and D.reshape(2, 3).item((0, 1)) == 1.0
+# dnp.<name> with plain operands is NumPy's (the native implementations take them too)
+assert dnp.shape([1, 2]) == (2,) and dnp.ndim([[1]]) == 2 and dnp.size([1, 2, 3]) == 3, "shape/ndim/size of lists"
+assert [p.tolist() for p in dnp.split(np.arange(4), 2)] == [[0, 1], [2, 3]], "split of a NumPy array"
 section("constructors' NumPy keywords, item(index)")
 
 # a boolean scalar index is NumPy's new axis of length 1 (True) or 0 (False), and a copy (through NumPy)

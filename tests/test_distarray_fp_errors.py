@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import assert_ok
+from conftest import run_code_all_ok
 
 SCRIPT = """
 import warnings
@@ -139,7 +139,4 @@ print(f"rank {r}: ALL OK ({checked[0]} checks)", flush=True)
 
 @pytest.mark.parametrize("n", [2, 3])
 def test_floating_point_errors_are_handled_as_numpy_does(run_mpi, kernel_cache, n):
-    p = run_mpi(SCRIPT, n=n, timeout=180, env={"NBMPI_DISTARRAY_CACHE": kernel_cache, "NBMPI_TIMEOUT": "30"})
-    assert_ok(p)
-    for rank in range(n):
-        assert f"rank {rank}: ALL OK (" in p.stdout, (rank, p.stdout, p.stderr)
+    run_code_all_ok(run_mpi, kernel_cache, SCRIPT, n, timeout=180)

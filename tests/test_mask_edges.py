@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import assert_ok
+from conftest import run_code_all_ok
 
 PRELUDE = """
 import numpy as np
@@ -51,11 +51,7 @@ def native(what, fn):
 def _run(run_mpi, kernel_cache: str, body: str, n: int) -> None:
     """Run PRELUDE + ``body`` on ``n`` ranks (a rank late by 30 s fails the run) and require every rank's
     ``rank r: ALL OK``."""
-    p = run_mpi(PRELUDE + body, n=n, timeout=150,
-                env={"NBMPI_DISTARRAY_CACHE": kernel_cache, "NBMPI_TIMEOUT": "30"})
-    assert_ok(p)
-    for rank in range(n):
-        assert f"rank {rank}: ALL OK (" in p.stdout, (rank, p.stdout, p.stderr)
+    run_code_all_ok(run_mpi, kernel_cache, PRELUDE + body, n, timeout=150)
 
 
 EMPTY_RANKS = """

@@ -863,9 +863,10 @@ _FUNCTIONS = {
     np.transpose: transpose,
     np.roll: roll,
     np.copyto: _copyto,
-    np.shape: lambda a: a.shape,
-    np.ndim: lambda a: a.ndim,
-    np.size: lambda a, axis=None: a.size if axis is None else a.shape[axis],
+    np.shape: lambda a: a.shape if isinstance(a, DistArray) else np.shape(a),
+    np.ndim: lambda a: a.ndim if isinstance(a, DistArray) else np.ndim(a),
+    np.size: lambda a, axis=None: (a.size if axis is None else a.shape[axis]) if isinstance(a, DistArray)
+    else np.size(a, axis),
 }
 if hasattr(np, "astype"):    # numpy.astype (NumPy 2): the method
     _FUNCTIONS[np.astype] = lambda x, dtype, copy=True, device=None: x.astype(dtype, copy=copy)
