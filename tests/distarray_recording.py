@@ -99,6 +99,19 @@ for dist in DISTS:
         same(f"X[{key}] + 0 {dist}", X[key] + 0.0, x[key] + 0.0)
 section("small views, row broadcasts, overlapping assignments, dtypes")
 
+for dist in DISTS:       # a loop of one-reader temporaries, forced once: no RecursionError, NumPy's values
+    a, am = dnp.arange(7.0, dist=dist), np.arange(7.0)
+    for _ in range(500):
+        a, am = a + 1, am + 1
+    same(f"500 chained additions {dist}", a, am)
+    b, bm = dnp.from_numpy(np.linspace(0, 1, 13).reshape(13, 1) * np.ones((13, 2)), dist=dist), None
+    bm = b.to_numpy()
+    for _ in range(700):
+        b, bm = np.sqrt(b * 1.01 + 0.5), np.sqrt(bm * 1.01 + 0.5)
+    same(f"700 chained steps of three operations {dist}", b, bm)
+    same(f"sum over a chain {dist}", (a * 2 + 1).sum(), (am * 2 + 1).sum())
+section("long chains of one-reader temporaries")
+
 for dist in DISTS:
     X = dnp.from_numpy(x, dist=dist)
     expect("index out of range", IndexError, lambda: X[13], ["index 13 is out of bounds for axis 0 with size 13"])

@@ -138,7 +138,8 @@ def test_local_runs_are_the_global_rows_in_runs(kind, block):
 def test_recording_shortcuts_give_numpy_results(run_mpi, kernel_cache, n):
     run_sections(run_mpi, kernel_cache, "distarray_recording.py", n,
                  ("elimination steps on views whose offsets change", "LU recorded whole",
-                  "small views, row broadcasts, overlapping assignments, dtypes", "messages and texts"), timeout=600)
+                  "small views, row broadcasts, overlapping assignments, dtypes",
+                  "long chains of one-reader temporaries", "messages and texts"), timeout=600)
 
 
 def test_assign_writes_only_its_target():

@@ -38,7 +38,8 @@ from functools import partial
 from typing import Any, Dict, List, Optional, Tuple
 
 from .fp_errors import merged
-from .graph import Assign, Const, Leaf, Op, Redistribute, Reduce, Replicate, RowSpace, Swap, Task, leaves, substitute
+from .graph import (Assign, Const, Leaf, Op, Redistribute, Reduce, Replicate, RowSpace, Swap, Task, depth, leaves,
+                    substitute)
 from .operations.redistribution import copy_source
 from .piece_inlining import split_pieces
 from .units import Label
@@ -49,6 +50,11 @@ __all__ = ["ElementwiseGroup", "TaskGroup", "optimize", "MAX_GROUP_TASKS"]
 MAX_GROUP_TASKS = 12
 #: Upper bound of statements in one kernel.
 MAX_GROUP_STMTS = 400
+#: Upper bound of the depth of an inlined expression: a longer chain of one-reader temporaries (``a = a + 1`` in
+#: a loop of 500 steps) is cut into chains of at most this depth, each stored, so that the expression walks
+#: (recursive: kernel generation, signatures, substitution) stay far below Python's recursion limit and a
+#: loop's kernels repeat instead of growing with the number of steps.
+MAX_INLINED_DEPTH = 64
 
 
 def _dead(base) -> bool:
@@ -326,6 +332,8 @@ def _inline(tasks: List[Task], alive: List[bool], readers: Dict[int, set], write
             continue
         if any(_reads_other_view(src, w.base, w.view) for w in rt.writes()):
             continue
+        if depth(rt.expr) + depth(expr) >= MAX_INLINED_DEPTH:
+            continue     # a long chain (``a = a + 1`` in a loop): this temporary is stored and the next chain starts
         repl = expr
         if repl.dtype != b.dtype:
             repl = Op("cast", (repl,), b.dtype, (repl.dtype,), repl.shape)

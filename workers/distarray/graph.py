@@ -275,15 +275,17 @@ class Const:
 
 class Op:
     """``name(*args)``: ``name`` is a ufunc name, ``'where'`` or ``'cast'``; ``in_dtypes`` are the
-    dtypes the arguments are cast to before the operation, ``dtype`` the result's."""
+    dtypes the arguments are cast to before the operation, ``dtype`` the result's; ``depth`` the longest chain of
+    Ops from this one to a Leaf or Const (1 when every argument is one)."""
 
-    __slots__ = ("name", "args", "dtype", "in_dtypes", "shape", "_leaves")
+    __slots__ = ("name", "args", "dtype", "in_dtypes", "shape", "_leaves", "depth")
 
     def __init__(self, name: str, args: Tuple["Node", ...], dtype: np.dtype, in_dtypes: Tuple[np.dtype, ...],
                  shape: Tuple[int, ...]):
         self.name, self.args, self.dtype, self.in_dtypes, self.shape = name, tuple(args), np.dtype(dtype), \
             tuple(np.dtype(d) for d in in_dtypes), tuple(shape)
         self._leaves: Optional[Tuple[Leaf, ...]] = None   # leaves(self), made on first use (an Op never changes)
+        self.depth = _depth_over(self.args)
 
     @classmethod
     def of(cls, name: str, args: Tuple["Node", ...], dtype: np.dtype, in_dtypes: Tuple[np.dtype, ...],
@@ -292,6 +294,7 @@ class Op:
         a ``numpy.dtype``, a tuple of them, a tuple of ints): no conversions. Internal (the recording's hot path)."""
         op = cls.__new__(cls)
         op.name, op.args, op.dtype, op.in_dtypes, op.shape, op._leaves = name, args, dtype, in_dtypes, shape, None
+        op.depth = _depth_over(args)
         return op
 
     def with_args(self, args: Tuple["Node", ...]) -> "Op":
@@ -299,7 +302,22 @@ class Op:
         op = Op.__new__(Op)
         op.name, op.args, op.dtype, op.in_dtypes, op.shape, op._leaves = \
             self.name, args, self.dtype, self.in_dtypes, self.shape, None
+        op.depth = _depth_over(args)
         return op
+
+
+def _depth_over(args: Tuple["Node", ...]) -> int:
+    """The depth of an Op over ``args``: one more than its deepest argument's (a Leaf or Const counts 0)."""
+    d = 0
+    for a in args:
+        if type(a) is Op and a.depth > d:
+            d = a.depth
+    return d + 1
+
+
+def depth(node: "Node") -> int:
+    """The depth of an expression: 0 for a Leaf or Const, else :attr:`Op.depth`."""
+    return node.depth if type(node) is Op else 0
 
 
 Node = Any  # Leaf | Const | Op
