@@ -313,4 +313,39 @@ with np.errstate(all="ignore"):
             same_typed(f"{f.__name__} {dt.__name__}", f(dnp.asarray(x), dnp.asarray(y)), f(x, y))
             same_typed(f"{f.__name__} {dt.__name__} by -1", f(dnp.asarray(x), -1), f(x, dt(-1)))
 section("integer floor division and remainder at the edges")
+
+# NumPy's positional arguments of the reductions: max/min/any/all(a, axis, out, keepdims, initial), sum/prod(a, axis,
+# dtype, out, keepdims, initial), nanstd/nanvar(a, axis, dtype, out, ddof, keepdims) (before: out landed in dtype,
+# ddof in keepdims, initial in where)
+base = np.arange(21.0).reshape(7, 3)
+nbase = base.copy()
+nbase[2, 1] = np.nan
+for name, f in [("max(a, 0, out)", lambda m, a: m.max(a, 0, m.zeros(3))),
+                ("a.min(0, out)", lambda m, a: a.min(0, m.zeros(3))),
+                ("any(a, 0, out)", lambda m, a: m.any(a, 0, m.zeros(3, dtype=bool))),
+                ("max(a, 0, None, True)", lambda m, a: m.max(a, 0, None, True)),
+                ("a.max(1, None, True)", lambda m, a: a.max(1, None, True)),
+                ("max(a, 0, None, False, 100)", lambda m, a: m.max(a, 0, None, False, 100)),
+                ("all(a, 0, None, True)", lambda m, a: m.all(a, 0, None, True)),
+                ("sum(a, 0, None, None, False, 100)", lambda m, a: m.sum(a, 0, None, None, False, 100)),
+                ("a.sum(0, None, None, False, 100)", lambda m, a: a.sum(0, None, None, False, 100)),
+                ("prod(a, 0, None, None, False, 2)", lambda m, a: m.prod(a[:2] + 1, 0, None, None, False, 2)),
+                ("sum(a, 1, float32)", lambda m, a: m.sum(a, 1, m.float32))]:
+    for dist in ("block", "cyclic"):
+        same_typed(f"{name} {dist}", f(dnp, dnp.asarray(base, dist=dist)), f(np, base.copy()))
+for name, f in [("nanstd(a, 0, None, None, 1)", lambda m, a: m.nanstd(a, 0, None, None, 1)),
+                ("nanvar(a, 0, None, None, 1)", lambda m, a: m.nanvar(a, 0, None, None, 1)),
+                ("nanstd(a, 0, None, None, 0, True)", lambda m, a: m.nanstd(a, 0, None, None, 0, True)),
+                ("nanmean(a, 0, None, None, True)", lambda m, a: m.nanmean(a, 0, None, None, True)),
+                ("nansum(a, 0, None, None, False, 5)", lambda m, a: m.nansum(a, 0, None, None, False, 5)),
+                ("nanmax(a, 0, None, False, 100)", lambda m, a: m.nanmax(a, 0, None, False, 100)),
+                ("nanmin(a, 1, None, True)", lambda m, a: m.nanmin(a, 1, None, True)),
+                ("nanmax(a, 0, out)", lambda m, a: m.nanmax(a, 0, m.zeros(3)))]:
+    for dist in ("block", "cyclic"):
+        got, want = f(dnp, dnp.asarray(nbase, dist=dist)), f(np, nbase.copy())
+        g = np.asarray(got)
+        assert g.shape == want.shape and g.dtype == want.dtype and np.allclose(g, want, equal_nan=True), \
+            (name, dist, g, want)
+        checks[0] += 1
+section("NumPy's positional arguments of the reductions")
 print(f"ALL OK ({checks[0]} checks on {size} ranks)", flush=True) if rank == 0 else None

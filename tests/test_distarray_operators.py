@@ -14,5 +14,6 @@ def test_operators_and_products_equal_numpy(run_mpi, kernel_cache, n):
                       "dot, matmul out=, a @= b, reshape order, NumPy masks of the array's shape",
                       "float16 reductions and scans", "writes into copies where NumPy has views warn",
                       "boolean scalar indexes, 0-d shapes", "a.flat reads a copy and writes in place",
-                      "integer floor division and remainder at the edges"))
+                      "integer floor division and remainder at the edges",
+                      "NumPy's positional arguments of the reductions"))
     assert "rank 0 raised int //= float: UFuncTypeError" in p.stdout and "ALL OK (" in p.stdout, p.stdout

@@ -20,7 +20,7 @@ from __future__ import annotations
 import builtins as _builtins
 import math
 import operator
-from typing import Any, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 
@@ -110,24 +110,40 @@ def _numpy_only(*dtypes: Any) -> bool:
 
 
 def _simple(op: str):
-    def reduction(a: Any, axis: Any = None, dtype: Any = None, out: Any = None, keepdims: bool = False,
-                  where: Any = True, **kwargs: Any) -> Any:
-        if not isinstance(a, DistArray) or kwargs.get("initial") is not None or (
+    typed = op in ("sum", "prod")
+
+    def core(a: Any, axis: Any, dtype: Any, out: Any, keepdims: bool, initial: Any, where: Any) -> Any:
+        if not isinstance(a, DistArray) or initial is not None or (
                 op in ("min", "max") and where is not True) or _numpy_only(a.dtype, dtype):
-            kw = dict(axis=axis, out=out, keepdims=keepdims, **({"dtype": dtype} if op in ("sum", "prod") else {}),
-                      **({} if where is True else {"where": where}), **kwargs)
+            kw = dict(axis=axis, out=out, keepdims=keepdims, **({"dtype": dtype} if typed else {}),
+                      **({} if where is True else {"where": where}),
+                      **({} if initial is None else {"initial": initial}))
             if not isinstance(a, DistArray) and not isinstance(out, DistArray):
                 return getattr(np, op)(a, **kw)          # NumPy data: NumPy's own reduction
             return fallback.call(getattr(np, op), (a,), kw, op)
         axes = normalize_axes(axis, a.ndim)
         x = _prepare(a, dtype, where, _IDENTITY.get(op))
         res = _over(x, op, axes)
-        return _finish(res, a, axes, keepdims, out, dtype if op in ("sum", "prod") else None)
+        return _finish(res, a, axes, keepdims, out, dtype if typed else None)
+
+    # NumPy's signatures (positional arguments land where NumPy puts them)
+    if typed:
+        def reduction(a: Any, axis: Any = None, dtype: Any = None, out: Any = None, keepdims: bool = False,
+                      initial: Any = None, where: Any = True) -> Any:
+            return core(a, axis, dtype, out, keepdims, initial, where)
+    elif op in ("min", "max"):
+        def reduction(a: Any, axis: Any = None, out: Any = None, keepdims: bool = False, initial: Any = None,
+                      where: Any = True) -> Any:
+            return core(a, axis, None, out, keepdims, initial, where)
+    else:
+        def reduction(a: Any, axis: Any = None, out: Any = None, keepdims: bool = False, *,
+                      where: Any = True) -> Any:
+            return core(a, axis, None, out, keepdims, None, where)
     reduction.__name__ = op
     reduction.__qualname__ = op
-    reduction.__doc__ = (f"``numpy.{op}`` of a DistArray over ``axis`` (None, int, tuple), with ``dtype``, ``out``, "
-                         f"``keepdims`` and ``where`` (recorded; a 0-d result forces on ``float()``). "
-                         f"{'``where`` needs ``initial``, which goes through the NumPy fallback. ' if op in ('min', 'max') else ''}"
+    reduction.__doc__ = (f"``numpy.{op}`` of a DistArray over ``axis`` (None, int, tuple), with NumPy's arguments "
+                         f"(recorded; a 0-d result forces on ``float()``). ``initial`` "
+                         f"{'and ``where`` go' if op in ('min', 'max') else 'goes'} through the NumPy fallback. "
                          "SPMD: call on every rank.")
     return reduction
 
@@ -289,13 +305,14 @@ argmax = _arg("max")
 
 
 def _nan(op: str, base: Any, fill: Any):
-    def nanred(a: Any, axis: Any = None, dtype: Any = None, out: Any = None, keepdims: bool = False,
-               where: Any = True, **kwargs: Any) -> Any:
-        if not isinstance(a, DistArray) or kwargs.get("initial") is not None or _numpy_only(a.dtype):
+    def core(a: Any, axis: Any, dtype: Any, out: Any, keepdims: bool, where: Any, kwargs: Dict[str, Any]) -> Any:
+        if not isinstance(a, DistArray) or kwargs.get("initial") is not None or kwargs.get("mean") is not None \
+                or _numpy_only(a.dtype) or (op in ("min", "max") and where is not True):
             return fallback.call(getattr(np, f"nan{op}"), (a,), dict(axis=axis, out=out, keepdims=keepdims,
                                                                     **({"dtype": dtype} if dtype is not None else {}),
                                                                     **({} if where is True else {"where": where}),
                                                                     **kwargs), f"nan{op}")
+        kwargs = {k: v for k, v in kwargs.items() if v is not None or k == "ddof"}
         if op in ("min", "max") and _count(a, normalize_axes(axis, a.ndim)) == 0:   # NumPy's fmin/fmax error
             raise ValueError(f"zero-size array to reduction operation f{op} which has no identity")
         kw = dict(axis=axis, out=out, keepdims=keepdims, where=where)
@@ -313,9 +330,27 @@ def _nan(op: str, base: Any, fill: Any):
             kw["where"] = mask
             return base(a, **kw, **kwargs)
         return base(where_(nan, fill, a), **kw, **kwargs)
+
+    # NumPy's signatures (positional arguments land where NumPy puts them)
+    if op in ("sum", "prod"):
+        def nanred(a: Any, axis: Any = None, dtype: Any = None, out: Any = None, keepdims: bool = False,
+                   initial: Any = None, where: Any = True) -> Any:
+            return core(a, axis, dtype, out, keepdims, where, {"initial": initial})
+    elif op in ("min", "max"):
+        def nanred(a: Any, axis: Any = None, out: Any = None, keepdims: bool = False, initial: Any = None,
+                   where: Any = True) -> Any:
+            return core(a, axis, None, out, keepdims, where, {"initial": initial})
+    elif op == "mean":
+        def nanred(a: Any, axis: Any = None, dtype: Any = None, out: Any = None, keepdims: bool = False, *,
+                   where: Any = True) -> Any:
+            return core(a, axis, dtype, out, keepdims, where, {})
+    else:
+        def nanred(a: Any, axis: Any = None, dtype: Any = None, out: Any = None, ddof: float = 0,
+                   keepdims: bool = False, *, where: Any = True, mean: Any = None, correction: Any = None) -> Any:
+            return core(a, axis, dtype, out, keepdims, where, dict(ddof=ddof, mean=mean, correction=correction))
     nanred = library_steps(nanred)
     nanred.__name__ = nanred.__qualname__ = f"nan{op}"
-    nanred.__doc__ = (f"``numpy.nan{op}`` of a DistArray (recorded): ``{op}`` ignoring NaNs (same arguments). "
+    nanred.__doc__ = (f"``numpy.nan{op}`` of a DistArray (recorded): ``{op}`` ignoring NaNs (NumPy's arguments). "
                       "SPMD.")
     return nanred
 
