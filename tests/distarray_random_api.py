@@ -60,4 +60,28 @@ for dist in ("block", ("block-cyclic", 100_000)):
     same(dnp.random.random(300_001 * world().Get_size(), dist=dist), np.random.random(300_001 * world().Get_size()),
          f"legacy random in chunks {dist}")
 same(dnp.random.random(7), np.random.random(7), "legacy state after large draws")
+# legacy uniform draws from (and advances) the seeded RandomState; Generator methods fill out= of any size
+np.random.seed(3)
+dnp.random.seed(3)
+same(dnp.random.uniform(size=5), np.random.uniform(size=5), "legacy uniform after seed")
+same(dnp.random.rand(2), np.random.rand(2), "legacy state after uniform")
+same(dnp.random.uniform(2, 5, (7, 2)), np.random.uniform(2, 5, (7, 2)), "legacy uniform(low, high, size)")
+g, h = dnp.random.default_rng(5), np.random.default_rng(5)
+for name, draw in [("random", lambda r, o: r.random(out=o)), ("standard_normal", lambda r, o: r.standard_normal(out=o)),
+                   ("random(size, out=)", lambda r, o: r.random(o.shape, out=o))]:
+    o, p = dnp.zeros((7, 2)), np.zeros((7, 2))
+    assert draw(g, o) is o, name
+    draw(h, p)
+    same(o, p, f"Generator.{name} into out=")
+    same(g.random(3), h.random(3), f"Generator state after {name}(out=)")
+o32, p32 = dnp.zeros(9, dtype=np.float32), np.zeros(9, dtype=np.float32)
+g.random(out=o32, dtype=np.float32)
+h.random(out=p32, dtype=np.float32)
+same(o32, p32, "Generator.random float32 into out=")
+try:
+    g.random(4, out=dnp.zeros(3))
+except ValueError as e:
+    assert "size must match out.shape" in str(e), e
+else:
+    raise AssertionError("random(4, out=<3 elements>) did not raise")
 print(f"rank {world().Get_rank()}: random OK", flush=True)

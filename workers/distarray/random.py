@@ -103,7 +103,12 @@ def random(size: Any = None, dist="block", seed: Optional[int] = None, dtype=np.
 
 def uniform(low: float = 0.0, high: float = 1.0, size: Any = None, dist="block", seed: Optional[int] = None,
             dtype=np.float64, comm=None, _plain: bool = False) -> DistArray:
-    """Uniform floats in [low, high), equal to ``numpy.random.default_rng(seed).uniform(low, high, size)``."""
+    """Uniform floats in [low, high), equal to ``numpy.random.default_rng(seed).uniform(low, high, size)``.
+
+    With ``seed=None`` this is NumPy's legacy ``numpy.random.uniform``: the values of the shared legacy
+    ``RandomState``, which it advances (see the module docstring; drawn on every rank, a fallback call)."""
+    if seed is None and not _plain:
+        return _legacy_call("uniform", (low, high, size), {}, dist, comm)
     if np.dtype(dtype) != np.float64:
         raise UnsupportedOperation("random numbers are supported in float64 only (NumPy's float32 stream differs)")
     ctx = context_for(comm)
@@ -284,6 +289,12 @@ def _numpy_draw(fn: Any, name: str, args: tuple, kwargs: dict, dist: Any, comm: 
     fallback call. Distributed operands go through :func:`~.fallback.call`: gathered first, and written back when
     NumPy changes them in place (``shuffle(x)``; ``permuted(x, out=y)`` writes ``y``)."""
     from . import fallback
+    out = kwargs.get("out")
+    if isinstance(out, DistArray):     # NumPy fills a buffer of out's shape (its checks, its size), then out
+        buf = np.empty(out.shape, out.dtype)
+        _numpy_draw(fn, name, args, {**kwargs, "out": buf}, dist, comm)
+        out[...] = buf
+        return out
     if any(isinstance(v, DistArray) for v in args + tuple(kwargs.values())):
         return _distributed_draw(fallback.call(fn, args, kwargs, name), dist, comm)
     fallback.count(name, 0)
