@@ -348,4 +348,59 @@ for name, f in [("nanstd(a, 0, None, None, 1)", lambda m, a: m.nanstd(a, 0, None
             (name, dist, g, want)
         checks[0] += 1
 section("NumPy's positional arguments of the reductions")
+
+
+def numpy_outcome(f, m):
+    """``f(m)`` gathered (values, dtype, shape; tuples element by element), or the type of what it raised."""
+    try:
+        r = f(m)
+    except Exception as e:      # noqa: BLE001 - the exception type is the outcome compared
+        return type(e).__name__
+    if isinstance(r, (bool, int, float)):
+        return (type(r).__name__, r)
+    parts = r if isinstance(r, tuple) else (r,)
+    return (isinstance(r, tuple), [(np.asarray(x).tolist(), np.asarray(x).dtype.str) for x in parts])
+
+
+def store(dt, key, value, m):
+    a = m.arange(7).astype(dt)
+    a[key(a) if callable(key) else key] = value
+    return a
+
+
+# stored values converted as NumPy converts them (before: 300 wrapped into int8, NaN into int64's minimum, None
+# and strings refused); NumPy's keyword names and positional arguments; tuples where NumPy 2 returns tuples
+for name, f in [("int8 a[3:5] = [300, 1]", lambda m: store(np.int8, slice(3, 5), [300, 1], m)),
+                ("uint8 a[a > 3] = -1", lambda m: store(np.uint8, lambda a: a > 3, -1, m)),
+                ("uint8 a[[1, 2]] = 256", lambda m: store(np.uint8, [1, 2], 256, m)),
+                ("uint8 a[[1, 2]] = [-1, 3]", lambda m: store(np.uint8, [1, 2], [-1, 3], m)),
+                ("int a[a > 3] = nan", lambda m: store(np.int64, lambda a: a > 3, np.nan, m)),
+                ("int a[3] = nan", lambda m: store(np.int64, 3, np.nan, m)),
+                ("int a[0] = inf", lambda m: store(np.int64, 0, float("inf"), m)),
+                ("int a[:2] = (1.0, nan)", lambda m: store(np.int64, slice(0, 2), (1.0, np.nan), m)),
+                ("int a[:2] = [1.7, -2.7]", lambda m: store(np.int64, slice(0, 2), [1.7, -2.7], m)),
+                ("int8 a[3] = int64(300)", lambda m: store(np.int8, 3, np.int64(300), m)),
+                ("float a[3] = None", lambda m: store(np.float64, 3, None, m)),
+                ("float a[3] = '1.5'", lambda m: store(np.float64, 3, "1.5", m)),
+                ("float a[3] = 1j", lambda m: store(np.float64, 3, 1j, m)),
+                ("int8 a[3:5] = array([300, 1]) wraps", lambda m: store(np.int8, slice(3, 5), np.array([300, 1]), m)),
+                ("a[mask] = distributed row", lambda m: store(np.int64, lambda a: a > 3, m.asarray(5), m)),
+                ("a[a[:, 0] > 5] = row", lambda m: (lambda a: (a.__setitem__(a[:, 0] > 5, m.array([1, 2, 3])), a)[1])(
+                    m.arange(21).reshape(7, 3))),
+                ("astype(int8, 'K', 'unsafe')", lambda m: m.arange(7.0).astype(np.int8, "K", "unsafe")),
+                ("astype(int8, 'K', 'safe')", lambda m: m.arange(7.0).astype(np.int8, "K", "safe")),
+                ("copy('F')", lambda m: m.arange(21.0).reshape(7, 3).copy("F")),
+                ("copy('X')", lambda m: m.arange(21.0).reshape(7, 3).copy("X")),
+                ("indices(sparse=True)", lambda m: m.indices((4, 3), sparse=True)),
+                ("numpy.flip(m=a)", lambda m: np.flip(m=m.arange(7))),
+                ("numpy.tile(A=a, reps=2)", lambda m: np.tile(A=m.arange(7), reps=2)),
+                ("numpy.zeros_like(prototype=a)", lambda m: np.zeros_like(prototype=m.arange(7))),
+                ("arange(0, 1, 0)", lambda m: m.arange(0, 1, 0)),
+                ("[3, 4, 5] in a", lambda m: [3, 4, 5] in m.arange(21).reshape(7, 3)),
+                ("99 in a", lambda m: 99 in m.arange(21).reshape(7, 3)),
+                ("meshgrid", lambda m: m.meshgrid(m.arange(3), m.arange(4.0)))]:
+    got, want = numpy_outcome(f, dnp), numpy_outcome(f, np)
+    assert repr(got) == repr(want), (name, got, want)
+    checks[0] += 1
+section("stored values, keyword names and results as NumPy's")
 print(f"ALL OK ({checks[0]} checks on {size} ranks)", flush=True) if rank == 0 else None

@@ -15,5 +15,6 @@ def test_operators_and_products_equal_numpy(run_mpi, kernel_cache, n):
                       "float16 reductions and scans", "writes into copies where NumPy has views warn",
                       "boolean scalar indexes, 0-d shapes", "a.flat reads a copy and writes in place",
                       "integer floor division and remainder at the edges",
-                      "NumPy's positional arguments of the reductions"))
+                      "NumPy's positional arguments of the reductions",
+                      "stored values, keyword names and results as NumPy's"))
     assert "rank 0 raised int //= float: UFuncTypeError" in p.stdout and "ALL OK (" in p.stdout, p.stdout

@@ -25,10 +25,12 @@ import numpy as np
 
 from . import elementwise, fallback, gather_direct, irregular, matmul_recording, numpy_math, reductions, ufuncs
 from .distribution import Distribution, make_distribution
+from .assigned_values import assigned_value
 from .context import ArrayContext
 from .errors import CopyNotViewWarning, DistributionError, ShapeError, UnsupportedOperation, ufunc_cast_error
 from .graph import Base, Leaf
 from .indexing import View
+from .numpy_keywords import renamed
 from .plans import my_rows, selector
 
 __all__ = ["DistArray", "wrap"]
@@ -398,6 +400,7 @@ class DistArray:
         ctx = self._base.context
         if self._base.copy_of:
             _warn_copy_write(self)
+        value = assigned_value(value, self._base.dtype)
         if _basic_key(key):
             elementwise.record_assign(ctx, Leaf(self._base, self._view.index(key)),
                                       value._leaf() if isinstance(value, DistArray) else value)
@@ -450,7 +453,7 @@ class DistArray:
         if impl is None:
             return fallback.call(func, args, kwargs, name)
         fallback.note_native(name)
-        return impl(*args, **kwargs)
+        return impl(*args, **(renamed(func, impl, kwargs) if kwargs else kwargs))
 
     def __getattr__(self, name: str) -> Any:
         # only for names the class lacks: an ndarray method or attribute runs through the NumPy fallback
@@ -554,12 +557,6 @@ class DistArray:
     def __rmod__(self, o): return np.remainder(o, self)
 
     # -- methods -------------------------------------------------------------------------
-    def astype(self, dtype: Any, copy: bool = True) -> "DistArray":
-        """A new array of ``dtype`` (recorded)."""
-        if not copy and np.dtype(dtype) == self.dtype:
-            return self
-        return wrap(elementwise.record_cast(self.context, self._leaf(), dtype))
-
     def redistribute(self, dist: Any) -> "DistArray":
         """A new array with this array's values and shape, its rows spread over the ranks by ``dist``
         (``"block"``, ``"cyclic"``, ``("block-cyclic", b)``, ``"replicated"`` or a
@@ -580,10 +577,6 @@ class DistArray:
         target = Leaf(base, View.full(self.shape))
         elementwise.record_assign(ctx, target, self._leaf())
         return wrap(target)
-
-    def copy(self) -> "DistArray":
-        """A new array with the same values, laid out like this one (recorded)."""
-        return wrap(elementwise.record_cast(self.context, self._leaf(), self.dtype))
 
     def dot(self, other: Any, out: Any = None) -> Any:
         """``a.dot(b)``: :func:`dot`."""

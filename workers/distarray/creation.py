@@ -16,8 +16,8 @@ import numpy as np
 from ..core import runtime
 from ..tracing import tracer as tracing
 from ..core import waiting
-from . import fallback
-from .array import _FUNCTIONS, DistArray
+from . import elementwise, fallback
+from .array import _FUNCTIONS, DistArray, wrap
 from .distribution import make_distribution
 from .context import context_for
 from .errors import DistArrayTimeout, UnsupportedOperation
@@ -109,7 +109,7 @@ def arange(start, stop=None, step=1, dtype=None, dist="block", comm=None) -> Dis
     if stop is None:
         start, stop = 0, start
     if step == 0:
-        raise ValueError("arange: step must not be zero")
+        raise ZeroDivisionError("arange: step must not be zero (NumPy raises ZeroDivisionError too)")
     n = max(0, int(np.ceil((stop - start) / step)))
     # NumPy's result dtype comes from start, stop and step together (arange(12.0) is float64)
     if dtype is None:
@@ -307,6 +307,27 @@ def full_like(a: DistArray, fill_value, dtype=None, order="K", subok=True, shape
     sh, dt, d = _like(a, dtype, order, subok, shape, dist)
     return full(sh, fill_value, dt, dist=d, comm=a.comm)
 
+
+def _astype(a: DistArray, dtype: Any, order: str = "K", casting: str = "unsafe", subok: bool = True,
+            copy: bool = True) -> DistArray:
+    """``a.astype(dtype, order, casting, subok, copy)``: a new array of ``dtype`` (recorded), or ``a`` itself when
+    ``copy`` is false and the dtype is ``a``'s. NumPy's errors for a bad ``order`` or ``casting`` and for a cast
+    the ``casting`` rule forbids (checked by NumPy on an empty stand-in, on every rank). Local."""
+    np.empty((0,), a.dtype).astype(dtype, order=order, casting=casting, subok=subok)
+    if not copy and np.dtype(dtype) == a.dtype:
+        return a
+    return wrap(elementwise.record_cast(a.context, a._leaf(), dtype))
+
+
+def _copy(a: DistArray, order: str = "C") -> DistArray:
+    """``a.copy(order)``: a new array with ``a``'s values, laid out like ``a`` (recorded; ``order`` is checked as
+    NumPy checks it and has no other effect). Local."""
+    np.empty((0,)).copy(order=order)
+    return wrap(elementwise.record_cast(a.context, a._leaf(), a.dtype))
+
+
+DistArray.astype = _astype
+DistArray.copy = _copy
 
 # NumPy's *_like functions dispatch here through DistArray.__array_function__ (registered from this
 # module, which the package always imports, so the array module need not import its constructors)

@@ -92,8 +92,8 @@ def geomspace(start: Any, stop: Any, num: int = 50, endpoint: bool = True, dtype
 
 
 def meshgrid(*xi: Any, indexing: str = "xy", sparse: bool = False, copy: bool = True, dist: Any = "block",
-             comm: Any = None) -> list:
-    """``numpy.meshgrid``: coordinate arrays from 1-D coordinate vectors, each distributed over its
+             comm: Any = None) -> tuple:
+    """``numpy.meshgrid``: a tuple of coordinate arrays from 1-D coordinate vectors, each distributed over its
     axis 0 (for ``indexing="xy"`` with two or more vectors that is the second vector's axis). Local,
     except that distributed coordinate vectors are gathered first (collective). ``sparse=True``
     returns NumPy's sparse grids (small, replicated as NumPy arrays). The dense grids are not stored until
@@ -110,13 +110,18 @@ def meshgrid(*xi: Any, indexing: str = "xy", sparse: bool = False, copy: bool = 
     for k in range(len(vecs)):           # each grid keeps its own vector's dtype, as NumPy's
         axis = (1 - k if k < 2 else k) if lead == 1 else k    # the axis output k varies along
         out.append(lazy_grid(shape, vecs[k].dtype, dist, comm, vecs[k], axis, f"meshgrid[{k}]"))
-    return out
+    return tuple(out)
 
 
-def indices(dimensions: Sequence[int], dtype: Any = int, dist: Any = "block", comm: Any = None) -> DistArray:
+def indices(dimensions: Sequence[int], dtype: Any = int, sparse: bool = False, dist: Any = "block",
+            comm: Any = None) -> Any:
     """``numpy.indices``: the grid of indices of ``dimensions``, shape ``(len(dimensions), *dimensions)``,
-    distributed over its axis 0 (one row per dimension). Local."""
+    distributed over its axis 0 (one row per dimension). ``sparse=True``: NumPy's tuple of one array per
+    dimension (length 1 on the other axes), each distributed. Local."""
     dims = tuple(int(d) for d in dimensions)
+    if sparse:
+        from .creation import from_numpy
+        return tuple(from_numpy(x, dist=dist, comm=comm) for x in np.indices(dims, dtype=dtype, sparse=True))
     return _from_rows((len(dims),) + dims, dtype, dist, comm, lambda rows: np.indices(dims, dtype=dtype)[rows],
                       f"indices{dims}")
 

@@ -8,7 +8,9 @@
   selected elements, never the array.
 * ``a[mask] = v``, ``a[mask, :] = v``: each rank writes its own rows. ``v`` a scalar, a NumPy array or a
   replicated array (broadcast to the selection as NumPy does): no element moves; ``v`` distributed of the
-  selection's shape: each rank receives the rows of ``v`` its mask selects (one ``alltoallv``).
+  selection's shape: each rank receives the rows of ``v`` its mask selects (one ``alltoallv``); ``v``
+  distributed of another shape that broadcasts to the selection (a row ``v`` for ``a[mask] = v``): gathered
+  to every rank first, then broadcast.
 * ``a[:, idx]`` (axis 0 whole, one NumPy index array on a later axis, every other axis a full slice): each
   rank indexes its own rows; the result is laid out like ``a``.
 * any index of a replicated array: NumPy's indexing on every rank's copy.
@@ -108,14 +110,15 @@ def put(a: DistArray, mask: DistArray, value: Any) -> None:
     loc, m, pos, ends = _selected(a, mask, "a[mask] = v")
     total = int(ends[-1]) if len(ends) else 0
     want = (total,) + tuple(a.shape[mask.ndim:])
-    if isinstance(value, DistArray) and not value._base.replicated:
-        if value.shape != want:
-            raise ValueError(f"a[mask] = v: v has shape {value.shape}; a distributed v must have the selection's "
-                             f"shape {want} (broadcast it first, or pass a NumPy array)")
+    if isinstance(value, DistArray) and not value._base.replicated and value.shape == want:
         mine = _rows_for(a, value, pos, ends)
     else:
-        val = value.to_numpy() if isinstance(value, DistArray) else np.asarray(value)
-        mine = np.broadcast_to(val, want)[pos]
+        val = value.to_numpy() if isinstance(value, DistArray) else np.asarray(value)  # a row to broadcast: gathered
+        try:
+            mine = np.broadcast_to(val, want)[pos]
+        except ValueError:
+            raise ValueError(f"a[mask] = v: v of shape {val.shape} does not broadcast to the selection's shape "
+                             f"{want}") from None
     loc[m] = mine
 
 

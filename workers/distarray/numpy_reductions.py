@@ -369,6 +369,13 @@ _ALL = dict(sum=sum, prod=prod, mean=mean, std=std, var=var, min=min, max=max, a
             nanstd=nanstd, nanvar=nanvar, nanmin=nanmin, nanmax=nanmax, amin=min, amax=max)
 
 
+def _contains(a: DistArray, value: Any) -> bool:
+    """``value in a``: NumPy's ``(a == value).any()`` (collective: a force point). SPMD."""
+    return bool(any(a == value))
+
+
+DistArray.__contains__ = _contains
+
 # numpy.<name>(distarray, ...) dispatches here through DistArray.__array_function__, a.<name>(...) too
 _FUNCTIONS.update({getattr(np, n): f for n, f in _ALL.items()})
 _METHODS.update({n: _ALL[n] for n in ("sum", "prod", "mean", "std", "var", "min", "max", "argmin", "argmax",
