@@ -16,5 +16,6 @@ def test_operators_and_products_equal_numpy(run_mpi, kernel_cache, n):
                       "boolean scalar indexes, 0-d shapes", "a.flat reads a copy and writes in place",
                       "integer floor division and remainder at the edges",
                       "NumPy's positional arguments of the reductions",
-                      "stored values, keyword names and results as NumPy's"))
+                      "stored values, keyword names and results as NumPy's",
+                      "dot dtypes, matrix norms, in-place power, float32 sums and other fixes"))
     assert "rank 0 raised int //= float: UFuncTypeError" in p.stdout and "ALL OK (" in p.stdout, p.stdout

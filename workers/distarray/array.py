@@ -490,6 +490,8 @@ class DistArray:
     def _iu(self, ufunc: np.ufunc, other: Any) -> "DistArray":
         if self._base.copy_of:
             _warn_copy_write(self)
+        if ufunc is np.power and self.dtype.kind in "iu":
+            ufuncs.check_exponents(other)       # NumPy's ValueError for a negative integer exponent
         if not ufuncs.compiled_dtypes(ufunc, (self, other)):
             return _in_place_blocks(self, ufunc, other)
         o = other._leaf() if isinstance(other, DistArray) else other
@@ -506,7 +508,8 @@ class DistArray:
     def __rmul__(self, o): return self._u(np.multiply, o, self)
     def __truediv__(self, o): return self._u(np.true_divide, self, o)
     def __rtruediv__(self, o): return self._u(np.true_divide, o, self)
-    def __pow__(self, o): return self._u(np.power, self, o)
+    def __pow__(self, o): return (self._u(np.square, self) if type(o) is int and o == 2 and self.dtype.kind == "b"
+                                  else self._u(np.power, self, o))   # NumPy's ndarray ** 2 is square: int8
     def __rpow__(self, o): return self._u(np.power, o, self)
     def __and__(self, o): return self._u(np.bitwise_and, self, o)
     def __rand__(self, o): return self._u(np.bitwise_and, o, self)
@@ -807,19 +810,19 @@ def roll(a: Any, shift: Any, axis: Any = None) -> Any:
         if a.ndim == 1:
             return roll(a, shift, 0)
         return roll(a.reshape(-1), shift, 0).reshape(a.shape)
-    shifts = shift if isinstance(shift, (tuple, list)) else (shift,)
-    axes = axis if isinstance(axis, (tuple, list)) else (axis,)
-    if len(shifts) != len(axes):
-        raise ValueError("'shift' and 'axis' should be scalars or 1D sequences of the same length")
+    try:                       # NumPy broadcasts shift against axis and adds the shifts of a repeated axis
+        pairs = [(operator.index(s), operator.index(ax)) for s, ax in np.broadcast(shift, axis)]
+    except ValueError:
+        raise ValueError("'shift' and 'axis' should be scalars or 1D sequences of the same length") from None
+    total = {}
+    for s, ax in pairs:
+        if not -a.ndim <= ax < a.ndim:
+            raise np.exceptions.AxisError(ax, a.ndim)
+        total[ax % a.ndim] = total.get(ax % a.ndim, 0) + s
     cur = a
-    for s, ax in zip(shifts, axes):
-        ax = operator.index(ax)
-        nd = a.ndim
-        if not -nd <= ax < nd:
-            raise np.exceptions.AxisError(ax, nd)
-        ax %= nd
+    for ax, s in total.items():
         n = a.shape[ax]
-        k = operator.index(s) % n if n else 0
+        k = s % n if n else 0
         if k == 0:
             continue
         out = wrap(elementwise.result_leaf(cur.context, [cur._leaf()], cur.shape, cur.dtype))

@@ -251,7 +251,9 @@ def array(x: Any, dtype=None, dist="block", comm=None, *, copy: Any = True, orde
     """``from_numpy(numpy.array(x, dtype, order=order, ndmin=ndmin), dist)`` (every rank passes the same data; a
     DistArray ``x`` is gathered first: a copy). ``order`` has no other effect (no memory order a program can see)."""
     if isinstance(x, DistArray) and ndmin <= x.ndim:
-        return x.astype(x.dtype if dtype is None else dtype, copy=copy is not False)
+        if copy is False and dtype is not None and np.dtype(dtype) != x.dtype:
+            raise ValueError("Unable to avoid copy while creating an array as requested.")
+        return x.astype(x.dtype if dtype is None else dtype, copy=bool(copy))    # copy=None: x itself if it can
     return from_numpy(np.array(x, dtype=dtype, order=order, ndmin=ndmin), dist=dist, comm=comm)
 
 

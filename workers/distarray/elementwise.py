@@ -470,7 +470,8 @@ def record_ufunc(context, ufunc: np.ufunc, inputs: Sequence[Any], out: Optional[
     ls = [l for n in nodes for l in (leaves(n) if isinstance(n, Op) else (n,) if isinstance(n, Leaf) else ())]
     _check_leaf_contexts(context, ls, name)
     if name == "power" and isinstance(nodes[1], Const) and not isinstance(nodes[0], Const) \
-            and nodes[0].dtype.kind == "f" and nodes[1].dtype.kind in "iuf":
+            and nodes[0].dtype.kind == "f" and nodes[1].dtype.kind in "iuf" \
+            and (nodes[1].weak or np.result_type(nodes[0].dtype, nodes[1].dtype) == nodes[0].dtype):
         # NumPy's own fast paths for float arrays (the same results as NumPy, and no pow() call):
         # a ** 2 is square(a), a ** 0.5 is sqrt(a)
         e = nodes[1].value

@@ -35,7 +35,7 @@ import time
 import warnings
 from collections import Counter
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -165,20 +165,26 @@ def written_operand(func: Callable[..., Any], args: Tuple[Any, ...], kwargs: Dic
         return 0, "x"
     if func is np.ndarray.setfield or (func is np.ndarray.byteswap and (kwargs.get("inplace") or args[1:2] == (True,))):
         return 0, "self"
+    if func is np.nan_to_num and (kwargs.get("copy") is False or args[1:2] == (False,)):
+        return 0, "x"
     return -1, ""
 
 
 def _write_back(func: Callable[..., Any], args: Tuple[Any, ...], kwargs: Dict[str, Any], gargs: Tuple[Any, ...],
-                gkwargs: Dict[str, Any]) -> None:
-    """Write the gathered copy NumPy changed in place back into its DistArray (see the module doc, 4.)."""
+                gkwargs: Dict[str, Any]) -> Optional[Tuple[Any, Any]]:
+    """Write the gathered copy NumPy changed in place back into its DistArray (see the module doc, 4.); returns
+    ``(the DistArray, its gathered copy)``, or None when ``func`` writes no distributed operand."""
     pos, key = written_operand(func, args, kwargs)
     if pos < 0:
-        return
+        return None
     DistArray = _distarray_type()
     if pos < len(args) and isinstance(args[pos], DistArray):
         args[pos][...] = gargs[pos]
-    elif key in kwargs and isinstance(kwargs[key], DistArray):
+        return args[pos], gargs[pos]
+    if key in kwargs and isinstance(kwargs[key], DistArray):
         kwargs[key][...] = gkwargs[key]
+        return kwargs[key], gkwargs[key]
+    return None
 
 
 def call(func: Callable[..., Any], args: Tuple[Any, ...], kwargs: Dict[str, Any], name: str) -> Any:
@@ -210,7 +216,9 @@ def call(func: Callable[..., Any], args: Tuple[Any, ...], kwargs: Dict[str, Any]
         tr.record(K_FALLBACK, tracing.DIR_NONE, -1, 0, nbytes, t0, time.perf_counter_ns(), wait=-1,
                   count=len(found))
     _warn(name, nbytes, site, like.context.rank)
-    _write_back(func, args, kwargs, gargs, gkwargs)
+    written = _write_back(func, args, kwargs, gargs, gkwargs)
+    if written is not None and result is written[1]:    # NumPy returns the operand it wrote (nan_to_num(copy=False))
+        return written[0]
     if out_dist is not None:
         out_dist[...] = result
         return out_dist

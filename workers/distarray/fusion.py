@@ -206,6 +206,10 @@ class ElementwiseGroup:
                     acc = dstr(t.acc_dtype)
                     adts.append(acc if t.axis is None or t.axis == 0 else dstr(t.out.dtype))
                     r = len(reductions)
+                    if t.axis is None and t.op in ("sum", "mean") and acc == "<f4":
+                        # NumPy adds a float32 array pairwise; a running float32 sum over a rank's block would
+                        # lose about one ulp per element: the kernel adds in float64 and stores the float32 sum
+                        acc = "<f8"
                     reductions.append((t.op, t.axis, acc, a))
                     stmts.append(("rd", r, v, dt))
         finally:   # emit refers to itself through its closure: break that cycle, or the leaves it saw

@@ -8,6 +8,7 @@ with the same arguments (SPMD); ``dist=`` and ``comm=`` as in :mod:`.creation`.
 """
 from __future__ import annotations
 
+import operator
 from typing import Any, Callable, Sequence, Tuple
 
 import numpy as np
@@ -128,8 +129,10 @@ def indices(dimensions: Sequence[int], dtype: Any = int, sparse: bool = False, d
 
 def eye(N: int, M: Any = None, k: int = 0, dtype: Any = float, order: str = "C", dist: Any = "block",
         comm: Any = None) -> DistArray:
-    """``numpy.eye``: ones on the ``k``-th diagonal of an ``N x M`` matrix. Local."""
-    cols = N if M is None else M
+    """``numpy.eye``: ones on the ``k``-th diagonal of an ``N x M`` matrix. Local (a 0-d DistArray ``N``, ``M`` or
+    ``k`` is read first: a force point on every rank)."""
+    N, k = operator.index(N), operator.index(k)
+    cols = N if M is None else operator.index(M)
 
     def fill(rows: np.ndarray) -> np.ndarray:
         local = np.zeros((len(rows), cols), dtype=_dtype(dtype))

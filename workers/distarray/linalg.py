@@ -56,21 +56,22 @@ def norm(x: Any, ord: Any = None, axis: Any = None, keepdims: bool = False) -> A
             return _vector_norm(x, ord, None if axes is None else axes[0], keepdims)
         if matrix and ord in ("fro", 1, -1, np.inf, -np.inf):
             fallback.note_native("linalg.norm")
-            return _matrix_norm(x, ord, keepdims)
+            return _matrix_norm(x, ord, 0 if axis is None else int(tuple(axis)[0]) % 2, keepdims)
     return fallback.call(np.linalg.norm, (x,), dict(ord=ord, axis=axis, keepdims=keepdims), "linalg.norm")
 
 
-def _matrix_norm(x: DistArray, ord: Any, keepdims: bool) -> Any:
-    """Frobenius, 1, -1, inf and -inf norms of a 2-D ``x`` (axes (0, 1))."""
+def _matrix_norm(x: DistArray, ord: Any, row_axis: int, keepdims: bool) -> Any:
+    """Frobenius, 1, -1, inf and -inf norms of a 2-D ``x`` whose rows run along ``row_axis`` (NumPy's
+    ``axis=(row_axis, col_axis)``; 0 by default): ord 1 sums along ``row_axis``, inf along the other."""
     ax = np.absolute(x)
     if x.dtype.kind != "f":
         ax = ax.astype(np.float64)
     if ord == "fro":
         r = np.sqrt(_sum(ax * ax))
     elif ord in (1, -1):
-        r = (_max if ord == 1 else _min)(_sum(ax, axis=0))
+        r = (_max if ord == 1 else _min)(_sum(ax, axis=row_axis))
     else:
-        r = (_max if ord == np.inf else _min)(_sum(ax, axis=1))
+        r = (_max if ord == np.inf else _min)(_sum(ax, axis=1 - row_axis))
     return keep_dims(r, None, 2) if keepdims else r
 
 

@@ -6,7 +6,8 @@
   rank; the product with the local rows of ``x`` is computed while the others fly, then one
   accumulation per received part (BLAS through NumPy's ``@``). This is DistNumPy's Jacobi
   (matrix-vector) communication pattern.
-* ``dot(a, b)`` of two 1-D arrays is ``sum(a * b)`` (one fused reduction).
+* ``dot(a, b)`` of two 1-D arrays is ``sum(a * b)`` (one fused reduction) in NumPy's result dtype (``any(a & b)``
+  for booleans).
 * ``v @ B`` (1-D @ 2-D, float and int64) with ``B``'s rows distributed: one :class:`~.graph.VecMat` task
   (``v`` sent where ``B``'s rows are, each rank's rows of ``B`` times their entries of ``v`` through NumPy's
   ``@`` (BLAS gemv), the ranks' partial products summed in rank order: on ``v``'s owner when ``v`` is one fixed
@@ -22,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from .elementwise import as_node, dist_of, record_ufunc, replicate_leaf
+from .elementwise import as_node, dist_of, record_cast, record_ufunc, replicate_leaf
 from .errors import DistributionError, ShapeError, UnsupportedOperation
 from .graph import Base, Leaf, Matmul, Transpose, VecMat, node_desc
 from .indexing import View
@@ -64,8 +65,13 @@ def record_matmul(context, a: Any, b: Any) -> Leaf:
         if a.shape[0] != b.shape[0]:
             raise ShapeError(f"matmul: Input operand 1 has a mismatch in its core dimension 0 (size {b.shape[0]} "
                              f"is different from {a.shape[0]})")
-        prod = record_ufunc(context, np.multiply, [a, b])
-        return record_reduce(context, prod, "sum", None, desc_name="dot")
+        dt = _result_type(a.dtype, b.dtype)
+        if dt.kind == "b":       # NumPy's boolean dot: any(a and b)
+            return record_reduce(context, record_ufunc(context, np.logical_and, [a, b]), "any", None, desc_name="dot")
+        res = record_reduce(context, record_ufunc(context, np.multiply, [a, b]), "sum", None, desc_name="dot")
+        # NumPy's dot keeps the operands' dtype (int16 wraps in int16): the sum (int64 for small integers) cast
+        # back wraps the same way (sums agree modulo 2**bits)
+        return res if res.dtype == dt else record_cast(context, res, dt)
     if na == 1 and nb == 2:
         return _record_vecmat(context, a, b)
     if na != 2 or nb > 2:

@@ -220,6 +220,9 @@ def _split_with(np_split: Any, axis_of: Any):
         if not isinstance(a, DistArray):
             return np_split(a, *args, **kwargs)
         stand = np.lib.stride_tricks.as_strided(np.zeros(1, np.int8), shape=a.shape, strides=(0,) * a.ndim)
+        # distributed sections or indices (``split(a, a.max() - 5)``) are read first (a force point on every rank)
+        args = tuple(x.to_numpy() if isinstance(x, DistArray) else x for x in args)
+        kwargs = {k: v.to_numpy() if isinstance(v, DistArray) else v for k, v in kwargs.items()}
         pieces = np_split(stand, *args, **kwargs)
         ax = axis_of(a, args, kwargs)
         out, lo = [], 0

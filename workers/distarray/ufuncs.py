@@ -205,7 +205,7 @@ def _gufunc(ufunc: np.ufunc, ops: List[Any], outs: List[Any], where: Any, dtype:
     return got
 
 
-def _check_exponents(e: Any) -> None:
+def check_exponents(e: Any) -> None:
     """NumPy's error for a negative integer exponent, raised on every rank before anything is recorded (NumPy's
     loop raises it only on the ranks whose blocks hold one). A distributed ``e``: a force point."""
     kind = e.dtype.kind if isinstance(e, (_distarray(), np.ndarray, np.generic)) else np.asarray(e).dtype.kind
@@ -229,7 +229,7 @@ def call(ufunc: np.ufunc, inputs: Sequence[Any], kwargs: Dict[str, Any]) -> Any:
     if any(d.kind not in _DISTRIBUTABLE for d in dts):
         return FALLBACK
     if ufunc is np.power and dts[0].kind in "iu":
-        _check_exponents(ops[1])
+        check_exponents(ops[1])
     DistArray = _distarray()
     ctx = next(x.context for x in list(ops) + outs + [where] if isinstance(x, DistArray))
     shape = tuple(np.broadcast_shapes(*(np.shape(x) for x in ops + [where] if x is not None)))
