@@ -449,7 +449,12 @@ for name, f in [("norm(ord=1, axis=(1, 0))", lambda m: float(m.linalg.norm(m.arr
                 ("identity(<0-d>)", lambda m: (lambda a: m.identity(a[2]))(m.arange(8))),
                 ("roll(a, 1, axis=(0, 1))", lambda m: m.roll(m.arange(12).reshape(4, 3), 1, axis=(0, 1))),
                 ("roll(a, (1, 1), axis=0)", lambda m: m.roll(m.arange(12).reshape(4, 3), (1, 1), axis=0)),
-                ("roll(a, (1, 1, 1), axis=(0, 1))", lambda m: m.roll(m.arange(12).reshape(4, 3), (1, 1, 1), axis=(0, 1)))]:
+                ("roll(a, (1, 1, 1), axis=(0, 1))", lambda m: m.roll(m.arange(12).reshape(4, 3), (1, 1, 1), axis=(0, 1))),
+                ("mean(dtype=int8) wraps", lambda m: m.full(7, 100, dtype=np.int8).mean(dtype=np.int8)),
+                ("mean(axis=0, dtype=int8)", lambda m: (m.arange(21).reshape(7, 3) * 37 % 200 - 60).mean(0, np.int8)),
+                ("var(axis=0, dtype=int64)", lambda m: (m.arange(21).reshape(7, 3) * 37 % 200 - 60).var(0, np.int64)),
+                ("std(axis=0, dtype=int64)", lambda m: (m.arange(21).reshape(7, 3) * 37 % 200 - 60).std(0, np.int64)),
+                ("+bool", lambda m: +m.array([True, False]))]:
     got, want = numpy_outcome(f, dnp), numpy_outcome(f, np)
     assert repr(got) == repr(want), (name, got, want)
     checks[0] += 1
@@ -462,4 +467,67 @@ for name, f in [("sum", lambda x: x.sum()), ("mean", lambda x: x.mean()), ("nans
         (name, got, want, exact)
     checks[0] += 1
 section("dot dtypes, matrix norms, in-place power, float32 sums and other fixes")
+
+
+def scalar_updates(m):
+    """NumPy's a[i] and a.sum() are immutable scalars: updating one never changes another name's value."""
+    import copy
+    out = []
+    a = m.arange(5.0)
+    x = a[2]
+    a[2] += 1
+    out.append(float(x))
+    for i in range(5):
+        old = a[i]
+        a[i] *= 10
+        out.append(float(old))
+    s = a.sum()
+    t = s
+    s += 100
+    out += [float(t), float(s)]
+    v = [a.sum()] * 3
+    v[0] += 1
+    out += [float(w) for w in v]
+    b = m.arange(5)
+    b[2] += 1.5                  # int64 + float -> 3.5, stored truncated (before: UFuncTypeError)
+    b[-1] -= 0.25
+    c = m.zeros(5, bool)
+    c[1] += 1
+    d = m.arange(12).reshape(4, 3)
+    d[1, 2] += 0.5
+    d[2][1] += 3
+    e = m.arange(6.0)
+    f = copy.copy(e)
+    f[0] = 99
+    g = copy.deepcopy(e)
+    g[1] = 98
+    return out, m.concatenate([b, c, d.ravel(), e, f, g])
+
+
+def bool_index_arrays(m):
+    a = m.arange(10) % 3 == 0
+    b = m.zeros(10, dtype=bool)
+    b[[1, 8]] = True
+    c = m.zeros((4, 3), dtype=bool)
+    c[[0, 2], 1] = True
+    return m.concatenate([a[[0, 3, 4, -1]], b, m.take(a, [0, 3, 5]), a[::3][[1, 2]], c[[0, 2], 1], c[[3, 0, 2]].ravel()])
+
+
+def products_of_3d_views(m):
+    b = m.asarray(np.arange(9 * 7 * 4.0).reshape(9, 7, 4))
+    c = m.asarray(np.arange(13 * 49.0).reshape(13, 7, 7))
+    d = m.asarray(np.arange(12.0).reshape(1, 3, 4))
+    return m.concatenate([b[:, 2] @ np.ones(4), b[:, :, 1] @ np.ones(7), (b[:, 2, 1:] @ b[:, 2, 1:].T).ravel(),
+                          c[-9] @ np.ones(7), np.ones(7) @ c[3], d[..., 0] @ np.ones(3),
+                          m.dot(b[:4, 1:2, 0], b[:4, 1:2, 0].T).ravel(), m.matmul(b[:, :, 1], c[0]).ravel()])
+
+
+for name, f in [("a[i] and a.sum() as immutable scalars; copy.copy", scalar_updates),
+                ("integer index arrays into booleans", bool_index_arrays),
+                ("matmul of views dropping axes of 3-D arrays", products_of_3d_views)]:
+    got, want = numpy_outcome(f, dnp), numpy_outcome(f, np)
+    assert repr(got) == repr(want), (name, got, want)
+    checks[0] += 1
+expect("pickle a DistArray", TypeError, lambda: __import__("pickle").dumps(dnp.arange(3)), ["to_numpy()"])
+section("scalars, copies, boolean index arrays, products of views of 3-D arrays")
 print(f"ALL OK ({checks[0]} checks on {size} ranks)", flush=True) if rank == 0 else None

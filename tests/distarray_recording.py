@@ -127,7 +127,7 @@ for dist in DISTS:
     expect("too many indices on a row", IndexError, lambda: X[1][9, 2], ["too many indices for array"])
     expect("too many indices past a fixed axis", IndexError, lambda: X[:, 1][20, 0], ["too many indices for array"])
     same(f"boolean scalar index (NumPy's new axis) {dist}", X[True, 1], x[True, 1])
-    expect("no loop", TypeError, lambda: X & X, ["bitwise_and: no implementation for operand dtypes float64, float64"])
+    expect("no loop", TypeError, lambda: X & X, ["bitwise_and", "not supported for the input types"])   # NumPy's text
     expect("broadcast", ValueError, lambda: X[1:4] + X[:, 1:3], ["could not be broadcast together"])
     ctx.flush("test")
     gathered = X + X[3]                    # a row broadcast: one gather, its text made when asked for

@@ -488,6 +488,8 @@ class DistArray:
         return wrap(elementwise.record_ufunc(self.context, ufunc, args))
 
     def _iu(self, ufunc: np.ufunc, other: Any) -> "DistArray":
+        if not self._view.shape:      # a 0-d result stands for NumPy's immutable scalar: ``s += 1`` rebinds ``s``
+            return self._u(ufunc, self, other)
         if self._base.copy_of:
             _warn_copy_write(self)
         if ufunc is np.power and self.dtype.kind in "iu":
@@ -624,7 +626,10 @@ def _compare(self: DistArray, ufunc: np.ufunc, op: Callable[[Any, Any], Any], ot
 def _in_place(self: DistArray, ufunc: np.ufunc, other: Any) -> DistArray:
     """``self <op>= other`` for the operators the fused kernels do not compile in place: NumPy's ``ufunc``
     on each block with ``out=self`` (recorded), so ``self`` and every view of it change, with NumPy's
-    casting rules (``same_kind``). Returns ``self``. A copy where NumPy has a view warns (``out=``)."""
+    casting rules (``same_kind``). Returns ``self``. A copy where NumPy has a view warns (``out=``). A 0-d ``self``
+    stands for NumPy's immutable scalar (``a[i]``, ``a.sum()``): a new result, ``self`` unchanged."""
+    if not self._view.shape:
+        return ufunc(self, other)
     ufunc(self, other, out=self)
     return self
 

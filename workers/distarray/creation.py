@@ -328,8 +328,16 @@ def _copy(a: DistArray, order: str = "C") -> DistArray:
     return wrap(elementwise.record_cast(a.context, a._leaf(), a.dtype))
 
 
+def _no_pickle(a: DistArray, protocol: Any = None) -> Any:
+    raise TypeError("a DistArray cannot be pickled: its parts live on every rank. Pickle a.to_numpy() (every rank "
+                    "must call to_numpy) and distribute it again with asarray()")
+
+
 DistArray.astype = _astype
 DistArray.copy = _copy
+DistArray.__copy__ = _copy                                   # copy.copy(a): NumPy's new array, not a shared one
+DistArray.__deepcopy__ = lambda a, memo=None: _copy(a)       # copy.deepcopy(a)
+DistArray.__reduce_ex__ = _no_pickle
 
 # NumPy's *_like functions dispatch here through DistArray.__array_function__ (registered from this
 # module, which the package always imports, so the array module need not import its constructors)

@@ -384,7 +384,9 @@ def _resolve(ufunc: np.ufunc, name: str, specs: Tuple[Any, ...]) -> Tuple[Tuple[
     if got is None:
         try:
             dts = ufunc.resolve_dtypes(specs + (None,))
-        except Exception as e:  # noqa: BLE001 - NumPy's own message (no loop for these dtypes)
+        except TypeError:       # NumPy's own exception (a UFuncTypeError: no loop for these dtypes)
+            raise
+        except Exception as e:  # noqa: BLE001 - NumPy's own message
             raise TypeError(f"{name}: no implementation for operand dtypes "
                             f"{', '.join(str(getattr(s, '__name__', s)) for s in specs)} ({e})") from None
         in_dt, out_dt = tuple(np.dtype(d) for d in dts[:-1]), np.dtype(dts[-1])

@@ -77,8 +77,10 @@ _now = time.perf_counter_ns
 
 def write_dtype(dtype: np.dtype, elems: int, stamped: bool) -> np.dtype:
     """Item of a row write: destination local row ``pos``, (stamped) the position ``k`` that orders
-    duplicates, and the row's ``elems`` elements."""
-    fields = [("pos", np.int64)] + ([("k", np.int64)] if stamped else []) + [("val", np.dtype(dtype), (elems,))]
+    duplicates, and the row's ``elems`` elements (booleans as uint8 0/1: numba has no bool arrays in records;
+    the kernels convert on the way in and out)."""
+    dt = np.dtype(np.uint8) if np.dtype(dtype) == np.bool_ else np.dtype(dtype)
+    fields = [("pos", np.int64)] + ([("k", np.int64)] if stamped else []) + [("val", dt, (elems,))]
     return np.dtype(fields)
 
 

@@ -58,6 +58,9 @@ def record_matmul(context, a: Any, b: Any) -> Leaf:
     a, b = _as_leaf(context, a), _as_leaf(context, b)
     if a.base.context is not context or b.base.context is not context:
         raise DistributionError("matmul: the operands live on different communicators")
+    # a view that drops axes of a higher-dimensional base (``b[:, 2]`` of a 3-D ``b``) is copied into an array of
+    # its own shape first: the products below read 1-D and 2-D bases
+    a, b = [_own_base(context, x) for x in (a, b)]
     na, nb = len(a.shape), len(b.shape)
     if na == 0 or nb == 0:
         raise ShapeError("matmul: Input operand does not have enough dimensions (scalars: use '*')")
@@ -98,6 +101,21 @@ def record_matmul(context, a: Any, b: Any) -> Leaf:
     out = Leaf(ob, View._of(ob.shape, (("s", s, t, c),) + tuple([("s", 0, 1, n) for n in ob.shape[1:]])))
     context.record(Matmul(a, b, out))
     return out
+
+
+def _own_base(context, x: Leaf) -> Leaf:
+    """``x``, or for a view dropping axes of a 3-D or larger base its copy on a base of its own shape: rows of
+    the distributed axis kept (``b[:, 2]``), a recorded copy laid out by those rows. Raises UnsupportedOperation
+    (on every rank alike: the caller runs NumPy's matmul through the fallback) for a view with the distributed axis
+    indexed (``b[3]``)."""
+    if len(x.base.shape) <= 2 or len(x.base.shape) == len(x.shape):      # 1-D and 2-D bases: read as they are
+        return x
+    if x.view.row_kept:
+        y = record_cast(context, x, x.dtype)
+        if len(y.base.shape) == len(y.shape):
+            return y
+    raise UnsupportedOperation(f"matmul of {node_desc(x)}, a view with the distributed axis of a "
+                               f"{len(x.base.shape)}-D array indexed")
 
 
 def _record_vecmat(context, a: Leaf, b: Leaf) -> Leaf:

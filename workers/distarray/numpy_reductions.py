@@ -192,7 +192,10 @@ def mean(a: Any, axis: Any = None, dtype: Any = None, out: Any = None, keepdims:
     if where is True and dtype is None:
         return _finish(_over(a, "mean", axes), a, axes, keepdims, out)
     x = _prepare(a, np.float64 if rdt.kind == "f" else rdt, where, 0)
-    res = _over(x, "sum", axes) / _mask_count(a, where, axes)
+    total = _over(x, "sum", axes)
+    if rdt.kind in "iu" and total.dtype != rdt:     # NumPy sums in an integer dtype= (wrapping): the same modulo
+        total = total.astype(rdt)
+    res = total / _mask_count(a, where, axes)
     return _finish(res, a, axes, keepdims, out, rdt)
 
 
@@ -210,6 +213,8 @@ def var(a: Any, axis: Any = None, dtype: Any = None, out: Any = None, ddof: floa
     _warn_empty(a, axes, ddof)
     rdt = np.dtype(dtype) if dtype is not None else np.var(np.ones(2, dtype=a.dtype)).dtype
     m = _mean_kd(a, axes, where)
+    if rdt.kind in "iu":      # NumPy's integer dtype=: the mean truncated into it, the sum of squares in it
+        m = m.astype(rdt)
     x = a - m
     x = _prepare(x * x, None, where, 0)
     n = _mask_count(a, where, axes)
@@ -224,6 +229,8 @@ def std(a: Any, axis: Any = None, dtype: Any = None, out: Any = None, ddof: floa
     if not isinstance(a, DistArray) or mean is not None or _numpy_only(a.dtype):
         return fallback.call(np.std, (a,), dict(axis=axis, dtype=dtype, out=out, ddof=ddof, keepdims=keepdims,
                                                 where=where, **({} if mean is None else {"mean": mean})), "std")
+    if dtype is not None and np.dtype(dtype).kind in "biu":     # NumPy's sqrt cannot store into it: its error
+        np.sqrt(np.ones(1), out=np.ones(1, dtype=dtype))
     res = np.sqrt(var(a, axis=axis, dtype=dtype, ddof=ddof, keepdims=keepdims, where=where, correction=correction))
     return _finish(res, a, None, False, out)
 
