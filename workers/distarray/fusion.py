@@ -206,11 +206,7 @@ class ElementwiseGroup:
                     acc = dstr(t.acc_dtype)
                     adts.append(acc if t.axis is None or t.axis == 0 else dstr(t.out.dtype))
                     r = len(reductions)
-                    if t.axis is None and t.op in ("sum", "mean") and acc == "<f4":
-                        # NumPy adds a float32 array pairwise; a running float32 sum over a rank's block would
-                        # lose about one ulp per element: the kernel adds in float64 and stores the float32 sum
-                        acc = "<f8"
-                    reductions.append((t.op, t.axis, acc, a))
+                    reductions.append((t.op, t.axis, _kernel_acc(t.op, t.axis, acc), a))
                     stmts.append(("rd", r, v, dt))
         finally:   # emit refers to itself through its closure: break that cycle, or the leaves it saw
             emit = None  # (and their buffers) would live until the garbage collector runs
@@ -275,6 +271,13 @@ def _hoist_replicates(tasks: List[Task]) -> List[Task]:
         out.append(slot[0])
         out.extend(reversed(slot[1:]))
     return out
+
+
+def _kernel_acc(op: str, axis: Optional[int], acc: str) -> str:
+    """The dtype (``.str``) a kernel accumulates reduction ``op`` in: ``acc``, but float64 for a float32 ``sum`` or
+    ``mean`` of a whole block (NumPy adds a float32 array pairwise; a running float32 sum over a rank's block would
+    lose about an ulp per element, so the kernel adds in float64 and stores the float32 sum)."""
+    return "<f8" if axis is None and op in ("sum", "mean") and acc == "<f4" else acc
 
 
 def optimize(tasks: List[Task]) -> Tuple[List[Any], Dict[str, int]]:
