@@ -415,6 +415,8 @@ def test_dashboard_notebook_runs_and_its_figure_draws(tmp_path, browser):
     sentence = outs[5][0]["data"]["text/plain"]
     assert sentence.startswith("'rank 1 computes") and "rank 0 waits" in sentence, sentence
     assert "controller stopped" in text[6] and not psutil.pid_exists(pid)
+    data = text[1].split("log in with the token in ")[1].split("client.json)")[0]
+    assert data.startswith("/") and not os.path.exists(data), f"the notebook left its controller's folder {data}"
     # what a trusted notebook page runs: the BokehJS output, then the figure's HTML (its script embeds)
     page = tmp_path / "notebook.html"
     page.write_text(f"<!DOCTYPE html><html><head><meta charset='utf-8'></head><body>{js[0]}"

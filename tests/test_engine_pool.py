@@ -125,3 +125,18 @@ def test_owner_dying_while_it_ends_the_pool_leaves_no_shared_memory():
         remove_shm(segments)
         if info.get("work_dir"):
             shutil.rmtree(info["work_dir"], ignore_errors=True)
+
+
+def test_attached_pool_disconnects_and_removes_only_its_own_directory(pool):
+    """``attach`` makes a directory of its own; ``stop`` of the attached pool disconnects and removes it, and leaves
+    the owner's pool, its processes and its directory alone; the owner's stop removes the owner's directory."""
+    p = pool["pool"]
+    attached = EnginePool.attach(p.connection_info())
+    assert attached.attached and attached.work_dir != p.work_dir and os.path.isdir(attached.work_dir)
+    assert attached.client()[attached.ranks].apply_sync(os.getpid) == _pids_of(p)
+    attached.stop()
+    assert not os.path.exists(attached.work_dir), f"the attached pool left {attached.work_dir}"
+    assert p.status()["state"] == "running" and os.path.isdir(p.work_dir)
+    assert len(_pids_of(p)) == 2
+    p.stop(grace=0.0)
+    assert not os.path.exists(p.work_dir), f"the owner's stop left {p.work_dir}"

@@ -489,12 +489,14 @@ class EnginePool(_PoolHealth, _PoolHosts):
     def stop(self, grace: float = GRACE_SECONDS) -> None:
         """End the pool: disconnect the client, end the controller and every rank. Idempotent.
 
-        On an attached pool, only disconnects. Blocks until no process of the
-        pool is left (SIGTERM, then SIGKILL after ``grace`` seconds; 0: SIGKILL at once).
+        On an attached pool, only disconnects (and removes the directory :meth:`attach` made). Blocks until no
+        process of the pool is left (SIGTERM, then SIGKILL after ``grace`` seconds; 0: SIGKILL at once).
         """
         self._disconnect()
         if not self._attached:
             self._terminate(grace)
+        elif self._own_dir:
+            shutil.rmtree(self.work_dir, ignore_errors=True)
         self._stopped()
 
     def _end_dask(self) -> None:
