@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
 
@@ -380,7 +381,7 @@ def test_notebook_and_controller_run_code_on_a_pool_the_same_way(tmp_path):
 def test_killed_kernel_leaves_no_rank():
     """A kernel killed outright (SIGKILL, no exit handlers) while its ranks spin in a raw MPI receive
     still leaves no engine or mpiexec behind (the owner watchdog and the parent-death signal; about a
-    second is expected, the bound here is generous)."""
+    second is expected, the bound here is generous), nor the pool's work directory."""
     k = Kernel()
     try:
         r = k.run("%load_ext nbmpi.kernel_ext\n%distributed start -n 2")
@@ -389,6 +390,9 @@ def test_killed_kernel_leaves_no_rank():
         for p in list(pids):
             pids.update(c.pid for c in psutil.Process(p).children(recursive=True))
         assert len(pids) >= 4
+        # the pool's own work directory: its controller and mpiexec run in it
+        work = {c.cwd() for c in psutil.Process(k.pid).children()} - {os.getcwd()}
+        assert len(work) == 1 and os.path.basename(next(iter(work))).startswith("nbmpi-pool0-"), work
         k.kc.execute("%%distributed\nimport numpy as np\nbuf = np.zeros(1)\ncomm.Recv(buf, source=1 - rank)")
         time.sleep(2.0)   # both ranks are now blocked in MPI_Recv (MPICH polls: they spin)
         psutil.Process(k.pid).kill()
@@ -398,6 +402,7 @@ def test_killed_kernel_leaves_no_rank():
         took = time.monotonic() - t0
         assert not _alive(pids), f"left running {took:.1f} s after the kernel was killed: {_alive(pids)}"
         assert took < 10, f"the ranks of a killed kernel took {took:.1f} s to go"
+        assert not os.path.exists(next(iter(work))), f"the killed kernel's pool left its directory {work}"
     finally:
         k.kc.stop_channels()
         k.km.cleanup_resources()

@@ -62,7 +62,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import psutil
 
-from .environment import POOL_LOCATION_ENV, POOL_OWNER_PID_ENV, STATUS_DIR_ENV, rank_environment
+from .environment import (POOL_LOCATION_ENV, POOL_OWNER_PID_ENV, POOL_WORK_DIR_ENV, STATUS_DIR_ENV,
+                          rank_environment)
 from .identity import Identity, base_environment, open_beneath, open_no_link, start_options
 from .launcher import mpiexec_command
 from .pool_health import _PoolHealth
@@ -323,6 +324,8 @@ class EnginePool(_PoolHealth, _PoolHosts):
         env["PYTHONUNBUFFERED"] = "1"
         if self.bound_to_owner and not self.spans_hosts:
             env[POOL_OWNER_PID_ENV] = str(os.getpid())  # see engine_side: ranks end if the owner dies
+            if self._own_dir:
+                env[POOL_WORK_DIR_ENV] = self.work_dir  # ... and remove the directory this pool made
         else:
             env.pop(POOL_OWNER_PID_ENV, None)
         env[STATUS_DIR_ENV] = self.status_dir   # each engine's guard reports a signal that kills it

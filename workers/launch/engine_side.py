@@ -25,7 +25,8 @@ explained without interrupting the rank first.
 Owner watchdog: if ``NBMPI_POOL_OWNER_PID`` is set (by :meth:`EnginePool.start`),
 a daemon thread ends this rank (``os._exit``) within a second of that process
 disappearing, so a notebook kernel or controller that is killed outright
-(no exit handlers) leaves no rank behind. A pool whose engines run on other hosts
+(no exit handlers) leaves no rank behind, and removes the pool's own work directory
+(``NBMPI_POOL_WORK_DIR``, set by a pool that made it). A pool whose engines run on other hosts
 does not set it (that pid means nothing there): its mpiexec's parent-death signal
 ends Hydra, whose proxies end the engines.
 """
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import threading
 import time
@@ -40,7 +42,7 @@ from typing import Any, Dict, List, Optional
 
 import numpy as np
 
-from .environment import POOL_LOCATION_ENV, POOL_OWNER_PID_ENV, PROBE_HOST_ENV, STATUS_DIR_ENV
+from .environment import POOL_LOCATION_ENV, POOL_OWNER_PID_ENV, POOL_WORK_DIR_ENV, PROBE_HOST_ENV, STATUS_DIR_ENV
 
 
 
@@ -176,6 +178,9 @@ def _watch_owner(pid: int, period: float = 1.0) -> None:
                     os.unlink(path)
                 except OSError:
                     pass
+            work = os.environ.get(POOL_WORK_DIR_ENV, "")     # ... and the pool's own directory (logs, profile)
+            if work:
+                shutil.rmtree(work, ignore_errors=True)
             os._exit(3)
 
 

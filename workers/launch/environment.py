@@ -53,6 +53,9 @@ TRACE_AGREE_TIMEOUT_ENV = "NBMPI_TRACE_AGREE_TIMEOUT"
 POOL_IP_ENV = "NBMPI_POOL_IP"
 #: Pid of the process owning a pool: its engines end when it dies (notebook pools only).
 POOL_OWNER_PID_ENV = "NBMPI_POOL_OWNER_PID"
+#: The pool's own work directory, removed by the engines when its owner dies (set with :data:`POOL_OWNER_PID_ENV`
+#: for a pool that made its directory).
+POOL_WORK_DIR_ENV = "NBMPI_POOL_WORK_DIR"
 #: Address an engine binds its probe socket to (default 127.0.0.1, or see :data:`POOL_LOCATION_ENV`).
 PROBE_HOST_ENV = "NBMPI_PROBE_HOST"
 #: Set for a pool whose engines run on other hosts (``EnginePool(hosts=...)``): the address or name of
@@ -96,7 +99,7 @@ RUNTIME_VARIABLES = {
 
 #: Variables only the launcher sets: removed from a job's own ``env`` by :func:`job_environment`.
 LAUNCHER_OWNED = frozenset({MPIEXEC_ENV, STATUS_DIR_ENV, GUARD_ENV, LOG_DIR_ENV, LOG_LIMIT_ENV, LOG_GUARDED_ENV,
-                            TRACE_OUT_ENV, POOL_OWNER_PID_ENV})
+                            TRACE_OUT_ENV, POOL_OWNER_PID_ENV, POOL_WORK_DIR_ENV})
 
 
 #: The thread-count variables of the BLAS and OpenMP libraries NumPy may be linked with (OpenBLAS, MKL,
