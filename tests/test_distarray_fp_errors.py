@@ -80,6 +80,13 @@ def flags_left_by_numpy(m, a):
 
 compare("no error after NumPy left a flag set", flags_left_by_numpy)
 compare("max of square roots", lambda m, a: m.sqrt(a + 1).max())
+# NaN operands: NumPy's max, min, argmax, maximum and comparisons are quiet; a compiled comparison with a NaN sets
+# the invalid flag, which must not become a warning (it did, on the ranks holding the NaN)
+compare("max of data with a NaN", lambda m, a: m.where(a > 2, m.nan, a).max())
+compare("argmin of data with a NaN", lambda m, a: m.argmin(m.where(a > 2, m.nan, a)))
+compare("min over axis 1 with a NaN", lambda m, a: m.min(m.where(a > 2, m.nan, a).reshape(3, 2), axis=1))
+compare("maximum and a comparison with a NaN", lambda m, a: m.maximum(m.where(a > 2, m.nan, a), 1.0) > 0.5)
+compare("maximum of 0 / 0 still warns", lambda m, a: m.maximum(m.zeros(6) / m.zeros(6), 1.0))
 compare("mean(1 / a): the division warns, not mean's own steps", lambda m, a: m.mean(1.0 / a))
 
 

@@ -203,14 +203,43 @@ class Collector:
                 mode = max(modes, key=_STRENGTH.get) if tasks else current().get(kind, "ignore")
                 if mode == "ignore":
                     continue
+                if kind == "invalid" and tasks and all(_nan_quiet(t) for t, m in zip(tasks, modes) if m != "ignore"):
+                    continue    # a compiled comparison met a NaN, where NumPy's loops stay quiet
                 names: List[str] = []
                 for t, m in zip(tasks, modes):   # the operations that report this kind
                     if m != "ignore":
                         names.extend(n for n in _task_names(t) if n not in names)
                 if kind == "divide" and any(n in _DIVIDING for n in names):
                     names = [n for n in names if n in _DIVIDING]
+                elif kind == "invalid" and any(n not in _NAN_QUIET for n in names):
+                    names = [n for n in names if n not in _NAN_QUIET]
                 seen[(kind, mode, " or ".join(names) or "an operation")] = None
         return list(seen)
+
+
+#: Ufuncs whose NumPy loops give no "invalid value" error for NaN operands (they compare or copy signs), though a
+#: compiled comparison with a NaN sets the processor's invalid flag.
+_NAN_QUIET = frozenset(("maximum", "minimum", "fmax", "fmin", "greater", "greater_equal", "less", "less_equal",
+                        "equal", "not_equal", "isnan", "isinf", "isfinite", "signbit", "sign", "clip", "where",
+                        "logical_and", "logical_or", "logical_xor", "logical_not", "absolute", "negative", "positive",
+                        "copysign"))
+#: Reductions that give no "invalid value" error for NaN elements in NumPy.
+_NAN_QUIET_REDUCTIONS = frozenset(("max", "min", "argmax", "argmin", "any", "all"))
+
+
+def _nan_quiet(task: Any) -> bool:
+    """Whether NumPy reports no "invalid value" error for the operations of ``task`` (only :data:`_NAN_QUIET`
+    ufuncs, or a max/min/any/all reduction of such an expression): an invalid flag it raised came from comparing a
+    NaN. Local."""
+    ufunc = getattr(task, "ufunc", None)
+    if isinstance(ufunc, np.ufunc):
+        return ufunc.__name__ in _NAN_QUIET and getattr(task, "method", "__call__") in ("__call__", "reduce")
+    expr = getattr(task, "expr", None)
+    if expr is None or (task.kind == "reduce" and getattr(task, "op", None) not in _NAN_QUIET_REDUCTIONS):
+        return False
+    names: List[str] = []
+    _expr_names(expr, names)
+    return all(n in _NAN_QUIET for n in names)
 
 
 _DEFAULT = {"divide": "warn", "over": "warn", "under": "ignore", "invalid": "warn"}
