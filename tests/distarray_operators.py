@@ -130,6 +130,7 @@ def copy_warnings(write) -> list:
 
 
 C = dnp.asarray(np.arange(12.).reshape(4, 3))
+E3 = dnp.zeros((2, 3, 4))
 for name, write, what in [
         ("a.T[1] = 5", lambda: C.T.__setitem__(1, 5.0), "a.T"),
         ("a.T[0] += 1", lambda: C.T[0].__iadd__(1.0), "a.T"),
@@ -137,7 +138,7 @@ for name, write, what in [
         ("swapaxes(a, 0, 1)[0] = 1", lambda: dnp.swapaxes(C, 0, 1).__setitem__(0, 1.0), "swapaxes"),
         ("a.reshape(3, 4)[0] = 1", lambda: C.reshape(3, 4).__setitem__(0, 1.0), "reshape"),
         ("a.ravel()[0] = 1", lambda: C.ravel().__setitem__(0, 1.0), "ravel"),
-        ("moveaxis(3-d)[0] = 1", lambda: dnp.moveaxis(dnp.zeros((2, 3, 4)), 0, 2).__setitem__(0, 1.0), "moveaxis"),
+        ("moveaxis(3-d)[0] = 1", lambda: dnp.moveaxis(E3, 0, 2).__setitem__(0, 1.0), "moveaxis"),
         ("np.add(t, 1, out=t), t = a.T", lambda: (lambda t: np.add(t, 1.0, out=t))(C.T), "a.T"),
         ("np.sqrt(a.T, out=a.T)", lambda: np.sqrt(C.T, out=C.T), "a.T"),
         ("np.divmod(q, 2, out=(q, r)), q = a.ravel()",
@@ -198,7 +199,27 @@ same_typed("a after refused writes", C, want)
 msgs = copy_warnings(lambda: np.rot90(C).__setitem__(0, -1.0))
 assert (len(msgs) == 1 and "numpy.rot90" in msgs[0]) if rank == 0 else msgs == [], msgs
 same_typed("a after a write into rot90(a)", C, want)
-section("read-only results and fallback views")
+# a write into an array while a copy of it where NumPy has a view is held: the copy keeps the old values, which a
+# read of it would show silently (before); now the write warns. No warning once the copy is gone, nor for a write
+# into the copy of an array nobody holds (np.arange(12.).reshape(4, 3)[1] = 7: nothing can see the difference)
+D = dnp.asarray(np.arange(9.).reshape(3, 3))
+held_t, held_r = D.T, D.reshape(-1)
+for name, write, what in [("D[0, 1] = 100 while D.T is held", lambda: D.__setitem__((0, 1), 100.0), "a.T"),
+                          ("D += 1 while D.T is held", lambda: D.__iadd__(1.0), "a.T"),
+                          ("np.copyto(D, 0) while D.T is held", lambda: np.copyto(D, 0.0), "a.T")]:
+    msgs = copy_warnings(write)
+    if rank == 0:
+        assert len(msgs) == 1 and what in msgs[0] and "keeps the values from before" in msgs[0], (name, msgs)
+    else:
+        assert msgs == [], (name, msgs)
+same_typed("a held D.T keeps the values of before", held_t, np.arange(9.).reshape(3, 3).T)
+same_typed("a held D.reshape(-1) keeps the values of before", held_r, np.arange(9.))
+del held_t, held_r
+for name, write in [("D[0, 1] = 5 once the copies are gone", lambda: D.__setitem__((0, 1), 5.0)),
+                    ("arange(12.).reshape(4, 3)[1] = 7", lambda: dnp.arange(12.).reshape(4, 3).__setitem__(1, 7.0)),
+                    ("zeros(12).reshape(3, 4) += 1", lambda: dnp.zeros(12).reshape(3, 4).__iadd__(1.0))]:
+    assert copy_warnings(write) == [], name
+section("read-only results and fallback views; writes that leave a held copy stale")
 
 # NumPy functions writing an operand in place (through the fallback or natively): the write reaches the array
 W = np.arange(12.).reshape(4, 3) - 5
@@ -530,6 +551,111 @@ for name, f in [("a[i] and a.sum() as immutable scalars; copy.copy", scalar_upda
     checks[0] += 1
 expect("pickle a DistArray", TypeError, lambda: __import__("pickle").dumps(dnp.arange(3)), ["to_numpy()"])
 section("scalars, copies, boolean index arrays, products of views of 3-D arrays")
+
+# indices of take and put cast as NumPy casts them (before: a bool array raised IndexError, a float array IndexError
+# instead of TypeError, a list of floats IndexError instead of being converted)
+def put_into(ind, v):
+    def f(m):
+        b = m.arange(7.0)
+        m.put(b, ind(m) if callable(ind) else ind, v)
+        return b
+    return f
+
+
+for name, f in [("take of a list of floats", lambda m: m.take(m.arange(7.0), [1.5, 3.2])),
+                ("take of a float array", lambda m: m.take(m.arange(7.0), np.array([1.0]))),
+                ("take of a bool array", lambda m: m.take(m.arange(7.0), np.array([True, False, True]))),
+                ("take of a distributed bool array", lambda m: m.take(m.arange(7.0), m.asarray(np.array([True, False])))),
+                ("take of a distributed float array", lambda m: m.take(m.arange(7.0), m.asarray(np.array([1.0, 2.0])))),
+                ("take of strings", lambda m: m.take(m.arange(7.0), ["1", "4"])),
+                ("put at a float array", put_into(np.array([1.0]), 0)),
+                ("put at a list of floats", put_into([2.7, 5.1], 9)),
+                ("put at a bool list", put_into([True], 7)),
+                ("norm(inf) of an empty vector", lambda m: m.linalg.norm(m.asarray(np.zeros(0)), np.inf)),
+                ("norm(inf) of a matrix's empty columns", lambda m: m.linalg.norm(m.zeros((0, 3)), np.inf, axis=0)),
+                ("partition of an empty array", lambda m: m.partition(m.asarray(np.zeros(0)), 0)),
+                ("argpartition of empty rows", lambda m: m.argpartition(m.zeros((0, 2)), 3, axis=0)),
+                ("clip of ints into ints with float bounds", lambda m: m.clip(m.arange(7), 0.5, 3.5, out=m.arange(7))),
+                ("clip of bools into bools with int bounds",
+                 lambda m: m.clip(m.asarray(np.arange(5) > 2), 0, 1, out=m.asarray(np.arange(5) > 2))),
+                ("round of floats into ints", lambda m: m.round(m.arange(3.0), 1, out=m.zeros(3, np.int64))),
+                ("clip of ints into int8", lambda m: m.clip(m.arange(7), 1, 3, out=m.zeros(7, np.int8))),
+                ("int += floats of another shape: the cast is checked first",
+                 lambda m: m.arange(6).reshape(3, 2).__iadd__(np.ones((2, 2))))]:
+    got, want = numpy_outcome(f, dnp), numpy_outcome(f, np)
+    assert repr(got) == repr(want), (name, got, want)
+    checks[0] += 1
+# asanyarray, ascontiguousarray and require give the array itself where NumPy does (before: a copy through the
+# fallback, so a write into the result did not reach the array)
+A2 = dnp.asarray(np.arange(12.).reshape(4, 3))
+rows, cols, col, row = A2[1:3], A2[:, 1:], A2[:, 0], A2[2]
+assert dnp.asanyarray(A2) is A2 and dnp.ascontiguousarray(A2) is A2 and dnp.ascontiguousarray(rows) is rows
+assert dnp.ascontiguousarray(row) is row and dnp.require(A2, requirements=["C", "W"]) is A2
+assert dnp.require(rows, requirements="O") is not rows and dnp.require(A2, requirements="O") is A2
+for v in (cols, col, A2[::2]):
+    c = dnp.ascontiguousarray(v)
+    assert c is not v, v.shape
+    same_typed("ascontiguousarray of a strided view", c, np.ascontiguousarray(np.asarray(v)))
+same_typed("require(dtype=float32)", dnp.require(A2, np.float32), np.arange(12., dtype=np.float32).reshape(4, 3))
+same_typed("ascontiguousarray of a 0-d array", dnp.ascontiguousarray(A2[1, 1]), np.array([4.0]))
+dnp.ascontiguousarray(A2)[0, 0] = -1.0
+dnp.asanyarray(rows)[0, 0] = -2.0
+same_typed("writes through asanyarray and ascontiguousarray reach the array", A2[:2, 0], np.array([-1.0, -2.0]))
+checks[0] += 4
+o = np.zeros(7)       # a NumPy out= is returned itself, as NumPy returns it (before: a DistArray copy of it)
+assert dnp.add(dnp.arange(7.0), 1, out=o) is o and np.add(dnp.arange(7.0), 2, out=(o,)) is o and o[6] == 8.0
+q, rem = np.zeros(7), np.zeros(7)
+assert np.divmod(dnp.arange(7.0), 2.0, out=(q, rem)) == (q, rem) and q[5] == 2.0 and rem[5] == 1.0
+checks[0] += 2
+section("indices of take and put cast as NumPy's; an in-place cast checked before shapes; NumPy out= returned; "
+        "empty arrays in norm and partition; clip and round casts into out=; arrays themselves from asanyarray, "
+        "ascontiguousarray, require")
+
+# writes through views with new axes before the distributed one (b[None], expand_dims, atleast_2d): before, every
+# element got the last one's value, or uninitialized memory, or a segmentation fault (1000 elements)
+def lead_new_writes(m):
+    b, c, d, e, M, Z = (m.arange(7.), m.arange(7.), m.arange(1000.), m.arange(7.)[::-1].copy(),
+                        m.arange(20.).reshape(5, 4), m.arange(12.).reshape(3, 4))
+    v = b[None]
+    v *= m.arange(7.)
+    b[None, ::-1] += 100
+    c[None, None] = m.arange(7.) * 2
+    d[None] = -m.arange(1000.)[None]
+    e[None].sort(axis=-1)
+    M[None, 1:, ::2] = -1
+    M[None, :, 1] += 10
+    Z[None] += 100
+    m.negative(c[None], out=c[None])
+    m.expand_dims(b, 0)[...] += 1
+    w = m.atleast_2d(c)
+    w += 1
+    c[None][c[None] > -5] = 0
+    return m.concatenate([b, c, d, e, M.ravel(), Z.ravel()])
+
+
+# products of views with new axes (a[None] @ M, a[:, None] @ ...): before, a wrong shape, then IndexError, or one
+# rank raising and the next collective hanging (2 ranks)
+def new_axis_products(m):
+    a, M = m.arange(7.), m.arange(21.).reshape(7, 3)
+    return m.concatenate([(a[None] @ M).ravel(), m.dot(a[None], M).ravel(), (a[:, None] @ m.ones((1, 4))).ravel(),
+                          (M @ m.ones(3)[:, None]).ravel(), (a[None] @ a[:, None]).ravel(),
+                          (a[:, None] @ a[None]).ravel(), (M.T @ a[:, None]).ravel(), (a[None, :] @ M) @ m.ones(3),
+                          m.arange(21.).reshape(7, 3).sum(0)])
+
+
+for name, f in [("writes through views with leading new axes", lead_new_writes),
+                ("matrix products of views with new axes", new_axis_products),
+                ("a list times a reduction's result repeats the list", lambda m: [0] * m.array([3, 1, 2]).max()),
+                ("a tuple times an argmax", lambda m: (1, 2) * (m.array([3, 1, 2]).argmax() + 1)),
+                ("a list times a float scalar", lambda m: [1] * m.array([1.5, 2.0]).max()),
+                ("a reduction's result as a dict key", lambda m: {0: 5, 3: 7}[m.array([3, 1, 2, 7]).argmax()]),
+                ("an element in a set", lambda m: len({m.array([3, 1, 3])[0], m.array([3, 1, 3])[2]})),
+                ("hash of an array", lambda m: hash(m.arange(3.)))]:
+    got, want = numpy_outcome(f, dnp), numpy_outcome(f, np)
+    assert repr(got) == repr(want), (name, got, want)
+    checks[0] += 1
+section("writes and products through views with new axes; a reduction's result as NumPy's scalar (repeats a "
+        "list, hashes)")
 
 # files written through the fallback: one rank writes each path, every rank reads it back whole (before: every rank
 # wrote the same file, and a load right after a save raised EOFError on one rank or read an empty array on another)

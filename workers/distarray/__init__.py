@@ -49,8 +49,8 @@ from numpy import (absolute, add, arctan2, bitwise_and, bitwise_or, bitwise_xor,
 
 from . import random
 from .array import _FUNCTIONS as _NATIVE, DistArray, _reduce, dot, matmul, roll, transpose, where
-from .creation import (arange, array, asarray, empty, empty_like, from_numpy, full, full_like, ones, ones_like, zeros,
-                       zeros_like)
+from .creation import (arange, array, asanyarray, asarray, ascontiguousarray, empty, empty_like, from_numpy, full,
+                       full_like, ones, ones_like, require, zeros, zeros_like)
 from .distribution import Distribution
 from .context import configure, context_for
 engine_for = context_for  # the former name, kept
@@ -129,8 +129,8 @@ def stats(comm=None) -> Dict[str, Any]:
 __all__ = [
     "DistArray", "Distribution", "DistArrayError", "DistArrayDivergence", "DistArrayTimeout", "DistributionError",
     "ShapeError", "UnsupportedOperation", "IndexOutOfBounds", "NumPyFallbackWarning", "CopyNotViewWarning",
-    "zeros", "ones", "empty", "full", "arange", "from_numpy", "array", "asarray", "zeros_like", "ones_like",
-    "empty_like", "full_like", "random", "linspace", "logspace", "geomspace", "meshgrid", "indices", "identity", "eye",
+    "zeros", "ones", "empty", "full", "arange", "from_numpy", "array", "asarray", "asanyarray", "ascontiguousarray",
+    "require", "zeros_like", "ones_like", "empty_like", "full_like", "random", "linspace", "logspace", "geomspace", "meshgrid", "indices", "identity", "eye",
     "fromfunction", "copy", "astype",
     "sum", "prod", "mean", "std", "var", "min", "max", "amin", "amax", "any", "all", "argmin", "argmax",
     "count_nonzero", "nansum", "nanprod", "nanmean", "nanstd", "nanvar", "nanmin", "nanmax", "cumsum", "cumprod",

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import operator
 import warnings
+import weakref
 from typing import Any, Callable, Dict, Iterator, Optional, Tuple
 
 import numpy as np
@@ -61,7 +62,32 @@ def copy_of_view(res: Any, a: Any, what: str) -> Any:
     ``a`` or shares ``a``'s base (a true view). Local."""
     if isinstance(res, DistArray) and res is not a and (not isinstance(a, DistArray) or res._base is not a._base):
         res._base.copy_of = what
+        if isinstance(a, DistArray):        # a later write into ``a`` leaves ``res`` stale: :func:`warn_stale_copies`
+            src = a._base
+            res._base.source = weakref.ref(src)
+            src.copies = [r for r in (src.copies or ()) if r() is not None] + [weakref.ref(res._base)]
+            a.context.copied = True
     return res
+
+
+def _unseen(base: Any) -> bool:
+    """Whether the user holds no DistArray on ``base`` (a weak reference's target; dead counts as unseen)."""
+    return base is None or base.nviews == 0
+
+
+def warn_stale_copies(base: Any) -> None:
+    """A write into ``base`` is being recorded: if a copy made from it where NumPy has a view (``a.T``,
+    ``reshape``, :func:`copy_of_view`) is still held by the user, warn (rank 0, once per call site) that the copy
+    keeps the values from before the write, where NumPy's view would show it. Local."""
+    live = [r for r in base.copies if not _unseen(r())]
+    base.copies = live or None
+    if not live or base.context.rank != 0:
+        return
+    site = fallback._call_site()
+    warnings.warn_explicit(
+        f"writing into an array after {live[0]().copy_of} of it was made: on distributed arrays that result is a "
+        "copy (NumPy's is a view), which keeps the values from before this write; make it again after the write",
+        CopyNotViewWarning, site[0], site[1], registry=_COPY_WARNED)
 
 
 _COPY_WARNED: Dict[Any, Any] = {}
@@ -72,7 +98,8 @@ def _warn_copy_write(a: "DistArray") -> None:
     the array it was made from. Where NumPy's view is read-only, raise NumPy's ValueError instead (every rank)."""
     if a._base.read_only:
         raise ValueError("assignment destination is read-only")
-    if a.context.rank != 0:
+    src = a._base.source
+    if a.context.rank != 0 or (src is not None and _unseen(src())):    # nobody sees the array it was made from
         return
     site = fallback._call_site()
     warnings.warn_explicit(
@@ -506,8 +533,10 @@ class DistArray:
     def __radd__(self, o): return self._u(np.add, o, self)
     def __sub__(self, o): return self._u(np.subtract, self, o)
     def __rsub__(self, o): return self._u(np.subtract, o, self)
-    def __mul__(self, o): return self._u(np.multiply, self, o)
-    def __rmul__(self, o): return self._u(np.multiply, o, self)
+    def __mul__(self, o): return _repeat(o, self) if type(o) in (list, tuple) and not self._view.shape \
+        else self._u(np.multiply, self, o)
+    def __rmul__(self, o): return _repeat(o, self) if type(o) in (list, tuple) and not self._view.shape \
+        else self._u(np.multiply, o, self)
     def __truediv__(self, o): return self._u(np.true_divide, self, o)
     def __rtruediv__(self, o): return self._u(np.true_divide, o, self)
     def __pow__(self, o): return (self._u(np.square, self) if type(o) is int and o == 2 and self.dtype.kind == "b"
@@ -621,6 +650,14 @@ def _compare(self: DistArray, ufunc: np.ufunc, op: Callable[[Any, Any], Any], ot
     if res is NotImplemented and not isinstance(other, DistArray):
         return fallback.call(op, (self, other), {}, ufunc.__name__)
     return res
+
+
+def _repeat(seq: Any, n: DistArray) -> Any:
+    """``seq * n`` for a list or tuple and a 0-d array, which stands for NumPy's scalar: the sequence repeated
+    ``int(n)`` times for an integer (a force point, collective), NumPy's TypeError otherwise."""
+    if n.dtype.kind not in "iu":
+        raise TypeError(f"can't multiply sequence by non-int of type 'numpy.{n.dtype.type.__name__}'")
+    return seq * int(n)
 
 
 def _in_place(self: DistArray, ufunc: np.ufunc, other: Any) -> DistArray:

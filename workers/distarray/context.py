@@ -175,6 +175,9 @@ class ArrayContext:
         #: Bases viewing another base's buffer (``Base.share``): while nonzero, :meth:`record` ends the sharing
         #: of a base before a write to it is recorded.
         self.shared = 0
+        #: A copy was made where NumPy has a view (``a.T``, ``reshape``: ``Base.copies``): from then on
+        #: :meth:`record` warns when a write into an array leaves such a copy of it, still held, stale.
+        self.copied = False
         #: Lazy coordinate grids not yet materialised (:mod:`.lazy_grids`): while nonzero, :meth:`record` lets
         #: elementwise tasks read their coordinates instead and materialises a grid a task writes.
         self.lazy_grids = 0
@@ -222,6 +225,11 @@ class ArrayContext:
         floating-point error handling in effect now (``numpy.geterr()``, :mod:`.fp_errors`). Local."""
         if self.float16_seen and task.kind in NUMBA_KINDS:
             refuse_float16(task)
+        if self.copied:
+            for w in task.writes():
+                if w.base.copies:
+                    from .array import warn_stale_copies
+                    warn_stale_copies(w.base)
         if self.shared:
             for w in task.writes():
                 w.base.unshare()

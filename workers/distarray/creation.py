@@ -24,8 +24,8 @@ from .errors import DistArrayTimeout, UnsupportedOperation
 from .graph import Base
 from .indexing import View
 
-__all__ = ["zeros", "ones", "empty", "full", "arange", "from_numpy", "array", "asarray", "zeros_like", "ones_like",
-           "empty_like", "full_like"]
+__all__ = ["zeros", "ones", "empty", "full", "arange", "from_numpy", "array", "asarray", "asanyarray",
+           "ascontiguousarray", "require", "zeros_like", "ones_like", "empty_like", "full_like"]
 
 K_SCATTER = tracing.register_kind("distarray_scatter")
 
@@ -268,6 +268,58 @@ def asarray(x: Any, dtype=None, dist="block", comm=None, *, order: Any = None, c
     return array(x, dtype=dtype, dist=dist, comm=comm, order=order if order is not None else "K")
 
 
+def asanyarray(x: Any, dtype=None, order: Any = None, *, like: Any = None, **kwargs: Any) -> DistArray:
+    """``numpy.asanyarray``: :func:`asarray` (``x`` itself if it is a DistArray of ``dtype``)."""
+    return asarray(x, dtype=dtype, order=order, **kwargs)
+
+
+def _c_contiguous(v: Any) -> bool:
+    """Whether NumPy's view with the entries of ``v`` (an :class:`~.indexing.View`) would be C-contiguous."""
+    if 0 in v.shape:
+        return True
+    single = False          # an inner axis is partial: every outer axis must then take one element
+    for e, n in zip(reversed([e for e in v.entries if e[0] != "n"]), reversed(v.base_shape)):
+        if e[0] == "i" or e[3] <= 1:
+            single = True
+        elif single or e[2] != 1:
+            return False
+        elif e[1] != 0 or e[3] != n:
+            single = True
+    return True
+
+
+def ascontiguousarray(x: Any, dtype=None, *, like: Any = None) -> DistArray:
+    """``numpy.ascontiguousarray``: a DistArray ``x`` of ``dtype`` (or ``dtype`` None) itself when NumPy's
+    array would be C-contiguous (the whole array, a row, a run of rows), else a copy; a 0-d array becomes 1-d,
+    as in NumPy. Anything else: :func:`array` of it (at least 1-d). Local for ``x`` itself, else recorded."""
+    if isinstance(x, DistArray) and x.ndim:
+        y = x if dtype is None or np.dtype(dtype) == x.dtype else x.astype(dtype)
+        return y if y is not x or _c_contiguous(x._view) else x.copy()
+    if isinstance(x, DistArray):
+        return x.reshape(1).astype(x.dtype if dtype is None else dtype)
+    return array(x, dtype=dtype, ndmin=1)
+
+
+_REQUIREMENTS = {"C": "C", "C_CONTIGUOUS": "C", "CONTIGUOUS": "C", "A": "A", "ALIGNED": "A", "W": "W",
+                 "WRITEABLE": "W", "O": "O", "OWNDATA": "O", "E": "E", "ENSUREARRAY": "E"}
+
+
+def require(a: Any, dtype=None, requirements: Any = None, *, like: Any = None) -> Any:
+    """``numpy.require`` of a DistArray: ``a`` itself when it meets ``requirements`` (C-contiguous, aligned,
+    writeable, owning its data, an array) with ``dtype``, else a copy that does, as NumPy decides it. Fortran order
+    (not a property a distributed array has) and non-DistArray operands: NumPy's, through the fallback."""
+    reqs = [requirements] if isinstance(requirements, str) else list(requirements or [])
+    got = {_REQUIREMENTS.get(str(r).upper()) for r in reqs}
+    if not isinstance(a, DistArray) or None in got:
+        return fallback.call(np.require, (a,), dict(dtype=dtype, requirements=requirements), "require")
+    fallback.note_native("require")
+    res = a if dtype is None or np.dtype(dtype) == a.dtype else a.astype(dtype)
+    if res is a and ("O" in got and not a._view.is_full or "W" in got and a._base.read_only
+                     or "C" in got and not _c_contiguous(a._view)):
+        res = a.copy()
+    return res
+
+
 def _like_dist(a: DistArray, dist):
     return a.dist if dist is None else dist
 
@@ -333,6 +385,15 @@ def _no_pickle(a: DistArray, protocol: Any = None) -> Any:
                     "must call to_numpy) and distribute it again with asarray()")
 
 
+def _hash(a: DistArray) -> int:
+    """``hash(a)``: NumPy's scalar hash for a 0-d array (a reduction's result, ``a[i]``, which stands for NumPy's
+    scalar: a dict key, a set member; a force point, collective), NumPy's TypeError for an array."""
+    if a.ndim:
+        raise TypeError(f"unhashable type: '{type(a).__name__}'")
+    return hash(a.item())
+
+
+DistArray.__hash__ = _hash
 DistArray.astype = _astype
 DistArray.copy = _copy
 DistArray.__copy__ = _copy                                   # copy.copy(a): NumPy's new array, not a shared one

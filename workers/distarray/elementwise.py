@@ -340,6 +340,9 @@ def _record(context, target: Leaf, expr: Node, desc, ls: Optional[List[Leaf]] = 
     """Record ``target = expr``, through a temporary if ``expr`` reads the target's base elsewhere.
     ``desc``: a callable giving the text of the operation (computed only for messages); ``ls``: the leaves of
     ``expr`` if the caller has them."""
+    if target.view.row_kept and target.view.lead_new():     # b[None] = v: written as b[...] = v[0]
+        target, expr = _without_lead_new(target, expr)
+        ls = None
     if ls is None:
         ls = list(leaves(expr))
     tb, tv = target.base, target.view
@@ -358,6 +361,27 @@ def _record(context, target: Leaf, expr: Node, desc, ls: Optional[List[Leaf]] = 
         task.expr = _gathered(context, expr, task.space, desc)
     context.record(task)
     return target
+
+
+def _without_lead_new(target: Leaf, expr: Node) -> Tuple[Leaf, Node]:
+    """``(target', expr')`` writing what ``target = expr`` writes, for a ``target`` whose view has new axes before
+    its distributed axis (``b[None]``, ``expand_dims(b, 0)``: the kernels take the distributed axis first): those
+    axes (of length 1) dropped from the target, and as many leading axes (of length 1) from the value."""
+    k = target.view.lead_new()
+    tgt = Leaf(target.base, target.view.index((0,) * k))
+    return tgt, _drop_leading(expr, len(expr.shape) - len(tgt.shape))
+
+
+def _drop_leading(node: Node, j: int) -> Node:
+    """``node`` without its ``j`` leading axes, all of length 1 (none when ``j <= 0``): each operand loses those of
+    its leading axes that broadcast into them."""
+    if j <= 0 or type(node) is Const:
+        return node
+    if isinstance(node, Leaf):
+        return Leaf(node.base, node.view.index((0,) * j))
+    nd = len(node.shape) - j
+    args = tuple([_drop_leading(a, len(a.shape) - nd) for a in node.args])
+    return Op.of(node.name, args, node.dtype, node.in_dtypes, node.shape[j:])
 
 
 #: Integer exponents of a float array that the fused kernels compute as products (``a ** 3`` is
@@ -483,8 +507,10 @@ def record_ufunc(context, ufunc: np.ufunc, inputs: Sequence[Any], out: Optional[
             return record_ufunc(context, np.sqrt, [inputs[0]], out)
         if e in PRODUCT_POWERS and out is None and nodes[1].weak:
             return _record_product_power(context, nodes[0], int(e))
-    shape = _broadcast(name, [n.shape for n in nodes])
     in_dt, out_dt = _resolve(ufunc, name, tuple([n.spec if type(n) is Const else n.dtype for n in nodes]))
+    if out is not None and not np.can_cast(out_dt, out.dtype, casting="same_kind"):
+        raise ufunc_cast_error(name, out_dt, out.dtype)     # NumPy checks the cast before the shapes
+    shape = _broadcast(name, [n.shape for n in nodes])
     expr = Op.of(name, tuple(nodes), out_dt, in_dt, shape)     # _resolve and _broadcast give the stored types
     reads = ls             # the leaves the recorded value reads (the operands' leaves place the result)
     for n, dt in zip(nodes, in_dt):
@@ -501,8 +527,6 @@ def record_ufunc(context, ufunc: np.ufunc, inputs: Sequence[Any], out: Optional[
         if _broadcast(name, [shape, out.shape]) != out.shape:
             raise ShapeError(f"{name}: non-broadcastable output operand with shape {out.shape} doesn't match the "
                              f"broadcast shape {shape}")
-        if not np.can_cast(out_dt, out.dtype, casting="same_kind"):
-            raise ufunc_cast_error(name, out_dt, out.dtype)
         return _record(context, out, expr, lambda: f"{node_desc(out)} = {desc()}", reads)
     target = _result_of(context, [l for l in ls if not l.base.replicated], shape, out_dt)
     return _record(context, target, expr, lambda: f"{target.base.name()} = {desc()}", reads)

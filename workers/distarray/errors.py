@@ -25,6 +25,8 @@ def ufunc_cast_error(name: str, from_dtype: Any, to_dtype: Any) -> TypeError:
     text = (f"Cannot cast ufunc {name!r} output from {np.dtype(from_dtype)!r} to {np.dtype(to_dtype)!r} with "
             "casting rule 'same_kind'")
     uf = getattr(np, name, None)
+    if not isinstance(uf, np.ufunc):      # ``clip``: NumPy's function calls the ufunc of its umath module
+        uf = getattr(getattr(getattr(np, "_core", None), "umath", None), name, None)
     if isinstance(uf, np.ufunc) and uf.nout == 1:
         shape = (1, 1) if uf.signature else (1,)
         try:

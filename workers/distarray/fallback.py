@@ -227,9 +227,22 @@ def call(func: Callable[..., Any], args: Tuple[Any, ...], kwargs: Dict[str, Any]
     if out_dist is not None:
         out_dist[...] = result
         return out_dist
+    if _is_numpy_out(result, out):      # NumPy returns the NumPy array(s) it wrote (out=): the same object(s)
+        return result
     res = _distribute(result, like)
     _mark_views(result, res, _arrays_in((gargs, gkwargs)), name)
     return res
+
+
+def _is_numpy_out(result: Any, out: Any) -> bool:
+    """Whether ``result`` is the NumPy ``out=`` argument itself (one array, or a tuple of them)."""
+    if out is None:
+        return False
+    outs = out if isinstance(out, tuple) else (out,)
+    if not all(isinstance(o, np.ndarray) for o in outs):
+        return False
+    got = result if isinstance(result, tuple) else (result,)
+    return len(got) == len(outs) and all(g is o for g, o in zip(got, outs))
 
 
 def _arrays_in(value: Any) -> List[np.ndarray]:

@@ -58,7 +58,7 @@ class Base:
 
     __slots__ = ("context", "serial", "shape", "dtype", "dist", "local", "flat", "nviews", "exported",
                  "temp", "origin", "origin_code", "pooled", "replicated", "_sig_head", "owner", "aliases",
-                 "grid", "join", "fill", "copy_of", "read_only", "__weakref__")
+                 "grid", "join", "fill", "copy_of", "read_only", "source", "copies", "__weakref__")
 
     def __init__(self, context, shape: Tuple[int, ...], dtype: np.dtype, dist: Distribution, temp: bool = False,
                  origin: str = ""):
@@ -86,6 +86,10 @@ class Base:
         #: what NumPy would return as a view of another array where this base is a copy (``a.T``, ``reshape``):
         #: writes into it warn (:class:`~.errors.CopyNotViewWarning`); "" for any other base
         self.copy_of = ""
+        #: for such a copy, a weak reference to the base it was made from (None: unknown); ``copies``: weak
+        #: references to the copies made from this base (None: none), whose values a later write here leaves stale
+        self.source: Optional[Any] = None
+        self.copies: Optional[List[Any]] = None
         #: NumPy's result is read-only (``diagonal``, ``broadcast_to``): a write raises ValueError, as NumPy's does
         self.read_only = False
         self.origin = origin

@@ -27,8 +27,9 @@ def _vector_norm(x: DistArray, ord: Any, axis: Any, keepdims: bool) -> Any:
     if ord is None or ord == 2:
         return np.sqrt(_sum(ax * ax if x.dtype.kind == "f" else (ax * ax).astype(np.float64), axis=axis,
                             keepdims=keepdims))
-    if ord == np.inf:
-        return _max(ax, axis=axis, keepdims=keepdims)
+    if ord == np.inf:       # NumPy's max(initial=0): 0 where there is no element
+        empty = (x.size if axis is None else x.shape[axis]) == 0
+        return _max(ax, axis=axis, keepdims=keepdims, **({"initial": 0} if empty else {}))
     if ord == -np.inf:
         return _min(ax, axis=axis, keepdims=keepdims)
     if ord == 0:

@@ -104,15 +104,17 @@ def record_matmul(context, a: Any, b: Any) -> Leaf:
 
 
 def _own_base(context, x: Leaf) -> Leaf:
-    """``x``, or for a view dropping axes of a 3-D or larger base its copy on a base of its own shape: rows of
-    the distributed axis kept (``b[:, 2]``), a recorded copy laid out by those rows. Raises UnsupportedOperation
+    """``x``, or for a view dropping axes of a 3-D or larger base, or adding new axes (``a[None]``, ``a[:, None]``),
+    its copy on a base of its own shape: rows of the distributed axis kept (``b[:, 2]``), a recorded copy laid out
+    by those rows. Raises UnsupportedOperation
     (on every rank alike: the caller runs NumPy's matmul through the fallback) for a view with the distributed axis
     indexed (``b[3]``)."""
-    if len(x.base.shape) <= 2 or len(x.base.shape) == len(x.shape):      # 1-D and 2-D bases: read as they are
+    new_axes = any(e[0] == "n" for e in x.view.entries)     # a[None], a[:, None]: copied as well
+    if not new_axes and (len(x.base.shape) <= 2 or len(x.base.shape) == len(x.shape)):  # 1-D, 2-D: as they are
         return x
-    if x.view.row_kept:
+    if x.view.row_kept or new_axes:
         y = record_cast(context, x, x.dtype)
-        if len(y.base.shape) == len(y.shape):
+        if len(y.base.shape) == len(y.shape) and not any(e[0] == "n" for e in y.view.entries):
             return y
     raise UnsupportedOperation(f"matmul of {node_desc(x)}, a view with the distributed axis of a "
                                f"{len(x.base.shape)}-D array indexed")

@@ -48,14 +48,24 @@ def _map_rows(a: DistArray, fn: Callable[[np.ndarray], np.ndarray], shape: Tuple
     return from_elements(a.context, shape, out.dtype, flat, out, result_dist(a, shape[0]), what)
 
 
+def _cast_text(dtype: np.dtype, rule: str) -> str:
+    """NumPy's TypeError text for indices of ``dtype`` that ``take`` (``same_kind``) or ``put`` (``safe``) refuse."""
+    return f"Cannot cast array data from {np.dtype(dtype)!r} to dtype('int64') according to the rule '{rule}'"
+
+
 def _indices(ind: Any, n: int, mode: str, what: str) -> Any:
     """``ind`` as int64 indices into an axis of length ``n`` (negative ones counted from the end), by ``mode``
-    ('raise': IndexError as NumPy's for one out of bounds; 'wrap'; 'clip'). Distributed ``ind``: recorded."""
+    ('raise': IndexError as NumPy's for one out of bounds; 'wrap'; 'clip'). Distributed ``ind``: recorded. Arrays
+    of indices are cast as NumPy's ``what`` (``take`` or ``put``) casts them: bool counts as 0/1, floats raise
+    NumPy's TypeError; lists and scalars are converted to int as NumPy converts them."""
     if mode not in ("raise", "wrap", "clip"):
         raise ValueError(f"clipmode must be one of 'clip', 'raise', or 'wrap' (got {mode!r})")
+    rule = "same_kind" if what == "take" else "safe"
     if isinstance(ind, DistArray):
-        if ind.dtype.kind not in "iu":
-            raise IndexError("arrays used as indices must be of integer (or boolean) type")
+        if ind.dtype.kind == "b":
+            ind = ind.astype(np.int64)
+        elif ind.dtype.kind not in "iu":
+            raise TypeError(_cast_text(ind.dtype, rule))
         if mode == "wrap":
             return np.remainder(ind, n)
         if mode == "clip":
@@ -66,10 +76,12 @@ def _indices(ind: Any, n: int, mode: str, what: str) -> Any:
         if lo < -n or hi >= n:
             raise IndexError(f"{what}: index {lo if lo < -n else hi} is out of bounds for axis 0 with size {n}")
         return np.where(ind < 0, ind + n, ind) if lo < 0 else ind
-    idx = np.asarray(ind)
-    if idx.dtype.kind not in "iu" and idx.size:
-        raise IndexError("arrays used as indices must be of integer (or boolean) type")
-    idx = idx.astype(np.int64)
+    if isinstance(ind, np.ndarray):         # NumPy casts an array of indices by ``rule``, anything else as int
+        if ind.dtype.kind not in "biu":
+            raise TypeError(_cast_text(ind.dtype, rule))
+        idx = ind.astype(np.int64)
+    else:
+        idx = np.asarray(ind, dtype=np.int64)
     if mode == "wrap":
         return np.remainder(idx, n) if n else idx
     if mode == "clip":
@@ -175,7 +187,9 @@ def put(a: Any, ind: Any, v: Any, mode: str = "raise") -> None:
         return fallback.call(np.put, (a, ind, v), dict(mode=mode), "put")
     fallback.note_native("put")
     flat_ind = ind if not isinstance(ind, DistArray) or ind.ndim == 1 else ravel(ind)
-    idx = _indices(flat_ind if isinstance(flat_ind, DistArray) else np.asarray(ind).reshape(-1), a.size, mode, "put")
+    if not isinstance(flat_ind, DistArray):     # an array keeps its dtype (cast by NumPy's rule), the rest is int
+        flat_ind = (ind if isinstance(ind, np.ndarray) else np.asarray(ind, dtype=np.int64)).reshape(-1)
+    idx = _indices(flat_ind, a.size, mode, "put")
     m = idx.shape[0]
     if isinstance(v, DistArray) and v.shape == (m,):
         vals = v
@@ -200,7 +214,7 @@ def _kth_check(a: DistArray, kth: Any, axis: Any) -> None:
     for k in np.atleast_1d(np.asarray(kth)).reshape(-1):
         if np.asarray(k).dtype.kind not in "iu":
             raise TypeError("Partition index must be integer")
-        if not -n <= int(k) < n:
+        if a.size and not -n <= int(k) < n:          # NumPy checks no bound for an empty array
             raise ValueError(f"kth(={int(k)}) out of bounds ({n})")
 
 

@@ -22,6 +22,7 @@ import numpy as np
 from . import fallback
 from .array import _FUNCTIONS, _METHODS, DistArray, _reduce, transpose, where
 from .numpy_reductions import normalize_axes, sum as _sum
+from .errors import ufunc_cast_error
 
 __all__ = ["expand_dims", "squeeze", "flip", "swapaxes", "clip", "round", "around", "outer", "cross", "diagonal",
            "trace", "fliplr", "flipud", "split", "array_split", "hsplit", "vsplit", "dsplit", "atleast_1d", "atleast_2d",
@@ -94,6 +95,8 @@ def clip(a: Any, a_min: Any = None, a_max: Any = None, out: Any = None, **kwargs
         res = a.copy()
     if out is None:
         return res
+    if not np.can_cast(res.dtype, out.dtype, "same_kind"):
+        raise ufunc_cast_error("clip", res.dtype, out.dtype)     # NumPy's: no silent unsafe cast into out
     out[...] = res
     return out
 
@@ -116,6 +119,8 @@ def round(a: Any, decimals: int = 0, out: Any = None) -> Any:  # noqa: A001 - Nu
         res = np.rint(a / f) * f
     if out is None:
         return res
+    if not np.can_cast(res.dtype, out.dtype, "same_kind"):      # NumPy names the step whose output it cannot store
+        raise ufunc_cast_error("rint" if d == 0 else "multiply", res.dtype, out.dtype)
     out[...] = res
     return out
 
