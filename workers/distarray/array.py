@@ -81,16 +81,19 @@ def warn_stale_copies(base: Any) -> None:
     keeps the values from before the write, where NumPy's view would show it. Local."""
     live = [r for r in base.copies if not _unseen(r())]
     base.copies = live or None
-    if not live or base.context.rank != 0:
-        return
-    site = fallback._call_site()
-    warnings.warn_explicit(
-        f"writing into an array after {live[0]().copy_of} of it was made: on distributed arrays that result is a "
-        "copy (NumPy's is a view), which keeps the values from before this write; make it again after the write",
-        CopyNotViewWarning, site[0], site[1], registry=_COPY_WARNED)
+    if live and base.context.rank == 0:
+        _warn_copy(f"writing into an array after {live[0]().copy_of} of it was made: on distributed arrays that "
+                   "result is a copy (NumPy's is a view), which keeps the values from before this write; make it "
+                   "again after the write")
 
 
 _COPY_WARNED: Dict[Any, Any] = {}
+
+
+def _warn_copy(text: str) -> None:
+    """A CopyNotViewWarning with ``text`` at the user's line, once per line."""
+    site = fallback._call_site()
+    warnings.warn_explicit(text, CopyNotViewWarning, site[0], site[1], registry=_COPY_WARNED)
 
 
 def _warn_copy_write(a: "DistArray") -> None:
@@ -101,11 +104,9 @@ def _warn_copy_write(a: "DistArray") -> None:
     src = a._base.source
     if a.context.rank != 0 or (src is not None and _unseen(src())):    # nobody sees the array it was made from
         return
-    site = fallback._call_site()
-    warnings.warn_explicit(
-        f"writing into the result of {a._base.copy_of}, which on distributed arrays is a copy (NumPy's is a view): "
-        "the array it was made from does not change; write into that array instead (a[:, k] = v for a.T[k] = v)",
-        CopyNotViewWarning, site[0], site[1], registry=_COPY_WARNED)
+    _warn_copy(f"writing into the result of {a._base.copy_of}, which on distributed arrays is a copy (NumPy's is a "
+               "view): the array it was made from does not change; write into that array instead (a[:, k] = v for "
+               "a.T[k] = v)")
 
 
 def _warn_copy_outs(out: Any) -> None:
