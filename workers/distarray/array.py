@@ -521,7 +521,7 @@ class DistArray:
         if self._base.copy_of:
             _warn_copy_write(self)
         if ufunc is np.power and self.dtype.kind in "iu":
-            ufuncs.check_exponents(other)       # NumPy's ValueError for a negative integer exponent
+            ufuncs.check_exponents(other, self.dtype)   # NumPy's error for a negative integer exponent
         if not ufuncs.compiled_dtypes(ufunc, (self, other)):
             return _in_place_blocks(self, ufunc, other)
         o = other._leaf() if isinstance(other, DistArray) else other

@@ -205,9 +205,12 @@ def _gufunc(ufunc: np.ufunc, ops: List[Any], outs: List[Any], where: Any, dtype:
     return got
 
 
-def check_exponents(e: Any) -> None:
+def check_exponents(e: Any, base: Optional[np.dtype] = None) -> None:
     """NumPy's error for a negative integer exponent, raised on every rank before anything is recorded (NumPy's
-    loop raises it only on the ranks whose blocks hold one). A distributed ``e``: a force point."""
+    loop raises it only on the ranks whose blocks hold one). A distributed ``e``: a force point. With the dtype
+    ``base`` of an unsigned base, a negative Python int is NumPy's OverflowError (it does not fit that dtype)."""
+    if base is not None and base.kind == "u" and type(e) is int and e < 0:
+        raise OverflowError(f"Python integer {e} out of bounds for {base}")
     kind = e.dtype.kind if isinstance(e, (_distarray(), np.ndarray, np.generic)) else np.asarray(e).dtype.kind
     if kind == "i" and np.size(e) and int(np.min(e)) < 0:
         raise ValueError("Integers to negative integer powers are not allowed.")
