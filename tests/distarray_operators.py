@@ -580,6 +580,7 @@ for name, f in [("take of a list of floats", lambda m: m.take(m.arange(7.0), [1.
                  lambda m: m.clip(m.asarray(np.arange(5) > 2), 0, 1, out=m.asarray(np.arange(5) > 2))),
                 ("round of floats into ints", lambda m: m.round(m.arange(3.0), 1, out=m.zeros(3, np.int64))),
                 ("clip of ints into int8", lambda m: m.clip(m.arange(7), 1, 3, out=m.zeros(7, np.int8))),
+                ("round of booleans: NumPy's float16", lambda m: m.round(m.asarray(np.arange(5) > 2))),
                 ("uint8 **= -1: -1 does not fit uint8", lambda m: m.arange(3, dtype=np.uint8).__ipow__(-1)),
                 ("uint64 **= -1", lambda m: m.arange(3, dtype=np.uint64).__ipow__(-1)),
                 ("int += floats of another shape: the cast is checked first",

@@ -104,7 +104,7 @@ def clip(a: Any, a_min: Any = None, a_max: Any = None, out: Any = None, **kwargs
 def round(a: Any, decimals: int = 0, out: Any = None) -> Any:  # noqa: A001 - NumPy's name
     """``numpy.round``: half to even; with ``decimals`` NumPy's formula (``rint(a * 10**d) / 10**d``, or
     ``rint(a / 10**-d) * 10**-d``), bit for bit. Integers: unchanged for ``decimals >= 0``. Recorded. SPMD."""
-    if not isinstance(a, DistArray) or a.dtype.kind not in "biuf" or (a.dtype.kind in "iub" and decimals < 0):
+    if not isinstance(a, DistArray) or a.dtype.kind not in "iuf" or (a.dtype.kind in "iu" and decimals < 0):
         return fallback.call(np.round, (a,), dict(decimals=decimals, out=out), "round")
     d = operator.index(decimals)
     if a.dtype.kind != "f":
