@@ -64,6 +64,9 @@ from .timeline_server import TimelineServer
 # processes). Both belong to :mod:`nbmpi.workers.launch.pool_runner`, which runs every cell.
 #: A cell shorter than this never shows the live output display.
 LIVE_AFTER = 0.3
+#: Seconds a finished cell waits at most for the ranks' last output messages (they come on another channel than the
+#: reply, later on a loaded machine; the wait ends as soon as they are in).
+OUTPUT_WAIT_S = 30.0
 LIVE_EVERY = 0.25
 
 
@@ -643,7 +646,7 @@ class DistributedMagics(Magics):
 
     def _finish(self, pool: EnginePool, run: PoolRun, args, live: _Live,
                 others: Optional[Dict[int, str]] = None, raise_errors: bool = True, quick: bool = False) -> None:
-        run.drain(0.5 if quick else 5.0)   # quick: the pool was ended, no more output comes
+        run.drain(0.5 if quick else OUTPUT_WAIT_S)   # quick: the pool was ended, no more output comes
         live.close()
         mds = {r: run.metadata(r) for r in run.ranks}
         if not args.quiet:

@@ -653,7 +653,16 @@ for name, f in [("writes through views with leading new axes", lead_new_writes),
                 ("a list times a float scalar", lambda m: [1] * m.array([1.5, 2.0]).max()),
                 ("a reduction's result as a dict key", lambda m: {0: 5, 3: 7}[m.array([3, 1, 2, 7]).argmax()]),
                 ("an element in a set", lambda m: len({m.array([3, 1, 3])[0], m.array([3, 1, 3])[2]})),
-                ("hash of an array", lambda m: hash(m.arange(3.)))]:
+                ("hash of an array", lambda m: hash(m.arange(3.))),
+                ("int() of a 1-element array with dimensions", lambda m: int(m.arange(6)[None, 2:3])),
+                ("float() of a 1-element array", lambda m: float(m.arange(6.)[2:3])),
+                ("a 1-element array as a list index", lambda m: [10, 20, 30][m.arange(6)[None, 2]]),
+                ("a boolean result ** 2 (NumPy's scalar: int64)", lambda m: (m.arange(6) > 0).any() ** 2),
+                ("math.trunc of a sum", lambda m: __import__("math").trunc(m.arange(6.).sum() + 0.7)),
+                ("is_integer of a sum", lambda m: ((m.arange(6.).sum() + 0.5).is_integer(), m.arange(6).argmax().is_integer())),
+                ("an element compared with None", lambda m: (m.arange(6.)[3] == None, m.arange(6.)[3] != None)),  # noqa: E711
+                ("a generator seeded by an argmax", lambda m: m.random.default_rng(m.arange(6).argmax()).integers(100)),
+                ("a permutation of an argmax", lambda m: m.random.default_rng(3).permutation(m.arange(6).argmax()))]:
     got, want = numpy_outcome(f, dnp), numpy_outcome(f, np)
     assert repr(got) == repr(want), (name, got, want)
     checks[0] += 1

@@ -27,6 +27,7 @@ import numpy as np
 from . import elementwise, fallback, gather_direct, irregular, matmul_recording, numpy_math, reductions, ufuncs
 from .distribution import Distribution, make_distribution
 from .assigned_values import assigned_value
+from . import context as _context
 from .context import ArrayContext
 from .errors import CopyNotViewWarning, DistributionError, ShapeError, UnsupportedOperation, ufunc_cast_error
 from .graph import Base, Leaf
@@ -88,6 +89,7 @@ def warn_stale_copies(base: Any) -> None:
 
 
 _COPY_WARNED: Dict[Any, Any] = {}
+_context.STALE_COPIES[0] = warn_stale_copies
 
 
 def _warn_copy(text: str) -> None:
@@ -277,15 +279,15 @@ class DistArray:
         return self._scalar("item()", ValueError).item()
 
     def __float__(self) -> float:
-        return float(self._scalar("float()"))
+        return float(_only_0d(self, _SCALAR_TEXT)._scalar("float()"))
 
     def __int__(self) -> int:
-        return int(self._scalar("int()"))
+        return int(_only_0d(self, _SCALAR_TEXT)._scalar("int()"))
 
     def __index__(self) -> int:
         if self.dtype.kind not in "iu":
             raise TypeError("only integer arrays can be used as an index")
-        return int(self._scalar("index"))
+        return int(_only_0d(self, "only integer scalar arrays can be converted to a scalar index")._scalar("index"))
 
     def __bool__(self) -> bool:
         if self.size != 1:
@@ -541,7 +543,7 @@ class DistArray:
     def __truediv__(self, o): return self._u(np.true_divide, self, o)
     def __rtruediv__(self, o): return self._u(np.true_divide, o, self)
     def __pow__(self, o): return (self._u(np.square, self) if type(o) is int and o == 2 and self.dtype.kind == "b"
-                                  else self._u(np.power, self, o))   # NumPy's ndarray ** 2 is square: int8
+                                  and self._view.shape else self._u(np.power, self, o))  # ndarray ** 2 is square
     def __rpow__(self, o): return self._u(np.power, o, self)
     def __and__(self, o): return self._u(np.bitwise_and, self, o)
     def __rand__(self, o): return self._u(np.bitwise_and, o, self)
@@ -647,10 +649,24 @@ def _compare(self: DistArray, ufunc: np.ufunc, op: Callable[[Any, Any], Any], ot
     """``self == other`` / ``self != other``: recorded for the operands the arrays hold; for any other
     (``None``, a complex number, an object) NumPy's elementwise answer through the fallback (``a == None``
     is an array of False, as NumPy's, never the scalar ``False`` of an identity test)."""
+    if other is None and not self._view.shape:      # NumPy's scalar compared with None: a Python bool
+        return op is operator.ne
     res = self._u(ufunc, self, other)
     if res is NotImplemented and not isinstance(other, DistArray):
         return fallback.call(op, (self, other), {}, ufunc.__name__)
     return res
+
+
+#: NumPy's TypeError text for ``int()``/``float()`` of an array with dimensions.
+_SCALAR_TEXT = "only 0-dimensional arrays can be converted to Python scalars"
+
+
+def _only_0d(a: DistArray, text: str) -> DistArray:
+    """``a`` if it is 0-d (a reduction's result, ``a[i]``); NumPy's TypeError ``text`` for an array with dimensions,
+    even of one element (NumPy 2)."""
+    if a._view.shape:
+        raise TypeError(text)
+    return a
 
 
 def _repeat(seq: Any, n: DistArray) -> Any:

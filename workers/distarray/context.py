@@ -132,6 +132,11 @@ def _env_int(name: str, default: int) -> int:
     return value
 
 
+#: What :meth:`ArrayContext.record` calls for a write into a base with copies made from it
+#: (:func:`~.array.warn_stale_copies`, registered by :mod:`.array`, which imports this module).
+STALE_COPIES: List[Callable[[Any], None]] = [lambda base: None]
+
+
 class ArrayContext:
     """The distributed-array state of one communicator (see the module doc). Not thread-safe:
     only the main thread records and evaluates (MPI thread level ``funneled``)."""
@@ -228,8 +233,7 @@ class ArrayContext:
         if self.copied:
             for w in task.writes():
                 if w.base.copies:
-                    from .array import warn_stale_copies
-                    warn_stale_copies(w.base)
+                    STALE_COPIES[0](w.base)
         if self.shared:
             for w in task.writes():
                 w.base.unshare()

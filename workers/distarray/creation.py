@@ -8,6 +8,7 @@ scatter from ``r``). Call them on every rank with the same arguments (SPMD).
 """
 from __future__ import annotations
 
+import math
 import operator
 from typing import Any, Optional, Tuple
 
@@ -393,7 +394,24 @@ def _hash(a: DistArray) -> int:
     return hash(a.item())
 
 
+def _trunc(a: DistArray) -> int:
+    """``math.trunc(a)`` of a 0-d array (NumPy's scalar's); NumPy's TypeError for an array. A force point."""
+    if a.ndim:
+        raise TypeError(f"type {type(a).__name__} doesn't define __trunc__ method")
+    return math.trunc(a.item())
+
+
+def _is_integer(a: DistArray) -> bool:
+    """``a.is_integer()`` of a 0-d array, as NumPy's scalars have it (a force point); an array has no such method."""
+    if a.ndim:
+        raise AttributeError(f"'{type(a).__name__}' object has no attribute 'is_integer'")
+    v = a.item()
+    return v.is_integer() if isinstance(v, float) else True
+
+
 DistArray.__hash__ = _hash
+DistArray.__trunc__ = _trunc
+DistArray.is_integer = _is_integer
 DistArray.astype = _astype
 DistArray.copy = _copy
 DistArray.__copy__ = _copy                                   # copy.copy(a): NumPy's new array, not a shared one

@@ -141,6 +141,7 @@ class Generator:
     def __init__(self, seed: Any = None, dist: Any = "block", comm: Any = None):
         self._eng = context_for(comm)
         self._comm, self._dist = comm, dist
+        seed = _as_scalar(seed)
         self._bg = np.random.PCG64(_seed(self._eng, seed) if seed is None or isinstance(seed, (int, np.integer))
                                    else seed)
         self._np = np.random.Generator(self._bg)
@@ -284,11 +285,19 @@ def _legacy_call(name: str, args: tuple, kwargs: dict, dist: Any = "block", comm
     return _numpy_draw(getattr(_LEGACY["state"], method), f"random.{name}", args, kwargs, dist, comm)
 
 
+def _as_scalar(v: Any) -> Any:
+    """A 0-d DistArray (a reduction's result, ``a[i]``, which stands for NumPy's scalar) as NumPy's scalar (a force
+    point, collective); anything else as it is."""
+    return v.to_numpy()[()] if isinstance(v, DistArray) and v.ndim == 0 else v
+
+
 def _numpy_draw(fn: Any, name: str, args: tuple, kwargs: dict, dist: Any, comm: Any) -> Any:
     """``fn(*args, **kwargs)`` (a method of the state every rank shares), its array result distributed; counted as a
     fallback call. Distributed operands go through :func:`~.fallback.call`: gathered first, and written back when
     NumPy changes them in place (``shuffle(x)``; ``permuted(x, out=y)`` writes ``y``)."""
     from . import fallback
+    args = tuple([_as_scalar(v) for v in args])         # permutation(a.argmax()): NumPy takes a scalar there
+    kwargs = {k: _as_scalar(v) if k != "out" else v for k, v in kwargs.items()}
     out = kwargs.get("out")
     if isinstance(out, DistArray):     # NumPy fills a buffer of out's shape (its checks, its size), then out
         buf = np.empty(out.shape, out.dtype)
