@@ -2,8 +2,11 @@
 on the old ranks does not hold it up), and a pool whose controller died is started anew."""
 from __future__ import annotations
 
+import json
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import psutil
@@ -138,5 +141,14 @@ def test_attached_pool_disconnects_and_removes_only_its_own_directory(pool):
     assert not os.path.exists(attached.work_dir), f"the attached pool left {attached.work_dir}"
     assert p.status()["state"] == "running" and os.path.isdir(p.work_dir)
     assert len(_pids_of(p)) == 2
+    # a process that attaches and exits without stopping: disconnected at exit, its directory removed
+    code = ("import json, sys\nfrom nbmpi.workers.launch.engine_pool import EnginePool\n"
+            "print(EnginePool.attach(json.loads(sys.stdin.read())).work_dir, flush=True)")
+    done = subprocess.run([sys.executable, "-c", code], input=json.dumps(p.connection_info()), capture_output=True,
+                          text=True, timeout=120)
+    left = done.stdout.strip()
+    assert done.returncode == 0 and left.startswith("/"), done
+    assert not os.path.exists(left), f"an attaching process that exited left {left}"
+    assert p.status()["state"] == "running" and len(_pids_of(p)) == 2
     p.stop(grace=0.0)
     assert not os.path.exists(p.work_dir), f"the owner's stop left {p.work_dir}"

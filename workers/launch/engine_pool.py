@@ -576,7 +576,9 @@ class EnginePool(_PoolHealth, _PoolHosts):
             pool._client = ipp.Client(cinfo, timeout=10)
             pool._client.wait_for_engines(len(ranks), timeout=30)
         except Exception as e:  # noqa: BLE001
+            pool.stop()         # disconnects, removes the directory made above
             raise EnginePoolError(f"cannot connect to pool {name!r}: {e}") from e
+        _live_pools.append(pool)    # disconnected (its directory removed) at exit if nobody stops it
         pool.ranks = ranks
         pool._info = json.loads(json.dumps(info))
         pool._started_at = info.get("started_at") or time.time()
