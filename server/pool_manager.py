@@ -30,6 +30,7 @@ and recorded ``failed``.
 from __future__ import annotations
 
 import os
+import shutil
 import threading
 import time
 from dataclasses import dataclass
@@ -106,7 +107,11 @@ class PoolManager:
 
     # -- life cycle ------------------------------------------------------------------------
     def start(self) -> None:
-        """Re-attach or fail the pools a previous service left live; start reconciling."""
+        """Re-attach or fail the pools a previous service left live; start reconciling. The folders of
+        a previous service's connections to its pools (``data_dir/attach``) are removed first."""
+        attach_dir = self.data_dir / "attach"
+        shutil.rmtree(attach_dir, ignore_errors=True)
+        self.backend.attach_dir = attach_dir
         with self.sessions.begin() as s:
             for row in s.scalars(select(PoolRow).where(PoolRow.state.in_(_LIVE))):
                 pool = None

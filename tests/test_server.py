@@ -614,16 +614,21 @@ def test_pools(tmp_path):
         srv.proc.send_signal(signal.SIGKILL)
         srv.proc.wait()
         srv.stop()
+        attach_dir = tmp_path / "data" / "attach"    # a killed service's connection folders: removed at start
+        (attach_dir / "nbmpi-attach-left-by-a-killed-service").mkdir(parents=True)
         srv = Server(tmp_path / "data", extra_args=["--unsafe-shared-account"]).start()   # alice and bob
         with srv.client() as c:
             again = c.get(f"/api/v1/pools/{kept['id']}").json()
             assert again["state"] == "running" and "re-attached" in again["message"]
+            assert [d.name.startswith("nbmpi-attach-") for d in attach_dir.iterdir()] == [True]
+            assert not (attach_dir / "nbmpi-attach-left-by-a-killed-service").exists()
             job = wait_state(c, submit(c, "print('after', rank)", ranks=None, pool=kept["id"])["id"],
                              ("succeeded", "failed"))
             assert job["state"] == "succeeded"
             assert c.delete(f"/api/v1/pools/{kept['id']}").json()["state"] == "stopped"
             assert pool_processes(tmp_path / "data") == []
             assert c.get(f"/api/v1/pools/{kept['id']}").json()["state"] == "stopped"
+            assert list(attach_dir.iterdir()) == []      # the re-attached pool's folder went with it
     finally:
         leftovers = stop_and_kill_pools(srv, tmp_path / "data")
     assert leftovers == []

@@ -27,6 +27,7 @@ Pools (ipyparallel engines on MPI ranks, :class:`nbmpi.workers.launch.engine_poo
 from __future__ import annotations
 
 import abc
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Dict, List, Literal, Optional, Tuple
@@ -112,6 +113,11 @@ class Backend(abc.ABC):
     #: then leaves them running and recorded as they are, for the next start to re-attach
     #: (:meth:`recover`); False ends them with the service (they are recorded ``lost``).
     jobs_outlive_service: ClassVar[bool] = False
+    #: Where the service's connections to its pools keep their folders (``EnginePool.attach``'s
+    #: ``parent``): a directory of the service's data folder, emptied at each start of the service
+    #: (:class:`~nbmpi.server.pool_manager.PoolManager`), so a service that was killed leaves nothing
+    #: behind elsewhere. None: the system's temporary folder.
+    attach_dir: Optional[Path] = None
 
     def contain(self, data_dir: Path) -> str:
         """Set up how nothing a job or pool starts outlives it, for the service serving ``data_dir``
@@ -123,6 +129,13 @@ class Backend(abc.ABC):
         """After recovery at start: end what a previous run of the service left that no record
         follows any more; the names of what was ended."""
         return []
+
+    def _attach_parent(self) -> Optional[str]:
+        """:attr:`attach_dir` as ``EnginePool.attach``'s ``parent`` (made if missing)."""
+        if self.attach_dir is None:
+            return None
+        os.makedirs(self.attach_dir, mode=0o700, exist_ok=True)
+        return str(self.attach_dir)
 
     def capacity(self, max_ranks: Optional[int]) -> Optional[int]:
         """Ranks the controller may hold at once given ``--max-ranks`` (None: the backend queues)."""

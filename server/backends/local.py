@@ -274,7 +274,7 @@ class LocalBackend(Backend):
     def recover_pool(self, connection: Dict[str, Any], state: Dict[str, Any]) -> Optional[EnginePool]:
         pool = None
         try:
-            pool = EnginePool.attach(connection)
+            pool = EnginePool.attach(connection, parent=self._attach_parent())
             if pool.alive():
                 if self.cgroups is not None and self.cgroups.owns((state or {}).get("cgroup") or ""):
                     with self._lock:   # still in use: not swept

@@ -574,7 +574,7 @@ class SlurmBackend(Backend):
                     raise EnginePoolError(f"the pool did not start within {spec.timeout:.0f} s: {text}; its Slurm job "
                                     "was cancelled (the cluster may be busy: try again later or ask for fewer ranks)")
                 time.sleep(0.2)
-            pool = SlurmPool.attach(info)
+            pool = SlurmPool.attach(info, parent=self._attach_parent())
             pool._slurm = (self, job_id)
         except BaseException:
             try:
@@ -620,7 +620,7 @@ class SlurmBackend(Backend):
         try:
             job = self.slurm_job(job_id) if job_id else None
             if job is not None and job.state == "RUNNING":
-                pool = SlurmPool.attach(connection)
+                pool = SlurmPool.attach(connection, parent=self._attach_parent())
                 pool._slurm = (self, job_id)
                 if pool.alive():
                     return pool

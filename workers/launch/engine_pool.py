@@ -558,10 +558,12 @@ class EnginePool(_PoolHealth, _PoolHosts):
         return json.loads(json.dumps(self._info))
 
     @classmethod
-    def attach(cls, info: Dict[str, Any]) -> "EnginePool":
+    def attach(cls, info: Dict[str, Any], parent: Optional[str] = None) -> "EnginePool":
         """Connect to a running pool described by ``info`` (:meth:`connection_info`). Blocking.
 
-        :meth:`stop` on the result only disconnects; the owner ends the pool.
+        :meth:`stop` on the result only disconnects; the owner ends the pool. The attached pool's own
+        folder (``work_dir``, removed by :meth:`stop` or at exit) is made inside ``parent``, an existing
+        directory (default: the system's temporary folder).
         """
         import ipyparallel as ipp
 
@@ -569,7 +571,8 @@ class EnginePool(_PoolHealth, _PoolHosts):
             name, ranks, cinfo = info["name"], list(info["ranks"]), dict(info["client"])
         except (KeyError, TypeError) as e:
             raise EnginePoolError(f"connection info lacks {e}; expected the dict of EnginePool.connection_info()") from None
-        pool = cls(len(ranks), name=name, work_dir=tempfile.mkdtemp(prefix=f"nbmpi-attach-{name}-"))
+        pool = cls(len(ranks), name=name, work_dir=tempfile.mkdtemp(prefix=f"nbmpi-attach-{name}-",
+                                                                      dir=parent))
         pool._attached = True
         pool._own_dir = True
         try:
