@@ -669,6 +669,145 @@ for name, f in [("writes through views with leading new axes", lead_new_writes),
 section("writes and products through views with new axes; a reduction's result as NumPy's scalar (repeats a "
         "list, hashes)")
 
+# round 7b: index arrays broadcast their values and select inside a row; empty index lists; NumPy scalars stored
+# with NumPy's unsafe cast; NumPy's exception types; shares_memory of views; 0-d float methods; dot's out= checks
+def assigned(key, value, shape=(5, 7)):
+    def f(m):
+        a = m.arange(float(np.prod(shape))).reshape(shape)
+        a[key(a) if callable(key) else key] = value(m) if callable(value) else value
+        return a
+    return f
+
+
+def stored(dt, key, value):
+    def f(m):
+        a = m.arange(13, dtype=dt)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")        # NumPy's (and rank 0's) "invalid value encountered in cast"
+            a[key(a) if callable(key) else key] = value
+        return a
+    return f
+
+
+def in_row(m):
+    a = m.arange(35.).reshape(5, 7)
+    b = a[1]
+    b[[0, 2]] = 0
+    m.put(a[2], [0], 5.)
+    a[3][m.array([1, 3])] += 1
+    return m.concatenate([a.ravel(), a[4][[0, 2]], m.take(a[1], [1, 2]), m.compress([True, False, True], a[4])])
+
+
+def dot_out(shape_dtype):
+    def f(m):
+        a = m.arange(35.).reshape(5, 7)
+        out = a[:, 2:] if shape_dtype == "view" else m.zeros((5, 5), dtype=np.float32)
+        return m.dot(a[:, :5], a[:, :5], out=out)
+    return f
+
+
+for name, f in [("a[[1, 4]] = a row", assigned([1, 4], lambda m: m.arange(7.))),
+                ("a[[1, 2]] = a column", assigned([1, 2], lambda m: m.array([[-1.], [-2.]]))),
+                ("a[[1, 2]] = a NumPy row", assigned([1, 2], np.arange(7.))),
+                ("1-D a[[2, 5]] = a (1, 2) value", assigned([2, 5], lambda m: m.array([[1., 2.]]), (13,))),
+                ("1-D a[[1, -1]] = a nested list", assigned([1, -1], [[5., 6.]], (13,))),
+                ("index arrays inside rows", in_row),
+                ("a[[], 1]", lambda m: m.arange(35.).reshape(5, 7)[[], 1]),
+                ("a[:, []]", lambda m: m.arange(35.).reshape(5, 7)[:, []]),
+                ("a[k] = np.int64(-1) into uint8", stored(np.uint8, 3, np.int64(-1))),
+                ("a[:] = np.int64(300) into uint8", stored(np.uint8, slice(None), np.int64(300))),
+                ("a[2:4] = np.int16(-2) into uint8", stored(np.uint8, slice(2, 4), np.int16(-2))),
+                ("a[k] = np.uint64(2**64 - 1) into uint8", stored(np.uint8, 3, np.uint64(2**64 - 1))),
+                ("a[mask] = np.float32(nan) into int64", stored(np.int64, lambda a: a > 3, np.float32(np.nan))),
+                ("a[k] = np.float64(3.7) into int64", stored(np.int64, 3, np.float64(3.7))),
+                ("a[k] = -1 into uint8 (a Python int: NumPy's OverflowError)", stored(np.uint8, 3, -1)),
+                ("a[mask of another length] = 0", assigned(np.ones(14, bool), 0, (13,))),
+                ("a.sort(axis=None)", lambda m: m.arange(35.).reshape(5, 7).sort(axis=None)),
+                ("where(cond, x)", lambda m: m.where(m.arange(5) > 2, m.arange(5))),
+                ("shares_memory and may_share_memory of views",
+                 lambda m: (lambda a, A: [m.shares_memory(a, a[1:]), m.may_share_memory(a, a[::2]),
+                                          m.shares_memory(a[::2], a[1::2]), m.may_share_memory(a, a[5:]),
+                                          m.shares_memory(a, a.copy()), m.shares_memory(A[1:, 2], A[:, 2]),
+                                          m.shares_memory(A[:, 2], A[:, 3]), m.shares_memory(a, np.arange(3.))])(
+                     m.arange(13.), m.arange(35.).reshape(5, 7))),
+                ("as_integer_ratio of a float sum", lambda m: (m.arange(6.).sum() + 0.25).as_integer_ratio()),
+                ("hex of a float sum", lambda m: m.arange(6.).sum().hex()),
+                ("bit_count of an int sum", lambda m: m.arange(6).sum().bit_count()),
+                ("as_integer_ratio of an int sum", lambda m: m.arange(6).sum().as_integer_ratio()),
+                ("is_integer of a bool any", lambda m: (m.arange(6) > 2).any().is_integer()),
+                ("dot into a strided view", dot_out("view")),
+                ("dot into another dtype", dot_out("dtype"))]:
+    got, want = numpy_outcome(f, dnp), numpy_outcome(f, np)
+    assert repr(got) == repr(want), (name, got, want)
+    checks[0] += 1
+with warnings.catch_warnings(record=True) as seen:     # not made read-only: said on rank 0 (before: nothing)
+    warnings.simplefilter("always")
+    dnp.arange(3.).setflags(write=False)
+assert [str(w.message)[:34] for w in seen] == (["a.setflags(write=False) does not m"] if rank == 0 else []), seen
+expect("setflags(write=True) of broadcast_to", ValueError,
+       lambda: dnp.broadcast_to(dnp.arange(3.), (2, 3)).setflags(write=True), ["WRITEABLE"])
+try:                                   # NumPy's ValueError (ShapeError is one)
+    assigned([1, 2], lambda m: m.arange(6.))(dnp)
+    raise AssertionError("a[[1, 2]] = a value that does not broadcast: no error")
+except ValueError:
+    checks[0] += 1
+section("index arrays broadcast values and select in rows; NumPy scalars stored as NumPy casts them; "
+        "shares_memory; 0-d float methods; dot out= checks")
+
+# round 7a: nanvar's NaN where a slice has at most ddof numbers (before: inf), integer dtype= of var/std as NumPy's,
+# NumPy's errors for out= and axis tuples of argmax, default_rng of a generator, random's non-contiguous out=
+def quiet(f):
+    def g(m):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return m.asarray(f(m))      # NumPy's scalar as a 0-d array, as the 0-d DistArray compares
+    return g
+
+
+def holes(m):
+    a = m.arange(13.0)
+    a[[2, 5, 11]] = np.nan
+    return a
+
+
+def random_into_strided(m):
+    o = m.zeros((6, 7))
+    return m.random.default_rng(1).random(out=o[::2])
+
+
+for name, f in [("nanvar with ddof over the count", lambda m: m.nanvar((m.arange(35.).reshape(5, 7) % 11) - 3.5,
+                                                                       axis=0, ddof=5)),
+                ("nanvar of a whole array, ddof = n", lambda m: m.nanvar(m.arange(13.0), ddof=13)),
+                ("nanstd with NaNs, ddof over the count", lambda m: m.nanstd(holes(m), ddof=10)),
+                ("nanvar keepdims, ddof over some counts", lambda m: m.nanvar(
+                    m.where(m.arange(35.).reshape(5, 7) % 3 == 0, np.nan, m.arange(35.).reshape(5, 7)), axis=0,
+                    ddof=3, keepdims=True)),
+                ("var of a whole array, ddof = n (inf)", lambda m: m.var(m.arange(13.0), ddof=13)),
+                ("var with dtype=int8", lambda m: m.var((m.arange(35).reshape(5, 7) % 9) - 2, axis=None,
+                                                        dtype=np.int8)),
+                ("var of floats with dtype=int8 along rows", lambda m: m.var((m.arange(35.).reshape(5, 7) % 11) - 3.5,
+                                                                             axis=1, dtype=np.int8)),
+                ("std with dtype=int64", lambda m: m.std(m.arange(35).reshape(5, 7), dtype=np.int64)),
+                ("nanvar with mean=", lambda m: m.nanvar(m.arange(35.).reshape(5, 7), axis=1,
+                                                         mean=m.mean(m.arange(35.).reshape(5, 7), axis=1,
+                                                                     keepdims=True))),
+                ("std into an int32 out", lambda m: m.std(m.arange(35).reshape(5, 7), axis=1,
+                                                          out=np.zeros(5, np.int32))),
+                ("nanmean of floats into an int64 out", lambda m: m.nanmean(m.arange(35.).reshape(5, 7), axis=0,
+                                                                           out=np.zeros(7, np.int64))),
+                ("argmax over an axis tuple", lambda m: m.argmax(m.arange(35.).reshape(5, 7), axis=(0, 1))),
+                ("default_rng of a PCG64", lambda m: m.random.default_rng(np.random.PCG64(3)).random(5)),
+                ("default_rng of a NumPy generator", lambda m: m.random.default_rng(np.random.default_rng(4)).random(5)),
+                ("random into a strided out", random_into_strided)]:
+    got, want = numpy_outcome(quiet(f), dnp), numpy_outcome(quiet(f), np)
+    assert repr(got) == repr(want), (name, got, want)
+    checks[0] += 1
+g = dnp.random.default_rng(5)
+assert dnp.random.default_rng(g) is g
+checks[0] += 1
+section("nanvar and nanstd where ddof reaches the count, integer dtype= of var and std, out= and axis errors, "
+        "default_rng of generators")
+
 # files written through the fallback: one rank writes each path, every rank reads it back whole (before: every rank
 # wrote the same file, and a load right after a save raised EOFError on one rank or read an empty array on another)
 import os  # noqa: E402

@@ -86,6 +86,9 @@ compare("max of data with a NaN", lambda m, a: m.where(a > 2, m.nan, a).max())
 compare("argmin of data with a NaN", lambda m, a: m.argmin(m.where(a > 2, m.nan, a)))
 compare("min over axis 1 with a NaN", lambda m, a: m.min(m.where(a > 2, m.nan, a).reshape(3, 2), axis=1))
 compare("maximum and a comparison with a NaN", lambda m, a: m.maximum(m.where(a > 2, m.nan, a), 1.0) > 0.5)
+compare("count_nonzero, sum and mean of a comparison with a NaN",
+        lambda m, a: m.array([m.count_nonzero(m.where(a > 2, m.nan, a) > 0), m.sum(m.where(a > 2, m.nan, a) > 0),
+                              m.mean(m.where(a > 2, m.nan, a) > 0)]))
 compare("maximum of 0 / 0 still warns", lambda m, a: m.maximum(m.zeros(6) / m.zeros(6), 1.0))
 compare("mean(1 / a): the division warns, not mean's own steps", lambda m, a: m.mean(1.0 / a))
 

@@ -50,7 +50,8 @@ from numpy import (absolute, add, arctan2, bitwise_and, bitwise_or, bitwise_xor,
 from . import random
 from .array import _FUNCTIONS as _NATIVE, DistArray, _reduce, dot, matmul, roll, transpose, where
 from .creation import (arange, array, asanyarray, asarray, ascontiguousarray, empty, empty_like, from_numpy, full,
-                       full_like, ones, ones_like, require, zeros, zeros_like)
+                       full_like, may_share_memory, ones, ones_like, require, shares_memory, zeros,
+                       zeros_like)
 from .distribution import Distribution
 from .context import configure, context_for
 engine_for = context_for  # the former name, kept
@@ -130,7 +131,8 @@ __all__ = [
     "DistArray", "Distribution", "DistArrayError", "DistArrayDivergence", "DistArrayTimeout", "DistributionError",
     "ShapeError", "UnsupportedOperation", "IndexOutOfBounds", "NumPyFallbackWarning", "CopyNotViewWarning",
     "zeros", "ones", "empty", "full", "arange", "from_numpy", "array", "asarray", "asanyarray", "ascontiguousarray",
-    "require", "zeros_like", "ones_like", "empty_like", "full_like", "random", "linspace", "logspace", "geomspace", "meshgrid", "indices", "identity", "eye",
+    "require", "zeros_like", "ones_like", "empty_like", "full_like", "shares_memory", "may_share_memory", "random",
+    "linspace", "logspace", "geomspace", "meshgrid", "indices", "identity", "eye",
     "fromfunction", "copy", "astype",
     "sum", "prod", "mean", "std", "var", "min", "max", "amin", "amax", "any", "all", "argmin", "argmax",
     "count_nonzero", "nansum", "nanprod", "nanmean", "nanstd", "nanvar", "nanmin", "nanmax", "cumsum", "cumprod",

@@ -31,7 +31,7 @@ from . import context as _context
 from .context import ArrayContext
 from .errors import CopyNotViewWarning, DistributionError, ShapeError, UnsupportedOperation, ufunc_cast_error
 from .graph import Base, Leaf
-from .indexing import View
+from .indexing import View, c_contiguous
 from .numpy_keywords import renamed
 from .plans import my_rows, selector
 
@@ -389,19 +389,6 @@ class DistArray:
             raise UnsupportedOperation("a boolean scalar index is indexed by NumPy")
         return irregular.numpy_index(key, self.shape[0] if self.shape else 0, self.shape)
 
-    def _take(self, idx: Any) -> "DistArray":
-        """``self[idx]`` with an index array: a new array (a force point, collective)."""
-        ctx = self.context
-        if self.ndim == 0:
-            raise IndexError("too many indices for array: array is 0-dimensional, but 1 were indexed")
-        if self._base.replicated:
-            ix = idx.to_numpy() if isinstance(idx, DistArray) else idx
-            return wrap(elementwise.rep_base_from_numpy(ctx, self.to_numpy()[ix]))
-        out = irregular.record_take(ctx, self._leaf(), idx._leaf() if isinstance(idx, DistArray) else idx)
-        res = DistArray(out.base, out.view)
-        ctx.flush("a[idx]")
-        return res
-
     def __getitem__(self, key: Any):
         if not _basic_key(key):
             try:
@@ -409,7 +396,7 @@ class DistArray:
             except UnsupportedOperation:     # e.g. index arrays mixed with slices: NumPy's own indexing
                 return _unsupported_get(self, key)
             if idx is not None:
-                return self._take(idx)
+                return _take(self, key, idx)
         view = self._view.index(key)
         if view.ndim == 0:
             return self._element(view)
@@ -430,7 +417,7 @@ class DistArray:
         ctx = self._base.context
         if self._base.copy_of:
             _warn_copy_write(self)
-        value = assigned_value(value, self._base.dtype)
+        value = assigned_value(value, self._base.dtype, ctx.rank, not _basic_key(key))
         if _basic_key(key):
             elementwise.record_assign(ctx, Leaf(self._base, self._view.index(key)),
                                       value._leaf() if isinstance(value, DistArray) else value)
@@ -442,7 +429,8 @@ class DistArray:
             if key.shape != self.shape and _INDEXERS["setitem"](self, key, value):
                 return
             if key.shape != self.shape:
-                raise ShapeError(f"boolean mask of shape {key.shape} does not match the array's shape {self.shape}")
+                raise IndexError(f"boolean index did not match indexed array: the mask's shape is {key.shape}, the "
+                                 f"array's {self.shape}")
             if isinstance(value, DistArray) or np.ndim(value) != 0:
                 _unsupported_set(self, key, value)
                 return
@@ -458,7 +446,10 @@ class DistArray:
             _unsupported_set(self, key, value)
             return
         if idx is not None:
-            _put_rows(self, idx, value)
+            if irregular.rows_view(self._view):
+                _put_rows(self, idx, value)
+            else:                            # into a row's elements (a[1][[0, 2]] = v)
+                fallback.setitem(self, key, value)
             return
         target = Leaf(self._base, self._view.index(key))
         val = value._leaf() if isinstance(value, DistArray) else value
@@ -723,12 +714,31 @@ def _round(self: DistArray, ndigits: Optional[int]) -> Any:
     return round(value) if ndigits is None else round(value, ndigits)
 
 
+def _take(a: "DistArray", key: Any, idx: Any) -> "DistArray":
+    """``a[key]`` with an index array (``idx``: ``key`` converted): a new array (a force point, collective).
+    Inside a row (``a[1][[0, 2]]``, axis 0 is not the distributed one): through the NumPy fallback."""
+    ctx = a.context
+    if a.ndim == 0:
+        raise IndexError("too many indices for array: array is 0-dimensional, but 1 were indexed")
+    if a._base.replicated:
+        ix = idx.to_numpy() if isinstance(idx, DistArray) else idx
+        return wrap(elementwise.rep_base_from_numpy(ctx, a.to_numpy()[ix]))
+    if not irregular.rows_view(a._view):
+        return fallback.call(operator.getitem, (a, key), {}, "ndarray.__getitem__")
+    out = irregular.record_take(ctx, a._leaf(), idx._leaf() if isinstance(idx, DistArray) else idx)
+    res = DistArray(out.base, out.view)
+    ctx.flush("a[idx]")
+    return res
+
+
 def _put_rows(self: "DistArray", idx: Any, value: Any) -> None:
     """``self[idx] = value`` with an index array (a force point, collective)."""
     ctx = self.context
     irregular.check_rows_view(self._leaf(), "b[idx] = a")
     m = idx.shape[0] if isinstance(idx, DistArray) else len(idx)
     want = (m,) + tuple(self.shape[1:])
+    if isinstance(value, DistArray) and value.shape != want and value.context is ctx:
+        value = value.to_numpy()     # broadcast as NumPy does (a row for every index): a small value, gathered
     if isinstance(value, DistArray):
         if value.context is not ctx:
             raise DistributionError("b[idx] = a: a lives on another communicator than b; create both with the "
@@ -743,10 +753,12 @@ def _put_rows(self: "DistArray", idx: Any, value: Any) -> None:
         arr = np.asarray(value)
         if arr.dtype.kind not in "biuf":
             raise UnsupportedOperation(f"b[idx] = a: values of dtype {arr.dtype} are not supported")
+        while arr.ndim > len(want) and arr.shape[0] == 1:    # NumPy drops a value's leading length-1 axes
+            arr = arr[0]
         try:
             arr = np.broadcast_to(arr, want)
         except ValueError:
-            raise ShapeError(f"b[idx] = a: could not broadcast a of shape {arr.shape} to {want}") from None
+            raise ShapeError(f"b[idx] = a: could not broadcast a of shape {np.shape(value)} to {want}") from None
         if isinstance(idx, DistArray):
             d = idx.dist
             base = Base(ctx, want, arr.dtype, d, temp=True)
@@ -780,12 +792,18 @@ def dot(a: Any, b: Any, out: Any = None) -> Any:
     :func:`matmul`; other ranks and ``out=`` as NumPy's, the N-d forms through the NumPy fallback."""
     if not isinstance(a, DistArray) and not isinstance(b, DistArray):
         return np.dot(a, b, out=out)
+    if isinstance(out, DistArray) and not c_contiguous(out._view):    # NumPy's out= of dot: a C-array only
+        raise ValueError("output array is not acceptable (must have the right datatype, number of dimensions, and "
+                         "be a C-Array)")
     if np.ndim(a) == 0 or np.ndim(b) == 0:
         res = np.multiply(a, b)
     elif np.ndim(a) > 2 or np.ndim(b) > 2:
         return fallback.call(np.dot, (a, b), {} if out is None else dict(out=out), "dot")
     else:
         res = matmul(a, b)
+    if isinstance(out, DistArray) and out.dtype != res.dtype:
+        raise ValueError("output array is not acceptable (must have the right datatype, number of dimensions, and "
+                         "be a C-Array)")
     return _into(res, out)
 
 
@@ -842,14 +860,22 @@ def transpose(a: Any, axes: Any = None) -> Any:
                                                                                "a.T / transpose / swapaxes")
 
 
-def where(cond: Any, x: Any = None, y: Any = None) -> Any:
+_NOT_GIVEN: Any = object()
+
+
+def where(cond: Any, x: Any = _NOT_GIVEN, y: Any = _NOT_GIVEN) -> Any:
     """``x`` where ``cond`` is true, else ``y`` (recorded, elementwise, NumPy's dtype rules); ``where(cond)`` alone
-    is ``nonzero(cond)`` (a collective step)."""
-    if x is None and y is None and isinstance(cond, DistArray) and "nonzero" in _METHODS:
-        return _METHODS["nonzero"](cond)        # numpy.where(cond) is nonzero(cond) (numpy_reshaping)
-    if x is None or y is None:
-        raise UnsupportedOperation("where(cond) with one argument (nonzero) is not supported on distributed arrays"
-                                   if x is None and y is None else "either both or neither of x and y should be given")
+    is ``nonzero(cond)`` (a collective step). One of ``x``, ``y`` alone: NumPy's ValueError."""
+    if x is _NOT_GIVEN and y is _NOT_GIVEN:
+        if isinstance(cond, DistArray) and "nonzero" in _METHODS:
+            return _METHODS["nonzero"](cond)        # numpy.where(cond) is nonzero(cond) (numpy_reshaping)
+        return np.where(cond)
+    if x is _NOT_GIVEN or y is _NOT_GIVEN:
+        raise ValueError("either both or neither of x and y should be given")
+    if (x is None or y is None) and any(isinstance(v, DistArray) for v in (cond, x, y)):
+        raise UnsupportedOperation("where(cond, x, None): NumPy makes an object array of x and None, a dtype "
+                                   "distributed arrays do not hold; use a number such as numpy.nan for the "
+                                   "missing values")
     if not any(isinstance(v, DistArray) for v in (cond, x, y)):
         return np.where(cond, x, y)
     ctx = _context_from(cond, x, y)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import operator
+import warnings
 from typing import Any, Optional, Tuple
 
 import numpy as np
@@ -18,15 +19,16 @@ from ..core import runtime
 from ..tracing import tracer as tracing
 from ..core import waiting
 from . import elementwise, fallback
-from .array import _FUNCTIONS, DistArray, wrap
+from .array import _FUNCTIONS, _METHODS, DistArray, wrap
 from .distribution import make_distribution
 from .context import context_for
 from .errors import DistArrayTimeout, UnsupportedOperation
 from .graph import Base
-from .indexing import View
+from .indexing import View, c_contiguous
 
 __all__ = ["zeros", "ones", "empty", "full", "arange", "from_numpy", "array", "asarray", "asanyarray",
-           "ascontiguousarray", "require", "zeros_like", "ones_like", "empty_like", "full_like"]
+           "ascontiguousarray", "require", "zeros_like", "ones_like", "empty_like", "full_like", "shares_memory",
+           "may_share_memory"]
 
 K_SCATTER = tracing.register_kind("distarray_scatter")
 
@@ -274,28 +276,13 @@ def asanyarray(x: Any, dtype=None, order: Any = None, *, like: Any = None, **kwa
     return asarray(x, dtype=dtype, order=order, **kwargs)
 
 
-def _c_contiguous(v: Any) -> bool:
-    """Whether NumPy's view with the entries of ``v`` (an :class:`~.indexing.View`) would be C-contiguous."""
-    if 0 in v.shape:
-        return True
-    single = False          # an inner axis is partial: every outer axis must then take one element
-    for e, n in zip(reversed([e for e in v.entries if e[0] != "n"]), reversed(v.base_shape)):
-        if e[0] == "i" or e[3] <= 1:
-            single = True
-        elif single or e[2] != 1:
-            return False
-        elif e[1] != 0 or e[3] != n:
-            single = True
-    return True
-
-
 def ascontiguousarray(x: Any, dtype=None, *, like: Any = None) -> DistArray:
     """``numpy.ascontiguousarray``: a DistArray ``x`` of ``dtype`` (or ``dtype`` None) itself when NumPy's
     array would be C-contiguous (the whole array, a row, a run of rows), else a copy; a 0-d array becomes 1-d,
     as in NumPy. Anything else: :func:`array` of it (at least 1-d). Local for ``x`` itself, else recorded."""
     if isinstance(x, DistArray) and x.ndim:
         y = x if dtype is None or np.dtype(dtype) == x.dtype else x.astype(dtype)
-        return y if y is not x or _c_contiguous(x._view) else x.copy()
+        return y if y is not x or c_contiguous(x._view) else x.copy()
     if isinstance(x, DistArray):
         return x.reshape(1).astype(x.dtype if dtype is None else dtype)
     return array(x, dtype=dtype, ndmin=1)
@@ -316,9 +303,52 @@ def require(a: Any, dtype=None, requirements: Any = None, *, like: Any = None) -
     fallback.note_native("require")
     res = a if dtype is None or np.dtype(dtype) == a.dtype else a.astype(dtype)
     if res is a and ("O" in got and not a._view.is_full or "W" in got and a._base.read_only
-                     or "C" in got and not _c_contiguous(a._view)):
+                     or "C" in got and not c_contiguous(a._view)):
         res = a.copy()
     return res
+
+
+def _memory_relation(numpy_test: Any, a: Any, b: Any, max_work: Any) -> Any:
+    """``numpy_test`` (``numpy.shares_memory`` or ``may_share_memory``) of two DistArrays as NumPy would answer
+    it for their views: False for different bases (a copy never shares, nor do a DistArray and a NumPy array),
+    else NumPy's answer for the two views over a stand-in array of the base's shape (one byte an element,
+    allocated, never touched). Local, no communication."""
+    if not isinstance(a, DistArray) and not isinstance(b, DistArray):
+        return numpy_test(a, b) if max_work is None else numpy_test(a, b, max_work)
+    if not (isinstance(a, DistArray) and isinstance(b, DistArray)) or a._base is not b._base:
+        return False
+    stand_in = np.empty(a._base.shape, dtype=np.uint8)
+    va, vb = stand_in[a._view.numpy_index()], stand_in[b._view.numpy_index()]
+    return numpy_test(va, vb) if max_work is None else numpy_test(va, vb, max_work)
+
+
+def shares_memory(a: Any, b: Any, max_work: Any = None) -> bool:
+    """``numpy.shares_memory``: whether views ``a`` and ``b`` of one distributed array have an element in common
+    (see :func:`_memory_relation`). Local; every rank answers alike."""
+    return bool(_memory_relation(np.shares_memory, a, b, max_work))
+
+
+def may_share_memory(a: Any, b: Any, max_work: Any = None) -> bool:
+    """``numpy.may_share_memory``: NumPy's bounds test for views ``a`` and ``b`` of one distributed array (see
+    :func:`_memory_relation`). Local; every rank answers alike."""
+    return bool(_memory_relation(np.may_share_memory, a, b, max_work))
+
+
+_SETFLAGS_WARNED: dict = {}
+
+
+def _setflags(a: DistArray, write: Any = None, align: Any = None, uic: Any = None) -> None:
+    """``a.setflags(write=...)``: a distributed array is not made read-only, so ``write=False`` warns (rank 0,
+    once per line) that writes still succeed; ``write=True`` on one of NumPy's read-only results (``diagonal``,
+    ``broadcast_to``) raises NumPy's ValueError; ``align`` and ``uic`` change nothing. Local."""
+    if write is None:
+        return
+    if write and a._base.read_only:
+        raise ValueError("cannot set WRITEABLE flag to True of this array")
+    if not write and a.context.rank == 0:
+        site = fallback._call_site()
+        warnings.warn_explicit("a.setflags(write=False) does not make a distributed array read-only: writes into "
+                               "it still succeed", UserWarning, site[0], site[1], registry=_SETFLAGS_WARNED)
 
 
 def _like_dist(a: DistArray, dist):
@@ -401,17 +431,28 @@ def _trunc(a: DistArray) -> int:
     return math.trunc(a.item())
 
 
-def _is_integer(a: DistArray) -> bool:
-    """``a.is_integer()`` of a 0-d array, as NumPy's scalars have it (a force point); an array has no such method."""
-    if a.ndim:
-        raise AttributeError(f"'{type(a).__name__}' object has no attribute 'is_integer'")
-    v = a.item()
-    return v.is_integer() if isinstance(v, float) else True
+def _scalar_method(name: str) -> Any:
+    """``a.NAME(*args)`` of a 0-d array, as NumPy's scalar of its dtype has the method (``is_integer``,
+    ``as_integer_ratio``, ``hex``, ``bit_count``): a force point, collective. An array with dimensions, or a dtype
+    whose scalar lacks it, raises AttributeError as NumPy's does."""
+    def method(a: DistArray, *args: Any) -> Any:
+        if a.ndim:
+            raise AttributeError(f"'{type(a).__name__}' object has no attribute {name!r}")
+        v = np.asarray(a)[()]
+        if not hasattr(v, name):
+            raise AttributeError(f"'numpy.{type(v).__name__}' object has no attribute {name!r}")
+        return getattr(v, name)(*args)
+
+    method.__name__ = method.__qualname__ = name
+    method.__doc__ = (f"``a.{name}()`` of a 0-d array (a reduction's result, ``a[i]``), as NumPy's scalar of its "
+                      "dtype has it: a force point, collective. Arrays with dimensions have no such method.")
+    return method
 
 
 DistArray.__hash__ = _hash
 DistArray.__trunc__ = _trunc
-DistArray.is_integer = _is_integer
+for _name in ("is_integer", "as_integer_ratio", "hex", "bit_count"):
+    setattr(DistArray, _name, _scalar_method(_name))
 DistArray.astype = _astype
 DistArray.copy = _copy
 DistArray.__copy__ = _copy                                   # copy.copy(a): NumPy's new array, not a shared one
@@ -422,4 +463,5 @@ DistArray.__reduce_ex__ = _no_pickle
 # module, which the package always imports, so the array module need not import its constructors)
 fallback.register(from_numpy=from_numpy, from_local=from_local)
 _FUNCTIONS.update({np.zeros_like: zeros_like, np.ones_like: ones_like, np.empty_like: empty_like,
-                   np.full_like: full_like})
+                   np.full_like: full_like, np.shares_memory: shares_memory, np.may_share_memory: may_share_memory})
+_METHODS.update(setflags=_setflags)

@@ -235,8 +235,10 @@ def _nan_quiet(task: Any) -> bool:
     if isinstance(ufunc, np.ufunc):
         return ufunc.__name__ in _NAN_QUIET and getattr(task, "method", "__call__") in ("__call__", "reduce")
     expr = getattr(task, "expr", None)
-    if expr is None or (task.kind == "reduce" and getattr(task, "op", None) not in _NAN_QUIET_REDUCTIONS):
-        return False
+    if expr is None or (task.kind == "reduce" and getattr(task, "op", None) not in _NAN_QUIET_REDUCTIONS
+                        and np.dtype(getattr(task, "acc_dtype", "f8")).kind not in "biu"
+                        and np.dtype(getattr(expr, "dtype", "f8")).kind != "b"):
+        return False   # (a sum in integers or of booleans, count_nonzero(a > 0), raises no invalid flag of its own)
     names: List[str] = []
     _expr_names(expr, names)
     return all(n in _NAN_QUIET for n in names)

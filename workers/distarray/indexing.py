@@ -24,7 +24,7 @@ import numpy as np
 
 from .errors import UnsupportedOperation
 
-__all__ = ["View", "Entry", "c_strides"]
+__all__ = ["View", "Entry", "c_strides", "c_contiguous"]
 
 Entry = Tuple[Any, ...]
 
@@ -397,3 +397,18 @@ class View:
                 else:
                     parts.append(f"{s}:{'' if stop < 0 else stop}:{st}")
         return "[" + ", ".join(parts) + "]"
+
+
+def c_contiguous(v: "View") -> bool:
+    """Whether NumPy's view with the entries of ``v`` (a :class:`View`) would be C-contiguous."""
+    if 0 in v.shape:
+        return True
+    single = False          # an inner axis is partial: every outer axis must then take one element
+    for e, n in zip(reversed([e for e in v.entries if e[0] != "n"]), reversed(v.base_shape)):
+        if e[0] == "i" or e[3] <= 1:
+            single = True
+        elif single or e[2] != 1:
+            return False
+        elif e[1] != 0 or e[3] != n:
+            single = True
+    return True

@@ -216,10 +216,15 @@ def digest(idx: np.ndarray) -> int:
     return (zlib.crc32(idx) << 32) | (len(idx) & 0xFFFFFFFF)
 
 
+def rows_view(view: View) -> bool:
+    """Whether axis 0 of ``view`` is its base's distributed axis (what an index array selects natively)."""
+    return bool(view.row_kept) and not view.lead_new()
+
+
 def check_rows_view(leaf: Leaf, what: str) -> None:
     """Raise UnsupportedOperation unless axis 0 of the view ``leaf`` is its base's distributed axis."""
     v = leaf.view
-    if not v.row_kept or v.lead_new():
+    if not rows_view(v):
         raise UnsupportedOperation(f"{what}: an index array selects along axis 0, which must be the distributed "
                                    f"axis; {v.text()} of {leaf.base.name()} fixes or moves it. Index the base array "
                                    "first, then slice the result")

@@ -332,7 +332,10 @@ def _mixed(a: DistArray, key: Any) -> Optional[Tuple[int, Any, Tuple[Any, ...]]]
     p = pos[0]
     arr = key[p]
     if not isinstance(arr, DistArray):
+        listed = not isinstance(arr, np.ndarray)
         arr = np.asarray(arr)
+        if listed and arr.size == 0:
+            arr = arr.astype(np.intp)        # an empty list selects nothing (NumPy's a[[], 1])
         if arr.dtype == np.bool_ and arr.ndim == 1:
             arr = np.flatnonzero(arr)
         if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):

@@ -203,8 +203,9 @@ def mean(a: Any, axis: Any = None, dtype: Any = None, out: Any = None, keepdims:
 def var(a: Any, axis: Any = None, dtype: Any = None, out: Any = None, ddof: float = 0, keepdims: bool = False,
         where: Any = True, mean: Any = None, correction: Any = None) -> Any:
     """``numpy.var`` of a DistArray (recorded): the mean of the squared deviations from the mean, divided
-    by ``n - ddof`` (NaN or inf where that is not positive, as NumPy, with its RuntimeWarning). SPMD."""
-    if not isinstance(a, DistArray) or mean is not None or _numpy_only(a.dtype):
+    by ``n - ddof`` (NaN or inf where that is not positive, as NumPy, with its RuntimeWarning). SPMD. An integer
+    or bool ``dtype=`` (NumPy's truncating arithmetic in it) goes through the fallback."""
+    if not isinstance(a, DistArray) or mean is not None or _numpy_only(a.dtype) or _integral(dtype):
         return fallback.call(np.var, (a,), dict(axis=axis, dtype=dtype, out=out, ddof=ddof, keepdims=keepdims,
                                                 where=where, **({} if mean is None else {"mean": mean})), "var")
     if correction is not None:
@@ -213,8 +214,6 @@ def var(a: Any, axis: Any = None, dtype: Any = None, out: Any = None, ddof: floa
     _warn_empty(a, axes, ddof)
     rdt = np.dtype(dtype) if dtype is not None else np.var(np.ones(2, dtype=a.dtype)).dtype
     m = _mean_kd(a, axes, where)
-    if rdt.kind in "iu":      # NumPy's integer dtype=: the mean truncated into it, the sum of squares in it
-        m = m.astype(rdt)
     x = a - m
     x = _prepare(x * x, None, where, 0)
     n = _mask_count(a, where, axes)
@@ -225,14 +224,20 @@ def var(a: Any, axis: Any = None, dtype: Any = None, out: Any = None, ddof: floa
 @library_steps
 def std(a: Any, axis: Any = None, dtype: Any = None, out: Any = None, ddof: float = 0, keepdims: bool = False,
         where: Any = True, mean: Any = None, correction: Any = None) -> Any:
-    """``numpy.std`` of a DistArray: the square root of :func:`var` (recorded). SPMD."""
-    if not isinstance(a, DistArray) or mean is not None or _numpy_only(a.dtype):
+    """``numpy.std`` of a DistArray: the square root of :func:`var` (recorded). SPMD. An integer or bool
+    ``dtype=`` goes through the fallback, as :func:`var`'s."""
+    if not isinstance(a, DistArray) or mean is not None or _numpy_only(a.dtype) or _integral(dtype):
         return fallback.call(np.std, (a,), dict(axis=axis, dtype=dtype, out=out, ddof=ddof, keepdims=keepdims,
                                                 where=where, **({} if mean is None else {"mean": mean})), "std")
-    if dtype is not None and np.dtype(dtype).kind in "biu":     # NumPy's sqrt cannot store into it: its error
-        np.sqrt(np.ones(1), out=np.ones(1, dtype=dtype))
+    if out is not None and np.dtype(getattr(out, "dtype", np.float64)).kind in "biu":
+        np.sqrt(np.ones(1), out=np.ones(1, dtype=out.dtype))     # NumPy's sqrt cannot store into it: its error
     res = np.sqrt(var(a, axis=axis, dtype=dtype, ddof=ddof, keepdims=keepdims, where=where, correction=correction))
     return _finish(res, a, None, False, out)
+
+
+def _integral(dtype: Any) -> bool:
+    """Whether ``dtype`` (a ``dtype=`` argument, None when not given) is an integer or bool dtype."""
+    return dtype is not None and np.dtype(dtype).kind in "biu"
 
 
 def _positive(n: Any) -> Any:
@@ -285,6 +290,8 @@ def _arg(op: str):
         if not isinstance(a, DistArray) or _numpy_only(a.dtype) or a.ndim == 0:
             return fallback.call(getattr(np, f"arg{op}"), (a,), dict(axis=axis, out=out, keepdims=keepdims),
                                  f"arg{op}")
+        if isinstance(axis, tuple):
+            raise TypeError("'tuple' object cannot be interpreted as an integer")
         axes = normalize_axes(axis, a.ndim)
         ax = None if axes is None else axes[0]
         if _count(a, axes) == 0:        # an empty reduced axis (an empty result alone is fine, as NumPy)
@@ -314,11 +321,16 @@ argmax = _arg("max")
 def _nan(op: str, base: Any, fill: Any):
     def core(a: Any, axis: Any, dtype: Any, out: Any, keepdims: bool, where: Any, kwargs: Dict[str, Any]) -> Any:
         if not isinstance(a, DistArray) or kwargs.get("initial") is not None or kwargs.get("mean") is not None \
-                or _numpy_only(a.dtype) or (op in ("min", "max") and where is not True):
+                or _numpy_only(a.dtype) or (op in ("min", "max") and where is not True) \
+                or (op in ("var", "std") and _integral(dtype)):
             return fallback.call(getattr(np, f"nan{op}"), (a,), dict(axis=axis, out=out, keepdims=keepdims,
                                                                     **({"dtype": dtype} if dtype is not None else {}),
                                                                     **({} if where is True else {"where": where}),
-                                                                    **kwargs), f"nan{op}")
+                                                                    **{k: v for k, v in kwargs.items()
+                                                                       if v is not None}), f"nan{op}")
+        if out is not None and a.dtype.kind == "f" and op in ("mean", "var", "std") \
+                and np.dtype(getattr(out, "dtype", np.float64)).kind not in "fc":
+            raise TypeError("If a is inexact, then out must be inexact")
         kwargs = {k: v for k, v in kwargs.items() if v is not None or k == "ddof"}
         if op in ("min", "max") and _count(a, normalize_axes(axis, a.ndim)) == 0:   # NumPy's fmin/fmax error
             raise ValueError(f"zero-size array to reduction operation f{op} which has no identity")
@@ -335,7 +347,12 @@ def _nan(op: str, base: Any, fill: Any):
         if op in ("mean", "var", "std"):
             mask = ~nan if where is True or where is None else (~nan) & where
             kw["where"] = mask
-            return base(a, **kw, **kwargs)
+            if op == "mean":
+                return base(a, **kw, **kwargs)
+            kw["out"] = None     # NumPy's nanvar: NaN where the slice has at most ddof numbers (var's: inf)
+            ddof = kwargs["ddof"] if kwargs.get("correction") is None else kwargs["correction"]
+            few = sum(mask, axis=axis, keepdims=keepdims) <= ddof
+            return _finish(where_(few, np.nan, base(a, **kw, **kwargs)), a, None, False, out)
         return base(where_(nan, fill, a), **kw, **kwargs)
 
     # NumPy's signatures (positional arguments land where NumPy puts them)

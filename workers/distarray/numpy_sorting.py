@@ -182,7 +182,11 @@ def searchsorted(a: Any, v: Any, side: str = "left", sorter: Any = None) -> Any:
 
 
 def _sort_in_place(a: DistArray, axis: int = -1, kind: Any = None, order: Any = None) -> None:
-    """``a.sort()``: sort ``a`` in place (its values replaced by ``sort(a, axis, kind)``). Collective."""
+    """``a.sort()``: sort ``a`` in place (its values replaced by ``sort(a, axis, kind)``). Collective. As
+    NumPy's method, it sorts along one axis: ``axis=None`` raises TypeError."""
+    if axis is None:
+        raise TypeError("'NoneType' object cannot be interpreted as an integer (a.sort sorts along one axis; "
+                        "numpy.sort(a, axis=None) returns the flattened array sorted)")
     a[...] = sort(a, axis=axis, kind=kind, order=order)
 
 

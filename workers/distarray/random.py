@@ -31,7 +31,7 @@ from .array import DistArray
 from .creation import _new, _shape
 from .context import context_for
 from .errors import DistArrayTimeout, UnsupportedOperation
-from .indexing import View
+from .indexing import View, c_contiguous
 
 __all__ = ["random", "uniform", "default_rng", "Generator", "seed"]
 
@@ -142,8 +142,17 @@ class Generator:
         self._eng = context_for(comm)
         self._comm, self._dist = comm, dist
         seed = _as_scalar(seed)
-        self._bg = np.random.PCG64(_seed(self._eng, seed) if seed is None or isinstance(seed, (int, np.integer))
-                                   else seed)
+        if isinstance(seed, np.random.Generator):     # NumPy's default_rng(generator): its bit generator
+            seed = seed.bit_generator
+        if isinstance(seed, np.random.BitGenerator) and not isinstance(seed, np.random.PCG64):
+            raise UnsupportedOperation(f"default_rng({type(seed).__name__}(...)): distributed draws use PCG64; "
+                                       "pass an integer seed or numpy.random.PCG64(seed)")
+        if isinstance(seed, np.random.PCG64):         # its state (every rank must pass the same one)
+            self._bg = np.random.PCG64()
+            self._bg.state = seed.state
+        else:
+            self._bg = np.random.PCG64(_seed(self._eng, seed) if seed is None or isinstance(seed, (int, np.integer))
+                                       else seed)
         self._np = np.random.Generator(self._bg)
 
     @property
@@ -209,7 +218,11 @@ class Generator:
 
 def default_rng(seed: Any = None, dist: Any = "block", comm: Any = None) -> Generator:
     """``numpy.random.default_rng`` over distributed arrays: a :class:`Generator`. With ``seed=None``
-    rank 0 draws a seed and broadcasts it (collective), so every rank holds the same stream."""
+    rank 0 draws a seed and broadcasts it (collective), so every rank holds the same stream. A
+    :class:`Generator` is returned itself, as NumPy returns one of its own; a NumPy ``Generator`` or ``PCG64``
+    seeds one with its bit generator's state."""
+    if isinstance(seed, Generator):
+        return seed
     return Generator(seed, dist=dist, comm=comm)
 
 
@@ -300,6 +313,9 @@ def _numpy_draw(fn: Any, name: str, args: tuple, kwargs: dict, dist: Any, comm: 
     kwargs = {k: _as_scalar(v) if k != "out" else v for k, v in kwargs.items()}
     out = kwargs.get("out")
     if isinstance(out, DistArray):     # NumPy fills a buffer of out's shape (its checks, its size), then out
+        if not c_contiguous(out._view):
+            raise ValueError("Supplied output array must be contiguous, writable, aligned, and in machine "
+                             "byte-order.")
         buf = np.empty(out.shape, out.dtype)
         _numpy_draw(fn, name, args, {**kwargs, "out": buf}, dist, comm)
         out[...] = buf
