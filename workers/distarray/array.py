@@ -731,13 +731,24 @@ def _take(a: "DistArray", key: Any, idx: Any) -> "DistArray":
     return res
 
 
+def _broadcasts(shape: Tuple[int, ...], want: Tuple[int, ...]) -> bool:
+    """Whether a value of ``shape`` broadcasts to ``want`` in an assignment (leading length-1 axes dropped)."""
+    shape = tuple(shape)
+    while len(shape) > len(want) and shape[0] == 1:
+        shape = shape[1:]
+    try:
+        return np.broadcast_shapes(shape, want) == tuple(want)
+    except ValueError:
+        return False
+
+
 def _put_rows(self: "DistArray", idx: Any, value: Any) -> None:
     """``self[idx] = value`` with an index array (a force point, collective)."""
     ctx = self.context
     irregular.check_rows_view(self._leaf(), "b[idx] = a")
     m = idx.shape[0] if isinstance(idx, DistArray) else len(idx)
     want = (m,) + tuple(self.shape[1:])
-    if isinstance(value, DistArray) and value.shape != want and value.context is ctx:
+    if isinstance(value, DistArray) and value.shape != want and value.context is ctx and _broadcasts(value.shape, want):
         value = value.to_numpy()     # broadcast as NumPy does (a row for every index): a small value, gathered
     if isinstance(value, DistArray):
         if value.context is not ctx:
