@@ -736,7 +736,11 @@ for name, f in [("a[[1, 4]] = a row", assigned([1, 4], lambda m: m.arange(7.))),
                 ("as_integer_ratio of an int sum", lambda m: m.arange(6).sum().as_integer_ratio()),
                 ("is_integer of a bool any", lambda m: (m.arange(6) > 2).any().is_integer()),
                 ("dot into a strided view", dot_out("view")),
-                ("dot into another dtype", dot_out("dtype"))]:
+                ("dot into another dtype", dot_out("dtype")),
+                ("a.any/a.all with the method's positional (axis, dtype, out, keepdims)",
+                 lambda m: (lambda a: [a.any(None, None, None, True), a.all(0, None, None, False),
+                                       a.any(0, bool, None, True, where=a > 2)])(m.arange(6.).reshape(2, 3))),
+                ("a.any(dtype=int): NumPy's TypeError", lambda m: m.arange(6.).any(axis=0, dtype=int))]:
     got, want = numpy_outcome(f, dnp), numpy_outcome(f, np)
     assert repr(got) == repr(want), (name, got, want)
     checks[0] += 1

@@ -731,13 +731,19 @@ def _take(a: "DistArray", key: Any, idx: Any) -> "DistArray":
     return res
 
 
+def _leading_ones(shape: Tuple[int, ...], ndim: int) -> int:
+    """How many leading length-1 axes NumPy drops from a value of ``shape`` assigned into ``ndim`` axes."""
+    k = 0
+    while len(shape) - k > ndim and shape[k] == 1:
+        k += 1
+    return k
+
+
 def _broadcasts(shape: Tuple[int, ...], want: Tuple[int, ...]) -> bool:
     """Whether a value of ``shape`` broadcasts to ``want`` in an assignment (leading length-1 axes dropped)."""
     shape = tuple(shape)
-    while len(shape) > len(want) and shape[0] == 1:
-        shape = shape[1:]
     try:
-        return np.broadcast_shapes(shape, want) == tuple(want)
+        return np.broadcast_shapes(shape[_leading_ones(shape, len(want)):], want) == tuple(want)
     except ValueError:
         return False
 
@@ -764,8 +770,7 @@ def _put_rows(self: "DistArray", idx: Any, value: Any) -> None:
         arr = np.asarray(value)
         if arr.dtype.kind not in "biuf":
             raise UnsupportedOperation(f"b[idx] = a: values of dtype {arr.dtype} are not supported")
-        while arr.ndim > len(want) and arr.shape[0] == 1:    # NumPy drops a value's leading length-1 axes
-            arr = arr[0]
+        arr = arr.reshape(arr.shape[_leading_ones(arr.shape, len(want)):])   # as NumPy drops them
         try:
             arr = np.broadcast_to(arr, want)
         except ValueError:
@@ -803,16 +808,14 @@ def dot(a: Any, b: Any, out: Any = None) -> Any:
     :func:`matmul`; other ranks and ``out=`` as NumPy's, the N-d forms through the NumPy fallback."""
     if not isinstance(a, DistArray) and not isinstance(b, DistArray):
         return np.dot(a, b, out=out)
-    if isinstance(out, DistArray) and not c_contiguous(out._view):    # NumPy's out= of dot: a C-array only
-        raise ValueError("output array is not acceptable (must have the right datatype, number of dimensions, and "
-                         "be a C-Array)")
     if np.ndim(a) == 0 or np.ndim(b) == 0:
         res = np.multiply(a, b)
     elif np.ndim(a) > 2 or np.ndim(b) > 2:
         return fallback.call(np.dot, (a, b), {} if out is None else dict(out=out), "dot")
     else:
         res = matmul(a, b)
-    if isinstance(out, DistArray) and out.dtype != res.dtype:
+    if isinstance(out, DistArray) and (out.dtype != res.dtype or not c_contiguous(out._view)):
+        # NumPy's out= of dot: a C-array of the result's dtype only
         raise ValueError("output array is not acceptable (must have the right datatype, number of dimensions, and "
                          "be a C-Array)")
     return _into(res, out)

@@ -311,13 +311,16 @@ def require(a: Any, dtype=None, requirements: Any = None, *, like: Any = None) -
 def _memory_relation(numpy_test: Any, a: Any, b: Any, max_work: Any) -> Any:
     """``numpy_test`` (``numpy.shares_memory`` or ``may_share_memory``) of two DistArrays as NumPy would answer
     it for their views: False for different bases (a copy never shares, nor do a DistArray and a NumPy array),
-    else NumPy's answer for the two views over a stand-in array of the base's shape (one byte an element,
-    allocated, never touched). Local, no communication."""
+    else NumPy's answer for the two views over a stand-in array of the base's shape (C-order addresses of one
+    byte an element, nothing allocated). Local, no communication."""
     if not isinstance(a, DistArray) and not isinstance(b, DistArray):
         return numpy_test(a, b) if max_work is None else numpy_test(a, b, max_work)
     if not (isinstance(a, DistArray) and isinstance(b, DistArray)) or a._base is not b._base:
         return False
-    stand_in = np.empty(a._base.shape, dtype=np.uint8)
+    shape = tuple(a._base.shape)
+    strides = tuple(int(np.prod(shape[k + 1:], dtype=np.int64)) for k in range(len(shape)))
+    # C-order addresses over one real byte: NumPy's tests only compute with addresses, never read them
+    stand_in = np.lib.stride_tricks.as_strided(np.zeros(1, dtype=np.uint8), shape=shape, strides=strides)
     va, vb = stand_in[a._view.numpy_index()], stand_in[b._view.numpy_index()]
     return numpy_test(va, vb) if max_work is None else numpy_test(va, vb, max_work)
 

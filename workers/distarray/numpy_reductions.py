@@ -20,7 +20,7 @@ from __future__ import annotations
 import builtins as _builtins
 import math
 import operator
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import numpy as np
 
@@ -402,5 +402,23 @@ DistArray.__contains__ = _contains
 
 # numpy.<name>(distarray, ...) dispatches here through DistArray.__array_function__, a.<name>(...) too
 _FUNCTIONS.update({getattr(np, n): f for n, f in _ALL.items()})
-_METHODS.update({n: _ALL[n] for n in ("sum", "prod", "mean", "std", "var", "min", "max", "argmin", "argmax",
-                                      "any", "all")})
+_METHODS.update({n: _ALL[n] for n in ("sum", "prod", "mean", "std", "var", "min", "max", "argmin", "argmax")})
+
+
+def _truth_method(op: str) -> Callable[..., Any]:
+    """``a.any(...)``/``a.all(...)`` with the method's signature, NumPy's ``(axis, dtype, out, keepdims)``
+    (the functions have no ``dtype``): a result dtype other than bool goes through the NumPy fallback."""
+    func = _ALL[op]
+
+    def method(a: DistArray, axis: Any = None, dtype: Any = None, out: Any = None, keepdims: bool = False, *,
+               where: Any = True) -> Any:
+        if dtype is not None and np.dtype(dtype) != np.bool_:
+            return fallback.call(getattr(np.ndarray, op), (a,), dict(axis=axis, dtype=dtype, out=out,
+                                                                     keepdims=keepdims, where=where), op)
+        return func(a, axis, out, keepdims, where=where)
+
+    method.__name__ = method.__qualname__ = op
+    return method
+
+
+_METHODS.update(any=_truth_method("any"), all=_truth_method("all"))
