@@ -9,6 +9,8 @@ mpiexec on 2 and 3 ranks (the elements that raise a flag are on one rank only):
 * ``errstate(divide='raise')``: FloatingPointError with NumPy's text on every rank, at the operation's line (the
   program then goes on). Before, a NumPy loop raised on one rank only and the others waited until
   ``NBMPI_TIMEOUT`` (and one printed uninitialized memory); a compiled kernel raised nothing;
+* the ``warnings`` filters in effect when an operation was recorded are the ones its warning meets; under
+  ``simplefilter('error')`` every rank raises the RuntimeWarning at the operation's line;
 * ``errstate(all='call')`` calls the ``seterrcall`` function with NumPy's arguments;
 * results equal NumPy's (inf and NaN included), and an operation without errors warns nowhere.
 """
@@ -112,6 +114,39 @@ def recorded_quiet(m, a):
 
 compare("log(a) recorded under errstate(ignore), forced outside it", recorded_quiet)
 
+
+def seterr_around_a_division(m, a):
+    b = a - 0.0                         # recorded under the default state; fusable into the division below
+    old = np.seterr(all="ignore")
+    try:
+        c = 1.0 / b                     # quiet (before: fused with b, warned "... in subtract")
+    finally:
+        np.seterr(**old)
+    return c
+
+
+compare("1 / b under seterr(all='ignore'), b recorded before it", seterr_around_a_division)
+
+
+def division_then_raise(m, a):
+    c = 1.0 / a                         # warns, whatever a later errstate says
+    with np.errstate(divide="raise"):
+        d = c + 1                       # before: fused with the division, raised FloatingPointError here
+    return d
+
+
+compare("1 / a recorded, then c + 1 under errstate(divide='raise')", division_then_raise)
+
+
+def ignored_in_block(m, a):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        c = m.log(a)                    # evaluated after the block: before, it warned there
+    return c + 0
+
+
+compare("log(a) recorded under simplefilter('ignore'), forced after the block", ignored_in_block)
+
 # raise: FloatingPointError on every rank, at the operation's own line, then the program goes on
 a = dnp.asarray(x)
 outcome = []
@@ -131,6 +166,21 @@ every = comm.allgather(outcome)
 assert every == [["divide by zero encountered in divide", "divide by zero encountered in log"]] * comm.Get_size(), every
 same_typed("a + 1 under errstate(raise)", ok, x + 1)
 checked[0] += 2
+
+# warnings as errors (simplefilter('error'), -W error): the RuntimeWarning raised on every rank at its line (before:
+# at the next force point, outside the try, and only on the rank holding the zero)
+outcome = []
+with warnings.catch_warnings():
+    warnings.simplefilter("error")
+    try:
+        q = dnp.log(a) * 2
+        outcome.append("no error")
+    except RuntimeWarning as e:
+        outcome.append(str(e))
+every = comm.allgather(outcome)
+assert every == [["divide by zero encountered in log"]] * comm.Get_size(), every
+same_typed("a + 1 after the warnings-as-errors block", a + 1, x + 1)
+checked[0] += 1
 
 # call: the seterrcall function gets NumPy's arguments, on the rank holding the zero
 calls = []

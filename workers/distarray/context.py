@@ -50,6 +50,7 @@ from __future__ import annotations
 import gc
 import os
 import time
+import warnings
 from collections import OrderedDict
 from typing import Any, Callable, Dict, List, Optional
 
@@ -59,7 +60,7 @@ from ..core.switches import env_switch
 from .errors import DistArrayError
 from .graph import Task
 from . import lazy_joins
-from .fp_errors import current as errstate_now, wants_raise
+from .fp_errors import current as errstate_now, wants_raise, warnings_raise
 from .lazy_grids import substitute_reads
 from .pool_memory import BufferCache
 
@@ -227,7 +228,8 @@ class ArrayContext:
     # -- recording and forcing --------------------------------------------------------
     def record(self, task: Task) -> None:
         """Append ``task`` to the pending list (a base it writes stops sharing its buffer first), with NumPy's
-        floating-point error handling in effect now (``numpy.geterr()``, :mod:`.fp_errors`). Local."""
+        floating-point error handling and the ``warnings`` filters in effect now (``numpy.geterr()``,
+        ``warnings.filters``, :mod:`.fp_errors`). Local."""
         if self.float16_seen and task.kind in NUMBA_KINDS:
             refuse_float16(task)
         if self.copied:
@@ -242,7 +244,8 @@ class ArrayContext:
         if self.lazy_grids:
             substitute_reads(task)
         task.fpe = state = errstate_now()
-        if wants_raise(state):
+        task.wf = filters = warnings.filters
+        if wants_raise(state) or warnings_raise(filters):
             self.fp_raise = True
         self.pending.append(task)
         self.stats["recorded"] += 1

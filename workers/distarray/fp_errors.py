@@ -8,7 +8,8 @@ the ranks that hold its elements. So:
 
 * each recorded operation keeps the handling in effect when it was recorded (:func:`current`, stored in the task
   by :meth:`~.context.ArrayContext.record`): ``with numpy.errstate(divide='ignore'): c = a / b`` is quiet even
-  when ``c`` is computed after the ``with`` block;
+  when ``c`` is computed after the ``with`` block; operations recorded under different states are not fused
+  into one compiled loop (:func:`fusable`), so each flag meets the state of the operation that raised it;
 * the force point runs its units with NumPy's own handling off (``errstate(all='ignore')``: a NumPy loop on one
   rank must not raise while the other ranks go on and then wait for it), and reads and clears the flags after
   each unit (:class:`Collector`; C's ``fetestexcept``, about 0.3 us a unit);
@@ -16,6 +17,10 @@ the ranks that hold its elements. So:
   (a ``RuntimeWarning`` at the user's line of the force point, shown once per line as NumPy's are), ``print``,
   ``log`` and ``call`` on the ranks where it happened; ``raise`` on every rank (:func:`raise_agreed`: the ranks
   exchange what they found, so that all raise the same ``FloatingPointError``);
+* the ``warnings`` filters in effect when an operation was recorded are the ones its warning meets
+  (``with warnings.catch_warnings(): warnings.simplefilter('ignore'); c = numpy.log(a)`` is quiet when ``c`` is
+  computed after the block); filters that make the warning an exception (``simplefilter('error')``) make the
+  operation a force point of its own with the ``raise`` modes below, and every rank raises the RuntimeWarning;
 * an operation recorded while some kind is ``raise`` is a force point of its own
   (:meth:`~.context.ArrayContext.maybe_flush`), so the error is raised at its line, as NumPy raises it, and
   nothing recorded after it has run.
@@ -42,7 +47,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-__all__ = ["AVAILABLE", "KINDS", "current", "library_steps", "merged", "wants_raise", "warn_at", "Collector", "report", "raise_agreed"]
+__all__ = ["AVAILABLE", "KINDS", "current", "library_steps", "merged", "fusable", "joined", "wants_raise", "warnings_raise", "warn_at", "Collector", "report", "raise_agreed"]
 
 #: NumPy's kinds of floating-point error, in its order, with the text of its messages and the flag NumPy passes to
 #: a ``seterrcall`` function.
@@ -123,9 +128,52 @@ def merged(a: Optional[Dict[str, str]], b: Optional[Dict[str, str]]) -> Optional
     return {k: max(a.get(k, "ignore"), b.get(k, "ignore"), key=_STRENGTH.get) for k in a.keys() | b.keys()}
 
 
+def fusable(a: Optional[Dict[str, str]], b: Optional[Dict[str, str]]) -> bool:
+    """Whether operations recorded under the error states ``a`` and ``b`` may run in one compiled loop (inlined or
+    grouped by fusion): the same state, or one of them the quiet state of :func:`library_steps`. Two user states
+    that differ are kept apart, as a flag raised in one loop cannot be told to one operation:
+    ``a = x - 5`` then, under ``numpy.seterr(all='ignore')``, ``r = 1 / a`` fused would report the division by
+    zero under ``a``'s ``warn``. None is NumPy's default. Local."""
+    a, b = a or _DEFAULT, b or _DEFAULT
+    return a is b or a is _QUIET or b is _QUIET or a == b
+
+
+def joined(group: Optional[Dict[str, str]], state: Optional[Dict[str, str]]) -> Optional[Dict[str, str]]:
+    """The error state a fusion group keeps after an operation of ``state`` (:func:`fusable` with it) joined it:
+    the group's own, unless that is only the quiet state of library steps. Local."""
+    return state if group is _QUIET else group
+
+
 def wants_raise(state: Optional[Dict[str, str]]) -> bool:
     """Whether the error state ``state`` (a :func:`current` dict) raises for some kind. Local."""
     return state is not None and "raise" in state.values()
+
+
+#: ``warnings._filters_mutated`` (CPython's: the warnings registries' cache is stale after the list is swapped)
+_FILTERS_MUTATED: Callable[[], None] = getattr(warnings, "_filters_mutated", lambda: None)
+_ERRORING: List[Any] = [None, -1, False]   # the filters list last asked about, its length, the answer
+
+
+def warnings_raise(filters: List[Any]) -> bool:
+    """Whether the ``warnings.filters`` list ``filters`` makes NumPy's floating-point RuntimeWarnings exceptions
+    (``warnings.simplefilter('error')``, ``-W error``): then an operation recorded under it is a force point of its
+    own, as under ``errstate(...='raise')``, and the ranks agree on raising (:func:`raise_agreed`). Cached per list
+    and length (``catch_warnings`` makes a new list, ``simplefilter`` inserts into it). Local."""
+    if filters is _ERRORING[0] and len(filters) == _ERRORING[1]:
+        return _ERRORING[2]
+    got = any(_action(filters, message(kind, "an operation")) == "error" for kind, _, _ in KINDS)
+    _ERRORING[:] = [filters, len(filters), got]
+    return got
+
+
+def _action(filters: Sequence[Any], text: str) -> str:
+    """The action of the first entry of ``filters`` matching a RuntimeWarning with ``text`` (a filter for some
+    module is taken to match: the module of the line warned at is not known when an operation is recorded)."""
+    for entry in filters:
+        action, msg, category = entry[0], entry[1], entry[2]
+        if issubclass(RuntimeWarning, category) and (msg is None or msg.match(text)):
+            return action
+    return warnings.defaultaction
 
 
 #: Ufuncs that may raise "divide by zero" (the other kinds may come from nearly any operation).
@@ -166,11 +214,13 @@ class Collector:
     Made by the scheduler for a flush; :meth:`clear` before the units run, :meth:`after` after each unit. Local,
     not thread-safe."""
 
-    __slots__ = ("hits",)
+    __slots__ = ("hits", "filters")
 
     def __init__(self) -> None:
         #: ``(flag bits, tasks)`` per unit that raised a flag
         self.hits: List[Tuple[int, Sequence[Any]]] = []
+        #: the ``warnings.filters`` recorded with the operations of each triple of :meth:`found`
+        self.filters: Dict[Tuple[str, str, str], Any] = {}
 
     @staticmethod
     def clear() -> None:
@@ -213,7 +263,10 @@ class Collector:
                     names = [n for n in names if n in _DIVIDING]
                 elif kind == "invalid" and any(n not in _NAN_QUIET for n in names):
                     names = [n for n in names if n not in _NAN_QUIET]
-                seen[(kind, mode, " or ".join(names) or "an operation")] = None
+                key = (kind, mode, " or ".join(names) or "an operation")
+                seen[key] = None
+                if key not in self.filters:
+                    self.filters[key] = next((getattr(t, "wf", None) for t, m in zip(tasks, modes) if m == mode), None)
         return list(seen)
 
 
@@ -255,13 +308,27 @@ def message(kind: str, names: str) -> str:
     return f"{_TEXT[kind]} encountered in {names}"
 
 
-def report(found: Sequence[Tuple[str, str, str]], user_frame: Any) -> None:
+def report(found: Sequence[Tuple[str, str, str]], user_frame: Any,
+           filters: Optional[Dict[Tuple[str, str, str], Any]] = None) -> None:
     """Handle each flag of :meth:`Collector.found` whose mode is not ``raise`` as NumPy does, on this rank: warn at
-    ``user_frame``'s line (once per line and text, the ``default`` warnings filter), print, log or call. Local."""
+    ``user_frame``'s line under the ``warnings`` filters recorded with the operation (``filters``:
+    :attr:`Collector.filters`; a ``catch_warnings`` block that ignored them has ended by now), print, log or
+    call. Local."""
     for kind, mode, names in found:
         text = message(kind, names)
         if mode == "warn":
-            warn_at(text, user_frame)
+            recorded = (filters or {}).get((kind, mode, names))
+            if recorded is None or recorded is warnings.filters:
+                warn_at(text, user_frame)
+                continue
+            now = warnings.filters
+            warnings.filters = recorded
+            _FILTERS_MUTATED()      # what catch_warnings does when it swaps the list
+            try:
+                warn_at(text, user_frame)
+            finally:
+                warnings.filters = now
+                _FILTERS_MUTATED()
         elif mode == "print":
             print(f"Warning: {text}", flush=True)
         elif mode == "log":
@@ -282,15 +349,22 @@ def warn_at(text: str, frame: Any) -> None:
                            module_globals=g)
 
 
-def raise_agreed(comm: Any, found: Sequence[Tuple[str, str, str]], how: Dict[str, Any]) -> None:
-    """Raise ``FloatingPointError`` on every rank if a flag whose mode is ``raise`` was found on some rank, with the
-    text of the lowest such rank's first one. Collective over ``comm`` (every rank must call it when the flush held
-    an operation recorded under a ``raise`` mode); ``how``: the timeout arguments of
+def raise_agreed(comm: Any, found: Sequence[Tuple[str, str, str]], how: Dict[str, Any],
+                 filters: Optional[Dict[Tuple[str, str, str], Any]] = None) -> None:
+    """Raise ``FloatingPointError`` on every rank if a flag whose mode is ``raise`` was found on some rank, else
+    ``RuntimeWarning`` (the warning as an exception) if a ``warn`` one was found whose recorded ``warnings``
+    filters (``filters``: :attr:`Collector.filters`) make it an error; the text of the lowest such rank's first
+    one. Collective over ``comm`` (every rank must call it when the flush held an operation recorded under a
+    ``raise`` mode or erroring filters, :func:`warnings_raise`); ``how``: the timeout arguments of
     :func:`~nbmpi.workers.core.spmd.gather`."""
     from ..core import spmd
 
-    mine = next((message(kind, names) for kind, mode, names in found if mode == "raise"), None)
+    mine = next((("raise", message(kind, names)) for kind, mode, names in found if mode == "raise"), None)
+    if mine is None and filters:
+        mine = next((("warn", message(kind, names)) for kind, mode, names in found if mode == "warn"
+                     and filters.get((kind, mode, names)) is not None
+                     and _action(filters[(kind, mode, names)], message(kind, names)) == "error"), None)
     every = spmd.gather(comm, mine, **how)
     first = next((t for t in every if t is not None), None)
     if first is not None:
-        raise FloatingPointError(first)
+        raise (FloatingPointError if first[0] == "raise" else RuntimeWarning)(first[1])

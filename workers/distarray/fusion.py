@@ -37,7 +37,7 @@ from collections import defaultdict
 from functools import partial
 from typing import Any, Dict, List, Optional, Tuple
 
-from .fp_errors import merged
+from .fp_errors import fusable, joined, merged
 from .graph import (Assign, Const, Leaf, Op, Redistribute, Reduce, Replicate, RowSpace, Swap, Task, depth, leaves,
                     substitute)
 from .operations.redistribution import copy_source
@@ -330,6 +330,8 @@ def _inline(tasks: List[Task], alive: List[bool], readers: Dict[int, set], write
         rt = tasks[r]
         if not isinstance(rt, (Assign, Reduce)) or not _inlinable_into(t.space, rt.space):
             continue
+        if not fusable(getattr(t, "fpe", None), getattr(rt, "fpe", None)):
+            continue     # recorded under different numpy.errstate: a flag must stay with its own operation
         ov = out.view
         if _reads_other_view(rt.reads(), b, ov):
             continue
@@ -467,11 +469,14 @@ def _group(tasks: List[Task], alive: List[bool]) -> List[Any]:
     groups: List[Any] = []
     cur: Optional[ElementwiseGroup] = None
     cur_nodes = -1   # cur.stmt_count(), kept as the group grows (-1: not counted yet)
+    cur_fpe = None   # the error state of cur's tasks (other than library steps'): only tasks fusable with it join
     for idx, t in enumerate(tasks):
         if not alive[idx]:
             continue
         if isinstance(t, (Assign, Reduce)):
-            if cur is not None and cur.accepts(t):
+            fpe = getattr(t, "fpe", None)
+            if cur is not None and fusable(cur_fpe, fpe) and cur.accepts(t):
+                cur_fpe = joined(cur_fpe, fpe)
                 if cur_nodes < 0:
                     cur_nodes = cur.stmt_count()
                 nodes = _count_nodes(t.expr)
@@ -481,6 +486,7 @@ def _group(tasks: List[Task], alive: List[bool]) -> List[Any]:
                     continue
             cur = ElementwiseGroup(t)
             cur_nodes = -1
+            cur_fpe = fpe
             groups.append(cur)
         else:
             cur = None

@@ -498,9 +498,10 @@ class RowSpace:
 class Task:
     """A recorded operation. ``sig`` (computed on first use): canonical nested tuple of numbers of what was
     recorded, hashed at the force point to detect diverging ranks; ``desc``: readable text for errors; ``fpe``:
-    NumPy's floating-point error handling when it was recorded (set by the context's ``record``)."""
+    NumPy's floating-point error handling when it was recorded and ``wf`` the ``warnings.filters`` list then (both
+    set by the context's ``record``)."""
 
-    __slots__ = ("_sig", "_desc", "_desc_fn", "fpe")
+    __slots__ = ("_sig", "_desc", "_desc_fn", "fpe", "wf")
     kind = "task"
 
     def _init_text(self, desc_fn) -> None:

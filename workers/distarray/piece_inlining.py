@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Dict, List, Optional, Tuple
 
-from .fp_errors import merged
+from .fp_errors import fusable, merged
 from .graph import Assign, Const, Leaf, Op, Task, leaves
 from .indexing import View
 
@@ -239,6 +239,9 @@ def _split(st: _State, r: Assign) -> List[Assign]:
     cands = _candidates(st, r)
     if not cands:
         return [r]
+    if not all(fusable(getattr(r, "fpe", None), getattr(w, "fpe", None)) for _, pieces in cands.values()
+               for _, w in pieces):
+        return [r]      # a piece recorded under another numpy.errstate: its flags must stay its own
     cells = _cells(r.out.shape, cands)
     if len(cells) > MAX_PIECES or _nodes(r.expr) + sum(st.writers_of(b)[2] for b in cands) > MAX_NODES:
         return [r]

@@ -550,9 +550,9 @@ def _fp_errors(context, fl: _Flush) -> None:
     if context.fp_raise:    # first, as NumPy stops at the first kind that raises
         how = dict(timeout=context.timeout, rank=context.rank, error=DistArrayTimeout,
                    op=fl.op_name("agreeing on floating-point errors"))
-        fp_errors.raise_agreed(context.dcomm, found, how)
+        fp_errors.raise_agreed(context.dcomm, found, how, fl.fpe.filters)
     if found:
-        fp_errors.report(found, user_frame())
+        fp_errors.report(found, user_frame(), fl.fpe.filters)
 
 
 def run_flush(context, tasks, reason: str, hiding: bool, point: Optional[ForcePoint] = None) -> None:
