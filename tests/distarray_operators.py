@@ -740,7 +740,22 @@ for name, f in [("a[[1, 4]] = a row", assigned([1, 4], lambda m: m.arange(7.))),
                 ("a.any/a.all with the method's positional (axis, dtype, out, keepdims)",
                  lambda m: (lambda a: [a.any(None, None, None, True), a.all(0, None, None, False),
                                        a.any(0, bool, None, True, where=a > 2)])(m.arange(6.).reshape(2, 3))),
-                ("a.any(dtype=int): NumPy's TypeError", lambda m: m.arange(6.).any(axis=0, dtype=int))]:
+                ("a.any(dtype=int): NumPy's TypeError", lambda m: m.arange(6.).any(axis=0, dtype=int)),
+                ("negative floats cast to unsigned ints wrap as NumPy's (before: saturated)",
+                 lambda m: [m.asarray(np.array([-3.0, -1.5, 2.0, 300.7, -300.2, 1e19])).astype(t)
+                            for t in (np.uint64, np.uint32, np.uint16, np.uint8)][:1]
+                 + [m.asarray(np.array([-3.0, -1.5, 2.0, 300.7, -300.2])).astype(t)
+                    for t in (np.uint32, np.uint16, np.uint8)]
+                 + [m.asarray(np.array([-3.0, 2.0], np.float32)).astype(np.uint32) - 1]),
+                ("add.accumulate(2-D, axis=None): NumPy's ValueError",
+                 lambda m: m.add.accumulate(m.arange(6.).reshape(2, 3), axis=None)),
+                ("add.accumulate of 1-D, axis=None and axis=(0,)",
+                 lambda m: [m.add.accumulate(m.arange(5.), axis=None),
+                            m.multiply.accumulate(m.arange(1., 7.).reshape(2, 3), axis=(0,))]),
+                ("f-strings of 0-d results as NumPy's scalars'",
+                 lambda m: [f"{m.full(5, 0.1, dtype=np.float32).max()}", f"{m.arange(5).sum()}",
+                            f"{m.arange(5.).mean():.3f}", f"{(m.arange(5) > 2).any()}", f"{m.arange(3.)}"]),
+                ("a format spec for a 1-element 1-D array: NumPy's TypeError", lambda m: f"{m.arange(1.):.2f}")]:
     got, want = numpy_outcome(f, dnp), numpy_outcome(f, np)
     assert repr(got) == repr(want), (name, got, want)
     checks[0] += 1

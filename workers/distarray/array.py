@@ -345,8 +345,10 @@ class DistArray:
         return f"DistArray({body}, dtype={self.dtype}, dist={self.dist.kind!r})"
 
     def __format__(self, spec: str) -> str:
-        if self.size == 1 and spec:
+        if not self.shape:      # NumPy's scalar's format (float32's f"{x}" shows its float64 digits)
             return format(self._scalar("format()"), spec)
+        if spec:
+            raise TypeError("unsupported format string passed to DistArray.__format__")
         return str(self)
 
     # -- indexing -----------------------------------------------------------------------

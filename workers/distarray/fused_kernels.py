@@ -119,6 +119,10 @@ def _cast(expr: str, frm: np.dtype, to: np.dtype) -> str:
         return expr
     if to.kind == "b":
         return f"({expr} != 0)"
+    if to.kind == "u" and frm.kind == "f":
+        # NumPy's cast of a negative float to an unsigned int wraps through int64 (-3.0 -> 2**64 - 3, quietly);
+        # numba's saturates and sets the invalid flag. NaN and values beyond int64 keep the direct cast.
+        return f"(np.{_np_name(to)}(np.int64({expr})) if abs({expr}) < 9.2e18 else np.{_np_name(to)}({expr}))"
     return f"np.{_np_name(to)}({expr})"
 
 
@@ -414,6 +418,8 @@ class KernelSpec:
             # NumPy's MIN // -1 is MIN (wrapped, as -MIN) and MIN % -1 is 0, where numba's division gives 0
             tmpl = "(-{0} if {1} == -1 else {0} // {1})" if name == "floor_divide" else "(0 if {1} == -1 else {0} % {1})"
         expr = tmpl.format(*args)
+        if name == "cast":
+            return _cast(expr, np.dtype(indt[0]), outdt)
         natural = np.dtype(np.bool_) if name in ("less", "less_equal", "greater", "greater_equal", "equal",
                                                  "not_equal", "isnan", "isfinite") or name in _LOGICAL \
             else None

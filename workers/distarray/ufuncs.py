@@ -390,7 +390,10 @@ def accumulate(ufunc: np.ufunc, x: Any, axis: int = 0, dtype: Any = None, out: A
     if not isinstance(x, _distarray()) or ufunc.nin != 2 or ufunc.nout != 1 or x.ndim == 0 \
             or (out is not None and not isinstance(out, _distarray())) or x.dtype.kind not in _DISTRIBUTABLE:
         return FALLBACK
-    ax = _axes(axis, x.ndim)[0]
+    axes = _axes(axis, x.ndim)
+    if len(axes) != 1:
+        raise ValueError("accumulate does not allow multiple axes")     # NumPy's (axis=None of an N-d array too)
+    ax = axes[0]
     if ax != 0 or x._base.replicated:
         return _block_method(ufunc, "accumulate", x, x.shape, dtype, (("axis", ax),), out)
     f = (methods or {}).get({"add": "cumsum", "multiply": "cumprod"}.get(ufunc.__name__, ""))
