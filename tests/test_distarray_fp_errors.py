@@ -92,6 +92,67 @@ compare("count_nonzero, sum and mean of a comparison with a NaN",
         lambda m, a: m.array([m.count_nonzero(m.where(a > 2, m.nan, a) > 0), m.sum(m.where(a > 2, m.nan, a) > 0),
                               m.mean(m.where(a > 2, m.nan, a) > 0)]))
 compare("maximum of 0 / 0 still warns", lambda m, a: m.maximum(m.zeros(6) / m.zeros(6), 1.0))
+# NaN data fused with arithmetic: the compiled comparison must set no flag (before: "invalid value encountered in
+# multiply", the flag of the comparison named after the loop's arithmetic)
+xn = np.where(x > 2, np.nan, x)        # [-1, 0, 1, 2, nan, nan]: the NaNs on the last rank
+compare("where over data with NaNs, fused with a product", lambda m, a: m.where(m.asarray(xn) > 0, m.asarray(xn) * 2, 0))
+compare("maximum of a product of data with NaNs", lambda m, a: m.maximum(m.asarray(xn) * 3, 0.5))
+compare("sum of a comparison of a product of data with NaNs", lambda m, a: (m.asarray(xn) * 3 < 0.5).sum())
+compare("clip of a sum of data with NaNs", lambda m, a: m.clip(m.asarray(xn) + 1, 0, 1))
+compare("max and min of a product of data with NaNs",
+        lambda m, a: m.array([(m.asarray(xn) * 2).max(), (m.asarray(xn) - 1).min()]))
+compare("float32 comparison of a product of data with NaNs", lambda m, a: m.asarray(xn.astype(np.float32)) * 2 >= 1)
+compare("floor division and remainder of data with NaNs", lambda m, a: m.asarray(xn) // 0.3 + m.asarray(xn) % 0.3)
+compare("0 / 0 under a comparison still warns", lambda m, a: m.where(a > 0, m.zeros(6) / m.zeros(6), 1.0))
+
+
+def nan_data_under_raise(m, a):
+    d = m.asarray(xn)
+    with np.errstate(invalid="raise"):  # NumPy raises nothing: NaN operands are quiet
+        r = m.where(d > 0, d * 2, m.minimum(d, -1.0))
+    return r
+
+
+compare("NaN data compared under errstate(invalid='raise')", nan_data_under_raise)
+# warnings NumPy gives from the values of a result (all-NaN or empty slices), issued after the force point
+An = np.array([[1.0, np.nan, 3.0], [np.nan, np.nan, np.nan], [4.0, 5.0, np.nan], [1.0, 2.0, 3.0], [np.nan, 1.0, 2.0],
+               [7.0, 8.0, 9.0]])
+compare("nanmax along an axis with an all-NaN slice", lambda m, a: m.nanmax(m.asarray(An), axis=1))
+compare("nanmin of every element (no all-NaN slice)", lambda m, a: m.nanmin(m.asarray(An)))
+compare("nanmean along an axis with an all-NaN slice", lambda m, a: m.nanmean(m.asarray(An), axis=1))
+compare("nanvar along an axis with an all-NaN slice", lambda m, a: m.nanvar(m.asarray(An), axis=1))
+compare("nanstd with ddof=2 along axis 0", lambda m, a: m.nanstd(m.asarray(An), axis=0, ddof=2))
+compare("nanvar without a bad slice", lambda m, a: m.nanvar(m.asarray(An[[0, 2, 3, 4, 5]]), axis=1))
+compare("nanmean of an empty slice", lambda m, a: m.nanmean(m.asarray(An[:0]), axis=0))
+
+
+def all_nan_slice_as_error(m, a):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        try:
+            m.nanmax(m.asarray(An), axis=1)     # NumPy raises here; every rank must, at this line
+        except RuntimeWarning as err:
+            assert str(err) == "All-NaN slice encountered", err
+            return m.asarray([1.0])
+    return m.asarray([0.0])
+
+
+compare("All-NaN slice under simplefilter('error')", all_nan_slice_as_error)
+# every ordering of special values, fused with arithmetic (the kernels compare integer keys of the floats)
+sv = np.array([-np.inf, -1e308, -1.5, -5e-324, -0.0, 0.0, 5e-324, 1.5, 1e308, np.inf, np.nan])
+p_, q_ = np.repeat(sv, sv.size), np.tile(sv, sv.size)
+for dt in (np.float64, np.float32):
+    with np.errstate(all="ignore"):
+        pd_, qd_ = p_.astype(dt), q_.astype(dt)
+    for name in ("less", "less_equal", "greater", "greater_equal", "maximum", "minimum"):
+        compare(f"{name} of special {np.dtype(dt).name} values",
+                lambda m, a, f=name, pd_=pd_, qd_=qd_: getattr(m, f)(m.asarray(pd_) * 1, m.asarray(qd_) + 0))
+    for name in ("floor_divide", "remainder"):   # alone in their loop: their flags are NumPy's, named alone
+        compare(f"{name} of special {np.dtype(dt).name} values",
+                lambda m, a, f=name, pd_=pd_, qd_=qd_: getattr(m, f)(m.asarray(pd_), m.asarray(qd_)))
+    compare(f"max and min of special {np.dtype(dt).name} values without NaN",
+            lambda m, a, pd_=pd_: m.array([(m.asarray(pd_[:-11]) * 1).max(), (m.asarray(pd_[:-11]) * 1).min(),
+                                           (m.asarray(pd_) * 1).max()]))
 compare("mean(1 / a): the division warns, not mean's own steps", lambda m, a: m.mean(1.0 / a))
 
 

@@ -59,7 +59,7 @@ from ..core import spmd
 from ..core.switches import env_switch
 from .errors import DistArrayError
 from .graph import Task
-from . import lazy_joins
+from . import lazy_joins, value_warnings
 from .fp_errors import current as errstate_now, wants_raise, warnings_raise
 from .lazy_grids import substitute_reads
 from .pool_memory import BufferCache
@@ -163,6 +163,9 @@ class ArrayContext:
         #: an operation recorded since the last force point raises FloatingPointError for some kind
         #: (:mod:`.fp_errors`): :meth:`maybe_flush` evaluates it at once, and the force point agrees on the errors
         self.fp_raise = False
+        #: ``(flag, text, filters)`` of each warning that depends on values recorded since the last force point
+        #: (:mod:`.value_warnings`), issued after it
+        self.value_warnings: List[Any] = []
         self.chunk_elems = _env_int("NBMPI_DISTARRAY_CHUNK", DEFAULT_CHUNK)
         self.timeout: Optional[float] = runtime.default_timeout()
         self.plans: "OrderedDict[Any, Any]" = OrderedDict()
@@ -271,6 +274,7 @@ class ArrayContext:
         from .scheduler import run_flush
 
         tasks, self.pending = self.pending, []
+        checks, self.value_warnings = self.value_warnings, []     # dropped if the force point fails
         self.in_flush = True
         paused = self.gc_pause and gc.isenabled()
         if paused:
@@ -287,6 +291,8 @@ class ArrayContext:
             for old in evicted:
                 old.free()
         freeze_new_kernels()
+        if checks:
+            value_warnings.issue(checks)
 
     # -- plan cache -----------------------------------------------------------------
     def plan(self, key: Any, build: Callable[[], Any]) -> Any:

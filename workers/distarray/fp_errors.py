@@ -47,7 +47,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-__all__ = ["AVAILABLE", "KINDS", "current", "library_steps", "merged", "fusable", "joined", "wants_raise", "warnings_raise", "warn_at", "Collector", "report", "raise_agreed"]
+__all__ = ["AVAILABLE", "KINDS", "current", "library_steps", "merged", "fusable", "joined", "wants_raise", "warnings_raise", "warn_at", "warn_under", "warning_action", "Collector", "report", "raise_agreed"]
 
 #: NumPy's kinds of floating-point error, in its order, with the text of its messages and the flag NumPy passes to
 #: a ``seterrcall`` function.
@@ -161,12 +161,12 @@ def warnings_raise(filters: List[Any]) -> bool:
     and length (``catch_warnings`` makes a new list, ``simplefilter`` inserts into it). Local."""
     if filters is _ERRORING[0] and len(filters) == _ERRORING[1]:
         return _ERRORING[2]
-    got = any(_action(filters, message(kind, "an operation")) == "error" for kind, _, _ in KINDS)
+    got = any(warning_action(filters, message(kind, "an operation")) == "error" for kind, _, _ in KINDS)
     _ERRORING[:] = [filters, len(filters), got]
     return got
 
 
-def _action(filters: Sequence[Any], text: str) -> str:
+def warning_action(filters: Sequence[Any], text: str) -> str:
     """The action of the first entry of ``filters`` matching a RuntimeWarning with ``text`` (a filter for some
     module is taken to match: the module of the line warned at is not known when an operation is recorded)."""
     for entry in filters:
@@ -270,8 +270,9 @@ class Collector:
         return list(seen)
 
 
-#: Ufuncs whose NumPy loops give no "invalid value" error for NaN operands (they compare or copy signs), though a
-#: compiled comparison with a NaN sets the processor's invalid flag.
+#: Ufuncs whose NumPy loops give no "invalid value" error for NaN operands (they compare or copy signs). The fused
+#: kernels compare floats quietly (:func:`~.fused_kernels._quiet_compare`); an invalid flag raised by a unit made of
+#: these alone (compiled code elsewhere, the processor's own comparisons) is still not reported.
 _NAN_QUIET = frozenset(("maximum", "minimum", "fmax", "fmin", "greater", "greater_equal", "less", "less_equal",
                         "equal", "not_equal", "isnan", "isinf", "isfinite", "signbit", "sign", "clip", "where",
                         "logical_and", "logical_or", "logical_xor", "logical_not", "absolute", "negative", "positive",
@@ -317,24 +318,29 @@ def report(found: Sequence[Tuple[str, str, str]], user_frame: Any,
     for kind, mode, names in found:
         text = message(kind, names)
         if mode == "warn":
-            recorded = (filters or {}).get((kind, mode, names))
-            if recorded is None or recorded is warnings.filters:
-                warn_at(text, user_frame)
-                continue
-            now = warnings.filters
-            warnings.filters = recorded
-            _FILTERS_MUTATED()      # what catch_warnings does when it swaps the list
-            try:
-                warn_at(text, user_frame)
-            finally:
-                warnings.filters = now
-                _FILTERS_MUTATED()
+            warn_under(text, user_frame, (filters or {}).get((kind, mode, names)))
         elif mode == "print":
             print(f"Warning: {text}", flush=True)
         elif mode == "log":
             np.geterrcall().write(f"Warning: {text}\n")
         elif mode == "call":
             np.geterrcall()(_TEXT[kind], _FLAG[kind])
+
+
+def warn_under(text: str, frame: Any, recorded: Optional[List[Any]]) -> None:
+    """:func:`warn_at` under the ``warnings.filters`` list ``recorded`` (the one in effect when the operation was
+    recorded; None: the current one), swapped in as ``catch_warnings`` does and back. Local."""
+    if recorded is None or recorded is warnings.filters:
+        warn_at(text, frame)
+        return
+    now = warnings.filters
+    warnings.filters = recorded
+    _FILTERS_MUTATED()      # what catch_warnings does when it swaps the list
+    try:
+        warn_at(text, frame)
+    finally:
+        warnings.filters = now
+        _FILTERS_MUTATED()
 
 
 def warn_at(text: str, frame: Any) -> None:
@@ -363,7 +369,7 @@ def raise_agreed(comm: Any, found: Sequence[Tuple[str, str, str]], how: Dict[str
     if mine is None and filters:
         mine = next((("warn", message(kind, names)) for kind, mode, names in found if mode == "warn"
                      and filters.get((kind, mode, names)) is not None
-                     and _action(filters[(kind, mode, names)], message(kind, names)) == "error"), None)
+                     and warning_action(filters[(kind, mode, names)], message(kind, names)) == "error"), None)
     every = spmd.gather(comm, mine, **how)
     first = next((t for t in every if t is not None), None)
     if first is not None:

@@ -73,8 +73,8 @@ UNARY: Dict[str, str] = {
 BINARY: Dict[str, str] = {
     "add": "({0} + {1})", "subtract": "({0} - {1})", "multiply": "({0} * {1})", "divide": "({0} / {1})",
     "true_divide": "({0} / {1})", "power": "({0} ** {1})",
-    # Python's % and // (numba follows CPython's float divmod, as NumPy does; error_model='numpy' gives
-    # NumPy's 0 for an integer division by zero)
+    # Python's % and // for integers (error_model='numpy' gives NumPy's 0 for a division by zero); for floats
+    # NumPy's npy_divmod with quiet comparisons (_float_divmod_source)
     "remainder": "({0} % {1})", "floor_divide": "({0} // {1})",
     "less": "({0} < {1})", "less_equal": "({0} <= {1})", "greater": "({0} > {1})",
     "greater_equal": "({0} >= {1})", "equal": "({0} == {1})", "not_equal": "({0} != {1})",
@@ -157,13 +157,76 @@ def _combine(op: str, acc: str, v: str, dt: np.dtype) -> str:
         return f"({acc} and {v})"
     cmp = "<" if op == "min" else ">"
     if dt.kind == "f":
-        return f"({v} if ({v} {cmp} {acc} or {v} != {v}) else {acc})"
+        return f"({v} if ({v} != {v} or ({acc} == {acc} and _qk({v}) {cmp} _qk({acc}))) else {acc})"
     return f"({v} if {v} {cmp} {acc} else {acc})"
 
 
 #: The decorator of every generated function, without its closing parenthesis. ``CACHE`` is set by the
 #: header :func:`_load_module` puts before the source: True in a file of the cache directory, else False.
 _JIT = "@numba.njit(cache=CACHE, nogil=True"
+
+
+#: ``_qk(x)``: an int64 whose order is the order of float ``x`` (float32 or float64, not NaN; -0.0 and 0.0 the
+#: same key). A compiled ``x < y`` of floats becomes a vector compare that sets the processor's "invalid" flag when
+#: it meets a NaN (x86's ``cmpltpd`` signals); NumPy's comparisons, ``maximum``/``minimum`` and max/min reductions
+#: are quiet. So the kernels order floats by these integer keys, after quiet ``==`` tests for NaN
+#: (:func:`_quiet_compare`): a NaN in the data raises no flag, and an "invalid value" flag of a fused loop comes from
+#: its arithmetic alone (``np.where(a > 0, a * 2, 0)`` over data with NaNs is quiet, as in NumPy). Measured on a
+#: 1M-element ``a * 2 if a >= 0.5`` loop: 6 % slower than the signalling compare. Emitted into a kernel's source
+#: when it compares floats.
+_QK_SOURCE = (f"{_JIT}, inline='always')\n"
+              "def _qk(x):\n"
+              "    i = np.float64(x + 0.0).view(np.int64)\n"
+              "    return i ^ ((i >> 63) & 0x7fffffffffffffff)\n\n\n")
+
+#: The Python comparison operator of each ordering ufunc.
+_ORDERING = {"less": "<", "less_equal": "<=", "greater": ">", "greater_equal": ">="}
+
+
+def _quiet_compare(a: str, op: str, b: str) -> str:
+    """Numba code of ``a op b`` (``op`` one of ``<``, ``<=``, ``>``, ``>=``) for floats ``a`` and ``b`` (variable names
+    or literals) that sets no floating-point flag for a NaN: False when either is NaN, as the IEEE comparison."""
+    return f"({a} == {a} and {b} == {b} and _qk({a}) {op} _qk({b}))"
+
+
+def _float_divmod_source(dt: np.dtype) -> str:
+    """Numba functions ``_fdiv_<dtype>(a, b)`` and ``_fmod_<dtype>(a, b)``: NumPy's float ``floor_divide`` and
+    ``remainder`` (``npy_divmod``: ``fmod``, the sign fix-up, the rounding of the quotient; ``a / b`` and ``fmod``
+    for a zero ``b``) with its quiet comparisons (C's ``isless``, ``isgreater``), so that NaN operands set no
+    "invalid value" flag (numba's ``//`` and ``%`` of floats compare with signalling instructions). Emitted into a
+    kernel's source when needed, after :data:`_QK_SOURCE`."""
+    t = _np_name(dt)
+    return (f"{_JIT}, inline='always')\n"
+            f"def _neg_{t}(x):\n"
+            f"    return x == x and _qk(x) < 0\n\n\n"
+            f"{_JIT}, inline='always')\n"
+            f"def _fmod_{t}(a, b):\n"
+            f"    mod = np.fmod(a, b)\n"
+            f"    if b == 0:\n"
+            f"        return mod\n"
+            f"    if mod != 0:\n"
+            f"        if _neg_{t}(b) != _neg_{t}(mod):\n"
+            f"            mod += b\n"
+            f"    else:\n"
+            f"        mod = np.copysign(np.{t}(0), b)\n"
+            f"    return mod\n\n\n"
+            f"{_JIT}, inline='always')\n"
+            f"def _fdiv_{t}(a, b):\n"
+            f"    if b == 0:\n"
+            f"        return a / b\n"
+            f"    mod = np.fmod(a, b)\n"
+            f"    div = (a - mod) / b\n"
+            f"    if mod != 0:\n"
+            f"        if _neg_{t}(b) != _neg_{t}(mod):\n"
+            f"            div -= np.{t}(1)\n"
+            f"    if div != 0:\n"
+            f"        fd = np.floor(div)\n"
+            f"        h = div - fd\n"
+            f"        if h == h and _qk(h) > _qk(np.{t}(0.5)):\n"
+            f"            fd += np.{t}(1)\n"
+            f"    else:\n"
+            f"        fd = np.copysign(np.{t}(0), a / b)\n"
+            f"    return fd\n\n\n")
 
 
 def _pairwise_source(dt: np.dtype) -> str:
@@ -327,7 +390,11 @@ class KernelSpec:
                 lines += self._init_loops(tgt, None, ind, divide=f"n{axis}")
         lines.append(f"{ind}return 0")
         helpers = "".join(_pairwise_source(np.dtype(t)) for t in sorted({self.reductions[r][2] for r in pairwise}))
-        self._src = helpers + "\n".join(lines) + "\n"
+        body = "\n".join(lines) + "\n"
+        for t in ("float32", "float64"):
+            if f"_fdiv_{t}(" in body or f"_fmod_{t}(" in body:
+                helpers = _float_divmod_source(np.dtype(t)) + helpers
+        self._src = (_QK_SOURCE if "_qk(" in body + helpers else "") + helpers + body
         return self._src.replace("def __KERNEL__", f"def {name}")
 
     def _body_lines(self, body_ind: str, pairwise: List[int], red_inplace: List[int]) -> List[str]:
@@ -408,12 +475,16 @@ class KernelSpec:
         if name in ("maximum", "minimum"):
             cmp = ">=" if name == "maximum" else "<="
             a, b = args
-            if np.dtype(indt[0]).kind == "f":
-                expr = f"({a} if ({a} {cmp} {b} or {a} != {a}) else {b})"
+            if np.dtype(indt[0]).kind == "f":    # NaN: the NaN operand (the first if both)
+                expr = f"({a} if ({a} != {a} or ({b} == {b} and _qk({a}) {cmp} _qk({b}))) else {b})"
             else:
                 expr = f"({a} if {a} {cmp} {b} else {b})"
             return _cast(expr, np.dtype(indt[0]), outdt)
+        if name in _ORDERING and np.dtype(indt[0]).kind == "f":
+            return _cast(_quiet_compare(args[0], _ORDERING[name], args[1]), np.dtype(np.bool_), outdt)
         tmpl = UNARY.get(name) or BINARY[name]
+        if name in ("floor_divide", "remainder") and np.dtype(indt[0]).kind == "f":
+            tmpl = f"_{'fdiv' if name == 'floor_divide' else 'fmod'}_{_np_name(np.dtype(indt[0]))}({{0}}, {{1}})"
         if name in ("floor_divide", "remainder") and np.dtype(indt[0]).kind == "i":
             # NumPy's MIN // -1 is MIN (wrapped, as -MIN) and MIN % -1 is 0, where numba's division gives 0
             tmpl = "(-{0} if {1} == -1 else {0} // {1})" if name == "floor_divide" else "(0 if {1} == -1 else {0} % {1})"

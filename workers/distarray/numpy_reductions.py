@@ -28,6 +28,7 @@ from . import fallback
 from .array import _FUNCTIONS, _METHODS, DistArray, _reduce, where
 from .creation import full_like
 from .fp_errors import library_steps, warn_at
+from .value_warnings import warn_if
 from .arg_extreme import flat_arg
 
 __all__ = ["sum", "prod", "mean", "std", "var", "min", "max", "amin", "amax", "argmin", "argmax", "any", "all", "count_nonzero",
@@ -195,7 +196,10 @@ def mean(a: Any, axis: Any = None, dtype: Any = None, out: Any = None, keepdims:
     total = _over(x, "sum", axes)
     if rdt.kind in "iu" and total.dtype != rdt:     # NumPy sums in an integer dtype= (wrapping): the same modulo
         total = total.astype(rdt)
-    res = total / _mask_count(a, where, axes)
+    count = _mask_count(a, where, axes)
+    if isinstance(count, DistArray) and _count(a, axes) > 0:      # else warned from the shape
+        warn_if(any(count == 0), "Mean of empty slice")
+    res = total / count
     return _finish(res, a, axes, keepdims, out, rdt)
 
 
@@ -210,6 +214,14 @@ def var(a: Any, axis: Any = None, dtype: Any = None, out: Any = None, ddof: floa
                                                 where=where, **({} if mean is None else {"mean": mean})), "var")
     if correction is not None:
         ddof = correction
+    return _variance(a, axis, dtype, out, ddof, keepdims, where, "Degrees of freedom <= 0 for slice")
+
+
+def _variance(a: DistArray, axis: Any, dtype: Any, out: Any, ddof: float, keepdims: bool, where: Any,
+              text: str) -> DistArray:
+    """:func:`var`'s computation (recorded); a ``where`` mask leaving some slice at most ``ddof`` elements
+    warns ``text`` after the next force point (:mod:`.value_warnings`; NumPy's ``var`` and ``nanvar`` word it
+    differently)."""
     axes = normalize_axes(axis, a.ndim)
     _warn_empty(a, axes, ddof)
     rdt = np.dtype(dtype) if dtype is not None else np.var(np.ones(2, dtype=a.dtype)).dtype
@@ -217,6 +229,8 @@ def var(a: Any, axis: Any = None, dtype: Any = None, out: Any = None, ddof: floa
     x = a - m
     x = _prepare(x * x, None, where, 0)
     n = _mask_count(a, where, axes)
+    if isinstance(n, DistArray) and _count(a, axes) - ddof > 0:     # else warned from the shape
+        warn_if(any(n <= ddof), text)
     res = _over(x, "sum", axes) / _positive(n - ddof)
     return _finish(res, a, axes, keepdims, out, rdt)
 
@@ -343,16 +357,18 @@ def _nan(op: str, base: Any, fill: Any):
         if op in ("min", "max"):
             res = base(where_(nan, fill, a), axis=axis, keepdims=keepdims)
             allnan = all(nan, axis=axis, keepdims=keepdims)
+            warn_if(any(allnan), "All-NaN slice encountered")
             return _finish(where_(allnan, np.nan, res), a, None, False, out)
         if op in ("mean", "var", "std"):
             mask = ~nan if where is True or where is None else (~nan) & where
             kw["where"] = mask
             if op == "mean":
                 return base(a, **kw, **kwargs)
-            kw["out"] = None     # NumPy's nanvar: NaN where the slice has at most ddof numbers (var's: inf)
+            # NumPy's nanvar: NaN where the slice has at most ddof numbers (var's: inf), its own warning's text
             ddof = kwargs["ddof"] if kwargs.get("correction") is None else kwargs["correction"]
             few = sum(mask, axis=axis, keepdims=keepdims) <= ddof
-            return _finish(where_(few, np.nan, base(a, **kw, **kwargs)), a, None, False, out)
+            res = _variance(a, axis, dtype, None, ddof, keepdims, mask, "Degrees of freedom <= 0 for slice.")
+            return _finish(where_(few, np.nan, np.sqrt(res) if op == "std" else res), a, None, False, out)
         return base(where_(nan, fill, a), **kw, **kwargs)
 
     # NumPy's signatures (positional arguments land where NumPy puts them)
