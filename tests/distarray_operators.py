@@ -64,6 +64,14 @@ for name, got, want in [("== None", a == None, x == None), ("!= None", a != None
                         ("== 1j", a == 1j, x == 1j), ("!= 1j", a != 1j, x != 1j), ("== 3", a == 3, x == 3),
                         ("== object", a == object(), np.zeros(7, bool))]:
     same_typed(name, got, want)
+# the ufuncs themselves with operands an array cannot hold: NumPy's answer through the fallback (before:
+# UnsupportedOperation "scalar of dtype object is not supported"), NumPy's object array for where(c, a, None)
+for name, got, want in [("equal(a, None)", dnp.equal(a, None), np.equal(x, None)),
+                        ("not_equal(None, a)", dnp.not_equal(None, a), np.not_equal(None, x)),
+                        ("where(a > 2, a, None)", dnp.where(a > 2, a, None), np.where(x > 2, x, None)),
+                        ("where(a > 2, None, a)", np.where(a > 2, None, a), np.where(x > 2, None, x))]:
+    same_typed(name, got, want)
+expect("equal(a, 'x')", numpy_error(lambda: np.equal(x, "x")), lambda: np.equal(a, "x"), ["equal"])
 for name, got, want in [("a * 1j", a * 1j, x * 1j), ("1j - a", 1j - a, 1j - x),
                         ("a + complex128", a + np.complex128(2 - 1j), x + np.complex128(2 - 1j))]:
     assert isinstance(got, np.ndarray), (name, type(got))   # NumPy's complex array, through the fallback

@@ -889,9 +889,7 @@ def where(cond: Any, x: Any = _NOT_GIVEN, y: Any = _NOT_GIVEN) -> Any:
     if x is _NOT_GIVEN or y is _NOT_GIVEN:
         raise ValueError("either both or neither of x and y should be given")
     if (x is None or y is None) and any(isinstance(v, DistArray) for v in (cond, x, y)):
-        raise UnsupportedOperation("where(cond, x, None): NumPy makes an object array of x and None, a dtype "
-                                   "distributed arrays do not hold; use a number such as numpy.nan for the "
-                                   "missing values")
+        return fallback.call(np.where, (cond, x, y), {}, "where")   # NumPy's object array, not distributed
     if not any(isinstance(v, DistArray) for v in (cond, x, y)):
         return np.where(cond, x, y)
     ctx = _context_from(cond, x, y)

@@ -441,6 +441,16 @@ def method(ufunc: np.ufunc, name: str, inputs: Sequence[Any], kwargs: Dict[str, 
 _COMPILED_DTYPES: Dict[Tuple, bool] = {}
 
 
+def _foreign(x: Any) -> bool:
+    """Whether ``x`` (a ufunc operand) is neither a DistArray nor a bool, integer or float number or array: None,
+    a string, an object or complex value, which NumPy handles and the distributed arrays do not hold."""
+    if isinstance(x, (bool, int, float, np.bool_, np.integer, np.floating)) or hasattr(x, "_base"):
+        return False
+    if isinstance(x, np.ndarray):
+        return x.dtype.kind not in "biuf"
+    return x is None or isinstance(x, (str, bytes, complex, np.complexfloating))
+
+
 def compiled_dtypes(ufunc: np.ufunc, inputs: Sequence[Any]) -> bool:
     """Whether the fused kernels can compute ``ufunc(*inputs)``: False when an operand or the result (NumPy's
     resolution, e.g. ``sin`` of bools) is float16, which numba lacks; such calls run NumPy's loops per block.
@@ -506,6 +516,8 @@ def dispatch(ufunc: np.ufunc, method: str, inputs: Sequence[Any], kwargs: Dict[s
         return globals()["method"](ufunc, method, inputs, kwargs, methods)
     if isinstance(out, tuple) and len(out) == 1:
         out = out[0]
+    if any(_foreign(x) for x in inputs):      # np.equal(a, None), np.add(a, "x"): NumPy's result or error
+        return fallback.call(ufunc, inputs, kwargs, name)
     extra = {k: v for k, v in kwargs.items() if k != "out" and v is not None}
     if (name not in elementwise.SUPPORTED or numpy_math.applies(name, inputs) or ufunc.nout != 1
             or not compiled_dtypes(ufunc, inputs) or numpy_power(ufunc, inputs)
