@@ -12,6 +12,7 @@ mpiexec on 2 and 3 ranks (the elements that raise a flag are on one rank only):
 * the ``warnings`` filters in effect when an operation was recorded are the ones its warning meets; under
   ``simplefilter('error')`` every rank raises the RuntimeWarning at the operation's line;
 * ``errstate(all='call')`` calls the ``seterrcall`` function with NumPy's arguments;
+* integer division and remainder by zero warn (and raise) as NumPy's;
 * results equal NumPy's (inf and NaN included), and an operation without errors warns nowhere.
 """
 from __future__ import annotations
@@ -138,6 +139,41 @@ def all_nan_slice_as_error(m, a):
 
 
 compare("All-NaN slice under simplefilter('error')", all_nan_slice_as_error)
+# integer division and remainder by zero: NumPy's 0 and its divide-by-zero warning (before: no warning), the lowest
+# integer floor-divided by -1 its overflow warning; errstate(divide='raise') raises on every rank
+for t in ("int64", "int32", "int8", "uint8", "uint64"):
+    xi = np.arange(7, dtype=t)
+    compare(f"{t} // 0", lambda m, a, xi=xi: m.asarray(xi) // 0)
+    compare(f"{t} % 0", lambda m, a, xi=xi: m.asarray(xi) % 0)
+    compare(f"{t} // zeros, no zero on most ranks", lambda m, a, xi=xi: m.asarray(xi) // m.asarray(xi[::-1] * 1))
+    compare(f"{t} // 2 (no zero)", lambda m, a, xi=xi: m.asarray(xi) // 2)
+compare("int64 min // -1", lambda m, a: m.asarray(np.full(7, np.iinfo(np.int64).min)) // -1)
+
+
+def int_division_raises(m, a):
+    with np.errstate(divide="raise"):
+        try:
+            np.asarray(m.arange(7) % 0)
+        except FloatingPointError as err:
+            assert str(err) == "divide by zero encountered in remainder", err
+            return m.asarray([1.0])
+    return m.asarray([0.0])
+
+
+compare("integer % 0 under errstate(divide='raise')", int_division_raises)
+# casts of what does not fit an integer type: NumPy's "invalid value encountered in cast" for exactly those
+cx = np.array([np.nan, 1e10, -3.0, 300.0, 2.0, -1e19, np.inf, 3e9])
+for t in ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"):
+    compare(f"cast of values that do not fit to {t}", lambda m, a, t=t: m.asarray(cx).astype(t))
+    compare(f"cast of values that fit to {t}", lambda m, a, t=t: m.asarray(cx[[2, 3, 4]]).astype(t))
+# a flag of a library step (nansum's inf + -inf) fused with integer or boolean operations is not theirs
+with warnings.catch_warnings(record=True) as w:
+    warnings.simplefilter("always")
+    d = dnp.asarray(np.array([0.0, 1.0, np.inf, 3.0, -np.inf, 5.0]))
+    pair = (dnp.nansum(d), dnp.isfinite(d) | dnp.isnan(d))
+    np.asarray(pair[1]), float(pair[0])
+assert not any("bitwise_or" in str(m.message) for m in w), [str(m.message) for m in w]
+checked[0] += 1
 # every ordering of special values, fused with arithmetic (the kernels compare integer keys of the floats)
 sv = np.array([-np.inf, -1e308, -1.5, -5e-324, -0.0, 0.0, 5e-324, 1.5, 1e308, np.inf, np.nan])
 p_, q_ = np.repeat(sv, sv.size), np.tile(sv, sv.size)

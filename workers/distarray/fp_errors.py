@@ -29,8 +29,9 @@ The text names the operation NumPy would name: the ufunc (``divide``, ``log``, `
 for a reduction); operations evaluated together in one compiled loop are named together when more than one of
 them could have raised the flag (``divide by zero encountered in divide or log``).
 
-Not like NumPy: integer division and remainder by zero give NumPy's 0 without its warning; a warning of an
-operation is issued at the next force point's line rather than at the operation's own; operations that run
+An integer division or remainder by zero gives NumPy's 0 and its divide-by-zero flag, and the lowest integer
+divided by -1 its overflow flag (:func:`raise_flags`, from what the compiled kernel counted). Not like NumPy: a
+warning of an operation is issued at the next force point's line rather than at the operation's own; operations that run
 through the NumPy fallback (gathered to every rank) are NumPy's own, warnings included. Where the C library
 or the processor's flag numbering is unknown (not Linux on x86-64 or aarch64), no flag is read and no
 warning is given (:data:`AVAILABLE`).
@@ -47,7 +48,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-__all__ = ["AVAILABLE", "KINDS", "current", "library_steps", "merged", "fusable", "joined", "wants_raise", "warnings_raise", "warn_at", "warn_under", "warning_action", "Collector", "report", "raise_agreed"]
+__all__ = ["AVAILABLE", "KINDS", "current", "library_steps", "merged", "fusable", "joined", "wants_raise", "warnings_raise", "warn_at", "warn_under", "warning_action", "Collector", "report", "raise_agreed", "raise_flags"]
 
 #: NumPy's kinds of floating-point error, in its order, with the text of its messages and the flag NumPy passes to
 #: a ``seterrcall`` function.
@@ -59,20 +60,29 @@ KINDS: Tuple[Tuple[str, str, int], ...] = (
 _FE_BITS = {"x86_64": (4, 8, 16, 1), "amd64": (4, 8, 16, 1), "aarch64": (2, 4, 8, 1), "arm64": (2, 4, 8, 1)}
 
 
-def _libm() -> Optional[Tuple[Any, Any, Tuple[int, ...]]]:
-    """``(fetestexcept, feclearexcept, bits)`` from the C math library, or None where unknown."""
+def _libm() -> Optional[Tuple[Any, Any, Tuple[int, ...], Any]]:
+    """``(fetestexcept, feclearexcept, bits, feraiseexcept)`` from the C math library, or None where unknown."""
     bits = _FE_BITS.get(platform.machine().lower())
     name = ctypes.util.find_library("m")
     if bits is None or name is None or not sys.platform.startswith("linux"):
         return None
     try:
         lib = ctypes.CDLL(name)
-        test, clear = lib.fetestexcept, lib.feclearexcept
+        test, clear, set_ = lib.fetestexcept, lib.feclearexcept, lib.feraiseexcept
     except (OSError, AttributeError):
         return None
-    test.argtypes = clear.argtypes = [ctypes.c_int]
-    test.restype = clear.restype = ctypes.c_int
-    return test, clear, bits
+    test.argtypes = clear.argtypes = set_.argtypes = [ctypes.c_int]
+    test.restype = clear.restype = set_.restype = ctypes.c_int
+    return test, clear, bits, set_
+
+
+def raise_flags(code: int) -> None:
+    """Set the processor's divide-by-zero flag if ``code & 1`` and its overflow flag if ``code & 2``: what a compiled
+    kernel found in an integer ``floor_divide``/``remainder`` (a zero divisor; the lowest integer divided by -1),
+    flags NumPy's integer loops set so that their warnings come out. Read with the others after the unit. Local."""
+    if _LIB is not None and code:
+        bits = _LIB[2]
+        _LIB[3]((bits[0] if code & 1 else 0) | (bits[1] if code & 2 else 0))
 
 
 _LIB = _libm()
@@ -270,13 +280,14 @@ class Collector:
         return list(seen)
 
 
-#: Ufuncs whose NumPy loops give no "invalid value" error for NaN operands (they compare or copy signs). The fused
+#: Ufuncs whose NumPy loops give no "invalid value" error for NaN operands (they compare or copy signs, or take
+#: integers and booleans only: a flag in their loop came from a library step fused with them). The fused
 #: kernels compare floats quietly (:func:`~.fused_kernels._quiet_compare`); an invalid flag raised by a unit made of
 #: these alone (compiled code elsewhere, the processor's own comparisons) is still not reported.
 _NAN_QUIET = frozenset(("maximum", "minimum", "fmax", "fmin", "greater", "greater_equal", "less", "less_equal",
                         "equal", "not_equal", "isnan", "isinf", "isfinite", "signbit", "sign", "clip", "where",
                         "logical_and", "logical_or", "logical_xor", "logical_not", "absolute", "negative", "positive",
-                        "copysign"))
+                        "copysign", "bitwise_and", "bitwise_or", "bitwise_xor", "invert", "left_shift", "right_shift"))
 #: Reductions that give no "invalid value" error for NaN elements in NumPy.
 _NAN_QUIET_REDUCTIONS = frozenset(("max", "min", "argmax", "argmin", "any", "all"))
 

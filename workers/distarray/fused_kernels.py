@@ -50,6 +50,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import os
+import platform
 import sys
 import threading
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -119,11 +120,41 @@ def _cast(expr: str, frm: np.dtype, to: np.dtype) -> str:
         return expr
     if to.kind == "b":
         return f"({expr} != 0)"
-    if to.kind == "u" and frm.kind == "f":
-        # NumPy's cast of a negative float to an unsigned int wraps through int64 (-3.0 -> 2**64 - 3, quietly);
-        # numba's saturates and sets the invalid flag. NaN and values beyond int64 keep the direct cast.
-        return f"(np.{_np_name(to)}(np.int64({expr})) if abs({expr}) < 9.2e18 else np.{_np_name(to)}({expr}))"
+    if frm.kind == "f" and to.kind in "iu":
+        return _float_to_int(expr, frm, to)
     return f"np.{_np_name(to)}({expr})"
+
+
+#: Whether NumPy's float-to-integer casts are x86's (:func:`_float_to_int`).
+_X86 = platform.machine().lower() in ("x86_64", "amd64")
+
+
+def _float_to_int(expr: str, frm: np.dtype, to: np.dtype) -> str:
+    """``expr`` (float dtype ``frm``) cast to integer dtype ``to`` with NumPy's values and "invalid value" flags
+    on x86-64, also for NaN, infinities and values out of ``to``'s range, whatever the loop's vectorization.
+    NumPy's cast loops convert with x86's truncating conversion, which gives the "integer indefinite" (the lowest
+    int32 or int64) for what does not fit: to int8/int16/uint8/uint16 through int32 then wrapped (300.0 -> int8
+    44, 40000.0 -> int16 -25536, inf -> 0); to int32 and int64 directly; to uint32/uint64 through int32/int64 of
+    ``x - 2**31`` (``2**63``) with the top bit flipped for ``x`` from there up (-3.0 -> 2**32 - 3, 1e10 -> 0,
+    nan -> 2**31). LLVM's own narrow casts of out-of-range values are undefined: vectorized loops saturated and
+    scalar ones did not, so results depended on the block sizes (on the rank count). One conversion per element,
+    so the invalid flag is set exactly for the elements NumPy's is. Elsewhere (aarch64, whose conversions
+    saturate) negative floats to unsigned integers wrap through int64, as NumPy's, the rest is numba's cast."""
+    t = _np_name(to)
+    f = f"np.{_np_name(frm)}"
+    if not _X86:
+        if to.kind == "u":
+            return f"(np.{t}(np.int64({expr})) if abs({expr}) < 9.2e18 else np.{t}({expr}))"
+        return f"np.{t}({expr})"
+    if to.itemsize < 4:
+        return f"np.{t}(np.int32({expr}))"
+    if to.kind == "i":
+        return f"np.{t}({expr})"
+    s = "int32" if to.itemsize == 4 else "int64"
+    big = f"{f}({float(2 ** (to.itemsize * 8 - 1))!r})"
+    low = -2 ** (to.itemsize * 8 - 1)
+    return (f"np.{t}(np.{s}({expr} - {big} if {expr} >= {big} else {expr}) ^ "
+            f"(np.{s}({low}) if {expr} >= {big} else np.{s}(0)))")
 
 
 def _identity(op: str, dt: np.dtype) -> str:
@@ -156,8 +187,8 @@ def _combine(op: str, acc: str, v: str, dt: np.dtype) -> str:
     if op == "all":
         return f"({acc} and {v})"
     cmp = "<" if op == "min" else ">"
-    if dt.kind == "f":
-        return f"({v} if ({v} != {v} or ({acc} == {acc} and _qk({v}) {cmp} _qk({acc}))) else {acc})"
+    if dt.kind == "f":      # a tie (0.0 and -0.0) gives the later element, as NumPy's reduction
+        return f"({v} if ({v} != {v} or ({acc} == {acc} and _qk({v}) {cmp}= _qk({acc}))) else {acc})"
     return f"({v} if {v} {cmp} {acc} else {acc})"
 
 
@@ -187,6 +218,22 @@ def _quiet_compare(a: str, op: str, b: str) -> str:
     """Numba code of ``a op b`` (``op`` one of ``<``, ``<=``, ``>``, ``>=``) for floats ``a`` and ``b`` (variable names
     or literals) that sets no floating-point flag for a NaN: False when either is NaN, as the IEEE comparison."""
     return f"({a} == {a} and {b} == {b} and _qk({a}) {op} _qk({b}))"
+
+
+def _int_division_checks(name: str, argv: Sequence[int], argdt: Sequence[str], indt: Sequence[str]) -> List[str]:
+    """Statements after an integer ``floor_divide``/``remainder`` setting bits of the kernel's return value ``zf``:
+    1 for a zero divisor, 2 for the lowest signed integer floor-divided by -1 (the flags NumPy's loops set: "divide
+    by zero encountered in floor_divide", "overflow ..."; the caller raises them, :func:`~.fp_errors.raise_flags`).
+    None for other operations."""
+    it = np.dtype(indt[0])
+    if name not in ("floor_divide", "remainder") or it.kind not in "iu":
+        return []
+    a, b = [_cast(f"v{v}", np.dtype(dt), np.dtype(t)) for v, dt, t in zip(argv, argdt, indt)]
+    out = [f"if {b} == 0: zf |= 1"]
+    if name == "floor_divide" and it.kind == "i":
+        t = _np_name(it)
+        out.append(f"if {b} == -1 and {a} == np.{t}({np.iinfo(it).min + 1}) - np.{t}(1): zf |= 2")
+    return out
 
 
 def _float_divmod_source(dt: np.dtype) -> str:
@@ -388,7 +435,11 @@ class KernelSpec:
             op, axis, adt, tgt = self.reductions[r]
             if op == "mean" and axis is not None and axis > 0:
                 lines += self._init_loops(tgt, None, ind, divide=f"n{axis}")
-        lines.append(f"{ind}return 0")
+        if any(" zf |= " in line for line in lines):    # an integer division's flags (_int_division_checks)
+            lines.insert(1, f"{ind}zf = 0")
+            lines.append(f"{ind}return zf")
+        else:
+            lines.append(f"{ind}return 0")
         helpers = "".join(_pairwise_source(np.dtype(t)) for t in sorted({self.reductions[r][2] for r in pairwise}))
         body = "\n".join(lines) + "\n"
         for t in ("float32", "float64"):
@@ -413,6 +464,7 @@ class KernelSpec:
             elif tag == "op":
                 _, v, name, argv, argdt, indt, outdt = st
                 lines.append(f"{body_ind}v{v} = {self._op_expr(name, argv, argdt, indt, outdt)}")
+                lines += [body_ind + c for c in _int_division_checks(name, argv, argdt, indt)]
             elif tag == "st":
                 _, a, v, vdt = st
                 adt = np.dtype(self.arrays[a][0])
@@ -473,12 +525,12 @@ class KernelSpec:
             c = _cast(f"v{argv[0]}", np.dtype(argdt[0]), np.dtype(np.bool_))
             return f"({args[1]} if {c} else {args[2]})"
         if name in ("maximum", "minimum"):
-            cmp = ">=" if name == "maximum" else "<="
+            cmp = ">" if name == "maximum" else "<"
             a, b = args
-            if np.dtype(indt[0]).kind == "f":    # NaN: the NaN operand (the first if both)
+            if np.dtype(indt[0]).kind == "f":    # NaN: the NaN operand (the first if both); a tie: the second
                 expr = f"({a} if ({a} != {a} or ({b} == {b} and _qk({a}) {cmp} _qk({b}))) else {b})"
             else:
-                expr = f"({a} if {a} {cmp} {b} else {b})"
+                expr = f"({a} if {a} {cmp}= {b} else {b})"
             return _cast(expr, np.dtype(indt[0]), outdt)
         if name in _ORDERING and np.dtype(indt[0]).kind == "f":
             return _cast(_quiet_compare(args[0], _ORDERING[name], args[1]), np.dtype(np.bool_), outdt)

@@ -101,9 +101,22 @@ def clip(a: Any, a_min: Any = None, a_max: Any = None, out: Any = None, **kwargs
     return out
 
 
+def _power_of_ten(n: int) -> float:
+    """``10.0 ** n`` as NumPy's ``round`` computes it (``power_of_ten``: exact up to 1e8, then multiplied by 10 one
+    step at a time: past 1e22 it differs from ``10.0 ** n`` in the last bits; inf past 1e308, where ``10.0 ** n``
+    raises OverflowError)."""
+    if n < 9:
+        return 10.0 ** n
+    r = 1e9
+    for _ in range(min(n, 400) - 9):     # inf from 1e309 on
+        r *= 10.0
+    return r
+
+
 def round(a: Any, decimals: int = 0, out: Any = None) -> Any:  # noqa: A001 - NumPy's name
     """``numpy.round``: half to even; with ``decimals`` NumPy's formula (``rint(a * 10**d) / 10**d``, or
-    ``rint(a / 10**-d) * 10**-d``), bit for bit. Integers: unchanged for ``decimals >= 0``. Recorded. SPMD."""
+    ``rint(a / 10**-d) * 10**-d``, ``10**d`` as :func:`_power_of_ten`), bit for bit, NaN past 308 decimals.
+    Integers: unchanged for ``decimals >= 0``. Recorded. SPMD."""
     if not isinstance(a, DistArray) or a.dtype.kind not in "iuf" or (a.dtype.kind in "iu" and decimals < 0):
         return fallback.call(np.round, (a,), dict(decimals=decimals, out=out), "round")
     d = operator.index(decimals)
@@ -111,12 +124,10 @@ def round(a: Any, decimals: int = 0, out: Any = None) -> Any:  # noqa: A001 - Nu
         res = a.copy()
     elif d == 0:
         res = np.rint(a)
-    elif d > 0:
-        f = a.dtype.type(10.0 ** d)
-        res = np.rint(a * f) / f
     else:
-        f = a.dtype.type(10.0 ** -d)
-        res = np.rint(a / f) * f
+        with np.errstate(over="ignore"):      # NumPy's factor is a double: inf past 1e308, inf in float32 past 1e38
+            f = a.dtype.type(_power_of_ten(abs(d)))
+        res = np.rint(a * f) / f if d > 0 else np.rint(a / f) * f
     if out is None:
         return res
     if not np.can_cast(res.dtype, out.dtype, "same_kind"):      # NumPy names the step whose output it cannot store

@@ -25,6 +25,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
+from ..fp_errors import raise_flags
 from ..fused_kernels import KernelSpec, get_kernel
 from ..graph import Leaf
 from ..indexing import _slice_of, c_strides
@@ -638,7 +639,9 @@ def _block_fn(fl: Lowering, blk: BlockSpec, bases: List[Any], recv_flat: List[Li
             else:
                 args[pos] = slots[ref[1]]
         args.extend(scalars)
-        blk.kernel(*args)
+        flags = blk.kernel(*args)
+        if flags:              # an integer division by zero or overflow (the kernel counted it): NumPy's flags
+            raise_flags(flags)
         fl.blocks += 1
     return fn
 
