@@ -69,7 +69,9 @@ for name, got, want in [("== None", a == None, x == None), ("!= None", a != None
 for name, got, want in [("equal(a, None)", dnp.equal(a, None), np.equal(x, None)),
                         ("not_equal(None, a)", dnp.not_equal(None, a), np.not_equal(None, x)),
                         ("where(a > 2, a, None)", dnp.where(a > 2, a, None), np.where(x > 2, x, None)),
-                        ("where(a > 2, None, a)", np.where(a > 2, None, a), np.where(x > 2, None, x))]:
+                        ("where(a > 2, None, a)", np.where(a > 2, None, a), np.where(x > 2, None, x)),
+                        ("where(a > 2, a, 1j)", dnp.where(a > 2, a, 1j), np.where(x > 2, x, 1j)),
+                        ("where(a > 2, 'x', a)", dnp.where(a > 2, "x", a), np.where(x > 2, "x", x))]:
     same_typed(name, got, want)
 expect("equal(a, 'x')", numpy_error(lambda: np.equal(x, "x")), lambda: np.equal(a, "x"), ["equal"])
 for name, got, want in [("a * 1j", a * 1j, x * 1j), ("1j - a", 1j - a, 1j - x),

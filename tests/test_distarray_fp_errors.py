@@ -125,6 +125,8 @@ compare("nanvar along an axis with an all-NaN slice", lambda m, a: m.nanvar(m.as
 compare("nanstd with ddof=2 along axis 0", lambda m, a: m.nanstd(m.asarray(An), axis=0, ddof=2))
 compare("nanvar without a bad slice", lambda m, a: m.nanvar(m.asarray(An[[0, 2, 3, 4, 5]]), axis=1))
 compare("nanmean of an empty slice", lambda m, a: m.nanmean(m.asarray(An[:0]), axis=0))
+compare("nanvar with ddof reaching the count of every slice", lambda m, a: m.nanvar(m.asarray(np.ones((6, 2))), axis=1,
+                                                                                  ddof=2))
 
 
 def all_nan_slice_as_error(m, a):

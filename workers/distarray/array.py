@@ -888,8 +888,8 @@ def where(cond: Any, x: Any = _NOT_GIVEN, y: Any = _NOT_GIVEN) -> Any:
         return np.where(cond)
     if x is _NOT_GIVEN or y is _NOT_GIVEN:
         raise ValueError("either both or neither of x and y should be given")
-    if (x is None or y is None) and any(isinstance(v, DistArray) for v in (cond, x, y)):
-        return fallback.call(np.where, (cond, x, y), {}, "where")   # NumPy's object array, not distributed
+    if any(ufuncs.foreign(v) for v in (cond, x, y)) and any(isinstance(v, DistArray) for v in (cond, x, y)):
+        return fallback.call(np.where, (cond, x, y), {}, "where")   # None, a string, a complex: NumPy's array
     if not any(isinstance(v, DistArray) for v in (cond, x, y)):
         return np.where(cond, x, y)
     ctx = _context_from(cond, x, y)

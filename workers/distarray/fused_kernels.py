@@ -136,7 +136,9 @@ def _float_to_int(expr: str, frm: np.dtype, to: np.dtype) -> str:
     int32 or int64) for what does not fit: to int8/int16/uint8/uint16 through int32 then wrapped (300.0 -> int8
     44, 40000.0 -> int16 -25536, inf -> 0); to int32 and int64 directly; to uint32/uint64 through int32/int64 of
     ``x - 2**31`` (``2**63``) with the top bit flipped for ``x`` from there up (-3.0 -> 2**32 - 3, 1e10 -> 0,
-    nan -> 2**31). LLVM's own narrow casts of out-of-range values are undefined: vectorized loops saturated and
+    nan -> 2**31). That is NumPy's vectorized loop; NumPy's own scalar loop (arrays under 4 elements, the last
+    ``n % 4``, strided ones) converts to uint32 through int64 instead (1e10 -> 1410065408, nan -> 0), so NumPy
+    itself gives both for the same value. LLVM's own narrow casts of out-of-range values are undefined: vectorized loops saturated and
     scalar ones did not, so results depended on the block sizes (on the rank count). One conversion per element,
     so the invalid flag is set exactly for the elements NumPy's is. Elsewhere (aarch64, whose conversions
     saturate) negative floats to unsigned integers wrap through int64, as NumPy's, the rest is numba's cast."""
@@ -187,7 +189,7 @@ def _combine(op: str, acc: str, v: str, dt: np.dtype) -> str:
     if op == "all":
         return f"({acc} and {v})"
     cmp = "<" if op == "min" else ">"
-    if dt.kind == "f":      # a tie (0.0 and -0.0) gives the later element, as NumPy's reduction
+    if dt.kind == "f":      # a tie (0.0 and -0.0) gives the later element (NumPy's for rows under 8 elements)
         return f"({v} if ({v} != {v} or ({acc} == {acc} and _qk({v}) {cmp}= _qk({acc}))) else {acc})"
     return f"({v} if {v} {cmp} {acc} else {acc})"
 
@@ -224,7 +226,7 @@ def _int_division_checks(name: str, argv: Sequence[int], argdt: Sequence[str], i
     """Statements after an integer ``floor_divide``/``remainder`` setting bits of the kernel's return value ``zf``:
     1 for a zero divisor, 2 for the lowest signed integer floor-divided by -1 (the flags NumPy's loops set: "divide
     by zero encountered in floor_divide", "overflow ..."; the caller raises them, :func:`~.fp_errors.raise_flags`).
-    None for other operations."""
+    No statement for other operations."""
     it = np.dtype(indt[0])
     if name not in ("floor_divide", "remainder") or it.kind not in "iu":
         return []

@@ -9,7 +9,7 @@ and runs at the next force point. A tuple of axes is reduced one axis at a time,
 operation's identity; ``dtype`` casts the input first (as NumPy's accumulator does). ``argmin`` and
 ``argmax`` find the first position equal to the minimum (or the first NaN, as NumPy) with a second
 reduction over an index grid laid out like the input. ``nanmin``/``nanmax`` of an all-NaN slice give
-NaN without NumPy's ``RuntimeWarning``. Float results equal NumPy's to rounding (the order of
+NaN with NumPy's ``RuntimeWarning`` after the force point (:mod:`.value_warnings`). Float results equal NumPy's to rounding (the order of
 summation differs: blocks, then ranks); integer and boolean results are exact.
 
 Call them SPMD on every rank with the same arguments. The array methods (``a.sum(...)``) and
@@ -158,16 +158,16 @@ any = _simple("any")  # noqa: A001
 all = _simple("all")  # noqa: A001
 
 
-def _warn_empty(a: DistArray, axes, ddof: Optional[float] = None) -> None:
-    """NumPy's RuntimeWarning for a mean (``ddof`` None: "Mean of empty slice") or a variance ("Degrees of
-    freedom <= 0 for slice") over slices of ``a`` with no element (or at most ``ddof``). Decided from the
-    shape alone: a ``where`` mask leaving fewer elements does not warn (that would be a force point). Issued at
-    the user's line."""
+def _warn_empty(a: DistArray, axes, ddof: Optional[float] = None,
+                text: str = "Degrees of freedom <= 0 for slice") -> None:
+    """NumPy's RuntimeWarning for a mean (``ddof`` None: "Mean of empty slice") or a variance (``text``) over
+    slices of ``a`` with no element (or at most ``ddof``), decided from the shape, at the user's line now; a
+    ``where`` mask leaving fewer elements warns after the force point (:func:`mean`, :func:`_variance`)."""
     n = _count(a, axes)
     if ddof is None and n == 0:
         warn_at("Mean of empty slice", fallback.user_frame())
     elif ddof is not None and n - ddof <= 0:
-        warn_at("Degrees of freedom <= 0 for slice", fallback.user_frame())
+        warn_at(text, fallback.user_frame())
 
 
 def _mask_count(a: DistArray, mask: Any, axes) -> Any:
@@ -223,7 +223,7 @@ def _variance(a: DistArray, axis: Any, dtype: Any, out: Any, ddof: float, keepdi
     warns ``text`` after the next force point (:mod:`.value_warnings`; NumPy's ``var`` and ``nanvar`` word it
     differently)."""
     axes = normalize_axes(axis, a.ndim)
-    _warn_empty(a, axes, ddof)
+    _warn_empty(a, axes, ddof, text)
     rdt = np.dtype(dtype) if dtype is not None else np.var(np.ones(2, dtype=a.dtype)).dtype
     m = _mean_kd(a, axes, where)
     x = a - m

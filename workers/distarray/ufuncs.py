@@ -36,7 +36,7 @@ from .indexing import View
 from .operations.block_ufunc import BlockUfunc
 from .plans import my_rows
 
-__all__ = ["ALL_UFUNCS", "EXACT_REDUCE", "FALLBACK", "call", "reduce", "accumulate", "outer", "method", "dispatch", "is_native"]
+__all__ = ["ALL_UFUNCS", "EXACT_REDUCE", "FALLBACK", "call", "reduce", "accumulate", "outer", "method", "dispatch", "is_native", "foreign"]
 
 #: Every ufunc NumPy has, by name (``numpy.abs`` is ``absolute``: one entry). Read from the namespace's
 #: dictionary, not ``dir(np)``: ``getattr`` of every name there imports NumPy's lazy submodules (``f2py``,
@@ -441,8 +441,8 @@ def method(ufunc: np.ufunc, name: str, inputs: Sequence[Any], kwargs: Dict[str, 
 _COMPILED_DTYPES: Dict[Tuple, bool] = {}
 
 
-def _foreign(x: Any) -> bool:
-    """Whether ``x`` (a ufunc operand) is neither a DistArray nor a bool, integer or float number or array: None,
+def foreign(x: Any) -> bool:
+    """Whether ``x`` (a ufunc or ``where`` operand) is neither a DistArray nor a bool, integer or float number or array: None,
     a string, an object or complex value, which NumPy handles and the distributed arrays do not hold."""
     if isinstance(x, (bool, int, float, np.bool_, np.integer, np.floating)) or hasattr(x, "_base"):
         return False
@@ -516,7 +516,7 @@ def dispatch(ufunc: np.ufunc, method: str, inputs: Sequence[Any], kwargs: Dict[s
         return globals()["method"](ufunc, method, inputs, kwargs, methods)
     if isinstance(out, tuple) and len(out) == 1:
         out = out[0]
-    if any(_foreign(x) for x in inputs):      # np.equal(a, None), np.add(a, "x"): NumPy's result or error
+    if any(foreign(x) for x in inputs):      # np.equal(a, None), np.add(a, "x"): NumPy's result or error
         return fallback.call(ufunc, inputs, kwargs, name)
     extra = {k: v for k, v in kwargs.items() if k != "out" and v is not None}
     if (name not in elementwise.SUPPORTED or numpy_math.applies(name, inputs) or ufunc.nout != 1

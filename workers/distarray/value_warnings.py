@@ -29,9 +29,14 @@ def warn_if(flag: Any, text: str) -> None:
     RuntimeWarning on every rank if ``flag`` is true."""
     ctx = flag.context
     filters = warnings.filters
-    ctx.value_warnings.append((flag, text, filters))
+    check = (flag, text, filters)
+    ctx.value_warnings.append(check)
     if warning_action(filters, text) == "error" and not ctx.in_flush and not ctx.hold_flush:
-        ctx.flush("a warning that is an error")
+        if ctx.pending:
+            ctx.flush("a warning that is an error")
+        else:       # computed already (each operation under these filters is a force point of its own)
+            ctx.value_warnings.remove(check)
+            issue([check])
 
 
 def issue(checks: List[Tuple[Any, str, List[Any]]]) -> None:
