@@ -265,6 +265,22 @@ def test_stale_cgroups_of_a_previous_run_are_ended_at_start(tmp_path):
             os.rmdir(cgroups.base)
 
 
+@needs_cgroups
+def test_a_cgroup_is_made_after_a_previous_run_removed_the_controller_directory(tmp_path):
+    # a previous run of the same controller (same data directory) that is still stopping removes the controller's
+    # directory when empty, also after the new run opened it: the new run's first pool must still get its cgroup
+    # (CI once failed: "could not make the cgroup .../c-.../pool-1: No such file or directory")
+    cgroups = ControllerCgroups.open(str(tmp_path))
+    try:
+        os.rmdir(cgroups.base)              # what the stopping run's close() does
+        path = cgroups.create("pool-1")
+        assert os.path.isdir(path) and os.path.exists(os.path.join(path, "cgroup.procs"))
+        os.rmdir(path)
+    finally:
+        if os.path.isdir(cgroups.base):
+            os.rmdir(cgroups.base)
+
+
 @pytest.mark.parametrize("hierarchy", ["v2", "v1-freezer"])
 def test_end_cgroup_ends_what_escaped_every_process_tree(hierarchy):
     mount = cgroup2_mount() if hierarchy == "v2" else freezer_mount()

@@ -213,8 +213,16 @@ class ControllerCgroups:
 
     def create(self, name: str) -> str:
         """Make the (empty) child ``name`` and return its path. A leftover of that name (a previous
-        run of this controller) must have been ended first (FileExistsError otherwise)."""
+        run of this controller) must have been ended first (FileExistsError otherwise). The
+        controller's directory is made again if it is gone: a previous run of the same controller
+        that was still stopping removes it when empty (its ``close``), also after this run opened it."""
         path = self.path(name)
+        for _ in range(3):
+            try:
+                os.mkdir(path)
+                return path
+            except FileNotFoundError:
+                os.makedirs(self.base, exist_ok=True)
         os.mkdir(path)
         return path
 
