@@ -720,16 +720,23 @@ def programs_section(a) -> dict:
 
 def programs_main(a) -> int:
     """``--programs-only``: the programs section alone, written to ``distarray_programs[_quick]``."""
+    from parallel_capacity import measure, summary
     from reporting import machine, write_results
 
     load0 = os.getloadavg()
     t0 = time.time()
+    cap0 = measure()
     sec = programs_section(a)
-    run_info = dict(load_start=load0, load_end=os.getloadavg(), wall_seconds=time.time() - t0)
+    cap1 = measure()
+    run_info = dict(load_start=load0, load_end=os.getloadavg(), wall_seconds=time.time() - t0,
+                    parallel_capacity_start=cap0, parallel_capacity_end=cap1)
     data = dict(benchmark="distarray_programs", quick=a.quick, run=run_info, programs=sec["data"],
                 targets=sec["targets"], machine=machine())
     md = [f"Load average at start {tuple(round(x, 2) for x in load0)}, at end "
-          f"{tuple(round(x, 2) for x in run_info['load_end'])}.", ""] + sec["md"]
+          f"{tuple(round(x, 2) for x in run_info['load_end'])}.", "",
+          "The machine's parallel capacity (`benchmarks/parallel_capacity.py`; nbmpi's 2 ranks against NumPy's one "
+          "process can gain at most this much): before the programs, " + summary(cap0) + " After them, "
+          + summary(cap1), ""] + sec["md"]
     name = "distarray_programs_quick" if a.quick else "distarray_programs"
     path = write_results(name, data, "\n".join(md), Path(a.out_dir) if a.out_dir else None)
     print("\n".join(md))

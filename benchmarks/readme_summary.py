@@ -43,6 +43,17 @@ def _measured_at(m: Dict[str, Any]) -> str:
     return f"{m.get('date', 'date not recorded')}, {at}, load {load_s}"
 
 
+def _capacity(run: Dict[str, Any]) -> str:
+    """The machine's parallel capacity during a run (``benchmarks/parallel_capacity.py``), or ``''`` if not measured."""
+    caps = [run.get(f"parallel_capacity_{w}") for w in ("start", "end")]
+    if not all(caps):
+        return ""
+    kinds = ", ".join(f"{what} {caps[0][k + '_capacity']:.2f} / {caps[1][k + '_capacity']:.2f}"
+                      for k, what in (("python", "Python loop"), ("memory", "memory-bound NumPy")))
+    return ("Two processes at once did the work of this many processes alone, before / after the run (2.00: two "
+            f"full cores): {kinds}.")
+
+
 def summary(results: Path = RESULTS) -> str:
     """The markdown of the section (without the markers)."""
     lines: List[str] = ["Headline numbers, read from `benchmarks/results/*.json` by "
@@ -58,6 +69,9 @@ def summary(results: Path = RESULTS) -> str:
         lines.append(f"**{path.stem}** ({_measured_at(data.get('machine', {}))}): {verdict} "
                      f"([table](benchmarks/results/{path.stem}.md))")
         lines.append("")
+        cap = _capacity(data.get("run") or {})
+        if cap:
+            lines += [cap, ""]
         if targets:
             lines.append("| target | measured | limit | status |")
             lines.append("|---|---|---|---|")

@@ -60,3 +60,12 @@ def test_programs_quick_runs_three_ways_and_derives_targets(tmp_path, kernel_cac
         assert t["status"] == ("PASS" if ok else "FAIL"), t
     md = (tmp_path / "distarray_programs_quick.md").read_text()
     assert "## NumPy programs" in md and "xray" in md and "n/a: AttributeError" in md
+    # the machine's parallel capacity, measured before and after the programs, derived from its own times
+    for when in ("start", "end"):
+        cap = data["run"][f"parallel_capacity_{when}"]
+        assert len(cap["at_once"]) == 2
+        for kind in ("python", "memory"):
+            times = [b[f"{kind}_s"] for b in cap["at_once"]]
+            assert cap["alone"][f"{kind}_s"] > 0 and min(times) > 0
+            assert abs(cap[f"{kind}_capacity"] - 2 * cap["alone"][f"{kind}_s"] / (sum(times) / 2)) < 1e-9
+            assert f"{cap[kind + '_capacity']:.2f} for" in md
