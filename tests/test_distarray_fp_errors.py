@@ -129,6 +129,51 @@ compare("nanvar with ddof reaching the count of every slice", lambda m, a: m.nan
                                                                                   ddof=2))
 
 
+
+def compare_in_order(what, fn, mode):
+    # every warning in NumPy's order and number, or NumPy's FloatingPointError, under errstate(invalid=mode,
+    # divide=mode): mean, var and std warn of an empty slice (or ddof reaching the count), then give the floating-point
+    # errors of NumPy's own divisions; decided by the shapes or by flags every rank holds, so every rank gives them all
+    out = []
+    for m in (np, dnp):
+        with warnings.catch_warnings(record=True) as w, np.errstate(invalid=mode, divide=mode):
+            warnings.simplefilter("always")
+            try:
+                res = ("value", np.asarray(fn(m)))
+            except FloatingPointError as err:
+                res = ("FloatingPointError", str(err))
+        out.append((res, [str(x.message) for x in w if issubclass(x.category, RuntimeWarning)]))
+    (want, want_w), (got, got_w) = out
+    assert got_w == want_w, (what, mode, "rank", r, "got", got_w, "NumPy", want_w)
+    assert got[0] == want[0], (what, mode, got, want)
+    if want[0] == "value":
+        same_typed(what, got[1], want[1])
+    else:
+        assert got[1] == want[1], (what, mode, got, want)
+    checked[0] += 1
+
+
+E03, V12 = np.zeros((0, 3)), np.array([[1.0, 3.0], [2.0, 3.0]])
+for mode in ("warn", "raise", "ignore"):
+    compare_in_order("mean over an empty axis", lambda m: m.mean(m.asarray(E03), axis=0), mode)
+    compare_in_order("mean of no element (a scalar)", lambda m: m.mean(m.asarray(E03)), mode)
+    compare_in_order("mean of no element, keepdims", lambda m: m.mean(m.asarray(E03), keepdims=True), mode)
+    compare_in_order("var over an empty axis (two divisions)", lambda m: m.var(m.asarray(E03), axis=0), mode)
+    compare_in_order("var with ddof=1 of one row", lambda m: m.var(m.asarray(np.ones((1, 3))), axis=0, ddof=1), mode)
+    compare_in_order("var with ddof=2 of two rows (x / 0 and 0 / 0)", lambda m: m.var(m.asarray(V12), axis=0, ddof=2),
+                     mode)
+    compare_in_order("std with ddof=4 of four elements (a scalar)", lambda m: m.std(m.arange(4.0), ddof=4), mode)
+    compare_in_order("mean where nothing is selected",
+                     lambda m: m.mean(m.asarray(V12), axis=0, where=m.asarray(np.array([[True, False]] * 2))), mode)
+    compare_in_order("var where one column keeps one element", lambda m: m.var(
+        m.asarray(V12), axis=0, ddof=1, where=m.asarray(np.array([[True, True], [False, True]]))), mode)
+    compare_in_order("nanmean of an empty slice (quiet division)",
+                     lambda m: m.nanmean(m.asarray(An[:0]), axis=0), mode)
+    compare_in_order("nanvar with ddof reaching the count (quiet division)",
+                     lambda m: m.nanvar(m.asarray(np.ones((6, 2))), axis=1, ddof=2), mode)
+    compare_in_order("var of an ordinary array", lambda m: m.var(m.asarray(V12), axis=0), mode)
+
+
 def all_nan_slice_as_error(m, a):
     with warnings.catch_warnings():
         warnings.simplefilter("error")

@@ -48,7 +48,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-__all__ = ["AVAILABLE", "KINDS", "current", "library_steps", "merged", "fusable", "joined", "wants_raise", "warnings_raise", "warn_at", "warn_under", "warning_action", "Collector", "report", "raise_agreed", "raise_flags"]
+__all__ = ["AVAILABLE", "KINDS", "current", "library_steps", "merged", "fusable", "joined", "wants_raise", "warnings_raise", "warn_at", "warn_under", "signal", "warning_action", "Collector", "report", "raise_agreed", "raise_flags"]
 
 #: NumPy's kinds of floating-point error, in its order, with the text of its messages and the flag NumPy passes to
 #: a ``seterrcall`` function.
@@ -116,8 +116,9 @@ def current() -> Dict[str, str]:
 
 def library_steps(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Decorate a NumPy function built of recorded steps that gives NumPy's own warnings itself (``mean``: "Mean of
-    empty slice"): the flags of the operations it records are not reported (NumPy's ``mean`` of an empty slice
-    does not say "invalid value encountered in divide" either). NumPy's error state is not changed."""
+    empty slice", then the "invalid value encountered in divide" of NumPy's own division, through
+    :mod:`.value_warnings`): the flags of the operations it records are not reported (its steps are not NumPy's, so
+    their flags would not be NumPy's). NumPy's error state is not changed."""
     @functools.wraps(fn)
     def steps(*args: Any, **kwargs: Any) -> Any:
         _internal[0] += 1
@@ -336,6 +337,18 @@ def report(found: Sequence[Tuple[str, str, str]], user_frame: Any,
             np.geterrcall().write(f"Warning: {text}\n")
         elif mode == "call":
             np.geterrcall()(_TEXT[kind], _FLAG[kind])
+
+
+def signal(kind: str, names: str, state: Dict[str, str], frame: Any, filters: Optional[List[Any]]) -> None:
+    """Handle one floating-point error of ``kind`` in the operation(s) ``names`` as the error state ``state`` (a
+    ``numpy.geterr()`` dict) says, on this rank: raise ``FloatingPointError``, or :func:`report` it (a warning at
+    ``frame``'s line under the ``warnings`` filters ``filters``, print, log, call), or nothing (``ignore``).
+    Local."""
+    mode = state.get(kind, "ignore")
+    if mode == "raise":
+        raise FloatingPointError(message(kind, names))
+    if mode != "ignore":
+        report([(kind, mode, names)], frame, {(kind, mode, names): filters})
 
 
 def warn_under(text: str, frame: Any, recorded: Optional[List[Any]]) -> None:

@@ -28,7 +28,7 @@ from . import fallback
 from .array import _FUNCTIONS, _METHODS, DistArray, _reduce, where
 from .creation import full_like
 from .fp_errors import library_steps, warn_at
-from .value_warnings import warn_if
+from .value_warnings import signal_if, signal_now, warn_if
 from .arg_extreme import flat_arg
 
 __all__ = ["sum", "prod", "mean", "std", "var", "min", "max", "amin", "amax", "argmin", "argmax", "any", "all", "count_nonzero",
@@ -190,6 +190,9 @@ def mean(a: Any, axis: Any = None, dtype: Any = None, out: Any = None, keepdims:
     axes = normalize_axes(axis, a.ndim)
     _warn_empty(a, axes)
     rdt = np.dtype(dtype) if dtype is not None else np.mean(np.ones(1, dtype=a.dtype)).dtype
+    div = _division(a, axes, keepdims, out) if rdt.kind == "f" else None
+    if div and _count(a, axes) == 0:                # NumPy's own 0 / 0, after its warning
+        signal_now("invalid", div)
     if where is True and dtype is None:
         return _finish(_over(a, "mean", axes), a, axes, keepdims, out)
     x = _prepare(a, np.float64 if rdt.kind == "f" else rdt, where, 0)
@@ -198,7 +201,10 @@ def mean(a: Any, axis: Any = None, dtype: Any = None, out: Any = None, keepdims:
         total = total.astype(rdt)
     count = _mask_count(a, where, axes)
     if isinstance(count, DistArray) and _count(a, axes) > 0:      # else warned from the shape
-        warn_if(any(count == 0), "Mean of empty slice")
+        empty = any(count == 0)
+        warn_if(empty, "Mean of empty slice")
+        if div:
+            signal_if(empty, "invalid", div)
     res = total / count
     return _finish(res, a, axes, keepdims, out, rdt)
 
@@ -225,14 +231,50 @@ def _variance(a: DistArray, axis: Any, dtype: Any, out: Any, ddof: float, keepdi
     axes = normalize_axes(axis, a.ndim)
     _warn_empty(a, axes, ddof, text)
     rdt = np.dtype(dtype) if dtype is not None else np.var(np.ones(2, dtype=a.dtype)).dtype
-    m = _mean_kd(a, axes, where)
-    x = a - m
-    x = _prepare(x * x, None, where, 0)
     n = _mask_count(a, where, axes)
     if isinstance(n, DistArray) and _count(a, axes) - ddof > 0:     # else warned from the shape
         warn_if(any(n <= ddof), text)
-    res = _over(x, "sum", axes) / _positive(n - ddof)
+    div = _division(a, axes, keepdims, out)
+    if div and isinstance(n, DistArray):            # NumPy's division of the mean: 0 / 0 over an empty slice
+        signal_if(any(n == 0), "invalid", "divide")
+    elif div and n == 0:
+        signal_now("invalid", "divide")
+    m = _mean_kd(a, axes, where)
+    x = a - m
+    x = _prepare(x * x, None, where, 0)
+    total = _over(x, "sum", axes)
+    if div:
+        _signal_division(total, n, ddof, div)
+    res = total / _positive(n - ddof)
     return _finish(res, a, axes, keepdims, out, rdt)
+
+
+def _division(a: DistArray, axes, keepdims: bool, out: Any) -> Optional[str]:
+    """The operation NumPy's floating-point errors name for its division of a reduction of ``a`` over ``axes``:
+    ``'scalar divide'`` for a scalar result, ``'divide'`` for an array; None for a result with no element (nothing
+    is divided)."""
+    rest = [] if axes is None else [n for k, n in enumerate(a.shape) if k not in axes]
+    if math.prod(rest) == 0:
+        return None
+    return "scalar divide" if not rest and not keepdims and out is None else "divide"
+
+
+def _signal_division(total: Any, n: Any, ddof: float, div: str) -> None:
+    """NumPy's errors of ``total / (n - ddof)`` where ``n - ddof <= 0`` (``n``: the count of each slice, an int or a
+    recorded array): "divide by zero" for a positive finite sum, then "invalid value" for a zero one (``0 / 0``), as
+    its error state says (:mod:`.value_warnings`); nothing where no slice's count can reach ``ddof``."""
+    if not isinstance(n, DistArray):
+        if n - ddof > 0:
+            return
+        if n == 0:                  # the sum of nothing: 0 / 0 whatever the values
+            signal_now("invalid", div)
+            return
+        signal_if(any((total > 0) & np.isfinite(total)), "divide", div)
+        signal_if(any(total == 0), "invalid", div)
+        return
+    bad = n - ddof <= 0
+    signal_if(any(bad & (total > 0) & np.isfinite(total)), "divide", div)
+    signal_if(any(bad & (total == 0)), "invalid", div)
 
 
 @library_steps
@@ -363,11 +405,13 @@ def _nan(op: str, base: Any, fill: Any):
             mask = ~nan if where is True or where is None else (~nan) & where
             kw["where"] = mask
             if op == "mean":
-                return base(a, **kw, **kwargs)
+                with np.errstate(invalid="ignore", divide="ignore"):    # NumPy's nanmean divides quietly
+                    return base(a, **kw, **kwargs)
             # NumPy's nanvar: NaN where the slice has at most ddof numbers (var's: inf), its own warning's text
             ddof = kwargs["ddof"] if kwargs.get("correction") is None else kwargs["correction"]
             few = sum(mask, axis=axis, keepdims=keepdims) <= ddof
-            res = _variance(a, axis, dtype, None, ddof, keepdims, mask, "Degrees of freedom <= 0 for slice.")
+            with np.errstate(invalid="ignore", divide="ignore"):
+                res = _variance(a, axis, dtype, None, ddof, keepdims, mask, "Degrees of freedom <= 0 for slice.")
             return _finish(where_(few, np.nan, np.sqrt(res) if op == "std" else res), a, None, False, out)
         return base(where_(nan, fill, a), **kw, **kwargs)
 
