@@ -239,7 +239,7 @@ def _variance(a: DistArray, axis: Any, dtype: Any, out: Any, ddof: float, keepdi
         signal_if(any(n == 0), "invalid", "divide")
     elif div and n == 0:
         signal_now("invalid", "divide")
-    m = _mean_kd(a, axes, where)
+    m = _mean_kd(a, axes, where, n)
     x = a - m
     x = _prepare(x * x, None, where, 0)
     total = _over(x, "sum", axes)
@@ -303,12 +303,13 @@ def _positive(n: Any) -> Any:
     return float(n) if n > 0 else 0.0
 
 
-def _mean_kd(a: DistArray, axes, mask: Any) -> Any:
-    """The mean over ``axes`` with kept dimensions (float64 for integer input)."""
+def _mean_kd(a: DistArray, axes, mask: Any, count: Any) -> Any:
+    """The mean over ``axes`` with kept dimensions (float64 for integer input); ``count``: the elements ``mask``
+    selects per slice (:func:`_mask_count`)."""
     if mask is None or mask is True:
         return keep_dims(_over(a if a.dtype.kind == "f" else a.astype(np.float64), "mean", axes), axes, a.ndim)
     x = _prepare(a if a.dtype.kind == "f" else a.astype(np.float64), None, mask, 0)
-    return keep_dims(_over(x, "sum", axes) / _mask_count(a, mask, axes), axes, a.ndim)
+    return keep_dims(_over(x, "sum", axes) / count, axes, a.ndim)
 
 
 def count_nonzero(a: Any, axis: Any = None, *, keepdims: bool = False) -> Any:
