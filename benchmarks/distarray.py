@@ -725,9 +725,9 @@ def programs_main(a) -> int:
 
     load0 = os.getloadavg()
     t0 = time.time()
-    cap0 = measure()
+    cap0 = measure(0.2 if a.quick else 1.0)
     sec = programs_section(a)
-    cap1 = measure()
+    cap1 = measure(0.2 if a.quick else 1.0)
     run_info = dict(load_start=load0, load_end=os.getloadavg(), wall_seconds=time.time() - t0,
                     parallel_capacity_start=cap0, parallel_capacity_end=cap1)
     data = dict(benchmark="distarray_programs", quick=a.quick, run=run_info, programs=sec["data"],

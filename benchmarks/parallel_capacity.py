@@ -24,16 +24,17 @@ from typing import Any, Dict, List
 
 #: The work each process does: a Python loop and NumPy matrix-vector products, each timed by the process itself.
 WORK = """
-import json, time
+import json, sys, time
 import numpy as np
+SCALE = float(sys.argv[1])
 a = np.random.default_rng(0).normal(size=(1500, 1500)); v = np.ones(1500)
 a @ v
 t = time.perf_counter()
-for _ in range(400):
+for _ in range(int(400 * SCALE)):
     a @ v
 mem = time.perf_counter() - t
 t = time.perf_counter(); s = 0
-for i in range(2_500_000):
+for i in range(int(2_500_000 * SCALE)):
     s += i
 print(json.dumps(dict(python_s=time.perf_counter() - t, memory_s=mem)))
 """
@@ -48,9 +49,10 @@ def _env() -> Dict[str, str]:
     return env
 
 
-def _run(copies: int) -> List[Dict[str, float]]:
-    """Start ``copies`` processes of :data:`WORK` at once; each one's times (blocking until all have ended)."""
-    procs = [subprocess.Popen([sys.executable, "-c", WORK], stdout=subprocess.PIPE, env=_env(), text=True)
+def _run(copies: int, scale: float) -> List[Dict[str, float]]:
+    """Start ``copies`` processes of :data:`WORK` (its loops ``scale`` times as long) at once; each one's times
+    (blocking until all have ended)."""
+    procs = [subprocess.Popen([sys.executable, "-c", WORK, str(scale)], stdout=subprocess.PIPE, env=_env(), text=True)
              for _ in range(copies)]
     out = []
     for p in procs:
@@ -61,11 +63,12 @@ def _run(copies: int) -> List[Dict[str, float]]:
     return out
 
 
-def measure() -> Dict[str, Any]:
-    """One process alone, then two at once (about 2-6 s in all); per kind of work the times and the capacity
-    (``2 * alone / mean of the two``). Blocking; starts and waits for its own processes only."""
-    alone = _run(1)[0]
-    both = _run(2)
+def measure(scale: float = 1.0) -> Dict[str, Any]:
+    """One process alone, then two at once (about 2-6 s in all at ``scale`` 1; the loops ``scale`` times as long);
+    per kind of work the times and the capacity (``2 * alone / mean of the two``). Blocking; starts and waits for
+    its own processes only."""
+    alone = _run(1, scale)[0]
+    both = _run(2, scale)
     res: Dict[str, Any] = dict(alone=alone, at_once=both)
     for kind in KINDS:
         key = f"{kind}_s"
