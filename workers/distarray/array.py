@@ -290,6 +290,9 @@ class DistArray:
         return int(_only_0d(self, "only integer scalar arrays can be converted to a scalar index")._scalar("index"))
 
     def __bool__(self) -> bool:
+        if self.size == 0:
+            raise ValueError("The truth value of an empty array is ambiguous. Use `array.size > 0` to check that an "
+                             "array is not empty.")
         if self.size != 1:
             raise ValueError("The truth value of an array with more than one element is ambiguous. "
                              "Use a.any() or a.all()")
@@ -335,12 +338,14 @@ class DistArray:
     # -- printing -----------------------------------------------------------------------
     def __str__(self) -> str:
         arr = _printable(self)
-        with np.printoptions(threshold=0 if arr.size != self.size else np.get_printoptions()["threshold"]):
+        if arr.ndim == 0:       # NumPy's reduction gives a scalar: its text (differs under legacy='1.13')
+            return str(arr[()])
+        with _print_options(arr, self):
             return str(arr)
 
     def __repr__(self) -> str:
         arr = _printable(self)
-        with np.printoptions(threshold=0 if arr.size != self.size else np.get_printoptions()["threshold"]):
+        with _print_options(arr, self):
             body = np.array2string(arr, separator=", ", prefix="DistArray(")
         return f"DistArray({body}, dtype={self.dtype}, dist={self.dist.kind!r})"
 
@@ -815,6 +820,9 @@ def dot(a: Any, b: Any, out: Any = None) -> Any:
     elif np.ndim(a) > 2 or np.ndim(b) > 2:
         return fallback.call(np.dot, (a, b), {} if out is None else dict(out=out), "dot")
     else:
+        sa, sb = np.shape(a), np.shape(b)
+        if sa[-1] != sb[0]:                     # NumPy's dot error (not matmul's), from stand-ins
+            np.dot(np.broadcast_to(0.0, sa), np.broadcast_to(0.0, sb))
         res = matmul(a, b)
     if isinstance(out, DistArray) and (out.dtype != res.dtype or not c_contiguous(out._view)):
         # NumPy's out= of dot: a C-array of the result's dtype only
@@ -965,6 +973,16 @@ _FUNCTIONS = {
 }
 if hasattr(np, "astype"):    # numpy.astype (NumPy 2): the method
     _FUNCTIONS[np.astype] = lambda x, dtype, copy=True, device=None: x.astype(dtype, copy=copy)
+
+
+def _print_options(arr: np.ndarray, a: DistArray) -> Any:
+    """NumPy's print options now (``formatter`` and every other one kept: ``numpy.printoptions`` resets what it is
+    not given), with ``threshold`` 0 when ``arr`` holds only the edges of ``a`` (:func:`_printable`), so that NumPy
+    summarizes it as it would ``a``."""
+    opts = np.get_printoptions()
+    if arr.size != a.size:
+        opts["threshold"] = 0
+    return np.printoptions(**opts)
 
 
 def _printable(a: DistArray) -> np.ndarray:

@@ -400,8 +400,13 @@ def _astype(a: DistArray, dtype: Any, order: str = "K", casting: str = "unsafe",
             copy: bool = True) -> DistArray:
     """``a.astype(dtype, order, casting, subok, copy)``: a new array of ``dtype`` (recorded), or ``a`` itself when
     ``copy`` is false and the dtype is ``a``'s. NumPy's errors for a bad ``order`` or ``casting`` and for a cast
-    the ``casting`` rule forbids (checked by NumPy on an empty stand-in, on every rank). Local."""
+    the ``casting`` rule forbids (checked by NumPy on an empty stand-in, on every rank). Local. A dtype a
+    distributed array cannot hold (strings, objects, complex, dates) gives NumPy's array, through the NumPy fallback
+    (gathered on every rank: collective)."""
     np.empty((0,), a.dtype).astype(dtype, order=order, casting=casting, subok=subok)
+    if np.dtype(dtype).kind not in "biuf":
+        return fallback.call(np.ndarray.astype, (a, dtype), dict(order=order, casting=casting, subok=subok,
+                                                                copy=copy), "astype")
     if not copy and np.dtype(dtype) == a.dtype:
         return a
     return wrap(elementwise.record_cast(a.context, a._leaf(), dtype))

@@ -267,7 +267,10 @@ def _mark_views(result: Any, res: Any, gathered: List[np.ndarray], name: str) ->
         return
     if not isinstance(result, np.ndarray) or not isinstance(res, _distarray_type()):
         return
-    if not result.flags.writeable:
+    with warnings.catch_warnings():     # broadcast_arrays' results warn when their flag is read (NumPy 2)
+        warnings.simplefilter("ignore", FutureWarning)
+        writeable = result.flags.writeable
+    if not writeable:
         res._base.copy_of, res._base.read_only = f"numpy.{name}", True
     elif any(np.may_share_memory(result, g) for g in gathered):
         res._base.copy_of = f"numpy.{name}"

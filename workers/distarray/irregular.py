@@ -198,6 +198,11 @@ def numpy_index(key: Any, axis_len: int, shape: Tuple[int, ...] = ()) -> Optiona
     if key.dtype == np.bool_:
         if key.ndim > 1 and key.shape == tuple(shape[:key.ndim]):
             raise UnsupportedOperation(f"a NumPy boolean mask of {key.ndim} dimensions selects elements, not rows")
+        dims = tuple(shape) or (axis_len,)
+        off = next((k for k, (m, d) in enumerate(zip(key.shape, dims)) if m != d), None)
+        if off is not None:     # NumPy's text
+            raise IndexError(f"boolean index did not match indexed array along axis {off}; size of axis is "
+                             f"{dims[off]} but size of corresponding boolean axis is {key.shape[off]}")
         if key.ndim != 1 or key.shape[0] != axis_len:
             raise IndexError(f"boolean index of shape {key.shape} does not match axis 0 of length {axis_len}; "
                              "a mask selects rows (a 1-D mask of the axis's length); for a[mask] = x with a "

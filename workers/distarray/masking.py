@@ -117,6 +117,9 @@ def put(a: DistArray, mask: DistArray, value: Any) -> None:
         try:
             mine = np.broadcast_to(val, want)[pos]
         except ValueError:
+            # NumPy's error: the same assignment into a stand-in of the selection (NumPy checks before it writes;
+            # np.empty's pages are not touched)
+            np.empty(want, a.dtype)[np.ones(total, bool)] = val
             raise ValueError(f"a[mask] = v: v of shape {val.shape} does not broadcast to the selection's shape "
                              f"{want}") from None
     loc[m] = mine

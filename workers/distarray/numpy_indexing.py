@@ -399,7 +399,7 @@ class FlatIter:
         if isinstance(key, (int, np.integer)) and not isinstance(key, (bool, np.bool_)):
             k = operator.index(key)
             if not -n <= k < n:
-                raise IndexError(f"index {k} is out of bounds for axis 0 with size {n}")
+                raise IndexError(f"index {k} is out of bounds for size {n}")     # NumPy's flatiter text
             return np.int64(k % n)
         if isinstance(key, slice):
             return np.arange(*key.indices(n), dtype=np.int64)

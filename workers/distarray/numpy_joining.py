@@ -56,6 +56,12 @@ def _user_holds(base: Any) -> bool:
     return base.exported and base.owner is None
 
 
+def _numpy_error(arrays: List[Any], axis: int) -> None:
+    """Raise NumPy's error for joining arrays of these shapes along ``axis`` (``numpy.concatenate`` of zero-stride
+    stand-ins: NumPy checks the shapes before it allocates)."""
+    np.concatenate([np.broadcast_to(np.int8(0), _shape(x)) for x in arrays], axis=axis)
+
+
 def _join(arrays: List[Any], axis: int, dtype: Any, name: str) -> DistArray:
     """The copies into a new array (see the module doc); ``arrays`` have equal ndim. Recorded."""
     from .creation import empty
@@ -64,6 +70,7 @@ def _join(arrays: List[Any], axis: int, dtype: Any, name: str) -> DistArray:
     nd = first.ndim
     for x in arrays:
         if _ndim(x) != nd:
+            _numpy_error(arrays, axis)
             raise ValueError(f"all the input array dimensions except for the concatenation axis must match exactly, "
                              f"but along dimension 0, the array at index 0 has {nd} dimension(s) and another has "
                              f"{_ndim(x)} dimension(s)")
@@ -71,6 +78,7 @@ def _join(arrays: List[Any], axis: int, dtype: Any, name: str) -> DistArray:
     shapes = [_shape(x) for x in arrays]
     for k, s in enumerate(shapes):
         if tuple(s[:axis]) + tuple(s[axis + 1:]) != tuple(shapes[0][:axis]) + tuple(shapes[0][axis + 1:]):
+            _numpy_error(arrays, axis)
             raise ValueError(f"all the input array dimensions except for the concatenation axis must match exactly: "
                              f"the array at index 0 has shape {tuple(shapes[0])}, the array at index {k} {tuple(s)} "
                              f"({name}, axis {axis})")

@@ -34,7 +34,7 @@ __all__ = ["reshape", "ravel", "repeat", "tile", "nonzero", "flatnonzero", "argw
 
 def _new_shape(size: int, shape: Any) -> Tuple[int, ...]:
     """``shape`` with its one ``-1`` resolved for ``size`` elements; ValueError as NumPy's. Local."""
-    shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(operator.index(s) for s in shape)
+    shape = given = (shape,) if isinstance(shape, (int, np.integer)) else tuple(operator.index(s) for s in shape)
     unknown = [k for k, s in enumerate(shape) if s == -1]
     known = int(np.prod([s for s in shape if s != -1], dtype=np.int64))
     if len(unknown) > 1:
@@ -42,6 +42,7 @@ def _new_shape(size: int, shape: Any) -> Tuple[int, ...]:
     if unknown and known and size % known == 0:
         shape = shape[:unknown[0]] + (size // known,) + shape[unknown[0] + 1:]
     if any(s < 0 for s in shape) or int(np.prod(shape, dtype=np.int64)) != size:
+        np.broadcast_to(np.int8(0), (size,)).reshape(given)       # NumPy's error, from a stand-in (no memory)
         raise ValueError(f"cannot reshape array of size {size} into shape {shape}")
     return shape
 
@@ -102,9 +103,13 @@ def reshape(a: Any, shape: Any = None, order: str = "C", **kwargs: Any) -> Any:
 
 
 def ravel(a: Any, order: str = "C") -> Any:
-    """``numpy.ravel`` in C order: the 1-D array of ``a``'s elements (a copy). Collective, blocking."""
+    """``numpy.ravel``: the 1-D array of ``a``'s elements (a copy). ``order='K'`` (memory order) is C order, as
+    NumPy's for a sliced view of a C-ordered array (steps backwards included; a DistArray's ``.T`` is a C-ordered
+    copy: C order too, where NumPy's reads a transpose's memory order). Collective, blocking."""
     if not isinstance(a, DistArray):
         return np.ravel(a, order=order)
+    if order == "K":
+        order = "C"
     if a.ndim == 1 and order == "C":
         fallback.note_native("ravel")
         return a
@@ -131,9 +136,12 @@ def repeat(a: Any, repeats: Any, axis: Any = None) -> Any:
             return _repeat_rows(a, repeats)
         repeats = repeats.to_numpy()             # one count, or counts along a trailing axis: small
     n = a.shape[axis]
-    reps = np.broadcast_to(np.asarray(repeats, dtype=np.int64), (n,))
-    if np.any(reps < 0):
+    given = np.asarray(repeats, dtype=np.int64)
+    bad = given.ndim > 1 or given.size not in (1, n) or bool(np.any(given < 0))
+    if bad:     # NumPy's error, from a stand-in of the axis (NumPy checks before it allocates anything)
+        np.repeat(np.zeros(n, np.int8), repeats)
         raise ValueError("repeats may not contain negative values.")
+    reps = np.broadcast_to(given, (n,))
     shape = a.shape[:axis] + (int(reps.sum()),) + a.shape[axis + 1:]
     rows, data = local_part(a)
     if axis == 0:
@@ -218,6 +226,7 @@ def moveaxis(a: Any, source: Any, destination: Any) -> Any:
     :func:`permute`; ``a`` itself if nothing moves). Collective, blocking."""
     if not isinstance(a, DistArray) or a.ndim == 0:
         return np.moveaxis(a, source, destination) if not isinstance(a, DistArray) else a
+    np.moveaxis(np.broadcast_to(np.int8(0), a.shape), source, destination)   # NumPy's errors (a view: no memory)
     fallback.note_native("moveaxis")
     src = [normalize_axis_index(k, a.ndim) for k in np.atleast_1d(source)]
     dst = [normalize_axis_index(k, a.ndim) for k in np.atleast_1d(destination)]

@@ -241,12 +241,16 @@ def _split_with(np_split: Any, axis_of: Any):
         kwargs = {k: v.to_numpy() if isinstance(v, DistArray) else v for k, v in kwargs.items()}
         pieces = np_split(stand, *args, **kwargs)
         ax = axis_of(a, args, kwargs)
-        out, lo = [], 0
-        for p in pieces:
-            hi = lo + p.shape[ax]
-            out.append(a[(slice(None),) * ax + (slice(lo, hi),)])
-            lo = hi
-        return out
+        given = args[0] if args else kwargs.get("indices_or_sections")
+        if np.ndim(given) == 0:     # sections: consecutive pieces of NumPy's lengths
+            bounds, lo = [], 0
+            for p in pieces:
+                bounds.append((lo, lo + p.shape[ax]))
+                lo += p.shape[ax]
+        else:                       # indices: NumPy's a[i:j] between consecutive ones, as given (any order)
+            points = [0] + [int(i) for i in np.asarray(given).ravel()] + [a.shape[ax]]
+            bounds = list(zip(points[:-1], points[1:]))
+        return [a[(slice(None),) * ax + (slice(lo, hi),)] for lo, hi in bounds]
     split.__name__ = split.__qualname__ = np_split.__name__
     split.__doc__ = (f"``numpy.{np_split.__name__}`` of a DistArray: a list of views of it (slices along the axis "
                      "NumPy splits), as NumPy's. Local.")
