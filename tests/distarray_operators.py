@@ -980,7 +980,14 @@ for name, f in [("split(x, [3, 1])", lambda m: m.split(m.arange(7.0), [3, 1])),
                 ("a.flat[5] of 4", lambda m: m.arange(4).flat[5]),
                 ("append of another ndim", lambda m: m.append(m.ones((2, 3)), [1, 2, 3], axis=0)),
                 ("concatenate of other columns", lambda m: m.concatenate([m.ones((2, 3)), m.ones((2, 2))])),
-                ("concatenate(axis=1) of other rows", lambda m: m.concatenate([m.ones((2, 3)), m.ones((1, 2))], 1))]:
+                ("concatenate(axis=1) of other rows", lambda m: m.concatenate([m.ones((2, 3)), m.ones((1, 2))], 1)),
+                ("zeros(3.0)", lambda m: m.zeros(3.0)),
+                ("ones((2, 3.0))", lambda m: m.ones((2, 3.0))),
+                ("empty(-1)", lambda m: m.empty(-1) * 0),
+                ("full((2, -1), 1)", lambda m: m.full((2, -1), 1)),
+                ("default_rng(1).random(3.0)", lambda m: m.random.default_rng(1).random(3.0)),
+                ("default_rng(1).normal(0, 1, (2, 3.0))", lambda m: m.random.default_rng(1).normal(0, 1, (2, 3.0))),
+                ("default_rng(1).random(-1)", lambda m: m.random.default_rng(1).random(-1))]:
     got, want = outcome_text(f, dnp), outcome_text(f, np)
     assert got == want, (name, "rank", rank, got, want)
     checks[0] += 1

@@ -34,11 +34,14 @@ K_SCATTER = tracing.register_kind("distarray_scatter")
 
 
 def _shape(shape: Any) -> Tuple[int, ...]:
+    """A shape argument as a tuple of ints, with NumPy's errors (its texts) for what is not one."""
     if isinstance(shape, (int, np.integer)) or (hasattr(shape, "__index__") and not np.shape(shape)):
         shape = (shape,)   # a 0-d integer array too (a DistArray's is read on every rank), as NumPy's
+    elif not hasattr(shape, "__iter__"):
+        raise TypeError(f"expected a sequence of integers or a single integer, got '{shape}'")
     out = tuple(operator.index(s) for s in shape)
     if any(s < 0 for s in out):
-        raise ValueError(f"negative dimensions are not allowed: {out}")
+        raise ValueError("negative dimensions are not allowed")
     return out
 
 

@@ -256,6 +256,10 @@ def _arrays_in(value: Any) -> List[np.ndarray]:
     return []
 
 
+#: NumPy's ``NPY_ARRAY_WRITEABLE`` bit of ``ndarray.flags.num``.
+_WRITEABLE = 0x0400
+
+
 def _mark_views(result: Any, res: Any, gathered: List[np.ndarray], name: str) -> None:
     """Mark each distributed array of ``res`` made from a NumPy view of a gathered operand (``numpy.rot90``,
     ``a.view(dtype)``) as a copy where NumPy has a view, so that a write into it warns
@@ -267,10 +271,7 @@ def _mark_views(result: Any, res: Any, gathered: List[np.ndarray], name: str) ->
         return
     if not isinstance(result, np.ndarray) or not isinstance(res, _distarray_type()):
         return
-    with warnings.catch_warnings():     # broadcast_arrays' results warn when their flag is read (NumPy 2)
-        warnings.simplefilter("ignore", FutureWarning)
-        writeable = result.flags.writeable
-    if not writeable:
+    if not result.flags.num & _WRITEABLE:   # (flags.writeable warns for broadcast_arrays' results, NumPy 2)
         res._base.copy_of, res._base.read_only = f"numpy.{name}", True
     elif any(np.may_share_memory(result, g) for g in gathered):
         res._base.copy_of = f"numpy.{name}"
