@@ -149,15 +149,29 @@ def identity(n: int, dtype: Any = float, dist: Any = "block", comm: Any = None) 
 
 
 def fromfunction(function: Callable[..., Any], shape: Sequence[int], *, dtype: Any = float, dist: Any = "block",
-                 comm: Any = None, **kwargs: Any) -> DistArray:
-    """``numpy.fromfunction``: ``function(*index_grids, **kwargs)`` evaluated on each rank's rows only
-    (``function`` must be elementwise in its index arguments, as NumPy's documentation asks). Local."""
+                 comm: Any = None, **kwargs: Any) -> Any:
+    """``numpy.fromfunction``: ``function(*grids, **kwargs)`` called once, as NumPy calls it, with one coordinate
+    array per axis of ``shape`` (of ``dtype``; distributed by ``dist``, lazy grids: no memory until an operation
+    needs it); returns whatever ``function`` returns (a distributed array computed by the operations it records,
+    a scalar, a tuple). So a function that is not elementwise (``i[::-1]``, ``i.max()``, ``cumsum``) sees the
+    whole grids, as in NumPy. SPMD: call on every rank."""
+    shp = _shape(shape)
+    dt = np.dtype(dtype)
+    grids = [lazy_grid(shp, dt, dist, comm, np.arange(n), axis, "fromfunction") for axis, n in enumerate(shp)]
+    return function(*grids, **kwargs)
+
+
+def rows_from_function(function: Callable[..., Any], shape: Sequence[int], *, dtype: Any = float,
+                       dist: Any = "block", comm: Any = None) -> DistArray:
+    """A new array of ``shape`` whose elements are ``function(*coordinates)``, ``function`` evaluated with NumPy
+    on each rank's rows only (and once on one element, for its result's dtype): for the library's own
+    elementwise functions of the coordinates (index grids of reductions, ``tri``), nothing recorded. Local."""
     shp = _shape(shape)
 
     def fill(rows: np.ndarray) -> np.ndarray:
         grids = np.meshgrid(rows.astype(dtype), *[np.arange(n, dtype=dtype) for n in shp[1:]], indexing="ij")
-        return np.broadcast_to(function(*grids, **kwargs), (len(rows),) + shp[1:])
-    probe = np.asarray(function(*[np.zeros(1, dtype=dtype) for _ in shp], **kwargs))
+        return np.broadcast_to(function(*grids), (len(rows),) + shp[1:])
+    probe = np.asarray(function(*[np.zeros(1, dtype=dtype) for _ in shp]))
     return _from_rows(shp, probe.dtype, dist, comm, fill, "fromfunction")
 
 

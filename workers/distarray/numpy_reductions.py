@@ -324,15 +324,15 @@ def count_nonzero(a: Any, axis: Any = None, *, keepdims: bool = False) -> Any:
 def _position(a: DistArray, ax: Optional[int]) -> DistArray:
     """An intp array of ``a``'s shape holding each element's flat index (``ax`` None) or its index along
     ``ax``, laid out like ``a`` (each rank fills its own rows; nothing recorded but the view)."""
-    from .grids import fromfunction
+    from .grids import rows_from_function
 
     shape = a.shape
     strides = [math.prod(shape[k + 1:]) for k in range(len(shape))]
     dist = a.dist if a._view.is_full and not a._base.replicated else "block"
     if ax is None:
-        return fromfunction(lambda *ix: _np_sum_products(ix, strides), shape, dtype=np.intp, dist=dist,
+        return rows_from_function(lambda *ix: _np_sum_products(ix, strides), shape, dtype=np.intp, dist=dist,
                             comm=a.comm)
-    return fromfunction(lambda *ix: ix[ax] + 0 * ix[0], shape, dtype=np.intp, dist=dist, comm=a.comm)
+    return rows_from_function(lambda *ix: ix[ax] + 0 * ix[0], shape, dtype=np.intp, dist=dist, comm=a.comm)
 
 
 def _np_sum_products(ix, strides) -> np.ndarray:

@@ -180,7 +180,7 @@ def diagonal(a: Any, offset: int = 0, axis1: int = 0, axis2: int = 1) -> Any:
     if (not isinstance(a, DistArray) or a.ndim != 2 or normalize_axes((axis1, axis2), 2) != (0, 1)
             or (axis1 % 2, axis2 % 2) != (0, 1) or a.dtype.kind not in "biuf"):
         return fallback.call(np.diagonal, (a,), dict(offset=offset, axis1=axis1, axis2=axis2), "diagonal")
-    from .grids import fromfunction
+    from .grids import rows_from_function
 
     k = operator.index(offset)
     n, m = a.shape
@@ -188,7 +188,7 @@ def diagonal(a: Any, offset: int = 0, axis1: int = 0, axis2: int = 1) -> Any:
     if hi <= lo:
         return a[0:0, 0]
     dist = a.dist if a._view.is_full and not a._base.replicated else "block"
-    on = fromfunction(lambda i, j: j - i == k, (n, m), dtype=np.intp, dist=dist, comm=a.comm)
+    on = rows_from_function(lambda i, j: j - i == k, (n, m), dtype=np.intp, dist=dist, comm=a.comm)
     if a.dtype.kind == "b":
         res = _reduce(on & a, "any", 1)
     elif a.dtype.kind == "f":
