@@ -911,13 +911,13 @@ section("files written through the fallback")
 # indices out of order gave other pieces, silently; print options' formatter was dropped; ravel('K') raised;
 # broadcast_arrays warned a FutureWarning of its own; astype(str) raised; error texts that were not NumPy's
 def outcome_text(f, m):
-    """``f(m)`` as a list (an array's values, a list's items), with the warnings other than nbmpi's own, or the
-    type and text of what it raised (NumPy's ValueError subclasses as ValueError)."""
+    """``f(m)`` as the repr of a list (an array's values, a list's items; NaN equal to NaN), with the warnings other
+    than nbmpi's own, or the type and text of what it raised (NumPy's ValueError subclasses as ValueError)."""
     try:
         with warnings.catch_warnings(record=True) as w:
             warnings.simplefilter("always")
             v = f(m)
-            v = [np.asarray(x).tolist() for x in v] if isinstance(v, list) else np.asarray(v).tolist()
+            v = repr([np.asarray(x).tolist() for x in v] if isinstance(v, list) else np.asarray(v).tolist())
         return ("value", v, sorted({str(x.message) for x in w if not type(x.message).__name__.endswith(
             ("FallbackWarning", "CopyNotViewWarning"))}))
     except (ValueError, IndexError, TypeError) as e:
@@ -987,7 +987,30 @@ for name, f in [("split(x, [3, 1])", lambda m: m.split(m.arange(7.0), [3, 1])),
                 ("full((2, -1), 1)", lambda m: m.full((2, -1), 1)),
                 ("default_rng(1).random(3.0)", lambda m: m.random.default_rng(1).random(3.0)),
                 ("default_rng(1).normal(0, 1, (2, 3.0))", lambda m: m.random.default_rng(1).normal(0, 1, (2, 3.0))),
-                ("default_rng(1).random(-1)", lambda m: m.random.default_rng(1).random(-1))]:
+                ("default_rng(1).random(-1)", lambda m: m.random.default_rng(1).random(-1)),
+                # axis=() reduces over no axis (before: over every axis, silently, or an IndexError)
+                ("sum(x, axis=())", lambda m: m.sum(m.arange(6.0), axis=())),
+                ("max(x, axis=())", lambda m: m.max(m.arange(6.0), axis=())),
+                ("add.reduce(x, axis=())", lambda m: m.add.reduce(m.arange(6.0), axis=())),
+                ("std(x, axis=())", lambda m: m.std(m.arange(6.0), axis=())),
+                ("sum(x, axis=(), keepdims=True)", lambda m: m.sum(m.arange(6.0), axis=(), keepdims=True)),
+                ("any(X, axis=())", lambda m: m.any(m.asarray(X67) - 3, axis=())),
+                ("X.all(axis=())", lambda m: (m.asarray(X67) - 3).all(axis=())),
+                ("sum of int8, axis=()", lambda m: m.sum(m.arange(6, dtype=np.int8), axis=())),
+                ("var(X, axis=(), ddof=1)", lambda m: m.var(m.asarray(X67), axis=(), ddof=1)),
+                ("nanmax(X, axis=())", lambda m: m.nanmax(m.asarray(X67), axis=())),
+                ("count_nonzero(X, axis=())", lambda m: m.count_nonzero(m.asarray(X67) - 3, axis=())),
+                ("prod(X, axis=(), where=X > 2)", lambda m: m.prod(m.asarray(X67), axis=(), where=X67 > 2)),
+                ("max of no element, axis=()", lambda m: m.max(m.arange(6.0)[:0], axis=())),
+                # NumPy's errors for what is not an axis (before: True taken as axis 1, a list as a tuple)
+                ("sum(X, axis=True)", lambda m: m.sum(m.asarray(X67), axis=True)),
+                ("cumsum(X, axis=True)", lambda m: m.cumsum(m.asarray(X67), axis=True)),
+                ("sum(X, axis=[0])", lambda m: m.sum(m.asarray(X67), axis=[0])),
+                ("maximum.reduce(x, dtype=float)", lambda m: m.maximum.reduce(m.arange(6.0), dtype=float)),
+                ("minimum.reduce(x, dtype=None)", lambda m: m.minimum.reduce(m.arange(6.0), dtype=None)),
+                ("maximum.reduce(X, axis=0, dtype=int64)", lambda m: m.maximum.reduce(m.asarray(X67), 0, np.int64)),
+                ("sort(kind=, stable=)", lambda m: m.sort(m.arange(3), kind="quicksort", stable=True)),
+                ("argsort(stable=False)", lambda m: m.argsort(m.arange(3.0)[::-1], stable=False))]:
     got, want = outcome_text(f, dnp), outcome_text(f, np)
     assert got == want, (name, "rank", rank, got, want)
     checks[0] += 1

@@ -119,6 +119,8 @@ def _cumulative(op: str):
         if not isinstance(a, DistArray) or (axis is None and a.ndim > 1) or a.ndim == 0 or a.dtype.kind == "c" \
                 or np.float16 in (a.dtype, None if dtype is None else np.dtype(dtype)):   # numba: no float16
             return fallback.call(getattr(np, name), (a,), dict(axis=axis, dtype=dtype, out=out), name)
+        if isinstance(axis, (bool, np.bool_)):
+            raise TypeError("an integer is required for the axis")
         ax = 0 if axis is None else operator.index(axis)
         if not -a.ndim <= ax < a.ndim:
             raise np.exceptions.AxisError(ax, a.ndim)

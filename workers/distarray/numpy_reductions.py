@@ -18,6 +18,8 @@ Call them SPMD on every rank with the same arguments. The array methods (``a.sum
 from __future__ import annotations
 
 import builtins as _builtins
+import functools
+import inspect
 import math
 import operator
 from typing import Any, Callable, Dict, Optional, Tuple
@@ -42,9 +44,11 @@ def normalize_axes(axis: Any, ndim: int) -> Optional[Tuple[int, ...]]:
     axes, or None for all of them. Raises ``numpy.exceptions.AxisError`` / ValueError as NumPy."""
     if axis is None:
         return None
-    axes = axis if isinstance(axis, (tuple, list)) else (axis,)
+    axes = axis if isinstance(axis, tuple) else (axis,)      # a list is not an axis, as in NumPy
     out = []
     for ax in axes:
+        if isinstance(ax, (bool, np.bool_)):
+            raise TypeError("an integer is required")
         ax = operator.index(ax)
         if not -ndim <= ax < _builtins.max(ndim, 1) or (ndim == 0 and ax not in (0, -1)):
             raise np.exceptions.AxisError(ax, ndim)
@@ -449,6 +453,36 @@ nanmean = _nan("mean", mean, 0)
 nanvar = _nan("var", var, 0)
 nanstd = _nan("std", std, 0)
 
+
+
+def _no_axis(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` (a reduction ``fn(a, axis, ...)``) with NumPy's ``axis=()`` for a DistArray: reduced over no axis,
+    each element alone (``sum`` gives the elements in its dtype, ``any`` booleans, ``std`` zeros): ``fn`` over a
+    new last axis of length 1 (``where`` given that axis too; ``keepdims`` changes nothing). Local, as ``fn``."""
+    sig = inspect.signature(fn)
+
+    @functools.wraps(fn)
+    def reduction(a: Any, *args: Any, **kwargs: Any) -> Any:
+        ax = args[0] if args else kwargs.get("axis")
+        if type(ax) is not tuple or ax or not isinstance(a, DistArray):
+            return fn(a, *args, **kwargs)
+        bound = sig.bind(a, *args, **kwargs)
+        p = bound.arguments
+        p["a"], p["axis"] = a[..., None], -1
+        if "keepdims" in sig.parameters:
+            p["keepdims"] = False
+        mask = p.get("where", True)
+        if mask is not True and mask is not None:
+            p["where"] = mask[..., None] if isinstance(mask, DistArray) else np.asarray(mask)[..., None]
+        return fn(*bound.args, **bound.kwargs)
+    return reduction
+
+
+sum, prod, mean, std, var, min, max, any, all, count_nonzero = (  # noqa: A001 - NumPy's names
+    _no_axis(f) for f in (sum, prod, mean, std, var, min, max, any, all, count_nonzero))
+nansum, nanprod, nanmean, nanstd, nanvar, nanmin, nanmax = (
+    _no_axis(f) for f in (nansum, nanprod, nanmean, nanstd, nanvar, nanmin, nanmax))
+amin, amax = min, max
 _ALL = dict(sum=sum, prod=prod, mean=mean, std=std, var=var, min=min, max=max, argmin=argmin, argmax=argmax,
             any=any, all=all, count_nonzero=count_nonzero, nansum=nansum, nanprod=nanprod, nanmean=nanmean,
             nanstd=nanstd, nanvar=nanvar, nanmin=nanmin, nanmax=nanmax, amin=min, amax=max)

@@ -137,11 +137,20 @@ def _run(a: Any, axis: Any, kind: Any, order: Any, want_indices: bool) -> Any:
     return _sort_local(a, axis, kind, want_indices)
 
 
+def _kind(kind: Any, stable: Any) -> Any:
+    """The sort kind of ``kind=`` and ``stable=`` (NumPy's ValueError when both are given)."""
+    if stable is not None:
+        if kind is not None:
+            raise ValueError("`kind` and keyword parameters can't be provided at the same time. Use only one of "
+                             "them.")
+        return "stable" if stable else None
+    return kind
+
+
 def sort(a: Any, axis: Any = -1, kind: Any = None, order: Any = None, *, stable: Any = None) -> Any:
     """``numpy.sort``: a sorted copy of ``a`` along ``axis`` (None: the flattened array), in ``a``'s layout.
     Collective, blocking (see the module doc)."""
-    if stable:
-        kind = "stable"
+    kind = _kind(kind, stable)
     if not isinstance(a, DistArray):
         return np.sort(a, axis=axis, kind=kind, order=order)
     return _run(a, axis, kind, order, False)
@@ -150,8 +159,7 @@ def sort(a: Any, axis: Any = -1, kind: Any = None, order: Any = None, *, stable:
 def argsort(a: Any, axis: Any = -1, kind: Any = None, order: Any = None, *, stable: Any = None) -> Any:
     """``numpy.argsort``: the global indices along ``axis`` that sort ``a`` (int64; ties in the order of the
     input, for every kind). Collective, blocking (see the module doc)."""
-    if stable:
-        kind = "stable"
+    kind = _kind(kind, stable)
     if not isinstance(a, DistArray):
         return np.argsort(a, axis=axis, kind=kind, order=order)
     return _run(a, axis, kind, order, True)

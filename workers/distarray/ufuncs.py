@@ -506,12 +506,18 @@ def dispatch(ufunc: np.ufunc, method: str, inputs: Sequence[Any], kwargs: Dict[s
     name = ufunc.__name__
     out = kwargs.get("out")
     if (method == "reduce" and name in REDUCE_AS and len(inputs) == 1
-            and isinstance(inputs[0], DistArray) and kwargs.get("initial") is None):
+            and isinstance(inputs[0], DistArray) and kwargs.get("initial") is None
+            and (kwargs.get("dtype") is None or REDUCE_AS[name] not in ("any", "all"))):
         kw = {k: v for k, v in kwargs.items() if k != "initial"}
         kw.setdefault("axis", 0)
         if isinstance(kw.get("out"), tuple):
             kw["out"] = kw["out"][0]
-        return methods[REDUCE_AS[name]](inputs[0], **kw)
+        x = inputs[0]
+        if REDUCE_AS[name] in ("min", "max", "any", "all") and "dtype" in kw:   # (the functions take no dtype)
+            dt = kw.pop("dtype")
+            if dt is not None:           # NumPy's loop in that dtype: the input cast to it
+                x = x.astype(dt)
+        return methods[REDUCE_AS[name]](x, **kw)
     if method != "__call__":
         return globals()["method"](ufunc, method, inputs, kwargs, methods)
     if isinstance(out, tuple) and len(out) == 1:
