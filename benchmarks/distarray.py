@@ -735,7 +735,7 @@ def programs_main(a) -> int:
     md = [f"Load average at start {tuple(round(x, 2) for x in load0)}, at end "
           f"{tuple(round(x, 2) for x in run_info['load_end'])}.", "",
           "The machine's parallel capacity (`benchmarks/parallel_capacity.py`; nbmpi's 2 ranks against NumPy's one "
-          "process can gain at most this much): before the programs, " + summary(cap0) + " After them, "
+          "process can gain at most this much). Before the programs: " + summary(cap0) + " After them: "
           + summary(cap1), ""] + sec["md"]
     name = "distarray_programs_quick" if a.quick else "distarray_programs"
     path = write_results(name, data, "\n".join(md), Path(a.out_dir) if a.out_dir else None)
